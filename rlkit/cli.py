@@ -1,0 +1,142 @@
+"""The `rlkit` command: submit, render, status, stop, logs on the login node; serve and generate inside the job."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import typer
+from rich.console import Console
+
+from rlkit.errors import SlurmError, StepError, UserError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
+err = Console(stderr=True, soft_wrap=True)
+out = Console()
+
+CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
+OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)
+TRIAL_ARG = typer.Argument(..., help="experiment/trial, or a bare trial name when it is unambiguous.")
+
+
+@app.command()
+def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
+           force: bool = typer.Option(False, "--force", help="Submit over an existing trial of the same name.")) -> None:
+    """Validate, plan and render the job, submit it to Slurm, and record the trial."""
+    from rlkit.launch.submit import prepare
+    from rlkit.launch.submit import submit as do_submit
+
+    prepared = prepare(config, overrides or [])
+    record = do_submit(prepared, force=force)
+    out.print(f"submitted [bold]{record.name}[/bold] as Slurm job {record.job_id}")
+    out.print(f"  trial directory: {record.trial_dir}")
+    out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
+
+
+@app.command()
+def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
+           test_only: bool = typer.Option(False, "--test-only", help="Also ask the controller (sbatch --test-only).")
+           ) -> None:
+    """Print the sbatch script the config gives (a dry run: nothing is written or submitted)."""
+    from rlkit.launch import slurm
+    from rlkit.launch.submit import prepare
+
+    prepared = prepare(config, overrides or [])
+    sys.stdout.write(prepared.script)
+    if test_only:
+        err.print(slurm.sbatch_test_only(prepared.script))
+
+
+@app.command()
+def status(trial: str = typer.Argument(None, help="One trial (experiment/trial or trial) for details."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Show every trial at a glance, or one trial's components, servers and failed steps."""
+    from rlkit import status as st
+
+    if trial is None:
+        rows = st.all_trials()
+        if as_json:
+            st.print_json([r.to_dict() for r in rows])
+        else:
+            out.print(st.trials_table(rows))
+        return
+    detail = st.trial_detail(trial)
+    if as_json:
+        st.print_json(detail.to_dict())
+    else:
+        st.print_detail(out, detail)
+
+
+@app.command()
+def stop(trial: str = TRIAL_ARG) -> None:
+    """Cancel the trial's Slurm job (every step on every node ends)."""
+    from rlkit.launch import slurm
+    from rlkit.trials import find_trial
+
+    record = find_trial(trial)
+    slurm.scancel(record.job_id)
+    out.print(f"cancelled Slurm job {record.job_id} of {record.name}")
+
+
+@app.command()
+def logs(trial: str = TRIAL_ARG,
+         step: str = typer.Option(None, "--step", help="Step name (server-0, generate, ...); default: batch log."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until interrupted."),
+         lines: int = typer.Option(40, "--lines", "-n", help="How many last lines to show first.")) -> None:
+    """Print the last lines of a step's log (or the batch script's), optionally following it."""
+    from rlkit import status as st
+
+    st.show_logs(trial, step=step, follow=follow, lines=lines)
+
+
+@app.command(hidden=True)
+def serve(trial_dir: Path = typer.Option(..., help="Trial directory."),
+          index: int = typer.Option(..., help="Server index.")) -> None:
+    """In-job step: run one inference server and register it in name resolve."""
+    from rlkit.steps.serve import run_server
+
+    raise typer.Exit(run_server(trial_dir, index))
+
+
+@app.command(hidden=True)
+def generate(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
+    """In-job step: complete a dataset's prompts on the trial's servers."""
+    from rlkit.steps.generate import run_generate
+
+    run_generate(trial_dir)
+
+
+@app.command("tiny-model")
+def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the model into."),
+               tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),
+               seed: int = typer.Option(0, help="Initialisation seed.")) -> None:
+    """Build a tiny tokenizer + Qwen2 model locally (no downloads) for tests and demos."""
+    from rlkit.models.tiny import build_tiny_model
+
+    out.print(f"tiny model at {build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)}")
+
+
+def main() -> None:
+    """Entry point: user mistakes exit 2 with one message, failures exit 1, never a traceback for either."""
+    try:
+        rc = app(standalone_mode=False)
+    except UserError as exc:
+        err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
+        if exc.hint:
+            err.print(f"  [bold]fix:[/bold] {exc.hint}", highlight=False)
+        sys.exit(exc.exit_code)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except (SlurmError, StepError) as exc:
+        err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""YAML + dotlist overrides -> a typed ExperimentConfig, with one clear error per mistake."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from rlkit.config.schema import ExperimentConfig
+from rlkit.errors import ConfigError
+
+
+def schema_paths(cls: type = ExperimentConfig, prefix: str = "") -> list[str]:
+    """Every dotted field path of the schema, sections included."""
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        paths.append(path)
+        section = _section(cls, f.name)
+        if section is not None:
+            paths.extend(schema_paths(section, prefix=f"{path}."))
+    return paths
+
+
+def _section(cls: type, name: str) -> type | None:
+    """The dataclass type of a nested section field, or None for a leaf."""
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
+    if default is dataclasses.MISSING:
+        return None
+    value = default()
+    return type(value) if dataclasses.is_dataclass(value) else None
+
+
+def _did_you_mean(full_key: str) -> str:
+    """Suggest the closest valid key for an unknown dotted key."""
+    paths = schema_paths()
+    leaf = full_key.rsplit(".", 1)[-1]
+    same_leaf = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return f"did you mean '{same_leaf[0]}'?"
+    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    siblings = [p for p in paths if p.rsplit(".", 1)[0] == parent and "." in p] if parent else [
+        p for p in paths if "." not in p
+    ]
+    names = [s.rsplit(".", 1)[-1] for s in siblings]
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{parent + '.' if parent else ''}{close[0]}'?"
+    return f"valid keys here: {', '.join(sorted(names))}"
+
+
+def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
+    """Turn an OmegaConf error into one user-facing message naming the field."""
+    key = str(getattr(exc, "full_key", "") or "")
+    if isinstance(exc, ConfigKeyError):
+        return ConfigError(f"unknown key '{key}' ({origin})", hint=_did_you_mean(key))
+    if isinstance(exc, ValidationError):
+        detail = str(exc).splitlines()[0]
+        return ConfigError(f"wrong type for '{key}' ({origin}): {detail}")
+    if isinstance(exc, MissingMandatoryValue):
+        return ConfigError(f"required field '{key}' is not set ({origin})", hint=f"add it to the YAML or pass {key}=...")
+    if isinstance(exc, InterpolationResolutionError):
+        return ConfigError(f"cannot resolve '{key}' ({origin}): {str(exc).splitlines()[0]}",
+                           hint="set the environment variable or give ${oc.env:VAR,default} a default")
+    return ConfigError(f"invalid configuration at '{key}' ({origin}): {str(exc).splitlines()[0]}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping from a file, or raise ConfigError saying what is wrong with it."""
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist", hint="give the path of an experiment YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"'{path}' is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{path}' must hold a mapping of keys to values, not a {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: list[str]) -> DictConfig:
+    """Dotlist overrides (`a.b=1`) as a DictConfig; malformed items raise ConfigError."""
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if "=" not in item or not key or key.startswith(".") or key.endswith("."):
+            raise ConfigError(f"override '{item}' is not of the form key.path=value", hint="e.g. cluster.n_nodes=4")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot parse overrides {overrides}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
+    """A schema section must receive a mapping (OmegaConf's own error would not name the field)."""
+    if not isinstance(data, dict):
+        return
+    for f in dataclasses.fields(cls):
+        section = _section(cls, f.name)
+        if section is None or f.name not in data:
+            continue
+        value = data[f.name]
+        if not isinstance(value, dict):
+            example = dataclasses.fields(section)[0].name
+            raise ConfigError(f"'{prefix}{f.name}' is a section, not a value ({origin})",
+                              hint=f"set its fields, e.g. {prefix}{f.name}.{example}=...")
+        _check_sections(value, section, f"{prefix}{f.name}.", origin)
+
+
+def compose(data: dict[str, Any], overrides: list[str], *, source: str) -> DictConfig:
+    """Merge a YAML mapping and overrides onto the schema; resolve interpolations. Raises ConfigError."""
+    cfg = OmegaConf.structured(ExperimentConfig)
+    _check_sections(data, ExperimentConfig, "", f"in {source}")
+    override_cfg = parse_overrides(overrides)
+    _check_sections(OmegaConf.to_container(override_cfg), ExperimentConfig, "", "in a command-line override")
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.create(data))
+    except OmegaConfBaseException as exc:
+        raise _explain(exc, f"in {source}") from None
+    try:
+        cfg = OmegaConf.merge(cfg, override_cfg)
+    except OmegaConfBaseException as exc:
+        raise _explain(exc, "in a command-line override") from None
+    assert isinstance(cfg, DictConfig)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"required field '{missing[0]}' is not set",
+                          hint=f"add it to {source} or pass {missing[0]}=... on the command line")
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        raise _explain(exc, "while resolving ${...} references") from None
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load an experiment YAML with overrides into a typed, resolved ExperimentConfig (no semantic checks)."""
+    path = Path(path)
+    cfg = compose(read_yaml(path), list(overrides or []), source=str(path))
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, ExperimentConfig)
+    return obj
+
+
+def to_yaml(config: ExperimentConfig) -> str:
+    """The resolved config as YAML (what the trial directory records and in-job steps read)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+

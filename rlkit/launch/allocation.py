@@ -1,0 +1,103 @@
+"""The `allocation_mode` grammar: which GPUs serve and which train.
+
+    allocation_mode := server [ "+" trainer ] | trainer
+    server          := ("vllm" | "sglang") ":" dims       dims letters: d (replicas), t (tensor parallel)
+    trainer         := "fsdp" ":" dims                    dims letters: d (data-parallel ranks)
+    dims            := (letter integer)+                  each letter at most once; missing letters are 1
+
+Examples: `vllm:d2` (two 1-GPU servers), `sglang:d4t2+fsdp:d8` (four 2-GPU servers and eight trainer GPUs).
+`+` means separate GPUs: servers and trainer never share a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rlkit.errors import ConfigError
+
+SERVER_BACKENDS = ("vllm", "sglang")
+TRAINER_BACKENDS = ("fsdp",)
+_ALLOWED_DIMS = {"vllm": "dt", "sglang": "dt", "fsdp": "d"}
+_PART = re.compile(r"^(?P<backend>[a-z]+):(?P<dims>(?:[a-z]\d+)+)$")
+_DIM = re.compile(r"([a-z])(\d+)")
+_EXAMPLE = "e.g. vllm:d2t2+fsdp:d4 or vllm:d2"
+
+
+@dataclass(frozen=True)
+class ServerAllocation:
+    """Inference servers: `dp` replicas of `tp` GPUs each."""
+
+    backend: str
+    dp: int
+    tp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class TrainerAllocation:
+    """The trainer: `dp` ranks, one GPU each."""
+
+    backend: str
+    dp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.dp
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A parsed allocation_mode."""
+
+    server: ServerAllocation | None
+    trainer: TrainerAllocation | None
+
+
+def _fail(mode: str, why: str) -> ConfigError:
+    return ConfigError(f"allocation_mode '{mode}': {why}", hint=f"use the form backend:dims[+fsdp:dims], {_EXAMPLE}")
+
+
+def _parse_part(mode: str, part: str) -> tuple[str, dict[str, int]]:
+    match = _PART.match(part.strip())
+    if not match:
+        raise _fail(mode, f"'{part}' is not backend:dims")
+    backend = match["backend"]
+    if backend not in _ALLOWED_DIMS:
+        known = ", ".join((*SERVER_BACKENDS, *TRAINER_BACKENDS))
+        raise _fail(mode, f"unknown backend '{backend}' (known: {known})")
+    dims: dict[str, int] = {}
+    for letter, number in _DIM.findall(match["dims"]):
+        if letter in dims:
+            raise _fail(mode, f"'{letter}' given twice in '{part}'")
+        if letter not in _ALLOWED_DIMS[backend]:
+            raise _fail(mode, f"{backend} takes only {', '.join(_ALLOWED_DIMS[backend])} (got '{letter}')")
+        if int(number) < 1:
+            raise _fail(mode, f"'{letter}{number}' must be at least 1")
+        dims[letter] = int(number)
+    return backend, dims
+
+
+def parse_allocation(mode: str) -> Allocation:
+    """Parse allocation_mode; raises ConfigError naming what is wrong."""
+    parts = [p for p in mode.replace(" ", "").split("+")]
+    if not mode.strip() or any(not p for p in parts) or len(parts) > 2:
+        raise _fail(mode, "expected one server part, optionally '+' one trainer part")
+    server: ServerAllocation | None = None
+    trainer: TrainerAllocation | None = None
+    for part in parts:
+        backend, dims = _parse_part(mode, part)
+        if backend in SERVER_BACKENDS:
+            if server is not None:
+                raise _fail(mode, "more than one server part")
+            server = ServerAllocation(backend, dims.get("d", 1), dims.get("t", 1))
+        else:
+            if trainer is not None:
+                raise _fail(mode, "more than one trainer part")
+            trainer = TrainerAllocation(backend, dims.get("d", 1))
+    if server is not None and trainer is not None and parts[0].startswith("fsdp"):
+        raise _fail(mode, "put the server part first")
+    return Allocation(server=server, trainer=trainer)

@@ -1,0 +1,16 @@
+"""How a step's command runs: inside its role's Apptainer image, or bare on the host (pure)."""
+
+from __future__ import annotations
+
+
+def container_argv(argv: tuple[str, ...], *, container_type: str, image: str, apptainer_args: tuple[str, ...],
+                   binds: tuple[str, ...]) -> tuple[str, ...]:
+    """The command line that runs `argv` for one step.
+
+    Apptainer passes the host environment into the container (we never use --cleanenv), so variables that Slurm and
+    the batch script set reach the step; the trial directory and name-resolve root are among the binds.
+    """
+    if container_type == "none":
+        return argv
+    bind = ("--bind", ",".join(binds)) if binds else ()
+    return ("apptainer", "exec", *apptainer_args, *bind, image, *argv)

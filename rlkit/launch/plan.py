@@ -1,0 +1,231 @@
+"""Plan (pure): a validated config -> the components and steps of ONE heterogeneous Slurm job.
+
+Component 0 holds the inference servers, component 1 the trainer (or, for job types without training, a GPU-less
+client). Each server is its own `srun` step (its own log, its own restart later); the trainer/client is one step.
+Everything the render step needs is decided here, so the rendered text holds no logic of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from rlkit.config.schema import ExperimentConfig
+from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
+from rlkit.errors import ConfigError
+from rlkit.launch.allocation import Allocation, parse_allocation
+from rlkit.launch.hostlist import expand_hostlist
+from rlkit.paths import TrialPaths
+
+SERVER_ROLE = "server"
+TRAINER_ROLE = "trainer"
+CLIENT_ROLE = "client"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of the heterogeneous job (one `#SBATCH hetjob` block)."""
+
+    role: str
+    nodes: int
+    ntasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    mem_per_node_mb: int
+    nodelist: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One `srun --het-group` step: where it runs, with what, and what it runs."""
+
+    name: str
+    role: str
+    het_group: int
+    nodes: int
+    ntasks: int
+    gpus_per_node: int
+    cpus_per_task: int
+    mem_mb: int
+    relative_node: int | None
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    image: str
+    log: str
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything about the job that is decided before rendering."""
+
+    job_name: str
+    trial_dir: str
+    batch_log: str
+    components: tuple[Component, ...]
+    steps: tuple[Step, ...]
+    job_options: tuple[str, ...]
+    component_options: tuple[str, ...]
+    container_type: str
+    apptainer_args: tuple[str, ...]
+    binds: tuple[str, ...]
+    srun_args: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, mode: str) -> tuple[int, int]:
+    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes."""
+    if gpus_per_unit > gpn:
+        raise ConfigError(
+            f"allocation_mode '{mode}': one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",
+            hint="lower the tensor-parallel size t, or set cluster.n_gpus_per_node to what your nodes have",
+        )
+    if gpn % gpus_per_unit:
+        raise ConfigError(
+            f"allocation_mode '{mode}': {gpn} GPUs per node do not divide into whole {what}s of {gpus_per_unit} GPUs",
+            hint="choose t so that it divides cluster.n_gpus_per_node",
+        )
+    if gpus <= gpn:
+        return 1, gpus
+    if gpus % gpn:
+        raise ConfigError(
+            f"allocation_mode '{mode}': the {what}s need {gpus} GPUs, more than one node, so they must fill whole "
+            f"nodes of {gpn} GPUs",
+            hint=f"use a multiple of {gpn} GPUs (e.g. {math.ceil(gpus / gpn) * gpn})",
+        )
+    return gpus // gpn, gpn
+
+
+def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
+    return (python, "-m", "rlkit", *args)
+
+
+def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths, python: str,
+                  component: Component) -> list[Step]:
+    assert alloc.server is not None
+    server = alloc.server
+    servers_per_node = component.gpus_per_node // server.tp
+    env = tuple(sorted(parse_env_vars("launcher.inference_server_env_vars",
+                                      config.launcher.inference_server_env_vars).items()))
+    return [
+        Step(
+            name=f"server-{i}", role=SERVER_ROLE, het_group=0, nodes=1, ntasks=1, gpus_per_node=server.tp,
+            cpus_per_task=component.cpus_per_task, mem_mb=server.tp * config.launcher.inference_server_mem_per_gpu,
+            relative_node=i // servers_per_node,
+            argv=_rlkit_argv(python, "serve", "--trial-dir", str(paths.root), "--index", str(i)),
+            env=env, image=config.launcher.slurm.inference_server_image, log=str(paths.step_log(f"server-{i}")),
+        )
+        for i in range(server.dp)
+    ]
+
+
+def plan_job(config: ExperimentConfig, *, python: str | None = None) -> JobPlan:
+    """Turn a validated config into a JobPlan; raises ConfigError when the layout does not fit the cluster."""
+    mode = config.allocation_mode
+    alloc = parse_allocation(mode)
+    cluster, launcher, slurm = config.cluster, config.launcher, config.launcher.slurm
+    gpn = cluster.n_gpus_per_node
+    paths = TrialPaths.of(cluster.fileroot, config.experiment_name, config.trial_name)
+    in_container = slurm.container_type == "apptainer"
+    python = launcher.python or python or ("python3" if in_container else sys.executable)
+
+    if alloc.server is None:
+        raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs inference servers",
+                          hint="start it with vllm:dN or sglang:dN, e.g. vllm:d2")
+    if config.type == "generate" and alloc.trainer is not None:
+        raise ConfigError(f"allocation_mode '{mode}': job type generate has no trainer", hint="drop the '+fsdp:...' part")
+    if config.type != "generate" and alloc.trainer is None:
+        raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs trainer GPUs",
+                          hint="add a trainer part, e.g. vllm:d4t2+fsdp:d8")
+    model = server_model(config, alloc.server.backend)
+    if not model:
+        field_name = "vllm.model" if alloc.server.backend == "vllm" else "sglang.model_path"
+        raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
+                          hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
+
+    server = alloc.server
+    s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", mode)
+    components = [Component(SERVER_ROLE, s_nodes, s_gpn // server.tp, s_gpn,
+                             server.tp * launcher.inference_server_cpus_per_gpu,
+                             s_gpn * launcher.inference_server_mem_per_gpu)]
+    if alloc.trainer is not None:
+        t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", mode)
+        components.append(Component(TRAINER_ROLE, t_nodes, t_gpn, t_gpn, launcher.trainer_cpus_per_gpu,
+                                    t_gpn * launcher.trainer_mem_per_gpu))
+    else:
+        components.append(Component(CLIENT_ROLE, 1, 1, 0, launcher.client_cpus, launcher.client_mem))
+    total_nodes = sum(c.nodes for c in components)
+    if total_nodes > cluster.n_nodes:
+        layout = " + ".join(f"{c.nodes} {c.role}" for c in components)
+        raise ConfigError(
+            f"allocation_mode '{mode}' needs {total_nodes} nodes ({layout}) but cluster.n_nodes is {cluster.n_nodes}",
+            hint=f"set cluster.n_nodes={total_nodes} or use fewer GPUs",
+        )
+    components = _split_nodelist(components, slurm.nodelist)
+
+    steps = _server_steps(config, alloc, paths, python, components[0])
+    trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
+    last = components[1]
+    steps.append(Step(
+        name=config.type, role=last.role, het_group=1, nodes=last.nodes, ntasks=last.nodes * last.ntasks_per_node,
+        gpus_per_node=last.gpus_per_node, cpus_per_task=last.cpus_per_task, mem_mb=last.mem_per_node_mb,
+        relative_node=None, argv=_rlkit_argv(python, "generate" if config.type == "generate" else "train",
+                                             "--trial-dir", str(paths.root)),
+        env=trainer_env, image=slurm.trainer_image, log=str(paths.step_log(config.type)),
+    ))
+
+    component_options = tuple(
+        f"--{name}={value}"
+        for name, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
+                            ("time", slurm.time), ("constraint", slurm.constraint), ("exclude", slurm.exclude))
+        if value
+    )
+    binds = [*parse_mounts(slurm.mount)]
+    for shared in (cluster.fileroot, cluster.name_resolve.nfs_record_root):
+        if not any(_is_under(shared, b.split(":")[0]) for b in binds):
+            binds.append(f"{shared}:{shared}")
+    return JobPlan(
+        job_name=f"{config.experiment_name}_{config.trial_name}",
+        trial_dir=str(paths.root),
+        batch_log=str(paths.batch_log),
+        components=tuple(components),
+        steps=tuple(steps),
+        job_options=tuple(shlex.split(slurm.sbatch_additional_args)),
+        component_options=component_options,
+        container_type=slurm.container_type,
+        apptainer_args=tuple(shlex.split(slurm.apptainer_args)),
+        binds=tuple(binds) if in_container else (),
+        srun_args=tuple(shlex.split(slurm.srun_additional_args)),
+        notes=(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}",
+               *(f"bound into containers: {b}" for b in binds[len(parse_mounts(slurm.mount)):] if in_container)),
+    )
+
+
+def _is_under(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies below it (both absolute)."""
+    path, root = path.rstrip("/") or "/", root.rstrip("/") or "/"
+    return path == root or path.startswith(root + "/") or root == "/"
+
+
+def _split_nodelist(components: list[Component], nodelist: str) -> list[Component]:
+    """Give each component its slice of launcher.slurm.nodelist, in order (servers first)."""
+    if not nodelist:
+        return components
+    try:
+        hosts = expand_hostlist(nodelist)
+    except ValueError as exc:
+        raise ConfigError(f"launcher.slurm.nodelist '{nodelist}': {exc}", hint="e.g. gpu[01-04],gpu07") from None
+    needed = sum(c.nodes for c in components)
+    if len(hosts) != needed:
+        raise ConfigError(
+            f"launcher.slurm.nodelist names {len(hosts)} nodes but the job needs exactly {needed}",
+            hint=f"list {needed} nodes (servers take the first ones), or use launcher.slurm.exclude instead",
+        )
+    out: list[Component] = []
+    start = 0
+    for c in components:
+        out.append(Component(c.role, c.nodes, c.ntasks_per_node, c.gpus_per_node, c.cpus_per_task,
+                             c.mem_per_node_mb, nodelist=",".join(hosts[start:start + c.nodes])))
+        start += c.nodes
+    return out

@@ -1,0 +1,141 @@
+"""Render (pure): a JobPlan -> the text of one heterogeneous sbatch script.
+
+The script starts every step in the background and supervises them: it exits non-zero as soon as any step fails
+(after stopping the others), stops the servers once the trainer/client step succeeds, and forwards a TERM from
+Slurm to every step, so no step is ever left running.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from rlkit import __version__
+from rlkit.launch.containers import container_argv
+from rlkit.launch.plan import SERVER_ROLE, Component, JobPlan, Step
+
+_SUPERVISOR = r"""
+PIDS=()
+NAMES=()
+ROLES=()
+
+start_step() {  # start_step NAME ROLE COMMAND...: run one srun step in the background
+  local name=$1 role=$2
+  shift 2
+  "$@" &
+  PIDS+=("$!")
+  NAMES+=("$name")
+  ROLES+=("$role")
+  echo "rlkit: started step $name (pid $!)"
+}
+
+stop_steps() {  # TERM every step still running, then wait for all of them
+  local pid
+  for pid in "${PIDS[@]}"; do
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+  done
+  wait
+}
+
+on_signal() {
+  echo "rlkit: batch script received $1; stopping all steps"
+  stop_steps
+  exit 143
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+
+supervise() {  # wait until the job is done: returns 0 when the last non-server step succeeded
+  local i pid rc name role busy
+  while true; do
+    busy=0
+    for i in "${!PIDS[@]}"; do
+      pid=${PIDS[$i]}
+      [ -z "$pid" ] && continue
+      if kill -0 "$pid" 2>/dev/null; then
+        [ "${ROLES[$i]}" != server ] && busy=1
+        continue
+      fi
+      wait "$pid"
+      rc=$?
+      name=${NAMES[$i]}
+      role=${ROLES[$i]}
+      PIDS[$i]=""
+      if [ "$rc" -ne 0 ]; then
+        echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+        stop_steps
+        return "$rc"
+      fi
+      if [ "$role" = server ]; then
+        echo "rlkit: server step $name exited while the job was running; stopping the other steps"
+        stop_steps
+        return 1
+      fi
+      echo "rlkit: step $name finished"
+    done
+    if [ "$busy" -eq 0 ]; then
+      echo "rlkit: all work steps finished; stopping the servers"
+      stop_steps
+      return 0
+    fi
+    sleep 1 &
+    wait $!
+  done
+}
+"""
+
+
+def _q(argv: tuple[str, ...] | list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _component_lines(index: int, component: Component, plan: JobPlan) -> list[str]:
+    lines = []
+    if index == 0:
+        lines += [f"#SBATCH --job-name={shlex.quote(plan.job_name)}", f"#SBATCH --output={shlex.quote(plan.batch_log)}"]
+        lines += [f"#SBATCH {shlex.quote(opt)}" for opt in plan.job_options]
+    else:
+        lines.append("#SBATCH hetjob")
+    lines += [f"#SBATCH {shlex.quote(opt)}" for opt in plan.component_options]
+    if component.nodelist:
+        lines.append(f"#SBATCH --nodelist={component.nodelist}")
+    lines += [
+        f"#SBATCH --nodes={component.nodes}",
+        f"#SBATCH --ntasks-per-node={component.ntasks_per_node}",
+        f"#SBATCH --cpus-per-task={component.cpus_per_task}",
+        f"#SBATCH --mem={component.mem_per_node_mb}M",
+    ]
+    if component.gpus_per_node:
+        lines.append(f"#SBATCH --gres=gpu:{component.gpus_per_node}")
+    return lines
+
+
+def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
+    """The full `[env ...] srun ... [apptainer exec ...] python -m rlkit ...` argv of one step."""
+    srun = ["srun", f"--het-group={step.het_group}", f"--job-name={step.name}", f"--nodes={step.nodes}",
+            f"--ntasks={step.ntasks}"]
+    if step.relative_node is not None:
+        srun.append(f"--relative={step.relative_node}")
+    if step.gpus_per_node:
+        srun.append(f"--gres=gpu:{step.gpus_per_node}")
+    srun += [f"--cpus-per-task={step.cpus_per_task}", f"--mem={step.mem_mb}M", "--exact", "--kill-on-bad-exit=1",
+             f"--output={step.log}", "--open-mode=append", *plan.srun_args]
+    inner = container_argv(step.argv, container_type=plan.container_type, image=step.image,
+                           apptainer_args=plan.apptainer_args, binds=plan.binds)
+    env = ("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()
+    return (*env, *srun, *inner)
+
+
+def render_script(plan: JobPlan) -> str:
+    """The sbatch script for a plan (deterministic: the same plan gives the same text)."""
+    lines = ["#!/bin/bash", f"# rlkit {__version__}: trial {plan.trial_dir}", "#"]
+    lines += [f"# {note}" for note in plan.notes]
+    for index, component in enumerate(plan.components):
+        lines += _component_lines(index, component, plan)
+    lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)}", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
+    lines.append(_SUPERVISOR)
+    for role_is_server in (True, False):
+        for step in plan.steps:
+            if (step.role == SERVER_ROLE) == role_is_server:
+                lines.append(f"start_step {step.name} {step.role} {_q(step_command(step, plan))}")
+    lines += ["", "supervise", "status=$?", "echo \"rlkit: batch script exits with $status\"", "exit $status", ""]
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Thin wrappers around Slurm's commands (the only module that runs them) and the parsing of their output.
+
+Works without accounting: job state comes from `scontrol show job` (and `squeue`), and `sacct` is asked only
+when the controller has already forgotten the job.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from rlkit.errors import SlurmError, UserError
+
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What Slurm says about one job (for a heterogeneous job: its leader, with each component's state)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+    elapsed: str = ""
+    nodes: str = ""
+    components: tuple[tuple[str, str, str], ...] = ()  # (component id, state, nodes)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def _run(argv: list[str], *, stdin: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    if shutil.which(argv[0]) is None:
+        raise SlurmError(f"'{argv[0]}' is not on PATH: run rlkit on a Slurm login node (or start slurm/devcluster.sh)")
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"'{' '.join(argv)}' did not answer within {timeout:.0f} s (is slurmctld up?)") from None
+
+
+def sbatch_test_only(script: str) -> str:
+    """Ask the controller whether it would accept the script, without submitting; raise UserError if not."""
+    proc = _run(["sbatch", "--test-only"], stdin=script)
+    if proc.returncode != 0:
+        message = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
+        raise UserError(f"Slurm rejects this job: {message}",
+                        hint="check launcher.slurm.{partition,account,qos,time,constraint,nodelist} and the layout")
+    return (proc.stderr or proc.stdout).strip()
+
+
+def sbatch(script_path: str) -> str:
+    """Submit a batch script; return the job id."""
+    proc = _run(["sbatch", "--parsable", script_path])
+    if proc.returncode != 0:
+        raise SlurmError(f"sbatch failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def scancel(job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
+    """Cancel a job, or send it a signal (to its steps, or with batch_only to the batch shell)."""
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    if batch_only:
+        argv.append("--batch")
+    proc = _run([*argv, job_id])
+    if proc.returncode != 0 and "already completing or completed" not in proc.stderr:
+        raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+def parse_scontrol_records(text: str) -> list[dict[str, str]]:
+    """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        record: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                record[key] = value
+        records.append(record)
+    return records
+
+
+def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo:
+    """Combine the component records of a (heterogeneous) job into one JobInfo led by component 0."""
+    records = sorted(records, key=lambda r: int(r.get("HetJobOffset", "0")))
+    leader = records[0]
+    components = tuple(
+        (f"{job_id}+{r['HetJobOffset']}" if "HetJobOffset" in r else job_id, r.get("JobState", "UNKNOWN"),
+         r.get("NodeList", ""))
+        for r in records
+    )
+    return JobInfo(
+        job_id=job_id, state=leader.get("JobState", "UNKNOWN"), reason=leader.get("Reason", ""),
+        exit_code=leader.get("ExitCode", ""), elapsed=leader.get("RunTime", ""),
+        nodes=",".join(c[2] for c in components if c[2] and c[2] != "(null)"), components=components,
+    )
+
+
+def job_info(job_id: str) -> JobInfo:
+    """The job's state from the controller; from sacct when the controller forgot it; else state UNKNOWN."""
+    proc = _run(["scontrol", "show", "job", "-o", job_id])
+    if proc.returncode == 0 and proc.stdout.strip():
+        return job_info_from_records(job_id, parse_scontrol_records(proc.stdout))
+    if shutil.which("sacct"):
+        acct = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList"])
+        lines = [line.split("|") for line in acct.stdout.splitlines() if line.strip()] if acct.returncode == 0 else []
+        if lines:
+            first = lines[0]
+            return JobInfo(job_id=job_id, state=first[1].split()[0], exit_code=first[2], elapsed=first[3],
+                           nodes=first[4])
+    return JobInfo(job_id=job_id, state="UNKNOWN", reason="the controller no longer knows the job and sacct is off")

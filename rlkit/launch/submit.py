@@ -1,0 +1,70 @@
+"""Submit: config -> validated plan -> script -> controller check -> trial directory -> sbatch -> index."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlkit.config.load import load_config, to_yaml
+from rlkit.config.schema import SUBMITTABLE_JOB_TYPES, ExperimentConfig
+from rlkit.config.validate import validate
+from rlkit.errors import SlurmError, UserError
+from rlkit.launch import slurm
+from rlkit.launch.plan import JobPlan, plan_job
+from rlkit.launch.render import render_script
+from rlkit.paths import TrialPaths
+from rlkit.trials import TrialRecord, list_trials, prepare_trial_dir, record_trial, write_manifest
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A config that passed every check, with its plan and script (nothing written yet)."""
+
+    config: ExperimentConfig
+    plan: JobPlan
+    script: str
+    paths: TrialPaths
+
+
+def prepare(config_path: str | Path, overrides: list[str]) -> Prepared:
+    """Load, validate, plan and render (pure apart from reading the config and checking input paths)."""
+    config = load_config(config_path, overrides)
+    validate(config)
+    plan = plan_job(config)
+    paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
+    return Prepared(config, plan, render_script(plan), paths)
+
+
+def submit(prepared: Prepared, *, force: bool = False) -> TrialRecord:
+    """Check with the controller, write the trial directory, submit, and record the trial."""
+    config, paths = prepared.config, prepared.paths
+    if config.type not in SUBMITTABLE_JOB_TYPES:
+        raise UserError(f"job type {config.type} can be rendered but not yet submitted: its trainer step is not built",
+                        hint=f"use `rlkit render` to check the layout; submittable types: "
+                             f"{', '.join(SUBMITTABLE_JOB_TYPES)}")
+    existed = paths.root.exists()
+    if paths.config.exists():
+        if not force:
+            raise UserError(f"trial {config.experiment_name}/{config.trial_name} already exists at {paths.root}",
+                            hint="pick a new trial_name, or pass --force to submit over it")
+        for record in list_trials():
+            if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
+                raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
+                                hint=f"stop it first: rlkit stop {record.name}")
+    slurm.sbatch_test_only(prepared.script)
+    prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script, force=force)
+    try:
+        job_id = slurm.sbatch(str(paths.script))
+    except SlurmError:
+        if not existed:
+            shutil.rmtree(paths.root, ignore_errors=True)
+        raise
+    slurm_cfg = config.launcher.slurm
+    images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
+    write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
+                   cwd=Path.cwd())
+    record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
+    record_trial(record)
+    return record

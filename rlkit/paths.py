@@ -1,0 +1,54 @@
+"""Where a trial's files live on the shared filesystem (pure: no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """The layout of `<fileroot>/<experiment>/<trial>/`."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, fileroot: str | Path, experiment: str, trial: str) -> TrialPaths:
+        return cls(Path(fileroot) / experiment / trial)
+
+    @property
+    def config(self) -> Path:
+        """The resolved config every in-job step reads."""
+        return self.root / "config.yaml"
+
+    @property
+    def script(self) -> Path:
+        """The rendered sbatch script."""
+        return self.root / "job.sbatch"
+
+    @property
+    def manifest(self) -> Path:
+        """What was submitted: job id, time, versions, images."""
+        return self.root / "manifest.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def step_log(self, step: str) -> Path:
+        """One log file per step (server-0, generate, trainer, ...)."""
+        return self.logs / f"{step}.log"
+
+    @property
+    def batch_log(self) -> Path:
+        """The batch script's own output (%j: the job id)."""
+        return self.logs / "slurm-%j.out"
+
+    @property
+    def token(self) -> Path:
+        """The per-trial secret (mode 0600) that steps use to talk to each other."""
+        return self.root / "secret" / "token"
+
+    def output(self, name: str) -> Path:
+        """A result file of the job, relative to the trial directory."""
+        return self.root / name

@@ -1,0 +1,140 @@
+"""HTTP client to the trial's inference servers: discovery through name resolve, spreading, retries.
+
+Servers are found under `servers/<index>` in name resolve; only live entries (heart-beating owners) are used, so a
+server from an earlier run or a dead step is never sent work. Requests go to the server with the fewest in flight;
+a failed request is retried on another server when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rlkit.errors import StepError
+from rlkit.nameresolve.base import NameResolve
+
+
+@dataclass
+class Server:
+    """One registered inference server."""
+
+    index: int
+    address: str
+    model: str
+    backend: str
+    in_flight: int = 0
+    failures: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with its tokens and their log-probabilities under the server's weights."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class SamplingParams:
+    """The sampling settings of a request (gconfig)."""
+
+    n: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+
+
+def discover_servers(nr: NameResolve) -> list[Server]:
+    """The live servers registered now, by index."""
+    servers = []
+    for key, value in nr.list_subtree("servers").items():
+        entry = json.loads(value)
+        servers.append(Server(index=int(entry["index"]), address=entry["address"], model=entry["model"],
+                              backend=entry["backend"]))
+    return sorted(servers, key=lambda s: s.index)
+
+
+def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0) -> list[Server]:
+    """Wait until `expected` servers are registered and live; StepError naming what is missing on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        servers = discover_servers(nr)
+        if len(servers) >= expected:
+            return servers
+        if time.monotonic() >= deadline:
+            seen = ", ".join(f"servers/{s.index}" for s in servers) or "none"
+            raise StepError(f"waited {timeout:.0f} s for {expected} inference servers to register in "
+                            f"{nr.describe_location()}; registered: {seen}. Check the server-N.log files "
+                            f"(rlkit logs TRIAL --step server-0)")
+        time.sleep(poll)
+
+
+class ServerPool:
+    """Sends completion requests to the least-busy live server, with retries on another server."""
+
+    def __init__(self, servers: list[Server], token: str, *, timeout: float, retries: int,
+                 max_in_flight: int) -> None:
+        if not servers:
+            raise StepError("no inference servers to send requests to")
+        self.servers = servers
+        self.retries = retries
+        self._limit = asyncio.Semaphore(max_in_flight)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0),
+                                         headers={"Authorization": f"Bearer {token}"},
+                                         limits=httpx.Limits(max_connections=max_in_flight + len(servers)))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _pick(self, avoid: set[int]) -> Server:
+        candidates = [s for s in self.servers if s.index not in avoid] or self.servers
+        return min(candidates, key=lambda s: (s.in_flight, s.failures, s.index))
+
+    async def complete(self, prompt_ids: list[int], params: SamplingParams) -> tuple[Server, list[Completion]]:
+        """Sample `params.n` completions of a tokenized prompt; returns the server used and the completions."""
+        async with self._limit:
+            tried: set[int] = set()
+            last_error: Exception | None = None
+            for _attempt in range(self.retries + 1):
+                server = self._pick(tried)
+                tried.add(server.index)
+                server.in_flight += 1
+                try:
+                    return server, await self._request(server, prompt_ids, params)
+                except (httpx.HTTPError, KeyError, ValueError) as exc:
+                    server.failures += 1
+                    last_error = exc
+                finally:
+                    server.in_flight -= 1
+            raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "
+                            f"{type(last_error).__name__}: {last_error}")
+
+    async def _request(self, server: Server, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        body: dict[str, Any] = {
+            "model": server.model, "prompt": prompt_ids, "n": params.n, "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+        }
+        if params.stop:
+            body["stop"] = params.stop
+        response = await self._client.post(f"{server.url}/v1/completions", json=body)
+        response.raise_for_status()
+        return [
+            Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
+                       logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
+                       finish_reason=choice.get("finish_reason") or "")
+            for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
+        ]

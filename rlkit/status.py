@@ -1,0 +1,197 @@
+"""What `rlkit status` and `rlkit logs` show: trials from the index, state from Slurm, servers from name resolve."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from rlkit.errors import UserError
+from rlkit.launch import slurm
+from rlkit.paths import TrialPaths
+from rlkit.trials import TrialRecord, find_trial, list_trials
+
+_FAILED_STEP = re.compile(r"rlkit: step (\S+) failed with exit code (\d+)")
+
+
+@dataclass
+class TrialRow:
+    """One line of the trials table."""
+
+    name: str
+    job_id: str
+    state: str
+    elapsed: str
+    nodes: str
+    submitted: str
+    trial_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ServerRow:
+    """One registered server as status shows it."""
+
+    index: int
+    address: str
+    node: str
+    healthy: bool
+    weight_version: Any
+
+
+@dataclass
+class TrialDetail:
+    """Everything `rlkit status TRIAL` shows."""
+
+    row: TrialRow
+    reason: str
+    exit_code: str
+    components: list[tuple[str, str, str]]
+    servers: list[ServerRow] = field(default_factory=list)
+    failed_step: str | None = None
+    failed_step_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _row(record: TrialRecord, info: slurm.JobInfo) -> TrialRow:
+    submitted = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.submitted_at))
+    return TrialRow(record.name, record.job_id, info.state, info.elapsed, info.nodes, submitted, record.trial_dir)
+
+
+def all_trials() -> list[TrialRow]:
+    """Every trial of this user with its Slurm state, newest first."""
+    return [_row(r, slurm.job_info(r.job_id)) for r in list_trials()]
+
+
+def trials_table(rows: list[TrialRow]) -> Table:
+    table = Table(title=f"{len(rows)} trial(s)")
+    for column in ("trial", "job", "state", "elapsed", "nodes", "submitted"):
+        table.add_column(column)
+    for r in rows:
+        style = {"RUNNING": "green", "COMPLETED": "cyan", "FAILED": "red", "PENDING": "yellow"}.get(r.state, "")
+        table.add_row(r.name, r.job_id, f"[{style}]{r.state}[/{style}]" if style else r.state, r.elapsed, r.nodes,
+                      r.submitted)
+    return table
+
+
+def _servers(paths: TrialPaths) -> list[ServerRow]:
+    from rlkit.config.load import load_config
+    from rlkit.steps.serve import SERVERS_KEY, open_name_resolve
+
+    config = load_config(paths.config)
+    nr = open_name_resolve(config)
+    rows = []
+    try:
+        for value in nr.list_subtree(SERVERS_KEY).values():
+            entry = json.loads(value)
+            try:
+                healthy = httpx.get(f"http://{entry['address']}/health", timeout=3).status_code == 200
+            except httpx.HTTPError:
+                healthy = False
+            rows.append(ServerRow(entry["index"], entry["address"], entry.get("node", ""), healthy,
+                                  entry.get("weight_version")))
+    finally:
+        nr.close()
+    return sorted(rows, key=lambda s: s.index)
+
+
+def failed_step(paths: TrialPaths, job_id: str) -> str | None:
+    """The step the batch script reported as failed first, from its log."""
+    log = Path(str(paths.batch_log).replace("%j", job_id))
+    if not log.is_file():
+        return None
+    match = _FAILED_STEP.search(log.read_text(errors="replace"))
+    return match.group(1) if match else None
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    if not path.is_file():
+        return []
+    return path.read_text(errors="replace").splitlines()[-lines:]
+
+
+def trial_detail(spec: str) -> TrialDetail:
+    """Slurm state, components, live servers and, for a failed job, the failed step's last log lines."""
+    record = find_trial(spec)
+    info = slurm.job_info(record.job_id)
+    paths = TrialPaths(Path(record.trial_dir))
+    detail = TrialDetail(_row(record, info), info.reason, info.exit_code, list(info.components))
+    if info.active and paths.config.is_file():
+        detail.servers = _servers(paths)
+    step = failed_step(paths, record.job_id)
+    if step:
+        detail.failed_step = step
+        detail.failed_step_tail = tail(paths.step_log(step), 20)
+    return detail
+
+
+def print_detail(console: Console, d: TrialDetail) -> None:
+    console.print(f"[bold]{d.row.name}[/bold]  job {d.row.job_id}  [bold]{d.row.state}[/bold]"
+                  + (f"  reason {d.reason}" if d.reason and d.reason != "None" else "")
+                  + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}")
+    console.print(f"  trial directory: {d.row.trial_dir}")
+    for comp_id, state, nodes in d.components:
+        console.print(f"  component {comp_id}: {state} on {nodes}")
+    if d.servers:
+        table = Table(title="servers")
+        for column in ("index", "address", "node", "health", "weight version"):
+            table.add_column(column)
+        for s in d.servers:
+            table.add_row(str(s.index), s.address, s.node, "ok" if s.healthy else "[red]down[/red]",
+                          str(s.weight_version))
+        console.print(table)
+    if d.failed_step:
+        console.print(f"[red]step {d.failed_step} failed[/red]; its last log lines:")
+        for line in d.failed_step_tail:
+            console.print(f"  {line}", markup=False, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _log_path(paths: TrialPaths, record: TrialRecord, step: str | None) -> Path:
+    if step is None:
+        return Path(str(paths.batch_log).replace("%j", record.job_id))
+    path = paths.step_log(step)
+    if not path.is_file():
+        steps = sorted(p.stem for p in paths.logs.glob("*.log"))
+        raise UserError(f"trial {record.name} has no log for step '{step}'",
+                        hint=f"steps with logs: {', '.join(steps) or 'none yet (is the job still pending?)'}")
+    return path
+
+
+def show_logs(spec: str, *, step: str | None, follow: bool, lines: int) -> None:
+    """Print the last lines of a log; with follow, keep printing until the job has ended."""
+    record = find_trial(spec)
+    path = _log_path(TrialPaths(Path(record.trial_dir)), record, step)
+    for line in tail(path, lines):
+        sys.stdout.write(line + "\n")
+    if not follow:
+        return
+    position = path.stat().st_size if path.is_file() else 0
+    last_check = time.monotonic()
+    while True:
+        if path.is_file() and path.stat().st_size > position:
+            with open(path, errors="replace") as f:
+                f.seek(position)
+                sys.stdout.write(f.read())
+                position = f.tell()
+            sys.stdout.flush()
+        if time.monotonic() - last_check > 5:
+            last_check = time.monotonic()
+            if not slurm.job_info(record.job_id).active:
+                return
+        time.sleep(0.5)

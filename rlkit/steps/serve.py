@@ -1,0 +1,136 @@
+"""In-job step `rlkit serve`: one inference server (vLLM or SGLang) on a free port, registered in name resolve.
+
+The server gets the trial token through its environment (never argv); every route but /health needs it. The step
+registers `servers/<index>` only once the server is healthy, keeps the entry alive with a heartbeat while the server
+runs, deregisters on exit, and forwards SIGTERM/SIGINT to the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from rlkit.config.load import load_config
+from rlkit.config.schema import ExperimentConfig
+from rlkit.config.validate import server_model
+from rlkit.errors import StepError
+from rlkit.launch.allocation import parse_allocation
+from rlkit.nameresolve import make_name_resolve
+from rlkit.nameresolve.base import NameResolve
+from rlkit.paths import TrialPaths
+from rlkit.servers.health import find_free_port, wait_healthy
+from rlkit.servers.sglang import sglang_command, sglang_env
+from rlkit.servers.vllm import vllm_command, vllm_env
+from rlkit.trials import read_token
+
+SERVERS_KEY = "servers"
+
+
+def server_key(index: int) -> str:
+    """The name-resolve key of server `index`."""
+    return f"{SERVERS_KEY}/{index}"
+
+
+def advertised_host() -> str:
+    """The address other nodes use to reach this one ($RLKIT_ADVERTISE_HOST overrides the host name)."""
+    return os.environ.get("RLKIT_ADVERTISE_HOST") or socket.gethostname()
+
+
+def open_name_resolve(config: ExperimentConfig) -> NameResolve:
+    """The trial's name-resolve store, as configured."""
+    nr = config.cluster.name_resolve
+    return make_name_resolve(nr.type, nfs_record_root=nr.nfs_record_root, etcd3_addr=nr.etcd3_addr,
+                             experiment=config.experiment_name, trial=config.trial_name)
+
+
+def server_command(config: ExperimentConfig, backend: str, tp: int, port: int) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and extra environment, from the config."""
+    model = server_model(config, backend)
+    if backend == "vllm":
+        v = config.vllm
+        extra: dict[str, object] = {"seed": v.seed, "dtype": v.dtype, "max_model_len": v.max_model_len,
+                                    "gpu_memory_utilization": v.gpu_memory_utilization, "max_num_seqs": v.max_num_seqs,
+                                    "enforce_eager": v.enforce_eager, "enable_prefix_caching": v.enable_prefix_caching,
+                                    **v.extra_args}
+        argv = vllm_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
+                            tensor_parallel_size=tp, extra=extra)
+        return argv, {}
+    s = config.sglang
+    extra = {"random_seed": s.random_seed, "dtype": s.dtype, "context_length": s.context_length,
+             "mem_fraction_static": s.mem_fraction_static, "disable_radix_cache": s.disable_radix_cache,
+             **s.extra_args}
+    argv = sglang_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
+                          tensor_parallel_size=tp, extra=extra)
+    return argv, {}
+
+
+def run_server(trial_dir: Path, index: int) -> int:
+    """Run server `index` of the trial until it exits or the step is told to stop; return the exit code."""
+    paths = TrialPaths(Path(trial_dir))
+    config = load_config(paths.config)
+    alloc = parse_allocation(config.allocation_mode)
+    if alloc.server is None or not 0 <= index < alloc.server.dp:
+        raise StepError(f"server index {index} is not part of allocation_mode {config.allocation_mode}")
+    backend, tp = alloc.server.backend, alloc.server.tp
+    token = read_token(paths)
+    port = find_free_port("0.0.0.0")
+    argv, _ = server_command(config, backend, tp, port)
+    env = {**os.environ, **(vllm_env(token) if backend == "vllm" else sglang_env(token))}
+    print(f"rlkit serve: server {index} ({backend}, tp={tp}) on {advertised_host()}:{port}", flush=True)
+    proc = subprocess.Popen(argv, env=env)
+    stopping = False
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        print(f"rlkit serve: got signal {signum}; stopping server {index}", flush=True)
+        proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    nr = open_name_resolve(config)
+    try:
+        started = time.monotonic()
+        wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc)
+        entry = {
+            "index": index, "address": f"{advertised_host()}:{port}", "backend": backend,
+            "model": server_model(config, backend), "weight_version": 0,
+            "job_id": os.environ.get("SLURM_JOB_ID", ""), "step_id": os.environ.get("SLURM_STEP_ID", ""),
+            "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "pid": proc.pid,
+            "started_at": time.time(),
+        }
+        nr.add(server_key(index), json.dumps(entry), replace=True, keepalive=True)
+        print(f"rlkit serve: server {index} healthy after {time.monotonic() - started:.1f} s; registered "
+              f"{server_key(index)}", flush=True)
+        rc = proc.wait()
+    except BaseException:
+        if stopping:
+            rc = 0
+        else:
+            proc.terminate()
+            raise
+    finally:
+        nr.close()
+        _reap(proc)
+    if stopping:
+        return 0
+    print(f"rlkit serve: server {index} exited with code {rc}", flush=True)
+    return rc if rc != 0 else 1
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Make sure the server process is gone (TERM, then KILL after 30 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,126 @@
+"""Trials on disk: the trial directory, its manifest and secret, and the per-user index that `rlkit status` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlkit import __version__
+from rlkit.errors import UserError
+from rlkit.paths import TrialPaths
+
+
+def rlkit_home() -> Path:
+    """Per-user state (the trial index): $RLKIT_HOME, default ~/.rlkit."""
+    return Path(os.environ.get("RLKIT_HOME") or Path.home() / ".rlkit")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One line of the per-user index: enough to find the trial directory and its job."""
+
+    experiment: str
+    trial: str
+    trial_dir: str
+    job_id: str
+    submitted_at: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.experiment}/{self.trial}"
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str, force: bool) -> None:
+    """Create the trial directory (0700) with config, script, logs/ and a fresh secret token (0600)."""
+    if paths.config.exists() and not force:
+        raise UserError(f"trial directory {paths.root} already holds a trial",
+                        hint="pick a new trial_name, `rlkit resume` it, or pass --force to submit over it")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.root, 0o700)
+    paths.logs.mkdir(exist_ok=True)
+    paths.token.parent.mkdir(mode=0o700, exist_ok=True)
+    _write_atomic(paths.token, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    os.chmod(paths.token, 0o600)
+    _write_atomic(paths.config, config_yaml)
+    _write_atomic(paths.script, script, mode=0o755)
+
+
+def read_token(paths: TrialPaths) -> str:
+    """The trial's secret token (steps authenticate to each other with it)."""
+    return paths.token.read_text().strip()
+
+
+def _git_revision(cwd: Path) -> str | None:
+    try:
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _image_facts(image: str) -> dict[str, object]:
+    path = Path(image)
+    if not image or not path.is_file():
+        return {"image": image}
+    stat = path.stat()
+    return {"image": image, "size": stat.st_size, "mtime": stat.st_mtime}
+
+
+def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path) -> None:
+    """Record what was submitted: job id, time, rlkit version, git revision, each role's image."""
+    manifest = {
+        "job_id": job_id,
+        "submitted_at": time.time(),
+        "rlkit_version": __version__,
+        "git_revision": _git_revision(cwd),
+        "images": {role: _image_facts(image) for role, image in images.items()},
+    }
+    _write_atomic(paths.manifest, json.dumps(manifest, indent=2) + "\n")
+
+
+def record_trial(record: TrialRecord) -> None:
+    """Add (or replace) the trial in the per-user index."""
+    index = rlkit_home() / "trials" / record.experiment
+    index.mkdir(parents=True, exist_ok=True)
+    _write_atomic(index / f"{record.trial}.json", json.dumps(asdict(record)) + "\n")
+
+
+def list_trials() -> list[TrialRecord]:
+    """All trials of this user, newest first."""
+    records = []
+    for path in (rlkit_home() / "trials").glob("*/*.json"):
+        try:
+            records.append(TrialRecord(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(records, key=lambda r: r.submitted_at, reverse=True)
+
+
+def find_trial(spec: str) -> TrialRecord:
+    """`experiment/trial` or a bare trial name when only one experiment has it; UserError otherwise."""
+    records = list_trials()
+    if "/" in spec:
+        matches = [r for r in records if r.name == spec]
+    else:
+        matches = [r for r in records if r.trial == spec]
+    if not matches:
+        known = ", ".join(r.name for r in records[:10]) or "none yet"
+        raise UserError(f"no trial '{spec}' in {rlkit_home() / 'trials'}", hint=f"known trials: {known}")
+    if len(matches) > 1:
+        raise UserError(f"trial name '{spec}' is ambiguous", hint="say which: " + ", ".join(r.name for r in matches))
+    return matches[0]

@@ -1,0 +1,60 @@
+"""Shared fixtures: a tiny config on disk, an isolated RLKIT_HOME, and the repository paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+@pytest.fixture
+def rlkit_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "rlkit-home"
+    monkeypatch.setenv("RLKIT_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> Path:
+    """A directory that looks like a HF model to the login-node checks (config.json only; never served)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+@pytest.fixture
+def generate_yaml(tmp_path: Path, fake_model: Path) -> Path:
+    """A valid generate config (container_type none) with its dataset, all under tmp_path."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(4)))
+    path = tmp_path / "gen.yaml"
+    path.write_text(f"""
+experiment_name: test-exp
+trial_name: t1
+allocation_mode: vllm:d2
+actor: {{path: {fake_model}}}
+cluster: {{fileroot: {tmp_path / 'fileroot'}, n_nodes: 3, n_gpus_per_node: 1}}
+launcher:
+  inference_server_cpus_per_gpu: 1
+  inference_server_mem_per_gpu: 2000
+  client_cpus: 1
+  client_mem: 1000
+  python: /opt/py/bin/python
+  slurm: {{container_type: none}}
+generate: {{dataset: {{path: {data}}}}}
+""")
+    return path
+
+
+def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real `rlkit` CLI in a subprocess (as a user would)."""
+    return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, check=False)

@@ -1,0 +1,147 @@
+"""Plan and render are pure: checked here without Slurm (the controller's verdict is in tests/integration)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlkit.config.load import load_config
+from rlkit.errors import ConfigError
+from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE, plan_job
+from rlkit.launch.render import render_script, step_command
+
+from ..conftest import CONFIGS
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+# Fixed values so the golden scripts do not depend on this machine.
+PINNED = ["launcher.python=/opt/rlkit/bin/python", "actor.path=/storage/models/m",
+          "generate.dataset.path=/storage/data/p.jsonl", "cluster.fileroot=/storage/rlkit"]
+
+
+def _start_lines(script: str) -> list[list[str]]:
+    """The argv of every `start_step` line, parsed back the way bash will."""
+    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start_step ")]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
+def test_rendered_scripts_match_golden(name: str) -> None:
+    """Golden files; regenerate after an intended change with RLKIT_UPDATE_GOLDEN=1 and review the diff."""
+    config = load_config(CONFIGS / f"{name}.yaml", PINNED)
+    script = render_script(plan_job(config))
+    golden = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("RLKIT_UPDATE_GOLDEN") == "1":
+        golden.write_text(script)
+    assert golden.is_file(), f"no golden file {golden}: run with RLKIT_UPDATE_GOLDEN=1"
+    assert script == golden.read_text(), f"rendered {name} differs from {golden} (RLKIT_UPDATE_GOLDEN=1 to accept)"
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:
+    plan = plan_job(load_config(CONFIGS / "grpo.yaml", PINNED))
+    servers, trainer = plan.components
+    assert (servers.role, servers.nodes, servers.ntasks_per_node, servers.gpus_per_node) == (SERVER_ROLE, 1, 4, 8)
+    assert (trainer.role, trainer.nodes, trainer.ntasks_per_node, trainer.gpus_per_node) == (TRAINER_ROLE, 1, 8, 8)
+    assert servers.cpus_per_task == 8 and servers.mem_per_node_mb == 8 * 32768
+    server_steps = [s for s in plan.steps if s.role == SERVER_ROLE]
+    assert [s.gpus_per_node for s in server_steps] == [2, 2, 2, 2]
+    assert [s.relative_node for s in server_steps] == [0, 0, 0, 0]
+    assert plan.steps[-1].ntasks == 8 and plan.steps[-1].argv[-3:] == ("train", "--trial-dir",
+                                                                       "/storage/rlkit/gsm8k-grpo/qwen1p5b_run1")
+    script = render_script(plan)
+    first = _start_lines(script)[0]
+    assert first[:2] == ["server-0", "server"]
+    assert "apptainer" in first and "--nv" in first
+    bind = first[first.index("--bind") + 1]
+    assert bind.split(",") == ["/storage:/storage"]  # fileroot and name-resolve root lie under it
+
+
+def test_servers_spread_over_nodes_when_a_node_holds_one(generate_yaml: Path) -> None:
+    plan = plan_job(load_config(generate_yaml))
+    assert [c.role for c in plan.components] == [SERVER_ROLE, CLIENT_ROLE]
+    assert plan.components[0].nodes == 2 and plan.components[1].gpus_per_node == 0
+    assert [s.relative_node for s in plan.steps if s.role == SERVER_ROLE] == [0, 1]
+
+
+def test_multi_node_servers_fill_nodes_in_order(generate_yaml: Path) -> None:
+    plan = plan_job(load_config(generate_yaml, ["allocation_mode=vllm:d8t2", "cluster.n_gpus_per_node=8",
+                                                "cluster.n_nodes=3"]))
+    assert plan.components[0].nodes == 2 and plan.components[0].ntasks_per_node == 4
+    assert [s.relative_node for s in plan.steps if s.role == SERVER_ROLE] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["allocation_mode=vllm:d4"], "needs 5 nodes (4 server + 1 client) but cluster.n_nodes is 3"),
+        (["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "do not divide into whole servers of 3 GPUs"),
+        (["allocation_mode=vllm:d1t2"], "one server needs 2 GPUs but a node has 1"),
+        (["allocation_mode=vllm:d3t2", "cluster.n_gpus_per_node=4"], "must fill whole nodes of 4 GPUs"),
+        (["allocation_mode=vllm:d2+fsdp:d2"], "job type generate has no trainer"),
+        (["type=grpo"], "needs trainer GPUs"),
+        (["launcher.slurm.nodelist=node[1-2]"], "names 2 nodes but the job needs exactly 3"),
+        (["launcher.slurm.nodelist=node[2-1]"], "goes backwards"),
+    ],
+)
+def test_layouts_that_do_not_fit_are_refused(generate_yaml: Path, overrides: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_job(load_config(generate_yaml, overrides))
+    assert says in info.value.message
+
+
+def test_nodelist_is_split_over_components(generate_yaml: Path) -> None:
+    plan = plan_job(load_config(generate_yaml, ["launcher.slurm.nodelist=gpu[07-08],cpu1"]))
+    assert [c.nodelist for c in plan.components] == ["gpu07,gpu08", "cpu1"]
+    assert "#SBATCH --nodelist=cpu1" in render_script(plan)
+
+
+def test_slurm_options_go_to_every_component(generate_yaml: Path) -> None:
+    plan = plan_job(load_config(generate_yaml, ["launcher.slurm.partition=gpu", "launcher.slurm.account=proj",
+                                                "launcher.slurm.qos=high", "launcher.slurm.time=1-00:00:00",
+                                                "launcher.slurm.constraint=a100", "launcher.slurm.exclude=bad1",
+                                                "launcher.slurm.sbatch_additional_args=--mail-type=END"]))
+    script = render_script(plan)
+    for option in ("--partition=gpu", "--account=proj", "--qos=high", "--time=1-00:00:00", "--constraint=a100",
+                   "--exclude=bad1"):
+        assert script.count(f"#SBATCH {option}\n") == 2, option
+    assert script.count("#SBATCH --mail-type=END\n") == 1
+
+
+def test_weird_values_survive_the_shell(generate_yaml: Path) -> None:
+    """Spaces, quotes, ';' and '$(...)' in env values, mounts and images reach the step exactly, never run."""
+    value = "$(touch /tmp/rlkit-pwned) b;c 'q' \"d\""
+    image = "/images/my image's;$(x).sif"
+    config = load_config(generate_yaml, ["launcher.slurm.container_type=apptainer",
+                                         f"launcher.slurm.inference_server_image={image}",
+                                         "launcher.slurm.mount=/data dir:/data",
+                                         "launcher.slurm.apptainer_args=--nv --contain"])
+    config.launcher.inference_server_env_vars = f"A={value}"
+    plan = plan_job(config)
+    script = render_script(plan)
+    lines = [line for line in script.splitlines() if line.startswith("start_step server-0 ")]
+    printed = subprocess.run(["bash", "-c", lines[0].replace("start_step", "printf '%s\\n'", 1)],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    assert printed == _start_lines(script)[0]
+    assert f"A={value}" in printed and image in printed
+    fileroot = config.cluster.fileroot
+    assert printed[printed.index("--bind") + 1] == f"/data dir:/data,{fileroot}:{fileroot}"
+    assert not Path("/tmp/rlkit-pwned").exists()
+
+
+def test_fileroot_with_shell_characters_is_refused(generate_yaml: Path) -> None:
+    from rlkit.config.validate import validate
+
+    for root in ("/tmp/a b", "/tmp/a'b", "/tmp/%j", "/tmp/$HOME", "/tmp/a;b"):
+        with pytest.raises(ConfigError, match="characters Slurm"):
+            validate(load_config(generate_yaml, [f"cluster.fileroot={root}"]))
+
+
+def test_step_command_is_bare_without_containers(generate_yaml: Path) -> None:
+    plan = plan_job(load_config(generate_yaml))
+    argv = step_command(plan.steps[-1], plan)
+    assert argv[0] == "srun" and "--het-group=1" in argv
+    assert argv[-5:] == ("-m", "rlkit", "generate", "--trial-dir", f"{plan.trial_dir}")
+    assert "apptainer" not in argv
