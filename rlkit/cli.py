@@ -14,16 +14,18 @@ from rlkit.errors import SlurmError, StepError, UserError
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 err = Console(stderr=True, soft_wrap=True)
-out = Console()
+out = Console(soft_wrap=True)
 
 CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
 OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)
 TRIAL_ARG = typer.Argument(..., help="experiment/trial, or a bare trial name when it is unambiguous.")
 
 
+FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial of the same name.")
+
+
 @app.command()
-def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
-           force: bool = typer.Option(False, "--force", help="Submit over an existing trial of the same name.")) -> None:
+def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, force: bool = FORCE_OPT) -> None:
     """Validate, plan and render the job, submit it to Slurm, and record the trial."""
     from rlkit.launch.submit import prepare
     from rlkit.launch.submit import submit as do_submit

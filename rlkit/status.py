@@ -78,7 +78,7 @@ def all_trials() -> list[TrialRow]:
 def trials_table(rows: list[TrialRow]) -> Table:
     table = Table(title=f"{len(rows)} trial(s)")
     for column in ("trial", "job", "state", "elapsed", "nodes", "submitted"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for r in rows:
         style = {"RUNNING": "green", "COMPLETED": "cyan", "FAILED": "red", "PENDING": "yellow"}.get(r.state, "")
         table.add_row(r.name, r.job_id, f"[{style}]{r.state}[/{style}]" if style else r.state, r.elapsed, r.nodes,

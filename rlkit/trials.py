@@ -114,10 +114,7 @@ def list_trials() -> list[TrialRecord]:
 def find_trial(spec: str) -> TrialRecord:
     """`experiment/trial` or a bare trial name when only one experiment has it; UserError otherwise."""
     records = list_trials()
-    if "/" in spec:
-        matches = [r for r in records if r.name == spec]
-    else:
-        matches = [r for r in records if r.trial == spec]
+    matches = [r for r in records if (r.name if "/" in spec else r.trial) == spec]
     if not matches:
         known = ", ".join(r.name for r in records[:10]) or "none yet"
         raise UserError(f"no trial '{spec}' in {rlkit_home() / 'trials'}", hint=f"known trials: {known}")

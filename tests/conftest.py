@@ -58,3 +58,11 @@ def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 12
     """Run the real `rlkit` CLI in a subprocess (as a user would)."""
     return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, check=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tiny Qwen2 model + tokenizer built locally (untied embeddings), shared by the session."""
+    from rlkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "untied")

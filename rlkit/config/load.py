@@ -69,7 +69,8 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
         detail = str(exc).splitlines()[0]
         return ConfigError(f"wrong type for '{key}' ({origin}): {detail}")
     if isinstance(exc, MissingMandatoryValue):
-        return ConfigError(f"required field '{key}' is not set ({origin})", hint=f"add it to the YAML or pass {key}=...")
+        return ConfigError(f"required field '{key}' is not set ({origin})",
+                           hint=f"add it to the YAML or pass {key}=...")
     if isinstance(exc, InterpolationResolutionError):
         return ConfigError(f"cannot resolve '{key}' ({origin}): {str(exc).splitlines()[0]}",
                            hint="set the environment variable or give ${oc.env:VAR,default} a default")

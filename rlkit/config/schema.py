@@ -65,7 +65,7 @@ class SlurmConfig:
     nodelist: str = _f("", "Exact nodes to use (hostlist, e.g. gpu[01-03]); split in order over the job's components.")
     exclude: str = _f("", "Nodes never to use (hostlist).")
     srun_additional_args: str = _f("", "Extra arguments for every srun step, e.g. '--mpi=pmix'.")
-    sbatch_additional_args: str = _f("", "Extra job-wide sbatch options (put in the first component), e.g. '--mail-type=END'.")
+    sbatch_additional_args: str = _f("", "Extra job-wide sbatch options (first component), e.g. '--mail-type=END'.")
     container_type: str = _f("apptainer", "How steps run: apptainer (each role in its image) or none (bare host).")
     mount: str = _f("", "Bind mounts for containers, comma-separated src:dst (fileroot is always bound).")
     trainer_image: str = _f("", "Apptainer image (.sif path or docker:// URI) for trainer and client steps.")

@@ -134,7 +134,8 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None) -> JobPlan:
         raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs inference servers",
                           hint="start it with vllm:dN or sglang:dN, e.g. vllm:d2")
     if config.type == "generate" and alloc.trainer is not None:
-        raise ConfigError(f"allocation_mode '{mode}': job type generate has no trainer", hint="drop the '+fsdp:...' part")
+        raise ConfigError(f"allocation_mode '{mode}': job type generate has no trainer",
+                          hint="drop the '+fsdp:...' part")
     if config.type != "generate" and alloc.trainer is None:
         raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs trainer GPUs",
                           hint="add a trainer part, e.g. vllm:d4t2+fsdp:d8")

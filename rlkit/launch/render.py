@@ -2,7 +2,8 @@
 
 The script starts every step in the background and supervises them: it exits non-zero as soon as any step fails
 (after stopping the others), stops the servers once the trainer/client step succeeds, and forwards a TERM from
-Slurm to every step, so no step is ever left running.
+Slurm to every step, so no step is ever left running. Steps are stopped with `scancel --ctld --signal=TERM` on each
+component (a TERM to srun itself would SIGKILL the tasks, leaving servers no time to deregister), then forced.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import SERVER_ROLE, Component, JobPlan, Step
 
 _SUPERVISOR = r"""
+STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()
 ROLES=()
@@ -28,8 +30,20 @@ start_step() {  # start_step NAME ROLE COMMAND...: run one srun step in the back
   echo "rlkit: started step $name (pid $!)"
 }
 
-stop_steps() {  # TERM every step still running, then wait for all of them
-  local pid
+stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
+  local pid group_id running waited=0
+  for group_id in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
+    scancel --ctld --signal=TERM "${!group_id}" 2>/dev/null
+  done
+  while [ "$waited" -lt "$STOP_GRACE" ]; do
+    running=0
+    for pid in "${PIDS[@]}"; do
+      [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && running=1
+    done
+    [ "$running" -eq 0 ] && break
+    sleep 1
+    waited=$((waited + 1))
+  done
   for pid in "${PIDS[@]}"; do
     [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
   done

@@ -60,7 +60,7 @@ class SamplingParams:
 def discover_servers(nr: NameResolve) -> list[Server]:
     """The live servers registered now, by index."""
     servers = []
-    for key, value in nr.list_subtree("servers").items():
+    for value in nr.list_subtree("servers").values():
         entry = json.loads(value)
         servers.append(Server(index=int(entry["index"]), address=entry["address"], model=entry["model"],
                               backend=entry["backend"]))

@@ -26,7 +26,7 @@ from rlkit.nameresolve import make_name_resolve
 from rlkit.nameresolve.base import NameResolve
 from rlkit.paths import TrialPaths
 from rlkit.servers.health import find_free_port, wait_healthy
-from rlkit.servers.sglang import sglang_command, sglang_env
+from rlkit.servers.sglang import sglang_command
 from rlkit.servers.vllm import vllm_command, vllm_env
 from rlkit.trials import read_token
 
@@ -50,8 +50,18 @@ def open_name_resolve(config: ExperimentConfig) -> NameResolve:
                              experiment=config.experiment_name, trial=config.trial_name)
 
 
-def server_command(config: ExperimentConfig, backend: str, tp: int, port: int) -> tuple[list[str], dict[str, str]]:
-    """The server's argv and extra environment, from the config."""
+def sglang_key_file(paths: TrialPaths, index: int, token: str) -> Path:
+    """SGLang reads its --api-key from argv only; a 0600 `--config` file keeps it off argv (not verified here)."""
+    path = paths.token.parent / f"sglang-{index}.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"api-key: {json.dumps(token)}\n")
+    return path
+
+
+def server_command(config: ExperimentConfig, backend: str, tp: int, port: int, *,
+                   sglang_config: Path | None = None) -> list[str]:
+    """The server's argv, from the config."""
     model = server_model(config, backend)
     if backend == "vllm":
         v = config.vllm
@@ -59,16 +69,14 @@ def server_command(config: ExperimentConfig, backend: str, tp: int, port: int) -
                                     "gpu_memory_utilization": v.gpu_memory_utilization, "max_num_seqs": v.max_num_seqs,
                                     "enforce_eager": v.enforce_eager, "enable_prefix_caching": v.enable_prefix_caching,
                                     **v.extra_args}
-        argv = vllm_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
+        return vllm_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
                             tensor_parallel_size=tp, extra=extra)
-        return argv, {}
     s = config.sglang
     extra = {"random_seed": s.random_seed, "dtype": s.dtype, "context_length": s.context_length,
              "mem_fraction_static": s.mem_fraction_static, "disable_radix_cache": s.disable_radix_cache,
-             **s.extra_args}
-    argv = sglang_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
+             "config": str(sglang_config) if sglang_config else None, **s.extra_args}
+    return sglang_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
                           tensor_parallel_size=tp, extra=extra)
-    return argv, {}
 
 
 def run_server(trial_dir: Path, index: int) -> int:
@@ -81,9 +89,13 @@ def run_server(trial_dir: Path, index: int) -> int:
     backend, tp = alloc.server.backend, alloc.server.tp
     token = read_token(paths)
     port = find_free_port("0.0.0.0")
-    argv, _ = server_command(config, backend, tp, port)
-    env = {**os.environ, **(vllm_env(token) if backend == "vllm" else sglang_env(token))}
-    print(f"rlkit serve: server {index} ({backend}, tp={tp}) on {advertised_host()}:{port}", flush=True)
+    if backend == "vllm":
+        argv, env = server_command(config, backend, tp, port), {**os.environ, **vllm_env(token)}
+    else:
+        key_file = sglang_key_file(paths, index, token)
+        argv, env = server_command(config, backend, tp, port, sglang_config=key_file), dict(os.environ)
+    node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    print(f"rlkit serve: server {index} ({backend}, tp={tp}) on node {node} at {advertised_host()}:{port}", flush=True)
     proc = subprocess.Popen(argv, env=env)
     stopping = False
 
@@ -103,7 +115,7 @@ def run_server(trial_dir: Path, index: int) -> int:
             "index": index, "address": f"{advertised_host()}:{port}", "backend": backend,
             "model": server_model(config, backend), "weight_version": 0,
             "job_id": os.environ.get("SLURM_JOB_ID", ""), "step_id": os.environ.get("SLURM_STEP_ID", ""),
-            "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "pid": proc.pid,
+            "node": node, "pid": proc.pid,
             "started_at": time.time(),
         }
         nr.add(server_key(index), json.dumps(entry), replace=True, keepalive=True)

@@ -100,7 +100,7 @@ def test_missing_image_file(generate_yaml: Path, tmp_path: Path) -> None:
     config = load_config(generate_yaml, ["launcher.slurm.container_type=apptainer",
                                          f"launcher.slurm.inference_server_image={image}",
                                          "launcher.slurm.trainer_image=/nope/trainer.sif"])
-    with pytest.raises(ConfigError, match="trainer_image: image file '/nope/trainer.sif' does not exist"):
+    with pytest.raises(ConfigError, match=r"trainer_image: image file '/nope/trainer\.sif' does not exist"):
         validate(config)
     validate(load_config(generate_yaml, ["launcher.slurm.container_type=apptainer",
                                          f"launcher.slurm.inference_server_image={image}",

