@@ -30,7 +30,7 @@ MISTAKES = [
     pytest.param(["trial_name=run-1"], "trial_name 'run-1' is not allowed", id="trial-dash"),
     pytest.param(["allocation_mode=vllm:d4"], "needs 5 nodes", id="does-not-fit"),
     pytest.param(["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "whole servers", id="not-whole-servers"),
-    pytest.param(["allocation_mode=vllm:x2"], "is not backend:dims", id="bad-grammar"),
+    pytest.param(["allocation_mode=vllm:x2"], "vllm takes only d, t (got 'x')", id="bad-grammar"),
     pytest.param(["launcher.slurm.container_type=apptainer", "launcher.slurm.inference_server_image=/no/s.sif",
                   "launcher.slurm.trainer_image=/no/t.sif"], "image file '/no/s.sif' does not exist",
                  id="missing-image"),
