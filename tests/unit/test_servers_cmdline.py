@@ -5,11 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from rlkit.servers.auth import TOKEN_ENV, Message, Receive, Scope, Send, TokenGuard
+from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.sglang import sglang_command
 from rlkit.servers.vllm import GUARD_MIDDLEWARE, render_flags, vllm_command, vllm_env
 
@@ -265,3 +273,69 @@ def test_guard_never_logs_the_token(
         drive(guard, http("/pause", b"Bearer wrong"))
         drive(guard, http("/pause", b"Bearer s3cret-token"))
     assert "s3cret-token" not in caplog.text
+
+
+# ---- health ---------------------------------------------------------------------------------------------------------
+
+
+def test_find_free_port_is_bindable() -> None:
+    port = find_free_port("127.0.0.1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[str, list[int]]]:
+    """A local HTTP server whose /health answers 503 twice, then 200; yields its URL and the statuses sent."""
+    sent: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code = 200 if self.path == "/health" and len(sent) >= 2 else 503
+            sent.append(code)
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", sent
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_wait_healthy_polls_until_200(health_server: tuple[str, list[int]]) -> None:
+    url, sent = health_server
+    wait_healthy(url, 20.0, process=None)
+    assert sent == [503, 503, 200]
+
+
+def test_wait_healthy_timeout_names_url_and_timeout() -> None:
+    url = f"http://127.0.0.1:{find_free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ServerNotHealthy) as info:
+        wait_healthy(url, 1.5, process=None)
+    assert time.monotonic() - start < 10
+    assert f"{url}/health" in str(info.value)
+    assert "1.5 s" in str(info.value)
+
+
+def test_wait_healthy_fails_fast_when_the_process_exits() -> None:
+    url = f"http://127.0.0.1:{find_free_port()}"
+    process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        start = time.monotonic()
+        with pytest.raises(ServerNotHealthy, match="exited with code 3"):
+            wait_healthy(url, 120.0, process=process)
+        assert time.monotonic() - start < 30
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()

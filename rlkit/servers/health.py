@@ -1,0 +1,55 @@
+"""Ports and readiness for inference servers: pick a free port, wait until `GET /health` answers 200."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from typing import Any
+
+import httpx
+
+from rlkit.errors import StepError
+
+
+class ServerNotHealthy(StepError):
+    """An inference server did not become healthy in time, or its process exited first."""
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on `host` right now (the OS picks it; another process may still take it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None) -> None:
+    """Poll `GET {url}/health` until it answers 200; raise `ServerNotHealthy` after `timeout` seconds.
+
+    If `process` is given and exits meanwhile, raise at once with its exit code instead of waiting out the timeout.
+    Proxy variables are ignored: the servers are on the cluster's own network.
+    """
+    base = url.rstrip("/")
+    health = f"{base}/health"
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    with httpx.Client(trust_env=False) as client:
+        while True:
+            if process is not None and (code := process.poll()) is not None:
+                raise ServerNotHealthy(
+                    f"the server process for {base} (pid {process.pid}) exited with code {code} "
+                    f"before {health} answered 200"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerNotHealthy(f"{health} did not answer 200 within {timeout:g} s (last: {last})")
+            try:
+                response = client.get(health, timeout=min(5.0, max(remaining, 0.1)))
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
