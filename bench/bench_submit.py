@@ -120,8 +120,9 @@ def main() -> None:
     print(f"floor-{args.servers}  {args.servers} bare vLLM starts at once until all healthy:   {floor_n:7.1f} s")
     print(f"rlkit    submit until {args.servers} servers registered (real Slurm):  {measured:7.1f} s")
     overhead = measured / floor_n - 1
-    print(f"ratio    rlkit / floor-{args.servers} = {measured / floor_n:.3f} (overhead {overhead:+.1%}; goal under +10%: "
-          f"{'met' if overhead < 0.10 else 'NOT met'});  rlkit / floor-1 = {measured / floor_1:.3f}")
+    verdict = "met" if overhead < 0.10 else "NOT met"
+    print(f"ratio    rlkit / floor-{args.servers} = {measured / floor_n:.3f} (overhead {overhead:+.1%}; goal under "
+          f"+10%: {verdict});  rlkit / floor-1 = {measured / floor_1:.3f}")
 
 
 if __name__ == "__main__":
