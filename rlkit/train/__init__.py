@@ -1,0 +1,1 @@
+"""Pure tensor pieces of the trainer: reward shaping, advantages and policy losses."""
