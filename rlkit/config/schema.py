@@ -26,7 +26,6 @@ def _sub(cls: type, help: str) -> Any:
 
 JOB_TYPES = ("generate", "grpo")
 SUBMITTABLE_JOB_TYPES = ("generate",)  # grpo is planned and rendered; its trainer step arrives with training
-SERVER_BACKENDS = ("vllm", "sglang")
 CONTAINER_TYPES = ("apptainer", "none")
 NAME_RESOLVE_TYPES = ("nfs", "etcd3")
 

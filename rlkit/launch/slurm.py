@@ -60,14 +60,9 @@ def sbatch(script_path: str) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def scancel(job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
-    """Cancel a job, or send it a signal (to its steps, or with batch_only to the batch shell)."""
-    argv = ["scancel"]
-    if signal:
-        argv.append(f"--signal={signal}")
-    if batch_only:
-        argv.append("--batch")
-    proc = _run([*argv, job_id])
+def scancel(job_id: str) -> None:
+    """Cancel a job (every component and step)."""
+    proc = _run(["scancel", job_id])
     if proc.returncode != 0 and "already completing or completed" not in proc.stderr:
         raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 

@@ -38,6 +38,13 @@ class NameResolveTimeoutError(NameResolveError, StepError):
 _NR = TypeVar("_NR", bound="NameResolve")
 
 
+def check_component(what: str, name: str) -> str:
+    """An experiment or trial name used as one path component."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\x00" in name:
+        raise ValueError(f"{what} must be one non-empty path component without '/', got {name!r}")
+    return name
+
+
 def validate_key(key: str) -> str:
     """Return ``key`` if it is a valid relative '/'-separated key, else raise ValueError."""
     if not isinstance(key, str):

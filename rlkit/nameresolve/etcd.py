@@ -29,6 +29,7 @@ from rlkit.nameresolve.base import (
     NameEntryNotFoundError,
     NameResolve,
     NameResolveError,
+    check_component,
     key_in_subtree,
     normalize_prefix,
     validate_key,
@@ -54,12 +55,6 @@ def prefix_range_end(prefix: bytes) -> bytes:
             return bytes(end)
         end.pop()
     return b"\x00"  # all keys
-
-
-def _component(what: str, name: str) -> str:
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\x00" in name:
-        raise ValueError(f"{what} must be one non-empty path component without '/', got {name!r}")
-    return name
 
 
 class _Gateway:
@@ -159,9 +154,9 @@ class Etcd3NameResolve(NameResolve):
         root: str = "rlkit",
         request_timeout: float = 10.0,
     ) -> None:
-        _component("experiment", experiment)
-        _component("trial", trial)
-        _component("root", root)
+        check_component("experiment", experiment)
+        check_component("trial", trial)
+        check_component("root", root)
         if not 0 < heartbeat_interval < ttl:
             raise ValueError(f"heartbeat_interval must be > 0 and < ttl ({ttl}), got {heartbeat_interval}")
         self.url = addr if "://" in addr else f"http://{addr}"

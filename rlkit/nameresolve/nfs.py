@@ -50,6 +50,7 @@ from rlkit.nameresolve.base import (
     NameEntryNotFoundError,
     NameResolve,
     NameResolveError,
+    check_component,
     key_in_subtree,
     normalize_prefix,
     validate_key,
@@ -74,12 +75,6 @@ def decode_key(stem: str) -> str:
     """Inverse of ``encode_key``."""
     key = stem.replace(":", "/")
     return unquote(key) if "%" in key else key
-
-
-def _check_component(what: str, name: str) -> str:
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\x00" in name:
-        raise ValueError(f"{what} must be one non-empty path component without '/', got {name!r}")
-    return name
 
 
 def _read_raw(path: str) -> bytes | None:
@@ -243,8 +238,8 @@ class NfsNameResolve(NameResolve):
         ttl: float = 30.0,
         heartbeat_interval: float = 5.0,
     ) -> None:
-        _check_component("experiment", experiment)
-        _check_component("trial", trial)
+        check_component("experiment", experiment)
+        check_component("trial", trial)
         if not ttl > 0:
             raise ValueError(f"ttl must be > 0, got {ttl}")
         if not 0 < heartbeat_interval < ttl:
