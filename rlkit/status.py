@@ -88,10 +88,10 @@ def trials_table(rows: list[TrialRow]) -> Table:
 
 def _servers(paths: TrialPaths) -> list[ServerRow]:
     from rlkit.config.load import load_config
-    from rlkit.steps.serve import SERVERS_KEY, open_name_resolve
+    from rlkit.nameresolve import SERVERS_KEY, name_resolve_for
 
     config = load_config(paths.config)
-    nr = open_name_resolve(config)
+    nr = name_resolve_for(config)
     rows = []
     try:
         for value in nr.list_subtree(SERVERS_KEY).values():

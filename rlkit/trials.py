@@ -45,11 +45,8 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str, force: bool) -> None:
-    """Create the trial directory (0700) with config, script, logs/ and a fresh secret token (0600)."""
-    if paths.config.exists() and not force:
-        raise UserError(f"trial directory {paths.root} already holds a trial",
-                        hint="pick a new trial_name, `rlkit resume` it, or pass --force to submit over it")
+def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> None:
+    """Create (or, for --force, refresh) the trial directory (0700): config, script, logs/, a new token (0600)."""
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
     paths.logs.mkdir(exist_ok=True)

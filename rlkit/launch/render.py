@@ -12,7 +12,7 @@ import shlex
 
 from rlkit import __version__
 from rlkit.launch.containers import container_argv
-from rlkit.launch.plan import SERVER_ROLE, Component, JobPlan, Step
+from rlkit.launch.plan import Component, JobPlan, Step
 
 _SUPERVISOR = r"""
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
@@ -147,9 +147,6 @@ def render_script(plan: JobPlan) -> str:
         lines += _component_lines(index, component, plan)
     lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)}", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
     lines.append(_SUPERVISOR)
-    for role_is_server in (True, False):
-        for step in plan.steps:
-            if (step.role == SERVER_ROLE) == role_is_server:
-                lines.append(f"start_step {step.name} {step.role} {_q(step_command(step, plan))}")
+    lines += [f"start_step {step.name} {step.role} {_q(step_command(step, plan))}" for step in plan.steps]
     lines += ["", "supervise", "status=$?", "echo \"rlkit: batch script exits with $status\"", "exit $status", ""]
     return "\n".join(lines)

@@ -54,7 +54,7 @@ def submit(prepared: Prepared, *, force: bool = False) -> TrialRecord:
                 raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                                 hint=f"stop it first: rlkit stop {record.name}")
     slurm.sbatch_test_only(prepared.script)
-    prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script, force=force)
+    prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
     try:
         job_id = slurm.sbatch(str(paths.script))
     except SlurmError:

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import ConfigError
 from rlkit.nameresolve.base import (
@@ -17,7 +17,11 @@ from rlkit.nameresolve.base import (
 )
 from rlkit.nameresolve.nfs import NfsNameResolve
 
+if TYPE_CHECKING:
+    from rlkit.config.schema import ExperimentConfig
+
 __all__ = [
+    "SERVERS_KEY",
     "NameEntryExistsError",
     "NameEntryNotFoundError",
     "NameResolve",
@@ -25,9 +29,24 @@ __all__ = [
     "NameResolveTimeoutError",
     "NfsNameResolve",
     "make_name_resolve",
+    "name_resolve_for",
+    "server_key",
 ]
 
 NAME_RESOLVE_TYPES = ("nfs", "etcd3")
+SERVERS_KEY = "servers"  # inference servers register as servers/<index>
+
+
+def server_key(index: int) -> str:
+    """The name-resolve key of inference server `index`."""
+    return f"{SERVERS_KEY}/{index}"
+
+
+def name_resolve_for(config: ExperimentConfig) -> NameResolve:
+    """The name-resolve store of a trial, as its config says."""
+    nr = config.cluster.name_resolve
+    return make_name_resolve(nr.type, nfs_record_root=nr.nfs_record_root, etcd3_addr=nr.etcd3_addr,
+                             experiment=config.experiment_name, trial=config.trial_name)
 
 
 def make_name_resolve(

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from rlkit.errors import StepError
+from rlkit.nameresolve import SERVERS_KEY, server_key
 from rlkit.nameresolve.base import NameResolve
 
 
@@ -60,7 +61,7 @@ class SamplingParams:
 def discover_servers(nr: NameResolve) -> list[Server]:
     """The live servers registered now, by index."""
     servers = []
-    for value in nr.list_subtree("servers").values():
+    for value in nr.list_subtree(SERVERS_KEY).values():
         entry = json.loads(value)
         servers.append(Server(index=int(entry["index"]), address=entry["address"], model=entry["model"],
                               backend=entry["backend"]))
@@ -75,7 +76,7 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
         if len(servers) >= expected:
             return servers
         if time.monotonic() >= deadline:
-            seen = ", ".join(f"servers/{s.index}" for s in servers) or "none"
+            seen = ", ".join(server_key(s.index) for s in servers) or "none"
             raise StepError(f"waited {timeout:.0f} s for {expected} inference servers to register in "
                             f"{nr.describe_location()}; registered: {seen}. Check the server-N.log files "
                             f"(rlkit logs TRIAL --step server-0)")

@@ -15,9 +15,9 @@ from rlkit.config.validate import server_model
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.launch.allocation import parse_allocation
+from rlkit.nameresolve import name_resolve_for
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import SamplingParams, ServerPool, wait_for_servers
-from rlkit.steps.serve import open_name_resolve
 from rlkit.trials import read_token
 
 
@@ -67,7 +67,7 @@ def run_generate(trial_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or server_model(config, alloc.server.backend))
     prompts = [prompt_token_ids(r[gen.dataset.prompt_key], tokenizer, chat_template=gen.apply_chat_template)
                for r in rows]
-    nr = open_name_resolve(config)
+    nr = name_resolve_for(config)
     servers = wait_for_servers(nr, alloc.server.dp, config.rollout.setup_timeout)
     print(f"rlkit generate: {len(rows)} prompts on {len(servers)} servers: "
           + ", ".join(f"{s.index}@{s.address}" for s in servers), flush=True)

@@ -22,32 +22,17 @@ from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
 from rlkit.errors import StepError
 from rlkit.launch.allocation import parse_allocation
-from rlkit.nameresolve import make_name_resolve
-from rlkit.nameresolve.base import NameResolve
+from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
 from rlkit.servers.health import find_free_port, wait_healthy
 from rlkit.servers.sglang import sglang_command
 from rlkit.servers.vllm import vllm_command, vllm_env
 from rlkit.trials import read_token
 
-SERVERS_KEY = "servers"
-
-
-def server_key(index: int) -> str:
-    """The name-resolve key of server `index`."""
-    return f"{SERVERS_KEY}/{index}"
-
 
 def advertised_host() -> str:
     """The address other nodes use to reach this one ($RLKIT_ADVERTISE_HOST overrides the host name)."""
     return os.environ.get("RLKIT_ADVERTISE_HOST") or socket.gethostname()
-
-
-def open_name_resolve(config: ExperimentConfig) -> NameResolve:
-    """The trial's name-resolve store, as configured."""
-    nr = config.cluster.name_resolve
-    return make_name_resolve(nr.type, nfs_record_root=nr.nfs_record_root, etcd3_addr=nr.etcd3_addr,
-                             experiment=config.experiment_name, trial=config.trial_name)
 
 
 def sglang_key_file(paths: TrialPaths, index: int, token: str) -> Path:
@@ -107,7 +92,7 @@ def run_server(trial_dir: Path, index: int) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    nr = open_name_resolve(config)
+    nr = name_resolve_for(config)
     try:
         started = time.monotonic()
         wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc)

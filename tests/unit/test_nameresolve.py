@@ -293,7 +293,7 @@ from rlkit.nameresolve import NfsNameResolve
 nr = NfsNameResolve(sys.argv[1], "exp", "trial", ttl={ttl}, heartbeat_interval={hb})
 nr.add("servers/0", "http://10.0.0.1:8000", keepalive=True)
 print("ready", flush=True)
-time.sleep(600)
+sys.stdin.read()  # until SIGKILLed by the test (or its parent goes away and the pipe closes)
 """
 
 
@@ -301,6 +301,7 @@ def test_keepalive_entry_expires_after_owner_is_sigkilled(nr: NfsNameResolve, tm
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-c", OWNER_SCRIPT.format(ttl=TTL, hb=HEARTBEAT), str(tmp_path)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
