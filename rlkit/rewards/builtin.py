@@ -1,0 +1,116 @@
+"""Built-in rewards: `math` (the final answer checked with math-verify) and `exact_match`.
+
+Both read the reference answer from `row[answer_key]`; `resolve_reward_fn` binds the key with functools.partial, which
+keeps them picklable for the reward worker processes. math-verify is imported on first use (it is a trainer extra,
+not needed on the login node) and is called with its signal-based timeouts off, so it works in any thread; the time
+limit is enforced by `RewardRunner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# 1,234.5  -3  .5  12/7 ; a '-' is a sign only when it does not follow a word or ')' (so "5-3" ends in 3, not -3).
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:/\d+)?")
+_math_verify: ModuleType | None = None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last closed \\boxed{...} (or \\fbox{...}) in `text`, or None."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i]
+    return None
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` ("1,000" as "1000", "3/4" kept as a fraction), or None."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The completion's final answer: the last \\boxed{...} if any, else the last number."""
+    boxed = last_boxed(completion)
+    return boxed if boxed is not None else last_number(completion)
+
+
+def reference_answer(row: dict[str, Any], answer_key: str) -> str:
+    """`row[answer_key]` as a stripped string; a KeyError names the column and the columns the row has."""
+    if answer_key not in row:
+        raise KeyError(f"the dataset row has no column {answer_key!r} (reward.answer_key); it has {sorted(row)}")
+    return str(row[answer_key]).strip()
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    """math-verify warns once per process that its timeout is off; here that is intended (RewardRunner times calls)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def load_math_verify() -> ModuleType:
+    """Import math_verify once, silencing its timeout-disabled warning."""
+    global _math_verify
+    if _math_verify is None:
+        import math_verify
+
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).addFilter(_DropTimeoutDisabledWarning())
+        _math_verify = math_verify
+    return _math_verify
+
+
+def _parse(mv: ModuleType, answer: str) -> list[Any]:
+    # Wrapping in \boxed{} makes math-verify read bare LaTeX (\frac12, 2^{10}) and plain numbers alike.
+    return list(mv.parse(f"\\boxed{{{answer}}}", parsing_timeout=None))
+
+
+def math_reward(prompt: str, completion: str, row: dict[str, Any], answer_key: str = "answer") -> float:
+    """1.0 when the completion's final answer equals `row[answer_key]` mathematically (math-verify), else 0.0."""
+    gold = reference_answer(row, answer_key)
+    answer = extract_answer(completion)
+    if answer is None or not answer.strip() or not gold:
+        return 0.0
+    mv = load_math_verify()
+    gold_parsed = _parse(mv, last_boxed(gold) or gold)
+    answer_parsed = _parse(mv, answer)
+    if not gold_parsed or not answer_parsed:
+        return 0.0
+    return 1.0 if mv.verify(gold_parsed, answer_parsed, timeout_seconds=None) else 0.0
+
+
+def exact_match_reward(prompt: str, completion: str, row: dict[str, Any], answer_key: str = "answer") -> float:
+    """1.0 when the stripped completion, or the content of its last \\boxed{}, equals the stripped answer, else 0.0."""
+    gold = reference_answer(row, answer_key)
+    boxed = last_boxed(completion)
+    return 1.0 if completion.strip() == gold or (boxed is not None and boxed.strip() == gold) else 0.0
+
+
+def warm_math_verify() -> None:
+    """Import math-verify and run one check, so a worker's first call is not slowed by the import."""
+    mv = load_math_verify()
+    mv.verify(_parse(mv, "1"), _parse(mv, "1"), timeout_seconds=None)
+
+
+def make_math_reward(answer_key: str) -> partial[float]:
+    """`math_reward` bound to `answer_key`; `warmup` is run by the reward worker before its first call."""
+    fn = partial(math_reward, answer_key=answer_key)
+    fn.warmup = warm_math_verify  # type: ignore[attr-defined]
+    return fn
+
+
+def make_exact_match_reward(answer_key: str) -> partial[float]:
+    """`exact_match_reward` bound to `answer_key`."""
+    return partial(exact_match_reward, answer_key=answer_key)
+
+
+BUILTINS = {"math": make_math_reward, "exact_match": make_exact_match_reward}
