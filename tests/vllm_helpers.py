@@ -75,10 +75,12 @@ def running_vllm(
     extra_args: Sequence[str] = (),
     log_path: str | Path,
     timeout: float = HEALTH_TIMEOUT,
+    dtype: str = "bfloat16",
 ) -> Iterator[RunningServer]:
     """Run `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` until the block ends.
 
-    The server gets `--max-model-len 256 --dtype bfloat16`, the token guard middleware, `VLLM_SERVER_DEV_MODE=1`,
+    The server gets `--max-model-len 256 --dtype <dtype>`, the token guard middleware and rlkit's worker extension
+    (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`,
     `VLLM_CPU_KVCACHE_SPACE=1` and the token in its environment (never on argv); stdout and stderr go to `log_path`.
     """
     log = Path(log_path)
@@ -89,7 +91,7 @@ def running_vllm(
         port=port,
         served_model_name=None,
         tensor_parallel_size=1,
-        extra={"max_model_len": 256, "dtype": "bfloat16"},
+        extra={"max_model_len": 256, "dtype": dtype},
     )
     cmd += list(extra_args)
     env = dict(os.environ)

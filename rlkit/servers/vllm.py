@@ -12,6 +12,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
+# Gives every worker `rlkit_reload_weights` (in-place disk reload that also refreshes tied output heads), called by
+# rlkit.weights.disk.sync_server through /collective_rpc.
+WORKER_EXTENSION = "rlkit.servers.vllm_worker.WeightSyncExtension"
 TOKEN_ENV = "RLKIT_SERVER_TOKEN"  # same name as rlkit.servers.auth.TOKEN_ENV (not imported: keep this module light)
 
 # Boolean flags that vLLM 0.32 declares with argparse.BooleanOptionalAction, i.e. that accept `--no-<flag>`.
@@ -54,7 +57,10 @@ VLLM_APPEND_FLAGS = frozenset({"middleware"})
 # List-valued flags that vLLM parses as one JSON document rather than as several values.
 VLLM_JSON_LIST_FLAGS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
 # Set by vllm_command's own arguments; an `extra` entry for them would conflict. api_key would put a secret on argv.
-_VLLM_RESERVED = frozenset({"model", "host", "port", "tensor_parallel_size", "served_model_name", "api_key"})
+# worker_extension_cls: vLLM takes one extension class and rlkit's weight sync needs its own.
+_VLLM_RESERVED = frozenset(
+    {"model", "host", "port", "tensor_parallel_size", "served_model_name", "api_key", "worker_extension_cls"}
+)
 
 _FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -138,7 +144,7 @@ def vllm_command(
     tensor_parallel_size: int,
     extra: dict[str, object],
 ) -> list[str]:
-    """The argv of a vLLM OpenAI server with the rlkit token guard in front of every route.
+    """The argv of a vLLM OpenAI server with the rlkit token guard in front of every route and rlkit's worker extension.
 
     `extra` holds further vLLM options by name (`{"max_model_len": 256, "enable_prefix_caching": False}`), rendered
     by `render_flags`. Middlewares given in `extra["middleware"]` come before the guard: Starlette makes the last one
@@ -165,6 +171,7 @@ def vllm_command(
     middleware = [str(m) for m in more_middleware or () if str(m) != GUARD_MIDDLEWARE]
     for item in [*middleware, GUARD_MIDDLEWARE]:
         cmd += ["--middleware", item]
+    cmd += ["--worker-extension-cls", WORKER_EXTENSION]
     cmd += render_flags(
         extra,
         negatable=VLLM_NEGATABLE_FLAGS,

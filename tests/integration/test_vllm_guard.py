@@ -165,7 +165,7 @@ def test_vllm_parser_accepts_rendered_flags() -> None:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from rlkit.servers.vllm import GUARD_MIDDLEWARE, VLLM_NEGATABLE_FLAGS, vllm_command
+    from rlkit.servers.vllm import GUARD_MIDDLEWARE, VLLM_NEGATABLE_FLAGS, WORKER_EXTENSION, vllm_command
 
     parser = make_arg_parser(FlexibleArgumentParser())
     cmd = vllm_command(
@@ -194,6 +194,7 @@ def test_vllm_parser_accepts_rendered_flags() -> None:
     assert args.cudagraph_capture_sizes == [1, 2, 4]
     assert args.allowed_origins == ["http://a"]
     assert args.middleware == ["x.Y", GUARD_MIDDLEWARE]
+    assert args.worker_extension_cls == WORKER_EXTENSION
     installed = {a.dest for a in parser._actions if isinstance(a, argparse.BooleanOptionalAction)}
     assert set(VLLM_NEGATABLE_FLAGS) <= installed  # never render a --no- flag vLLM would reject
     if vllm.__version__.startswith("0.32."):

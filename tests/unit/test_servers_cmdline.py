@@ -19,7 +19,7 @@ import pytest
 from rlkit.servers.auth import TOKEN_ENV, Message, Receive, Scope, Send, TokenGuard
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.sglang import sglang_command
-from rlkit.servers.vllm import GUARD_MIDDLEWARE, render_flags, vllm_command, vllm_env
+from rlkit.servers.vllm import GUARD_MIDDLEWARE, WORKER_EXTENSION, render_flags, vllm_command, vllm_env
 
 BASE = {"python": "/venv/bin/python", "model": "/m", "host": "127.0.0.1", "port": 8011}
 
@@ -43,7 +43,9 @@ def test_vllm_base_command() -> None:
         "--model", "/m", "--host", "127.0.0.1", "--port", "8011", "--tensor-parallel-size", "2",
         "--served-model-name", "policy",
         "--middleware", GUARD_MIDDLEWARE,
+        "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
+    assert WORKER_EXTENSION == "rlkit.servers.vllm_worker.WeightSyncExtension"
 
 
 def test_vllm_scalars_and_underscores() -> None:
@@ -85,7 +87,9 @@ def test_vllm_guard_is_the_last_middleware() -> None:
     assert single.count("--middleware") == 1
 
 
-@pytest.mark.parametrize("key", ["api_key", "port", "model", "tensor-parallel-size", "served_model_name"])
+@pytest.mark.parametrize(
+    "key", ["api_key", "port", "model", "tensor-parallel-size", "served_model_name", "worker_extension_cls"]
+)
 def test_vllm_reserved_extras(key: str) -> None:
     with pytest.raises(ValueError):
         vllm({key: "x"})
