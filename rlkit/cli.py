@@ -1,4 +1,4 @@
-"""The `rlkit` command: submit, render, status, stop, logs on the login node; serve and generate inside the job."""
+"""The `rlkit` command: submit, render, status, stop, logs on the login node; serve, generate, train in the job."""
 
 from __future__ import annotations
 
@@ -108,6 +108,14 @@ def generate(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> No
     from rlkit.steps.generate import run_generate
 
     run_generate(trial_dir)
+
+
+@app.command(hidden=True)
+def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
+    """In-job step: the GRPO trainer (one process per trainer GPU)."""
+    from rlkit.train.grpo import run_grpo
+
+    run_grpo(trial_dir)
 
 
 @app.command("tiny-model")

@@ -52,3 +52,23 @@ class TrialPaths:
     def output(self, name: str) -> Path:
         """A result file of the job, relative to the trial directory."""
         return self.root / name
+
+    @property
+    def metrics(self) -> Path:
+        """Per-step training metrics, one JSON object a line (always written by grpo)."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def weights(self) -> Path:
+        """Weight versions written for the servers (disk weight sync): weights/version-<N>/."""
+        return self.root / "weights"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Saved Hugging Face models: checkpoints/step<N>/ (and the final one)."""
+        return self.root / "checkpoints"
+
+    @property
+    def progress(self) -> Path:
+        """The trainer's latest step, reward and weight version (read by `rlkit status`)."""
+        return self.root / "progress.json"

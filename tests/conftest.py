@@ -54,6 +54,34 @@ generate: {{dataset: {{path: {data}}}}}
     return path
 
 
+@pytest.fixture
+def grpo_yaml(tmp_path: Path, fake_model: Path) -> Path:
+    """A valid grpo config (container_type none, 1 server + 2 trainer ranks) with its dataset, under tmp_path."""
+    (fake_model / "tokenizer.json").write_text("{}")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(16)))
+    path = tmp_path / "grpo.yaml"
+    path.write_text(f"""
+experiment_name: test-exp
+trial_name: t1
+type: grpo
+allocation_mode: vllm:d1+fsdp:d2
+actor: {{path: {fake_model}, group_size: 4, ppo_n_minibatches: 2}}
+gconfig: {{n_samples: 4, max_new_tokens: 8}}
+cluster: {{fileroot: {tmp_path / 'fileroot'}, n_nodes: 3, n_gpus_per_node: 1}}
+launcher:
+  inference_server_cpus_per_gpu: 1
+  inference_server_mem_per_gpu: 2000
+  trainer_cpus_per_gpu: 1
+  trainer_mem_per_gpu: 1000
+  python: /opt/py/bin/python
+  slurm: {{container_type: none}}
+train_dataset: {{path: {data}, batch_size: 4}}
+reward: {{fn: math}}
+""")
+    return path
+
+
 def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real `rlkit` CLI in a subprocess (as a user would)."""
     return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,

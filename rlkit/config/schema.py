@@ -25,7 +25,7 @@ def _sub(cls: type, help: str) -> Any:
 
 
 JOB_TYPES = ("generate", "grpo")
-SUBMITTABLE_JOB_TYPES = ("generate",)  # grpo is planned and rendered; its trainer step arrives with training
+SUBMITTABLE_JOB_TYPES = ("generate", "grpo")
 CONTAINER_TYPES = ("apptainer", "none")
 NAME_RESOLVE_TYPES = ("nfs", "etcd3")
 
@@ -120,10 +120,74 @@ class SGLangConfig:
 
 
 @dataclass
+class MicroBatchSpec:
+    """How a minibatch is split into micro-batches for forward/backward."""
+
+    n_mbs: int = _f(1, "Fewest micro-batches per minibatch.")
+    max_tokens_per_mb: int | None = _f(None, "Most tokens per micro-batch (more micro-batches when needed).")
+
+
+@dataclass
+class OptimizerConfig:
+    """The trainer's optimizer and learning-rate schedule."""
+
+    type: str = _f("adam", "Optimizer. Choices: adam (AdamW), sgd.")
+    lr: float = _f(2e-5, "Peak learning rate.")
+    weight_decay: float = _f(0.05, "Weight decay.")
+    beta1: float = _f(0.9, "Adam beta1.")
+    beta2: float = _f(0.95, "Adam beta2.")
+    eps: float = _f(1e-5, "Adam epsilon.")
+    lr_scheduler_type: str = _f("constant", "Schedule after warmup. Choices: constant, linear, cosine.")
+    warmup_steps_proportion: float = _f(0.001, "Fraction of the total steps spent warming up linearly.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of lr (linear and cosine).")
+    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+
+
+@dataclass
+class NormConfig:
+    """Advantage normalisation: subtract a mean and divide by a std, each over the batch, the group, or none."""
+
+    mean_level: str = _f("group", "Where the mean is taken. Choices: batch, group, none.")
+    std_level: str = _f("group", "Where the std is taken. Choices: batch, group, none.")
+    mean_leave1out: bool = _f(False, "Leave each sample out of its own mean (RLOO).")
+    eps: float = _f(1e-5, "Added to the std before dividing.")
+
+
+@dataclass
 class ActorConfig:
-    """The policy model (the training fields arrive with the training job types)."""
+    """The policy model and how it is trained (PPO/GRPO actor)."""
 
     path: str = _f("", "Hugging Face model directory (weights + tokenizer).")
+    dtype: str = _f("bfloat16", "Parameter dtype in training. Choices: bfloat16, float16, float32.")
+    gradient_checkpointing: bool = _f(True, "Recompute activations in backward to save memory.")
+    attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
+    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
+    optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer.")
+    weight_update_mode: str = _f("disk", "How new weights reach the servers. Choices: disk.")
+    weight_check_tolerance: float | None = _f(
+        None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
+        "weight update; None: 1e-3 for float32 servers, 0.1 otherwise.")
+    group_size: int = _f(1, "Completions per prompt in one GRPO group (set it equal to gconfig.n_samples).")
+    ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).")
+    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")
+    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
+    c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.")
+    reward_scaling: float = _f(1.0, "Multiply rewards by this (after the bias).")
+    reward_bias: float = _f(0.0, "Add this to rewards.")
+    reward_clip: float = _f(20.0, "Clip shaped rewards to [-reward_clip, reward_clip].")
+    overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
+    overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.")
+    overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.")
+    mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the loss.")
+    kl_ctl: float = _f(0.0, "Weight of the KL penalty to the frozen reference model; 0: no reference model.")
+    kl_estimator: str = _f("k1", "KL estimator. Choices: k1, k2, k3.")
+    adv_norm: NormConfig = _sub(NormConfig, "Advantage normalisation.")
+    importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")
+    use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
+    behav_imp_weight_cap: float | None = _f(None, "Drop tokens whose behaviour importance weight exceeds this.")
+    dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
+    recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
+                                 "(else use the servers' log-probs as the old policy).")
 
 
 @dataclass
@@ -155,6 +219,11 @@ class RolloutConfig:
     """How clients talk to the inference servers."""
 
     max_concurrent_rollouts: int = _f(64, "Most requests in flight across all servers.")
+    queue_size: int | None = _f(None, "Most finished groups waiting for the trainer; None: 2 training batches.")
+    consumer_batch_size: int = _f(1, "Groups the trainer takes per training step; grpo sets it to "
+                                  "train_dataset.batch_size when left at 1.")
+    max_head_offpolicyness: int = _f(0, "A sample may be this many weight versions behind the trainer; older "
+                                     "ones are dropped (0: on-policy).")
     request_timeout: float = _f(3600.0, "Seconds one request may take.")
     request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).")
     setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.")
@@ -171,12 +240,68 @@ class GenerateConfig:
 
 
 @dataclass
+class RewardConfig:
+    """How completions are scored."""
+
+    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, or module.path:function "
+                 "called as fn(prompt, completion, row) -> float.")
+    answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
+    timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.")
+
+
+@dataclass
+class SaverConfig:
+    """When Hugging Face format models are saved (under the trial's checkpoints/ directory)."""
+
+    freq_steps: int | None = _f(None, "Save every N steps; None: off.")
+    freq_epochs: int | None = _f(None, "Save every N epochs; None: off.")
+    freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.")
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard event files."""
+
+    path: str | None = _f(None, "Directory for event files; None: off.")
+
+
+@dataclass
+class SwanlabConfig:
+    """SwanLab tracking."""
+
+    project: str | None = _f(None, "Project; None: the experiment name.")
+    name: str | None = _f(None, "Run name; None: the trial name.")
+    mode: str = _f("disabled", "Choices: disabled, local, offline, cloud.")
+    logdir: str | None = _f(None, "Local directory; None: <trial>/swanlab.")
+    api_key: str | None = _f(None, "API key for cloud mode; None: SWANLAB_API_KEY.")
+
+
+@dataclass
+class WandBConfig:
+    """Weights & Biases tracking."""
+
+    mode: str = _f("disabled", "Choices: disabled, offline, online.")
+    project: str | None = _f(None, "Project; None: the experiment name.")
+    entity: str | None = _f(None, "Team or user.")
+    name: str | None = _f(None, "Run name; None: the trial name.")
+
+
+@dataclass
+class StatsLoggerConfig:
+    """Where per-step metrics go. A metrics.jsonl in the trial directory is always written."""
+
+    tensorboard: TensorBoardConfig = _sub(TensorBoardConfig, "TensorBoard.")
+    swanlab: SwanlabConfig = _sub(SwanlabConfig, "SwanLab.")
+    wandb: WandBConfig = _sub(WandBConfig, "Weights & Biases.")
+
+
+@dataclass
 class ExperimentConfig:
     """One experiment trial: what to run and where."""
 
     experiment_name: str = _f(MISSING, "Name of the experiment (no '_' or '/').")
     trial_name: str = _f(MISSING, "Name of the trial (no '-' or '/').")
-    type: str = _f("generate", "Job type. Choices: generate (batch generation), grpo (render only for now).")
+    type: str = _f("generate", "Job type. Choices: generate (batch generation), grpo (asynchronous GRPO training).")
     allocation_mode: str = _f(
         MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
     )
@@ -190,3 +315,11 @@ class ExperimentConfig:
     gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling.")
     rollout: RolloutConfig = _sub(RolloutConfig, "Client-server traffic.")
     generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")
+    train_dataset: DatasetConfig = _sub(DatasetConfig, "Training prompts (grpo): batch_size prompts per step.")
+    valid_dataset: DatasetConfig = _sub(DatasetConfig, "Validation prompts (grpo); empty path: none.")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo).")
+    total_train_epochs: int = _f(1, "Passes over the training set.")
+    total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
+    async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
+    saver: SaverConfig = _sub(SaverConfig, "Model saving.")
+    stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")

@@ -143,6 +143,10 @@ def validate(config: ExperimentConfig) -> None:
     _validate_models(config)
     if config.type == "generate":
         _validate_generate(config)
+    if config.type == "grpo":
+        from rlkit.config.validate_training import validate_training
+
+        validate_training(config)
 
 
 def _validate_models(config: ExperimentConfig) -> None:

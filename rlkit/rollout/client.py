@@ -93,9 +93,20 @@ class ServerPool:
         self.servers = servers
         self.retries = retries
         self._limit = asyncio.Semaphore(max_in_flight)
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0),
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
                                          headers={"Authorization": f"Bearer {token}"},
                                          limits=httpx.Limits(max_connections=max_in_flight + len(servers)))
+
+    def set_servers(self, live: list[Server]) -> None:
+        """Replace the server list with the live ones (keeping counters of known servers); a dead server's
+        in-flight requests fail on their own and are retried on the others."""
+        known = {s.index: s for s in self.servers}
+        updated = []
+        for s in live:
+            old = known.get(s.index)
+            updated.append(old if old is not None and old.address == s.address else s)
+        if updated:
+            self.servers = updated
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -38,8 +38,6 @@ MISTAKES = [
     pytest.param(["actor.path=/no/model"], "is not a model directory", id="missing-model"),
     pytest.param(["launcher.slurm.time=tomorrow"], "is not a Slurm time", id="bad-time"),
     pytest.param(["launcher.trainer_env_vars=NOEQUALS"], "is not NAME=VALUE", id="bad-env"),
-    pytest.param(["type=grpo", "allocation_mode=vllm:d1+fsdp:d1"], "can be rendered but not yet submitted",
-                 id="grpo-not-yet"),
     pytest.param(["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job", id="slurm-rejects"),
 ]
 
@@ -53,6 +51,52 @@ def test_bad_submit_changes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_p
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
     assert _queue_size() == before
+
+
+TRAINING_MISTAKES = [
+    pytest.param(["train_dataset.path=/no/train.jsonl"], "train_dataset.path: '/no/train.jsonl' does not exist",
+                 id="missing-dataset"),
+    pytest.param(["reward.fn=no_such_reward"], "is not a built-in reward", id="unknown-builtin-reward"),
+    pytest.param(["reward.fn=no_such_module.sub:score"], "no_such_module", id="reward-module-missing"),
+    pytest.param(["reward.fn=rlkit.tasks.digits:no_such_fn"], "no_such_fn", id="reward-function-missing"),
+    pytest.param(["gconfig.n_samples=1", "actor.group_size=1"], "group_size 1 with group normalisation",
+                 id="group-of-one"),
+    pytest.param(["actor.ppo_n_minibatches=5"], "does not split into actor.ppo_n_minibatches=5",
+                 id="batch-not-divisible"),
+    pytest.param(["actor.group_size=8"], "actor.group_size (8) differs from gconfig.n_samples (4)",
+                 id="group-size-mismatch"),
+    pytest.param(["actor.optimizer.lr_scheduler_type=warmup"], "lr_scheduler_type 'warmup' is not one of",
+                 id="bad-scheduler"),
+    pytest.param(["stats_logger.swanlab.mode=online"], "stats_logger.swanlab.mode", id="bad-swanlab-mode"),
+    pytest.param(["train_dataset.prompt_key=question"], "no column 'question'", id="missing-prompt-column"),
+    pytest.param(["gconfig.temperature=0"], "must be > 0", id="greedy-grpo"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("overrides", "says"), TRAINING_MISTAKES)
+def test_bad_training_config_changes_nothing(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path,
+                                             overrides: list[str], says: str) -> None:
+    before = _queue_size()
+    _assert_refused(run_rlkit("submit", str(grpo_yaml), *overrides), says)
+    assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
+    assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
+    assert _queue_size() == before
+
+
+@pytest.mark.slurm
+def test_model_without_tokenizer_is_refused(grpo_yaml: Path, fake_model: Path, rlkit_home: Path,
+                                            tmp_path: Path) -> None:
+    (fake_model / "tokenizer.json").unlink()
+    _assert_refused(run_rlkit("submit", str(grpo_yaml)), "has no tokenizer")
+    assert not (tmp_path / "fileroot").exists()
+
+
+def test_valid_training_config_renders(grpo_yaml: Path, rlkit_home: Path) -> None:
+    """The fixture itself is valid, so each mistake above is refused for its own reason."""
+    result = run_rlkit("render", str(grpo_yaml))
+    assert result.returncode == 0, result.stderr
+    assert "rlkit train --trial-dir" in result.stdout
 
 
 def test_missing_and_invalid_config_files(tmp_path: Path, rlkit_home: Path) -> None:

@@ -1,0 +1,280 @@
+"""The rollout controller: streams prompt groups to the servers while the trainer trains, with staleness control.
+
+It runs its own asyncio loop in a background thread of trainer rank 0. Each prompt is one request for
+`gconfig.n_samples` completions (a GRPO group); each finished completion is scored as it arrives, and a finished
+group goes to a queue the trainer reads with `get_batch`.
+
+Staleness. Weight version v means v weight updates have reached the servers. A group is admitted only while
+`started_groups < (v + max_head_offpolicyness + 1) * batch_size`, so a group is at most max_head_offpolicyness
+versions older than the weights being trained when it is consumed; 0 gives synchronous on-policy GRPO (the next
+batch starts only once the new weights are on the servers). Groups that are older anyway (e.g. after a resync)
+are dropped at consumption and counted. While the trainer updates the servers' weights no group is admitted, so a
+group's version tag is the version of the weights it was sampled with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from rlkit.errors import StepError
+from rlkit.nameresolve.base import NameResolve
+from rlkit.rewards.runner import RewardRunner
+from rlkit.rollout.client import SamplingParams, Server, ServerPool, discover_servers, wait_for_servers
+from rlkit.train.batch import Sample
+
+T = TypeVar("T")
+LIVENESS_POLL_S = 5.0
+
+
+@dataclass
+class Prompt:
+    """One dataset row and its prompt tokens."""
+
+    index: int
+    row: dict[str, Any]
+    text: str
+    ids: list[int]
+
+
+@dataclass
+class Group:
+    """The completions of one prompt, scored, tagged with the weight version that produced them."""
+
+    prompt: Prompt
+    samples: list[Sample]
+    version: int
+    server: int
+    seconds: float
+    reward_errors: int = 0
+    reward_timeouts: int = 0
+
+
+@dataclass
+class RolloutStats:
+    """Counters since the last batch (reset by get_batch)."""
+
+    dropped_stale: int = 0
+    reward_errors: int = 0
+    reward_timeouts: int = 0
+    request_failures: int = 0
+    wait_s: float = 0.0
+    per_server: dict[int, int] = field(default_factory=dict)
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    """The order rows are visited in one epoch (deterministic for the seed)."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+def prompt_stream(prompts: list[Prompt], *, seed: int, shuffle: bool, start: int = 0) -> Iterator[tuple[int, Prompt]]:
+    """(epoch, prompt) forever, epoch after epoch, skipping the first `start` (resuming)."""
+    k = 0
+    epoch = 0
+    while True:
+        for i in epoch_order(len(prompts), epoch, seed, shuffle):
+            if k >= start:
+                yield epoch, prompts[i]
+            k += 1
+        epoch += 1
+
+
+class RolloutController:
+    """Keeps up to max_concurrent_rollouts groups in flight across the live servers; see the module docstring."""
+
+    def __init__(self, *, name_resolve: NameResolve, expected_servers: int, token: str, prompts: list[Prompt],
+                 params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
+                 batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
+                 request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
+                 start_version: int = 0, consumed_groups: int = 0) -> None:
+        if not prompts:
+            raise StepError("the training set is empty")
+        self.nr = name_resolve
+        self.expected_servers = expected_servers
+        self.token = token
+        self.params = params
+        self.reward = reward
+        self.decode = decode
+        self.batch_size = batch_size
+        self.max_offpolicyness = max_offpolicyness
+        self.max_concurrent = max_concurrent
+        self.queue_size = queue_size if queue_size is not None else 2 * batch_size
+        self.request_timeout = request_timeout
+        self.request_retries = request_retries
+        self.setup_timeout = setup_timeout
+        self._stream = prompt_stream(prompts, seed=seed, shuffle=shuffle, start=consumed_groups)
+        self.version = start_version
+        # Admission counts groups relative to the resume point, so a resumed run starts generating at once.
+        self._base_version = start_version
+        self._started = 0
+        self.epoch = 0
+        self._updating = False
+        self._out: queue.Queue[Group | BaseException] = queue.Queue()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="rollout", daemon=True)
+        self._ready = threading.Event()
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self.pool: ServerPool | None = None
+        self.servers: list[Server] = []
+        self.stats = RolloutStats()
+        self._error: BaseException | None = None
+
+    # --- called from the trainer thread ------------------------------------------------------------------------
+
+    def start(self) -> list[Server]:
+        """Wait for the servers (setup_timeout) and start generating; returns the servers found."""
+        self.servers = wait_for_servers(self.nr, self.expected_servers, self.setup_timeout)
+        self._thread.start()
+        if not self._ready.wait(timeout=60):
+            raise StepError("the rollout thread did not start within 60 s")
+        if self._error is not None:
+            raise self._error
+        return self.servers
+
+    def get_batch(self, timeout: float) -> tuple[list[Group], RolloutStats]:
+        """The next `batch_size` groups no older than the staleness bound; StepError after `timeout` s."""
+        started = time.monotonic()
+        groups: list[Group] = []
+        while len(groups) < self.batch_size:
+            left = timeout - (time.monotonic() - started)
+            try:
+                item = self._out.get(timeout=max(0.01, left))
+            except queue.Empty:
+                raise StepError(f"waited {timeout:.0f} s for {self.batch_size} rollout groups, got {len(groups)}; "
+                                f"are the servers generating? (rlkit logs TRIAL --step server-0)") from None
+            if isinstance(item, BaseException):
+                raise item
+            if self.version - item.version > self.max_offpolicyness:
+                self.stats.dropped_stale += 1
+                self._call_soon(self._replace_dropped)
+                continue
+            groups.append(item)
+        self.stats.wait_s = time.monotonic() - started
+        stats, self.stats = self.stats, RolloutStats()
+        self._call_soon(self._admit_more)
+        return groups, stats
+
+    def begin_update(self) -> None:
+        """Stop admitting groups while weights change (in-flight requests are paused by the servers)."""
+        self._updating = True
+
+    def end_update(self, version: int) -> None:
+        """The servers now serve `version`: admit groups again."""
+        self.version = version
+        self._updating = False
+        self._call_soon(self._admit_more)
+
+    def run(self, make: Callable[[], Awaitable[T]], timeout: float) -> T:
+        """Run a coroutine (e.g. a weight sync) on the controller's loop and wait for its result."""
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(make(), self._loop)  # type: ignore[arg-type]
+        try:
+            return future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StepError(f"an operation on the servers took longer than {timeout:.0f} s") from None
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._thread.is_alive():
+            self._call_soon(lambda: None)
+            async def close() -> None:
+                for task in [t for t in asyncio.all_tasks(self._loop) if t is not asyncio.current_task()]:
+                    task.cancel()
+                if self.pool is not None:
+                    await self.pool.aclose()
+            with contextlib.suppress(Exception):  # best effort at shutdown
+                asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    # --- the loop thread -------------------------------------------------------------------------------------
+
+    def _call_soon(self, fn: Callable[[], None]) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(fn)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.pool = ServerPool(self.servers, self.token, timeout=self.request_timeout,
+                                   retries=self.request_retries, max_in_flight=self.max_concurrent)
+            self._in_flight = 0
+            self._loop.create_task(self._watch_servers())
+            self._admit_more()
+        except BaseException as exc:
+            self._error = exc
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _may_admit(self) -> bool:
+        if self._stopping or self._updating:
+            return False
+        if self._in_flight >= self.max_concurrent:
+            return False
+        if self._out.qsize() + self._in_flight >= self.queue_size:
+            return False
+        limit = (self.version - self._base_version + self.max_offpolicyness + 1) * self.batch_size
+        return self._started < limit
+
+    def _replace_dropped(self) -> None:
+        self._started -= 1  # a dropped group frees its place, so a fresh one is sampled with current weights
+        self._admit_more()
+
+    def _admit_more(self) -> None:
+        while self._may_admit():
+            self.epoch, prompt = next(self._stream)
+            self._started += 1
+            self._in_flight += 1
+            self._loop.create_task(self._rollout(prompt, self.version))
+
+    async def _rollout(self, prompt: Prompt, version: int) -> None:
+        assert self.pool is not None
+        started = time.monotonic()
+        try:
+            server, completions = await self.pool.complete(prompt.ids, self.params)
+            outcomes = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
+                                              for c in completions))
+            samples = [
+                Sample(prompt_ids=prompt.ids, completion_ids=c.token_ids, behav_logp=c.logprobs, reward=o.value,
+                       version=version, finished=c.finish_reason == "stop", group=prompt.index)
+                for c, o in zip(completions, outcomes, strict=True)
+            ]
+            group = Group(prompt, samples, version, server.index, time.monotonic() - started,
+                          reward_errors=sum(o.error is not None and not o.timed_out for o in outcomes),
+                          reward_timeouts=sum(o.timed_out for o in outcomes))
+            self.stats.reward_errors += group.reward_errors
+            self.stats.reward_timeouts += group.reward_timeouts
+            self.stats.per_server[server.index] = self.stats.per_server.get(server.index, 0) + 1
+            self._out.put(group)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.stats.request_failures += 1
+            self._out.put(exc if isinstance(exc, StepError) else StepError(f"a rollout failed: {exc!r}"))
+        finally:
+            self._in_flight -= 1
+            self._admit_more()
+
+    async def _watch_servers(self) -> None:
+        """Follow name resolve: servers that stop heart-beating leave the pool, restarted ones join."""
+        while not self._stopping:
+            await asyncio.sleep(LIVENESS_POLL_S)
+            try:
+                live = await asyncio.to_thread(discover_servers, self.nr)
+            except Exception:
+                continue
+            if self.pool is not None and live:
+                self.pool.set_servers(live)
+                self.servers = self.pool.servers

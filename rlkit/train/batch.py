@@ -1,0 +1,113 @@
+"""Training samples and their packing into padded micro-batch tensors (pure; no model, no distributed).
+
+A sample is a prompt and one sampled completion. In a packed micro-batch, per-token tensors have shape [B, L-1]:
+position p holds what the model predicts from tokens 0..p for token p+1, so completion token j of a sample whose
+prompt has P tokens sits at position P - 1 + j.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sample:
+    """One completion of a prompt, as the rollout produced it, plus what training adds (advantage)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logp: list[float]
+    reward: float
+    version: int
+    finished: bool
+    group: int
+    advantage: float = 0.0
+    dummy: bool = False  # padding so every rank runs the same number of micro-batches; never contributes to loss
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors of a few samples."""
+
+    input_ids: Tensor  # [B, L]
+    attention_mask: Tensor  # [B, L]
+    loss_mask: Tensor  # [B, L-1] bool: completion tokens of real samples
+    behav_logp: Tensor  # [B, L-1]
+    advantages: Tensor  # [B, L-1]
+    n_tokens: int  # completion tokens that count in the loss
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+                          self.behav_logp.to(device), self.advantages.to(device), self.n_tokens)
+
+
+def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False) -> MicroBatch:
+    """Pad `samples` to one [B, L] batch with per-token masks, behaviour log-probs and advantages."""
+    if not samples:
+        raise ValueError("cannot pack an empty micro-batch")
+    length = max(s.length for s in samples)
+    b = len(samples)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, length), dtype=torch.long)
+    loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
+    behav = torch.zeros((b, length - 1), dtype=torch.float32)
+    adv = torch.zeros((b, length - 1), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        ids = s.prompt_ids + s.completion_ids
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, : len(ids)] = 1
+        start, end = len(s.prompt_ids) - 1, len(ids) - 1
+        if len(s.behav_logp) != len(s.completion_ids):
+            raise ValueError(f"sample {i}: {len(s.behav_logp)} log-probs for {len(s.completion_ids)} tokens")
+        behav[i, start:end] = torch.tensor(s.behav_logp, dtype=torch.float32)
+        adv[i, start:end] = s.advantage
+        counts = not s.dummy and not (mask_truncated and not s.finished)
+        loss_mask[i, start:end] = counts
+    return MicroBatch(input_ids, attention_mask, loss_mask, behav, adv, int(loss_mask.sum()))
+
+
+def split_micro_batches(samples: Sequence[Sample], *, max_tokens: int | None, min_count: int = 1) -> list[list[Sample]]:
+    """Split into at least `min_count` micro-batches, each at most `max_tokens` padded tokens (B * longest).
+
+    Samples keep their order; a single sample longer than `max_tokens` gets a micro-batch of its own.
+    """
+    items = list(samples)
+    if not items:
+        return []
+    count = max(1, min(min_count, len(items)))
+    if max_tokens is None:
+        size = -(-len(items) // count)
+        return [items[i : i + size] for i in range(0, len(items), size)]
+    target = -(-len(items) // count)  # at most this many per micro-batch so there are >= count of them
+    out: list[list[Sample]] = [[]]
+    longest = 0
+    for s in items:
+        cur = out[-1]
+        new_longest = max(longest, s.length)
+        if cur and (new_longest * (len(cur) + 1) > max_tokens or len(cur) >= target):
+            out.append([s])
+            longest = s.length
+        else:
+            cur.append(s)
+            longest = new_longest
+    return out
+
+
+def shard(samples: Sequence[Sample], rank: int, world: int) -> list[Sample]:
+    """This rank's share: every `world`-th sample starting at `rank` (balances lengths across ranks)."""
+    return list(samples[rank::world])
+
+
+def dummy_like(sample: Sample) -> Sample:
+    """A copy that takes part in forward/backward but never in the loss (keeps collectives in step)."""
+    return Sample(sample.prompt_ids, sample.completion_ids, sample.behav_logp, 0.0, sample.version, True,
+                  sample.group, 0.0, dummy=True)

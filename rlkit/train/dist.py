@@ -1,0 +1,109 @@
+"""torch.distributed set-up from the Slurm step environment (or torchrun's), NCCL on GPUs and gloo on the CPU.
+
+Inside `srun --het-group=1 --ntasks=N python -m rlkit train`, each task is one rank: SLURM_PROCID is the rank,
+SLURM_STEP_NUM_TASKS the world size, SLURM_LOCALID the local rank. Rank 0 picks a free port on its own host and
+publishes `host:port` in the trial's name resolve under trainer/master/<job>.<step> (so there is no guessed port to
+collide, and node names need not resolve: the host is what the servers advertise too); the other ranks wait for it.
+An environment that already has RANK/WORLD_SIZE (torchrun, tests) is used as it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rlkit.nameresolve.base import NameResolve
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def dist_env_from(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
+    """The rank layout from torchrun-style variables, else from Slurm's (address still empty), else one process."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", "0")),
+                       environ.get("MASTER_ADDR", "127.0.0.1"), int(environ.get("MASTER_PORT", "29500")))
+    if "SLURM_PROCID" in environ:
+        world = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1")))
+        return DistEnv(int(environ["SLURM_PROCID"]), world, int(environ.get("SLURM_LOCALID", "0")), "", 0)
+    return DistEnv(0, 1, 0, "127.0.0.1", int(environ.get("MASTER_PORT", "29500")))
+
+
+def rendezvous_key(environ: dict[str, str] | os._Environ[str]) -> str:
+    return f"trainer/master/{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}"
+
+
+def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> DistEnv:
+    """Fill in the master address: rank 0 publishes host:port under `key`, the others wait for it."""
+    from rlkit.servers.health import find_free_port
+    from rlkit.steps.serve import advertised_host
+
+    if env.rank == 0:
+        host = advertised_host()
+        port = find_free_port("0.0.0.0")
+        nr.add(key, f"{host}:{port}", replace=True)
+    else:
+        host, _, port_text = nr.wait(key, timeout=timeout_s).rpartition(":")
+        port = int(port_text)
+    return DistEnv(env.rank, env.world_size, env.local_rank, host, port)
+
+
+def init_distributed(nr: NameResolve | None = None, timeout_s: float = 1800.0) -> tuple[DistEnv, torch.device]:
+    """Join the process group (NCCL with CUDA, else gloo) and return the layout and this rank's device."""
+    env = dist_env_from(os.environ)
+    published = None
+    if not env.master_addr:
+        if nr is None:
+            raise RuntimeError("a Slurm step needs name resolve to find the trainer's rank 0")
+        published = rendezvous_key(os.environ)
+        env = rendezvous(env, nr, published, timeout_s=600.0)
+    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                      MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    if published is not None and nr is not None:
+        dist.barrier()  # everyone has joined: the address is no longer needed
+        if env.rank == 0:
+            nr.delete(published)
+    return env, device
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Send a picklable object from `src` to every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_max(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(x) for x in t.tolist()]

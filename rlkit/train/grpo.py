@@ -1,0 +1,351 @@
+"""The asynchronous GRPO loop run by every trainer rank (`rlkit train`).
+
+Rank 0 owns the rollout controller, the weight sync to the servers and the metrics; all ranks train their shard of
+each batch with FSDP. One step: take a batch of groups (at most max_head_offpolicyness versions old) -> advantages
+-> recompute log-probs (and reference log-probs) -> ppo_n_minibatches optimizer steps -> gather the full weights ->
+write them to disk -> every server reloads them, reports the new version and passes the fingerprint check ->
+metrics, progress and (per saver) a Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from rlkit.config.load import load_config
+from rlkit.config.schema import ExperimentConfig
+from rlkit.data import load_rows, prompt_token_ids
+from rlkit.errors import StepError
+from rlkit.launch.allocation import parse_allocation
+from rlkit.paths import TrialPaths
+from rlkit.rollout.controller import Group, Prompt, RolloutController
+from rlkit.train.advantage_batch import prepare_batch
+from rlkit.train.batch import Sample
+from rlkit.train.dist import broadcast_object, init_distributed
+from rlkit.train.engine import DTYPES, PolicyEngine
+from rlkit.trials import read_token
+
+PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
+
+
+def total_steps(config: ExperimentConfig, n_rows: int) -> int:
+    """Training steps: the epochs over the data (last partial batch dropped), capped by total_train_steps."""
+    per_epoch = n_rows // config.train_dataset.batch_size
+    steps = per_epoch * config.total_train_epochs
+    if config.total_train_steps is not None:
+        steps = min(steps, config.total_train_steps) if steps else config.total_train_steps
+    return steps
+
+
+def weight_check_tolerance(config: ExperimentConfig) -> float:
+    if config.actor.weight_check_tolerance is not None:
+        return config.actor.weight_check_tolerance
+    return 1e-3 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
+
+
+def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
+    """The training prompts, tokenized; rows longer than train_dataset.max_length are dropped."""
+    ds = config.train_dataset
+    rows = load_rows(ds.path)
+    if rows and ds.prompt_key not in rows[0]:
+        raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
+                        f"set train_dataset.prompt_key")
+    prompts = []
+    for i, row in enumerate(rows):
+        ids = prompt_token_ids(row[ds.prompt_key], tokenizer, chat_template=False)
+        if ds.max_length is not None and len(ids) > ds.max_length:
+            continue
+        text = row[ds.prompt_key] if isinstance(row[ds.prompt_key], str) else tokenizer.decode(ids)
+        prompts.append(Prompt(i, row, text, ids))
+    return prompts
+
+
+@dataclass
+class Saver:
+    """Decides when to save a Hugging Face checkpoint (saver.freq_steps / freq_epochs / freq_secs)."""
+
+    freq_steps: int | None
+    freq_epochs: int | None
+    freq_secs: int | None
+    last_time: float
+    last_epoch: int = 0
+
+    def due(self, step: int, epoch: int, now: float) -> bool:
+        hit = bool(self.freq_steps and step % self.freq_steps == 0)
+        hit |= bool(self.freq_epochs and epoch > self.last_epoch and epoch % self.freq_epochs == 0)
+        hit |= bool(self.freq_secs and now - self.last_time >= self.freq_secs)
+        if hit:
+            self.last_time, self.last_epoch = now, epoch
+        return hit
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float]) -> dict[str, float]:
+    lengths = [len(s.completion_ids) for g in groups for s in g.samples]
+    stale = [version - g.version for g in groups]
+    return {
+        "reward/mean": statistics.fmean(prepared_raw),
+        "reward/std": statistics.pstdev(prepared_raw),
+        "reward/max": max(prepared_raw),
+        "reward/min": min(prepared_raw),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": max(lengths),
+        "response/finished_fraction": statistics.fmean(float(s.finished) for g in groups for s in g.samples),
+        "staleness/mean": statistics.fmean(stale),
+        "staleness/max": max(stale),
+    }
+
+
+def run_grpo(trial_dir: Path) -> None:
+    """The training step's entry point on every rank."""
+    from transformers import AutoTokenizer
+
+    paths = TrialPaths(Path(trial_dir))
+    config = load_config(paths.config)
+    from rlkit.nameresolve import name_resolve_for
+
+    env, device = init_distributed(name_resolve_for(config))
+    rank0 = env.rank == 0
+    actor = config.actor
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or actor.path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+    prompts = load_prompts(config, tokenizer) if rank0 else []
+    steps = broadcast_object(total_steps(config, len(prompts)) if rank0 else 0)
+    assert isinstance(steps, int)
+    if steps <= 0:
+        raise StepError(f"no training steps: {len(prompts)} prompts, batch_size {config.train_dataset.batch_size}")
+    engine = PolicyEngine(actor, rank=env.rank, world=env.world_size, device=device, pad_id=pad_id,
+                          temperature=config.gconfig.temperature, total_optimizer_steps=steps * actor.ppo_n_minibatches,
+                          max_new_tokens=config.gconfig.max_new_tokens)
+    probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+                             if rank0 else None)
+    assert isinstance(probe, list)
+    trainer = _Rank0(config, paths, tokenizer, prompts, steps) if rank0 else None
+    try:
+        if trainer is not None:
+            trainer.start()
+        _check_weights(engine, trainer, probe, version=0)
+        for step in range(1, steps + 1):
+            t0 = time.monotonic()
+            batch = trainer.next_batch() if trainer is not None else None
+            shared = broadcast_object(batch)
+            if isinstance(shared, str):  # rank 0 failed: it raises; the others stop too
+                raise StepError(f"trainer rank 0 failed: {shared}")
+            samples: list[Sample] = shared  # type: ignore[assignment]
+            t_got = time.monotonic()
+            if samples:
+                old = engine.logprobs_at(samples) if actor.recompute_logprob else None
+                ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
+                train_stats = engine.train_step(samples, old, ref)
+            else:
+                train_stats = {}
+            t_trained = time.monotonic()
+            state = engine.full_state_dict()
+            t_sync = time.monotonic()
+            _check_weights(engine, trainer, probe, version=step, state=state)
+            if trainer is not None:
+                trainer.finish_step(step, state, train_stats, timing={
+                    "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got,
+                    "timing/gather_weights": t_sync - t_trained, "timing/weight_sync": time.monotonic() - t_sync,
+                    "timing/step": time.monotonic() - t0})
+            del state
+        if trainer is not None:
+            trainer.finish()
+    except BaseException as exc:
+        if trainer is not None:
+            trainer.abort(exc)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int], *, version: int,
+                   state: dict[str, Any] | None = None) -> None:
+    """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server."""
+    trainer_lp = engine.probe_logprobs(probe)
+    if trainer is not None:
+        trainer.sync_and_verify(version, state, probe, trainer_lp)
+
+
+class _Rank0:
+    """What only trainer rank 0 does: rollouts, weight sync, metrics, checkpoints."""
+
+    def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
+                 steps: int) -> None:
+        from rlkit.nameresolve import name_resolve_for
+        from rlkit.rewards import resolve_reward_fn
+        from rlkit.rewards.runner import RewardRunner
+        from rlkit.rollout.client import SamplingParams
+        from rlkit.train.stats_logger import StatsLogger
+
+        self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
+        self.n_prompts = len(prompts)
+        alloc = parse_allocation(config.allocation_mode)
+        assert alloc.server is not None
+        self.backend = alloc.server.backend
+        g = config.gconfig
+        self.reward = RewardRunner(resolve_reward_fn(config.reward.fn, config.reward.answer_key),
+                                   config.reward.timeout)
+        offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
+        self.controller = RolloutController(
+            name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=read_token(paths),
+            prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
+                                                   temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                                                   stop=list(g.stop)),
+            reward=self.reward, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
+            max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
+            request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
+            setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle)
+        self.logger = StatsLogger(config.stats_logger, paths, experiment=config.experiment_name,
+                                  trial=config.trial_name)
+        self.saver = Saver(config.saver.freq_steps, config.saver.freq_epochs, config.saver.freq_secs,
+                           time.monotonic())
+        self.tolerance = weight_check_tolerance(config)
+        self.version = 0
+        self.server_versions: dict[int, int] = {}
+        self.last_fingerprint: dict[int, float] = {}
+        self.last_metrics: dict[str, float] = {}
+        self._groups: list[Group] = []
+        self._rollout_stats: Any = None
+        self._prepared: Any = None
+        self._step_started = time.monotonic()
+
+    def start(self) -> None:
+        servers = self.controller.start()
+        print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
+              flush=True)
+
+    def next_batch(self) -> list[Sample] | str:
+        """The next batch with advantages, or an error message (broadcast so the other ranks stop too)."""
+        try:
+            self._step_started = time.monotonic()
+            timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
+            self._groups, self._rollout_stats = self.controller.get_batch(timeout)
+            self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
+                                           max_new_tokens=self.config.gconfig.max_new_tokens)
+            return list(self._prepared.samples)
+        except BaseException as exc:
+            self._pending_error = exc
+            return f"{type(exc).__name__}: {exc}"
+
+    def sync_and_verify(self, version: int, state: dict[str, Any] | None, probe: list[int],
+                        trainer_lp: list[float]) -> None:
+        """Push `state` as `version` to every server (if given), then check versions and fingerprints.
+
+        Without `state` (version 0, before training) only the fingerprint is checked: the servers must serve the
+        very weights the trainer starts from, which also catches a dtype or tokenizer mismatch before step 1.
+        """
+        from rlkit.weights import disk
+
+        token = read_token(self.paths)
+        servers = list(self.controller.servers)
+        timeout = self.config.rollout.request_timeout
+        if state is not None:
+            self.controller.begin_update()
+            out_dir = disk.version_dir(self.paths.weights, version)
+            disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
+
+            async def push() -> dict[int, tuple[int, float]]:
+                async with disk.weight_sync_client(token) as client:
+                    done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
+                                               trainer_lp=trainer_lp, tolerance=self.tolerance)
+                return {r.index: (r.version, r.fingerprint or 0.0) for r in done}
+
+            results = self.controller.run(push, timeout=2 * timeout + 60)
+            self.controller.end_update(version)
+            disk.remove_old_versions(self.paths.weights, keep={version})
+        else:
+            async def probe_all() -> dict[int, tuple[int, float]]:
+                async with disk.weight_sync_client(token) as client:
+                    lps = await asyncio.gather(*(disk.probe_logprobs(client, s, probe, timeout=timeout)
+                                                 for s in servers))
+                return {s.index: (0, disk.check_fingerprint(lp, trainer_lp, self.tolerance,
+                                                            server_label=disk.server_label(s)))
+                        for s, lp in zip(servers, lps, strict=True)}
+
+            results = self.controller.run(probe_all, timeout=timeout + 60)
+        self.version = version
+        self.server_versions = {index: v for index, (v, _) in results.items()}
+        self.last_fingerprint = {index: diff for index, (_, diff) in results.items()}
+        print(f"rlkit train: servers {sorted(results)} at weight version {version}, fingerprint "
+              f"max |dlogp| {max(self.last_fingerprint.values()):.2e} (tolerance {self.tolerance:g})", flush=True)
+
+    def finish_step(self, step: int, state: dict[str, Any], train_stats: dict[str, float],
+                    timing: dict[str, float]) -> None:
+        groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
+        elapsed = max(1e-9, time.monotonic() - self._step_started)
+        n_samples = sum(len(g.samples) for g in groups)
+        n_tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
+        metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
+        metrics.update(train_stats)
+        metrics.update(timing)
+        metrics.update({
+            "version": step, "epoch": (step * self.config.train_dataset.batch_size) / self.n_prompts,
+            "rollout/samples_per_s": n_samples / elapsed, "rollout/tokens_per_s": n_tokens / elapsed,
+            "rollout/dropped_stale_groups": rs.dropped_stale, "rollout/request_failures": rs.request_failures,
+            "rollout/dynamic_sampling_dropped": prepared.dropped_groups,
+            "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
+            "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
+            "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
+        })
+        self.logger.log(step, metrics)
+        self.last_metrics = metrics
+        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
+        if self.saver.due(step, epoch, time.monotonic()):
+            self._save(state, self.paths.checkpoints / f"step{step}")
+        if step == self.steps:
+            self._save(state, self.paths.checkpoints / "final")
+        self._progress(step, "running")
+        print(f"rlkit train: step {step}/{self.steps} reward {metrics['reward/mean']:.3f} "
+              f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "
+              f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}) "
+              f"step {timing['timing/step']:.1f}s", flush=True)
+
+    def _save(self, state: dict[str, Any], out_dir: Path) -> None:
+        from rlkit.weights import disk
+
+        disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
+        print(f"rlkit train: saved {out_dir}", flush=True)
+
+    def _progress(self, step: int, status: str) -> None:
+        _write_json_atomic(self.paths.progress, {
+            "status": status, "step": step, "total_steps": self.steps, "version": self.version,
+            "reward": self.last_metrics.get("reward/mean"), "servers": {str(k): v for k, v in
+                                                                        self.server_versions.items()},
+            "updated": time.time(),
+        })
+
+    def finish(self) -> None:
+        self._progress(self.steps, "finished")
+        self.close()
+        print(f"rlkit train: done; metrics in {self.paths.metrics}, final model in {self.paths.checkpoints / 'final'}",
+              flush=True)
+
+    def abort(self, exc: BaseException) -> None:
+        error = getattr(self, "_pending_error", None)
+        self._progress(self.version, f"failed: {type(exc).__name__}")
+        self.close()
+        if error is not None and error is not exc:
+            raise error from exc
+
+    def close(self) -> None:
+        self.controller.stop()
+        self.reward.close()
+        self.logger.close()
+
