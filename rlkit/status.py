@@ -33,6 +33,8 @@ class TrialRow:
     nodes: str
     submitted: str
     trial_dir: str
+    step: str = ""
+    reward: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,9 +67,22 @@ class TrialDetail:
         return asdict(self)
 
 
+def read_progress(paths: TrialPaths) -> dict[str, Any]:
+    """The trainer's progress.json (step, reward, servers' verified weight versions), or {} when there is none."""
+    try:
+        data = json.loads(paths.progress.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _row(record: TrialRecord, info: slurm.JobInfo) -> TrialRow:
     submitted = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.submitted_at))
-    return TrialRow(record.name, record.job_id, info.state, info.elapsed, info.nodes, submitted, record.trial_dir)
+    progress = read_progress(TrialPaths(Path(record.trial_dir)))
+    step = f"{progress['step']}/{progress['total_steps']}" if "step" in progress else ""
+    reward = f"{progress['reward']:.3f}" if isinstance(progress.get("reward"), (int, float)) else ""
+    return TrialRow(record.name, record.job_id, info.state, info.elapsed, info.nodes, submitted, record.trial_dir,
+                    step, reward)
 
 
 def all_trials() -> list[TrialRow]:
@@ -77,12 +92,12 @@ def all_trials() -> list[TrialRow]:
 
 def trials_table(rows: list[TrialRow]) -> Table:
     table = Table(title=f"{len(rows)} trial(s)")
-    for column in ("trial", "job", "state", "elapsed", "nodes", "submitted"):
+    for column in ("trial", "job", "state", "elapsed", "nodes", "submitted", "step", "reward"):
         table.add_column(column, no_wrap=True)
     for r in rows:
         style = {"RUNNING": "green", "COMPLETED": "cyan", "FAILED": "red", "PENDING": "yellow"}.get(r.state, "")
         table.add_row(r.name, r.job_id, f"[{style}]{r.state}[/{style}]" if style else r.state, r.elapsed, r.nodes,
-                      r.submitted)
+                      r.submitted, r.step, r.reward)
     return table
 
 
@@ -92,6 +107,7 @@ def _servers(paths: TrialPaths) -> list[ServerRow]:
 
     config = load_config(paths.config)
     nr = name_resolve_for(config)
+    verified = read_progress(paths).get("servers", {})  # versions the trainer read back and fingerprinted
     rows = []
     try:
         for value in nr.list_subtree(SERVERS_KEY).values():
@@ -101,7 +117,7 @@ def _servers(paths: TrialPaths) -> list[ServerRow]:
             except httpx.HTTPError:
                 healthy = False
             rows.append(ServerRow(entry["index"], entry["address"], entry.get("node", ""), healthy,
-                                  entry.get("weight_version")))
+                                  verified.get(str(entry["index"]), entry.get("weight_version"))))
     finally:
         nr.close()
     return sorted(rows, key=lambda s: s.index)
@@ -142,6 +158,8 @@ def print_detail(console: Console, d: TrialDetail) -> None:
                   + (f"  reason {d.reason}" if d.reason and d.reason != "None" else "")
                   + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}")
     console.print(f"  trial directory: {d.row.trial_dir}")
+    if d.row.step:
+        console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else ""))
     for comp_id, state, nodes in d.components:
         console.print(f"  component {comp_id}: {state} on {nodes}")
     if d.servers:

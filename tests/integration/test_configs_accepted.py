@@ -1,8 +1,8 @@
 """Every example config parses, validates, and renders a script the real controller accepts (sbatch --test-only).
 
 Paths that exist only on a GPU site (images, models, data under /storage) are pointed at stand-in files here: empty
-`.sif` files and a directory holding only config.json. Apptainer itself cannot run on this machine; the controller
-judges the rendered heterogeneous job (nodes, GPUs, CPUs, memory per component).
+`.sif` files and a directory holding only config.json and tokenizer.json. Apptainer itself cannot run on this
+machine; the controller judges the rendered heterogeneous job (nodes, GPUs, CPUs, memory per component).
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ def site_standins(tmp_path: Path) -> list[str]:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1="}) + "\n")
+    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2"}) + "\n")
     images = []
     for role in ("inference_server_image", "trainer_image"):
         image = tmp_path / f"{role}.sif"
         image.write_bytes(b"stand-in, never executed")
         images.append(f"launcher.slurm.{role}={image}")
-    return [f"actor.path={model}", f"generate.dataset.path={data}", f"cluster.fileroot={tmp_path}/root", *images]
+    return [f"actor.path={model}", f"generate.dataset.path={data}", f"train_dataset.path={data}",
+            f"cluster.fileroot={tmp_path}/root", *images]
 
 
 def test_there_are_gpu_and_cpu_examples() -> None:

