@@ -78,7 +78,7 @@ def main() -> int:
     print(f"demo: {len(metrics)} GRPO steps; mean reward of the first 3 steps {sum(first) / len(first):.3f}, "
           f"of the last 3 steps {sum(last) / len(last):.3f}")
     print(f"demo: metrics per step in {metrics_path} (TensorBoard: {trial_dir / 'tensorboard'}, "
-          f"SwanLab local: {trial_dir / 'swanlab'})")
+          f"SwanLab offline run: {trial_dir / 'swanlab'})")
     print(f"demo: trained model (Hugging Face format) in {trial_dir / 'checkpoints' / 'final'}")
     return 0
 

