@@ -221,6 +221,8 @@ class _Rank0:
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
+        self.write_s = 0.0
         self._groups: list[Group] = []
         self._rollout_stats: Any = None
         self._prepared: Any = None
@@ -259,12 +261,16 @@ class _Rank0:
         if state is not None:
             self.controller.begin_update()
             out_dir = disk.version_dir(self.paths.weights, version)
+            started = time.monotonic()
             disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
+            self.write_s = time.monotonic() - started
 
             async def push() -> dict[int, tuple[int, float]]:
                 async with disk.weight_sync_client(token) as client:
                     done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
                                                trainer_lp=trainer_lp, tolerance=self.tolerance)
+                self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
+                                    for name in sorted({n for r in done for n in r.phases})}
                 return {r.index: (r.version, r.fingerprint or 0.0) for r in done}
 
             results = self.controller.run(push, timeout=2 * timeout + 60)
@@ -295,6 +301,8 @@ class _Rank0:
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
         metrics.update(train_stats)
         metrics.update(timing)
+        metrics["timing/sync_write"] = self.write_s
+        metrics.update({f"timing/sync_{name}": seconds for name, seconds in self.sync_phases.items()})
         metrics.update({
             "version": step, "epoch": (step * self.config.train_dataset.batch_size) / self.n_prompts,
             "rollout/samples_per_s": n_samples / elapsed, "rollout/tokens_per_s": n_tokens / elapsed,
