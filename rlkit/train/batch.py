@@ -84,16 +84,15 @@ def split_micro_batches(samples: Sequence[Sample], *, max_tokens: int | None, mi
     if not items:
         return []
     count = max(1, min(min_count, len(items)))
-    if max_tokens is None:
-        size = -(-len(items) // count)
-        return [items[i : i + size] for i in range(0, len(items), size)]
-    target = -(-len(items) // count)  # at most this many per micro-batch so there are >= count of them
+    target = -(-len(items) // count)  # at most this many per micro-batch
     out: list[list[Sample]] = [[]]
     longest = 0
-    for s in items:
+    for i, s in enumerate(items):
         cur = out[-1]
         new_longest = max(longest, s.length)
-        if cur and (new_longest * (len(cur) + 1) > max_tokens or len(cur) >= target):
+        too_big = max_tokens is not None and new_longest * (len(cur) + 1) > max_tokens
+        needed = len(items) - i <= count - len(out)  # each sample left must open one of the missing micro-batches
+        if cur and (too_big or len(cur) >= target or needed):
             out.append([s])
             longest = s.length
         else:

@@ -1,0 +1,108 @@
+"""The trainer's rank layout from the environment, and the rank-0 address rendezvous through name resolve."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlkit.errors import StepError
+from rlkit.nameresolve import NfsNameResolve
+from rlkit.train.dist import DistEnv, dist_env_from, rendezvous, rendezvous_key
+
+SLURM = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "9", "SLURM_LOCALID": "1",
+         "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "2"}
+
+
+# --- dist_env_from ----------------------------------------------------------------------------------------------
+
+def test_torchrun_variables_win_over_slurm() -> None:
+    env = dist_env_from({**SLURM, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "node7",
+                         "MASTER_PORT": "4321"})
+    assert env == DistEnv(rank=1, world_size=2, local_rank=1, master_addr="node7", master_port=4321)
+
+
+def test_torchrun_defaults() -> None:
+    assert dist_env_from({"RANK": "0", "WORLD_SIZE": "1"}) == DistEnv(0, 1, 0, "127.0.0.1", 29500)
+
+
+def test_slurm_step_rank_and_world_with_empty_address() -> None:
+    assert dist_env_from(SLURM) == DistEnv(rank=3, world_size=4, local_rank=1, master_addr="", master_port=0)
+
+
+def test_slurm_world_falls_back_to_ntasks_then_one() -> None:
+    assert dist_env_from({"SLURM_PROCID": "0", "SLURM_NTASKS": "6"}).world_size == 6
+    assert dist_env_from({"SLURM_PROCID": "0"}) == DistEnv(0, 1, 0, "", 0)
+
+
+def test_only_rank_without_world_size_is_not_torchrun() -> None:
+    assert dist_env_from({"RANK": "5", **SLURM}).rank == 3
+
+
+def test_nothing_is_a_single_process() -> None:
+    assert dist_env_from({}) == DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1",
+                                        master_port=29500)
+    assert dist_env_from({"MASTER_PORT": "2000"}).master_port == 2000
+
+
+def test_rendezvous_key_names_job_and_step() -> None:
+    assert rendezvous_key(SLURM) == "trainer/master/1234.2"
+    assert rendezvous_key({}) == "trainer/master/0.0"
+
+
+# --- rendezvous -------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def two_nodes(tmp_path: Path):
+    """Two resolvers on one record root, as rank 0 and rank 1 on different nodes would have."""
+    a = NfsNameResolve(tmp_path, "exp", "trial", ttl=5.0, heartbeat_interval=1.0)
+    b = NfsNameResolve(tmp_path, "exp", "trial", ttl=5.0, heartbeat_interval=1.0)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("host", ["gpu-node-17", "fe80::1"])
+def test_rank0_publishes_and_rank1_reads_the_same_address(two_nodes: tuple[NfsNameResolve, NfsNameResolve],
+                                                          monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    nr0, nr1 = two_nodes
+    monkeypatch.setenv("RLKIT_ADVERTISE_HOST", host)
+    key = "trainer/master/1234.2"
+    env0 = rendezvous(DistEnv(0, 2, 0, "", 0), nr0, key, timeout_s=5.0)
+    assert env0.master_addr == host
+    assert 0 < env0.master_port < 65536
+    assert (env0.rank, env0.world_size, env0.local_rank) == (0, 2, 0)
+    assert nr1.get(key) == f"{host}:{env0.master_port}"
+    env1 = rendezvous(DistEnv(1, 2, 1, "", 0), nr1, key, timeout_s=5.0)
+    assert env1 == DistEnv(1, 2, 1, host, env0.master_port)
+
+
+def test_rank1_waits_for_rank0(two_nodes: tuple[NfsNameResolve, NfsNameResolve],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    nr0, nr1 = two_nodes
+    monkeypatch.setenv("RLKIT_ADVERTISE_HOST", "head")
+    key = "trainer/master/7.0"
+    got: list[DistEnv] = []
+    waiter = threading.Thread(target=lambda: got.append(rendezvous(DistEnv(1, 2, 0, "", 0), nr1, key, 10.0)))
+    waiter.start()
+    env0 = rendezvous(DistEnv(0, 2, 0, "", 0), nr0, key, timeout_s=5.0)
+    waiter.join(timeout=15)
+    assert not waiter.is_alive()
+    assert got == [DistEnv(1, 2, 0, "head", env0.master_port)]
+
+
+def test_rank1_times_out_naming_the_key(two_nodes: tuple[NfsNameResolve, NfsNameResolve]) -> None:
+    _, nr1 = two_nodes
+    with pytest.raises(StepError, match=r"trainer/master/9\.9"):
+        rendezvous(DistEnv(1, 2, 0, "", 0), nr1, "trainer/master/9.9", timeout_s=0.3)
+
+
+def test_rank0_replaces_a_leftover_address(two_nodes: tuple[NfsNameResolve, NfsNameResolve],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    nr0, nr1 = two_nodes
+    key = "trainer/master/5.0"
+    nr1.add(key, "old-host:1")
+    monkeypatch.setenv("RLKIT_ADVERTISE_HOST", "new-host")
+    env0 = rendezvous(DistEnv(0, 2, 0, "", 0), nr0, key, timeout_s=5.0)
+    assert nr1.get(key) == f"new-host:{env0.master_port}"

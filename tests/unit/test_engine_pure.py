@@ -1,0 +1,101 @@
+"""The pure parts of the policy engine: learning-rate schedule, attention fallback, minibatch index layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from rlkit.train.engine import PolicyEngine, attention_implementation, lr_multiplier
+
+
+def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:
+    return lr_multiplier(step, total, warmup_proportion=warmup, schedule=schedule, min_lr_ratio=min_lr)
+
+
+# --- lr_multiplier ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_warmup_is_linear_from_one_over_warmup(schedule: str) -> None:
+    # 10% of 100 steps = 10 warmup steps: (step + 1) / 10
+    assert [lr(s, schedule=schedule) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert lr(0, schedule=schedule) == pytest.approx(0.1)
+    assert lr(9, schedule=schedule) == pytest.approx(1.0)
+    assert lr(10, schedule=schedule) == pytest.approx(1.0)  # decay starts from the peak
+
+
+def test_constant_after_warmup() -> None:
+    assert [lr(s) for s in (10, 50, 99, 100, 500)] == [1.0] * 5
+    assert lr(0, warmup=0.0) == 1.0  # no warmup at all
+
+
+def test_linear_decays_to_min_lr_ratio_at_the_end() -> None:
+    # after 10 warmup steps, 90 steps to go from 1 to 0.2: step 55 is half-way (0.6), step 100 the end (0.2)
+    assert lr(55, schedule="linear", min_lr=0.2) == pytest.approx(0.6)
+    assert lr(100, schedule="linear", min_lr=0.2) == pytest.approx(0.2)
+    assert lr(1000, schedule="linear", min_lr=0.2) == pytest.approx(0.2)  # clamped past the end
+    assert lr(100, schedule="linear") == pytest.approx(0.0)
+    assert lr(40, schedule="linear", min_lr=0.0) == pytest.approx(1 - 30 / 90)
+
+
+@pytest.mark.parametrize("min_lr", [0.0, 0.1, 0.5])
+def test_cosine_half_way_and_end(min_lr: float) -> None:
+    assert lr(55, schedule="cosine", min_lr=min_lr) == pytest.approx(min_lr + (1 - min_lr) / 2)
+    assert lr(100, schedule="cosine", min_lr=min_lr) == pytest.approx(min_lr)
+    # no warmup, 8 steps: step 0 is the peak, step 2 a quarter of the way: min + (1 - min) * (1 + cos(pi / 4)) / 2
+    assert lr(0, total=8, warmup=0.0, schedule="cosine", min_lr=min_lr) == pytest.approx(1.0)
+    expected = min_lr + (1 - min_lr) * (1 + math.cos(math.pi / 4)) / 2
+    assert lr(2, total=8, warmup=0.0, schedule="cosine", min_lr=min_lr) == pytest.approx(expected)
+
+
+def test_unknown_schedule_raises() -> None:
+    with pytest.raises(ValueError, match="unknown lr_scheduler_type 'step'"):
+        lr(50, schedule="step")
+    with pytest.raises(ValueError, match="unknown lr_scheduler_type"):
+        lr(0, warmup=0.0, schedule="exponential")
+
+
+# --- attention_implementation -----------------------------------------------------------------------------------
+
+def test_flash_attention_falls_back_to_sdpa_here() -> None:
+    assert importlib.util.find_spec("flash_attn") is None, "this test expects a machine without flash-attn"
+    assert attention_implementation("flash_attention_2") == "sdpa"
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_other_implementations_stay(impl: str) -> None:
+    assert attention_implementation(impl) == impl
+
+
+# --- PolicyEngine.local_indices (unbound: no model needed) ------------------------------------------------------
+
+def local(n: int, rank: int, world: int, n_mb: int = 2) -> list[list[int]]:
+    me = SimpleNamespace(config=SimpleNamespace(ppo_n_minibatches=n_mb), rank=rank, world=world)
+    return PolicyEngine.local_indices(me, n)  # type: ignore[arg-type]
+
+
+def test_local_indices_single_rank_is_strided_minibatches() -> None:
+    assert local(8, 0, 1) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert local(8, 0, 1, n_mb=4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_local_indices_two_ranks_by_hand() -> None:
+    assert local(8, 0, 2) == [[0, 4], [1, 5]]
+    assert local(8, 1, 2) == [[2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_local_indices_union_over_ranks_is_the_one_rank_minibatch(world: int) -> None:
+    single = local(8, 0, 1)
+    per_rank = [local(8, r, world) for r in range(world)]
+    for k in range(2):
+        parts = [mine[k] for mine in per_rank]
+        assert sorted(i for part in parts for i in part) == single[k]
+        assert sum(len(p) for p in parts) == len(single[k])  # no index on two ranks
+    assert sorted(i for mine in per_rank for mb in mine for i in mb) == list(range(8))
+
+
+def test_local_indices_three_ranks_by_hand() -> None:
+    assert [local(8, r, 3) for r in range(3)] == [[[0, 6], [1, 7]], [[2], [3]], [[4], [5]]]
