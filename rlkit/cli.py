@@ -38,6 +38,17 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
 
 
 @app.command()
+def resume(trial: str = typer.Argument(..., help="The trial to continue (experiment/trial or trial)."),
+           overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Continue a stopped or failed training trial from its last recover checkpoint, as a new attempt."""
+    from rlkit.launch.resume import resume_trial
+
+    record, attempt = resume_trial(trial, overrides or [])
+    typer.echo(f"resumed {record.name} as Slurm job {record.job_id} (attempt {attempt})")
+    typer.echo(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
+
+
+@app.command()
 def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
            test_only: bool = typer.Option(False, "--test-only", help="Also ask the controller (sbatch --test-only).")
            ) -> None:
@@ -72,14 +83,15 @@ def status(trial: str = typer.Argument(None, help="One trial (experiment/trial o
 
 
 @app.command()
-def stop(trial: str = TRIAL_ARG) -> None:
-    """Cancel the trial's Slurm job (every step on every node ends)."""
-    from rlkit.launch import slurm
-    from rlkit.trials import find_trial
+def stop(trial: str = TRIAL_ARG,
+         now: bool = typer.Option(False, "--now", help="Cancel at once, without the trainer's checkpoint."),
+         timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the trainer's checkpoint.")
+         ) -> None:
+    """Stop the trial: a training job checkpoints first (unless --now), then every step on every node ends."""
+    from rlkit.launch.stop import stop_trial
 
-    record = find_trial(trial)
-    slurm.scancel(record.job_id)
-    out.print(f"cancelled Slurm job {record.job_id} of {record.name}")
+    name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text))
+    out.print(f"cancelled the Slurm job of {name}")
 
 
 @app.command()

@@ -78,11 +78,36 @@ def _image_facts(image: str) -> dict[str, object]:
     return {"image": image, "size": stat.st_size, "mtime": stat.st_mtime}
 
 
-def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path) -> None:
-    """Record what was submitted: job id, time, rlkit version, git revision, each role's image."""
+def read_manifest(paths: TrialPaths) -> dict[str, object]:
+    try:
+        data = json.loads(paths.manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def attempts(paths: TrialPaths) -> list[dict[str, object]]:
+    """Every submission of this trial ({job_id, submitted_at, kind}), oldest first."""
+    manifest = read_manifest(paths)
+    found = manifest.get("attempts")
+    if isinstance(found, list):
+        return [a for a in found if isinstance(a, dict)]
+    if "job_id" in manifest:
+        return [{"job_id": manifest["job_id"], "submitted_at": manifest.get("submitted_at"), "kind": "submit"}]
+    return []
+
+
+def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path,
+                   kind: str = "submit") -> None:
+    """Record what was submitted: job id, time, rlkit version, git revision, each role's image, and the attempts
+    (a resume adds one; a plain submit starts the list afresh)."""
+    now = time.time()
+    history = attempts(paths) if kind == "resume" else []
+    history.append({"job_id": job_id, "submitted_at": now, "kind": kind})
     manifest = {
         "job_id": job_id,
-        "submitted_at": time.time(),
+        "submitted_at": now,
+        "attempts": history,
         "rlkit_version": __version__,
         "git_revision": _git_revision(cwd),
         "images": {role: _image_facts(image) for role, image in images.items()},

@@ -258,6 +258,25 @@ class SaverConfig:
     freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.")
 
 
+RECOVER_MODES = ("disabled", "auto", "fault", "resume")
+
+
+@dataclass
+class RecoverConfig:
+    """Recover checkpoints (model, optimizer, data position, RNG) and automatic retries; see `rlkit resume`."""
+
+    mode: str = _f("auto", "disabled: never resume; auto: resume when a valid checkpoint exists; fault: resume only "
+                   "after a failure of this trial (retry, requeue); resume: must resume (error if nothing to resume).")
+    freq_steps: int | None = _f(None, "Checkpoint every N steps; None: off.")
+    freq_epochs: int | None = _f(None, "Checkpoint every N epochs; None: off.")
+    freq_secs: int | None = _f(1800, "Checkpoint when N seconds passed since the last one; None: off.")
+    retries: int = _f(3, "Times a failed trainer step is restarted in the allocation, and times the job requeues "
+                      "itself at its time limit.")
+    keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).")
+    time_limit_warning: int = _f(300, "Seconds before the time limit at which Slurm warns the job (USR1) so the "
+                                 "trainer checkpoints and the job requeues itself.")
+
+
 @dataclass
 class TensorBoardConfig:
     """TensorBoard event files."""
@@ -322,4 +341,5 @@ class ExperimentConfig:
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
     saver: SaverConfig = _sub(SaverConfig, "Model saving.")
+    recover: RecoverConfig = _sub(RecoverConfig, "Recovery.")
     stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")

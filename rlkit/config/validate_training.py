@@ -23,6 +23,7 @@ CHOICES = {
     "actor.adv_norm.mean_level": ("batch", "group", "none"),
     "actor.adv_norm.std_level": ("batch", "group", "none"),
     "actor.weight_update_mode": ("disk",),
+    "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -151,3 +152,27 @@ def validate_training(config: ExperimentConfig) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"saver.{name} must be at least 1 or null (got {value})")
     validate_stats_logger(config.stats_logger)
+    _validate_recover(config)
+
+
+def _validate_recover(config: ExperimentConfig) -> None:
+    from rlkit.paths import TrialPaths
+    from rlkit.train.recover import latest_valid, recover_root
+
+    rec = config.recover
+    for name in ("freq_steps", "freq_epochs", "freq_secs"):
+        value = getattr(rec, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"recover.{name} must be at least 1 or null (got {value})")
+    if rec.retries < 0 or rec.keep_last < 1:
+        raise ConfigError(f"recover.retries must be >= 0 and recover.keep_last >= 1 (got {rec.retries}, "
+                          f"{rec.keep_last})")
+    if not 60 <= rec.time_limit_warning <= 65535:
+        raise ConfigError(f"recover.time_limit_warning must be 60..65535 seconds (got {rec.time_limit_warning}); "
+                          "Slurm may deliver the warning up to 60 s early")
+    if rec.mode == "resume":
+        root = recover_root(TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root)
+        if latest_valid(root, warn=False) is None:
+            raise ConfigError(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
+                              "checkpoint", hint="start it fresh without recover.mode=resume, or set "
+                                                 "recover.freq_steps/freq_secs so the next run leaves checkpoints")

@@ -72,6 +72,8 @@ class JobPlan:
     binds: tuple[str, ...]
     srun_args: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    retries: int = 0  # restarts of a failed trainer/server step in the allocation, and self-requeues
+    attempt: int = 1  # 1 for `rlkit submit`, then one more per `rlkit resume`
 
 
 def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, mode: str) -> tuple[int, int]:
@@ -120,7 +122,7 @@ def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths
     ]
 
 
-def plan_job(config: ExperimentConfig, *, python: str | None = None) -> JobPlan:
+def plan_job(config: ExperimentConfig, *, python: str | None = None, attempt: int = 1) -> JobPlan:
     """Turn a validated config into a JobPlan; raises ConfigError when the layout does not fit the cluster."""
     mode = config.allocation_mode
     alloc = parse_allocation(mode)
@@ -186,13 +188,17 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None) -> JobPlan:
     for shared in (cluster.fileroot, cluster.name_resolve.nfs_record_root):
         if not any(_is_under(shared, b.split(":")[0]) for b in binds):
             binds.append(f"{shared}:{shared}")
+    recovers = config.type == "grpo" and config.recover.mode != "disabled"
+    job_options = list(shlex.split(slurm.sbatch_additional_args))
+    if recovers:  # the trainer checkpoints on Slurm's warning and the job requeues itself (rlkit.launch.render)
+        job_options += ["--requeue", f"--signal=B:USR1@{config.recover.time_limit_warning}"]
     return JobPlan(
         job_name=f"{config.experiment_name}_{config.trial_name}",
         trial_dir=str(paths.root),
         batch_log=str(paths.batch_log),
         components=tuple(components),
         steps=tuple(steps),
-        job_options=tuple(shlex.split(slurm.sbatch_additional_args)),
+        job_options=tuple(job_options),
         component_options=component_options,
         container_type=slurm.container_type,
         apptainer_args=tuple(shlex.split(slurm.apptainer_args)),
@@ -200,6 +206,8 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None) -> JobPlan:
         srun_args=tuple(shlex.split(slurm.srun_additional_args)),
         notes=(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}",
                *(f"bound into containers: {b}" for b in binds[len(parse_mounts(slurm.mount)):] if in_container)),
+        retries=config.recover.retries if recovers else 0,
+        attempt=attempt,
     )
 
 

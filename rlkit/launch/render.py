@@ -20,14 +20,40 @@ PIDS=()
 NAMES=()
 ROLES=()
 
-start_step() {  # start_step NAME ROLE COMMAND...: run one srun step in the background
-  local name=$1 role=$2
-  shift 2
-  "$@" &
+FNS=()
+RESTARTS=()
+LAST_STEP=()
+
+start_step() {  # start_step NAME ROLE FUNCTION: run one srun step (a function holding its command) in the background
+  local name=$1 role=$2 fn=$3
+  "$fn" &
   PIDS+=("$!")
   NAMES+=("$name")
   ROLES+=("$role")
+  FNS+=("$fn")
+  RESTARTS+=(0)
+  LAST_STEP+=("$(trained_step)")
   echo "rlkit: started step $name (pid $!)"
+}
+
+restart_step() {  # restart_step INDEX: the same step again, in this allocation
+  local i=$1
+  RESTARTS[$i]=$((RESTARTS[$i] + 1))
+  LAST_STEP[$i]=$(trained_step)
+  export RLKIT_STEP_RETRY=${RESTARTS[$i]}
+  "${FNS[$i]}" &
+  PIDS[$i]=$!
+  echo "rlkit: restarted step ${NAMES[$i]} (retry ${RESTARTS[$i]} of $RETRIES, pid $!)"
+}
+
+trainer_status() {  # the trainer's status in progress.json (running, finished, requeue, stopped, failed: ...)
+  sed -n 's/^ *"status": "\([^"]*\)".*/\1/p' progress.json 2>/dev/null | head -n 1
+}
+
+trained_step() {  # the trainer's last finished step, from progress.json (-1 when there is none yet)
+  local step
+  step=$(sed -n 's/^ *"step": \([0-9]*\).*/\1/p' progress.json 2>/dev/null | head -n 1)
+  echo "${step:--1}"
 }
 
 stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
@@ -58,6 +84,15 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
+on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and exits 75
+  echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
+  local group_id
+  for group_id in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
+    [ "${group_id##*_}" -eq "$TRAINER_GROUP" ] && scancel --ctld --signal=USR1 "${!group_id}" 2>/dev/null
+  done
+}
+trap on_time_limit USR1
+
 supervise() {  # wait until the job is done: returns 0 when the last non-server step succeeded
   local i pid rc name role busy
   while true; do
@@ -74,6 +109,42 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
       name=${NAMES[$i]}
       role=${ROLES[$i]}
       PIDS[$i]=""
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = requeue ]; then
+        if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RETRIES" ]; then
+          echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
+            "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
+          stop_steps
+          scontrol requeue "$SLURM_JOB_ID"
+          return 0
+        fi
+        echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
+          "already; not requeueing (rlkit resume continues it)"
+        stop_steps
+        return 75
+      fi
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = stopped ]; then
+        echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
+        stop_steps
+        return 0
+      fi
+      if [ "$rc" -ne 0 ] && [ "$role" = trainer ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+        if [ "${RESTARTS[$i]}" -gt 0 ] && [ "$(trained_step)" = "${LAST_STEP[$i]}" ]; then
+          echo "rlkit: step $name failed with exit code $rc again without finishing a step since its last" \
+            "restart (crash loop); not retrying"
+          echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+          stop_steps
+          return "$rc"
+        fi
+        echo "rlkit: step $name failed with exit code $rc at trained step $(trained_step); restarting it"
+        restart_step "$i"
+        busy=1
+        continue
+      fi
+      if [ "$role" = server ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+        echo "rlkit: server step $name exited (code $rc) while the job was running; restarting it"
+        restart_step "$i"
+        continue
+      fi
       if [ "$rc" -ne 0 ]; then
         echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
         stop_steps
@@ -146,7 +217,13 @@ def render_script(plan: JobPlan) -> str:
     for index, component in enumerate(plan.components):
         lines += _component_lines(index, component, plan)
     lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)}", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
+    lines += [f"export RLKIT_ATTEMPT={plan.attempt}  # 1 for rlkit submit, one more per rlkit resume",
+              f"RETRIES={plan.retries}  # restarts of a failed trainer or server step, and self-requeues",
+              f"TRAINER_GROUP={len(plan.components) - 1}"]
     lines.append(_SUPERVISOR)
-    lines += [f"start_step {step.name} {step.role} {_q(step_command(step, plan))}" for step in plan.steps]
+    for step in plan.steps:
+        fn = "cmd_" + step.name.replace("-", "_")
+        lines += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}",
+                  f"start_step {step.name} {step.role} {fn}"]
     lines += ["", "supervise", "status=$?", "echo \"rlkit: batch script exits with $status\"", "exit $status", ""]
     return "\n".join(lines)

@@ -67,6 +67,13 @@ def scancel(job_id: str) -> None:
         raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
 
 
+def signal_steps(job: str, signal_name: str) -> None:
+    """Send a signal to the running steps of a job or het component (`123+1`), not to its batch script."""
+    proc = _run(["scancel", f"--signal={signal_name}", job])
+    if proc.returncode != 0:
+        raise SlurmError(f"scancel --signal={signal_name} {job} failed: {proc.stderr.strip()}")
+
+
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
     records = []

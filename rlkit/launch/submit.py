@@ -28,16 +28,16 @@ class Prepared:
     paths: TrialPaths
 
 
-def prepare(config_path: str | Path, overrides: list[str]) -> Prepared:
+def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1) -> Prepared:
     """Load, validate, plan and render (pure apart from reading the config and checking input paths)."""
     config = load_config(config_path, overrides)
     validate(config)
-    plan = plan_job(config)
+    plan = plan_job(config, attempt=attempt)
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
     return Prepared(config, plan, render_script(plan), paths)
 
 
-def submit(prepared: Prepared, *, force: bool = False) -> TrialRecord:
+def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit") -> TrialRecord:
     """Check with the controller, write the trial directory, submit, and record the trial."""
     config, paths = prepared.config, prepared.paths
     if config.type not in SUBMITTABLE_JOB_TYPES:
@@ -64,7 +64,7 @@ def submit(prepared: Prepared, *, force: bool = False) -> TrialRecord:
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
     write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
-                   cwd=Path.cwd())
+                   cwd=Path.cwd(), kind=kind)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
     return record

@@ -92,6 +92,7 @@ class ServerPool:
             raise StepError("no inference servers to send requests to")
         self.servers = servers
         self.retries = retries
+        self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
         self._limit = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
                                          headers={"Authorization": f"Bearer {token}"},
@@ -128,7 +129,11 @@ class ServerPool:
                     return server, await self._request(server, prompt_ids, params)
                 except (httpx.HTTPError, KeyError, ValueError) as exc:
                     server.failures += 1
+                    self.rerouted += 1
                     last_error = exc
+                    if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)) and len(self.servers) > 1:
+                        # its process is gone: no more requests there (name resolve brings it back if restarted)
+                        self.servers = [s for s in self.servers if s is not server]
                 finally:
                     server.in_flight -= 1
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "

@@ -21,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,6 +54,7 @@ class Group:
     version: int
     server: int
     seconds: float
+    seq: int = 0  # position in the prompt stream (what a resumed run skips)
     reward_errors: int = 0
     reward_timeouts: int = 0
 
@@ -90,6 +91,18 @@ def prompt_stream(prompts: list[Prompt], *, seed: int, shuffle: bool, start: int
         epoch += 1
 
 
+def resumed_stream(prompts: list[Prompt], *, seed: int, shuffle: bool,
+                   consumed: Iterable[int] = ()) -> Iterator[tuple[int, int, Prompt]]:
+    """(stream position, epoch, prompt), skipping the positions already trained on (a resumed run)."""
+    done = set(consumed)
+    start = 0
+    while start in done:
+        start += 1
+    for seq, (epoch, prompt) in enumerate(prompt_stream(prompts, seed=seed, shuffle=shuffle, start=start), start):
+        if seq not in done:
+            yield seq, epoch, prompt
+
+
 class RolloutController:
     """Keeps up to max_concurrent_rollouts groups in flight across the live servers; see the module docstring."""
 
@@ -97,7 +110,7 @@ class RolloutController:
                  params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
                  batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
                  request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
-                 start_version: int = 0, consumed_groups: int = 0) -> None:
+                 start_version: int = 0, consumed: Iterable[int] = ()) -> None:
         if not prompts:
             raise StepError("the training set is empty")
         self.nr = name_resolve
@@ -113,7 +126,7 @@ class RolloutController:
         self.request_timeout = request_timeout
         self.request_retries = request_retries
         self.setup_timeout = setup_timeout
-        self._stream = prompt_stream(prompts, seed=seed, shuffle=shuffle, start=consumed_groups)
+        self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
         self.version = start_version
         # Admission counts groups relative to the resume point, so a resumed run starts generating at once.
         self._base_version = start_version
@@ -128,6 +141,8 @@ class RolloutController:
         self._wake: asyncio.Event | None = None
         self.pool: ServerPool | None = None
         self.servers: list[Server] = []
+        self.verified: dict[int, str] = {}  # server index -> address that holds the current weights
+        self.pending: list[Server] = []  # live but not yet given the current weights (e.g. restarted)
         self.stats = RolloutStats()
         self._error: BaseException | None = None
 
@@ -161,6 +176,7 @@ class RolloutController:
                 self._call_soon(self._replace_dropped)
                 continue
             groups.append(item)
+        groups.sort(key=lambda g: g.seq)  # stream order: a synchronous run trains in the same order every time
         self.stats.wait_s = time.monotonic() - started
         stats, self.stats = self.stats, RolloutStats()
         self._call_soon(self._admit_more)
@@ -184,6 +200,26 @@ class RolloutController:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise StepError(f"an operation on the servers took longer than {timeout:.0f} s") from None
+
+    def live_servers(self) -> list[Server]:
+        """Every server registered and heart-beating now (verified or not)."""
+        return discover_servers(self.nr)
+
+    def mark_synced(self, servers: list[Server]) -> None:
+        """These servers now hold the current weights: requests may go to them (and only to them)."""
+        self.verified = {s.index: s.address for s in servers}
+        fresh = [Server(index=s.index, address=s.address, model=s.model, backend=s.backend) for s in servers]
+
+        def apply() -> None:
+            if self.pool is not None and fresh:
+                self.pool.set_servers(fresh)
+                self.servers = self.pool.servers
+            self.pending = [p for p in self.pending if self.verified.get(p.index) != p.address]
+
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(apply)
+        else:
+            self.servers = fresh
 
     def stop(self) -> None:
         self._stopping = True
@@ -234,12 +270,12 @@ class RolloutController:
 
     def _admit_more(self) -> None:
         while self._may_admit():
-            self.epoch, prompt = next(self._stream)
+            seq, self.epoch, prompt = next(self._stream)
             self._started += 1
             self._in_flight += 1
-            self._loop.create_task(self._rollout(prompt, self.version))
+            self._loop.create_task(self._rollout(prompt, self.version, seq))
 
-    async def _rollout(self, prompt: Prompt, version: int) -> None:
+    async def _rollout(self, prompt: Prompt, version: int, seq: int) -> None:
         assert self.pool is not None
         started = time.monotonic()
         try:
@@ -251,7 +287,7 @@ class RolloutController:
                        version=version, finished=c.finish_reason == "stop", group=prompt.index)
                 for c, o in zip(completions, outcomes, strict=True)
             ]
-            group = Group(prompt, samples, version, server.index, time.monotonic() - started,
+            group = Group(prompt, samples, version, server.index, time.monotonic() - started, seq,
                           reward_errors=sum(o.error is not None and not o.timed_out for o in outcomes),
                           reward_timeouts=sum(o.timed_out for o in outcomes))
             self.stats.reward_errors += group.reward_errors
@@ -275,6 +311,8 @@ class RolloutController:
                 live = await asyncio.to_thread(discover_servers, self.nr)
             except Exception:
                 continue
-            if self.pool is not None and live:
-                self.pool.set_servers(live)
+            usable = [s for s in live if self.verified.get(s.index) == s.address]
+            self.pending = [s for s in live if self.verified.get(s.index) != s.address]
+            if self.pool is not None and usable:
+                self.pool.set_servers(usable)
                 self.servers = self.pool.servers

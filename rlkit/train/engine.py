@@ -281,6 +281,24 @@ class PolicyEngine:
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
+    def save_sharded(self, path: Path) -> None:
+        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+
+    def load_sharded(self, path: Path, optimizer_steps: int) -> None:
+        """Load what save_sharded wrote (any rank count that shards the same model); collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        self.optimizer_steps = optimizer_steps
+
     def save_hf(self, state: dict[str, Tensor], out_dir: Path) -> None:
         """Rank 0: write `state` as a Hugging Face model directory (config and tokenizer from actor.path)."""
         from rlkit.weights.disk import write_weights

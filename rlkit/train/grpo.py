@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from rlkit.errors import StepError
 from rlkit.launch.allocation import parse_allocation
 from rlkit.paths import TrialPaths
 from rlkit.rollout.controller import Group, Prompt, RolloutController
+from rlkit.train import recover
 from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
@@ -87,6 +90,26 @@ class Saver:
         return hit
 
 
+def _drop_metrics_after(path: Path, step: int) -> None:
+    """Resuming after `step`: move the metrics of later (lost) steps out of metrics.jsonl, so steps stay unique."""
+    if not path.is_file():
+        return
+    kept: list[str] = []
+    dropped: list[str] = []
+    for line in path.read_text().splitlines():
+        try:
+            record_step = json.loads(line).get("step", 0)
+        except ValueError:
+            continue  # a line cut by the crash
+        (kept if record_step <= step else dropped).append(line)
+    if dropped:
+        with open(path.with_name("metrics.discarded.jsonl"), "a") as f:
+            f.write("\n".join(dropped) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -134,12 +157,30 @@ def run_grpo(trial_dir: Path) -> None:
     probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
                              if rank0 else None)
     assert isinstance(probe, list)
-    trainer = _Rank0(config, paths, tokenizer, prompts, steps) if rank0 else None
+    resume = broadcast_object(_resume_point(config, paths) if rank0 else None)
+    state0: recover.TrainerState | None = None
+    if isinstance(resume, tuple):
+        step_done, directory = resume
+        state0 = recover.TrainerState.from_json((Path(directory) / recover.STATE).read_text())
+        engine.load_sharded(Path(directory) / recover.SHARDS, state0.optimizer_steps)
+        recover.set_rng_state(state0.rng)
+        if rank0:
+            print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)
+    first_step = state0.step + 1 if state0 is not None else 1
+    trainer = _Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
+    stop = _StopRequests()
     try:
         if trainer is not None:
             trainer.start()
-        _check_weights(engine, trainer, probe, version=0)
-        for step in range(1, steps + 1):
+        if state0 is not None:  # fresh servers hold actor.path: give them the resumed weights before any request
+            resumed_weights = engine.full_state_dict()
+            _check_weights(engine, trainer, probe, version=state0.version, state=resumed_weights)
+            del resumed_weights
+        else:
+            _check_weights(engine, trainer, probe, version=0)
+        if trainer is not None:
+            trainer.controller.end_update(trainer.version)
+        for step in range(first_step, steps + 1):
             t0 = time.monotonic()
             batch = trainer.next_batch() if trainer is not None else None
             shared = broadcast_object(batch)
@@ -163,8 +204,21 @@ def run_grpo(trial_dir: Path) -> None:
                     "timing/gather_weights": t_sync - t_trained, "timing/weight_sync": time.monotonic() - t_sync,
                     "timing/step": time.monotonic() - t0})
             del state
-        if trainer is not None:
-            trainer.finish()
+            decision = broadcast_object(trainer.checkpoint_decision(step, stop.requested) if trainer else None)
+            assert isinstance(decision, tuple)
+            save, exit_code = decision
+            if save:
+                _save_recover(engine, trainer, step, paths)
+            if exit_code is not None:
+                if trainer is not None:
+                    trainer.stop_for(exit_code)
+                dist.barrier()
+                # Every rank exits 0 (a non-zero rank would make srun kill the others); progress.json tells the
+                # batch script whether to requeue the job or to end it.
+                break
+        else:
+            if trainer is not None:
+                trainer.finish()
     except BaseException as exc:
         if trainer is not None:
             trainer.abort(exc)
@@ -172,6 +226,59 @@ def run_grpo(trial_dir: Path) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
+EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
+
+
+class _StopRequests:
+    """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step."""
+
+    def __init__(self) -> None:
+        self.requested: int | None = None
+        signal.signal(signal.SIGUSR1, self._handler)
+        signal.signal(signal.SIGUSR2, self._handler)
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.requested = EXIT_REQUEUE if signum == signal.SIGUSR1 else EXIT_STOPPED
+        print(f"rlkit train: got {signal.Signals(signum).name}: checkpoint after this step, then exit", flush=True)
+
+
+def _resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str] | None:
+    """Rank 0: the checkpoint to resume from, by recover.mode; StepError for mode resume with none."""
+    mode = config.recover.mode
+    if mode == "disabled":
+        return None
+    found = recover.latest_valid(recover.recover_root(paths.root))
+    if mode == "resume" and found is None:
+        raise StepError(f"recover.mode is resume but {recover.recover_root(paths.root)} holds no valid checkpoint")
+    if mode == "fault" and not _failed_before():
+        return None
+    return (found[0], str(found[1])) if found is not None else None
+
+
+def _failed_before() -> bool:
+    """This trial failed or was interrupted before: a requeue, an in-allocation retry, or a later attempt."""
+    return (int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+            or int(os.environ.get("RLKIT_STEP_RETRY", "0") or 0) > 0
+            or int(os.environ.get("RLKIT_ATTEMPT", "1") or 1) > 1)
+
+
+def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths: TrialPaths) -> None:
+    """Collective: shards from every rank into a temp dir; rank 0 adds the trainer state, seals, prunes."""
+    root = recover.recover_root(paths.root)
+    tmp = recover.temp_dir(root, step)
+    if trainer is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    started = time.monotonic()
+    engine.save_sharded(tmp / recover.SHARDS)
+    dist.barrier()
+    if trainer is not None:
+        trainer.write_recover(tmp, step, engine.optimizer_steps, started)
+    dist.barrier()
 
 
 def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int], *, version: int,
@@ -186,7 +293,7 @@ class _Rank0:
     """What only trainer rank 0 does: rollouts, weight sync, metrics, checkpoints."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
-                 steps: int) -> None:
+                 steps: int, resumed: recover.TrainerState | None) -> None:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.runner import RewardRunner
@@ -202,6 +309,9 @@ class _Rank0:
         self.reward = RewardRunner(resolve_reward_fn(config.reward.fn, config.reward.answer_key),
                                    config.reward.timeout)
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
+        self.version = resumed.version if resumed is not None else 0
+        self.consumed = (recover.expand_positions(resumed.consumed_prefix, resumed.consumed_extra)
+                         if resumed is not None else set())
         self.controller = RolloutController(
             name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=read_token(paths),
             prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
@@ -211,24 +321,33 @@ class _Rank0:
             batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
             request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
-            setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle)
+            setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
+            start_version=self.version, consumed=self.consumed)
+        self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
+        if resumed is not None:
+            _drop_metrics_after(paths.metrics, resumed.step)
         self.logger = StatsLogger(config.stats_logger, paths, experiment=config.experiment_name,
                                   trial=config.trial_name)
         self.saver = Saver(config.saver.freq_steps, config.saver.freq_epochs, config.saver.freq_secs,
                            time.monotonic())
+        self.recover_saver = Saver(config.recover.freq_steps, config.recover.freq_epochs, config.recover.freq_secs,
+                                   time.monotonic())
         self.tolerance = weight_check_tolerance(config)
-        self.version = 0
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
         self.write_s = 0.0
+        self.servers_lost = 0
         self._groups: list[Group] = []
         self._rollout_stats: Any = None
         self._prepared: Any = None
         self._step_started = time.monotonic()
 
     def start(self) -> None:
+        from rlkit.weights import disk
+
+        disk.remove_old_versions(self.paths.weights, keep=set())  # a previous attempt's versions are stale
         servers = self.controller.start()
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
@@ -239,6 +358,7 @@ class _Rank0:
             self._step_started = time.monotonic()
             timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
             self._groups, self._rollout_stats = self.controller.get_batch(timeout)
+            self.consumed.update(g.seq for g in self._groups)
             self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
                                            max_new_tokens=self.config.gconfig.max_new_tokens)
             return list(self._prepared.samples)
@@ -256,7 +376,10 @@ class _Rank0:
         from rlkit.weights import disk
 
         token = read_token(self.paths)
-        servers = list(self.controller.servers)
+        servers = self.controller.live_servers()  # restarted servers too: they get the weights before any request
+        if not servers:
+            raise StepError(f"no live inference server to push weight version {version} to; see the server-N logs")
+        lost: list[Any] = []
         timeout = self.config.rollout.request_timeout
         if state is not None:
             self.controller.begin_update()
@@ -268,7 +391,7 @@ class _Rank0:
             async def push() -> dict[int, tuple[int, float]]:
                 async with disk.weight_sync_client(token) as client:
                     done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
-                                               trainer_lp=trainer_lp, tolerance=self.tolerance)
+                                               trainer_lp=trainer_lp, tolerance=self.tolerance, unreachable=lost)
                 self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
                                     for name in sorted({n for r in done for n in r.phases})}
                 return {r.index: (r.version, r.fingerprint or 0.0) for r in done}
@@ -286,6 +409,11 @@ class _Rank0:
                         for s, lp in zip(servers, lps, strict=True)}
 
             results = self.controller.run(probe_all, timeout=timeout + 60)
+        self.controller.mark_synced([s for s in servers if s.index in results])
+        self.servers_lost = len(lost)
+        if lost:
+            print(f"rlkit train: servers {sorted(s.index for s in lost)} are unreachable; going on with "
+                  f"{sorted(results)} (a restarted server gets the weights before any request)", flush=True)
         self.version = version
         self.server_versions = {index: v for index, (v, _) in results.items()}
         self.last_fingerprint = {index: diff for index, (_, diff) in results.items()}
@@ -311,6 +439,8 @@ class _Rank0:
             "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
             "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
             "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
+            "servers/unreachable": self.servers_lost,
+            "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })
         self.logger.log(step, metrics)
         self.last_metrics = metrics
@@ -324,6 +454,37 @@ class _Rank0:
               f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "
               f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}) "
               f"step {timing['timing/step']:.1f}s", flush=True)
+
+    def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
+        """(write a recover checkpoint now?, exit code to stop with after it or None)."""
+        if self.config.recover.mode == "disabled":
+            return False, (EXIT_STOPPED if requested == EXIT_STOPPED else None)
+        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
+        due = self.recover_saver.due(step, epoch, time.monotonic())
+        if step == self.steps:
+            return False, None  # finished: checkpoints/final is the result, nothing to resume
+        return due or requested is not None, requested
+
+    def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float) -> None:
+        """Rank 0, after every rank wrote its shards into `tmp`: trainer state, manifest, rename, prune."""
+        prefix, extra = recover.compress_positions(self.consumed)
+        state = recover.TrainerState(step=step, version=self.version, consumed_prefix=prefix, consumed_extra=extra,
+                                     optimizer_steps=optimizer_steps, rng=recover.rng_state(), saved_at=time.time())
+        (tmp / recover.STATE).write_text(state.to_json())
+        root = recover.recover_root(self.paths.root)
+        final = recover.checkpoint_dir(root, step)
+        if final.exists():
+            shutil.rmtree(final)
+        recover.seal(tmp, final)
+        recover.prune(root, self.config.recover.keep_last)
+        print(f"rlkit train: recover checkpoint of step {step} in {final} ({time.monotonic() - started:.2f} s)",
+              flush=True)
+
+    def stop_for(self, exit_code: int) -> None:
+        status = "requeue" if exit_code == EXIT_REQUEUE else "stopped"
+        self._progress(self.version, status)
+        self.close()
+        print(f"rlkit train: checkpointed and stopping ({status})", flush=True)
 
     def _save(self, state: dict[str, Any], out_dir: Path) -> None:
         from rlkit.weights import disk

@@ -279,6 +279,10 @@ def weight_sync_client(token: str, *, max_connections: int = 32) -> httpx.AsyncC
     )
 
 
+class ServerUnreachable(StepError):
+    """The server did not accept the connection or dropped it: its process is gone (or going)."""
+
+
 async def _call(
     client: httpx.AsyncClient,
     server: Server,
@@ -296,6 +300,9 @@ async def _call(
     except httpx.TimeoutException as exc:
         raise StepError(f"{server_label(server)}: no answer after {timeout:g} s while waiting for {what} "
                         f"({method} {path}): {type(exc).__name__}") from exc
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        raise ServerUnreachable(f"{server_label(server)}: {what} ({method} {path}) failed, the server is "
+                                f"unreachable: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise StepError(f"{server_label(server)}: {what} ({method} {path}) failed: "
                         f"{type(exc).__name__}: {exc}") from exc
@@ -383,6 +390,8 @@ async def _sync_vllm(
             raise StepError(f"{server_label(server)}: the prefix cache reset answered {reset.text[:300]}: KV computed "
                             "with the old weights could be reused")
     except BaseException as failure:
+        if isinstance(failure, ServerUnreachable):
+            raise  # nothing to resume: the process is gone
         try:
             await resume()  # always, also when the pause itself failed (it may have paused without answering)
         except StepError as resume_error:
@@ -539,11 +548,13 @@ async def sync_all(
     probe_ids: list[int] | None = None,
     trainer_lp: list[float] | None = None,
     tolerance: float = 1e-2,
+    unreachable: list[Server] | None = None,
 ) -> list[ServerSync]:
     """`sync_server` on every server at once, then (given `probe_ids` and `trainer_lp`) the fingerprint of each.
 
     Every server is synced (and resumed) even if another fails; then one StepError lists every failure. Returns one
-    `ServerSync` per server, in the order given.
+    `ServerSync` per server, in the order given. With an `unreachable` list, servers whose process is gone (the
+    connection is refused or dropped) are put there instead of failing the sync, as long as one server is left.
     """
     if (probe_ids is None) != (trainer_lp is None):
         raise ValueError("give both probe_ids and trainer_lp, or neither")
@@ -563,12 +574,17 @@ async def sync_all(
     for server, outcome in zip(servers, outcomes, strict=True):
         if isinstance(outcome, ServerSync):
             results.append(outcome)
+        elif isinstance(outcome, ServerUnreachable) and unreachable is not None:
+            unreachable.append(server)
+            logger.warning("%s", outcome)
         elif isinstance(outcome, StepError):
             failures.append(str(outcome))
         else:
             if not isinstance(outcome, Exception):
                 raise outcome  # KeyboardInterrupt, CancelledError: do not swallow
             failures.append(f"{server_label(server)}: {type(outcome).__name__}: {outcome}")
+    if unreachable and not results and not failures:
+        failures.append(f"every server is unreachable ({', '.join(server_label(s) for s in unreachable)})")
     if failures:
         raise StepError(f"weight sync to version {version} failed on {len(failures)} of {len(servers)} servers:\n"
                         + "\n".join(f"  - {f}" for f in failures))
@@ -578,6 +594,7 @@ async def sync_all(
 __all__ = [
     "MAX_SHARD_BYTES",
     "ServerSync",
+    "ServerUnreachable",
     "check_fingerprint",
     "probe_logprobs",
     "read_weight_version",

@@ -22,9 +22,21 @@ PINNED = ["launcher.python=/opt/rlkit/bin/python", "actor.path=/storage/models/m
           "generate.dataset.path=/storage/data/p.jsonl", "cluster.fileroot=/storage/rlkit"]
 
 
+def _command_lines(script: str) -> dict[str, str]:
+    """Each step function's one command line, by function name (`cmd_x() {` / command / `}`)."""
+    lines = script.splitlines()
+    return {line[: -len("() {")]: lines[i + 1] for i, line in enumerate(lines) if line.startswith("cmd_")}
+
+
 def _start_lines(script: str) -> list[list[str]]:
-    """The argv of every `start_step` line, parsed back the way bash will."""
-    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start_step ")]
+    """[name, role, *argv] of every started step, the command parsed back the way bash will."""
+    commands = _command_lines(script)
+    out = []
+    for line in script.splitlines():
+        if line.startswith("start_step "):
+            name, role, fn = shlex.split(line)[1:]
+            out.append([name, role, *shlex.split(commands[fn])])
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
@@ -121,10 +133,10 @@ def test_weird_values_survive_the_shell(generate_yaml: Path) -> None:
     config.launcher.inference_server_env_vars = f"A={value}"
     plan = plan_job(config)
     script = render_script(plan)
-    lines = [line for line in script.splitlines() if line.startswith("start_step server-0 ")]
-    printed = subprocess.run(["bash", "-c", lines[0].replace("start_step", "printf '%s\\n'", 1)],
+    command = _command_lines(script)["cmd_server_0"]
+    printed = subprocess.run(["bash", "-c", "printf '%s\\n' " + command],
                              capture_output=True, text=True, check=True).stdout.splitlines()
-    assert printed == _start_lines(script)[0]
+    assert printed == _start_lines(script)[0][2:]
     assert f"A={value}" in printed and image in printed
     fileroot = config.cluster.fileroot
     assert printed[printed.index("--bind") + 1] == f"/data dir:/data,{fileroot}:{fileroot}"

@@ -1,0 +1,46 @@
+"""`rlkit resume TRIAL [OVERRIDES]`: resubmit a stopped or failed trial as a new attempt that continues from its
+last valid recover checkpoint (same resolved config unless overridden; the previous attempt's logs move to
+logs/attempt-<N>/)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rlkit.errors import UserError
+from rlkit.launch import slurm
+from rlkit.launch.submit import prepare, submit
+from rlkit.paths import TrialPaths
+from rlkit.trials import TrialRecord, attempts, find_trial
+
+
+def archive_logs(paths: TrialPaths, attempt: int) -> Path:
+    """Move the files of logs/ into logs/attempt-<attempt>/ (the attempt that ran them)."""
+    target = paths.logs / f"attempt-{attempt}"
+    target.mkdir(parents=True, exist_ok=True)
+    for item in paths.logs.iterdir() if paths.logs.is_dir() else []:
+        if item.is_file():
+            shutil.move(str(item), target / item.name)
+    return target
+
+
+def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
+    """Check, then resubmit `spec` in recover mode resume; returns the new record and its attempt number."""
+    record = find_trial(spec)
+    paths = TrialPaths(Path(record.trial_dir))
+    if not paths.config.is_file():
+        raise UserError(f"trial {record.name} has no config at {paths.config}", hint="submit it again instead")
+    info = slurm.job_info(record.job_id)
+    if info.active:
+        raise UserError(f"trial {record.name} is still {info.state} as job {record.job_id}",
+                        hint=f"it resumes by itself after a failure; to restart it anyway: rlkit stop {record.name}")
+    done = len(attempts(paths)) or 1
+    user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
+    prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
+                       attempt=done + 1)
+    if prepared.config.type != "grpo":
+        raise UserError(f"trial {record.name} is a {prepared.config.type} job: only training jobs resume",
+                        hint="submit it again with --force")
+    slurm.sbatch_test_only(prepared.script)
+    archive_logs(paths, done)
+    return submit(prepared, force=True, kind="resume"), done + 1

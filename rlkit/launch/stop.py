@@ -1,0 +1,48 @@
+"""`rlkit stop TRIAL`: a training trial first checkpoints (its trainer gets USR2 and saves after the current step),
+then the job is cancelled; `--now` (and every other job type) cancels at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rlkit.config.load import load_config
+from rlkit.launch import slurm
+from rlkit.paths import TrialPaths
+from rlkit.trials import find_trial
+
+STOPPED = "stopped"
+
+
+def _trainer_status(paths: TrialPaths) -> str:
+    try:
+        return str(json.loads(paths.progress.read_text()).get("status", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str:
+    """Stop the trial's job; returns its record name. With a checkpoint first unless `now` or not applicable."""
+    record = find_trial(spec)
+    paths = TrialPaths(Path(record.trial_dir))
+    info = slurm.job_info(record.job_id)
+    if not now and info.state == "RUNNING" and paths.config.is_file():
+        config = load_config(paths.config)
+        if config.type == "grpo" and config.recover.mode != "disabled":
+            trainer_component = f"{record.job_id}+1"
+            slurm.signal_steps(trainer_component, "USR2")
+            say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
+                "--now skips this)")
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and _trainer_status(paths) != STOPPED:
+                if not slurm.job_info(record.job_id).active:
+                    break
+                time.sleep(1)
+            if _trainer_status(paths) == STOPPED:
+                say("the trainer checkpointed; rlkit resume continues from there")
+            else:
+                say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")
+    slurm.scancel(record.job_id)
+    return record.name
