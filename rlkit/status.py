@@ -62,6 +62,8 @@ class TrialDetail:
     servers: list[ServerRow] = field(default_factory=list)
     failed_step: str | None = None
     failed_step_tail: list[str] = field(default_factory=list)
+    attempts: list[str] = field(default_factory=list)  # job ids, one per submit/resume
+    trainer_status: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +146,10 @@ def trial_detail(spec: str) -> TrialDetail:
     info = slurm.job_info(record.job_id)
     paths = TrialPaths(Path(record.trial_dir))
     detail = TrialDetail(_row(record, info), info.reason, info.exit_code, list(info.components))
+    from rlkit.trials import attempts
+
+    detail.attempts = [str(a.get("job_id")) for a in attempts(paths)]
+    detail.trainer_status = str(read_progress(paths).get("status", ""))
     if info.active and paths.config.is_file():
         detail.servers = _servers(paths)
     step = failed_step(paths, record.job_id)
@@ -159,7 +165,10 @@ def print_detail(console: Console, d: TrialDetail) -> None:
                   + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}")
     console.print(f"  trial directory: {d.row.trial_dir}")
     if d.row.step:
-        console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else ""))
+        console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
+                      + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))
+    if len(d.attempts) > 1:
+        console.print(f"  attempt {len(d.attempts)} (jobs {', '.join(d.attempts)})")
     for comp_id, state, nodes in d.components:
         console.print(f"  component {comp_id}: {state} on {nodes}")
     if d.servers:

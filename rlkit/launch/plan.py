@@ -191,7 +191,7 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None, attempt: in
     recovers = config.type == "grpo" and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))
     if recovers:  # the trainer checkpoints on Slurm's warning and the job requeues itself (rlkit.launch.render)
-        job_options += ["--requeue", f"--signal=B:USR1@{config.recover.time_limit_warning}"]
+        job_options += ["--requeue", f"--signal=B:USR1@{config.recover.time_limit_warning}", "--open-mode=append"]
     return JobPlan(
         job_name=f"{config.experiment_name}_{config.trial_name}",
         trial_dir=str(paths.root),

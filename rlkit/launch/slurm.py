@@ -74,6 +74,16 @@ def signal_steps(job: str, signal_name: str) -> None:
         raise SlurmError(f"scancel --signal={signal_name} {job} failed: {proc.stderr.strip()}")
 
 
+def het_component_id(job_id: str, offset: int) -> str:
+    """The job id of component `offset` of a heterogeneous job (each component has its own id; `<id>+<k>`
+    addresses the whole job in scancel). The leader id itself when the job is not heterogeneous."""
+    proc = _run(["scontrol", "show", "job", "-o", job_id])
+    for record in parse_scontrol_records(proc.stdout) if proc.returncode == 0 else []:
+        if record.get("HetJobOffset") == str(offset):
+            return record.get("JobId", job_id)
+    return job_id
+
+
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
     records = []

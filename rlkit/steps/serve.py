@@ -7,6 +7,7 @@ runs, deregisters on exit, and forwards SIGTERM/SIGINT to the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,7 +82,7 @@ def run_server(trial_dir: Path, index: int) -> int:
         argv, env = server_command(config, backend, tp, port, sglang_config=key_file), dict(os.environ)
     node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
     print(f"rlkit serve: server {index} ({backend}, tp={tp}) on node {node} at {advertised_host()}:{port}", flush=True)
-    proc = subprocess.Popen(argv, env=env)
+    proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -120,6 +121,16 @@ def run_server(trial_dir: Path, index: int) -> int:
         return 0
     print(f"rlkit serve: server {index} exited with code {rc}", flush=True)
     return rc if rc != 0 else 1
+
+
+def _die_with_parent() -> None:
+    """In the server's child process: get SIGKILL when `rlkit serve` dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so a server whose step is gone never keeps serving unmanaged."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -258,6 +258,13 @@ def _resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str
     return (found[0], str(found[1])) if found is not None else None
 
 
+def _fault_point(name: str, version: int) -> bool:
+    """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
+    and the first run of the step only (never set in normal use)."""
+    spec = os.environ.get("RLKIT_FAULT_INJECT", "")
+    return bool(spec) and spec == f"{name}@{version}" and not _failed_before()
+
+
 def _failed_before() -> bool:
     """This trial failed or was interrupted before: a requeue, an in-allocation retry, or a later attempt."""
     return (int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
@@ -349,6 +356,13 @@ class _Rank0:
 
         disk.remove_old_versions(self.paths.weights, keep=set())  # a previous attempt's versions are stale
         servers = self.controller.start()
+        token = read_token(self.paths)
+
+        async def resume_all() -> None:  # a trainer that died during a push may have left servers paused
+            async with disk.weight_sync_client(token) as client:
+                await asyncio.gather(*(disk.resume_server(client, s, 60.0) for s in servers))
+
+        self.controller.run(resume_all, timeout=120)
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 
@@ -390,6 +404,9 @@ class _Rank0:
 
             async def push() -> dict[int, tuple[int, float]]:
                 async with disk.weight_sync_client(token) as client:
+                    if _fault_point("die_mid_push", version):  # tests: one server updated, then the trainer dies
+                        await disk.sync_server(client, servers[0], out_dir, version, timeout)
+                        os.kill(os.getpid(), signal.SIGKILL)
                     done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
                                                trainer_lp=trainer_lp, tolerance=self.tolerance, unreachable=lost)
                 self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
@@ -440,6 +457,7 @@ class _Rank0:
             "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
             "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
             "servers/unreachable": self.servers_lost,
+            "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })
         self.logger.log(step, metrics)

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.fsutil import fsync_dir, fsync_path
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
@@ -83,29 +85,21 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def seal(tmp: Path, final: Path) -> None:
     """Fsync every file of `tmp`, write its manifest last, then rename it to `final` (atomic on one filesystem)."""
     files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = []
     for path in files:
-        _fsync(path)
+        fsync_path(path)
         entries.append({"path": str(path.relative_to(tmp)), "size": path.stat().st_size, "sha256": _sha256(path)})
     for directory in sorted({p.parent for p in files} | {tmp}):
-        _fsync(directory)
+        fsync_dir(directory)
     manifest = tmp / MANIFEST
     manifest.write_text(json.dumps({"files": entries, "sealed_at": time.time()}, indent=1))
-    _fsync(manifest)
-    _fsync(tmp)
+    fsync_path(manifest)
+    fsync_dir(tmp)
     os.replace(tmp, final)
-    _fsync(final.parent)
+    fsync_dir(final.parent)
 
 
 def verify(directory: Path) -> str | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from rlkit.errors import StepError
+from rlkit.fsutil import fsync_dir, fsync_path
 from rlkit.models.tiny import MARKER as TINY_MARKER
 from rlkit.rollout.client import Server
 from rlkit.servers.vllm import WORKER_EXTENSION
@@ -154,21 +155,6 @@ def _shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict
     return shards
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync_file(path)
-    except OSError:  # some filesystems do not allow fsync on a directory
-        logger.debug("could not fsync directory %s", path)
-
-
 def write_weights(
     state_dict: Mapping[str, torch.Tensor],
     model_dir: Path,
@@ -228,14 +214,14 @@ def write_weights(
             (tmp / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         for item in tmp.iterdir():
             item.chmod(0o644)  # servers may run as another user on the shared filesystem
-            _fsync_file(item)
+            fsync_path(item)
         tmp.chmod(0o755)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(out_dir.parent)
+    fsync_dir(out_dir.parent)
     return out_dir
 
 
@@ -414,6 +400,12 @@ async def _sync_sglang(
     answer = _json(response, server, "the weight reload")
     if answer.get("success") is not True:
         raise StepError(f"{server_label(server)}: /update_weights_from_disk answered {answer!r}")
+
+
+async def resume_server(client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+    """Un-pause a vLLM server (a trainer that died during a weight push may have left it paused); idempotent."""
+    if server.backend == "vllm":
+        await _call(client, server, "POST", "/resume", "resume", timeout)
 
 
 async def sync_server(
@@ -599,6 +591,7 @@ __all__ = [
     "probe_logprobs",
     "read_weight_version",
     "remove_old_versions",
+    "resume_server",
     "server_label",
     "sync_all",
     "sync_server",

@@ -31,7 +31,7 @@ from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
 from rlkit.rollout.client import Server
 from rlkit.servers.health import find_free_port
-from rlkit.weights import (
+from rlkit.weights.disk import (
     check_fingerprint,
     probe_logprobs,
     read_weight_version,

@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 from rlkit.errors import StepError
 from rlkit.models.tiny import MARKER, build_tiny_model
 from rlkit.rollout.client import Server
-from rlkit.weights import (
+from rlkit.weights import disk
+from rlkit.weights.disk import (
     check_fingerprint,
-    disk,
     probe_logprobs,
     remove_old_versions,
     sync_all,

