@@ -167,6 +167,8 @@ def run_grpo(trial_dir: Path) -> None:
         if rank0:
             print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)
     first_step = state0.step + 1 if state0 is not None else 1
+    if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
+        raise StepError("fault injected: die_at_start")
     trainer = _Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
     stop = _StopRequests()
     try:
@@ -260,7 +262,7 @@ def _resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str
 
 def _fault_point(name: str, version: int) -> bool:
     """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
-    and the first run of the step only (never set in normal use)."""
+    and the first run of the step only (never set in normal use; `die_at_start` fires every time)."""
     spec = os.environ.get("RLKIT_FAULT_INJECT", "")
     return bool(spec) and spec == f"{name}@{version}" and not _failed_before()
 

@@ -226,3 +226,17 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(trial_env: dict[st
         assert re.search(rf"servers \[0, 1\] at weight version {version}, fingerprint", after), version
     _assert_continuous_and_right_data(trial, 16)
     assert processes_mentioning(str(trial)) == []
+
+
+def test_a_crash_loop_stops_early_with_its_own_reason(trial_env: dict[str, object]) -> None:
+    """A trainer that fails before finishing any step is retried once, not recover.retries (3) times."""
+    trial = _submit(trial_env, "crashloop", "total_train_steps=8",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start")
+    name = f"{EXPERIMENT}/crashloop"
+    assert wait_state(name, timeout=600) == "FAILED"
+    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    assert batch_log.count("restarted step grpo") == 1
+    assert "again without finishing a step since its last restart (crash loop); not retrying" in batch_log
+    detail = run_rlkit("status", name)
+    assert "step grpo failed" in detail.stdout and "die_at_start" in detail.stdout, detail.stdout
+    assert processes_mentioning(str(trial)) == []
