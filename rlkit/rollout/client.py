@@ -68,11 +68,23 @@ def discover_servers(nr: NameResolve) -> list[Server]:
     return sorted(servers, key=lambda s: s.index)
 
 
-def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0) -> list[Server]:
-    """Wait until `expected` servers are registered and live; StepError naming what is missing on timeout."""
+def answers_health(server: Server, timeout: float = 5.0) -> bool:
+    """GET /health answers 200 (a registered record can outlive its process by the name-resolve ttl)."""
+    try:
+        return httpx.get(f"{server.url}/health", timeout=timeout, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0, *,
+                     healthy: bool = False) -> list[Server]:
+    """Wait until `expected` servers are registered and live (and, with `healthy`, answer /health); StepError
+    naming what is missing on timeout."""
     deadline = time.monotonic() + timeout
     while True:
         servers = discover_servers(nr)
+        if healthy:
+            servers = [s for s in servers if answers_health(s)]
         if len(servers) >= expected:
             return servers
         if time.monotonic() >= deadline:
@@ -81,6 +93,10 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
                             f"{nr.describe_location()}; registered: {seen}. Check the server-N.log files "
                             f"(rlkit logs TRIAL --step server-0)")
         time.sleep(poll)
+
+
+class ServersUnreachable(StepError):
+    """No inference server accepts connections: every one of them is gone (or going)."""
 
 
 class ServerPool:
@@ -121,6 +137,7 @@ class ServerPool:
         async with self._limit:
             tried: set[int] = set()
             last_error: Exception | None = None
+            errors: list[Exception] = []
             for _attempt in range(self.retries + 1):
                 server = self._pick(tried)
                 tried.add(server.index)
@@ -131,11 +148,15 @@ class ServerPool:
                     server.failures += 1
                     self.rerouted += 1
                     last_error = exc
+                    errors.append(exc)
                     if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)) and len(self.servers) > 1:
                         # its process is gone: no more requests there (name resolve brings it back if restarted)
                         self.servers = [s for s in self.servers if s is not server]
                 finally:
                     server.in_flight -= 1
+            if all(isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError)) for e in errors):
+                raise ServersUnreachable(f"no inference server accepts connections ({self.retries + 1} attempts, "
+                                         f"last: {type(last_error).__name__}: {last_error})")
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "
                             f"{type(last_error).__name__}: {last_error}")
 

@@ -150,7 +150,7 @@ class RolloutController:
 
     def start(self) -> list[Server]:
         """Wait for the servers (setup_timeout) and start generating; returns the servers found."""
-        self.servers = wait_for_servers(self.nr, self.expected_servers, self.setup_timeout)
+        self.servers = wait_for_servers(self.nr, self.expected_servers, self.setup_timeout, healthy=True)
         self._thread.start()
         if not self._ready.wait(timeout=60):
             raise StepError("the rollout thread did not start within 60 s")

@@ -28,6 +28,7 @@ from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.launch.allocation import parse_allocation
 from rlkit.paths import TrialPaths
+from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
 from rlkit.train import recover
 from rlkit.train.advantage_batch import prepare_batch
@@ -186,6 +187,10 @@ def run_grpo(trial_dir: Path) -> None:
             t0 = time.monotonic()
             batch = trainer.next_batch() if trainer is not None else None
             shared = broadcast_object(batch)
+            if isinstance(shared, tuple):  # every server is gone: keep the last step, then fail (the retry resumes)
+                if step - 1 >= 1 and config.recover.mode != "disabled":
+                    _save_recover(engine, trainer, step - 1, paths)
+                raise StepError(f"{shared[1]}; checkpointed step {step - 1}, the trainer's retry resumes from it")
             if isinstance(shared, str):  # rank 0 failed: it raises; the others stop too
                 raise StepError(f"trainer rank 0 failed: {shared}")
             samples: list[Sample] = shared  # type: ignore[assignment]
@@ -199,7 +204,7 @@ def run_grpo(trial_dir: Path) -> None:
             t_trained = time.monotonic()
             state = engine.full_state_dict()
             t_sync = time.monotonic()
-            _check_weights(engine, trainer, probe, version=step, state=state)
+            _check_weights(engine, trainer, probe, version=step, state=state, tolerate_all_gone=True)
             if trainer is not None:
                 trainer.finish_step(step, state, train_stats, timing={
                     "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got,
@@ -211,6 +216,11 @@ def run_grpo(trial_dir: Path) -> None:
             save, exit_code = decision
             if save:
                 _save_recover(engine, trainer, step, paths)
+            if exit_code == EXIT_SERVERS_GONE:
+                if trainer is not None:
+                    trainer.stop_for(exit_code)
+                raise StepError(f"every inference server is unreachable; checkpointed step {step}, the trainer's "
+                                "retry resumes from it once servers are back")
             if exit_code is not None:
                 if trainer is not None:
                     trainer.stop_for(exit_code)
@@ -232,6 +242,7 @@ def run_grpo(trial_dir: Path) -> None:
 
 EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
 EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
+EXIT_SERVERS_GONE = 77  # no server reachable for a weight push: checkpoint, then fail (the in-job retry resumes)
 
 
 class _StopRequests:
@@ -291,11 +302,22 @@ def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths
 
 
 def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int], *, version: int,
-                   state: dict[str, Any] | None = None) -> None:
-    """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server."""
+                   state: dict[str, Any] | None = None, tolerate_all_gone: bool = False) -> None:
+    """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server.
+
+    With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
+    raising, so that all ranks can checkpoint the step together before failing."""
+    from rlkit.weights.disk import ServerUnreachable
+
     trainer_lp = engine.probe_logprobs(probe)
     if trainer is not None:
-        trainer.sync_and_verify(version, state, probe, trainer_lp)
+        try:
+            trainer.sync_and_verify(version, state, probe, trainer_lp)
+        except ServerUnreachable as exc:
+            if not tolerate_all_gone:
+                raise
+            trainer.servers_gone = str(exc)
+            print(f"rlkit train: {exc}", flush=True)
 
 
 class _Rank0:
@@ -348,6 +370,8 @@ class _Rank0:
         self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
         self.write_s = 0.0
         self.servers_lost = 0
+        self.servers_gone = ""  # set when a weight push found no reachable server
+        self._pending_error: BaseException | None = None
         self._groups: list[Group] = []
         self._rollout_stats: Any = None
         self._prepared: Any = None
@@ -368,7 +392,7 @@ class _Rank0:
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 
-    def next_batch(self) -> list[Sample] | str:
+    def next_batch(self) -> list[Sample] | str | tuple[str, str]:
         """The next batch with advantages, or an error message (broadcast so the other ranks stop too)."""
         try:
             self._step_started = time.monotonic()
@@ -378,6 +402,9 @@ class _Rank0:
             self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
                                            max_new_tokens=self.config.gconfig.max_new_tokens)
             return list(self._prepared.samples)
+        except ServersUnreachable as exc:
+            self._pending_error = exc
+            return ("servers_gone", str(exc))
         except BaseException as exc:
             self._pending_error = exc
             return f"{type(exc).__name__}: {exc}"
@@ -392,7 +419,8 @@ class _Rank0:
         from rlkit.weights import disk
 
         token = read_token(self.paths)
-        servers = self.controller.live_servers()  # restarted servers too: they get the weights before any request
+        # restarted servers too (they get the weights before any request); at start only those that answer
+        servers = self.controller.live_servers() if state is not None or version else list(self.controller.servers)
         if not servers:
             raise StepError(f"no live inference server to push weight version {version} to; see the server-N logs")
         lost: list[Any] = []
@@ -477,6 +505,8 @@ class _Rank0:
 
     def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
         """(write a recover checkpoint now?, exit code to stop with after it or None)."""
+        if self.servers_gone:
+            return self.config.recover.mode != "disabled", EXIT_SERVERS_GONE
         if self.config.recover.mode == "disabled":
             return False, (EXIT_STOPPED if requested == EXIT_STOPPED else None)
         epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
@@ -488,7 +518,7 @@ class _Rank0:
     def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float) -> None:
         """Rank 0, after every rank wrote its shards into `tmp`: trainer state, manifest, rename, prune."""
         prefix, extra = recover.compress_positions(self.consumed)
-        state = recover.TrainerState(step=step, version=self.version, consumed_prefix=prefix, consumed_extra=extra,
+        state = recover.TrainerState(step=step, version=step, consumed_prefix=prefix, consumed_extra=extra,
                                      optimizer_steps=optimizer_steps, rng=recover.rng_state(), saved_at=time.time())
         (tmp / recover.STATE).write_text(state.to_json())
         root = recover.recover_root(self.paths.root)
@@ -501,7 +531,7 @@ class _Rank0:
               flush=True)
 
     def stop_for(self, exit_code: int) -> None:
-        status = "requeue" if exit_code == EXIT_REQUEUE else "stopped"
+        status = {EXIT_REQUEUE: "requeue", EXIT_STOPPED: "stopped"}.get(exit_code, "failed: servers unreachable")
         self._progress(self.version, status)
         self.close()
         print(f"rlkit train: checkpointed and stopping ({status})", flush=True)

@@ -576,7 +576,8 @@ async def sync_all(
                 raise outcome  # KeyboardInterrupt, CancelledError: do not swallow
             failures.append(f"{server_label(server)}: {type(outcome).__name__}: {outcome}")
     if unreachable and not results and not failures:
-        failures.append(f"every server is unreachable ({', '.join(server_label(s) for s in unreachable)})")
+        raise ServerUnreachable(f"weight sync to version {version}: every server is unreachable "
+                                f"({', '.join(server_label(s) for s in unreachable)})")
     if failures:
         raise StepError(f"weight sync to version {version} failed on {len(failures)} of {len(servers)} servers:\n"
                         + "\n".join(f"  - {f}" for f in failures))

@@ -240,3 +240,25 @@ def test_a_crash_loop_stops_early_with_its_own_reason(trial_env: dict[str, objec
     detail = run_rlkit("status", name)
     assert "step grpo failed" in detail.stdout and "die_at_start" in detail.stdout, detail.stdout
     assert processes_mentioning(str(trial)) == []
+
+
+def test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_step(
+        trial_env: dict[str, object]) -> None:
+    """Both server steps die at once: the trainer checkpoints its last step and fails with that reason; the job
+    restarts the servers and the trainer, which waits for healthy servers and resumes from that very step."""
+    trial = _submit(trial_env, "allgone", "total_train_epochs=2", "total_train_steps=80", "recover.freq_steps=1000")
+    name = f"{EXPERIMENT}/allgone"
+    wait_for(lambda: _trained_steps(trial) >= 6, "6 trained steps", timeout=600)
+    job_id = str(status_row(name)["job_id"])
+    steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step") for i in (0, 1)]
+    subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
+    assert wait_state(name, timeout=900) == "COMPLETED"
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    gone = re.search(r"checkpointed step (\d+), the trainer's retry resumes from it", trainer_log)
+    assert gone, "the trainer must say why it stopped and what it saved"
+    before, _, after = trainer_log.partition(f"resuming after step {gone.group(1)} ")
+    assert after, "the retried trainer must resume from the checkpoint written when the servers were lost"
+    last_finished = max(int(m) for m in re.findall(r"rlkit train: step (\d+)/", before))
+    assert int(gone.group(1)) >= last_finished - 1, "at most the step in flight may be redone"
+    _assert_continuous_and_right_data(trial, 80)
+    assert processes_mentioning(str(trial)) == []
