@@ -56,6 +56,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # per-request sampling seed: the same request gives the same completions
 
 
 def discover_servers(nr: NameResolve) -> list[Server]:
@@ -168,6 +169,8 @@ class ServerPool:
         }
         if params.stop:
             body["stop"] = params.stop
+        if params.seed is not None:
+            body["seed"] = params.seed
         response = await self._client.post(f"{server.url}/v1/completions", json=body)
         response.raise_for_status()
         return [

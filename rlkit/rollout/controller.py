@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import queue
 import random
 import threading
@@ -127,6 +128,7 @@ class RolloutController:
         self.request_retries = request_retries
         self.setup_timeout = setup_timeout
         self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
+        self._seed = seed
         self.version = start_version
         # Admission counts groups relative to the resume point, so a resumed run starts generating at once.
         self._base_version = start_version
@@ -279,7 +281,9 @@ class RolloutController:
         assert self.pool is not None
         started = time.monotonic()
         try:
-            server, completions = await self.pool.complete(prompt.ids, self.params)
+            # seeded by the stream position: a resumed run samples the same completions for the same prompt
+            params = dataclasses.replace(self.params, seed=(self._seed * 1_000_003 + seq) % 2**31)
+            server, completions = await self.pool.complete(prompt.ids, params)
             outcomes = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
                                               for c in completions))
             samples = [

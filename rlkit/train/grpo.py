@@ -216,6 +216,8 @@ def run_grpo(trial_dir: Path) -> None:
             save, exit_code = decision
             if save:
                 _save_recover(engine, trainer, step, paths)
+            if _fault_point("die_after_step", step):  # tests: a crash between checkpoints
+                os.kill(os.getpid(), signal.SIGKILL)
             if exit_code == EXIT_SERVERS_GONE:
                 if trainer is not None:
                     trainer.stop_for(exit_code)
