@@ -17,7 +17,7 @@ from rich.table import Table
 from rlkit.errors import UserError
 from rlkit.launch import slurm
 from rlkit.paths import TrialPaths
-from rlkit.trials import TrialRecord, find_trial, list_trials
+from rlkit.trials import TrialRecord, find_trial, list_trials, read_json_dict
 
 _FAILED_STEP = re.compile(r"rlkit: step (\S+) failed with exit code (\d+)")
 
@@ -71,11 +71,7 @@ class TrialDetail:
 
 def read_progress(paths: TrialPaths) -> dict[str, Any]:
     """The trainer's progress.json (step, reward, servers' verified weight versions), or {} when there is none."""
-    try:
-        data = json.loads(paths.progress.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_dict(paths.progress)
 
 
 def _row(record: TrialRecord, info: slurm.JobInfo) -> TrialRow:

@@ -9,6 +9,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkit import __version__
 from rlkit.errors import UserError
@@ -78,12 +79,17 @@ def _image_facts(image: str) -> dict[str, object]:
     return {"image": image, "size": stat.st_size, "mtime": stat.st_mtime}
 
 
-def read_manifest(paths: TrialPaths) -> dict[str, object]:
+def read_json_dict(path: Path) -> dict[str, Any]:
+    """A JSON object from a file, or {} when the file is missing, unreadable or not an object."""
     try:
-        data = json.loads(paths.manifest.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_manifest(paths: TrialPaths) -> dict[str, Any]:
+    return read_json_dict(paths.manifest)
 
 
 def attempts(paths: TrialPaths) -> list[dict[str, object]]:

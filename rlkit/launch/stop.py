@@ -3,7 +3,6 @@ then the job is cancelled; `--now` (and every other job type) cancels at once.""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,16 +10,13 @@ from pathlib import Path
 from rlkit.config.load import load_config
 from rlkit.launch import slurm
 from rlkit.paths import TrialPaths
-from rlkit.trials import find_trial
+from rlkit.trials import find_trial, read_json_dict
 
 STOPPED = "stopped"
 
 
 def _trainer_status(paths: TrialPaths) -> str:
-    try:
-        return str(json.loads(paths.progress.read_text()).get("status", ""))
-    except (OSError, ValueError):
-        return ""
+    return str(read_json_dict(paths.progress).get("status", ""))
 
 
 def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str:
