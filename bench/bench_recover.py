@@ -45,7 +45,7 @@ def main() -> int:
         actor = ActorConfig(path=str(model), dtype="float32", gradient_checkpointing=False, attn_impl="sdpa",
                             group_size=2, ppo_n_minibatches=1)
         engine = PolicyEngine(actor, rank=0, world=1, device=device, pad_id=0, temperature=1.0,
-                              total_optimizer_steps=10, max_new_tokens=4)
+                              total_optimizer_steps=10)
         samples = [Sample([5, 6, 7], [8, 9], [-5.0, -5.0], float(i), 0, True, 0, advantage=1.0 - 2 * i)
                    for i in range(2)]
         engine.train_step(samples, None, None)  # AdamW moments exist now

@@ -36,7 +36,8 @@ class TrialRecord:
         return f"{self.experiment}/{self.trial}"
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to a temp file beside `path`, fsync, rename over `path` (readers see old or new, never half)."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
@@ -52,10 +53,10 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
     os.chmod(paths.root, 0o700)
     paths.logs.mkdir(exist_ok=True)
     paths.token.parent.mkdir(mode=0o700, exist_ok=True)
-    _write_atomic(paths.token, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    write_atomic(paths.token, secrets.token_urlsafe(32) + "\n", mode=0o600)
     os.chmod(paths.token, 0o600)
-    _write_atomic(paths.config, config_yaml)
-    _write_atomic(paths.script, script, mode=0o755)
+    write_atomic(paths.config, config_yaml)
+    write_atomic(paths.script, script, mode=0o755)
 
 
 def read_token(paths: TrialPaths) -> str:
@@ -118,14 +119,14 @@ def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cw
         "git_revision": _git_revision(cwd),
         "images": {role: _image_facts(image) for role, image in images.items()},
     }
-    _write_atomic(paths.manifest, json.dumps(manifest, indent=2) + "\n")
+    write_atomic(paths.manifest, json.dumps(manifest, indent=2) + "\n")
 
 
 def record_trial(record: TrialRecord) -> None:
     """Add (or replace) the trial in the per-user index."""
     index = rlkit_home() / "trials" / record.experiment
     index.mkdir(parents=True, exist_ok=True)
-    _write_atomic(index / f"{record.trial}.json", json.dumps(asdict(record)) + "\n")
+    write_atomic(index / f"{record.trial}.json", json.dumps(asdict(record)) + "\n")
 
 
 def list_trials() -> list[TrialRecord]:

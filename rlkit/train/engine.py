@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlkit.config.schema import ActorConfig, OptimizerConfig
@@ -84,12 +83,11 @@ class PolicyEngine:
     """The trained policy (and its frozen reference when kl_ctl > 0) on this rank's shard."""
 
     def __init__(self, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
-                 temperature: float, total_optimizer_steps: int, max_new_tokens: int) -> None:
+                 temperature: float, total_optimizer_steps: int) -> None:
         self.config = config
         self.rank, self.world, self.device = rank, world, device
         self.pad_id = pad_id
         self.temperature = temperature
-        self.max_new_tokens = max_new_tokens
         train_dtype = DTYPES[config.dtype]
         # Master weights stay float32; bf16/fp16 is the compute dtype through FSDP's mixed-precision policy.
         self.model = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl)
@@ -117,20 +115,6 @@ class PolicyEngine:
             return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         raise ValueError(f"unknown optimizer type {cfg.type!r}")
 
-    # --- micro-batching shared by every collective pass -------------------------------------------------------
-
-    def _micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
-        """This rank's micro-batches, padded with dummies to the largest count of any rank."""
-        mbs = split_micro_batches(samples, max_tokens=self.config.mb_spec.max_tokens_per_mb,
-                                  min_count=self.config.mb_spec.n_mbs)
-        count = all_reduce_max(len(mbs))
-        filler = dummy_like(samples[0]) if samples else None
-        while len(mbs) < count:
-            if filler is None:
-                raise RuntimeError("a rank has no samples at all; the batch is smaller than the number of ranks")
-            mbs.append([filler])
-        return mbs
-
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[list[float]]:
         """Per-sample completion-token log-probs under the current (or reference) weights; collective."""
@@ -139,22 +123,22 @@ class PolicyEngine:
             raise RuntimeError("no reference model (kl_ctl is 0)")
         model.eval()
         out: list[list[float]] = []
-        for group in self._micro_batches(samples):
+        for group_idx in self._micro_batches_idx(samples, list(range(len(samples)))):
+            group = [samples[i] if i >= 0 else dummy_like(samples[0]) for i in group_idx]
             mb = pack(group, self.pad_id).to(self.device)
             logp, _ = token_logprobs(model, mb, self.temperature)
-            for i, s in enumerate(group):
-                start = len(s.prompt_ids) - 1
-                out.append(logp[i, start : start + len(s.completion_ids)].float().cpu().tolist())
-        return out[: len(samples)]  # drop the filler micro-batches that only kept the ranks in step
+            for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
+                if i >= 0:  # fillers only kept the ranks in step
+                    start = len(s.prompt_ids) - 1
+                    out.append(logp[row, start : start + len(s.completion_ids)].float().cpu().tolist())
+        return out
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
-        """Log-probs of tokens 1..n of `ids` given their prefix at temperature 1 (the weight fingerprint)."""
-        self.model.eval()
-        with torch.no_grad():
-            x = torch.tensor([ids], device=self.device)
-            logits = self.model(input_ids=x, use_cache=False).logits[:, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, x[:, 1:, None]).squeeze(-1)
-        return [float(v) for v in logp[0].cpu()]
+        """Log-probs of tokens 1..n of `ids` given their prefix at temperature 1 (the weight fingerprint);
+        collective, computed exactly as for the servers' side of the check."""
+        from rlkit.weights.disk import trainer_probe_logprobs
+
+        return trainer_probe_logprobs(self.model, ids)
 
     def local_indices(self, n: int) -> list[list[int]]:
         """Per minibatch, the indices of a global batch of `n` samples this rank trains on.
@@ -298,12 +282,3 @@ class PolicyEngine:
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
         set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         self.optimizer_steps = optimizer_steps
-
-    def save_hf(self, state: dict[str, Tensor], out_dir: Path) -> None:
-        """Rank 0: write `state` as a Hugging Face model directory (config and tokenizer from actor.path)."""
-        from rlkit.weights.disk import write_weights
-
-        write_weights(state, Path(self.config.path), out_dir, dtype=None)
-
-    def barrier(self) -> None:
-        dist.barrier()

@@ -35,7 +35,7 @@ from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
 from rlkit.train.engine import DTYPES, PolicyEngine
-from rlkit.trials import read_token
+from rlkit.trials import read_token, write_atomic
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -106,15 +106,7 @@ def _drop_metrics_after(path: Path, step: int) -> None:
     if dropped:
         with open(path.with_name("metrics.discarded.jsonl"), "a") as f:
             f.write("\n".join(dropped) + "\n")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float]) -> dict[str, float]:
@@ -153,8 +145,7 @@ def run_grpo(trial_dir: Path) -> None:
     if steps <= 0:
         raise StepError(f"no training steps: {len(prompts)} prompts, batch_size {config.train_dataset.batch_size}")
     engine = PolicyEngine(actor, rank=env.rank, world=env.world_size, device=device, pad_id=pad_id,
-                          temperature=config.gconfig.temperature, total_optimizer_steps=steps * actor.ppo_n_minibatches,
-                          max_new_tokens=config.gconfig.max_new_tokens)
+                          temperature=config.gconfig.temperature, total_optimizer_steps=steps * actor.ppo_n_minibatches)
     probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
                              if rank0 else None)
     assert isinstance(probe, list)
@@ -334,6 +325,7 @@ class _Rank0:
         from rlkit.train.stats_logger import StatsLogger
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
+        self.token = read_token(paths)
         self.n_prompts = len(prompts)
         alloc = parse_allocation(config.allocation_mode)
         assert alloc.server is not None
@@ -346,7 +338,7 @@ class _Rank0:
         self.consumed = (recover.expand_positions(resumed.consumed_prefix, resumed.consumed_extra)
                          if resumed is not None else set())
         self.controller = RolloutController(
-            name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=read_token(paths),
+            name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
             prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
                                                    temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                                                    stop=list(g.stop)),
@@ -384,7 +376,7 @@ class _Rank0:
 
         disk.remove_old_versions(self.paths.weights, keep=set())  # a previous attempt's versions are stale
         servers = self.controller.start()
-        token = read_token(self.paths)
+        token = self.token
 
         async def resume_all() -> None:  # a trainer that died during a push may have left servers paused
             async with disk.weight_sync_client(token) as client:
@@ -420,7 +412,7 @@ class _Rank0:
         """
         from rlkit.weights import disk
 
-        token = read_token(self.paths)
+        token = self.token
         # restarted servers too (they get the weights before any request); at start only those that answer
         servers = self.controller.live_servers() if state is not None or version else list(self.controller.servers)
         if not servers:
@@ -545,12 +537,12 @@ class _Rank0:
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def _progress(self, step: int, status: str) -> None:
-        _write_json_atomic(self.paths.progress, {
+        write_atomic(self.paths.progress, json.dumps({
             "status": status, "step": step, "total_steps": self.steps, "version": self.version,
             "reward": self.last_metrics.get("reward/mean"), "servers": {str(k): v for k, v in
                                                                         self.server_versions.items()},
             "updated": time.time(),
-        })
+        }, indent=1))
 
     def finish(self) -> None:
         self._progress(self.steps, "finished")

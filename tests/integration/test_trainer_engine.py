@@ -43,7 +43,7 @@ for i in range(8):  # uneven lengths so ranks get different token counts and mic
     c = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
     samples.append(Sample(p, c, [-6.0] * len(c), float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0)))
 engine = PolicyEngine(actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
-                      total_optimizer_steps=4, max_new_tokens=8)
+                      total_optimizer_steps=4)
 old = engine.logprobs_at(samples)
 ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
 stats = engine.train_step(samples, old, ref)
