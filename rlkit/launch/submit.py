@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +38,10 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1) 
     return Prepared(config, plan, render_script(plan), paths)
 
 
-def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit") -> TrialRecord:
-    """Check with the controller, write the trial directory, submit, and record the trial."""
+def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
+           before_write: Callable[[], object] | None = None) -> TrialRecord:
+    """Check with the controller, write the trial directory, submit, and record the trial. `before_write` runs once
+    every check passed, before anything is written (resume moves the previous attempt's logs there)."""
     config, paths = prepared.config, prepared.paths
     if config.type not in SUBMITTABLE_JOB_TYPES:
         raise UserError(f"job type {config.type} can be rendered but not yet submitted: its trainer step is not built",
@@ -54,6 +57,8 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit") -> 
                 raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                                 hint=f"stop it first: rlkit stop {record.name}")
     slurm.sbatch_test_only(prepared.script)
+    if before_write is not None:
+        before_write()
     prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
     try:
         job_id = slurm.sbatch(str(paths.script))
