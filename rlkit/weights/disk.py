@@ -356,6 +356,8 @@ async def _sync_vllm(
             response = await _timed(phases, "reload", _call(client, server, "POST", "/collective_rpc",
                                                             f"the weight reload from {weights_dir}", timeout,
                                                             json=body))
+        except ServerUnreachable:
+            raise  # the process is gone mid-reload: the caller counts it as lost, not as misconfigured
         except StepError as exc:
             raise StepError(f"{exc}\n  fix: the server must run with --worker-extension-cls {WORKER_EXTENSION} "
                             "(rlkit.servers.vllm.vllm_command adds it) and be able to read the directory") from exc
