@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import typer
@@ -148,16 +149,24 @@ def main() -> None:
         err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
         if exc.hint:
             err.print(f"  [bold]fix:[/bold] {exc.hint}", highlight=False)
-        sys.exit(exc.exit_code)
+        _exit(exc.exit_code)
     except click.exceptions.UsageError as exc:
         exc.show()
-        sys.exit(2)
+        _exit(2)
     except click.exceptions.Abort:
-        sys.exit(130)
+        _exit(130)
     except (SlurmError, StepError) as exc:
         err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
-        sys.exit(1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        _exit(1)
+    _exit(rc if isinstance(rc, int) else 0)
+
+
+def _exit(code: int) -> NoReturn:
+    """sys.exit, except in a trainer rank (`rlkit train`), which must skip interpreter teardown (see end_process)."""
+    dist = sys.modules.get("rlkit.train.dist")
+    if dist is not None and dist.joined_a_process_group():
+        dist.end_process(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

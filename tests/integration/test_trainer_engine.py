@@ -23,7 +23,7 @@ import json, sys, torch
 from safetensors.torch import save_file
 from rlkit.config.schema import ActorConfig
 from rlkit.train.batch import Sample
-from rlkit.train.dist import init_distributed
+from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.engine import PolicyEngine
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -52,6 +52,8 @@ if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
     json.dump({"stats": stats, "old": old}, open(out + "/stats.json", "w"))
 torch.distributed.destroy_process_group()
+print(f"rank {env.rank} done", flush=True)
+end_process(0)  # as `rlkit train` ends: no interpreter teardown with FSDP's gloo group still referenced
 '''
 
 
@@ -65,8 +67,10 @@ def _run(world: int, model: Path, out: Path, opts: dict[str, object]) -> dict[st
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(out), json.dumps(opts)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, text in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, text[-3000:]
+    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-2000:]}"
+                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
+    assert all(p.returncode == 0 for p in procs), report
+    assert all(f"rank {rank} done" in text for rank, text in enumerate(outputs)), report
     result: dict[str, object] = json.loads((out / "stats.json").read_text())
     return result
 

@@ -106,3 +106,23 @@ def test_rank0_replaces_a_leftover_address(two_nodes: tuple[NfsNameResolve, NfsN
     monkeypatch.setenv("RLKIT_ADVERTISE_HOST", "new-host")
     env0 = rendezvous(DistEnv(0, 2, 0, "", 0), nr0, key, timeout_s=5.0)
     assert nr1.get(key) == f"new-host:{env0.master_port}"
+
+
+def test_end_process_runs_atexit_flushes_output_and_keeps_the_code(tmp_path: Path) -> None:
+    """`rlkit train` ends through end_process: the exit code, atexit handlers (metric sinks register some) and
+    buffered output must survive skipping interpreter teardown."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, sys\n"
+        "from rlkit.train.dist import end_process\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "end_process(3)\n"
+        "print('not reached')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "buffered, no newline"
+    assert (tmp_path / "atexit").read_text() == "ran"
