@@ -19,6 +19,11 @@ from rlkit.errors import StepError
 from rlkit.nameresolve import SERVERS_KEY, server_key
 from rlkit.nameresolve.base import NameResolve
 
+# What a client sees when a server's process is gone: the connection is refused, or cut without an answer (closed
+# before the response: RemoteProtocolError; reset while reading or sending: ReadError, WriteError).
+SERVER_GONE_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
 
 @dataclass
 class Server:
@@ -150,12 +155,12 @@ class ServerPool:
                     self.rerouted += 1
                     last_error = exc
                     errors.append(exc)
-                    if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError)) and len(self.servers) > 1:
+                    if isinstance(exc, SERVER_GONE_ERRORS) and len(self.servers) > 1:
                         # its process is gone: no more requests there (name resolve brings it back if restarted)
                         self.servers = [s for s in self.servers if s is not server]
                 finally:
                     server.in_flight -= 1
-            if all(isinstance(e, (httpx.ConnectError, httpx.RemoteProtocolError)) for e in errors):
+            if all(isinstance(e, SERVER_GONE_ERRORS) for e in errors):
                 raise ServersUnreachable(f"no inference server accepts connections ({self.retries + 1} attempts, "
                                          f"last: {type(last_error).__name__}: {last_error})")
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "

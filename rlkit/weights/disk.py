@@ -29,7 +29,7 @@ import httpx
 from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path
 from rlkit.models.tiny import MARKER as TINY_MARKER
-from rlkit.rollout.client import Server
+from rlkit.rollout.client import SERVER_GONE_ERRORS, Server
 from rlkit.servers.vllm import WORKER_EXTENSION
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ async def _call(
     except httpx.TimeoutException as exc:
         raise StepError(f"{server_label(server)}: no answer after {timeout:g} s while waiting for {what} "
                         f"({method} {path}): {type(exc).__name__}") from exc
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except SERVER_GONE_ERRORS as exc:
         raise ServerUnreachable(f"{server_label(server)}: {what} ({method} {path}) failed, the server is "
                                 f"unreachable: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
