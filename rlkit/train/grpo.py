@@ -178,12 +178,9 @@ def run_grpo(trial_dir: Path) -> None:
             t0 = time.monotonic()
             batch = trainer.next_batch() if trainer is not None else None
             shared = broadcast_object(batch)
-            if isinstance(shared, tuple):  # every server is gone: keep the last step, then fail (the retry resumes)
-                if step - 1 >= 1 and config.recover.mode != "disabled":
-                    _save_recover(engine, trainer, step - 1, paths)
-                raise StepError(f"{shared[1]}; checkpointed step {step - 1}, the trainer's retry resumes from it")
-            if isinstance(shared, str):  # rank 0 failed: it raises; the others stop too
-                raise StepError(f"trainer rank 0 failed: {shared}")
+            if isinstance(shared, (tuple, str)):  # no batch (every server gone, or rank 0 failed): all ranks stop
+                reason = shared[1] if isinstance(shared, tuple) else f"trainer rank 0 failed: {shared}"
+                raise StepError(reason + _save_before_failing(engine, trainer, step - 1, paths, config))
             samples: list[Sample] = shared  # type: ignore[assignment]
             t_got = time.monotonic()
             if samples:
@@ -294,6 +291,19 @@ def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths
     dist.barrier()
 
 
+def _save_before_failing(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths: TrialPaths,
+                         config: ExperimentConfig) -> str:
+    """Collective: checkpoint the last finished step before a failure that is not the model's (no batch came), so
+    the in-job retry or `rlkit resume` loses nothing; returns what to add to the failure message."""
+    if step < 1 or config.recover.mode == "disabled":
+        return ""
+    try:
+        _save_recover(engine, trainer, step, paths)
+    except Exception as exc:  # the failure being reported matters more; say that the checkpoint failed too
+        return f"; the checkpoint of step {step} failed too: {type(exc).__name__}: {exc}"
+    return f"; checkpointed step {step}, the trainer's retry resumes from it"
+
+
 def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int], *, version: int,
                    state: dict[str, Any] | None = None, tolerate_all_gone: bool = False) -> None:
     """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server.
@@ -392,9 +402,11 @@ class _Rank0:
             self._step_started = time.monotonic()
             timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
             self._groups, self._rollout_stats = self.controller.get_batch(timeout)
-            self.consumed.update(g.seq for g in self._groups)
+            if _fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
+                raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
             self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
                                            max_new_tokens=self.config.gconfig.max_new_tokens)
+            self.consumed.update(g.seq for g in self._groups)  # only a batch that will be trained is consumed
             return list(self._prepared.samples)
         except ServersUnreachable as exc:
             self._pending_error = exc

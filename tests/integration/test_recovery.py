@@ -264,6 +264,22 @@ def test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_st
     assert processes_mentioning(str(trial)) == []
 
 
+def test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing(
+        trial_env: dict[str, object]) -> None:
+    """Rank 0 fails after a batch came back (fault point inside next_batch, before the batch is used): every rank
+    checkpoints the last finished step before failing, and the positions of the unused batch are not recorded as
+    consumed, so the retry redoes exactly that step with exactly that data (no periodic checkpoint is due)."""
+    trial = _submit(trial_env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=rollout_fails@5")
+    assert wait_state(f"{EXPERIMENT}/rolloutfails", timeout=900) == "COMPLETED"
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    assert ("trainer rank 0 failed: StepError: fault injected: rollout_fails@5; checkpointed step 4, the trainer's "
+            "retry resumes from it") in trainer_log
+    assert "resuming after step 4 " in trainer_log
+    _assert_continuous_and_right_data(trial, 8)
+    assert processes_mentioning(str(trial)) == []
+
+
 def test_a_resumed_run_matches_a_straight_run(trial_env: dict[str, object]) -> None:
     """12 steps straight, and 12 steps where every trainer rank is killed after step 9 and the retry resumes from
     the step-6 checkpoint: requests are seeded by their prompt-stream position, so both runs sample the same
