@@ -178,9 +178,8 @@ def run_grpo(trial_dir: Path) -> None:
             t0 = time.monotonic()
             batch = trainer.next_batch() if trainer is not None else None
             shared = broadcast_object(batch)
-            if isinstance(shared, (tuple, str)):  # no batch (every server gone, or rank 0 failed): all ranks stop
-                reason = shared[1] if isinstance(shared, tuple) else f"trainer rank 0 failed: {shared}"
-                raise StepError(reason + _save_before_failing(engine, trainer, step - 1, paths, config))
+            if isinstance(shared, str):  # no batch (every server gone, or rank 0 failed): all ranks stop
+                raise StepError(shared + _save_before_failing(engine, trainer, step - 1, paths, config))
             samples: list[Sample] = shared  # type: ignore[assignment]
             t_got = time.monotonic()
             if samples:
@@ -207,10 +206,10 @@ def run_grpo(trial_dir: Path) -> None:
             if _fault_point("die_after_step", step):  # tests: a crash between checkpoints
                 os.kill(os.getpid(), signal.SIGKILL)
             if exit_code == EXIT_SERVERS_GONE:
+                saved = _save_before_failing(engine, trainer, step, paths, config)
                 if trainer is not None:
                     trainer.stop_for(exit_code)
-                raise StepError(f"every inference server is unreachable; checkpointed step {step}, the trainer's "
-                                "retry resumes from it once servers are back")
+                raise StepError("every inference server is unreachable" + saved)
             if exit_code is not None:
                 if trainer is not None:
                     trainer.stop_for(exit_code)
@@ -396,8 +395,8 @@ class _Rank0:
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 
-    def next_batch(self) -> list[Sample] | str | tuple[str, str]:
-        """The next batch with advantages, or an error message (broadcast so the other ranks stop too)."""
+    def next_batch(self) -> list[Sample] | str:
+        """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
         try:
             self._step_started = time.monotonic()
             timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
@@ -410,10 +409,10 @@ class _Rank0:
             return list(self._prepared.samples)
         except ServersUnreachable as exc:
             self._pending_error = exc
-            return ("servers_gone", str(exc))
+            return str(exc)
         except BaseException as exc:
             self._pending_error = exc
-            return f"{type(exc).__name__}: {exc}"
+            return f"trainer rank 0 failed: {type(exc).__name__}: {exc}"
 
     def sync_and_verify(self, version: int, state: dict[str, Any] | None, probe: list[int],
                         trainer_lp: list[float]) -> None:
@@ -512,7 +511,7 @@ class _Rank0:
     def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
         """(write a recover checkpoint now?, exit code to stop with after it or None)."""
         if self.servers_gone:
-            return self.config.recover.mode != "disabled", EXIT_SERVERS_GONE
+            return False, EXIT_SERVERS_GONE  # the loop checkpoints (_save_before_failing) and fails
         if self.config.recover.mode == "disabled":
             return False, (EXIT_STOPPED if requested == EXIT_STOPPED else None)
         epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
