@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 from rlkit.errors import UserError
 from rlkit.launch import slurm
 from rlkit.paths import TrialPaths
+from rlkit.servers.health import answers_health
 from rlkit.trials import TrialRecord, find_trial, list_trials, read_json_dict
 
 _FAILED_STEP = re.compile(r"rlkit: step (\S+) failed with exit code (\d+)")
@@ -110,11 +110,8 @@ def _servers(paths: TrialPaths) -> list[ServerRow]:
     try:
         for value in nr.list_subtree(SERVERS_KEY).values():
             entry = json.loads(value)
-            try:
-                healthy = httpx.get(f"http://{entry['address']}/health", timeout=3).status_code == 200
-            except httpx.HTTPError:
-                healthy = False
-            rows.append(ServerRow(entry["index"], entry["address"], entry.get("node", ""), healthy,
+            rows.append(ServerRow(entry["index"], entry["address"], entry.get("node", ""),
+                                  answers_health(entry["address"], timeout=3),
                                   verified.get(str(entry["index"]), entry.get("weight_version"))))
     finally:
         nr.close()

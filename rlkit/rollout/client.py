@@ -18,6 +18,7 @@ import httpx
 from rlkit.errors import StepError
 from rlkit.nameresolve import SERVERS_KEY, server_key
 from rlkit.nameresolve.base import NameResolve
+from rlkit.servers.health import answers_health
 
 # What a client sees when a server's process is gone: the connection is refused, or cut without an answer (closed
 # before the response: RemoteProtocolError; reset while reading or sending: ReadError, WriteError).
@@ -74,14 +75,6 @@ def discover_servers(nr: NameResolve) -> list[Server]:
     return sorted(servers, key=lambda s: s.index)
 
 
-def answers_health(server: Server, timeout: float = 5.0) -> bool:
-    """GET /health answers 200 (a registered record can outlive its process by the name-resolve ttl)."""
-    try:
-        return httpx.get(f"{server.url}/health", timeout=timeout, trust_env=False).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0, *,
                      healthy: bool = False) -> list[Server]:
     """Wait until `expected` servers are registered and live (and, with `healthy`, answer /health); StepError
@@ -90,7 +83,7 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
     while True:
         servers = discover_servers(nr)
         if healthy:
-            servers = [s for s in servers if answers_health(s)]
+            servers = [s for s in servers if answers_health(s.address)]
         if len(servers) >= expected:
             return servers
         if time.monotonic() >= deadline:

@@ -24,6 +24,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def answers_health(address: str, timeout: float = 5.0) -> bool:
+    """One `GET http://{address}/health`: True when it answers 200 (a name-resolve record can outlive its server's
+    process by the record's ttl, so liveness is asked of the server itself). Proxy variables are ignored."""
+    try:
+        return httpx.get(f"http://{address}/health", timeout=timeout, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None) -> None:
     """Poll `GET {url}/health` until it answers 200; raise `ServerNotHealthy` after `timeout` seconds.
 
