@@ -27,6 +27,8 @@ class JobInfo:
     elapsed: str = ""
     nodes: str = ""
     components: tuple[tuple[str, str, str], ...] = ()  # (component id, state, nodes)
+    # each component's own job id (`<id>+<k>` addresses the whole job in scancel; this id only component k)
+    component_job_ids: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -74,16 +76,6 @@ def signal_steps(job: str, signal_name: str) -> None:
         raise SlurmError(f"scancel --signal={signal_name} {job} failed: {proc.stderr.strip()}")
 
 
-def het_component_id(job_id: str, offset: int) -> str:
-    """The job id of component `offset` of a heterogeneous job (each component has its own id; `<id>+<k>`
-    addresses the whole job in scancel). The leader id itself when the job is not heterogeneous."""
-    proc = _run(["scontrol", "show", "job", "-o", job_id])
-    for record in parse_scontrol_records(proc.stdout) if proc.returncode == 0 else []:
-        if record.get("HetJobOffset") == str(offset):
-            return record.get("JobId", job_id)
-    return job_id
-
-
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
     records = []
@@ -112,6 +104,7 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
         job_id=job_id, state=leader.get("JobState", "UNKNOWN"), reason=leader.get("Reason", ""),
         exit_code=leader.get("ExitCode", ""), elapsed=leader.get("RunTime", ""),
         nodes=",".join(c[2] for c in components if c[2] and c[2] != "(null)"), components=components,
+        component_job_ids=tuple(r.get("JobId", job_id) for r in records),
     )
 
 

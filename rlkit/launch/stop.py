@@ -27,7 +27,7 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
         if config.type == "grpo" and config.recover.mode != "disabled":
-            trainer_component = slurm.het_component_id(record.job_id, len(info.components) - 1)
+            trainer_component = info.component_job_ids[-1] if info.component_job_ids else record.job_id
             slurm.signal_steps(trainer_component, "USR2")
             say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
                 "--now skips this)")
