@@ -19,7 +19,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    session.run("python", "-m", "pytest", "-ra", *session.posargs)
+    # the 25 slowest tests, every run: where the suite's time goes (its budget: README, "Tests and their time budget")
+    session.run("python", "-m", "pytest", "-ra", "--durations=25", *session.posargs)
 
 
 @nox.session(venv_backend="none")

