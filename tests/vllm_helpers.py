@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -76,12 +77,14 @@ def running_vllm(
     log_path: str | Path,
     timeout: float = HEALTH_TIMEOUT,
     dtype: str = "bfloat16",
+    eager: bool = True,
 ) -> Iterator[RunningServer]:
     """Run `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` until the block ends.
 
-    The server gets `--max-model-len 256 --dtype <dtype>`, the token guard middleware and rlkit's worker extension
-    (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`,
-    `VLLM_CPU_KVCACHE_SPACE=1` and the token in its environment (never on argv); stdout and stderr go to `log_path`.
+    The server gets `--max-model-len 256 --dtype <dtype>`, `--enforce-eager` unless `eager` is false (no
+    torch.compile warm-up: about half the start time; bench/bench_vllm_start.py), the token guard middleware and
+    rlkit's worker extension (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`, `VLLM_CPU_KVCACHE_SPACE=1` and
+    the token in its environment (never on argv); stdout and stderr go to `log_path`.
     """
     log = Path(log_path)
     cmd = vllm_command(
@@ -91,7 +94,7 @@ def running_vllm(
         port=port,
         served_model_name=None,
         tensor_parallel_size=1,
-        extra={"max_model_len": 256, "dtype": dtype},
+        extra={"max_model_len": 256, "dtype": dtype, "enforce_eager": eager},
     )
     cmd += list(extra_args)
     env = dict(os.environ)
@@ -111,3 +114,49 @@ def running_vllm(
         yield RunningServer(url=url, process=process, log_path=log)
     finally:
         stop_group(process)
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """A guarded float32 server of a tiny model that several test modules use in turn."""
+
+    server: RunningServer
+    token: str
+    model_dir: Path
+    kind: str  # "untied" or "tied" (tie_word_embeddings)
+
+
+class ServerSlot:
+    """At most one vLLM server for the whole test session, reused by every module that asks for the same model.
+
+    A server start costs ~25 s here (eager); the client-side tests (token guard, routes, weight sync, fingerprint)
+    need a live server, not a fresh one. Asking for another kind stops the running server first: the machine holds
+    one at a time next to the rest of the suite.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._stack = contextlib.ExitStack()
+        self.current: SharedServer | None = None
+
+    def serve(self, kind: str) -> SharedServer:
+        from rlkit.models.tiny import build_tiny_model
+        from rlkit.servers.health import find_free_port
+
+        if self.current is not None and self.current.kind == kind:
+            return self.current
+        self.close()
+        model_dir = build_tiny_model(self._root / kind, tie_word_embeddings=kind == "tied")
+        token = secrets.token_urlsafe(32)
+        started = time.monotonic()
+        server = self._stack.enter_context(running_vllm(
+            model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
+            dtype="float32"))
+        print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
+        self.current = SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
+        return self.current
+
+    def close(self) -> None:
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self.current = None

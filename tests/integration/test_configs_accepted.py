@@ -43,6 +43,17 @@ def test_there_are_gpu_and_cpu_examples() -> None:
     assert (CONFIGS / "grpo.yaml") in EXAMPLES
 
 
+def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
+    """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py); GPU ones keep it."""
+    from rlkit.steps.serve import server_command
+
+    for path in EXAMPLES:
+        config = load_config(path)
+        argv = server_command(config, "vllm", 1, 8000)
+        on_cpu = config.launcher.slurm.container_type == "none"
+        assert ("--enforce-eager" in argv, "--no-enforce-eager" in argv) == (on_cpu, not on_cpu), path.name
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
