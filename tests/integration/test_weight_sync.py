@@ -4,17 +4,15 @@ Proof that the server serves the new weights: its prompt logprobs of a fixed pro
 perturbed weights (float32 on both sides, tolerance 1e-3) and differ from the original weights' by far more. A plain
 `reload_weights` of a tied model is shown to fail that check while `/weight_info` reports the new version.
 
-One server at a time: the module-scoped fixture is parametrized, so pytest runs every test on the untied server,
-stops it, then starts the tied one.
+One server at a time: the module-scoped fixture is parametrized, so pytest runs every test on the untied server (the
+session's shared one, which test_vllm_guard used too), then stops it and starts the tied one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,14 +21,8 @@ import httpx
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the vllm_helpers module
-
-from vllm_helpers import running_vllm
-
 from rlkit.errors import StepError
-from rlkit.models.tiny import build_tiny_model
 from rlkit.rollout.client import Server
-from rlkit.servers.health import find_free_port
 from rlkit.weights.disk import (
     check_fingerprint,
     probe_logprobs,
@@ -44,12 +36,13 @@ from rlkit.weights.disk import (
     write_weights,
 )
 
+from ..vllm_helpers import ServerSlot
+
 pytestmark = [pytest.mark.vllm]
 
 TOLERANCE = 1e-3  # float32 server and trainer: seen ~1e-6
 TIMEOUT = 60.0
 T = TypeVar("T")
-_running: list[str] = []  # guards the one-server-at-a-time rule of this machine
 
 
 @dataclass
@@ -74,27 +67,18 @@ class Served:
 
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(request: pytest.FixtureRequest, vllm_slot: ServerSlot,
+           tmp_path_factory: pytest.TempPathFactory) -> Served:
     kind = request.param
-    assert not _running, f"another server is still running: {_running}"
-    root = tmp_path_factory.mktemp(f"weight_sync_{kind}")
-    model_dir = build_tiny_model(root / "base", tie_word_embeddings=kind == "tied")
+    shared = vllm_slot.serve(kind)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(shared.model_dir)
     probe = [tokenizer.bos_token_id, *tokenizer.encode("12+7=19. The quick brown fox jumps over the lazy dog.")]
-    token = secrets.token_urlsafe(32)
-    port = find_free_port("127.0.0.1")
-    start = time.monotonic()
-    with running_vllm(model_dir, port=port, token=token, log_path=root / "vllm.log", dtype="float32") as srv:
-        _running.append(srv.url)
-        try:
-            print(f"\n[{kind}] vLLM healthy after {time.monotonic() - start:.1f} s at {srv.url}")
-            server = Server(index=0, address=f"127.0.0.1:{port}", model=str(model_dir), backend="vllm")
-            yield Served(kind=kind, server=server, token=token, model_dir=model_dir, weights_root=root / "weights",
-                         probe=probe)
-        finally:
-            _running.remove(srv.url)
+    server = Server(index=0, address=shared.server.url.removeprefix("http://"), model=str(shared.model_dir),
+                    backend="vllm")
+    return Served(kind=kind, server=server, token=shared.token, model_dir=shared.model_dir,
+                  weights_root=tmp_path_factory.mktemp(f"weight_sync_{kind}") / "weights", probe=probe)
 
 
 def perturbed(model_dir: Path, seed: int) -> Any:
