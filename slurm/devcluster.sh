@@ -13,7 +13,8 @@
 # declaring CPUs=64 RealMemory=512000 Gres=gpu:8, the size of a real 8-GPU node so that GPU configs pass
 # --test-only (SlurmdParameters=config_overrides lets a node claim more than the machine has). The 8 "GPUs" are character devices <state>/dev/fakegpu[0-7] (major 1 minor 3, i.e. /dev/null) shared
 # by all nodes; Slurm hands them out and sets CUDA_VISIBLE_DEVICES exactly as on a real GPU site.
-# One partition `debug` (default, no time limit). Backfill runs every second: heterogeneous jobs are only started by
+# One partition `debug` (default, no time limit). A requeued job runs again after ~31 s (AuthInfo=cred_expire=30;
+# Slurm's default, and most sites', is 120 s). Backfill runs every second: heterogeneous jobs are only started by
 # the backfill scheduler. There is no slurmdbd, hence no sacct; finished jobs stay visible in squeue/scontrol for
 # MinJobAge=300 s.
 #
@@ -121,6 +122,8 @@ SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# Step credentials live 30 s (default 120): Slurm holds a requeued job that long (+1 s) before it runs again.
+AuthInfo=cred_expire=30
 CredType=cred/munge
 StateSaveLocation=$STATE_DIR/ctld
 SlurmctldPidFile=$CTLD_PIDFILE
