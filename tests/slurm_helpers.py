@@ -12,17 +12,18 @@ from .conftest import run_rlkit
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
 
 
-def status_row(name: str) -> dict[str, object]:
-    result = run_rlkit("status", "--json")
+def status_row(name: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    result = run_rlkit("status", "--json", env=env)
     assert result.returncode == 0, result.stderr
     return next(r for r in json.loads(result.stdout) if r["name"] == name)
 
 
-def wait_state(name: str, done: set[str] | None = None, timeout: float = 900) -> str:
+def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
+               env: dict[str, str] | None = None) -> str:
     """Poll Slurm (through `rlkit status`) until the job is no longer active (or reaches one of `done`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = str(status_row(name)["state"])
+        state = str(status_row(name, env)["state"])
         if (done and state in done) or (not done and state not in ACTIVE):
             return state
         time.sleep(2)

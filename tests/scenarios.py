@@ -1,0 +1,57 @@
+"""Test helper (not a conftest): independent trials side by side on the dev cluster.
+
+An end-to-end scenario (submit, wait, inject a fault, wait for the end state) spends most of its wall time waiting:
+on Slurm, on server start-up, on a requeue delay. A module starts its scenarios at once in a `ScenarioPool`, which
+runs at most `workers` of them side by side in background threads, longest first, and each test then waits for the
+result of its own scenario and asserts on it. A scenario's failure (an assertion or a timeout inside it) is raised
+again in its test. The number side by side is bounded because the machine is small (2 cores, 24 GiB): a trial of the
+CPU demo holds two vLLM servers and two trainer ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+SIDE_BY_SIDE = 2  # trials of the CPU demo's shape at once; measured in the issue note of the suite-time work
+
+
+class ScenarioPool:
+    """Named scenarios run in background threads, at most `workers` at a time, in the order they were started."""
+
+    def __init__(self, workers: int = SIDE_BY_SIDE) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scenario")
+        self._futures: dict[str, Future[Any]] = {}
+        self.seconds: dict[str, float] = {}
+
+    def start(self, name: str, scenario: Callable[[], Any]) -> None:
+        def timed() -> Any:
+            began = time.monotonic()
+            try:
+                return scenario()
+            finally:
+                self.seconds[name] = time.monotonic() - began
+
+        self._futures[name] = self._executor.submit(timed)
+
+    def result(self, name: str, timeout: float = 3600) -> Any:
+        """The scenario's return value, once it has finished; its exception if it raised one."""
+        return self._futures[name].result(timeout=timeout)
+
+    def close(self) -> None:
+        """Drop the scenarios not started yet, wait for the running ones (each ends by its own timeouts)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def scenario_pool(workers: int = SIDE_BY_SIDE) -> Iterator[ScenarioPool]:
+    pool = ScenarioPool(workers)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        if pool.seconds:
+            print("\nscenario wall times: " + ", ".join(f"{k} {v:.0f} s" for k, v in pool.seconds.items()))
