@@ -14,8 +14,17 @@ from rlkit.errors import SlurmError, StepError, UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
-err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+PIPED_WIDTH = 1000  # a table sized to its content, never cut at rich's 80-column default for non-terminals
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console of the terminal's width; piped or redirected output gets the full lines (tables not truncated)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else PIPED_WIDTH)
+
+
+err = _console(stderr=True)
+out = _console()
 
 CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
 OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)
