@@ -10,9 +10,12 @@ import pytest
 from ..conftest import run_rlkit
 
 
-def _queue_size() -> int:
-    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
-    return len(out.split())
+def _test_jobs() -> set[str]:
+    """Ids of the jobs (any state) of the tests' experiment `test-exp`: other tests' trials may come and go."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %j"], capture_output=True, text=True,
+                         check=True).stdout
+    return {fields[0] for fields in map(str.split, out.splitlines()) if fields[1:2] and
+            fields[1].startswith("test-exp_")}
 
 
 def _assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None:
@@ -46,14 +49,15 @@ MISTAKES = [
 @pytest.mark.parametrize(("overrides", "says"), MISTAKES)
 def test_bad_submit_changes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
                                     says: str) -> None:
-    before = _queue_size()
+    before = _test_jobs()
     _assert_refused(run_rlkit("submit", str(generate_yaml), *overrides), says)
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
-    assert _queue_size() == before
+    assert _test_jobs() == before
 
 
 TRAINING_MISTAKES = [
+    pytest.param(["launcher.slurm.time=5"], "not longer than recover.time_limit_warning", id="time-under-warning"),
     pytest.param(["train_dataset.path=/no/train.jsonl"], "train_dataset.path: '/no/train.jsonl' does not exist",
                  id="missing-dataset"),
     pytest.param(["reward.fn=no_such_reward"], "is not a built-in reward", id="unknown-builtin-reward"),
@@ -77,11 +81,11 @@ TRAINING_MISTAKES = [
 @pytest.mark.parametrize(("overrides", "says"), TRAINING_MISTAKES)
 def test_bad_training_config_changes_nothing(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path,
                                              overrides: list[str], says: str) -> None:
-    before = _queue_size()
+    before = _test_jobs()
     _assert_refused(run_rlkit("submit", str(grpo_yaml), *overrides), says)
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
-    assert _queue_size() == before
+    assert _test_jobs() == before
 
 
 @pytest.mark.slurm
