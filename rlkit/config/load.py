@@ -18,6 +18,7 @@ from omegaconf.errors import (
 )
 
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
 
 
@@ -82,7 +83,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist", hint="give the path of an experiment YAML file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -95,13 +96,27 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
-    """Dotlist overrides (`a.b=1`) as a DictConfig; malformed items raise ConfigError."""
+    """Dotlist overrides (`a.b=1`) as a DictConfig, values read as in the YAML file; malformed ones: ConfigError."""
+    tree: dict[str, Any] = {}
     for item in overrides:
-        key = item.split("=", 1)[0]
-        if "=" not in item or not key or key.startswith(".") or key.endswith("."):
+        key, _, text = item.partition("=")
+        parts = key.split(".")
+        if "=" not in item or not all(parts):
             raise ConfigError(f"override '{item}' is not of the form key.path=value", hint="e.g. cluster.n_nodes=4")
+        try:
+            value = load_yaml(text) if text else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(exc, 'problem', exc)})",
+                              hint="quote it: key='value with: colons'") from None
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[parts[-1]] = value
     try:
-        return OmegaConf.from_dotlist(list(overrides))
+        return OmegaConf.create(tree)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"cannot parse overrides {overrides}: {str(exc).splitlines()[0]}") from None
 

@@ -59,7 +59,8 @@ class SlurmConfig:
     partition: str = _f("", "Slurm partition (empty: the cluster's default).")
     account: str = _f("", "Slurm account to charge (empty: your default).")
     qos: str = _f("", "Slurm QOS (empty: default).")
-    time: str = _f("", "Time limit, e.g. 2-00:00:00 or 90 (minutes); empty: the partition's default.")
+    time: str = _f("", "Time limit: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]] (90 is minutes), rendered as D-HH:MM:SS; "
+                       "empty: the partition's default.")
     constraint: str = _f("", "Node features required (--constraint), e.g. a100.")
     nodelist: str = _f("", "Exact nodes to use (hostlist, e.g. gpu[01-03]); split in order over the job's components.")
     exclude: str = _f("", "Nodes never to use (hostlist).")

@@ -11,13 +11,13 @@ import shlex
 from pathlib import Path
 
 from rlkit.config.schema import CONTAINER_TYPES, JOB_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig
+from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.errors import ConfigError
 
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 _TRIAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-_SLURM_TIME = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")
 _IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._+@/=,:-]+$")
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -25,7 +25,7 @@ DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 def check_name(field: str, value: str, pattern: re.Pattern[str], forbidden: str) -> None:
     """Experiment and trial names become directory names and Slurm job names."""
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise ConfigError(
             f"{field} '{value}' is not allowed: use letters, digits and '.', without {forbidden}, '/' or spaces",
             hint=f"e.g. {field}={'math-grpo' if field == 'experiment_name' else 'run_1'}",
@@ -37,7 +37,7 @@ def parse_env_vars(field: str, text: str) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
-        if not sep or not _ENV_NAME.match(name):
+        if not sep or not _ENV_NAME.fullmatch(name):
             raise ConfigError(f"{field}: '{item}' is not NAME=VALUE", hint=f"e.g. {field}='NCCL_DEBUG=WARN,A=1'")
         env[name] = value
     return env
@@ -102,7 +102,7 @@ def validate(config: ExperimentConfig) -> None:
     cluster = config.cluster
     if not cluster.fileroot.startswith("/"):
         raise ConfigError(f"cluster.fileroot '{cluster.fileroot}' must be an absolute path on the shared filesystem")
-    if not _SAFE_PATH.match(cluster.fileroot):
+    if not _SAFE_PATH.fullmatch(cluster.fileroot):
         raise ConfigError(f"cluster.fileroot {cluster.fileroot!r} has characters Slurm's #SBATCH lines and file "
                           "patterns cannot carry (spaces, quotes, '%', '$', ';', '\\' or newlines)",
                           hint="use a path of letters, digits and . _ - + / @ only")
@@ -121,9 +121,18 @@ def validate(config: ExperimentConfig) -> None:
     parse_env_vars("launcher.inference_server_env_vars", launcher.inference_server_env_vars)
     parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars)
     slurm = launcher.slurm
-    if slurm.time and slurm.time.upper() not in ("UNLIMITED", "INFINITE") and not _SLURM_TIME.match(slurm.time):
-        raise ConfigError(f"launcher.slurm.time '{slurm.time}' is not a Slurm time",
-                          hint="use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 2-00:00:00")
+    if slurm.time:
+        try:
+            seconds = slurm_time_seconds(slurm.time)
+        except ValueError as exc:
+            raise ConfigError(f"launcher.slurm.time {exc}",
+                              hint="use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 2-00:00:00; "
+                                   "quoting is not needed") from None
+        warning = config.recover.time_limit_warning
+        if config.type == "grpo" and config.recover.mode != "disabled" and seconds is not None and seconds <= warning:
+            raise ConfigError(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning "
+                              f"({warning} s): Slurm would warn the trainer before it starts",
+                              hint="give the job more time or lower recover.time_limit_warning")
     for name in ("srun_additional_args", "sbatch_additional_args", "apptainer_args"):
         try:
             shlex.split(getattr(slurm, name))

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
 from rlkit.errors import ConfigError
 from rlkit.launch.allocation import Allocation, parse_allocation
@@ -178,10 +179,11 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None, attempt: in
         env=trainer_env, image=slurm.trainer_image, log=str(paths.step_log(config.type)),
     ))
 
+    time = format_slurm_time(slurm_time_seconds(slurm.time)) if slurm.time else ""
     component_options = tuple(
         f"--{name}={value}"
         for name, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos),
-                            ("time", slurm.time), ("constraint", slurm.constraint), ("exclude", slurm.exclude))
+                            ("time", time), ("constraint", slurm.constraint), ("exclude", slurm.exclude))
         if value
     )
     binds = [*parse_mounts(slurm.mount)]
