@@ -44,7 +44,8 @@ def test_there_are_gpu_and_cpu_examples() -> None:
 
 
 def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
-    """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py); GPU ones keep it."""
+    """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py) and keep their
+    worker in the engine process (no busy-polling second process); GPU servers keep vLLM's defaults."""
     from rlkit.steps.serve import server_command
 
     for path in EXAMPLES:
@@ -52,6 +53,8 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
         argv = server_command(config, "vllm", 1, 8000)
         on_cpu = config.launcher.slurm.container_type == "none"
         assert ("--enforce-eager" in argv, "--no-enforce-eager" in argv) == (on_cpu, not on_cpu), path.name
+        one_process = "VLLM_ENABLE_V1_MULTIPROCESSING=0" in config.launcher.inference_server_env_vars.split(",")
+        assert one_process == on_cpu, path.name
 
 
 @pytest.mark.slurm
