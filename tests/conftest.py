@@ -111,3 +111,13 @@ def vllm_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSlot]:
         yield slot
     finally:
         slot.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Scenario wall times: `--durations` charges a pooled scenario to the test that waited for it, not to itself."""
+    from .scenarios import WALL_TIMES
+
+    if WALL_TIMES:
+        terminalreporter.write_sep("=", "end-to-end scenarios (side by side), wall time each")
+        for name, seconds in sorted(WALL_TIMES.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:8.1f}s  {name}")
