@@ -26,7 +26,6 @@ class ScenarioPool:
     def __init__(self, workers: int = SIDE_BY_SIDE) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scenario")
         self._futures: dict[str, Future[Any]] = {}
-        self.seconds: dict[str, float] = {}
 
     def start(self, name: str, scenario: Callable[[], Any]) -> None:
         def timed() -> Any:
@@ -34,7 +33,7 @@ class ScenarioPool:
             try:
                 return scenario()
             finally:
-                self.seconds[name] = WALL_TIMES[name] = time.monotonic() - began
+                WALL_TIMES[name] = time.monotonic() - began
 
         self._futures[name] = self._executor.submit(timed)
 

@@ -17,7 +17,6 @@ from rlkit.errors import ConfigError
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 _TRIAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._+@/=,:-]+$")
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")

@@ -26,20 +26,18 @@ class TextFaithfulLoader(yaml.SafeLoader):
 
 
 def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    text = loader.construct_scalar(node)
-    return int(text) if isinstance(text, str) and _PLAIN_INT.fullmatch(text) else text
+    text = str(loader.construct_scalar(node))
+    return int(text) if _PLAIN_INT.fullmatch(text) else text
 
 
 def _float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    text = loader.construct_scalar(node)
-    if isinstance(text, str) and _PLAIN_FLOAT.fullmatch(text):
-        return loader.construct_yaml_float(node)
-    return text
+    text = str(loader.construct_scalar(node))
+    return loader.construct_yaml_float(node) if _PLAIN_FLOAT.fullmatch(text) else text
 
 
 def _bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    text = loader.construct_scalar(node)
-    return _PLAIN_BOOL.get(text.lower(), text) if isinstance(text, str) else text
+    text = str(loader.construct_scalar(node))
+    return _PLAIN_BOOL.get(text.lower(), text)
 
 
 TextFaithfulLoader.add_constructor("tag:yaml.org,2002:int", _int)
