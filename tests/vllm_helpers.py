@@ -134,8 +134,9 @@ class ServerSlot:
     one at a time next to the rest of the suite.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, untied_model: Path) -> None:
         self._root = root
+        self._untied_model = untied_model  # the session's tiny model; the tied one is built here when asked for
         self._stack = contextlib.ExitStack()
         self.current: SharedServer | None = None
 
@@ -146,7 +147,8 @@ class ServerSlot:
         if self.current is not None and self.current.kind == kind:
             return self.current
         self.close()
-        model_dir = build_tiny_model(self._root / kind, tie_word_embeddings=kind == "tied")
+        model_dir = self._untied_model if kind == "untied" else build_tiny_model(self._root / kind,
+                                                                                   tie_word_embeddings=True)
         token = secrets.token_urlsafe(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
