@@ -10,7 +10,7 @@ import click
 import typer
 from rich.console import Console
 
-from rlkit.errors import SlurmError, StepError, UserError
+from rlkit.errors import SlurmError, StepError, UserError, each_error
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
@@ -60,14 +60,21 @@ def resume(trial: str = typer.Argument(..., help="The trial to continue (experim
 
 @app.command()
 def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
-           test_only: bool = typer.Option(False, "--test-only", help="Also ask the controller (sbatch --test-only).")
-           ) -> None:
-    """Print the sbatch script the config gives (a dry run: nothing is written or submitted)."""
+           test_only: bool = typer.Option(False, "--test-only", help="Also ask the controller (sbatch --test-only)."),
+           strict: bool = typer.Option(False, "--strict", help="Refuse missing site files (images, models, data) "
+                                       "as submit does, instead of warning.")) -> None:
+    """Print the sbatch script the config gives (a dry run: nothing is written or submitted). Missing site files
+    are listed as warnings on stderr."""
     from rlkit.launch import slurm
     from rlkit.launch.submit import prepare
 
-    prepared = prepare(config, overrides or [])
+    prepared = prepare(config, overrides or [], dry_run=not strict)
     sys.stdout.write(prepared.script)
+    for warning in prepared.warnings:
+        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+    if prepared.warnings:
+        err.print(f"  {len(prepared.warnings)} site file(s) missing here: `rlkit submit` refuses this config until "
+                  "they exist (render --strict refuses it too)", highlight=False)
     if test_only:
         err.print(slurm.sbatch_test_only(prepared.script))
 
@@ -155,9 +162,13 @@ def main() -> None:
     try:
         rc = app(standalone_mode=False)
     except UserError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc.message}", highlight=False)
-        if exc.hint:
-            err.print(f"  [bold]fix:[/bold] {exc.hint}", highlight=False)
+        problems = each_error(exc)
+        for problem in problems:
+            err.print(f"[bold red]error:[/bold red] {problem.message}", highlight=False)
+            if problem.hint:
+                err.print(f"  [bold]fix:[/bold] {problem.hint}", highlight=False)
+        if len(problems) > 1:
+            err.print(f"{len(problems)} problems; nothing was written or submitted", highlight=False)
         _exit(exc.exit_code)
     except click.exceptions.UsageError as exc:
         exc.show()

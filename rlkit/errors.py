@@ -18,7 +18,25 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """The configuration (YAML or override) is invalid."""
+    """The configuration (YAML or override) is invalid. `site`: the problem is a missing or unusable file of the
+    site (image, model, dataset, fileroot), which `rlkit render` reports as a warning and `submit` refuses."""
+
+    def __init__(self, message: str, *, hint: str | None = None, site: bool = False) -> None:
+        super().__init__(message, hint=hint)
+        self.site = site
+
+
+class ConfigErrors(ConfigError):
+    """Every problem found in one configuration, reported together (one line each, then exit 2)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors), site=all(e.site for e in errors))
+        self.errors = errors
+
+
+def each_error(exc: UserError) -> list[UserError]:
+    """The single problems inside `exc` (itself, unless it collects several)."""
+    return list(exc.errors) if isinstance(exc, ConfigErrors) else [exc]
 
 
 class SlurmError(Exception):

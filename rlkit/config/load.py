@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +19,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
@@ -137,39 +140,103 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
         _check_sections(value, section, f"{prefix}{f.name}.", origin)
 
 
-def compose(data: dict[str, Any], overrides: list[str], *, source: str) -> DictConfig:
-    """Merge a YAML mapping and overrides onto the schema; resolve interpolations. Raises ConfigError."""
-    cfg = OmegaConf.structured(ExperimentConfig)
-    _check_sections(data, ExperimentConfig, "", f"in {source}")
-    override_cfg = parse_overrides(overrides)
-    _check_sections(OmegaConf.to_container(override_cfg), ExperimentConfig, "", "in a command-line override")
-    try:
-        cfg = OmegaConf.merge(cfg, OmegaConf.create(data))
-    except OmegaConfBaseException as exc:
-        raise _explain(exc, f"in {source}") from None
-    try:
-        cfg = OmegaConf.merge(cfg, override_cfg)
-    except OmegaConfBaseException as exc:
-        raise _explain(exc, "in a command-line override") from None
-    assert isinstance(cfg, DictConfig)
+def _drop(data: dict[str, Any], full_key: str) -> bool:
+    """Remove the entry at a dotted key (a list index drops the whole list); False when it is not there."""
+    parts = [part.split("[", 1)[0] for part in full_key.split(".")]
+    node: Any = data
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+            return False
+        node = node[part]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        return False
+    del node[parts[-1]]
+    return True
+
+
+@functools.cache
+def _schema() -> DictConfig:
+    """The schema as an OmegaConf tree, built once per process (merging copies it, never changes it)."""
+    return OmegaConf.structured(ExperimentConfig)
+
+
+def _merge_all(cfg: DictConfig, data: dict[str, Any], origin: str, problems: Problems) -> DictConfig:
+    """Merge `data` onto `cfg`. A key OmegaConf refuses (unknown, wrong type) is reported and left out, and the
+    merge is tried again, so every such key is reported at once."""
+    data = copy.deepcopy(data)
+    while True:
+        try:
+            merged = OmegaConf.merge(cfg, OmegaConf.create(data))
+        except OmegaConfBaseException as exc:
+            problems.errors.append(_explain(exc, origin))
+            if not _drop(data, str(getattr(exc, "full_key", "") or "")):
+                return cfg
+            continue
+        assert isinstance(merged, DictConfig)
+        return merged
+
+
+def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems) -> DictConfig | None:
+    """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
+    `problems`. None when no typed config can be built (a required field missing, a reference unresolvable)."""
+    cfg = _schema()
+    with problems.check():
+        _check_sections(data, ExperimentConfig, "", f"in {source}")
+    override_cfg = None
+    with problems.check():
+        override_cfg = parse_overrides(overrides)
+        _check_sections(OmegaConf.to_container(override_cfg), ExperimentConfig, "", "in a command-line override")
+    if not problems.ok():
+        return None  # a section given as a value, or an unreadable override: nothing sensible to merge
+    assert override_cfg is not None
+    cfg = _merge_all(cfg, data, f"in {source}", problems)
+    if overrides:
+        cfg = _merge_all(cfg, cast(dict[str, Any], OmegaConf.to_container(override_cfg)),
+                         "in a command-line override", problems)
     missing = sorted(OmegaConf.missing_keys(cfg))
+    for key in missing:
+        problems.add(f"required field '{key}' is not set", hint=f"add it to {source} or pass {key}=... on the "
+                                                                "command line")
     if missing:
-        raise ConfigError(f"required field '{missing[0]}' is not set",
-                          hint=f"add it to {source} or pass {missing[0]}=... on the command line")
+        return None
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
-        raise _explain(exc, "while resolving ${...} references") from None
+        problems.errors.append(_explain(exc, "while resolving ${...} references"))
+        return None
     return cfg
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load an experiment YAML with overrides into a typed, resolved ExperimentConfig (no semantic checks)."""
+def load_config_collecting(path: str | Path, overrides: list[str], problems: Problems) -> ExperimentConfig | None:
+    """Load an experiment YAML with overrides, adding every schema problem to `problems`; None when no typed
+    config could be built. A missing or unparsable file is raised at once (there is nothing else to check)."""
     path = Path(path)
-    cfg = compose(read_yaml(path), list(overrides or []), source=str(path))
+    return _typed(compose(read_yaml(path), list(overrides), source=str(path), problems=problems))
+
+
+def _typed(cfg: DictConfig | None) -> ExperimentConfig | None:
+    if cfg is None:
+        return None
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, ExperimentConfig)
     return obj
+
+
+def config_from_mapping(data: dict[str, Any], overrides: list[str] | None = None, *,
+                        source: str = "a mapping") -> ExperimentConfig:
+    """A typed config from a mapping (as if read from YAML) and overrides; raises ConfigErrors naming every
+    schema problem."""
+    problems = Problems()
+    config = _typed(compose(data, list(overrides or []), source=source, problems=problems))
+    problems.raise_if_any()
+    assert config is not None
+    return config
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load an experiment YAML with overrides into a typed, resolved ExperimentConfig (no semantic checks);
+    raises ConfigErrors naming every schema problem."""
+    return config_from_mapping(read_yaml(Path(path)), overrides, source=str(path))
 
 
 def to_yaml(config: ExperimentConfig) -> str:

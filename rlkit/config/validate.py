@@ -1,25 +1,48 @@
 """Semantic checks of a loaded ExperimentConfig, run before anything touches disk or Slurm.
 
-Each check raises ConfigError naming the field, the problem and the fix. The GPU layout itself is checked by the
-planner (rlkit.launch.plan), which is the one place that knows how GPUs become nodes.
+Every check runs, and every problem is kept (rlkit.config.problems): the user sees all of them at once, each
+naming its field and its fix. The GPU layout itself is checked by the planner (rlkit.launch.plan), the one place
+that knows how GPUs become nodes; `rlkit.launch.submit.prepare` adds its problems to these.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
+from rlkit.config.allocation import Allocation, parse_allocation
+from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, JOB_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig
+from rlkit.config.site_files import (
+    check_dataset_file,
+    check_image,
+    check_model_dir,
+    check_tokenizer_dir,
+    check_writable_root,
+    is_local_path,
+)
 from rlkit.config.slurm_time import slurm_time_seconds
+from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
+from rlkit.paths import RESERVED_NAMES, TrialPaths
 
-_EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
-_TRIAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9._+@/=,:-]+$")
-DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
+_EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
+_TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
+MAX_NAME_LENGTH = 64  # experiment and trial names: directory names, Slurm job names, squeue columns
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A config with every problem found in it, and its allocation when that parsed (the planner's input)."""
+
+    config: ExperimentConfig
+    allocation: Allocation | None
+    problems: Problems
 
 
 def check_name(field: str, value: str, pattern: re.Pattern[str], forbidden: str) -> None:
@@ -29,6 +52,9 @@ def check_name(field: str, value: str, pattern: re.Pattern[str], forbidden: str)
             f"{field} '{value}' is not allowed: use letters, digits and '.', without {forbidden}, '/' or spaces",
             hint=f"e.g. {field}={'math-grpo' if field == 'experiment_name' else 'run_1'}",
         )
+    if len(value) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{field} is {len(value)} characters long; at most {MAX_NAME_LENGTH} are allowed "
+                          "(it names directories and the Slurm job)", hint=f"shorten {field}")
 
 
 def parse_env_vars(field: str, text: str) -> dict[str, str]:
@@ -56,127 +82,170 @@ def parse_mounts(text: str) -> list[str]:
     return mounts
 
 
-def is_image_uri(image: str) -> bool:
-    """An image Apptainer fetches itself (not a local file we can check)."""
-    return image.startswith(_IMAGE_URI)
-
-
-def _check_image(field: str, image: str) -> None:
-    if not image:
-        raise ConfigError(f"{field} is empty but launcher.slurm.container_type is apptainer",
-                          hint=f"set {field}=/path/to/image.sif, or launcher.slurm.container_type=none")
-    if not is_image_uri(image) and not Path(image).is_file():
-        raise ConfigError(f"{field}: image file '{image}' does not exist",
-                          hint="build it from containers/ (apptainer build) or point to an existing .sif")
-
-
-def check_model_dir(field: str, value: str) -> None:
-    """A local model path (absolute or relative) must be a Hugging Face model directory; hub ids are not checked."""
-    if value.startswith(("/", ".")) and not (Path(value) / "config.json").is_file():
-        raise ConfigError(f"{field}: '{value}' is not a model directory (no config.json)",
-                          hint="point to a Hugging Face model directory on the shared filesystem")
-
-
-def check_dataset_file(field: str, value: str) -> None:
-    """A dataset must be a local .jsonl/.json/.parquet file or a directory of them."""
-    path = Path(value)
-    if not path.exists():
-        raise ConfigError(f"{field}: '{value}' does not exist", hint="give the path of a .jsonl or .parquet file")
-    if path.is_file() and path.suffix not in DATASET_SUFFIXES:
-        raise ConfigError(f"{field}: '{value}' is not a .jsonl or .parquet file")
-
-
 def server_model(config: ExperimentConfig, backend: str) -> str:
     """The model the inference servers load (the backend's own field, else actor.path)."""
     own = config.vllm.model if backend == "vllm" else config.sglang.model_path
     return own or config.actor.path
 
 
-def validate(config: ExperimentConfig) -> None:
-    """Check everything that can be checked without Slurm; raise ConfigError on the first problem."""
-    check_name("experiment_name", config.experiment_name, _EXPERIMENT, "'_'")
-    check_name("trial_name", config.trial_name, _TRIAL, "'-'")
+def validate(config: ExperimentConfig) -> Validated:
+    """Check everything that can be checked without Slurm; collect every problem (never raises for a mistake)."""
+    problems = Problems()
+    check_strings(config, problems)
+    with problems.check():
+        check_name("experiment_name", config.experiment_name, _EXPERIMENT, "'_'")
+    with problems.check():
+        check_name("trial_name", config.trial_name, _TRIAL, "'-'")
     if config.type not in JOB_TYPES:
-        raise ConfigError(f"type '{config.type}' is not a job type", hint=f"choose one of: {', '.join(JOB_TYPES)}")
+        problems.add(f"type '{config.type}' is not a job type", hint=f"choose one of: {', '.join(JOB_TYPES)}")
+    _validate_cluster(config, problems)
+    _validate_launcher(config, problems)
+    if config.rollout.max_concurrent_rollouts < 1:
+        problems.add("rollout.max_concurrent_rollouts must be at least 1")
+    if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
+        problems.add("gconfig.n_samples and gconfig.max_new_tokens must be at least 1")
+    if config.valid_dataset.path:
+        problems.add("valid_dataset.path is set, but rlkit does not evaluate on a validation set yet: it would be "
+                     "ignored", hint="remove valid_dataset (evaluation comes with the evaluator job type)")
+    allocation = None
+    with problems.check():
+        allocation = parse_allocation(config.allocation_mode)
+    if allocation is not None:
+        _validate_models(config, allocation, problems)
+    if config.type == "generate":
+        _validate_generate(config, problems)
+    if config.type == "grpo":
+        from rlkit.config.validate_training import validate_training
+
+        validate_training(config, allocation, problems)
+    return Validated(config, allocation, problems)
+
+
+def _validate_cluster(config: ExperimentConfig, problems: Problems) -> None:
     cluster = config.cluster
     if not cluster.fileroot.startswith("/"):
-        raise ConfigError(f"cluster.fileroot '{cluster.fileroot}' must be an absolute path on the shared filesystem")
-    if not _SAFE_PATH.fullmatch(cluster.fileroot):
-        raise ConfigError(f"cluster.fileroot {cluster.fileroot!r} has characters Slurm's #SBATCH lines and file "
-                          "patterns cannot carry (spaces, quotes, '%', '$', ';', '\\' or newlines)",
-                          hint="use a path of letters, digits and . _ - + / @ only")
+        problems.add(f"cluster.fileroot '{cluster.fileroot}' must be an absolute path on the shared filesystem")
+    elif not _SAFE_PATH.fullmatch(cluster.fileroot):
+        problems.add(f"cluster.fileroot {cluster.fileroot!r} has characters Slurm's #SBATCH lines and file "
+                     "patterns cannot carry (spaces, quotes, ',', ':', '%', '$', ';', '\\' or newlines)",
+                     hint="use a path of letters, digits and . _ - + / @ only")
+    else:
+        with problems.check():
+            check_writable_root("cluster.fileroot",
+                                TrialPaths.of(cluster.fileroot, config.experiment_name, config.trial_name).root)
+    record_root = cluster.name_resolve.nfs_record_root
+    if record_root.startswith("/") and not _SAFE_PATH.fullmatch(record_root):
+        problems.add(f"cluster.name_resolve.nfs_record_root {record_root!r} has characters that container binds and "
+                     "job scripts cannot carry (spaces, quotes, ',', ':', '%', '$', ';', '\\')",
+                     hint="use a path of letters, digits and . _ - + / @ only")
     if cluster.n_nodes < 1 or cluster.n_gpus_per_node < 1:
-        raise ConfigError("cluster.n_nodes and cluster.n_gpus_per_node must be at least 1")
+        problems.add("cluster.n_nodes and cluster.n_gpus_per_node must be at least 1")
     if cluster.name_resolve.type not in NAME_RESOLVE_TYPES:
-        raise ConfigError(f"cluster.name_resolve.type '{cluster.name_resolve.type}' is not supported",
-                          hint=f"choose one of: {', '.join(NAME_RESOLVE_TYPES)}")
+        problems.add(f"cluster.name_resolve.type '{cluster.name_resolve.type}' is not supported",
+                     hint=f"choose one of: {', '.join(NAME_RESOLVE_TYPES)}")
     if not cluster.name_resolve.nfs_record_root.startswith("/"):
-        raise ConfigError("cluster.name_resolve.nfs_record_root must be an absolute path on the shared filesystem")
+        problems.add("cluster.name_resolve.nfs_record_root must be an absolute path on the shared filesystem")
+
+
+def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
     launcher = config.launcher
     for name in ("inference_server_cpus_per_gpu", "inference_server_mem_per_gpu", "trainer_cpus_per_gpu",
                  "trainer_mem_per_gpu", "client_cpus", "client_mem"):
         if getattr(launcher, name) < 1:
-            raise ConfigError(f"launcher.{name} must be at least 1 (got {getattr(launcher, name)})")
-    parse_env_vars("launcher.inference_server_env_vars", launcher.inference_server_env_vars)
-    parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars)
+            problems.add(f"launcher.{name} must be at least 1 (got {getattr(launcher, name)})")
+    for name in ("inference_server_env_vars", "trainer_env_vars"):
+        with problems.check():
+            parse_env_vars(f"launcher.{name}", getattr(launcher, name))
     slurm = launcher.slurm
     if slurm.time:
-        try:
-            seconds = slurm_time_seconds(slurm.time)
-        except ValueError as exc:
-            raise ConfigError(f"launcher.slurm.time {exc}",
-                              hint="use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 2-00:00:00; "
-                                   "quoting is not needed") from None
-        warning = config.recover.time_limit_warning
-        if config.type == "grpo" and config.recover.mode != "disabled" and seconds is not None and seconds <= warning:
-            raise ConfigError(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning "
-                              f"({warning} s): Slurm would warn the trainer before it starts",
-                              hint="give the job more time or lower recover.time_limit_warning")
+        _validate_time(config, problems)
     for name in ("srun_additional_args", "sbatch_additional_args", "apptainer_args"):
         try:
             shlex.split(getattr(slurm, name))
         except ValueError as exc:
-            raise ConfigError(f"launcher.slurm.{name} cannot be split into arguments: {exc}") from None
+            problems.add(f"launcher.slurm.{name} cannot be split into arguments: {exc}",
+                         hint="close the quote, or quote a value with spaces like --comment='two words'")
     if slurm.container_type not in CONTAINER_TYPES:
-        raise ConfigError(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",
-                          hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
-    parse_mounts(slurm.mount)
+        problems.add(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",
+                     hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
+    with problems.check():
+        parse_mounts(slurm.mount)
     if slurm.container_type == "apptainer":
-        _check_image("launcher.slurm.inference_server_image", slurm.inference_server_image)
-        _check_image("launcher.slurm.trainer_image", slurm.trainer_image)
-    if config.rollout.max_concurrent_rollouts < 1:
-        raise ConfigError("rollout.max_concurrent_rollouts must be at least 1")
-    if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
-        raise ConfigError("gconfig.n_samples and gconfig.max_new_tokens must be at least 1")
-    _validate_models(config)
-    if config.type == "generate":
-        _validate_generate(config)
-    if config.type == "grpo":
-        from rlkit.config.validate_training import validate_training
-
-        validate_training(config)
+        for name in ("inference_server_image", "trainer_image"):
+            with problems.check():
+                check_image(f"launcher.slurm.{name}", getattr(slurm, name))
 
 
-def _validate_models(config: ExperimentConfig) -> None:
-    """Local model directories the job will load must exist (hub ids are left to the servers)."""
-    from rlkit.launch.allocation import parse_allocation
+def _validate_time(config: ExperimentConfig, problems: Problems) -> None:
+    slurm = config.launcher.slurm
+    try:
+        seconds = slurm_time_seconds(slurm.time)
+    except ValueError as exc:
+        problems.add(f"launcher.slurm.time {exc}", hint="use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. "
+                                                        "2-00:00:00; quoting is not needed")
+        return
+    warning = config.recover.time_limit_warning
+    if config.type == "grpo" and config.recover.mode != "disabled" and seconds is not None and seconds <= warning:
+        problems.add(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning ({warning} s):"
+                     " Slurm would warn the trainer before it starts",
+                     hint="give the job more time or lower recover.time_limit_warning")
 
-    alloc = parse_allocation(config.allocation_mode)
-    if alloc.server is not None:
-        own_field = "vllm.model" if alloc.server.backend == "vllm" else "sglang.model_path"
-        model = server_model(config, alloc.server.backend)
-        check_model_dir(own_field if model != config.actor.path else "actor.path", model)
-    tok = config.tokenizer_path
-    if tok.startswith(("/", ".")) and not any((Path(tok) / f).is_file() for f in ("tokenizer.json",
-                                                                                   "tokenizer_config.json")):
-        raise ConfigError(f"tokenizer_path: '{tok}' holds no tokenizer (tokenizer.json or tokenizer_config.json)",
-                          hint="point to a Hugging Face tokenizer directory, or leave it empty to use the model's")
+
+def _validate_models(config: ExperimentConfig, allocation: Allocation, problems: Problems) -> None:
+    """Local model directories the job will load must exist (hub ids are left to the servers), and a completion
+    must fit the servers' context."""
+    if allocation.server is None:
+        return
+    backend = allocation.server.backend
+    own_field = "vllm.model" if backend == "vllm" else "sglang.model_path"
+    model = server_model(config, backend)
+    field = own_field if model != config.actor.path else "actor.path"
+    with problems.check():
+        check_model_dir(field, model)
+    if config.tokenizer_path:
+        with problems.check():
+            check_tokenizer_dir("tokenizer_path", config.tokenizer_path)
+    limit, limit_field = (config.vllm.max_model_len, "vllm.max_model_len") if backend == "vllm" else (
+        config.sglang.context_length, "sglang.context_length")
+    if limit is None and is_local_path(model):
+        limit, limit_field = _model_positions(model), f"the max_position_embeddings of {model}"
+    if limit is None:
+        return
+    new = config.gconfig.max_new_tokens
+    if new >= limit:
+        problems.add(f"gconfig.max_new_tokens ({new}) leaves no room for a prompt in the servers' context of "
+                     f"{limit} tokens ({limit_field}): every request would be rejected",
+                     hint=f"lower gconfig.max_new_tokens below {limit}, or raise {limit_field}")
+    prompt = config.train_dataset.max_length if config.type == "grpo" else config.generate.dataset.max_length
+    if new < limit and prompt is not None and prompt + new > limit:
+        problems.add(f"a prompt of up to {prompt} tokens (max_length) plus gconfig.max_new_tokens ({new}) exceeds "
+                     f"the servers' context of {limit} tokens ({limit_field}): long prompts would be rejected",
+                     hint=f"keep max_length + gconfig.max_new_tokens <= {limit}")
 
 
-def _validate_generate(config: ExperimentConfig) -> None:
+def _model_positions(model: str) -> int | None:
+    """The model's own context length from its config.json (None when unreadable: checked elsewhere)."""
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _validate_generate(config: ExperimentConfig, problems: Problems) -> None:
     dataset = config.generate.dataset.path
     if not dataset:
-        raise ConfigError("generate.dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
-    check_dataset_file("generate.dataset.path", dataset)
-    if Path(config.generate.output_file).is_absolute() or ".." in Path(config.generate.output_file).parts:
-        raise ConfigError("generate.output_file must be a relative path inside the trial directory")
+        problems.add("generate.dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
+    else:
+        with problems.check():
+            check_dataset_file("generate.dataset.path", dataset)
+    output = config.generate.output_file
+    parts = PurePosixPath(output).parts
+    if not output.strip():
+        problems.add("generate.output_file is empty", hint="e.g. generate.output_file=completions.jsonl")
+    elif PurePosixPath(output).is_absolute() or ".." in parts:
+        problems.add(f"generate.output_file '{output}' must be a relative path inside the trial directory",
+                     hint="e.g. generate.output_file=completions.jsonl")
+    elif parts[0] in RESERVED_NAMES:
+        problems.add(f"generate.output_file '{output}' would overwrite rlkit's own '{parts[0]}' in the trial "
+                     "directory", hint="e.g. generate.output_file=completions.jsonl")

@@ -1,4 +1,4 @@
-"""Submit-time checks of the training fields (job type grpo): each mistake is one ConfigError naming the fix.
+"""Submit-time checks of the training fields (job type grpo): every mistake is collected, naming its fix.
 
 These run on the login node before anything is written or submitted, so a job never dies minutes later in the
 queue for a typo: the dataset exists and has the prompt column, the reward function imports, the batch splits into
@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate import check_dataset_file
+from rlkit.config.allocation import Allocation
+from rlkit.config.problems import Problems
+from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig
+from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
 from rlkit.errors import ConfigError
 
 CHOICES = {
@@ -25,7 +27,9 @@ CHOICES = {
     "actor.weight_update_mode": ("disk",),
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+SWANLAB_MODES = ("disabled", "local", "offline", "cloud")
+WANDB_MODES = ("disabled", "offline", "online")
 
 
 def _get(config: ExperimentConfig, dotted: str) -> object:
@@ -52,30 +56,53 @@ def _first_row(path: Path) -> dict[str, object] | None:
     raise ConfigError(f"train_dataset.path: {files[0]} is empty", hint="give a file with at least one prompt")
 
 
-def _check_tokenizer(config: ExperimentConfig) -> None:
-    where = config.tokenizer_path or config.actor.path
-    field = "tokenizer_path" if config.tokenizer_path else "actor.path"
-    if where.startswith(("/", ".")) and not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(f"{field}: '{where}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
-                          hint="copy the tokenizer files next to the model, or set tokenizer_path to a tokenizer "
-                               "directory")
-
-
-def validate_training(config: ExperimentConfig) -> None:
-    """Raise ConfigError on the first problem in the grpo fields."""
-    from rlkit.launch.allocation import parse_allocation
-    from rlkit.rewards import resolve_reward_fn
-    from rlkit.train.stats_logger import validate_stats_logger
-
+def validate_training(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    """Add every problem of the grpo fields to `problems`."""
     actor, g, ds = config.actor, config.gconfig, config.train_dataset
     for dotted, choices in CHOICES.items():
         value = _get(config, dotted)
         if value not in choices:
-            raise ConfigError(f"{dotted} '{value}' is not one of: {', '.join(choices)}",
-                              hint=f"e.g. {dotted}={choices[0]}")
+            problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
     if not actor.path:
-        raise ConfigError("actor.path is not set", hint="give the Hugging Face model directory to train")
-    _check_tokenizer(config)
+        problems.add("actor.path is not set", hint="give the Hugging Face model directory to train")
+    else:
+        with problems.check():
+            check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
+                                config.tokenizer_path or actor.path)
+    with problems.check():
+        _validate_dataset(config)
+    from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
+
+    with problems.check():
+        resolve_reward_fn(config.reward.fn, config.reward.answer_key)
+    if config.reward.timeout <= 0:
+        problems.add(f"reward.timeout must be positive (got {config.reward.timeout})")
+    if g.temperature <= 0:
+        problems.add(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",
+                     hint="e.g. gconfig.temperature=1.0")
+    _validate_batch(config, allocation, problems)
+    _validate_actor(config, problems)
+    if config.rollout.max_head_offpolicyness < 0:
+        problems.add("rollout.max_head_offpolicyness must be >= 0")
+    if config.rollout.consumer_batch_size not in (1, ds.batch_size):
+        problems.add(f"rollout.consumer_batch_size ({config.rollout.consumer_batch_size}) differs from "
+                     f"train_dataset.batch_size ({ds.batch_size}): rlkit trains on train_dataset.batch_size groups "
+                     "per step", hint=f"remove rollout.consumer_batch_size or set it to {ds.batch_size}")
+    if config.total_train_epochs < 1:
+        problems.add(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
+    if config.total_train_steps is not None and config.total_train_steps < 1:
+        problems.add(f"total_train_steps must be at least 1 or null (got {config.total_train_steps})")
+    for name in ("freq_steps", "freq_epochs", "freq_secs"):
+        value = getattr(config.saver, name)
+        if value is not None and value < 1:
+            problems.add(f"saver.{name} must be at least 1 or null (got {value})")
+    with problems.check():
+        validate_stats_logger(config.stats_logger)
+    _validate_recover(config, problems)
+
+
+def _validate_dataset(config: ExperimentConfig) -> None:
+    ds = config.train_dataset
     if not ds.path:
         raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
     check_dataset_file("train_dataset.path", ds.path)
@@ -87,75 +114,60 @@ def validate_training(config: ExperimentConfig) -> None:
         raise ConfigError(f"reward.fn {config.reward.fn} needs the answer column '{config.reward.answer_key}', "
                           f"which the dataset rows do not have (columns: {', '.join(row)})",
                           hint="set reward.answer_key to the reference-answer column")
-    if config.valid_dataset.path:
-        check_dataset_file("valid_dataset.path", config.valid_dataset.path)
-    resolve_reward_fn(config.reward.fn, config.reward.answer_key)
-    if config.reward.timeout <= 0:
-        raise ConfigError(f"reward.timeout must be positive (got {config.reward.timeout})")
-    if g.temperature <= 0:
-        raise ConfigError(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",
-                          hint="e.g. gconfig.temperature=1.0")
+
+
+def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    actor, g, ds = config.actor, config.gconfig, config.train_dataset
     if actor.group_size != g.n_samples:
-        raise ConfigError(f"actor.group_size ({actor.group_size}) differs from gconfig.n_samples ({g.n_samples}); "
-                          "a GRPO group is the completions of one prompt",
-                          hint=f"set actor.group_size={g.n_samples}")
+        problems.add(f"actor.group_size ({actor.group_size}) differs from gconfig.n_samples ({g.n_samples}); "
+                     "a GRPO group is the completions of one prompt", hint=f"set actor.group_size={g.n_samples}")
     norm = actor.adv_norm
     if actor.group_size < 2 and "group" in (norm.mean_level, norm.std_level):
-        raise ConfigError(f"actor.group_size {actor.group_size} with group normalisation: a group of one sample "
-                          "has advantage 0 (and no std), so nothing would be learnt",
-                          hint="set gconfig.n_samples and actor.group_size to 2 or more (e.g. 8), or use "
-                               "actor.adv_norm.mean_level=batch")
-    if norm.mean_leave1out and norm.mean_level == "group" and actor.group_size < 2:
-        raise ConfigError("actor.adv_norm.mean_leave1out needs actor.group_size >= 2")
-    if ds.batch_size < 1:
-        raise ConfigError(f"train_dataset.batch_size must be at least 1 (got {ds.batch_size})")
-    if actor.ppo_n_minibatches < 1:
-        raise ConfigError(f"actor.ppo_n_minibatches must be at least 1 (got {actor.ppo_n_minibatches})")
+        problems.add(f"actor.group_size {actor.group_size} with group normalisation: a group of one sample "
+                     "has advantage 0 (and no std), so nothing would be learnt",
+                     hint="set gconfig.n_samples and actor.group_size to 2 or more (e.g. 8), or use "
+                          "actor.adv_norm.mean_level=batch")
+    elif norm.mean_leave1out and norm.mean_level == "group" and actor.group_size < 2:
+        problems.add("actor.adv_norm.mean_leave1out needs actor.group_size >= 2")
+    if ds.batch_size < 1 or actor.ppo_n_minibatches < 1:
+        problems.add(f"train_dataset.batch_size and actor.ppo_n_minibatches must be at least 1 (got "
+                     f"{ds.batch_size}, {actor.ppo_n_minibatches})")
+        return
     samples = ds.batch_size * actor.group_size
     if samples % actor.ppo_n_minibatches:
-        raise ConfigError(f"a batch of {ds.batch_size} prompts x {actor.group_size} samples = {samples} sequences "
-                          f"does not split into actor.ppo_n_minibatches={actor.ppo_n_minibatches} equal minibatches",
-                          hint="choose train_dataset.batch_size and ppo_n_minibatches so that the number of "
-                               "sequences is a multiple of ppo_n_minibatches")
-    alloc = parse_allocation(config.allocation_mode)
-    ranks = alloc.trainer.dp if alloc.trainer is not None else 1
+        problems.add(f"a batch of {ds.batch_size} prompts x {actor.group_size} samples = {samples} sequences "
+                     f"does not split into actor.ppo_n_minibatches={actor.ppo_n_minibatches} equal minibatches",
+                     hint="choose train_dataset.batch_size and ppo_n_minibatches so that the number of "
+                          "sequences is a multiple of ppo_n_minibatches")
+    ranks = allocation.trainer.dp if allocation is not None and allocation.trainer is not None else 1
     if samples < ranks * actor.ppo_n_minibatches:
-        raise ConfigError(f"{samples} sequences per step are fewer than {ranks} trainer ranks x "
-                          f"{actor.ppo_n_minibatches} minibatches: some ranks would have nothing to train on",
-                          hint="raise train_dataset.batch_size or lower actor.ppo_n_minibatches")
+        problems.add(f"{samples} sequences per step are fewer than {ranks} trainer ranks x "
+                     f"{actor.ppo_n_minibatches} minibatches: some ranks would have nothing to train on",
+                     hint="raise train_dataset.batch_size or lower actor.ppo_n_minibatches")
+
+
+def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
+    actor, g = config.actor, config.gconfig
     if actor.optimizer.lr <= 0:
-        raise ConfigError(f"actor.optimizer.lr must be positive (got {actor.optimizer.lr})")
+        problems.add(f"actor.optimizer.lr must be positive (got {actor.optimizer.lr})")
     if not 0 <= actor.optimizer.warmup_steps_proportion <= 1:
-        raise ConfigError("actor.optimizer.warmup_steps_proportion must be between 0 and 1")
+        problems.add("actor.optimizer.warmup_steps_proportion must be between 0 and 1")
     if actor.eps_clip <= 0 or (actor.eps_clip_higher is not None and actor.eps_clip_higher <= 0):
-        raise ConfigError("actor.eps_clip and actor.eps_clip_higher must be positive")
+        problems.add("actor.eps_clip and actor.eps_clip_higher must be positive")
     if actor.c_clip is not None and actor.c_clip <= 1:
-        raise ConfigError(f"actor.c_clip must be > 1 (got {actor.c_clip}); null turns dual clip off")
+        problems.add(f"actor.c_clip must be > 1 (got {actor.c_clip}); null turns dual clip off")
     if actor.kl_ctl < 0:
-        raise ConfigError(f"actor.kl_ctl must be >= 0 (got {actor.kl_ctl})")
+        problems.add(f"actor.kl_ctl must be >= 0 (got {actor.kl_ctl})")
     if actor.overlong_reward_penalty:
         if not actor.overlong_tokens or actor.overlong_penalty_factor is None:
-            raise ConfigError("actor.overlong_reward_penalty needs actor.overlong_tokens and "
-                              "actor.overlong_penalty_factor",
-                              hint="e.g. actor.overlong_tokens=256 actor.overlong_penalty_factor=1")
-        if not 0 < actor.overlong_tokens <= g.max_new_tokens:
-            raise ConfigError(f"actor.overlong_tokens {actor.overlong_tokens} must be in "
-                              f"1..gconfig.max_new_tokens ({g.max_new_tokens})")
-    if config.rollout.max_head_offpolicyness < 0:
-        raise ConfigError("rollout.max_head_offpolicyness must be >= 0")
-    if config.total_train_epochs < 1:
-        raise ConfigError(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
-    if config.total_train_steps is not None and config.total_train_steps < 1:
-        raise ConfigError(f"total_train_steps must be at least 1 or null (got {config.total_train_steps})")
-    for name in ("freq_steps", "freq_epochs", "freq_secs"):
-        value = getattr(config.saver, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"saver.{name} must be at least 1 or null (got {value})")
-    validate_stats_logger(config.stats_logger)
-    _validate_recover(config)
+            problems.add("actor.overlong_reward_penalty needs actor.overlong_tokens and actor.overlong_penalty_factor",
+                         hint="e.g. actor.overlong_tokens=256 actor.overlong_penalty_factor=1")
+        elif not 0 < actor.overlong_tokens <= g.max_new_tokens:
+            problems.add(f"actor.overlong_tokens {actor.overlong_tokens} must be in "
+                         f"1..gconfig.max_new_tokens ({g.max_new_tokens})")
 
 
-def _validate_recover(config: ExperimentConfig) -> None:
+def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
     from rlkit.paths import TrialPaths
     from rlkit.train.recover import latest_valid, recover_root
 
@@ -163,16 +175,34 @@ def _validate_recover(config: ExperimentConfig) -> None:
     for name in ("freq_steps", "freq_epochs", "freq_secs"):
         value = getattr(rec, name)
         if value is not None and value < 1:
-            raise ConfigError(f"recover.{name} must be at least 1 or null (got {value})")
+            problems.add(f"recover.{name} must be at least 1 or null (got {value})")
     if rec.retries < 0 or rec.keep_last < 1:
-        raise ConfigError(f"recover.retries must be >= 0 and recover.keep_last >= 1 (got {rec.retries}, "
-                          f"{rec.keep_last})")
+        problems.add(f"recover.retries must be >= 0 and recover.keep_last >= 1 (got {rec.retries}, "
+                     f"{rec.keep_last})")
     if not 60 <= rec.time_limit_warning <= 65535:
-        raise ConfigError(f"recover.time_limit_warning must be 60..65535 seconds (got {rec.time_limit_warning}); "
-                          "Slurm may deliver the warning up to 60 s early")
+        problems.add(f"recover.time_limit_warning must be 60..65535 seconds (got {rec.time_limit_warning}); "
+                     "Slurm may deliver the warning up to 60 s early")
     if rec.mode == "resume":
         root = recover_root(TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root)
         if latest_valid(root, warn=False) is None:
-            raise ConfigError(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
-                              "checkpoint", hint="start it fresh without recover.mode=resume, or set "
-                                                 "recover.freq_steps/freq_secs so the next run leaves checkpoints")
+            problems.add(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
+                         "checkpoint", hint="start it fresh without recover.mode=resume, or set "
+                                            "recover.freq_steps/freq_secs so the next run leaves checkpoints")
+
+
+def validate_stats_logger(config: StatsLoggerConfig) -> None:
+    """Raise ConfigError for an unknown SwanLab/W&B mode or an unusable TensorBoard path (called at submit time)."""
+    for field, value, choices in (
+        ("stats_logger.swanlab.mode", config.swanlab.mode, SWANLAB_MODES),
+        ("stats_logger.wandb.mode", config.wandb.mode, WANDB_MODES),
+    ):
+        if value not in choices:
+            raise ConfigError(
+                f"{field}: invalid value {value!r}; choices: {', '.join(choices)}",
+                hint=f"set {field}={choices[0]} to turn it off",
+            )
+    path = config.tensorboard.path
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise ConfigError(
+            f"stats_logger.tensorboard.path: invalid value {path!r}; expected a directory path or null (off)"
+        )

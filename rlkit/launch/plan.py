@@ -12,11 +12,11 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
 from rlkit.errors import ConfigError
-from rlkit.launch.allocation import Allocation, parse_allocation
 from rlkit.launch.hostlist import expand_hostlist
 from rlkit.paths import TrialPaths
 
@@ -123,10 +123,12 @@ def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths
     ]
 
 
-def plan_job(config: ExperimentConfig, *, python: str | None = None, attempt: int = 1) -> JobPlan:
-    """Turn a validated config into a JobPlan; raises ConfigError when the layout does not fit the cluster."""
+def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, python: str | None = None,
+             attempt: int = 1) -> JobPlan:
+    """Turn a validated config (and its parsed allocation_mode) into a JobPlan; raises ConfigError when the layout
+    does not fit the cluster."""
     mode = config.allocation_mode
-    alloc = parse_allocation(mode)
+    alloc = allocation if allocation is not None else parse_allocation(mode)
     cluster, launcher, slurm = config.cluster, config.launcher, config.launcher.slurm
     gpn = cluster.n_gpus_per_node
     paths = TrialPaths.of(cluster.fileroot, config.experiment_name, config.trial_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 
 from rlkit import __version__
+from rlkit.config.strings import sbatch_quote
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
 
@@ -176,11 +177,12 @@ def _q(argv: tuple[str, ...] | list[str]) -> str:
 def _component_lines(index: int, component: Component, plan: JobPlan) -> list[str]:
     lines = []
     if index == 0:
-        lines += [f"#SBATCH --job-name={shlex.quote(plan.job_name)}", f"#SBATCH --output={shlex.quote(plan.batch_log)}"]
-        lines += [f"#SBATCH {shlex.quote(opt)}" for opt in plan.job_options]
+        lines += [f"#SBATCH {sbatch_quote('--job-name=' + plan.job_name)}",
+                  f"#SBATCH {sbatch_quote('--output=' + plan.batch_log)}"]
+        lines += [f"#SBATCH {sbatch_quote(opt)}" for opt in plan.job_options]
     else:
         lines.append("#SBATCH hetjob")
-    lines += [f"#SBATCH {shlex.quote(opt)}" for opt in plan.component_options]
+    lines += [f"#SBATCH {sbatch_quote(opt)}" for opt in plan.component_options]
     if component.nodelist:
         lines.append(f"#SBATCH --nodelist={component.nodelist}")
     lines += [

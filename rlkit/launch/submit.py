@@ -8,10 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.config.load import load_config, to_yaml
+from rlkit.config.load import load_config_collecting, to_yaml
+from rlkit.config.problems import Problems
 from rlkit.config.schema import SUBMITTABLE_JOB_TYPES, ExperimentConfig
 from rlkit.config.validate import validate
-from rlkit.errors import SlurmError, UserError
+from rlkit.errors import ConfigError, SlurmError, UserError
 from rlkit.launch import slurm
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.render import render_script
@@ -21,21 +22,59 @@ from rlkit.trials import TrialRecord, list_trials, prepare_trial_dir, record_tri
 
 @dataclass(frozen=True)
 class Prepared:
-    """A config that passed every check, with its plan and script (nothing written yet)."""
+    """A config that passed every check, with its plan and script (nothing written yet). `warnings`: problems with
+    the site's files that a dry run tolerated (always empty for a submit)."""
 
     config: ExperimentConfig
     plan: JobPlan
     script: str
     paths: TrialPaths
+    warnings: tuple[ConfigError, ...] = ()
 
 
-def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1) -> Prepared:
-    """Load, validate, plan and render (pure apart from reading the config and checking input paths)."""
-    config = load_config(config_path, overrides)
-    validate(config)
-    plan = plan_job(config, attempt=attempt)
+def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
+            dry_run: bool = False) -> Prepared:
+    """Load, validate, plan and render (pure apart from reading the config and checking input paths). Raises
+    ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead."""
+    problems = Problems()
+    config = load_config_collecting(config_path, overrides, problems)
+    if config is None:
+        problems.raise_if_any()
+    assert config is not None
+    return prepare_config(config, problems, attempt=attempt, dry_run=dry_run)
+
+
+def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
+                   dry_run: bool = False) -> Prepared:
+    """Validate, plan and render a loaded config; `problems` may already hold the loader's."""
+    problems = problems if problems is not None else Problems()
+    validated = validate(config)
+    problems.errors.extend(validated.problems.errors)
+    plan = None
+    if validated.allocation is not None:
+        try:
+            with problems.check():
+                plan = plan_job(config, validated.allocation, attempt=attempt)
+        except ValueError:
+            if problems.ok():
+                raise
+            # a value the planner could not read, already reported above (e.g. unbalanced quotes)
+    _drop_repeats(problems)
+    problems.raise_if_any(allow_site=dry_run)
+    assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
-    return Prepared(config, plan, render_script(plan), paths)
+    return Prepared(config, plan, render_script(plan), paths, tuple(problems.site_warnings()))
+
+
+def _drop_repeats(problems: Problems) -> None:
+    """The planner re-reads some fields the checks already read; one report per problem."""
+    seen: set[str] = set()
+    unique = []
+    for error in problems.errors:
+        if str(error) not in seen:
+            seen.add(str(error))
+            unique.append(error)
+    problems.errors[:] = unique
 
 
 def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",

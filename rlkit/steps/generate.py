@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
-from rlkit.launch.allocation import parse_allocation
 from rlkit.nameresolve import name_resolve_for
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import SamplingParams, ServerPool, wait_for_servers

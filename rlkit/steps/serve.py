@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
 from rlkit.errors import StepError
-from rlkit.launch.allocation import parse_allocation
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
 from rlkit.servers.health import find_free_port, wait_healthy

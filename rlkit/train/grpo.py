@@ -22,11 +22,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
-from rlkit.launch.allocation import parse_allocation
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController

@@ -19,13 +19,12 @@ from types import TracebackType
 from typing import Any, Protocol, SupportsFloat, SupportsIndex, cast
 
 from rlkit.config.schema import StatsLoggerConfig
+from rlkit.config.validate_training import validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.paths import TrialPaths
 
 log = logging.getLogger(__name__)
 
-SWANLAB_MODES = ("disabled", "local", "offline", "cloud")
-WANDB_MODES = ("disabled", "offline", "online")
 # Our names -> swanlab 0.10.x `mode=` values ("cloud" is called "online" there).
 _SWANLAB_MODE = {"local": "local", "offline": "offline", "cloud": "online"}
 _RESERVED = ("step", "time")
@@ -40,24 +39,6 @@ class MetricsSink(Protocol):
     def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
     def close(self, failed: bool = False) -> None: ...
-
-
-def validate_stats_logger(config: StatsLoggerConfig) -> None:
-    """Raise ConfigError for an unknown SwanLab/W&B mode or an unusable TensorBoard path (called at submit time)."""
-    for field, value, choices in (
-        ("stats_logger.swanlab.mode", config.swanlab.mode, SWANLAB_MODES),
-        ("stats_logger.wandb.mode", config.wandb.mode, WANDB_MODES),
-    ):
-        if value not in choices:
-            raise ConfigError(
-                f"{field}: invalid value {value!r}; choices: {', '.join(choices)}",
-                hint=f"set {field}={choices[0]} to turn it off",
-            )
-    path = config.tensorboard.path
-    if path is not None and (not isinstance(path, str) or not path.strip()):
-        raise ConfigError(
-            f"stats_logger.tensorboard.path: invalid value {path!r}; expected a directory path or null (off)"
-        )
 
 
 class StatsLogger:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlkit.config.allocation import Allocation, ServerAllocation, TrainerAllocation, parse_allocation
 from rlkit.errors import ConfigError
-from rlkit.launch.allocation import Allocation, ServerAllocation, TrainerAllocation, parse_allocation
 
 
 @pytest.mark.parametrize(

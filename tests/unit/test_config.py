@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config, schema_paths, to_yaml
-from rlkit.config.validate import parse_env_vars, parse_mounts, validate
+from rlkit.config.validate import parse_env_vars, parse_mounts
 from rlkit.errors import ConfigError
+
+from ..conftest import raise_problems
 
 
 def test_loads_yaml_with_overrides_and_env(generate_yaml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,7 +21,7 @@ def test_loads_yaml_with_overrides_and_env(generate_yaml: Path, monkeypatch: pyt
     assert config.gconfig.stop == ["a", "b"]
     # the name-resolve root defaults under fileroot, resolved at load time
     assert config.cluster.name_resolve.nfs_record_root == f"{config.cluster.fileroot}/name_resolve"
-    validate(config)
+    raise_problems(config)
 
 
 def test_resolved_yaml_round_trips(generate_yaml: Path, tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_validation_errors(generate_yaml: Path, override: str, says: str | None)
         assert says is None or says in exc.message
         return
     with pytest.raises(ConfigError) as info:
-        validate(config)
+        raise_problems(config)
     if says:
         assert says in info.value.message
 
@@ -101,8 +103,8 @@ def test_missing_image_file(generate_yaml: Path, tmp_path: Path) -> None:
                                          f"launcher.slurm.inference_server_image={image}",
                                          "launcher.slurm.trainer_image=/nope/trainer.sif"])
     with pytest.raises(ConfigError, match=r"trainer_image: image file '/nope/trainer\.sif' does not exist"):
-        validate(config)
-    validate(load_config(generate_yaml, ["launcher.slurm.container_type=apptainer",
+        raise_problems(config)
+    raise_problems(load_config(generate_yaml, ["launcher.slurm.container_type=apptainer",
                                          f"launcher.slurm.inference_server_image={image}",
                                          "launcher.slurm.trainer_image=docker://ghcr.io/x/trainer:1"]))
 

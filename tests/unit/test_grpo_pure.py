@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from rlkit.config.load import compose
+from rlkit.config.load import config_from_mapping
 from rlkit.config.schema import ExperimentConfig
 from rlkit.train.grpo import Saver, total_steps, weight_check_tolerance
 
@@ -17,9 +16,7 @@ BASE: dict[str, Any] = {"experiment_name": "exp", "trial_name": "t1", "type": "g
 
 def config(*overrides: str) -> ExperimentConfig:
     """A typed config built the way load_config builds one (schema + mapping + dotlist overrides)."""
-    obj = OmegaConf.to_object(compose(dict(BASE), list(overrides), source="test"))
-    assert isinstance(obj, ExperimentConfig)
-    return obj
+    return config_from_mapping(dict(BASE), list(overrides), source="test")
 
 
 # --- total_steps ------------------------------------------------------------------------------------------------

@@ -144,11 +144,11 @@ def test_weird_values_survive_the_shell(generate_yaml: Path) -> None:
 
 
 def test_fileroot_with_shell_characters_is_refused(generate_yaml: Path) -> None:
-    from rlkit.config.validate import validate
+    from ..conftest import raise_problems
 
     for root in ("/tmp/a b", "/tmp/a'b", "/tmp/%j", "/tmp/$HOME", "/tmp/a;b"):
         with pytest.raises(ConfigError, match="characters Slurm"):
-            validate(load_config(generate_yaml, [f"cluster.fileroot={root}"]))
+            raise_problems(load_config(generate_yaml, [f"cluster.fileroot={root}"]))
 
 
 def test_step_command_is_bare_without_containers(generate_yaml: Path) -> None:

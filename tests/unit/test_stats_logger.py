@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from rlkit.config.schema import StatsLoggerConfig
+from rlkit.config.validate_training import validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.paths import TrialPaths
-from rlkit.train.stats_logger import StatsLogger, read_metrics, validate_stats_logger
+from rlkit.train.stats_logger import StatsLogger, read_metrics
 
 STEPS: list[dict[str, float | int]] = [
     {"reward/mean": 0.5, "timing/train": 1.25, "loss/actor": -0.125, "seqs": 8},

@@ -8,10 +8,11 @@ import pytest
 
 from rlkit.config.load import load_config, parse_overrides, to_yaml
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
-from rlkit.config.validate import validate
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
 from rlkit.launch.plan import plan_job
+
+from ..conftest import raise_problems
 
 TRAPS = """
 time: 1:30:00
@@ -53,7 +54,7 @@ def test_unquoted_time_and_digit_names_reach_the_script_as_written(generate_yaml
     path.write_text(text.replace("slurm: {container_type: none}", "slurm: {container_type: none, time: 1:30:00}"))
     config = load_config(path)
     assert config.trial_name == "0123" and config.launcher.slurm.time == "1:30:00"
-    validate(config)
+    raise_problems(config)
     plan = plan_job(config)
     assert "--time=0-01:30:00" in plan.component_options
     saved = tmp_path / "resolved.yaml"  # the trial's config.yaml, read again by the in-job steps
@@ -80,6 +81,6 @@ def test_not_slurm_times(text: str) -> None:
 def test_time_limit_must_outlast_the_recover_warning(grpo_yaml: Path) -> None:
     config = load_config(grpo_yaml, ["launcher.slurm.time=5", "recover.time_limit_warning=300"])
     with pytest.raises(ConfigError, match=r"not longer than recover\.time_limit_warning"):
-        validate(config)
-    validate(load_config(grpo_yaml, ["launcher.slurm.time=5", "recover.mode=disabled"]))
-    validate(load_config(grpo_yaml, ["launcher.slurm.time=6"]))
+        raise_problems(config)
+    raise_problems(load_config(grpo_yaml, ["launcher.slurm.time=5", "recover.mode=disabled"]))
+    raise_problems(load_config(grpo_yaml, ["launcher.slurm.time=6"]))

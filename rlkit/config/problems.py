@@ -1,0 +1,47 @@
+"""Collecting every problem of a configuration before reporting any: a user fixes all of them in one edit.
+
+Checks are written as plain functions that raise ConfigError; `Problems.check()` runs one such block and keeps its
+error instead of stopping, so independent checks each get their say and dependent ones can ask `ok()` first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rlkit.errors import ConfigError, ConfigErrors
+
+
+class Problems:
+    """The problems found so far, in the order found."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        """Run one independent check: a ConfigError raised inside is recorded, not propagated."""
+        try:
+            yield
+        except ConfigErrors as many:
+            self.errors.extend(many.errors)
+        except ConfigError as exc:
+            self.errors.append(exc)
+
+    def add(self, message: str, *, hint: str | None = None, site: bool = False) -> None:
+        self.errors.append(ConfigError(message, hint=hint, site=site))
+
+    def ok(self) -> bool:
+        return not self.errors
+
+    def site_warnings(self) -> list[ConfigError]:
+        """Problems with the site's files only (what a dry run may tolerate)."""
+        return [e for e in self.errors if e.site]
+
+    def raise_if_any(self, *, allow_site: bool = False) -> None:
+        """Raise every problem (site-file problems too, unless `allow_site`): one ConfigError, or ConfigErrors."""
+        errors = [e for e in self.errors if not (allow_site and e.site)]
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ConfigErrors(errors)
