@@ -35,13 +35,25 @@ MISTAKES = [
     pytest.param(["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "whole servers", id="not-whole-servers"),
     pytest.param(["allocation_mode=vllm:x2"], "vllm takes only d, t (got 'x')", id="bad-grammar"),
     pytest.param(["launcher.slurm.container_type=apptainer", "launcher.slurm.inference_server_image=/no/s.sif",
-                  "launcher.slurm.trainer_image=/no/t.sif"], "image file '/no/s.sif' does not exist",
+                  "launcher.slurm.trainer_image=docker://ghcr.io/x/t:1"], "image file '/no/s.sif' does not exist",
                  id="missing-image"),
     pytest.param(["generate.dataset.path=/no/data.jsonl"], "'/no/data.jsonl' does not exist", id="missing-dataset"),
     pytest.param(["actor.path=/no/model"], "is not a model directory", id="missing-model"),
     pytest.param(["launcher.slurm.time=tomorrow"], "is not a Slurm time", id="bad-time"),
     pytest.param(["launcher.trainer_env_vars=NOEQUALS"], "is not NAME=VALUE", id="bad-env"),
     pytest.param(["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job", id="slurm-rejects"),
+    pytest.param(["launcher.slurm.constraint=a100 && h100"], "launcher.slurm.constraint 'a100 && h100' is not",
+                 id="constraint-with-spaces"),
+    pytest.param(["actor.path=~/models/qwen"], "actor.path '~/models/qwen' starts with '~'", id="tilde-path"),
+    pytest.param(["generate.output_file=logs/out.jsonl"], "would overwrite rlkit's own 'logs'",
+                 id="output-over-logs"),
+    pytest.param(["generate.output_file="], "generate.output_file is empty", id="output-empty"),
+    pytest.param(["vllm.max_model_len=64", "gconfig.max_new_tokens=64"], "leaves no room for a prompt",
+                 id="completion-longer-than-context"),
+    pytest.param(["trial_name=" + "t" * 65], "at most 64 are allowed", id="trial-name-too-long"),
+    pytest.param(["valid_dataset.path=/data/valid.jsonl"], "valid_dataset.path is set, but", id="inert-valid-set"),
+    pytest.param(["cluster.name_resolve.nfs_record_root=/shared/a,b"], "nfs_record_root '/shared/a,b' has",
+                 id="record-root-with-comma"),
 ]
 
 
@@ -74,6 +86,7 @@ TRAINING_MISTAKES = [
     pytest.param(["stats_logger.swanlab.mode=online"], "stats_logger.swanlab.mode", id="bad-swanlab-mode"),
     pytest.param(["train_dataset.prompt_key=question"], "no column 'question'", id="missing-prompt-column"),
     pytest.param(["gconfig.temperature=0"], "must be > 0", id="greedy-grpo"),
+    pytest.param(["rollout.consumer_batch_size=3"], "rollout.consumer_batch_size (3) differs", id="inert-consumer"),
 ]
 
 
@@ -86,6 +99,53 @@ def test_bad_training_config_changes_nothing(grpo_yaml: Path, rlkit_home: Path, 
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
     assert _test_jobs() == before
+
+
+@pytest.mark.slurm
+def test_every_problem_is_listed_at_once(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
+    """Schema, value, site-file and training mistakes of one config come back together, one `error:` each."""
+    before = _test_jobs()
+    result = run_rlkit("submit", str(grpo_yaml), "cluster.n_node=3", "trial_name=run-1", "launcher.slurm.time=soon",
+                       "train_dataset.path=/no/train.jsonl", "actor.ppo_n_minibatches=5", "gconfig.temperature=0")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    for says in ("unknown key 'cluster.n_node'", "trial_name 'run-1' is not allowed", "'soon' is not a Slurm time",
+                 "train_dataset.path: '/no/train.jsonl' does not exist", "ppo_n_minibatches=5",
+                 "gconfig.temperature 0"):
+        assert says in result.stderr, (says, result.stderr)
+    assert result.stderr.count("error:") == 6, result.stderr
+    assert "6 problems; nothing was written or submitted" in result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before
+
+
+def test_control_characters_in_the_yaml_file_are_refused(generate_yaml: Path, rlkit_home: Path,
+                                                         tmp_path: Path) -> None:
+    """A newline that would start a command after `#SBATCH`: refused for each field, naming it."""
+    text = generate_yaml.read_text().replace("slurm: {container_type: none}",
+                                             'slurm: {container_type: none, partition: "debug\\nhostname", '
+                                             'qos: "normal\\r"}')
+    bad = tmp_path / "newline.yaml"
+    bad.write_text(text)
+    result = run_rlkit("render", str(bad))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "launcher.slurm.partition holds control characters (\\n)" in result.stderr, result.stderr
+    assert "launcher.slurm.qos holds control characters (\\r)" in result.stderr, result.stderr
+    assert result.stdout == "", "nothing is rendered from a refused config"
+
+
+def test_render_is_a_dry_run_without_site_files(generate_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
+    """Missing site files: render prints the script and warns; --strict and submit refuse."""
+    args = ("launcher.slurm.container_type=apptainer", "launcher.slurm.inference_server_image=/no/s.sif",
+            "launcher.slurm.trainer_image=/no/t.sif", "actor.path=/no/model")
+    result = run_rlkit("render", str(generate_yaml), *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash") and "apptainer exec" in result.stdout
+    assert result.stderr.count("warning:") == 3, result.stderr
+    assert "image file '/no/s.sif' does not exist" in result.stderr and "'/no/model' is not a model" in result.stderr
+    strict = run_rlkit("render", "--strict", str(generate_yaml), *args)
+    assert strict.returncode == 2 and strict.stdout == "" and strict.stderr.count("error:") == 3, strict.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
 
 
 @pytest.mark.slurm
