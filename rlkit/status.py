@@ -64,6 +64,7 @@ class TrialDetail:
     failed_step_tail: list[str] = field(default_factory=list)
     attempts: list[str] = field(default_factory=list)  # job ids, one per submit/resume
     trainer_status: str = ""
+    cluster: str = ""  # cluster.cluster_name of the submitted config, from the manifest
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,9 +140,10 @@ def trial_detail(spec: str) -> TrialDetail:
     info = slurm.job_info(record.job_id)
     paths = TrialPaths(Path(record.trial_dir))
     detail = TrialDetail(_row(record, info), info.reason, info.exit_code, list(info.components))
-    from rlkit.trials import attempts
+    from rlkit.trials import attempts, read_manifest
 
     detail.attempts = [str(a.get("job_id")) for a in attempts(paths)]
+    detail.cluster = str(read_manifest(paths).get("cluster_name", ""))
     detail.trainer_status = str(read_progress(paths).get("status", ""))
     if info.active and paths.config.is_file():
         detail.servers = _servers(paths)
@@ -156,7 +158,7 @@ def print_detail(console: Console, d: TrialDetail) -> None:
     console.print(f"[bold]{d.row.name}[/bold]  job {d.row.job_id}  [bold]{d.row.state}[/bold]"
                   + (f"  reason {d.reason}" if d.reason and d.reason != "None" else "")
                   + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}")
-    console.print(f"  trial directory: {d.row.trial_dir}")
+    console.print(f"  trial directory: {d.row.trial_dir}" + (f"  cluster {d.cluster}" if d.cluster else ""))
     if d.row.step:
         console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
                       + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))

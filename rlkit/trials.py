@@ -105,15 +105,16 @@ def attempts(paths: TrialPaths) -> list[dict[str, object]]:
 
 
 def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path,
-                   kind: str = "submit") -> None:
-    """Record what was submitted: job id, time, rlkit version, git revision, each role's image, and the attempts
-    (a resume adds one; a plain submit starts the list afresh)."""
+                   kind: str = "submit", cluster_name: str = "") -> None:
+    """Record what was submitted: job id, time, cluster name, rlkit version, git revision, each role's image, and
+    the attempts (a resume adds one; a plain submit starts the list afresh)."""
     now = time.time()
     history = attempts(paths) if kind == "resume" else []
     history.append({"job_id": job_id, "submitted_at": now, "kind": kind})
     manifest = {
         "job_id": job_id,
         "submitted_at": now,
+        "cluster_name": cluster_name,
         "attempts": history,
         "rlkit_version": __version__,
         "git_revision": _git_revision(cwd),

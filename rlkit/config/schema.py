@@ -45,7 +45,7 @@ class NameResolveConfig:
 class ClusterConfig:
     """The cluster the job runs on."""
 
-    cluster_name: str = _f("local", "Name of the cluster (shown in status; used for site-specific settings).")
+    cluster_name: str = _f("local", "Name of the cluster: kept in the trial manifest, shown by `rlkit status TRIAL`.")
     fileroot: str = _f("/tmp/rlkit", "Root for trials, logs and checkpoints; must be on a filesystem all nodes share.")
     n_nodes: int = _f(1, "Number of nodes the job may use in total.")
     n_gpus_per_node: int = _f(8, "GPUs per node (physical).")

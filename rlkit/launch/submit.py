@@ -108,7 +108,7 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
     write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
-                   cwd=Path.cwd(), kind=kind)
+                   cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
     return record

@@ -29,7 +29,7 @@ def job_setup(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[st
 
 
 def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, object]) -> None:
-    overrides = [*job_setup["overrides"], "trial_name=e2e"]  # type: ignore[misc]
+    overrides = [*job_setup["overrides"], "trial_name=e2e", "cluster.cluster_name=devcluster"]  # type: ignore[misc]
     submitted = run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides)
     assert submitted.returncode == 0, submitted.stderr
     name = "demo-generate/e2e"
@@ -52,6 +52,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
     # the trial is recorded, private, and its token is in no log
     manifest = json.loads((trial / "manifest.json").read_text())
     assert manifest["job_id"] == status_row(name)["job_id"]
+    assert manifest["cluster_name"] == "devcluster"
     assert stat.S_IMODE(trial.stat().st_mode) == 0o700
     token_file = trial / "secret" / "token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
@@ -64,7 +65,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
     assert [p for p in records_dir.rglob("*") if p.is_file()] == [], "servers must deregister on exit"
     assert processes_mentioning(str(job_setup["model"])) == []
     detail = run_rlkit("status", name)
-    assert detail.returncode == 0 and "COMPLETED" in detail.stdout
+    assert detail.returncode == 0 and "COMPLETED" in detail.stdout and "cluster devcluster" in detail.stdout
     logs = run_rlkit("logs", name, "--step", "generate")
     assert "wrote 12 prompts" in logs.stdout
 
