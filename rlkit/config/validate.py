@@ -110,7 +110,7 @@ def validate(config: ExperimentConfig) -> None:
     if cluster.name_resolve.type not in NAME_RESOLVE_TYPES:
         raise ConfigError(f"cluster.name_resolve.type '{cluster.name_resolve.type}' is not supported",
                           hint=f"choose one of: {', '.join(NAME_RESOLVE_TYPES)}")
-    if not cluster.name_resolve.nfs_record_root.startswith("/"):
+    if cluster.name_resolve.nfs_record_root and not cluster.name_resolve.nfs_record_root.startswith("/"):
         raise ConfigError("cluster.name_resolve.nfs_record_root must be an absolute path on the shared filesystem")
     launcher = config.launcher
     for name in ("inference_server_cpus_per_gpu", "inference_server_mem_per_gpu", "trainer_cpus_per_gpu",

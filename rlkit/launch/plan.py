@@ -187,8 +187,8 @@ def plan_job(config: ExperimentConfig, *, python: str | None = None, attempt: in
         if value
     )
     binds = [*parse_mounts(slurm.mount)]
-    for shared in (cluster.fileroot, cluster.name_resolve.nfs_record_root):
-        if not any(_is_under(shared, b.split(":")[0]) for b in binds):
+    for shared in (cluster.fileroot, cluster.name_resolve.nfs_record_root):  # an empty record root: in the trial dir
+        if shared and not any(_is_under(shared, b.split(":")[0]) for b in binds):
             binds.append(f"{shared}:{shared}")
     recovers = config.type == "grpo" and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))
