@@ -51,8 +51,15 @@ def name_resolve_for(config: ExperimentConfig) -> NameResolve:
 
     nr = config.cluster.name_resolve
     trial_dir = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root
+    etcd: dict[str, Any] = {}
+    if nr.type == "etcd3":
+        from rlkit.nameresolve.etcd import EtcdTls
+
+        etcd = {"tls": EtcdTls(nr.etcd3_cacert, nr.etcd3_cert, nr.etcd3_key), "user": nr.etcd3_user,
+                "password": os.environ.get("ETCDCTL_PASSWORD", "") if nr.etcd3_user else ""}
     return make_name_resolve(nr.type, trial_dir=trial_dir, nfs_record_root=nr.nfs_record_root,
-                             etcd3_addr=nr.etcd3_addr, experiment=config.experiment_name, trial=config.trial_name)
+                             etcd3_addr=nr.etcd3_addr, experiment=config.experiment_name, trial=config.trial_name,
+                             **etcd)
 
 
 def make_name_resolve(
