@@ -79,7 +79,7 @@ def rlkit_submit(model: Path, prompts: Path, count: int, work: Path) -> float:
             "rollout.setup_timeout=60"]
     started = time.monotonic()
     subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
-    records = NfsNameResolve(fileroot / "name_resolve", "demo-generate", "bench")
+    records = NfsNameResolve(fileroot / "demo-generate" / "bench" / "name_resolve")  # in the trial directory
     try:
         while len(records.list_subtree("servers")) < count:
             if time.monotonic() - started > 900:

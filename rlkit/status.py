@@ -102,21 +102,16 @@ def trials_table(rows: list[TrialRow]) -> Table:
 
 def _servers(paths: TrialPaths) -> list[ServerRow]:
     from rlkit.config.load import load_config
-    from rlkit.nameresolve import SERVERS_KEY, name_resolve_for
+    from rlkit.nameresolve import name_resolve_for, read_servers
 
     config = load_config(paths.config)
     nr = name_resolve_for(config)
     verified = read_progress(paths).get("servers", {})  # versions the trainer read back and fingerprinted
-    rows = []
     try:
-        for value in nr.list_subtree(SERVERS_KEY).values():
-            entry = json.loads(value)
-            rows.append(ServerRow(entry["index"], entry["address"], entry.get("node", ""),
-                                  answers_health(entry["address"], timeout=3),
-                                  verified.get(str(entry["index"]), entry.get("weight_version"))))
+        return [ServerRow(r.index, r.address, r.node, answers_health(r.address, timeout=3),
+                          verified.get(str(r.index), r.weight_version)) for r in read_servers(nr)]
     finally:
         nr.close()
-    return sorted(rows, key=lambda s: s.index)
 
 
 def failed_step(paths: TrialPaths, job_id: str) -> str | None:

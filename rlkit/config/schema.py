@@ -36,9 +36,16 @@ class NameResolveConfig:
 
     type: str = _f("nfs", "Key-value store for name resolving. Choices: nfs (a shared directory), etcd3.")
     nfs_record_root: str = _f(
-        "${cluster.fileroot}/name_resolve", "Record root for NFS name resolving; must be shared by all nodes."
+        "", "Empty (recommended): NFS records live in the trial directory (<trial dir>/name_resolve/, private to you). "
+            "Set: an absolute directory shared by all nodes; records go to <it>/<your uid>/<experiment>/<trial>/, "
+            "made 0700 and refused if another user owns or can write them."
     )
-    etcd3_addr: str = _f("localhost:2379", "host:port of the etcd3 server (type etcd3).")
+    etcd3_addr: str = _f("localhost:2379", "host:port (or http(s):// URL) of the etcd3 server (type etcd3).")
+    etcd3_cacert: str = _f("", "CA bundle that verifies etcd's TLS certificate (etcdctl --cacert); set: https.")
+    etcd3_cert: str = _f("", "Client certificate for etcd's TLS client authentication (etcdctl --cert).")
+    etcd3_key: str = _f("", "Private key of etcd3_cert (etcdctl --key).")
+    etcd3_user: str = _f("", "etcd user (etcdctl --user); its password is read from $ETCDCTL_PASSWORD, never the "
+                             "config. Empty: no authentication (anyone who reaches etcd can read and write records).")
 
 
 @dataclass

@@ -33,6 +33,8 @@ _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
+# Options rlkit sets on every step itself: a user's copy would undo the safe working directory.
+_RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",)}
 MAX_NAME_LENGTH = 64  # experiment and trial names: directory names, Slurm job names, squeue columns
 
 
@@ -138,13 +140,55 @@ def _validate_cluster(config: ExperimentConfig, problems: Problems) -> None:
         problems.add(f"cluster.name_resolve.nfs_record_root {record_root!r} has characters that container binds and "
                      "job scripts cannot carry (spaces, quotes, ',', ':', '%', '$', ';', '\\')",
                      hint="use a path of letters, digits and . _ - + / @ only")
+    _validate_name_resolve(config, problems)
     if cluster.n_nodes < 1 or cluster.n_gpus_per_node < 1:
         problems.add("cluster.n_nodes and cluster.n_gpus_per_node must be at least 1")
     if cluster.name_resolve.type not in NAME_RESOLVE_TYPES:
         problems.add(f"cluster.name_resolve.type '{cluster.name_resolve.type}' is not supported",
                      hint=f"choose one of: {', '.join(NAME_RESOLVE_TYPES)}")
-    if not cluster.name_resolve.nfs_record_root.startswith("/"):
-        problems.add("cluster.name_resolve.nfs_record_root must be an absolute path on the shared filesystem")
+    if record_root and not record_root.startswith("/"):
+        problems.add(f"cluster.name_resolve.nfs_record_root '{record_root}' must be an absolute path on the shared "
+                     "filesystem", hint="leave it empty to keep the records in the trial directory")
+
+
+def _validate_name_resolve(config: ExperimentConfig, problems: Problems) -> None:
+    """A shared record root must not be another user's; etcd's address, TLS files and credentials must be usable."""
+    import os
+
+    nr = config.cluster.name_resolve
+    if nr.type == "nfs" and nr.nfs_record_root.startswith("/"):
+        from rlkit.nameresolve.records import untrusted_directory
+
+        mine = os.path.join(nr.nfs_record_root, str(os.getuid()))
+        bad = untrusted_directory(mine, mine) if os.path.lexists(mine) else None
+        if bad:
+            problems.add(f"cluster.name_resolve.nfs_record_root: {bad[0]} {bad[1]}, so records there cannot be "
+                         "trusted", hint="leave nfs_record_root empty (records in the trial directory), or remove "
+                                         f"{mine} and let rlkit create it", site=True)
+    if nr.type != "etcd3":
+        return
+    from rlkit.nameresolve.servers import check_address
+
+    address = nr.etcd3_addr.removeprefix("https://").removeprefix("http://").rstrip("/")
+    try:
+        check_address(address)
+    except ValueError as exc:
+        problems.add(f"cluster.name_resolve.etcd3_addr: {exc}", hint="e.g. etcd3_addr=etcd01:2379")
+    if bool(nr.etcd3_cert) != bool(nr.etcd3_key):
+        problems.add("cluster.name_resolve.etcd3_cert and etcd3_key go together (a client certificate and its key)",
+                     hint="set both, or neither")
+    for name in ("etcd3_cacert", "etcd3_cert", "etcd3_key"):
+        path = getattr(nr, name)
+        if path and not os.access(path, os.R_OK):
+            problems.add(f"cluster.name_resolve.{name}: '{path}' is not a readable file", site=True,
+                         hint="give the path of the PEM file on the shared filesystem")
+        elif name == "etcd3_key" and path and os.stat(path).st_mode & 0o077:
+            problems.add(f"cluster.name_resolve.etcd3_key: '{path}' can be read by other users",
+                         hint=f"chmod 600 {path}")
+    if nr.etcd3_user and not os.environ.get("ETCDCTL_PASSWORD"):
+        problems.add(f"cluster.name_resolve.etcd3_user is '{nr.etcd3_user}' but $ETCDCTL_PASSWORD is not set here "
+                     "(the job's steps inherit it from the submitting shell)",
+                     hint="export ETCDCTL_PASSWORD before rlkit submit", site=True)
 
 
 def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
@@ -161,10 +205,16 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
         _validate_time(config, problems)
     for name in ("srun_additional_args", "sbatch_additional_args", "apptainer_args"):
         try:
-            shlex.split(getattr(slurm, name))
+            words = shlex.split(getattr(slurm, name))
         except ValueError as exc:
             problems.add(f"launcher.slurm.{name} cannot be split into arguments: {exc}",
                          hint="close the quote, or quote a value with spaces like --comment='two words'")
+            continue
+        for word in words:
+            if any(_is_option(word, option) for option in _RLKIT_SETS.get(name, ())):
+                problems.add(f"launcher.slurm.{name}: rlkit sets {word.split('=', 1)[0]} itself (steps run from a "
+                             "directory nobody else can write, so nothing is imported from the trial directory)",
+                             hint=f"remove {word} from launcher.slurm.{name}")
     if slurm.container_type not in CONTAINER_TYPES:
         problems.add(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",
                      hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
@@ -174,6 +224,15 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
         for name in ("inference_server_image", "trainer_image"):
             with problems.check():
                 check_image(f"launcher.slurm.{name}", getattr(slurm, name))
+
+
+def _is_option(word: str, option: str) -> bool:
+    """Whether `word` gives `option`: exactly, with `=value`, a short option with its value attached (-D/x), or a
+    long option abbreviated as getopt_long (srun) accepts (--chd=/x)."""
+    name = word.split("=", 1)[0]
+    if len(option) == 2:
+        return word.startswith(option)
+    return name == option or (name.startswith("--") and len(name) >= 5 and option.startswith(name))
 
 
 def _validate_time(config: ExperimentConfig, problems: Problems) -> None:

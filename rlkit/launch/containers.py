@@ -8,9 +8,10 @@ def container_argv(argv: tuple[str, ...], *, container_type: str, image: str, ap
     """The command line that runs `argv` for one step.
 
     Apptainer passes the host environment into the container (we never use --cleanenv), so variables that Slurm and
-    the batch script set reach the step; the trial directory and name-resolve root are among the binds.
+    the batch script set reach the step; the trial directory and name-resolve root are among the binds. `--pwd /`
+    starts the step in the image's root, never in a directory of the host another user could plant modules in.
     """
     if container_type == "none":
         return argv
     bind = ("--bind", ",".join(binds)) if binds else ()
-    return ("apptainer", "exec", *apptainer_args, *bind, image, *argv)
+    return ("apptainer", "exec", "--pwd", "/", *apptainer_args, *bind, image, *argv)

@@ -189,8 +189,10 @@ def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, 
         if value
     )
     binds = [*parse_mounts(slurm.mount)]
-    for shared in (cluster.fileroot, cluster.name_resolve.nfs_record_root):
-        if not any(_is_under(shared, b.split(":")[0]) for b in binds):
+    nr = cluster.name_resolve
+    etcd_files = (nr.etcd3_cacert, nr.etcd3_cert, nr.etcd3_key) if nr.type == "etcd3" else ()
+    for shared in (cluster.fileroot, nr.nfs_record_root, *etcd_files):  # empty record root: in the trial dir
+        if shared and not any(_is_under(shared, b.split(":")[0]) for b in binds):
             binds.append(f"{shared}:{shared}")
     recovers = config.type == "grpo" and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))

@@ -204,8 +204,10 @@ def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
         srun.append(f"--relative={step.relative_node}")
     if step.gpus_per_node:
         srun.append(f"--gres=gpu:{step.gpus_per_node}")
+    # --chdir=/: the step runs from a directory nobody else can write, not the trial directory the script is in, so
+    # `python -m rlkit` (whose sys.path starts with the working directory) never imports a planted rlkit/ from there
     srun += [f"--cpus-per-task={step.cpus_per_task}", f"--mem={step.mem_mb}M", "--exact", "--kill-on-bad-exit=1",
-             f"--output={step.log}", "--open-mode=append", *plan.srun_args]
+             f"--output={step.log}", "--open-mode=append", "--chdir=/", *plan.srun_args]
     inner = container_argv(step.argv, container_type=plan.container_type, image=step.image,
                            apptainer_args=plan.apptainer_args, binds=plan.binds)
     env = ("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()

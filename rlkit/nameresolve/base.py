@@ -110,6 +110,10 @@ class NameResolve(ABC):
         """Where entries live, for error messages (a directory, an etcd prefix...)."""
         return type(self).__name__
 
+    def describe_entry(self, key: str) -> str:
+        """Where the entry of ``key`` lives, for warnings about it (a file, an etcd key...)."""
+        return f"entry {key!r} in {self.describe_location()}"
+
     def diagnose(self, key: str) -> str:
         """Extra detail on why ``key`` is not live (e.g. a stale entry's owner), or ''."""
         return ""

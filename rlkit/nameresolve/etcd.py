@@ -5,6 +5,11 @@ owner metadata). Keepalive entries are attached to one etcd lease per instance (
 may round it up to its minimum of about 2 s); a daemon thread renews the lease every ``heartbeat_interval`` seconds.
 Expiry is etcd's: when the owner stops renewing, etcd deletes the keys itself, so there is no clock-skew assumption.
 ``close`` revokes the lease, which deletes every keepalive key of this instance at once.
+
+Security: etcd has no per-user files, so whoever can reach etcd with write access can write this trial's keys. Use
+etcd's TLS (``EtcdTls``: https with a CA, a client certificate) and user authentication (a token from
+``/v3/auth/authenticate``, renewed when etcd reports it expired) so only you can; without them the store is open
+to everyone on the network. Readers validate every server address either way (``rlkit.nameresolve.servers``).
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import logging
 import math
 import os
 import socket
+import ssl
 import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,6 +43,22 @@ from rlkit.nameresolve.base import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd, as etcdctl's --cacert, --cert and --key: a CA bundle to verify the server, a client certificate."""
+
+    cacert: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def context(self) -> ssl.SSLContext:
+        """The TLS context of the client: the CA bundle (else the system's) and the client certificate, if any."""
+        context = ssl.create_default_context(cafile=self.cacert or None)
+        if self.cert:
+            context.load_cert_chain(self.cert, self.key or None)
+        return context
 
 
 def _b64(data: str | bytes) -> str:
@@ -58,21 +81,46 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 
 class _Gateway:
-    """A thin client of the etcd v3 JSON gateway."""
+    """A thin client of the etcd v3 JSON gateway: https with a CA (and a client certificate) when given, and etcd's
+    user/password authentication (a token in the Authorization header, fetched again when etcd says it expired)."""
 
-    def __init__(self, url: str, timeout: float) -> None:
+    def __init__(self, url: str, timeout: float, *, tls: EtcdTls | None = None, user: str = "",
+                 password: str = "") -> None:
         self.url = url
-        self.client = httpx.Client(base_url=url, timeout=timeout)
+        self.user = user
+        self.password = password
+        self._token = ""
+        self.client = httpx.Client(base_url=url, timeout=timeout, verify=(tls or EtcdTls()).context(),
+                                   trust_env=False)
+
+    def _authenticate(self) -> None:
+        body = {"name": self.user, "password": self.password}
+        try:
+            resp = self.client.post("/v3/auth/authenticate", json=body)
+        except httpx.HTTPError as e:
+            raise NameResolveError(f"cannot reach etcd at {self.url} to authenticate user {self.user!r}: {e}") from e
+        if resp.status_code != 200:
+            raise NameResolveError(f"etcd at {self.url} refused user {self.user!r} ({resp.status_code}: "
+                                   f"{resp.text.strip()}); check name_resolve.etcd3_user and $ETCDCTL_PASSWORD")
+        self._token = str(resp.json().get("token", ""))
 
     def call(self, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> dict[str, Any]:
+        if self.user and not self._token:
+            self._authenticate()
         try:
-            resp = self.client.post(path, json=body)
+            resp = self.client.post(path, json=body, headers={"Authorization": self._token} if self._token else None)
+            if resp.status_code == 401 and self.user:  # the token expired (etcd's --auth-token-ttl): once more
+                self._authenticate()
+                resp = self.client.post(path, json=body, headers={"Authorization": self._token})
         except httpx.HTTPError as e:
             raise NameResolveError(f"cannot reach etcd at {self.url} ({path}): {e}") from e
         if resp.status_code != 200:
             if missing_ok and resp.status_code == 404:
                 return {}
-            raise NameResolveError(f"etcd at {self.url} answered {resp.status_code} to {path}: {resp.text.strip()}")
+            hint = ("; this etcd requires authentication: set name_resolve.etcd3_user and $ETCDCTL_PASSWORD"
+                    if not self.user and "user name is empty" in resp.text else "")
+            raise NameResolveError(f"etcd at {self.url} answered {resp.status_code} to {path}: {resp.text.strip()}"
+                                   + hint)
         # /v3/lease/keepalive is a stream: one {"result": ...} object per line
         text = resp.text.strip().splitlines()[0] if path.endswith("keepalive") else resp.text
         data = json.loads(text) if text else {}
@@ -153,17 +201,21 @@ class Etcd3NameResolve(NameResolve):
         heartbeat_interval: float = 5.0,
         root: str = "rlkit",
         request_timeout: float = 10.0,
+        tls: EtcdTls | None = None,
+        user: str = "",
+        password: str = "",
     ) -> None:
         check_component("experiment", experiment)
         check_component("trial", trial)
         check_component("root", root)
         if not 0 < heartbeat_interval < ttl:
             raise ValueError(f"heartbeat_interval must be > 0 and < ttl ({ttl}), got {heartbeat_interval}")
-        self.url = addr if "://" in addr else f"http://{addr}"
+        secure = tls is not None and (tls.cacert or tls.cert)
+        self.url = addr if "://" in addr else f"{'https' if secure else 'http'}://{addr}"
         self.base = f"/{root}/{experiment}/{trial}/"
         self.ttl = float(ttl)
         self.heartbeat_interval = float(heartbeat_interval)
-        self._gw = _Gateway(self.url, request_timeout)
+        self._gw = _Gateway(self.url, request_timeout, tls=tls, user=user, password=password)
         self._lease = _Lease(self._gw, max(1, math.ceil(ttl)), heartbeat_interval)
         self._finalizer = weakref.finalize(self, self._lease.shutdown)
 

@@ -1,6 +1,8 @@
 """Name resolve on a shared filesystem (NFS): one small JSON record file per key, standard library only.
 
-Layout: every key of a trial is one file directly in ``<record_root>/<experiment>/<trial>/``, named after the key
+Layout: every key of a trial is one file directly in its record directory (``<trial dir>/name_resolve/`` by default,
+see ``rlkit.nameresolve.name_resolve_for``), private to the user (0700, records 0600, owner and modes checked on
+every read: ``rlkit.nameresolve.records``), named after the key
 with each '/' written as ':' and other unsafe characters percent-encoded (``servers/0`` -> ``servers:0.rec``), so
 a prefix listing is one ``scandir`` of one directory and no directory is ever created or removed under a writer.
 Temporary files start with '.' and end in ``.tmp``; readers ignore them.
@@ -30,20 +32,15 @@ an entry that late in the worst case. Mounting with ``lookupcache=positive`` avo
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
 
 from rlkit.nameresolve.base import (
     NameEntryExistsError,
@@ -55,175 +52,37 @@ from rlkit.nameresolve.base import (
     normalize_prefix,
     validate_key,
 )
+from rlkit.nameresolve.keepalive import Keepalive, Owned
+from rlkit.nameresolve.records import (
+    MAX_NAME_BYTES,
+    RECORD_FORMAT,
+    RECORD_SUFFIX,
+    TMP_SUFFIX,
+    decode_key,
+    dumps,
+    encode_key,
+    make_private_dirs,
+    owner_text,
+    parse,
+    read_raw,
+    record_problem,
+    unlink_quiet,
+    untrusted_directory,
+    warn_once,
+    write_tmp,
+)
 
 log = logging.getLogger(__name__)
 
-RECORD_SUFFIX = ".rec"
-TMP_SUFFIX = ".tmp"
-RECORD_FORMAT = 1
-_MAX_NAME_BYTES = 240  # NAME_MAX is 255; leave room for the suffix
-_READ_RETRIES = 3
 _CREATE_ATTEMPTS = 10
 
 
-def encode_key(key: str) -> str:
-    """File-name stem of ``key``: percent-encode, then '/' -> ':' (':' itself is always percent-encoded)."""
-    return quote(key, safe="/").replace("/", ":")
-
-
-def decode_key(stem: str) -> str:
-    """Inverse of ``encode_key``."""
-    key = stem.replace(":", "/")
-    return unquote(key) if "%" in key else key
-
-
-def _read_raw(path: str) -> bytes | None:
-    """The file's bytes, or None if it does not exist. Retries ESTALE (the file was replaced while opened on NFS)."""
-    for attempt in range(_READ_RETRIES):
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno != errno.ESTALE or attempt == _READ_RETRIES - 1:
-                raise
-    return None
-
-
-def _parse(data: bytes | None) -> dict[str, Any] | None:
-    """The record in ``data``, or None if absent or not a well-formed record."""
-    if data is None:
-        return None
-    try:
-        rec = json.loads(data)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("value"), str):
-        return None
-    if rec.get("keepalive") and not isinstance(rec.get("heartbeat"), (int, float)):
-        return None
-    return rec
-
-
-def _token(rec: dict[str, Any] | None) -> str | None:
-    owner = rec.get("owner") if rec else None
-    return owner.get("token") if isinstance(owner, dict) else None
-
-
-def _dumps(rec: dict[str, Any]) -> bytes:
-    return (json.dumps(rec, indent=1) + "\n").encode()
-
-
-def _write_tmp(directory: str, stem: str, data: bytes) -> str:
-    """Write ``data`` to a new fsync'ed temp file in ``directory`` and return its path."""
-    path = os.path.join(directory, f".{stem[:64]}.{os.getpid()}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _unlink_quiet(path)
-        raise
-    os.close(fd)
-    return path
-
-
-def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-@dataclass
-class _Owned:
-    path: str
-    stem: str
-    record: dict[str, Any]
-
-
-class _Keepalive:
-    """The keepalive entries of one instance and the daemon thread that heartbeats them.
-
-    Kept apart from ``NfsNameResolve`` so the thread does not keep the instance alive and a finalizer can
-    deregister the entries when the instance is garbage-collected or the interpreter exits.
-    """
-
-    def __init__(self, directory: str, interval: float) -> None:
-        self.directory = directory
-        self.interval = interval
-        self.lock = threading.RLock()  # held by every write that touches an owned key
-        self.owned: dict[str, _Owned] = {}
-        self.closed = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def track(self, key: str, owned: _Owned) -> None:
-        self.owned[key] = owned
-        if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._run, name="rlkit-nameresolve-heartbeat", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            with self.lock:
-                if self._stop.is_set():
-                    return
-                for key, owned in list(self.owned.items()):
-                    try:
-                        self._refresh(key, owned)
-                    except OSError as e:  # a transient NFS error must not kill the heartbeat
-                        log.warning("name-resolve heartbeat of %r in %s failed: %s", key, self.directory, e)
-
-    def _refresh(self, key: str, owned: _Owned) -> None:
-        rec = dict(owned.record, heartbeat=time.time())
-        tmp: str | None = _write_tmp(self.directory, owned.stem, _dumps(rec))
-        try:
-            current = _parse(_read_raw(owned.path))
-            if _token(current) != _token(owned.record):
-                del self.owned[key]
-                log.warning(
-                    "name-resolve entry %r in %s was deleted or replaced by another owner; stopping its heartbeat",
-                    key,
-                    self.directory,
-                )
-                return
-            assert tmp is not None
-            os.replace(tmp, owned.path)
-            tmp = None
-            owned.record = rec
-        finally:
-            if tmp is not None:
-                _unlink_quiet(tmp)
-
-    def stop_thread(self) -> None:
-        """Stop heartbeating without touching the entries (what a dead owner looks like to readers)."""
-        self._stop.set()
-        with self.lock:  # wait for a heartbeat in progress to finish
-            pass
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def shutdown(self) -> None:
-        """Stop the heartbeat and delete the entries this instance still owns. Idempotent."""
-        self.stop_thread()
-        with self.lock:
-            self.closed = True
-            for key, owned in list(self.owned.items()):
-                del self.owned[key]
-                try:
-                    if _token(_parse(_read_raw(owned.path))) == _token(owned.record):
-                        _unlink_quiet(owned.path)
-                except OSError as e:
-                    log.warning("could not deregister name-resolve entry %r in %s: %s", key, self.directory, e)
-
-
 class NfsNameResolve(NameResolve):
-    """Name resolve in ``<record_root>/<experiment>/<trial>/`` on a filesystem shared by the job's nodes.
+    """Name resolve in ``<record_root>/<experiment>/<trial>/`` (or ``<record_root>/`` itself when experiment and
+    trial are None) on a filesystem shared by the job's nodes.
 
+    ``record_root`` and every directory below it must belong to the current user and be writable by nobody else
+    (see ``rlkit.nameresolve.records``); a writer creates them 0700, a reader ignores them (with a warning) if not.
     ``ttl``: a keepalive entry whose heartbeat is older than this (as seen by the reader) is treated as gone.
     ``heartbeat_interval``: how often this instance refreshes its own keepalive entries; keep it well below the
     ``ttl`` of every reader. See the module docstring for the heartbeat design and its clock/NFS assumptions.
@@ -232,30 +91,40 @@ class NfsNameResolve(NameResolve):
     def __init__(
         self,
         record_root: str | Path,
-        experiment: str,
-        trial: str,
+        experiment: str | None = None,
+        trial: str | None = None,
         *,
         ttl: float = 30.0,
         heartbeat_interval: float = 5.0,
     ) -> None:
-        check_component("experiment", experiment)
-        check_component("trial", trial)
+        if (experiment is None) != (trial is None):
+            raise ValueError("give both experiment and trial, or neither")
+        parts = [] if experiment is None or trial is None else [check_component("experiment", experiment),
+                                                               check_component("trial", trial)]
         if not ttl > 0:
             raise ValueError(f"ttl must be > 0, got {ttl}")
         if not 0 < heartbeat_interval < ttl:
             raise ValueError(f"heartbeat_interval must be > 0 and < ttl ({ttl}), got {heartbeat_interval}")
         self.ttl = float(ttl)
         self.heartbeat_interval = float(heartbeat_interval)
-        self.directory = os.path.join(os.path.abspath(os.fspath(record_root)), experiment, trial)
+        self.record_root = os.path.abspath(os.fspath(record_root))
+        self.directory = os.path.join(self.record_root, *parts)
         self._hostname = socket.gethostname()
-        self._ka = _Keepalive(self.directory, self.heartbeat_interval)
+        self._ka = Keepalive(self.directory, self.heartbeat_interval)
         self._finalizer = weakref.finalize(self, self._ka.shutdown)
+
+    def _trusted_directory(self) -> bool:
+        """Whether the record directory may be read: nobody else could have written it (else warned once)."""
+        bad = untrusted_directory(self.record_root, self.directory)
+        if bad is not None:
+            warn_once(f"name-resolve directory {bad[0]}", bad[1])
+        return bad is None
 
     # -- paths and records ------------------------------------------------------------------------------------
 
     def _stem(self, key: str) -> str:
         stem = encode_key(validate_key(key))
-        if len(stem.encode()) > _MAX_NAME_BYTES:
+        if len(stem.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"name-resolve key {key[:60]!r}... is too long ({len(stem)} bytes encoded)")
         return stem
 
@@ -296,21 +165,27 @@ class NfsNameResolve(NameResolve):
             raise TypeError(f"name-resolve value must be a str, got {type(value).__name__}")
         path = os.path.join(self.directory, stem + RECORD_SUFFIX)
         rec = self._new_record(key, value, keepalive)
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            make_private_dirs(self.record_root, self.directory)
+        except PermissionError as e:
+            raise NameResolveError(
+                f"cannot store name-resolve key {key!r}: {e}; use a directory of your own that only you can write "
+                "(by default rlkit keeps records in the trial directory)"
+            ) from e
         with self._ka.lock:
             if keepalive and self._ka.closed:
                 raise NameResolveError(f"cannot add keepalive entry {key!r}: this name resolve is closed")
-            tmp = _write_tmp(self.directory, stem, _dumps(rec))
+            tmp = write_tmp(self.directory, stem, dumps(rec))
             try:
                 if replace:
                     os.replace(tmp, path)
                 else:
                     self._create(key, tmp, path)
             finally:
-                _unlink_quiet(tmp)
+                unlink_quiet(tmp)
             self._ka.owned.pop(key, None)
             if keepalive:
-                self._ka.track(key, _Owned(path=path, stem=stem, record=rec))
+                self._ka.track(key, Owned(path=path, stem=stem, record=rec))
 
     def _create(self, key: str, tmp: str, path: str) -> None:
         """Link ``tmp`` to ``path`` unless a live entry is there; a stale one is taken over. Caller unlinks tmp."""
@@ -321,13 +196,13 @@ class NfsNameResolve(NameResolve):
             except FileExistsError:
                 if os.stat(tmp).st_nlink >= 2:  # NFS: the link was made but its reply was lost
                     return
-            data = _read_raw(path)
+            data = read_raw(path)
             if data is None:
                 continue  # removed meanwhile: try again
-            rec = _parse(data)
+            rec = parse(data)
             if self._live(rec, time.time()):
                 raise NameEntryExistsError(
-                    f"name-resolve key {key!r} already has a live entry in {self.directory}/ ({_owner_text(rec)}); "
+                    f"name-resolve key {key!r} already has a live entry in {self.directory}/ ({owner_text(rec)}); "
                     "pass replace=True to overwrite it"
                 )
             # Stale: move it aside, and keep it gone only if what we moved is exactly what we judged stale.
@@ -337,16 +212,19 @@ class NfsNameResolve(NameResolve):
             except FileNotFoundError:
                 continue
             try:
-                moved = _read_raw(grave)
-                if moved != data:  # refreshed or replaced after we read it: put it back unless taken again
+                moved = read_raw(grave)
+                # refreshed or replaced after we read it: put it back unless taken again
+                if moved is None or moved.data != data.data:
                     with contextlib.suppress(FileExistsError):
                         os.link(grave, path)
             finally:
-                _unlink_quiet(grave)
+                unlink_quiet(grave)
         raise NameResolveError(f"could not create name-resolve key {key!r} in {self.directory}/: too much contention")
 
     def _read_live(self, key: str) -> dict[str, Any] | None:
-        rec = _parse(_read_raw(self.path_of(key)))
+        if not self._trusted_directory():
+            return None
+        rec = parse(read_raw(self.path_of(key)))
         return rec if self._live(rec, time.time()) else None
 
     def get(self, key: str) -> str:
@@ -391,8 +269,10 @@ class NfsNameResolve(NameResolve):
         prefix = normalize_prefix(prefix)
         now = time.time()
         out: dict[str, str] = {}
+        if not self._trusted_directory():
+            return out
         for key, path in self._scan(prefix):
-            rec = _parse(_read_raw(path))
+            rec = parse(read_raw(path))
             if self._live(rec, now) and key_in_subtree(key, prefix):
                 assert rec is not None
                 out[key] = rec["value"]
@@ -405,7 +285,7 @@ class NfsNameResolve(NameResolve):
             for key in [k for k in self._ka.owned if key_in_subtree(k, prefix)]:
                 del self._ka.owned[key]
             for _, path in self._scan(prefix):
-                _unlink_quiet(path)
+                unlink_quiet(path)
 
     def close(self) -> None:
         """Stop heartbeats and delete this instance's keepalive entries (deregister). Idempotent."""
@@ -417,24 +297,30 @@ class NfsNameResolve(NameResolve):
 
     # -- diagnostics ---------------------------------------------------------------------------------------------
 
+    def describe_entry(self, key: str) -> str:
+        return f"name-resolve record {self.path_of(key)}"
+
     def describe_location(self) -> str:
         return f"directory {self.directory}/"
 
     def diagnose(self, key: str) -> str:
         if not os.path.isdir(self.directory):
             return "that directory does not exist (is the shared filesystem mounted on this node?)"
+        bad = untrusted_directory(self.record_root, self.directory)
+        if bad is not None:
+            return f"{bad[0]} is ignored because {bad[1]}"
         path = self.path_of(key)
-        data = _read_raw(path)
+        data = read_raw(path)
         if data is not None:
-            rec = _parse(data)
+            rec, problem = record_problem(data)
             if rec is None:
-                return f"{path} exists but is not a readable record"
+                return f"{path} is ignored because {problem}"
             if self._live(rec, time.time()):
                 return f"{path} appeared just after the deadline"
             age = time.time() - float(rec["heartbeat"])
             return (
                 f"{path} exists but its heartbeat is {age:.1f} s old (ttl {self.ttl:g} s), so its owner "
-                f"({_owner_text(rec)}) looks dead"
+                f"({owner_text(rec)}) looks dead"
             )
         keys = sorted(k for k, _ in self._scan(""))
         if not keys:
@@ -442,9 +328,3 @@ class NfsNameResolve(NameResolve):
         shown = ", ".join(repr(k) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
         return f"the directory holds {shown}"
 
-
-def _owner_text(rec: dict[str, Any] | None) -> str:
-    owner = rec.get("owner") if rec else None
-    if not isinstance(owner, dict):
-        return "owner unknown"
-    return f"host {owner.get('hostname')} pid {owner.get('pid')} created {owner.get('created_at')}"

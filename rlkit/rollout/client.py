@@ -8,7 +8,6 @@ a failed request is retried on another server when there is one.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 
 from rlkit.errors import StepError
-from rlkit.nameresolve import SERVERS_KEY, server_key
+from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
 from rlkit.servers.health import answers_health
 
@@ -66,13 +65,8 @@ class SamplingParams:
 
 
 def discover_servers(nr: NameResolve) -> list[Server]:
-    """The live servers registered now, by index."""
-    servers = []
-    for value in nr.list_subtree(SERVERS_KEY).values():
-        entry = json.loads(value)
-        servers.append(Server(index=int(entry["index"]), address=entry["address"], model=entry["model"],
-                              backend=entry["backend"]))
-    return sorted(servers, key=lambda s: s.index)
+    """The live servers registered now, by index (malformed records are skipped: `read_servers`)."""
+    return [Server(index=r.index, address=r.address, model=r.model, backend=r.backend) for r in read_servers(nr)]
 
 
 def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0, *,

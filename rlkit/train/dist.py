@@ -20,7 +20,9 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
+from rlkit.nameresolve.servers import check_address
 
 _joined = False  # set once this process joins a process group
 
@@ -59,7 +61,12 @@ def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> Dis
         port = find_free_port("0.0.0.0")
         nr.add(key, f"{host}:{port}", replace=True)
     else:
-        host, _, port_text = nr.wait(key, timeout=timeout_s).rpartition(":")
+        published = nr.wait(key, timeout=timeout_s)
+        try:
+            host, _, port_text = check_address(published).rpartition(":")
+        except ValueError as e:
+            raise StepError(f"the trainer's rank 0 published {key!r} as {published!r}, not host:port ({e}) in "
+                            f"{nr.describe_location()}") from None
         port = int(port_text)
     return DistEnv(env.rank, env.world_size, env.local_rank, host, port)
 

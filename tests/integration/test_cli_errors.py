@@ -54,6 +54,12 @@ MISTAKES = [
     pytest.param(["valid_dataset.path=/data/valid.jsonl"], "valid_dataset.path is set, but", id="inert-valid-set"),
     pytest.param(["cluster.name_resolve.nfs_record_root=/shared/a,b"], "nfs_record_root '/shared/a,b' has",
                  id="record-root-with-comma"),
+    pytest.param(["launcher.slurm.srun_additional_args=--chd=/tmp"], "rlkit sets --chd itself",
+                 id="srun-chdir-abbreviated"),
+    pytest.param(["cluster.name_resolve.type=etcd3", "cluster.name_resolve.etcd3_addr=etcd01"],
+                 "etcd3_addr: address 'etcd01' is not host:port", id="etcd-address-without-port"),
+    pytest.param(["cluster.name_resolve.type=etcd3", "cluster.name_resolve.etcd3_cert=/etc/hostname"],
+                 "etcd3_cert and etcd3_key go together", id="etcd-cert-without-key"),
 ]
 
 

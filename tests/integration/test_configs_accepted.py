@@ -64,7 +64,7 @@ def test_controller_accepts_rendered_script(config: Path, site_standins: list[st
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
     if load_config(config).launcher.slurm.container_type == "apptainer":
-        assert "apptainer exec --nv --bind" in result.stdout
+        assert "apptainer exec --pwd / --nv --bind" in result.stdout
     assert not rlkit_home.exists()
 
 

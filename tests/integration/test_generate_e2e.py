@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
+from ..planted import Listener, plant_rlkit_package, plant_server_records
 from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
@@ -28,14 +29,26 @@ def job_setup(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[st
     return {"model": model, "overrides": overrides, "root": tmp_path / "fileroot"}
 
 
-def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, object]) -> None:
+def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, object], tmp_path: Path) -> None:
     overrides = [*job_setup["overrides"], "trial_name=e2e", "cluster.cluster_name=devcluster"]  # type: ignore[misc]
-    submitted = run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides)
-    assert submitted.returncode == 0, submitted.stderr
-    name = "demo-generate/e2e"
-    assert wait_state(name) == "COMPLETED", run_rlkit("logs", name).stdout
-
     trial = Path(str(job_setup["root"])) / "demo-generate" / "e2e"
+    # Planted before the job (a trial directory without a config may exist): an rlkit/ package where the batch
+    # script runs, and hostile server records next to where the servers register, all pointing at our listener.
+    marker = tmp_path / "planted-rlkit-imported"
+    plant_rlkit_package(trial, marker)
+    with Listener() as evil:
+        planted = plant_server_records(trial / "name_resolve", evil.address)
+        submitted = run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides)
+        assert submitted.returncode == 0, submitted.stderr
+        name = "demo-generate/e2e"
+        assert wait_state(name) == "COMPLETED", run_rlkit("logs", name).stdout
+    assert not marker.exists(), "a step imported the rlkit/ package planted in the trial directory"
+    assert evil.received == [], "a planted server record was contacted"
+    client_log = (trial / "logs" / "generate.log").read_text()
+    for file_name, reason in planted.items():
+        warned = rf"ignoring (server )?name-resolve record \S*{re.escape(file_name)}: .*{reason}"
+        assert re.search(warned, client_log), (file_name, client_log)
+
     records = [json.loads(line) for line in (trial / "completions.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in records) == list(range(12))
     for r in records:
@@ -61,8 +74,9 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
         assert token not in log.read_text(errors="replace"), f"token leaked into {log}"
 
     # servers deregistered and no process of the job is left on any node
-    records_dir = Path(str(job_setup["root"])) / "name_resolve" / "demo-generate" / "e2e"
-    assert [p for p in records_dir.rglob("*") if p.is_file()] == [], "servers must deregister on exit"
+    records_dir = trial / "name_resolve"
+    assert stat.S_IMODE(records_dir.stat().st_mode) == 0o700
+    assert sorted(p.name for p in records_dir.iterdir()) == sorted(planted), "servers must deregister on exit"
     assert processes_mentioning(str(job_setup["model"])) == []
     detail = run_rlkit("status", name)
     assert detail.returncode == 0 and "COMPLETED" in detail.stdout and "cluster devcluster" in detail.stdout

@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import processes_mentioning, wait_state
+from ..planted import Listener, plant_server_records
+from ..slurm_helpers import processes_mentioning, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 STEPS = 20
@@ -38,15 +40,26 @@ def grpo_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     data = write_dataset(root / "digits.jsonl")
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
                  "trial_name=e2e", f"total_train_steps={STEPS}", "saver.freq_steps=10"]
-    with pytest.MonkeyPatch.context() as mp:
+    trial = root / "fileroot" / "demo-grpo" / "e2e"
+    with pytest.MonkeyPatch.context() as mp, Listener() as evil:
+        # hostile server records beside the real ones, all pointing at our listener (tests/planted.py)
+        planted = plant_server_records(trial / "name_resolve", evil.address)
         mp.setenv("RLKIT_HOME", str(root / "home"))
         submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides)
         assert submitted.returncode == 0, submitted.stderr
+        live = wait_for(lambda: _status_with_servers("demo-grpo/e2e"), "rlkit status to show the servers", 600)
         state = wait_state("demo-grpo/e2e", timeout=1500)
         status = run_rlkit("status", "demo-grpo/e2e")
         logs = run_rlkit("logs", "demo-grpo/e2e", "--step", "grpo", "--lines", "400")
-    trial = root / "fileroot" / "demo-grpo" / "e2e"
-    return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout}
+    return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout,
+            "live_status": live, "planted": planted, "planted_listener_got": evil.received}
+
+
+def _status_with_servers(name: str) -> subprocess.CompletedProcess[str] | None:
+    """`rlkit status NAME --json` once it lists two servers (the job is running), else None."""
+    result = run_rlkit("status", name, "--json")
+    assert result.returncode == 0, result.stderr
+    return result if len(json.loads(result.stdout)["servers"]) >= 2 else None
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
@@ -107,6 +120,20 @@ def test_final_model_loads_and_generates_digits(grpo_run: dict[str, object]) -> 
     texts = [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
     score = sum(digits_reward("", t, {}) for t in texts) / len(texts)
     assert score > 0.5, f"the saved model does not behave like the trained policy: {texts[:4]}"
+
+
+def test_status_and_trainer_never_use_planted_server_records(grpo_run: dict[str, object]) -> None:
+    """`rlkit status` (the real CLI, while the job ran) and the trainer listed only the trial's own servers; each
+    planted record was named in a warning, and its address never got a connection (so never the token)."""
+    live: subprocess.CompletedProcess[str] = grpo_run["live_status"]  # type: ignore[assignment]
+    assert sorted(s["index"] for s in json.loads(live.stdout)["servers"]) == [0, 1], live.stdout
+    planted: dict[str, str] = grpo_run["planted"]  # type: ignore[assignment]
+    trainer_log = (Path(str(grpo_run["trial"])) / "logs" / "grpo.log").read_text(errors="replace")
+    for file_name in planted:
+        assert file_name in live.stderr, (file_name, live.stderr)
+        assert file_name in trainer_log, file_name
+    assert grpo_run["planted_listener_got"] == []
+    assert grpo_run["state"] == "COMPLETED"
 
 
 def test_metrics_sinks_status_and_cleanup(grpo_run: dict[str, object]) -> None:

@@ -19,8 +19,8 @@ def test_loads_yaml_with_overrides_and_env(generate_yaml: Path, monkeypatch: pyt
     assert config.launcher.slurm.partition == "gpu-eu"
     assert config.vllm.extra_args == {"swap_space": 4}
     assert config.gconfig.stop == ["a", "b"]
-    # the name-resolve root defaults under fileroot, resolved at load time
-    assert config.cluster.name_resolve.nfs_record_root == f"{config.cluster.fileroot}/name_resolve"
+    # no name-resolve root by default: the records live in the (private) trial directory
+    assert config.cluster.name_resolve.nfs_record_root == ""
     raise_problems(config)
 
 

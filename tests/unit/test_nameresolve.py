@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -470,14 +471,26 @@ def test_concurrent_create_exactly_one_wins(nr: NfsNameResolve, tmp_path: Path) 
 
 
 def test_make_name_resolve(tmp_path: Path) -> None:
-    nr = make_name_resolve(
-        "nfs", nfs_record_root=str(tmp_path), etcd3_addr="", experiment="e", trial="t", ttl=2.0, heartbeat_interval=0.5
-    )
-    assert isinstance(nr, NfsNameResolve) and nr.ttl == 2.0
-    nr.add("k", "v")
-    assert (tmp_path / "e" / "t").is_dir()
+    """Records go to <trial dir>/name_resolve/ by default, below <nfs_record_root>/<uid>/ when that is set; both
+    private (directories 0700, records 0600)."""
+    trial_dir = tmp_path / "fileroot" / "e" / "t"
+    trial_dir.mkdir(parents=True, mode=0o700)
+    default = make_name_resolve("nfs", trial_dir=trial_dir, experiment="e", trial="t", ttl=2.0, heartbeat_interval=0.5)
+    assert isinstance(default, NfsNameResolve) and default.ttl == 2.0
+    default.add("k", "v")
+    assert Path(default.path_of("k")).parent == trial_dir / "name_resolve"
+    shared = make_name_resolve("nfs", trial_dir=trial_dir, nfs_record_root=str(tmp_path / "shared"), experiment="e",
+                               trial="t")
+    assert isinstance(shared, NfsNameResolve)
+    shared.add("k", "v")
+    private = tmp_path / "shared" / str(os.getuid())
+    assert Path(shared.path_of("k")).parent == private / "e" / "t"
+    for directory in (trial_dir / "name_resolve", private, private / "e", private / "e" / "t"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    for nr in (default, shared):
+        assert stat.S_IMODE(os.stat(nr.path_of("k")).st_mode) == 0o600
     with pytest.raises(ConfigError, match="unknown"):
-        make_name_resolve("zookeeper", nfs_record_root=str(tmp_path), etcd3_addr="", experiment="e", trial="t")
+        make_name_resolve("zookeeper", trial_dir=trial_dir, experiment="e", trial="t")
     with pytest.raises(ConfigError, match="nfs_record_root"):
         make_name_resolve("nfs", nfs_record_root="", etcd3_addr="", experiment="e", trial="t")
 

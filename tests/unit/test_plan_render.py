@@ -157,3 +157,16 @@ def test_step_command_is_bare_without_containers(generate_yaml: Path) -> None:
     assert argv[0] == "srun" and "--het-group=1" in argv
     assert argv[-5:] == ("-m", "rlkit", "generate", "--trial-dir", f"{plan.trial_dir}")
     assert "apptainer" not in argv
+
+
+def test_name_resolve_files_are_bound_into_containers(generate_yaml: Path) -> None:
+    """Records in the trial directory need no bind of their own; a separate record root and etcd's TLS files do."""
+    apptainer = ["launcher.slurm.container_type=apptainer", "launcher.slurm.mount="]
+    fileroot = load_config(generate_yaml).cluster.fileroot
+    assert plan_job(load_config(generate_yaml, apptainer)).binds == (f"{fileroot}:{fileroot}",)
+    files = {"etcd3_cacert": "/etc/etcd/ca.crt", "etcd3_cert": "/home/u/c.crt", "etcd3_key": "/home/u/c.key"}
+    etcd = ["cluster.name_resolve.type=etcd3", *(f"cluster.name_resolve.{k}={v}" for k, v in files.items())]
+    binds = plan_job(load_config(generate_yaml, [*apptainer, *etcd])).binds
+    assert {f"{v}:{v}" for v in files.values()} <= set(binds)
+    shared = plan_job(load_config(generate_yaml, [*apptainer, "cluster.name_resolve.nfs_record_root=/shared/nr"])).binds
+    assert "/shared/nr:/shared/nr" in shared

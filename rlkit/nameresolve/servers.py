@@ -1,0 +1,97 @@
+"""The inference-server records under ``servers/<index>``: what a reader accepts before it contacts an address.
+
+A record's address is where the trainer sends the trial's bearer token and `rlkit status` sends its health probe,
+so it must be a plain ``host:port`` (a host name or IP address, a port 1-65535): no scheme, path, user info or
+whitespace that could turn the URL rlkit builds into another one. A record that is not valid JSON or lacks a field
+is skipped with one warning naming it and why, never a crash (name resolve is shared state other steps write).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.nameresolve.base import NameResolve
+from rlkit.nameresolve.records import warn_once
+
+SERVERS_KEY = "servers"  # inference servers register as servers/<index>
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def server_key(index: int) -> str:
+    """The name-resolve key of inference server `index`."""
+    return f"{SERVERS_KEY}/{index}"
+
+
+def check_address(address: object) -> str:
+    """``address`` if it is ``host:port`` (host name, IPv4, [IPv6] or IPv6; port 1-65535), else ValueError saying
+    why."""
+    if not isinstance(address, str):
+        raise ValueError(f"address {address!r} is not a string")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"address {address!r} is not host:port")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise ValueError(f"address {address!r} has no port between 1 and 65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        # [IPv6] (URLs), bare IPv6 (MASTER_ADDR) or IPv4
+        ipaddress.IPv6Address(host[1:-1]) if bracketed else ipaddress.ip_address(host)
+        return address
+    except ValueError:
+        if bracketed:
+            raise ValueError(f"address {address!r} has an invalid IPv6 host") from None
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in host.split(".")):
+        raise ValueError(f"address {address!r} has a host that is neither a host name nor an IP address")
+    return address
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """One registered inference server, as read from name resolve and checked."""
+
+    index: int
+    address: str
+    model: str
+    backend: str
+    node: str
+    weight_version: Any
+
+
+def parse_server_record(value: str) -> ServerRecord:
+    """The server record in ``value``; ValueError saying what is wrong with it."""
+    try:
+        entry = json.loads(value)
+    except ValueError:
+        raise ValueError("it is not JSON") from None
+    if not isinstance(entry, dict):
+        raise ValueError("it is not a JSON object")
+    index = entry.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"its index {index!r} is not a non-negative integer")
+    for field in ("model", "backend"):
+        if not isinstance(entry.get(field), str):
+            raise ValueError(f"its {field} is not a string")
+    node = entry.get("node", "")
+    return ServerRecord(index=index, address=check_address(entry.get("address")), model=entry["model"],
+                        backend=entry["backend"], node=node if isinstance(node, str) else "",
+                        weight_version=entry.get("weight_version"))
+
+
+def read_servers(nr: NameResolve) -> list[ServerRecord]:
+    """The live, well-formed server records, by index; each malformed one is skipped with a warning (once)."""
+    servers = []
+    for key, value in nr.list_subtree(SERVERS_KEY).items():
+        try:
+            record = parse_server_record(value)
+            if key != server_key(record.index):
+                raise ValueError(f"its index {record.index} does not match its key")
+        except ValueError as e:
+            warn_once(f"server {nr.describe_entry(key)}", str(e))
+            continue
+        servers.append(record)
+    return sorted(servers, key=lambda s: s.index)
