@@ -36,7 +36,6 @@ _CONFIG_FILE = "a config file can set any option, past these checks; give the op
 # Refused options of both servers: {name: why}. Names use underscores, as after `flag_name`.
 VLLM_REFUSED: dict[str, str] = {
     "model": "rlkit sets the model (vllm.model, or actor.path)",
-    "model_tag": "rlkit sets the model (vllm.model, or actor.path)",
     "host": _OWN_ADDRESS,
     "port": _OWN_ADDRESS,
     "tensor_parallel_size": "rlkit sets it from allocation_mode (vllm:tN)",
