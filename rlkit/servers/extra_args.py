@@ -142,14 +142,18 @@ def _name_problem(backend: str, name: str, refused: Mapping[str, str], fields: M
     if name in refused:
         return f"{flag} is refused: {refused[name]}; remove it"
     if backend == "vllm" and name not in VLLM_FLAGS:
-        close = difflib.get_close_matches(name, sorted(VLLM_FLAGS - refused.keys() - fields.keys()), n=1)
+        allowed = sorted(VLLM_FLAGS - refused.keys() - fields.keys())
+        longer = [f"--{other.replace('_', '-')}" for other in sorted(VLLM_FLAGS) if other.startswith(name)]
+        prefix = f", only a prefix of {longer[0]}, which vLLM's parser would take it for" if longer else ""
+        close = difflib.get_close_matches(name, allowed, n=1)
         hint = f"did you mean {close[0]}?" if close else "check the spelling"
-        return (f"{flag} is not an option of vLLM {VLLM_FLAGS_VERSION} (vLLM would also take it as an abbreviation); "
-                f"{hint} (python -m vllm.entrypoints.openai.api_server --help=all lists them)")
-    whole = sorted(other for other in refused if other.startswith(name) and other != name)
+        return (f"{flag} is not an option of vLLM {VLLM_FLAGS_VERSION}{prefix}; {hint} "
+                "(python -m vllm.entrypoints.openai.api_server --help=all lists the options)")
+    taken = {**refused, **{option: f"it is set from {field}" for option, field in fields.items()}}
+    whole = sorted(other for other in taken if other.startswith(name) and other != name)
     if whole:
         return (f"{flag} is a prefix of --{whole[0].replace('_', '-')}, and SGLang's parser takes an unambiguous "
-                f"prefix for the whole option, which is refused: {refused[whole[0]]}; remove it")
+                f"prefix for the whole option, which is refused: {taken[whole[0]]}; remove it")
     return None
 
 

@@ -95,7 +95,7 @@ def test_sglang_refuses_listeners_keys_and_what_rlkit_sets(key: str) -> None:
     assert "refused" in message
 
 
-@pytest.mark.parametrize("key", ["api_ke", "api", "admin_api", "conf", "grpc_m", "ssl_key", "use_r"])
+@pytest.mark.parametrize("key", ["api_ke", "api", "admin_api", "conf", "grpc_m", "ssl_key", "use_r", "context_len"])
 def test_sglang_refuses_prefixes_of_refused_options(key: str) -> None:
     """SGLang's argparse (allow_abbrev) would read `--api-ke KEY` as `--api-key KEY`."""
     [(_, message)] = extra_args_problems("sglang", {key: "x"})
