@@ -177,7 +177,7 @@ def main() -> None:
         _exit(130)
     except (SlurmError, StepError) as exc:
         err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
-        _exit(1)
+        _exit(exc.exit_code)
     _exit(rc if isinstance(rc, int) else 0)
 
 

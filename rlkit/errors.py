@@ -49,3 +49,14 @@ class StepError(Exception):
     """An in-job step could not do its work (exit code 1); the message says what was being waited for or done."""
 
     exit_code = 1
+
+
+# sysexits' EX_CONFIG; the batch script's supervisor (rlkit.launch.render) never restarts a step that exits with it
+NO_RETRY_EXIT = 78
+
+
+class FatalStepError(StepError):
+    """A step failure that restarting the step in the same job cannot fix (a server whose guard is open, refused
+    extra_args): exit code `NO_RETRY_EXIT`, so the job fails at once instead of retrying the same mistake."""
+
+    exit_code = NO_RETRY_EXIT

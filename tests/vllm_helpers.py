@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlkit.servers.health import ServerNotHealthy, wait_healthy
-from rlkit.servers.vllm import vllm_command, vllm_env
+from rlkit.servers.vllm import GUARD_MIDDLEWARE, vllm_command, vllm_env
 
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 240.0
@@ -78,13 +78,15 @@ def running_vllm(
     timeout: float = HEALTH_TIMEOUT,
     dtype: str = "bfloat16",
     eager: bool = True,
+    guard: bool = True,
 ) -> Iterator[RunningServer]:
     """Run `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` until the block ends.
 
     The server gets `--max-model-len 256 --dtype <dtype>`, `--enforce-eager` unless `eager` is false (no
     torch.compile warm-up: about half the start time; bench/bench_vllm_start.py), the token guard middleware and
     rlkit's worker extension (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`, `VLLM_CPU_KVCACHE_SPACE=1` and
-    the token in its environment (never on argv); stdout and stderr go to `log_path`.
+    the token in its environment (never on argv); stdout and stderr go to `log_path`. `guard=False` leaves the
+    TokenGuard middleware out: an open server, to show that rlkit's guard check refuses it.
     """
     log = Path(log_path)
     cmd = vllm_command(
@@ -96,6 +98,9 @@ def running_vllm(
         tensor_parallel_size=1,
         extra={"max_model_len": 256, "dtype": dtype, "enforce_eager": eager},
     )
+    if not guard:
+        at = cmd.index(GUARD_MIDDLEWARE)
+        del cmd[at - 1 : at + 1]
     cmd += list(extra_args)
     env = dict(os.environ)
     env.pop("VLLM_API_KEY", None)
@@ -118,12 +123,12 @@ def running_vllm(
 
 @dataclass(frozen=True)
 class SharedServer:
-    """A guarded float32 server of a tiny model that several test modules use in turn."""
+    """A float32 server of a tiny model that several test modules use in turn (guarded unless kind "unguarded")."""
 
     server: RunningServer
     token: str
     model_dir: Path
-    kind: str  # "untied" or "tied" (tie_word_embeddings)
+    kind: str  # "untied", "tied" (tie_word_embeddings) or "unguarded" (untied, without TokenGuard)
 
 
 class ServerSlot:
@@ -147,13 +152,15 @@ class ServerSlot:
         if self.current is not None and self.current.kind == kind:
             return self.current
         self.close()
-        model_dir = self._untied_model if kind == "untied" else build_tiny_model(self._root / kind,
-                                                                                   tie_word_embeddings=True)
+        if kind not in ("untied", "tied", "unguarded"):
+            raise ValueError(f"unknown server kind {kind!r}")
+        model_dir = (build_tiny_model(self._root / kind, tie_word_embeddings=True) if kind == "tied"
+                     else self._untied_model)
         token = secrets.token_urlsafe(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
             model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
-            dtype="float32"))
+            dtype="float32", guard=kind != "unguarded"))
         print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
         self.current = SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
         return self.current

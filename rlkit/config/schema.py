@@ -111,7 +111,7 @@ class VllmConfig:
     max_num_seqs: int = _f(256, "Most sequences in one batch.")
     enforce_eager: bool = _f(False, "No CUDA graphs, no torch.compile: a faster start, a slower decode on GPUs.")
     enable_prefix_caching: bool = _f(True, "Reuse KV of shared prompt prefixes (reset after every weight update).")
-    extra_args: dict[str, Any] = _f({}, "Further vLLM flags, e.g. {swap_space: 4}; true gives a bare flag.")
+    extra_args: dict[str, Any] = _f({}, "More vLLM 0.32 options, e.g. {max_num_batched_tokens: 2048}; true: bare flag.")
 
 
 @dataclass

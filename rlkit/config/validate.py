@@ -256,6 +256,10 @@ def _validate_models(config: ExperimentConfig, allocation: Allocation, problems:
     if allocation.server is None:
         return
     backend = allocation.server.backend
+    from rlkit.servers.extra_args import extra_args_problems  # pure rules, no server import
+
+    for field_name, message in extra_args_problems(backend, getattr(config, backend).extra_args):
+        problems.add(f"{field_name}: {message}")
     own_field = "vllm.model" if backend == "vllm" else "sglang.model_path"
     model = server_model(config, backend)
     field = own_field if model != config.actor.path else "actor.path"

@@ -12,6 +12,7 @@ import shlex
 
 from rlkit import __version__
 from rlkit.config.strings import sbatch_quote
+from rlkit.errors import NO_RETRY_EXIT
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
 
@@ -128,6 +129,12 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         stop_steps
         return 0
       fi
+      if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
+        echo "rlkit: step $name failed with exit code $rc, which a restart cannot fix (see its log); not retrying"
+        echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+        stop_steps
+        return "$rc"
+      fi
       if [ "$rc" -ne 0 ] && [ "$role" = trainer ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
         if [ "${RESTARTS[$i]}" -gt 0 ] && [ "$(trained_step)" = "${LAST_STEP[$i]}" ]; then
           echo "rlkit: step $name failed with exit code $rc again without finishing a step since its last" \
@@ -223,6 +230,7 @@ def render_script(plan: JobPlan) -> str:
     lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)}", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
     lines += [f"export RLKIT_ATTEMPT={plan.attempt}  # 1 for rlkit submit, one more per rlkit resume",
               f"RETRIES={plan.retries}  # restarts of a failed trainer or server step, and self-requeues",
+              f"NO_RETRY_EXIT={NO_RETRY_EXIT}  # a step's exit code for a failure a restart cannot fix",
               f"TRAINER_GROUP={len(plan.components) - 1}"]
     lines.append(_SUPERVISOR)
     for step in plan.steps:

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
+from rlkit.servers.extra_args import VLLM_REFUSED
+
 GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
 # Gives every worker `rlkit_reload_weights` (in-place disk reload that also refreshes tied output heads), called by
 # rlkit.weights.disk.sync_server through /collective_rpc.
@@ -56,18 +58,13 @@ VLLM_NEGATABLE_FLAGS = frozenset(
 VLLM_APPEND_FLAGS = frozenset({"middleware"})
 # List-valued flags that vLLM parses as one JSON document rather than as several values.
 VLLM_JSON_LIST_FLAGS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
-# Set by vllm_command's own arguments; an `extra` entry for them would conflict. api_key would put a secret on argv.
-# worker_extension_cls: vLLM takes one extension class and rlkit's weight sync needs its own.
-_VLLM_RESERVED = frozenset(
-    {"model", "host", "port", "tensor_parallel_size", "served_model_name", "api_key", "worker_extension_cls"}
-)
 
-_FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_FLAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def flag_name(key: str) -> str:
     """`max_model_len` -> `max-model-len`; rejects anything that is not a plain option name."""
-    if not _FLAG_NAME.match(key):
+    if not _FLAG_NAME.fullmatch(key):
         raise ValueError(f"not a command-line option name: {key!r} (write it without leading dashes)")
     return key.replace("_", "-").lower()
 
@@ -177,7 +174,7 @@ def vllm_command(
         negatable=VLLM_NEGATABLE_FLAGS,
         append=VLLM_APPEND_FLAGS,
         json_lists=VLLM_JSON_LIST_FLAGS,
-        reserved=_VLLM_RESERVED,
+        reserved=VLLM_REFUSED,  # what vllm_command sets itself, and what would open or move the guard
     )
     return cmd
 

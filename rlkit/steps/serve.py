@@ -1,8 +1,10 @@
 """In-job step `rlkit serve`: one inference server (vLLM or SGLang) on a free port, registered in name resolve.
 
-The server gets the trial token through its environment (never argv); every route but /health needs it. The step
-registers `servers/<index>` only once the server is healthy, keeps the entry alive with a heartbeat while the server
-runs, deregisters on exit, and forwards SIGTERM/SIGINT to the server.
+The server gets the trial token through its environment (vLLM) or a 0600 config file (SGLang), never argv; every
+route but /health needs it. The step registers `servers/<index>` only once the server is healthy AND has refused a
+request without the token (rlkit.servers.guard_check): a server that answers one is stopped and the step exits with
+NO_RETRY_EXIT, which the batch script does not retry. Refused extra_args stop the step before anything starts. The
+entry is kept alive with a heartbeat while the server runs, removed on exit; SIGTERM/SIGINT go to the server.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
-from rlkit.errors import StepError
+from rlkit.errors import FatalStepError, StepError
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
+from rlkit.servers.extra_args import extra_args_problems
+from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
-from rlkit.servers.sglang import sglang_command
+from rlkit.servers.sglang import sglang_command, write_key_file
 from rlkit.servers.vllm import vllm_command, vllm_env
 from rlkit.trials import read_token
 
@@ -37,32 +41,40 @@ def advertised_host() -> str:
 
 
 def sglang_key_file(paths: TrialPaths, index: int, token: str) -> Path:
-    """SGLang reads its --api-key from argv only; a 0600 `--config` file keeps it off argv (not verified here)."""
-    path = paths.token.parent / f"sglang-{index}.yaml"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"api-key: {json.dumps(token)}\n")
-    return path
+    """SGLang takes its api key from argv only; a 0600 `--config` file beside the token keeps it off argv."""
+    return write_key_file(paths.token.parent / f"sglang-{index}.yaml", token)
+
+
+def server_extra_args(config: ExperimentConfig, backend: str) -> dict[str, object]:
+    """The user's `<backend>.extra_args`, refused (exit NO_RETRY_EXIT, every problem listed) if any entry is refused."""
+    extra = dict(config.vllm.extra_args if backend == "vllm" else config.sglang.extra_args)
+    problems = extra_args_problems(backend, extra)
+    if problems:
+        listed = "\n".join(f"  {field}: {message}" for field, message in problems)
+        raise FatalStepError(f"refused {backend} extra_args (nothing was started):\n{listed}")
+    return extra
 
 
 def server_command(config: ExperimentConfig, backend: str, tp: int, port: int, *,
                    sglang_config: Path | None = None) -> list[str]:
-    """The server's argv, from the config."""
+    """The server's argv, from the config (SGLang needs `sglang_config`, the key file)."""
     model = server_model(config, backend)
     if backend == "vllm":
         v = config.vllm
         extra: dict[str, object] = {"seed": v.seed, "dtype": v.dtype, "max_model_len": v.max_model_len,
                                     "gpu_memory_utilization": v.gpu_memory_utilization, "max_num_seqs": v.max_num_seqs,
                                     "enforce_eager": v.enforce_eager, "enable_prefix_caching": v.enable_prefix_caching,
-                                    **v.extra_args}
+                                    **server_extra_args(config, backend)}
         return vllm_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
                             tensor_parallel_size=tp, extra=extra)
+    if sglang_config is None:
+        raise ValueError("an SGLang server needs its key file (sglang_key_file)")
     s = config.sglang
     extra = {"random_seed": s.random_seed, "dtype": s.dtype, "context_length": s.context_length,
              "mem_fraction_static": s.mem_fraction_static, "disable_radix_cache": s.disable_radix_cache,
-             "config": str(sglang_config) if sglang_config else None, **s.extra_args}
+             **server_extra_args(config, backend)}
     return sglang_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
-                          tensor_parallel_size=tp, extra=extra)
+                          tensor_parallel_size=tp, key_file=str(sglang_config), extra=extra)
 
 
 def run_server(trial_dir: Path, index: int) -> int:
@@ -97,6 +109,7 @@ def run_server(trial_dir: Path, index: int) -> int:
     try:
         started = time.monotonic()
         wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc)
+        prove_guard(f"http://127.0.0.1:{port}", backend, token)  # before anyone can find it in name resolve
         entry = {
             "index": index, "address": f"{advertised_host()}:{port}", "backend": backend,
             "model": server_model(config, backend), "weight_version": 0,
@@ -105,7 +118,7 @@ def run_server(trial_dir: Path, index: int) -> int:
             "started_at": time.time(),
         }
         nr.add(server_key(index), json.dumps(entry), replace=True, keepalive=True)
-        print(f"rlkit serve: server {index} healthy after {time.monotonic() - started:.1f} s; registered "
+        print(f"rlkit serve: server {index} healthy and guarded after {time.monotonic() - started:.1f} s; registered "
               f"{server_key(index)}", flush=True)
         rc = proc.wait()
     except BaseException:

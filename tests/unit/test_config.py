@@ -14,10 +14,10 @@ from ..conftest import raise_problems
 def test_loads_yaml_with_overrides_and_env(generate_yaml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLKIT_TEST_PART", "eu")
     config = load_config(generate_yaml, ["cluster.n_nodes=4", "launcher.slurm.partition=gpu-${oc.env:RLKIT_TEST_PART}",
-                                         "vllm.extra_args.swap_space=4", "gconfig.stop=[a,b]"])
+                                         "vllm.extra_args.max_num_batched_tokens=4", "gconfig.stop=[a,b]"])
     assert config.cluster.n_nodes == 4
     assert config.launcher.slurm.partition == "gpu-eu"
-    assert config.vllm.extra_args == {"swap_space": 4}
+    assert config.vllm.extra_args == {"max_num_batched_tokens": 4}
     assert config.gconfig.stop == ["a", "b"]
     # no name-resolve root by default: the records live in the (private) trial directory
     assert config.cluster.name_resolve.nfs_record_root == ""

