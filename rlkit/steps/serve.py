@@ -89,6 +89,7 @@ def run_server(trial_dir: Path, index: int) -> int:
     port = find_free_port("0.0.0.0")
     if backend == "vllm":
         argv, env = server_command(config, backend, tp, port), {**os.environ, **vllm_env(token)}
+        env.pop("VLLM_API_KEY", None)  # vLLM would guard /v1 with this other key: rlkit's own clients would get 401
     else:
         key_file = sglang_key_file(paths, index, token)
         argv, env = server_command(config, backend, tp, port, sglang_config=key_file), dict(os.environ)
