@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from rlkit.config.schema import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
+from rlkit.train.hashing_fs import Digests, hashing_writer
 from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -265,13 +266,21 @@ class PolicyEngine:
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
-    def save_sharded(self, path: Path) -> None:
-        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective."""
+    def save_sharded(self, path: Path) -> Digests:
+        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
+        Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        writer, fs = hashing_writer(path)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
+        if not (dist.is_available() and dist.is_initialized()):
+            return fs.digests
+        every: list[Digests | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, fs.digests)
+        return {name: digest for rank in every if rank for name, digest in rank.items()}
 
     def load_sharded(self, path: Path, optimizer_steps: int) -> None:
         """Load what save_sharded wrote (any rank count that shards the same model); collective."""
