@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from rlkit.config.schema import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
-from rlkit.train.hashing_fs import Digests, hashing_writer
 from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -266,19 +265,21 @@ class PolicyEngine:
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
-    def save_sharded(self, path: Path) -> Digests:
+    def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
         """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
         Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        from rlkit.train.hashing_fs import hashing_writer
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         writer, fs = hashing_writer(path)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
         if not (dist.is_available() and dist.is_initialized()):
             return fs.digests
-        every: list[Digests | None] = [None] * dist.get_world_size()
+        every: list[dict[str, tuple[int, str]] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, fs.digests)
         return {name: digest for rank in every if rank for name, digest in rank.items()}
 

@@ -37,7 +37,11 @@ class _HashingStream(io.IOBase):
         return True
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
+        try:
+            view = memoryview(data).cast("B")
+        except (TypeError, ValueError):  # not a flat buffer: write it, leave this file to seal's hashing
+            self.sequential = False
+            return int(self.raw.write(data))
         self.digest.update(view)
         self.size += len(view)
         written = self.raw.write(view)
