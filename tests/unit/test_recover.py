@@ -183,3 +183,16 @@ def test_shards_are_checksummed_while_written_and_seal_uses_those_digests(tmp_pa
     loaded = {"w": torch.zeros(300_000), "b": torch.zeros(7), "step": 0}
     dcp.load(loaded, checkpoint_id=str(final / recover.SHARDS))
     assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
+
+
+def test_an_empty_file_is_checksummed_too(tmp_path: Path) -> None:
+    import hashlib
+
+    import xxhash
+
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert recover.file_checksum(empty) == xxhash.xxh3_128(b"").hexdigest()
+    data = tmp_path / "data"
+    data.write_bytes(b"abc" * 1000)
+    assert recover.file_checksum(data, "sha256") == hashlib.sha256(b"abc" * 1000).hexdigest()
