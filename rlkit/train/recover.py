@@ -160,7 +160,7 @@ def verify(directory: Path, *, checksums: bool = True) -> str | None:
     if not (directory / STATE).is_file():
         return f"{STATE} is missing"
     for entry in entries if checksums else []:
-        algorithm = CHECKSUM if CHECKSUM in entry else _LEGACY_CHECKSUM
+        algorithm = CHECKSUM if isinstance(entry.get(CHECKSUM), str) else _LEGACY_CHECKSUM
         if file_checksum(directory / entry["path"], algorithm) != entry[algorithm]:
             return f"{entry['path']} does not match its {algorithm} checksum"
     return None
