@@ -31,7 +31,10 @@ OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. clu
 TRIAL_ARG = typer.Argument(..., help="experiment/trial, or a bare trial name when it is unambiguous.")
 
 
-FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial of the same name.")
+FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial of the same name as a NEW run: the "
+                         "previous run's files (recover/, checkpoints/, metrics, logs, ...) move to "
+                         "<trial>/attempt-N/ first, so nothing is resumed from it and nothing is lost. To continue "
+                         "a trial use `rlkit resume`.")
 
 
 @app.command()
@@ -41,7 +44,11 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     from rlkit.launch.submit import submit as do_submit
 
     prepared = prepare(config, overrides or [])
-    record = do_submit(prepared, force=force)
+    submitted = do_submit(prepared, force=force)
+    record = submitted.record
+    if submitted.archived is not None:
+        out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
+                  f"{submitted.archived}")
     out.print(f"submitted [bold]{record.name}[/bold] as Slurm job {record.job_id}")
     out.print(f"  trial directory: {record.trial_dir}")
     out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")

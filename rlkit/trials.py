@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -57,6 +59,39 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
     os.chmod(paths.token, 0o600)
     write_atomic(paths.config, config_yaml)
     write_atomic(paths.script, script, mode=0o755)
+
+
+_KEEP_IN_PLACE = frozenset({"secret"})  # the token is rewritten for the new run, never archived
+_ARCHIVE = re.compile(r"attempt-(\d+)")
+
+
+def archive_run(paths: TrialPaths) -> Path | None:
+    """`submit --force` over a trial: move the previous run's files (recover/ and checkpoints/, metrics, progress,
+    logs, config, manifest, weights and every other output) into `<trial>/attempt-<N>/` (N: the next free number),
+    so the new run starts from the base model and nothing of the old one is lost. None when there was nothing."""
+    if not paths.root.is_dir():
+        return None
+    items = [p for p in paths.root.iterdir() if p.name not in _KEEP_IN_PLACE and not _ARCHIVE.fullmatch(p.name)]
+    if not items:
+        return None
+    taken = [int(m.group(1)) for p in paths.root.iterdir() if (m := _ARCHIVE.fullmatch(p.name))]
+    target = paths.root / f"attempt-{max(taken, default=0) + 1}"
+    target.mkdir(mode=0o700)
+    for item in items:
+        os.rename(item, target / item.name)  # same filesystem: a rename, not a copy of GBs
+    return target
+
+
+def restore_run(paths: TrialPaths, archived: Path) -> None:
+    """Undo `archive_run` when the new run could not be submitted after all (what it wrote is dropped)."""
+    for item in archived.iterdir():
+        current = paths.root / item.name
+        if current.is_dir() and not current.is_symlink():
+            shutil.rmtree(current)
+        elif current.exists() or current.is_symlink():
+            current.unlink()
+        os.rename(item, current)
+    archived.rmdir()
 
 
 def read_token(paths: TrialPaths) -> str:

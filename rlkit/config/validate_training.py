@@ -184,7 +184,7 @@ def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
                      "Slurm may deliver the warning up to 60 s early")
     if rec.mode == "resume":
         root = recover_root(TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root)
-        if latest_valid(root, warn=False) is None:
+        if latest_valid(root, warn=False, checksums=False) is None:  # login node: manifests and sizes only
             problems.add(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
                          "checkpoint", hint="start it fresh without recover.mode=resume, or set "
                                             "recover.freq_steps/freq_secs so the next run leaves checkpoints")

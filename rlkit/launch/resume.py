@@ -41,5 +41,5 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     if prepared.config.type != "grpo":
         raise UserError(f"trial {record.name} is a {prepared.config.type} job: only training jobs resume",
                         hint="submit it again with --force")
-    record = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done))
-    return record, done + 1
+    submitted = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done))
+    return submitted.record, done + 1

@@ -17,7 +17,15 @@ from rlkit.launch import slurm
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.render import render_script
 from rlkit.paths import TrialPaths
-from rlkit.trials import TrialRecord, list_trials, prepare_trial_dir, record_trial, write_manifest
+from rlkit.trials import (
+    TrialRecord,
+    archive_run,
+    list_trials,
+    prepare_trial_dir,
+    record_trial,
+    restore_run,
+    write_manifest,
+)
 
 
 @dataclass(frozen=True)
@@ -77,10 +85,22 @@ def _drop_repeats(problems: Problems) -> None:
     problems.errors[:] = unique
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A submitted trial, and where `--force` moved the previous run's files (None: there was no previous run)."""
+
+    record: TrialRecord
+    archived: Path | None = None
+
+
 def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
-           before_write: Callable[[], object] | None = None) -> TrialRecord:
+           before_write: Callable[[], object] | None = None) -> Submitted:
     """Check with the controller, write the trial directory, submit, and record the trial. `before_write` runs once
-    every check passed, before anything is written (resume moves the previous attempt's logs there)."""
+    every check passed, before anything is written (resume moves the previous attempt's logs there).
+
+    `force` over an existing trial: a plain submit is a NEW run, so the previous run's files move to
+    `<trial>/attempt-<N>/` (recover.mode=auto can then never resume the old run); a resume (kind "resume") keeps
+    them, it continues that run."""
     config, paths = prepared.config, prepared.paths
     if config.type not in SUBMITTABLE_JOB_TYPES:
         raise UserError(f"job type {config.type} can be rendered but not yet submitted: its trainer step is not built",
@@ -95,15 +115,22 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
             if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
                 raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                                 hint=f"stop it first: rlkit stop {record.name}")
+        if kind == "submit" and config.type == "grpo" and config.recover.mode == "resume":
+            raise UserError("--force starts a new run (the previous one moves to attempt-N/), so recover.mode=resume "
+                            "would have nothing to resume",
+                            hint=f"to continue the trial: rlkit resume {config.experiment_name}/{config.trial_name}")
     slurm.sbatch_test_only(prepared.script)
     if before_write is not None:
         before_write()
+    archived = archive_run(paths) if force and kind == "submit" else None
     prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
     try:
         job_id = slurm.sbatch(str(paths.script))
     except SlurmError:
         if not existed:
             shutil.rmtree(paths.root, ignore_errors=True)
+        elif archived is not None:
+            restore_run(paths, archived)
         raise
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
@@ -111,4 +138,4 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
                    cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
-    return record
+    return Submitted(record, archived)

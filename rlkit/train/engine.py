@@ -265,13 +265,23 @@ class PolicyEngine:
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, Tensor)}
 
-    def save_sharded(self, path: Path) -> None:
-        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective."""
+    def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
+        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
+        Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
+        import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        from rlkit.train.hashing_fs import hashing_writer
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        writer, fs = hashing_writer(path)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
+        if not (dist.is_available() and dist.is_initialized()):
+            return fs.digests
+        every: list[dict[str, tuple[int, str]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, fs.digests)
+        return {name: digest for rank in every if rank for name, digest in rank.items()}
 
     def load_sharded(self, path: Path, optimizer_steps: int) -> None:
         """Load what save_sharded wrote (any rank count that shards the same model); collective."""

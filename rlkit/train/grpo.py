@@ -283,10 +283,10 @@ def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
     started = time.monotonic()
-    engine.save_sharded(tmp / recover.SHARDS)
+    digests = engine.save_sharded(tmp / recover.SHARDS)  # checksummed while written, gathered from every rank
     dist.barrier()
     if trainer is not None:
-        trainer.write_recover(tmp, step, engine.optimizer_steps, started)
+        trainer.write_recover(tmp, step, engine.optimizer_steps, started, digests)
     dist.barrier()
 
 
@@ -520,7 +520,8 @@ class _Rank0:
             return False, None  # finished: checkpoints/final is the result, nothing to resume
         return due or requested is not None, requested
 
-    def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float) -> None:
+    def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float,
+                      digests: dict[str, tuple[int, str]]) -> None:
         """Rank 0, after every rank wrote its shards into `tmp`: trainer state, manifest, rename, prune."""
         prefix, extra = recover.compress_positions(self.consumed)
         state = recover.TrainerState(step=step, version=step, consumed_prefix=prefix, consumed_extra=extra,
@@ -528,9 +529,7 @@ class _Rank0:
         (tmp / recover.STATE).write_text(state.to_json())
         root = recover.recover_root(self.paths.root)
         final = recover.checkpoint_dir(root, step)
-        if final.exists():
-            shutil.rmtree(final)
-        recover.seal(tmp, final)
+        recover.seal(tmp, final, digests)  # replaces a same-step one (resumed from an older one) only once sealed
         recover.prune(root, self.config.recover.keep_last)
         print(f"rlkit train: recover checkpoint of step {step} in {final} ({time.monotonic() - started:.2f} s)",
               flush=True)
@@ -544,7 +543,9 @@ class _Rank0:
     def _save(self, state: dict[str, Any], out_dir: Path) -> None:
         from rlkit.weights import disk
 
-        disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
+        # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
+        disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype],
+                           replace=True)
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def _progress(self, step: int, status: str) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from rlkit.errors import StepError
-from rlkit.fsutil import fsync_dir, fsync_path
+from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
 from rlkit.models.tiny import MARKER as TINY_MARKER
 from rlkit.rollout.client import SERVER_GONE_ERRORS, Server
 from rlkit.servers.vllm import WORKER_EXTENSION
@@ -162,6 +162,7 @@ def write_weights(
     dtype: torch.dtype | None,
     *,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    replace: bool = False,
 ) -> Path:
     """Write `state_dict` as a complete HF model directory `out_dir` and return it.
 
@@ -175,11 +176,13 @@ def write_weights(
 
     Written into a temporary directory beside `out_dir`, every file fsynced, then renamed to `out_dir` in one step: a
     server never sees a partial version. `out_dir` must not exist yet (`FileExistsError`): a version is immutable.
+    With `replace` (saver checkpoints, written again after a resume) an existing `out_dir` is replaced by
+    rename-aside, rename-in, delete (`rlkit.fsutil.replace_dir`).
     """
     from safetensors.torch import save_file
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    if out_dir.exists():
+    if out_dir.exists() and not replace:
         raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: give the directory of the model being trained")
@@ -217,7 +220,10 @@ def write_weights(
             fsync_path(item)
         tmp.chmod(0o755)
         fsync_dir(tmp)
-        os.rename(tmp, out_dir)
+        if replace:
+            replace_dir(tmp, out_dir)
+        else:
+            os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -199,3 +199,36 @@ def test_render_writes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: 
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("#!/bin/bash") and "#SBATCH hetjob" in result.stdout
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+
+
+def _previous_run(trial_dir: Path) -> list[str]:
+    """A trial directory as a finished run leaves it (config, recover checkpoint, saver checkpoint, metrics)."""
+    for name in ("recover/step-00000004", "checkpoints/step4", "logs", "secret"):
+        (trial_dir / name).mkdir(parents=True)
+    (trial_dir / "config.yaml").write_text("kept: true\n")
+    (trial_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    return sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*"))
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("config", "overrides", "says"), [
+    pytest.param("generate", ["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job",
+                 id="slurm-rejects"),
+    pytest.param("grpo", ["recover.mode=resume"], "--force starts a new run", id="force-with-resume-mode"),
+])
+def test_force_moves_nothing_until_every_check_passed(generate_yaml: Path, grpo_yaml: Path, rlkit_home: Path,
+                                                      tmp_path: Path, config: str, overrides: list[str],
+                                                      says: str) -> None:
+    trial_dir = tmp_path / "fileroot" / "test-exp" / "t1"
+    before = _previous_run(trial_dir)
+    if config == "grpo":  # a valid-looking checkpoint, so that recover.mode=resume passes its own check
+        step = trial_dir / "recover" / "step-00000004"
+        (step / "trainer_state.json").write_text("{}")
+        (step / "MANIFEST.json").write_text('{"files": []}')
+        before = sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*"))
+    jobs = _test_jobs()
+    yaml = generate_yaml if config == "generate" else grpo_yaml
+    _assert_refused(run_rlkit("submit", str(yaml), *overrides, "--force"), says)
+    assert sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*")) == before, "nothing may move"
+    assert (trial_dir / "config.yaml").read_text() == "kept: true\n"
+    assert _test_jobs() == jobs

@@ -200,14 +200,22 @@ def _all_servers_gone(env: dict[str, object]) -> Path:
     return trial
 
 
-def _rollout_fails(env: dict[str, object]) -> Path:
-    trial = _submit(env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000",
+def _rollout_fails_then_force(env: dict[str, object]) -> tuple[Path, str]:
+    """The rollout-failure trial (it leaves a recover checkpoint of step 4 and saver checkpoints of every step), then
+    `submit --force` over the finished trial: a new 1-step run. Returns the trial and the --force output."""
+    trial = _submit(env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000", "saver.freq_steps=1",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=rollout_fails@5")
-    assert wait_state(f"{EXPERIMENT}/rolloutfails", timeout=900, env=_env(env, "rolloutfails")) == "COMPLETED"
-    return trial
+    name, home = f"{EXPERIMENT}/rolloutfails", _env(env, "rolloutfails")
+    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    forced = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *env["base"],  # type: ignore[misc]
+                       "trial_name=rolloutfails", "total_train_steps=1", "--force", env=home)
+    assert forced.returncode == 0, forced.stderr
+    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    return trial, forced.stdout
 
 
-SAME_RUN = ["total_train_steps=12", "recover.freq_steps=6", "saver.freq_steps=null"]
+# saver checkpoints every 4 steps: the resumed run (killed after step 9, resumed from step 6) saves step 8 again
+SAME_RUN = ["total_train_steps=12", "recover.freq_steps=6", "saver.freq_steps=4"]
 
 
 def _straight(env: dict[str, object]) -> Path:
@@ -226,7 +234,8 @@ def _resumed(env: dict[str, object]) -> Path:
 # longest first, so that the pool's last scenarios are short ones
 SCENARIOS = {"killserver": _kill_server, "allgone": _all_servers_gone, "timelimit": _time_limit,
              "stopresume": _stop_then_resume, "killtrainer": _kill_trainer, "midpush": _mid_push,
-             "straight": _straight, "resumed": _resumed, "rolloutfails": _rollout_fails, "crashloop": _crash_loop}
+             "straight": _straight, "resumed": _resumed, "rolloutfails": _rollout_fails_then_force,
+             "crashloop": _crash_loop}
 
 
 @pytest.fixture(scope="module")
@@ -354,22 +363,54 @@ def test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing(
     """Rank 0 fails after a batch came back (fault point inside next_batch, before the batch is used): every rank
     checkpoints the last finished step before failing, and the positions of the unused batch are not recorded as
     consumed, so the retry redoes exactly that step with exactly that data (no periodic checkpoint is due)."""
-    trial = scenarios.result("rolloutfails")
-    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    trial, _ = scenarios.result("rolloutfails")
+    first_run = trial / "attempt-1"  # moved aside by the --force of the scenario's end
+    trainer_log = (first_run / "logs" / "grpo.log").read_text()
     assert ("trainer rank 0 failed: StepError: fault injected: rollout_fails@5; checkpointed step 4, the trainer's "
             "retry resumes from it") in trainer_log
     assert "resuming after step 4 " in trainer_log
-    _assert_continuous_and_right_data(trial, 8)
+    _assert_continuous_and_right_data(first_run, 8)
     assert processes_mentioning(str(trial)) == []
+
+
+def test_force_over_a_trained_trial_is_a_new_run_from_the_base_model_and_keeps_the_old_one(
+        scenarios: ScenarioPool) -> None:
+    """`submit --force` over the finished rolloutfails trial, whose recover/ holds a valid step-4 checkpoint (in
+    recover.mode=auto it would have been resumed before): the old run's files move to attempt-1/, and the new run
+    trains step 1 from actor.path, so its weights are those of the old run's step 1 (same seed, same data), not of
+    anything the old run trained later."""
+    from safetensors.torch import load_file
+
+    from rlkit.train.recover import latest_valid
+
+    trial, output = scenarios.result("rolloutfails")
+    old = trial / "attempt-1"
+    assert f"moved to {old}" in output, output
+    assert latest_valid(old / "recover", warn=False) is not None, "the old run's recover checkpoint is kept"
+    assert {"final", "step1", "step8"} <= {p.name for p in (old / "checkpoints").iterdir()}
+    assert (old / "config.yaml").is_file() and (old / "manifest.json").is_file()
+    assert "resuming after step" not in (trial / "logs" / "grpo.log").read_text()
+    assert [int(m["step"]) for m in _metrics(trial)] == [1]
+    assert not (trial / "recover").exists() or latest_valid(trial / "recover", warn=False) is None
+    new = load_file(str(trial / "checkpoints" / "final" / "model.safetensors"))
+    old_step1 = load_file(str(old / "checkpoints" / "step1" / "model.safetensors"))
+    old_final = load_file(str(old / "checkpoints" / "final" / "model.safetensors"))
+    assert max(float((new[k] - old_step1[k]).abs().max()) for k in new) < 1e-4
+    assert max(float((new[k] - old_final[k]).abs().max()) for k in new) > 1e-3
 
 
 def test_a_resumed_run_matches_a_straight_run(scenarios: ScenarioPool) -> None:
     """12 steps straight, and 12 steps where every trainer rank is killed after step 9 and the retry resumes from
     the step-6 checkpoint: requests are seeded by their prompt-stream position, so both runs sample the same
     completions, and the resumed run must reproduce the straight one: the same rewards at every step, the final loss
-    within 1e-4 and the final weights within 1e-4."""
+    within 1e-4 and the final weights within 1e-4. The resumed run saves step 8 (saver.freq_steps=4) a second time,
+    over the saver checkpoint its first attempt wrote: replaced, not a FileExistsError."""
     straight, killed = scenarios.result("straight"), scenarios.result("resumed")
-    assert "resuming after step 6 " in (killed / "logs" / "grpo.log").read_text()
+    killed_log = (killed / "logs" / "grpo.log").read_text()
+    assert "resuming after step 6 " in killed_log
+    # the resume reached step 8 again, whose saver checkpoint the first run had written: replaced, not a crash
+    assert len(re.findall(r"rlkit train: saved \S*/checkpoints/step8\n", killed_log)) == 2
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["final", "step12", "step4", "step8"]
     _assert_continuous_and_right_data(straight, 12)
     _assert_continuous_and_right_data(killed, 12)
     a, b = _metrics(straight), _metrics(killed)
@@ -378,6 +419,7 @@ def test_a_resumed_run_matches_a_straight_run(scenarios: ScenarioPool) -> None:
     assert any(m["reward/mean"] != a[0]["reward/mean"] for m in a), "the runs must actually learn something"
     from safetensors.torch import load_file
 
-    wa = load_file(str(straight / "checkpoints" / "final" / "model.safetensors"))
-    wb = load_file(str(killed / "checkpoints" / "final" / "model.safetensors"))
-    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-4
+    for name in ("step8", "final"):
+        wa = load_file(str(straight / "checkpoints" / name / "model.safetensors"))
+        wb = load_file(str(killed / "checkpoints" / name / "model.safetensors"))
+        assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-4, name

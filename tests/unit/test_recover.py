@@ -90,3 +90,109 @@ def test_trainer_state_and_rng_round_trip() -> None:
     recover.set_rng_state(again.rng)
     assert (random.random(), float(torch.rand(1))) == expected
     assert again.consumed_extra == [22] and again.optimizer_steps == 10
+
+
+def test_a_same_step_checkpoint_is_replaced_only_once_the_new_one_is_sealed(tmp_path: Path) -> None:
+    old = _fake_checkpoint(tmp_path, 6, payload=b"a" * 1000)
+    new = _fake_checkpoint(tmp_path, 6, payload=b"b" * 1000)
+    assert new == old and (new / recover.SHARDS / "__0_0.distcp").read_bytes() == b"b" * 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006"]  # no temp, no aside left
+    assert recover.verify(new) is None
+
+
+def test_a_crash_between_rename_aside_and_rename_in_keeps_the_old_checkpoint(tmp_path: Path) -> None:
+    """The state a crash inside replace_dir leaves: the old checkpoint renamed aside, the new one still a temp dir.
+    The aside one is found (and verified) as the checkpoint of its step; the next save of the step replaces it."""
+    old = _fake_checkpoint(tmp_path, 6, payload=b"a" * 1000)
+    aside = tmp_path / ".step-00000006.old"
+    old.rename(aside)
+    found = recover.latest_valid(tmp_path)
+    assert found == (6, aside)
+    recover.prune(tmp_path, keep_last=1)
+    assert aside.is_dir(), "prune must keep the only copy of step 6"
+    new = _fake_checkpoint(tmp_path, 6, payload=b"b" * 1000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006"]
+    assert recover.latest_valid(tmp_path) == (6, new)
+
+
+def test_manifest_holds_xxh3_and_the_cheap_check_reads_no_data(tmp_path: Path) -> None:
+    import xxhash
+
+    final = _fake_checkpoint(tmp_path, 2)
+    entries = json.loads((final / recover.MANIFEST).read_text())["files"]
+    shard = next(e for e in entries if e["path"].endswith("__0_0.distcp"))
+    assert shard[recover.CHECKSUM] == xxhash.xxh3_128(b"x" * 1000).hexdigest() and "sha256" not in shard
+    (final / recover.SHARDS / "__0_0.distcp").write_bytes(b"y" * 1000)  # same size, other bytes
+    assert recover.verify(final, checksums=False) is None  # the login node's check: manifest and sizes
+    assert recover.latest_valid(tmp_path, warn=False, checksums=False) == (2, final)
+    assert "does not match its xxh3_128 checksum" in str(recover.verify(final))  # the trainer's check, at load
+
+
+def test_a_manifest_of_an_older_rlkit_with_sha256_still_loads(tmp_path: Path) -> None:
+    import hashlib
+
+    final = _fake_checkpoint(tmp_path, 3)
+    manifest = json.loads((final / recover.MANIFEST).read_text())
+    for entry in manifest["files"]:
+        del entry[recover.CHECKSUM]
+        entry["sha256"] = hashlib.sha256((final / entry["path"]).read_bytes()).hexdigest()
+    (final / recover.MANIFEST).write_text(json.dumps(manifest))
+    assert recover.verify(final) is None
+    (final / recover.SHARDS / "__0_0.distcp").write_bytes(b"y" * 1000)  # same size, other bytes
+    assert "does not match its sha256 checksum" in str(recover.verify(final))
+
+
+@pytest.mark.parametrize("manifest", [
+    '{"files": "nope"}', '{"files": [{"path": "x"}]}', '[1, 2]',
+    '{"files": [{"path": "../../etc/passwd", "size": 1, "xxh3_128": "0"}]}',
+    '{"files": [{"path": "trainer_state.json", "size": 1, "md5": "0"}]}',
+])
+def test_a_malformed_manifest_is_a_damaged_checkpoint_not_a_crash(tmp_path: Path, manifest: str) -> None:
+    final = _fake_checkpoint(tmp_path, 5)
+    (final / recover.MANIFEST).write_text(manifest)
+    assert recover.verify(final, checksums=False) is not None
+    assert recover.latest_valid(tmp_path, warn=False) is None
+
+
+def test_shards_are_checksummed_while_written_and_seal_uses_those_digests(tmp_path: Path) -> None:
+    """A real torch.distributed.checkpoint save (one process, no group) through the hashing writer: the digests it
+    records are those of the files on disk, and seal puts them into the manifest without hashing the shards again."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import xxhash
+
+    from rlkit.train.hashing_fs import hashing_writer
+
+    tmp = recover.temp_dir(tmp_path, 1)
+    shards = tmp / recover.SHARDS
+    state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(7), "step": 3}
+    writer, fs = hashing_writer(shards)
+    dcp.save(state, checkpoint_id=str(shards), storage_writer=writer)
+    written = sorted(p for p in shards.iterdir() if p.is_file())
+    assert {p.name for p in written} >= {".metadata", "__0_0.distcp"}
+    for path in written:
+        assert fs.digests[str(path)] == (path.stat().st_size, xxhash.xxh3_128(path.read_bytes()).hexdigest())
+    (tmp / recover.STATE).write_text(recover.TrainerState(step=1, version=1).to_json())
+    shard = shards / "__0_0.distcp"
+    lying = {**fs.digests, str(shard): (shard.stat().st_size, "0" * 32)}  # proves seal takes the recorded digest
+    final = recover.checkpoint_dir(tmp_path, 1)
+    recover.seal(tmp, final, lying)
+    entries = {e["path"]: e for e in json.loads((final / recover.MANIFEST).read_text())["files"]}
+    assert entries[f"{recover.SHARDS}/__0_0.distcp"][recover.CHECKSUM] == "0" * 32
+    assert "does not match" in str(recover.verify(final))  # and the load-time check reads the real bytes
+    loaded = {"w": torch.zeros(300_000), "b": torch.zeros(7), "step": 0}
+    dcp.load(loaded, checkpoint_id=str(final / recover.SHARDS))
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
+
+
+def test_an_empty_file_is_checksummed_too(tmp_path: Path) -> None:
+    import hashlib
+
+    import xxhash
+
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert recover.file_checksum(empty) == xxhash.xxh3_128(b"").hexdigest()
+    data = tmp_path / "data"
+    data.write_bytes(b"abc" * 1000)
+    assert recover.file_checksum(data, "sha256") == hashlib.sha256(b"abc" * 1000).hexdigest()

@@ -378,3 +378,28 @@ def test_a_server_dying_in_any_phase_is_lost_not_a_failed_sync(tmp_path: Path, d
     with pytest.raises(disk.ServerUnreachable, match="weight sync to version 5: every server is unreachable"):
         run(everyone, lambda c: sync_all(c, servers, tmp_path, 5, timeout=10.0, probe_ids=PROBE,
                                          trainer_lp=trainer_lp, unreachable=[]))
+
+
+def test_write_weights_replace_swaps_a_saver_checkpoint_whole(models: dict[str, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A saver checkpoint saved again (a resume from an older recover checkpoint reaches its step again) replaces the
+    old one; a failed write leaves the old one untouched and no temp or aside directory."""
+    first = perturbed(models["untied"], seed=1).state_dict()
+    second = perturbed(models["untied"], seed=2).state_dict()
+    out = write_weights(first, models["untied"], tmp_path / "step4", None)
+    old = (out / "model.safetensors").read_bytes()
+    assert write_weights(second, models["untied"], out, None, replace=True) == out
+    new = (out / "model.safetensors").read_bytes()
+    assert new != old
+    assert [p.name for p in tmp_path.iterdir()] == ["step4"]  # no .step4.old, no temp directory
+
+    import safetensors.torch
+
+    def disk_full(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_weights(first, models["untied"], out, None, replace=True)
+    assert (out / "model.safetensors").read_bytes() == new
+    assert [p.name for p in tmp_path.iterdir()] == ["step4"]
