@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from pathlib import Path
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
                             "weights", "checkpoints", "progress.json", "recover", "name_resolve", "swanlab",
                             "tensorboard"})
+ATTEMPT_DIR = re.compile(r"attempt-(\d+)")  # where `submit --force` keeps a previous run (rlkit.trials.archive_run)
 
 
 @dataclass(frozen=True)

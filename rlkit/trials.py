@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 from rlkit import __version__
 from rlkit.errors import UserError
-from rlkit.paths import TrialPaths
+from rlkit.paths import ATTEMPT_DIR, TrialPaths
 
 
 def rlkit_home() -> Path:
@@ -62,7 +61,6 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
 
 
 _KEEP_IN_PLACE = frozenset({"secret"})  # the token is rewritten for the new run, never archived
-_ARCHIVE = re.compile(r"attempt-(\d+)")
 
 
 def archive_run(paths: TrialPaths) -> Path | None:
@@ -71,10 +69,10 @@ def archive_run(paths: TrialPaths) -> Path | None:
     so the new run starts from the base model and nothing of the old one is lost. None when there was nothing."""
     if not paths.root.is_dir():
         return None
-    items = [p for p in paths.root.iterdir() if p.name not in _KEEP_IN_PLACE and not _ARCHIVE.fullmatch(p.name)]
+    items = [p for p in paths.root.iterdir() if p.name not in _KEEP_IN_PLACE and not ATTEMPT_DIR.fullmatch(p.name)]
     if not items:
         return None
-    taken = [int(m.group(1)) for p in paths.root.iterdir() if (m := _ARCHIVE.fullmatch(p.name))]
+    taken = [int(m.group(1)) for p in paths.root.iterdir() if (m := ATTEMPT_DIR.fullmatch(p.name))]
     target = paths.root / f"attempt-{max(taken, default=0) + 1}"
     target.mkdir(mode=0o700)
     for item in items:

@@ -83,10 +83,16 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping from a file, or raise ConfigError saying what is wrong with it."""
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' does not exist", hint="give the path of an experiment YAML file")
     try:
-        data = load_yaml(path.read_text())
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist", hint="give the path of an experiment YAML file") \
+            from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file '{path}' cannot be read as text: {getattr(exc, 'strerror', None) or exc}",
+                          hint="give the path of an experiment YAML file you may read") from None
+    try:
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -6,14 +6,35 @@ often on a laptop or a login node without the site's files) prints the script an
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from rlkit.errors import ConfigError
 
 _IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+_Check = TypeVar("_Check", bound=Callable[..., None])
+
+
+def _os_errors_named(check: _Check) -> _Check:
+    """A path the user may not read (EACCES), or cannot name (ENAMETOOLONG), is a problem naming the field, not a
+    traceback: Python raises those from exists()/is_file() instead of answering False."""
+
+    @functools.wraps(check)
+    def checked(field: str, value: object, *args: object) -> None:
+        try:
+            check(field, value, *args)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte (also reported as a control character)
+            raise ConfigError(f"{field}: {value!r} cannot be checked here: {getattr(exc, 'strerror', None) or exc}",
+                              hint="check the path, and that you may read every directory on it", site=True) from None
+
+    return checked  # type: ignore[return-value]
 
 
 def is_image_uri(image: str) -> bool:
@@ -26,6 +47,7 @@ def is_local_path(value: str) -> bool:
     return value.startswith(("/", "."))
 
 
+@_os_errors_named
 def check_image(field: str, image: str) -> None:
     if not image:
         raise ConfigError(f"{field} is empty but launcher.slurm.container_type is apptainer",
@@ -35,6 +57,7 @@ def check_image(field: str, image: str) -> None:
                           hint="build it from containers/ (apptainer build) or point to an existing .sif", site=True)
 
 
+@_os_errors_named
 def check_model_dir(field: str, value: str) -> None:
     """A local model path (absolute or relative) must be a Hugging Face model directory; hub ids are not checked."""
     if is_local_path(value) and not (Path(value) / "config.json").is_file():
@@ -42,6 +65,7 @@ def check_model_dir(field: str, value: str) -> None:
                           hint="point to a Hugging Face model directory on the shared filesystem", site=True)
 
 
+@_os_errors_named
 def check_tokenizer_dir(field: str, value: str) -> None:
     """A local tokenizer (or model) directory must hold tokenizer files."""
     if is_local_path(value) and not any((Path(value) / f).is_file() for f in TOKENIZER_FILES):
@@ -50,6 +74,7 @@ def check_tokenizer_dir(field: str, value: str) -> None:
                                "directory", site=True)
 
 
+@_os_errors_named
 def check_dataset_file(field: str, value: str) -> None:
     """A dataset must be a local .jsonl/.json/.parquet file or a directory of them."""
     path = Path(value)
@@ -60,6 +85,7 @@ def check_dataset_file(field: str, value: str) -> None:
         raise ConfigError(f"{field}: '{value}' is not a .jsonl or .parquet file")
 
 
+@_os_errors_named
 def check_writable_root(field: str, trial_dir: Path) -> None:
     """The trial directory (or the nearest directory above it that exists) must be writable by this user."""
     existing = trial_dir
@@ -71,3 +97,27 @@ def check_writable_root(field: str, trial_dir: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{field}: {existing} is not writable by you, so {trial_dir} cannot be created",
                           hint="point cluster.fileroot to a directory you own on the shared filesystem", site=True)
+
+
+# Fields that name files on the shared filesystem. Steps run from `/` on other nodes, so a relative path written in
+# the YAML (or on the command line) means "relative to where `rlkit submit` ran" and is made absolute there.
+_LOCAL_FILE_FIELDS = ("train_dataset.path", "valid_dataset.path", "generate.dataset.path",
+                      "launcher.slurm.trainer_image", "launcher.slurm.inference_server_image",
+                      "stats_logger.tensorboard.path", "stats_logger.swanlab.logdir")
+# Fields that hold a local directory only when written as one (./x, ../x, /x); `org/name` is a hub id.
+_MODEL_FIELDS = ("actor.path", "vllm.model", "sglang.model_path", "tokenizer_path")
+
+
+def make_paths_absolute(config: object, cwd: str) -> None:
+    """Rewrite relative local paths of `config` as absolute paths under `cwd` (the submitting directory)."""
+    for dotted in (*_LOCAL_FILE_FIELDS, *_MODEL_FIELDS):
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            node = getattr(node, part)
+        value = getattr(node, leaf)
+        if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
+            continue
+        if dotted in _MODEL_FIELDS and not is_local_path(value):
+            continue
+        setattr(node, leaf, os.path.normpath(os.path.join(cwd, value)))

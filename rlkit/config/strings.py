@@ -29,6 +29,9 @@ SLURM_VALUE_PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
     "launcher.slurm.nodelist": (re.compile(r"[A-Za-z0-9_.,\[\]-]+"), "a hostlist such as gpu[01-04],gpu07"),
     "launcher.slurm.exclude": (re.compile(r"[A-Za-z0-9_.,\[\]-]+"), "a hostlist such as gpu[01-04],gpu07"),
 }
+# Strings that only ever travel inside JSON request bodies (and config.yaml, YAML-escaped), never into the script,
+# an argv or a file name: a stop string is often exactly a newline.
+_ONLY_IN_REQUESTS = ("gconfig.stop[",)
 _SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+%-]+")
 
 
@@ -59,6 +62,8 @@ def control_characters(value: str) -> list[str]:
 def check_strings(config: Any, problems: Problems) -> None:
     """Every string field: no control characters, no unexpanded `~`, Slurm names shaped like Slurm names."""
     for path, value in string_fields(config):
+        if path.startswith(_ONLY_IN_REQUESTS):
+            continue
         bad = control_characters(value)
         if bad:
             problems.add(f"{path} holds control characters ({', '.join(bad)}): {value!r}",
@@ -85,7 +90,8 @@ def _get(config: Any, dotted: str) -> str:
 
 def sbatch_quote(token: str) -> str:
     """One argument as sbatch reads it from a `#SBATCH` line: plain, or in double quotes with \\ and \" escaped
-    (sbatch's own rules; single quotes are ordinary characters there). Control characters are refused earlier."""
+    (sbatch's own rules, read back from Slurm 22.05 by tests/integration/test_weird_values.py; inside double quotes a
+    single quote or `#` is an ordinary character). Control characters are refused earlier."""
     if _SBATCH_PLAIN.fullmatch(token):
         return token
     return '"' + token.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -27,7 +27,7 @@ from rlkit.config.site_files import (
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
-from rlkit.paths import RESERVED_NAMES, TrialPaths
+from rlkit.paths import ATTEMPT_DIR, RESERVED_NAMES, TrialPaths
 
 _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
@@ -179,12 +179,20 @@ def _validate_name_resolve(config: ExperimentConfig, problems: Problems) -> None
                      hint="set both, or neither")
     for name in ("etcd3_cacert", "etcd3_cert", "etcd3_key"):
         path = getattr(nr, name)
-        if path and not os.access(path, os.R_OK):
+        if path and not (path.startswith("/") and _SAFE_PATH.fullmatch(path)):
+            problems.add(f"cluster.name_resolve.{name} {path!r} must be an absolute path of letters, digits and "
+                         ". _ - + / @ (it is bound into containers as it is)", hint="e.g. /etc/etcd/ca.pem")
+        elif path and not os.access(path, os.R_OK):
             problems.add(f"cluster.name_resolve.{name}: '{path}' is not a readable file", site=True,
                          hint="give the path of the PEM file on the shared filesystem")
         elif name == "etcd3_key" and path and os.stat(path).st_mode & 0o077:
             problems.add(f"cluster.name_resolve.etcd3_key: '{path}' can be read by other users",
                          hint=f"chmod 600 {path}")
+    tls = bool(nr.etcd3_cacert) or nr.etcd3_addr.startswith("https://")
+    if nr.etcd3_user and not tls:
+        problems.add("cluster.name_resolve.etcd3_user is set but etcd is reached over plain http: the password and "
+                     "the auth token would cross the network readable to anyone on it",
+                     hint="set cluster.name_resolve.etcd3_cacert (https) as well, or drop etcd3_user")
     if nr.etcd3_user and not os.environ.get("ETCDCTL_PASSWORD"):
         problems.add(f"cluster.name_resolve.etcd3_user is '{nr.etcd3_user}' but $ETCDCTL_PASSWORD is not set here "
                      "(the job's steps inherit it from the submitting shell)",
@@ -306,9 +314,9 @@ def _validate_generate(config: ExperimentConfig, problems: Problems) -> None:
     parts = PurePosixPath(output).parts
     if not output.strip():
         problems.add("generate.output_file is empty", hint="e.g. generate.output_file=completions.jsonl")
-    elif PurePosixPath(output).is_absolute() or ".." in parts:
-        problems.add(f"generate.output_file '{output}' must be a relative path inside the trial directory",
+    elif PurePosixPath(output).is_absolute() or ".." in parts or not parts or output.endswith("/"):
+        problems.add(f"generate.output_file '{output}' must name a file inside the trial directory",
                      hint="e.g. generate.output_file=completions.jsonl")
-    elif parts[0] in RESERVED_NAMES:
+    elif parts[0] in RESERVED_NAMES or ATTEMPT_DIR.fullmatch(parts[0]):
         problems.add(f"generate.output_file '{output}' would overwrite rlkit's own '{parts[0]}' in the trial "
                      "directory", hint="e.g. generate.output_file=completions.jsonl")

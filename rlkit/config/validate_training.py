@@ -44,16 +44,21 @@ def _first_row(path: Path) -> dict[str, object] | None:
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or files[0].suffix != ".jsonl":
         return None
-    with open(files[0]) as f:
-        for line in f:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"train_dataset.path: the first line of {files[0]} is not JSON ({exc})",
-                                      hint="write one JSON object per line") from None
-                return row if isinstance(row, dict) else None
-    raise ConfigError(f"train_dataset.path: {files[0]} is empty", hint="give a file with at least one prompt")
+    try:
+        with open(files[0]) as f:
+            line = next((line for line in f if line.strip()), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"train_dataset.path: {files[0]} cannot be read as text: "
+                          f"{getattr(exc, 'strerror', None) or exc}", hint="give a .jsonl file you may read",
+                          site=True) from None
+    if line is None:
+        raise ConfigError(f"train_dataset.path: {files[0]} is empty", hint="give a file with at least one prompt")
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"train_dataset.path: the first line of {files[0]} is not JSON ({exc})",
+                          hint="write one JSON object per line") from None
+    return row if isinstance(row, dict) else None
 
 
 def validate_training(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:

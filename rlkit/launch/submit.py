@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema import SUBMITTABLE_JOB_TYPES, ExperimentConfig
+from rlkit.config.site_files import make_paths_absolute
 from rlkit.config.validate import validate
 from rlkit.errors import ConfigError, SlurmError, UserError
 from rlkit.launch import slurm
@@ -56,6 +58,7 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
                    dry_run: bool = False) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's."""
     problems = problems if problems is not None else Problems()
+    make_paths_absolute(config, os.getcwd())
     validated = validate(config)
     problems.errors.extend(validated.problems.errors)
     plan = None
@@ -123,14 +126,17 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     if before_write is not None:
         before_write()
     archived = archive_run(paths) if force and kind == "submit" else None
-    prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
     try:
+        prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
         job_id = slurm.sbatch(str(paths.script))
-    except SlurmError:
+    except (SlurmError, OSError) as exc:
         if not existed:
             shutil.rmtree(paths.root, ignore_errors=True)
         elif archived is not None:
             restore_run(paths, archived)
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot write the trial directory {paths.root}: {exc.strerror or exc}",
+                            hint="check the filesystem of cluster.fileroot (space, permissions)") from None
         raise
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}

@@ -55,7 +55,8 @@ def test_vllm_flags_match_the_installed_parser() -> None:
     parser = make_arg_parser(FlexibleArgumentParser())
     installed = {o[2:].replace("-", "_") for a in parser._actions for o in a.option_strings if o.startswith("--")}
     assert set(VLLM_REFUSED) <= installed  # every refused name is a real option: none misspelt
-    if vllm.__version__.startswith(VLLM_FLAGS_VERSION + "."):
-        assert installed == VLLM_FLAGS
+    assert vllm.__version__.startswith(VLLM_FLAGS_VERSION + "."), \
+        f"vLLM {vllm.__version__} is installed: regenerate rlkit/servers/vllm_flags.py for it"
+    assert installed == VLLM_FLAGS
     # vLLM's parser takes an unambiguous prefix for the whole option: why unknown names are refused, not passed.
     assert parser.parse_args(["--model", "m", "--grpc-p", "5000"]).grpc_port == 5000

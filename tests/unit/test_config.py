@@ -124,3 +124,21 @@ def test_every_schema_field_has_help() -> None:
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
     assert "launcher.slurm.inference_server_image" in schema_paths()
+
+
+def test_relative_paths_are_made_absolute_at_submit(generate_yaml: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps run from / on other nodes: a relative dataset or ./model path means the submitting directory."""
+    from rlkit.launch.submit import prepare
+
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "prompts.jsonl").write_text('{"prompt": "1+1="}\n')
+    model = tmp_path / "local" / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "local")
+    prepared = prepare(generate_yaml, ["generate.dataset.path=prompts.jsonl", "actor.path=./model",
+                                       "vllm.model=org/hub-model"])
+    assert prepared.config.generate.dataset.path == str(tmp_path / "local" / "prompts.jsonl")
+    assert prepared.config.actor.path == str(model)
+    assert prepared.config.vllm.model == "org/hub-model"  # a hub id stays as written
