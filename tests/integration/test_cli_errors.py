@@ -78,7 +78,8 @@ MISTAKES = [
 def test_bad_submit_changes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
                                     says: str) -> None:
     before = _test_jobs()
-    _assert_refused(run_rlkit("submit", str(generate_yaml), *overrides), says)
+    # a password in the environment, so an etcd mistake is the only problem
+    _assert_refused(run_rlkit("submit", str(generate_yaml), *overrides, env={"ETCDCTL_PASSWORD": "pw"}), says)
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
     assert _test_jobs() == before
