@@ -81,7 +81,7 @@ def bench_weight_sync(work: Path, tiny: Path, rounds: int) -> None:
     from safetensors.torch import load_file
 
     from rlkit.rollout.client import Server
-    from rlkit.weights import disk
+    from rlkit.weights import disk, hf_export, server_http
 
     model = build_medium_model(tiny, work / "medium")
     state = load_file(str(model / "model.safetensors"))
@@ -95,16 +95,16 @@ def bench_weight_sync(work: Path, tiny: Path, rounds: int) -> None:
             state = {k: v + 1e-3 * torch.randn_like(v) for k, v in state.items()}
             floors.append(floor_write_read(state, work))
             started = time.monotonic()
-            out = disk.version_dir(work / "weights", version)
-            disk.write_weights(state, model, out, dtype=None)
+            out = hf_export.version_dir(work / "weights", version)
+            hf_export.write_weights(state, model, out, dtype=None)
 
             async def push(out: Path = out, version: int = version) -> None:
-                async with disk.weight_sync_client(TOKEN) as client:
+                async with server_http.weight_sync_client(TOKEN) as client:
                     await disk.sync_server(client, server, out, version, timeout=600)
 
             asyncio.run(push())
             syncs.append(time.monotonic() - started)
-            disk.remove_old_versions(work / "weights", keep={version})
+            hf_export.remove_old_versions(work / "weights", keep={version})
     floor, sync = statistics.median(floors), statistics.median(syncs)
     print(f"1. disk weight sync, {size_mb:.0f} MB float32, median of {rounds}: write+reload+version {sync:.2f} s; "
           f"floor (write+fsync+read the same bytes) {floor:.2f} s; ratio {sync / floor:.2f}x (goal < 1.5x)",

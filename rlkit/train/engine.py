@@ -136,7 +136,7 @@ class PolicyEngine:
     def probe_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of tokens 1..n of `ids` given their prefix at temperature 1 (the weight fingerprint);
         collective, computed exactly as for the servers' side of the check."""
-        from rlkit.weights.disk import trainer_probe_logprobs
+        from rlkit.weights.fingerprint import trainer_probe_logprobs
 
         return trainer_probe_logprobs(self.model, ids)
 

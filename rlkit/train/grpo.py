@@ -1,41 +1,35 @@
 """The asynchronous GRPO loop run by every trainer rank (`rlkit train`).
 
-Rank 0 owns the rollout controller, the weight sync to the servers and the metrics; all ranks train their shard of
-each batch with FSDP. One step: take a batch of groups (at most max_head_offpolicyness versions old) -> advantages
--> recompute log-probs (and reference log-probs) -> ppo_n_minibatches optimizer steps -> gather the full weights ->
-write them to disk -> every server reloads them, reports the new version and passes the fingerprint check ->
-metrics, progress and (per saver) a Hugging Face checkpoint.
+Rank 0 owns the rollout controller, the weight sync to the servers and the metrics (rlkit.train.grpo_rank0); all
+ranks train their shard of each batch with FSDP. One step: take a batch of groups (at most max_head_offpolicyness
+versions old) -> advantages -> recompute log-probs (and reference log-probs) -> ppo_n_minibatches optimizer steps
+-> gather the full weights -> write them to disk -> every server reloads them, reports the new version and passes
+the fingerprint check -> metrics, progress and (per saver) a Hugging Face checkpoint.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import shutil
 import signal
-import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
-from rlkit.rollout.client import ServersUnreachable
-from rlkit.rollout.controller import Group, Prompt, RolloutController
+from rlkit.rollout.controller import Prompt
 from rlkit.train import recover
-from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
-from rlkit.train.engine import DTYPES, PolicyEngine
-from rlkit.trials import read_token, write_atomic
+from rlkit.train.engine import PolicyEngine
+from rlkit.train.faults import failed_before, fault_point
+from rlkit.train.grpo_rank0 import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, Rank0
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -47,12 +41,6 @@ def total_steps(config: ExperimentConfig, n_rows: int) -> int:
     if config.total_train_steps is not None:
         steps = min(steps, config.total_train_steps) if steps else config.total_train_steps
     return steps
-
-
-def weight_check_tolerance(config: ExperimentConfig) -> float:
-    if config.actor.weight_check_tolerance is not None:
-        return config.actor.weight_check_tolerance
-    return 1e-3 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
 
 
 def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
@@ -70,59 +58,6 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
         text = row[ds.prompt_key] if isinstance(row[ds.prompt_key], str) else tokenizer.decode(ids)
         prompts.append(Prompt(i, row, text, ids))
     return prompts
-
-
-@dataclass
-class Saver:
-    """Decides when to save a Hugging Face checkpoint (saver.freq_steps / freq_epochs / freq_secs)."""
-
-    freq_steps: int | None
-    freq_epochs: int | None
-    freq_secs: int | None
-    last_time: float
-    last_epoch: int = 0
-
-    def due(self, step: int, epoch: int, now: float) -> bool:
-        hit = bool(self.freq_steps and step % self.freq_steps == 0)
-        hit |= bool(self.freq_epochs and epoch > self.last_epoch and epoch % self.freq_epochs == 0)
-        hit |= bool(self.freq_secs and now - self.last_time >= self.freq_secs)
-        if hit:
-            self.last_time, self.last_epoch = now, epoch
-        return hit
-
-
-def _drop_metrics_after(path: Path, step: int) -> None:
-    """Resuming after `step`: move the metrics of later (lost) steps out of metrics.jsonl, so steps stay unique."""
-    if not path.is_file():
-        return
-    kept: list[str] = []
-    dropped: list[str] = []
-    for line in path.read_text().splitlines():
-        try:
-            record_step = json.loads(line).get("step", 0)
-        except ValueError:
-            continue  # a line cut by the crash
-        (kept if record_step <= step else dropped).append(line)
-    if dropped:
-        with open(path.with_name("metrics.discarded.jsonl"), "a") as f:
-            f.write("\n".join(dropped) + "\n")
-    write_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float]) -> dict[str, float]:
-    lengths = [len(s.completion_ids) for g in groups for s in g.samples]
-    stale = [version - g.version for g in groups]
-    return {
-        "reward/mean": statistics.fmean(prepared_raw),
-        "reward/std": statistics.pstdev(prepared_raw),
-        "reward/max": max(prepared_raw),
-        "reward/min": min(prepared_raw),
-        "response_length/mean": statistics.fmean(lengths),
-        "response_length/max": max(lengths),
-        "response/finished_fraction": statistics.fmean(float(s.finished) for g in groups for s in g.samples),
-        "staleness/mean": statistics.fmean(stale),
-        "staleness/max": max(stale),
-    }
 
 
 def run_grpo(trial_dir: Path) -> None:
@@ -161,7 +96,7 @@ def run_grpo(trial_dir: Path) -> None:
     first_step = state0.step + 1 if state0 is not None else 1
     if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
         raise StepError("fault injected: die_at_start")
-    trainer = _Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
+    trainer = Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
     stop = _StopRequests()
     try:
         if trainer is not None:
@@ -203,7 +138,7 @@ def run_grpo(trial_dir: Path) -> None:
             save, exit_code = decision
             if save:
                 _save_recover(engine, trainer, step, paths)
-            if _fault_point("die_after_step", step):  # tests: a crash between checkpoints
+            if fault_point("die_after_step", step):  # tests: a crash between checkpoints
                 os.kill(os.getpid(), signal.SIGKILL)
             if exit_code == EXIT_SERVERS_GONE:
                 saved = _save_before_failing(engine, trainer, step, paths, config)
@@ -229,11 +164,6 @@ def run_grpo(trial_dir: Path) -> None:
             dist.destroy_process_group()
 
 
-EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
-EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
-EXIT_SERVERS_GONE = 77  # no server reachable for a weight push: checkpoint, then fail (the in-job retry resumes)
-
-
 class _StopRequests:
     """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step."""
 
@@ -255,26 +185,12 @@ def _resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str
     found = recover.latest_valid(recover.recover_root(paths.root))
     if mode == "resume" and found is None:
         raise StepError(f"recover.mode is resume but {recover.recover_root(paths.root)} holds no valid checkpoint")
-    if mode == "fault" and not _failed_before():
+    if mode == "fault" and not failed_before():
         return None
     return (found[0], str(found[1])) if found is not None else None
 
 
-def _fault_point(name: str, version: int) -> bool:
-    """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
-    and the first run of the step only (never set in normal use; `die_at_start` fires every time)."""
-    spec = os.environ.get("RLKIT_FAULT_INJECT", "")
-    return bool(spec) and spec == f"{name}@{version}" and not _failed_before()
-
-
-def _failed_before() -> bool:
-    """This trial failed or was interrupted before: a requeue, an in-allocation retry, or a later attempt."""
-    return (int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
-            or int(os.environ.get("RLKIT_STEP_RETRY", "0") or 0) > 0
-            or int(os.environ.get("RLKIT_ATTEMPT", "1") or 1) > 1)
-
-
-def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths: TrialPaths) -> None:
+def _save_recover(engine: PolicyEngine, trainer: Rank0 | None, step: int, paths: TrialPaths) -> None:
     """Collective: shards from every rank into a temp dir; rank 0 adds the trainer state, seals, prunes."""
     root = recover.recover_root(paths.root)
     tmp = recover.temp_dir(root, step)
@@ -290,7 +206,7 @@ def _save_recover(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths
     dist.barrier()
 
 
-def _save_before_failing(engine: PolicyEngine, trainer: _Rank0 | None, step: int, paths: TrialPaths,
+def _save_before_failing(engine: PolicyEngine, trainer: Rank0 | None, step: int, paths: TrialPaths,
                          config: ExperimentConfig) -> str:
     """Collective: checkpoint the last finished step before a failure that is not the model's (no batch came), so
     the in-job retry or `rlkit resume` loses nothing; returns what to add to the failure message."""
@@ -303,13 +219,13 @@ def _save_before_failing(engine: PolicyEngine, trainer: _Rank0 | None, step: int
     return f"; checkpointed step {step}, the trainer's retry resumes from it"
 
 
-def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int], *, version: int,
+def _check_weights(engine: PolicyEngine, trainer: Rank0 | None, probe: list[int], *, version: int,
                    state: dict[str, Any] | None = None, tolerate_all_gone: bool = False) -> None:
     """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server.
 
     With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
     raising, so that all ranks can checkpoint the step together before failing."""
-    from rlkit.weights.disk import ServerUnreachable
+    from rlkit.weights.server_http import ServerUnreachable
 
     trainer_lp = engine.probe_logprobs(probe)
     if trainer is not None:
@@ -320,257 +236,3 @@ def _check_weights(engine: PolicyEngine, trainer: _Rank0 | None, probe: list[int
                 raise
             trainer.servers_gone = str(exc)
             print(f"rlkit train: {exc}", flush=True)
-
-
-class _Rank0:
-    """What only trainer rank 0 does: rollouts, weight sync, metrics, checkpoints."""
-
-    def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
-                 steps: int, resumed: recover.TrainerState | None) -> None:
-        from rlkit.nameresolve import name_resolve_for
-        from rlkit.rewards import resolve_reward_fn
-        from rlkit.rewards.runner import RewardRunner
-        from rlkit.rollout.client import SamplingParams
-        from rlkit.train.stats_logger import StatsLogger
-
-        self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
-        self.token = read_token(paths)
-        self.n_prompts = len(prompts)
-        alloc = parse_allocation(config.allocation_mode)
-        assert alloc.server is not None
-        self.backend = alloc.server.backend
-        g = config.gconfig
-        self.reward = RewardRunner(resolve_reward_fn(config.reward.fn, config.reward.answer_key),
-                                   config.reward.timeout)
-        offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
-        self.version = resumed.version if resumed is not None else 0
-        self.consumed = (recover.expand_positions(resumed.consumed_prefix, resumed.consumed_extra)
-                         if resumed is not None else set())
-        self.controller = RolloutController(
-            name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
-            prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
-                                                   temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                                                   stop=list(g.stop)),
-            reward=self.reward, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-            batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
-            max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
-            request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
-            setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
-            start_version=self.version, consumed=self.consumed)
-        self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
-        if resumed is not None:
-            _drop_metrics_after(paths.metrics, resumed.step)
-        self.logger = StatsLogger(config.stats_logger, paths, experiment=config.experiment_name,
-                                  trial=config.trial_name)
-        self.saver = Saver(config.saver.freq_steps, config.saver.freq_epochs, config.saver.freq_secs,
-                           time.monotonic())
-        self.recover_saver = Saver(config.recover.freq_steps, config.recover.freq_epochs, config.recover.freq_secs,
-                                   time.monotonic())
-        self.tolerance = weight_check_tolerance(config)
-        self.server_versions: dict[int, int] = {}
-        self.last_fingerprint: dict[int, float] = {}
-        self.last_metrics: dict[str, float] = {}
-        self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
-        self.write_s = 0.0
-        self.servers_lost = 0
-        self.servers_gone = ""  # set when a weight push found no reachable server
-        self._pending_error: BaseException | None = None
-        self._groups: list[Group] = []
-        self._rollout_stats: Any = None
-        self._prepared: Any = None
-        self._step_started = time.monotonic()
-
-    def start(self) -> None:
-        from rlkit.weights import disk
-
-        disk.remove_old_versions(self.paths.weights, keep=set())  # a previous attempt's versions are stale
-        servers = self.controller.start()
-        token = self.token
-
-        async def resume_all() -> None:  # a trainer that died during a push may have left servers paused
-            async with disk.weight_sync_client(token) as client:
-                await asyncio.gather(*(disk.resume_server(client, s, 60.0) for s in servers))
-
-        self.controller.run(resume_all, timeout=120)
-        print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
-              flush=True)
-
-    def next_batch(self) -> list[Sample] | str:
-        """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
-        try:
-            self._step_started = time.monotonic()
-            timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
-            self._groups, self._rollout_stats = self.controller.get_batch(timeout)
-            if _fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
-                raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
-            self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
-                                           max_new_tokens=self.config.gconfig.max_new_tokens)
-            self.consumed.update(g.seq for g in self._groups)  # only a batch that will be trained is consumed
-            return list(self._prepared.samples)
-        except ServersUnreachable as exc:
-            self._pending_error = exc
-            return str(exc)
-        except BaseException as exc:
-            self._pending_error = exc
-            return f"trainer rank 0 failed: {type(exc).__name__}: {exc}"
-
-    def sync_and_verify(self, version: int, state: dict[str, Any] | None, probe: list[int],
-                        trainer_lp: list[float]) -> None:
-        """Push `state` as `version` to every server (if given), then check versions and fingerprints.
-
-        Without `state` (version 0, before training) only the fingerprint is checked: the servers must serve the
-        very weights the trainer starts from, which also catches a dtype or tokenizer mismatch before step 1.
-        """
-        from rlkit.weights import disk
-
-        token = self.token
-        # restarted servers too (they get the weights before any request); at start only those that answer
-        servers = self.controller.live_servers() if state is not None or version else list(self.controller.servers)
-        if not servers:
-            raise StepError(f"no live inference server to push weight version {version} to; see the server-N logs")
-        lost: list[Any] = []
-        timeout = self.config.rollout.request_timeout
-        if state is not None:
-            self.controller.begin_update()
-            out_dir = disk.version_dir(self.paths.weights, version)
-            started = time.monotonic()
-            disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
-            self.write_s = time.monotonic() - started
-
-            async def push() -> dict[int, tuple[int, float]]:
-                async with disk.weight_sync_client(token) as client:
-                    if _fault_point("die_mid_push", version):  # tests: one server updated, then the trainer dies
-                        await disk.sync_server(client, servers[0], out_dir, version, timeout)
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
-                                               trainer_lp=trainer_lp, tolerance=self.tolerance, unreachable=lost)
-                self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
-                                    for name in sorted({n for r in done for n in r.phases})}
-                return {r.index: (r.version, r.fingerprint or 0.0) for r in done}
-
-            results = self.controller.run(push, timeout=2 * timeout + 60)
-            self.controller.end_update(version)
-            disk.remove_old_versions(self.paths.weights, keep={version})
-        else:
-            async def probe_all() -> dict[int, tuple[int, float]]:
-                async with disk.weight_sync_client(token) as client:
-                    lps = await asyncio.gather(*(disk.probe_logprobs(client, s, probe, timeout=timeout)
-                                                 for s in servers))
-                return {s.index: (0, disk.check_fingerprint(lp, trainer_lp, self.tolerance,
-                                                            server_label=disk.server_label(s)))
-                        for s, lp in zip(servers, lps, strict=True)}
-
-            results = self.controller.run(probe_all, timeout=timeout + 60)
-        self.controller.mark_synced([s for s in servers if s.index in results])
-        self.servers_lost = len(lost)
-        if lost:
-            print(f"rlkit train: servers {sorted(s.index for s in lost)} are unreachable; going on with "
-                  f"{sorted(results)} (a restarted server gets the weights before any request)", flush=True)
-        self.version = version
-        self.server_versions = {index: v for index, (v, _) in results.items()}
-        self.last_fingerprint = {index: diff for index, (_, diff) in results.items()}
-        print(f"rlkit train: servers {sorted(results)} at weight version {version}, fingerprint "
-              f"max |dlogp| {max(self.last_fingerprint.values()):.2e} (tolerance {self.tolerance:g})", flush=True)
-
-    def finish_step(self, step: int, state: dict[str, Any], train_stats: dict[str, float],
-                    timing: dict[str, float]) -> None:
-        groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
-        elapsed = max(1e-9, time.monotonic() - self._step_started)
-        n_samples = sum(len(g.samples) for g in groups)
-        n_tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
-        metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
-        metrics.update(train_stats)
-        metrics.update(timing)
-        metrics["timing/sync_write"] = self.write_s
-        metrics.update({f"timing/sync_{name}": seconds for name, seconds in self.sync_phases.items()})
-        metrics.update({
-            "version": step, "epoch": (step * self.config.train_dataset.batch_size) / self.n_prompts,
-            "rollout/samples_per_s": n_samples / elapsed, "rollout/tokens_per_s": n_tokens / elapsed,
-            "rollout/dropped_stale_groups": rs.dropped_stale, "rollout/request_failures": rs.request_failures,
-            "rollout/dynamic_sampling_dropped": prepared.dropped_groups,
-            "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
-            "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
-            "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
-            "servers/unreachable": self.servers_lost,
-            "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
-            "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
-        })
-        self.logger.log(step, metrics)
-        self.last_metrics = metrics
-        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
-        if self.saver.due(step, epoch, time.monotonic()):
-            self._save(state, self.paths.checkpoints / f"step{step}")
-        if step == self.steps:
-            self._save(state, self.paths.checkpoints / "final")
-        self._progress(step, "running")
-        print(f"rlkit train: step {step}/{self.steps} reward {metrics['reward/mean']:.3f} "
-              f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "
-              f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}) "
-              f"step {timing['timing/step']:.1f}s", flush=True)
-
-    def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
-        """(write a recover checkpoint now?, exit code to stop with after it or None)."""
-        if self.servers_gone:
-            return False, EXIT_SERVERS_GONE  # the loop checkpoints (_save_before_failing) and fails
-        if self.config.recover.mode == "disabled":
-            return False, (EXIT_STOPPED if requested == EXIT_STOPPED else None)
-        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
-        due = self.recover_saver.due(step, epoch, time.monotonic())
-        if step == self.steps:
-            return False, None  # finished: checkpoints/final is the result, nothing to resume
-        return due or requested is not None, requested
-
-    def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float,
-                      digests: dict[str, tuple[int, str]]) -> None:
-        """Rank 0, after every rank wrote its shards into `tmp`: trainer state, manifest, rename, prune."""
-        prefix, extra = recover.compress_positions(self.consumed)
-        state = recover.TrainerState(step=step, version=step, consumed_prefix=prefix, consumed_extra=extra,
-                                     optimizer_steps=optimizer_steps, rng=recover.rng_state(), saved_at=time.time())
-        (tmp / recover.STATE).write_text(state.to_json())
-        root = recover.recover_root(self.paths.root)
-        final = recover.checkpoint_dir(root, step)
-        recover.seal(tmp, final, digests)  # replaces a same-step one (resumed from an older one) only once sealed
-        recover.prune(root, self.config.recover.keep_last)
-        print(f"rlkit train: recover checkpoint of step {step} in {final} ({time.monotonic() - started:.2f} s)",
-              flush=True)
-
-    def stop_for(self, exit_code: int) -> None:
-        status = {EXIT_REQUEUE: "requeue", EXIT_STOPPED: "stopped"}.get(exit_code, "failed: servers unreachable")
-        self._progress(self.version, status)
-        self.close()
-        print(f"rlkit train: checkpointed and stopping ({status})", flush=True)
-
-    def _save(self, state: dict[str, Any], out_dir: Path) -> None:
-        from rlkit.weights import disk
-
-        # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
-        disk.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype],
-                           replace=True)
-        print(f"rlkit train: saved {out_dir}", flush=True)
-
-    def _progress(self, step: int, status: str) -> None:
-        write_atomic(self.paths.progress, json.dumps({
-            "status": status, "step": step, "total_steps": self.steps, "version": self.version,
-            "reward": self.last_metrics.get("reward/mean"), "servers": {str(k): v for k, v in
-                                                                        self.server_versions.items()},
-            "updated": time.time(),
-        }, indent=1))
-
-    def finish(self) -> None:
-        self._progress(self.steps, "finished")
-        self.close()
-        print(f"rlkit train: done; metrics in {self.paths.metrics}, final model in {self.paths.checkpoints / 'final'}",
-              flush=True)
-
-    def abort(self, exc: BaseException) -> None:
-        error = getattr(self, "_pending_error", None)
-        self._progress(self.version, f"failed: {type(exc).__name__}")
-        self.close()
-        if error is not None and error is not exc:
-            raise error from exc
-
-    def close(self) -> None:
-        self.controller.stop()
-        self.reward.close()
-        self.logger.close()
-

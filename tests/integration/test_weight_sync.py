@@ -23,18 +23,10 @@ import torch
 
 from rlkit.errors import StepError
 from rlkit.rollout.client import Server
-from rlkit.weights.disk import (
-    check_fingerprint,
-    probe_logprobs,
-    read_weight_version,
-    server_label,
-    sync_all,
-    sync_server,
-    trainer_probe_logprobs,
-    version_dir,
-    weight_sync_client,
-    write_weights,
-)
+from rlkit.weights.disk import read_weight_version, sync_all, sync_server
+from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
+from rlkit.weights.hf_export import version_dir, write_weights
+from rlkit.weights.server_http import server_label, weight_sync_client
 
 from ..vllm_helpers import ServerSlot
 

@@ -19,17 +19,10 @@ from transformers import AutoModelForCausalLM
 from rlkit.errors import StepError
 from rlkit.models.tiny import MARKER, build_tiny_model
 from rlkit.rollout.client import Server
-from rlkit.weights import disk
-from rlkit.weights.disk import (
-    check_fingerprint,
-    probe_logprobs,
-    remove_old_versions,
-    sync_all,
-    sync_server,
-    trainer_probe_logprobs,
-    version_dir,
-    write_weights,
-)
+from rlkit.weights import hf_export, server_http
+from rlkit.weights.disk import sync_all, sync_server
+from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
+from rlkit.weights.hf_export import remove_old_versions, version_dir, write_weights
 
 PROBE = [1, 20, 21, 14, 26, 32, 40, 50]
 
@@ -336,8 +329,8 @@ def test_sync_all_reports_every_failure(tmp_path: Path) -> None:
 
 
 def test_tied_weight_aliases(models: dict[str, Path]) -> None:
-    assert disk.tied_weight_aliases(models["tied"]) == {"lm_head.weight": "model.embed_tokens.weight"}
-    assert disk.tied_weight_aliases(models["untied"]) == {}
+    assert hf_export.tied_weight_aliases(models["tied"]) == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert hf_export.tied_weight_aliases(models["untied"]) == {}
 
 
 def _dying_transport(die_at: str, dying: set[str]) -> httpx.MockTransport:
@@ -375,7 +368,7 @@ def test_a_server_dying_in_any_phase_is_lost_not_a_failed_sync(tmp_path: Path, d
                                                 trainer_lp=trainer_lp, unreachable=lost))
     assert [r.index for r in results] == [1] and [s.index for s in lost] == [2]
     everyone = _dying_transport(die_at, {"10.0.0.1:8000", "10.0.0.2:8000"})
-    with pytest.raises(disk.ServerUnreachable, match="weight sync to version 5: every server is unreachable"):
+    with pytest.raises(server_http.ServerUnreachable, match="weight sync to version 5: every server is unreachable"):
         run(everyone, lambda c: sync_all(c, servers, tmp_path, 5, timeout=10.0, probe_ids=PROBE,
                                          trainer_lp=trainer_lp, unreachable=[]))
 

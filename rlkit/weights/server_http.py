@@ -1,0 +1,80 @@
+"""HTTP calls to inference servers during a weight sync: one client with the trial's token, one error type per way a
+call can fail (a timeout, an unreachable server, a non-2xx answer), each naming the server and what was asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import httpx
+
+from rlkit.errors import StepError
+from rlkit.rollout.client import SERVER_GONE_ERRORS, Server
+
+T = TypeVar("T")
+
+
+def server_label(server: Server) -> str:
+    return f"server {server.index} ({server.address})"
+
+
+def weight_sync_client(token: str, *, max_connections: int = 32) -> httpx.AsyncClient:
+    """An HTTP client for the functions below: bearer token on every request, no proxy from the environment.
+
+    Timeouts are given per request by each function.
+    """
+    return httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"},
+        trust_env=False,
+        limits=httpx.Limits(max_connections=max_connections),
+    )
+
+
+class ServerUnreachable(StepError):
+    """The server did not accept the connection or dropped it: its process is gone (or going)."""
+
+
+async def call(
+    client: httpx.AsyncClient,
+    server: Server,
+    method: str,
+    path: str,
+    what: str,
+    timeout: float,
+    *,
+    allow_404: bool = False,
+    **kwargs: Any,
+) -> httpx.Response:
+    """One HTTP request; StepError naming `what`, the server and the timeout if it times out, fails or is not 2xx."""
+    try:
+        response = await client.request(method, f"{server.url}{path}", timeout=httpx.Timeout(timeout), **kwargs)
+    except httpx.TimeoutException as exc:
+        raise StepError(f"{server_label(server)}: no answer after {timeout:g} s while waiting for {what} "
+                        f"({method} {path}): {type(exc).__name__}") from exc
+    except SERVER_GONE_ERRORS as exc:
+        raise ServerUnreachable(f"{server_label(server)}: {what} ({method} {path}) failed, the server is "
+                                f"unreachable: {type(exc).__name__}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise StepError(f"{server_label(server)}: {what} ({method} {path}) failed: "
+                        f"{type(exc).__name__}: {exc}") from exc
+    if response.status_code >= 400 and not (allow_404 and response.status_code == 404):
+        raise StepError(f"{server_label(server)}: {what} ({method} {path}) answered HTTP {response.status_code}: "
+                        f"{response.text[:1000]}")
+    return response
+
+
+def answer_json(response: httpx.Response, server: Server, what: str) -> Any:
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise StepError(f"{server_label(server)}: {what} did not answer JSON: {response.text[:300]!r}") from exc
+
+
+async def timed(phases: dict[str, float], name: str, step: Awaitable[T]) -> T:
+    start = time.monotonic()
+    try:
+        return await step
+    finally:
+        phases[name] = time.monotonic() - start
