@@ -24,6 +24,19 @@ def _sub(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
 
+def get_field(config: Any, dotted: str) -> Any:
+    """The value of a dotted field path (`launcher.slurm.partition`) of a config or one of its sections."""
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def set_field(config: Any, dotted: str, value: Any) -> None:
+    """Set the value of a dotted field path."""
+    parent, _, leaf = dotted.rpartition(".")
+    setattr(get_field(config, parent) if parent else config, leaf, value)
+
+
 JOB_TYPES = ("generate", "grpo")
 SUBMITTABLE_JOB_TYPES = ("generate", "grpo")
 CONTAINER_TYPES = ("apptainer", "none")

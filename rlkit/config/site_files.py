@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from rlkit.config.schema import get_field, set_field
 from rlkit.errors import ConfigError
 
 _IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
@@ -111,13 +112,9 @@ _MODEL_FIELDS = ("actor.path", "vllm.model", "sglang.model_path", "tokenizer_pat
 def make_paths_absolute(config: object, cwd: str) -> None:
     """Rewrite relative local paths of `config` as absolute paths under `cwd` (the submitting directory)."""
     for dotted in (*_LOCAL_FILE_FIELDS, *_MODEL_FIELDS):
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            node = getattr(node, part)
-        value = getattr(node, leaf)
+        value = get_field(config, dotted)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
             continue
         if dotted in _MODEL_FIELDS and not is_local_path(value):
             continue
-        setattr(node, leaf, os.path.normpath(os.path.join(cwd, value)))
+        set_field(config, dotted, os.path.normpath(os.path.join(cwd, value)))

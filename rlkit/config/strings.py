@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlkit.config.problems import Problems
+from rlkit.config.schema import get_field
 
 # Characters of Slurm names, per option: names, comma lists, hostlists, and feature expressions.
 _NAME = r"[A-Za-z0-9_.-]+"
@@ -61,11 +62,13 @@ def control_characters(value: str) -> list[str]:
 
 def check_strings(config: Any, problems: Problems) -> None:
     """Every string field: no control characters, no unexpanded `~`, Slurm names shaped like Slurm names."""
+    garbled: set[str] = set()
     for path, value in string_fields(config):
         if path.startswith(_ONLY_IN_REQUESTS):
             continue
         bad = control_characters(value)
         if bad:
+            garbled.add(path)
             problems.add(f"{path} holds control characters ({', '.join(bad)}): {value!r}",
                          hint="remove them; a newline or tab in a YAML value usually comes from a multi-line "
                               "string or a paste (use a plain one-line value)")
@@ -74,18 +77,11 @@ def check_strings(config: Any, problems: Problems) -> None:
             problems.add(f"{path} '{value}' starts with '~', which rlkit does not expand (steps run as other "
                          "processes on other nodes)", hint=f"write the absolute path, e.g. {path}=/home/me/...")
     for path, (pattern, what) in SLURM_VALUE_PATTERNS.items():
-        value = _get(config, path)
-        if value and not control_characters(value) and not pattern.fullmatch(value):
+        value = str(get_field(config, path))
+        if value and path not in garbled and not pattern.fullmatch(value):
             problems.add(f"{path} {value!r} is not {what}",
                          hint="check the value with sinfo/sacctmgr; other sbatch options go in "
                               "launcher.slurm.sbatch_additional_args")
-
-
-def _get(config: Any, dotted: str) -> str:
-    node = config
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return str(node)
 
 
 def sbatch_quote(token: str) -> str:

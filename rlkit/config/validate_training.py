@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig
+from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
 from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
 from rlkit.errors import ConfigError
 
@@ -30,13 +30,6 @@ CHOICES = {
 
 SWANLAB_MODES = ("disabled", "local", "offline", "cloud")
 WANDB_MODES = ("disabled", "offline", "online")
-
-
-def _get(config: ExperimentConfig, dotted: str) -> object:
-    value: object = config
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _first_row(path: Path) -> dict[str, object] | None:
@@ -65,7 +58,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     """Add every problem of the grpo fields to `problems`."""
     actor, g, ds = config.actor, config.gconfig, config.train_dataset
     for dotted, choices in CHOICES.items():
-        value = _get(config, dotted)
+        value = get_field(config, dotted)
         if value not in choices:
             problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
     if not actor.path:

@@ -16,12 +16,11 @@ import shutil
 import subprocess
 import typing
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema import ExperimentConfig, set_field
 from rlkit.errors import ConfigError
 from rlkit.launch.render import step_command
 from rlkit.launch.submit import Prepared, prepare_config
@@ -59,12 +58,8 @@ def _with_value(base: ExperimentConfig, path: str, kind: str, value: str) -> Exp
     """A copy of `base` with one field set as the loader would set it (the loader's own typing is tested in
     test_yaml_and_time; here every value is already a string)."""
     config = copy.deepcopy(base)
-    *parents, leaf = path.split(".")
-    node: Any = config
-    for part in parents:
-        node = getattr(node, part)
-    setattr(node, leaf, {"str": value, "list": [value], "dict-key": {value: 1},
-                         "dict-value": {"some_flag": value}}[kind])
+    set_field(config, path, {"str": value, "list": [value], "dict-key": {value: 1},
+                             "dict-value": {"some_flag": value}}[kind])
     return config
 
 
