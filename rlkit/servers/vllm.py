@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 from rlkit.servers.extra_args import VLLM_REFUSED
+from rlkit.servers.vllm_flags import VLLM_FLAGS
 
 GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
 # Gives every worker `rlkit_reload_weights` (in-place disk reload that also refreshes tied output heads), called by
@@ -19,41 +20,13 @@ GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
 WORKER_EXTENSION = "rlkit.servers.vllm_worker.WeightSyncExtension"
 TOKEN_ENV = "RLKIT_SERVER_TOKEN"  # same name as rlkit.servers.auth.TOKEN_ENV (not imported: keep this module light)
 
-# Boolean flags that vLLM 0.32 declares with argparse.BooleanOptionalAction, i.e. that accept `--no-<flag>`.
+# Boolean flags that vLLM declares with argparse.BooleanOptionalAction, i.e. that accept `--no-<flag>` (the
+# option list holds both forms).
 # `False` for one of these is rendered as `--no-<flag>`: several default to True or to None ("decide
 # automatically", e.g. enable_prefix_caching, enable_chunked_prefill, async_scheduling), so leaving the flag out
 # would not turn the feature off. Other booleans (plain store_true flags such as disable_log_stats) have no
 # `--no-` form: `False` leaves them out.
-# fmt: off
-VLLM_NEGATABLE_FLAGS = frozenset(
-    {
-        "allow_credentials", "allow_deprecated_quantization", "async_scheduling", "cohere_is_reasoning_model",
-        "cudagraph_metrics", "data_parallel_external_lb", "data_parallel_hybrid_lb", "dcp_q_replicate",
-        "disable_cascade_attn", "disable_chunked_mm_input", "disable_custom_all_reduce", "disable_fastapi_docs",
-        "disable_hybrid_kv_cache_manager", "disable_nccl_for_dp_synchronization", "disable_sliding_window",
-        "disable_uvicorn_access_log", "enable_auto_tool_choice", "enable_batch_sharded_sampling",
-        "enable_chunked_prefill", "enable_cumem_allocator", "enable_dbo", "enable_elastic_ep",
-        "enable_ep_weight_filter", "enable_eplb", "enable_expert_parallel", "enable_fault_tolerance",
-        "enable_flash_late_interaction", "enable_flashinfer_autotune", "enable_force_include_usage", "enable_hc_sp",
-        "enable_layerwise_nvtx_tracing", "enable_log_deltas", "enable_log_outputs", "enable_log_requests",
-        "enable_logging_iteration_details", "enable_lora", "enable_mamba_cache_stochastic_rounding",
-        "enable_mamba_shared_prefix_checkpoint", "enable_mfu_metrics", "enable_mixed_moe_lora_format",
-        "enable_mm_embeds", "enable_moe_shared_loras", "enable_nccl_comm_suspend", "enable_offline_docs",
-        "enable_per_request_metrics", "enable_prefix_caching", "enable_prompt_embeds", "enable_prompt_tokens_details",
-        "enable_request_id_headers", "enable_return_routed_experts", "enable_scale_out",
-        "enable_server_load_tracking", "enable_shm_tensor_arena", "enable_sleep_mode", "enable_ssl_refresh",
-        "enable_tokenizer_info_endpoint", "enable_tower_connector_lora", "enable_trace_replay", "enforce_eager",
-        "exclude_tools_when_tool_choice_none", "fail_on_environ_validation", "fully_sharded_loras",
-        "interleave_mm_strings", "jit_monitor_verbose", "kv_cache_metrics", "kv_sharing_fast_prefill",
-        "language_model_only", "log_error_stack", "long_prefill_token_threshold_adaptive", "mm_device_do_normalize",
-        "mm_encoder_only", "numa_bind", "ray_workers_use_nsight", "return_sampling_mask",
-        "return_tokens_as_token_ids", "scheduler_reserve_full_isl", "skip_mm_profiling", "skip_tokenizer_init",
-        "sleep_mode_offload_cudagraph", "specialize_active_lora", "swa_bounded_replay", "tokens_only",
-        "trust_remote_code", "trust_request_chat_template", "trust_request_mm_kwargs", "use_fp64_gumbel",
-        "use_replayssm", "use_tqdm_on_load",
-    }
-)
-# fmt: on
+VLLM_NEGATABLE_FLAGS = frozenset(name[3:] for name in VLLM_FLAGS if name.startswith("no_"))
 # Flags that argparse collects with action="append": one `--flag value` per list item.
 VLLM_APPEND_FLAGS = frozenset({"middleware"})
 # List-valued flags that vLLM parses as one JSON document rather than as several values.
