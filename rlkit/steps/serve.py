@@ -27,7 +27,7 @@ from rlkit.config.validate import server_model
 from rlkit.errors import FatalStepError, StepError
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
-from rlkit.servers.extra_args import extra_args_problems
+from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
 from rlkit.servers.sglang import sglang_command, write_key_file
@@ -61,18 +61,14 @@ def server_command(config: ExperimentConfig, backend: str, tp: int, port: int, *
     model = server_model(config, backend)
     if backend == "vllm":
         v = config.vllm
-        extra: dict[str, object] = {"seed": v.seed, "dtype": v.dtype, "max_model_len": v.max_model_len,
-                                    "gpu_memory_utilization": v.gpu_memory_utilization, "max_num_seqs": v.max_num_seqs,
-                                    "enforce_eager": v.enforce_eager, "enable_prefix_caching": v.enable_prefix_caching,
+        extra: dict[str, object] = {**{name: getattr(v, name) for name in VLLM_FIELD_OPTIONS},
                                     **server_extra_args(config, backend)}
         return vllm_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
                             tensor_parallel_size=tp, extra=extra)
     if sglang_config is None:
         raise ValueError("an SGLang server needs its key file (sglang_key_file)")
     s = config.sglang
-    extra = {"random_seed": s.random_seed, "dtype": s.dtype, "context_length": s.context_length,
-             "mem_fraction_static": s.mem_fraction_static, "disable_radix_cache": s.disable_radix_cache,
-             **server_extra_args(config, backend)}
+    extra = {**{name: getattr(s, name) for name in SGLANG_FIELD_OPTIONS}, **server_extra_args(config, backend)}
     return sglang_command(python=sys.executable, model=model, host="0.0.0.0", port=port, served_model_name=None,
                           tensor_parallel_size=tp, key_file=str(sglang_config), extra=extra)
 
