@@ -180,13 +180,11 @@ class _StopRequests:
 def _resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str] | None:
     """Rank 0: the checkpoint to resume from, by recover.mode; StepError for mode resume with none."""
     mode = config.recover.mode
-    if mode == "disabled":
-        return None
+    if mode == "disabled" or (mode == "fault" and not failed_before()):
+        return None  # before checksumming anything: nothing would be resumed
     found = recover.latest_valid(recover.recover_root(paths.root))
     if mode == "resume" and found is None:
         raise StepError(f"recover.mode is resume but {recover.recover_root(paths.root)} holds no valid checkpoint")
-    if mode == "fault" and not failed_before():
-        return None
     return (found[0], str(found[1])) if found is not None else None
 
 
