@@ -60,7 +60,6 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
     write_atomic(paths.script, script, mode=0o755)
 
 
-_KEEP_IN_PLACE = frozenset({"secret"})  # the token is rewritten for the new run, never archived
 
 
 def archive_run(paths: TrialPaths) -> Path | None:
@@ -69,7 +68,8 @@ def archive_run(paths: TrialPaths) -> Path | None:
     so the new run starts from the base model and nothing of the old one is lost. None when there was nothing."""
     if not paths.root.is_dir():
         return None
-    items = [p for p in paths.root.iterdir() if p.name not in _KEEP_IN_PLACE and not ATTEMPT_DIR.fullmatch(p.name)]
+    keep = paths.token.parent.name  # the token is rewritten for the new run, never archived
+    items = [p for p in paths.root.iterdir() if p.name != keep and not ATTEMPT_DIR.fullmatch(p.name)]
     if not items:
         return None
     taken = [int(m.group(1)) for p in paths.root.iterdir() if (m := ATTEMPT_DIR.fullmatch(p.name))]
