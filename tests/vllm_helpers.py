@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlkit.servers.health import ServerNotHealthy, wait_healthy
-from rlkit.servers.vllm import GUARD_MIDDLEWARE, vllm_command, vllm_env
+from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, vllm_command, vllm_env
 
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 240.0

@@ -5,7 +5,7 @@ socket, TLS, a config file that sets anything), the server's address, model and 
 `pipeline_parallel_size`, ...), or put a secret on argv (`api_key`, `hf_token`). A deny-list refuses those: both
 servers have hundreds of options, and an allow-list would refuse the tuning knobs users need. Both servers parse
 with argparse, which accepts any unambiguous prefix of an option (`--grpc-p` is `--grpc-port`): vLLM keys must be
-exact options of vLLM 0.32 (`rlkit.servers.vllm_flags`), and an SGLang key that is a prefix of a refused option is
+exact options of vLLM 0.32 (`rlkit.servers.vllm.flags`), and an SGLang key that is a prefix of a refused option is
 refused too. Values must not start with `-` (argparse would read `[1, "--uds=/x"]` as a second option).
 """
 
@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import PurePath
 
-from rlkit.servers.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
+from rlkit.servers.vllm.flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
 
 Problem = tuple[str, str]  # (field, message naming the problem and its fix)
 

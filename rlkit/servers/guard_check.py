@@ -7,7 +7,7 @@ One request without the token to a guarded, side-effect-free route must answer 4
 must answer 200 (else rlkit's own clients could not use the server). vLLM is asked `GET /is_paused`: an RL route
 (there with `VLLM_SERVER_DEV_MODE=1`) that only rlkit's TokenGuard covers, since vLLM's own `--api-key` guards only
 /v1-style paths. SGLang is asked `GET /v1/models`, a route of "normal" auth level that its api-key middleware answers
-with 401 without the key (see rlkit.servers.sglang).
+with 401 without the key (see rlkit.servers.sglang.command).
 """
 
 from __future__ import annotations

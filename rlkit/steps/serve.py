@@ -30,8 +30,8 @@ from rlkit.paths import TrialPaths
 from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
-from rlkit.servers.sglang import sglang_command, write_key_file
-from rlkit.servers.vllm import vllm_command, vllm_env
+from rlkit.servers.sglang.command import sglang_command, write_key_file
+from rlkit.servers.vllm.command import vllm_command, vllm_env
 from rlkit.trials import read_token
 
 

@@ -17,7 +17,7 @@ import httpx
 
 from rlkit.errors import StepError
 from rlkit.rollout.client import Server
-from rlkit.servers.vllm import WORKER_EXTENSION
+from rlkit.servers.vllm.command import WORKER_EXTENSION
 from rlkit.weights.fingerprint import RELOAD_METHOD, check_fingerprint, probe_logprobs
 from rlkit.weights.server_http import ServerUnreachable, answer_json, call, server_label, timed
 
@@ -71,7 +71,8 @@ async def _sync_vllm(
             raise  # the process is gone mid-reload: the caller counts it as lost, not as misconfigured
         except StepError as exc:
             raise StepError(f"{exc}\n  fix: the server must run with --worker-extension-cls {WORKER_EXTENSION} "
-                            "(rlkit.servers.vllm.vllm_command adds it) and be able to read the directory") from exc
+                            "(rlkit.servers.vllm.command.vllm_command adds it) and be able to read the "
+                            "directory") from exc
         workers = answer_json(response, server, "the weight reload").get("results")
         if not workers or not all(isinstance(w, dict) for w in workers):
             raise StepError(f"{server_label(server)}: {RELOAD_METHOD} answered {workers!r}, not one report per "

@@ -1,7 +1,7 @@
 """The proof that a server serves the trainer's weights: its logprobs of a fixed token sequence against the trainer's.
 
 A version number reported by a server says only that a version was set, not which weights produce its logits (see
-the tied-embedding note in `rlkit.servers.vllm_worker`).
+the tied-embedding note in `rlkit.servers.vllm.worker`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import httpx
 
 from rlkit.errors import StepError
 from rlkit.rollout.client import Server
-from rlkit.servers.vllm import WORKER_EXTENSION
+from rlkit.servers.vllm.command import WORKER_EXTENSION
 from rlkit.weights.server_http import answer_json, call, server_label
 
-RELOAD_METHOD = "rlkit_reload_weights"  # rlkit.servers.vllm_worker.WeightSyncExtension.rlkit_reload_weights
+RELOAD_METHOD = "rlkit_reload_weights"  # rlkit.servers.vllm.worker.WeightSyncExtension.rlkit_reload_weights
 
 
 async def probe_logprobs(

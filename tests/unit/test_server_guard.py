@@ -27,9 +27,9 @@ from rlkit.servers.extra_args import (
 )
 from rlkit.servers.guard_check import GUARD_PROBES, GuardCheckFailed, prove_guard
 from rlkit.servers.health import find_free_port
-from rlkit.servers.sglang import SGLANG_KEY_FIELD, sglang_command, write_key_file
-from rlkit.servers.vllm import vllm_command
-from rlkit.servers.vllm_flags import VLLM_FLAGS
+from rlkit.servers.sglang.command import SGLANG_KEY_FIELD, sglang_command, write_key_file
+from rlkit.servers.vllm.command import vllm_command
+from rlkit.servers.vllm.flags import VLLM_FLAGS
 
 # ---- extra_args ----------------------------------------------------------------------------------------------------
 

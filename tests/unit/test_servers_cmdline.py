@@ -18,8 +18,8 @@ import pytest
 
 from rlkit.servers.auth import TOKEN_ENV, Message, Receive, Scope, Send, TokenGuard
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
-from rlkit.servers.sglang import sglang_command
-from rlkit.servers.vllm import GUARD_MIDDLEWARE, WORKER_EXTENSION, render_flags, vllm_command, vllm_env
+from rlkit.servers.sglang.command import sglang_command
+from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, WORKER_EXTENSION, render_flags, vllm_command, vllm_env
 
 BASE = {"python": "/venv/bin/python", "model": "/m", "host": "127.0.0.1", "port": 8011}
 
@@ -45,7 +45,7 @@ def test_vllm_base_command() -> None:
         "--middleware", GUARD_MIDDLEWARE,
         "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
-    assert WORKER_EXTENSION == "rlkit.servers.vllm_worker.WeightSyncExtension"
+    assert WORKER_EXTENSION == "rlkit.servers.vllm.worker.WeightSyncExtension"
 
 
 def test_vllm_scalars_and_underscores() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlkit.servers.vllm_worker import WeightSyncExtension, refresh_tied_groups, tied_parameter_groups
+from rlkit.servers.vllm.worker import WeightSyncExtension, refresh_tied_groups, tied_parameter_groups
 
 
 class Tied(nn.Module):

@@ -262,7 +262,7 @@ def test_sync_server_resumes_after_a_failure(tmp_path: Path, failing: str) -> No
     assert "server 3 (10.0.0.3:8000)" in str(info.value) and failing in str(info.value)
     assert app.calls[-1] == "/resume" and not app.paused
     if failing == "/collective_rpc":
-        assert "--worker-extension-cls rlkit.servers.vllm_worker.WeightSyncExtension" in str(info.value)
+        assert "--worker-extension-cls rlkit.servers.vllm.worker.WeightSyncExtension" in str(info.value)
 
 
 def test_sync_server_checks_the_reported_version(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """vLLM worker extension for rlkit's disk weight sync: an in-place reload that keeps tied output heads right.
 
 Loaded into every vLLM worker (all tensor-parallel ranks) by `--worker-extension-cls
-rlkit.servers.vllm_worker.WeightSyncExtension` (added by `rlkit.servers.vllm.vllm_command`) and called over HTTP:
-`POST /collective_rpc {"method": "rlkit_reload_weights", "kwargs": {"weights_path": DIR}}`.
+rlkit.servers.vllm.worker.WeightSyncExtension` (added by `rlkit.servers.vllm.command.vllm_command`) and called
+over HTTP: `POST /collective_rpc {"method": "rlkit_reload_weights", "kwargs": {"weights_path": DIR}}`.
 
 Why plain `reload_weights` serves wrong logits for tied embeddings (read in vLLM 0.32, seen on the CPU build):
 

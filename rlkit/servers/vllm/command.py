@@ -12,12 +12,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 from rlkit.servers.extra_args import VLLM_REFUSED
-from rlkit.servers.vllm_flags import VLLM_FLAGS
+from rlkit.servers.vllm.flags import VLLM_FLAGS
 
 GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
 # Gives every worker `rlkit_reload_weights` (in-place disk reload that also refreshes tied output heads), called by
 # rlkit.weights.disk.sync_server through /collective_rpc.
-WORKER_EXTENSION = "rlkit.servers.vllm_worker.WeightSyncExtension"
+WORKER_EXTENSION = "rlkit.servers.vllm.worker.WeightSyncExtension"
 TOKEN_ENV = "RLKIT_SERVER_TOKEN"  # same name as rlkit.servers.auth.TOKEN_ENV (not imported: keep this module light)
 
 # Boolean flags that vLLM declares with argparse.BooleanOptionalAction, i.e. that accept `--no-<flag>` (the

@@ -38,7 +38,7 @@ import os
 from pathlib import Path
 
 from rlkit.servers.extra_args import SGLANG_REFUSED
-from rlkit.servers.vllm import render_flags
+from rlkit.servers.vllm.command import render_flags
 
 SGLANG_KEY_FIELD = "api-key"  # the key's spelling inside the --config YAML file (see the module docstring)
 

@@ -1,0 +1,215 @@
+"""The one interface every inference-server engine implements (vLLM, SGLang), and the registry that picks one by name.
+
+Everything rlkit does with a server goes through a `ServerBackend`: how the serve step starts it (argv, environment,
+secret files), how its token guard is proven, how the rollout client asks for completions with token ids and
+log-probs, how weights reach it (a directory on the shared filesystem, or a broadcast from trainer rank 0), which
+version it reports, how its prefix cache is reset and how the fingerprint probe is asked. Outside `rlkit.servers`
+nothing switches on the backend's name: callers hold a backend object (`backend_for(name)`).
+
+This module is light (no torch, no vLLM, no SGLang): config validation, the planner and `rlkit status` import it.
+Each backend lives in its own package (`rlkit.servers.vllm`, `rlkit.servers.sglang`); its `backend` module is
+imported on first use.
+
+Request methods are coroutines that take an `httpx.AsyncClient` carrying the trial's bearer token
+(`rlkit.servers.http.server_client`). Unless said otherwise they raise `ServerUnreachable` when the server's process
+is gone (connection refused or dropped) and `StepError` naming the server, the route and what was asked for any
+other failure (timeout, non-2xx answer, an answer of the wrong shape).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import httpx
+
+    from rlkit.config.schema import ExperimentConfig
+
+
+@dataclass
+class Server:
+    """One registered inference server (from name resolve), with the pool's bookkeeping."""
+
+    index: int
+    address: str  # host:port, checked by rlkit.nameresolve.servers.check_address
+    model: str  # the model name requests must carry (vLLM's served name)
+    backend: str
+    in_flight: int = 0
+    failures: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def label(self) -> str:
+        return f"server {self.index} ({self.address})"
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with its tokens and their log-probabilities under the server's weights."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class SamplingParams:
+    """The sampling settings of a request (gconfig)."""
+
+    n: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # per-request sampling seed: the same request gives the same completions
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """What the serve step runs: the argv and the variables to add to the environment (secrets never in argv)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    unset_env: tuple[str, ...] = ()  # variables to remove from the inherited environment
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    """Where one server's workers join the trainer's weight-broadcast group (rlkit.weights.xccl).
+
+    Trainer rank 0 is rank 0 of the group and hosts its TCPStore; the server's workers take ranks
+    `rank_offset .. rank_offset + tp - 1`.
+    """
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str  # torch.distributed backend: "nccl" on GPUs, "gloo" on the CPU
+    timeout_s: float  # every collective of the group gives up after this
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One tensor of a broadcast bucket, in the order the trainer sends them."""
+
+    name: str  # Hugging Face parameter name (model.layers.0.mlp.up_proj.weight)
+    dtype: str  # torch dtype name without the prefix: "bfloat16", "float32"
+    shape: tuple[int, ...]
+
+
+class ServerBackend(ABC):
+    """One inference engine, as rlkit drives it. Subclasses are stateless: one instance serves every server."""
+
+    name: ClassVar[str]  # "vllm", "sglang": the allocation_mode prefix and the config section
+    model_field: ClassVar[str]  # the config field naming the model it serves when not actor.path ("vllm.model")
+    context_field: ClassVar[str]  # the config field bounding prompt + completion tokens ("vllm.max_model_len")
+    guard_probe: ClassVar[str]  # a side-effect-free GET route that must answer 401 without the token
+    guard_hint: ClassVar[str]  # what to check when the guard probe is not refused
+
+    # ---- config side (pure, no server needed) ----
+
+    @abstractmethod
+    def configured_model(self, config: ExperimentConfig) -> str | None:
+        """The model the config names in this backend's section (None/empty: serve actor.path)."""
+
+    @abstractmethod
+    def context_length(self, config: ExperimentConfig) -> int | None:
+        """The configured bound on prompt + completion tokens, if any."""
+
+    @abstractmethod
+    def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
+        """(field, message) for every refused entry of `<backend>.extra_args`."""
+
+    @abstractmethod
+    def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,
+               token: str, secret_dir: Path, index: int) -> ServerLaunch:
+        """The server's argv and environment. Any file holding the token is written 0600 into `secret_dir`."""
+
+    # ---- requests ----
+
+    @abstractmethod
+    async def complete(self, client: httpx.AsyncClient, server: Server, prompt_ids: list[int],
+                       params: SamplingParams) -> list[Completion]:
+        """`params.n` completions of a tokenized prompt with per-token log-probs, in the server's order.
+
+        Raises httpx errors as they come (the rollout pool retries on another server) and ValueError/KeyError for an
+        answer of the wrong shape; the client's timeout applies."""
+
+    @abstractmethod
+    async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
+                             timeout: float) -> list[float]:
+        """The raw log-prob of each probe token given the ones before it (`len(probe_ids) - 1` values)."""
+
+    @abstractmethod
+    async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """Stop scheduling: requests in flight are held (not dropped) until `resume`."""
+
+    @abstractmethod
+    async def resume(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """Undo `pause`; idempotent (also for a server that is not paused)."""
+
+    @abstractmethod
+    async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
+                                     version: int, timeout: float) -> dict[str, Any]:
+        """While paused: load the Hugging Face checkpoint in `weights_dir` in place and set the reported version to
+        `version`. Returns what the server reported (JSON-able, for the log)."""
+
+    @abstractmethod
+    async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                timeout: float) -> None:
+        """Have the server's workers join `group`. Returns once they joined; the trainer joins at the same time (this
+        call is made from another task while the trainer's rank waits in the group's rendezvous)."""
+
+    @abstractmethod
+    async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """While paused, before the first bucket of a version."""
+
+    @abstractmethod
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
+                                    timeout: float) -> None:
+        """Receive one bucket: returns when the server's workers received and loaded every tensor of `tensors`,
+        broadcast by trainer rank 0 in that order (concurrently with this call) over the joined group."""
+
+    @abstractmethod
+    async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
+                                      timeout: float) -> None:
+        """After the last bucket: finalize the load (e.g. tied layers) and set the reported version to `version`."""
+
+    @abstractmethod
+    async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """Drop every cached KV block, also of held requests (they recompute with the new weights): after every
+        weight change, before the server takes a request. StepError if the server does not confirm it."""
+
+    @abstractmethod
+    async def read_version(self, client: httpx.AsyncClient, server: Server, timeout: float) -> str | None:
+        """The weight version the server reports (None if it reports none)."""
+
+
+_BACKENDS: dict[str, str] = {
+    "vllm": "rlkit.servers.vllm.backend",  # each module exposes BACKEND, a ServerBackend instance
+    "sglang": "rlkit.servers.sglang.backend",
+}
+BACKEND_NAMES = tuple(_BACKENDS)
+
+
+def backend_for(name: str) -> ServerBackend:
+    """The backend called `name` (the allocation_mode prefix); ValueError naming the known ones."""
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise ValueError(f"unknown server backend {name!r}; known: {', '.join(BACKEND_NAMES)}")
+    backend = importlib.import_module(module).BACKEND
+    if not isinstance(backend, ServerBackend):
+        raise TypeError(f"{module}.BACKEND is not a ServerBackend")
+    return backend
