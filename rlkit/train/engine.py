@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,44 @@ class PolicyEngine:
 
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+
+    def iter_full_buckets(self, max_bytes: int, dtype: torch.dtype | None = None
+                          ) -> Iterator[dict[str, Tensor] | None]:
+        """The whole model's weights in buckets of about `max_bytes` (a tensor larger than that is a bucket of its own):
+        rank 0 yields each bucket as it fills (full tensors cast to `dtype`, on this rank's device); the other ranks
+        yield one None at the end.
+
+        Collective: every rank must run the iterator to its end (each parameter is all-gathered from its shards, in
+        the same order on every rank; rank 0 may use a bucket before asking for the next one). Peak memory on rank 0
+        is one bucket, not the model, which is what a streamed broadcast needs.
+        """
+        import torch.distributed as dist
+
+        if max_bytes <= 0:
+            raise ValueError(f"a bucket needs a positive size, got {max_bytes} bytes")
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        bucket: dict[str, Tensor] = {}
+        size = 0
+        for name, value in self.model.state_dict().items():
+            if not isinstance(value, Tensor):
+                continue
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value  # DTensor shard -> all-gather
+            if not rank0:
+                del full
+                continue
+            full = full.detach().to(dtype) if dtype is not None else full.detach()
+            if bucket and size + full.numel() * full.element_size() > max_bytes:
+                yield bucket
+                bucket, size = {}, 0
+            bucket[name] = full
+            size += full.numel() * full.element_size()
+            if size >= max_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if not rank0:
+            yield None  # the other ranks' single step: they only take part in the gathers
+        elif bucket:
+            yield bucket
 
     def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
         """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.

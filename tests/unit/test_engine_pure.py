@@ -99,3 +99,23 @@ def test_local_indices_union_over_ranks_is_the_one_rank_minibatch(world: int) ->
 
 def test_local_indices_three_ranks_by_hand() -> None:
     assert [local(8, r, 3) for r in range(3)] == [[[0, 6], [1, 7]], [[2], [3]], [[4], [5]]]
+
+
+def test_full_buckets_cover_every_weight_once_in_order_and_respect_the_size() -> None:
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(4, 100))  # 288, 144 (+16, +400) bytes
+    engine = SimpleNamespace(model=model)
+    buckets = list(PolicyEngine.iter_full_buckets(engine, 300, torch.float32))  # type: ignore[arg-type]
+    names = [name for bucket in buckets for name in bucket]  # type: ignore[union-attr]
+    assert names == list(model.state_dict())
+    for bucket in buckets:
+        assert bucket is not None
+        size = sum(t.numel() * t.element_size() for t in bucket.values())
+        assert size <= 300 or len(bucket) == 1, f"bucket of {size} bytes holds {len(bucket)} tensors"
+    assert len(buckets) == 4  # [0.w 0.b] (288 B; 1.w would pass 300), [1.w 1.b], [2.w] (1600 B alone), [2.b]
+    half = list(PolicyEngine.iter_full_buckets(engine, 10**6, torch.bfloat16))  # type: ignore[arg-type]
+    assert len(half) == 1 and all(t.dtype == torch.bfloat16 for t in half[0].values())  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="positive size"):
+        next(PolicyEngine.iter_full_buckets(engine, 0))  # type: ignore[arg-type]
