@@ -184,7 +184,16 @@ class ActorConfig:
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer.")
-    weight_update_mode: str = _f("disk", "How new weights reach the servers. Choices: disk.")
+    weight_update_mode: str = _f(
+        "disk", "How new weights reach the servers. Choices: disk (a Hugging Face checkpoint on the shared filesystem "
+        "that every server reloads), xccl (broadcast from trainer rank 0 to every server's workers: NCCL on GPUs, "
+        "gloo on the CPU).")
+    weight_chunked_mem_mb: int = _f(
+        1024, "xccl: full tensors are gathered and broadcast in buckets of about this many MiB, which bounds the "
+        "trainer's extra memory during a push.")
+    weight_update_timeout: float = _f(
+        600.0, "Seconds any one part of a weight push may take (a server's reload, joining the broadcast group, one "
+        "bucket); a server that takes longer is named and the push fails instead of hanging.")
     weight_check_tolerance: float | None = _f(
         None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
         "weight update; None: 1e-3 for float32 servers, 0.1 otherwise.")

@@ -8,6 +8,7 @@ minibatches and trainer ranks, the model has a tokenizer, and every choice field
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from rlkit.config.allocation import Allocation
@@ -24,7 +25,7 @@ CHOICES = {
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.adv_norm.mean_level": ("batch", "group", "none"),
     "actor.adv_norm.std_level": ("batch", "group", "none"),
-    "actor.weight_update_mode": ("disk",),
+    "actor.weight_update_mode": ("disk", "xccl"),
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 
@@ -61,6 +62,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
         value = get_field(config, dotted)
         if value not in choices:
             problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
+    _validate_weight_update(config, problems)
     if not actor.path:
         problems.add("actor.path is not set", hint="give the Hugging Face model directory to train")
     else:
@@ -204,3 +206,32 @@ def validate_stats_logger(config: StatsLoggerConfig) -> None:
         raise ConfigError(
             f"stats_logger.tensorboard.path: invalid value {path!r}; expected a directory path or null (off)"
         )
+
+
+# apptainer options that give a step its own network namespace: the servers' workers could no longer open a
+# connection to trainer rank 0's address, which is how an xccl broadcast group forms (and NCCL also needs the host's
+# InfiniBand devices). Flags as apptainer 1.x spells them (`--net`, `--network`, `--network-args`).
+_OWN_NETWORK = ("--net", "--network", "--network-args")
+
+
+def _validate_weight_update(config: ExperimentConfig, problems: Problems) -> None:
+    """The weight push: sizes and timeouts in range; xccl only where the servers can reach the trainer."""
+    actor = config.actor
+    if actor.weight_chunked_mem_mb < 1:
+        problems.add(f"actor.weight_chunked_mem_mb must be at least 1 (got {actor.weight_chunked_mem_mb})",
+                     hint="e.g. actor.weight_chunked_mem_mb=1024")
+    if not actor.weight_update_timeout > 0:
+        problems.add(f"actor.weight_update_timeout must be a positive number of seconds "
+                     f"(got {actor.weight_update_timeout})", hint="e.g. actor.weight_update_timeout=600")
+    if actor.weight_update_mode != "xccl" or config.launcher.slurm.container_type != "apptainer":
+        return
+    try:
+        words = shlex.split(config.launcher.slurm.apptainer_args)
+    except ValueError:
+        return  # reported by the launcher checks
+    isolated = [w for w in words if w.split("=", 1)[0] in _OWN_NETWORK]
+    if isolated:
+        problems.add(f"actor.weight_update_mode xccl: launcher.slurm.apptainer_args has {' '.join(isolated)}, which "
+                     "gives each step its own network namespace, so the servers' workers cannot connect to trainer "
+                     "rank 0 to join the broadcast group",
+                     hint="remove the network option from apptainer_args, or use actor.weight_update_mode=disk")

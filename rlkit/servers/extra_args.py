@@ -41,6 +41,7 @@ VLLM_REFUSED: dict[str, str] = {
     "tensor_parallel_size": "rlkit sets it from allocation_mode (vllm:tN)",
     "served_model_name": "rlkit's clients address the model by the name rlkit gives it",
     "worker_extension_cls": "rlkit's weight sync needs its own worker extension, and vLLM takes one",
+    "weight_transfer_config": "rlkit sets it from actor.weight_update_mode (xccl: the broadcast backend)",
     "api_key": f"{_SECRET}; the trial token already guards every route",
     "hf_token": f"{_SECRET}; set HF_TOKEN in the job's environment instead",
     "config": _CONFIG_FILE,

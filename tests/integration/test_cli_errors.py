@@ -104,6 +104,13 @@ TRAINING_MISTAKES = [
     pytest.param(["train_dataset.prompt_key=question"], "no column 'question'", id="missing-prompt-column"),
     pytest.param(["gconfig.temperature=0"], "must be > 0", id="greedy-grpo"),
     pytest.param(["rollout.consumer_batch_size=3"], "rollout.consumer_batch_size (3) differs", id="inert-consumer"),
+    pytest.param(["actor.weight_update_mode=nccl"], "actor.weight_update_mode 'nccl' is not one of: disk, xccl",
+                 id="unknown-weight-update-mode"),
+    pytest.param(["actor.weight_update_mode=xccl", "actor.weight_chunked_mem_mb=0"],
+                 "actor.weight_chunked_mem_mb must be at least 1", id="empty-broadcast-bucket"),
+    pytest.param(["actor.weight_update_timeout=0"], "actor.weight_update_timeout must be a positive", id="no-timeout"),
+    pytest.param(["vllm.extra_args.weight_transfer_config={backend: nccl}"], "rlkit sets it from "
+                 "actor.weight_update_mode", id="own-weight-transfer-config"),
 ]
 
 
@@ -240,3 +247,17 @@ def test_force_moves_nothing_until_every_check_passed(generate_yaml: Path, grpo_
     assert sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*")) == before, "nothing may move"
     assert (trial_dir / "config.yaml").read_text() == "kept: true\n"
     assert _test_jobs() == jobs
+
+
+def test_xccl_refuses_a_container_network_the_servers_cannot_leave(grpo_yaml: Path, rlkit_home: Path,
+                                                                   tmp_path: Path) -> None:
+    """A dry run (images need not exist): the network option is an error of its own, named with its fix."""
+    common = ["launcher.slurm.container_type=apptainer", f"launcher.slurm.trainer_image={tmp_path}/t.sif",
+              f"launcher.slurm.inference_server_image={tmp_path}/s.sif"]
+    isolated = run_rlkit("render", str(grpo_yaml), *common, "actor.weight_update_mode=xccl",
+                         "launcher.slurm.apptainer_args=--nv --network=none")
+    _assert_refused(isolated, "apptainer_args has --network=none, which gives each step its own network namespace")
+    assert "use actor.weight_update_mode=disk" in isolated.stderr
+    shared = run_rlkit("render", str(grpo_yaml), *common, "actor.weight_update_mode=xccl",
+                       "launcher.slurm.apptainer_args=--nv")
+    assert shared.returncode == 0, shared.stderr
