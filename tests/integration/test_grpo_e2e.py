@@ -29,30 +29,44 @@ STEPS = 20
 MARGIN = 0.5
 
 
-@pytest.fixture(scope="module")
-def grpo_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Submit the demo config once for the module (a private model copy identifies this job's processes)."""
+# The same learning test and assertions for each way weights reach the servers: disk with the untied model, the
+# broadcast (xccl: gloo on the CPU, through vLLM's weight-transfer routes and rlkit's plugin) with the tied one, whose
+# output head vLLM's own load leaves stale (the fingerprint after every push would fail the run).
+MODES = {"disk": False, "xccl": True}  # weight_update_mode -> tie_word_embeddings
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
+             tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Submit the demo config once per mode (a private model copy identifies this job's processes)."""
+    from rlkit.models.tiny import build_tiny_model
     from rlkit.tasks.digits import write_dataset
 
-    root = tmp_path_factory.mktemp("grpo")
+    mode = request.param
+    root = tmp_path_factory.mktemp(f"grpo-{mode}")
     model = root / "model"
-    shutil.copytree(tiny_model_dir, model)
+    if MODES[mode]:
+        build_tiny_model(model, tie_word_embeddings=True)
+    else:
+        shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-                 "trial_name=e2e", f"total_train_steps={STEPS}", "saver.freq_steps=10"]
-    trial = root / "fileroot" / "demo-grpo" / "e2e"
+                 f"trial_name=e2e-{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10",
+                 f"actor.weight_update_mode={mode}"]
+    trial = root / "fileroot" / "demo-grpo" / f"e2e-{mode}"
     with pytest.MonkeyPatch.context() as mp, Listener() as evil:
         # hostile server records beside the real ones, all pointing at our listener (tests/planted.py)
         planted = plant_server_records(trial / "name_resolve", evil.address)
         mp.setenv("RLKIT_HOME", str(root / "home"))
         submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides)
         assert submitted.returncode == 0, submitted.stderr
-        live = wait_for(lambda: _status_with_servers("demo-grpo/e2e"), "rlkit status to show the servers", 600)
-        state = wait_state("demo-grpo/e2e", timeout=1500)
-        status = run_rlkit("status", "demo-grpo/e2e")
-        logs = run_rlkit("logs", "demo-grpo/e2e", "--step", "grpo", "--lines", "400")
+        name = f"demo-grpo/e2e-{mode}"
+        live = wait_for(lambda: _status_with_servers(name), "rlkit status to show the servers", 600)
+        state = wait_state(name, timeout=1500)
+        status = run_rlkit("status", name)
+        logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400")
     return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout,
-            "live_status": live, "planted": planted, "planted_listener_got": evil.received}
+            "live_status": live, "planted": planted, "planted_listener_got": evil.received, "mode": mode}
 
 
 def _status_with_servers(name: str) -> subprocess.CompletedProcess[str] | None:
@@ -98,8 +112,11 @@ def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run:
         assert m["weight_sync/fingerprint_max_diff"] <= 1e-3
     progress = json.loads((trial / "progress.json").read_text())
     assert progress["status"] == "finished" and progress["servers"] == {"0": STEPS, "1": STEPS}
-    # only the newest weight version stays on disk
-    assert sorted(p.name for p in (trial / "weights").iterdir()) == [f"version-{STEPS}"]
+    if grpo_run["mode"] == "disk":  # only the newest weight version stays on disk
+        assert sorted(p.name for p in (trial / "weights").iterdir()) == [f"version-{STEPS}"]
+    else:  # nothing goes through the filesystem
+        assert not (trial / "weights").exists() or not any((trial / "weights").iterdir())
+        assert "by broadcast" in log
 
 
 def test_final_model_loads_and_generates_digits(grpo_run: dict[str, object]) -> None:
