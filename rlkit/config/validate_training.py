@@ -15,6 +15,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
 from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
 from rlkit.errors import ConfigError
+from rlkit.weights.base import TRANSPORT_NAMES  # the registry's names only: no transport, no torch
 
 CHOICES = {
     "actor.dtype": ("bfloat16", "float16", "float32"),
@@ -24,7 +25,7 @@ CHOICES = {
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.adv_norm.mean_level": ("batch", "group", "none"),
     "actor.adv_norm.std_level": ("batch", "group", "none"),
-    "actor.weight_update_mode": ("disk",),
+    "actor.weight_update_mode": TRANSPORT_NAMES,
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 

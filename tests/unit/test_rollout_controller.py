@@ -23,8 +23,9 @@ import pytest
 from rlkit.errors import StepError
 from rlkit.nameresolve import NfsNameResolve, server_key
 from rlkit.rewards.runner import RewardOutcome
-from rlkit.rollout.client import Completion, SamplingParams, Server, ServerPool, discover_servers
+from rlkit.rollout.client import ServerPool, discover_servers
 from rlkit.rollout.controller import Prompt, RolloutController, epoch_order, prompt_stream
+from rlkit.servers.backend import Completion, SamplingParams, Server
 
 N_SAMPLES = 3
 SERVER_ADDRESS = "127.0.0.1:9"  # never contacted: ServerPool.complete is a stand-in
