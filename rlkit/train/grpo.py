@@ -164,6 +164,7 @@ def run_grpo(trial_dir: Path) -> None:
             trainer.abort(exc)
         raise
     finally:
+        transport.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
