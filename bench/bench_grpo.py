@@ -80,8 +80,9 @@ def bench_weight_sync(work: Path, tiny: Path, rounds: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from rlkit.rollout.client import Server
-    from rlkit.weights import disk, hf_export, server_http
+    from rlkit.servers.backend import Server
+    from rlkit.servers.http import server_client
+    from rlkit.weights import disk, fanout, hf_export
 
     model = build_medium_model(tiny, work / "medium")
     state = load_file(str(model / "model.safetensors"))
@@ -99,8 +100,9 @@ def bench_weight_sync(work: Path, tiny: Path, rounds: int) -> None:
             hf_export.write_weights(state, model, out, dtype=None)
 
             async def push(out: Path = out, version: int = version) -> None:
-                async with server_http.weight_sync_client(TOKEN) as client:
-                    await disk.sync_server(client, server, out, version, timeout=600)
+                async with server_client(TOKEN) as client:
+                    synced = await disk.deliver_one(client, server, out, version, timeout=600)
+                    await fanout.check_server(client, server, synced, version, 600, None)  # the version it reports
 
             asyncio.run(push())
             syncs.append(time.monotonic() - started)
@@ -117,8 +119,8 @@ def bench_controller(work: Path, tiny: Path, groups: int, concurrency: int, roun
     from rlkit.nameresolve import NfsNameResolve, server_key
     from rlkit.rewards import resolve_reward_fn
     from rlkit.rewards.runner import RewardRunner
-    from rlkit.rollout.client import SamplingParams
     from rlkit.rollout.controller import Prompt, RolloutController
+    from rlkit.servers.backend import SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     prompts = [Prompt(i, {"prompt": f"Q: {i}+1= A:"}, f"Q: {i}+1= A:",

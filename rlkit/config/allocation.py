@@ -15,10 +15,11 @@ import re
 from dataclasses import dataclass
 
 from rlkit.errors import ConfigError
+from rlkit.servers.backend import BACKEND_NAMES
 
-SERVER_BACKENDS = ("vllm", "sglang")
+SERVER_BACKENDS = BACKEND_NAMES  # rlkit.servers.backend's registry
 TRAINER_BACKENDS = ("fsdp",)
-_ALLOWED_DIMS = {"vllm": "dt", "sglang": "dt", "fsdp": "d"}
+_ALLOWED_DIMS = {**dict.fromkeys(SERVER_BACKENDS, "dt"), "fsdp": "d"}
 _PART = re.compile(r"^(?P<backend>[a-z]+):(?P<dims>(?:[a-z]\d+)+)$")
 _DIM = re.compile(r"([a-z])(\d+)")
 _EXAMPLE = "e.g. vllm:d2t2+fsdp:d4 or vllm:d2"

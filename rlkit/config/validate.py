@@ -85,9 +85,10 @@ def parse_mounts(text: str) -> list[str]:
 
 
 def server_model(config: ExperimentConfig, backend: str) -> str:
-    """The model the inference servers load (the backend's own field, else actor.path)."""
-    own = config.vllm.model if backend == "vllm" else config.sglang.model_path
-    return own or config.actor.path
+    """The model the inference servers of `backend` load (the backend's own field, else actor.path)."""
+    from rlkit.servers.backend import backend_for  # light: no torch, no server package
+
+    return backend_for(backend).configured_model(config) or config.actor.path
 
 
 def validate(config: ExperimentConfig) -> Validated:
@@ -263,21 +264,19 @@ def _validate_models(config: ExperimentConfig, allocation: Allocation, problems:
     must fit the servers' context."""
     if allocation.server is None:
         return
-    backend = allocation.server.backend
-    from rlkit.servers.extra_args import extra_args_problems  # pure rules, no server import
+    from rlkit.servers.backend import backend_for  # pure rules, no server import
 
-    for field_name, message in extra_args_problems(backend, getattr(config, backend).extra_args):
+    backend = backend_for(allocation.server.backend)
+    for field_name, message in backend.extra_args_problems(getattr(config, backend.name).extra_args):
         problems.add(f"{field_name}: {message}")
-    own_field = "vllm.model" if backend == "vllm" else "sglang.model_path"
-    model = server_model(config, backend)
-    field = own_field if model != config.actor.path else "actor.path"
+    model = server_model(config, backend.name)
+    field = backend.model_field if model != config.actor.path else "actor.path"
     with problems.check():
         check_model_dir(field, model)
     if config.tokenizer_path:
         with problems.check():
             check_tokenizer_dir("tokenizer_path", config.tokenizer_path)
-    limit, limit_field = (config.vllm.max_model_len, "vllm.max_model_len") if backend == "vllm" else (
-        config.sglang.context_length, "sglang.context_length")
+    limit, limit_field = backend.context_length(config), backend.context_field
     if limit is None and is_local_path(model):
         limit, limit_field = _model_positions(model), f"the max_position_embeddings of {model}"
     if limit is None:

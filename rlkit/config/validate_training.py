@@ -25,7 +25,7 @@ CHOICES = {
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.adv_norm.mean_level": ("batch", "group", "none"),
     "actor.adv_norm.std_level": ("batch", "group", "none"),
-    "actor.weight_update_mode": ("disk", "xccl"),
+    "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 

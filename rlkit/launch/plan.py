@@ -19,6 +19,7 @@ from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
 from rlkit.errors import ConfigError
 from rlkit.launch.hostlist import expand_hostlist
 from rlkit.paths import TrialPaths
+from rlkit.servers.backend import backend_for
 
 SERVER_ROLE = "server"
 TRAINER_ROLE = "trainer"
@@ -146,7 +147,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, 
                           hint="add a trainer part, e.g. vllm:d4t2+fsdp:d8")
     model = server_model(config, alloc.server.backend)
     if not model:
-        field_name = "vllm.model" if alloc.server.backend == "vllm" else "sglang.model_path"
+        field_name = backend_for(alloc.server.backend).model_field
         raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
                           hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
 

@@ -9,59 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
 from rlkit.errors import StepError
 from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
+from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
 from rlkit.servers.health import answers_health
-
-# What a client sees when a server's process is gone: the connection is refused, or cut without an answer (closed
-# before the response: RemoteProtocolError; reset while reading or sending: ReadError, WriteError).
-SERVER_GONE_ERRORS: tuple[type[httpx.TransportError], ...] = (
-    httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-
-
-@dataclass
-class Server:
-    """One registered inference server."""
-
-    index: int
-    address: str
-    model: str
-    backend: str
-    in_flight: int = 0
-    failures: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled completion with its tokens and their log-probabilities under the server's weights."""
-
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-@dataclass
-class SamplingParams:
-    """The sampling settings of a request (gconfig)."""
-
-    n: int = 1
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None  # per-request sampling seed: the same request gives the same completions
+from rlkit.servers.http import SERVER_GONE_ERRORS
 
 
 def discover_servers(nr: NameResolve) -> list[Server]:
@@ -134,9 +90,10 @@ class ServerPool:
             for _attempt in range(self.retries + 1):
                 server = self._pick(tried)
                 tried.add(server.index)
+                backend = backend_for(server.backend)
                 server.in_flight += 1
                 try:
-                    return server, await self._request(server, prompt_ids, params)
+                    return server, await backend.complete(self._client, server, prompt_ids, params)
                 except (httpx.HTTPError, KeyError, ValueError) as exc:
                     server.failures += 1
                     self.rerouted += 1
@@ -152,22 +109,3 @@ class ServerPool:
                                          f"last: {type(last_error).__name__}: {last_error})")
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "
                             f"{type(last_error).__name__}: {last_error}")
-
-    async def _request(self, server: Server, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        body: dict[str, Any] = {
-            "model": server.model, "prompt": prompt_ids, "n": params.n, "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
-        }
-        if params.stop:
-            body["stop"] = params.stop
-        if params.seed is not None:
-            body["seed"] = params.seed
-        response = await self._client.post(f"{server.url}/v1/completions", json=body)
-        response.raise_for_status()
-        return [
-            Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
-                       logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
-                       finish_reason=choice.get("finish_reason") or "")
-            for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
-        ]

@@ -22,14 +22,15 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
-from rlkit.rollout.client import SamplingParams, Server, ServerPool, discover_servers, wait_for_servers
+from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
+from rlkit.servers.backend import SamplingParams, Server
 from rlkit.train.batch import Sample
 
 T = TypeVar("T")
@@ -193,6 +194,14 @@ class RolloutController:
         self.version = version
         self._updating = False
         self._call_soon(self._admit_more)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the controller's loop and return at once: the caller's thread may block meanwhile (e.g. in
+        a weight broadcast whose receiving side these requests drive). Wait with `future.result(timeout)`."""
+        if not self._thread.is_alive():
+            coro.close()
+            raise StepError("the rollout controller is not running (start it first)")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, make: Callable[[], Awaitable[T]], timeout: float) -> T:
         """Run a coroutine (e.g. a weight sync) on the controller's loop and wait for its result."""

@@ -4,10 +4,8 @@ not read its `--config` key, an option that opened another path), and the traine
 updates to a server anyone on the cluster can drive.
 
 One request without the token to a guarded, side-effect-free route must answer 401; the same request with the token
-must answer 200 (else rlkit's own clients could not use the server). vLLM is asked `GET /is_paused`: an RL route
-(there with `VLLM_SERVER_DEV_MODE=1`) that only rlkit's TokenGuard covers, since vLLM's own `--api-key` guards only
-/v1-style paths. SGLang is asked `GET /v1/models`, a route of "normal" auth level that its api-key middleware answers
-with 401 without the key (see rlkit.servers.sglang.command).
+must answer 200 (else rlkit's own clients could not use the server). Each backend names its route
+(`ServerBackend.guard_probe`, e.g. vLLM's `GET /is_paused`) and what to check when it is not refused (`guard_hint`).
 """
 
 from __future__ import annotations
@@ -15,40 +13,33 @@ from __future__ import annotations
 import httpx
 
 from rlkit.errors import FatalStepError
-
-GUARD_PROBES = {"vllm": "/is_paused", "sglang": "/v1/models"}
-_GUARD_HINTS = {
-    "vllm": "is --middleware rlkit.servers.auth.TokenGuard on its command line?",
-    "sglang": "did SGLang read --api-key from rlkit's --config file?",
-}
+from rlkit.servers.backend import ServerBackend
 
 
 class GuardCheckFailed(FatalStepError):
     """A server answered a request without the token (or refused the token): it is stopped, never registered."""
 
 
-def prove_guard(base_url: str, backend: str, token: str, *, timeout: float = 30.0) -> None:
+def prove_guard(base_url: str, backend: ServerBackend, token: str, *, timeout: float = 30.0) -> None:
     """Raise `GuardCheckFailed` unless `GET {base_url}{probe}` is 401 without `token` and 200 with it.
 
     Proxy variables are ignored (the server is on this node). The token is never put in a message.
     """
-    if backend not in GUARD_PROBES:
-        raise ValueError(f"unknown server backend {backend!r}")
     base = base_url.rstrip("/")
-    probe = GUARD_PROBES[backend]
+    probe = backend.guard_probe
     url = f"{base}{probe}"
     with httpx.Client(trust_env=False, timeout=timeout) as client:
         bare = _get(client, url, "without the token")
         if bare != 401:
             raise GuardCheckFailed(
-                f"the {backend} server at {base} answered GET {probe} without the token with HTTP {bare}, not 401: "
-                f"anyone who reaches its port could use it ({_GUARD_HINTS[backend]}); it was stopped, not registered"
+                f"the {backend.name} server at {base} answered GET {probe} without the token with HTTP {bare}, not "
+                f"401: anyone who reaches its port could use it ({backend.guard_hint}); it was stopped, not registered"
             )
         with_token = _get(client, url, "with the token", {"Authorization": f"Bearer {token}"})
         if with_token != 200:
             raise GuardCheckFailed(
-                f"the {backend} server at {base} answered GET {probe} with the trial token with HTTP {with_token}, "
-                "not 200: it does not accept the trial's token, so rlkit's clients could not use it; "
+                f"the {backend.name} server at {base} answered GET {probe} with the trial token with HTTP "
+                f"{with_token}, not 200: it does not accept the trial's token, so rlkit's clients could not use it; "
                 "it was stopped, not registered"
             )
 

@@ -17,7 +17,8 @@ from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.nameresolve import name_resolve_for
 from rlkit.paths import TrialPaths
-from rlkit.rollout.client import SamplingParams, ServerPool, wait_for_servers
+from rlkit.rollout.client import ServerPool, wait_for_servers
+from rlkit.servers.backend import SamplingParams
 from rlkit.trials import read_token
 
 

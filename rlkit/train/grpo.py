@@ -3,8 +3,9 @@
 Rank 0 owns the rollout controller, the weight sync to the servers and the metrics (rlkit.train.grpo_rank0); all
 ranks train their shard of each batch with FSDP. One step: take a batch of groups (at most max_head_offpolicyness
 versions old) -> advantages -> recompute log-probs (and reference log-probs) -> ppo_n_minibatches optimizer steps
--> gather the full weights -> write them to disk -> every server reloads them, reports the new version and passes
-the fingerprint check -> metrics, progress and (per saver) a Hugging Face checkpoint.
+-> the full weights, gathered in buckets, go to every server through the weight transport (actor.weight_update_mode,
+rlkit.weights) -> every server reports the new version and passes the fingerprint check (rlkit.weights.fanout) ->
+metrics, progress and (per saver) a Hugging Face checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rlkit.train.dist import broadcast_object, init_distributed
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.faults import failed_before, fault_point
 from rlkit.train.grpo_rank0 import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, Rank0
+from rlkit.weights.base import WeightTransport, transport_for
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -96,17 +98,16 @@ def run_grpo(trial_dir: Path) -> None:
     first_step = state0.step + 1 if state0 is not None else 1
     if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
         raise StepError("fault injected: die_at_start")
+    transport = transport_for(actor.weight_update_mode)(config, paths)  # every rank: pushes are collective
     trainer = Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
     stop = _StopRequests()
     try:
         if trainer is not None:
-            trainer.start()
+            trainer.start(transport)
         if state0 is not None:  # fresh servers hold actor.path: give them the resumed weights before any request
-            resumed_weights = engine.full_state_dict()
-            _check_weights(engine, trainer, probe, version=state0.version, state=resumed_weights)
-            del resumed_weights
+            _check_weights(engine, trainer, transport, probe, version=state0.version, push=True)
         else:
-            _check_weights(engine, trainer, probe, version=0)
+            _check_weights(engine, trainer, transport, probe, version=0, push=False)
         if trainer is not None:
             trainer.controller.end_update(trainer.version)
         for step in range(first_step, steps + 1):
@@ -124,13 +125,16 @@ def run_grpo(trial_dir: Path) -> None:
             else:
                 train_stats = {}
             t_trained = time.monotonic()
-            state = engine.full_state_dict()
-            t_sync = time.monotonic()
-            _check_weights(engine, trainer, probe, version=step, state=state, tolerate_all_gone=True)
+            _check_weights(engine, trainer, transport, probe, version=step, push=True, tolerate_all_gone=True)
+            t_synced = time.monotonic()
+            saves = broadcast_object(trainer.saves_due(step) if trainer is not None else None)
+            assert isinstance(saves, list)
+            state = engine.full_state_dict() if saves else None  # collective; only for a saver checkpoint
             if trainer is not None:
-                trainer.finish_step(step, state, train_stats, timing={
+                gathered = transport.timings.get("gather", 0.0)
+                trainer.finish_step(step, state, saves, train_stats, timing={
                     "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got,
-                    "timing/gather_weights": t_sync - t_trained, "timing/weight_sync": time.monotonic() - t_sync,
+                    "timing/gather_weights": gathered, "timing/weight_sync": t_synced - t_trained - gathered,
                     "timing/step": time.monotonic() - t0})
             del state
             decision = broadcast_object(trainer.checkpoint_decision(step, stop.requested) if trainer else None)
@@ -160,6 +164,7 @@ def run_grpo(trial_dir: Path) -> None:
             trainer.abort(exc)
         raise
     finally:
+        transport.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -217,20 +222,29 @@ def _save_before_failing(engine: PolicyEngine, trainer: Rank0 | None, step: int,
     return f"; checkpointed step {step}, the trainer's retry resumes from it"
 
 
-def _check_weights(engine: PolicyEngine, trainer: Rank0 | None, probe: list[int], *, version: int,
-                   state: dict[str, Any] | None = None, tolerate_all_gone: bool = False) -> None:
-    """Collective: the trainer's probe log-probs; rank 0 pushes `state` (if given) and checks every server.
+def _check_weights(engine: PolicyEngine, trainer: Rank0 | None, transport: WeightTransport, probe: list[int], *,
+                   version: int, push: bool, tolerate_all_gone: bool = False) -> None:
+    """Collective: the trainer's probe log-probs; with `push`, every rank runs the model's full weights through
+    `transport` (rank 0 delivers them to every server as `version`); rank 0 checks every server's fingerprint.
 
     With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
     raising, so that all ranks can checkpoint the step together before failing."""
-    from rlkit.weights.server_http import ServerUnreachable
+    from rlkit.servers.http import ServerUnreachable
+    from rlkit.weights import fanout
 
     trainer_lp = engine.probe_logprobs(probe)
-    if trainer is not None:
-        try:
-            trainer.sync_and_verify(version, state, probe, trainer_lp)
-        except ServerUnreachable as exc:
-            if not tolerate_all_gone:
-                raise
-            trainer.servers_gone = str(exc)
-            print(f"rlkit train: {exc}", flush=True)
+    buckets = engine.iter_full_buckets(transport.bucket_bytes, transport.bucket_dtype()) if push else None
+    if trainer is None:
+        if buckets is not None:
+            fanout.publish(transport, buckets, version, None, None)
+        return
+    try:
+        if buckets is not None:
+            trainer.publish(transport, buckets, version, probe, trainer_lp)
+        else:
+            trainer.verify(probe, trainer_lp)
+    except ServerUnreachable as exc:
+        if not tolerate_all_gone:
+            raise
+        trainer.servers_gone = str(exc)
+        print(f"rlkit train: {exc}", flush=True)

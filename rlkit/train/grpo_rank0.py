@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,6 +24,8 @@ from rlkit.train.batch import Sample
 from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
 from rlkit.trials import read_token, write_atomic
+from rlkit.weights.base import Buckets, PushTargets, WeightTransport
+from rlkit.weights.fanout import Published
 
 EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
 EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
@@ -99,7 +99,7 @@ class Rank0:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.runner import RewardRunner
-        from rlkit.rollout.client import SamplingParams
+        from rlkit.servers.backend import SamplingParams
         from rlkit.train.stats_logger import StatsLogger
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
@@ -149,16 +149,17 @@ class Rank0:
         self._prepared: Any = None
         self._step_started = time.monotonic()
 
-    def start(self) -> None:
-        from rlkit.weights import disk, hf_export, server_http
+    def start(self, transport: WeightTransport) -> None:
+        from rlkit.servers.backend import backend_for
+        from rlkit.servers.http import server_client
 
-        hf_export.remove_old_versions(self.paths.weights, keep=set())  # a previous attempt's versions are stale
+        transport.start()  # drops what a previous attempt left (its versions are stale)
         servers = self.controller.start()
         token = self.token
 
         async def resume_all() -> None:  # a trainer that died during a push may have left servers paused
-            async with server_http.weight_sync_client(token) as client:
-                await asyncio.gather(*(disk.resume_server(client, s, 60.0) for s in servers))
+            async with server_client(token) as client:
+                await asyncio.gather(*(backend_for(s.backend).resume(client, s, 60.0) for s in servers))
 
         self.controller.run(resume_all, timeout=120)
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
@@ -183,53 +184,54 @@ class Rank0:
             self._pending_error = exc
             return f"trainer rank 0 failed: {type(exc).__name__}: {exc}"
 
-    def sync_and_verify(self, version: int, state: dict[str, Any] | None, probe: list[int],
-                        trainer_lp: list[float]) -> None:
-        """Push `state` as `version` to every server (if given), then check versions and fingerprints.
+    def publish(self, transport: WeightTransport, buckets: Buckets, version: int, probe: list[int],
+                trainer_lp: list[float]) -> None:
+        """Rank 0's part of the collective weight push (every rank runs `buckets` through `transport`): `version` to
+        every live server (restarted ones too: they get the weights before any request), then versions and
+        fingerprints are checked (rlkit.weights.fanout)."""
+        from rlkit.weights import fanout
 
-        Without `state` (version 0, before training) only the fingerprint is checked: the servers must serve the
-        very weights the trainer starts from, which also catches a dtype or tokenizer mismatch before step 1.
-        """
-        from rlkit.weights import disk, fingerprint, hf_export, server_http
+        try:
+            servers = self.controller.live_servers()
+            if not servers:
+                raise StepError(f"no live inference server to push weight version {version} to; see the server-N "
+                                "logs")
+        except BaseException:
+            for _ in buckets:  # the other ranks are in the gathers behind the iterator: finish them, then fail
+                pass
+            raise
+        published = fanout.publish(transport, buckets, version, self._targets(servers),
+                                   fanout.Probe(probe, trainer_lp, self.tolerance))
+        assert published is not None
+        self.controller.end_update(version)
+        done = published.synced
+        self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
+                            for name in sorted({n for r in done for n in r.phases})}
+        self.write_s = transport.timings.get("write", 0.0)
+        self._record(version, servers, published)
+
+    def verify(self, probe: list[int], trainer_lp: list[float]) -> None:
+        """Before the first push: the servers must serve the very weights the trainer starts from (the fingerprint),
+        which also catches a dtype or tokenizer mismatch before step 1."""
+        from rlkit.weights import fanout
+
+        servers = list(self.controller.servers)  # at start only those that answer
+        if not servers:
+            raise StepError("no live inference server to check the weights of; see the server-N logs")
+        published = fanout.verify(self._targets(servers), fanout.Probe(probe, trainer_lp, self.tolerance))
+        self._record(0, servers, published)
+
+    def _targets(self, servers: list[Any]) -> PushTargets:
+        from rlkit.servers.http import server_client
 
         token = self.token
-        # restarted servers too (they get the weights before any request); at start only those that answer
-        servers = self.controller.live_servers() if state is not None or version else list(self.controller.servers)
-        if not servers:
-            raise StepError(f"no live inference server to push weight version {version} to; see the server-N logs")
-        lost: list[Any] = []
-        timeout = self.config.rollout.request_timeout
-        if state is not None:
-            self.controller.begin_update()
-            out_dir = hf_export.version_dir(self.paths.weights, version)
-            started = time.monotonic()
-            hf_export.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
-            self.write_s = time.monotonic() - started
+        return PushTargets(servers=servers, timeout=self.config.rollout.request_timeout,
+                           submit=self.controller.submit, open_client=lambda: server_client(token),
+                           begin_update=self.controller.begin_update)
 
-            async def push() -> dict[int, tuple[int, float]]:
-                async with server_http.weight_sync_client(token) as client:
-                    if fault_point("die_mid_push", version):  # tests: one server updated, then the trainer dies
-                        await disk.sync_server(client, servers[0], out_dir, version, timeout)
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    done = await disk.sync_all(client, servers, out_dir, version, timeout=timeout, probe_ids=probe,
-                                               trainer_lp=trainer_lp, tolerance=self.tolerance, unreachable=lost)
-                self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
-                                    for name in sorted({n for r in done for n in r.phases})}
-                return {r.index: (r.version, r.fingerprint or 0.0) for r in done}
-
-            results = self.controller.run(push, timeout=2 * timeout + 60)
-            self.controller.end_update(version)
-            hf_export.remove_old_versions(self.paths.weights, keep={version})
-        else:
-            async def probe_all() -> dict[int, tuple[int, float]]:
-                async with server_http.weight_sync_client(token) as client:
-                    lps = await asyncio.gather(*(fingerprint.probe_logprobs(client, s, probe, timeout=timeout)
-                                                 for s in servers))
-                return {s.index: (0, fingerprint.check_fingerprint(lp, trainer_lp, self.tolerance,
-                                                            server_label=server_http.server_label(s)))
-                        for s, lp in zip(servers, lps, strict=True)}
-
-            results = self.controller.run(probe_all, timeout=timeout + 60)
+    def _record(self, version: int, servers: list[Any], published: Published) -> None:
+        results = {r.index: (r.version, r.fingerprint or 0.0) for r in published.synced}
+        lost = published.lost
         self.controller.mark_synced([s for s in servers if s.index in results])
         self.servers_lost = len(lost)
         if lost:
@@ -241,7 +243,14 @@ class Rank0:
         print(f"rlkit train: servers {sorted(results)} at weight version {version}, fingerprint "
               f"max |dlogp| {max(self.last_fingerprint.values()):.2e} (tolerance {self.tolerance:g})", flush=True)
 
-    def finish_step(self, step: int, state: dict[str, Any], train_stats: dict[str, float],
+    def saves_due(self, step: int) -> list[str]:
+        """The saver checkpoints to write after `step` (names under checkpoints/): the full weights are gathered for
+        them on these steps only."""
+        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
+        names = [f"step{step}"] if self.saver.due(step, epoch, time.monotonic()) else []
+        return [*names, "final"] if step == self.steps else names
+
+    def finish_step(self, step: int, state: dict[str, Any] | None, saves: list[str], train_stats: dict[str, float],
                     timing: dict[str, float]) -> None:
         groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
         elapsed = max(1e-9, time.monotonic() - self._step_started)
@@ -266,11 +275,9 @@ class Rank0:
         })
         self.logger.log(step, metrics)
         self.last_metrics = metrics
-        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
-        if self.saver.due(step, epoch, time.monotonic()):
-            self._save(state, self.paths.checkpoints / f"step{step}")
-        if step == self.steps:
-            self._save(state, self.paths.checkpoints / "final")
+        for name in saves:
+            assert state is not None
+            self._save(state, self.paths.checkpoints / name)
         self._progress(step, "running")
         print(f"rlkit train: step {step}/{self.steps} reward {metrics['reward/mean']:.3f} "
               f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "

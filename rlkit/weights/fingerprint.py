@@ -12,46 +12,18 @@ from typing import Any
 import httpx
 
 from rlkit.errors import StepError
-from rlkit.rollout.client import Server
-from rlkit.servers.vllm.command import WORKER_EXTENSION
-from rlkit.weights.server_http import answer_json, call, server_label
-
-RELOAD_METHOD = "rlkit_reload_weights"  # rlkit.servers.vllm.worker.WeightSyncExtension.rlkit_reload_weights
+from rlkit.servers.backend import Server, backend_for
+from rlkit.servers.vllm.command import RELOAD_METHOD, WORKER_EXTENSION
 
 
 async def probe_logprobs(
     client: httpx.AsyncClient, server: Server, probe_ids: list[int], *, timeout: float = 60.0
 ) -> list[float]:
-    """The server's logprob of each probe token given the tokens before it: `len(probe_ids) - 1` values.
-
-    The first token has no logprob (nothing precedes it).
-
-    vLLM: `POST /v1/completions {"prompt": probe_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}`;
-    `choices[0].prompt_logprobs` is `[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`, raw logprobs of the
-    model's logits (no sampling settings applied). SGLang (not run here): `POST /generate` with `input_ids`,
-    `return_logprob` and `logprob_start_len=0`; `meta_info.input_token_logprobs` is `[[logprob|null, id, text], ...]`.
-    """
+    """The server's logprob of each probe token given the tokens before it: `len(probe_ids) - 1` values (the first
+    token has no logprob), asked the server's own way (`ServerBackend.probe_logprobs`)."""
     if len(probe_ids) < 2:
         raise ValueError("a probe needs at least 2 tokens (the first one has no logprob)")
-    what = "probe logprobs"
-    if server.backend == "sglang":
-        body: dict[str, Any] = {"input_ids": probe_ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1},
-                                "return_logprob": True, "logprob_start_len": 0}
-        response = await call(client, server, "POST", "/generate", what, timeout, json=body)
-        entries = answer_json(response, server, what)["meta_info"]["input_token_logprobs"]
-        values = [entry[0] for entry in entries[1:]]
-        ids = [entry[1] for entry in entries[1:]]
-    else:
-        body = {"model": server.model, "prompt": probe_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
-        response = await call(client, server, "POST", "/v1/completions", what, timeout, json=body)
-        entries = answer_json(response, server, what)["choices"][0]["prompt_logprobs"]
-        ids = list(probe_ids[1:])
-        values = [(entry or {}).get(str(token), {}).get("logprob")
-                  for entry, token in zip(entries[1:], ids, strict=False)]
-    if len(values) != len(probe_ids) - 1 or ids != list(probe_ids[1:]) or any(v is None for v in values):
-        raise StepError(f"{server_label(server)}: {what} do not cover the {len(probe_ids) - 1} probe tokens: "
-                        f"{response.text[:500]}")
-    return [float(v) for v in values]
+    return await backend_for(server.backend).probe_logprobs(client, server, probe_ids, timeout)
 
 
 def trainer_probe_logprobs(model: Any, probe_ids: list[int]) -> list[float]:

@@ -46,11 +46,13 @@ def test_there_are_gpu_and_cpu_examples() -> None:
 def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
     """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py) and keep their
     worker in the engine process (no busy-polling second process); GPU servers keep vLLM's defaults."""
-    from rlkit.steps.serve import server_command
+    from rlkit.servers.backend import backend_for
+    from rlkit.steps.serve import server_launch
 
     for path in EXAMPLES:
         config = load_config(path)
-        argv = server_command(config, "vllm", 1, 8000)
+        argv = server_launch(config, backend_for("vllm"), 1, 8000, token="t", secret_dir=Path("/nonexistent"),
+                             index=0).argv
         on_cpu = config.launcher.slurm.container_type == "none"
         assert ("--enforce-eager" in argv, "--no-enforce-eager" in argv) == (on_cpu, not on_cpu), path.name
         one_process = "VLLM_ENABLE_V1_MULTIPROCESSING=0" in config.launcher.inference_server_env_vars.split(",")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.errors import NO_RETRY_EXIT
+from rlkit.servers.backend import backend_for
 from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
 from rlkit.servers.vllm.command import GUARD_MIDDLEWARE
 
@@ -28,7 +29,7 @@ def test_guard_check_refuses_a_server_without_the_middleware(vllm_slot: ServerSl
     assert GUARD_MIDDLEWARE.encode() not in cmdline  # really started without the guard
     assert b"--worker-extension-cls" in cmdline  # and otherwise as rlkit starts it (RL routes on)
     with pytest.raises(GuardCheckFailed) as info:
-        prove_guard(server.url, "vllm", shared.token)
+        prove_guard(server.url, backend_for("vllm"), shared.token)
     message = str(info.value)
     assert "answered GET /is_paused without the token with HTTP 200, not 401" in message
     assert "--middleware rlkit.servers.auth.TokenGuard" in message  # says what to look for
@@ -38,9 +39,10 @@ def test_guard_check_refuses_a_server_without_the_middleware(vllm_slot: ServerSl
 
 def test_guard_check_passes_the_guarded_server(vllm_slot: ServerSlot) -> None:
     shared = vllm_slot.serve("untied")
-    prove_guard(shared.server.url, "vllm", shared.token)
+    prove_guard(shared.server.url, backend_for("vllm"), shared.token)
     with pytest.raises(GuardCheckFailed, match="with the trial token with HTTP 401, not 200"):
-        prove_guard(shared.server.url, "vllm", "not-" + shared.token)  # a server that refuses rlkit's token
+        # a server that refuses rlkit's token
+        prove_guard(shared.server.url, backend_for("vllm"), "not-" + shared.token)
 
 
 def test_vllm_flags_match_the_installed_parser() -> None:

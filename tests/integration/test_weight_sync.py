@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from rlkit.errors import StepError
-from rlkit.rollout.client import Server
-from rlkit.weights.disk import read_weight_version, sync_all, sync_server
+from rlkit.servers.backend import Server
+from rlkit.servers.http import server_client
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import version_dir, write_weights
-from rlkit.weights.server_http import server_label, weight_sync_client
 
+from ..sync_helpers import read_weight_version, sync_all, sync_server
 from ..vllm_helpers import ServerSlot
 
 pytestmark = [pytest.mark.vllm]
@@ -49,7 +49,7 @@ class Served:
 
     def run(self, step: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
         async def main() -> T:
-            async with weight_sync_client(self.token) as client:
+            async with server_client(self.token) as client:
                 return await step(client)
 
         return asyncio.run(main())
@@ -111,7 +111,7 @@ def test_sync_serves_the_new_weights(served: Served) -> None:
     result = served.run(lambda c: sync_server(c, served.server, weights, 1, TIMEOUT))
     assert served.run(lambda c: read_weight_version(c, served.server, TIMEOUT)) == "1"
     server_lp = served.server_lp()
-    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=server_label(served.server))
+    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=served.server.label)
     assert mean_abs(server_lp, base_lp) > 50 * TOLERANCE
     worker = result.workers[0]
     assert worker["tied"] == ([["model.embed_tokens.weight", "lm_head.weight"]] if served.kind == "tied" else [])
@@ -149,7 +149,7 @@ def test_plain_reload_of_tied_embeddings_is_caught_by_the_fingerprint(served: Se
         check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="untied, plain reload")  # control
         return
     with pytest.raises(StepError, match="does not serve the trainer's weights") as info:
-        check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=server_label(served.server))
+        check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=served.server.label)
     print(f"\n[tied] plain reload_weights: {str(info.value).splitlines()[0]}")
     # The same weights through rlkit's extension repair it.
     served.run(lambda c: sync_server(c, served.server, weights, 3, TIMEOUT))

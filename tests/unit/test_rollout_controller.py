@@ -23,8 +23,9 @@ import pytest
 from rlkit.errors import StepError
 from rlkit.nameresolve import NfsNameResolve, server_key
 from rlkit.rewards.runner import RewardOutcome
-from rlkit.rollout.client import Completion, SamplingParams, Server, ServerPool, discover_servers
+from rlkit.rollout.client import ServerPool, discover_servers
 from rlkit.rollout.controller import Prompt, RolloutController, epoch_order, prompt_stream
+from rlkit.servers.backend import Completion, SamplingParams, Server
 
 N_SAMPLES = 3
 SERVER_ADDRESS = "127.0.0.1:9"  # never contacted: ServerPool.complete is a stand-in
@@ -327,3 +328,24 @@ def test_empty_training_set_is_refused(registry: NfsNameResolve) -> None:
                           params=SamplingParams(), reward=StandInReward(), decode=str,  # type: ignore[arg-type]
                           batch_size=1, max_offpolicyness=0, max_concurrent=1, queue_size=None,
                           request_timeout=1.0, request_retries=0, setup_timeout=0.1, seed=1, shuffle=False)
+
+
+# --- submit: server requests while the trainer's thread blocks (a weight broadcast) ------------------------------
+
+def test_submit_runs_on_the_loop_while_the_caller_blocks(make: Callable[..., RolloutController]) -> None:
+    ctrl = make(max_offpolicyness=0)
+    unstarted = asyncio.sleep(0)
+    with pytest.raises(StepError, match="not running"):
+        ctrl.submit(unstarted)
+    ctrl.start()
+    released = threading.Event()
+
+    async def wait_for_the_trainer() -> str:
+        await asyncio.to_thread(released.wait, 5.0)  # e.g. a bucket receive that ends when the broadcast does
+        return threading.current_thread().name
+
+    future = ctrl.submit(wait_for_the_trainer())
+    time.sleep(0.05)
+    assert not future.done()  # returned at once; the coroutine is still running on the loop
+    released.set()  # the trainer's blocking call ends
+    assert future.result(timeout=5.0) == "rollout"

@@ -18,6 +18,7 @@ import yaml
 from rlkit.config.schema import SGLangConfig, VllmConfig
 from rlkit.errors import NO_RETRY_EXIT
 from rlkit.launch.render import _SUPERVISOR
+from rlkit.servers.backend import backend_for
 from rlkit.servers.extra_args import (
     SGLANG_FIELD_OPTIONS,
     SGLANG_REFUSED,
@@ -25,7 +26,7 @@ from rlkit.servers.extra_args import (
     VLLM_REFUSED,
     extra_args_problems,
 )
-from rlkit.servers.guard_check import GUARD_PROBES, GuardCheckFailed, prove_guard
+from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
 from rlkit.servers.health import find_free_port
 from rlkit.servers.sglang.command import SGLANG_KEY_FIELD, sglang_command, write_key_file
 from rlkit.servers.vllm.command import vllm_command
@@ -193,6 +194,7 @@ class Answers:
     def __init__(self) -> None:
         self.bare = 401
         self.with_token = 200
+        self.probe = backend_for("vllm").guard_probe  # the guarded route; every other path is 404
         self.seen: list[tuple[str, str | None]] = []
 
 
@@ -204,7 +206,7 @@ def fake_server() -> Iterator[tuple[str, Answers]]:
         def do_GET(self) -> None:
             auth = self.headers.get("Authorization")
             answers.seen.append((self.path, auth))
-            if self.path not in GUARD_PROBES.values():
+            if self.path != answers.probe:
                 code = 404
             else:
                 code = answers.with_token if auth == "Bearer right-token" else answers.bare
@@ -231,8 +233,9 @@ def fake_server() -> Iterator[tuple[str, Answers]]:
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_guard_check_passes_a_guarded_server(fake_server: tuple[str, Answers], backend: str) -> None:
     url, answers = fake_server
-    prove_guard(url, backend, "right-token")
-    assert answers.seen == [(GUARD_PROBES[backend], None), (GUARD_PROBES[backend], "Bearer right-token")]
+    answers.probe = backend_for(backend).guard_probe
+    prove_guard(url, backend_for(backend), "right-token")
+    assert answers.seen == [(answers.probe, None), (answers.probe, "Bearer right-token")]
 
 
 @pytest.mark.parametrize("bare", [200, 404, 403, 500])
@@ -240,7 +243,7 @@ def test_guard_check_refuses_an_open_server(fake_server: tuple[str, Answers], ba
     url, answers = fake_server
     answers.bare = bare
     with pytest.raises(GuardCheckFailed, match=f"without the token with HTTP {bare}, not 401") as info:
-        prove_guard(url, "vllm", "right-token")
+        prove_guard(url, backend_for("vllm"), "right-token")
     assert info.value.exit_code == NO_RETRY_EXIT
     assert "right-token" not in str(info.value)
     assert len(answers.seen) == 1  # the token is never sent to a server that answered without it
@@ -249,13 +252,14 @@ def test_guard_check_refuses_an_open_server(fake_server: tuple[str, Answers], ba
 def test_guard_check_refuses_a_server_that_refuses_the_token(fake_server: tuple[str, Answers]) -> None:
     url, answers = fake_server
     answers.with_token = 401
+    answers.probe = backend_for("sglang").guard_probe
     with pytest.raises(GuardCheckFailed, match="with the trial token with HTTP 401, not 200"):
-        prove_guard(url, "sglang", "right-token")
+        prove_guard(url, backend_for("sglang"), "right-token")
 
 
 def test_guard_check_refuses_when_nothing_answers() -> None:
     with pytest.raises(GuardCheckFailed, match="could not ask"):
-        prove_guard(f"http://127.0.0.1:{find_free_port()}", "vllm", "t", timeout=2.0)
+        prove_guard(f"http://127.0.0.1:{find_free_port()}", backend_for("vllm"), "t", timeout=2.0)
 
 
 # ---- the supervisor does not retry NO_RETRY_EXIT (the real bash text of the batch script) --------------------------

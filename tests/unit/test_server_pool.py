@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from rlkit.errors import StepError
-from rlkit.rollout.client import SamplingParams, Server, ServerPool, ServersUnreachable
+from rlkit.rollout.client import ServerPool, ServersUnreachable
+from rlkit.servers.backend import SamplingParams, Server
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

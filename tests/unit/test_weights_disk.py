@@ -1,6 +1,6 @@
-"""Disk weight sync without vLLM: write_weights on real tiny models, the fingerprint check, and sync_server/probe
-against stand-in HTTP apps (the stand-ins only mimic vLLM's and SGLang's routes; the real vLLM run is in
-tests/integration/test_weight_sync.py, SGLang cannot run here)."""
+"""Disk weight sync without vLLM: write_weights on real tiny models, the fingerprint check, and the disk delivery, the
+fan-out's checks and the probe against stand-in HTTP apps (the stand-ins only mimic vLLM's and SGLang's routes; the
+real vLLM run is in tests/integration/test_weight_sync.py, SGLang cannot run here)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.errors import StepError
 from rlkit.models.tiny import MARKER, build_tiny_model
-from rlkit.rollout.client import Server
-from rlkit.weights import hf_export, server_http
-from rlkit.weights.disk import sync_all, sync_server
+from rlkit.servers import http as server_http
+from rlkit.servers.backend import Server
+from rlkit.weights import hf_export
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import remove_old_versions, version_dir, write_weights
+
+from ..sync_helpers import sync_all, sync_server
 
 PROBE = [1, 20, 21, 14, 26, 32, 40, 50]
 

@@ -16,8 +16,9 @@ from rlkit.servers.vllm.flags import VLLM_FLAGS
 
 GUARD_MIDDLEWARE = "rlkit.servers.auth.TokenGuard"
 # Gives every worker `rlkit_reload_weights` (in-place disk reload that also refreshes tied output heads), called by
-# rlkit.weights.disk.sync_server through /collective_rpc.
+# rlkit.servers.vllm.backend.VllmBackend.load_weights_from_disk through /collective_rpc.
 WORKER_EXTENSION = "rlkit.servers.vllm.worker.WeightSyncExtension"
+RELOAD_METHOD = "rlkit_reload_weights"  # rlkit.servers.vllm.worker.WeightSyncExtension.rlkit_reload_weights
 TOKEN_ENV = "RLKIT_SERVER_TOKEN"  # same name as rlkit.servers.auth.TOKEN_ENV (not imported: keep this module light)
 
 # Boolean flags that vLLM declares with argparse.BooleanOptionalAction, i.e. that accept `--no-<flag>` (the

@@ -1,5 +1,6 @@
-"""HTTP calls to inference servers during a weight sync: one client with the trial's token, one error type per way a
-call can fail (a timeout, an unreachable server, a non-2xx answer), each naming the server and what was asked.
+"""HTTP calls to inference servers (weight sync, probes, pause/resume): one client with the trial's token, one error
+type per way a call can fail (a timeout, an unreachable server, a non-2xx answer), each naming the server and what was
+asked. Every backend's control requests go through `call`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from typing import Any, TypeVar
 import httpx
 
 from rlkit.errors import StepError
-from rlkit.rollout.client import SERVER_GONE_ERRORS, Server
+from rlkit.servers.backend import Server
 
 T = TypeVar("T")
 
+# What a client sees when a server's process is gone: the connection is refused, or cut without an answer (closed
+# before the response: RemoteProtocolError; reset while reading or sending: ReadError, WriteError).
+SERVER_GONE_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
-def server_label(server: Server) -> str:
-    return f"server {server.index} ({server.address})"
 
-
-def weight_sync_client(token: str, *, max_connections: int = 32) -> httpx.AsyncClient:
+def server_client(token: str, *, max_connections: int = 32) -> httpx.AsyncClient:
     """An HTTP client for the functions below: bearer token on every request, no proxy from the environment.
 
     Timeouts are given per request by each function.
@@ -51,16 +53,16 @@ async def call(
     try:
         response = await client.request(method, f"{server.url}{path}", timeout=httpx.Timeout(timeout), **kwargs)
     except httpx.TimeoutException as exc:
-        raise StepError(f"{server_label(server)}: no answer after {timeout:g} s while waiting for {what} "
+        raise StepError(f"{server.label}: no answer after {timeout:g} s while waiting for {what} "
                         f"({method} {path}): {type(exc).__name__}") from exc
     except SERVER_GONE_ERRORS as exc:
-        raise ServerUnreachable(f"{server_label(server)}: {what} ({method} {path}) failed, the server is "
+        raise ServerUnreachable(f"{server.label}: {what} ({method} {path}) failed, the server is "
                                 f"unreachable: {type(exc).__name__}: {exc}") from exc
     except httpx.HTTPError as exc:
-        raise StepError(f"{server_label(server)}: {what} ({method} {path}) failed: "
+        raise StepError(f"{server.label}: {what} ({method} {path}) failed: "
                         f"{type(exc).__name__}: {exc}") from exc
     if response.status_code >= 400 and not (allow_404 and response.status_code == 404):
-        raise StepError(f"{server_label(server)}: {what} ({method} {path}) answered HTTP {response.status_code}: "
+        raise StepError(f"{server.label}: {what} ({method} {path}) answered HTTP {response.status_code}: "
                         f"{response.text[:1000]}")
     return response
 
@@ -69,7 +71,7 @@ def answer_json(response: httpx.Response, server: Server, what: str) -> Any:
     try:
         return response.json()
     except ValueError as exc:
-        raise StepError(f"{server_label(server)}: {what} did not answer JSON: {response.text[:300]!r}") from exc
+        raise StepError(f"{server.label}: {what} did not answer JSON: {response.text[:300]!r}") from exc
 
 
 async def timed(phases: dict[str, float], name: str, step: Awaitable[T]) -> T:

