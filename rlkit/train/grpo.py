@@ -28,8 +28,10 @@ from rlkit.train import recover
 from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
 from rlkit.train.engine import PolicyEngine
+from rlkit.train.fault_corrupt import FAULT, corrupt_server
 from rlkit.train.faults import failed_before, fault_point
 from rlkit.train.grpo_rank0 import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, Rank0
+from rlkit.train.mismatch_step import mismatch_temperature, step_mismatch
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -94,6 +96,7 @@ def run_grpo(trial_dir: Path) -> None:
         if rank0:
             print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)
     first_step = state0.step + 1 if state0 is not None else 1
+    mismatch_t = mismatch_temperature(config, announce=rank0)
     if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
         raise StepError("fault injected: die_at_start")
     trainer = Rank0(config, paths, tokenizer, prompts, steps, state0) if rank0 else None
@@ -119,17 +122,26 @@ def run_grpo(trial_dir: Path) -> None:
             t_got = time.monotonic()
             if samples:
                 old = engine.logprobs_at(samples) if actor.recompute_logprob else None
+                t_check = time.monotonic()
+                if mismatch_t is not None:  # samples of version step - 1 were generated with the weights held now
+                    per_server = step_mismatch(engine, samples, old, version=step - 1, temperature=mismatch_t)
+                    if trainer is not None and per_server is not None:
+                        trainer.note_mismatch(per_server, step - 1)
+                t_check = time.monotonic() - t_check
                 ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
                 train_stats = engine.train_step(samples, old, ref)
             else:
-                train_stats = {}
+                train_stats, t_check = {}, 0.0
             t_trained = time.monotonic()
             state = engine.full_state_dict()
             t_sync = time.monotonic()
+            if trainer is not None and fault_point(FAULT, step):  # tests: server 1 serves other weights as `step`
+                trainer.controller.before_admit = lambda v, t=trainer, s=state: corrupt_server(t, s, v)
             _check_weights(engine, trainer, probe, version=step, state=state, tolerate_all_gone=True)
             if trainer is not None:
                 trainer.finish_step(step, state, train_stats, timing={
                     "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got,
+                    "timing/logprob_mismatch": t_check,
                     "timing/gather_weights": t_sync - t_trained, "timing/weight_sync": time.monotonic() - t_sync,
                     "timing/step": time.monotonic() - t0})
             del state
