@@ -38,21 +38,20 @@ class ServerMismatch:
                               max(self.max, other.max))
 
 
-def comparison_temperature(sampling_temperature: float, *, server_scales_logprobs: bool, top_p: float,
-                           top_k: int) -> float | None:
-    """The temperature the trainer must apply to its logits to reproduce the servers' returned log-probs, or None when
-    no temperature does.
+def comparison_temperature(meaning: str, sampling_temperature: float, *, top_p: float, top_k: int) -> float | None:
+    """The temperature the trainer must apply to its logits to reproduce the log-probs the servers return (`meaning`,
+    rlkit.servers.sampled_logprobs), or None when no temperature does.
 
-    A server that returns raw log-probs (vLLM's default `--logprobs-mode raw_logprobs`) reports log_softmax(logits)
-    whatever the sampling temperature: compare at 1.0. A server that returns the sampling distribution's log-probs
-    (vLLM `processed_logprobs`, SGLang's default) reports log_softmax(logits / T) after top-p/top-k truncation and
-    renormalisation, which the trainer does not reproduce: comparable only without truncation.
+    "raw" log-probs (vLLM's default) are log_softmax(logits) whatever the sampling temperature: compare at 1.0.
+    "temperature" ones are log_softmax(logits / T) of the sampling distribution, after top-p/top-k truncation and
+    renormalisation, which the trainer does not reproduce: comparable only without truncation. "logits" are no
+    log-probs.
     """
-    if not server_scales_logprobs:
+    if meaning == "raw":
         return 1.0
-    if top_p < 1.0 or top_k > 0:
-        return None
-    return sampling_temperature
+    if meaning == "temperature" and top_p >= 1.0 and top_k <= 0:
+        return sampling_temperature
+    return None
 
 
 def compared_indices(samples: Sequence[Sample], version: int) -> list[int]:

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema import ExperimentConfig
-from rlkit.servers.sampled_logprobs import sampled_logprobs_scaled
+from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
 from rlkit.train.batch import Sample
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
@@ -42,15 +41,14 @@ def step_mismatch(engine: PolicyEngine, samples: Sequence[Sample], recomputed: d
 
 
 def mismatch_temperature(config: ExperimentConfig, *, announce: bool) -> float | None:
-    """The temperature the log-prob mismatch check computes the trainer's log-probs at; None (said once) when the
-    servers' log-probs cannot be reproduced."""
+    """The temperature the log-prob mismatch check computes the trainer's log-probs at; None (said once, by the rank
+    that `announce`s) when the servers' log-probs cannot be reproduced."""
     g = config.gconfig
-    server = parse_allocation(config.allocation_mode).server
-    assert server is not None
-    temperature = comparison_temperature(g.temperature, server_scales_logprobs=sampled_logprobs_scaled(server.backend),
-                                         top_p=g.top_p, top_k=g.top_k)
+    meaning = sampled_logprob_meaning(config)
+    temperature = comparison_temperature(meaning, g.temperature, top_p=g.top_p, top_k=g.top_k)
     if temperature is None and announce:
-        print(f"rlkit train: {server.backend} returns log-probs after top-p/top-k truncation (gconfig.top_p "
-              f"{g.top_p}, top_k {g.top_k}), which the trainer does not reproduce: no log-prob mismatch check",
-              flush=True)
+        what = ("logits, not log-probs" if meaning == "logits" else
+                f"log-probs after top-p/top-k truncation (gconfig.top_p {g.top_p}, top_k {g.top_k})")
+        print(f"rlkit train: the servers return {what}, which the trainer does not reproduce: no log-prob mismatch "
+              "check", flush=True)
     return temperature

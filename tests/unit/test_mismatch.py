@@ -15,7 +15,7 @@ from rich.console import Console
 from rlkit.config.load import config_from_mapping, load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.errors import ConfigError
-from rlkit.servers.sampled_logprobs import sampled_logprobs_scaled
+from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
 from rlkit.status import TrialDetail, TrialRow, print_detail
 from rlkit.train import mismatch
 from rlkit.train.batch import Sample
@@ -98,15 +98,25 @@ def test_a_server_over_the_threshold_is_named_with_address_and_version() -> None
 
 
 def test_comparison_temperature() -> None:
-    # raw log-probs (vLLM's default) are at temperature 1 whatever the sampling temperature
-    assert comparison_temperature(0.7, server_scales_logprobs=False, top_p=0.9, top_k=20) == 1.0
-    # scaled ones at the sampling temperature, but not reproducible after top-p/top-k truncation
-    assert comparison_temperature(0.7, server_scales_logprobs=True, top_p=1.0, top_k=-1) == 0.7
-    assert comparison_temperature(0.7, server_scales_logprobs=True, top_p=0.9, top_k=-1) is None
-    assert comparison_temperature(0.7, server_scales_logprobs=True, top_p=1.0, top_k=50) is None
-    assert sampled_logprobs_scaled("vllm") is False and sampled_logprobs_scaled("sglang") is True
-    with pytest.raises(ValueError, match="unknown server backend 'trt'"):
-        sampled_logprobs_scaled("trt")
+    # raw log-probs (vLLM's default) are at temperature 1 whatever the sampling temperature and truncation
+    assert comparison_temperature("raw", 0.7, top_p=0.9, top_k=20) == 1.0
+    # those of the sampling distribution at its temperature, but not reproducible after top-p/top-k truncation
+    assert comparison_temperature("temperature", 0.7, top_p=1.0, top_k=-1) == 0.7
+    assert comparison_temperature("temperature", 0.7, top_p=0.9, top_k=-1) is None
+    assert comparison_temperature("temperature", 0.7, top_p=1.0, top_k=50) is None
+    assert comparison_temperature("logits", 1.0, top_p=1.0, top_k=-1) is None
+
+
+@pytest.mark.parametrize(("overrides", "meaning"), [
+    ((), "raw"),
+    (("vllm.extra_args={logprobs-mode: processed_logprobs}",), "temperature"),
+    (("vllm.extra_args={logprobs_mode: raw_logits}",), "logits"),
+    (("allocation_mode=sglang:d1+fsdp:d1",), "temperature"),
+    (("allocation_mode=sglang:d1+fsdp:d1", "launcher.inference_server_env_vars=SGLANG_RETURN_ORIGINAL_LOGPROB=1"),
+     "raw"),
+])
+def test_what_the_servers_log_probs_mean(overrides: tuple[str, ...], meaning: str) -> None:
+    assert sampled_logprob_meaning(config(*overrides)) == meaning
 
 
 def config(*overrides: str) -> ExperimentConfig:
