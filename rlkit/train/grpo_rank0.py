@@ -25,7 +25,7 @@ from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
-from rlkit.trials import read_token, write_atomic
+from rlkit.trials import read_json_dict, read_token, write_atomic
 
 EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
 EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
@@ -146,7 +146,9 @@ class Rank0:
         self.tolerance = weight_check_tolerance(config)
         self.mismatch_warn = logprob_mismatch_warn(config)
         self.mismatch_metrics: dict[str, float] = {}
-        self.mismatch_warning = ""  # the last one, for progress.json (rlkit status)
+        # the last one, for progress.json (rlkit status); a resumed attempt keeps the previous attempt's
+        previous = read_json_dict(paths.progress) if resumed is not None else {}
+        self.mismatch_warning = str(previous.get("logprob_mismatch_warning") or "")
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
         self.last_metrics: dict[str, float] = {}

@@ -303,7 +303,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: Scenario
 
 
 def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server(
-        scenarios: ScenarioPool) -> None:
+        scenarios: ScenarioPool, trial_env: dict[str, object]) -> None:
     """Server 1 serves perturbed weights at version CORRUPTED (fault point corrupt_server_weights; it still reports the
     version, and the push's fingerprint had passed before): the next step's mismatch jumps for server 1 only, the
     trainer's warning names server 1 and the version, and `rlkit status` shows it; the next push repairs it."""
@@ -324,6 +324,9 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
                         trainer_log)
     assert len(warned) == 1 and warned[0].startswith("server 1 (") and f"at version {CORRUPTED}" in warned[0], warned
     assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(status.split()), status
+    # the requeued attempt (the scenario's time limit) keeps the warning for `rlkit status` after the job ended
+    final = run_rlkit("status", f"{EXPERIMENT}/timelimit", env=_env(trial_env, "timelimit")).stdout
+    assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(final.split()), final
 
 
 def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(
