@@ -65,6 +65,7 @@ class TrialDetail:
     attempts: list[str] = field(default_factory=list)  # job ids, one per submit/resume
     trainer_status: str = ""
     cluster: str = ""  # cluster.cluster_name of the submitted config, from the manifest
+    mismatch_warning: str = ""  # the trainer's last "server <i> log-probs differ" line (rlkit.train.mismatch)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,7 +140,9 @@ def trial_detail(spec: str) -> TrialDetail:
 
     detail.attempts = [str(a.get("job_id")) for a in attempts(paths)]
     detail.cluster = str(read_manifest(paths).get("cluster_name", ""))
-    detail.trainer_status = str(read_progress(paths).get("status", ""))
+    progress = read_progress(paths)
+    detail.trainer_status = str(progress.get("status", ""))
+    detail.mismatch_warning = str(progress.get("logprob_mismatch_warning") or "")
     if info.active and paths.config.is_file():
         detail.servers = _servers(paths)
     step = failed_step(paths, record.job_id)
@@ -157,6 +160,9 @@ def print_detail(console: Console, d: TrialDetail) -> None:
     if d.row.step:
         console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
                       + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))
+    if d.mismatch_warning:
+        console.print(f"  last log-prob mismatch warning: {d.mismatch_warning}", style="yellow", markup=False,
+                      highlight=False)
     if len(d.attempts) > 1:
         console.print(f"  attempt {len(d.attempts)} (jobs {', '.join(d.attempts)})")
     for comp_id, state, nodes in d.components:

@@ -197,6 +197,10 @@ class ActorConfig:
     weight_check_tolerance: float | None = _f(
         None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
         "weight update; None: 1e-3 for float32 servers, 0.1 otherwise.")
+    logprob_mismatch_warn: float | None = _f(
+        None, "Warn (trainer log, rlkit status) when a server's mean |logprob difference| from the trainer over a "
+        "step's rollout tokens sampled at the current weight version exceeds this; None: 1e-2 when servers and "
+        "trainer run float32, 0.1 otherwise.")
     group_size: int = _f(1, "Completions per prompt in one GRPO group (set it equal to gconfig.n_samples).")
     ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).")
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")

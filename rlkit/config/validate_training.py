@@ -156,6 +156,9 @@ def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
         problems.add("actor.eps_clip and actor.eps_clip_higher must be positive")
     if actor.c_clip is not None and actor.c_clip <= 1:
         problems.add(f"actor.c_clip must be > 1 (got {actor.c_clip}); null turns dual clip off")
+    if actor.logprob_mismatch_warn is not None and actor.logprob_mismatch_warn <= 0:
+        problems.add(f"actor.logprob_mismatch_warn must be positive (got {actor.logprob_mismatch_warn}); null picks "
+                     "one from the dtypes")
     if actor.kl_ctl < 0:
         problems.add(f"actor.kl_ctl must be >= 0 (got {actor.kl_ctl})")
     if actor.overlong_reward_penalty:

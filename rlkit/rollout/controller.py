@@ -148,6 +148,7 @@ class RolloutController:
         self.pending: list[Server] = []  # live but not yet given the current weights (e.g. restarted)
         self.stats = RolloutStats()
         self._error: BaseException | None = None
+        self.before_admit: Callable[[int], None] | None = None
 
     # --- called from the trainer thread ------------------------------------------------------------------------
 
@@ -190,7 +191,11 @@ class RolloutController:
         self._updating = True
 
     def end_update(self, version: int) -> None:
-        """The servers now serve `version`: admit groups again."""
+        """The servers now serve `version`: admit groups again (after a one-shot `before_admit(version)`, which
+        only fault-injection tests set)."""
+        hook, self.before_admit = self.before_admit, None
+        if hook is not None:
+            hook(version)
         self.version = version
         self._updating = False
         self._call_soon(self._admit_more)
@@ -297,7 +302,7 @@ class RolloutController:
                                               for c in completions))
             samples = [
                 Sample(prompt_ids=prompt.ids, completion_ids=c.token_ids, behav_logp=c.logprobs, reward=o.value,
-                       version=version, finished=c.finish_reason == "stop", group=prompt.index)
+                       version=version, finished=c.finish_reason == "stop", group=prompt.index, server=server.index)
                 for c, o in zip(completions, outcomes, strict=True)
             ]
             group = Group(prompt, samples, version, server.index, time.monotonic() - started, seq,

@@ -28,6 +28,7 @@ class Sample:
     advantage: float = 0.0
     dummy: bool = False  # padding so every rank runs the same number of micro-batches; never contributes to loss
     info: dict[str, float] = field(default_factory=dict)
+    server: int = -1  # index of the server that generated it (-1: unknown); the log-prob mismatch check groups by it
 
     @property
     def length(self) -> int:

@@ -116,8 +116,10 @@ class PolicyEngine:
         raise ValueError(f"unknown optimizer type {cfg.type!r}")
 
     @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False) -> list[list[float]]:
-        """Per-sample completion-token log-probs under the current (or reference) weights; collective."""
+    def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,
+                         temperature: float | None = None) -> list[list[float]]:
+        """Per-sample completion-token log-probs under the current (or reference) weights, at the sampling temperature
+        unless `temperature` is given; collective."""
         model = self.ref if reference else self.model
         if model is None:
             raise RuntimeError("no reference model (kl_ctl is 0)")
@@ -126,7 +128,7 @@ class PolicyEngine:
         for group_idx in self._micro_batches_idx(samples, list(range(len(samples)))):
             group = [samples[i] if i >= 0 else dummy_like(samples[0]) for i in group_idx]
             mb = pack(group, self.pad_id).to(self.device)
-            logp, _ = token_logprobs(model, mb, self.temperature)
+            logp, _ = token_logprobs(model, mb, self.temperature if temperature is None else temperature)
             for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
                 if i >= 0:  # fillers only kept the ranks in step
                     start = len(s.prompt_ids) - 1
@@ -149,10 +151,12 @@ class PolicyEngine:
         n_mb = self.config.ppo_n_minibatches
         return [list(range(k, n, n_mb))[self.rank :: self.world] for k in range(n_mb)]
 
-    def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False) -> dict[int, list[float]]:
+    def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
+                    temperature: float | None = None) -> dict[int, list[float]]:
         """compute_logprobs for this rank's samples of a global batch, keyed by global index; collective."""
         mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
-        values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference)
+        values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference,
+                                       temperature=temperature)
         return dict(zip(mine, values, strict=False))
 
     def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,

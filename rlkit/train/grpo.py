@@ -29,8 +29,10 @@ from rlkit.train import recover
 from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
 from rlkit.train.engine import PolicyEngine
+from rlkit.train.fault_corrupt import FAULT, corrupt_server
 from rlkit.train.faults import failed_before, fault_point
 from rlkit.train.grpo_rank0 import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, Rank0
+from rlkit.train.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.weights.base import WeightTransport, transport_for
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
@@ -96,6 +98,7 @@ def run_grpo(trial_dir: Path) -> None:
         if rank0:
             print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)
     first_step = state0.step + 1 if state0 is not None else 1
+    mismatch_t = mismatch_temperature(config, announce=rank0)
     if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
         raise StepError("fault injected: die_at_start")
     transport = transport_for(actor.weight_update_mode)(config, paths)  # every rank: pushes are collective
@@ -120,11 +123,21 @@ def run_grpo(trial_dir: Path) -> None:
             t_got = time.monotonic()
             if samples:
                 old = engine.logprobs_at(samples) if actor.recompute_logprob else None
+                t_check = time.monotonic()
+                if mismatch_t is not None:  # samples of version step - 1 were generated with the weights held now
+                    per_server = step_mismatch(engine, samples, old, version=step - 1, temperature=mismatch_t)
+                    if trainer is not None and per_server is not None:
+                        trainer.note_mismatch(per_server, step - 1)
+                t_check = time.monotonic() - t_check
                 ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
                 train_stats = engine.train_step(samples, old, ref)
             else:
-                train_stats = {}
+                train_stats, t_check = {}, 0.0
             t_trained = time.monotonic()
+            if fault_point(FAULT, step):  # tests (every rank): server 1 silently serves other weights as `step`
+                noisy_from = engine.full_state_dict()  # collective
+                if trainer is not None:
+                    trainer.controller.before_admit = lambda v, t=trainer, s=noisy_from: corrupt_server(t, s, v)
             _check_weights(engine, trainer, transport, probe, version=step, push=True, tolerate_all_gone=True)
             t_synced = time.monotonic()
             saves = broadcast_object(trainer.saves_due(step) if trainer is not None else None)
@@ -134,6 +147,7 @@ def run_grpo(trial_dir: Path) -> None:
                 gathered = transport.timings.get("gather", 0.0)
                 trainer.finish_step(step, state, saves, train_stats, timing={
                     "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got,
+                    "timing/logprob_mismatch": t_check,
                     "timing/gather_weights": gathered, "timing/weight_sync": t_synced - t_trained - gathered,
                     "timing/step": time.monotonic() - t0})
             del state

@@ -18,12 +18,12 @@ from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
-from rlkit.train import recover
+from rlkit.train import mismatch, recover
 from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
-from rlkit.trials import read_token, write_atomic
+from rlkit.trials import read_json_dict, read_token, write_atomic
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport
 from rlkit.weights.fanout import Published
 
@@ -36,6 +36,14 @@ def weight_check_tolerance(config: ExperimentConfig) -> float:
     if config.actor.weight_check_tolerance is not None:
         return config.actor.weight_check_tolerance
     return 1e-3 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
+
+
+def logprob_mismatch_warn(config: ExperimentConfig) -> float:
+    """actor.logprob_mismatch_warn, or its default for the dtypes (measured on the CPU demo: float32 servers and
+    trainer differ by ~1e-6 on rollout tokens; bf16 kernels differ by a few 1e-2)."""
+    if config.actor.logprob_mismatch_warn is not None:
+        return config.actor.logprob_mismatch_warn
+    return 1e-2 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
 
 
 @dataclass
@@ -136,6 +144,11 @@ class Rank0:
         self.recover_saver = Saver(config.recover.freq_steps, config.recover.freq_epochs, config.recover.freq_secs,
                                    time.monotonic())
         self.tolerance = weight_check_tolerance(config)
+        self.mismatch_warn = logprob_mismatch_warn(config)
+        self.mismatch_metrics: dict[str, float] = {}
+        # the last one, for progress.json (rlkit status); a resumed attempt keeps the previous attempt's
+        previous = read_json_dict(paths.progress) if resumed is not None else {}
+        self.mismatch_warning = str(previous.get("logprob_mismatch_warning") or "")
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -250,6 +263,15 @@ class Rank0:
         names = [f"step{step}"] if self.saver.due(step, epoch, time.monotonic()) else []
         return [*names, "final"] if step == self.steps else names
 
+    def note_mismatch(self, per_server: dict[int, mismatch.ServerMismatch], version: int) -> None:
+        """The step's log-prob mismatch (rlkit.train.mismatch): metrics for finish_step, a warning line per server
+        over actor.logprob_mismatch_warn (also kept for `rlkit status`)."""
+        self.mismatch_metrics = mismatch.metrics(per_server)
+        for line in mismatch.warnings(per_server, threshold=self.mismatch_warn, version=version,
+                                      addresses={s.index: s.address for s in self.controller.servers}):
+            self.mismatch_warning = line
+            print(f"rlkit train: {line}", flush=True)
+
     def finish_step(self, step: int, state: dict[str, Any] | None, saves: list[str], train_stats: dict[str, float],
                     timing: dict[str, float]) -> None:
         groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
@@ -259,6 +281,8 @@ class Rank0:
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
         metrics.update(train_stats)
         metrics.update(timing)
+        metrics.update(self.mismatch_metrics)
+        self.mismatch_metrics = {}
         metrics["timing/sync_write"] = self.write_s
         metrics.update({f"timing/sync_{name}": seconds for name, seconds in self.sync_phases.items()})
         metrics.update({
@@ -281,7 +305,8 @@ class Rank0:
         self._progress(step, "running")
         print(f"rlkit train: step {step}/{self.steps} reward {metrics['reward/mean']:.3f} "
               f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "
-              f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}) "
+              f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, rollout logprob mismatch "
+              f"{metrics.get(mismatch.METRIC + '_mean', float('nan')):.2e}) "
               f"step {timing['timing/step']:.1f}s", flush=True)
 
     def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
@@ -329,7 +354,7 @@ class Rank0:
             "status": status, "step": step, "total_steps": self.steps, "version": self.version,
             "reward": self.last_metrics.get("reward/mean"), "servers": {str(k): v for k, v in
                                                                         self.server_versions.items()},
-            "updated": time.time(),
+            "logprob_mismatch_warning": self.mismatch_warning or None, "updated": time.time(),
         }, indent=1))
 
     def finish(self) -> None:

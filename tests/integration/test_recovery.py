@@ -29,6 +29,8 @@ from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_sta
 # a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 BATCH = 4  # train_dataset.batch_size of the demo config
+CORRUPTED = 3  # the weight version the timelimit scenario's server 1 serves perturbed (corrupt_server_weights@3)
+CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agree far closer (measured: ~1e-6)
 EXPERIMENT = "demo-grpo"
 
 
@@ -135,16 +137,21 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     return trial, killed_at
 
 
-def _time_limit(env: dict[str, object]) -> tuple[Path, str]:
-    trial = _submit(env, "timelimit", "total_train_steps=24", "recover.freq_steps=100")
+def _time_limit(env: dict[str, object]) -> tuple[Path, str, str]:
+    """Also carries the log-prob mismatch fault (cheaper than a trial of its own): after the push of version
+    CORRUPTED, server 1 silently serves perturbed weights until the next push. Returns the trial, Slurm's record of
+    the job and `rlkit status` while it ran after the fault."""
+    trial = _submit(env, "timelimit", "total_train_steps=24", "recover.freq_steps=100",
+                    f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}")
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
     wait_for(lambda: _trained_steps(trial) >= 8, "8 trained steps", timeout=600)
+    status = run_rlkit("status", name, env=home).stdout
     job_id = str(status_row(name, home)["job_id"])
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
     assert wait_state(name, timeout=1200, env=home) == "COMPLETED"  # includes the requeue hold (cred_expire + 1 s)
     # read now: Slurm forgets a finished job after MinJobAge (300 s), and the test may run later than that
     info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
-    return trial, info
+    return trial, info, status
 
 
 def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
@@ -283,7 +290,7 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenari
 
 
 def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: ScenarioPool) -> None:
-    trial, info = scenarios.result("timelimit")
+    trial, info, _ = scenarios.result("timelimit")
     assert "Restarts=1" in info
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
@@ -293,6 +300,33 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: Scenario
     assert f"resuming after step {saved.group(1)} " in trainer_log
     _assert_continuous_and_right_data(trial, 24)  # not a single step lost
     assert not (trial / "metrics.discarded.jsonl").exists()
+
+
+def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server(
+        scenarios: ScenarioPool, trial_env: dict[str, object]) -> None:
+    """Server 1 serves perturbed weights at version CORRUPTED (fault point corrupt_server_weights; it still reports the
+    version, and the push's fingerprint had passed before): the next step's mismatch jumps for server 1 only, the
+    trainer's warning names server 1 and the version, and `rlkit status` shows it; the next push repairs it."""
+    from rlkit.train.mismatch import METRIC
+
+    trial, _, status = scenarios.result("timelimit")
+    metrics = {int(m["step"]): m for m in _metrics(trial)}
+    hit = metrics[CORRUPTED + 1]  # trained on the samples of version CORRUPTED
+    assert hit[f"{METRIC}_tokens/server1"] > 0 and hit[f"{METRIC}_tokens/server0"] > 0
+    assert hit[f"{METRIC}_mean/server1"] > 1e-2, hit  # the default actor.logprob_mismatch_warn for float32
+    assert hit[f"{METRIC}_mean/server0"] < CLEAN_MISMATCH, hit
+    for step, m in metrics.items():  # every other step: both servers serve the trainer's weights
+        assert m[f"{METRIC}_tokens"] > 0, step
+        if step != CORRUPTED + 1:
+            assert m[f"{METRIC}_mean"] < CLEAN_MISMATCH and m[f"{METRIC}_max"] < 100 * CLEAN_MISMATCH, (step, m)
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    warned = re.findall(r"rlkit train: (server \d+ \(\S+\) log-probs differ from the trainer's by .* at version \d+) ",
+                        trainer_log)
+    assert len(warned) == 1 and warned[0].startswith("server 1 (") and f"at version {CORRUPTED}" in warned[0], warned
+    assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(status.split()), status
+    # the requeued attempt (the scenario's time limit) keeps the warning for `rlkit status` after the job ended
+    final = run_rlkit("status", f"{EXPERIMENT}/timelimit", env=_env(trial_env, "timelimit")).stdout
+    assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(final.split()), final
 
 
 def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(

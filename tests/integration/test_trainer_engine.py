@@ -25,6 +25,7 @@ from rlkit.config.schema import ActorConfig
 from rlkit.train.batch import Sample
 from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.engine import PolicyEngine
+from rlkit.train.mismatch_step import step_mismatch
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
@@ -41,16 +42,21 @@ samples = []
 for i in range(8):  # uneven lengths so ranks get different token counts and micro-batch counts
     p = torch.randint(5, 500, (3 + i % 3,), generator=g).tolist()
     c = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
-    samples.append(Sample(p, c, [-6.0] * len(c), float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0)))
+    samples.append(Sample(p, c, [-6.0] * len(c), float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0),
+                          server=i % 2))
 engine = PolicyEngine(actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
                       total_optimizer_steps=4)
 old = engine.logprobs_at(samples)
+at_half = engine.logprobs_at(samples, temperature=0.5)
+mismatch = step_mismatch(engine, samples, old, version=0, temperature=1.0)
 ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
 stats = engine.train_step(samples, old, ref)
 state = engine.full_state_dict()
 if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
-    json.dump({"stats": stats, "old": old}, open(out + "/stats.json", "w"))
+    json.dump({"stats": stats, "old": old, "at_half": at_half,
+               "mismatch": {i: [m.tokens, m.abs_sum, m.max] for i, m in mismatch.items()}},
+              open(out + "/stats.json", "w"))
 torch.distributed.destroy_process_group()
 print(f"rank {env.rank} done", flush=True)
 end_process(0)  # as `rlkit train` ends: no interpreter teardown with FSDP's gloo group still referenced
@@ -85,6 +91,11 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: dict[str, object]) -> None:
     one = _run(1, tiny_model_dir, tmp_path / "one", opts)
     two = _run(2, tiny_model_dir, tmp_path / "two", opts)
+    # the log-prob mismatch check adds up both ranks' shares on rank 0 (to the same sums as one rank)
+    m1, m2 = one["mismatch"], two["mismatch"]
+    assert isinstance(m1, dict) and isinstance(m2, dict) and set(m1) == set(m2) == {"0", "1"}
+    for server in m1:
+        assert m2[server][0] == m1[server][0] and m2[server][1:] == pytest.approx(m1[server][1:], rel=1e-5)
     w1, w2 = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     from safetensors.torch import load_file
 
@@ -103,12 +114,14 @@ def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: di
 
 
 def test_recomputed_logprobs_match_a_plain_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """compute_logprobs under FSDP equals transformers' log_softmax on the same sequences (no shift mistakes)."""
+    """compute_logprobs under FSDP equals transformers' log_softmax on the same sequences (no shift mistakes), also at
+    another temperature (the log-prob mismatch check's raw comparison), and the mismatch against the behaviour
+    log-probs (-6 everywhere) is |old + 6| summed per server."""
     from transformers import AutoModelForCausalLM
 
     result = _run(1, tiny_model_dir, tmp_path / "one", {"mb_tokens": 16})
-    old = result["old"]
-    assert isinstance(old, dict) and len(old) == 8
+    old, at_half, mismatch = result["old"], result["at_half"], result["mismatch"]
+    assert isinstance(old, dict) and len(old) == 8 and isinstance(at_half, dict) and isinstance(mismatch, dict)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     for i in range(8):
@@ -116,6 +129,11 @@ def test_recomputed_logprobs_match_a_plain_forward(tiny_model_dir: Path, tmp_pat
         c = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
         ids = torch.tensor([p + c])
         with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        expected = logp[len(p) - 1 :].tolist()
-        assert old[str(i)] == pytest.approx(expected, abs=1e-4), f"sample {i}"
+            logits = model(ids).logits[0, :-1].float()
+        for got, temperature in ((old, 1.0), (at_half, 0.5)):
+            logp = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            assert got[str(i)] == pytest.approx(logp[len(p) - 1 :].tolist(), abs=1e-4), f"sample {i} at {temperature}"
+    for server in (0, 1):
+        diffs = [abs(v + 6.0) for i in range(server, 8, 2) for v in old[str(i)]]
+        tokens, abs_sum, largest = mismatch[str(server)]
+        assert (tokens, abs_sum, largest) == (len(diffs), pytest.approx(sum(diffs)), pytest.approx(max(diffs)))

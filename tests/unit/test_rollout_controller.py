@@ -212,7 +212,7 @@ def test_on_policy_starts_one_batch_per_weight_version(make: Callable[..., Rollo
     assert len(first.samples) == N_SAMPLES and first.server == 0
     assert [s.reward for s in first.samples] == [1.0] * N_SAMPLES
     assert [s.finished for s in first.samples] == [True, False, False]
-    assert {(tuple(s.prompt_ids), s.group, s.version) for s in first.samples} == {((100, 200), 0, 0)}
+    assert {(tuple(s.prompt_ids), s.group, s.version, s.server) for s in first.samples} == {((100, 200), 0, 0, 0)}
     assert first.samples[0].completion_ids == [10, 11] and first.samples[0].behav_logp == [-0.1, -0.2]
     assert started(servers, ctrl, 2) == [0, 0]  # consumed, but no new weights yet: nothing more starts
 
@@ -251,6 +251,25 @@ def test_no_admission_while_updating(make: Callable[..., RolloutController], ser
     assert started(servers, ctrl, 2) == [0, 0]
     ctrl.end_update(1)
     assert started(servers, ctrl, 4) == [0, 0, 1, 1]
+
+
+def test_before_admit_runs_once_before_the_new_version_is_admitted(make: Callable[..., RolloutController],
+                                                                   servers: StandInServers) -> None:
+    """The fault-injection hook (rlkit.train.fault_corrupt) changes a server between a push and its first request."""
+    ctrl = make(max_offpolicyness=0)
+    ctrl.start()
+    started(servers, ctrl, 2)
+    ctrl.get_batch(5.0)
+    seen: list[tuple[int, int]] = []
+    ctrl.before_admit = lambda version: seen.append((version, len(servers.versions)))
+    ctrl.begin_update()
+    ctrl.end_update(1)
+    assert seen == [(1, 2)]  # called with the new version while no request of it had been sent
+    assert started(servers, ctrl, 4) == [0, 0, 1, 1]
+    ctrl.get_batch(5.0)
+    ctrl.begin_update()
+    ctrl.end_update(2)
+    assert seen == [(1, 2)] and ctrl.before_admit is None  # one-shot
 
 
 def test_stale_groups_dropped_counted_and_replaced(make: Callable[..., RolloutController],
