@@ -1,0 +1,240 @@
+"""The SGLang backend's contract against a REAL SGLang 0.5.23 server on the CPU (not a stand-in app).
+
+The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, environment) from SGLang's own venv
+(scripts/sglang-env.sh), with a test-only one-function kernel shim (tests/sglang_cpu_shim: SGLang's CPU engine needs
+one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
+ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version,
+for an untied and a tied-embedding model, with a request in flight. What it cannot: SGLang's GPU kernels.
+
+One server at a time (`slot`): the untied tests run first, then the tied server replaces the untied one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import torch
+
+from rlkit.errors import StepError
+from rlkit.models.tiny import build_tiny_model
+from rlkit.servers.backend import SamplingParams
+from rlkit.servers.guard_check import prove_guard
+from rlkit.servers.sglang.backend import BACKEND
+from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
+from rlkit.weights.hf_export import version_dir, write_weights
+from rlkit.weights.server_http import weight_sync_client
+
+from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
+
+pytestmark = [pytest.mark.sglang]
+
+TOLERANCE = 1e-3  # float32 server and trainer; the measured differences are printed
+TIMEOUT = 60.0
+T = TypeVar("T")
+
+
+class Slot:
+    """At most one SGLang server alive; `serve(kind)` stops the other kind's server first."""
+
+    def __init__(self, root: Path, untied: Path, python: str) -> None:
+        self.root, self.untied, self.python = root, untied, python
+        self.kind: str | None = None
+        self.current: RunningSglang | None = None
+        self._stack = ExitStack()
+
+    def serve(self, kind: str) -> RunningSglang:
+        if self.kind != kind:
+            self._stack.close()
+            self._stack = ExitStack()
+            model = self.untied if kind == "untied" else build_tiny_model(self.root / "tied", tie_word_embeddings=True)
+            self.current = self._stack.enter_context(running_sglang(
+                model, token=secrets.token_urlsafe(24), workdir=self.root / kind, python=self.python))
+            self.kind = kind
+            print(f"\n[sglang {kind}] server healthy {self.current.start_seconds:.1f} s after its start")
+        assert self.current is not None
+        return self.current
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@pytest.fixture(scope="module")
+def slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Slot]:
+    holder = Slot(tmp_path_factory.mktemp("sglang"), tiny_model_dir, sglang_python())
+    try:
+        yield holder
+    finally:
+        holder.close()
+
+
+def run(served: RunningSglang, step: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with weight_sync_client(served.token) as client:
+            client.timeout = httpx.Timeout(TIMEOUT)
+            return await step(client)
+
+    return asyncio.run(main())
+
+
+def probe_ids(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer.bos_token_id, *tokenizer.encode("12+7=19. The quick brown fox jumps over the lazy dog.")]
+
+
+def load(model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def perturbed(model_dir: Path, seed: int) -> Any:
+    """The model with noise on every parameter (a tied weight is one parameter, so it stays tied)."""
+    model = load(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    return model
+
+
+def mean_abs(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def sampled_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """transformers' log_softmax(logits / temperature) of each sampled token given the prompt and the ones before."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def test_guard_refuses_requests_without_the_token(slot: Slot) -> None:
+    served = slot.serve("untied")
+    prove_guard(served.server.url, "sglang", served.token)  # 401 without the token, 200 with it
+    bare = httpx.post(f"{served.server.url}/pause_generation", json={"mode": "retract"}, trust_env=False)
+    assert bare.status_code == 401  # a control route, not only the probe
+    assert oct(served.key_file.stat().st_mode & 0o777) == "0o600"
+    assert all(served.token not in arg for arg in served.argv)
+    cmdline = Path(f"/proc/{served.process.pid}/cmdline").read_bytes()
+    assert served.token.encode() not in cmdline and str(served.key_file).encode() in cmdline
+
+
+def test_complete_returns_n_samples_with_the_models_logprobs(slot: Slot) -> None:
+    served = slot.serve("untied")
+    prompt = probe_ids(served.model_dir)[:8]
+    params = SamplingParams(n=4, max_new_tokens=12, temperature=0.7)
+    start = time.monotonic()
+    completions = run(served, lambda c: BACKEND.complete(c, served.server, prompt, params))
+    seconds = time.monotonic() - start
+    assert len(completions) == 4
+    model = load(served.model_dir)
+    worst = 0.0
+    for completion in completions:
+        assert 1 <= len(completion.token_ids) <= 12
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert completion.finish_reason in ("length", "stop")
+        assert (completion.finish_reason == "length") == (len(completion.token_ids) == 12)
+        expected = sampled_logprobs(model, prompt, completion.token_ids, params.temperature)
+        worst = max(worst, max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True)))
+    assert worst <= TOLERANCE
+    assert len({tuple(c.token_ids) for c in completions}) > 1  # n samples, not one sample n times
+    seeded = run(served, lambda c: BACKEND.complete(c, served.server, prompt,
+                                                    SamplingParams(n=3, max_new_tokens=5, seed=11)))
+    assert [len(c.logprobs) for c in seeded] == [len(c.token_ids) for c in seeded] and len(seeded) == 3
+    print(f"\n[sglang] n=4 x 12 tokens in {seconds:.2f} s; max |server - transformers| logprob at T=0.7: "
+          f"{worst:.2e}")
+
+
+def test_probe_logprobs_equal_transformers(slot: Slot) -> None:
+    served = slot.serve("untied")
+    probe = probe_ids(served.model_dir)
+    expected = trainer_probe_logprobs(load(served.model_dir), probe)
+    first = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    again = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # prefix now cached
+    diff = check_fingerprint(first, expected, TOLERANCE, server_label="sglang untied")
+    assert len(first) == len(probe) - 1
+    assert again == first
+    print(f"\n[sglang] probe of {len(probe)} tokens: mean |server - transformers| {diff:.2e}, "
+          f"max {max(abs(a - b) for a, b in zip(first, expected, strict=True)):.2e}")
+
+
+def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_reload(slot: Slot) -> None:
+    served = slot.serve("untied")
+    probe = probe_ids(served.model_dir)
+    model = perturbed(served.model_dir, seed=4)
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 4), None)
+    long = SamplingParams(n=1, max_new_tokens=300, temperature=1.0)
+
+    async def main(client: httpx.AsyncClient) -> tuple[Any, str, dict[str, Any]]:
+        request = asyncio.create_task(BACKEND.complete(client, served.server, probe, long))
+        await asyncio.sleep(1.0)  # decoding by now
+        with pytest.raises(StepError, match="flush") as refused:
+            await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)  # not paused: KV is in use
+        await BACKEND.pause(client, served.server, TIMEOUT)
+        try:
+            report = await BACKEND.load_weights_from_disk(client, served.server, weights, 4, TIMEOUT)
+            await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
+        finally:
+            await BACKEND.resume(client, served.server, TIMEOUT)
+        return await request, str(refused.value), report
+
+    (completion,), refusal, report = run(served, main)
+    assert len(completion.token_ids) in range(1, 301) and completion.finish_reason in ("length", "stop")
+    assert completion.finish_reason != "length" or len(completion.token_ids) == 300
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "4"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a reload with a held request")
+    print(f"\n[sglang] flush while decoding: {refusal.splitlines()[0][:160]}\n[sglang] load: {report}; the held "
+          f"request finished with {len(completion.token_ids)} tokens ({completion.finish_reason})")
+
+
+@pytest.mark.parametrize("kind", ["untied", "tied"])
+def test_pause_load_flush_resume_serves_the_new_weights(slot: Slot, kind: str) -> None:
+    served = slot.serve(kind)
+    probe = probe_ids(served.model_dir)
+    base_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # what it serves now
+    model = perturbed(served.model_dir, seed=1)
+    if kind == "tied":
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        check_fingerprint(base_lp, trainer_probe_logprobs(load(served.model_dir), probe), TOLERANCE,
+                          server_label="sglang tied, as started")
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    assert mean_abs(trainer_lp, base_lp) > 50 * TOLERANCE  # the check below cannot pass without a real reload
+    weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 7), None)
+    phases: dict[str, float] = {}
+
+    async def timed(name: str, step: Awaitable[T]) -> T:
+        start = time.monotonic()
+        try:
+            return await step
+        finally:
+            phases[name] = time.monotonic() - start
+
+    async def push(client: httpx.AsyncClient) -> None:
+        await timed("pause", BACKEND.pause(client, served.server, TIMEOUT))
+        try:
+            await timed("load", BACKEND.load_weights_from_disk(client, served.server, weights, 7, TIMEOUT))
+            await timed("flush", BACKEND.reset_prefix_cache(client, served.server, TIMEOUT))
+        finally:
+            await timed("resume", BACKEND.resume(client, served.server, TIMEOUT))
+
+    run(served, push)
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "7"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=f"sglang {kind}")
+    assert mean_abs(server_lp, base_lp) > 50 * TOLERANCE
+    steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in phases.items())
+    print(f"\n[sglang {kind}] {steps}; fingerprint {diff:.2e} (vs the old weights {mean_abs(server_lp, base_lp):.3f})")
+
