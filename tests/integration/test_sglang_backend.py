@@ -25,9 +25,11 @@ import torch
 
 from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
-from rlkit.servers.backend import SamplingParams
+from rlkit.servers.backend import SamplingParams, TensorMeta, WeightGroup
 from rlkit.servers.guard_check import prove_guard
+from rlkit.servers.health import find_free_port
 from rlkit.servers.sglang.backend import BACKEND
+from rlkit.servers.sglang.weight_group import broadcast_bucket, close_trainer_group, open_trainer_group
 from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
 from rlkit.weights.hf_export import version_dir, write_weights
 from rlkit.weights.server_http import weight_sync_client
@@ -170,15 +172,19 @@ def test_probe_logprobs_equal_transformers(slot: Slot) -> None:
 
 
 def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_reload(slot: Slot) -> None:
+    """A request decoding during pause -> load -> flush -> resume is retracted (its KV dropped), not aborted: it
+    finishes all its tokens, the first ones generated under the old version and the rest under the new one."""
     served = slot.serve("untied")
     probe = probe_ids(served.model_dir)
     model = perturbed(served.model_dir, seed=4)
     trainer_lp = trainer_probe_logprobs(model, probe)
     weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 4), None)
-    long = SamplingParams(n=1, max_new_tokens=300, temperature=1.0)
+    before = run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT))
+    # Raw /generate (not BACKEND.complete) for meta_info's per-token weight_versions and num_retractions.
+    long = {"input_ids": probe, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
 
-    async def main(client: httpx.AsyncClient) -> tuple[Any, str, dict[str, Any]]:
-        request = asyncio.create_task(BACKEND.complete(client, served.server, probe, long))
+    async def main(client: httpx.AsyncClient) -> tuple[httpx.Response, str, dict[str, Any]]:
+        request = asyncio.create_task(client.post(f"{served.server.url}/generate", json=long))
         await asyncio.sleep(1.0)  # decoding by now
         with pytest.raises(StepError, match="flush") as refused:
             await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)  # not paused: KV is in use
@@ -190,14 +196,69 @@ def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_r
             await BACKEND.resume(client, served.server, TIMEOUT)
         return await request, str(refused.value), report
 
-    (completion,), refusal, report = run(served, main)
-    assert len(completion.token_ids) in range(1, 301) and completion.finish_reason in ("length", "stop")
-    assert completion.finish_reason != "length" or len(completion.token_ids) == 300
+    response, refusal, report = run(served, main)
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    assert len(response.json()["output_ids"]) == 300 and meta["finish_reason"]["type"] == "length"
+    assert meta["num_retractions"] >= 1  # held by retraction, KV recomputed after the reload
+    spans = meta["weight_versions"]
+    assert [span["version"] for span in spans] == [before, "4"] and spans[-1]["end"] == 300
     assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "4"
     server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
     check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a reload with a held request")
     print(f"\n[sglang] flush while decoding: {refusal.splitlines()[0][:160]}\n[sglang] load: {report}; the held "
-          f"request finished with {len(completion.token_ids)} tokens ({completion.finish_reason})")
+          f"request: {meta['num_retractions']} retraction(s), versions {spans}")
+
+
+def test_broadcast_over_gloo_serves_the_new_weights(slot: Slot) -> None:
+    """SGLang's broadcast routes for real: its worker joins a gloo group hosted by a trainer-side rank 0
+    (`open_trainer_group`), receives two buckets by torch.distributed.broadcast, and serves the sent weights."""
+    served = slot.serve("untied")
+    probe = probe_ids(served.model_dir)
+    model = perturbed(served.model_dir, seed=9)
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    names = list(state)
+    buckets = [names[: len(names) // 2], names[len(names) // 2:]]
+    group = WeightGroup(master_address="127.0.0.1", master_port=find_free_port("127.0.0.1"), rank_offset=1,
+                        world_size=2, group_name="rlkit-test-weights", backend="gloo", timeout_s=60.0)
+    phases: dict[str, float] = {}
+
+    async def main(client: httpx.AsyncClient) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        opening = loop.run_in_executor(None, open_trainer_group, group)
+        await BACKEND.join_weight_group(client, served.server, group, TIMEOUT)
+        pg = await opening
+        phases["join"] = time.monotonic() - start
+        try:
+            await BACKEND.pause(client, served.server, TIMEOUT)
+            try:
+                start = time.monotonic()
+                await BACKEND.begin_weight_broadcast(client, served.server, TIMEOUT)
+                for bucket in buckets:
+                    metas = [TensorMeta(name, str(state[name].dtype).removeprefix("torch."),
+                                        tuple(state[name].shape)) for name in bucket]
+                    sending = loop.run_in_executor(None, broadcast_bucket, pg, [state[name] for name in bucket])
+                    await BACKEND.receive_weight_bucket(client, served.server, metas, TIMEOUT)
+                    await sending
+                await BACKEND.finish_weight_broadcast(client, served.server, 9, TIMEOUT)
+                await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
+                phases["push"] = time.monotonic() - start
+            finally:
+                await BACKEND.resume(client, served.server, TIMEOUT)
+        finally:
+            await client.post(f"{served.server.url}/destroy_weights_update_group",
+                              json={"group_name": group.group_name})
+            close_trainer_group(pg)
+
+    run(served, main)
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "9"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a gloo broadcast")
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"\n[sglang] gloo broadcast of {len(names)} tensors ({size / 1e6:.1f} MB) in 2 buckets: join "
+          f"{phases['join'] * 1000:.0f} ms, push {phases['push'] * 1000:.0f} ms; fingerprint {diff:.2e}")
 
 
 @pytest.mark.parametrize("kind", ["untied", "tied"])
