@@ -82,7 +82,10 @@ class SglangBackend(ServerBackend):
                token: str, secret_dir: Path, index: int) -> ServerLaunch:
         """`python -m sglang.launch_server ... --config <secret_dir>/sglang-<index>.yaml`: the token is the api key
         inside that 0600 YAML file (SGLang reads `--api-key` from argv or a config file only; see
-        rlkit.servers.sglang.command), never on argv or in the environment."""
+        rlkit.servers.sglang.command), never on argv or in the environment. BUT SGLang 0.5.23 logs its resolved
+        arguments at start-up, api key included, in clear (`engine.py`: `logger.info(f"server_args=...")`; seen in
+        the tests' server log): whatever captures the server's output holds the token and must be as private as
+        the token file."""
         problems = self.extra_args_problems(config.sglang.extra_args)
         if problems:
             listed = "\n".join(f"  {field}: {message}" for field, message in problems)
