@@ -3,10 +3,12 @@
 The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, environment) from SGLang's own venv
 (scripts/sglang-env.sh), with a test-only one-function kernel shim (tests/sglang_cpu_shim: SGLang's CPU engine needs
 one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
-ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version,
-for an untied and a tied-embedding model, with a request in flight. What it cannot: SGLang's GPU kernels.
+ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version
+with a request in flight, and the broadcast routes over a gloo group, for an untied and a tied-embedding model.
+What it cannot: SGLang's GPU kernels and NCCL.
 
-One server at a time (`slot`): the untied tests run first, then the tied server replaces the untied one.
+One server at a time: the module fixture is parametrized, so pytest runs every test on the untied server, stops it,
+then runs them on the tied one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,38 +44,20 @@ TIMEOUT = 60.0
 T = TypeVar("T")
 
 
-class Slot:
-    """At most one SGLang server alive; `serve(kind)` stops the other kind's server first."""
-
-    def __init__(self, root: Path, untied: Path, python: str) -> None:
-        self.root, self.untied, self.python = root, untied, python
-        self.kind: str | None = None
-        self.current: RunningSglang | None = None
-        self._stack = ExitStack()
-
-    def serve(self, kind: str) -> RunningSglang:
-        if self.kind != kind:
-            self._stack.close()
-            self._stack = ExitStack()
-            model = self.untied if kind == "untied" else build_tiny_model(self.root / "tied", tie_word_embeddings=True)
-            self.current = self._stack.enter_context(running_sglang(
-                model, token=secrets.token_urlsafe(24), workdir=self.root / kind, python=self.python))
-            self.kind = kind
-            print(f"\n[sglang {kind}] server healthy {self.current.start_seconds:.1f} s after its start")
-        assert self.current is not None
-        return self.current
-
-    def close(self) -> None:
-        self._stack.close()
+@pytest.fixture(scope="module", params=["untied", "tied"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           tiny_model_dir: Path) -> Iterator[RunningSglang]:
+    """One real server per kind; pytest runs every test on the untied one, stops it, then on the tied one."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"sglang_{kind}")
+    model = tiny_model_dir if kind == "untied" else build_tiny_model(root / "tied", tie_word_embeddings=True)
+    with running_sglang(model, token=secrets.token_urlsafe(24), workdir=root, python=sglang_python()) as running:
+        print(f"\n[sglang {kind}] server healthy {running.start_seconds:.1f} s after its start")
+        yield running
 
 
-@pytest.fixture(scope="module")
-def slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Slot]:
-    holder = Slot(tmp_path_factory.mktemp("sglang"), tiny_model_dir, sglang_python())
-    try:
-        yield holder
-    finally:
-        holder.close()
+def kind_of(served: RunningSglang) -> str:
+    return "tied" if load(served.model_dir).config.tie_word_embeddings else "untied"
 
 
 def run(served: RunningSglang, step: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
@@ -121,8 +104,7 @@ def sampled_logprobs(model: Any, prompt: list[int], tokens: list[int], temperatu
     return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
 
 
-def test_guard_refuses_requests_without_the_token(slot: Slot) -> None:
-    served = slot.serve("untied")
+def test_guard_refuses_requests_without_the_token(served: RunningSglang) -> None:
     prove_guard(served.server.url, "sglang", served.token)  # 401 without the token, 200 with it
     bare = httpx.post(f"{served.server.url}/pause_generation", json={"mode": "retract"}, trust_env=False)
     assert bare.status_code == 401  # a control route, not only the probe
@@ -132,8 +114,7 @@ def test_guard_refuses_requests_without_the_token(slot: Slot) -> None:
     assert served.token.encode() not in cmdline and str(served.key_file).encode() in cmdline
 
 
-def test_complete_returns_n_samples_with_the_models_logprobs(slot: Slot) -> None:
-    served = slot.serve("untied")
+def test_complete_returns_n_samples_with_the_models_logprobs(served: RunningSglang) -> None:
     prompt = probe_ids(served.model_dir)[:8]
     params = SamplingParams(n=4, max_new_tokens=12, temperature=0.7)
     start = time.monotonic()
@@ -158,8 +139,7 @@ def test_complete_returns_n_samples_with_the_models_logprobs(slot: Slot) -> None
           f"{worst:.2e}")
 
 
-def test_probe_logprobs_equal_transformers(slot: Slot) -> None:
-    served = slot.serve("untied")
+def test_probe_logprobs_equal_transformers(served: RunningSglang) -> None:
     probe = probe_ids(served.model_dir)
     expected = trainer_probe_logprobs(load(served.model_dir), probe)
     first = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
@@ -171,21 +151,20 @@ def test_probe_logprobs_equal_transformers(slot: Slot) -> None:
           f"max {max(abs(a - b) for a, b in zip(first, expected, strict=True)):.2e}")
 
 
-def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_reload(slot: Slot) -> None:
+def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_reload(served: RunningSglang) -> None:
     """A request decoding during pause -> load -> flush -> resume is retracted (its KV dropped), not aborted: it
     finishes all its tokens, the first ones generated under the old version and the rest under the new one."""
-    served = slot.serve("untied")
     probe = probe_ids(served.model_dir)
     model = perturbed(served.model_dir, seed=4)
     trainer_lp = trainer_probe_logprobs(model, probe)
     weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 4), None)
     before = run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT))
     # Raw /generate (not BACKEND.complete) for meta_info's per-token weight_versions and num_retractions.
-    long = {"input_ids": probe, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+    long = {"input_ids": probe, "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
 
     async def main(client: httpx.AsyncClient) -> tuple[httpx.Response, str, dict[str, Any]]:
         request = asyncio.create_task(client.post(f"{served.server.url}/generate", json=long))
-        await asyncio.sleep(1.0)  # decoding by now
+        await asyncio.sleep(0.5)  # decoding by now (else the refused flush below fails the test)
         with pytest.raises(StepError, match="flush") as refused:
             await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)  # not paused: KV is in use
         await BACKEND.pause(client, served.server, TIMEOUT)
@@ -199,10 +178,10 @@ def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_r
     response, refusal, report = run(served, main)
     assert response.status_code == 200, response.text
     meta = response.json()["meta_info"]
-    assert len(response.json()["output_ids"]) == 300 and meta["finish_reason"]["type"] == "length"
+    assert len(response.json()["output_ids"]) == 480 and meta["finish_reason"]["type"] == "length"
     assert meta["num_retractions"] >= 1  # held by retraction, KV recomputed after the reload
     spans = meta["weight_versions"]
-    assert [span["version"] for span in spans] == [before, "4"] and spans[-1]["end"] == 300
+    assert [span["version"] for span in spans] == [before, "4"] and spans[-1]["end"] == 480
     assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "4"
     server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
     check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a reload with a held request")
@@ -210,10 +189,9 @@ def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_r
           f"request: {meta['num_retractions']} retraction(s), versions {spans}")
 
 
-def test_broadcast_over_gloo_serves_the_new_weights(slot: Slot) -> None:
+def test_broadcast_over_gloo_serves_the_new_weights(served: RunningSglang) -> None:
     """SGLang's broadcast routes for real: its worker joins a gloo group hosted by a trainer-side rank 0
     (`open_trainer_group`), receives two buckets by torch.distributed.broadcast, and serves the sent weights."""
-    served = slot.serve("untied")
     probe = probe_ids(served.model_dir)
     model = perturbed(served.model_dir, seed=9)
     trainer_lp = trainer_probe_logprobs(model, probe)
@@ -261,16 +239,13 @@ def test_broadcast_over_gloo_serves_the_new_weights(slot: Slot) -> None:
           f"{phases['join'] * 1000:.0f} ms, push {phases['push'] * 1000:.0f} ms; fingerprint {diff:.2e}")
 
 
-@pytest.mark.parametrize("kind", ["untied", "tied"])
-def test_pause_load_flush_resume_serves_the_new_weights(slot: Slot, kind: str) -> None:
-    served = slot.serve(kind)
+def test_pause_load_flush_resume_serves_the_new_weights(served: RunningSglang) -> None:
+    kind = kind_of(served)
     probe = probe_ids(served.model_dir)
-    base_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # what it serves now
+    base_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # the earlier tests' load
     model = perturbed(served.model_dir, seed=1)
     if kind == "tied":
         assert model.lm_head.weight is model.model.embed_tokens.weight
-        check_fingerprint(base_lp, trainer_probe_logprobs(load(served.model_dir), probe), TOLERANCE,
-                          server_label="sglang tied, as started")
     trainer_lp = trainer_probe_logprobs(model, probe)
     assert mean_abs(trainer_lp, base_lp) > 50 * TOLERANCE  # the check below cannot pass without a real reload
     weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 7), None)
