@@ -11,6 +11,8 @@ PROGRAM = f"""
 import sys
 import rlkit.cli, rlkit.config.load, rlkit.config.validate, rlkit.launch.submit, rlkit.launch.render, rlkit.status
 from rlkit.launch.submit import prepare
+from rlkit.servers.backend import backend_for
+backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
 for config in sys.argv[1:]:
     prepare(config, [], dry_run=True)
 print(" ".join(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))))

@@ -1,6 +1,8 @@
 """Command line of an SGLang server (`python -m sglang.launch_server`).
 
-Rendered and unit-tested only: SGLang has no CPU wheel, so no SGLang server has run in this project's tests.
+Run for real with SGLang 0.5.23 on the CPU (tests/integration/test_sglang_backend.py, through
+rlkit.servers.sglang.backend, with a test-only kernel shim): SGLang read the key from the `--config` file, answered
+401 without it and 200 with it. What follows was first written from SGLang's source; the 0.5.23 run confirmed it.
 
 How the token is enforced there. SGLang has no `--middleware` option, so `rlkit.servers.auth.TokenGuard` cannot be
 put in front of it. SGLang's own `--api-key` is the guard instead. Read in SGLang's source (recent main:

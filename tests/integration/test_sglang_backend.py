@@ -1,0 +1,276 @@
+"""The SGLang backend's contract against a REAL SGLang 0.5.23 server on the CPU (not a stand-in app).
+
+The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, environment) from SGLang's own venv
+(scripts/sglang-env.sh), with a test-only one-function kernel shim (tests/sglang_cpu_shim: SGLang's CPU engine needs
+one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
+ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version
+with a request in flight, and the broadcast routes over a gloo group, for an untied and a tied-embedding model.
+What it cannot: SGLang's GPU kernels and NCCL.
+
+One server at a time: the module fixture is parametrized, so pytest runs every test on the untied server, stops it,
+then runs them on the tied one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import torch
+
+from rlkit.errors import StepError
+from rlkit.models.tiny import build_tiny_model
+from rlkit.servers.backend import SamplingParams, TensorMeta, WeightGroup
+from rlkit.servers.guard_check import prove_guard
+from rlkit.servers.health import find_free_port
+from rlkit.servers.sglang.backend import BACKEND
+from rlkit.servers.sglang.weight_group import broadcast_bucket, close_trainer_group, open_trainer_group
+from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
+from rlkit.weights.hf_export import version_dir, write_weights
+from rlkit.weights.server_http import weight_sync_client
+
+from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
+
+pytestmark = [pytest.mark.sglang]
+
+TOLERANCE = 1e-3  # float32 server and trainer; the measured differences are printed
+TIMEOUT = 60.0
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module", params=["untied", "tied"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           tiny_model_dir: Path) -> Iterator[RunningSglang]:
+    """One real server per kind; pytest runs every test on the untied one, stops it, then on the tied one."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"sglang_{kind}")
+    model = tiny_model_dir if kind == "untied" else build_tiny_model(root / "tied", tie_word_embeddings=True)
+    with running_sglang(model, token=secrets.token_urlsafe(24), workdir=root, python=sglang_python()) as running:
+        print(f"\n[sglang {kind}] server healthy {running.start_seconds:.1f} s after its start")
+        yield running
+
+
+def kind_of(served: RunningSglang) -> str:
+    return "tied" if load(served.model_dir).config.tie_word_embeddings else "untied"
+
+
+def run(served: RunningSglang, step: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with weight_sync_client(served.token) as client:
+            client.timeout = httpx.Timeout(TIMEOUT)
+            return await step(client)
+
+    return asyncio.run(main())
+
+
+def probe_ids(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer.bos_token_id, *tokenizer.encode("12+7=19. The quick brown fox jumps over the lazy dog.")]
+
+
+def load(model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def perturbed(model_dir: Path, seed: int) -> Any:
+    """The model with noise on every parameter (a tied weight is one parameter, so it stays tied)."""
+    model = load(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    return model
+
+
+def mean_abs(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def sampled_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """transformers' log_softmax(logits / temperature) of each sampled token given the prompt and the ones before."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def test_guard_refuses_requests_without_the_token(served: RunningSglang) -> None:
+    prove_guard(served.server.url, "sglang", served.token)  # 401 without the token, 200 with it
+    bare = httpx.post(f"{served.server.url}/pause_generation", json={"mode": "retract"}, trust_env=False)
+    assert bare.status_code == 401  # a control route, not only the probe
+    assert oct(served.key_file.stat().st_mode & 0o777) == "0o600"
+    assert all(served.token not in arg for arg in served.argv)
+    cmdline = Path(f"/proc/{served.process.pid}/cmdline").read_bytes()
+    assert served.token.encode() not in cmdline and str(served.key_file).encode() in cmdline
+
+
+def test_complete_returns_n_samples_with_the_models_logprobs(served: RunningSglang) -> None:
+    prompt = probe_ids(served.model_dir)[:8]
+    params = SamplingParams(n=4, max_new_tokens=12, temperature=0.7)
+    start = time.monotonic()
+    completions = run(served, lambda c: BACKEND.complete(c, served.server, prompt, params))
+    seconds = time.monotonic() - start
+    assert len(completions) == 4
+    model = load(served.model_dir)
+    worst = 0.0
+    for completion in completions:
+        assert 1 <= len(completion.token_ids) <= 12
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert completion.finish_reason in ("length", "stop")
+        assert (completion.finish_reason == "length") == (len(completion.token_ids) == 12)
+        expected = sampled_logprobs(model, prompt, completion.token_ids, params.temperature)
+        worst = max(worst, max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True)))
+    assert worst <= TOLERANCE
+    assert len({tuple(c.token_ids) for c in completions}) > 1  # n samples, not one sample n times
+    seeded = run(served, lambda c: BACKEND.complete(c, served.server, prompt,
+                                                    SamplingParams(n=3, max_new_tokens=5, seed=11)))
+    assert [len(c.logprobs) for c in seeded] == [len(c.token_ids) for c in seeded] and len(seeded) == 3
+    print(f"\n[sglang] n=4 x 12 tokens in {seconds:.2f} s; max |server - transformers| logprob at T=0.7: "
+          f"{worst:.2e}")
+
+
+def test_probe_logprobs_equal_transformers(served: RunningSglang) -> None:
+    probe = probe_ids(served.model_dir)
+    expected = trainer_probe_logprobs(load(served.model_dir), probe)
+    first = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    again = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # prefix now cached
+    diff = check_fingerprint(first, expected, TOLERANCE, server_label="sglang untied")
+    assert len(first) == len(probe) - 1
+    assert again == first
+    print(f"\n[sglang] probe of {len(probe)} tokens: mean |server - transformers| {diff:.2e}, "
+          f"max {max(abs(a - b) for a, b in zip(first, expected, strict=True)):.2e}")
+
+
+def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_reload(served: RunningSglang) -> None:
+    """A request decoding during pause -> load -> flush -> resume is retracted (its KV dropped), not aborted: it
+    finishes all its tokens, the first ones generated under the old version and the rest under the new one."""
+    probe = probe_ids(served.model_dir)
+    model = perturbed(served.model_dir, seed=4)
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 4), None)
+    before = run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT))
+    # Raw /generate (not BACKEND.complete) for meta_info's per-token weight_versions and num_retractions.
+    long = {"input_ids": probe, "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
+
+    async def main(client: httpx.AsyncClient) -> tuple[httpx.Response, str, dict[str, Any]]:
+        request = asyncio.create_task(client.post(f"{served.server.url}/generate", json=long))
+        await asyncio.sleep(0.5)  # decoding by now (else the refused flush below fails the test)
+        with pytest.raises(StepError, match="flush") as refused:
+            await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)  # not paused: KV is in use
+        await BACKEND.pause(client, served.server, TIMEOUT)
+        try:
+            report = await BACKEND.load_weights_from_disk(client, served.server, weights, 4, TIMEOUT)
+            await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
+        finally:
+            await BACKEND.resume(client, served.server, TIMEOUT)
+        return await request, str(refused.value), report
+
+    response, refusal, report = run(served, main)
+    assert response.status_code == 200, response.text
+    meta = response.json()["meta_info"]
+    assert len(response.json()["output_ids"]) == 480 and meta["finish_reason"]["type"] == "length"
+    assert meta["num_retractions"] >= 1  # held by retraction, KV recomputed after the reload
+    spans = meta["weight_versions"]
+    assert [span["version"] for span in spans] == [before, "4"] and spans[-1]["end"] == 480
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "4"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a reload with a held request")
+    print(f"\n[sglang] flush while decoding: {refusal.splitlines()[0][:160]}\n[sglang] load: {report}; the held "
+          f"request: {meta['num_retractions']} retraction(s), versions {spans}")
+
+
+def test_broadcast_over_gloo_serves_the_new_weights(served: RunningSglang) -> None:
+    """SGLang's broadcast routes for real: its worker joins a gloo group hosted by a trainer-side rank 0
+    (`open_trainer_group`), receives two buckets by torch.distributed.broadcast, and serves the sent weights."""
+    probe = probe_ids(served.model_dir)
+    model = perturbed(served.model_dir, seed=9)
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    names = list(state)
+    buckets = [names[: len(names) // 2], names[len(names) // 2:]]
+    group = WeightGroup(master_address="127.0.0.1", master_port=find_free_port("127.0.0.1"), rank_offset=1,
+                        world_size=2, group_name="rlkit-test-weights", backend="gloo", timeout_s=60.0)
+    phases: dict[str, float] = {}
+
+    async def main(client: httpx.AsyncClient) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        opening = loop.run_in_executor(None, open_trainer_group, group)
+        await BACKEND.join_weight_group(client, served.server, group, TIMEOUT)
+        pg = await opening
+        phases["join"] = time.monotonic() - start
+        try:
+            await BACKEND.pause(client, served.server, TIMEOUT)
+            try:
+                start = time.monotonic()
+                await BACKEND.begin_weight_broadcast(client, served.server, TIMEOUT)
+                for bucket in buckets:
+                    metas = [TensorMeta(name, str(state[name].dtype).removeprefix("torch."),
+                                        tuple(state[name].shape)) for name in bucket]
+                    sending = loop.run_in_executor(None, broadcast_bucket, pg, [state[name] for name in bucket])
+                    await BACKEND.receive_weight_bucket(client, served.server, metas, TIMEOUT)
+                    await sending
+                await BACKEND.finish_weight_broadcast(client, served.server, 9, TIMEOUT)
+                await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
+                phases["push"] = time.monotonic() - start
+            finally:
+                await BACKEND.resume(client, served.server, TIMEOUT)
+        finally:
+            await client.post(f"{served.server.url}/destroy_weights_update_group",
+                              json={"group_name": group.group_name})
+            close_trainer_group(pg)
+
+    run(served, main)
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "9"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a gloo broadcast")
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"\n[sglang] gloo broadcast of {len(names)} tensors ({size / 1e6:.1f} MB) in 2 buckets: join "
+          f"{phases['join'] * 1000:.0f} ms, push {phases['push'] * 1000:.0f} ms; fingerprint {diff:.2e}")
+
+
+def test_pause_load_flush_resume_serves_the_new_weights(served: RunningSglang) -> None:
+    kind = kind_of(served)
+    probe = probe_ids(served.model_dir)
+    base_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # the earlier tests' load
+    model = perturbed(served.model_dir, seed=1)
+    if kind == "tied":
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    trainer_lp = trainer_probe_logprobs(model, probe)
+    assert mean_abs(trainer_lp, base_lp) > 50 * TOLERANCE  # the check below cannot pass without a real reload
+    weights = write_weights(model.state_dict(), served.model_dir, version_dir(served.log_path.parent / "w", 7), None)
+    phases: dict[str, float] = {}
+
+    async def timed(name: str, step: Awaitable[T]) -> T:
+        start = time.monotonic()
+        try:
+            return await step
+        finally:
+            phases[name] = time.monotonic() - start
+
+    async def push(client: httpx.AsyncClient) -> None:
+        await timed("pause", BACKEND.pause(client, served.server, TIMEOUT))
+        try:
+            await timed("load", BACKEND.load_weights_from_disk(client, served.server, weights, 7, TIMEOUT))
+            await timed("flush", BACKEND.reset_prefix_cache(client, served.server, TIMEOUT))
+        finally:
+            await timed("resume", BACKEND.resume(client, served.server, TIMEOUT))
+
+    run(served, push)
+    assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "7"
+    server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
+    diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=f"sglang {kind}")
+    assert mean_abs(server_lp, base_lp) > 50 * TOLERANCE
+    steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in phases.items())
+    print(f"\n[sglang {kind}] {steps}; fingerprint {diff:.2e} (vs the old weights {mean_abs(server_lp, base_lp):.3f})")
+
