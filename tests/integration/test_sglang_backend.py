@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import torch
+from rlkit.weights.server_http import weight_sync_client
 
 from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
@@ -33,7 +34,6 @@ from rlkit.servers.sglang.backend import BACKEND
 from rlkit.servers.sglang.weight_group import broadcast_bucket, close_trainer_group, open_trainer_group
 from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
 from rlkit.weights.hf_export import version_dir, write_weights
-from rlkit.weights.server_http import weight_sync_client
 
 from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
 

@@ -289,16 +289,6 @@ def test_sync_server_timeout_names_the_wait(tmp_path: Path) -> None:
     assert calls == ["/pause", "/collective_rpc", "/resume"]
 
 
-def test_sync_server_sglang_stand_in(tmp_path: Path) -> None:
-    app = StandInServer()
-    result = run(app, lambda c: sync_server(c, server("sglang"), tmp_path / "version-4", 4, 30.0))
-    assert app.calls == ["/update_weights_from_disk", "/model_info", "/get_weight_version"]
-    assert app.bodies["/update_weights_from_disk"] == {"model_path": str(tmp_path / "version-4"),
-                                                       "weight_version": "4", "flush_cache": True,
-                                                       "abort_all_requests": False}
-    assert result.version == 4
-
-
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_probe_logprobs_stand_in(backend: str) -> None:
     app = StandInServer()

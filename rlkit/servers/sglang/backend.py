@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import FatalStepError, StepError
+from rlkit.servers import http as server_http
 from rlkit.servers.backend import (
     Completion,
     SamplingParams,
@@ -36,15 +37,12 @@ from rlkit.servers.backend import (
     WeightGroup,
 )
 from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems
-from rlkit.servers.guard_check import _GUARD_HINTS, GUARD_PROBES
 from rlkit.servers.sglang.command import sglang_command, write_key_file
-from rlkit.weights import server_http
 
 if TYPE_CHECKING:
     import httpx
 
     from rlkit.config.schema import ExperimentConfig
-    from rlkit.rollout.client import Server as ClientServer
 
 # Variables of the inherited environment that would change what the routes below mean.
 _UNSET_ENV = (
@@ -59,8 +57,8 @@ class SglangBackend(ServerBackend):
     name = "sglang"
     model_field = "sglang.model_path"
     context_field = "sglang.context_length"
-    guard_probe = GUARD_PROBES["sglang"]
-    guard_hint = _GUARD_HINTS["sglang"]
+    guard_probe = "/v1/models"  # "normal" auth level: SGLang's api-key middleware answers 401 without the key
+    guard_hint = "did SGLang read --api-key from rlkit's --config file?"
 
     def __init__(self) -> None:
         # The one piece of state (the interface wants none): the group each server address joined last, because
@@ -256,15 +254,12 @@ class SglangBackend(ServerBackend):
 
 async def _call(client: httpx.AsyncClient, server: Server, method: str, path: str, what: str, timeout: float,
                 **kwargs: Any) -> httpx.Response:
-    """`rlkit.weights.server_http.call` (StepError/ServerUnreachable naming the server, the route and `what`).
-
-    The cast: server_http still types its server as rlkit.rollout.client.Server, the same fields as
-    rlkit.servers.backend.Server; the merge that moves it to rlkit.servers.http drops it."""
-    return await server_http.call(client, cast("ClientServer", server), method, path, what, timeout, **kwargs)
+    """`rlkit.servers.http.call` (StepError/ServerUnreachable naming the server, the route and `what`)."""
+    return await server_http.call(client, server, method, path, what, timeout, **kwargs)
 
 
 def _json(response: httpx.Response, server: Server, what: str) -> Any:
-    return server_http.answer_json(response, cast("ClientServer", server), what)
+    return server_http.answer_json(response, server, what)
 
 
 async def _succeeded(client: httpx.AsyncClient, server: Server, route: str, what: str, timeout: float,
