@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, TensorMeta, WeightGroup
 from rlkit.servers.health import find_free_port
-from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, packed_chunks
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
 
 if TYPE_CHECKING:
     import httpx
@@ -54,7 +54,11 @@ class BroadcastControl(Protocol):
 
 
 class _Link(Protocol):
-    def broadcast(self, tensor: torch.Tensor) -> None: ...
+    """Rank 0's end of one group: `start` issues a broadcast without waiting, `wait` waits for one to be sent."""
+
+    def start(self, tensor: torch.Tensor) -> Any: ...
+
+    def wait(self, handle: Any) -> None: ...
 
     def close(self) -> None: ...
 
@@ -71,9 +75,11 @@ class _GlooLink:
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, self.store), 0, group.world_size,
                                         self.timeout)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        work = self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
-        if not work.wait(self.timeout):
+    def start(self, tensor: torch.Tensor) -> Any:
+        return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
+
+    def wait(self, handle: Any) -> None:
+        if not handle.wait(self.timeout):
             raise TimeoutError(f"broadcast not done after {self.timeout.total_seconds():g} s")
 
     def close(self) -> None:
@@ -93,12 +99,15 @@ class _NcclLink:
         self.comm = trainer_init({"master_address": group.master_address, "master_port": group.master_port,
                                   "world_size": group.world_size}, rank=0)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
+    def start(self, tensor: torch.Tensor) -> Any:
         import torch
 
         stream = torch.cuda.current_stream()
-        self.comm.broadcast(tensor, src=0, stream=stream)
-        stream.synchronize()
+        self.comm.broadcast(tensor, src=0, stream=stream)  # enqueued on the stream
+        return stream
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
 
     def close(self) -> None:
         self.comm.destroy()
@@ -132,11 +141,13 @@ class XcclSender:
 
     `workers_per_server` is each server's tensor x pipeline parallel size (its ranks in the group); `host` is the
     address the servers reach this node at (`rlkit.steps.serve.advertised_host()`); `skip` holds state-dict names the
-    servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`).
+    servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`). `packed` (default
+    `rlkit.servers.vllm.wire.default_packed(backend)`) must be what the servers were told at the join; the backends'
+    `join_weight_group` use that same default.
     """
 
     def __init__(self, control: BroadcastControl, *, backend: str, host: str, timeout_s: float,
-                 workers_per_server: int = 1, skip: Collection[str] = ()) -> None:
+                 workers_per_server: int = 1, skip: Collection[str] = (), packed: bool | None = None) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"broadcast backend must be gloo or nccl, got {backend!r}")
         self.control = control
@@ -145,6 +156,7 @@ class XcclSender:
         self.timeout_s = timeout_s
         self.workers_per_server = workers_per_server
         self.skip = frozenset(skip)
+        self.packed = default_packed(backend) if packed is None else packed
         self._members: dict[tuple[int, str], _Member] = {}
         self._times: dict[str, float] = {}  # the current push's PushResult.seconds
         self._formed = 0
@@ -213,7 +225,7 @@ class XcclSender:
         metas = [TensorMeta(name, str(bucket[name].dtype).removeprefix("torch."), tuple(bucket[name].shape))
                  for name in names]
         start = time.perf_counter()
-        payload = await asyncio.to_thread(_pack, [bucket[name] for name in names])
+        payload = await asyncio.to_thread(_payload, [bucket[name] for name in names], self.packed)
         self._add_time("pack", time.perf_counter() - start)
         members = [self._members[(s.index, s.address)] for s in servers]
         size = sum(t.nbytes for t in payload)
@@ -322,15 +334,19 @@ def _close_when_done(trainer: asyncio.Task[_Link]) -> None:
     trainer.add_done_callback(close)
 
 
-def _pack(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The bucket as sent: flat byte chunks cut by `packed_chunks` (mostly one), contiguous, on the tensors' device."""
+def _payload(tensors: list[torch.Tensor], packed: bool) -> list[torch.Tensor]:
+    """The bucket as sent: flat byte chunks cut by `packed_chunks` when packed, else the tensors themselves
+    (contiguous: a broadcast sends the storage from the first element on)."""
     import torch
 
+    if not packed:
+        return [t.detach().contiguous() for t in tensors]
     flat = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
     return [torch.cat([flat[i] for i in chunk]) if len(chunk) > 1 else flat[chunk[0]]
             for chunk in packed_chunks([f.numel() for f in flat], PACKED_BUFFER_BYTES)]
 
 
 def _send(link: _Link, payload: list[torch.Tensor]) -> None:
-    for tensor in payload:
-        link.broadcast(tensor)
+    """Issue every broadcast of the bucket at once (the receiving workers post theirs at once too), then wait."""
+    for handle in [link.start(tensor) for tensor in payload]:
+        link.wait(handle)

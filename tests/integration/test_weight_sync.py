@@ -194,10 +194,14 @@ BUCKET_BYTES = 256 * 1024  # the tiny model is ~1.5 MB: several /update_weights 
 
 
 class VllmBroadcast:
-    """The four broadcast methods of the vLLM backend, as the lead wires them into VllmBackend."""
+    """The four broadcast methods of the vLLM backend, as the lead wires them into VllmBackend (`packed`: None is
+    the default wire mode, what VllmBackend uses)."""
+
+    def __init__(self, packed: bool | None = None) -> None:
+        self.packed = packed
 
     async def join_weight_group(self, client: httpx.AsyncClient, server: Any, group: Any, timeout: float) -> None:
-        await vllm_broadcast.join_group(client, server, group, timeout)
+        await vllm_broadcast.join_group(client, server, group, timeout, packed=self.packed)
 
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Any, timeout: float) -> None:
         await vllm_broadcast.begin(client, server, timeout)
@@ -216,9 +220,9 @@ def backend_server(served: Served) -> BackendServer:
     return BackendServer(index=s.index, address=s.address, model=s.model, backend=s.backend)
 
 
-def sender_for(served: Served, timeout: float = XCCL_TIMEOUT) -> XcclSender:
-    return XcclSender(VllmBroadcast(), backend="gloo", host="127.0.0.1", timeout_s=timeout,
-                      skip=tied_weight_aliases(served.model_dir))
+def sender_for(served: Served, timeout: float = XCCL_TIMEOUT, packed: bool | None = None) -> XcclSender:
+    return XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=timeout,
+                      skip=tied_weight_aliases(served.model_dir), packed=packed)
 
 
 def buckets_of(model: Any, max_bytes: int = BUCKET_BYTES) -> Iterator[dict[str, torch.Tensor] | None]:
@@ -264,7 +268,9 @@ def test_broadcast_after_the_trainer_reforms_its_group(served: Served) -> None:
         push_and_check(served, sender, seed=14, version=14)
     finally:
         sender.close()
-    restarted = sender_for(served)  # a restarted trainer: new store, new port; the server replaces its old group
+    # A restarted trainer: new store, new port; the server replaces its old group. It sends packed (vLLM's NCCL
+    # default, flat byte chunks) to cover the other wire mode too.
+    restarted = sender_for(served, packed=True)
     try:
         push_and_check(served, restarted, seed=15, version=15)
     finally:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from rlkit.errors import StepError
-from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, default_packed
 from rlkit.weights.server_http import ServerUnreachable, answer_json, call
 
 if TYPE_CHECKING:
@@ -35,14 +35,15 @@ if TYPE_CHECKING:
     from rlkit.servers.backend import Server, TensorMeta, WeightGroup
 
 
-def init_info(group: WeightGroup) -> dict[str, Any]:
-    """The `init_info` of `/init_weight_transfer_engine` for `group` (see the module docstring)."""
+def init_info(group: WeightGroup, packed: bool | None = None) -> dict[str, Any]:
+    """The `init_info` of `/init_weight_transfer_engine` for `group` (see the module docstring); `packed` defaults to
+    `wire.default_packed(group.backend)`, as the trainer's `XcclSender` does (both sides must agree)."""
     info: dict[str, Any] = {
         "master_address": group.master_address,
         "master_port": group.master_port,
         "rank_offset": group.rank_offset,
         "world_size": group.world_size,
-        "packed": True,
+        "packed": default_packed(group.backend) if packed is None else packed,
         "packed_buffer_size_bytes": PACKED_BUFFER_BYTES,
         "packed_num_buffers": PACKED_NUM_BUFFERS,
     }
@@ -67,12 +68,14 @@ def _hint(exc: StepError, server: Server) -> StepError:
                      "--weight-transfer-config '{\"backend\": \"gloo\"}' (CPU) or '{\"backend\": \"nccl\"}' (GPUs)")
 
 
-async def join_group(client: httpx.AsyncClient, server: Server, group: WeightGroup, timeout: float) -> None:
-    """The server's workers join `group`; returns once they did (the trainer joins concurrently)."""
+async def join_group(client: httpx.AsyncClient, server: Server, group: WeightGroup, timeout: float, *,
+                     packed: bool | None = None) -> None:
+    """The server's workers join `group`; returns once they did (the trainer joins concurrently). `packed`: see
+    `init_info` (bench/bench_xccl.py compares both modes; a weight sync keeps the default)."""
     try:
         await call(client, _http(server), "POST", "/init_weight_transfer_engine",
                    f"joining weight group {group.group_name} at {group.master_address}:{group.master_port}", timeout,
-                   json={"init_info": init_info(group)})
+                   json={"init_info": init_info(group, packed)})
     except StepError as exc:
         raise _hint(exc, server) from exc
 

@@ -10,7 +10,8 @@ engine's (read in vLLM 0.32, `distributed/weight_transfer/nccl_engine.py`), so `
   `rank_offset + worker rank`; every operation gives up after `timeout_s`. A new join (the trainer restarted or
   re-formed the group) replaces the old group instead of failing.
 - each `/update_weights` call: the listed tensors, broadcast by rank 0 in order, either packed (flat byte chunks cut
-  by `packed_chunks`, one collective per chunk, the mode rlkit's trainer uses) or one collective per tensor.
+  by `packed_chunks`, one collective per chunk) or one collective per tensor (rlkit's default on gloo:
+  `wire.default_packed` says why). All receives are posted at once, so loading overlaps receiving.
 - start/finish: vLLM's layerwise reload, as the NCCL engine does; finish then repairs tied layers (the same repair as
   the disk path: `rlkit.servers.vllm.worker`, whose docstring says why the reload leaves a tied head stale).
 """
@@ -140,29 +141,48 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         shapes = [tuple(shape) for shape in update_info.shapes]
         sizes = [_numel(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True)]
         load = cast("Callable[[list[tuple[str, torch.Tensor]]], object]", self.model.load_weights)
+        if self._packed:
+            chunks = [list(chunk) for chunk in packed_chunks(sizes, self._buffer_bytes)]
+            buffers = [torch.empty(sum(sizes[i] for i in chunk), dtype=torch.uint8, device=self.device)
+                       for chunk in chunks]
+        else:
+            chunks = [[i] for i in range(len(sizes))]
+            buffers = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in zip(shapes, dtypes,
+                                                                                                    strict=True)]
+        start = time.perf_counter()
+        # Every receive is posted at once (gloo runs them in the background, matched to the trainer's sends by
+        # order): while one buffer is loaded, the next ones keep arriving.
+        works = [group.pg.broadcast(buffer, 0) for buffer in buffers]  # type: ignore[attr-defined]
+        waited = loaded = 0.0
+        calls = 0
         with disable_mtp_completeness_check():
-            if not self._packed:
-                for name, dtype, shape in zip(update_info.names, dtypes, shapes, strict=True):
-                    tensor = torch.empty(shape, dtype=dtype, device=self.device)
-                    _broadcast(group, tensor)
-                    if not update_info.discard:
-                        load([(name, tensor)])
-                return
-            received = loaded = 0.0
-            for chunk in packed_chunks(sizes, self._buffer_bytes):
-                start = time.perf_counter()
-                flat = torch.empty(sum(sizes[i] for i in chunk), dtype=torch.uint8, device=self.device)
-                _broadcast(group, flat)
-                received += time.perf_counter() - start
-                if update_info.discard:
-                    continue
-                start = time.perf_counter()
-                parts = flat.split([sizes[i] for i in chunk])
-                load([(update_info.names[i], part.view(dtypes[i]).view(shapes[i]))
-                      for i, part in zip(chunk, parts, strict=True)])
-                loaded += time.perf_counter() - start
-            logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB: received in %.3f s, loaded in %.3f s",
-                        len(sizes), sum(sizes) / 1e6, received, loaded)
+            first = 0
+            while first < len(works):
+                mark = time.perf_counter()
+                _wait(group, works[first], buffers[first].nbytes)
+                last = first + 1
+                while last < len(works) and works[last].is_completed():  # load what has arrived in one call
+                    _wait(group, works[last], buffers[last].nbytes)  # raises if it completed with an error
+                    last += 1
+                waited += time.perf_counter() - mark
+                if not update_info.discard:
+                    mark = time.perf_counter()
+                    load([pair for k in range(first, last)
+                          for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes, shapes)])
+                    loaded += time.perf_counter() - mark
+                    calls += 1
+                first = last
+        logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB (%s): %.3f s, of which waiting %.3f s, "
+                    "loading %.3f s in %d calls", len(sizes), sum(sizes) / 1e6,
+                    "packed" if self._packed else "per tensor", time.perf_counter() - start, waited, loaded, calls)
+
+    def _unpack(self, chunk: list[int], buffer: torch.Tensor, names: list[str], sizes: list[int],
+                dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]) -> list[tuple[str, torch.Tensor]]:
+        """The named tensors of one received buffer (views of it)."""
+        if not self._packed:
+            return [(names[chunk[0]], buffer)]
+        parts = buffer.split([sizes[i] for i in chunk])
+        return [(names[i], part.view(dtypes[i]).view(shapes[i])) for i, part in zip(chunk, parts, strict=True)]
 
     def shutdown(self) -> None:
         group, self._group = self._group, None
@@ -173,11 +193,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 logger.info("rlkit gloo weight transfer: closing %s: %s", group.name, exc)
 
 
-def _broadcast(group: _Group, tensor: torch.Tensor) -> None:
-    work = group.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
+def _wait(group: _Group, work: dist.Work, nbytes: int) -> None:
     if not work.wait(group.timeout):
-        raise RuntimeError(f"gloo weight transfer: broadcast of {tensor.nbytes} bytes in {group.name} timed out "
-                           f"after {group.timeout.total_seconds():g} s")
+        raise RuntimeError(f"gloo weight transfer: receiving {nbytes} bytes in {group.name} timed out after "
+                           f"{group.timeout.total_seconds():g} s")
 
 
 def _dtype(name: str) -> torch.dtype:
