@@ -259,13 +259,18 @@ class XcclSender:
         start = time.perf_counter()
         live = self._settle(result, live, "begin", start, await self.begin(client, live))
         start = time.perf_counter()
-        for bucket in buckets:
-            if bucket is None:
-                continue
-            result.buckets += 1
-            result.bytes_sent += sum(t.nbytes for name, t in bucket.items() if name not in self.skip)
-            if live:
-                live = self._settle(result, live, "buckets", None, await self.send_bucket(client, live, bucket))
+        iterator = iter(buckets)
+        try:
+            for bucket in iterator:
+                if bucket is None:
+                    continue
+                result.buckets += 1
+                result.bytes_sent += sum(t.nbytes for name, t in bucket.items() if name not in self.skip)
+                if live:
+                    live = self._settle(result, live, "buckets", None, await self.send_bucket(client, live, bucket))
+        finally:
+            for _ in iterator:  # after an unexpected error too: the other trainer ranks gather until the end
+                pass
         result.seconds["buckets"] = time.perf_counter() - start
         start = time.perf_counter()
         self._settle(result, live, "finish", start, await self.finish(client, live, version))
