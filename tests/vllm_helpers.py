@@ -18,6 +18,8 @@ from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, vllm_command, vllm_env
 
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 240.0
+# The shared servers also take weights by broadcast (rlkit's gloo weight-transfer engine; idle until a trainer joins).
+GLOO_WEIGHT_TRANSFER = ("--weight-transfer-config", '{"backend":"gloo"}')
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class ServerSlot:
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
             model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
-            dtype="float32", guard=kind != "unguarded"))
+            dtype="float32", guard=kind != "unguarded", extra_args=GLOO_WEIGHT_TRANSFER))
         print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
         self.current = SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
         return self.current

@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import torch
-from rlkit.weights.server_http import weight_sync_client
 
 from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
 from rlkit.servers.backend import SamplingParams, TensorMeta, WeightGroup
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port
+from rlkit.servers.http import server_client
 from rlkit.servers.sglang.backend import BACKEND
 from rlkit.servers.sglang.weight_group import broadcast_bucket, close_trainer_group, open_trainer_group
 from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
@@ -62,7 +62,7 @@ def kind_of(served: RunningSglang) -> str:
 
 def run(served: RunningSglang, step: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
     async def main() -> T:
-        async with weight_sync_client(served.token) as client:
+        async with server_client(served.token) as client:
             client.timeout = httpx.Timeout(TIMEOUT)
             return await step(client)
 

