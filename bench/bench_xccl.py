@@ -32,17 +32,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from rlkit.weights.server_http import call, weight_sync_client  # noqa: E402
 
-from rlkit.rollout.client import Server as HttpServer  # noqa: E402
 from rlkit.servers.backend import Server  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
+from rlkit.servers.http import call, server_client  # noqa: E402
 from rlkit.servers.vllm import broadcast  # noqa: E402
 from rlkit.train.engine import PolicyEngine  # noqa: E402
-from rlkit.weights.disk import sync_server  # noqa: E402
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs  # noqa: E402
 from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402
+from tests.sync_helpers import sync_server  # noqa: E402
 from tests.vllm_helpers import GLOO_WEIGHT_TRANSFER, running_vllm  # noqa: E402
 
 TOKEN = "bench-token"
@@ -59,13 +58,19 @@ class VllmBroadcast:
     def __init__(self, packed: bool) -> None:
         self.packed = packed
 
+    def open_weight_link(self, group: Any) -> Any:
+        from rlkit.servers.vllm.trainer_link import VllmWeightLink
+
+        return VllmWeightLink(group, packed=self.packed)
+
     async def join_weight_group(self, client: Any, server: Any, group: Any, timeout: float) -> None:
         await broadcast.join_group(client, server, group, timeout, packed=self.packed)
 
     async def begin_weight_broadcast(self, client: Any, server: Any, timeout: float) -> None:
         await broadcast.begin(client, server, timeout)
 
-    async def receive_weight_bucket(self, client: Any, server: Any, tensors: Any, timeout: float) -> None:
+    async def receive_weight_bucket(self, client: Any, server: Any, group: Any, tensors: Any,
+                                    timeout: float) -> None:
         await broadcast.receive_bucket(client, server, tensors, timeout)
 
     async def finish_weight_broadcast(self, client: Any, server: Any, version: int, timeout: float) -> None:
@@ -108,7 +113,7 @@ async def floor(client: Any, sender: XcclSender, server: Server, nbytes: int) ->
     """(trainer broadcast, end to end) seconds of one raw broadcast of `nbytes` over the server's group."""
     member = sender._members[(server.index, server.address)]  # the same group the push used
     payload = torch.empty(nbytes, dtype=torch.uint8)
-    http = HttpServer(index=server.index, address=server.address, model=server.model, backend=server.backend)
+    http = server
     body = {"update_info": {"names": ["raw"], "dtype_names": ["uint8"], "shapes": [[nbytes]], "discard": True}}
     await broadcast.begin(client, server, TIMEOUT)
     try:
@@ -126,16 +131,16 @@ async def floor(client: Any, sender: XcclSender, server: Server, nbytes: int) ->
 async def rounds(args: argparse.Namespace, model_dir: Path, url: str, root: Path) -> None:
     address = url.removeprefix("http://")
     server = Server(index=0, address=address, model=str(model_dir), backend="vllm")
-    http = HttpServer(index=0, address=address, model=str(model_dir), backend="vllm")
+    http = server
     probe = list(range(1, 40))
-    senders = {mode: XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=TIMEOUT,
-                                packed=packed) for mode, packed in MODES.items()}
+    senders = {mode: XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=TIMEOUT)
+               for mode, packed in MODES.items()}
     times: dict[str, list[float]] = {k: [] for k in (*MODES, "floor_trainer", "floor_e2e", "disk_write",
                                                      "disk_reload", "disk")}
     phases: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     nbytes = 0
     version = 0
-    async with weight_sync_client(TOKEN) as client:
+    async with server_client(TOKEN) as client:
         for r in range(args.rounds):
             for mode, sender in senders.items():
                 version += 1

@@ -23,10 +23,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import httpx
+    from torch import Tensor
 
     from rlkit.config.schema import ExperimentConfig
 
@@ -109,6 +110,17 @@ class TensorMeta:
     shape: tuple[int, ...]
 
 
+class WeightLink(Protocol):
+    """Trainer rank 0's end of one server's weight-broadcast group (`ServerBackend.open_weight_link`)."""
+
+    def send(self, tensors: list[Tensor]) -> None:
+        """Broadcast one bucket's tensors from rank 0, in order, as the engine's workers expect them; raises (within
+        the group's timeout where the backend has one) if the group breaks."""
+
+    def close(self) -> None:
+        """Leave the group (also a broken one); the next push forms a new group for the server."""
+
+
 class ServerBackend(ABC):
     """One inference engine, as rlkit drives it. Subclasses are stateless: one instance serves every server."""
 
@@ -173,12 +185,18 @@ class ServerBackend(ABC):
         call is made from another task while the trainer's rank waits in the group's rendezvous)."""
 
     @abstractmethod
+    def open_weight_link(self, group: WeightGroup) -> WeightLink:
+        """Trainer rank 0 (in a thread, while `join_weight_group` runs): host the group's rendezvous and join it as
+        rank 0; returns once every worker joined, raises after `group.timeout_s`. Each engine lays out its group (store
+        keys, packing) its own way, so the trainer's end belongs to the backend."""
+
+    @abstractmethod
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """While paused, before the first bucket of a version."""
 
     @abstractmethod
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
-                                    timeout: float) -> None:
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                    tensors: list[TensorMeta], timeout: float) -> None:
         """Receive one bucket: returns when the server's workers received and loaded every tensor of `tensors`,
         broadcast by trainer rank 0 in that order (concurrently with this call) over the joined group."""
 

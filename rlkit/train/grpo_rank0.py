@@ -238,7 +238,7 @@ class Rank0:
         from rlkit.servers.http import server_client
 
         token = self.token
-        return PushTargets(servers=servers, timeout=self.config.rollout.request_timeout,
+        return PushTargets(servers=servers, timeout=self.config.actor.weight_update_timeout,
                            submit=self.controller.submit, open_client=lambda: server_client(token),
                            begin_update=self.controller.begin_update)
 

@@ -119,6 +119,7 @@ class WeightTransport(ABC):
 
 _TRANSPORTS: dict[str, str] = {
     "disk": "rlkit.weights.disk",  # each module exposes TRANSPORT, a WeightTransport subclass
+    "xccl": "rlkit.weights.xccl_transport",
 }
 TRANSPORT_NAMES = tuple(_TRANSPORTS)
 

@@ -21,13 +21,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rlkit.errors import StepError
-from rlkit.servers.backend import Server, TensorMeta, WeightGroup
+from rlkit.servers.backend import Server, TensorMeta, WeightGroup, WeightLink
 from rlkit.servers.health import find_free_port
-from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
 
 if TYPE_CHECKING:
     import httpx
@@ -35,93 +33,32 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_END = object()  # the bucket iterator is exhausted
 HTTP_MARGIN_S = 30.0  # a server's receive call answers after its own collective gave up (timeout_s): wait that long
 
 
 class BroadcastControl(Protocol):
-    """What a server backend does during a broadcast (the four methods of `rlkit.servers.backend.ServerBackend`)."""
+    """What a server backend does in a broadcast (the broadcast methods of `rlkit.servers.backend.ServerBackend`)."""
+
+    def open_weight_link(self, group: WeightGroup) -> WeightLink: ...
 
     async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
                                 timeout: float) -> None: ...
 
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None: ...
 
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
-                                    timeout: float) -> None: ...
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                    tensors: list[TensorMeta], timeout: float) -> None: ...
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None: ...
-
-
-class _Link(Protocol):
-    """Rank 0's end of one group: `start` issues a broadcast without waiting, `wait` waits for one to be sent."""
-
-    def start(self, tensor: torch.Tensor) -> Any: ...
-
-    def wait(self, handle: Any) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _GlooLink:
-    """Rank 0 of a gloo group: hosts the group's TCPStore and joins (blocks until every worker joined)."""
-
-    def __init__(self, group: WeightGroup) -> None:
-        import torch.distributed as dist
-
-        self.timeout = timedelta(seconds=group.timeout_s)
-        self.store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=True,
-                                   timeout=self.timeout, wait_for_workers=False)
-        self.pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, self.store), 0, group.world_size,
-                                        self.timeout)
-
-    def start(self, tensor: torch.Tensor) -> Any:
-        return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
-
-    def wait(self, handle: Any) -> None:
-        if not handle.wait(self.timeout):
-            raise TimeoutError(f"broadcast not done after {self.timeout.total_seconds():g} s")
-
-    def close(self) -> None:
-        try:
-            self.pg.abort()
-        except RuntimeError as exc:
-            logger.debug("closing a broken gloo group: %s", exc)
-
-
-class _NcclLink:
-    """Rank 0 of vLLM's NCCL weight-transfer group, opened as vLLM's own trainer engine opens it (not run here: no
-    GPU). NCCL collectives have no timeout of their own: a dead server is seen by its HTTP call failing."""
-
-    def __init__(self, group: WeightGroup) -> None:
-        from vllm.distributed.weight_transfer.nccl_common import trainer_init
-
-        self.comm = trainer_init({"master_address": group.master_address, "master_port": group.master_port,
-                                  "world_size": group.world_size}, rank=0)
-
-    def start(self, tensor: torch.Tensor) -> Any:
-        import torch
-
-        stream = torch.cuda.current_stream()
-        self.comm.broadcast(tensor, src=0, stream=stream)  # enqueued on the stream
-        return stream
-
-    def wait(self, handle: Any) -> None:
-        handle.synchronize()
-
-    def close(self) -> None:
-        self.comm.destroy()
-
-
-def _open_link(group: WeightGroup) -> _Link:
-    return _GlooLink(group) if group.backend == "gloo" else _NcclLink(group)
 
 
 @dataclass
 class _Member:
     server: Server
     group: WeightGroup
-    link: _Link
+    link: WeightLink
 
 
 @dataclass
@@ -129,8 +66,8 @@ class PushResult:
     """What one push did: the servers that failed (by index, with the error naming them) and where the time went."""
 
     failed: dict[int, StepError] = field(default_factory=dict)
-    # join, begin, buckets (gather + pack + send), finish; and within buckets, summed over buckets and servers:
-    # pack (flat chunks), trainer_send (rank 0's broadcast), server_receive (the receive call: receive + load)
+    # join, begin, buckets (gather + send), finish; and within buckets, summed over buckets (and servers): gather
+    # (the all-gather of full tensors), trainer_send (rank 0's broadcast), server_receive (the receive call)
     seconds: dict[str, float] = field(default_factory=dict)
     buckets: int = 0
     bytes_sent: int = 0  # per server
@@ -141,13 +78,12 @@ class XcclSender:
 
     `workers_per_server` is each server's tensor x pipeline parallel size (its ranks in the group); `host` is the
     address the servers reach this node at (`rlkit.steps.serve.advertised_host()`); `skip` holds state-dict names the
-    servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`). `packed` (default
-    `rlkit.servers.vllm.wire.default_packed(backend)`) must be what the servers were told at the join; the backends'
-    `join_weight_group` use that same default.
+    servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`). How a bucket is laid out on
+    the wire is the backend's business (`control.open_weight_link`).
     """
 
     def __init__(self, control: BroadcastControl, *, backend: str, host: str, timeout_s: float,
-                 workers_per_server: int = 1, skip: Collection[str] = (), packed: bool | None = None) -> None:
+                 workers_per_server: int = 1, skip: Collection[str] = ()) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"broadcast backend must be gloo or nccl, got {backend!r}")
         self.control = control
@@ -156,12 +92,15 @@ class XcclSender:
         self.timeout_s = timeout_s
         self.workers_per_server = workers_per_server
         self.skip = frozenset(skip)
-        self.packed = default_packed(backend) if packed is None else packed
         self._members: dict[tuple[int, str], _Member] = {}
         self._times: dict[str, float] = {}  # the current push's PushResult.seconds
         self._formed = 0
 
     # ---- groups ----
+
+    def members(self) -> list[Server]:
+        """The servers that have a group now."""
+        return [member.server for member in self._members.values()]
 
     def joined(self, server: Server) -> bool:
         return (server.index, server.address) in self._members
@@ -191,7 +130,7 @@ class XcclSender:
 
     async def _join(self, client: httpx.AsyncClient, server: Server) -> StepError | None:
         group = self._new_group(server)
-        trainer = asyncio.create_task(asyncio.to_thread(_open_link, group))
+        trainer = asyncio.create_task(asyncio.to_thread(self.control.open_weight_link, group))
         remote = asyncio.create_task(self.control.join_weight_group(client, server, group,
                                                                     self.timeout_s + HTTP_MARGIN_S))
         error = await _both(trainer, remote, f"{server.label}: joining weight group {group.group_name} at "
@@ -224,17 +163,15 @@ class XcclSender:
             return {}
         metas = [TensorMeta(name, str(bucket[name].dtype).removeprefix("torch."), tuple(bucket[name].shape))
                  for name in names]
-        start = time.perf_counter()
-        payload = await asyncio.to_thread(_payload, [bucket[name] for name in names], self.packed)
-        self._add_time("pack", time.perf_counter() - start)
+        tensors = [bucket[name] for name in names]
         members = [self._members[(s.index, s.address)] for s in servers]
-        size = sum(t.nbytes for t in payload)
+        size = sum(t.nbytes for t in tensors)
         what = f"a bucket of {len(names)} tensors ({size / 1e6:.1f} MB)"
 
         async def one(member: _Member) -> StepError | None:
-            sender = asyncio.create_task(asyncio.to_thread(_send, member.link, payload))
+            sender = asyncio.create_task(asyncio.to_thread(member.link.send, tensors))
             receiver = asyncio.create_task(self.control.receive_weight_bucket(
-                client, member.server, metas, self.timeout_s + HTTP_MARGIN_S))
+                client, member.server, member.group, metas, self.timeout_s + HTTP_MARGIN_S))
             start = time.perf_counter()
             sender.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
             receiver.add_done_callback(lambda _: self._add_time("server_receive", time.perf_counter() - start))
@@ -261,7 +198,14 @@ class XcclSender:
         start = time.perf_counter()
         iterator = iter(buckets)
         try:
-            for bucket in iterator:
+            while True:
+                # the next bucket's all-gather runs in a worker thread: this event loop keeps serving other calls
+                gather_started = time.perf_counter()
+                got = await asyncio.to_thread(next, iterator, _END)
+                self._add_time("gather", time.perf_counter() - gather_started)
+                if got is _END:
+                    break
+                bucket = cast("Mapping[str, torch.Tensor] | None", got)
                 if bucket is None:
                     continue
                 result.buckets += 1
@@ -330,28 +274,10 @@ async def _both(local: asyncio.Task[Any], remote: asyncio.Task[None], what: str,
                      "down and the next push forms a new one")
 
 
-def _close_when_done(trainer: asyncio.Task[_Link]) -> None:
+def _close_when_done(trainer: asyncio.Task[WeightLink]) -> None:
     """A join failed on the server's side: close the trainer's half once its rendezvous returns (or times out)."""
-    def close(task: asyncio.Task[_Link]) -> None:
+    def close(task: asyncio.Task[WeightLink]) -> None:
         if not task.cancelled() and task.exception() is None:
             task.result().close()
 
     trainer.add_done_callback(close)
-
-
-def _payload(tensors: list[torch.Tensor], packed: bool) -> list[torch.Tensor]:
-    """The bucket as sent: flat byte chunks cut by `packed_chunks` when packed, else the tensors themselves
-    (contiguous: a broadcast sends the storage from the first element on)."""
-    import torch
-
-    if not packed:
-        return [t.detach().contiguous() for t in tensors]
-    flat = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
-    return [torch.cat([flat[i] for i in chunk]) if len(chunk) > 1 else flat[chunk[0]]
-            for chunk in packed_chunks([f.numel() for f in flat], PACKED_BUFFER_BYTES)]
-
-
-def _send(link: _Link, payload: list[torch.Tensor]) -> None:
-    """Issue every broadcast of the bucket at once (the receiving workers post theirs at once too), then wait."""
-    for handle in [link.start(tensor) for tensor in payload]:
-        link.wait(handle)

@@ -26,14 +26,13 @@ import torch
 
 from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
-from rlkit.servers.backend import SamplingParams, TensorMeta, WeightGroup
+from rlkit.servers.backend import SamplingParams
 from rlkit.servers.guard_check import prove_guard
-from rlkit.servers.health import find_free_port
 from rlkit.servers.http import server_client
 from rlkit.servers.sglang.backend import BACKEND
-from rlkit.servers.sglang.weight_group import broadcast_bucket, close_trainer_group, open_trainer_group
 from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
-from rlkit.weights.hf_export import version_dir, write_weights
+from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
+from rlkit.weights.xccl import XcclSender
 
 from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
 
@@ -191,46 +190,35 @@ def test_flush_is_refused_while_a_request_runs_and_a_held_request_survives_the_r
 
 def test_broadcast_over_gloo_serves_the_new_weights(served: RunningSglang) -> None:
     """SGLang's broadcast routes for real: its worker joins a gloo group hosted by a trainer-side rank 0
-    (`open_trainer_group`), receives two buckets by torch.distributed.broadcast, and serves the sent weights."""
+    (the SGLang link of rlkit.weights.xccl.XcclSender), receives two buckets by torch.distributed.broadcast, and
+    serves the sent weights."""
     probe = probe_ids(served.model_dir)
     model = perturbed(served.model_dir, seed=9)
     trainer_lp = trainer_probe_logprobs(model, probe)
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     names = list(state)
     buckets = [names[: len(names) // 2], names[len(names) // 2:]]
-    group = WeightGroup(master_address="127.0.0.1", master_port=find_free_port("127.0.0.1"), rank_offset=1,
-                        world_size=2, group_name="rlkit-test-weights", backend="gloo", timeout_s=60.0)
+    # the trainer's side exactly as a run's xccl push drives it: rlkit.weights.xccl.XcclSender over the backend
+    sender = XcclSender(BACKEND, backend="gloo", host="127.0.0.1", timeout_s=60.0,
+                        skip=tied_weight_aliases(served.model_dir))
     phases: dict[str, float] = {}
 
     async def main(client: httpx.AsyncClient) -> None:
-        loop = asyncio.get_running_loop()
-        start = time.monotonic()
-        opening = loop.run_in_executor(None, open_trainer_group, group)
-        await BACKEND.join_weight_group(client, served.server, group, TIMEOUT)
-        pg = await opening
-        phases["join"] = time.monotonic() - start
+        await BACKEND.pause(client, served.server, TIMEOUT)
         try:
-            await BACKEND.pause(client, served.server, TIMEOUT)
-            try:
-                start = time.monotonic()
-                await BACKEND.begin_weight_broadcast(client, served.server, TIMEOUT)
-                for bucket in buckets:
-                    metas = [TensorMeta(name, str(state[name].dtype).removeprefix("torch."),
-                                        tuple(state[name].shape)) for name in bucket]
-                    sending = loop.run_in_executor(None, broadcast_bucket, pg, [state[name] for name in bucket])
-                    await BACKEND.receive_weight_bucket(client, served.server, metas, TIMEOUT)
-                    await sending
-                await BACKEND.finish_weight_broadcast(client, served.server, 9, TIMEOUT)
-                await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
-                phases["push"] = time.monotonic() - start
-            finally:
-                await BACKEND.resume(client, served.server, TIMEOUT)
+            start = time.monotonic()
+            result = await sender.push(client, [served.server], iter([{n: state[n] for n in b} for b in buckets]), 9)
+            assert not result.failed, result.failed
+            assert result.buckets == 2
+            await BACKEND.reset_prefix_cache(client, served.server, TIMEOUT)
+            phases.update(result.seconds, push=time.monotonic() - start)
         finally:
-            await client.post(f"{served.server.url}/destroy_weights_update_group",
-                              json={"group_name": group.group_name})
-            close_trainer_group(pg)
+            await BACKEND.resume(client, served.server, TIMEOUT)
 
-    run(served, main)
+    try:
+        run(served, main)
+    finally:
+        sender.close()
     assert run(served, lambda c: BACKEND.read_version(c, served.server, TIMEOUT)) == "9"
     server_lp = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
     diff = check_fingerprint(server_lp, trainer_lp, TOLERANCE, server_label="sglang after a gloo broadcast")

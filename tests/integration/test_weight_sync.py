@@ -199,13 +199,18 @@ class VllmBroadcast:
     def __init__(self, packed: bool | None = None) -> None:
         self.packed = packed
 
+    def open_weight_link(self, group: Any) -> Any:
+        from rlkit.servers.vllm.trainer_link import VllmWeightLink
+
+        return VllmWeightLink(group, packed=self.packed)
+
     async def join_weight_group(self, client: httpx.AsyncClient, server: Any, group: Any, timeout: float) -> None:
         await vllm_broadcast.join_group(client, server, group, timeout, packed=self.packed)
 
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Any, timeout: float) -> None:
         await vllm_broadcast.begin(client, server, timeout)
 
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Any, tensors: Any,
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Any, group: Any, tensors: Any,
                                     timeout: float) -> None:
         await vllm_broadcast.receive_bucket(client, server, tensors, timeout)
 
@@ -221,7 +226,7 @@ def backend_server(served: Served) -> Server:
 
 def sender_for(served: Served, timeout: float = XCCL_TIMEOUT, packed: bool | None = None) -> XcclSender:
     return XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=timeout,
-                      skip=tied_weight_aliases(served.model_dir), packed=packed)
+                      skip=tied_weight_aliases(served.model_dir))
 
 
 def buckets_of(model: Any, max_bytes: int = BUCKET_BYTES) -> Iterator[dict[str, torch.Tensor] | None]:

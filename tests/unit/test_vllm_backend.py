@@ -12,7 +12,7 @@ import pytest
 
 from rlkit.config.load import load_config
 from rlkit.errors import StepError
-from rlkit.servers.backend import BACKEND_NAMES, SamplingParams, ServerBackend, WeightGroup, backend_for
+from rlkit.servers.backend import BACKEND_NAMES, SamplingParams, ServerBackend, backend_for
 from rlkit.servers.http import ServerUnreachable
 from rlkit.servers.vllm.backend import BACKEND, VllmBackend
 
@@ -110,10 +110,17 @@ def test_load_without_the_worker_extension_names_the_fix(tmp_path: Path) -> None
     assert "--worker-extension-cls" not in str(info.value)  # a dead server is not a misconfigured one
 
 
-def test_broadcast_arrives_with_xccl() -> None:
-    group = WeightGroup("h", 1, 1, 2, "g", "gloo", 5.0)
-    with pytest.raises(NotImplementedError, match=r"rlkit\.weights\.xccl"):
-        run(StandInServer(), lambda c: BACKEND.join_weight_group(c, server(), group, 5.0))
+def test_only_xccl_starts_the_weight_transfer_engine(grpo_yaml: Path, tmp_path: Path) -> None:
+    import json
+
+    def argv(*overrides: str) -> list[str]:
+        return BACKEND.launch(load_config(grpo_yaml, list(overrides)), python="py", model="/m", host="0.0.0.0",
+                              port=1, tp=1, token="t", secret_dir=tmp_path, index=0).argv
+
+    assert "--weight-transfer-config" not in argv()
+    xccl = argv("actor.weight_update_mode=xccl")
+    # no CUDA on this machine: rlkit's gloo engine (the vLLM plugin), the protocol vLLM's nccl engine speaks on GPUs
+    assert json.loads(xccl[xccl.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
 
 
 def test_config_side_and_launch(grpo_yaml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -214,3 +214,12 @@ def test_disk_push_writes_the_buckets_and_every_server_loads_them(
     on_disk = load_file(str(written / "model.safetensors"))
     assert sorted(on_disk) == names and torch.equal(on_disk[names[-1]], state[names[-1]] + 1.0)
     assert not stale.exists() and set(transport.timings) == {"gather", "write"}
+
+
+def test_config_choices_are_the_registered_transports() -> None:
+    """The config lists the modes by hand (config imports no transport code); they must stay the registry's."""
+    from rlkit.config.validate_training import CHOICES
+    from rlkit.weights.base import TRANSPORT_NAMES, transport_for
+
+    assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == ("disk", "xccl")
+    assert [transport_for(name).name for name in TRANSPORT_NAMES] == ["disk", "xccl"]

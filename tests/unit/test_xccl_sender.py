@@ -46,7 +46,5 @@ def test_a_push_with_no_server_left_still_runs_the_bucket_iterator_to_its_end() 
 
 def test_wire_mode_defaults_and_backend_names() -> None:
     assert default_packed("nccl") is True and default_packed("gloo") is False
-    assert XcclSender(NoServerControl(), backend="nccl", host="h", timeout_s=1.0).packed is True
-    assert XcclSender(NoServerControl(), backend="gloo", host="h", timeout_s=1.0, packed=True).packed is True
     with pytest.raises(ValueError, match="gloo or nccl"):
         XcclSender(NoServerControl(), backend="mpi", host="h", timeout_s=1.0)

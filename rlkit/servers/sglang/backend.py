@@ -35,6 +35,7 @@ from rlkit.servers.backend import (
     ServerLaunch,
     TensorMeta,
     WeightGroup,
+    WeightLink,
 )
 from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.sglang.command import sglang_command, write_key_file
@@ -59,11 +60,6 @@ class SglangBackend(ServerBackend):
     context_field = "sglang.context_length"
     guard_probe = "/v1/models"  # "normal" auth level: SGLang's api-key middleware answers 401 without the key
     guard_hint = "did SGLang read --api-key from rlkit's --config file?"
-
-    def __init__(self) -> None:
-        # The one piece of state (the interface wants none): the group each server address joined last, because
-        # SGLang's bucket route needs the group's name and `receive_weight_bucket` is not given it.
-        self._joined: dict[str, str] = {}
 
     # ---- config side ----
 
@@ -198,28 +194,28 @@ class SglangBackend(ServerBackend):
                 "backend": group.backend}
         await _succeeded(client, server, "/init_weights_update_group", f"joining weight group {group.group_name}",
                          timeout, body)
-        self._joined[server.address] = group.group_name
 
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /begin_weight_update {}` (io_struct.BeginWeightUpdateReqInput): opens the update session the
         distributed route requires; refused while another session is open."""
         await _succeeded(client, server, "/begin_weight_update", "opening the weight-update session", timeout, {})
 
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
-                                    timeout: float) -> None:
+    def open_weight_link(self, group: WeightGroup) -> WeightLink:
+        from rlkit.servers.sglang.weight_group import SglangWeightLink
+
+        return SglangWeightLink(group)
+
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                    tensors: list[TensorMeta], timeout: float) -> None:
         """`POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache": false}`
         (io_struct.UpdateWeightsFromDistributedReqInput): the worker receives each tensor by
         `torch.distributed.broadcast(src=0)` in this order, then `model.load_weights` (a tied head is the embedding
         module itself in SGLang's Qwen2, so it follows). The cache is flushed once, by `reset_prefix_cache`, not per
-        bucket. SGLang needs the group's name here; the interface does not pass it, so it is the one this server
-        last joined through `join_weight_group` (StepError if none)."""
+        bucket."""
         if not tensors:
             raise ValueError("an empty bucket")
-        group_name = self._joined.get(server.address)
-        if group_name is None:
-            raise StepError(f"{server.label}: no weight group joined; call join_weight_group first")
         body = {"names": [t.name for t in tensors], "dtypes": [t.dtype for t in tensors],
-                "shapes": [list(t.shape) for t in tensors], "group_name": group_name,
+                "shapes": [list(t.shape) for t in tensors], "group_name": group.group_name,
                 "flush_cache": False, "abort_all_requests": False}
         await _succeeded(client, server, "/update_weights_from_distributed",
                          f"a weight bucket of {len(tensors)} tensors", timeout, body)

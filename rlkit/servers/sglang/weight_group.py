@@ -15,6 +15,7 @@ Torch is imported inside the functions: config validation imports rlkit.servers 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -56,3 +57,20 @@ def close_trainer_group(pg: ProcessGroup) -> None:
     import torch.distributed as dist
 
     dist.destroy_process_group(pg)
+
+
+class SglangWeightLink:
+    """`ServerBackend.open_weight_link` for SGLang: joins on construction (every worker, or an error after the
+    group's timeout), then sends each bucket tensor by tensor."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        self._pg = open_trainer_group(group)
+
+    def send(self, tensors: list[torch.Tensor]) -> None:
+        broadcast_bucket(self._pg, tensors)
+
+    def close(self) -> None:
+        try:
+            close_trainer_group(self._pg)
+        except (RuntimeError, ValueError) as exc:  # a group a dead server broke
+            logging.getLogger(__name__).debug("closing a broken SGLang weight group: %s", exc)

@@ -10,6 +10,7 @@ rlkit.weights.xccl.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,15 +27,16 @@ from rlkit.servers.backend import (
     ServerLaunch,
     TensorMeta,
     WeightGroup,
+    WeightLink,
 )
 from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.http import ServerUnreachable, answer_json, call
+from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.command import RELOAD_METHOD, WORKER_EXTENSION, vllm_command, vllm_env
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
 
-_BROADCAST_LATER = "vLLM's weight broadcast arrives with rlkit.weights.xccl"
 
 
 class VllmBackend(ServerBackend):
@@ -66,6 +68,8 @@ class VllmBackend(ServerBackend):
         extra: dict[str, object] = {**{name: getattr(v, name) for name in VLLM_FIELD_OPTIONS}, **v.extra_args}
         argv = vllm_command(python=python, model=model, host=host, port=port, served_model_name=None,
                             tensor_parallel_size=tp, extra=extra)
+        if config.actor.weight_update_mode == "xccl":  # vLLM's weight-transfer engine, chosen at start
+            argv += ["--weight-transfer-config", json.dumps({"backend": transfer_backend()})]
         # VLLM_API_KEY would make vLLM guard /v1 with that other key: rlkit's own clients would get 401.
         return ServerLaunch(argv=argv, env=vllm_env(token), unset_env=("VLLM_API_KEY",))
 
@@ -142,20 +146,25 @@ class VllmBackend(ServerBackend):
         return {"workers": workers,
                 "seconds": {"reload": reloaded - started, "set_version": time.monotonic() - reloaded}}
 
+    def open_weight_link(self, group: WeightGroup) -> WeightLink:
+        from rlkit.servers.vllm.trainer_link import VllmWeightLink
+
+        return VllmWeightLink(group)
+
     async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
                                 timeout: float) -> None:
-        raise NotImplementedError(_BROADCAST_LATER)
+        await broadcast.join_group(client, server, group, timeout)
 
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
-        raise NotImplementedError(_BROADCAST_LATER)
+        await broadcast.begin(client, server, timeout)
 
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta],
-                                    timeout: float) -> None:
-        raise NotImplementedError(_BROADCAST_LATER)
+    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                    tensors: list[TensorMeta], timeout: float) -> None:
+        await broadcast.receive_bucket(client, server, tensors, timeout)
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None:
-        raise NotImplementedError(_BROADCAST_LATER)
+        await broadcast.finish(client, server, version, timeout)
 
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`reset_running_requests=true` preempts the paused requests too (they recompute their KV with the new
@@ -170,6 +179,14 @@ class VllmBackend(ServerBackend):
         response = await call(client, server, "GET", "/weight_info", "the weight version", timeout)
         version = answer_json(response, server, "the weight version").get("weight_version")
         return None if version is None else str(version)
+
+
+def transfer_backend() -> str:
+    """The weight-transfer engine of a server started here: vLLM's `nccl` where CUDA is there, else rlkit's `gloo`
+    (registered by rlkit.servers.vllm.plugin); the trainer picks its end the same way (rlkit.weights.xccl_transport)."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 BACKEND = VllmBackend()

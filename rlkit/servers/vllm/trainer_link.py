@@ -1,0 +1,99 @@
+"""Trainer rank 0's end of a vLLM server's weight-broadcast group (`VllmBackend.open_weight_link`).
+
+gloo (CPU): a TCPStore on the trainer's node, `PrefixStore(group_name)` and a `ProcessGroupGloo` of rank 0, as
+rlkit's gloo engine in the workers builds its end (rlkit.servers.vllm.gloo_engine); every operation has the group's
+timeout. NCCL (GPUs): vLLM's own trainer helper (`nccl_common.trainer_init`), as vLLM's NCCL engine expects; not run
+here (no GPU), and NCCL collectives have no timeout of their own: a dead server is seen by its HTTP call failing.
+
+How a bucket travels is the wire format of rlkit.servers.vllm.wire: packed into flat byte chunks on NCCL (vLLM's
+default), tensor by tensor on gloo, every broadcast issued at once and then waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from rlkit.servers.backend import WeightGroup
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+class _Gloo:
+    def __init__(self, group: WeightGroup) -> None:
+        import torch.distributed as dist
+
+        self.timeout = timedelta(seconds=group.timeout_s)
+        self.store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=True,
+                                   timeout=self.timeout, wait_for_workers=False)
+        self.pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, self.store), 0, group.world_size,
+                                        self.timeout)
+
+    def start(self, tensor: torch.Tensor) -> Any:
+        return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
+
+    def wait(self, handle: Any) -> None:
+        if not handle.wait(self.timeout):
+            raise TimeoutError(f"broadcast not done after {self.timeout.total_seconds():g} s")
+
+    def close(self) -> None:
+        try:
+            self.pg.abort()
+        except RuntimeError as exc:
+            logger.debug("closing a broken gloo group: %s", exc)
+
+
+class _Nccl:
+    def __init__(self, group: WeightGroup) -> None:
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        self.comm = trainer_init({"master_address": group.master_address, "master_port": group.master_port,
+                                  "world_size": group.world_size}, rank=0)
+
+    def start(self, tensor: torch.Tensor) -> Any:
+        import torch
+
+        stream = torch.cuda.current_stream()
+        self.comm.broadcast(tensor, src=0, stream=stream)  # enqueued on the stream
+        return stream
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()
+
+    def close(self) -> None:
+        self.comm.destroy()
+
+
+class VllmWeightLink:
+    """Joins on construction (blocks until every worker joined, or raises after the group's timeout)."""
+
+    def __init__(self, group: WeightGroup, packed: bool | None = None) -> None:
+        # what broadcast.init_info told the workers (the same default there); tests and the bench set it
+        self.packed = default_packed(group.backend) if packed is None else packed
+        self._end: _Gloo | _Nccl = _Gloo(group) if group.backend == "gloo" else _Nccl(group)
+
+    def send(self, tensors: list[torch.Tensor]) -> None:
+        """Issue every broadcast of the bucket at once (the workers post theirs at once too), then wait for each."""
+        payload = _payload(tensors, self.packed)
+        for handle in [self._end.start(tensor) for tensor in payload]:
+            self._end.wait(handle)
+
+    def close(self) -> None:
+        self._end.close()
+
+
+def _payload(tensors: list[torch.Tensor], packed: bool) -> list[torch.Tensor]:
+    """The bucket as sent: flat byte chunks cut by `packed_chunks` when packed, else the tensors themselves
+    (contiguous: a broadcast sends the storage from the first element on)."""
+    import torch
+
+    if not packed:
+        return [t.detach().contiguous() for t in tensors]
+    flat = [t.detach().contiguous().view(-1).view(torch.uint8) for t in tensors]
+    return [torch.cat([flat[i] for i in chunk]) if len(chunk) > 1 else flat[chunk[0]]
+            for chunk in packed_chunks([f.numel() for f in flat], PACKED_BUFFER_BYTES)]

@@ -1,0 +1,156 @@
+"""`actor.weight_update_mode: xccl`: every push goes from trainer rank 0 to each server's workers by broadcast
+(rlkit.weights.xccl.XcclSender: one group per server, NCCL on GPUs, gloo on the CPU), bucket by bucket as the FSDP
+ranks gather them (`weight_chunked_mem_mb`), nothing through the filesystem.
+
+Per push, on rank 0: every server is paused -> groups are formed for servers that have none (a restarted server gets
+a fresh one) -> begin -> the buckets -> finish (sets the version) -> prefix-cache reset -> resume; the resume also
+after a failure. A server that fails is asked whether its process is still there: gone counts as lost (the fan-out
+goes on with the others, as in disk mode), alive as a failure naming it. The version and fingerprint checks after
+the push are the fan-out's (rlkit.weights.fanout), as for every transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlkit.errors import StepError
+from rlkit.servers.backend import Server, ServerBackend, backend_for
+from rlkit.servers.http import ServerUnreachable, timed
+from rlkit.weights.base import Buckets, PushTargets, ServerOutcome, ServerSync, WeightTransport, outcome_of
+from rlkit.weights.xccl import PushResult, XcclSender
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+    from rlkit.config.schema import ExperimentConfig
+    from rlkit.paths import TrialPaths
+
+# Every part of a push has its own timeout (actor.weight_update_timeout); this only bounds the whole wait on rank 0
+# should a part not honour its own.
+_BACKSTOP_S = 24 * 3600.0
+
+
+class XcclTransport(WeightTransport):
+    """The broadcast transport; rank 0 keeps its groups from push to push (XcclSender)."""
+
+    name = "xccl"
+
+    def __init__(self, config: ExperimentConfig, paths: TrialPaths) -> None:
+        super().__init__(config, paths)
+        self.bucket_bytes = self.config.actor.weight_chunked_mem_mb << 20
+        self._sender: XcclSender | None = None
+
+    def bucket_dtype(self) -> torch.dtype | None:
+        from rlkit.train.engine import DTYPES
+
+        return DTYPES[self.config.actor.dtype]
+
+    def start(self) -> None:
+        print(f"rlkit train: weights reach the servers by broadcast (xccl over {group_backend()}) in buckets of "
+              f"{self.config.actor.weight_chunked_mem_mb} MiB", flush=True)
+
+    def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
+        if targets is None:
+            started = time.monotonic()
+            for _ in buckets:  # the other ranks only take part in the gathers
+                pass
+            self.timings = {"gather": time.monotonic() - started}
+            return None
+        sender = self._sender_for(targets.servers)
+        for member in list(sender.members()):  # lost, or restarted under a new address: its group is dead
+            if all((s.index, s.address) != (member.index, member.address) for s in targets.servers):
+                sender.forget(member)
+        targets.begin_update()
+
+        async def run() -> tuple[list[ServerOutcome], PushResult]:
+            async with targets.open_client() as client:
+                return await push_all(client, sender, targets.servers, buckets, version, targets.timeout)
+
+        outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
+        self.timings = {"gather": result.seconds.get("gather", 0.0)}
+        return outcomes
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+
+    def _sender_for(self, servers: list[Server]) -> XcclSender:
+        if self._sender is None:
+            from rlkit.config.allocation import parse_allocation
+            from rlkit.steps.serve import advertised_host
+            from rlkit.weights.hf_export import tied_weight_aliases
+
+            alloc = parse_allocation(self.config.allocation_mode)
+            assert alloc.server is not None
+            self._sender = XcclSender(backend_for(servers[0].backend), backend=group_backend(),
+                                      host=advertised_host(), timeout_s=self.config.actor.weight_update_timeout,
+                                      workers_per_server=alloc.server.tp,
+                                      skip=tied_weight_aliases(Path(self.config.actor.path)))
+        return self._sender
+
+
+def group_backend() -> str:
+    """The broadcast's torch.distributed backend: NCCL where the trainer has CUDA, gloo on the CPU (as the trainer's
+    own process group, rlkit.train.dist; the servers pick theirs the same way, VllmBackend.launch)."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[Server], buckets: Buckets,
+                   version: int, timeout: float) -> tuple[list[ServerOutcome], PushResult]:
+    """Pause every server, broadcast `version` to those paused, then reset and resume each; one outcome per server."""
+    syncs = {s.index: ServerSync(index=s.index, address=s.address, version=version) for s in servers}
+    started = time.monotonic()
+    paused = await asyncio.gather(*(timed(syncs[s.index].phases, "pause",
+                                          backend_for(s.backend).pause(client, s, timeout)) for s in servers),
+                                  return_exceptions=True)
+    errors: dict[int, BaseException] = {s.index: e for s, e in zip(servers, paused, strict=True)
+                                        if isinstance(e, BaseException)}
+    result = await sender.push(client, [s for s in servers if s.index not in errors], buckets, version)
+    errors.update(result.failed)
+    for sync in syncs.values():
+        sync.phases.update({f"broadcast_{name}": seconds for name, seconds in result.seconds.items()})
+
+    async def settle(server: Server) -> ServerOutcome:
+        backend = backend_for(server.backend)
+        sync = syncs[server.index]
+        try:
+            if server.index in errors:
+                raise await _classify(client, backend, server, errors[server.index], timeout)
+            await timed(sync.phases, "reset_cache", backend.reset_prefix_cache(client, server, timeout))
+            await timed(sync.phases, "resume", backend.resume(client, server, timeout))
+        except Exception as exc:
+            if not isinstance(exc, ServerUnreachable):
+                try:  # never leave a live server paused (it may hold part of the new weights: the push failed)
+                    await backend.resume(client, server, timeout)
+                except StepError as resume_error:
+                    exc = StepError(f"{exc}\n  and the resume after it failed too (the server may stay paused): "
+                                    f"{resume_error}")
+            return outcome_of(server, exc)
+        sync.seconds = time.monotonic() - started
+        return ServerOutcome(server, sync=sync)
+
+    return list(await asyncio.gather(*(settle(s) for s in servers))), result
+
+
+async def _classify(client: httpx.AsyncClient, backend: ServerBackend, server: Server, error: BaseException,
+                    timeout: float) -> Exception:
+    """A failed server's error as the fan-out's policy needs it: ServerUnreachable when its process is gone (the
+    broadcast broke because it died), else the error itself (alive, but it did not take the weights)."""
+    if isinstance(error, ServerUnreachable):
+        return error
+    try:
+        await backend.read_version(client, server, min(timeout, 30.0))
+    except ServerUnreachable as gone:
+        return ServerUnreachable(f"{error}\n  (the server is gone: {gone})")
+    except StepError:
+        pass  # alive but not answering properly: report the broadcast's error
+    return error if isinstance(error, Exception) else StepError(f"{server.label}: {error}")
+
+
+TRANSPORT = XcclTransport
