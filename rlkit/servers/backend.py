@@ -23,13 +23,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
     import httpx
     from torch import Tensor
 
     from rlkit.config.schema import ExperimentConfig
+
+
+LogprobMeaning = Literal["raw", "temperature", "logits"]
 
 
 @dataclass
@@ -143,6 +146,12 @@ class ServerBackend(ABC):
     @abstractmethod
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         """(field, message) for every refused entry of `<backend>.extra_args`."""
+
+    @abstractmethod
+    def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
+        """What the log-prob the server returns with a sampled token is: of the model's raw distribution, of the
+        temperature-scaled one, or logits (no log-probs at all). The trainer reproduces them to compare
+        (rlkit.train.mismatch), and the PPO loss uses them as the behaviour policy."""
 
     @abstractmethod
     def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,

@@ -112,8 +112,9 @@ def test_comparison_temperature() -> None:
     (("vllm.extra_args={logprobs-mode: processed_logprobs}",), "temperature"),
     (("vllm.extra_args={logprobs_mode: raw_logits}",), "logits"),
     (("allocation_mode=sglang:d1+fsdp:d1",), "temperature"),
+    # SGLang's launch removes SGLANG_RETURN_ORIGINAL_LOGPROB from the server's environment: never raw
     (("allocation_mode=sglang:d1+fsdp:d1", "launcher.inference_server_env_vars=SGLANG_RETURN_ORIGINAL_LOGPROB=1"),
-     "raw"),
+     "temperature"),
 ])
 def test_what_the_servers_log_probs_mean(overrides: tuple[str, ...], meaning: str) -> None:
     assert sampled_logprob_meaning(config(*overrides)) == meaning

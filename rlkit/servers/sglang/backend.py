@@ -29,6 +29,7 @@ from rlkit.errors import FatalStepError, StepError
 from rlkit.servers import http as server_http
 from rlkit.servers.backend import (
     Completion,
+    LogprobMeaning,
     SamplingParams,
     Server,
     ServerBackend,
@@ -71,6 +72,11 @@ class SglangBackend(ServerBackend):
 
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         return extra_args_problems("sglang", extra)
+
+    def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
+        """Log-probs of the temperature-scaled distribution (`layers/sampler.py`): `launch` removes
+        SGLANG_RETURN_ORIGINAL_LOGPROB, the one switch that would make them raw."""
+        return "temperature"
 
     def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,
                token: str, secret_dir: Path, index: int) -> ServerLaunch:

@@ -21,6 +21,7 @@ import httpx
 from rlkit.errors import StepError
 from rlkit.servers.backend import (
     Completion,
+    LogprobMeaning,
     SamplingParams,
     Server,
     ServerBackend,
@@ -37,6 +38,9 @@ from rlkit.servers.vllm.command import RELOAD_METHOD, WORKER_EXTENSION, vllm_com
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
 
+
+_LOGPROB_MODES: dict[str, LogprobMeaning] = {"raw_logprobs": "raw", "processed_logprobs": "temperature",
+                                             "raw_logits": "logits", "processed_logits": "logits"}
 
 
 class VllmBackend(ServerBackend):
@@ -60,6 +64,16 @@ class VllmBackend(ServerBackend):
 
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         return extra_args_problems(self.name, extra)
+
+    def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
+        """vLLM 0.32 (`ModelConfig.logprobs_mode`, `vllm/v1/sample/sampler.py`): the default `raw_logprobs` is
+        log_softmax of the logits before temperature, penalties and top-p/top-k; `processed_logprobs` after all of
+        them; the `*_logits` modes return logits."""
+        extra = {str(k).replace("-", "_").lower(): v for k, v in config.vllm.extra_args.items()}
+        mode = str(extra.get("logprobs_mode", "raw_logprobs"))
+        if mode not in _LOGPROB_MODES:
+            raise ValueError(f"vllm.extra_args.logprobs_mode {mode!r} is not one of {', '.join(_LOGPROB_MODES)}")
+        return _LOGPROB_MODES[mode]
 
     def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,
                token: str, secret_dir: Path, index: int) -> ServerLaunch:
