@@ -126,7 +126,9 @@ def _kill_trainer(env: dict[str, object]) -> Path:
 
 def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
-    trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100")
+    # by broadcast: the lost server's group is torn down and its replacement joins a new one before its first push
+    trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
+                    "actor.weight_update_mode=xccl")
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
     wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
@@ -278,12 +280,17 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenari
     # the trainer never stopped: no resume, and every step's weights reached every server it could reach
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     assert "resuming after step" not in trainer_log
+    assert "weights reach the servers by broadcast (xccl over gloo)" in trainer_log
+    assert not (trial / "weights").exists() or not any((trial / "weights").iterdir()), "xccl wrote weights to disk"
     assert all(m["weight_sync/fingerprint_max_diff"] <= 1e-3 for m in metrics)
     back = [m for m in metrics if m["step"] > killed_at and m["weight_sync/servers_at_version"] == 2]
     assert back, "server 1 never came back"
     # the restarted server got the current weights (and passed the fingerprint) before any request
-    registered = (trial / "logs" / "server-1.log").read_text().count("registered")
-    assert registered >= 2, "server 1 did not register again"
+    server_log = (trial / "logs" / "server-1.log").read_text()
+    assert server_log.count("registered") >= 2, "server 1 did not register again"
+    # each server process joined its own group: the first run and the restarted one (after its registration)
+    restarted = server_log[server_log.index("registered"):].split("registered", 1)[1]
+    assert "rlkit gloo weight transfer: joined" in restarted, "the restarted server never joined a weight group"
     rejoin = back[0]["step"]
     assert re.search(rf"servers \[0, 1\] at weight version {int(rejoin)},", trainer_log)
     assert processes_mentioning(str(trial)) == []
