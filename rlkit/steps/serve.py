@@ -5,7 +5,8 @@ SGLang from a 0600 config file), never argv; every route but /health needs it. T
 only once the server is healthy AND has refused a request without the token (rlkit.servers.guard_check): a server
 that answers one is stopped and the step exits with NO_RETRY_EXIT, which the batch script does not retry. Refused
 extra_args stop the step before anything starts. The entry is kept alive with a heartbeat while the server runs,
-removed on exit; SIGTERM/SIGINT go to the server.
+removed on exit; SIGTERM/SIGINT go to the server. The server's stdout+stderr reach the step's output (the trial's
+server log) only through rlkit.servers.log_redact, with the token blanked: engines print their arguments.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from rlkit.paths import TrialPaths
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
+from rlkit.servers.log_redact import popen_redacted
 from rlkit.trials import read_token
+
+LAST_OUTPUT_TIMEOUT = 5.0  # s to wait, once the server is gone, for its last lines (its children may hold the pipe)
 
 
 def advertised_host() -> str:
@@ -73,7 +77,8 @@ def run_server(trial_dir: Path, index: int) -> int:
     node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
     print(f"rlkit serve: server {index} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
           flush=True)
-    proc = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
+    # the server's output reaches our log only through the copy, the token blanked (engines print their arguments)
+    proc, output = popen_redacted(argv, [token], env=env, preexec_fn=_die_with_parent)
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -109,6 +114,7 @@ def run_server(trial_dir: Path, index: int) -> int:
     finally:
         nr.close()
         _reap(proc)
+        output.join(LAST_OUTPUT_TIMEOUT)
     if stopping:
         return 0
     print(f"rlkit serve: server {index} exited with code {rc}", flush=True)
