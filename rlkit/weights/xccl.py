@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -95,6 +96,9 @@ class XcclSender:
         self._members: dict[tuple[int, str], _Member] = {}
         self._times: dict[str, float] = {}  # the current push's PushResult.seconds
         self._formed = 0
+        # a server that outlives a trainer (the in-job retry) still holds the old trainer's groups by name (SGLang
+        # keeps them until destroyed): a new trainer's names must never match them
+        self._run = secrets.token_hex(4)
 
     # ---- groups ----
 
@@ -119,7 +123,8 @@ class XcclSender:
         self._formed += 1
         return WeightGroup(master_address=self.host, master_port=find_free_port("0.0.0.0"), rank_offset=1,
                            world_size=1 + self.workers_per_server,
-                           group_name=f"rlkit-weights-s{server.index}-g{self._formed}", backend=self.backend,
+                           group_name=f"rlkit-weights-{self._run}-s{server.index}-g{self._formed}",
+                           backend=self.backend,
                            timeout_s=self.timeout_s)
 
     async def connect(self, client: httpx.AsyncClient, servers: Iterable[Server]) -> dict[int, StepError]:

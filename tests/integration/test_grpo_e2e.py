@@ -51,16 +51,16 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
         shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-                 f"trial_name=e2e-{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10",
+                 f"trial_name=e2e_{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10",
                  f"actor.weight_update_mode={mode}"]
-    trial = root / "fileroot" / "demo-grpo" / f"e2e-{mode}"
+    trial = root / "fileroot" / "demo-grpo" / f"e2e_{mode}"
     with pytest.MonkeyPatch.context() as mp, Listener() as evil:
         # hostile server records beside the real ones, all pointing at our listener (tests/planted.py)
         planted = plant_server_records(trial / "name_resolve", evil.address)
         mp.setenv("RLKIT_HOME", str(root / "home"))
         submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides)
         assert submitted.returncode == 0, submitted.stderr
-        name = f"demo-grpo/e2e-{mode}"
+        name = f"demo-grpo/e2e_{mode}"
         live = wait_for(lambda: _status_with_servers(name), "rlkit status to show the servers", 600)
         state = wait_state(name, timeout=1500)
         status = run_rlkit("status", name)

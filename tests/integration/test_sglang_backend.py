@@ -104,7 +104,7 @@ def sampled_logprobs(model: Any, prompt: list[int], tokens: list[int], temperatu
 
 
 def test_guard_refuses_requests_without_the_token(served: RunningSglang) -> None:
-    prove_guard(served.server.url, "sglang", served.token)  # 401 without the token, 200 with it
+    prove_guard(served.server.url, BACKEND, served.token)  # 401 without the token, 200 with it
     bare = httpx.post(f"{served.server.url}/pause_generation", json={"mode": "retract"}, trust_env=False)
     assert bare.status_code == 401  # a control route, not only the probe
     assert oct(served.key_file.stat().st_mode & 0o777) == "0o600"
