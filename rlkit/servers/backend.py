@@ -148,6 +148,11 @@ class ServerBackend(ABC):
         """(field, message) for every refused entry of `<backend>.extra_args`."""
 
     @abstractmethod
+    def serving_dtype(self, config: ExperimentConfig) -> str:
+        """The dtype the configured servers compute in ("float32", "bfloat16", "auto", ...): how close their log-probs
+        can be to a float32 trainer's (the fingerprint's and the mismatch warning's default tolerances)."""
+
+    @abstractmethod
     def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
         """What the log-prob the server returns with a sampled token is: of the model's raw distribution, of the
         temperature-scaled one, or logits (no log-probs at all). The trainer reproduces them to compare
@@ -213,6 +218,11 @@ class ServerBackend(ABC):
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None:
         """After the last bucket: finalize the load (e.g. tied layers) and set the reported version to `version`."""
+
+    async def abort_weight_broadcast(self, client: httpx.AsyncClient, server: Server,  # noqa: B027 - optional
+                                     timeout: float) -> None:
+        """After a broadcast failed on a live server that began it: close its weight update, so its next begin (the
+        next push) is not refused. Best effort, never raises; by default nothing (vLLM's begin closes a stale one)."""
 
     @abstractmethod
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:

@@ -293,7 +293,8 @@ class PolicyEngine:
             if not rank0:
                 del full
                 continue
-            full = full.detach().to(dtype) if dtype is not None else full.detach()
+            # only floating tensors take the push dtype (as hf_export writes them); integer buffers stay as they are
+            full = full.detach().to(dtype) if dtype is not None and full.is_floating_point() else full.detach()
             if bucket and size + full.numel() * full.element_size() > max_bytes:
                 yield bucket
                 bucket, size = {}, 0

@@ -32,10 +32,19 @@ EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the
 EXIT_SERVERS_GONE = 77  # no server reachable for a weight push: checkpoint, then fail (the in-job retry resumes)
 
 
+def _float32_both_sides(config: ExperimentConfig) -> bool:
+    """Servers (of the backend allocation_mode names) and trainer both compute in float32."""
+    from rlkit.servers.backend import backend_for
+
+    server = parse_allocation(config.allocation_mode).server
+    serving = backend_for(server.backend).serving_dtype(config) if server is not None else config.actor.dtype
+    return serving == "float32" and config.actor.dtype == "float32"
+
+
 def weight_check_tolerance(config: ExperimentConfig) -> float:
     if config.actor.weight_check_tolerance is not None:
         return config.actor.weight_check_tolerance
-    return 1e-3 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
+    return 1e-3 if _float32_both_sides(config) else 0.1
 
 
 def logprob_mismatch_warn(config: ExperimentConfig) -> float:
@@ -43,7 +52,7 @@ def logprob_mismatch_warn(config: ExperimentConfig) -> float:
     trainer differ by ~1e-6 on rollout tokens; bf16 kernels differ by a few 1e-2)."""
     if config.actor.logprob_mismatch_warn is not None:
         return config.actor.logprob_mismatch_warn
-    return 1e-2 if config.vllm.dtype == "float32" and config.actor.dtype == "float32" else 0.1
+    return 1e-2 if _float32_both_sides(config) else 0.1
 
 
 @dataclass

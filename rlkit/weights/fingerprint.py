@@ -64,11 +64,11 @@ def check_fingerprint(server_lp: list[float], trainer_lp: list[float], tolerance
         raise StepError(
             f"{server_label} does not serve the trainer's weights: its probe logprobs differ from the trainer's by "
             f"{mean:.3g} on average (max {worst:.3g}) over {len(diffs)} tokens; tolerance {tolerance:g}.\n"
-            "  fix: if the model ties its embeddings (tie_word_embeddings), the server must reload through rlkit's "
-            f"worker extension ({RELOAD_METHOD}, --worker-extension-cls {WORKER_EXTENSION}): vLLM 0.32's plain "
-            "reload_weights leaves the output head stale. A small difference everywhere is a dtype gap (server "
-            "--dtype bfloat16 against a float32 trainer): raise the tolerance or serve in the trainer's dtype. Also "
-            "check that the server reloaded the directory the trainer wrote (weights_dir) and that both use the same "
-            "tokenizer."
+            "  fix: if the model ties its embeddings (tie_word_embeddings) and the server is vLLM, it must load "
+            f"through rlkit's code (disk: the worker extension, {RELOAD_METHOD}, --worker-extension-cls "
+            f"{WORKER_EXTENSION}; xccl: rlkit's gloo engine): vLLM 0.32's own load leaves the output head stale. A "
+            "small difference everywhere is a dtype gap (a bfloat16 server against a float32 trainer): raise the "
+            "tolerance or serve in the trainer's dtype. Also check that the server loaded what the trainer sent (the "
+            "weights directory, or the broadcast's version) and that both use the same tokenizer."
         )
     return mean

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -72,6 +72,7 @@ class PushResult:
     seconds: dict[str, float] = field(default_factory=dict)
     buckets: int = 0
     bytes_sent: int = 0  # per server
+    began: set[int] = field(default_factory=set)  # servers whose weight update was opened (begin succeeded)
 
 
 class XcclSender:
@@ -130,7 +131,16 @@ class XcclSender:
     async def connect(self, client: httpx.AsyncClient, servers: Iterable[Server]) -> dict[int, StepError]:
         """Form the group of every server that has none, concurrently; the failures, by server index."""
         missing = [server for server in servers if not self.joined(server)]
-        results = await asyncio.gather(*(self._join(client, server) for server in missing))
+        joined = await asyncio.gather(*(self._join(client, server) for server in missing), return_exceptions=True)
+        results: list[StepError | None] = []
+        for server, outcome in zip(missing, joined, strict=True):
+            if isinstance(outcome, StepError) or outcome is None:
+                results.append(outcome)
+            elif isinstance(outcome, Exception):  # e.g. no free port: this server's join failed, not the push
+                results.append(StepError(f"{server.label}: joining a weight group failed: "
+                                         f"{type(outcome).__name__}: {outcome}"))
+            else:
+                raise outcome  # KeyboardInterrupt, CancelledError
         return {server.index: error for server, error in zip(missing, results, strict=True) if error is not None}
 
     async def _join(self, client: httpx.AsyncClient, server: Server) -> StepError | None:
@@ -196,17 +206,21 @@ class XcclSender:
         result = PushResult()
         self._times = result.seconds
         live = list(servers)
-        start = time.perf_counter()
-        live = self._settle(result, live, "join", start, await self.connect(client, live))
-        start = time.perf_counter()
-        live = self._settle(result, live, "begin", start, await self.begin(client, live))
-        start = time.perf_counter()
         iterator = iter(buckets)
+        pending: asyncio.Future[object] | None = None
         try:
+            start = time.perf_counter()
+            live = self._settle(result, live, "join", start, await self.connect(client, live))
+            start = time.perf_counter()
+            live = self._settle(result, live, "begin", start, await self.begin(client, live))
+            result.began = {server.index for server in live}
+            start = time.perf_counter()
             while True:
                 # the next bucket's all-gather runs in a worker thread: this event loop keeps serving other calls
                 gather_started = time.perf_counter()
-                got = await asyncio.to_thread(next, iterator, _END)
+                pending = asyncio.ensure_future(asyncio.to_thread(next, iterator, _END))
+                got = await pending
+                pending = None
                 self._add_time("gather", time.perf_counter() - gather_started)
                 if got is _END:
                     break
@@ -218,8 +232,11 @@ class XcclSender:
                 if live:
                     live = self._settle(result, live, "buckets", None, await self.send_bucket(client, live, bucket))
         finally:
-            for _ in iterator:  # after an unexpected error too: the other trainer ranks gather until the end
-                pass
+            # Whatever failed (a join, a begin, a cancellation): the other trainer ranks are in the gathers behind
+            # the iterator and wait for rank 0 to run it to its end. Never next() it while a gather still runs.
+            if pending is not None:
+                await asyncio.wait({pending})
+            await asyncio.to_thread(_drain, iterator)
         result.seconds["buckets"] = time.perf_counter() - start
         start = time.perf_counter()
         self._settle(result, live, "finish", start, await self.finish(client, live, version))
@@ -246,7 +263,7 @@ class XcclSender:
         async def one(server: Server) -> StepError | None:
             try:
                 await step(server)
-            except StepError as exc:
+            except Exception as exc:  # StepError naming the route; anything else is a failure of this server too
                 self.forget(server)
                 return StepError(f"{server.label}: {what} failed; its weight group is torn down: {exc}")
             return None
@@ -286,3 +303,8 @@ def _close_when_done(trainer: asyncio.Task[WeightLink]) -> None:
             task.result().close()
 
     trainer.add_done_callback(close)
+
+
+def _drain(iterator: Iterator[object]) -> None:
+    for _ in iterator:
+        pass

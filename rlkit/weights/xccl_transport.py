@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 # Every part of a push has its own timeout (actor.weight_update_timeout); this only bounds the whole wait on rank 0
 # should a part not honour its own.
 _BACKSTOP_S = 24 * 3600.0
+_GONE_PROBES = 5  # a failed server is asked this many times, this far apart, whether its process is still there
+_GONE_PROBE_INTERVAL_S = 1.0
 
 
 class XcclTransport(WeightTransport):
@@ -60,17 +62,22 @@ class XcclTransport(WeightTransport):
                 pass
             self.timings = {"gather": time.monotonic() - started}
             return None
-        sender = self._sender_for(targets.servers)
-        for member in list(sender.members()):  # lost, or restarted under a new address: its group is dead
-            if all((s.index, s.address) != (member.index, member.address) for s in targets.servers):
-                sender.forget(member)
-        targets.begin_update()
+        try:
+            sender = self._sender_for(targets.servers)
+            for member in list(sender.members()):  # lost, or restarted under a new address: its group is dead
+                if all((s.index, s.address) != (member.index, member.address) for s in targets.servers):
+                    sender.forget(member)
+            targets.begin_update()
 
-        async def run() -> tuple[list[ServerOutcome], PushResult]:
-            async with targets.open_client() as client:
-                return await push_all(client, sender, targets.servers, buckets, version, targets.timeout)
+            async def run() -> tuple[list[ServerOutcome], PushResult]:
+                async with targets.open_client() as client:
+                    return await push_all(client, sender, targets.servers, buckets, version, targets.timeout)
 
-        outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
+            outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
+        except BaseException:
+            for _ in buckets:  # the other ranks are in the gathers behind the iterator: run it to its end, then fail
+                pass
+            raise
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
         return outcomes
 
@@ -111,7 +118,12 @@ async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[
                                   return_exceptions=True)
     errors: dict[int, BaseException] = {s.index: e for s, e in zip(servers, paused, strict=True)
                                         if isinstance(e, BaseException)}
-    result = await sender.push(client, [s for s in servers if s.index not in errors], buckets, version)
+    going = [s for s in servers if s.index not in errors]
+    try:
+        result = await sender.push(client, going, buckets, version)
+    except Exception as exc:  # the push drained the buckets; every server it had is failed, then settled (resumed)
+        result = PushResult(failed={s.index: StepError(f"{s.label}: the weight push failed: {type(exc).__name__}: "
+                                                       f"{exc}") for s in going})
     errors.update(result.failed)
     for sync in syncs.values():
         sync.phases.update({f"broadcast_{name}": seconds for name, seconds in result.seconds.items()})
@@ -121,7 +133,10 @@ async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[
         sync = syncs[server.index]
         try:
             if server.index in errors:
-                raise await _classify(client, backend, server, errors[server.index], timeout)
+                failure = await _classify(client, backend, server, errors[server.index], timeout)
+                if server.index in result.began and not isinstance(failure, ServerUnreachable):
+                    await backend.abort_weight_broadcast(client, server, timeout)  # best effort, never raises
+                raise failure
             await timed(sync.phases, "reset_cache", backend.reset_prefix_cache(client, server, timeout))
             await timed(sync.phases, "resume", backend.resume(client, server, timeout))
         except Exception as exc:
@@ -141,16 +156,17 @@ async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[
 async def _classify(client: httpx.AsyncClient, backend: ServerBackend, server: Server, error: BaseException,
                     timeout: float) -> Exception:
     """A failed server's error as the fan-out's policy needs it: ServerUnreachable when its process is gone (the
-    broadcast broke because it died), else the error itself (alive, but it did not take the weights)."""
+    broadcast broke because it died), else the error itself (alive, but it did not take the weights). A dying
+    server may still answer for a moment (vLLM's API process outlives its engine briefly): it is asked a few times
+    over a few seconds, and one refused connection counts as gone."""
     if isinstance(error, ServerUnreachable):
         return error
-    try:
-        await backend.read_version(client, server, min(timeout, 30.0))
-    except ServerUnreachable as gone:
-        return ServerUnreachable(f"{error}\n  (the server is gone: {gone})")
-    except StepError:
-        pass  # alive but not answering properly: report the broadcast's error
+    for _ in range(_GONE_PROBES):
+        try:
+            await backend.read_version(client, server, min(timeout, 30.0))
+        except ServerUnreachable as gone:
+            return ServerUnreachable(f"{error}\n  (the server is gone: {gone})")
+        except StepError:
+            pass  # alive but not answering properly (an engine that died answers 500): ask again
+        await asyncio.sleep(_GONE_PROBE_INTERVAL_S)
     return error if isinstance(error, Exception) else StepError(f"{server.label}: {error}")
-
-
-TRANSPORT = XcclTransport

@@ -21,6 +21,7 @@ CPU (tests/integration/test_sglang_backend.py, with a test-only one-function ker
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,9 @@ class SglangBackend(ServerBackend):
 
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         return extra_args_problems("sglang", extra)
+
+    def serving_dtype(self, config: ExperimentConfig) -> str:
+        return config.sglang.dtype
 
     def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
         """Log-probs of the temperature-scaled distribution (`layers/sampler.py`): `launch` removes
@@ -234,6 +238,15 @@ class SglangBackend(ServerBackend):
         await _succeeded(client, server, "/end_weight_update", "closing the weight-update session", timeout, {})
         await _succeeded(client, server, "/update_weight_version", f"setting the weight version to {version}",
                          timeout, {"new_version": str(version), "abort_all_requests": False})
+
+    async def abort_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
+        """`POST /end_weight_update {}`: the session a failed broadcast left open would make the next
+        `/begin_weight_update` refuse. Called only for a server whose begin succeeded (SGLang also refuses an end
+        without a begin); best effort."""
+        try:
+            await _succeeded(client, server, "/end_weight_update", "closing a failed weight update", timeout, {})
+        except StepError as exc:
+            logging.getLogger(__name__).warning("%s", exc)
 
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /flush_cache`: 200 "Cache flushed..." only when the scheduler flushed (radix tree, KV pools);

@@ -70,6 +70,12 @@ class SglangWeightLink:
         broadcast_bucket(self._pg, tensors)
 
     def close(self) -> None:
+        abort = getattr(self._pg, "abort", None)  # unblock a send still in the group (forget() runs on failure)
+        if abort is not None:
+            try:
+                abort()
+            except RuntimeError as exc:
+                logging.getLogger(__name__).debug("aborting an SGLang weight group: %s", exc)
         try:
             close_trainer_group(self._pg)
         except (RuntimeError, ValueError) as exc:  # a group a dead server broke

@@ -4,8 +4,9 @@ Routes (read in vLLM 0.32's `entrypoints/openai` and `entrypoints/serve` sources
 tests/integration): completions `POST /v1/completions` (token-id prompt, `logprobs: 0`, `return_token_ids`), the
 probe's `prompt_logprobs`, `POST /pause?mode=keep` / `POST /resume`, the disk reload through rlkit's worker extension
 (`POST /collective_rpc rlkit_reload_weights`, rlkit.servers.vllm.worker) plus `POST /update_weight_version`,
-`POST /reset_prefix_cache?reset_running_requests=true` and `GET /weight_info`. The broadcast routes arrive with
-rlkit.weights.xccl.
+`POST /reset_prefix_cache?reset_running_requests=true` and `GET /weight_info`; the broadcast through vLLM's
+weight-transfer routes (rlkit.servers.vllm.broadcast) and the trainer's end of the group
+(rlkit.servers.vllm.trainer_link).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class VllmBackend(ServerBackend):
 
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         return extra_args_problems(self.name, extra)
+
+    def serving_dtype(self, config: ExperimentConfig) -> str:
+        return config.vllm.dtype
 
     def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
         """vLLM 0.32 (`ModelConfig.logprobs_mode`, `vllm/v1/sample/sampler.py`): the default `raw_logprobs` is
