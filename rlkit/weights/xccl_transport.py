@@ -170,3 +170,6 @@ async def _classify(client: httpx.AsyncClient, backend: ServerBackend, server: S
             pass  # alive but not answering properly (an engine that died answers 500): ask again
         await asyncio.sleep(_GONE_PROBE_INTERVAL_S)
     return error if isinstance(error, Exception) else StepError(f"{server.label}: {error}")
+
+
+TRANSPORT = XcclTransport

@@ -126,9 +126,13 @@ def _kill_trainer(env: dict[str, object]) -> Path:
 
 def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
-    # by broadcast: the lost server's group is torn down and its replacement joins a new one before its first push
+    # by broadcast, with a tied model: the lost server's group is torn down and its replacement joins a new one
+    # before its first push; the fingerprint after every push proves the tied output head right each time
+    from rlkit.models.tiny import build_tiny_model
+
+    tied = build_tiny_model(Path(str(env["root"])).parent / "tied-model", tie_word_embeddings=True)
     trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
-                    "actor.weight_update_mode=xccl")
+                    "actor.weight_update_mode=xccl", f"actor.path={tied}")
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
     wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
