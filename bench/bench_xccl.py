@@ -41,6 +41,7 @@ from rlkit.train.engine import PolicyEngine  # noqa: E402
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs  # noqa: E402
 from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402
+from tests.model_helpers import perturbed  # noqa: E402
 from tests.sync_helpers import sync_server  # noqa: E402
 from tests.vllm_helpers import GLOO_WEIGHT_TRANSFER, running_vllm  # noqa: E402
 
@@ -98,17 +99,6 @@ def build_model(root: Path) -> Path:
     return out
 
 
-def perturbed(model_dir: Path, seed: int) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.01)
-    return model
-
-
 async def floor(client: Any, sender: XcclSender, server: Server, nbytes: int) -> tuple[float, float]:
     """(trainer broadcast, end to end) seconds of one raw broadcast of `nbytes` over the server's group."""
     member = sender._members[(server.index, server.address)]  # the same group the push used
@@ -144,7 +134,7 @@ async def rounds(args: argparse.Namespace, model_dir: Path, url: str, root: Path
         for r in range(args.rounds):
             for mode, sender in senders.items():
                 version += 1
-                model = perturbed(model_dir, seed=version)
+                model = perturbed(model_dir, seed=version, scale=0.01)
                 trainer_lp = trainer_probe_logprobs(model, probe)
                 buckets = PolicyEngine.iter_full_buckets(SimpleNamespace(model=model),  # type: ignore[arg-type]
                                                          args.bucket_mb * 1024**2, torch.float32)
@@ -165,7 +155,7 @@ async def rounds(args: argparse.Namespace, model_dir: Path, url: str, root: Path
             times["floor_e2e"].append(e2e_s)
 
             version += 1
-            model = perturbed(model_dir, seed=version)
+            model = perturbed(model_dir, seed=version, scale=0.01)
             trainer_lp = trainer_probe_logprobs(model, probe)
             start = time.perf_counter()
             weights = write_weights(model.state_dict(), model_dir, version_dir(root / "weights", version), None)

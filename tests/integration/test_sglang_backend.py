@@ -34,6 +34,7 @@ from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import XcclSender
 
+from ..model_helpers import perturbed
 from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
 
 pytestmark = [pytest.mark.sglang]
@@ -79,16 +80,6 @@ def load(model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-
-def perturbed(model_dir: Path, seed: int) -> Any:
-    """The model with noise on every parameter (a tied weight is one parameter, so it stays tied)."""
-    model = load(model_dir)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return model
 
 
 def mean_abs(a: list[float], b: list[float]) -> float:

@@ -36,6 +36,7 @@ from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import PushResult, XcclSender
 
+from ..model_helpers import perturbed
 from ..sync_helpers import read_weight_version, sync_all, sync_server
 from ..vllm_helpers import ServerSlot
 
@@ -80,18 +81,6 @@ def served(request: pytest.FixtureRequest, vllm_slot: ServerSlot,
                     backend="vllm")
     return Served(kind=kind, server=server, token=shared.token, model_dir=shared.model_dir,
                   weights_root=tmp_path_factory.mktemp(f"weight_sync_{kind}") / "weights", probe=probe)
-
-
-def perturbed(model_dir: Path, seed: int) -> Any:
-    """The model with noise added to every parameter (a tied weight is one parameter, so it stays tied)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return model
 
 
 def original(model_dir: Path) -> Any:
