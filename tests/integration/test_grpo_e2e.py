@@ -107,9 +107,16 @@ def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run:
                           rf"\(tolerance (\S+)\)", log)
         assert match, f"no verified sync to version {version} in the trainer log"
         assert float(match.group(1)) <= float(match.group(2)) == 1e-3
+    compared = 0
     for m in _metrics(trial):
         assert m["weight_sync/servers_at_version"] == 2
         assert m["weight_sync/fingerprint_max_diff"] <= 1e-3
+        # the rollout log-probs the servers returned against the trainer's, every step (tokens 0: none at its version)
+        assert "weight_sync/logprob_mismatch_tokens" in m
+        if m["weight_sync/logprob_mismatch_tokens"] > 0:
+            compared += 1
+            assert m["weight_sync/logprob_mismatch_max"] < 1e-3, m  # float32 both sides: ~1e-6
+    assert compared >= 1, "no step compared a single rollout token with the trainer's log-probs"
     progress = json.loads((trial / "progress.json").read_text())
     assert progress["status"] == "finished" and progress["servers"] == {"0": STEPS, "1": STEPS}
     if grpo_run["mode"] == "disk":  # only the newest weight version stays on disk
