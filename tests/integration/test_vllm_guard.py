@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ..conftest import CONFIGS
 from ..vllm_helpers import ServerSlot, SharedServer
 
 pytestmark = [pytest.mark.vllm]
@@ -159,10 +160,19 @@ def test_vllm_parser_accepts_rendered_flags() -> None:
             "cudagraph_capture_sizes": [1, 2, 4],
             "allowed_origins": ["http://a"],
             "middleware": ["x.Y"],
-            "weight_transfer_config": {"backend": "nccl"},
+            "compilation_config": {"mode": 0},
         },
     )
     args = parser.parse_args(cmd[3:])
+    # what the serve step renders under actor.weight_update_mode: xccl (rlkit's gloo engine here: no CUDA)
+    from rlkit.config.load import load_config
+    from rlkit.servers.vllm.backend import BACKEND
+
+    xccl = BACKEND.launch(load_config(CONFIGS / "grpo-cpu-demo.yaml", ["actor.weight_update_mode=xccl"]),
+                          python="python", model="/m", host="127.0.0.1", port=8000, tp=1, token="t",
+                          secret_dir=Path("/nonexistent"), index=0)
+    transfer = parser.parse_args(xccl.argv[3:]).weight_transfer_config
+    assert (transfer["backend"] if isinstance(transfer, dict) else transfer.backend) == "gloo"
     assert args.served_model_name == ["policy"]
     assert args.enable_prefix_caching is False
     assert args.enforce_eager is True

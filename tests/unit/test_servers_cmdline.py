@@ -67,14 +67,14 @@ def test_vllm_lists_and_dicts() -> None:
         {
             "cudagraph_capture_sizes": [1, 2, 4],
             "allowed_origins": ["http://a"],
-            "compilation_config": {"level": 0},
+            "compilation_config": {"mode": 0},
             "lora_modules": [],
         }
     )
     i = cmd.index("--cudagraph-capture-sizes")
     assert cmd[i + 1 : i + 4] == ["1", "2", "4"]
     assert cmd[cmd.index("--allowed-origins") + 1] == '["http://a"]'
-    assert json.loads(cmd[cmd.index("--compilation-config") + 1]) == {"level": 0}
+    assert json.loads(cmd[cmd.index("--compilation-config") + 1]) == {"mode": 0}
     assert "--lora-modules" not in cmd
 
 
