@@ -10,7 +10,7 @@ Run: `PYTHONPATH=. python bench/bench_xccl.py [--rounds 3] [--bucket-mb 1024]`. 
   floor      a raw gloo broadcast of the same bytes over the same group: the server's worker receives them into one
              buffer and drops them (the engine's `discard` mode); timed on the trainer (broadcast returned) and
              end to end (the server's /update_weights answered)
-  disk       rlkit.weights.hf_export.write_weights of the same state dict + rlkit.weights.disk.sync_server (pause,
+  disk       rlkit.weights.hf_export.write_weights of the same state dict + the disk delivery (tests/sync_helpers: pause,
              /collective_rpc rlkit_reload_weights, version, prefix-cache reset, resume)
 Figures are medians over `--rounds`; the machine is shared, so compare within one run, not across runs.
 """
