@@ -10,8 +10,8 @@ Run: `PYTHONPATH=. python bench/bench_xccl.py [--rounds 3] [--bucket-mb 1024]`. 
   floor      a raw gloo broadcast of the same bytes over the same group: the server's worker receives them into one
              buffer and drops them (the engine's `discard` mode); timed on the trainer (broadcast returned) and
              end to end (the server's /update_weights answered)
-  disk       rlkit.weights.hf_export.write_weights of the same state dict + the disk delivery (tests/sync_helpers: pause,
-             /collective_rpc rlkit_reload_weights, version, prefix-cache reset, resume)
+  disk       rlkit.weights.hf_export.write_weights of the same state dict + the disk delivery
+             (tests/sync_helpers: pause, /collective_rpc rlkit_reload_weights, version, prefix-cache reset, resume)
 Figures are medians over `--rounds`; the machine is shared, so compare within one run, not across runs.
 """
 
@@ -110,7 +110,7 @@ async def floor(client: Any, sender: XcclSender, server: Server, nbytes: int) ->
         start = time.perf_counter()
         receive = asyncio.create_task(call(client, http, "POST", "/update_weights", "raw receive", TIMEOUT,
                                            json=body))
-        await asyncio.to_thread(lambda: member.link.wait(member.link.start(payload)))
+        await asyncio.to_thread(member.link.send, [payload])  # one uint8 buffer: the same bytes in either wire mode
         trainer = time.perf_counter() - start
         await receive
         return trainer, time.perf_counter() - start
