@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import FatalStepError, StepError
-from rlkit.servers import http as server_http
 from rlkit.servers.backend import (
     Completion,
     LogprobMeaning,
@@ -40,6 +39,7 @@ from rlkit.servers.backend import (
     WeightLink,
 )
 from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems
+from rlkit.servers.http import answer_json, call
 from rlkit.servers.sglang.command import sglang_command, write_key_file
 
 if TYPE_CHECKING:
@@ -152,9 +152,9 @@ class SglangBackend(ServerBackend):
         what = "probe logprobs"
         body = {"input_ids": list(probe_ids), "sampling_params": {"temperature": 0, "max_new_tokens": 1},
                 "return_logprob": True, "logprob_start_len": 0}
-        response = await _call(client, server, "POST", "/generate", what, timeout, json=body)
+        response = await call(client, server, "POST", "/generate", what, timeout, json=body)
         try:
-            entries = _json(response, server, what)["meta_info"]["input_token_logprobs"]
+            entries = answer_json(response, server, what)["meta_info"]["input_token_logprobs"]
             values = [entry[0] for entry in entries[1:]]
             ids = [entry[1] for entry in entries]
         except (KeyError, TypeError, IndexError) as exc:
@@ -167,13 +167,13 @@ class SglangBackend(ServerBackend):
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /pause_generation {"mode": "retract"}` (io_struct.PauseGenerationReqInput; Scheduler.pause_generation):
         running requests go back to the waiting queue with their KV freed and wait; nothing is dropped."""
-        await _call(client, server, "POST", "/pause_generation", "pause (mode retract)", timeout,
+        await call(client, server, "POST", "/pause_generation", "pause (mode retract)", timeout,
                    json={"mode": "retract"})
 
     async def resume(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /continue_generation {}` (TokenizerManager.continue_generation): clears the pause flag, also when
         none was set."""
-        await _call(client, server, "POST", "/continue_generation", "resume", timeout, json={})
+        await call(client, server, "POST", "/continue_generation", "resume", timeout, json={})
 
     async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
                                      version: int, timeout: float) -> dict[str, Any]:
@@ -185,9 +185,9 @@ class SglangBackend(ServerBackend):
         weights_dir = Path(weights_dir).absolute()  # the server resolves relative paths against its own cwd
         body = {"model_path": str(weights_dir), "weight_version": str(version), "flush_cache": True,
                 "abort_all_requests": False}
-        response = await _call(client, server, "POST", "/update_weights_from_disk",
+        response = await call(client, server, "POST", "/update_weights_from_disk",
                               f"the weight reload from {weights_dir}", timeout, json=body)
-        answer = _json(response, server, "the weight reload")
+        answer = answer_json(response, server, "the weight reload")
         if not isinstance(answer, dict) or answer.get("success") is not True:
             raise StepError(f"{server.label}: /update_weights_from_disk answered {answer!r}")
         return answer
@@ -251,7 +251,7 @@ class SglangBackend(ServerBackend):
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /flush_cache`: 200 "Cache flushed..." only when the scheduler flushed (radix tree, KV pools);
         400 when requests hold KV (call `pause` first: a retract pause frees theirs). StepError unless flushed."""
-        response = await _call(client, server, "POST", "/flush_cache", "the prefix cache flush", timeout)
+        response = await call(client, server, "POST", "/flush_cache", "the prefix cache flush", timeout)
         if not response.text.startswith("Cache flushed"):
             raise StepError(f"{server.label}: /flush_cache answered {response.text[:300]!r}: KV computed "
                             "with the old weights could be reused")
@@ -259,29 +259,19 @@ class SglangBackend(ServerBackend):
     async def read_version(self, client: httpx.AsyncClient, server: Server, timeout: float) -> str | None:
         """`GET /model_info`'s `weight_version` (http_server.model_info): "default" until a load or
         `/update_weight_version` sets one."""
-        response = await _call(client, server, "GET", "/model_info", "the model info", timeout)
-        body = _json(response, server, "the model info")
+        response = await call(client, server, "GET", "/model_info", "the model info", timeout)
+        body = answer_json(response, server, "the model info")
         if not isinstance(body, dict) or "weight_version" not in body:
             raise StepError(f"{server.label}: /model_info has no weight_version: {response.text[:300]}")
         version = body["weight_version"]
         return None if version is None else str(version)
 
 
-async def _call(client: httpx.AsyncClient, server: Server, method: str, path: str, what: str, timeout: float,
-                **kwargs: Any) -> httpx.Response:
-    """`rlkit.servers.http.call` (StepError/ServerUnreachable naming the server, the route and `what`)."""
-    return await server_http.call(client, server, method, path, what, timeout, **kwargs)
-
-
-def _json(response: httpx.Response, server: Server, what: str) -> Any:
-    return server_http.answer_json(response, server, what)
-
-
 async def _succeeded(client: httpx.AsyncClient, server: Server, route: str, what: str, timeout: float,
                      body: dict[str, Any]) -> dict[str, Any]:
     """POST `body` to one of SGLang's `{"success", "message"}` routes; StepError unless `success` is true."""
-    response = await _call(client, server, "POST", route, what, timeout, json=body)
-    answer = _json(response, server, what)
+    response = await call(client, server, "POST", route, what, timeout, json=body)
+    answer = answer_json(response, server, what)
     if not isinstance(answer, dict) or answer.get("success") is not True:
         raise StepError(f"{server.label}: {what} ({route}) answered {response.text[:500]}")
     return answer
