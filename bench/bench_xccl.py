@@ -43,7 +43,7 @@ from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402
 from tests.model_helpers import perturbed  # noqa: E402
 from tests.sync_helpers import sync_server  # noqa: E402
-from tests.vllm_helpers import GLOO_WEIGHT_TRANSFER, running_vllm  # noqa: E402
+from tests.vllm_helpers import GLOO_WEIGHT_TRANSFER, VllmWireMode, running_vllm  # noqa: E402
 
 TOKEN = "bench-token"
 TIMEOUT = 300.0
@@ -51,31 +51,6 @@ GOAL = 1.2
 MODES = {"per tensor": False, "packed": True}  # rlkit.servers.vllm.wire.default_packed("gloo") is False
 DEFAULT_MODE = "per tensor"
 PHASES = ("join", "begin", "buckets", "pack", "trainer_send", "server_receive", "finish", "buckets_n")
-
-
-class VllmBroadcast:
-    """The vLLM backend's four broadcast methods (rlkit.servers.vllm.broadcast), joining packed or not."""
-
-    def __init__(self, packed: bool) -> None:
-        self.packed = packed
-
-    def open_weight_link(self, group: Any) -> Any:
-        from rlkit.servers.vllm.trainer_link import VllmWeightLink
-
-        return VllmWeightLink(group, packed=self.packed)
-
-    async def join_weight_group(self, client: Any, server: Any, group: Any, timeout: float) -> None:
-        await broadcast.join_group(client, server, group, timeout, packed=self.packed)
-
-    async def begin_weight_broadcast(self, client: Any, server: Any, timeout: float) -> None:
-        await broadcast.begin(client, server, timeout)
-
-    async def receive_weight_bucket(self, client: Any, server: Any, group: Any, tensors: Any,
-                                    timeout: float) -> None:
-        await broadcast.receive_bucket(client, server, tensors, timeout)
-
-    async def finish_weight_broadcast(self, client: Any, server: Any, version: int, timeout: float) -> None:
-        await broadcast.finish(client, server, version, timeout)
 
 
 def build_model(root: Path) -> Path:
@@ -123,7 +98,7 @@ async def rounds(args: argparse.Namespace, model_dir: Path, url: str, root: Path
     server = Server(index=0, address=address, model=str(model_dir), backend="vllm")
     http = server
     probe = list(range(1, 40))
-    senders = {mode: XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=TIMEOUT)
+    senders = {mode: XcclSender(VllmWireMode(packed), backend="gloo", host="127.0.0.1", timeout_s=TIMEOUT)
                for mode, packed in MODES.items()}
     times: dict[str, list[float]] = {k: [] for k in (*MODES, "floor_trainer", "floor_e2e", "disk_write",
                                                      "disk_reload", "disk")}

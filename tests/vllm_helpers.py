@@ -13,7 +13,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from rlkit.servers.backend import Server, WeightGroup, WeightLink
 from rlkit.servers.health import ServerNotHealthy, wait_healthy
+from rlkit.servers.vllm import broadcast
+from rlkit.servers.vllm.backend import VllmBackend
 from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, vllm_command, vllm_env
 
 HOST = "127.0.0.1"
@@ -171,3 +176,20 @@ class ServerSlot:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self.current = None
+
+
+class VllmWireMode(VllmBackend):
+    """rlkit's vLLM backend with the broadcast's wire mode chosen (packed flat chunks, or tensor by tensor) instead of
+    the default for the group's torch backend; the trainer's link and the workers are told the same."""
+
+    def __init__(self, packed: bool | None = None) -> None:
+        self.packed = packed
+
+    def open_weight_link(self, group: WeightGroup) -> WeightLink:
+        from rlkit.servers.vllm.trainer_link import VllmWeightLink
+
+        return VllmWeightLink(group, packed=self.packed)
+
+    async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
+                                timeout: float) -> None:
+        await broadcast.join_group(client, server, group, timeout, packed=self.packed)

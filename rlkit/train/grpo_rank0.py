@@ -24,7 +24,7 @@ from rlkit.train.batch import Sample
 from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
 from rlkit.trials import read_json_dict, read_token, write_atomic
-from rlkit.weights.base import Buckets, PushTargets, WeightTransport
+from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
 from rlkit.weights.fanout import Published
 
 EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
@@ -219,8 +219,7 @@ class Rank0:
                 raise StepError(f"no live inference server to push weight version {version} to; see the server-N "
                                 "logs")
         except BaseException:
-            for _ in buckets:  # the other ranks are in the gathers behind the iterator: finish them, then fail
-                pass
+            drain(buckets)  # the other ranks are in the gathers behind the iterator: finish them, then fail
             raise
         published = fanout.publish(transport, buckets, version, self._targets(servers),
                                    fanout.Probe(probe, trainer_lp, self.tolerance))

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -150,18 +150,34 @@ async def deliver_in_sequence(client: httpx.AsyncClient, backend: ServerBackend,
         # Old KV must not serve a request again: held requests recompute with the new weights on resume.
         await timed(phases, "reset_cache", backend.reset_prefix_cache(client, server, timeout))
     except BaseException as failure:
-        if isinstance(failure, ServerUnreachable):
-            raise  # nothing to resume: the process is gone
-        try:
-            await resume()
-        except StepError as resume_error:
-            if isinstance(failure, StepError):
-                raise StepError(f"{failure}\n  and the resume after it failed too (the server may stay paused): "
-                                f"{resume_error}") from failure
-            logger.error("%s (after %s: %s)", resume_error, type(failure).__name__, failure)
-        raise
+        reported = await resume_after(client, backend, server, timeout, failure)
+        if reported is failure:
+            raise
+        raise reported from failure
     await resume()
     return result
+
+
+async def resume_after(client: httpx.AsyncClient, backend: ServerBackend, server: Server, timeout: float,
+                       failure: BaseException) -> BaseException:
+    """After `failure` on `server`: resume it, unless its process is gone (a live server must never stay paused,
+    even holding part of new weights); returns what to report: `failure`, with the resume's own failure added."""
+    if isinstance(failure, ServerUnreachable):
+        return failure  # nothing to resume
+    try:
+        await backend.resume(client, server, timeout)
+    except StepError as resume_error:
+        if isinstance(failure, StepError):
+            return StepError(f"{failure}\n  and the resume after it failed too (the server may stay paused): "
+                             f"{resume_error}")
+        logger.error("%s (after %s: %s)", resume_error, type(failure).__name__, failure)
+    return failure
+
+
+def drain(buckets: Iterable[object]) -> None:
+    """Run a bucket iterator to its end: the other trainer ranks are in the all-gathers behind it until it is."""
+    for _ in buckets:
+        pass
 
 
 def outcome_of(server: Server, result: ServerSync | BaseException) -> ServerOutcome:

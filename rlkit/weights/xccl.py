@@ -20,13 +20,14 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, TensorMeta, WeightGroup, WeightLink
 from rlkit.servers.health import find_free_port
+from rlkit.weights.base import drain
 
 if TYPE_CHECKING:
     import httpx
@@ -236,7 +237,7 @@ class XcclSender:
             # the iterator and wait for rank 0 to run it to its end. Never next() it while a gather still runs.
             if pending is not None:
                 await asyncio.wait({pending})
-            await asyncio.to_thread(_drain, iterator)
+            await asyncio.to_thread(drain, iterator)
         result.seconds["buckets"] = time.perf_counter() - start
         start = time.perf_counter()
         self._settle(result, live, "finish", start, await self.finish(client, live, version))
@@ -304,7 +305,3 @@ def _close_when_done(trainer: asyncio.Task[WeightLink]) -> None:
 
     trainer.add_done_callback(close)
 
-
-def _drain(iterator: Iterator[object]) -> None:
-    for _ in iterator:
-        pass

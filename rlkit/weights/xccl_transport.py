@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, ServerBackend, backend_for
 from rlkit.servers.http import ServerUnreachable, timed
-from rlkit.weights.base import Buckets, PushTargets, ServerOutcome, ServerSync, WeightTransport, outcome_of
+from rlkit.weights.base import (
+    Buckets,
+    PushTargets,
+    ServerOutcome,
+    ServerSync,
+    WeightTransport,
+    drain,
+    outcome_of,
+    resume_after,
+)
 from rlkit.weights.xccl import PushResult, XcclSender
 
 if TYPE_CHECKING:
@@ -58,8 +67,7 @@ class XcclTransport(WeightTransport):
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
         if targets is None:
             started = time.monotonic()
-            for _ in buckets:  # the other ranks only take part in the gathers
-                pass
+            drain(buckets)  # the other ranks only take part in the gathers
             self.timings = {"gather": time.monotonic() - started}
             return None
         try:
@@ -75,8 +83,7 @@ class XcclTransport(WeightTransport):
 
             outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
         except BaseException:
-            for _ in buckets:  # the other ranks are in the gathers behind the iterator: run it to its end, then fail
-                pass
+            drain(buckets)  # then fail
             raise
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
         return outcomes
@@ -140,13 +147,7 @@ async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[
             await timed(sync.phases, "reset_cache", backend.reset_prefix_cache(client, server, timeout))
             await timed(sync.phases, "resume", backend.resume(client, server, timeout))
         except Exception as exc:
-            if not isinstance(exc, ServerUnreachable):
-                try:  # never leave a live server paused (it may hold part of the new weights: the push failed)
-                    await backend.resume(client, server, timeout)
-                except StepError as resume_error:
-                    exc = StepError(f"{exc}\n  and the resume after it failed too (the server may stay paused): "
-                                    f"{resume_error}")
-            return outcome_of(server, exc)
+            return outcome_of(server, await resume_after(client, backend, server, timeout, exc))
         sync.seconds = time.monotonic() - started
         return ServerOutcome(server, sync=sync)
 

@@ -30,7 +30,6 @@ import torch
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
 from rlkit.servers.http import server_client
-from rlkit.servers.vllm import broadcast as vllm_broadcast
 from rlkit.train.engine import PolicyEngine
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
@@ -38,7 +37,7 @@ from rlkit.weights.xccl import PushResult, XcclSender
 
 from ..model_helpers import perturbed
 from ..sync_helpers import read_weight_version, sync_all, sync_server
-from ..vllm_helpers import ServerSlot
+from ..vllm_helpers import ServerSlot, VllmWireMode
 
 pytestmark = [pytest.mark.vllm]
 
@@ -181,40 +180,13 @@ XCCL_TIMEOUT = 20.0
 BUCKET_BYTES = 256 * 1024  # the tiny model is ~1.5 MB: several /update_weights calls per push
 
 
-class VllmBroadcast:
-    """The four broadcast methods of the vLLM backend, as the lead wires them into VllmBackend (`packed`: None is
-    the default wire mode, what VllmBackend uses)."""
-
-    def __init__(self, packed: bool | None = None) -> None:
-        self.packed = packed
-
-    def open_weight_link(self, group: Any) -> Any:
-        from rlkit.servers.vllm.trainer_link import VllmWeightLink
-
-        return VllmWeightLink(group, packed=self.packed)
-
-    async def join_weight_group(self, client: httpx.AsyncClient, server: Any, group: Any, timeout: float) -> None:
-        await vllm_broadcast.join_group(client, server, group, timeout, packed=self.packed)
-
-    async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Any, timeout: float) -> None:
-        await vllm_broadcast.begin(client, server, timeout)
-
-    async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Any, group: Any, tensors: Any,
-                                    timeout: float) -> None:
-        await vllm_broadcast.receive_bucket(client, server, tensors, timeout)
-
-    async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Any, version: int,
-                                      timeout: float) -> None:
-        await vllm_broadcast.finish(client, server, version, timeout)
-
-
 def backend_server(served: Served) -> Server:
     s = served.server
     return Server(index=s.index, address=s.address, model=s.model, backend=s.backend)
 
 
 def sender_for(served: Served, timeout: float = XCCL_TIMEOUT, packed: bool | None = None) -> XcclSender:
-    return XcclSender(VllmBroadcast(packed), backend="gloo", host="127.0.0.1", timeout_s=timeout,
+    return XcclSender(VllmWireMode(packed), backend="gloo", host="127.0.0.1", timeout_s=timeout,
                       skip=tied_weight_aliases(served.model_dir))
 
 
@@ -290,7 +262,7 @@ def test_broadcast_to_a_server_that_never_joins_fails_naming_it_within_the_timeo
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     server = Server(index=7, address=f"127.0.0.1:{httpd.server_address[1]}", model="m", backend="vllm")
-    sender = XcclSender(VllmBroadcast(), backend="gloo", host="127.0.0.1", timeout_s=3.0)
+    sender = XcclSender(VllmWireMode(), backend="gloo", host="127.0.0.1", timeout_s=3.0)
     model = torch.nn.Linear(4, 4)
 
     async def main() -> PushResult:
