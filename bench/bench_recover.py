@@ -34,7 +34,7 @@ def main() -> int:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from rlkit.config.schema import ActorConfig
+    from rlkit.config.schema_actor import ActorConfig
     from rlkit.train import recover
     from rlkit.train.batch import Sample
     from rlkit.train.dist import init_distributed

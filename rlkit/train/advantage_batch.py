@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlkit.config.schema import ActorConfig
+from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.advantages import group_advantages, overlong_penalty, shape_rewards
 from rlkit.train.batch import Sample
 

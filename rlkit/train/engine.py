@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlkit.config.schema import ActorConfig, OptimizerConfig
+from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss

@@ -21,7 +21,7 @@ from rlkit.servers.health import find_free_port
 WORKER = r'''
 import json, sys, torch
 from safetensors.torch import save_file
-from rlkit.config.schema import ActorConfig
+from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.batch import Sample
 from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.engine import PolicyEngine

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlkit.config.schema import ActorConfig, NormConfig
+from rlkit.config.schema_actor import ActorConfig, NormConfig
 from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import Sample
 
