@@ -1,7 +1,8 @@
 """The experiment schema: dataclasses read by OmegaConf. Importable without torch or vLLM (login nodes stay fast).
 
 Field names follow AReaL, which most of our users come from. Every field has a one-line `help` that
-`rlkit config-help` prints. The actor section lives in rlkit.config.schema_actor; job types add theirs in modules of their own.
+`rlkit config-help` prints. The actor section lives in rlkit.config.schema_actor; job types add theirs in
+modules of their own.
 """
 
 from __future__ import annotations
