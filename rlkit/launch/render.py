@@ -12,11 +12,11 @@ import shlex
 
 from rlkit import __version__
 from rlkit.config.strings import sbatch_quote
-from rlkit.errors import NO_RETRY_EXIT
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
+from rlkit.step_contract import EXIT_REQUEUE, NO_RETRY_EXIT, STATUS_REQUEUE, STATUS_STOPPED
 
-_SUPERVISOR = r"""
+_SUPERVISOR_TEXT = r"""
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()
@@ -97,7 +97,7 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
-on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and exits 75
+on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and stops
   echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
   local group id
   while read -r group id; do
@@ -124,7 +124,7 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
       name=${NAMES[$i]}
       role=${ROLES[$i]}
       PIDS[$i]=""
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = requeue ]; then
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = @STATUS_REQUEUE@ ]; then
         if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RETRIES" ]; then
           echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
@@ -135,9 +135,9 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
           "already; not requeueing (rlkit resume continues it)"
         stop_steps
-        return 75
+        return @EXIT_REQUEUE@
       fi
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = stopped ]; then
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = @STATUS_STOPPED@ ]; then
         echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
         stop_steps
         return 0
@@ -190,6 +190,11 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
 """
 
 
+# the words and codes of rlkit.step_contract, substituted in (the trainer writes the same ones)
+_SUPERVISOR = (_SUPERVISOR_TEXT.replace("@STATUS_REQUEUE@", STATUS_REQUEUE).replace("@STATUS_STOPPED@", STATUS_STOPPED)
+               .replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE)))
+
+
 def _q(argv: tuple[str, ...] | list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -240,7 +245,8 @@ def render_script(plan: JobPlan) -> str:
     lines += [f"# {note}" for note in plan.notes]
     for index, component in enumerate(plan.components):
         lines += _component_lines(index, component, plan)
-    lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)} || exit 1", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
+    lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)} || exit 1",
+              "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
     lines += [f"export RLKIT_ATTEMPT={plan.attempt}  # 1 for rlkit submit, one more per rlkit resume",
               f"RETRIES={plan.retries}  # restarts of a failed trainer or server step, and self-requeues",
               f"NO_RETRY_EXIT={NO_RETRY_EXIT}  # a step's exit code for a failure a restart cannot fix",
