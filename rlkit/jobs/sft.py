@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 def _validate_sft(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
-    """The sft fields; the layout (no server part, a trainer part) is checked for every job type in
-    rlkit.jobs.layout. The one call site of the sft section's own checks (rlkit.config.validate_sft)."""
+    """What launching an sft job needs; the layout (no server part, a trainer part) is checked for every job type
+    in rlkit.jobs.layout. The sft section's own checks (rlkit.config.validate_sft, wave 1 merge) are called here and
+    nowhere else."""
     from rlkit.config.site_files import check_model_dir
 
     if not config.actor.path:

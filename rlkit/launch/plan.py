@@ -145,7 +145,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
                           hint="rlkit.config.validate reports what to change")  # validate refuses this first
 
     components: list[Component] = []
-    notes: list[str] = []
+    notes = [f"job type {job.name}: {job.help}"]
     if alloc.server is not None:
         server = alloc.server
         model = server_model(config, server.backend)

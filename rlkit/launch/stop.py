@@ -14,8 +14,6 @@ from rlkit.paths import TrialPaths
 from rlkit.step_contract import STATUS_STOPPED
 from rlkit.trials import find_trial, read_json_dict
 
-STOPPED = STATUS_STOPPED
-
 
 def _trainer_status(paths: TrialPaths) -> str:
     return str(read_json_dict(paths.progress).get("status", ""))
@@ -34,11 +32,11 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
             say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
                 "--now skips this)")
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and _trainer_status(paths) != STOPPED:
+            while time.monotonic() < deadline and _trainer_status(paths) != STATUS_STOPPED:
                 if not slurm.job_info(record.job_id).active:
                     break
                 time.sleep(1)
-            if _trainer_status(paths) == STOPPED:
+            if _trainer_status(paths) == STATUS_STOPPED:
                 say("the trainer checkpointed; rlkit resume continues from there")
             else:
                 say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")
