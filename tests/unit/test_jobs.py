@@ -73,3 +73,31 @@ def test_step_availability_is_found_without_importing_the_step() -> None:
     assert not missing.step_available()
     assert not dataclasses.replace(missing, step="rlkit.no_such_package.x:run").step_available()
     # that asking imports neither the step nor rlkit.train: tests/unit/test_layering.py, in a fresh interpreter
+
+
+def test_every_available_step_names_a_function_of_its_module() -> None:
+    """`rlkit train`/`rlkit client` call module:function in the job; a typo there would fail only on the cluster.
+    Read from the source (importing the trainer would take seconds)."""
+    import ast
+    import importlib.util
+
+    for job in registered_job_types():
+        if job.step_available():
+            module, _, function = job.step.partition(":")
+            spec = importlib.util.find_spec(module)
+            assert spec is not None and spec.origin is not None, job.step
+            tree = ast.parse(Path(spec.origin).read_text())
+            assert any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body), job.step
+
+
+def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_yaml: Path, tmp_path: Path) -> None:
+    """The in-job dispatcher runs the trial's job type only from the command its component runs."""
+    from rlkit.config.load import load_config, to_yaml
+    from rlkit.errors import FatalStepError
+    from rlkit.jobs.run import run_job_step
+
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "config.yaml").write_text(to_yaml(load_config(generate_yaml)))
+    with pytest.raises(FatalStepError, match="job type generate runs `rlkit client`"):
+        run_job_step(trial, trainer=True)
