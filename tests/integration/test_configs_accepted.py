@@ -46,11 +46,14 @@ def test_there_are_gpu_and_cpu_examples() -> None:
 def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
     """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py) and keep their
     worker in the engine process (no busy-polling second process); GPU servers keep vLLM's defaults."""
+    from rlkit.jobs import job_type_for
     from rlkit.servers.backend import backend_for
     from rlkit.steps.serve import server_launch
 
     for path in EXAMPLES:
         config = load_config(path)
+        if not job_type_for(config.type).needs_servers:
+            continue  # a trainer-only example (sft) starts no server
         argv = server_launch(config, backend_for("vllm"), 1, 8000, token="t", secret_dir=Path("/nonexistent"),
                              index=0).argv
         on_cpu = config.launcher.slurm.container_type == "none"
