@@ -80,3 +80,14 @@ def test_controller_verdict_is_real(site_standins: list[str], rlkit_home: Path) 
                        "cluster.n_nodes=6", "--test-only")
     assert result.returncode == 2
     assert "Slurm rejects this job" in result.stderr
+
+
+@pytest.mark.slurm
+def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_home: Path) -> None:
+    """A job of one component (sft: fsdp:d2, no servers) is a plain, not heterogeneous, job the controller takes."""
+    result = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), *site_standins, "type=sft",
+                       "allocation_mode=fsdp:d2", "--test-only")
+    assert result.returncode == 0, result.stderr
+    assert "to start at" in result.stderr and "using 2 processors" in result.stderr
+    assert "#SBATCH hetjob" not in result.stdout and "--het-group" not in result.stdout
+    assert not rlkit_home.exists()
