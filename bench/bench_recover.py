@@ -36,9 +36,9 @@ def main() -> int:
 
     from rlkit.config.schema_actor import ActorConfig
     from rlkit.train import recover
-    from rlkit.train.batch import Sample
     from rlkit.train.dist import init_distributed
     from rlkit.train.engine import PolicyEngine
+    from rlkit.types import Sample
 
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-recover-", dir=os.environ.get("RLKIT_BENCH_DIR")) as tmp:

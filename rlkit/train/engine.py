@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
-from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
+from rlkit.train.batch import MicroBatch, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss
+from rlkit.types import Sample
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -26,13 +26,13 @@ from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
 from rlkit.rollout.controller import Prompt
 from rlkit.train import recover
-from rlkit.train.batch import Sample
 from rlkit.train.dist import broadcast_object, init_distributed
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.fault_corrupt import FAULT, corrupt_server
 from rlkit.train.faults import failed_before, fault_point
 from rlkit.train.grpo_rank0 import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, Rank0
 from rlkit.train.mismatch_step import mismatch_temperature, step_mismatch
+from rlkit.types import Sample
 from rlkit.weights.base import WeightTransport, transport_for
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."

@@ -20,10 +20,10 @@ from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
 from rlkit.train import mismatch, recover
 from rlkit.train.advantage_batch import prepare_batch
-from rlkit.train.batch import Sample
 from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
 from rlkit.trials import read_json_dict, read_token, write_atomic
+from rlkit.types import Sample
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
 from rlkit.weights.fanout import Published
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
-from rlkit.train.batch import Sample
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
+from rlkit.types import Sample
 
 
 def step_mismatch(engine: PolicyEngine, samples: Sequence[Sample], recomputed: dict[int, list[float]] | None, *,

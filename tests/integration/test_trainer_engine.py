@@ -22,7 +22,7 @@ WORKER = r'''
 import json, sys, torch
 from safetensors.torch import save_file
 from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.mismatch_step import step_mismatch
