@@ -148,7 +148,7 @@ def generate(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> No
 
 @app.command(hidden=True)
 def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
-    """In-job step: the GRPO trainer (one process per trainer GPU)."""
+    """In-job step: the GRPO trainer through the training loop (one process per trainer GPU)."""
     from rlkit.train.grpo import run_grpo
 
     run_grpo(trial_dir)

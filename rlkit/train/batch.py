@@ -92,3 +92,12 @@ def dummy_like(sample: Sample) -> Sample:
     """A copy that takes part in forward/backward but never in the loss (keeps collectives in step)."""
     return Sample(sample.prompt_ids, sample.completion_ids, sample.behav_logp, 0.0, sample.version, True,
                   sample.group, 0.0, dummy=True)
+
+
+def local_indices(n: int, n_minibatches: int, rank: int, world: int) -> list[list[int]]:
+    """Per minibatch, the indices of a global batch of `n` samples this rank trains on.
+
+    Minibatch k is every n_minibatches-th sample from k; each minibatch is then dealt out over the ranks.
+    The minibatches are therefore the same whatever the number of ranks.
+    """
+    return [list(range(k, n, n_minibatches))[rank::world] for k in range(n_minibatches)]
