@@ -135,10 +135,8 @@ def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: A
         return None
     step_done, directory = resume
     state = recover.LoopState.from_json((Path(directory) / recover.STATE).read_text())
+    recover.check_engines(state, list(algorithm.engines), Path(directory))
     for name, engine in algorithm.engines.items():
-        if name not in state.engines:
-            raise StepError(f"recover checkpoint {directory} has no {name!r} engine (it has: "
-                            f"{', '.join(state.engines) or 'none'}); it was written by another job type")
         engine.load_sharded(recover.shards_dir(Path(directory), name), state.engines[name])
     recover.set_rng_state(state.rng)
     if announce:
@@ -168,7 +166,7 @@ class Loop:
                                        self.resumed.step if self.resumed is not None else None)
             algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
             for step in range(self.first_step, self.steps + 1):
-                exit_code = self._one_step(step, stop.requested)
+                exit_code = self._one_step(step, stop)
                 if exit_code is not None:
                     self._stop_for(exit_code)
                     dist.barrier()
@@ -191,7 +189,7 @@ class Loop:
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    def _one_step(self, step: int, requested: int | None) -> int | None:
+    def _one_step(self, step: int, stop: _StopRequests) -> int | None:
         """Collective: train `step`, record it, checkpoint as due; the exit code to stop with, or None."""
         t0 = time.monotonic()
         try:
@@ -213,7 +211,8 @@ class Loop:
                   f"step {metrics['timing/step']:.1f}s", flush=True)
         del state
         self.done = step
-        decision = broadcast_object((*books.checkpoint_decision(step, self.algorithm.epoch(step), requested,
+        # the stop request is read now: a signal that came during the step stops after it
+        decision = broadcast_object((*books.checkpoint_decision(step, self.algorithm.epoch(step), stop.requested,
                                                                 bool(result.fail)), result.fail)
                                     if books is not None else None)
         assert isinstance(decision, tuple)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,14 @@ class LoopState:
     @classmethod
     def from_json(cls, text: str) -> LoopState:
         return cls(**json.loads(text))
+
+
+def check_engines(state: LoopState, names: list[str], directory: Path) -> None:
+    """StepError unless the checkpoint holds every engine the algorithm has (by name), before anything is loaded."""
+    missing = [name for name in names if name not in state.engines]
+    if missing:
+        raise StepError(f"recover checkpoint {directory} has no {', '.join(map(repr, missing))} engine (it has: "
+                        f"{', '.join(state.engines) or 'none'}); it was written by another job type")
 
 
 def shards_dir(checkpoint: Path, engine: str) -> Path:

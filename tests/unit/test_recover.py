@@ -196,3 +196,12 @@ def test_an_empty_file_is_checksummed_too(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.write_bytes(b"abc" * 1000)
     assert recover.file_checksum(data, "sha256") == hashlib.sha256(b"abc" * 1000).hexdigest()
+
+
+def test_a_checkpoint_without_an_engine_of_the_algorithm_is_refused_by_name(tmp_path: Path) -> None:
+    from rlkit.errors import StepError
+
+    state = recover.LoopState(step=3, engines={"actor": 3})
+    recover.check_engines(state, ["actor"], tmp_path)  # the same engines: fine
+    with pytest.raises(StepError, match=r"has no 'critic' engine \(it has: actor\); it was written by another job"):
+        recover.check_engines(state, ["actor", "critic"], tmp_path)
