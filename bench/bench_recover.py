@@ -36,9 +36,9 @@ def main() -> int:
 
     from rlkit.config.schema_actor import ActorConfig
     from rlkit.train import recover
-    from rlkit.train.batch import Sample
     from rlkit.train.dist import init_distributed
-    from rlkit.train.engine import PolicyEngine
+    from rlkit.train.ppo_actor import PPOActor
+    from rlkit.types import Sample
 
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-recover-", dir=os.environ.get("RLKIT_BENCH_DIR")) as tmp:
@@ -47,11 +47,12 @@ def main() -> int:
         _env, device = init_distributed()
         actor = ActorConfig(path=str(model), dtype="float32", gradient_checkpointing=False, attn_impl="sdpa",
                             group_size=2, ppo_n_minibatches=1)
-        engine = PolicyEngine(actor, rank=0, world=1, device=device, pad_id=0, temperature=1.0,
-                              total_optimizer_steps=10)
+        policy = PPOActor.build(actor, rank=0, world=1, device=device, pad_id=0, temperature=1.0,
+                                total_optimizer_steps=10)
+        engine = policy.engine
         samples = [Sample([5, 6, 7], [8, 9], [-5.0, -5.0], float(i), 0, True, 0, advantage=1.0 - 2 * i)
                    for i in range(2)]
-        engine.train_step(samples, None, None)  # AdamW moments exist now
+        policy.train_step(samples, None, None)  # AdamW moments exist now
         model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
         flat = {f"model.{k}": v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model_sd.items()}
         for pid, entry in optim_sd["state"].items():
@@ -79,8 +80,8 @@ def main() -> int:
 
             started = time.monotonic()
             tmp_dir = recover.temp_dir(root, step)
-            digests = engine.save_sharded(tmp_dir / recover.SHARDS)
-            (tmp_dir / recover.STATE).write_text(recover.TrainerState(step=step, version=step).to_json())
+            digests = engine.save_sharded(recover.shards_dir(tmp_dir, "actor"))
+            (tmp_dir / recover.STATE).write_text(recover.LoopState(step=step, engines={"actor": 1}).to_json())
             recover.seal(tmp_dir, recover.checkpoint_dir(root, step), digests)
             recover.prune(root, keep_last=1)
             saves.append(time.monotonic() - started)
@@ -88,7 +89,7 @@ def main() -> int:
             found = recover.latest_valid(root)
             assert found is not None and found[0] == step
             verified = time.monotonic()
-            engine.load_sharded(found[1] / recover.SHARDS, optimizer_steps=1)
+            engine.load_sharded(recover.shards_dir(found[1], "actor"), optimizer_steps=1)
             loads.append(time.monotonic() - started)
             checks.append(verified - started)
         save, load, check = statistics.median(saves), statistics.median(loads), statistics.median(checks)

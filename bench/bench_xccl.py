@@ -37,7 +37,7 @@ from rlkit.servers.backend import Server  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
 from rlkit.servers.http import call, server_client  # noqa: E402
 from rlkit.servers.vllm import broadcast  # noqa: E402
-from rlkit.train.engine import PolicyEngine  # noqa: E402
+from rlkit.train.engine import TrainEngine  # noqa: E402
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs  # noqa: E402
 from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402
@@ -111,7 +111,7 @@ async def rounds(args: argparse.Namespace, model_dir: Path, url: str, root: Path
                 version += 1
                 model = perturbed(model_dir, seed=version, scale=0.01)
                 trainer_lp = trainer_probe_logprobs(model, probe)
-                buckets = PolicyEngine.iter_full_buckets(SimpleNamespace(model=model),  # type: ignore[arg-type]
+                buckets = TrainEngine.iter_full_buckets(SimpleNamespace(model=model),  # type: ignore[arg-type]
                                                          args.bucket_mb * 1024**2, torch.float32)
                 for other in senders.values():
                     other.forget(server)  # the server holds one group: each mode joins before its push

@@ -12,5 +12,5 @@ STATUS_STOPPED = "stopped"  # checkpointed on `rlkit stop` (USR2): the script en
 
 EXIT_REQUEUE = 75  # the trainer's decision on USR1 (sysexits EX_TEMPFAIL); also the script's exit when out of requeues
 EXIT_STOPPED = 76  # the trainer's decision on USR2
-EXIT_SERVERS_GONE = 77  # no server reachable for a weight push: checkpoint, then fail (the in-job retry resumes)
+EXIT_FAILING = 77  # the algorithm cannot go on after a finished step (e.g. no server left): checkpoint it, then fail
 NO_RETRY_EXIT = 78  # sysexits' EX_CONFIG: a failure a restart of the step cannot fix; the supervisor never retries it

@@ -31,7 +31,7 @@ from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
 from rlkit.servers.backend import SamplingParams, Server
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 
 T = TypeVar("T")
 LIVENESS_POLL_S = 5.0

@@ -9,7 +9,7 @@ import torch
 
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.advantages import group_advantages, overlong_penalty, shape_rewards
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 
 
 @dataclass

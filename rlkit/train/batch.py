@@ -8,31 +8,12 @@ prompt has P tokens sits at position P - 1 + j.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-
-@dataclass
-class Sample:
-    """One completion of a prompt, as the rollout produced it, plus what training adds (advantage)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    behav_logp: list[float]
-    reward: float
-    version: int
-    finished: bool
-    group: int
-    advantage: float = 0.0
-    dummy: bool = False  # padding so every rank runs the same number of micro-batches; never contributes to loss
-    info: dict[str, float] = field(default_factory=dict)
-    server: int = -1  # index of the server that generated it (-1: unknown); the log-prob mismatch check groups by it
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
+from rlkit.types import Sample
 
 
 @dataclass
@@ -111,3 +92,12 @@ def dummy_like(sample: Sample) -> Sample:
     """A copy that takes part in forward/backward but never in the loss (keeps collectives in step)."""
     return Sample(sample.prompt_ids, sample.completion_ids, sample.behav_logp, 0.0, sample.version, True,
                   sample.group, 0.0, dummy=True)
+
+
+def local_indices(n: int, n_minibatches: int, rank: int, world: int) -> list[list[int]]:
+    """Per minibatch, the indices of a global batch of `n` samples this rank trains on.
+
+    Minibatch k is every n_minibatches-th sample from k; each minibatch is then dealt out over the ranks.
+    The minibatches are therefore the same whatever the number of ranks.
+    """
+    return [list(range(k, n, n_minibatches))[rank::world] for k in range(n_minibatches)]

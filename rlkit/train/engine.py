@@ -1,4 +1,6 @@
-"""The FSDP2 policy engine: load a Hugging Face causal LM, shard it, compute token log-probs, take PPO steps.
+"""The FSDP2 training engine: a model (a Hugging Face causal LM unless a factory builds another), sharded, with its
+optimizer, LR schedule, gradient clipping, sharded checkpoints and full-weight export. No loss inside: an algorithm
+(rlkit.train.ppo_actor, wave 2: SFT, DPO, a critic) hands `optimizer_step` its micro-batches and its loss function.
 
 Every method that touches the model is collective: all ranks call it in the same order (FSDP all-gathers
 parameters in forward). Ranks with fewer micro-batches than others run dummy ones that count for nothing.
@@ -8,17 +10,21 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
-from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
-from rlkit.train.dist import all_reduce_max, all_reduce_sum
-from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss
+from rlkit.train.batch import MicroBatch
+from rlkit.train.dist import all_reduce_sum
+from rlkit.train.losses import entropy_from_logits
+
+T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
+ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
+LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -53,6 +59,22 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str) -> nn.Modul
         attn_impl))
 
 
+def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The default model factory: the causal LM at config.path with float32 master weights (bf16/fp16 is the compute
+    dtype through FSDP's mixed-precision policy), gradient checkpointing as configured."""
+    model = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl)
+    if config.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    return model.to(device)
+
+
+def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
+    """The compute dtype FSDP casts parameters to, None for float32 (no mixed precision)."""
+    dtype = DTYPES[config.dtype]
+    return None if dtype == torch.float32 else dtype
+
+
 def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Module:
     """fully_shard every decoder layer, then the whole model (FSDP2)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -79,29 +101,14 @@ def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with
     return logp, entropy
 
 
-class PolicyEngine:
-    """The trained policy (and its frozen reference when kl_ctl > 0) on this rank's shard."""
+class TrainEngine:
+    """One trained model on this rank's shard: its optimizer, LR schedule, clipping and checkpoints."""
 
-    def __init__(self, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
-                 temperature: float, total_optimizer_steps: int) -> None:
+    def __init__(self, config: ActorConfig, *, rank: int, world: int, device: torch.device,
+                 total_optimizer_steps: int, model_factory: ModelFactory = causal_lm) -> None:
         self.config = config
         self.rank, self.world, self.device = rank, world, device
-        self.pad_id = pad_id
-        self.temperature = temperature
-        train_dtype = DTYPES[config.dtype]
-        # Master weights stay float32; bf16/fp16 is the compute dtype through FSDP's mixed-precision policy.
-        self.model = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl)
-        if config.gradient_checkpointing:
-            kwargs = {"use_reentrant": False}
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        self.model.to(device)
-        param_dtype = None if train_dtype == torch.float32 else train_dtype
-        shard_model(self.model, param_dtype=param_dtype)
-        self.ref: nn.Module | None = None
-        if config.kl_ctl > 0:
-            ref = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl).to(device)
-            ref.requires_grad_(False).eval()
-            self.ref = shard_model(ref, param_dtype=param_dtype)
+        self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0
@@ -115,25 +122,23 @@ class PolicyEngine:
             return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         raise ValueError(f"unknown optimizer type {cfg.type!r}")
 
-    @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,
-                         temperature: float | None = None) -> list[list[float]]:
-        """Per-sample completion-token log-probs under the current (or reference) weights, at the sampling temperature
-        unless `temperature` is given; collective."""
-        model = self.ref if reference else self.model
-        if model is None:
-            raise RuntimeError("no reference model (kl_ctl is 0)")
-        model.eval()
-        out: list[list[float]] = []
-        for group_idx in self._micro_batches_idx(samples, list(range(len(samples)))):
-            group = [samples[i] if i >= 0 else dummy_like(samples[0]) for i in group_idx]
-            mb = pack(group, self.pad_id).to(self.device)
-            logp, _ = token_logprobs(model, mb, self.temperature if temperature is None else temperature)
-            for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
-                if i >= 0:  # fillers only kept the ranks in step
-                    start = len(s.prompt_ids) - 1
-                    out.append(logp[row, start : start + len(s.completion_ids)].float().cpu().tolist())
-        return out
+    def optimizer_step(self, micro_batches: Iterable[T], loss_fn: LossFn[T], local_units: float) -> dict[str, float]:
+        """One optimizer step over this rank's `micro_batches` (the same count on every rank); collective.
+
+        `loss_fn(model, mb)` runs the forward and returns the loss averaged over its units (tokens, pairs, ...) and
+        their count. Each loss is weighted so that the gradient is the mean over the units of every rank
+        (`local_units` of this rank, summed over ranks here): FSDP averages gradients over ranks, hence the factor
+        `world`. Then clipping, the LR of the schedule, the step. Returns the gradient norm and the LR.
+        """
+        self.model.train()
+        global_units = all_reduce_sum([float(local_units)])[0]
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches:
+            loss, units = loss_fn(self.model, mb)
+            scale = units * self.world / max(1.0, global_units)
+            (loss * scale).backward()
+        grad_norm = self._clip_and_step()
+        return {"grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of tokens 1..n of `ids` given their prefix at temperature 1 (the weight fingerprint);
@@ -141,109 +146,6 @@ class PolicyEngine:
         from rlkit.weights.fingerprint import trainer_probe_logprobs
 
         return trainer_probe_logprobs(self.model, ids)
-
-    def local_indices(self, n: int) -> list[list[int]]:
-        """Per minibatch, the indices of a global batch of `n` samples this rank trains on.
-
-        Minibatch k is every ppo_n_minibatches-th sample from k; each minibatch is then dealt out over the ranks.
-        The minibatches are therefore the same whatever the number of ranks.
-        """
-        n_mb = self.config.ppo_n_minibatches
-        return [list(range(k, n, n_mb))[self.rank :: self.world] for k in range(n_mb)]
-
-    def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
-                    temperature: float | None = None) -> dict[int, list[float]]:
-        """compute_logprobs for this rank's samples of a global batch, keyed by global index; collective."""
-        mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
-        values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference,
-                                       temperature=temperature)
-        return dict(zip(mine, values, strict=False))
-
-    def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
-                   ref_logp: dict[int, list[float]] | None) -> dict[str, float]:
-        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
-        returns statistics averaged over all ranks' tokens.
-
-        `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
-        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
-        """
-        cfg = self.config
-        self.model.train()
-        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
-                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "tokens": 0.0}
-        max_ratio = 0.0
-        grad_norms: list[float] = []
-        for idx in self.local_indices(len(samples)):
-            sub = [samples[i] for i in idx]
-            counted = sum(len(s.completion_ids) for s in sub
-                          if not s.dummy and (s.finished or not cfg.mask_no_eos_with_zero))
-            global_tokens = all_reduce_sum([float(counted)])[0]
-            self.optimizer.zero_grad(set_to_none=True)
-            for group_idx in self._micro_batches_idx(sub, idx):
-                group = [samples[i] if i >= 0 else dummy_like(samples[0]) for i in group_idx]
-                mb = pack(group, self.pad_id, mask_truncated=cfg.mask_no_eos_with_zero).to(self.device)
-                logp, entropy = token_logprobs(self.model, mb, self.temperature, with_entropy=True)
-                old = self._aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
-                behav = mb.behav_logp if (cfg.use_decoupled_loss and old_logp is not None) else None
-                loss, stats = ppo_actor_loss(
-                    logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
-                    eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
-                    importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
-                    behav_logp=behav, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
-                mask = mb.loss_mask
-                n_tok = int(mask.sum())
-                kl_mean = torch.zeros((), device=self.device)
-                if ref_logp is not None and cfg.kl_ctl > 0:
-                    ref = self._aligned(mb, group_idx, ref_logp)
-                    kl = kl_penalty(logp, ref, cfg.kl_estimator)  # type: ignore[arg-type]
-                    kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
-                    loss = loss + cfg.kl_ctl * kl_mean
-                # Token mean over the whole minibatch on all ranks: FSDP averages gradients over ranks.
-                scale = n_tok * self.world / max(1.0, global_tokens)
-                (loss * scale).backward()
-                if n_tok:
-                    sums["loss"] += float(loss.detach()) * n_tok
-                    sums["kl"] += float(kl_mean) * n_tok
-                    sums["tokens"] += n_tok
-                    assert entropy is not None
-                    sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
-                    for key in ("clip_fraction", "dual_clip_fraction", "importance_weight_mean",
-                                "behav_weight_mean"):
-                        if key in stats:
-                            sums[key] += float(stats[key]) * n_tok
-                    max_ratio = max(max_ratio, float(stats["importance_weight_max"]))
-            grad_norms.append(self._clip_and_step())
-        reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
-        tokens = max(1.0, reduced.pop("tokens"))
-        totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
-        if not (cfg.use_decoupled_loss and old_logp is not None):
-            totals.pop("actor/behav_weight_mean")
-        totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio * 1e6))) / 1e6
-        totals["actor/grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
-        totals["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        return totals
-
-    def _micro_batches_idx(self, sub: Sequence[Sample], idx: list[int]) -> list[list[int]]:
-        """Micro-batches of sample indices (-1: a dummy), the same count on every rank."""
-        pos = {id(s): i for s, i in zip(sub, idx, strict=True)}
-        mbs = split_micro_batches(sub, max_tokens=self.config.mb_spec.max_tokens_per_mb,
-                                  min_count=self.config.mb_spec.n_mbs)
-        out = [[pos[id(s)] for s in mb] for mb in mbs]
-        count = all_reduce_max(len(out))
-        while len(out) < count:
-            out.append([-1])
-        return out
-
-    def _aligned(self, mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[float]]) -> Tensor:
-        """Per-sample completion values placed at the micro-batch's completion positions."""
-        out = torch.zeros_like(mb.behav_logp)
-        for row, i in enumerate(group_idx):
-            if i < 0:
-                continue
-            values = per_sample[i]
-            start = int(mb.attention_mask[row].sum()) - len(values) - 1
-            out[row, start : start + len(values)] = torch.tensor(values, dtype=out.dtype, device=out.device)
-        return out
 
     def _clip_and_step(self) -> float:
         cfg = self.config.optimizer

@@ -1,6 +1,6 @@
 """Fault injection for the recovery tests (RLKIT_FAULT_INJECT), and whether this trial failed before.
 
-Never set in normal use; each point names where a test makes the trainer fail (rlkit/train/grpo*.py).
+Never set in normal use; each point names where a test makes the trainer fail (rlkit/train/loop.py, grpo*.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""What only trainer rank 0 does in the GRPO loop (rlkit.train.grpo): rollouts through the controller, the weight push
-to every server and its check, metrics, progress, and the saver and recover checkpoints' rank-0 parts.
+"""What only trainer rank 0 does in the GRPO algorithm (rlkit.train.grpo): rollouts through the controller, the weight
+push to every server and its check, the log-prob mismatch warnings, the step's metrics and progress fields.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
@@ -20,16 +17,11 @@ from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
 from rlkit.train import mismatch, recover
 from rlkit.train.advantage_batch import prepare_batch
-from rlkit.train.batch import Sample
-from rlkit.train.engine import DTYPES
 from rlkit.train.faults import fault_point
-from rlkit.trials import read_json_dict, read_token, write_atomic
+from rlkit.trials import read_json_dict, read_token
+from rlkit.types import Sample
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
 from rlkit.weights.fanout import Published
-
-EXIT_REQUEUE = 75  # USR1: checkpoint, then progress.json status "requeue" (the batch script requeues the job)
-EXIT_STOPPED = 76  # USR2 (`rlkit stop`): checkpoint, then status "stopped" (the job ends)
-EXIT_SERVERS_GONE = 77  # no server reachable for a weight push: checkpoint, then fail (the in-job retry resumes)
 
 
 def _float32_both_sides(config: ExperimentConfig) -> bool:
@@ -55,43 +47,6 @@ def logprob_mismatch_warn(config: ExperimentConfig) -> float:
     return 1e-2 if _float32_both_sides(config) else 0.1
 
 
-@dataclass
-class Saver:
-    """Decides when to save a Hugging Face checkpoint (saver.freq_steps / freq_epochs / freq_secs)."""
-
-    freq_steps: int | None
-    freq_epochs: int | None
-    freq_secs: int | None
-    last_time: float
-    last_epoch: int = 0
-
-    def due(self, step: int, epoch: int, now: float) -> bool:
-        hit = bool(self.freq_steps and step % self.freq_steps == 0)
-        hit |= bool(self.freq_epochs and epoch > self.last_epoch and epoch % self.freq_epochs == 0)
-        hit |= bool(self.freq_secs and now - self.last_time >= self.freq_secs)
-        if hit:
-            self.last_time, self.last_epoch = now, epoch
-        return hit
-
-
-def _drop_metrics_after(path: Path, step: int) -> None:
-    """Resuming after `step`: move the metrics of later (lost) steps out of metrics.jsonl, so steps stay unique."""
-    if not path.is_file():
-        return
-    kept: list[str] = []
-    dropped: list[str] = []
-    for line in path.read_text().splitlines():
-        try:
-            record_step = json.loads(line).get("step", 0)
-        except ValueError:
-            continue  # a line cut by the crash
-        (kept if record_step <= step else dropped).append(line)
-    if dropped:
-        with open(path.with_name("metrics.discarded.jsonl"), "a") as f:
-            f.write("\n".join(dropped) + "\n")
-    write_atomic(path, "".join(line + "\n" for line in kept))
-
-
 def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float]) -> dict[str, float]:
     lengths = [len(s.completion_ids) for g in groups for s in g.samples]
     stale = [version - g.version for g in groups]
@@ -109,15 +64,14 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
 
 
 class Rank0:
-    """What only trainer rank 0 does: rollouts, weight sync, metrics, checkpoints."""
+    """What only trainer rank 0 does: rollouts, weight sync, the step's metrics."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
-                 steps: int, resumed: recover.TrainerState | None) -> None:
+                 steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.runner import RewardRunner
         from rlkit.servers.backend import SamplingParams
-        from rlkit.train.stats_logger import StatsLogger
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
         self.token = read_token(paths)
@@ -129,8 +83,8 @@ class Rank0:
         self.reward = RewardRunner(resolve_reward_fn(config.reward.fn, config.reward.answer_key),
                                    config.reward.timeout)
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
-        self.version = resumed.version if resumed is not None else 0
-        self.consumed = (recover.expand_positions(resumed.consumed_prefix, resumed.consumed_extra)
+        self.version = int(resumed["version"]) if resumed is not None else 0
+        self.consumed = (recover.expand_positions(resumed["consumed_prefix"], resumed["consumed_extra"])
                          if resumed is not None else set())
         self.controller = RolloutController(
             name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
@@ -144,14 +98,6 @@ class Rank0:
             setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
             start_version=self.version, consumed=self.consumed)
         self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
-        if resumed is not None:
-            _drop_metrics_after(paths.metrics, resumed.step)
-        self.logger = StatsLogger(config.stats_logger, paths, experiment=config.experiment_name,
-                                  trial=config.trial_name)
-        self.saver = Saver(config.saver.freq_steps, config.saver.freq_epochs, config.saver.freq_secs,
-                           time.monotonic())
-        self.recover_saver = Saver(config.recover.freq_steps, config.recover.freq_epochs, config.recover.freq_secs,
-                                   time.monotonic())
         self.tolerance = weight_check_tolerance(config)
         self.mismatch_warn = logprob_mismatch_warn(config)
         self.mismatch_metrics: dict[str, float] = {}
@@ -264,12 +210,9 @@ class Rank0:
         print(f"rlkit train: servers {sorted(results)} at weight version {version}, fingerprint "
               f"max |dlogp| {max(self.last_fingerprint.values()):.2e} (tolerance {self.tolerance:g})", flush=True)
 
-    def saves_due(self, step: int) -> list[str]:
-        """The saver checkpoints to write after `step` (names under checkpoints/): the full weights are gathered for
-        them on these steps only."""
-        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
-        names = [f"step{step}"] if self.saver.due(step, epoch, time.monotonic()) else []
-        return [*names, "final"] if step == self.steps else names
+    def epoch(self, step: int) -> int:
+        """The epoch `step` finishes in (whole passes over the prompts)."""
+        return (step * self.config.train_dataset.batch_size) // self.n_prompts
 
     def note_mismatch(self, per_server: dict[int, mismatch.ServerMismatch], version: int) -> None:
         """The step's log-prob mismatch (rlkit.train.mismatch): metrics for finish_step, a warning line per server
@@ -280,8 +223,8 @@ class Rank0:
             self.mismatch_warning = line
             print(f"rlkit train: {line}", flush=True)
 
-    def finish_step(self, step: int, state: dict[str, Any] | None, saves: list[str], train_stats: dict[str, float],
-                    timing: dict[str, float]) -> None:
+    def step_metrics(self, step: int, train_stats: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
+        """The metrics of `step` (its batch's rollouts, the training statistics, the sync)."""
         groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
         elapsed = max(1e-9, time.monotonic() - self._step_started)
         n_samples = sum(len(g.samples) for g in groups)
@@ -305,75 +248,33 @@ class Rank0:
             "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })
-        self.logger.log(step, metrics)
         self.last_metrics = metrics
-        for name in saves:
-            assert state is not None
-            self._save(state, self.paths.checkpoints / name)
-        self._progress(step, "running")
-        print(f"rlkit train: step {step}/{self.steps} reward {metrics['reward/mean']:.3f} "
-              f"staleness {metrics['staleness/mean']:.2f} servers at v{step} "
-              f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, rollout logprob mismatch "
-              f"{metrics.get(mismatch.METRIC + '_mean', float('nan')):.2e}) "
-              f"step {timing['timing/step']:.1f}s", flush=True)
+        return metrics
 
-    def checkpoint_decision(self, step: int, requested: int | None) -> tuple[bool, int | None]:
-        """(write a recover checkpoint now?, exit code to stop with after it or None)."""
-        if self.servers_gone:
-            return False, EXIT_SERVERS_GONE  # the loop checkpoints (_save_before_failing) and fails
-        if self.config.recover.mode == "disabled":
-            return False, (EXIT_STOPPED if requested == EXIT_STOPPED else None)
-        epoch = (step * self.config.train_dataset.batch_size) // self.n_prompts
-        due = self.recover_saver.due(step, epoch, time.monotonic())
-        if step == self.steps:
-            return False, None  # finished: checkpoints/final is the result, nothing to resume
-        return due or requested is not None, requested
+    def summary(self, metrics: dict[str, float]) -> str:
+        return (f"reward {metrics['reward/mean']:.3f} staleness {metrics['staleness/mean']:.2f} servers at "
+                f"v{int(metrics['version'])} (fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, "
+                f"rollout logprob mismatch {metrics.get(mismatch.METRIC + '_mean', float('nan')):.2e})")
 
-    def write_recover(self, tmp: Path, step: int, optimizer_steps: int, started: float,
-                      digests: dict[str, tuple[int, str]]) -> None:
-        """Rank 0, after every rank wrote its shards into `tmp`: trainer state, manifest, rename, prune."""
+    def state(self, step: int) -> dict[str, Any]:
+        """What a resumed Rank0 continues from after `step`: the weight version (`step`: a resumed trainer pushes it
+        first) and the prompt-stream positions trained on."""
         prefix, extra = recover.compress_positions(self.consumed)
-        state = recover.TrainerState(step=step, version=step, consumed_prefix=prefix, consumed_extra=extra,
-                                     optimizer_steps=optimizer_steps, rng=recover.rng_state(), saved_at=time.time())
-        (tmp / recover.STATE).write_text(state.to_json())
-        root = recover.recover_root(self.paths.root)
-        final = recover.checkpoint_dir(root, step)
-        recover.seal(tmp, final, digests)  # replaces a same-step one (resumed from an older one) only once sealed
-        recover.prune(root, self.config.recover.keep_last)
-        print(f"rlkit train: recover checkpoint of step {step} in {final} ({time.monotonic() - started:.2f} s)",
-              flush=True)
+        return {"version": step, "consumed_prefix": prefix, "consumed_extra": extra}
 
-    def stop_for(self, exit_code: int) -> None:
-        status = {EXIT_REQUEUE: "requeue", EXIT_STOPPED: "stopped"}.get(exit_code, "failed: servers unreachable")
-        self._progress(self.version, status)
-        self.close()
-        print(f"rlkit train: checkpointed and stopping ({status})", flush=True)
-
-    def _save(self, state: dict[str, Any], out_dir: Path) -> None:
-        from rlkit.weights import hf_export
-
-        # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
-        hf_export.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype],
-                             replace=True)
-        print(f"rlkit train: saved {out_dir}", flush=True)
-
-    def _progress(self, step: int, status: str) -> None:
-        write_atomic(self.paths.progress, json.dumps({
-            "status": status, "step": step, "total_steps": self.steps, "version": self.version,
-            "reward": self.last_metrics.get("reward/mean"), "servers": {str(k): v for k, v in
-                                                                        self.server_versions.items()},
-            "logprob_mismatch_warning": self.mismatch_warning or None, "updated": time.time(),
-        }, indent=1))
+    def progress(self) -> dict[str, Any]:
+        """GRPO's fields of progress.json (`rlkit status`)."""
+        return {"version": self.version, "reward": self.last_metrics.get("reward/mean"),
+                "servers": {str(k): v for k, v in self.server_versions.items()},
+                "logprob_mismatch_warning": self.mismatch_warning or None}
 
     def finish(self) -> None:
-        self._progress(self.steps, "finished")
-        self.close()
         print(f"rlkit train: done; metrics in {self.paths.metrics}, final model in {self.paths.checkpoints / 'final'}",
               flush=True)
 
     def abort(self, exc: BaseException) -> None:
-        error = getattr(self, "_pending_error", None)
-        self._progress(self.version, f"failed: {type(exc).__name__}")
+        """Fails with the error rank 0 met while getting the batch (the other ranks only learnt that it failed)."""
+        error = self._pending_error
         self.close()
         if error is not None and error is not exc:
             raise error from exc
@@ -381,4 +282,3 @@ class Rank0:
     def close(self) -> None:
         self.controller.stop()
         self.reward.close()
-        self.logger.close()

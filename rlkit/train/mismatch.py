@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 
 METRIC = "weight_sync/logprob_mismatch"  # <METRIC>_mean, _max, _tokens; per server <METRIC>_mean/server<i>, ...
 

@@ -11,12 +11,12 @@ import torch.distributed as dist
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
-from rlkit.train.batch import Sample
-from rlkit.train.engine import PolicyEngine
 from rlkit.train.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
+from rlkit.train.ppo_actor import PPOActor
+from rlkit.types import Sample
 
 
-def step_mismatch(engine: PolicyEngine, samples: Sequence[Sample], recomputed: dict[int, list[float]] | None, *,
+def step_mismatch(engine: PPOActor, samples: Sequence[Sample], recomputed: dict[int, list[float]] | None, *,
                   version: int, temperature: float) -> dict[int, ServerMismatch] | None:
     """Per server, |trainer - server| over the completion tokens of the samples generated at `version`, the version
     the trainer holds (before its update); on rank 0, None on the other ranks. Collective.

@@ -1,9 +1,11 @@
-"""Crash-safe recover checkpoints: everything needed to continue a GRPO trial at the next step.
+"""Crash-safe recover checkpoints: everything needed to continue a trial at the next step, whatever its algorithm.
 
 Layout under `<trial>/recover/`:
   step-00000012/            one checkpoint, complete (made current by the rename from its temp name)
-    model_optim/            torch.distributed.checkpoint of the sharded model and optimizer (every rank writes)
-    trainer_state.json      step, epoch, weight version, data position, LR-schedule position, RNG states
+    model_optim/<engine>/   torch.distributed.checkpoint of each engine's sharded model and optimizer ("actor",
+                            "critic", ...; every rank writes)
+    trainer_state.json      step, each engine's LR-schedule position, RNG states, the algorithm's own state (GRPO:
+                            weight version, data position)
     MANIFEST.json           written last: every file with its size and xxh3-128 checksum
   .step-00000013.tmp/       a checkpoint being written (ignored, removed by the next save)
   .step-00000012.old/       a same-step checkpoint being replaced (used only if the crash left no step-00000012/)
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
 from rlkit.recover_layout import _ASIDE as _ASIDE
 from rlkit.recover_layout import _TMP as _TMP
@@ -49,15 +52,12 @@ from rlkit.recover_layout import verify as verify
 
 
 @dataclass
-class TrainerState:
-    """What the step loop needs besides weights and optimizer moments to continue exactly."""
+class LoopState:
+    """What the training loop needs besides weights and optimizer moments to continue exactly."""
 
     step: int  # last finished step
-    version: int  # weight version the servers had after that step
-    consumed_prefix: int = 0  # prompt-stream positions 0..consumed_prefix-1 were trained on ...
-    consumed_extra: list[int] = field(default_factory=list)  # ... and these later ones (async runs)
-    optimizer_steps: int = 0  # position in the LR schedule
-    saver_last_time: float = 0.0
+    engines: dict[str, int] = field(default_factory=dict)  # optimizer steps (LR-schedule position) by engine name
+    algorithm: dict[str, Any] = field(default_factory=dict)  # the algorithm's own state (JSON)
     rng: dict[str, Any] = field(default_factory=dict)
     saved_at: float = 0.0
 
@@ -65,8 +65,21 @@ class TrainerState:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> TrainerState:
+    def from_json(cls, text: str) -> LoopState:
         return cls(**json.loads(text))
+
+
+def check_engines(state: LoopState, names: list[str], directory: Path) -> None:
+    """StepError unless the checkpoint holds every engine the algorithm has (by name), before anything is loaded."""
+    missing = [name for name in names if name not in state.engines]
+    if missing:
+        raise StepError(f"recover checkpoint {directory} has no {', '.join(map(repr, missing))} engine (it has: "
+                        f"{', '.join(state.engines) or 'none'}); it was written by another job type")
+
+
+def shards_dir(checkpoint: Path, engine: str) -> Path:
+    """Where the engine called `engine` has its shards inside a checkpoint directory."""
+    return checkpoint / SHARDS / engine
 
 
 def compress_positions(done: set[int]) -> tuple[int, list[int]]:

@@ -1,7 +1,7 @@
 """The weight-transport interface: how a new version of the trainer's weights reaches the inference servers.
 
 A transport is driven by the trainer loop on EVERY FSDP rank once per version: each rank passes the same bucket
-iterator (`PolicyEngine.iter_full_buckets`: rank 0 gets buckets of full tensors, the others one None) to `push`, in
+iterator (`TrainEngine.iter_full_buckets`: rank 0 gets buckets of full tensors, the others one None) to `push`, in
 lock step, so the gathers inside it are collective. Only rank 0 talks to the servers; it gets `PushTargets` (the
 others None), does its HTTP on the rollout controller's event loop (`PushTargets.submit`, so that requests can run
 concurrently with blocking collectives on the trainer's thread) and returns one `ServerOutcome` per server instead of
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-Buckets = Iterator["dict[str, Tensor] | None"]  # PolicyEngine.iter_full_buckets
+Buckets = Iterator["dict[str, Tensor] | None"]  # TrainEngine.iter_full_buckets
 
 
 @dataclass
@@ -91,7 +91,7 @@ class WeightTransport(ABC):
     """One way to move the trainer's weights to the servers. Built once per run on every trainer rank."""
 
     name: ClassVar[str]  # the actor.weight_update_mode value
-    bucket_bytes: int = 256 << 20  # the size of the buckets `push` wants (PolicyEngine.iter_full_buckets)
+    bucket_bytes: int = 256 << 20  # the size of the buckets `push` wants (TrainEngine.iter_full_buckets)
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths) -> None:
         self.config = config

@@ -9,7 +9,7 @@ With a group per server, a lost server fails only its own group, which is torn d
 for its replacement and sends it everything. The cost: rank 0 sends the bytes once per server (N times the model on
 the trainer's link, where one group could use a tree or ring), and one TCPStore and port per server.
 
-Only rank 0 runs this. The other ranks must still run the bucket iterator (`PolicyEngine.iter_full_buckets`) to its
+Only rank 0 runs this. The other ranks must still run the bucket iterator (`TrainEngine.iter_full_buckets`) to its
 end, because each bucket is all-gathered from every rank's shards; `XcclSender.push` exhausts it even when every
 server has failed. Every wait has a timeout: a join, a bucket, a finish that takes longer fails naming the server.
 """

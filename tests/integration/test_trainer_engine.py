@@ -1,4 +1,4 @@
-"""The FSDP2 policy engine on real torch.distributed (gloo, CPU): two ranks must train exactly like one.
+"""The FSDP2 training engine under the PPO actor, on real torch.distributed (gloo, CPU): two ranks train like one.
 
 Each test starts fresh processes (one per rank) that join a real gloo process group, shard the tiny model with
 fully_shard, and take optimizer steps on the same hand-made batch. If the loss scaling across ranks, the dummy
@@ -22,9 +22,9 @@ WORKER = r'''
 import json, sys, torch
 from safetensors.torch import save_file
 from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 from rlkit.train.dist import end_process, init_distributed
-from rlkit.train.engine import PolicyEngine
+from rlkit.train.ppo_actor import PPOActor
 from rlkit.train.mismatch_step import step_mismatch
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -44,14 +44,14 @@ for i in range(8):  # uneven lengths so ranks get different token counts and mic
     c = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
     samples.append(Sample(p, c, [-6.0] * len(c), float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0),
                           server=i % 2))
-engine = PolicyEngine(actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
-                      total_optimizer_steps=4)
-old = engine.logprobs_at(samples)
-at_half = engine.logprobs_at(samples, temperature=0.5)
-mismatch = step_mismatch(engine, samples, old, version=0, temperature=1.0)
-ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
-stats = engine.train_step(samples, old, ref)
-state = engine.full_state_dict()
+policy = PPOActor.build(actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
+                        total_optimizer_steps=4)
+old = policy.logprobs_at(samples)
+at_half = policy.logprobs_at(samples, temperature=0.5)
+mismatch = step_mismatch(policy, samples, old, version=0, temperature=1.0)
+ref = policy.logprobs_at(samples, reference=True) if policy.ref is not None else None
+stats = policy.train_step(samples, old, ref)
+state = policy.engine.full_state_dict()
 if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
     json.dump({"stats": stats, "old": old, "at_half": at_half,

@@ -30,7 +30,7 @@ import torch
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
 from rlkit.servers.http import server_client
-from rlkit.train.engine import PolicyEngine
+from rlkit.train.engine import TrainEngine
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import PushResult, XcclSender
@@ -191,7 +191,7 @@ def sender_for(served: Served, timeout: float = XCCL_TIMEOUT, packed: bool | Non
 
 
 def buckets_of(model: Any, max_bytes: int = BUCKET_BYTES) -> Iterator[dict[str, torch.Tensor] | None]:
-    return PolicyEngine.iter_full_buckets(SimpleNamespace(model=model), max_bytes, torch.float32)  # type: ignore[arg-type]
+    return TrainEngine.iter_full_buckets(SimpleNamespace(model=model), max_bytes, torch.float32)  # type: ignore[arg-type]
 
 
 def push_and_check(served: Served, sender: XcclSender, seed: int, version: int) -> tuple[PushResult, float]:

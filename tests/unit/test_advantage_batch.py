@@ -8,7 +8,7 @@ import pytest
 
 from rlkit.config.schema_actor import ActorConfig, NormConfig
 from rlkit.train.advantage_batch import prepare_batch
-from rlkit.train.batch import Sample
+from rlkit.types import Sample
 
 EPS = 1e-5
 SQRT3 = math.sqrt(3.0)

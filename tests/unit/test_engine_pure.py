@@ -1,4 +1,5 @@
-"""The pure parts of the policy engine: learning-rate schedule, attention fallback, minibatch index layout."""
+"""The pure parts of the training engine: learning-rate schedule, attention fallback, minibatch index layout,
+full-weight buckets."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.train.engine import PolicyEngine, attention_implementation, lr_multiplier
+from rlkit.train.batch import local_indices
+from rlkit.train.engine import TrainEngine, attention_implementation, lr_multiplier
 
 
 def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:
@@ -69,11 +71,10 @@ def test_other_implementations_stay(impl: str) -> None:
     assert attention_implementation(impl) == impl
 
 
-# --- PolicyEngine.local_indices (unbound: no model needed) ------------------------------------------------------
+# --- local_indices -----------------------------------------------------------------------------------------------
 
 def local(n: int, rank: int, world: int, n_mb: int = 2) -> list[list[int]]:
-    me = SimpleNamespace(config=SimpleNamespace(ppo_n_minibatches=n_mb), rank=rank, world=world)
-    return PolicyEngine.local_indices(me, n)  # type: ignore[arg-type]
+    return local_indices(n, n_mb, rank, world)
 
 
 def test_local_indices_single_rank_is_strided_minibatches() -> None:
@@ -107,7 +108,7 @@ def test_full_buckets_cover_every_weight_once_in_order_and_respect_the_size() ->
 
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(4, 100))  # 288, 144 (+16, +400) bytes
     engine = SimpleNamespace(model=model)
-    buckets = list(PolicyEngine.iter_full_buckets(engine, 300, torch.float32))  # type: ignore[arg-type]
+    buckets = list(TrainEngine.iter_full_buckets(engine, 300, torch.float32))  # type: ignore[arg-type]
     names = [name for bucket in buckets for name in bucket]  # type: ignore[union-attr]
     assert names == list(model.state_dict())
     for bucket in buckets:
@@ -115,7 +116,7 @@ def test_full_buckets_cover_every_weight_once_in_order_and_respect_the_size() ->
         size = sum(t.numel() * t.element_size() for t in bucket.values())
         assert size <= 300 or len(bucket) == 1, f"bucket of {size} bytes holds {len(bucket)} tensors"
     assert len(buckets) == 4  # [0.w 0.b] (288 B; 1.w would pass 300), [1.w 1.b], [2.w] (1600 B alone), [2.b]
-    half = list(PolicyEngine.iter_full_buckets(engine, 10**6, torch.bfloat16))  # type: ignore[arg-type]
+    half = list(TrainEngine.iter_full_buckets(engine, 10**6, torch.bfloat16))  # type: ignore[arg-type]
     assert len(half) == 1 and all(t.dtype == torch.bfloat16 for t in half[0].values())  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="positive size"):
-        next(PolicyEngine.iter_full_buckets(engine, 0))  # type: ignore[arg-type]
+        next(TrainEngine.iter_full_buckets(engine, 0))  # type: ignore[arg-type]

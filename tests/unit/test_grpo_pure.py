@@ -9,7 +9,8 @@ import pytest
 from rlkit.config.load import config_from_mapping
 from rlkit.config.schema import ExperimentConfig
 from rlkit.train.grpo import total_steps
-from rlkit.train.grpo_rank0 import Saver, weight_check_tolerance
+from rlkit.train.grpo_rank0 import weight_check_tolerance
+from rlkit.train.loop_rank0 import Saver
 
 BASE: dict[str, Any] = {"experiment_name": "exp", "trial_name": "t1", "type": "grpo",
                         "allocation_mode": "vllm:d1+fsdp:d1"}

@@ -18,10 +18,10 @@ from rlkit.errors import ConfigError
 from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
 from rlkit.status import TrialDetail, TrialRow, print_detail
 from rlkit.train import mismatch
-from rlkit.train.batch import Sample
 from rlkit.train.fault_corrupt import NOISE, perturbed
 from rlkit.train.grpo_rank0 import logprob_mismatch_warn
 from rlkit.train.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
+from rlkit.types import Sample
 
 from ..conftest import raise_problems
 

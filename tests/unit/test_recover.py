@@ -16,7 +16,7 @@ def _fake_checkpoint(root: Path, step: int, payload: bytes = b"x" * 1000) -> Pat
     (tmp / recover.SHARDS).mkdir(parents=True)
     (tmp / recover.SHARDS / "__0_0.distcp").write_bytes(payload)
     (tmp / recover.SHARDS / ".metadata").write_bytes(b"meta")
-    (tmp / recover.STATE).write_text(recover.TrainerState(step=step, version=step).to_json())
+    (tmp / recover.STATE).write_text(recover.LoopState(step=step, engines={"actor": step}).to_json())
     final = recover.checkpoint_dir(root, step)
     recover.seal(tmp, final)
     return final
@@ -83,13 +83,13 @@ def test_trainer_state_and_rng_round_trip() -> None:
 
     import torch
 
-    state = recover.TrainerState(step=5, version=5, consumed_prefix=20, consumed_extra=[22], optimizer_steps=10,
-                                 rng=recover.rng_state())
+    state = recover.LoopState(step=5, engines={"actor": 10, "critic": 5},
+                              algorithm={"version": 5, "consumed_extra": [22]}, rng=recover.rng_state())
     expected = (random.random(), float(torch.rand(1)))
-    again = recover.TrainerState.from_json(state.to_json())
+    again = recover.LoopState.from_json(state.to_json())
     recover.set_rng_state(again.rng)
     assert (random.random(), float(torch.rand(1))) == expected
-    assert again.consumed_extra == [22] and again.optimizer_steps == 10
+    assert again.engines == {"actor": 10, "critic": 5} and again.algorithm["consumed_extra"] == [22]
 
 
 def test_a_same_step_checkpoint_is_replaced_only_once_the_new_one_is_sealed(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_shards_are_checksummed_while_written_and_seal_uses_those_digests(tmp_pa
     assert {p.name for p in written} >= {".metadata", "__0_0.distcp"}
     for path in written:
         assert fs.digests[str(path)] == (path.stat().st_size, xxhash.xxh3_128(path.read_bytes()).hexdigest())
-    (tmp / recover.STATE).write_text(recover.TrainerState(step=1, version=1).to_json())
+    (tmp / recover.STATE).write_text(recover.LoopState(step=1, engines={"actor": 1}).to_json())
     shard = shards / "__0_0.distcp"
     lying = {**fs.digests, str(shard): (shard.stat().st_size, "0" * 32)}  # proves seal takes the recorded digest
     final = recover.checkpoint_dir(tmp_path, 1)
@@ -196,3 +196,12 @@ def test_an_empty_file_is_checksummed_too(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.write_bytes(b"abc" * 1000)
     assert recover.file_checksum(data, "sha256") == hashlib.sha256(b"abc" * 1000).hexdigest()
+
+
+def test_a_checkpoint_without_an_engine_of_the_algorithm_is_refused_by_name(tmp_path: Path) -> None:
+    from rlkit.errors import StepError
+
+    state = recover.LoopState(step=3, engines={"actor": 3})
+    recover.check_engines(state, ["actor"], tmp_path)  # the same engines: fine
+    with pytest.raises(StepError, match=r"has no 'critic' engine \(it has: actor\); it was written by another job"):
+        recover.check_engines(state, ["actor", "critic"], tmp_path)

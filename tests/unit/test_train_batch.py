@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.train.batch import Sample, dummy_like, pack, shard, split_micro_batches
+from rlkit.train.batch import dummy_like, pack, shard, split_micro_batches
+from rlkit.types import Sample
 
 PAD = 99
 

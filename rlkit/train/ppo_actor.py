@@ -1,0 +1,126 @@
+"""The PPO/GRPO actor: the trained policy's log-probs and its clipped-surrogate steps on a TrainEngine.
+
+The engine owns the model, optimizer and scaling; this module owns what is PPO about a step: the minibatch split,
+the loss (rlkit.train.losses.ppo_actor_loss, plus kl_ctl x KL to the frozen reference) and its statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlkit.config.schema_actor import ActorConfig
+from rlkit.train.batch import dummy_like, local_indices, pack
+from rlkit.train.dist import all_reduce_max, all_reduce_sum
+from rlkit.train.engine import TrainEngine, token_logprobs
+from rlkit.train.losses import kl_penalty, ppo_actor_loss
+from rlkit.train.reference import frozen_reference, needs_reference
+from rlkit.train.sample_forward import aligned, compute_logprobs, group_of, micro_batches_idx
+from rlkit.types import Sample
+
+_WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean")
+
+
+class PPOActor:
+    """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`)."""
+
+    def __init__(self, config: ActorConfig, engine: TrainEngine, *, pad_id: int, temperature: float,
+                 ref: nn.Module | None = None) -> None:
+        self.config, self.engine, self.ref = config, engine, ref
+        self.pad_id, self.temperature = pad_id, temperature
+
+    @classmethod
+    def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
+              temperature: float, total_optimizer_steps: int) -> PPOActor:
+        """The engine of the causal LM at config.path, and the reference when needed; collective."""
+        engine = TrainEngine(config, rank=rank, world=world, device=device,
+                             total_optimizer_steps=total_optimizer_steps)
+        ref = frozen_reference(config, device) if needs_reference(config) else None
+        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=ref)
+
+    def local_indices(self, n: int) -> list[list[int]]:
+        """Per minibatch (ppo_n_minibatches), this rank's indices of a global batch of `n` samples."""
+        return local_indices(n, self.config.ppo_n_minibatches, self.engine.rank, self.engine.world)
+
+    def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,
+                         temperature: float | None = None) -> list[list[float]]:
+        """Per-sample completion-token log-probs under the current (or reference) weights, at the sampling temperature
+        unless `temperature` is given; collective."""
+        model = self.ref if reference else self.engine.model
+        if model is None:
+            raise RuntimeError("no reference model (kl_ctl is 0)")
+        return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
+                                temperature=self.temperature if temperature is None else temperature,
+                                mb_spec=self.config.mb_spec)
+
+    def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
+                    temperature: float | None = None) -> dict[int, list[float]]:
+        """compute_logprobs for this rank's samples of a global batch, keyed by global index; collective."""
+        mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
+        values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference,
+                                       temperature=temperature)
+        return dict(zip(mine, values, strict=False))
+
+    def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
+                   ref_logp: dict[int, list[float]] | None) -> dict[str, float]:
+        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
+        returns statistics averaged over all ranks' tokens.
+
+        `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
+        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
+        """
+        cfg = self.config
+        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
+                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "tokens": 0.0}
+        max_ratio = [0.0]
+        decoupled = cfg.use_decoupled_loss and old_logp is not None
+
+        def loss_fn(model: nn.Module, group_idx: list[int]) -> tuple[Tensor, int]:
+            mb = pack(group_of(samples, group_idx), self.pad_id,
+                      mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
+            logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True)
+            old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
+            loss, stats = ppo_actor_loss(
+                logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
+                eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
+                importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
+                behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
+            mask = mb.loss_mask
+            n_tok = int(mask.sum())
+            kl_mean = torch.zeros((), device=self.engine.device)
+            if ref_logp is not None and cfg.kl_ctl > 0:
+                kl = kl_penalty(logp, aligned(mb, group_idx, ref_logp), cfg.kl_estimator)  # type: ignore[arg-type]
+                kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
+                loss = loss + cfg.kl_ctl * kl_mean
+            if n_tok:
+                sums["loss"] += float(loss.detach()) * n_tok
+                sums["kl"] += float(kl_mean) * n_tok
+                sums["tokens"] += n_tok
+                assert entropy is not None
+                sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
+                for key in _WEIGHTED:
+                    if key in stats:
+                        sums[key] += float(stats[key]) * n_tok
+                max_ratio[0] = max(max_ratio[0], float(stats["importance_weight_max"]))
+            return loss, n_tok
+
+        grad_norms: list[float] = []
+        lr = 0.0
+        for idx in self.local_indices(len(samples)):
+            sub = [samples[i] for i in idx]
+            counted = sum(len(s.completion_ids) for s in sub
+                          if not s.dummy and (s.finished or not cfg.mask_no_eos_with_zero))
+            step = self.engine.optimizer_step(micro_batches_idx(sub, idx, cfg.mb_spec), loss_fn, counted)
+            grad_norms.append(step["grad_norm"])
+            lr = step["lr"]
+        reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
+        tokens = max(1.0, reduced.pop("tokens"))
+        totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
+        if not decoupled:
+            totals.pop("actor/behav_weight_mean")
+        totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
+        totals["actor/grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
+        totals["actor/lr"] = lr
+        return totals

@@ -1,0 +1,22 @@
+"""The frozen reference model of a KL term: the initial weights, sharded like the trained model, never stepped."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlkit.config.schema_actor import ActorConfig
+from rlkit.train.engine import load_causal_lm, param_dtype_of, shard_model
+
+
+def needs_reference(actor: ActorConfig) -> bool:
+    """Whether the run computes reference log-probs (one place, so a new KL knob is a one-line change)."""
+    return actor.kl_ctl > 0
+
+
+def frozen_reference(actor: ActorConfig, device: torch.device) -> nn.Module:
+    """The causal LM at actor.path, sharded with the trained model's compute dtype, in eval mode without gradients;
+    collective (FSDP)."""
+    ref = load_causal_lm(actor.path, dtype=torch.float32, attn_impl=actor.attn_impl).to(device)
+    ref.requires_grad_(False).eval()
+    return shard_model(ref, param_dtype=param_dtype_of(actor))

@@ -1,0 +1,64 @@
+"""Forward passes over samples in micro-batches that every rank runs the same number of (any algorithm that trains on
+or scores `Sample`s: the PPO actor's log-probs and steps, a reference model's log-probs).
+
+Collective: a rank with fewer micro-batches than the others runs dummy ones (a copy of a real sample that counts for
+nothing) so that FSDP's all-gathers stay in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlkit.config.schema_actor import MicroBatchSpec
+from rlkit.train.batch import MicroBatch, dummy_like, pack, split_micro_batches
+from rlkit.train.dist import all_reduce_max
+from rlkit.train.engine import token_logprobs
+from rlkit.types import Sample
+
+
+def micro_batches_idx(sub: Sequence[Sample], idx: list[int], mb_spec: MicroBatchSpec) -> list[list[int]]:
+    """Micro-batches of sample indices (-1: a dummy), the same count on every rank; collective."""
+    pos = {id(s): i for s, i in zip(sub, idx, strict=True)}
+    mbs = split_micro_batches(sub, max_tokens=mb_spec.max_tokens_per_mb, min_count=mb_spec.n_mbs)
+    out = [[pos[id(s)] for s in mb] for mb in mbs]
+    count = all_reduce_max(len(out))
+    while len(out) < count:
+        out.append([-1])
+    return out
+
+
+def group_of(samples: Sequence[Sample], group_idx: list[int]) -> list[Sample]:
+    """The samples of one micro-batch of indices; -1 becomes a dummy."""
+    return [samples[i] if i >= 0 else dummy_like(samples[0]) for i in group_idx]
+
+
+@torch.no_grad()
+def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int, device: torch.device,
+                     temperature: float, mb_spec: MicroBatchSpec) -> list[list[float]]:
+    """Per-sample completion-token log-probs under `model` at `temperature`; collective."""
+    model.eval()
+    out: list[list[float]] = []
+    for group_idx in micro_batches_idx(samples, list(range(len(samples))), mb_spec):
+        group = group_of(samples, group_idx)
+        mb = pack(group, pad_id).to(device)
+        logp, _ = token_logprobs(model, mb, temperature)
+        for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
+            if i >= 0:  # fillers only kept the ranks in step
+                start = len(s.prompt_ids) - 1
+                out.append(logp[row, start : start + len(s.completion_ids)].float().cpu().tolist())
+    return out
+
+
+def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[float]]) -> Tensor:
+    """Per-sample completion values placed at the micro-batch's completion positions."""
+    out = torch.zeros_like(mb.behav_logp)
+    for row, i in enumerate(group_idx):
+        if i < 0:
+            continue
+        values = per_sample[i]
+        start = int(mb.attention_mask[row].sum()) - len(values) - 1
+        out[row, start : start + len(values)] = torch.tensor(values, dtype=out.dtype, device=out.device)
+    return out

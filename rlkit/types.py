@@ -1,0 +1,26 @@
+"""Types shared by the rollout side and the trainer, free of torch (the rollout client never imports torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One completion of a prompt, as the rollout produced it, plus what training adds (advantage)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logp: list[float]
+    reward: float
+    version: int
+    finished: bool
+    group: int
+    advantage: float = 0.0
+    dummy: bool = False  # padding so every rank runs the same number of micro-batches; never contributes to loss
+    info: dict[str, float] = field(default_factory=dict)
+    server: int = -1  # index of the server that generated it (-1: unknown); the log-prob mismatch check groups by it
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
