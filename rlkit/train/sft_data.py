@@ -233,3 +233,21 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], *, max_tokens:
         bins[largest], extra = bins[largest][:half], bins[largest][half:]
         bins.append(extra)
     return [sorted(b) for b in bins]
+
+
+def rank_micro_batches(batch: Sequence[int], lengths: Sequence[int], *, rank: int, world: int,
+                       max_tokens: int | None, n_mbs: int = 1) -> tuple[list[list[int]], int]:
+    """This rank's micro-batches of one global batch, and how many dummy micro-batches it must add so that every
+    rank runs the same number (FSDP's collectives pair up). Every rank holds the whole dataset, so each computes
+    every rank's split itself: no collective is needed to agree on the count."""
+    per_rank = [micro_batches(share, lengths, max_tokens=max_tokens, n_mbs=n_mbs)
+                for share in rank_share(batch, lengths, world)]
+    mine = per_rank[rank]
+    return mine, max(len(mbs) for mbs in per_rank) - len(mine)
+
+
+def load_sft_dataset(path: str, tokenizer: Any, sft: SFTConfig, *, max_length: int | None) -> SFTDataset:
+    """A local sft dataset (jsonl/json/parquet file or directory), tokenized; rows that do not fit are StepErrors."""
+    from rlkit.data import load_rows  # imports `datasets` only when a dataset is read
+
+    return tokenize_rows(load_rows(path), tokenizer, sft, max_length=max_length, source=path)

@@ -16,6 +16,7 @@ from rlkit.train.sft_data import (
     fit_length,
     micro_batches,
     plaintext_example,
+    rank_micro_batches,
     rank_share,
     row_example,
     tokenize_rows,
@@ -175,3 +176,12 @@ def test_rank_share_balances_tokens_and_epoch_batches_are_fixed_by_seed_and_epoc
     assert [len(b) for b in first] == [4, 4, 2] and sorted(i for b in first for i in b) == list(range(10))
     assert first != epoch_batches(10, 4, epoch=1, seed=1, shuffle=True)
     assert epoch_batches(5, 2, epoch=3, seed=1, shuffle=False) == [[0, 1], [2, 3], [4]]
+
+
+def test_every_rank_agrees_on_the_micro_batch_count_without_a_collective() -> None:
+    # rank 0 gets the 4-token row (4 tokens), rank 1 the 3- and 1-token rows (4 tokens), which cost 2 x 3 > 4
+    # padded tokens together, so they go into two micro-batches and rank 0 adds one dummy
+    lengths = [4, 3, 1]
+    assert rank_micro_batches([0, 1, 2], lengths, rank=0, world=2, max_tokens=4) == ([[0]], 1)
+    assert rank_micro_batches([0, 1, 2], lengths, rank=1, world=2, max_tokens=4) == ([[1], [2]], 0)
+    assert rank_micro_batches([0, 1, 2], lengths, rank=0, world=1, max_tokens=4) == ([[0], [1], [2]], 0)
