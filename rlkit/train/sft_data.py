@@ -96,10 +96,15 @@ def chat_example(messages: Any, tokenizer: Any, *, all_turns: bool, chat_templat
     for i in targets:
         start = _render(tokenizer, chat[:i], generation_prompt=True, chat_template=chat_template)
         end = _render(tokenizer, chat[: i + 1], generation_prompt=False, chat_template=chat_template)
-        if not (whole.startswith(start) and whole.startswith(end) and len(start) < len(end)):
-            raise ValueError(f"the chat template renders the conversation up to assistant message {i} differently "
-                             "from the whole conversation, so its tokens cannot be located; train on the last "
-                             "assistant message only (sft.enable_concatenated_multi_turn=false) or split the chat")
+        if not whole.startswith(end):
+            raise ValueError(f"the chat template renders the chat up to assistant message {i} differently from the "
+                             "whole chat (it rewrites earlier turns), so that message's tokens cannot be located; "
+                             "train on the last assistant message only (sft.enable_concatenated_multi_turn=false) "
+                             "or split the chat into one row per assistant message")
+        if not (end.startswith(start) and len(start) < len(end)):
+            raise ValueError(f"the chat template's generation prompt is not the start of assistant message {i} as "
+                             "the template writes it, so training text and inference prompts would differ; give "
+                             "sft.chat_template a template whose generation prompt opens an assistant message")
         if cuts and len(start) < cuts[-1][1]:
             raise ValueError(f"assistant message {i} starts inside the previous one in the rendered chat")
         cuts.append((len(start), _turn_end(whole, len(start), len(end), getattr(tokenizer, "eos_token", None))))

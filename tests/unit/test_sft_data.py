@@ -47,6 +47,11 @@ REWRITING_TEMPLATE = (
     "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# ... and one whose generation prompt opens a reasoning block that a written assistant message does not have.
+THINKING_PROMPT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +116,8 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_for_every_turn_but_wo
     with pytest.raises(ValueError, match="enable_concatenated_multi_turn=false"):
         chat_example(chat, tok, all_turns=True, chat_template=REWRITING_TEMPLATE)
     assert spans(tok, chat_example(chat, tok, all_turns=False, chat_template=REWRITING_TEMPLATE)) == ["8<|im_end|>"]
+    with pytest.raises(ValueError, match="generation prompt is not the start of assistant message 4"):
+        chat_example(CHAT, tok, all_turns=False, chat_template=THINKING_PROMPT_TEMPLATE)
 
 
 @pytest.mark.parametrize(("row", "message"), [
