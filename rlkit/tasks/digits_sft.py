@@ -53,3 +53,21 @@ def write_sft_dataset(directory: Path, count: int = 512, valid_count: int = 64, 
     stem = "sft-chat" if messages else "sft"
     return (_write(directory / f"{stem}-train.jsonl", [sft_row(a, b, messages=messages) for a, b in train]),
             _write(directory / f"{stem}-valid.jsonl", [sft_row(a, b, messages=messages) for a, b in valid]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlkit.tasks.digits_sft DIR [--messages]`: write the training and validation files into DIR."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rlkit.tasks.digits_sft", description=main.__doc__)
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--messages", action="store_true", help="chat rows (a messages column) instead of "
+                                                                 "prompt/response columns")
+    args = parser.parse_args(argv)
+    for path in write_sft_dataset(args.directory, messages=args.messages):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -45,3 +45,12 @@ def test_the_chat_variant_holds_the_same_text(tmp_path: Path) -> None:
 def test_asking_for_more_prompts_than_exist_is_refused() -> None:
     with pytest.raises(ValueError, match="at most 2500 distinct prompts"):
         digit_pairs(2500, 1, 0)
+
+
+def test_the_command_line_writes_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlkit.tasks.digits_sft import main
+
+    assert main([str(tmp_path), "--messages"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "sft-chat-train.jsonl"),
+                                               str(tmp_path / "sft-chat-valid.jsonl")]
+    assert len(rows(tmp_path / "sft-chat-train.jsonl")) == 512
