@@ -16,7 +16,7 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
-from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir, is_local_path
+from rlkit.config.site_files import check_dataset_file, check_model_dir, check_tokenizer_dir, is_local_path
 from rlkit.errors import ConfigError
 
 _PLAINTEXT_ONLY = ("system_prompt_key", "system_prompt")
@@ -148,6 +148,8 @@ def _validate_model(config: ExperimentConfig, problems: Problems) -> None:
     if not config.actor.path:
         problems.add("actor.path is not set", hint="give the Hugging Face model directory to fine-tune")
         return
+    with problems.check():
+        check_model_dir("actor.path", config.actor.path)
     with problems.check():
         check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
                             config.tokenizer_path or config.actor.path)

@@ -41,9 +41,9 @@ def _start_lines(script: str) -> list[list[str]]:
     return out
 
 
-# A trainer-only job (no servers, one component): the grpo demo as an sft job until configs/ has an sft example.
-TRAINER_ONLY = ("grpo-cpu-demo", ["type=sft", "allocation_mode=fsdp:d2"])
-GOLDEN_CASES = {**{p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}, "trainer-only-sft": TRAINER_ONLY}
+# A trainer-only job (no servers, one component).
+TRAINER_ONLY = ("sft-cpu-demo", [])
+GOLDEN_CASES = {p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
