@@ -152,14 +152,16 @@ def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig,
     keys = {"prompt_key": (f"{field}.prompt_key", dataset.prompt_key),
             "chosen_key": (f"{name}.chosen_key", section.chosen_key),
             "rejected_key": (f"{name}.rejected_key", section.rejected_key)}
-    absent = [(setting, column) for setting, column in keys.values() if column and column not in row]
+    # an empty answer key is reported on its own; an empty prompt key is a column no row has
+    absent = [(setting, column) for role, (setting, column) in keys.items()
+              if (column or role == "prompt_key") and column not in row]
     if absent:
         raise ConfigError(f"{field}.path: rows have no column {', '.join(repr(c) for _, c in absent)} (columns: "
                           f"{', '.join(row)})", hint=f"set {' and '.join(s for s, _ in absent)} to the dataset's "
                                                      "column names")
     prompt = row[dataset.prompt_key]
     for setting, column in list(keys.values())[1:]:
-        if not _answer_fits(prompt, row[column]):
+        if column and not _answer_fits(prompt, row[column]):
             raise ConfigError(f"{field}.path: the first row's '{column}' ({setting}) is a "
                               f"{type(row[column]).__name__}, which does not go with a prompt of "
                               f"{'chat messages' if isinstance(prompt, list) else type(prompt).__name__}",
