@@ -28,7 +28,7 @@ def test_text_row_shares_the_prompt_and_masks_exactly_the_answer(tokenizer: Any)
     pair = encode_pair(tokenizer, {"prompt": "Q: 1+2= A:", "chosen": " 3", "rejected": " c"}, 5, **KEYS)
     prompt = tokenizer.encode("Q: 1+2= A:", add_special_tokens=False)
     assert pair.index == 5 and list(pair.prompt_ids) == prompt
-    assert list(pair.chosen_ids) == tokenizer.encode(" 3", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert list(pair.chosen_ids) == [*tokenizer.encode(" 3", add_special_tokens=False), tokenizer.eos_token_id]
     ids, mask = pair.sequence("rejected")
     assert ids == prompt + list(pair.rejected_ids)
     assert mask == [False] * len(prompt) + [True] * len(pair.rejected_ids)

@@ -41,7 +41,7 @@ def test_the_fresh_head_is_the_same_on_every_load(model: nn.Module, tiny_model_d
 
 def test_shapes_and_last_token_scores_ignore_padding(model: nn.Module) -> None:
     short, long = [5, 6, 7], [5, 6, 7, 8, 9, 10]
-    ids = torch.tensor([short + [0, 0, 0], long])
+    ids = torch.tensor([[*short, 0, 0, 0], long])
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6])
     with torch.no_grad():
         values = token_values(model, ids, mask)
