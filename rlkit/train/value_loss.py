@@ -8,15 +8,18 @@ no longer pulls further. Returns R come from GAE (rlkit.train's advantage code),
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
 
-def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor, *, eps_clip: float
-                   ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss, token mean over `loss_mask` (0 with no token, still part of the graph); all inputs of
-    one shape. Metrics (detached, over the masked tokens): loss, clip_fraction (share of tokens whose clipped loss
-    was the larger one, so the clip decided), the mean new value and the mean return."""
+def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor, *, eps_clip: float,
+                   reduction: Literal["mean", "sum"] = "mean") -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss, token mean over `loss_mask` (0 with no token, still part of the graph), or the sum over
+    the masked tokens (for a caller that divides by a count over all ranks); all inputs of one shape. Metrics
+    (detached, over the masked tokens): loss (the mean), clip_fraction (share of tokens whose clipped loss was the
+    larger one, so the clip decided), the mean new value and the mean return."""
     if not values.shape == old_values.shape == returns.shape == loss_mask.shape:
         raise ValueError(f"shapes differ: values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, "
                          f"returns {tuple(returns.shape)}, loss_mask {tuple(loss_mask.shape)}")
@@ -29,10 +32,11 @@ def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mas
     clipped = 0.5 * (v_clipped - ret).square()
     per_token = torch.maximum(unclipped, clipped)
     count = mask.sum()
-    loss = torch.where(mask, per_token, 0.0).sum() / count.clamp(min=1)
+    total = torch.where(mask, per_token, 0.0).sum()
+    loss = total if reduction == "sum" else total / count.clamp(min=1)
     with torch.no_grad():
         n = count.clamp(min=1).float()
-        stats = {"loss": loss.detach(), "clip_fraction": ((clipped > unclipped) & mask).sum() / n,
+        stats = {"loss": total.detach() / n, "clip_fraction": ((clipped > unclipped) & mask).sum() / n,
                  "value": torch.where(mask, v, 0.0).sum() / n, "return": torch.where(mask, ret, 0.0).sum() / n,
                  "tokens": count.float()}
     return loss, stats

@@ -47,6 +47,8 @@ def test_token_mean_over_the_mask_only() -> None:
     assert loss.item() == pytest.approx((0.5 * 1 + 0.0 + 0.5 * 4) / 3)
     assert stats["tokens"].item() == 3 and stats["clip_fraction"].item() == 0.0
     assert stats["value"].item() == pytest.approx(1.0) and stats["return"].item() == pytest.approx(2 / 3)
+    summed, summed_stats = ppo_value_loss(values, values.clone(), returns, mask, eps_clip=0.5, reduction="sum")
+    assert summed.item() == pytest.approx(0.5 + 2.0) and summed_stats["loss"].item() == pytest.approx(loss.item())
 
 
 def test_clip_fraction_counts_masked_tokens_only() -> None:
