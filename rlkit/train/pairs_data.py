@@ -14,9 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlkit.errors import StepError
+
+if TYPE_CHECKING:
+    from rlkit.config.schema import DatasetConfig
+    from rlkit.config.schema_pairs import PairDataConfig
 
 Side = Literal["chosen", "rejected"]
 
@@ -134,4 +138,19 @@ def build_pairs(rows: Iterable[dict[str, Any]], tokenizer: Any, *, prompt_key: s
         counts.truncated += fitted is not pair
         pairs.append(fitted)
     counts.kept = len(pairs)
+    return pairs, counts
+
+
+def pairs_from_config(dataset: DatasetConfig, section: PairDataConfig, tokenizer: Any
+                      ) -> tuple[list[Pair], PairCounts]:
+    """The pairs of a configured dataset (`train_dataset` or `valid_dataset`) with the `rw`/`dpo` section's keys;
+    StepError when no row is left (every one too long for max_length, or without a preference)."""
+    from rlkit.data import load_rows
+
+    pairs, counts = build_pairs(load_rows(dataset.path), tokenizer, prompt_key=dataset.prompt_key,
+                                chosen_key=section.chosen_key, rejected_key=section.rejected_key,
+                                max_length=dataset.max_length, truncate_prompt=section.truncate_prompt)
+    if not pairs:
+        raise StepError(f"{dataset.path}: none of its {len(counts.dropped)} rows is a usable pair (longer than "
+                        f"max_length={dataset.max_length} tokens, or the same answer twice)")
     return pairs, counts

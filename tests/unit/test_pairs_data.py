@@ -3,6 +3,7 @@ and length limits; packing into the chosen/rejected layout."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from rlkit.data import prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.train.pair_batch import pack_pairs, split_pairs
-from rlkit.train.pairs_data import Pair, build_pairs, encode_pair, fit_length
+from rlkit.train.pairs_data import Pair, build_pairs, encode_pair, fit_length, pairs_from_config
 
 KEYS = {"prompt_key": "prompt", "chosen_key": "chosen", "rejected_key": "rejected"}
 
@@ -69,6 +70,19 @@ def test_a_template_that_does_not_prefix_the_prompt_is_refused() -> None:
         encode_pair(PrefixBreakingTemplate(), row, 0, **KEYS)
 
 
+def test_pairs_from_config_reads_the_configured_columns(tokenizer: Any, tmp_path: Path) -> None:
+    from rlkit.config.schema import DatasetConfig
+    from rlkit.config.schema_pairs import DPOConfig
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"q": "Q: 1+1= A:", "good": " 2", "bad": " b"}) + "\n")
+    section = DPOConfig(chosen_key="good", rejected_key="bad")
+    pairs, counts = pairs_from_config(DatasetConfig(path=str(data), prompt_key="q"), section, tokenizer)
+    assert counts.kept == 1 and tokenizer.decode(pairs[0].chosen_ids) == " 2<|im_end|>"
+    with pytest.raises(StepError, match="none of its 1 rows is a usable pair"):
+        pairs_from_config(DatasetConfig(path=str(data), prompt_key="q", max_length=3), section, tokenizer)
+
+
 def test_length_limit_drops_or_cuts_the_prompt_from_the_left() -> None:
     pair = Pair(0, (1, 2, 3, 4), (5, 6), (7,))
     assert fit_length(pair, 6, truncate_prompt=False) is pair
@@ -104,3 +118,12 @@ def test_split_pairs_keeps_pairs_whole_within_a_token_budget() -> None:
     groups = split_pairs(pairs, max_tokens=2 * 4 * 2, min_count=1)  # two short pairs fit, the long one alone
     assert [[p.index for p in g] for g in groups] == [[0, 1], [2], [3]]
     assert [[p.index for p in g] for g in split_pairs(pairs, max_tokens=None, min_count=3)] == [[0, 1], [2], [3]]
+
+
+def test_the_pair_type_is_torch_free() -> None:
+    import subprocess
+    import sys
+
+    program = "import sys, rlkit.train.pairs_data; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
