@@ -143,13 +143,19 @@ def build_pairs(rows: Iterable[dict[str, Any]], tokenizer: Any, *, prompt_key: s
 
 def pairs_from_config(dataset: DatasetConfig, section: PairDataConfig, tokenizer: Any
                       ) -> tuple[list[Pair], PairCounts]:
-    """The pairs of a configured dataset (`train_dataset` or `valid_dataset`) with the `rw`/`dpo` section's keys;
-    StepError when no row is left (every one too long for max_length, or without a preference)."""
+    """The pairs of a configured dataset (`train_dataset` or `valid_dataset`) with the `rw`/`dpo` section's keys."""
     from rlkit.data import load_rows
 
-    pairs, counts = build_pairs(load_rows(dataset.path), tokenizer, prompt_key=dataset.prompt_key,
-                                chosen_key=section.chosen_key, rejected_key=section.rejected_key,
-                                max_length=dataset.max_length, truncate_prompt=section.truncate_prompt)
+    return pairs_from_rows(load_rows(dataset.path), dataset, section, tokenizer)
+
+
+def pairs_from_rows(rows: Sequence[dict[str, Any]], dataset: DatasetConfig, section: PairDataConfig, tokenizer: Any
+                    ) -> tuple[list[Pair], PairCounts]:
+    """build_pairs with a dataset's prompt column and length limit and a section's keys; StepError when no row is
+    left (every one too long for max_length, or without a preference)."""
+    pairs, counts = build_pairs(rows, tokenizer, prompt_key=dataset.prompt_key, chosen_key=section.chosen_key,
+                                rejected_key=section.rejected_key, max_length=dataset.max_length,
+                                truncate_prompt=section.truncate_prompt)
     if not pairs:
         raise StepError(f"{dataset.path}: none of its {len(counts.dropped)} rows is a usable pair (longer than "
                         f"max_length={dataset.max_length} tokens, or the same answer twice)")

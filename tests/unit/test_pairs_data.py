@@ -3,7 +3,6 @@ and length limits; packing into the chosen/rejected layout."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 from rlkit.data import prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.train.pair_batch import pack_pairs, split_pairs
-from rlkit.train.pairs_data import Pair, build_pairs, encode_pair, fit_length, pairs_from_config
+from rlkit.train.pairs_data import Pair, build_pairs, encode_pair, fit_length, pairs_from_rows
 
 KEYS = {"prompt_key": "prompt", "chosen_key": "chosen", "rejected_key": "rejected"}
 
@@ -70,17 +69,16 @@ def test_a_template_that_does_not_prefix_the_prompt_is_refused() -> None:
         encode_pair(PrefixBreakingTemplate(), row, 0, **KEYS)
 
 
-def test_pairs_from_config_reads_the_configured_columns(tokenizer: Any, tmp_path: Path) -> None:
+def test_pairs_from_rows_reads_the_configured_columns(tokenizer: Any) -> None:
     from rlkit.config.schema import DatasetConfig
     from rlkit.config.schema_pairs import DPOConfig
 
-    data = tmp_path / "pairs.jsonl"
-    data.write_text(json.dumps({"q": "Q: 1+1= A:", "good": " 2", "bad": " b"}) + "\n")
+    rows = [{"q": "Q: 1+1= A:", "good": " 2", "bad": " b"}]
     section = DPOConfig(chosen_key="good", rejected_key="bad")
-    pairs, counts = pairs_from_config(DatasetConfig(path=str(data), prompt_key="q"), section, tokenizer)
+    pairs, counts = pairs_from_rows(rows, DatasetConfig(path="p.jsonl", prompt_key="q"), section, tokenizer)
     assert counts.kept == 1 and tokenizer.decode(pairs[0].chosen_ids) == " 2<|im_end|>"
     with pytest.raises(StepError, match="none of its 1 rows is a usable pair"):
-        pairs_from_config(DatasetConfig(path=str(data), prompt_key="q", max_length=3), section, tokenizer)
+        pairs_from_rows(rows, DatasetConfig(path="p.jsonl", prompt_key="q", max_length=3), section, tokenizer)
 
 
 def test_length_limit_drops_or_cuts_the_prompt_from_the_left() -> None:
