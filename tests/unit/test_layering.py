@@ -47,7 +47,9 @@ def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, 
     validated (the grpo reward function included), planned and rendered."""
     sft_yaml = grpo_yaml.with_name("sft.yaml")
     sft_yaml.write_text(grpo_yaml.read_text().replace("type: grpo", "type: sft")
-                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
+                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2")
+                        .replace("batch_size: 4}", "batch_size: 4, type: sft}")
+                        .replace("reward: {fn: math}", "sft: {response_key: answer}"))
     out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml)],
                          capture_output=True, text=True, check=True)
     assert _loaded(out.stdout) == "", f"imported on the login-node path: {out.stdout}"
