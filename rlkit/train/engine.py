@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch, Sample, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
-from rlkit.train.losses import entropy_from_logits, kl_penalty, ppo_actor_loss
+from rlkit.train.kl import kl_estimate
+from rlkit.train.losses import entropy_from_logits, ppo_actor_loss
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -80,7 +81,7 @@ def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with
 
 
 class PolicyEngine:
-    """The trained policy (and its frozen reference when kl_ctl > 0) on this rank's shard."""
+    """The trained policy (and its frozen reference when kl_ctl or kl_loss_coef > 0) on this rank's shard."""
 
     def __init__(self, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
                  temperature: float, total_optimizer_steps: int) -> None:
@@ -98,7 +99,7 @@ class PolicyEngine:
         param_dtype = None if train_dtype == torch.float32 else train_dtype
         shard_model(self.model, param_dtype=param_dtype)
         self.ref: nn.Module | None = None
-        if config.kl_ctl > 0:
+        if config.kl_ctl > 0 or config.kl_loss_coef > 0:
             ref = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl).to(device)
             ref.requires_grad_(False).eval()
             self.ref = shard_model(ref, param_dtype=param_dtype)
@@ -122,7 +123,7 @@ class PolicyEngine:
         unless `temperature` is given; collective."""
         model = self.ref if reference else self.model
         if model is None:
-            raise RuntimeError("no reference model (kl_ctl is 0)")
+            raise RuntimeError("no reference model (kl_ctl and kl_loss_coef are 0)")
         model.eval()
         out: list[list[float]] = []
         for group_idx in self._micro_batches_idx(samples, list(range(len(samples)))):
@@ -171,6 +172,7 @@ class PolicyEngine:
         self.model.train()
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
                 "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "tokens": 0.0}
+        counts = {"log_ratio_clamped": 0.0, "seq_log_ratio_clamped": 0.0, "kl_loss_clamped": 0.0}
         max_ratio = 0.0
         grad_norms: list[float] = []
         for idx in self.local_indices(len(samples)):
@@ -189,15 +191,18 @@ class PolicyEngine:
                     logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
                     eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
                     importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
-                    behav_logp=behav, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
+                    behav_logp=behav, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+                    rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
+                    seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
                 mask = mb.loss_mask
                 n_tok = int(mask.sum())
                 kl_mean = torch.zeros((), device=self.device)
-                if ref_logp is not None and cfg.kl_ctl > 0:
+                if ref_logp is not None and cfg.kl_loss_coef > 0:  # the KL loss term (kl_ctl is a reward penalty)
                     ref = self._aligned(mb, group_idx, ref_logp)
-                    kl = kl_penalty(logp, ref, cfg.kl_estimator)  # type: ignore[arg-type]
+                    kl, kl_clamped = kl_estimate(logp, ref, cfg.kl_loss_type, clamp=cfg.kl_clamp)
                     kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
-                    loss = loss + cfg.kl_ctl * kl_mean
+                    loss = loss + cfg.kl_loss_coef * kl_mean
+                    counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
                 # Token mean over the whole minibatch on all ranks: FSDP averages gradients over ranks.
                 scale = n_tok * self.world / max(1.0, global_tokens)
                 (loss * scale).backward()
@@ -212,12 +217,16 @@ class PolicyEngine:
                         if key in stats:
                             sums[key] += float(stats[key]) * n_tok
                     max_ratio = max(max_ratio, float(stats["importance_weight_max"]))
+                    for key in counts:
+                        counts[key] += float(stats.get(key, 0.0))
             grad_norms.append(self._clip_and_step())
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
         if not (cfg.use_decoupled_loss and old_logp is not None):
             totals.pop("actor/behav_weight_mean")
+        # Guards that bit this step (tokens; GSPO: sequences), summed over ranks.
+        totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio * 1e6))) / 1e6
         totals["actor/grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
         totals["actor/lr"] = self.optimizer.param_groups[0]["lr"]

@@ -26,8 +26,9 @@ from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
 from rlkit.rollout.controller import Prompt
 from rlkit.train import recover
+from rlkit.train.advantage_batch import token_advantages
 from rlkit.train.batch import Sample
-from rlkit.train.dist import broadcast_object, init_distributed
+from rlkit.train.dist import broadcast_object, gather_per_sample, init_distributed
 from rlkit.train.engine import PolicyEngine
 from rlkit.train.fault_corrupt import FAULT, corrupt_server
 from rlkit.train.faults import failed_before, fault_point
@@ -130,7 +131,11 @@ def run_grpo(trial_dir: Path) -> None:
                         trainer.note_mismatch(per_server, step - 1)
                 t_check = time.monotonic() - t_check
                 ref = engine.logprobs_at(samples, reference=True) if engine.ref is not None else None
+                kl_reward = actor.kl_ctl > 0  # issue 17: the KL reward penalty needs the whole batch's old/ref
+                adv_stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
+                                             gather_per_sample(ref) if kl_reward else None, actor)
                 train_stats = engine.train_step(samples, old, ref)
+                train_stats.update({f"actor/{k}": v for k, v in adv_stats.items()})
             else:
                 train_stats, t_check = {}, 0.0
             t_trained = time.monotonic()
