@@ -171,7 +171,7 @@ class PolicyEngine:
         cfg = self.config
         self.model.train()
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
-                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "tokens": 0.0}
+                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0}
         counts = {"log_ratio_clamped": 0.0, "seq_log_ratio_clamped": 0.0, "kl_loss_clamped": 0.0}
         max_ratio = 0.0
         grad_norms: list[float] = []
@@ -213,7 +213,7 @@ class PolicyEngine:
                     assert entropy is not None
                     sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
                     for key in ("clip_fraction", "dual_clip_fraction", "importance_weight_mean",
-                                "behav_weight_mean"):
+                                "behav_weight_mean", "behav_filtered_fraction"):
                         if key in stats:
                             sums[key] += float(stats[key]) * n_tok
                     max_ratio = max(max_ratio, float(stats["importance_weight_max"]))
@@ -225,6 +225,7 @@ class PolicyEngine:
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
         if not (cfg.use_decoupled_loss and old_logp is not None):
             totals.pop("actor/behav_weight_mean")
+            totals.pop("actor/behav_filtered_fraction")
         # Guards that bit this step (tokens; GSPO: sequences), summed over ranks.
         totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio * 1e6))) / 1e6
