@@ -30,7 +30,7 @@ from rlkit.train.mismatch_step import step_mismatch
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
 actor = ActorConfig(path=model, dtype="float32", gradient_checkpointing=opts.get("ckpt", False), attn_impl="sdpa",
-                    group_size=4, ppo_n_minibatches=2, kl_ctl=opts.get("kl", 0.0))
+                    group_size=4, ppo_n_minibatches=2, kl_loss_coef=opts.get("kl", 0.0))
 actor.optimizer.type = "sgd"
 actor.optimizer.lr = 0.5
 actor.optimizer.weight_decay = 0.0
