@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_actor import ActorConfig
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.rollout.controller import Prompt
@@ -59,6 +60,17 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
         text = row[ds.prompt_key] if isinstance(row[ds.prompt_key], str) else tokenizer.decode(ids)
         prompts.append(Prompt(i, row, text, ids))
     return prompts
+
+
+def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[int, list[float]] | None,
+                         ref: dict[int, list[float]] | None) -> dict[str, float]:
+    """Every sample's per-token advantages (KL reward penalty, GAE, adv_norm), the same on every rank; returns their
+    statistics as step metrics. Collective when kl_ctl > 0: the penalty needs the whole batch's old and reference
+    log-probs, of which each rank computed its share (`old`, `ref`: global index -> log-probs)."""
+    kl_reward = actor.kl_ctl > 0
+    stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
+                             gather_per_sample(ref) if kl_reward else None, actor)
+    return {f"actor/{k}": v for k, v in stats.items()}
 
 
 def run_grpo(trial_dir: Path) -> None:
@@ -135,11 +147,9 @@ class GRPO:
                     trainer.note_mismatch(per_server, step - 1)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.ref is not None else None
-            kl_reward = actor.config.kl_ctl > 0  # the KL reward penalty needs the whole batch's old/ref log-probs
-            adv_stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
-                                         gather_per_sample(ref) if kl_reward else None, actor.config)
+            adv_stats = set_token_advantages(actor.config, samples, old, ref)
             train_stats = actor.train_step(samples, old, ref)
-            train_stats.update({f"actor/{k}": v for k, v in adv_stats.items()})
+            train_stats.update(adv_stats)
         else:
             train_stats, t_check = {}, 0.0
         t_trained = time.monotonic()
