@@ -20,6 +20,7 @@ class Sample:
     dummy: bool = False  # padding so every rank runs the same number of micro-batches; never contributes to loss
     info: dict[str, float] = field(default_factory=dict)
     server: int = -1  # index of the server that generated it (-1: unknown); the log-prob mismatch check groups by it
+    token_advantages: list[float] | None = None  # per completion token (KL penalty, GAE, adv_norm); None: advantage
 
     @property
     def length(self) -> int:

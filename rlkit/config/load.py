@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import typing
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,8 +41,9 @@ def schema_paths(cls: type = ExperimentConfig, prefix: str = "") -> list[str]:
 def _section(cls: type, name: str) -> type | None:
     """The dataclass type of a nested section field, or None for a leaf."""
     default = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
-    if default is dataclasses.MISSING:
-        return None
+    if default is dataclasses.MISSING:  # an optional section (`NormConfig | None = None`) is one too
+        hint = typing.get_type_hints(cls)[name]
+        return next((a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
     value = default()
     return type(value) if dataclasses.is_dataclass(value) else None
 
@@ -139,6 +141,8 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
         if section is None or f.name not in data:
             continue
         value = data[f.name]
+        if value is None and f.default is None:  # an optional section switched off
+            continue
         if not isinstance(value, dict):
             example = dataclasses.fields(section)[0].name
             raise ConfigError(f"'{prefix}{f.name}' is a section, not a value ({origin})",

@@ -36,12 +36,35 @@ class OptimizerConfig:
 
 @dataclass
 class NormConfig:
-    """Advantage normalisation: subtract a mean and divide by a std, each over the batch, the group, or none."""
+    """Normalisation of rewards (reward_norm, per sequence) or advantages (adv_norm, per token), as AReaL's.
 
-    mean_level: str = _f("group", "Where the mean is taken. Choices: batch, group, none.")
-    std_level: str = _f("group", "Where the std is taken. Choices: batch, group, none.")
+    The mean is subtracted at mean_level, then the result is divided by (std + eps), where the std is taken at
+    std_level around the mean actually subtracted (0 when mean_level is none). Token-level statistics are weighted
+    by tokens. A level of null (or "none") skips that step.
+    """
+
+    mean_level: str | None = _f("batch", "Where the mean is taken. Choices: batch, group, null (no centring).")
+    std_level: str | None = _f("batch", "Where the std is taken. Choices: batch, group, null (no scaling).")
     mean_leave1out: bool = _f(False, "Leave each sample out of its own mean (RLOO).")
-    eps: float = _f(1e-5, "Added to the std before dividing.")
+    std_unbiased: bool = _f(True, "Bessel-corrected std (divide by n - 1).")
+    eps: float = _f(1e-5, "Added to the std before dividing (not used when std_level is null).")
+    group_size: int | None = _f(None, "Samples per group at group level; null: actor.group_size.")
+
+
+@dataclass
+class RejectionSamplingConfig:
+    """Decoupled loss: what to do with tokens whose proximal/behaviour divergence is out of bounds (AReaL's block).
+
+    The behaviour importance weight is pi_prox / pi_behav. `mask` drops out-of-bounds tokens (or whole sequences)
+    from the loss; `clamp` keeps them with the weight clamped to [lower, upper] (verl's truncated IS, TIS).
+    """
+
+    level: str = _f("token", "Judge each token, or each sequence as a whole. Choices: token, sequence.")
+    action: str = _f("mask", "Out of bounds: mask (drop from the loss) or clamp (truncate the weight).")
+    metric: str = _f("ratio", "What is bounded. Choices: ratio (pi_prox/pi_behav), kl_k1, kl_k2, kl_k3.")
+    agg: str = _f("mean", "Sequence level: aggregate tokens by sum, mean or max (ratio: in log space).")
+    upper: float = _f(5.0, "Upper bound of the metric (ratio: > 1).")
+    lower: float | None = _f(None, "Lower bound of the metric; null: none (clamp: 0).")
 
 
 @dataclass
@@ -76,19 +99,33 @@ class ActorConfig:
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")
     eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
     c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.")
-    reward_scaling: float = _f(1.0, "Multiply rewards by this (after the bias).")
-    reward_bias: float = _f(0.0, "Add this to rewards.")
-    reward_clip: float = _f(20.0, "Clip shaped rewards to [-reward_clip, reward_clip].")
+    reward_scaling: float = _f(1.0, "Multiply rewards by this (after the overlong penalty and the bias).")
+    reward_bias: float = _f(0.0, "Add this to rewards (after the overlong penalty).")
+    reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.")
+    reward_norm: NormConfig | None = _f(None, "Normalise sequence rewards (after the clip); null: off.")
     overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
     overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.")
     overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.")
     mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the loss.")
-    kl_ctl: float = _f(0.0, "Weight of the KL penalty to the frozen reference model; 0: no reference model.")
-    kl_estimator: str = _f("k1", "KL estimator. Choices: k1, k2, k3.")
-    adv_norm: NormConfig = _sub(NormConfig, "Advantage normalisation.")
+    kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
+                       "before the advantages (no gradient through it); > 0 loads the reference model.")
+    kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")
+    kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
+                             "gradient, verl's use_kl_loss); > 0 loads the reference model.")
+    kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")
+    kl_clamp: float | None = _f(10.0, "Clamp every KL estimate to [-kl_clamp, kl_clamp]; null: off.")
+    log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.")
+    seq_log_ratio_clamp: float | None = _f(10.0, "GSPO: clamp the sequence log-ratio to at most this before exp; "
+                                           "null: off.")
+    discount: float = _f(1.0, "Discount factor of the returns.")
+    gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).")
+    adv_norm: NormConfig | None = _f(None, "Normalise the per-token advantages (token-weighted); null: off.")
     importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")
     use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
-    behav_imp_weight_cap: float | None = _f(None, "Drop tokens whose behaviour importance weight exceeds this.")
+    behav_imp_weight_cap: float | None = _f(None, "Older AReaL form of rejection_sampling: drop tokens whose "
+                                            "behaviour importance weight exceeds this (> 1).")
+    rejection_sampling: RejectionSamplingConfig | None = _f(
+        None, "Decoupled loss: bound the behaviour importance weight (mask or clamp); null: unbounded.")
     dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
     recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
                                  "(else use the servers' log-probs as the old policy).")

@@ -15,16 +15,14 @@ from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
 from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
+from rlkit.config.validate_algo import validate_algorithm
 from rlkit.errors import ConfigError
 
 CHOICES = {
     "actor.dtype": ("bfloat16", "float16", "float32"),
     "actor.optimizer.type": ("adam", "sgd"),
     "actor.optimizer.lr_scheduler_type": ("constant", "linear", "cosine"),
-    "actor.kl_estimator": ("k1", "k2", "k3"),
     "actor.importance_sampling_level": ("token", "sequence"),
-    "actor.adv_norm.mean_level": ("batch", "group", "none"),
-    "actor.adv_norm.std_level": ("batch", "group", "none"),
     "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
@@ -121,14 +119,6 @@ def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, pro
     if actor.group_size != g.n_samples:
         problems.add(f"actor.group_size ({actor.group_size}) differs from gconfig.n_samples ({g.n_samples}); "
                      "a GRPO group is the completions of one prompt", hint=f"set actor.group_size={g.n_samples}")
-    norm = actor.adv_norm
-    if actor.group_size < 2 and "group" in (norm.mean_level, norm.std_level):
-        problems.add(f"actor.group_size {actor.group_size} with group normalisation: a group of one sample "
-                     "has advantage 0 (and no std), so nothing would be learnt",
-                     hint="set gconfig.n_samples and actor.group_size to 2 or more (e.g. 8), or use "
-                          "actor.adv_norm.mean_level=batch")
-    elif norm.mean_leave1out and norm.mean_level == "group" and actor.group_size < 2:
-        problems.add("actor.adv_norm.mean_leave1out needs actor.group_size >= 2")
     if ds.batch_size < 1 or actor.ppo_n_minibatches < 1:
         problems.add(f"train_dataset.batch_size and actor.ppo_n_minibatches must be at least 1 (got "
                      f"{ds.batch_size}, {actor.ppo_n_minibatches})")
@@ -159,8 +149,7 @@ def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
     if actor.logprob_mismatch_warn is not None and actor.logprob_mismatch_warn <= 0:
         problems.add(f"actor.logprob_mismatch_warn must be positive (got {actor.logprob_mismatch_warn}); null picks "
                      "one from the dtypes")
-    if actor.kl_ctl < 0:
-        problems.add(f"actor.kl_ctl must be >= 0 (got {actor.kl_ctl})")
+    validate_algorithm(actor, problems)
     if actor.overlong_reward_penalty:
         if not actor.overlong_tokens or actor.overlong_penalty_factor is None:
             problems.add("actor.overlong_reward_penalty needs actor.overlong_tokens and actor.overlong_penalty_factor",

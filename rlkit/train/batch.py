@@ -51,7 +51,12 @@ def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False
         if len(s.behav_logp) != len(s.completion_ids):
             raise ValueError(f"sample {i}: {len(s.behav_logp)} log-probs for {len(s.completion_ids)} tokens")
         behav[i, start:end] = torch.tensor(s.behav_logp, dtype=torch.float32)
-        adv[i, start:end] = s.advantage
+        if s.token_advantages is not None:
+            if len(s.token_advantages) != len(s.completion_ids):
+                raise ValueError(f"sample {i}: {len(s.token_advantages)} advantages for {len(s.completion_ids)} tokens")
+            adv[i, start:end] = torch.tensor(s.token_advantages, dtype=torch.float32)
+        else:
+            adv[i, start:end] = s.advantage
         counts = not s.dummy and not (mask_truncated and not s.finished)
         loss_mask[i, start:end] = counts
     return MicroBatch(input_ids, attention_mask, loss_mask, behav, adv, int(loss_mask.sum()))

@@ -145,3 +145,19 @@ def all_reduce_sum(values: list[float]) -> list[float]:
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return [float(x) for x in t.tolist()]
+
+
+def gather_per_sample(part: dict[int, list[float]] | None) -> dict[int, list[float]] | None:
+    """Every rank's {global sample index: values} merged on every rank (None stays None); collective.
+
+    The KL reward penalty needs the whole batch's old and reference log-probs before the advantages, while each
+    rank computes only its own samples'.
+    """
+    if part is None:
+        return None
+    parts: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, part)
+    merged: dict[int, list[float]] = {}
+    for p in parts:
+        merged.update(p)  # type: ignore[call-overload]
+    return merged

@@ -2,7 +2,8 @@
 
 Rank 0 owns the rollout controller, the weight sync to the servers and the metrics (rlkit.train.grpo_rank0); all
 ranks train their shard of each batch with FSDP (rlkit.train.ppo_actor). One step: take a batch of groups (at most
-max_head_offpolicyness versions old) -> advantages -> recompute log-probs (and reference log-probs) ->
+max_head_offpolicyness versions old) -> sequence rewards shaped and normalised (rank 0) -> recompute log-probs (and
+reference log-probs) -> per-token advantages (KL reward penalty, GAE, adv_norm; rlkit.train.advantage_batch) ->
 ppo_n_minibatches optimizer steps -> the full weights, gathered in buckets, go to every server through the weight
 transport (actor.weight_update_mode, rlkit.weights) -> every server reports the new version and passes the
 fingerprint check (rlkit.weights.fanout). The loop then logs, saves and checkpoints.
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_actor import ActorConfig
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.rollout.controller import Prompt
-from rlkit.train.dist import broadcast_object
+from rlkit.train.advantage_batch import token_advantages
+from rlkit.train.dist import broadcast_object, gather_per_sample
 from rlkit.train.engine import TrainEngine
 from rlkit.train.fault_corrupt import FAULT, corrupt_server
 from rlkit.train.faults import fault_point
@@ -57,6 +60,17 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
         text = row[ds.prompt_key] if isinstance(row[ds.prompt_key], str) else tokenizer.decode(ids)
         prompts.append(Prompt(i, row, text, ids))
     return prompts
+
+
+def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[int, list[float]] | None,
+                         ref: dict[int, list[float]] | None) -> dict[str, float]:
+    """Every sample's per-token advantages (KL reward penalty, GAE, adv_norm), the same on every rank; returns their
+    statistics as step metrics. Collective when kl_ctl > 0: the penalty needs the whole batch's old and reference
+    log-probs, of which each rank computed its share (`old`, `ref`: global index -> log-probs)."""
+    kl_reward = actor.kl_ctl > 0
+    stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
+                             gather_per_sample(ref) if kl_reward else None, actor)
+    return {f"actor/{k}": v for k, v in stats.items()}
 
 
 def run_grpo(trial_dir: Path) -> None:
@@ -133,7 +147,9 @@ class GRPO:
                     trainer.note_mismatch(per_server, step - 1)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.ref is not None else None
+            adv_stats = set_token_advantages(actor.config, samples, old, ref)
             train_stats = actor.train_step(samples, old, ref)
+            train_stats.update(adv_stats)
         else:
             train_stats, t_check = {}, 0.0
         t_trained = time.monotonic()

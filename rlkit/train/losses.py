@@ -1,4 +1,4 @@
-"""Policy-gradient losses (PPO/GRPO/GSPO actor, decoupled PPO), KL estimators and entropy, on [B, T] tensors."""
+"""Policy-gradient losses (PPO/GRPO/GSPO actor, decoupled PPO), the KL loss term and entropy, on [B, T] tensors."""
 
 from __future__ import annotations
 
@@ -7,19 +7,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-KLEstimator = Literal["k1", "k2", "k3"]
+from rlkit.config.schema_actor import RejectionSamplingConfig
+from rlkit.train.kl import kl_estimate
+from rlkit.train.rejection import behaviour_weights, rejection_config
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator = "k1") -> Tensor:
-    """Per-token estimate of KL(pi || ref) from log-probs of sampled tokens (Schulman's k1/k2/k3)."""
-    log_ratio = logp - ref_logp
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r} (expected k1, k2 or k3)")
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k1", *, clamp: float | None = 10.0) -> Tensor:
+    """Per-token estimate of KL(pi || ref), clamped as AReaL's estimators are (see rlkit.train.kl)."""
+    return kl_estimate(logp, ref_logp, estimator, clamp=clamp)[0]
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -44,14 +39,20 @@ def ppo_actor_loss(
     importance_sampling_level: Literal["token", "sequence"] = "token",
     behav_logp: Tensor | None = None,
     behav_imp_weight_cap: float | None = None,
+    rejection_sampling: RejectionSamplingConfig | None = None,
+    log_ratio_clamp: float | None = 20.0,
+    seq_log_ratio_clamp: float | None = 10.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate PPO actor loss, token-mean over `loss_mask`; returns the loss and detached stats.
 
-    `importance_sampling_level="sequence"` is GSPO (one ratio per sequence, exp of the masked mean log-ratio).
-    `c_clip` is dual clip (bounds the loss of negative-advantage tokens at `c_clip * |A|`). With `behav_logp`
-    (decoupled loss), `old_logp` is the proximal policy and each token's loss is weighted by the detached
-    behaviour weight exp(old_logp - behav_logp); weights above `behav_imp_weight_cap` become 0 (the
-    denominator stays the number of masked tokens).
+    As AReaL's `ppo_actor_loss_fn` (areal/utils/functional/functional.py at 4aef98d8), plus verl's guards:
+    the token log-ratio is clamped to +-`log_ratio_clamp` before exp (verl: 20) and GSPO's sequence log-ratio to
+    at most `seq_log_ratio_clamp` (verl: 10), so one extreme token cannot blow up a step; stats count the clamps.
+    `importance_sampling_level="sequence"` is GSPO: one ratio per sequence, exp of the mean log-ratio over its
+    (kept) tokens, and the sequence's mean advantage. `c_clip` is dual clip. With `behav_logp` (decoupled loss)
+    `old_logp` is the proximal policy and each token's loss is weighted by pi_prox / pi_behav, bounded by
+    `rejection_sampling` or its older form `behav_imp_weight_cap` (rlkit.train.rejection); the denominator stays
+    the number of tokens in `loss_mask`. `approx_kl` is mean(logp - old_logp), AReaL's sign.
     """
     shape = logp.shape
     others = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask}
@@ -64,13 +65,33 @@ def ppo_actor_loss(
         raise ValueError(f"c_clip must be > 1, got {c_clip}")
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
-    mask = loss_mask.bool()
+    orig_mask = loss_mask.bool()
+    denominator = orig_mask.sum().clamp(min=1)
+    stats: dict[str, Tensor] = {}
+    mask = orig_mask
+    weight = None
+    if behav_logp is not None:
+        bw = behaviour_weights(old_logp, behav_logp, orig_mask, rejection_config(behav_imp_weight_cap,
+                               rejection_sampling), log_ratio_clamp=log_ratio_clamp)
+        mask, weight = bw.mask, bw.weight
+        stats["behav_weight_mean"] = _masked_mean(weight, mask)
+        stats["behav_filtered_fraction"] = bw.filtered_fraction
     adv = torch.where(mask, advantages, 0.0).detach()
     # Zero the padded positions before exp so garbage there can neither overflow nor leak gradient.
-    log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0)
+    raw_log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0)
     if importance_sampling_level == "sequence":
-        seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)
-        log_ratio = torch.where(mask, seq_log_ratio.expand_as(log_ratio), 0.0)
+        count = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        seq_log_ratio = raw_log_ratio.sum(dim=-1, keepdim=True) / count
+        if seq_log_ratio_clamp is not None:
+            stats["seq_log_ratio_clamped"] = (seq_log_ratio.detach() > seq_log_ratio_clamp).sum().float()
+            seq_log_ratio = seq_log_ratio.clamp(max=seq_log_ratio_clamp)
+        log_ratio = torch.where(mask, seq_log_ratio.expand_as(raw_log_ratio), 0.0)
+        adv = torch.where(mask, (adv.sum(dim=-1, keepdim=True) / count).expand_as(adv), 0.0)
+    else:
+        log_ratio = raw_log_ratio
+        if log_ratio_clamp is not None:
+            stats["log_ratio_clamped"] = ((log_ratio.detach().abs() > log_ratio_clamp) & mask).sum().float()
+            log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     upper = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
     clipped_ratio = ratio.clamp(1.0 - eps_clip, upper)
@@ -83,24 +104,16 @@ def ppo_actor_loss(
         loss3 = -c_clip * adv
         dual_clip_mask = (adv < 0) & (loss3 < loss_tok.detach()) & mask
         loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, loss3), loss_tok)
-    stats: dict[str, Tensor] = {}
-    if behav_logp is not None:
-        weight = torch.where(mask, torch.exp(old_logp - behav_logp), 0.0).detach()
-        kept = mask
-        if behav_imp_weight_cap is not None:
-            kept = mask & (weight <= behav_imp_weight_cap)
-            weight = torch.where(kept, weight, 0.0)
+    if weight is not None:
         loss_tok = loss_tok * weight
-        stats["behav_weight_mean"] = _masked_mean(weight, kept)
-        stats["behav_capped_fraction"] = _masked_mean((mask & ~kept).float(), mask)
-    loss = torch.where(mask, loss_tok, 0.0).sum() / mask.sum().clamp(min=1)
+    loss = torch.where(mask, loss_tok, 0.0).sum() / denominator
     with torch.no_grad():
         stats.update(
             clip_fraction=_masked_mean(clip_mask.float(), mask),
             dual_clip_fraction=_masked_mean(dual_clip_mask.float(), mask),
             importance_weight_mean=_masked_mean(ratio.detach(), mask),
             importance_weight_max=_masked_max(ratio.detach(), mask),
-            approx_kl=_masked_mean((old_logp - logp).detach(), mask),
+            approx_kl=_masked_mean(raw_log_ratio.detach(), mask),
         )
     return loss, {k: v.detach() for k, v in stats.items()}
 

@@ -1,7 +1,8 @@
 """The PPO/GRPO actor: the trained policy's log-probs and its clipped-surrogate steps on a TrainEngine.
 
 The engine owns the model, optimizer and scaling; this module owns what is PPO about a step: the minibatch split,
-the loss (rlkit.train.losses.ppo_actor_loss, plus kl_ctl x KL to the frozen reference) and its statistics.
+the loss (rlkit.train.losses.ppo_actor_loss, plus kl_loss_coef x KL to the frozen reference; kl_ctl is a reward
+penalty, applied before the advantages in rlkit.train.advantage_batch) and its statistics.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.batch import dummy_like, local_indices, pack
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.engine import TrainEngine, token_logprobs
-from rlkit.train.losses import kl_penalty, ppo_actor_loss
+from rlkit.train.kl import kl_estimate
+from rlkit.train.losses import ppo_actor_loss
 from rlkit.train.reference import frozen_reference, needs_reference
 from rlkit.train.sample_forward import aligned, compute_logprobs, group_of, micro_batches_idx
 from rlkit.types import Sample
 
-_WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean")
+_WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
+             "behav_filtered_fraction")
+_COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
 
 
 class PPOActor:
@@ -50,7 +54,7 @@ class PPOActor:
         unless `temperature` is given; collective."""
         model = self.ref if reference else self.engine.model
         if model is None:
-            raise RuntimeError("no reference model (kl_ctl is 0)")
+            raise RuntimeError("no reference model (kl_ctl and kl_loss_coef are 0)")
         return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
                                 temperature=self.temperature if temperature is None else temperature,
                                 mb_spec=self.config.mb_spec)
@@ -73,7 +77,8 @@ class PPOActor:
         """
         cfg = self.config
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
-                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "tokens": 0.0}
+                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0}
+        counts = dict.fromkeys(_COUNTED, 0.0)
         max_ratio = [0.0]
         decoupled = cfg.use_decoupled_loss and old_logp is not None
 
@@ -86,14 +91,18 @@ class PPOActor:
                 logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
                 eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
                 importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
-                behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap)
+                behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+                rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
+                seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
             mask = mb.loss_mask
             n_tok = int(mask.sum())
             kl_mean = torch.zeros((), device=self.engine.device)
-            if ref_logp is not None and cfg.kl_ctl > 0:
-                kl = kl_penalty(logp, aligned(mb, group_idx, ref_logp), cfg.kl_estimator)  # type: ignore[arg-type]
+            if ref_logp is not None and cfg.kl_loss_coef > 0:  # the KL loss term (kl_ctl is a reward penalty)
+                kl, kl_clamped = kl_estimate(logp, aligned(mb, group_idx, ref_logp), cfg.kl_loss_type,
+                                             clamp=cfg.kl_clamp)
                 kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
-                loss = loss + cfg.kl_ctl * kl_mean
+                loss = loss + cfg.kl_loss_coef * kl_mean
+                counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
             if n_tok:
                 sums["loss"] += float(loss.detach()) * n_tok
                 sums["kl"] += float(kl_mean) * n_tok
@@ -104,6 +113,8 @@ class PPOActor:
                     if key in stats:
                         sums[key] += float(stats[key]) * n_tok
                 max_ratio[0] = max(max_ratio[0], float(stats["importance_weight_max"]))
+                for key in ("log_ratio_clamped", "seq_log_ratio_clamped"):
+                    counts[key] += float(stats.get(key, 0.0))
             return loss, n_tok
 
         grad_norms: list[float] = []
@@ -120,6 +131,8 @@ class PPOActor:
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
         if not decoupled:
             totals.pop("actor/behav_weight_mean")
+            totals.pop("actor/behav_filtered_fraction")
+        totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
         totals["actor/grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
         totals["actor/lr"] = lr

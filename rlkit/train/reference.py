@@ -11,7 +11,7 @@ from rlkit.train.engine import load_causal_lm, param_dtype_of, shard_model
 
 def needs_reference(actor: ActorConfig) -> bool:
     """Whether the run computes reference log-probs (one place, so a new KL knob is a one-line change)."""
-    return actor.kl_ctl > 0
+    return actor.kl_ctl > 0 or actor.kl_loss_coef > 0  # the KL reward penalty, the KL loss term
 
 
 def frozen_reference(actor: ActorConfig, device: torch.device) -> nn.Module:

@@ -26,11 +26,13 @@ from rlkit.types import Sample
 from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.ppo_actor import PPOActor
 from rlkit.train.mismatch_step import step_mismatch
+from rlkit.train.grpo import set_token_advantages
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
 actor = ActorConfig(path=model, dtype="float32", gradient_checkpointing=opts.get("ckpt", False), attn_impl="sdpa",
-                    group_size=4, ppo_n_minibatches=2, kl_ctl=opts.get("kl", 0.0))
+                    group_size=4, ppo_n_minibatches=2, kl_loss_coef=opts.get("kl", 0.0),
+                    kl_ctl=opts.get("kl_ctl", 0.0), use_decoupled_loss=opts.get("decoupled", False))
 actor.optimizer.type = "sgd"
 actor.optimizer.lr = 0.5
 actor.optimizer.weight_decay = 0.0
@@ -50,7 +52,8 @@ old = policy.logprobs_at(samples)
 at_half = policy.logprobs_at(samples, temperature=0.5)
 mismatch = step_mismatch(policy, samples, old, version=0, temperature=1.0)
 ref = policy.logprobs_at(samples, reference=True) if policy.ref is not None else None
-stats = policy.train_step(samples, old, ref)
+adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
+stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
@@ -87,7 +90,13 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "weights.safetensors"))
 
 
-@pytest.mark.parametrize("opts", [{}, {"mb_tokens": 24, "kl": 0.1, "ckpt": True}], ids=["plain", "microbatched-kl"])
+# The KL variant has both KL forms: the loss term (kl_loss_coef) and the reward penalty (kl_ctl), whose old/ref
+# log-probs each rank gathers from the others; decoupled, so the penalty is on the behaviour log-probs (-6), which
+# differ from the reference (at the old policy, old == ref and the penalty would be 0).
+KL = {"mb_tokens": 24, "kl": 0.1, "kl_ctl": 0.05, "decoupled": True, "ckpt": True}
+
+
+@pytest.mark.parametrize("opts", [{}, KL], ids=["plain", "microbatched-kl"])
 def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: dict[str, object]) -> None:
     one = _run(1, tiny_model_dir, tmp_path / "one", opts)
     two = _run(2, tiny_model_dir, tmp_path / "two", opts)
@@ -111,6 +120,13 @@ def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: di
     assert s2["actor/entropy"] == pytest.approx(s1["actor/entropy"], rel=1e-4)
     # The first minibatch starts at the old policy: ratio 1 there, so clipping only happens in the second.
     assert 0.0 <= s1["actor/clip_fraction"] <= 1.0
+    for key in ("actor/log_ratio_clamped", "actor/seq_log_ratio_clamped", "actor/kl_loss_clamped"):
+        assert s2[key] == s1[key], key  # guard counts are summed over ranks
+    if opts.get("kl_ctl"):
+        assert s1["actor/kl_reward"] != 0 and s2["actor/kl_reward"] == pytest.approx(s1["actor/kl_reward"], rel=1e-6)
+        assert s2["actor/behav_filtered_fraction"] == s1["actor/behav_filtered_fraction"]
+    else:
+        assert "actor/kl_reward" not in s1 and "actor/behav_filtered_fraction" not in s1
 
 
 def test_recomputed_logprobs_match_a_plain_forward(tiny_model_dir: Path, tmp_path: Path) -> None:

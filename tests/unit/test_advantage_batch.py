@@ -1,4 +1,4 @@
-"""Hand-computed cases for prepare_batch: shaping, overlong penalty, dynamic sampling, group normalisation."""
+"""Hand-computed cases for prepare_batch: overlong penalty, shaping, dynamic sampling, reward_norm (sequence level)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def group(rewards: list[float], gid: int, lengths: list[int] | None = None) -> l
 
 
 def actor(**kwargs: object) -> ActorConfig:
-    norm = kwargs.pop("adv_norm", NormConfig())
-    return ActorConfig(group_size=4, adv_norm=norm, **kwargs)  # type: ignore[arg-type]
+    norm = kwargs.pop("reward_norm", NormConfig(mean_level="group", std_level="group"))
+    return ActorConfig(group_size=4, reward_norm=norm, **kwargs)  # type: ignore[arg-type]
 
 
 def advs(samples: list[Sample]) -> list[float]:
@@ -48,7 +48,7 @@ def test_group_normalisation_two_groups_of_four() -> None:
 def test_leave_one_out_without_std() -> None:
     # RLOO baseline of [1, 0, 0, 0]: others' means 0, 1/3, 1/3, 1/3
     norm = NormConfig(mean_level="group", std_level="none", mean_leave1out=True)
-    out = prepare_batch([group([1.0, 0.0, 0.0, 0.0], 0)], actor(adv_norm=norm), max_new_tokens=100)
+    out = prepare_batch([group([1.0, 0.0, 0.0, 0.0], 0)], actor(reward_norm=norm), max_new_tokens=100)
     assert advs(out.samples) == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
 
 
@@ -79,7 +79,7 @@ def test_dynamic_sampling_all_flat_returns_no_samples() -> None:
 def test_reward_shaping_bias_scaling_clip_without_normalisation() -> None:
     # (r + 1) * 2, clipped to [-5, 5]: 1 -> 4, 0 -> 2, -1 -> 0, 3 -> 8 -> 5
     norm = NormConfig(mean_level="none", std_level="none")
-    a = actor(adv_norm=norm, reward_bias=1.0, reward_scaling=2.0, reward_clip=5.0)
+    a = actor(reward_norm=norm, reward_bias=1.0, reward_scaling=2.0, reward_clip=5.0)
     out = prepare_batch([group([1.0, 0.0, -1.0, 3.0], 0)], a, max_new_tokens=100)
     assert advs(out.samples) == pytest.approx([4.0, 2.0, 0.0, 5.0])
     assert [s.info["shaped_reward"] for s in out.samples] == pytest.approx([4.0, 2.0, 0.0, 5.0])
@@ -90,7 +90,7 @@ def test_reward_shaping_bias_scaling_clip_without_normalisation() -> None:
 def test_clip_applies_before_the_group_mean() -> None:
     # clip 5: [10, 2, 0, 0] -> [5, 2, 0, 0], mean 1.75 -> [3.25, 0.25, -1.75, -1.75] (unclipped: [7, -1, -3, -3])
     norm = NormConfig(mean_level="group", std_level="none")
-    out = prepare_batch([group([10.0, 2.0, 0.0, 0.0], 0)], actor(adv_norm=norm, reward_clip=5.0), max_new_tokens=100)
+    out = prepare_batch([group([10.0, 2.0, 0.0, 0.0], 0)], actor(reward_norm=norm, reward_clip=5.0), max_new_tokens=100)
     assert advs(out.samples) == pytest.approx([3.25, 0.25, -1.75, -1.75])
     assert out.raw_rewards == [10.0, 2.0, 0.0, 0.0]
 
@@ -99,7 +99,7 @@ def test_overlong_penalty_applied() -> None:
     # max_new_tokens 10, overlong_tokens 4 -> expected length 6; penalty min((L - 6) / 4, 1) * 1.0
     # lengths 4, 6, 8, 10 -> penalties 0, 0, 0.5, 1
     norm = NormConfig(mean_level="none", std_level="none")
-    a = actor(adv_norm=norm, overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0)
+    a = actor(reward_norm=norm, overlong_reward_penalty=True, overlong_tokens=4, overlong_penalty_factor=1.0)
     out = prepare_batch([group([1.0] * 4, 0, lengths=[4, 6, 8, 10])], a, max_new_tokens=10)
     assert advs(out.samples) == pytest.approx([1.0, 1.0, 0.5, 0.0])
     assert [s.info["shaped_reward"] for s in out.samples] == pytest.approx([1.0, 1.0, 0.5, 0.0])
@@ -108,18 +108,19 @@ def test_overlong_penalty_applied() -> None:
 
 def test_overlong_penalty_off_unless_enabled() -> None:
     norm = NormConfig(mean_level="none", std_level="none")
-    a = actor(adv_norm=norm, overlong_reward_penalty=False, overlong_tokens=4, overlong_penalty_factor=1.0)
+    a = actor(reward_norm=norm, overlong_reward_penalty=False, overlong_tokens=4, overlong_penalty_factor=1.0)
     out = prepare_batch([group([1.0] * 4, 0, lengths=[4, 6, 8, 10])], a, max_new_tokens=10)
     assert advs(out.samples) == pytest.approx([1.0, 1.0, 1.0, 1.0])
 
 
-def test_overlong_penalty_after_shaping_then_normalised() -> None:
-    # shaping first: (1 + 1) * 3 = 6 for all; then penalty 2 * [0, 0, 0.5, 1] -> [6, 6, 5, 4]; group mean 5.25
-    norm = NormConfig(mean_level="group", std_level="none")
-    a = actor(adv_norm=norm, reward_bias=1.0, reward_scaling=3.0, overlong_reward_penalty=True, overlong_tokens=4,
+def test_overlong_penalty_on_the_raw_reward_then_shaping_then_normalised() -> None:
+    # AReaL's order (areal/trainer/ppo/actor.py at 4aef98d8): penalty 2 * [0, 0, 0.5, 1] on the raw reward 1 ->
+    # [1, 1, 0, -1]; then (r + 1) * 3 -> [6, 6, 3, 0]; group mean 3.75 -> [2.25, 2.25, -0.75, -3.75]
+    norm = NormConfig(mean_level="group", std_level=None)
+    a = actor(reward_norm=norm, reward_bias=1.0, reward_scaling=3.0, overlong_reward_penalty=True, overlong_tokens=4,
               overlong_penalty_factor=2.0)
     out = prepare_batch([group([1.0] * 4, 0, lengths=[4, 6, 8, 10])], a, max_new_tokens=10)
-    assert advs(out.samples) == pytest.approx([0.75, 0.75, -0.25, -1.25])
+    assert advs(out.samples) == pytest.approx([2.25, 2.25, -0.75, -3.75])
 
 
 @pytest.mark.parametrize("sizes", [[3, 3], [4, 3], [5]])

@@ -93,6 +93,18 @@ def test_pack_rejects_empty_batch_and_mismatched_logprobs() -> None:
         pack([sample([1], [2]), sample([1], [2, 3, 4], [-1.0])], PAD)
 
 
+def test_pack_places_per_token_advantages_where_set_and_checks_their_count() -> None:
+    """token_advantages (KL reward penalty, GAE, adv_norm) replace the sequence advantage on that sample only."""
+    a, b = two()
+    b.token_advantages = [0.25, -0.5, 1.5]
+    mb = pack([a, b], PAD)
+    torch.testing.assert_close(mb.advantages, torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, -0.5, 1.5, 0.0]]))
+    b.token_advantages = [0.25, -0.5]
+    with pytest.raises(ValueError, match="sample 1: 2 advantages for 3 tokens"):
+        pack([a, b], PAD)
+    assert dummy_like(b).token_advantages is None  # a dummy never carries a signal
+
+
 # --- split_micro_batches ----------------------------------------------------------------------------------------
 
 def test_split_without_token_bound_respects_min_count_and_order() -> None:
