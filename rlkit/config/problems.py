@@ -24,12 +24,19 @@ class Problems:
         try:
             yield
         except ConfigErrors as many:
-            self.errors.extend(many.errors)
+            for error in many.errors:
+                self._record(error)
         except ConfigError as exc:
-            self.errors.append(exc)
+            self._record(exc)
 
     def add(self, message: str, *, hint: str | None = None, site: bool = False) -> None:
-        self.errors.append(ConfigError(message, hint=hint, site=site))
+        self._record(ConfigError(message, hint=hint, site=site))
+
+    def _record(self, error: ConfigError) -> None:
+        """Keep `error` unless the same problem is already recorded (two checks may share a field, e.g. the model
+        the servers and the trainer both load)."""
+        if not any(str(e) == str(error) and e.hint == error.hint for e in self.errors):
+            self.errors.append(error)
 
     def ok(self) -> bool:
         return not self.errors

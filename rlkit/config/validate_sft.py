@@ -16,7 +16,8 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
-from rlkit.config.site_files import check_dataset_file, check_model_dir, check_tokenizer_dir, is_local_path
+from rlkit.config.site_files import check_dataset_file, is_local_path
+from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 
 _PLAINTEXT_ONLY = ("system_prompt_key", "system_prompt")
@@ -32,11 +33,9 @@ def validate_sft(config: ExperimentConfig, problems: Problems) -> None:
         _validate_keys(config, problems)
     _validate_dataset(config, "train_dataset", required=True, problems=problems)
     _validate_dataset(config, "valid_dataset", required=False, problems=problems)
-    _validate_model(config, problems)
+    validate_trainer(config, problems)
     _validate_lengths(config, problems)
     _validate_layout(config, problems)
-    if config.total_train_epochs < 1:
-        problems.add(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
 
 
 def _validate_keys(config: ExperimentConfig, problems: Problems) -> None:
@@ -142,17 +141,6 @@ def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:
         if key and not isinstance(row[key], str):
             raise ConfigError(f"{name}.path: column '{key}' (sft.{field}) holds {type(row[key]).__name__}, not text",
                               hint="for a column of chats use sft.prompt_type=messages")
-
-
-def _validate_model(config: ExperimentConfig, problems: Problems) -> None:
-    if not config.actor.path:
-        problems.add("actor.path is not set", hint="give the Hugging Face model directory to fine-tune")
-        return
-    with problems.check():
-        check_model_dir("actor.path", config.actor.path)
-    with problems.check():
-        check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
-                            config.tokenizer_path or config.actor.path)
 
 
 def model_positions(path: str) -> int | None:

@@ -1,4 +1,5 @@
-"""Submit-time checks of the training fields (job type grpo): every mistake is collected, naming its fix.
+"""Submit-time checks of the GRPO fields (what every trainer shares is in rlkit.config.validate_trainer): every
+mistake is collected, naming its fix.
 
 These run on the login node before anything is written or submitted, so a job never dies minutes later in the
 queue for a typo: the dataset exists and has the prompt column, the reward function imports, the batch splits into
@@ -13,22 +14,16 @@ from pathlib import Path
 
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
-from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
+from rlkit.config.schema import ExperimentConfig, get_field
+from rlkit.config.site_files import check_dataset_file
 from rlkit.config.validate_algo import validate_algorithm
+from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 
 CHOICES = {
-    "actor.dtype": ("bfloat16", "float16", "float32"),
-    "actor.optimizer.type": ("adam", "sgd"),
-    "actor.optimizer.lr_scheduler_type": ("constant", "linear", "cosine"),
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
-    "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
-
-SWANLAB_MODES = ("disabled", "local", "offline", "cloud")
-WANDB_MODES = ("disabled", "offline", "online")
 
 
 def _first_row(path: Path) -> dict[str, object] | None:
@@ -55,18 +50,13 @@ def _first_row(path: Path) -> dict[str, object] | None:
 
 def validate_training(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
     """Add every problem of the grpo fields to `problems`."""
-    actor, g, ds = config.actor, config.gconfig, config.train_dataset
+    g, ds = config.gconfig, config.train_dataset
     for dotted, choices in CHOICES.items():
         value = get_field(config, dotted)
         if value not in choices:
             problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
+    validate_trainer(config, problems)
     _validate_weight_update(config, problems)
-    if not actor.path:
-        problems.add("actor.path is not set", hint="give the Hugging Face model directory to train")
-    else:
-        with problems.check():
-            check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
-                                config.tokenizer_path or actor.path)
     with problems.check():
         _validate_dataset(config)
     from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
@@ -86,17 +76,6 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
         problems.add(f"rollout.consumer_batch_size ({config.rollout.consumer_batch_size}) differs from "
                      f"train_dataset.batch_size ({ds.batch_size}): rlkit trains on train_dataset.batch_size groups "
                      "per step", hint=f"remove rollout.consumer_batch_size or set it to {ds.batch_size}")
-    if config.total_train_epochs < 1:
-        problems.add(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
-    if config.total_train_steps is not None and config.total_train_steps < 1:
-        problems.add(f"total_train_steps must be at least 1 or null (got {config.total_train_steps})")
-    for name in ("freq_steps", "freq_epochs", "freq_secs"):
-        value = getattr(config.saver, name)
-        if value is not None and value < 1:
-            problems.add(f"saver.{name} must be at least 1 or null (got {value})")
-    with problems.check():
-        validate_stats_logger(config.stats_logger)
-    _validate_recover(config, problems)
 
 
 def _validate_dataset(config: ExperimentConfig) -> None:
@@ -138,10 +117,6 @@ def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, pro
 
 def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
     actor, g = config.actor, config.gconfig
-    if actor.optimizer.lr <= 0:
-        problems.add(f"actor.optimizer.lr must be positive (got {actor.optimizer.lr})")
-    if not 0 <= actor.optimizer.warmup_steps_proportion <= 1:
-        problems.add("actor.optimizer.warmup_steps_proportion must be between 0 and 1")
     if actor.eps_clip <= 0 or (actor.eps_clip_higher is not None and actor.eps_clip_higher <= 0):
         problems.add("actor.eps_clip and actor.eps_clip_higher must be positive")
     if actor.c_clip is not None and actor.c_clip <= 1:
@@ -157,47 +132,6 @@ def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
         elif not 0 < actor.overlong_tokens <= g.max_new_tokens:
             problems.add(f"actor.overlong_tokens {actor.overlong_tokens} must be in "
                          f"1..gconfig.max_new_tokens ({g.max_new_tokens})")
-
-
-def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
-    from rlkit.paths import TrialPaths
-    from rlkit.recover_layout import latest_valid, recover_root
-
-    rec = config.recover
-    for name in ("freq_steps", "freq_epochs", "freq_secs"):
-        value = getattr(rec, name)
-        if value is not None and value < 1:
-            problems.add(f"recover.{name} must be at least 1 or null (got {value})")
-    if rec.retries < 0 or rec.keep_last < 1:
-        problems.add(f"recover.retries must be >= 0 and recover.keep_last >= 1 (got {rec.retries}, "
-                     f"{rec.keep_last})")
-    if not 60 <= rec.time_limit_warning <= 65535:
-        problems.add(f"recover.time_limit_warning must be 60..65535 seconds (got {rec.time_limit_warning}); "
-                     "Slurm may deliver the warning up to 60 s early")
-    if rec.mode == "resume":
-        root = recover_root(TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root)
-        if latest_valid(root, warn=False, checksums=False) is None:  # login node: manifests and sizes only
-            problems.add(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
-                         "checkpoint", hint="start it fresh without recover.mode=resume, or set "
-                                            "recover.freq_steps/freq_secs so the next run leaves checkpoints")
-
-
-def validate_stats_logger(config: StatsLoggerConfig) -> None:
-    """Raise ConfigError for an unknown SwanLab/W&B mode or an unusable TensorBoard path (called at submit time)."""
-    for field, value, choices in (
-        ("stats_logger.swanlab.mode", config.swanlab.mode, SWANLAB_MODES),
-        ("stats_logger.wandb.mode", config.wandb.mode, WANDB_MODES),
-    ):
-        if value not in choices:
-            raise ConfigError(
-                f"{field}: invalid value {value!r}; choices: {', '.join(choices)}",
-                hint=f"set {field}={choices[0]} to turn it off",
-            )
-    path = config.tensorboard.path
-    if path is not None and (not isinstance(path, str) or not path.strip()):
-        raise ConfigError(
-            f"stats_logger.tensorboard.path: invalid value {path!r}; expected a directory path or null (off)"
-        )
 
 
 # apptainer options that give a step its own network namespace: the servers' workers could no longer open a

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Protocol, SupportsFloat, SupportsIndex, cast
 
 from rlkit.config.schema import StatsLoggerConfig
-from rlkit.config.validate_training import validate_stats_logger
+from rlkit.config.validate_trainer import validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.paths import TrialPaths
 

@@ -107,3 +107,24 @@ def test_a_bad_first_row_is_named(sft_mapping: dict[str, Any], tmp_path: Path) -
     bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "response": "x"}) + "\n")
     assert "column 'prompt' (sft.prompt_key) holds list, not text" in "\n".join(
         problems_of(sft_mapping, f"train_dataset.path={bad}"))
+
+
+def test_the_checks_every_trainer_shares_run_for_sft(sft_mapping: dict[str, Any]) -> None:
+    """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.config.validate_trainer), all at once."""
+    found = problems_of(sft_mapping, "actor.optimizer.lr=0", "actor.optimizer.type=adamw", "saver.freq_steps=0",
+                        "recover.keep_last=0", "stats_logger.wandb.mode=on")
+    for says in ("actor.optimizer.lr must be positive", "actor.optimizer.type 'adamw' is not one of",
+                 "saver.freq_steps must be at least 1", "recover.keep_last >= 1", "stats_logger.wandb.mode"):
+        assert sum(says in p for p in found) == 1, (says, found)
+
+
+def test_a_problem_two_checks_find_is_reported_once() -> None:
+    """The servers' and the trainer's checks both look at actor.path: one missing model is one problem."""
+    from rlkit.errors import ConfigError
+
+    problems = Problems()
+    for _ in range(2):
+        with problems.check():
+            raise ConfigError("actor.path: '/m' is not a model directory", hint="point to a model")
+    problems.add("actor.path: '/m' is not a model directory", hint="another fix")
+    assert [e.hint for e in problems.errors] == ["point to a model", "another fix"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rlkit.config.schema import StatsLoggerConfig
-from rlkit.config.validate_training import validate_stats_logger
+from rlkit.config.validate_trainer import validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.paths import TrialPaths
 from rlkit.train.stats_logger import StatsLogger, read_metrics
