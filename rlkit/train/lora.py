@@ -111,7 +111,10 @@ def write_adapter(tensors: dict[str, Tensor], actor: ActorConfig, base_model: st
     if not tensors:
         raise ValueError("an adapter with no tensors")
     out_dir = Path(out_dir)
-    partial = out_dir.with_name(out_dir.name + ".partial")
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists: an adapter directory is never rewritten (servers cache by path)")
+    # `.<name>.<pid>.tmp`: the pattern rlkit.weights.hf_export.remove_old_versions cleans up after a crash
+    partial = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.tmp")
     partial.mkdir(parents=True, exist_ok=False)
     config: dict[str, Any] = lora_config(actor, base_model=base_model).to_dict()
     config["target_modules"] = target_modules_of(tensors)
