@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from rlkit.config.schema import ExperimentConfig
+    from rlkit.paths import TrialPaths
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,13 @@ class LoraDiskTransport(WeightTransport):
 
     name = ADAPTER_TRANSPORT
     adapters_only = True
+
+    def __init__(self, config: ExperimentConfig, paths: TrialPaths) -> None:
+        super().__init__(config, paths)
+        # Within one trainer process names never repeat; a restarted trainer may push a version (name AND directory)
+        # a server saw before, whose cached KV (keyed by name and path) is of the older adapter: its first push
+        # also resets the prefix cache.
+        self._first_push = True
 
     def start(self) -> None:
         from rlkit.weights import hf_export
@@ -86,24 +94,29 @@ class LoraDiskTransport(WeightTransport):
         write_adapter(tensors, self.config.actor, self.config.actor.path, out_dir)
         self.timings["write"] = time.monotonic() - started
         name, prefix = adapter_name(self.config, version), adapter_prefix(self.config)
+        reset_cache = self._first_push
 
         async def deliver() -> list[ServerOutcome]:
             async with targets.open_client() as client:
                 if die_mid_push_first(targets.servers, version):  # tests: one server updated, then the trainer dies
-                    await deliver_one(client, targets.servers[0], out_dir, name, prefix, version, targets.timeout)
+                    await deliver_one(client, targets.servers[0], out_dir, name, prefix, version, targets.timeout,
+                                      reset_cache=reset_cache)
                     die_now()
-                return await deliver_all(client, targets.servers, out_dir, name, prefix, version, targets.timeout)
+                return await deliver_all(client, targets.servers, out_dir, name, prefix, version, targets.timeout,
+                                         reset_cache=reset_cache)
 
         outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
+        self._first_push = False
         hf_export.remove_old_versions(self.paths.weights, keep={version, version - 1})
         return outcomes
 
 
 async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Path, name: str, prefix: str,
-                      version: int, timeout: float) -> ServerSync:
+                      version: int, timeout: float, *, reset_cache: bool = False) -> ServerSync:
     """Load `adapter_dir` on `server` as `name` (reported version `version`), point `server.adapter` at it, then
-    unload the server's other adapters named `<prefix>...` (older versions, also a crashed trainer's). Phases:
-    load_adapter, set_version, unload_old."""
+    unload the server's other adapters named `<prefix>...` (older versions, also a crashed trainer's). With
+    `reset_cache`, drop the server's prefix cache after the load. Phases: load_adapter, set_version, [reset_cache],
+    unload_old."""
     adapter_dir = Path(adapter_dir).absolute()  # the server resolves relative paths against its own cwd
     backend = backend_for(server.backend)
     result = ServerSync(index=server.index, address=server.address, version=version)
@@ -115,6 +128,10 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Pa
     seconds = report.get("seconds")
     if isinstance(seconds, dict):
         result.phases.update({str(k): float(v) for k, v in seconds.items()})
+    if reset_cache:
+        started_reset = time.monotonic()
+        await backend.reset_prefix_cache(client, server, timeout)
+        result.phases["reset_cache"] = time.monotonic() - started_reset
     server.adapter = name  # from now on the probe and the rollout ask for it
     unload_started = time.monotonic()
     for old in sorted(loaded - {name}):
@@ -126,10 +143,10 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Pa
 
 
 async def deliver_all(client: httpx.AsyncClient, servers: Sequence[Server], adapter_dir: Path, name: str,
-                      prefix: str, version: int, timeout: float) -> list[ServerOutcome]:
+                      prefix: str, version: int, timeout: float, *, reset_cache: bool = False) -> list[ServerOutcome]:
     """`deliver_one` on every server at once; every server is tried whatever the others do."""
-    results = await asyncio.gather(*(deliver_one(client, s, adapter_dir, name, prefix, version, timeout)
-                                     for s in servers), return_exceptions=True)
+    results = await asyncio.gather(*(deliver_one(client, s, adapter_dir, name, prefix, version, timeout,
+                                                 reset_cache=reset_cache) for s in servers), return_exceptions=True)
     return [outcome_of(server, result) for server, result in zip(servers, results, strict=True)]
 
 

@@ -28,7 +28,7 @@ from rlkit.servers.http import server_client
 from rlkit.servers.vllm.backend import BACKEND
 from rlkit.train.lora import iter_adapter_buckets, wrap_lora
 from rlkit.weights import fanout
-from rlkit.weights.base import PushTargets, transport_for_actor
+from rlkit.weights.base import PushTargets, WeightTransport, transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 from rlkit.weights.lora_disk import adapter_name
 
@@ -50,6 +50,7 @@ class LoraServed:
     paths: TrialPaths
     probe: list[int]
     loop: asyncio.AbstractEventLoop
+    transport: WeightTransport  # one for the module, as one per trainer run
 
     def targets(self) -> PushTargets:
         token = self.token
@@ -83,8 +84,10 @@ def served(vllm_slot: ServerSlot, tmp_path_factory: pytest.TempPathFactory) -> I
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        yield LoraServed(server, shared.token, shared.model_dir, config,
-                         TrialPaths(tmp_path_factory.mktemp("lora") / "trial"), probe, loop)
+        paths = TrialPaths(tmp_path_factory.mktemp("lora") / "trial")
+        transport = transport_for_actor(config.actor)(config, paths)
+        transport.start()
+        yield LoraServed(server, shared.token, shared.model_dir, config, paths, probe, loop, transport)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
@@ -119,9 +122,8 @@ def mean_abs(a: list[float], b: list[float]) -> float:
 
 def publish(served: LoraServed, pushed: Any, checked_against: Any, version: int) -> fanout.Published:
     """Push `pushed`'s adapter as `version`; fingerprint the server against `checked_against` (the trainer)."""
-    transport = transport_for_actor(served.config.actor)(served.config, served.paths)
     trainer_lp = trainer_probe_logprobs(checked_against, served.probe)
-    published = fanout.publish(transport, iter_adapter_buckets(pushed), version, served.targets(),
+    published = fanout.publish(served.transport, iter_adapter_buckets(pushed), version, served.targets(),
                                fanout.Probe(served.probe, trainer_lp, TOLERANCE))
     assert published is not None
     return published
@@ -159,7 +161,8 @@ def test_adapters_pushed_by_version_pass_the_fingerprint_and_change_the_outputs(
     second = peft_model(served, seed=2)
     [sync2] = publish(served, second, second, version=2).synced
     assert sync2.fingerprint is not None and sync2.fingerprint <= TOLERANCE
-    assert served.server.adapter == "lora-test-v2"
+    assert served.server.adapter == "lora-test-v2" and "reset_cache" in sync.phases
+    assert "reset_cache" not in sync2.phases  # a new name: no cached KV can be of another adapter
     assert served.ask(lambda c: BACKEND.list_adapters(c, served.server, TIMEOUT)) == ["lora-test-v2"]
     old = Server(index=0, address=served.server.address, model=served.server.model, backend="vllm",
                  adapter="lora-test-v1")

@@ -149,7 +149,9 @@ def test_adapter_transport_loads_a_new_name_and_unloads_the_runs_older_ones(
     assert set(apps["10.0.0.1:8000"].adapters) == {"test-exp-v3", "someone-elses"}  # only the run's own go
     assert apps["10.0.0.2:8000"].adapters == {"test-exp-v3": str(written.absolute())}
     assert apps["10.0.0.1:8000"].version == "3" and "/pause" not in apps["10.0.0.1:8000"].calls
-    assert set(outcomes[0].sync.phases) == {"load_adapter", "set_version", "unload_old"}
+    # the trainer's first push resets the prefix cache (a restarted trainer may reuse a name and path)
+    assert set(outcomes[0].sync.phases) == {"load_adapter", "set_version", "reset_cache", "unload_old"}
+    apps["10.0.0.1:8000"].calls.clear()
 
     # A server whose load fails keeps serving (and being asked for) the adapter it had; it is named.
     apps["10.0.0.2:8000"].fail = "/v1/load_lora_adapter"
@@ -157,6 +159,18 @@ def test_adapter_transport_loads_a_new_name_and_unloads_the_runs_older_ones(
     assert outcomes is not None and outcomes[0].sync is not None and outcomes[1].failure is not None
     assert "server 2" in outcomes[1].failure and "load_lora_adapter" in outcomes[1].failure
     assert [s.adapter for s in servers] == ["test-exp-v4", "test-exp-v3"]
+    assert "/reset_prefix_cache" not in apps["10.0.0.1:8000"].calls  # later pushes use new names: nothing stale
+
+    # A restarted trainer (a new transport) pushing a version a server still holds: unloaded, reloaded, cache reset.
+    again = LoraDiskTransport(config, paths)
+    again.start()
+    apps["10.0.0.2:8000"].fail = None
+    outcomes = again.push(iter([adapter_tensors(3.0)]), 4, targets_on(loop, servers, stand_ins(apps)))
+    assert outcomes is not None and all(o.sync is not None for o in outcomes)
+    assert apps["10.0.0.1:8000"].calls[-5:] == ["/v1/models", "/v1/unload_lora_adapter", "/v1/load_lora_adapter",
+                                                "/update_weight_version", "/reset_prefix_cache"]
+    assert [s.adapter for s in servers] == ["test-exp-v4", "test-exp-v4"]
+    assert set(apps["10.0.0.2:8000"].adapters) == {"test-exp-v4"}
 
     with pytest.raises(ValueError, match="LoRA adapter only"):  # full weights by mistake (mis-wired buckets)
         transport.push(iter([{"model.embed_tokens.weight": torch.zeros(2)}]), 5,
