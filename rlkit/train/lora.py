@@ -137,3 +137,31 @@ def export_adapter(model: nn.Module, actor: ActorConfig, base_model: str, out_di
         if bucket is not None:
             path = write_adapter(bucket, actor, base_model, out_dir)
     return path
+
+
+_PEFT_ROOT = "base_model.model."
+
+
+def merge_adapter_state(state: dict[str, Tensor], actor: ActorConfig) -> dict[str, Tensor]:
+    """The plain causal LM's weights (Hugging Face names) with the adapter merged in: W + (lora_alpha / lora_rank) *
+    B @ A for every adapted module, from the peft model's FULL state dict (`PolicyEngine.full_state_dict()` on rank
+    0). What a saved checkpoint must hold to be a model on its own (the next stage's `actor.path`, a server's
+    `--model`), since the servers' adapter needs the base beside it."""
+    scale = actor.lora_alpha / actor.lora_rank
+    merged: dict[str, Tensor] = {}
+    lora: dict[str, dict[str, Tensor]] = {}
+    for key, tensor in state.items():
+        name = key.removeprefix(_PEFT_ROOT)
+        if _LORA_MARK in name:
+            module, rest = name.split(_LORA_MARK, 1)
+            lora.setdefault(module, {})[rest.split(".", 1)[0]] = tensor  # "A" or "B"
+        else:
+            merged[name.replace(".base_layer.", ".")] = tensor
+    for module, pair in lora.items():
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"{module}: LoRA parameters {sorted(pair)} found, need A and B")
+        weight = f"{module}.weight"
+        base = merged[weight]
+        delta = (pair["B"].float() @ pair["A"].float()) * scale
+        merged[weight] = (base.float() + delta).to(base.dtype)
+    return merged

@@ -25,7 +25,8 @@ from transformers import AutoModelForCausalLM
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.dist import end_process, init_distributed
 from torch.distributed.fsdp import fully_shard
-from rlkit.train.lora import decoder_layers, export_adapter, is_adapter_param, wrap_lora
+from rlkit.train.lora import decoder_layers, export_adapter, is_adapter_param, merge_adapter_state, wrap_lora
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 
 model_dir, out = sys.argv[1], sys.argv[2]
@@ -56,8 +57,11 @@ probe_lp = trainer_probe_logprobs(model, probe)
 path = export_adapter(model, actor, model_dir, out + "/adapter")
 full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p.detach()).cpu().clone()
         for n, p in model.named_parameters() if not is_adapter_param(n)}  # the base after the steps, gathered
+state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # collective
 if env.rank == 0:
     assert path is not None
+    save_file({k: v.contiguous() for k, v in merge_adapter_state(state, actor).items()},
+              out + "/merged.safetensors")
     save_file({k: v.contiguous() for k, v in full.items()}, out + "/base_after.safetensors")
     json.dump({"probe": probe, "probe_lp": probe_lp}, open(out + "/probe.json", "w"))
 else:
@@ -128,3 +132,10 @@ def test_fsdp_over_peft_trains_only_the_adapter_and_exports_it_for_peft(tiny_mod
     assert peft_lp == pytest.approx(one["probe_lp"], abs=1e-5)
     assert two["probe_lp"] == pytest.approx(one["probe_lp"], abs=1e-4)
     assert sum(abs(a - b) for a, b in zip(peft_lp, base_lp, strict=True)) / len(base_lp) > 1e-3
+
+    # The adapter merged into the base (what a saved checkpoint holds) is a plain model with the same log-probs.
+    merged = load_file(str(tmp_path / "two" / "merged.safetensors"))
+    assert set(merged) == set(before)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    plain.load_state_dict(merged)
+    assert _plain_logprobs(plain.eval(), probe) == pytest.approx(two["probe_lp"], abs=1e-4)
