@@ -15,6 +15,7 @@ from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
 from rlkit.config.site_files import check_dataset_file, check_tokenizer_dir
+from rlkit.config.validate_lora import validate_lora
 from rlkit.errors import ConfigError
 
 CHOICES = {
@@ -63,6 +64,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
         if value not in choices:
             problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
     _validate_weight_update(config, problems)
+    validate_lora(config, problems, allocation)  # wave 2: from each job type's validate (grpo, ppo, sft, dpo)
     if not actor.path:
         problems.add("actor.path is not set", hint="give the Hugging Face model directory to train")
     else:

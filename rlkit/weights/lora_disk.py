@@ -70,6 +70,10 @@ class LoraDiskTransport(WeightTransport):
         from rlkit.weights import hf_export
 
         hf_export.remove_old_versions(self.paths.weights, keep=set())  # a version directory is never rewritten
+        actor = self.config.actor
+        print(f"rlkit train: weights reach the servers as LoRA adapters only (rank {actor.lora_rank}, alpha "
+              f"{actor.lora_alpha:g}, {', '.join(actor.target_modules)}): {self.paths.weights}/version-<N>, loaded "
+              f"as {adapter_prefix(self.config)}<N>", flush=True)
 
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
         from rlkit.train.lora import is_adapter_param, write_adapter
