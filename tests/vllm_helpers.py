@@ -19,12 +19,13 @@ from rlkit.servers.backend import Server, WeightGroup, WeightLink
 from rlkit.servers.health import ServerNotHealthy, wait_healthy
 from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.backend import VllmBackend
-from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, vllm_command, vllm_env
+from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, LORA_ENV, lora_flags, vllm_command, vllm_env
 
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 240.0
 # The shared servers also take weights by broadcast (rlkit's gloo weight-transfer engine; idle until a trainer joins).
 GLOO_WEIGHT_TRANSFER = ("--weight-transfer-config", '{"backend":"gloo"}')
+LORA_TEST_RANK = 8  # the "lora" kind's adapters (its --max-lora-rank is vLLM's smallest rank that holds it)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def running_vllm(
     dtype: str = "bfloat16",
     eager: bool = True,
     guard: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[RunningServer]:
     """Run `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1:`port` until the block ends.
 
@@ -113,6 +115,7 @@ def running_vllm(
     env.pop("VLLM_API_KEY", None)
     env.update(vllm_env(token))
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.update(extra_env or {})
     url = f"http://{HOST}:{port}"
     with log.open("ab") as log_file:
         process = subprocess.Popen(
@@ -135,7 +138,8 @@ class SharedServer:
     server: RunningServer
     token: str
     model_dir: Path
-    kind: str  # "untied", "tied" (tie_word_embeddings) or "unguarded" (untied, without TokenGuard)
+    kind: str  # "untied", "tied" (tie_word_embeddings), "unguarded" (untied, without TokenGuard) or "lora" (untied,
+    # runtime LoRA loading on: rlkit.servers.vllm.command.lora_flags for rank LORA_TEST_RANK and LORA_ENV)
 
 
 class ServerSlot:
@@ -159,15 +163,18 @@ class ServerSlot:
         if self.current is not None and self.current.kind == kind:
             return self.current
         self.close()
-        if kind not in ("untied", "tied", "unguarded"):
+        if kind not in ("untied", "tied", "unguarded", "lora"):
             raise ValueError(f"unknown server kind {kind!r}")
+        extra_args, extra_env = list(GLOO_WEIGHT_TRANSFER), {}
+        if kind == "lora":
+            extra_args, extra_env = lora_flags(LORA_TEST_RANK, {}), dict(LORA_ENV)
         model_dir = (build_tiny_model(self._root / kind, tie_word_embeddings=True) if kind == "tied"
                      else self._untied_model)
         token = secrets.token_urlsafe(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
             model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
-            dtype="float32", guard=kind != "unguarded", extra_args=GLOO_WEIGHT_TRANSFER))
+            dtype="float32", guard=kind != "unguarded", extra_args=extra_args, extra_env=extra_env))
         print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
         self.current = SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
         return self.current

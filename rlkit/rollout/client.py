@@ -70,7 +70,10 @@ class ServerPool:
         updated = []
         for s in live:
             old = known.get(s.index)
-            updated.append(old if old is not None and old.address == s.address else s)
+            if old is not None and old.address == s.address:
+                old.adapter = s.adapter  # LoRA: requests name the adapter of the version the server now holds
+                s = old
+            updated.append(s)
         if updated:
             self.servers = updated
 

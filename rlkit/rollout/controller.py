@@ -145,6 +145,7 @@ class RolloutController:
         self.pool: ServerPool | None = None
         self.servers: list[Server] = []
         self.verified: dict[int, str] = {}  # server index -> address that holds the current weights
+        self.adapters: dict[int, str | None] = {}  # server index -> LoRA adapter of the current version (use_lora)
         self.pending: list[Server] = []  # live but not yet given the current weights (e.g. restarted)
         self.stats = RolloutStats()
         self._error: BaseException | None = None
@@ -224,7 +225,9 @@ class RolloutController:
     def mark_synced(self, servers: list[Server]) -> None:
         """These servers now hold the current weights: requests may go to them (and only to them)."""
         self.verified = {s.index: s.address for s in servers}
-        fresh = [Server(index=s.index, address=s.address, model=s.model, backend=s.backend) for s in servers]
+        self.adapters = {s.index: s.adapter for s in servers}  # LoRA: the adapter of the current version
+        fresh = [Server(index=s.index, address=s.address, model=s.model, backend=s.backend, adapter=s.adapter)
+                 for s in servers]
 
         def apply() -> None:
             if self.pool is not None and fresh:
@@ -329,7 +332,8 @@ class RolloutController:
                 live = await asyncio.to_thread(discover_servers, self.nr)
             except Exception:
                 continue
-            usable = [s for s in live if self.verified.get(s.index) == s.address]
+            usable = [dataclasses.replace(s, adapter=self.adapters.get(s.index))
+                      for s in live if self.verified.get(s.index) == s.address]
             self.pending = [s for s in live if self.verified.get(s.index) != s.address]
             if self.pool is not None and usable:
                 self.pool.set_servers(usable)

@@ -45,6 +45,14 @@ class Server:
     backend: str
     in_flight: int = 0
     failures: int = 0
+    # The LoRA adapter this server serves the current weight version under (actor.use_lora), set by the adapter
+    # transport (rlkit.weights.lora_disk) once the server loaded it; None: the base model's weights.
+    adapter: str | None = None
+
+    @property
+    def request_model(self) -> str:
+        """The `model` every completion and probe request names: the current adapter, else the served model."""
+        return self.adapter or self.model
 
     @property
     def url(self) -> str:
@@ -223,6 +231,26 @@ class ServerBackend(ABC):
                                      timeout: float) -> None:
         """After a broadcast failed on a live server that began it: close its weight update, so its next begin (the
         next push) is not refused. Best effort, never raises; by default nothing (vLLM's begin closes a stale one)."""
+
+    # ---- LoRA adapters (actor.use_lora): a new adapter name per weight version, base weights untouched ----
+    # Not abstract: a backend without adapter loading keeps these, and validation (rlkit.config.validate_lora)
+    # refuses use_lora with such servers at submit, so they are reached only by a misuse of the API.
+
+    async def load_adapter(self, client: httpx.AsyncClient, server: Server, name: str, adapter_dir: Path,
+                           version: int, timeout: float) -> dict[str, Any]:
+        """Load the peft adapter directory `adapter_dir` under `name` (a name not loaded yet) and set the reported
+        weight version to `version`; requests naming `name` then use it. Returns what the server reported."""
+        raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters (actor.use_lora needs vLLM "
+                                  "servers)")
+
+    async def unload_adapter(self, client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
+        """Forget the adapter `name`: later requests naming it are refused (requests already running finish with
+        it). False if the server had no such adapter."""
+        raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters")
+
+    async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:
+        """The names of the adapters the server has loaded."""
+        raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters")
 
     @abstractmethod
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:

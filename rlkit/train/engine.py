@@ -69,6 +69,24 @@ def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
+def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The model factory of `actor.use_lora`: the float32 causal LM wrapped by peft (rlkit.train.lora.wrap_lora)
+    BEFORE anything else (gradient checkpointing, the device, FSDP), so that only the adapter trains and every rank
+    holds the same initial adapter."""
+    from rlkit.train.lora import wrap_lora
+
+    model = wrap_lora(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config)
+    if config.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}  # the reentrant kind needs inputs that require grad; a frozen base has none
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    return model.to(device)
+
+
+def actor_model_factory(config: ActorConfig) -> ModelFactory:
+    """The factory of the actor's model: the LoRA-wrapped causal LM with `use_lora`, the plain one otherwise."""
+    return lora_causal_lm if config.use_lora else causal_lm
+
+
 def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
     """The compute dtype FSDP casts parameters to, None for float32 (no mixed precision)."""
     dtype = DTYPES[config.dtype]
@@ -76,13 +94,14 @@ def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
 
 
 def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Module:
-    """fully_shard every decoder layer, then the whole model (FSDP2)."""
+    """fully_shard every decoder layer (found through a peft wrapper too), then the whole model (FSDP2)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from rlkit.train.lora import decoder_layers
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     kwargs: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    for layer in layers or []:
+    for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model

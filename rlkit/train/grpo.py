@@ -5,7 +5,8 @@ ranks train their shard of each batch with FSDP (rlkit.train.ppo_actor). One ste
 max_head_offpolicyness versions old) -> sequence rewards shaped and normalised (rank 0) -> recompute log-probs (and
 reference log-probs) -> per-token advantages (KL reward penalty, GAE, adv_norm; rlkit.train.advantage_batch) ->
 ppo_n_minibatches optimizer steps -> the full weights, gathered in buckets, go to every server through the weight
-transport (actor.weight_update_mode, rlkit.weights) -> every server reports the new version and passes the
+transport (actor.weight_update_mode, rlkit.weights; with actor.use_lora the adapter only, rlkit.weights.lora_disk)
+-> every server reports the new version and passes the
 fingerprint check (rlkit.weights.fanout). The loop then logs, saves and checkpoints.
 """
 
@@ -31,7 +32,7 @@ from rlkit.train.loop import LoopContext, StepNotStarted, StepResult, run_traini
 from rlkit.train.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.train.ppo_actor import PPOActor
 from rlkit.types import Sample
-from rlkit.weights.base import WeightTransport, transport_for
+from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -115,7 +116,7 @@ class GRPO:
         self.mismatch_t = mismatch_temperature(config, announce=self.rank0)
         if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
             raise StepError("fault injected: die_at_start")
-        self.transport = transport = transport_for(config.actor.weight_update_mode)(config, self.paths)  # every rank
+        self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
         if self.rank0:
             self.trainer = Rank0(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)
             self.trainer.start(transport)
@@ -146,7 +147,7 @@ class GRPO:
                 if trainer is not None and per_server is not None:
                     trainer.note_mismatch(per_server, step - 1)
             t_check = time.monotonic() - t_check
-            ref = actor.logprobs_at(samples, reference=True) if actor.ref is not None else None
+            ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
             adv_stats = set_token_advantages(actor.config, samples, old, ref)
             train_stats = actor.train_step(samples, old, ref)
             train_stats.update(adv_stats)
@@ -197,10 +198,20 @@ class GRPO:
             self.transport.close()
 
 
+def _buckets(engine: TrainEngine, transport: WeightTransport) -> Buckets:
+    """What `transport` pushes, as a collective iterator: the LoRA adapter only (lora_disk), or the full weights."""
+    if transport.adapters_only:
+        from rlkit.train.lora import iter_adapter_buckets
+
+        return iter_adapter_buckets(engine.model, transport.bucket_dtype())
+    return engine.iter_full_buckets(transport.bucket_bytes, transport.bucket_dtype())
+
+
 def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: WeightTransport, probe: list[int], *,
                    version: int, push: bool, tolerate_all_gone: bool = False) -> None:
-    """Collective: the trainer's probe log-probs; with `push`, every rank runs the model's full weights through
-    `transport` (rank 0 delivers them to every server as `version`); rank 0 checks every server's fingerprint.
+    """Collective: the trainer's probe log-probs; with `push`, every rank runs the model's weights (the adapter only
+    with LoRA) through `transport` (rank 0 delivers them to every server as `version`); rank 0 checks every server's
+    fingerprint (through the new adapter with LoRA: the probe request names it).
 
     With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
     raising, so that all ranks can checkpoint the step together before failing."""
@@ -208,7 +219,7 @@ def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: Weight
     from rlkit.weights import fanout
 
     trainer_lp = engine.probe_logprobs(probe)
-    buckets = engine.iter_full_buckets(transport.bucket_bytes, transport.bucket_dtype()) if push else None
+    buckets = _buckets(engine, transport) if push else None
     if trainer is None:
         if buckets is not None:
             fanout.publish(transport, buckets, version, None, None)

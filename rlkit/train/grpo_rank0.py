@@ -170,12 +170,14 @@ class Rank0:
         published = fanout.publish(transport, buckets, version, self._targets(servers),
                                    fanout.Probe(probe, trainer_lp, self.tolerance))
         assert published is not None
-        self.controller.end_update(version)
         done = published.synced
         self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
                             for name in sorted({n for r in done for n in r.phases})}
         self.write_s = transport.timings.get("write", 0.0)
         self._record(version, servers, published)
+        # Only now admit groups: the pool must first learn each server's new adapter (LoRA, via mark_synced in
+        # _record); a group admitted before would name the previous, already unloaded one.
+        self.controller.end_update(version)
 
     def verify(self, probe: list[int], trainer_lp: list[float]) -> None:
         """Before the first push: the servers must serve the very weights the trainer starts from (the fingerprint),

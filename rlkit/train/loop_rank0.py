@@ -100,11 +100,16 @@ class LoopRank0:
               flush=True)
 
     def export(self, state: dict[str, Any], name: str) -> None:
-        """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name`."""
+        """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name` (with LoRA, the adapter
+        merged into the base)."""
         from rlkit.train.engine import DTYPES
         from rlkit.weights import hf_export
 
         out_dir = self.paths.checkpoints / name
+        if self.config.actor.use_lora:  # a model on its own (a server's --model, a next stage's actor.path)
+            from rlkit.train.lora import merge_adapter_state
+
+            state = merge_adapter_state(state, self.config.actor)
         # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
         hf_export.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype],
                                 replace=True)

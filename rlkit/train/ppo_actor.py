@@ -7,7 +7,8 @@ penalty, applied before the advantages in rlkit.train.advantage_batch) and its s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.train.batch import dummy_like, local_indices, pack
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
-from rlkit.train.engine import TrainEngine, token_logprobs
+from rlkit.train.engine import TrainEngine, actor_model_factory, token_logprobs
 from rlkit.train.kl import kl_estimate
 from rlkit.train.losses import ppo_actor_loss
 from rlkit.train.reference import frozen_reference, needs_reference
@@ -28,20 +29,22 @@ _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # 
 
 
 class PPOActor:
-    """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`)."""
+    """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`; with
+    LoRA none: the reference is the trained model with its adapter switched off, which is the initial model)."""
 
     def __init__(self, config: ActorConfig, engine: TrainEngine, *, pad_id: int, temperature: float,
                  ref: nn.Module | None = None) -> None:
         self.config, self.engine, self.ref = config, engine, ref
         self.pad_id, self.temperature = pad_id, temperature
+        self.has_reference = ref is not None or (config.use_lora and needs_reference(config))
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
               temperature: float, total_optimizer_steps: int) -> PPOActor:
         """The engine of the causal LM at config.path, and the reference when needed; collective."""
         engine = TrainEngine(config, rank=rank, world=world, device=device,
-                             total_optimizer_steps=total_optimizer_steps)
-        ref = frozen_reference(config, device) if needs_reference(config) else None
+                             total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
+        ref = frozen_reference(config, device) if needs_reference(config) and not config.use_lora else None
         return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=ref)
 
     def local_indices(self, n: int) -> list[list[int]]:
@@ -52,12 +55,19 @@ class PPOActor:
                          temperature: float | None = None) -> list[list[float]]:
         """Per-sample completion-token log-probs under the current (or reference) weights, at the sampling temperature
         unless `temperature` is given; collective."""
-        model = self.ref if reference else self.engine.model
-        if model is None:
+        if reference and not self.has_reference:
             raise RuntimeError("no reference model (kl_ctl and kl_loss_coef are 0)")
-        return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
-                                temperature=self.temperature if temperature is None else temperature,
-                                mb_spec=self.config.mb_spec)
+        model = self.ref if reference and self.ref is not None else self.engine.model
+        with self._adapter_off() if reference and self.ref is None else contextlib.nullcontext():
+            return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
+                                    temperature=self.temperature if temperature is None else temperature,
+                                    mb_spec=self.config.mb_spec)
+
+    @contextlib.contextmanager
+    def _adapter_off(self) -> Iterator[None]:
+        """The LoRA model computing as its frozen base (peft's disable_adapter), i.e. as the reference."""
+        with self.engine.model.disable_adapter():  # type: ignore[operator]
+            yield
 
     def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
                     temperature: float | None = None) -> dict[int, list[float]]:

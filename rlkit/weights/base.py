@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema_actor import ActorConfig
     from rlkit.paths import TrialPaths
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class WeightTransport(ABC):
     """One way to move the trainer's weights to the servers. Built once per run on every trainer rank."""
 
     name: ClassVar[str]  # the actor.weight_update_mode value
+    # True: `push` takes the LoRA adapter's tensors (rlkit.train.lora.iter_adapter_buckets), not the full weights
+    adapters_only: ClassVar[bool] = False
     bucket_bytes: int = 256 << 20  # the size of the buckets `push` wants (TrainEngine.iter_full_buckets)
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths) -> None:
@@ -122,6 +125,9 @@ _TRANSPORTS: dict[str, str] = {
     "xccl": "rlkit.weights.xccl_transport",
 }
 TRANSPORT_NAMES = tuple(_TRANSPORTS)
+# Chosen by actor.use_lora, not by weight_update_mode (which must then be disk: rlkit.config.validate_lora).
+ADAPTER_TRANSPORT = "lora_disk"
+_ADAPTER_MODULE = "rlkit.weights.lora_disk"
 
 
 def transport_for(name: str) -> type[WeightTransport]:
@@ -129,6 +135,18 @@ def transport_for(name: str) -> type[WeightTransport]:
     module = _TRANSPORTS.get(name)
     if module is None:
         raise ValueError(f"unknown weight_update_mode {name!r}; known: {', '.join(TRANSPORT_NAMES)}")
+    return _transport_in(module)
+
+
+def transport_for_actor(actor: ActorConfig) -> type[WeightTransport]:
+    """The transport a run uses: adapters by disk with `actor.use_lora` (rlkit.weights.lora_disk), else the one
+    `actor.weight_update_mode` names."""
+    if actor.use_lora:
+        return _transport_in(_ADAPTER_MODULE)
+    return transport_for(actor.weight_update_mode)
+
+
+def _transport_in(module: str) -> type[WeightTransport]:
     transport = importlib.import_module(module).TRANSPORT
     if not (isinstance(transport, type) and issubclass(transport, WeightTransport)):
         raise TypeError(f"{module}.TRANSPORT is not a WeightTransport subclass")

@@ -69,6 +69,7 @@ def check_fingerprint(server_lp: list[float], trainer_lp: list[float], tolerance
             f"{WORKER_EXTENSION}; xccl: rlkit's gloo engine): vLLM 0.32's own load leaves the output head stale. A "
             "small difference everywhere is a dtype gap (a bfloat16 server against a float32 trainer): raise the "
             "tolerance or serve in the trainer's dtype. Also check that the server loaded what the trainer sent (the "
-            "weights directory, or the broadcast's version) and that both use the same tokenizer."
+            "weights directory, or the broadcast's version; with actor.use_lora the adapter directory, whose adapter "
+            "the probe names) and that both use the same tokenizer."
         )
     return mean

@@ -111,6 +111,12 @@ TRAINING_MISTAKES = [
     pytest.param(["actor.weight_update_timeout=0"], "actor.weight_update_timeout must be a positive", id="no-timeout"),
     pytest.param(["vllm.extra_args.weight_transfer_config={backend: nccl}"], "rlkit sets it from "
                  "actor.weight_update_mode", id="own-weight-transfer-config"),
+    # LoRA (rlkit.config.validate_lora, called from the grpo validation)
+    pytest.param(["actor.use_lora=true"], "actor.target_modules is empty", id="lora-without-modules"),
+    pytest.param(["actor.use_lora=true", "actor.target_modules=[q_proj]", "actor.weight_update_mode=xccl"],
+                 "adapters go to the servers by disk only", id="lora-by-broadcast"),
+    pytest.param(["actor.use_lora=true", "actor.target_modules=[q_proj]", "actor.lora_rank=600"],
+                 "above the largest rank vLLM serves", id="lora-rank-too-large"),
 ]
 
 

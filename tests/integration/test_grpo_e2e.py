@@ -29,38 +29,47 @@ STEPS = 25  # the demo curve takes off after ~12 steps and is near 1 by 25 (at 2
 MARGIN = 0.5
 
 
-# The same learning test and assertions for each way weights reach the servers: disk, and the broadcast (xccl:
-# gloo on the CPU, through vLLM's weight-transfer routes and rlkit's plugin). The tied model (whose output head
-# vLLM's own load leaves stale) runs by broadcast in test_recovery's killserver scenario, fingerprinted every step.
-MODES = {"disk": False, "xccl": False}  # weight_update_mode -> tie_word_embeddings
+# The same learning test and assertions for each way weights reach the servers: disk, the broadcast (xccl: gloo on
+# the CPU, through vLLM's weight-transfer routes and rlkit's plugin), and LoRA (only the adapter trains and goes to
+# the servers, by disk, a new adapter name per version; configs/grpo-lora-cpu-demo.yaml). The tied model (whose output
+# head vLLM's own load leaves stale) runs by broadcast in test_recovery's killserver scenario, fingerprinted every step.
+# mode -> (demo config, overrides, the model's build options: None for a copy of the session's tiny model)
+MODES: dict[str, tuple[str, list[str], dict[str, object] | None]] = {
+    "disk": ("grpo-cpu-demo.yaml", ["actor.weight_update_mode=disk"], None),
+    "xccl": ("grpo-cpu-demo.yaml", ["actor.weight_update_mode=xccl"], None),
+    # LoRA cannot train the output head: the demo model's head is scaled up (rlkit.models.tiny, head_scale)
+    "lora": ("grpo-lora-cpu-demo.yaml", [], {"head_scale": 4.0}),
+}
 
 
 @pytest.fixture(scope="module", params=list(MODES))
 def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Submit the demo config once per mode (a private model copy identifies this job's processes)."""
+    from rlkit.config.load import load_config
     from rlkit.models.tiny import build_tiny_model
     from rlkit.tasks.digits import write_dataset
 
     mode = request.param
+    config_name, mode_overrides, build = MODES[mode]
     root = tmp_path_factory.mktemp(f"grpo-{mode}")
     model = root / "model"
-    if MODES[mode]:
-        build_tiny_model(model, tie_word_embeddings=True)
+    if build is not None:
+        build_tiny_model(model, **build)  # type: ignore[arg-type]
     else:
         shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-                 f"trial_name=e2e_{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10",
-                 f"actor.weight_update_mode={mode}"]
-    trial = root / "fileroot" / "demo-grpo" / f"e2e_{mode}"
+                 f"trial_name=e2e_{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10", *mode_overrides]
+    experiment = load_config(CONFIGS / config_name).experiment_name
+    trial = root / "fileroot" / experiment / f"e2e_{mode}"
     with pytest.MonkeyPatch.context() as mp, Listener() as evil:
         # hostile server records beside the real ones, all pointing at our listener (tests/planted.py)
         planted = plant_server_records(trial / "name_resolve", evil.address)
         mp.setenv("RLKIT_HOME", str(root / "home"))
-        submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides)
+        submitted = run_rlkit("submit", str(CONFIGS / config_name), *overrides)
         assert submitted.returncode == 0, submitted.stderr
-        name = f"demo-grpo/e2e_{mode}"
+        name = f"{experiment}/e2e_{mode}"
         live = wait_for(lambda: _status_with_servers(name), "rlkit status to show the servers", 600)
         state = wait_state(name, timeout=1500)
         status = run_rlkit("status", name)
@@ -121,9 +130,28 @@ def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run:
     assert progress["status"] == "finished" and progress["servers"] == {"0": STEPS, "1": STEPS}
     if grpo_run["mode"] == "disk":  # only the newest weight version stays on disk
         assert sorted(p.name for p in (trial / "weights").iterdir()) == [f"version-{STEPS}"]
+    elif grpo_run["mode"] == "lora":  # adapters only, every step, each loaded under a new name
+        _assert_adapters_only(trial, log)
     else:  # nothing goes through the filesystem
         assert not (trial / "weights").exists() or not any((trial / "weights").iterdir())
         assert "by broadcast" in log
+
+
+def _assert_adapters_only(trial: Path, log: str) -> None:
+    """What a LoRA run leaves under <trial>/weights: the last two versions' adapters (a request admitted before a
+    push may still run on the previous one), each a peft directory and nothing else; the trainer log says so."""
+    from safetensors import safe_open
+
+    kept = sorted((trial / "weights").iterdir())
+    assert [p.name for p in kept] == [f"version-{STEPS - 1}", f"version-{STEPS}"]
+    for version in kept:
+        assert sorted(p.name for p in version.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+        with safe_open(str(version / "adapter_model.safetensors"), "pt") as f:
+            names = list(f.keys())
+        assert names and all(".lora_A." in n or ".lora_B." in n for n in names), names[:4]
+        assert (version / "adapter_model.safetensors").stat().st_size < 1 << 20  # the full model's weights are 1.7 MB
+    assert "weights reach the servers as LoRA adapters only" in log
+    assert "by broadcast" not in log
 
 
 def test_final_model_loads_and_generates_digits(grpo_run: dict[str, object]) -> None:

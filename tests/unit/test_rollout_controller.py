@@ -368,3 +368,23 @@ def test_submit_runs_on_the_loop_while_the_caller_blocks(make: Callable[..., Rol
     assert not future.done()  # returned at once; the coroutine is still running on the loop
     released.set()  # the trainer's blocking call ends
     assert future.result(timeout=5.0) == "rollout"
+
+
+def test_requests_follow_each_servers_adapter_also_across_liveness_rounds(
+        make: Callable[..., RolloutController], servers: StandInServers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LoRA (rlkit.weights.lora_disk): after a push the pool's servers name the new adapter; the liveness watcher,
+    which re-reads servers from name resolve (where no adapter is recorded), must not drop it."""
+    monkeypatch.setattr("rlkit.rollout.controller.LIVENESS_POLL_S", 0.05)
+    ctrl = make(max_offpolicyness=0)
+    [found] = ctrl.start()
+    assert found.adapter is None
+    started(servers, ctrl, 2)
+    ctrl.get_batch(5.0)
+    ctrl.begin_update()
+    ctrl.mark_synced([Server(index=0, address=SERVER_ADDRESS, model="tiny", backend="vllm", adapter="exp-v1")])
+    ctrl.end_update(1)
+    started(servers, ctrl, 4)
+    assert ctrl.pool is not None and [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]
+    time.sleep(0.2)  # several watcher rounds
+    settle(ctrl)
+    assert [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]

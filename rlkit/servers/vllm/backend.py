@@ -34,7 +34,7 @@ from rlkit.servers.backend import (
 from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.http import ServerUnreachable, answer_json, call
 from rlkit.servers.vllm import broadcast
-from rlkit.servers.vllm.command import RELOAD_METHOD, WORKER_EXTENSION, vllm_command, vllm_env
+from rlkit.servers.vllm.command import LORA_ENV, RELOAD_METHOD, WORKER_EXTENSION, lora_flags, vllm_command, vllm_env
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
@@ -88,15 +88,19 @@ class VllmBackend(ServerBackend):
                             tensor_parallel_size=tp, extra=extra)
         if config.actor.weight_update_mode == "xccl":  # vLLM's weight-transfer engine, chosen at start
             argv += ["--weight-transfer-config", json.dumps({"backend": transfer_backend()})]
+        env = vllm_env(token)
+        if config.actor.use_lora:
+            argv += lora_flags(config.actor.lora_rank, v.extra_args)
+            env.update(LORA_ENV)
         # VLLM_API_KEY would make vLLM guard /v1 with that other key: rlkit's own clients would get 401.
-        return ServerLaunch(argv=argv, env=vllm_env(token), unset_env=("VLLM_API_KEY",))
+        return ServerLaunch(argv=argv, env=env, unset_env=("VLLM_API_KEY",))
 
     # ---- requests ----
 
     async def complete(self, client: httpx.AsyncClient, server: Server, prompt_ids: list[int],
                        params: SamplingParams) -> list[Completion]:
         body: dict[str, Any] = {
-            "model": server.model, "prompt": prompt_ids, "n": params.n, "max_tokens": params.max_new_tokens,
+            "model": server.request_model, "prompt": prompt_ids, "n": params.n, "max_tokens": params.max_new_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
             "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
         }
@@ -121,7 +125,8 @@ class VllmBackend(ServerBackend):
         if len(probe_ids) < 2:
             raise ValueError("a probe needs at least 2 tokens (the first one has no logprob)")
         what = "probe logprobs"
-        body = {"model": server.model, "prompt": probe_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+        body = {"model": server.request_model, "prompt": probe_ids, "max_tokens": 1, "temperature": 0,
+                "prompt_logprobs": 0}
         response = await call(client, server, "POST", "/v1/completions", what, timeout, json=body)
         entries = answer_json(response, server, what)["choices"][0]["prompt_logprobs"]
         ids = list(probe_ids[1:])
@@ -183,6 +188,40 @@ class VllmBackend(ServerBackend):
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None:
         await broadcast.finish(client, server, version, timeout)
+
+    async def load_adapter(self, client: httpx.AsyncClient, server: Server, name: str, adapter_dir: Path,
+                           version: int, timeout: float) -> dict[str, Any]:
+        """`POST /v1/load_lora_adapter {"lora_name", "lora_path"}` (vLLM's runtime LoRA route, there with
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING), then `POST /update_weight_version`. vLLM checks the adapter against the
+        model while loading (a rank above --max-lora-rank, unknown modules or an unreadable path are refused here,
+        not at the first request). Returns `{"seconds": {"load_adapter": s, "set_version": s}}`."""
+        started = time.monotonic()
+        body = {"lora_name": name, "lora_path": str(adapter_dir)}
+        try:
+            await call(client, server, "POST", "/v1/load_lora_adapter", f"loading LoRA adapter {name!r} from "
+                       f"{adapter_dir}", timeout, json=body)
+        except ServerUnreachable:
+            raise
+        except StepError as exc:
+            raise StepError(f"{exc}\n  fix: the server must run with --enable-lora and "
+                            f"{'='.join(next(iter(LORA_ENV.items())))} (rlkit adds both when actor.use_lora), a "
+                            "--max-lora-rank of at least actor.lora_rank, and be able to read the directory") from exc
+        loaded = time.monotonic()
+        await call(client, server, "POST", "/update_weight_version", "the weight version update", timeout,
+                   json={"new_version": str(version)})
+        return {"seconds": {"load_adapter": loaded - started, "set_version": time.monotonic() - loaded}}
+
+    async def unload_adapter(self, client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
+        """`POST /v1/unload_lora_adapter {"lora_name"}`; vLLM answers 404 for a name it does not know."""
+        response = await call(client, server, "POST", "/v1/unload_lora_adapter", f"unloading LoRA adapter {name!r}",
+                              timeout, allow_404=True, json={"lora_name": name})
+        return response.status_code != 404
+
+    async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:
+        """`GET /v1/models`: the base model and one card per loaded adapter (an adapter's card has a `parent`)."""
+        response = await call(client, server, "GET", "/v1/models", "the model list", timeout)
+        cards = answer_json(response, server, "the model list").get("data") or []
+        return [str(card["id"]) for card in cards if isinstance(card, dict) and card.get("parent")]
 
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`reset_running_requests=true` preempts the paused requests too (they recompute their KV with the new

@@ -158,3 +158,28 @@ def vllm_env(token: str) -> dict[str, str]:
     if not token:
         raise ValueError("an empty server token would leave the guard refusing every request; generate one")
     return {"VLLM_SERVER_DEV_MODE": "1", TOKEN_ENV: token}
+
+
+# vLLM's runtime LoRA routes (/v1/load_lora_adapter, /v1/unload_lora_adapter) exist only with this set (vllm
+# entrypoints/serve/lora/api_router.py); they are under /v1, behind rlkit's token guard like every route.
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+# Adapters a server holds at once: during a push the requests already running keep the previous version's adapter
+# while new ones use the new one.
+LORA_SLOTS = 2
+
+
+def lora_flags(lora_rank: int, extra: Mapping[str, object]) -> list[str]:
+    """The options a server needs to load rank-`lora_rank` adapters at run time: --enable-lora, the smallest
+    --max-lora-rank vLLM accepts that holds the rank, and two adapter slots (GPU batch and CPU cache) unless
+    `vllm.extra_args` (`extra`) sets them."""
+    from rlkit.config.validate_lora import server_lora_rank
+
+    given = {str(k).replace("-", "_").lower(): v for k, v in extra.items()}
+    args = ["--enable-lora", "--max-lora-rank", str(server_lora_rank(lora_rank))]
+    slots = given.get("max_loras")
+    if slots is None:
+        args += ["--max-loras", str(LORA_SLOTS)]
+    if given.get("max_cpu_loras") is None:
+        slots_n = slots if isinstance(slots, int) and not isinstance(slots, bool) else LORA_SLOTS
+        args += ["--max-cpu-loras", str(max(LORA_SLOTS, slots_n))]
+    return args

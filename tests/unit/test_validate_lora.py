@@ -1,0 +1,80 @@
+"""The LoRA fields' submit-time checks (rlkit.config.validate_lora): each mistake named with its fix, all collected."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.config.problems import Problems
+from rlkit.config.schema import ExperimentConfig
+from rlkit.config.validate_lora import server_lora_rank, validate_lora
+
+
+def lora_config(**actor: object) -> ExperimentConfig:
+    config = ExperimentConfig()
+    config.allocation_mode = "vllm:d1+fsdp:d2"
+    config.actor.use_lora = True
+    config.actor.target_modules = ["q_proj", "v_proj"]
+    for name, value in actor.items():
+        setattr(config.actor, name, value)
+    return config
+
+
+def messages(config: ExperimentConfig) -> list[str]:
+    problems = Problems()
+    validate_lora(config, problems)
+    return [str(e) for e in problems.errors]
+
+
+def test_a_sound_lora_config_passes() -> None:
+    assert messages(lora_config()) == []
+    assert messages(lora_config(lora_rank=512)) == []
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"peft_type": "prefix_tuning"}, "actor.peft_type"),
+    ({"lora_rank": 0}, "actor.lora_rank"),
+    ({"lora_rank": -4}, "actor.lora_rank"),
+    ({"lora_rank": 513}, "actor.lora_rank"),
+    ({"lora_alpha": 0}, "actor.lora_alpha"),
+    ({"target_modules": []}, "actor.target_modules"),
+    ({"target_modules": ["q_proj", " "]}, "actor.target_modules"),
+    ({"target_modules": ["lm_head"]}, "actor.target_modules"),
+    ({"weight_update_mode": "xccl"}, "actor.weight_update_mode"),
+])
+def test_each_mistake_names_its_field(changes: dict[str, object], field: str) -> None:
+    found = messages(lora_config(**changes))
+    assert len(found) == 1 and found[0].startswith(field), found
+
+
+def test_sglang_servers_are_refused_with_the_fix() -> None:
+    config = lora_config()
+    config.allocation_mode = "sglang:d1+fsdp:d1"
+    [message] = messages(config)
+    assert "sglang" in message and "allocation_mode vllm" in message
+
+
+def test_rlkit_owned_server_options_are_refused_in_extra_args() -> None:
+    config = lora_config()
+    config.vllm.extra_args = {"max-lora-rank": 8, "enable_lora": True, "max_loras": 4}
+    found = messages(config)
+    assert [m.split(":")[0] for m in found] == ["vllm.extra_args.enable_lora", "vllm.extra_args.max_lora_rank"]
+
+
+def test_every_problem_is_collected_and_lora_off_checks_only_peft_type() -> None:
+    assert len(messages(lora_config(lora_rank=0, lora_alpha=-1, target_modules=[], weight_update_mode="xccl"))) == 4
+    off = lora_config(use_lora=False, lora_rank=0, target_modules=[], peft_type="ia3")
+    assert [m.split(":")[0] for m in messages(off)] == ["actor.peft_type"]
+
+
+def test_trainer_only_and_unparsable_allocations_skip_the_server_checks() -> None:
+    config = lora_config()
+    config.allocation_mode = "fsdp:d2"
+    assert messages(config) == []
+    config.allocation_mode = "nonsense"
+    assert messages(config) == []  # reported by the allocation check, not twice
+
+
+def test_server_rank_is_the_smallest_vllm_rank_that_holds_the_adapter() -> None:
+    assert [server_lora_rank(r) for r in (1, 2, 8, 9, 32, 33, 300, 512)] == [1, 8, 8, 16, 32, 64, 320, 512]
+    with pytest.raises(ValueError, match="512"):
+        server_lora_rank(513)
