@@ -32,10 +32,12 @@ def prompt_token_ids(prompt: Any, tokenizer: Any, *, chat_template: bool) -> lis
     if isinstance(prompt, str):
         if chat_template:
             return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                                      add_generation_prompt=True))
+                                                      add_generation_prompt=True, return_dict=False))
         return list(tokenizer.encode(prompt, add_special_tokens=False))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
-        return list(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True))
+        # return_dict=False: transformers 5 returns a BatchEncoding (whose list() is its keys) by default
+        return list(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=False))
     raise StepError(f"cannot read a prompt of type {type(prompt).__name__}: give a string, chat messages or token ids")

@@ -14,6 +14,8 @@ from omegaconf import MISSING
 
 from rlkit.config.fields import _f, _sub
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_critic import CriticConfig
+from rlkit.config.schema_pairs import DPOConfig, RWConfig
 
 
 def get_field(config: Any, dotted: str) -> Any:
@@ -273,9 +275,12 @@ class ExperimentConfig:
     vllm: VllmConfig = _sub(VllmConfig, "vLLM servers.")
     sglang: SGLangConfig = _sub(SGLangConfig, "SGLang servers.")
     actor: ActorConfig = _sub(ActorConfig, "Policy model.")
+    critic: CriticConfig = _sub(CriticConfig, "Value model (job type ppo).")
     gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling.")
     rollout: RolloutConfig = _sub(RolloutConfig, "Client-server traffic.")
     generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")
+    rw: RWConfig = _sub(RWConfig, "Job type rw (reward model on chosen/rejected pairs).")
+    dpo: DPOConfig = _sub(DPOConfig, "Job type dpo (chosen/rejected pairs against a frozen reference).")
     train_dataset: DatasetConfig = _sub(DatasetConfig, "Training prompts (grpo): batch_size prompts per step.")
     valid_dataset: DatasetConfig = _sub(DatasetConfig, "Validation prompts (grpo); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo).")

@@ -1,0 +1,177 @@
+"""Submit-time checks of job types rw and dpo (the `rw`/`dpo` sections and their pair dataset) and of the PPO
+critic (`critic`): every problem collected, each naming its field and its fix. Torch-free (login node).
+
+These cover what is particular to pairs and critics. The checks every trainer job shares (optimizer, recover, saver,
+stats logger, total steps) are the job type's to run as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlkit.config.dataset_rows import first_jsonl_row
+from rlkit.config.problems import Problems
+from rlkit.config.schema import DatasetConfig, ExperimentConfig
+from rlkit.config.schema_actor import MicroBatchSpec, OptimizerConfig
+from rlkit.config.schema_pairs import DPO_LOSS_TYPES, PairDataConfig
+from rlkit.config.site_files import check_dataset_file, check_model_dir, check_tokenizer_dir
+from rlkit.errors import ConfigError
+
+DTYPES = ("bfloat16", "float16", "float32")
+OPTIMIZERS = ("adam", "sgd")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def validate_rw(config: ExperimentConfig, problems: Problems) -> None:
+    """Add every problem of a job of type rw to `problems`."""
+    _validate_model(config, problems, "rw")
+    _validate_pair_data(config, config.rw, "rw", problems)
+
+
+def validate_dpo(config: ExperimentConfig, problems: Problems) -> None:
+    """Add every problem of a job of type dpo to `problems`."""
+    dpo = config.dpo
+    _validate_model(config, problems, "dpo")
+    _validate_pair_data(config, dpo, "dpo", problems)
+    if not dpo.beta > 0:
+        problems.add(f"dpo.beta must be positive (got {dpo.beta}): it scales the implicit rewards, and at 0 the "
+                     "loss has no gradient", hint="e.g. dpo.beta=0.1")
+    if dpo.loss_type not in DPO_LOSS_TYPES:
+        problems.add(f"dpo.loss_type '{dpo.loss_type}' is not one of: {', '.join(DPO_LOSS_TYPES)}",
+                     hint="use dpo.loss_type=sigmoid (other variants, such as AReaL's ipo, are not implemented)")
+    if not 0 <= dpo.label_smoothing < 0.5:
+        problems.add(f"dpo.label_smoothing must be in [0, 0.5) (got {dpo.label_smoothing}): at 0.5 the loss no "
+                     "longer prefers either answer", hint="0 for the original DPO loss, e.g. 0.1 for noisy labels")
+    if dpo.ref_path:
+        with problems.check():
+            check_model_dir("dpo.ref_path", dpo.ref_path)
+    elif not config.actor.path:
+        problems.add("dpo has no reference model: dpo.ref_path and actor.path are both empty",
+                     hint="set actor.path (the reference is then the model DPO starts from), or dpo.ref_path")
+
+
+def validate_critic(config: ExperimentConfig, problems: Problems) -> None:
+    """Add every problem of the `critic` section (job type ppo) to `problems`."""
+    critic = config.critic
+    path = critic.path or config.actor.path
+    if not path:
+        problems.add("the critic has no model: critic.path and actor.path are both empty",
+                     hint="set critic.path to a Hugging Face model directory (or actor.path, which it falls back to)")
+    else:
+        with problems.check():
+            check_model_dir("critic.path" if critic.path else "actor.path", path)
+    if critic.dtype not in DTYPES:
+        problems.add(f"critic.dtype '{critic.dtype}' is not one of: {', '.join(DTYPES)}",
+                     hint="e.g. critic.dtype=bfloat16")
+    if not critic.eps_clip > 0:
+        problems.add(f"critic.eps_clip must be positive (got {critic.eps_clip}): it is how far a value may move from "
+                     "its rollout-time value before the loss stops pulling it", hint="e.g. critic.eps_clip=0.5 "
+                                                                                    "(AReaL's default)")
+    if critic.ppo_n_minibatches < 1:
+        problems.add(f"critic.ppo_n_minibatches must be at least 1 (got {critic.ppo_n_minibatches})",
+                     hint="e.g. critic.ppo_n_minibatches=4")
+    _validate_optimizer("critic.optimizer", critic.optimizer, problems)
+    _validate_mb_spec("critic.mb_spec", critic.mb_spec, problems)
+    sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
+    if critic.ppo_n_minibatches >= 1 and sequences % critic.ppo_n_minibatches:
+        problems.add(f"a batch of {sequences} sequences (train_dataset.batch_size x actor.group_size) does not split "
+                     f"into critic.ppo_n_minibatches={critic.ppo_n_minibatches} equal minibatches",
+                     hint="choose critic.ppo_n_minibatches dividing the number of sequences per step")
+
+
+def _validate_model(config: ExperimentConfig, problems: Problems, job: str) -> None:
+    """The trained model (`actor`) of a pair job: set, a model directory with a tokenizer, sane micro-batches."""
+    actor = config.actor
+    if not actor.path:
+        problems.add(f"actor.path is not set: job type {job} trains the model there",
+                     hint="give the Hugging Face model directory to start from")
+    else:
+        with problems.check():
+            check_model_dir("actor.path", actor.path)
+        with problems.check():
+            check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
+                                config.tokenizer_path or actor.path)
+    if actor.dtype not in DTYPES:
+        problems.add(f"actor.dtype '{actor.dtype}' is not one of: {', '.join(DTYPES)}",
+                     hint="e.g. actor.dtype=bfloat16")
+    _validate_optimizer("actor.optimizer", actor.optimizer, problems)
+    _validate_mb_spec("actor.mb_spec", actor.mb_spec, problems)
+
+
+def _validate_optimizer(field: str, optimizer: OptimizerConfig, problems: Problems) -> None:
+    if optimizer.type not in OPTIMIZERS:
+        problems.add(f"{field}.type '{optimizer.type}' is not one of: {', '.join(OPTIMIZERS)}",
+                     hint=f"e.g. {field}.type=adam")
+    if optimizer.lr_scheduler_type not in LR_SCHEDULES:
+        problems.add(f"{field}.lr_scheduler_type '{optimizer.lr_scheduler_type}' is not one of: "
+                     f"{', '.join(LR_SCHEDULES)}", hint=f"e.g. {field}.lr_scheduler_type=constant")
+    if not optimizer.lr > 0:
+        problems.add(f"{field}.lr must be positive (got {optimizer.lr})", hint=f"e.g. {field}.lr=1e-5")
+    if not 0 <= optimizer.warmup_steps_proportion <= 1:
+        problems.add(f"{field}.warmup_steps_proportion must be between 0 and 1 (got "
+                     f"{optimizer.warmup_steps_proportion})")
+
+
+def _validate_mb_spec(field: str, spec: MicroBatchSpec, problems: Problems) -> None:
+    if spec.n_mbs < 1:
+        problems.add(f"{field}.n_mbs must be at least 1 (got {spec.n_mbs})")
+    if spec.max_tokens_per_mb is not None and spec.max_tokens_per_mb < 1:
+        problems.add(f"{field}.max_tokens_per_mb must be at least 1 or null (got {spec.max_tokens_per_mb})")
+
+
+def _validate_pair_data(config: ExperimentConfig, section: PairDataConfig, name: str, problems: Problems) -> None:
+    """The pair columns are named, distinct, and present in the dataset's first row with matching kinds."""
+    for key in ("chosen_key", "rejected_key"):
+        if not getattr(section, key):
+            problems.add(f"{name}.{key} is empty", hint=f"name the dataset column, e.g. {name}.{key}="
+                                                        f"{key.removesuffix('_key')}")
+    if section.chosen_key and section.chosen_key == section.rejected_key:
+        problems.add(f"{name}.chosen_key and {name}.rejected_key are both '{section.chosen_key}': a pair needs two "
+                     "different answers", hint=f"e.g. {name}.chosen_key=chosen {name}.rejected_key=rejected")
+    ds = config.train_dataset
+    if ds.batch_size < 1:
+        problems.add(f"train_dataset.batch_size must be at least 1 pair (got {ds.batch_size})")
+    if ds.max_length is not None and ds.max_length < 2:
+        problems.add(f"train_dataset.max_length must be at least 2 tokens or null (got {ds.max_length}): it limits "
+                     "prompt + answer of each pair", hint="e.g. train_dataset.max_length=2048")
+    for field, dataset in (("train_dataset", ds), ("valid_dataset", config.valid_dataset)):
+        if field == "train_dataset" and not dataset.path:
+            columns = f"{{{ds.prompt_key}, {section.chosen_key}, {section.rejected_key}}}"
+            problems.add("train_dataset.path is not set", hint=f"give a .jsonl or .parquet file of {columns} rows")
+        elif dataset.path:
+            with problems.check():
+                _check_pair_row(field, dataset, section, name)
+
+
+def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig, name: str) -> None:
+    check_dataset_file(f"{field}.path", dataset.path)
+    row = first_jsonl_row(f"{field}.path", Path(dataset.path))
+    if row is None:
+        return
+    keys = {"prompt_key": (f"{field}.prompt_key", dataset.prompt_key),
+            "chosen_key": (f"{name}.chosen_key", section.chosen_key),
+            "rejected_key": (f"{name}.rejected_key", section.rejected_key)}
+    # an empty answer key is reported on its own; an empty prompt key is a column no row has
+    absent = [(setting, column) for role, (setting, column) in keys.items()
+              if (column or role == "prompt_key") and column not in row]
+    if absent:
+        raise ConfigError(f"{field}.path: rows have no column {', '.join(repr(c) for _, c in absent)} (columns: "
+                          f"{', '.join(row)})", hint=f"set {' and '.join(s for s, _ in absent)} to the dataset's "
+                                                     "column names")
+    prompt = row[dataset.prompt_key]
+    for setting, column in list(keys.values())[1:]:
+        if column and not _answer_fits(prompt, row[column]):
+            raise ConfigError(f"{field}.path: the first row's '{column}' ({setting}) is a "
+                              f"{type(row[column]).__name__}, which does not go with a prompt of "
+                              f"{'chat messages' if isinstance(prompt, list) else type(prompt).__name__}",
+                              hint="give text answers to text prompts, and a string or chat messages to chat prompts")
+
+
+def _answer_fits(prompt: Any, answer: Any) -> bool:
+    """A text prompt takes a text answer; chat messages a string or messages."""
+    if isinstance(prompt, str):
+        return isinstance(answer, str)
+    if isinstance(prompt, list):
+        return isinstance(answer, str) or (isinstance(answer, list) and all(isinstance(m, dict) for m in answer))
+    return False
