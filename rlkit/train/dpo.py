@@ -69,11 +69,11 @@ class DPOTraining(OfflineAlgorithm):
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
         data, dpo = self.data, self.config.dpo
-        mbs = micro_batches(local_pairs(data.train, rows), self.config.actor.mb_spec, data.pad_id, data.train[0],
-                            self.device)
+        mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
+        mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
         fill_missing(self.reference, mbs, self.cache)
         loss = CountedLoss(DPOLoss(self.cache, beta=dpo.beta, label_smoothing=dpo.label_smoothing))
-        stats = self.engine.optimizer_step(mbs, loss, len(rows))
+        stats = self.engine.optimizer_step(mbs, loss, len(mine))
         return step_metrics(loss, METRICS, stats)
 
     @torch.no_grad()

@@ -3,16 +3,20 @@
 What such an algorithm shares: which rows each step trains on (a seeded order per epoch, so the data position after
 any step follows from the step alone and a resumed run takes exactly the rows the interrupted one would have taken),
 each rank's share of a step's rows, the same number of micro-batches on every rank (FSDP's forwards are collective),
-the data position in the recover state, and a validation pass at each epoch's end. `OfflineAlgorithm` implements
-the loop's `Algorithm` protocol around two hooks: `train_on(rows)` and `evaluate()`.
+the same data on every rank, the data position in the recover state, and a validation pass at each epoch's end
+(and after the last step). `OfflineAlgorithm` implements the loop's `Algorithm` protocol around two hooks:
+`train_on(rows, step)` and `evaluate()`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import torch.distributed as dist
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.errors import StepError
@@ -93,6 +97,24 @@ def rank_share(rows: Sequence[T], rank: int, world: int) -> list[T]:
     return list(rows[rank::world])
 
 
+def data_digest(items: Iterable[object]) -> str:
+    """A short hash of tokenized rows (their reprs, in order): equal on ranks that read the same data."""
+    h = hashlib.blake2b(digest_size=16)
+    for item in items:
+        h.update(repr(item).encode())
+    return h.hexdigest()
+
+
+def check_same_data(digest: str, what: str) -> None:
+    """Collective: StepError on every rank when the ranks' digests differ (a node read another file: each rank
+    derives the others' shares from its own copy, so they must agree)."""
+    digests: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    if len(set(digests)) > 1:
+        raise StepError(f"the ranks tokenized different data ({what} differs between nodes): every rank must read "
+                        "the same files")
+
+
 def same_count(parts: list[T], dummy: T) -> tuple[list[T], int]:
     """Collective: `parts` padded with `dummy` to the largest count of any rank, and how many are real."""
     count = all_reduce_max(len(parts))
@@ -140,8 +162,8 @@ class OfflineAlgorithm:
         self.last_step = 0
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
-        """Collective: one optimizer step on this rank's `rows` of the step; the metrics (global means, the
-        same on every rank) without prefix."""
+        """Collective: one optimizer step on the step's `rows` (the same on every rank: each takes its share, e.g.
+        `rank_share`); the metrics (over every rank's rows) without the job's prefix."""
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:
@@ -162,8 +184,7 @@ class OfflineAlgorithm:
             self.load_extra_state(resumed)
 
     def step(self, step: int) -> StepResult:
-        metrics = {f"{self.name}/{k}": v for k, v in self.train_on(rank_share(self.schedule.rows(step), self.rank,
-                                                                               self.world), step).items()}
+        metrics = {f"{self.name}/{k}": v for k, v in self.train_on(self.schedule.rows(step), step).items()}
         if self.has_valid and self.schedule.ends_epoch(step):
             self.last_eval = self.evaluate()
             metrics.update({f"eval/{k}": v for k, v in self.last_eval.items()})

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import MicroBatchSpec
 from rlkit.config.schema_pairs import PairDataConfig
-from rlkit.train.offline_epochs import WeightedMeans, same_count
+from rlkit.train.offline_epochs import WeightedMeans, check_same_data, data_digest, same_count
 from rlkit.train.pair_batch import PairBatch, pack_pairs, split_pairs
 from rlkit.train.pairs_data import Pair, pairs_from_config
 
@@ -38,6 +38,8 @@ class PairData:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         train, counts = pairs_from_config(config.train_dataset, section, tokenizer)
         valid = pairs_from_config(config.valid_dataset, section, tokenizer)[0] if config.valid_dataset.path else []
+        where = " or ".join(p for p in (config.train_dataset.path, config.valid_dataset.path) if p)
+        check_same_data(data_digest([*train, "|", *valid]), where)
         if announce:
             print(f"rlkit train: {counts.kept} training pairs ({counts.truncated} prompts cut, {len(counts.dropped)} "
                   f"rows dropped), {len(valid)} validation pairs", flush=True)

@@ -57,10 +57,10 @@ class RewardModelTraining(OfflineAlgorithm):
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
         data = self.data
-        mbs = micro_batches(local_pairs(data.train, rows), self.config.actor.mb_spec, data.pad_id, data.train[0],
-                            self.device)
+        mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
+        mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
         loss = CountedLoss(rw_loss_fn)
-        stats = self.engine.optimizer_step(mbs, loss, len(rows))
+        stats = self.engine.optimizer_step(mbs, loss, len(mine))
         return step_metrics(loss, METRICS, stats)
 
     @torch.no_grad()

@@ -33,7 +33,7 @@ end_process(0)
 '''
 
 
-def _run(module: str, world: int, trial: Path) -> list[str]:
+def _start(module: str, world: int, trial: Path) -> list[subprocess.Popen[str]]:
     port = find_free_port()
     procs = []
     for rank in range(world):
@@ -41,6 +41,14 @@ def _run(module: str, world: int, trial: Path) -> list[str]:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([sys.executable, "-c", WORKER.replace("{module}", module), str(trial)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _run(module: str, world: int, trial: Path) -> list[str]:
+    return _wait(_start(module, world, trial))
+
+
+def _wait(procs: list[subprocess.Popen[str]]) -> list[str]:
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-3000:]}"
                        for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
@@ -117,8 +125,9 @@ def test_dpo_raises_the_heldout_margin_and_two_ranks_train_like_one(tiny_model_d
     data = write_pair_splits(tmp_path / "data", train=32, held_out=32)
     one = _trial(tmp_path, "dpo1", "dpo", tiny_model_dir, data, lr=3e-3, epochs=3, batch=8)
     two = _trial(tmp_path, "dpo2", "dpo", tiny_model_dir, data, lr=3e-3, epochs=3, batch=8)
-    _run("dpo", 1, one)
+    single = _start("dpo", 1, one)  # side by side: most of each run is starting python, torch and the model
     outputs = _run("dpo", 2, two)
+    _wait(single)
     assert "32 training pairs" in outputs[0]
 
     metrics = _metrics(two)
