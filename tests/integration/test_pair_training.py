@@ -7,6 +7,8 @@ CPU) ranks on the tiny model and the digits preference pairs (rlkit.tasks.digits
   and that the saver's checkpoint reloads as that reward model, head included (it scores as the eval said).
 - dpo: 2 ranks train like 1 (same weights within the GRPO 1-vs-2-rank test's tolerance), and the held-out
   chosen-over-rejected implicit reward margin, 0 before training (the policy is the reference), ends well above 0.
+  A run stopped by USR1 keeps its data position and the reference log-probs in its recover state, and resumed it
+  ends with the very weights of a run that was never stopped.
 """
 
 from __future__ import annotations
@@ -32,14 +34,38 @@ run_{module}(Path(sys.argv[1]))
 end_process(0)
 '''
 
+STOPPING_DPO = r'''
+import os, signal, sys
+from pathlib import Path
+from rlkit.train.dist import end_process
+from rlkit.train.dpo import DPOTraining
+from rlkit.train.loop import run_training
 
-def _start(module: str, world: int, trial: Path) -> list[subprocess.Popen[str]]:
+
+class StopsAfterStep2(DPOTraining):
+    """With STOP_AT_2 set, rank 0 gets USR1 (Slurm's time-limit warning) during step 2."""
+
+    def step(self, step):
+        result = super().step(step)
+        if step == 2 and self.rank == 0 and os.environ.get("STOP_AT_2"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return result
+
+
+run_training(Path(sys.argv[1]), StopsAfterStep2)
+end_process(0)
+'''
+
+
+def _start(module: str, world: int, trial: Path, extra_env: dict[str, str] | None = None,
+           code: str | None = None) -> list[subprocess.Popen[str]]:
     port = find_free_port()
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER.replace("{module}", module), str(trial)],
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+        script = code if code is not None else WORKER.replace("{module}", module)
+        procs.append(subprocess.Popen([sys.executable, "-c", script, str(trial)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -57,7 +83,7 @@ def _wait(procs: list[subprocess.Popen[str]]) -> list[str]:
 
 
 def _trial(tmp_path: Path, name: str, job: str, model: Path, data: tuple[Path, Path], *, lr: float, epochs: int,
-           batch: int = 16) -> Path:
+           batch: int = 16, recover_mode: str = "disabled") -> Path:
     trial = tmp_path / name
     trial.mkdir()
     config = {"experiment_name": "pairs", "trial_name": name, "type": job, "allocation_mode": "fsdp:d1", "seed": 3,
@@ -67,7 +93,7 @@ def _trial(tmp_path: Path, name: str, job: str, model: Path, data: tuple[Path, P
               "train_dataset": {"path": str(data[0]), "batch_size": batch, "shuffle": True, "max_length": 64},
               "valid_dataset": {"path": str(data[1]), "batch_size": batch},
               "total_train_epochs": epochs, "saver": {"freq_epochs": None, "freq_steps": None, "freq_secs": None},
-              "recover": {"mode": "disabled", "freq_steps": None, "freq_secs": None}}
+              "recover": {"mode": recover_mode, "freq_steps": None, "freq_secs": None}}
     (trial / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     return trial
 
@@ -146,3 +172,33 @@ def test_dpo_raises_the_heldout_margin_and_two_ranks_train_like_one(tiny_model_d
     assert set(w1) == set(w2)
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=f"{k} differs between 1 and 2 ranks")
+
+
+def test_a_requeued_dpo_run_keeps_its_reference_logprobs_and_ends_like_a_straight_run(tiny_model_dir: Path,
+                                                                                      tmp_path: Path) -> None:
+    from rlkit.train import recover
+
+    data = write_pair_splits(tmp_path / "data", train=32, held_out=16)
+    straight = _trial(tmp_path, "straight", "dpo", tiny_model_dir, data, lr=3e-3, epochs=2, batch=8)
+    trial = _trial(tmp_path, "requeued", "dpo", tiny_model_dir, data, lr=3e-3, epochs=2, batch=8,
+                   recover_mode="auto")
+    first = _start("dpo", 2, trial, {"STOP_AT_2": "1"}, code=STOPPING_DPO)
+    _run("dpo", 2, straight)
+    _wait(first)
+    progress = json.loads((trial / "progress.json").read_text())
+    assert (progress["status"], progress["step"]) == ("requeue", 2), progress
+    found = recover.latest_valid(recover.recover_root(trial))
+    assert found is not None and found[0] == 2
+    state = recover.LoopState.from_json((found[1] / recover.STATE).read_text()).algorithm
+    assert state["data"]["epoch"] == 0 and state["data"]["rows_into_epoch"] == 16
+    # rank 0's state holds the reference log-probs of both ranks' pairs of steps 1-2 (2 x 8 pairs)
+    assert len(state["reference"]) == 16
+
+    second = _wait(_start("dpo", 2, trial, code=STOPPING_DPO))
+    assert "resuming after step 2 " in second[0]
+    assert [m["step"] for m in _metrics(trial)] == list(range(1, 9))
+    assert json.loads((trial / "progress.json").read_text())["status"] == "finished"
+    before, after = _final_weights(straight), _final_weights(trial)
+    assert set(after) == set(before)
+    for k in before:
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0, msg=f"{k} differs after the resume")
