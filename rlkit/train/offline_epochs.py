@@ -61,7 +61,7 @@ class EpochSchedule:
         if epoch not in self._orders:
             rows = list(range(self.n_items))
             if self.shuffle:
-                random.Random(f"{self.seed}:{epoch}").shuffle(rows)
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(rows)  # sft_data.epoch_batches' order
             self._orders = {epoch: rows}  # one epoch at a time is all a run reads
         return self._orders[epoch]
 
