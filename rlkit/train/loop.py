@@ -91,6 +91,9 @@ class Algorithm(Protocol):
     def close(self) -> None:
         """Every rank, at the end whatever happened: release servers, threads, transports (idempotent)."""
 
+    # Optional: `write_model(state, out_dir)` (rank 0) writes the saver's checkpoint of a model that is not a causal
+    # LM (rw's reward model with its head); without it the saver writes the actor's weights as a causal LM.
+
 
 class _StopRequests:
     """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step."""
@@ -210,7 +213,7 @@ class Loop:
             books.logger.log(step, metrics)
             for name in saves:
                 assert state is not None
-                books.export(state, name)
+                books.export(state, name, getattr(self.algorithm, "write_model", None))
             books.progress(step, "running", self.algorithm.progress())
             print(f"rlkit train: step {step}/{self.steps} {self.algorithm.summary(metrics)} "
                   f"step {metrics['timing/step']:.1f}s", flush=True)

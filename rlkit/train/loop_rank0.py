@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,10 @@ class LoopRank0:
         print(f"rlkit train: recover checkpoint of step {state.step} in {final} ({time.monotonic() - started:.2f} s)",
               flush=True)
 
-    def export(self, state: dict[str, Any], name: str) -> None:
-        """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name` (with LoRA, the adapter
+    def export(self, state: dict[str, Any], name: str,
+               write: Callable[[dict[str, Any], Path], None] | None = None) -> None:
+        """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name`: by the algorithm's
+        `write` when it has one, else as a causal LM with actor.path's config and tokenizer (with LoRA, the adapter
         merged into the base)."""
         from rlkit.train.engine import DTYPES
         from rlkit.weights import hf_export
@@ -111,8 +114,11 @@ class LoopRank0:
 
             state = merge_adapter_state(state, self.config.actor)
         # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
-        hf_export.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype],
-                                replace=True)
+        if write is not None:
+            write(state, out_dir)
+        else:
+            hf_export.write_weights(state, Path(self.config.actor.path), out_dir,
+                                    dtype=DTYPES[self.config.actor.dtype], replace=True)
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def progress(self, step: int, status: str, fields: dict[str, Any]) -> None:

@@ -14,9 +14,9 @@ def needs_reference(actor: ActorConfig) -> bool:
     return actor.kl_ctl > 0 or actor.kl_loss_coef > 0  # the KL reward penalty, the KL loss term
 
 
-def frozen_reference(actor: ActorConfig, device: torch.device) -> nn.Module:
-    """The causal LM at actor.path, sharded with the trained model's compute dtype, in eval mode without gradients;
-    collective (FSDP)."""
-    ref = load_causal_lm(actor.path, dtype=torch.float32, attn_impl=actor.attn_impl).to(device)
+def frozen_reference(actor: ActorConfig, device: torch.device, path: str = "") -> nn.Module:
+    """The causal LM at `path` (empty: actor.path), sharded with the trained model's compute dtype, in eval mode
+    without gradients; collective (FSDP)."""
+    ref = load_causal_lm(path or actor.path, dtype=torch.float32, attn_impl=actor.attn_impl).to(device)
     ref.requires_grad_(False).eval()
     return shard_model(ref, param_dtype=param_dtype_of(actor))

@@ -27,7 +27,8 @@ def site_standins(tmp_path: Path) -> list[str]:
     (model / "config.json").write_text("{}")
     (model / "tokenizer.json").write_text("{}")
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2"}) + "\n")
+    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2", "chosen": " 2",
+                                "rejected": " b"}) + "\n")  # chosen/rejected: the pair job types' columns
     images = []
     for role in ("inference_server_image", "trainer_image"):
         image = tmp_path / f"{role}.sif"
@@ -65,7 +66,9 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
 @pytest.mark.slurm
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
-    result = run_rlkit("render", str(config), *site_standins, "--test-only")
+    data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
+    held_out = [f"valid_dataset.path={data}"] if load_config(config).valid_dataset.path else []  # rw/dpo demos
+    result = run_rlkit("render", str(config), *site_standins, *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
     if load_config(config).launcher.slurm.container_type == "apptainer":

@@ -1,5 +1,5 @@
-"""The rw, dpo and ppo example configs (configs/pending/, not yet submittable) load, and pass the checks of their
-job type once a site's paths point at real files."""
+"""The rw, dpo and ppo example configs (ppo's in configs/pending/, not yet submittable; rw's and dpo's in configs/)
+load, and pass the checks of their job type once a site's paths point at real files."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from rlkit.tasks.digits_pairs import write_pair_splits
 
 from ..conftest import CONFIGS
 
-PENDING = sorted((CONFIGS / "pending").glob("*.yaml"))
+PENDING = sorted((CONFIGS / "pending").glob("*.yaml")) + sorted(
+    path for job in ("rw", "dpo") for path in CONFIGS.glob(f"{job}*.yaml"))
 CHECKS = {"rw": validate_rw, "dpo": validate_dpo, "ppo": validate_critic}
 
 
@@ -26,8 +27,11 @@ def test_each_pending_job_type_has_a_cpu_demo_and_a_gpu_example() -> None:
 @pytest.mark.parametrize("path", PENDING, ids=lambda p: p.stem)
 def test_pending_config_validates(path: Path, tmp_path: Path, fake_model: Path) -> None:
     (fake_model / "tokenizer.json").write_text("{}")
-    train, _ = write_pair_splits(tmp_path)
+    train, held_out = write_pair_splits(tmp_path)
     config = load_config(path, [f"actor.path={fake_model}", f"train_dataset.path={train}"])
+    if config.valid_dataset.path:
+        config = load_config(path, [f"actor.path={fake_model}", f"train_dataset.path={train}",
+                                    f"valid_dataset.path={held_out}"])
     problems = Problems()
     CHECKS[config.type](config, problems)
     assert [str(e) for e in problems.errors] == []

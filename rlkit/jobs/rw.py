@@ -1,0 +1,26 @@
+"""Job type rw: a reward model (scalar head) trained on chosen/rejected pairs, a trainer-only job (allocation_mode
+fsdp:dN, no inference servers). Its step is rlkit.train.rw:run_rw; its checks rlkit.config.validate_pairs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlkit.jobs.base import JobType
+
+if TYPE_CHECKING:
+    from rlkit.config.allocation import Allocation
+    from rlkit.config.problems import Problems
+    from rlkit.config.schema import ExperimentConfig
+
+
+def _validate_rw(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    from rlkit.config.validate_pairs import validate_rw
+
+    validate_rw(config, problems)
+
+
+RW = JobType(
+    name="rw", help="reward model on chosen/rejected pairs (trainer only, no servers)",
+    needs_servers=False, trainer=True, resumable=True, step="rlkit.train.rw:run_rw",
+    sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"), validate=_validate_rw,
+)
