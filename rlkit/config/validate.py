@@ -121,6 +121,7 @@ def validate(config: ExperimentConfig) -> Validated:
         fits = check_layout(job, allocation, config.allocation_mode, problems)
         _validate_models(config, job, allocation, problems)
     if job is not None:
+        _validate_lora(config, job, allocation, problems)
         job.validate(config, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 
@@ -259,6 +260,17 @@ def _validate_time(config: ExperimentConfig, problems: Problems, job: JobType | 
         problems.add(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning ({warning} s):"
                      " Slurm would warn the trainer before it starts",
                      hint="give the job more time or lower recover.time_limit_warning")
+
+
+def _validate_lora(config: ExperimentConfig, job: JobType, allocation: Allocation | None, problems: Problems) -> None:
+    """LoRA only for job types whose trainer trains adapters (a set use_lora must never be silently ignored)."""
+    from rlkit.config.validate_lora import validate_lora
+
+    if config.actor.use_lora and not job.lora:
+        problems.add(f"actor.use_lora is set, but job type {job.name} does not train LoRA adapters yet",
+                     hint="set actor.use_lora=false (LoRA trains with job type grpo)")
+        return
+    validate_lora(config, problems, allocation)
 
 
 def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocation, problems: Problems) -> None:

@@ -17,7 +17,6 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, get_field
 from rlkit.config.site_files import check_dataset_file
 from rlkit.config.validate_algo import validate_algorithm
-from rlkit.config.validate_lora import validate_lora
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 
@@ -58,7 +57,6 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
             problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
     validate_trainer(config, problems)
     _validate_weight_update(config, problems)
-    validate_lora(config, problems, allocation)
     with problems.check():
         _validate_dataset(config)
     from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo

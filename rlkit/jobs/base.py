@@ -32,8 +32,9 @@ class JobType:
     then). `trainer`: its work step is a trainer on GPUs (allocation_mode has an fsdp part) rather than one GPU-less
     client process. `resumable`: it writes recover checkpoints, so the job requeues itself at its time limit,
     `rlkit resume` continues it and `rlkit stop` checkpoints first. `step`: "module:function" called with the
-    trial directory in the job. `sections`: the config sections holding its own knobs. `prompt_dataset`: the
-    dataset whose prompts go to the servers (its max_length must fit their context), empty when none does."""
+    trial directory in the job. `sections`: the config sections holding its own knobs. `lora`: it trains (and
+    serves) LoRA adapters when actor.use_lora is set. `prompt_dataset`: the dataset whose prompts go to the servers
+    (its max_length must fit their context), empty when none does."""
 
     name: str
     help: str
@@ -43,6 +44,7 @@ class JobType:
     step: str
     sections: tuple[str, ...] = ()
     prompt_dataset: str = ""
+    lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise
     validate: Validator = field(default=_no_checks, compare=False)
 
     @property

@@ -22,5 +22,5 @@ GRPO = JobType(
     name="grpo", help="asynchronous GRPO training (servers generate, the trainer learns)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.grpo:run_grpo",
     sections=("actor", "train_dataset", "reward", "gconfig", "rollout", "saver", "recover"),
-    prompt_dataset="train_dataset", validate=_validate_grpo,
+    prompt_dataset="train_dataset", lora=True, validate=_validate_grpo,
 )

@@ -101,3 +101,15 @@ def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_
     (trial / "config.yaml").write_text(to_yaml(load_config(generate_yaml)))
     with pytest.raises(FatalStepError, match="job type generate runs `rlkit client`"):
         run_job_step(trial, trainer=True)
+
+
+@pytest.mark.parametrize("name", [job.name for job in registered_job_types() if not job.lora])
+def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate_yaml: Path, name: str) -> None:
+    """A set actor.use_lora must never be silently ignored: job types without LoRA training refuse it by name."""
+    from rlkit.config.validate import validate
+
+    job = job_type_for(name)
+    config = load_config(generate_yaml, [f"type={name}", f"allocation_mode={_layout(job)}", "actor.use_lora=true",
+                                         "actor.target_modules=[q_proj]"])
+    messages = [str(e) for e in validate(config).problems.errors]
+    assert any(f"job type {name} does not train LoRA adapters" in m for m in messages), messages
