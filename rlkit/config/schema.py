@@ -14,6 +14,7 @@ from omegaconf import MISSING
 
 from rlkit.config.fields import _f, _sub
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_sft import SFTConfig
 
 
 def get_field(config: Any, dotted: str) -> Any:
@@ -279,6 +280,7 @@ class ExperimentConfig:
     train_dataset: DatasetConfig = _sub(DatasetConfig, "Training prompts (grpo): batch_size prompts per step.")
     valid_dataset: DatasetConfig = _sub(DatasetConfig, "Validation prompts (grpo); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo).")
+    sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
     total_train_epochs: int = _f(1, "Passes over the training set.")
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")

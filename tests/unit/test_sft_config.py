@@ -1,0 +1,109 @@
+"""Job type sft's config: the section loads from YAML, and validate_sft refuses bad configs naming field and fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlkit.config.load import config_from_mapping
+from rlkit.config.problems import Problems
+from rlkit.config.schema import ExperimentConfig
+from rlkit.config.validate_sft import validate_sft
+from rlkit.errors import ConfigErrors
+
+
+@pytest.fixture
+def sft_mapping(tmp_path: Path) -> dict[str, Any]:
+    """A valid sft config (as read from YAML) whose model directory and datasets exist under tmp_path."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (model / "tokenizer.json").write_text("{}")
+    for name in ("train", "valid"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"prompt": "Q: 1+2= A:", "response": " 3"}) + "\n")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    return {
+        "experiment_name": "sft-test", "trial_name": "t1", "type": "sft", "allocation_mode": "fsdp:d2",
+        "actor": {"path": str(model), "mb_spec": {"max_tokens_per_mb": 32}},
+        "train_dataset": {"path": str(tmp_path / "train.jsonl"), "type": "sft", "batch_size": 4, "max_length": 32},
+        "valid_dataset": {"path": str(tmp_path / "valid.jsonl"), "type": "sft", "max_length": 32},
+    }
+
+
+def problems_of(data: dict[str, Any], *overrides: str) -> list[str]:
+    problems = Problems()
+    validate_sft(config_from_mapping(data, list(overrides)), problems)
+    return [str(e) for e in problems.errors]
+
+
+def test_a_valid_config_has_no_problem(sft_mapping: dict[str, Any], tmp_path: Path) -> None:
+    assert problems_of(sft_mapping) == []
+    chats = str(tmp_path / "chats.jsonl")
+    assert problems_of(sft_mapping, "sft.prompt_type=messages", f"train_dataset.path={chats}",
+                       f"valid_dataset.path={chats}", "sft.enable_concatenated_multi_turn=true") == []
+
+
+def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping: dict[str, Any]) -> None:
+    config = config_from_mapping(sft_mapping, ["sft.response_key=answer"])
+    assert isinstance(config, ExperimentConfig)
+    assert (config.sft.prompt_type, config.sft.prompt_key, config.sft.response_key) == ("plaintext", "prompt",
+                                                                                        "answer")
+    with pytest.raises(ConfigErrors, match=r"unknown key 'sft.response_column'"):
+        config_from_mapping(sft_mapping, ["sft.response_column=answer", "sft.prompt_typ=messages"])
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["train_dataset.path="], ["train_dataset.path is not set"]),
+    (["train_dataset.type=rl"], ["train_dataset.type is 'rl'", "fix: set train_dataset.type=sft"]),
+    (["valid_dataset.path=/nonexistent/v.jsonl"], ["valid_dataset.path: '/nonexistent/v.jsonl' does not exist"]),
+    (["sft.response_key=prompt"], ["sft.response_key and sft.prompt_key are both 'prompt'"]),
+    (["sft.response_key=answer"], ["rows have no column 'answer' (sft.response_key"]),
+    (["sft.prompt_type=chat"], ["sft.prompt_type 'chat' is not one of: plaintext, messages"]),
+    (["sft.prompt_type=messages"], ["rows have no column 'messages'", "sft.prompt_type=plaintext"]),
+    (["sft.prompt_type=messages", "sft.system_prompt=hi"], ["sft.system_prompt applies to plaintext rows"]),
+    (["sft.enable_concatenated_multi_turn=true"], ["sft.enable_concatenated_multi_turn applies to chats"]),
+    (["sft.apply_chat_template=false", "sft.chat_template='{{ x }}'"], ["sft.chat_template is set but"]),
+    (["train_dataset.prompt_key=question"], ["train_dataset.prompt_key is 'question', but sft reads",
+                                             "fix: set sft.prompt_key=question"]),
+    (["train_dataset.max_length=64"], ["train_dataset.max_length (64) exceeds actor.mb_spec.max_tokens_per_mb (32)"]),
+    (["train_dataset.max_length=null"], ["train_dataset.max_length is not set, so a row may be longer than actor."
+                                         "mb_spec.max_tokens_per_mb (32)"]),
+    (["actor.mb_spec.max_tokens_per_mb=null", "train_dataset.max_length=100"],
+     ["train_dataset.max_length (100) exceeds the model's context of 64 tokens"]),
+    (["actor.mb_spec.max_tokens_per_mb=1"], ["actor.mb_spec.max_tokens_per_mb must be at least 2"]),
+    (["actor.mb_spec.n_mbs=0"], ["actor.mb_spec.n_mbs must be at least 1"]),
+    (["train_dataset.max_length=1"], ["train_dataset.max_length must be at least 2"]),
+    (["actor.mb_spec.max_tokens_per_mb=null", "train_dataset.max_length=null", "sft.truncate=true"],
+     ["sft.truncate needs train_dataset.max_length"]),
+    (["allocation_mode=vllm:d1+fsdp:d2"], ["starts inference servers, but sft trains without them",
+                                            "allocation_mode=fsdp:d2"]),
+    (["train_dataset.batch_size=1"], ["train_dataset.batch_size (1) is smaller than the 2 trainer ranks"]),
+    (["actor.path="], ["actor.path is not set"]),
+    (["total_train_epochs=0"], ["total_train_epochs must be at least 1"]),
+])
+def test_bad_configs_are_refused_naming_the_field(sft_mapping: dict[str, Any], overrides: list[str],
+                                                  expected: list[str]) -> None:
+    found = "\n".join(problems_of(sft_mapping, *overrides))
+    for text in expected:
+        assert text in found
+
+
+def test_every_problem_is_collected_at_once(sft_mapping: dict[str, Any]) -> None:
+    found = problems_of(sft_mapping, "train_dataset.type=rl", "valid_dataset.type=generate",
+                        "sft.response_key=prompt", "train_dataset.max_length=64", "allocation_mode=vllm:d1+fsdp:d1")
+    assert len(found) == 5, found
+
+
+def test_a_bad_first_row_is_named(sft_mapping: dict[str, Any], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert "the first row's chat has no assistant message" in "\n".join(
+        problems_of(sft_mapping, "sft.prompt_type=messages", f"train_dataset.path={bad}", "valid_dataset.path="))
+    bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "response": "x"}) + "\n")
+    assert "column 'prompt' (sft.prompt_key) holds list, not text" in "\n".join(
+        problems_of(sft_mapping, f"train_dataset.path={bad}"))

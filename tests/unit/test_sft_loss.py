@@ -1,0 +1,75 @@
+"""The SFT loss: NLL sums over target tokens, their counts, collation and metrics, against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from rlkit.train.sft_data import SFTExample
+from rlkit.train.sft_loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll, target_logprobs
+
+
+class Bigram(nn.Module):
+    """A real (tiny) causal LM: next-token logits from the current token only; returns `.logits` like HF models."""
+
+    def __init__(self, vocab: int = 7) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Embedding(vocab, vocab)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool) -> nn.Module:
+        out = nn.Module()
+        out.logits = self.table(input_ids)  # type: ignore[assignment]
+        return out
+
+
+def test_collate_shifts_the_mask_to_next_token_positions_and_pads() -> None:
+    mb = collate([SFTExample([5, 6, 7], [0, 1, 1]), SFTExample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1])], pad_id=0)
+    assert mb.input_ids.tolist() == [[5, 6, 7, 0, 0], [1, 2, 3, 4, 5]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert mb.loss_mask.tolist() == [[True, True, False, False], [False, False, True, True]]
+    assert mb.n_tokens == 4
+    dummy = collate([SFTExample([5, 6, 7], [0, 1, 1])], pad_id=0, dummy=True)
+    assert dummy.n_tokens == 0 and not dummy.loss_mask.any()
+    with pytest.raises(ValueError):
+        collate([], pad_id=0)
+
+
+def test_nll_is_the_hand_computed_sum_over_masked_tokens() -> None:
+    # one row of 3 tokens over a vocabulary of 2; logits at positions 0 and 1 predict tokens 1 and 2
+    logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0], [9.0, 9.0]]])
+    ids = torch.tensor([[0, 1, 0]])
+    logp = target_logprobs(logits, ids)
+    assert logp[0].tolist() == pytest.approx([math.log(3 / 4), math.log(4 / 5)])
+    total, n = sft_nll(logp, torch.tensor([[True, True]]))
+    assert n == 2 and float(total) == pytest.approx(-math.log(3 / 4) - math.log(4 / 5))
+    total, n = sft_nll(logp, torch.tensor([[False, True]]))
+    assert n == 1 and float(total) == pytest.approx(-math.log(4 / 5))
+
+
+def test_loss_fn_sums_split_micro_batches_to_the_whole_batch_mean_and_dummies_add_nothing() -> None:
+    model = Bigram()
+    rows = [SFTExample([1, 2, 3, 4], [0, 0, 1, 1]), SFTExample([2, 5, 6], [0, 1, 1]), SFTExample([3, 3], [0, 1])]
+    whole_sum, whole_n, stats = sft_loss_fn(model, collate(rows, pad_id=0))
+    parts = [sft_loss_fn(model, collate([r], pad_id=0)) for r in rows]
+    assert whole_n == 5 == sum(p[1] for p in parts) and stats["tokens"] == 5.0
+    assert float(whole_sum.detach()) == pytest.approx(sum(float(p[0].detach()) for p in parts), rel=1e-6)
+    table = torch.log_softmax(model.table.weight.detach(), dim=-1)
+    by_hand = -sum(float(table[prev, nxt]) for prev, nxt in [(2, 3), (3, 4), (2, 5), (5, 6), (3, 3)])
+    assert float(whole_sum.detach()) == pytest.approx(by_hand, rel=1e-6)
+    assert eval_nll(model, collate(rows, pad_id=0)) == (pytest.approx(by_hand, rel=1e-6), 5)
+
+    loss, n, _ = sft_loss_fn(model, collate(rows[:1], pad_id=0, dummy=True))
+    loss.backward()  # a dummy still reaches the parameters (FSDP's backward collectives run) with zero gradient
+    assert n == 0 and float(loss.detach()) == 0.0
+    assert model.table.weight.grad is not None and not model.table.weight.grad.any()
+
+
+def test_metrics_are_the_token_mean_and_its_perplexity() -> None:
+    m = sft_metrics(6.0, 4.0)
+    assert m == {"sft/loss": 1.5, "sft/perplexity": pytest.approx(math.exp(1.5)), "sft/tokens": 4.0}
+    assert sft_metrics(1.0, 2.0, prefix="eval")["eval/loss"] == 0.5
+    assert math.isnan(sft_metrics(0.0, 0.0)["sft/loss"])
