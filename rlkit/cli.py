@@ -1,4 +1,5 @@
-"""The `rlkit` command: submit, render, status, stop, logs on the login node; serve, generate, train in the job."""
+"""The `rlkit` command: submit, render, resume, status, stop, logs on the login node; serve, train, client in the
+job (train and client run the in-job step the trial's job type names, rlkit.jobs)."""
 
 from __future__ import annotations
 
@@ -139,19 +140,19 @@ def serve(trial_dir: Path = typer.Option(..., help="Trial directory."),
 
 
 @app.command(hidden=True)
-def generate(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
-    """In-job step: complete a dataset's prompts on the trial's servers."""
-    from rlkit.steps.generate import run_generate
+def client(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
+    """In-job step of a job type without a trainer (generate): one GPU-less process."""
+    from rlkit.jobs.run import run_job_step
 
-    run_generate(trial_dir)
+    run_job_step(trial_dir, trainer=False)
 
 
 @app.command(hidden=True)
 def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
-    """In-job step: the GRPO trainer through the training loop (one process per trainer GPU)."""
-    from rlkit.train.grpo import run_grpo
+    """In-job step of a training job type (grpo, sft, ...): one process per trainer GPU."""
+    from rlkit.jobs.run import run_job_step
 
-    run_grpo(trial_dir)
+    run_job_step(trial_dir, trainer=True)
 
 
 @app.command("tiny-model")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rlkit.step_contract import NO_RETRY_EXIT as NO_RETRY_EXIT  # the code FatalStepError exits with
+
 
 class UserError(Exception):
     """A mistake in the user's input: printed as one message, exit code 2, nothing changed on disk or in Slurm."""
@@ -51,8 +53,6 @@ class StepError(Exception):
     exit_code = 1
 
 
-# sysexits' EX_CONFIG; the batch script's supervisor (rlkit.launch.render) never restarts a step that exits with it
-NO_RETRY_EXIT = 78
 
 
 class FatalStepError(StepError):

@@ -5,7 +5,8 @@
     trainer         := "fsdp" ":" dims                    dims letters: d (data-parallel ranks)
     dims            := (letter integer)+                  each letter at most once; missing letters are 1
 
-Examples: `vllm:d2` (two 1-GPU servers), `sglang:d4t2+fsdp:d8` (four 2-GPU servers and eight trainer GPUs).
+Examples: `vllm:d2` (two 1-GPU servers), `sglang:d4t2+fsdp:d8` (four 2-GPU servers and eight trainer GPUs),
+`fsdp:d2` (a trainer-only job on two GPUs).
 `+` means separate GPUs: servers and trainer never share a GPU.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, ConfigErrors
 from rlkit.servers.backend import BACKEND_NAMES
 
 SERVER_BACKENDS = BACKEND_NAMES  # rlkit.servers.backend's registry
@@ -22,7 +23,7 @@ TRAINER_BACKENDS = ("fsdp",)
 _ALLOWED_DIMS = {**dict.fromkeys(SERVER_BACKENDS, "dt"), "fsdp": "d"}
 _PART = re.compile(r"^(?P<backend>[a-z]+):(?P<dims>(?:[a-z]\d+)+)$")
 _DIM = re.compile(r"([a-z])(\d+)")
-_EXAMPLE = "e.g. vllm:d2t2+fsdp:d4 or vllm:d2"
+_EXAMPLE = "e.g. vllm:d2t2+fsdp:d4, vllm:d2 or fsdp:d2"
 
 
 @dataclass(frozen=True)
@@ -59,46 +60,60 @@ class Allocation:
 
 
 def _fail(mode: str, why: str) -> ConfigError:
-    return ConfigError(f"allocation_mode '{mode}': {why}", hint=f"use the form backend:dims[+fsdp:dims], {_EXAMPLE}")
+    return ConfigError(f"allocation_mode '{mode}': {why}",
+                       hint=f"use the form backend:dims[+fsdp:dims] or fsdp:dims, {_EXAMPLE}")
 
 
-def _parse_part(mode: str, part: str) -> tuple[str, dict[str, int]]:
+def _parse_part(mode: str, part: str, problems: list[ConfigError]) -> tuple[str, dict[str, int]] | None:
+    """One `backend:dims` part; every mistake in it goes to `problems` (None when it cannot be read)."""
     match = _PART.match(part.strip())
     if not match:
-        raise _fail(mode, f"'{part}' is not backend:dims")
+        problems.append(_fail(mode, f"'{part}' is not backend:dims"))
+        return None
     backend = match["backend"]
     if backend not in _ALLOWED_DIMS:
         known = ", ".join((*SERVER_BACKENDS, *TRAINER_BACKENDS))
-        raise _fail(mode, f"unknown backend '{backend}' (known: {known})")
+        problems.append(_fail(mode, f"unknown backend '{backend}' (known: {known})"))
+        return None
     dims: dict[str, int] = {}
+    found = len(problems)
     for letter, number in _DIM.findall(match["dims"]):
         if letter in dims:
-            raise _fail(mode, f"'{letter}' given twice in '{part}'")
-        if letter not in _ALLOWED_DIMS[backend]:
-            raise _fail(mode, f"{backend} takes only {', '.join(_ALLOWED_DIMS[backend])} (got '{letter}')")
-        if int(number) < 1:
-            raise _fail(mode, f"'{letter}{number}' must be at least 1")
-        dims[letter] = int(number)
-    return backend, dims
+            problems.append(_fail(mode, f"'{letter}' given twice in '{part}'"))
+        elif letter not in _ALLOWED_DIMS[backend]:
+            problems.append(_fail(mode, f"{backend} takes only {', '.join(_ALLOWED_DIMS[backend])} (got '{letter}')"))
+        elif int(number) < 1:
+            problems.append(_fail(mode, f"'{letter}{number}' must be at least 1"))
+        dims.setdefault(letter, int(number))
+    return (backend, dims) if len(problems) == found else None
 
 
 def parse_allocation(mode: str) -> Allocation:
-    """Parse allocation_mode; raises ConfigError naming what is wrong."""
+    """Parse allocation_mode (the one place it is read on the login node); raises ConfigError, or ConfigErrors
+    listing every mistake when there are several."""
     parts = [p for p in mode.replace(" ", "").split("+")]
     if not mode.strip() or any(not p for p in parts) or len(parts) > 2:
-        raise _fail(mode, "expected one server part, optionally '+' one trainer part")
+        raise _fail(mode, "expected one server part, optionally '+' one trainer part (or a trainer part alone)")
+    problems: list[ConfigError] = []
     server: ServerAllocation | None = None
     trainer: TrainerAllocation | None = None
     for part in parts:
-        backend, dims = _parse_part(mode, part)
+        parsed = _parse_part(mode, part, problems)
+        if parsed is None:
+            continue
+        backend, dims = parsed
         if backend in SERVER_BACKENDS:
             if server is not None:
-                raise _fail(mode, "more than one server part")
+                problems.append(_fail(mode, "more than one server part"))
             server = ServerAllocation(backend, dims.get("d", 1), dims.get("t", 1))
         else:
             if trainer is not None:
-                raise _fail(mode, "more than one trainer part")
+                problems.append(_fail(mode, "more than one trainer part"))
             trainer = TrainerAllocation(backend, dims.get("d", 1))
     if server is not None and trainer is not None and parts[0].startswith("fsdp"):
-        raise _fail(mode, "put the server part first")
+        problems.append(_fail(mode, "put the server part first"))
+    if len(problems) > 1:
+        raise ConfigErrors(problems)
+    if problems:
+        raise problems[0]
     return Allocation(server=server, trainer=trainer)

@@ -1,4 +1,4 @@
-"""Field helpers shared by the schema modules: every field carries a one-line help text for `rlkit config-help`."""
+"""Field helpers shared by the schema modules: every field carries a one-line help text."""
 
 from __future__ import annotations
 

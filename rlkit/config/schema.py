@@ -1,7 +1,7 @@
 """The experiment schema: dataclasses read by OmegaConf. Importable without torch or vLLM (login nodes stay fast).
 
-Field names follow AReaL, which most of our users come from. Every field has a one-line `help` that
-`rlkit config-help` prints. The actor section lives in rlkit.config.schema_actor; job types add theirs in
+Field names follow AReaL, which most of our users come from. Every field has a one-line `help` (its documentation
+in the source; no command prints it yet). The actor section lives in rlkit.config.schema_actor; job types add theirs in
 modules of their own.
 """
 
@@ -30,10 +30,8 @@ def set_field(config: Any, dotted: str, value: Any) -> None:
     setattr(get_field(config, parent) if parent else config, leaf, value)
 
 
-JOB_TYPES = ("generate", "grpo")
-SUBMITTABLE_JOB_TYPES = ("generate", "grpo")
 CONTAINER_TYPES = ("apptainer", "none")
-NAME_RESOLVE_TYPES = ("nfs", "etcd3")
+NAME_RESOLVE_TYPES = ("nfs", "etcd3")  # rlkit.nameresolve.make_name_resolve builds each
 
 
 @dataclass
@@ -201,9 +199,6 @@ class SaverConfig:
     freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.")
 
 
-RECOVER_MODES = ("disabled", "auto", "fault", "resume")
-
-
 @dataclass
 class RecoverConfig:
     """Recover checkpoints (model, optimizer, data position, RNG) and automatic retries; see `rlkit resume`."""
@@ -263,7 +258,7 @@ class ExperimentConfig:
 
     experiment_name: str = _f(MISSING, "Name of the experiment (no '_' or '/').")
     trial_name: str = _f(MISSING, "Name of the trial (no '-' or '/').")
-    type: str = _f("generate", "Job type. Choices: generate (batch generation), grpo (asynchronous GRPO training).")
+    type: str = _f("generate", "Job type: a name registered in rlkit.jobs (an unknown name is refused with the list).")
     allocation_mode: str = _f(
         MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
     )

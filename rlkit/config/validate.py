@@ -11,13 +11,12 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema import CONTAINER_TYPES, JOB_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig
+from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.site_files import (
-    check_dataset_file,
     check_image,
     check_model_dir,
     check_tokenizer_dir,
@@ -27,7 +26,9 @@ from rlkit.config.site_files import (
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
-from rlkit.paths import ATTEMPT_DIR, RESERVED_NAMES, TrialPaths
+from rlkit.jobs import JobType, job_type_for
+from rlkit.jobs.layout import check_layout
+from rlkit.paths import TrialPaths
 
 _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
@@ -40,7 +41,8 @@ MAX_NAME_LENGTH = 64  # experiment and trial names: directory names, Slurm job n
 
 @dataclass(frozen=True)
 class Validated:
-    """A config with every problem found in it, and its allocation when that parsed (the planner's input)."""
+    """A config with every problem found in it, and its allocation when that parsed into the components its job
+    type has (the planner's input; None: there is nothing to plan)."""
 
     config: ExperimentConfig
     allocation: Allocation | None
@@ -99,10 +101,11 @@ def validate(config: ExperimentConfig) -> Validated:
         check_name("experiment_name", config.experiment_name, _EXPERIMENT, "'_'")
     with problems.check():
         check_name("trial_name", config.trial_name, _TRIAL, "'-'")
-    if config.type not in JOB_TYPES:
-        problems.add(f"type '{config.type}' is not a job type", hint=f"choose one of: {', '.join(JOB_TYPES)}")
+    job: JobType | None = None
+    with problems.check():
+        job = job_type_for(config.type)
     _validate_cluster(config, problems)
-    _validate_launcher(config, problems)
+    _validate_launcher(config, problems, job)
     if config.rollout.max_concurrent_rollouts < 1:
         problems.add("rollout.max_concurrent_rollouts must be at least 1")
     if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
@@ -113,15 +116,13 @@ def validate(config: ExperimentConfig) -> Validated:
     allocation = None
     with problems.check():
         allocation = parse_allocation(config.allocation_mode)
-    if allocation is not None:
-        _validate_models(config, allocation, problems)
-    if config.type == "generate":
-        _validate_generate(config, problems)
-    if config.type == "grpo":
-        from rlkit.config.validate_training import validate_training
-
-        validate_training(config, allocation, problems)
-    return Validated(config, allocation, problems)
+    fits = False
+    if allocation is not None and job is not None:
+        fits = check_layout(job, allocation, config.allocation_mode, problems)
+        _validate_models(config, job, allocation, problems)
+    if job is not None:
+        job.validate(config, allocation, problems)
+    return Validated(config, allocation if fits else None, problems)
 
 
 def _validate_cluster(config: ExperimentConfig, problems: Problems) -> None:
@@ -200,7 +201,7 @@ def _validate_name_resolve(config: ExperimentConfig, problems: Problems) -> None
                      hint="export ETCDCTL_PASSWORD before rlkit submit", site=True)
 
 
-def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
+def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobType | None) -> None:
     launcher = config.launcher
     for name in ("inference_server_cpus_per_gpu", "inference_server_mem_per_gpu", "trainer_cpus_per_gpu",
                  "trainer_mem_per_gpu", "client_cpus", "client_mem"):
@@ -211,7 +212,7 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems) -> None:
             parse_env_vars(f"launcher.{name}", getattr(launcher, name))
     slurm = launcher.slurm
     if slurm.time:
-        _validate_time(config, problems)
+        _validate_time(config, problems, job)
     for name in ("srun_additional_args", "sbatch_additional_args", "apptainer_args"):
         try:
             words = shlex.split(getattr(slurm, name))
@@ -244,7 +245,7 @@ def _is_option(word: str, option: str) -> bool:
     return name == option or (name.startswith("--") and len(name) >= 5 and option.startswith(name))
 
 
-def _validate_time(config: ExperimentConfig, problems: Problems) -> None:
+def _validate_time(config: ExperimentConfig, problems: Problems, job: JobType | None) -> None:
     slurm = config.launcher.slurm
     try:
         seconds = slurm_time_seconds(slurm.time)
@@ -253,13 +254,14 @@ def _validate_time(config: ExperimentConfig, problems: Problems) -> None:
                                                         "2-00:00:00; quoting is not needed")
         return
     warning = config.recover.time_limit_warning
-    if config.type == "grpo" and config.recover.mode != "disabled" and seconds is not None and seconds <= warning:
+    recovers = job is not None and job.resumable and config.recover.mode != "disabled"
+    if recovers and seconds is not None and seconds <= warning:
         problems.add(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning ({warning} s):"
                      " Slurm would warn the trainer before it starts",
                      hint="give the job more time or lower recover.time_limit_warning")
 
 
-def _validate_models(config: ExperimentConfig, allocation: Allocation, problems: Problems) -> None:
+def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocation, problems: Problems) -> None:
     """Local model directories the job will load must exist (hub ids are left to the servers), and a completion
     must fit the servers' context."""
     if allocation.server is None:
@@ -286,7 +288,7 @@ def _validate_models(config: ExperimentConfig, allocation: Allocation, problems:
         problems.add(f"gconfig.max_new_tokens ({new}) leaves no room for a prompt in the servers' context of "
                      f"{limit} tokens ({limit_field}): every request would be rejected",
                      hint=f"lower gconfig.max_new_tokens below {limit}, or raise {limit_field}")
-    prompt = config.train_dataset.max_length if config.type == "grpo" else config.generate.dataset.max_length
+    prompt = get_field(config, f"{job.prompt_dataset}.max_length") if job.prompt_dataset else None
     if new < limit and prompt is not None and prompt + new > limit:
         problems.add(f"a prompt of up to {prompt} tokens (max_length) plus gconfig.max_new_tokens ({new}) exceeds "
                      f"the servers' context of {limit} tokens ({limit_field}): long prompts would be rejected",
@@ -300,22 +302,3 @@ def _model_positions(model: str) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and value > 0 else None
-
-
-def _validate_generate(config: ExperimentConfig, problems: Problems) -> None:
-    dataset = config.generate.dataset.path
-    if not dataset:
-        problems.add("generate.dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
-    else:
-        with problems.check():
-            check_dataset_file("generate.dataset.path", dataset)
-    output = config.generate.output_file
-    parts = PurePosixPath(output).parts
-    if not output.strip():
-        problems.add("generate.output_file is empty", hint="e.g. generate.output_file=completions.jsonl")
-    elif PurePosixPath(output).is_absolute() or ".." in parts or not parts or output.endswith("/"):
-        problems.add(f"generate.output_file '{output}' must name a file inside the trial directory",
-                     hint="e.g. generate.output_file=completions.jsonl")
-    elif parts[0] in RESERVED_NAMES or ATTEMPT_DIR.fullmatch(parts[0]):
-        problems.add(f"generate.output_file '{output}' would overwrite rlkit's own '{parts[0]}' in the trial "
-                     "directory", hint="e.g. generate.output_file=completions.jsonl")

@@ -172,7 +172,7 @@ def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
 
 def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
     from rlkit.paths import TrialPaths
-    from rlkit.train.recover import latest_valid, recover_root
+    from rlkit.recover_layout import latest_valid, recover_root
 
     rec = config.recover
     for name in ("freq_steps", "freq_epochs", "freq_secs"):

@@ -1,8 +1,9 @@
-"""Plan (pure): a validated config -> the components and steps of ONE heterogeneous Slurm job.
+"""Plan (pure): a validated config -> the components and steps of ONE Slurm job (heterogeneous when it has servers).
 
-Component 0 holds the inference servers, component 1 the trainer (or, for job types without training, a GPU-less
-client). Each server is its own `srun` step (its own log, its own restart later); the trainer/client is one step.
-Everything the render step needs is decided here, so the rendered text holds no logic of its own.
+The job type (rlkit.jobs) says which components there are: the inference servers first when it has any, then its
+work component, a trainer or (for job types without training) a GPU-less client. Each server is its own `srun` step
+(its own log, its own restart later); the trainer/client is one step. Everything the render step needs is decided
+here, so the rendered text holds no logic of its own.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from rlkit.config.allocation import Allocation, parse_allocation
+from rlkit.config.allocation import Allocation
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
 from rlkit.errors import ConfigError
+from rlkit.jobs import job_type_for
 from rlkit.launch.hostlist import expand_hostlist
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import backend_for
@@ -41,7 +43,7 @@ class Component:
 
 @dataclass(frozen=True)
 class Step:
-    """One `srun --het-group` step: where it runs, with what, and what it runs."""
+    """One `srun [--het-group]` step: where it runs, with what, and what it runs (`het_group`: its component)."""
 
     name: str
     role: str
@@ -76,6 +78,7 @@ class JobPlan:
     notes: tuple[str, ...] = field(default=())
     retries: int = 0  # restarts of a failed trainer/server step in the allocation, and self-requeues
     attempt: int = 1  # 1 for `rlkit submit`, then one more per `rlkit resume`
+    trainer_group: int = 0  # the component whose steps Slurm's time-limit warning goes to (the work component)
 
 
 def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, mode: str) -> tuple[int, int]:
@@ -107,7 +110,8 @@ def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
 
 def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths, python: str,
                   component: Component) -> list[Step]:
-    assert alloc.server is not None
+    if alloc.server is None:
+        return []
     server = alloc.server
     servers_per_node = component.gpus_per_node // server.tp
     env = tuple(sorted(parse_env_vars("launcher.inference_server_env_vars",
@@ -124,42 +128,41 @@ def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths
     ]
 
 
-def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, python: str | None = None,
+def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | None = None,
              attempt: int = 1) -> JobPlan:
-    """Turn a validated config (and its parsed allocation_mode) into a JobPlan; raises ConfigError when the layout
-    does not fit the cluster."""
+    """Turn a validated config and its parsed allocation_mode (rlkit.config.validate.Validated.allocation) into a
+    JobPlan; raises ConfigError when the layout does not fit the cluster."""
     mode = config.allocation_mode
-    alloc = allocation if allocation is not None else parse_allocation(mode)
+    job = job_type_for(config.type)
+    alloc = allocation
     cluster, launcher, slurm = config.cluster, config.launcher, config.launcher.slurm
     gpn = cluster.n_gpus_per_node
     paths = TrialPaths.of(cluster.fileroot, config.experiment_name, config.trial_name)
     in_container = slurm.container_type == "apptainer"
     python = launcher.python or python or ("python3" if in_container else sys.executable)
+    if (alloc.server is not None) != job.needs_servers or (alloc.trainer is not None) != job.trainer:
+        raise ConfigError(f"allocation_mode '{mode}' does not give job type {job.name} its components",
+                          hint="rlkit.config.validate reports what to change")  # validate refuses this first
 
-    if alloc.server is None:
-        raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs inference servers",
-                          hint="start it with vllm:dN or sglang:dN, e.g. vllm:d2")
-    if config.type == "generate" and alloc.trainer is not None:
-        raise ConfigError(f"allocation_mode '{mode}': job type generate has no trainer",
-                          hint="drop the '+fsdp:...' part")
-    if config.type != "generate" and alloc.trainer is None:
-        raise ConfigError(f"allocation_mode '{mode}': job type {config.type} needs trainer GPUs",
-                          hint="add a trainer part, e.g. vllm:d4t2+fsdp:d8")
-    model = server_model(config, alloc.server.backend)
-    if not model:
-        field_name = backend_for(alloc.server.backend).model_field
-        raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
-                          hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
-
-    server = alloc.server
-    s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", mode)
-    components = [Component(SERVER_ROLE, s_nodes, s_gpn // server.tp, s_gpn,
-                             server.tp * launcher.inference_server_cpus_per_gpu,
-                             s_gpn * launcher.inference_server_mem_per_gpu)]
+    components: list[Component] = []
+    notes = [f"job type {job.name}: {job.help}"]
+    if alloc.server is not None:
+        server = alloc.server
+        model = server_model(config, server.backend)
+        if not model:
+            field_name = backend_for(server.backend).model_field
+            raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
+                              hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
+        s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", mode)
+        components.append(Component(SERVER_ROLE, s_nodes, s_gpn // server.tp, s_gpn,
+                                    server.tp * launcher.inference_server_cpus_per_gpu,
+                                    s_gpn * launcher.inference_server_mem_per_gpu))
+        notes.append(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}")
     if alloc.trainer is not None:
         t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", mode)
         components.append(Component(TRAINER_ROLE, t_nodes, t_gpn, t_gpn, launcher.trainer_cpus_per_gpu,
                                     t_gpn * launcher.trainer_mem_per_gpu))
+        notes.append(f"{alloc.trainer.dp} {alloc.trainer.backend} trainer rank(s), one GPU each")
     else:
         components.append(Component(CLIENT_ROLE, 1, 1, 0, launcher.client_cpus, launcher.client_mem))
     total_nodes = sum(c.nodes for c in components)
@@ -173,13 +176,14 @@ def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, 
 
     steps = _server_steps(config, alloc, paths, python, components[0])
     trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
-    last = components[1]
+    work_group = len(components) - 1
+    last = components[work_group]
     steps.append(Step(
-        name=config.type, role=last.role, het_group=1, nodes=last.nodes, ntasks=last.nodes * last.ntasks_per_node,
-        gpus_per_node=last.gpus_per_node, cpus_per_task=last.cpus_per_task, mem_mb=last.mem_per_node_mb,
-        relative_node=None, argv=_rlkit_argv(python, "generate" if config.type == "generate" else "train",
-                                             "--trial-dir", str(paths.root)),
-        env=trainer_env, image=slurm.trainer_image, log=str(paths.step_log(config.type)),
+        name=job.name, role=last.role, het_group=work_group, nodes=last.nodes,
+        ntasks=last.nodes * last.ntasks_per_node, gpus_per_node=last.gpus_per_node, cpus_per_task=last.cpus_per_task,
+        mem_mb=last.mem_per_node_mb, relative_node=None,
+        argv=_rlkit_argv(python, "train" if job.trainer else "client", "--trial-dir", str(paths.root)),
+        env=trainer_env, image=slurm.trainer_image, log=str(paths.step_log(job.name)),
     ))
 
     time = format_slurm_time(slurm_time_seconds(slurm.time)) if slurm.time else ""
@@ -195,7 +199,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, 
     for shared in (cluster.fileroot, nr.nfs_record_root, *etcd_files):  # empty record root: in the trial dir
         if shared and not any(_is_under(shared, b.split(":")[0]) for b in binds):
             binds.append(f"{shared}:{shared}")
-    recovers = config.type == "grpo" and config.recover.mode != "disabled"
+    recovers = job.resumable and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))
     if recovers:  # the trainer checkpoints on Slurm's warning and the job requeues itself (rlkit.launch.render)
         job_options += ["--requeue", f"--signal=B:USR1@{config.recover.time_limit_warning}", "--open-mode=append"]
@@ -211,10 +215,11 @@ def plan_job(config: ExperimentConfig, allocation: Allocation | None = None, *, 
         apptainer_args=tuple(shlex.split(slurm.apptainer_args)),
         binds=tuple(binds) if in_container else (),
         srun_args=tuple(shlex.split(slurm.srun_additional_args)),
-        notes=(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}",
+        notes=(*notes,
                *(f"bound into containers: {b}" for b in binds[len(parse_mounts(slurm.mount)):] if in_container)),
         retries=config.recover.retries if recovers else 0,
         attempt=attempt,
+        trainer_group=work_group,
     )
 
 

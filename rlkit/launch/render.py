@@ -1,4 +1,4 @@
-"""Render (pure): a JobPlan -> the text of one heterogeneous sbatch script.
+"""Render (pure): a JobPlan -> the text of one sbatch script (heterogeneous when the plan has several components).
 
 The script starts every step in the background and supervises them: it exits non-zero as soon as any step fails
 (after stopping the others), stops the servers once the trainer/client step succeeds, and forwards a TERM from
@@ -12,11 +12,11 @@ import shlex
 
 from rlkit import __version__
 from rlkit.config.strings import sbatch_quote
-from rlkit.errors import NO_RETRY_EXIT
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
+from rlkit.step_contract import EXIT_REQUEUE, NO_RETRY_EXIT, STATUS_REQUEUE, STATUS_STOPPED
 
-_SUPERVISOR = r"""
+_SUPERVISOR_TEXT = r"""
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()
@@ -58,11 +58,22 @@ trained_step() {  # the trainer's last finished step, from progress.json (-1 whe
   echo "${step:--1}"
 }
 
-stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
-  local pid group_id running waited=0
-  for group_id in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
-    scancel --ctld --signal=TERM "${!group_id}" 2>/dev/null
+component_ids() {  # "GROUP JOB_ID" per component: a heterogeneous job's components, else the job itself
+  local name found=0
+  for name in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
+    echo "${name##*_} ${!name}"
+    found=1
   done
+  if [ "$found" -eq 0 ]; then
+    echo "0 $SLURM_JOB_ID"
+  fi
+}
+
+stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
+  local pid group id running waited=0
+  while read -r group id; do
+    scancel --ctld --signal=TERM "$id" 2>/dev/null
+  done < <(component_ids)
   while [ "$waited" -lt "$STOP_GRACE" ]; do
     running=0
     for pid in "${PIDS[@]}"; do
@@ -86,12 +97,14 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
-on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and exits 75
+on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and stops
   echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
-  local group_id
-  for group_id in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
-    [ "${group_id##*_}" -eq "$TRAINER_GROUP" ] && scancel --ctld --signal=USR1 "${!group_id}" 2>/dev/null
-  done
+  local group id
+  while read -r group id; do
+    if [ "$group" -eq "$TRAINER_GROUP" ]; then
+      scancel --ctld --signal=USR1 "$id" 2>/dev/null
+    fi
+  done < <(component_ids)
 }
 trap on_time_limit USR1
 
@@ -111,7 +124,7 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
       name=${NAMES[$i]}
       role=${ROLES[$i]}
       PIDS[$i]=""
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = requeue ]; then
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = @STATUS_REQUEUE@ ]; then
         if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RETRIES" ]; then
           echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
@@ -122,9 +135,9 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
           "already; not requeueing (rlkit resume continues it)"
         stop_steps
-        return 75
+        return @EXIT_REQUEUE@
       fi
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = stopped ]; then
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = @STATUS_STOPPED@ ]; then
         echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
         stop_steps
         return 0
@@ -177,6 +190,11 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
 """
 
 
+# the words and codes of rlkit.step_contract, substituted in (the trainer writes the same ones)
+_SUPERVISOR = (_SUPERVISOR_TEXT.replace("@STATUS_REQUEUE@", STATUS_REQUEUE).replace("@STATUS_STOPPED@", STATUS_STOPPED)
+               .replace("@EXIT_REQUEUE@", str(EXIT_REQUEUE)))
+
+
 def _q(argv: tuple[str, ...] | list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -205,8 +223,8 @@ def _component_lines(index: int, component: Component, plan: JobPlan) -> list[st
 
 def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
     """The full `[env ...] srun ... [apptainer exec ...] python -m rlkit ...` argv of one step."""
-    srun = ["srun", f"--het-group={step.het_group}", f"--job-name={step.name}", f"--nodes={step.nodes}",
-            f"--ntasks={step.ntasks}"]
+    srun = ["srun", *([f"--het-group={step.het_group}"] if len(plan.components) > 1 else []),
+            f"--job-name={step.name}", f"--nodes={step.nodes}", f"--ntasks={step.ntasks}"]
     if step.relative_node is not None:
         srun.append(f"--relative={step.relative_node}")
     if step.gpus_per_node:
@@ -227,11 +245,12 @@ def render_script(plan: JobPlan) -> str:
     lines += [f"# {note}" for note in plan.notes]
     for index, component in enumerate(plan.components):
         lines += _component_lines(index, component, plan)
-    lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)}", "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
+    lines += ["", "set -u", f"cd {shlex.quote(plan.trial_dir)} || exit 1",
+              "echo \"rlkit: job $SLURM_JOB_ID on $(hostname)\""]
     lines += [f"export RLKIT_ATTEMPT={plan.attempt}  # 1 for rlkit submit, one more per rlkit resume",
               f"RETRIES={plan.retries}  # restarts of a failed trainer or server step, and self-requeues",
               f"NO_RETRY_EXIT={NO_RETRY_EXIT}  # a step's exit code for a failure a restart cannot fix",
-              f"TRAINER_GROUP={len(plan.components) - 1}"]
+              f"TRAINER_GROUP={plan.trainer_group}  # the component Slurm's time-limit warning goes to"]
     lines.append(_SUPERVISOR)
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")

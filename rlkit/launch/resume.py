@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from rlkit.errors import UserError
+from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.submit import prepare, submit
 from rlkit.paths import TrialPaths
@@ -38,8 +39,9 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
                        attempt=done + 1)
-    if prepared.config.type != "grpo":
-        raise UserError(f"trial {record.name} is a {prepared.config.type} job: only training jobs resume",
+    if not job_type_for(prepared.config.type).resumable:
+        raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
+                        "resume from",
                         hint="submit it again with --force")
     submitted = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done))
     return submitted.record, done + 1

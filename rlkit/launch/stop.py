@@ -1,5 +1,5 @@
-"""`rlkit stop TRIAL`: a training trial first checkpoints (its trainer gets USR2 and saves after the current step),
-then the job is cancelled; `--now` (and every other job type) cancels at once."""
+"""`rlkit stop TRIAL`: a trial of a resumable job type first checkpoints (its trainer gets USR2 and saves after the
+current step), then the job is cancelled; `--now` (and every other job type) cancels at once."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlkit.config.load import load_config
+from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.paths import TrialPaths
+from rlkit.step_contract import STATUS_STOPPED
 from rlkit.trials import find_trial, read_json_dict
-
-STOPPED = "stopped"
 
 
 def _trainer_status(paths: TrialPaths) -> str:
@@ -26,17 +26,17 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     info = slurm.job_info(record.job_id)
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
-        if config.type == "grpo" and config.recover.mode != "disabled":
+        if job_type_for(config.type).resumable and config.recover.mode != "disabled":
             trainer_component = info.component_job_ids[-1] if info.component_job_ids else record.job_id
             slurm.signal_steps(trainer_component, "USR2")
             say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
                 "--now skips this)")
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and _trainer_status(paths) != STOPPED:
+            while time.monotonic() < deadline and _trainer_status(paths) != STATUS_STOPPED:
                 if not slurm.job_info(record.job_id).active:
                     break
                 time.sleep(1)
-            if _trainer_status(paths) == STOPPED:
+            if _trainer_status(paths) == STATUS_STOPPED:
                 say("the trainer checkpointed; rlkit resume continues from there")
             else:
                 say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
-from rlkit.config.schema import SUBMITTABLE_JOB_TYPES, ExperimentConfig
+from rlkit.config.schema import ExperimentConfig
 from rlkit.config.site_files import make_paths_absolute
 from rlkit.config.validate import validate
 from rlkit.errors import ConfigError, SlurmError, UserError
+from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.render import render_script
@@ -105,10 +106,11 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     `<trial>/attempt-<N>/` (recover.mode=auto can then never resume the old run); a resume (kind "resume") keeps
     them, it continues that run."""
     config, paths = prepared.config, prepared.paths
-    if config.type not in SUBMITTABLE_JOB_TYPES:
-        raise UserError(f"job type {config.type} can be rendered but not yet submitted: its trainer step is not built",
-                        hint=f"use `rlkit render` to check the layout; submittable types: "
-                             f"{', '.join(SUBMITTABLE_JOB_TYPES)}")
+    job = job_type_for(config.type)
+    if not job.step_available():
+        raise ConfigError(f"job type {job.name} cannot be submitted yet: its in-job step {job.step} is not available "
+                          "in this installation of rlkit", hint="`rlkit render` shows the job it would be; submit "
+                                                                "another job type, or update rlkit")
     existed = paths.root.exists()
     if paths.config.exists():
         if not force:
@@ -118,7 +120,7 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
             if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
                 raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                                 hint=f"stop it first: rlkit stop {record.name}")
-        if kind == "submit" and config.type == "grpo" and config.recover.mode == "resume":
+        if kind == "submit" and job.resumable and config.recover.mode == "resume":
             raise UserError("--force starts a new run (the previous one moves to attempt-N/), so recover.mode=resume "
                             "would have nothing to resume",
                             hint=f"to continue the trial: rlkit resume {config.experiment_name}/{config.trial_name}")

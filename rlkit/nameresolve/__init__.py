@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlkit.config.schema import NAME_RESOLVE_TYPES
 from rlkit.errors import ConfigError
 from rlkit.nameresolve.base import (
     NameEntryExistsError,
@@ -41,9 +42,6 @@ __all__ = [
     "read_servers",
     "server_key",
 ]
-
-NAME_RESOLVE_TYPES = ("nfs", "etcd3")
-
 
 def name_resolve_for(config: ExperimentConfig) -> NameResolve:
     """The name-resolve store of a trial, as its config says."""

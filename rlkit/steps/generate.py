@@ -1,4 +1,5 @@
-"""In-job step `rlkit generate`: complete every prompt of a dataset on the trial's servers, write a jsonl file."""
+"""In-job step of job type generate (run by `rlkit client`): complete every prompt of a dataset on the trial's
+servers, write a jsonl file."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
 from rlkit.errors import FatalStepError, StepError
+from rlkit.jobenv import JobEnv
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
@@ -74,7 +75,8 @@ def run_server(trial_dir: Path, index: int) -> int:
     argv, env = launch.argv, {**os.environ, **launch.env}
     for name in launch.unset_env:
         env.pop(name, None)
-    node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    slurm = JobEnv.from_environ()
+    node = slurm.node_name
     print(f"rlkit serve: server {index} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
           flush=True)
     # the server's output reaches our log only through the copy, the token blanked (engines print their arguments)
@@ -97,7 +99,7 @@ def run_server(trial_dir: Path, index: int) -> int:
         entry = {
             "index": index, "address": f"{advertised_host()}:{port}", "backend": backend.name,
             "model": server_model(config, backend.name), "weight_version": 0,
-            "job_id": os.environ.get("SLURM_JOB_ID", ""), "step_id": os.environ.get("SLURM_STEP_ID", ""),
+            "job_id": slurm.job_id, "step_id": slurm.step_id,
             "node": node, "pid": proc.pid,
             "started_at": time.time(),
         }

@@ -1,7 +1,7 @@
 """torch.distributed set-up from the Slurm step environment (or torchrun's), NCCL on GPUs and gloo on the CPU.
 
-Inside `srun --het-group=1 --ntasks=N python -m rlkit train`, each task is one rank: SLURM_PROCID is the rank,
-SLURM_STEP_NUM_TASKS the world size, SLURM_LOCALID the local rank. Rank 0 picks a free port on its own host and
+Inside `srun [--het-group=1] --ntasks=N python -m rlkit train`, each task is one rank (rlkit.jobenv.JobEnv: its
+global rank, the step's world size, its local rank). Rank 0 picks a free port on its own host and
 publishes `host:port` in the trial's name resolve under trainer/master/<job>.<step> (so there is no guessed port to
 collide, and node names need not resolve: the host is what the servers advertise too); the other ranks wait for it.
 An environment that already has RANK/WORLD_SIZE (torchrun, tests) is used as it is.
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.errors import StepError
+from rlkit.jobenv import JobEnv
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import check_address
 
@@ -41,14 +42,15 @@ def dist_env_from(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", "0")),
                        environ.get("MASTER_ADDR", "127.0.0.1"), int(environ.get("MASTER_PORT", "29500")))
-    if "SLURM_PROCID" in environ:
-        world = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1")))
-        return DistEnv(int(environ["SLURM_PROCID"]), world, int(environ.get("SLURM_LOCALID", "0")), "", 0)
+    job = JobEnv.from_environ(environ)
+    if job.in_step:
+        return DistEnv(job.global_rank, job.world_size, job.local_rank, "", 0)
     return DistEnv(0, 1, 0, "127.0.0.1", int(environ.get("MASTER_PORT", "29500")))
 
 
 def rendezvous_key(environ: dict[str, str] | os._Environ[str]) -> str:
-    return f"trainer/master/{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}"
+    job = JobEnv.from_environ(environ)
+    return f"trainer/master/{job.job_id or '0'}.{job.step_id or '0'}"
 
 
 def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> DistEnv:

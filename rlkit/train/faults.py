@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from rlkit.jobenv import JobEnv
+
 
 def fault_point(name: str, version: int) -> bool:
     """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
@@ -17,6 +19,6 @@ def fault_point(name: str, version: int) -> bool:
 
 def failed_before() -> bool:
     """This trial failed or was interrupted before: a requeue, an in-allocation retry, or a later attempt."""
-    return (int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+    return (JobEnv.from_environ().restart_count > 0
             or int(os.environ.get("RLKIT_STEP_RETRY", "0") or 0) > 0
             or int(os.environ.get("RLKIT_ATTEMPT", "1") or 1) > 1)

@@ -18,17 +18,15 @@ against an attacker (the trial directory is 0700). The shards' checksums are com
 (`rlkit.train.hashing_fs`), the small files' when sealing. They are checked once, on the compute node, before a
 checkpoint is loaded; the login node (submit, resume, render) checks manifests and sizes only, so it never reads
 GBs and never needs xxhash. Manifests of older rlkit versions (sha256) still load, at sha256 speed.
+
+Reading the layout (finding, verifying checkpoints) is in rlkit.recover_layout, which the login node imports
+without the trainer; its names are re-exported here for the trainer's code.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import mmap
-import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Mapping
@@ -38,17 +36,19 @@ from typing import Any
 
 from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
-
-logger = logging.getLogger(__name__)
-
-MANIFEST = "MANIFEST.json"
-STATE = "trainer_state.json"
-SHARDS = "model_optim"
-_DIR = re.compile(r"^step-(\d{8})$")
-_ASIDE = re.compile(r"^\.step-(\d{8})\.old$")  # rlkit.fsutil.replace_dir's name for the replaced one
-_TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
-CHECKSUM = "xxh3_128"
-_LEGACY_CHECKSUM = "sha256"
+from rlkit.recover_layout import _ASIDE as _ASIDE
+from rlkit.recover_layout import _TMP as _TMP
+from rlkit.recover_layout import CHECKSUM as CHECKSUM
+from rlkit.recover_layout import MANIFEST as MANIFEST
+from rlkit.recover_layout import SHARDS as SHARDS
+from rlkit.recover_layout import STATE as STATE
+from rlkit.recover_layout import checkpoint_dir as checkpoint_dir
+from rlkit.recover_layout import checkpoints as checkpoints
+from rlkit.recover_layout import file_checksum as file_checksum
+from rlkit.recover_layout import latest_valid as latest_valid
+from rlkit.recover_layout import recover_root as recover_root
+from rlkit.recover_layout import temp_dir as temp_dir
+from rlkit.recover_layout import verify as verify
 
 
 @dataclass
@@ -94,31 +94,6 @@ def expand_positions(prefix: int, extra: list[int]) -> set[int]:
     return set(range(prefix)) | set(extra)
 
 
-def recover_root(trial_dir: Path) -> Path:
-    return Path(trial_dir) / "recover"
-
-
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
-    """The hex digest of a file (xxh3_128, or sha256 for manifests of older rlkit versions)."""
-    if algorithm == CHECKSUM:
-        import xxhash  # trainer extra; the login node never hashes
-
-        digest: Any = xxhash.xxh3_128()
-    elif algorithm == _LEGACY_CHECKSUM:
-        digest = hashlib.sha256()
-    else:
-        raise ValueError(f"unknown checksum {algorithm!r}")
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:  # mapped, not copied: the check costs about half a plain read
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
-    return str(digest.hexdigest())
-
-
 def seal(tmp: Path, final: Path, known: Mapping[str, tuple[int, str]] | None = None) -> None:
     """Checksum and fsync every file of `tmp`, write its manifest last, then make it `final`; a `final` that exists
     (the same step saved again after a resume) is replaced by rename-aside, rename-in, delete. `known`: (size,
@@ -140,71 +115,6 @@ def seal(tmp: Path, final: Path, known: Mapping[str, tuple[int, str]] | None = N
     replace_dir(tmp, final)
 
 
-def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
-    """The manifest's file entries, or what is wrong with the manifest (it is read as untrusted input)."""
-    try:
-        entries = json.loads((directory / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"no readable {MANIFEST} ({type(exc).__name__})"
-    if not isinstance(entries, list):
-        return f"{MANIFEST} has no list of files"
-    for entry in entries:
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("size"), int)
-                and any(isinstance(entry.get(a), str) for a in (CHECKSUM, _LEGACY_CHECKSUM))):
-            return f"{MANIFEST} has a malformed entry: {str(entry)[:120]}"
-        if ".." in Path(entry["path"]).parts or Path(entry["path"]).is_absolute():
-            return f"{MANIFEST} names a file outside the checkpoint: {entry['path']}"
-    return entries
-
-
-def verify(directory: Path, *, checksums: bool = True) -> str | None:
-    """None when `directory` is a complete checkpoint; else what is wrong with it. Without `checksums` only the
-    manifest, the files and their sizes are checked (cheap: the login node, pruning); with them every byte is read
-    (the compute node, once before loading)."""
-    entries = _manifest_entries(directory)
-    if isinstance(entries, str):
-        return entries
-    for entry in entries:
-        path = directory / entry["path"]
-        if not path.is_file():
-            return f"{entry['path']} is missing"
-        if path.stat().st_size != entry["size"]:
-            return f"{entry['path']} has {path.stat().st_size} bytes, the manifest says {entry['size']}"
-    if not (directory / STATE).is_file():
-        return f"{STATE} is missing"
-    for entry in entries if checksums else []:
-        algorithm = CHECKSUM if isinstance(entry.get(CHECKSUM), str) else _LEGACY_CHECKSUM
-        if file_checksum(directory / entry["path"], algorithm) != entry[algorithm]:
-            return f"{entry['path']} does not match its {algorithm} checksum"
-    return None
-
-
-def checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every sealed-looking checkpoint, newest first (not yet verified); a replaced one renamed
-    aside counts only when a crash left no checkpoint of its step."""
-    if not root.is_dir():
-        return []
-    found = {int(m.group(1)): p for p in root.iterdir() if (m := _DIR.match(p.name)) and p.is_dir()}
-    for p in root.iterdir():
-        if (m := _ASIDE.match(p.name)) and p.is_dir():
-            found.setdefault(int(m.group(1)), p)
-    return sorted(found.items(), reverse=True)
-
-
-def latest_valid(root: Path, *, warn: bool = True, checksums: bool = True) -> tuple[int, Path] | None:
-    """The newest checkpoint that verifies; damaged newer ones are skipped with a warning. The login node passes
-    `checksums=False` (manifest and sizes only); the trainer checks every checksum once, before it loads."""
-    for step, directory in checkpoints(root):
-        problem = verify(directory, checksums=checksums)
-        if problem is None:
-            return step, directory
-        if warn:
-            message = f"recover checkpoint {directory} is damaged ({problem}); using an older one"
-            logger.warning(message)
-            print(f"rlkit train: WARNING: {message}", flush=True)
-    return None
-
-
 def prune(root: Path, keep_last: int) -> list[Path]:
     """Remove all but the newest `keep_last` valid checkpoints, damaged ones, and stale temp directories."""
     removed: list[Path] = []
@@ -221,10 +131,6 @@ def prune(root: Path, keep_last: int) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
-
-
-def temp_dir(root: Path, step: int) -> Path:
-    return root / f".step-{step:08d}.tmp"
 
 
 def rng_state() -> dict[str, Any]:

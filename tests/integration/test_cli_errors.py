@@ -261,3 +261,54 @@ def test_xccl_refuses_a_container_network_the_servers_cannot_leave(grpo_yaml: Pa
     shared = run_rlkit("render", str(grpo_yaml), *common, "actor.weight_update_mode=xccl",
                        "launcher.slurm.apptainer_args=--nv")
     assert shared.returncode == 0, shared.stderr
+
+
+@pytest.fixture
+def sft_yaml(grpo_yaml: Path) -> Path:
+    """The grpo fixture as a trainer-only sft job (allocation_mode fsdp:d2): valid as far as the launch side goes."""
+    path = grpo_yaml.with_name("sft.yaml")
+    path.write_text(grpo_yaml.read_text().replace("type: grpo", "type: sft")
+                    .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
+    return path
+
+
+SFT_MISTAKES = [
+    pytest.param(["allocation_mode=vllm:d1+fsdp:d2"], ["job type sft runs no inference servers"], id="servers"),
+    pytest.param(["allocation_mode=sglang:d2"], ["job type sft runs no inference servers",
+                                                 "job type sft needs trainer GPUs"], id="no-trainer-part"),
+    pytest.param(["allocation_mode=fsdp:d2t2"], ["fsdp takes only d (got 't')"], id="tensor-parallel-trainer"),
+    pytest.param(["actor.path=/no/model"], ["actor.path: '/no/model' is not a model directory"], id="missing-model"),
+    pytest.param(["allocation_mode=fsdp:d4"], ["needs 4 nodes (4 trainer) but cluster.n_nodes is 3"],
+                 id="does-not-fit"),
+    pytest.param(["type=sfft"], ["type 'sfft' is not a job type", "did you mean 'sft'?"], id="misspelt-type"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("overrides", "says"), SFT_MISTAKES)
+def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
+                                        says: list[str]) -> None:
+    before = _test_jobs()
+    result = run_rlkit("submit", str(sft_yaml), *overrides)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    if "did you mean 'sft'?" in says:
+        says = says[:1]  # the hint is on the fix line
+        assert "did you mean 'sft'?" in result.stderr
+    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before
+
+
+@pytest.mark.slurm
+def test_sft_is_refused_at_submit_until_its_step_exists(sft_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
+    """A valid sft config renders as a plain one-component job, but submit refuses it while rlkit.train.sft is not
+    installed: a clear ConfigError, exit 2, nothing written or submitted."""
+    rendered = run_rlkit("render", str(sft_yaml))
+    assert rendered.returncode == 0, rendered.stderr
+    assert "#SBATCH hetjob" not in rendered.stdout and "rlkit train --trial-dir" in rendered.stdout
+    before = _test_jobs()
+    _assert_refused(run_rlkit("submit", str(sft_yaml)), "job type sft cannot be submitted yet: its in-job step "
+                                                         "rlkit.train.sft:run_sft is not available")
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before

@@ -46,11 +46,14 @@ def test_there_are_gpu_and_cpu_examples() -> None:
 def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
     """CPU servers skip torch.compile's warm-up (half the start time, bench/bench_vllm_start.py) and keep their
     worker in the engine process (no busy-polling second process); GPU servers keep vLLM's defaults."""
+    from rlkit.jobs import job_type_for
     from rlkit.servers.backend import backend_for
     from rlkit.steps.serve import server_launch
 
     for path in EXAMPLES:
         config = load_config(path)
+        if not job_type_for(config.type).needs_servers:
+            continue  # a trainer-only example (sft) starts no server
         argv = server_launch(config, backend_for("vllm"), 1, 8000, token="t", secret_dir=Path("/nonexistent"),
                              index=0).argv
         on_cpu = config.launcher.slurm.container_type == "none"
@@ -77,3 +80,14 @@ def test_controller_verdict_is_real(site_standins: list[str], rlkit_home: Path) 
                        "cluster.n_nodes=6", "--test-only")
     assert result.returncode == 2
     assert "Slurm rejects this job" in result.stderr
+
+
+@pytest.mark.slurm
+def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_home: Path) -> None:
+    """A job of one component (sft: fsdp:d2, no servers) is a plain, not heterogeneous, job the controller takes."""
+    result = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), *site_standins, "type=sft",
+                       "allocation_mode=fsdp:d2", "--test-only")
+    assert result.returncode == 0, result.stderr
+    assert "to start at" in result.stderr and "using 2 processors" in result.stderr
+    assert "#SBATCH hetjob" not in result.stdout and "--het-group" not in result.stdout
+    assert not rlkit_home.exists()

@@ -1,26 +1,67 @@
-"""The login-node side stays light: config, launch and status never pull in torch, vLLM or transformers."""
+"""The login-node side stays light: config, launch, jobs and status never pull in torch, vLLM, transformers or the
+trainer (rlkit.train), and config never imports rlkit.train at all."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 HEAVY = ("torch", "vllm", "transformers", "sglang", "safetensors", "xxhash")
+REPORT = f"""
+heavy = {{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})
+trainer = {{m for m in sys.modules if m == "rlkit.train" or m.startswith("rlkit.train.")}}
+print("loaded:", " ".join(sorted(heavy | trainer)))
+"""
 PROGRAM = f"""
-import sys
-import rlkit.cli, rlkit.config.load, rlkit.config.validate, rlkit.launch.submit, rlkit.launch.render, rlkit.status
+import pkgutil, sys
+import rlkit.config, rlkit.launch, rlkit.jobs
+for package in (rlkit.config, rlkit.launch, rlkit.jobs):
+    for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        if module.name != "rlkit.jobs.run":  # the in-job dispatcher: imports the step, by design
+            __import__(module.name)
+import rlkit.cli, rlkit.status
 from rlkit.launch.submit import prepare
 from rlkit.servers.backend import backend_for
 backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
 for config in sys.argv[1:]:
     prepare(config, [], dry_run=True)
-print(" ".join(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))))
-"""
+from rlkit.jobs import registered_job_types
+for job in registered_job_types():
+    job.step_available()
+{REPORT}"""
+STATUS = f"""
+import sys
+import rlkit.cli
+sys.argv = ["rlkit", "status"]
+try:
+    rlkit.cli.main()
+except SystemExit as end:
+    assert end.code == 0, end.code
+{REPORT}"""
 
 
 def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, grpo_yaml: Path) -> None:
-    """A generate and a grpo config are loaded, validated (reward function included), planned and rendered."""
-    out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml)], capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == "", f"imported on the login-node path: {out.stdout}"
+    """Every module of config, launch and jobs is imported; a generate, a grpo and an sft config are loaded,
+    validated (the grpo reward function included), planned and rendered."""
+    sft_yaml = grpo_yaml.with_name("sft.yaml")
+    sft_yaml.write_text(grpo_yaml.read_text().replace("type: grpo", "type: sft")
+                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
+    out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml)],
+                         capture_output=True, text=True, check=True)
+    assert _loaded(out.stdout) == "", f"imported on the login-node path: {out.stdout}"
+
+
+def _loaded(stdout: str) -> str:
+    """What the report line names (heavy packages and rlkit.train modules imported)."""
+    reports = [line for line in stdout.splitlines() if line.startswith("loaded:")]
+    assert len(reports) == 1, stdout
+    return reports[0].removeprefix("loaded:").strip()
+
+
+def test_rlkit_status_imports_no_heavy_package_nor_the_trainer(rlkit_home: Path) -> None:
+    """`rlkit status` (no trials recorded here) runs through the real CLI entry point."""
+    out = subprocess.run([sys.executable, "-c", STATUS], capture_output=True, text=True, check=True,
+                         env={**os.environ, "RLKIT_HOME": str(rlkit_home)})
+    assert _loaded(out.stdout) == "", f"imported by rlkit status: {out.stdout}"

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config
-from rlkit.launch.plan import plan_job
 from rlkit.launch.render import step_command
 from rlkit.nameresolve import (
     NameEntryNotFoundError,
@@ -31,6 +30,7 @@ from rlkit.rollout.client import discover_servers, wait_for_servers
 
 from ..conftest import CONFIGS
 from ..planted import OTHER_UID, Listener, plant_rlkit_package, plant_server_records
+from .planning import plan_of
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -152,7 +152,7 @@ def test_steps_never_import_a_planted_rlkit_from_the_trial_directory(tmp_path: P
     working directory) imports a planted rlkit/, from the working directory srun is now told to use it does not."""
     config = load_config(CONFIGS / "generate-cpu-demo.yaml",
                          [f"cluster.fileroot={tmp_path}", f"launcher.python={sys.executable}"])
-    plan = plan_job(config)
+    plan = plan_of(config)
     trial = Path(plan.trial_dir)
     trial.mkdir(parents=True, mode=0o700)
     marker = tmp_path / "marker"
@@ -162,7 +162,7 @@ def test_steps_never_import_a_planted_rlkit_from_the_trial_directory(tmp_path: P
     assert python_part[:3] == [sys.executable, "-m", "rlkit"]
     chdir = [a.removeprefix("--chdir=") for a in argv[:argv.index(sys.executable)] if a.startswith("--chdir=")]
     assert chdir == ["/"]
-    probe = [*python_part[:4], "--help"]  # `python -m rlkit generate --help`: the step's own command, runs nothing
+    probe = [*python_part[:4], "--help"]  # `python -m rlkit client --help`: the step's own command, runs nothing
 
     as_before = subprocess.run(probe, cwd=trial, capture_output=True, text=True, timeout=120)
     assert marker.exists() and as_before.returncode != 0, "the planted package must shadow rlkit from the trial dir"

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config
+from rlkit.config.validate import validate
 from rlkit.errors import ConfigError
-from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE, plan_job
+from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command
 
 from ..conftest import CONFIGS
+from .planning import plan_of
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # Fixed values so the golden scripts do not depend on this machine.
@@ -39,11 +41,17 @@ def _start_lines(script: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
+# A trainer-only job (no servers, one component): the grpo demo as an sft job until configs/ has an sft example.
+TRAINER_ONLY = ("grpo-cpu-demo", ["type=sft", "allocation_mode=fsdp:d2"])
+GOLDEN_CASES = {**{p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}, "trainer-only-sft": TRAINER_ONLY}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_rendered_scripts_match_golden(name: str) -> None:
     """Golden files; regenerate after an intended change with RLKIT_UPDATE_GOLDEN=1 and review the diff."""
-    config = load_config(CONFIGS / f"{name}.yaml", PINNED)
-    script = render_script(plan_job(config))
+    source, overrides = GOLDEN_CASES[name]
+    config = load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])
+    script = render_script(plan_of(config))
     golden = GOLDEN / f"{name}.sbatch"
     if os.environ.get("RLKIT_UPDATE_GOLDEN") == "1":
         golden.write_text(script)
@@ -53,7 +61,7 @@ def test_rendered_scripts_match_golden(name: str) -> None:
 
 
 def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:
-    plan = plan_job(load_config(CONFIGS / "grpo.yaml", PINNED))
+    plan = plan_of(load_config(CONFIGS / "grpo.yaml", PINNED))
     servers, trainer = plan.components
     assert (servers.role, servers.nodes, servers.ntasks_per_node, servers.gpus_per_node) == (SERVER_ROLE, 1, 4, 8)
     assert (trainer.role, trainer.nodes, trainer.ntasks_per_node, trainer.gpus_per_node) == (TRAINER_ROLE, 1, 8, 8)
@@ -72,14 +80,14 @@ def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:
 
 
 def test_servers_spread_over_nodes_when_a_node_holds_one(generate_yaml: Path) -> None:
-    plan = plan_job(load_config(generate_yaml))
+    plan = plan_of(load_config(generate_yaml))
     assert [c.role for c in plan.components] == [SERVER_ROLE, CLIENT_ROLE]
     assert plan.components[0].nodes == 2 and plan.components[1].gpus_per_node == 0
     assert [s.relative_node for s in plan.steps if s.role == SERVER_ROLE] == [0, 1]
 
 
 def test_multi_node_servers_fill_nodes_in_order(generate_yaml: Path) -> None:
-    plan = plan_job(load_config(generate_yaml, ["allocation_mode=vllm:d8t2", "cluster.n_gpus_per_node=8",
+    plan = plan_of(load_config(generate_yaml, ["allocation_mode=vllm:d8t2", "cluster.n_gpus_per_node=8",
                                                 "cluster.n_nodes=3"]))
     assert plan.components[0].nodes == 2 and plan.components[0].ntasks_per_node == 4
     assert [s.relative_node for s in plan.steps if s.role == SERVER_ROLE] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -92,26 +100,24 @@ def test_multi_node_servers_fill_nodes_in_order(generate_yaml: Path) -> None:
         (["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "do not divide into whole servers of 3 GPUs"),
         (["allocation_mode=vllm:d1t2"], "one server needs 2 GPUs but a node has 1"),
         (["allocation_mode=vllm:d3t2", "cluster.n_gpus_per_node=4"], "must fill whole nodes of 4 GPUs"),
-        (["allocation_mode=vllm:d2+fsdp:d2"], "job type generate has no trainer"),
-        (["type=grpo"], "needs trainer GPUs"),
         (["launcher.slurm.nodelist=node[1-2]"], "names 2 nodes but the job needs exactly 3"),
         (["launcher.slurm.nodelist=node[2-1]"], "goes backwards"),
     ],
 )
 def test_layouts_that_do_not_fit_are_refused(generate_yaml: Path, overrides: list[str], says: str) -> None:
     with pytest.raises(ConfigError) as info:
-        plan_job(load_config(generate_yaml, overrides))
+        plan_of(load_config(generate_yaml, overrides))
     assert says in info.value.message
 
 
 def test_nodelist_is_split_over_components(generate_yaml: Path) -> None:
-    plan = plan_job(load_config(generate_yaml, ["launcher.slurm.nodelist=gpu[07-08],cpu1"]))
+    plan = plan_of(load_config(generate_yaml, ["launcher.slurm.nodelist=gpu[07-08],cpu1"]))
     assert [c.nodelist for c in plan.components] == ["gpu07,gpu08", "cpu1"]
     assert "#SBATCH --nodelist=cpu1" in render_script(plan)
 
 
 def test_slurm_options_go_to_every_component(generate_yaml: Path) -> None:
-    plan = plan_job(load_config(generate_yaml, ["launcher.slurm.partition=gpu", "launcher.slurm.account=proj",
+    plan = plan_of(load_config(generate_yaml, ["launcher.slurm.partition=gpu", "launcher.slurm.account=proj",
                                                 "launcher.slurm.qos=high", "launcher.slurm.time=1-00:00:00",
                                                 "launcher.slurm.constraint=a100", "launcher.slurm.exclude=bad1",
                                                 "launcher.slurm.sbatch_additional_args=--mail-type=END"]))
@@ -131,7 +137,7 @@ def test_weird_values_survive_the_shell(generate_yaml: Path) -> None:
                                          "launcher.slurm.mount=/data dir:/data",
                                          "launcher.slurm.apptainer_args=--nv --contain"])
     config.launcher.inference_server_env_vars = f"A={value}"
-    plan = plan_job(config)
+    plan = plan_of(config)
     script = render_script(plan)
     command = _command_lines(script)["cmd_server_0"]
     printed = subprocess.run(["bash", "-c", "printf '%s\\n' " + command],
@@ -152,10 +158,10 @@ def test_fileroot_with_shell_characters_is_refused(generate_yaml: Path) -> None:
 
 
 def test_step_command_is_bare_without_containers(generate_yaml: Path) -> None:
-    plan = plan_job(load_config(generate_yaml))
+    plan = plan_of(load_config(generate_yaml))
     argv = step_command(plan.steps[-1], plan)
     assert argv[0] == "srun" and "--het-group=1" in argv
-    assert argv[-5:] == ("-m", "rlkit", "generate", "--trial-dir", f"{plan.trial_dir}")
+    assert argv[-5:] == ("-m", "rlkit", "client", "--trial-dir", f"{plan.trial_dir}")
     assert "apptainer" not in argv
 
 
@@ -163,10 +169,79 @@ def test_name_resolve_files_are_bound_into_containers(generate_yaml: Path) -> No
     """Records in the trial directory need no bind of their own; a separate record root and etcd's TLS files do."""
     apptainer = ["launcher.slurm.container_type=apptainer", "launcher.slurm.mount="]
     fileroot = load_config(generate_yaml).cluster.fileroot
-    assert plan_job(load_config(generate_yaml, apptainer)).binds == (f"{fileroot}:{fileroot}",)
+    assert plan_of(load_config(generate_yaml, apptainer)).binds == (f"{fileroot}:{fileroot}",)
     files = {"etcd3_cacert": "/etc/etcd/ca.crt", "etcd3_cert": "/home/u/c.crt", "etcd3_key": "/home/u/c.key"}
     etcd = ["cluster.name_resolve.type=etcd3", *(f"cluster.name_resolve.{k}={v}" for k, v in files.items())]
-    binds = plan_job(load_config(generate_yaml, [*apptainer, *etcd])).binds
+    binds = plan_of(load_config(generate_yaml, [*apptainer, *etcd])).binds
     assert {f"{v}:{v}" for v in files.values()} <= set(binds)
-    shared = plan_job(load_config(generate_yaml, [*apptainer, "cluster.name_resolve.nfs_record_root=/shared/nr"])).binds
+    shared = plan_of(load_config(generate_yaml, [*apptainer, "cluster.name_resolve.nfs_record_root=/shared/nr"])).binds
     assert "/shared/nr:/shared/nr" in shared
+
+
+def test_trainer_only_job_has_one_component_and_no_server_steps() -> None:
+    """sft: allocation_mode fsdp:d2 gives a plain (not heterogeneous) job of one trainer component and one step."""
+    source, overrides = TRAINER_ONLY
+    plan = plan_of(load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides]))
+    (trainer,) = plan.components
+    assert (trainer.role, trainer.nodes, trainer.ntasks_per_node, trainer.gpus_per_node) == (TRAINER_ROLE, 2, 1, 1)
+    (step,) = plan.steps
+    assert (step.name, step.role, step.het_group, step.ntasks) == ("sft", TRAINER_ROLE, 0, 2)
+    assert step.argv[-3:-1] == ("train", "--trial-dir")
+    assert plan.trainer_group == 0 and plan.retries == 3  # resumable: requeues itself at its time limit
+    assert "--requeue" in plan.job_options
+    script = render_script(plan)
+    assert "hetjob" not in script and "--het-group" not in script and "TRAINER_GROUP=0 " in script
+    assert [line[:2] for line in _start_lines(script)] == [["sft", "trainer"]]
+    assert not any(s.role == SERVER_ROLE for s in plan.steps)
+
+
+def test_time_limit_warning_and_stop_reach_a_plain_job() -> None:
+    """Outside a heterogeneous job there are no SLURM_JOB_ID_HET_GROUP_* variables: the script's component list
+    falls back to the job itself, so stop and the time-limit warning still reach the trainer (run in bash here)."""
+    source, overrides = TRAINER_ONLY
+    script = render_script(plan_of(load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])))
+    start = script.index("component_ids() {")
+    function = script[start:script.index("\n}\n", start) + 3]
+    run = subprocess.run(["bash", "-c", function + "component_ids"], capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "41"})
+    assert run.stdout.split("\n")[:1] == ["0 41"]
+    het = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "50", "SLURM_JOB_ID_HET_GROUP_0": "50",
+           "SLURM_JOB_ID_HET_GROUP_1": "51"}
+    run = subprocess.run(["bash", "-c", function + "component_ids"], capture_output=True, text=True, check=True,
+                         env=het)
+    assert sorted(run.stdout.splitlines()) == ["0 50", "1 51"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["allocation_mode=vllm:d2+fsdp:d2"], "job type generate has no trainer"),
+        (["type=grpo"], "job type grpo needs trainer GPUs"),
+        (["type=sft", "allocation_mode=vllm:d1+fsdp:d1"], "job type sft runs no inference servers"),
+        (["type=sft", "allocation_mode=fsdp:d1"], None),
+    ],
+)
+def test_layout_must_match_the_job_type(generate_yaml: Path, overrides: list[str], says: str | None) -> None:
+    """validate reports a layout the job type cannot use; the planner refuses it as well if asked anyway."""
+    config = load_config(generate_yaml, overrides)
+    messages = [e.message for e in validate(config).problems.errors]
+    if says is None:
+        assert not any("allocation_mode" in m for m in messages), messages
+        return
+    assert any(says in m for m in messages), messages
+    with pytest.raises(ConfigError, match="does not give job type"):
+        plan_of(config)
+
+
+def test_supervisor_and_trainer_share_the_contract() -> None:
+    """The words and codes the script acts on are rlkit.step_contract's, and the GRPO trainer uses the same ones
+    (until it imports them from there)."""
+    from rlkit.launch.render import _SUPERVISOR
+    from rlkit.step_contract import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
+    from rlkit.train import grpo_rank0
+
+    assert "@STATUS" not in _SUPERVISOR and "@EXIT" not in _SUPERVISOR
+    assert f'= {STATUS_REQUEUE} ]' in _SUPERVISOR and f'= {STATUS_STOPPED} ]' in _SUPERVISOR
+    assert f"return {EXIT_REQUEUE}\n" in _SUPERVISOR
+    assert (grpo_rank0.EXIT_REQUEUE, grpo_rank0.EXIT_STOPPED, grpo_rank0.EXIT_SERVERS_GONE) == (
+        EXIT_REQUEUE, EXIT_STOPPED, EXIT_SERVERS_GONE)

@@ -10,9 +10,9 @@ from rlkit.config.load import load_config, parse_overrides, to_yaml
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
-from rlkit.launch.plan import plan_job
 
 from ..conftest import raise_problems
+from .planning import plan_of
 
 TRAPS = """
 time: 1:30:00
@@ -55,7 +55,7 @@ def test_unquoted_time_and_digit_names_reach_the_script_as_written(generate_yaml
     config = load_config(path)
     assert config.trial_name == "0123" and config.launcher.slurm.time == "1:30:00"
     raise_problems(config)
-    plan = plan_job(config)
+    plan = plan_of(config)
     assert "--time=0-01:30:00" in plan.component_options
     saved = tmp_path / "resolved.yaml"  # the trial's config.yaml, read again by the in-job steps
     saved.write_text(to_yaml(config))

@@ -1,0 +1,60 @@
+"""What Slurm tells a step about where it runs, read in one place (torch-free; like submitit's JobEnvironment).
+
+Inside `srun`, each task learns its place from SLURM_* variables: its rank among the step's tasks, its rank on its
+node, the step's size, its node, the job and step ids, how often the job was requeued, and the nodes it holds.
+Every in-job module asks a JobEnv instead of reading those variables itself, so their names and fallbacks (a step
+started outside Slurm: rank 0 of 1, empty ids) are decided here once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """One task's view of its Slurm job. `in_step`: started by srun (SLURM_PROCID is set); outside a step the
+    rank fields describe a single process."""
+
+    in_step: bool
+    global_rank: int
+    local_rank: int
+    world_size: int
+    node_id: int
+    node_name: str
+    job_id: str
+    step_id: str
+    restart_count: int
+    nodelist: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
+        env = os.environ if environ is None else environ
+        return cls(
+            in_step="SLURM_PROCID" in env,
+            global_rank=_int(env, "SLURM_PROCID", 0),
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            # the step's task count; a batch script (no step yet) only knows the job's
+            world_size=_int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1)),
+            node_id=_int(env, "SLURM_NODEID", 0),
+            node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
+            job_id=env.get("SLURM_JOB_ID", ""),
+            step_id=env.get("SLURM_STEP_ID", ""),
+            restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
+            nodelist=env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
+        )
+
+    @property
+    def hostnames(self) -> list[str]:
+        """The step's (else the job's) nodes, expanded from Slurm's hostlist syntax."""
+        from rlkit.launch.hostlist import expand_hostlist
+
+        return expand_hostlist(self.nodelist) if self.nodelist else []

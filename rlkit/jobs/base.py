@@ -1,0 +1,62 @@
+"""What a job type is: the record every job type registers (rlkit.jobs.registry lists them).
+
+A job type says which components its job has (inference servers or not; a trainer or a GPU-less client step), which
+in-job function runs its work, whether it resumes from recover checkpoints, and how its own fields are checked. The
+launch side (validate, plan, submit, resume, stop, status) asks the record instead of switching on the name, so a new
+job type touches its own module and the registry only. Torch-free: the step is a "module:function" string imported
+in the job, never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlkit.config.allocation import Allocation
+    from rlkit.config.problems import Problems
+    from rlkit.config.schema import ExperimentConfig
+
+Validator = Callable[["ExperimentConfig", "Allocation | None", "Problems"], None]
+
+
+def _no_checks(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    """A job type without fields of its own."""
+
+
+@dataclass(frozen=True)
+class JobType:
+    """One job type. `needs_servers`: its job starts inference servers (allocation_mode has a server part, and only
+    then). `trainer`: its work step is a trainer on GPUs (allocation_mode has an fsdp part) rather than one GPU-less
+    client process. `resumable`: it writes recover checkpoints, so the job requeues itself at its time limit,
+    `rlkit resume` continues it and `rlkit stop` checkpoints first. `step`: "module:function" called with the
+    trial directory in the job. `sections`: the config sections holding its own knobs. `prompt_dataset`: the
+    dataset whose prompts go to the servers (its max_length must fit their context), empty when none does."""
+
+    name: str
+    help: str
+    needs_servers: bool
+    trainer: bool
+    resumable: bool
+    step: str
+    sections: tuple[str, ...] = ()
+    prompt_dataset: str = ""
+    validate: Validator = field(default=_no_checks, compare=False)
+
+    @property
+    def step_module(self) -> str:
+        return self.step.partition(":")[0]
+
+    def step_available(self) -> bool:
+        """Whether the step's module exists in this installation, found without importing it or its packages (the
+        login node never imports the trainer)."""
+        parts = self.step_module.split(".")
+        path: list[str] | None = None
+        for depth in range(len(parts)):
+            spec = PathFinder.find_spec(".".join(parts[: depth + 1]), path)
+            if spec is None:
+                return False
+            path = list(spec.submodule_search_locations or [])
+        return True

@@ -1,0 +1,103 @@
+"""The job-type registry: the one list of job types, what each declares, and what the launch side makes of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rlkit.config.load import load_config
+from rlkit.config.schema import ExperimentConfig
+from rlkit.errors import ConfigError
+from rlkit.jobs import JOB_TYPES, JobType, job_type_for, registered_job_types
+from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
+
+from .planning import plan_of
+
+
+def test_unknown_type_is_refused_with_the_closest_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        job_type_for("gpro")
+    assert "type 'gpro' is not a job type" in info.value.message
+    assert info.value.hint is not None and "did you mean 'grpo'?" in info.value.hint
+    assert all(name in info.value.hint for name in JOB_TYPES)
+
+
+def test_a_name_like_none_gets_the_list_without_a_guess() -> None:
+    with pytest.raises(ConfigError) as info:
+        job_type_for("zzzz")
+    assert info.value.hint is not None and "did you mean" not in info.value.hint
+
+
+def test_registry_holds_generate_grpo_and_sft() -> None:
+    assert JOB_TYPES[:3] == ("generate", "grpo", "sft")
+    assert [job.name for job in registered_job_types()] == list(JOB_TYPES)
+
+
+def test_declared_sections_and_prompt_datasets_are_fields_of_the_schema() -> None:
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    for job in registered_job_types():
+        assert set(job.sections) <= fields, job.name
+        if job.prompt_dataset:
+            assert job.prompt_dataset.split(".")[0] in fields, job.name
+        assert job.needs_servers or job.trainer, f"{job.name} has neither servers nor a trainer: nothing would run"
+
+
+def test_type_help_lists_no_choices_that_could_drift() -> None:
+    help_text = next(f for f in dataclasses.fields(ExperimentConfig) if f.name == "type").metadata["help"]
+    assert not any(name in help_text.split() for name in JOB_TYPES)
+
+
+def _layout(job: JobType) -> str:
+    return {(True, True): "vllm:d1+fsdp:d1", (True, False): "vllm:d1", (False, True): "fsdp:d1"}[
+        (job.needs_servers, job.trainer)]
+
+
+@pytest.mark.parametrize("name", JOB_TYPES)
+def test_each_job_type_plans_the_components_it_declares(generate_yaml: Path, name: str) -> None:
+    job = job_type_for(name)
+    plan = plan_of(load_config(generate_yaml, [f"type={name}", f"allocation_mode={_layout(job)}"]))
+    roles = [c.role for c in plan.components]
+    assert roles == [*([SERVER_ROLE] if job.needs_servers else []), TRAINER_ROLE if job.trainer else CLIENT_ROLE]
+    work = plan.steps[-1]
+    assert work.name == name and work.het_group == len(roles) - 1 == plan.trainer_group
+    assert work.argv[-3] == ("train" if job.trainer else "client")
+    assert ("--requeue" in plan.job_options) == job.resumable and (plan.retries > 0) == job.resumable
+
+
+def test_step_availability_is_found_without_importing_the_step() -> None:
+    assert job_type_for("generate").step_available()
+    assert job_type_for("grpo").step_available()
+    missing = dataclasses.replace(job_type_for("sft"), step="rlkit.train.no_such_module:run")
+    assert not missing.step_available()
+    assert not dataclasses.replace(missing, step="rlkit.no_such_package.x:run").step_available()
+    # that asking imports neither the step nor rlkit.train: tests/unit/test_layering.py, in a fresh interpreter
+
+
+def test_every_available_step_names_a_function_of_its_module() -> None:
+    """`rlkit train`/`rlkit client` call module:function in the job; a typo there would fail only on the cluster.
+    Read from the source (importing the trainer would take seconds)."""
+    import ast
+    import importlib.util
+
+    for job in registered_job_types():
+        if job.step_available():
+            module, _, function = job.step.partition(":")
+            spec = importlib.util.find_spec(module)
+            assert spec is not None and spec.origin is not None, job.step
+            tree = ast.parse(Path(spec.origin).read_text())
+            assert any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body), job.step
+
+
+def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_yaml: Path, tmp_path: Path) -> None:
+    """The in-job dispatcher runs the trial's job type only from the command its component runs."""
+    from rlkit.config.load import load_config, to_yaml
+    from rlkit.errors import FatalStepError
+    from rlkit.jobs.run import run_job_step
+
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "config.yaml").write_text(to_yaml(load_config(generate_yaml)))
+    with pytest.raises(FatalStepError, match="job type generate runs `rlkit client`"):
+        run_job_step(trial, trainer=True)
