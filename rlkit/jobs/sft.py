@@ -1,7 +1,6 @@
 """Job type sft: supervised fine-tuning, a trainer-only job (allocation_mode fsdp:dN, no inference servers).
 
-Its in-job step, rlkit.train.sft:run_sft, is not part of this installation yet: `rlkit render` shows the job, and
-`rlkit submit` refuses it (ConfigError) until that module exists (rlkit.launch.submit asks JobType.step_available).
+Its in-job step is rlkit.train.sft:run_sft (the training loop with the sft algorithm).
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ if TYPE_CHECKING:
 
 
 def _validate_sft(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
-    """What launching an sft job needs; the layout (no server part, a trainer part) is checked for every job type
-    in rlkit.jobs.layout. The sft section's own checks (rlkit.config.validate_sft, wave 1 merge) are called here and
-    nowhere else."""
+    """What launching an sft job needs: the sft section's own checks (rlkit.config.validate_sft: datasets, columns,
+    lengths, tokenizer) and the model's weights; the layout (no server part, a trainer part) is checked for every job
+    type in rlkit.jobs.layout."""
     from rlkit.config.site_files import check_model_dir
+    from rlkit.config.validate_sft import validate_sft
 
-    if not config.actor.path:
-        problems.add("actor.path is not set", hint="give the Hugging Face model directory to fine-tune")
-    else:
+    validate_sft(config, problems)  # names an unset actor.path
+    if config.actor.path:
         with problems.check():
             check_model_dir("actor.path", config.actor.path)
 
@@ -32,5 +31,5 @@ def _validate_sft(config: ExperimentConfig, allocation: Allocation | None, probl
 SFT = JobType(
     name="sft", help="supervised fine-tuning on prompt/completion data (trainer only, no servers)",
     needs_servers=False, trainer=True, resumable=True, step="rlkit.train.sft:run_sft",
-    sections=("actor", "train_dataset", "saver", "recover"), validate=_validate_sft,
+    sections=("actor", "sft", "train_dataset", "valid_dataset", "saver", "recover"), validate=_validate_sft,
 )

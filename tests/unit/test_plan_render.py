@@ -234,14 +234,14 @@ def test_layout_must_match_the_job_type(generate_yaml: Path, overrides: list[str
 
 
 def test_supervisor_and_trainer_share_the_contract() -> None:
-    """The words and codes the script acts on are rlkit.step_contract's, and the GRPO trainer uses the same ones
+    """The words and codes the script acts on are rlkit.step_contract's, and the training loop uses the same ones
     (until it imports them from there)."""
     from rlkit.launch.render import _SUPERVISOR
     from rlkit.step_contract import EXIT_REQUEUE, EXIT_SERVERS_GONE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
-    from rlkit.train import grpo_rank0
+    from rlkit.train import loop_rank0
 
     assert "@STATUS" not in _SUPERVISOR and "@EXIT" not in _SUPERVISOR
     assert f'= {STATUS_REQUEUE} ]' in _SUPERVISOR and f'= {STATUS_STOPPED} ]' in _SUPERVISOR
     assert f"return {EXIT_REQUEUE}\n" in _SUPERVISOR
-    assert (grpo_rank0.EXIT_REQUEUE, grpo_rank0.EXIT_STOPPED, grpo_rank0.EXIT_SERVERS_GONE) == (
+    assert (loop_rank0.EXIT_REQUEUE, loop_rank0.EXIT_STOPPED, loop_rank0.EXIT_FAILING) == (
         EXIT_REQUEUE, EXIT_STOPPED, EXIT_SERVERS_GONE)
