@@ -110,9 +110,9 @@ def validate(config: ExperimentConfig) -> Validated:
         problems.add("rollout.max_concurrent_rollouts must be at least 1")
     if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
         problems.add("gconfig.n_samples and gconfig.max_new_tokens must be at least 1")
-    if config.valid_dataset.path:
-        problems.add("valid_dataset.path is set, but rlkit does not evaluate on a validation set yet: it would be "
-                     "ignored", hint="remove valid_dataset (evaluation comes with the evaluator job type)")
+    if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
+        problems.add(f"valid_dataset.path is set, but job type {config.type} does not evaluate on a validation set: "
+                     "it would be ignored", hint="remove valid_dataset (sft reads it)")
     allocation = None
     with problems.check():
         allocation = parse_allocation(config.allocation_mode)

@@ -30,7 +30,7 @@ end_process(0)
 '''
 
 ROWS, BATCH, EPOCHS = 192, 16, 2  # 12 steps per epoch, 24 steps
-KILLED_AFTER, RECOVER_EVERY = 9, 4  # checkpoints after steps 4 and 8, the kill after 9: the retry redoes step 9
+KILLED_AFTER, RECOVER_EVERY = 14, 4  # checkpoints after steps 4, 8, 12 (the end of epoch 1), the kill after 14
 
 
 def _run(world: int, trial: Path, extra_env: dict[str, str] | None = None, *, killed: bool = False) -> list[str]:
@@ -56,7 +56,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_sft_dataset(tmp_path_factory.mktemp("sft-data"), count=ROWS, valid_count=48)
 
 
-def _trial(root: Path, name: str, model: Path, data: tuple[Path, Path], **recover: object) -> Path:
+def _trial(root: Path, name: str, model: Path, data: tuple[Path, Path], saver_epochs: int | None = None,
+           **recover: object) -> Path:
     trial = root / name
     trial.mkdir()
     dataset = {"type": "sft", "max_length": 32}
@@ -68,7 +69,8 @@ def _trial(root: Path, name: str, model: Path, data: tuple[Path, Path], **recove
               "sft": {"apply_chat_template": False},
               "train_dataset": {**dataset, "path": str(data[0]), "batch_size": BATCH, "shuffle": True},
               "valid_dataset": {**dataset, "path": str(data[1]), "batch_size": 48, "shuffle": False},
-              "total_train_epochs": EPOCHS, "saver": {"freq_steps": None, "freq_epochs": None, "freq_secs": None},
+              "total_train_epochs": EPOCHS,
+              "saver": {"freq_steps": None, "freq_epochs": saver_epochs, "freq_secs": None},
               "recover": {"mode": "disabled", "freq_steps": None, "freq_secs": None, **recover}}
     (trial / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     return trial
@@ -130,24 +132,26 @@ def test_two_ranks_train_like_one(straight: Path, tiny_model_dir: Path, data: tu
 def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_a_step(straight: Path, tiny_model_dir: Path,
                                                                              data: tuple[Path, Path],
                                                                              tmp_path: Path) -> None:
-    trial = _trial(tmp_path, "killed", tiny_model_dir, data, mode="auto", freq_steps=RECOVER_EVERY)
+    trial = _trial(tmp_path, "killed", tiny_model_dir, data, saver_epochs=1, mode="auto", freq_steps=RECOVER_EVERY)
     first = _run(2, trial, {"RLKIT_FAULT_INJECT": f"die_after_step@{KILLED_AFTER}"}, killed=True)
     assert f"rlkit train: step {KILLED_AFTER}/" in first[0] and "resuming" not in first[0]
     from rlkit.train import recover
 
     found = recover.latest_valid(recover.recover_root(trial))
-    assert found is not None and found[0] == 8, "the last checkpoint before the kill is step 8"
+    assert found is not None and found[0] == 12, "the last checkpoint before the kill is step 12"
     state = recover.LoopState.from_json((found[1] / recover.STATE).read_text())
     per_epoch = ROWS // BATCH
-    assert state.algorithm["epoch"] == 0 and state.algorithm["next_batch"] == 8
-    assert state.algorithm["steps_per_epoch"] == per_epoch and state.engines == {"actor": 8}
+    assert state.algorithm["epoch"] == 1 and state.algorithm["next_batch"] == 0  # epoch 2 starts after the resume
+    assert state.algorithm["steps_per_epoch"] == per_epoch and state.engines == {"actor": 12}
 
     second = _run(2, trial, {"RLKIT_FAULT_INJECT": f"die_after_step@{KILLED_AFTER}", "RLKIT_STEP_RETRY": "1"})
-    assert "resuming after step 8 " in second[0]
+    assert "resuming after step 12 " in second[0]
     steps = [int(m["step"]) for m in _metrics(trial)]
     assert steps == list(range(1, 2 * per_epoch + 1)), "every step once, in order"
     discarded = [json.loads(line)["step"] for line in (trial / "metrics.discarded.jsonl").read_text().splitlines()]
-    assert discarded == [KILLED_AFTER], "the step done after the checkpoint was trained again"
+    assert discarded == [13, KILLED_AFTER], "the steps done after the checkpoint were trained again"
+    # saver.freq_epochs=1: each epoch's end once, also after a resume at an epoch's end (not again at its first step)
+    assert sorted(p.name for p in (trial / "checkpoints").iterdir()) == ["final", "step12", "step24"]
     # the same batches, the same optimizer state: the resumed run ends exactly where the straight one did
     for a, b in zip(_metrics(trial), _metrics(straight), strict=True):
         assert a["sft/loss"] == b["sft/loss"] and a.get("eval/loss") == b.get("eval/loss"), (a["step"], a, b)
