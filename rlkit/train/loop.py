@@ -134,7 +134,11 @@ def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: A
     if not isinstance(resume, tuple):
         return None
     step_done, directory = resume
-    state = recover.LoopState.from_json((Path(directory) / recover.STATE).read_text())
+    try:
+        state = recover.LoopState.from_json((Path(directory) / recover.STATE).read_text())
+    except (TypeError, ValueError) as exc:  # a checkpoint of rlkit before the training loop (one engine, no names)
+        raise StepError(f"recover checkpoint {directory} has a {recover.STATE} this rlkit cannot read ({exc}); it "
+                        "was written by an older rlkit: start a new trial (or set recover.mode=disabled)") from None
     recover.check_engines(state, list(algorithm.engines), Path(directory))
     for name, engine in algorithm.engines.items():
         engine.load_sharded(recover.shards_dir(Path(directory), name), state.engines[name])
