@@ -106,9 +106,9 @@ class SFT:
                                                       shuffle=ds.shuffle)[: self.per_epoch])
         return self._epoch_cache[1][index]
 
-    def _micro_batches(self, examples: list[SFTExample], batch: list[int]) -> tuple[list[SFTMicroBatch], int]:
-        """This rank's padded micro-batches of `batch` (dummies appended so every rank runs as many) and its target
-        tokens."""
+    def _micro_batches(self, examples: list[SFTExample], batch: list[int]) -> tuple[list[SFTMicroBatch], int, int]:
+        """This rank's padded micro-batches of `batch` (dummies appended so every rank runs as many), its target
+        tokens and its dummies."""
         spec = self.config.actor.mb_spec
         mbs, n_dummies = rank_micro_batches(batch, [e.length for e in examples], rank=self.rank, world=self.world,
                                             max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs)
@@ -116,7 +116,7 @@ class SFT:
         if n_dummies:
             dummy = collate([examples[batch[0]]], self.pad_id, dummy=True).to(self.device)
             micro += [dummy] * n_dummies
-        return micro, sum(examples[i].n_targets for mb in mbs for i in mb)
+        return micro, sum(examples[i].n_targets for mb in mbs for i in mb), n_dummies
 
     def start(self, resumed: dict[str, Any] | None) -> None:
         """Resuming: the checkpoint must come from the same data layout, or its step numbers mean other rows."""
@@ -132,8 +132,8 @@ class SFT:
     def step(self, step: int) -> StepResult:
         """Collective: one optimizer step over the step's batch; validation at an epoch's end and after the last."""
         epoch, index = self.position(step)
-        micro, local_tokens = self._micro_batches(self.train.examples, self._batch(epoch, index))
-        sums = [0.0, 0.0]  # NLL and target tokens of this rank
+        micro, local_tokens, dummies = self._micro_batches(self.train.examples, self._batch(epoch, index))
+        sums = [0.0, 0.0, float(dummies)]  # NLL, target tokens and dummy micro-batches of this rank
 
         def loss_fn(model: Any, mb: SFTMicroBatch) -> tuple[Any, int]:
             nll_sum, n_tokens, stats = sft_loss_fn(model, mb)
@@ -142,9 +142,10 @@ class SFT:
             return nll_sum / max(1, n_tokens), n_tokens  # the engine weighs a mean by its units
 
         stats = self.engine.optimizer_step(micro, loss_fn, local_tokens)
-        nll, tokens = all_reduce_sum(sums)
+        nll, tokens, dummies_all = all_reduce_sum(sums)
         metrics = {**sft_metrics(nll, tokens, prefix="sft"), "sft/grad_norm": stats["grad_norm"],
-                   "sft/lr": stats["lr"], "sft/epoch": float(epoch + 1)}
+                   "sft/lr": stats["lr"], "sft/epoch": float(epoch + 1),
+                   "sft/dummy_micro_batches": dummies_all}  # forward/backward passes spent keeping ranks in step
         if index == self.per_epoch - 1 or step == self.total_steps:
             self.last_eval = self.evaluate()
             metrics.update(self.last_eval)
@@ -159,7 +160,7 @@ class SFT:
         if self.valid is None or not self.valid.examples:
             return {}
         examples = self.valid.examples
-        micro, _ = self._micro_batches(examples, list(range(len(examples))))
+        micro, _, _ = self._micro_batches(examples, list(range(len(examples))))
         self.engine.model.eval()
         try:
             parts = [eval_nll(self.engine.model, mb) for mb in micro]

@@ -29,8 +29,11 @@ run_sft(Path(sys.argv[1]))
 end_process(0)
 '''
 
-ROWS, BATCH, EPOCHS = 192, 16, 2  # 12 steps per epoch, 24 steps
-KILLED_AFTER, RECOVER_EVERY = 14, 4  # checkpoints after steps 4, 8, 12 (the end of epoch 1), the kill after 14
+# 17 rows per step: 11 steps per epoch (5 rows left out each epoch), 9 and 8 rows on the two ranks; with micro-batches
+# of at most 64 padded tokens (rows of 12-15 tokens), one of the two ranks runs a dummy micro-batch in each step
+ROWS, BATCH, EPOCHS, MB_TOKENS = 192, 17, 2, 64
+PER_EPOCH = ROWS // BATCH
+RECOVER_EVERY, KILLED_AFTER = PER_EPOCH, PER_EPOCH + 2  # a checkpoint at the end of epoch 1, the kill 2 steps later
 
 
 def _run(world: int, trial: Path, extra_env: dict[str, str] | None = None, *, killed: bool = False) -> list[str]:
@@ -63,7 +66,7 @@ def _trial(root: Path, name: str, model: Path, data: tuple[Path, Path], saver_ep
     dataset = {"type": "sft", "max_length": 32}
     config = {"experiment_name": "sft", "trial_name": name, "type": "sft", "allocation_mode": "fsdp:d1", "seed": 3,
               "actor": {"path": str(model), "dtype": "float32", "attn_impl": "sdpa",
-                        "mb_spec": {"max_tokens_per_mb": 96},  # several micro-batches per rank, some dummies
+                        "mb_spec": {"max_tokens_per_mb": MB_TOKENS},
                         "optimizer": {"lr": 3.0e-3, "weight_decay": 0.0, "warmup_steps_proportion": 0.0,
                                       "lr_scheduler_type": "constant"}},
               "sft": {"apply_chat_template": False},
@@ -95,18 +98,20 @@ def straight(tiny_model_dir: Path, data: tuple[Path, Path], tmp_path_factory: py
 
 
 def test_sft_runs_every_step_and_its_validation_loss_falls(straight: Path) -> None:
-    steps = EPOCHS * (ROWS // BATCH)
+    steps = EPOCHS * PER_EPOCH
     progress = json.loads((straight / "progress.json").read_text())
     assert (progress["status"], progress["step"], progress["total_steps"]) == ("finished", steps, steps), progress
     metrics = _metrics(straight)
     assert [int(m["step"]) for m in metrics] == list(range(1, steps + 1))
     evals = [(int(m["step"]), m["eval/loss"]) for m in metrics if "eval/loss" in m]
-    assert [s for s, _ in evals] == [ROWS // BATCH, steps], "validation at each epoch's end (the last is the end)"
+    assert [s for s, _ in evals] == [PER_EPOCH, steps], "validation at each epoch's end (the last is the end)"
     assert all(m["sft/tokens"] > 0 for m in metrics)
-    # measured (tiny model, this data, seed 3): step 1's loss (the untrained model, before its update) is 6.195 nats
-    # per target token (about ln 512, a uniform guess), validation is at 1.772 after epoch 1 and 1.430 after epoch
-    # 2. Asserted: below half the untrained loss after one epoch (measured 0.29 of it), and a further drop of 0.15
-    # (under half the measured 0.34), which a stalled run or one training on the wrong tokens cannot show
+    dummies = sum(m["sft/dummy_micro_batches"] for m in metrics)  # measured: 22, one in every step
+    assert dummies >= PER_EPOCH, "the ranks' micro-batch counts never differed: dummies untested"
+    # measured (tiny model, this data, seed 3): step 1's loss (the untrained model, before its update) is 6.204 nats
+    # per target token (about ln 512, a uniform guess), validation is at 1.853 after epoch 1 and 1.452 after epoch
+    # 2. Asserted: below half the untrained loss after one epoch (measured 0.30 of it), and a further drop of 0.15
+    # (under half the measured 0.40), which a stalled run or one training on the wrong tokens cannot show
     untrained = metrics[0]["sft/loss"]
     (_, first), (_, last) = evals
     assert untrained > 5.0 and first < 0.5 * untrained and last < first - 0.15, (untrained, evals)
@@ -138,20 +143,20 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_a_step(stra
     from rlkit.train import recover
 
     found = recover.latest_valid(recover.recover_root(trial))
-    assert found is not None and found[0] == 12, "the last checkpoint before the kill is step 12"
+    assert found is not None and found[0] == RECOVER_EVERY, "the last checkpoint before the kill"
     state = recover.LoopState.from_json((found[1] / recover.STATE).read_text())
-    per_epoch = ROWS // BATCH
     assert state.algorithm["epoch"] == 1 and state.algorithm["next_batch"] == 0  # epoch 2 starts after the resume
-    assert state.algorithm["steps_per_epoch"] == per_epoch and state.engines == {"actor": 12}
+    assert state.algorithm["steps_per_epoch"] == PER_EPOCH and state.engines == {"actor": RECOVER_EVERY}
 
     second = _run(2, trial, {"RLKIT_FAULT_INJECT": f"die_after_step@{KILLED_AFTER}", "RLKIT_STEP_RETRY": "1"})
-    assert "resuming after step 12 " in second[0]
+    assert f"resuming after step {RECOVER_EVERY} " in second[0]
     steps = [int(m["step"]) for m in _metrics(trial)]
-    assert steps == list(range(1, 2 * per_epoch + 1)), "every step once, in order"
+    assert steps == list(range(1, EPOCHS * PER_EPOCH + 1)), "every step once, in order"
     discarded = [json.loads(line)["step"] for line in (trial / "metrics.discarded.jsonl").read_text().splitlines()]
-    assert discarded == [13, KILLED_AFTER], "the steps done after the checkpoint were trained again"
+    assert discarded == list(range(RECOVER_EVERY + 1, KILLED_AFTER + 1)), "the steps after the checkpoint, redone"
     # saver.freq_epochs=1: each epoch's end once, also after a resume at an epoch's end (not again at its first step)
-    assert sorted(p.name for p in (trial / "checkpoints").iterdir()) == ["final", "step12", "step24"]
+    saved = sorted(p.name for p in (trial / "checkpoints").iterdir())
+    assert saved == ["final", f"step{PER_EPOCH}", f"step{2 * PER_EPOCH}"]
     # the same batches, the same optimizer state: the resumed run ends exactly where the straight one did
     for a, b in zip(_metrics(trial), _metrics(straight), strict=True):
         assert a["sft/loss"] == b["sft/loss"] and a.get("eval/loss") == b.get("eval/loss"), (a["step"], a, b)
