@@ -193,17 +193,13 @@ def _validate_lengths(config: ExperimentConfig, problems: Problems) -> None:
 
 
 def _validate_layout(config: ExperimentConfig, problems: Problems) -> None:
-    """sft runs trainer ranks only; each must get at least one row of a batch."""
+    """Each trainer rank must get at least one row of a batch (the layout itself, trainer part only, is checked for
+    every job type by rlkit.jobs.layout)."""
     try:
         allocation = parse_allocation(config.allocation_mode)
     except ConfigError:
         return  # reported by the common checks
-    if allocation.server is not None:
-        problems.add(f"allocation_mode '{config.allocation_mode}' starts inference servers, but sft trains without "
-                     "them", hint="give the trainer part only, e.g. allocation_mode=fsdp:d2")
     if allocation.trainer is None:
-        problems.add(f"allocation_mode '{config.allocation_mode}' has no trainer part",
-                     hint="e.g. allocation_mode=fsdp:d2")
         return
     ranks, batch = allocation.trainer.dp, config.train_dataset.batch_size
     if 1 <= batch < ranks:

@@ -1,6 +1,7 @@
 """Job type sft: supervised fine-tuning, a trainer-only job (allocation_mode fsdp:dN, no inference servers).
 
-The sft section's own checks live in rlkit.config.validate_sft.
+Its in-job step is rlkit.train.sft:run_sft (the training loop with the sft algorithm); the sft section's own checks
+live in rlkit.config.validate_sft.
 """
 
 from __future__ import annotations

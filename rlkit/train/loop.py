@@ -173,6 +173,8 @@ class Loop:
                 self.books = LoopRank0(self.config, self.paths, self.steps,
                                        self.resumed.step if self.resumed is not None else None)
             algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
+            if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
+                self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))
             for step in range(self.first_step, self.steps + 1):
                 exit_code = self._one_step(step, stop)
                 if exit_code is not None:

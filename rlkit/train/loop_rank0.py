@@ -71,6 +71,10 @@ class LoopRank0:
         self.recover_saver = Saver(config.recover.freq_steps, config.recover.freq_epochs, config.recover.freq_secs,
                                    time.monotonic())
 
+    def resumed_in_epoch(self, epoch: int) -> None:
+        """Resuming after a step of `epoch`: freq_epochs counts from there (else the first resumed step would save)."""
+        self.saver.last_epoch = self.recover_saver.last_epoch = epoch
+
     def saves_due(self, step: int, epoch: int) -> list[str]:
         """The saver checkpoints to write after `step` (names under checkpoints/): the full weights are gathered for
         them on these steps only."""

@@ -81,7 +81,8 @@ def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[float, int]:
 
 
 def sft_metrics(nll_sum: float, tokens: float, *, prefix: str = "sft") -> dict[str, float]:
-    """Mean loss, perplexity and token count from sums over every micro-batch and rank (prefix: sft or eval)."""
+    """Mean loss, perplexity (`ppl`, AReaL's name) and token count from sums over every micro-batch and rank
+    (prefix: sft or eval)."""
     loss = nll_sum / tokens if tokens else float("nan")
     perplexity = math.exp(min(loss, 700.0)) if tokens else float("nan")
-    return {f"{prefix}/loss": loss, f"{prefix}/perplexity": perplexity, f"{prefix}/tokens": float(tokens)}
+    return {f"{prefix}/loss": loss, f"{prefix}/ppl": perplexity, f"{prefix}/tokens": float(tokens)}

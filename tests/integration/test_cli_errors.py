@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -271,9 +273,13 @@ def test_xccl_refuses_a_container_network_the_servers_cannot_leave(grpo_yaml: Pa
 
 @pytest.fixture
 def sft_yaml(grpo_yaml: Path) -> Path:
-    """The grpo fixture as a trainer-only sft job (allocation_mode fsdp:d2): valid as far as the launch side goes."""
+    """The grpo fixture as a valid trainer-only sft job (allocation_mode fsdp:d2, sft rows)."""
+    data = grpo_yaml.with_name("sft.jsonl")
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(8)))
     path = grpo_yaml.with_name("sft.yaml")
-    path.write_text(grpo_yaml.read_text().replace("type: grpo", "type: sft")
+    text = re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {data}, type: sft, max_length: 64,",
+                  grpo_yaml.read_text())
+    path.write_text(text.replace("type: grpo", "type: sft")
                     .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
     return path
 
@@ -283,7 +289,8 @@ SFT_MISTAKES = [
     pytest.param(["allocation_mode=sglang:d2"], ["job type sft runs no inference servers",
                                                  "job type sft needs trainer GPUs"], id="no-trainer-part"),
     pytest.param(["allocation_mode=fsdp:d2t2"], ["fsdp takes only d (got 't')"], id="tensor-parallel-trainer"),
-    pytest.param(["actor.path=/no/model"], ["actor.path: '/no/model' is not a model directory"], id="missing-model"),
+    pytest.param(["actor.path=/no/model"], ["actor.path: '/no/model' is not a model directory",
+                                            "actor.path: '/no/model' has no tokenizer"], id="missing-model"),
     pytest.param(["allocation_mode=fsdp:d4"], ["needs 4 nodes (4 trainer) but cluster.n_nodes is 3"],
                  id="does-not-fit"),
     pytest.param(["type=sfft"], ["type 'sfft' is not a job type", "did you mean 'sft'?"], id="misspelt-type"),
@@ -306,15 +313,8 @@ def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_pa
     assert _test_jobs() == before
 
 
-@pytest.mark.slurm
-def test_sft_is_refused_at_submit_until_its_step_exists(sft_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
-    """A valid sft config renders as a plain one-component job, but submit refuses it while rlkit.train.sft is not
-    installed: a clear ConfigError, exit 2, nothing written or submitted."""
+def test_sft_renders_as_one_trainer_component(sft_yaml: Path) -> None:
+    """A valid sft config renders as a plain one-component job (submitting it: tests/integration/test_sft_e2e.py)."""
     rendered = run_rlkit("render", str(sft_yaml))
     assert rendered.returncode == 0, rendered.stderr
     assert "#SBATCH hetjob" not in rendered.stdout and "rlkit train --trial-dir" in rendered.stdout
-    before = _test_jobs()
-    _assert_refused(run_rlkit("submit", str(sft_yaml)), "job type sft cannot be submitted yet: its in-job step "
-                                                         "rlkit.train.sft:run_sft is not available")
-    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
-    assert _test_jobs() == before

@@ -27,8 +27,10 @@ def site_standins(tmp_path: Path) -> list[str]:
     (model / "config.json").write_text("{}")
     (model / "tokenizer.json").write_text("{}")
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2", "chosen": " 2",
-                                "rejected": " b"}) + "\n")  # chosen/rejected: the pair job types' columns
+    data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2", "response": " 2",
+                                "chosen": " 2", "rejected": " b",  # the pair job types' columns
+                                "messages": [{"role": "user", "content": "1+1="},
+                                             {"role": "assistant", "content": "2"}]}) + "\n")
     images = []
     for role in ("inference_server_image", "trainer_image"):
         image = tmp_path / f"{role}.sif"
@@ -67,7 +69,7 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
-    held_out = [f"valid_dataset.path={data}"] if load_config(config).valid_dataset.path else []  # rw/dpo demos
+    held_out = [f"valid_dataset.path={data}"] if load_config(config).valid_dataset.path else []  # sft/rw/dpo demos
     result = run_rlkit("render", str(config), *site_standins, *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
@@ -88,8 +90,9 @@ def test_controller_verdict_is_real(site_standins: list[str], rlkit_home: Path) 
 @pytest.mark.slurm
 def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_home: Path) -> None:
     """A job of one component (sft: fsdp:d2, no servers) is a plain, not heterogeneous, job the controller takes."""
-    result = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), *site_standins, "type=sft",
-                       "allocation_mode=fsdp:d2", "--test-only")
+    data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
+    result = run_rlkit("render", str(CONFIGS / "sft-cpu-demo.yaml"), *site_standins, f"valid_dataset.path={data}",
+                       "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr and "using 2 processors" in result.stderr
     assert "#SBATCH hetjob" not in result.stdout and "--het-group" not in result.stdout

@@ -3,7 +3,9 @@ trainer (rlkit.train), and config never imports rlkit.train at all."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +47,13 @@ except SystemExit as end:
 def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, grpo_yaml: Path) -> None:
     """Every module of config, launch and jobs is imported; a generate, a grpo and an sft config are loaded,
     validated (the grpo reward function included), planned and rendered."""
+    sft_data = grpo_yaml.with_name("sft.jsonl")
+    sft_data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(8)))
     sft_yaml = grpo_yaml.with_name("sft.yaml")
-    sft_yaml.write_text(grpo_yaml.read_text().replace("type: grpo", "type: sft")
-                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2")
-                        .replace("batch_size: 4}", "batch_size: 4, type: sft}")
-                        .replace("reward: {fn: math}", "sft: {response_key: answer}"))
+    sft_yaml.write_text(re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {sft_data}, type: sft, "
+                                                                  "max_length: 64,", grpo_yaml.read_text())
+                        .replace("type: grpo", "type: sft")
+                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
     out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml)],
                          capture_output=True, text=True, check=True)
     assert _loaded(out.stdout) == "", f"imported on the login-node path: {out.stdout}"

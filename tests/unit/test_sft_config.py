@@ -80,8 +80,6 @@ def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping:
     (["train_dataset.max_length=1"], ["train_dataset.max_length must be at least 2"]),
     (["actor.mb_spec.max_tokens_per_mb=null", "train_dataset.max_length=null", "sft.truncate=true"],
      ["sft.truncate needs train_dataset.max_length"]),
-    (["allocation_mode=vllm:d1+fsdp:d2"], ["starts inference servers, but sft trains without them",
-                                            "allocation_mode=fsdp:d2"]),
     (["train_dataset.batch_size=1"], ["train_dataset.batch_size (1) is smaller than the 2 trainer ranks"]),
     (["actor.path="], ["actor.path is not set"]),
     (["total_train_epochs=0"], ["total_train_epochs must be at least 1"]),
@@ -95,7 +93,8 @@ def test_bad_configs_are_refused_naming_the_field(sft_mapping: dict[str, Any], o
 
 def test_every_problem_is_collected_at_once(sft_mapping: dict[str, Any]) -> None:
     found = problems_of(sft_mapping, "train_dataset.type=rl", "valid_dataset.type=generate",
-                        "sft.response_key=prompt", "train_dataset.max_length=64", "allocation_mode=vllm:d1+fsdp:d1")
+                        "sft.response_key=prompt", "train_dataset.max_length=64", "train_dataset.batch_size=1",
+                        "allocation_mode=fsdp:d2")
     assert len(found) == 5, found
 
 

@@ -70,6 +70,6 @@ def test_loss_fn_sums_split_micro_batches_to_the_whole_batch_mean_and_dummies_ad
 
 def test_metrics_are_the_token_mean_and_its_perplexity() -> None:
     m = sft_metrics(6.0, 4.0)
-    assert m == {"sft/loss": 1.5, "sft/perplexity": pytest.approx(math.exp(1.5)), "sft/tokens": 4.0}
+    assert m == {"sft/loss": 1.5, "sft/ppl": pytest.approx(math.exp(1.5)), "sft/tokens": 4.0}
     assert sft_metrics(1.0, 2.0, prefix="eval")["eval/loss"] == 0.5
     assert math.isnan(sft_metrics(0.0, 0.0)["sft/loss"])
