@@ -1,13 +1,14 @@
 """Evaluation during GRPO training (trainer rank 0): the current weights scored on valid_dataset, beside training.
 
-When `evaluator.freq_*` says so (the saver's triggers, rlkit.train.loop_rank0.Saver), the validation prompts go to
-the same servers through the rollout controller's loop, as a background task: training goes on, and the result is
-merged into the metrics of the step during which it finished. One evaluation at a time (a due one waits for the
-running one); the last step always evaluates the final weights and waits for it, bounded by rollout.request_timeout.
+When `evaluator.freq_*` says so (the saver's triggers, rlkit.train.loop_rank0.Saver), all validation prompts go at
+once to the same servers through the rollout controller's loop, as a background task, right after a weight push:
+training goes on, and the result is merged into the metrics of the step during which it finished. One evaluation at
+a time (a due one waits for the running one); the last step always evaluates the final weights and waits for it.
 
-An evaluation is of one weight version: its requests start once no update is under way, and a completion during
-which an update began (its tokens may come from two versions) is counted in `eval/version_mismatches` and left out
-of `eval/reward`.
+An evaluation is of one weight version: the next push first waits for it (at most rollout.request_timeout: about
+one request time, as its requests run side by side; `timing/eval_wait`), and a completion during which an update
+began anyway (its tokens may come from two versions) is counted in `eval/version_mismatches` and left out of
+`eval/reward`.
 """
 
 from __future__ import annotations
@@ -89,10 +90,9 @@ class Evaluator:
         self.params = eval_sampling(config)
         self.seed = config.seed
         self.wait_s = config.rollout.request_timeout
-        # half the request slots at most, so that the training stream keeps going while an evaluation runs
-        self.concurrency = max(1, config.rollout.max_concurrent_rollouts // 2)
         self.schedule = EvalSchedule(config.evaluator, clock())
         self.running: concurrent.futures.Future[EvalOutcome] | None = None
+        self.finished: list[EvalOutcome] = []  # since the last after_step
         self.last: EvalOutcome | None = None
 
     def progress(self) -> dict[str, float | int | None]:
@@ -106,60 +106,69 @@ class Evaluator:
         """Evaluate the weights the servers hold now, in the background."""
         self.running = self.controller.submit(self._evaluate())
 
+    def wait_before_push(self) -> float:
+        """Before the next weight push: let the running evaluation finish (at most rollout.request_timeout), so that
+        its completions all come from one version; returns the seconds waited (training's only wait for it)."""
+        started = time.monotonic()
+        if self.running is not None and not self.running.done():
+            self._settle(self.wait_s, cancel=False)
+        return time.monotonic() - started
+
     def after_step(self, step: int, epoch: int, *, last: bool) -> dict[str, float]:
-        """The metrics of an evaluation that finished since the previous step (if any); starts one when due. At the
+        """The metrics of the evaluation that finished since the previous step (if any); starts one when due. At the
         last step, waits for the running one and then for the evaluation of the final weights."""
-        metrics = self._collect(wait=last)
+        if self.running is not None and (last or self.running.done()):
+            self._settle(self.wait_s, cancel=True)
         if self.schedule.should_start(step, epoch, self.clock(), running=self.running is not None, last=last):
             self.start()
             if last:
-                metrics = self._collect(wait=True) or metrics
-        return metrics
+                self._settle(self.wait_s, cancel=True)
+        finished, self.finished = self.finished, []
+        return finished[-1].metrics() if finished else {}  # two only if the last step waited for an older one
 
-    def _collect(self, *, wait: bool) -> dict[str, float]:
-        running = self.running
-        if running is None or not (wait or running.done()):
-            return {}
+    def _settle(self, timeout: float, *, cancel: bool) -> None:
+        """Wait up to `timeout` s for the running evaluation; keep its outcome for the step's metrics."""
+        assert self.running is not None
         try:
-            outcome = running.result(timeout=self.wait_s)
+            outcome = self.running.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            running.cancel()
-            print(f"rlkit train: an evaluation did not finish within rollout.request_timeout ({self.wait_s:g} s); "
-                  "it is dropped", flush=True)
-            return {}
+            print(f"rlkit train: an evaluation is still running after {timeout:g} s (rollout.request_timeout)"
+                  + ("; it is dropped" if cancel else "; the weights change under it"), flush=True)
+            if cancel:
+                self.running.cancel()
+                self.running = None
+            return
         except Exception as exc:  # an evaluation never fails training
             print(f"rlkit train: an evaluation failed: {type(exc).__name__}: {exc}", flush=True)
-            return {}
-        finally:
             self.running = None
+            return
+        self.running = None
         self.last = outcome
+        self.finished.append(outcome)
         print(f"rlkit train: eval at weight version {outcome.version}: reward {outcome.reward:.3f} over "
               f"{len(outcome.rewards)} completions ({outcome.mismatched} across a weight update, "
               f"{outcome.request_failures} failed requests) in {outcome.seconds:.1f} s", flush=True)
-        return outcome.metrics()
 
     async def _evaluate(self) -> EvalOutcome:
         started = time.monotonic()
-        limit = asyncio.Semaphore(self.concurrency)
         version, _ = await self.controller.settled_version()
         outcome = EvalOutcome(version)
 
         async def one(i: int, prompt: Prompt) -> None:
-            async with limit:
-                # seeded by the prompt's position: the same sampling at every version, so versions compare
-                params = dataclasses.replace(self.params, seed=(self.seed * 1_000_003 + i) % 2**31)
-                try:
-                    completions, at, clean = await self.controller.complete_at_one_version(prompt.ids, params)
-                except Exception:
-                    outcome.request_failures += 1
-                    return
-                scores = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
-                                                for c in completions))
-                if at != version or not clean:
-                    outcome.mismatched += len(completions)
-                    return
-                outcome.rewards.extend(s.value for s in scores)
-                outcome.reward_errors += sum(s.error is not None for s in scores)
+            # seeded by the prompt's position: the same sampling at every version, so versions compare
+            params = dataclasses.replace(self.params, seed=(self.seed * 1_000_003 + i) % 2**31)
+            try:
+                completions, at, clean = await self.controller.complete_at_one_version(prompt.ids, params)
+            except Exception:
+                outcome.request_failures += 1
+                return
+            scores = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
+                                            for c in completions))
+            if at != version or not clean:
+                outcome.mismatched += len(completions)
+                return
+            outcome.rewards.extend(s.value for s in scores)
+            outcome.reward_errors += sum(s.error is not None for s in scores)
 
         await asyncio.gather(*(one(i, p) for i, p in enumerate(self.prompts)))
         outcome.seconds = time.monotonic() - started

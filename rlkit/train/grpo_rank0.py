@@ -106,6 +106,7 @@ class Rank0:
         previous = read_json_dict(paths.progress) if resumed is not None else {}
         self.mismatch_warning = str(previous.get("logprob_mismatch_warning") or "")
         self.evaluator: Evaluator | None = None  # attach_evaluator
+        self.eval_wait_s = 0.0  # the last push's wait for a running evaluation
         self.last_eval = {k: previous.get(k) for k in ("eval_reward", "eval_version")}
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
@@ -170,6 +171,8 @@ class Rank0:
         fingerprints are checked (rlkit.weights.fanout)."""
         from rlkit.weights import fanout
 
+        # a running evaluation ends at the version it began with (bounded by rollout.request_timeout)
+        self.eval_wait_s = self.evaluator.wait_before_push() if self.evaluator is not None else 0.0
         try:
             servers = self.controller.live_servers()
             if not servers:
@@ -260,6 +263,7 @@ class Rank0:
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })
         if self.evaluator is not None:  # after the push: an evaluation started now is of weight version `step`
+            metrics["timing/eval_wait"] = self.eval_wait_s
             metrics.update(self.evaluator.after_step(step, self.epoch(step), last=step == self.steps))
             self.last_eval = self.evaluator.progress() or self.last_eval
         self.last_metrics = metrics
