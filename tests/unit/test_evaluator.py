@@ -4,6 +4,7 @@ checks (rlkit.config.validate_eval), how one evaluation counts completions of on
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import math
 from pathlib import Path
@@ -145,3 +146,42 @@ def test_status_shows_the_last_evaluation() -> None:
     assert _last_eval({"step": 3}) == ""
     assert _last_eval({"eval_reward": None, "eval_version": 4}).startswith("reward none")
     assert math.isnan(EvalOutcome(version=2).reward)
+
+
+class _Submitted:
+    """The controller's `submit`: keeps each evaluation's future for the test to finish (nothing runs)."""
+
+    def __init__(self) -> None:
+        self.futures: list[concurrent.futures.Future[EvalOutcome]] = []
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[EvalOutcome]:
+        coro.close()
+        self.futures.append(concurrent.futures.Future())
+        return self.futures[-1]
+
+
+def test_results_reach_the_step_that_sees_them_and_a_push_waits_for_the_running_one(tmp_path: Path) -> None:
+    servers = _Submitted()
+    evaluator = Evaluator(_config(tmp_path, "rollout.request_timeout=0.2"), [Prompt(0, {}, "p", [0])],
+                          servers, _Reward(), decode=str)  # type: ignore[arg-type]
+    assert evaluator.after_step(4, 0, last=False) == {} and servers.futures == []
+    assert evaluator.after_step(5, 0, last=False) == {} and len(servers.futures) == 1  # started, not waited for
+    assert evaluator.after_step(6, 0, last=False) == {}  # still running: nothing to log, nothing new
+    assert evaluator.wait_before_push() >= 0.2  # bounded by rollout.request_timeout, then the push goes on
+    servers.futures[0].set_result(EvalOutcome(version=5, rewards=[1.0, 0.0]))
+    assert evaluator.wait_before_push() < 0.2
+    assert evaluator.after_step(7, 0, last=False)["eval/version"] == 5
+    assert evaluator.progress() == {"eval_reward": 0.5, "eval_version": 5}
+    assert len(servers.futures) == 1  # the evaluation due at step 10 has not come yet
+
+
+def test_the_last_step_waits_for_the_final_evaluation(tmp_path: Path) -> None:
+    servers = _Submitted()
+    evaluator = Evaluator(_config(tmp_path, "rollout.request_timeout=0.2", "evaluator.freq_steps=null",
+                                  "evaluator.eval_on_startup=true"), [Prompt(0, {}, "p", [0])],
+                          servers, _Reward(), decode=str)  # type: ignore[arg-type]
+    evaluator.start()  # eval_on_startup
+    servers.futures[0].set_result(EvalOutcome(version=0, rewards=[0.0]))
+    # the final evaluation never finishes here: the last step gives up after request_timeout, logging the older one
+    assert evaluator.after_step(3, 0, last=True)["eval/version"] == 0
+    assert len(servers.futures) == 2 and servers.futures[1].cancelled()
