@@ -66,6 +66,7 @@ class TrialDetail:
     trainer_status: str = ""
     cluster: str = ""  # cluster.cluster_name of the submitted config, from the manifest
     mismatch_warning: str = ""  # the trainer's last "server <i> log-probs differ" line (rlkit.train.mismatch)
+    last_eval: str = ""  # the last evaluation on valid_dataset: its reward and weight version (rlkit.train.evaluator)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +144,7 @@ def trial_detail(spec: str) -> TrialDetail:
     progress = read_progress(paths)
     detail.trainer_status = str(progress.get("status", ""))
     detail.mismatch_warning = str(progress.get("logprob_mismatch_warning") or "")
+    detail.last_eval = _last_eval(progress)
     if info.active and paths.config.is_file():
         detail.servers = _servers(paths)
     step = failed_step(paths, record.job_id)
@@ -150,6 +152,16 @@ def trial_detail(spec: str) -> TrialDetail:
         detail.failed_step = step
         detail.failed_step_tail = tail(paths.step_log(step), 20)
     return detail
+
+
+def _last_eval(progress: dict[str, Any]) -> str:
+    """"reward R at weight version V" of the trainer's last evaluation, or "" before the first one."""
+    version = progress.get("eval_version")
+    if not isinstance(version, int):
+        return ""
+    reward = progress.get("eval_reward")
+    score = f"{reward:.3f}" if isinstance(reward, (int, float)) else "none (no completion at one version)"
+    return f"reward {score} at weight version {version}"
 
 
 def print_detail(console: Console, d: TrialDetail) -> None:
@@ -160,6 +172,8 @@ def print_detail(console: Console, d: TrialDetail) -> None:
     if d.row.step:
         console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
                       + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))
+    if d.last_eval:
+        console.print(f"  last eval: {d.last_eval}", markup=False, highlight=False)
     if d.mismatch_warning:
         console.print(f"  last log-prob mismatch warning: {d.mismatch_warning}", style="yellow", markup=False,
                       highlight=False)

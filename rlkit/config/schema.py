@@ -15,6 +15,7 @@ from omegaconf import MISSING
 from rlkit.config.fields import _f, _sub
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.config.schema_critic import CriticConfig
+from rlkit.config.schema_eval import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema_pairs import DPOConfig, RWConfig
 from rlkit.config.schema_sft import SFTConfig
 
@@ -285,5 +286,7 @@ class ExperimentConfig:
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
     saver: SaverConfig = _sub(SaverConfig, "Model saving.")
+    evaluator: EvaluatorConfig = _sub(EvaluatorConfig, "Evaluation on valid_dataset during training (grpo).")
+    eval_gconfig: EvalGenerationConfig = _sub(EvalGenerationConfig, "Sampling of evaluations (None fields: gconfig).")
     recover: RecoverConfig = _sub(RecoverConfig, "Recovery.")
     stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")

@@ -16,6 +16,7 @@ from pathlib import Path
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
+from rlkit.config.schema_eval import evaluation_enabled
 from rlkit.config.site_files import (
     check_image,
     check_model_dir,
@@ -113,6 +114,9 @@ def validate(config: ExperimentConfig) -> Validated:
     if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
         problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
                      "would be ignored", hint="remove valid_dataset")
+    if evaluation_enabled(config.evaluator) and job is not None and "evaluator" not in job.sections:
+        problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: "
+                     "they would be ignored", hint="remove the evaluator section")
     allocation = None
     with problems.check():
         allocation = parse_allocation(config.allocation_mode)

@@ -13,14 +13,17 @@ if TYPE_CHECKING:
 
 
 def _validate_grpo(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    from rlkit.config.validate_eval import validate_evaluator
     from rlkit.config.validate_training import validate_training  # imports the user's reward module: grpo only
 
     validate_training(config, allocation, problems)
+    validate_evaluator(config, problems)
 
 
 GRPO = JobType(
     name="grpo", help="asynchronous GRPO training (servers generate, the trainer learns)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.grpo:run_grpo",
-    sections=("actor", "train_dataset", "reward", "gconfig", "rollout", "saver", "recover"),
+    sections=("actor", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
+              "evaluator", "eval_gconfig"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_grpo,
 )

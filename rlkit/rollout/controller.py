@@ -30,7 +30,7 @@ from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
-from rlkit.servers.backend import SamplingParams, Server
+from rlkit.servers.backend import Completion, SamplingParams, Server
 from rlkit.types import Sample
 
 T = TypeVar("T")
@@ -150,6 +150,7 @@ class RolloutController:
         self.stats = RolloutStats()
         self._error: BaseException | None = None
         self.before_admit: Callable[[int], None] | None = None
+        self.updates = 0  # weight updates begun so far: a request that saw this change may mix two versions
 
     # --- called from the trainer thread ------------------------------------------------------------------------
 
@@ -190,6 +191,7 @@ class RolloutController:
     def begin_update(self) -> None:
         """Stop admitting groups while weights change (in-flight requests are paused by the servers)."""
         self._updating = True
+        self.updates += 1
 
     def end_update(self, version: int) -> None:
         """The servers now serve `version`: admit groups again (after a one-shot `before_admit(version)`, which
@@ -253,6 +255,25 @@ class RolloutController:
                 asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
+
+    async def settled_version(self) -> tuple[int, int]:
+        """On the controller's loop, once no weight update is under way: (the version the servers hold, the count of
+        updates begun). The count is read first: an update beginning meanwhile (on the trainer's thread) changes it."""
+        while True:
+            updates = self.updates
+            if not self._updating or self._stopping:
+                return self.version, updates
+            await asyncio.sleep(0.05)
+
+    async def complete_at_one_version(self, prompt_ids: list[int], params: SamplingParams
+                                      ) -> tuple[list[Completion], int, bool]:
+        """On the controller's loop, outside the training stream (evaluation): once no weight update is under way,
+        sample `params.n` completions; returns them, the weight version they were requested at, and whether no
+        update began before they finished (else their tokens may come from two versions)."""
+        version, updates = await self.settled_version()
+        assert self.pool is not None
+        _server, completions = await self.pool.complete(prompt_ids, params)
+        return completions, version, self.updates == updates and not self._updating
 
     # --- the loop thread -------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_eval import evaluation_enabled
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.rollout.controller import Prompt
@@ -46,13 +47,14 @@ def total_steps(config: ExperimentConfig, n_rows: int) -> int:
     return steps
 
 
-def load_prompts(config: ExperimentConfig, tokenizer: Any) -> list[Prompt]:
-    """The training prompts, tokenized; rows longer than train_dataset.max_length are dropped."""
-    ds = config.train_dataset
+def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_dataset") -> list[Prompt]:
+    """The prompts of dataset `name` (train_dataset or valid_dataset), tokenized; rows longer than its max_length
+    are dropped."""
+    ds = getattr(config, name)
     rows = load_rows(ds.path)
     if rows and ds.prompt_key not in rows[0]:
         raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
-                        f"set train_dataset.prompt_key")
+                        f"set {name}.prompt_key")
     prompts = []
     for i, row in enumerate(rows):
         ids = prompt_token_ids(row[ds.prompt_key], tokenizer, chat_template=False)
@@ -127,6 +129,9 @@ class GRPO:
             _check_weights(self.actor.engine, self.trainer, transport, self.probe, version=0, push=False)
         if self.trainer is not None:
             self.trainer.controller.end_update(self.trainer.version)
+            if evaluation_enabled(config.evaluator):
+                self.trainer.attach_evaluator(load_prompts(config, self.tokenizer, "valid_dataset"),
+                                              on_startup=config.evaluator.eval_on_startup and resumed is None)
 
     def step(self, step: int) -> StepResult:
         """Collective: a batch (rank 0, broadcast), its log-probs, the PPO steps, the push of weight version `step`."""

@@ -17,6 +17,7 @@ from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
 from rlkit.train import mismatch, recover
 from rlkit.train.advantage_batch import prepare_batch
+from rlkit.train.evaluator import Evaluator
 from rlkit.train.faults import fault_point
 from rlkit.trials import read_json_dict, read_token
 from rlkit.types import Sample
@@ -104,6 +105,9 @@ class Rank0:
         # the last one, for progress.json (rlkit status); a resumed attempt keeps the previous attempt's
         previous = read_json_dict(paths.progress) if resumed is not None else {}
         self.mismatch_warning = str(previous.get("logprob_mismatch_warning") or "")
+        self.evaluator: Evaluator | None = None  # attach_evaluator
+        self.eval_wait_s = 0.0  # the last push's wait for a running evaluation
+        self.last_eval = {k: previous.get(k) for k in ("eval_reward", "eval_version")}
         self.server_versions: dict[int, int] = {}
         self.last_fingerprint: dict[int, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -133,6 +137,14 @@ class Rank0:
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 
+    def attach_evaluator(self, prompts: list[Prompt], *, on_startup: bool) -> None:
+        """Evaluate on `prompts` as evaluator.freq_* says (rlkit.train.evaluator); `on_startup`: once now, too."""
+        tokenizer = self.tokenizer
+        self.evaluator = Evaluator(self.config, prompts, self.controller, self.reward,
+                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        if on_startup:
+            self.evaluator.start()
+
     def next_batch(self) -> list[Sample] | str:
         """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
         try:
@@ -159,6 +171,8 @@ class Rank0:
         fingerprints are checked (rlkit.weights.fanout)."""
         from rlkit.weights import fanout
 
+        # a running evaluation ends at the version it began with (bounded by rollout.request_timeout)
+        self.eval_wait_s = self.evaluator.wait_before_push() if self.evaluator is not None else 0.0
         try:
             servers = self.controller.live_servers()
             if not servers:
@@ -250,6 +264,10 @@ class Rank0:
             "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })
+        if self.evaluator is not None:  # after the push: an evaluation started now is of weight version `step`
+            metrics["timing/eval_wait"] = self.eval_wait_s
+            metrics.update(self.evaluator.after_step(step, self.epoch(step), last=step == self.steps))
+            self.last_eval = self.evaluator.progress() or self.last_eval
         self.last_metrics = metrics
         return metrics
 
@@ -268,7 +286,7 @@ class Rank0:
         """GRPO's fields of progress.json (`rlkit status`)."""
         return {"version": self.version, "reward": self.last_metrics.get("reward/mean"),
                 "servers": {str(k): v for k, v in self.server_versions.items()},
-                "logprob_mismatch_warning": self.mismatch_warning or None}
+                "logprob_mismatch_warning": self.mismatch_warning or None, **self.last_eval}
 
     def finish(self) -> None:
         print(f"rlkit train: done; metrics in {self.paths.metrics}, final model in {self.paths.checkpoints / 'final'}",

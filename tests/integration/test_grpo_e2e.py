@@ -8,13 +8,20 @@ reward is about 0.01-0.02 and a step's mean over 32 completions stays below 0.1 
 less at the start where almost every reward is 0). The test asks for the mean of the last 3 steps to exceed the mean
 of the first 3 steps by at least 0.5: more than five worst-case standard errors of a 96-completion mean, and only
 reachable if the policy moved most of its probability onto digit tokens.
+
+The disk run also evaluates during training (rlkit.train.evaluator) on 8 held-out prompts x 8 samples, at weight
+version 0 (eval_on_startup), every EVAL_EVERY steps and after the last step. The same argument holds for an
+evaluation's 64 completions (worst-case standard error 0.5 / 8 = 0.06): the first below 0.1, the last above it by
+MARGIN.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -27,6 +34,8 @@ from ..slurm_helpers import processes_mentioning, wait_for, wait_state
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 STEPS = 25  # the demo curve takes off after ~12 steps and is near 1 by 25 (at 20 it was 0.6-0.97 across runs)
 MARGIN = 0.5
+EVAL_EVERY = 5
+EVAL_PROMPTS = 8
 
 
 # The same learning test and assertions for each way weights reach the servers: disk, the broadcast (xccl: gloo on
@@ -61,6 +70,10 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
     data = write_dataset(root / "digits.jsonl")
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
                  f"trial_name=e2e_{mode}", f"total_train_steps={STEPS}", "saver.freq_steps=10", *mode_overrides]
+    if mode == "disk":  # evaluation during training, in one of the runs (no trial of its own)
+        valid = _held_out_prompts(data, root / "valid.jsonl")
+        overrides += [f"valid_dataset.path={valid}", f"evaluator.freq_steps={EVAL_EVERY}",
+                      "evaluator.eval_on_startup=true", f"evaluator.max_prompts={EVAL_PROMPTS}"]
     experiment = load_config(CONFIGS / config_name).experiment_name
     trial = root / "fileroot" / experiment / f"e2e_{mode}"
     with pytest.MonkeyPatch.context() as mp, Listener() as evil:
@@ -76,6 +89,23 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
         logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400")
     return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout,
             "live_status": live, "planted": planted, "planted_listener_got": evil.received, "mode": mode}
+
+
+def _held_out_prompts(train: Path, out: Path) -> Path:
+    """Twice EVAL_PROMPTS digits prompts none of which is in the training set."""
+    import random
+
+    seen = {json.loads(line)["prompt"] for line in train.read_text().splitlines()}
+    rng = random.Random(7)
+    rows: list[str] = []
+    while len(rows) < 2 * EVAL_PROMPTS:
+        a, b = rng.randint(0, 49), rng.randint(0, 49)
+        prompt = f"Q: {a}+{b}= A:"
+        if prompt not in seen:
+            seen.add(prompt)
+            rows.append(json.dumps({"prompt": prompt, "answer": str(a + b)}))
+    out.write_text("\n".join(rows) + "\n")
+    return out
 
 
 def _status_with_servers(name: str) -> subprocess.CompletedProcess[str] | None:
@@ -203,3 +233,42 @@ def test_metrics_sinks_status_and_cleanup(grpo_run: dict[str, object]) -> None:
     token = (trial / "secret" / "token").read_text().strip()
     for log in (trial / "logs").iterdir():
         assert token not in log.read_text(errors="replace"), f"token leaked into {log}"
+
+
+def test_evaluation_during_training(grpo_run: dict[str, object]) -> None:
+    """The disk run evaluated at versions 0, 5, ..., 25 beside training: the score rose, versions increased, every
+    completion of an evaluation came from its version, training waited little for them, and `rlkit status` shows the
+    last score."""
+    metrics = _metrics(Path(str(grpo_run["trial"])))
+    evals = [m for m in metrics if "eval/version" in m]
+    if grpo_run["mode"] != "disk":  # the xccl and lora runs have no evaluator
+        assert evals == [] and "last eval" not in str(grpo_run["status"])
+        return
+    versions = [int(m["eval/version"]) for m in evals]
+    print("evals (logged at step, version, reward, n, mismatches, seconds):",
+          [(int(m["step"]), int(m["eval/version"]), round(m.get("eval/reward", math.nan), 3), int(m["eval/n"]),
+            int(m["eval/version_mismatches"]), round(m["eval/seconds"], 2)) for m in evals])
+    assert versions == sorted(set(versions)) and versions[0] == 0 and versions[-1] == STEPS, versions
+    assert len(versions) >= 5, versions  # 0, 5, 10, 15, 20, 25 (one may be dropped only if a slow one overlapped)
+    for m in evals:
+        assert m["eval/request_failures"] == 0 and m["eval/reward_errors"] == 0, m
+        # the next push waited for the evaluation: all its completions come from its version
+        assert m["eval/n"] == EVAL_PROMPTS * 8 and m["eval/version_mismatches"] == 0, m
+        # an evaluation of version v (after step v's push) was not waited for by step v: it is logged later
+        if 0 < m["eval/version"] < STEPS:
+            assert m["step"] > m["eval/version"], m
+    first, last = evals[0]["eval/reward"], evals[-1]["eval/reward"]
+    assert first < 0.1, f"the untrained policy should score near 0.01 on held-out prompts, got {first:.3f}"
+    assert last - first >= MARGIN, f"eval reward did not rise: version 0 {first:.3f}, version {STEPS} {last:.3f}"
+    # training waited for evaluations (a push waits for the running one) less than half of the time they took: they
+    # ran beside it (a synchronous evaluation would add all of it; measured: 3.8 s of 17.1 s). The step medians are
+    # printed for the record only: on two shared cores the servers' extra work slows the step beside an evaluation.
+    waited = sum(m["timing/eval_wait"] for m in metrics)
+    took = sum(m["eval/seconds"] for m in evals[:-1])  # the last step waits for the final one by design
+    started = {v + 1 for v in versions if 0 < v < STEPS}  # step 1 (warm-up) and the last step are not compared
+    beside = [m["timing/step"] for m in metrics if m["step"] in started]
+    others = [m["timing/step"] for m in metrics if m["step"] not in started | {1, STEPS}]
+    print(f"training waited {waited:.2f} s for evaluations that took {took:.2f} s; timing/step median beside an "
+          f"eval {statistics.median(beside):.2f} s, others {statistics.median(others):.2f} s")
+    assert waited < 0.5 * took, (waited, took)
+    assert f"last eval: reward {last:.3f} at weight version {STEPS}" in str(grpo_run["status"])
