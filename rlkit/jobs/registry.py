@@ -9,9 +9,10 @@ from rlkit.errors import ConfigError
 from rlkit.jobs.base import JobType
 from rlkit.jobs.generate import GENERATE
 from rlkit.jobs.grpo import GRPO
+from rlkit.jobs.ppo import PPO
 from rlkit.jobs.sft import SFT
 
-_REGISTERED: tuple[JobType, ...] = (GENERATE, GRPO, SFT)
+_REGISTERED: tuple[JobType, ...] = (GENERATE, GRPO, SFT, PPO)
 JOB_TYPES: tuple[str, ...] = tuple(job.name for job in _REGISTERED)
 _BY_NAME = {job.name: job for job in _REGISTERED}
 assert len(_BY_NAME) == len(_REGISTERED), "two job types share a name"
