@@ -115,7 +115,8 @@ class PPOCritic:
             lr = step["lr"]
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
-        return {"critic/value_loss": reduced["loss"] / tokens, "critic/clip_fraction": reduced["clip_fraction"] / tokens,
+        return {"critic/value_loss": reduced["loss"] / tokens,
+                "critic/clip_fraction": reduced["clip_fraction"] / tokens,
                 "critic/values_trained_mean": reduced["value"] / tokens,
                 "critic/grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "critic/lr": lr}
 

@@ -258,10 +258,10 @@ def _ppo_killed(env: dict[str, object]) -> Path:
 
 
 # longest first, so that the pool's last scenarios are short ones
-SCENARIOS = {"ppokilled": _ppo_killed, "killserver": _kill_server, "allgone": _all_servers_gone, "timelimit": _time_limit,
-             "stopresume": _stop_then_resume, "killtrainer": _kill_trainer, "midpush": _mid_push,
-             "straight": _straight, "resumed": _resumed, "rolloutfails": _rollout_fails_then_force,
-             "crashloop": _crash_loop}
+SCENARIOS = {"killserver": _kill_server, "ppokilled": _ppo_killed, "allgone": _all_servers_gone,
+             "timelimit": _time_limit, "stopresume": _stop_then_resume, "killtrainer": _kill_trainer,
+             "midpush": _mid_push, "straight": _straight, "resumed": _resumed,
+             "rolloutfails": _rollout_fails_then_force, "crashloop": _crash_loop}
 
 
 # the scenarios of tests that need only some (a test not listed here may need any): running only such tests (-k)
@@ -493,8 +493,12 @@ def test_a_resumed_run_matches_a_straight_run(scenarios: ScenarioPool) -> None:
         assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-4, name
 
 
-# Why the value-loss margin: MEASURED_PLACEHOLDER
-VALUE_LOSS_DROP = 0.5
+# Why the value-loss margin. The fresh value head's values are of order 1 while the untrained policy's returns are
+# near 0: step 1's value loss was 0.82 in each measured run, and Adam's first steps overshoot (steps 2-4: 0.5-16).
+# A critic that learned nothing would stay at that level or above as the returns rise towards 1. Measured (demo
+# config, critic lr 3e-3): first 3 steps 6.0, last 3 steps 0.011 (ratio 0.002; with lr 1e-3: 1.8 -> 0.013, 0.007);
+# the last 3 steps are also 75x below step 1 alone. Asking for a 10x drop leaves more than 10x headroom.
+VALUE_LOSS_DROP = 0.1
 
 
 def test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines(scenarios: ScenarioPool) -> None:
