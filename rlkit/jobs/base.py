@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.machinery import PathFinder
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,19 +45,3 @@ class JobType:
     prompt_dataset: str = ""
     lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise
     validate: Validator = field(default=_no_checks, compare=False)
-
-    @property
-    def step_module(self) -> str:
-        return self.step.partition(":")[0]
-
-    def step_available(self) -> bool:
-        """Whether the step's module exists in this installation, found without importing it or its packages (the
-        login node never imports the trainer)."""
-        parts = self.step_module.split(".")
-        path: list[str] | None = None
-        for depth in range(len(parts)):
-            spec = PathFinder.find_spec(".".join(parts[: depth + 1]), path)
-            if spec is None:
-                return False
-            path = list(spec.submodule_search_locations or [])
-        return True

@@ -10,10 +10,11 @@ from rlkit.jobs.base import JobType
 from rlkit.jobs.dpo import DPO
 from rlkit.jobs.generate import GENERATE
 from rlkit.jobs.grpo import GRPO
+from rlkit.jobs.ppo import PPO
 from rlkit.jobs.rw import RW
 from rlkit.jobs.sft import SFT
 
-_REGISTERED: tuple[JobType, ...] = (GENERATE, GRPO, SFT, RW, DPO)
+_REGISTERED: tuple[JobType, ...] = (GENERATE, GRPO, PPO, SFT, RW, DPO)
 JOB_TYPES: tuple[str, ...] = tuple(job.name for job in _REGISTERED)
 _BY_NAME = {job.name: job for job in _REGISTERED}
 assert len(_BY_NAME) == len(_REGISTERED), "two job types share a name"

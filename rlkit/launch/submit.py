@@ -107,10 +107,6 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     them, it continues that run."""
     config, paths = prepared.config, prepared.paths
     job = job_type_for(config.type)
-    if not job.step_available():
-        raise ConfigError(f"job type {job.name} cannot be submitted yet: its in-job step {job.step} is not available "
-                          "in this installation of rlkit", hint="`rlkit render` shows the job it would be; submit "
-                                                                "another job type, or update rlkit")
     existed = paths.root.exists()
     if paths.config.exists():
         if not force:

@@ -81,7 +81,20 @@ def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
 
 def token_advantages(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[float]] | None,
                      ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig) -> dict[str, float]:
+    """Set every sample's `token_advantages` without a critic (GRPO); returns the statistics of
+    `advantages_and_returns`."""
+    return advantages_and_returns(samples, old_logp, ref_logp, actor)[0]
+
+
+def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[float]] | None,
+                           ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig,
+                           values: Mapping[int, Sequence[float]] | None = None
+                           ) -> tuple[dict[str, float], list[list[float]]]:
     """Set every sample's `token_advantages` from its sequence reward (`advantage`, from prepare_batch); pure.
+    Also returns each sample's per-token returns (advantages before adv_norm plus values: a critic's targets).
+
+    `values` (PPO) maps a sample's index to a critic's value of the state before each completion token; GAE then
+    bootstraps from them (AReaL's order: the values are taken before the advantages, the returns are A + V).
 
     `old_logp`/`ref_logp` map a sample's index in `samples` to its completion log-probs (old: the recomputed ones,
     None for the servers' behaviour log-probs, which AReaL also uses under the decoupled loss; ref: needed when
@@ -89,7 +102,7 @@ def token_advantages(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[
     inputs. Returns statistics (mean KL reward per token, how many KL estimates the clamp bounded).
     """
     if not samples:
-        return {}
+        return {}, []
     width = max(1, max(len(s.completion_ids) for s in samples))
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
     mask = torch.arange(width)[None, :] < lengths[:, None]
@@ -110,8 +123,9 @@ def token_advantages(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[
         stats["kl_reward"] = float(-(actor.kl_ctl * kl * mask).sum()) / n_tok
         stats["kl_reward_clamped_tokens"] = float((clamped & mask).sum())
     rewards = token_rewards(seq, mask, kl, kl_ctl=actor.kl_ctl)
-    adv, _ = gae_advantages(rewards, mask, discount=actor.discount, gae_lambda=actor.gae_lambda)
+    v = _padded([values[i] for i in range(len(samples))], width) if values is not None else None
+    adv, returns = gae_advantages(rewards, mask, discount=actor.discount, gae_lambda=actor.gae_lambda, values=v)
     adv = apply_norm(adv, actor.adv_norm, actor, mask.to(adv.dtype))
     for s, row, n in zip(samples, adv.tolist(), lengths.tolist(), strict=True):
         s.token_advantages = [float(a) for a in row[:n]]
-    return stats
+    return stats, [[float(r) for r in row[:n]] for row, n in zip(returns.tolist(), lengths.tolist(), strict=True)]

@@ -153,9 +153,7 @@ class GRPO:
                     trainer.note_mismatch(per_server, step - 1)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
-            adv_stats = set_token_advantages(actor.config, samples, old, ref)
-            train_stats = actor.train_step(samples, old, ref)
-            train_stats.update(adv_stats)
+            train_stats = self.train_batch(samples, old, ref)
         else:
             train_stats, t_check = {}, 0.0
         t_trained = time.monotonic()
@@ -172,6 +170,15 @@ class GRPO:
             "timing/gather_weights": gathered, "timing/weight_sync": time.monotonic() - t_trained - gathered})
         # no server took the push: the loop checkpoints this step and fails (the in-job retry resumes)
         return StepResult(metrics, fail="every inference server is unreachable" if trainer.servers_gone else "")
+
+    def train_batch(self, samples: list[Sample], old: dict[int, list[float]] | None,
+                    ref: dict[int, list[float]] | None) -> dict[str, float]:
+        """Collective: the batch's advantages, then the actor's PPO steps; returns their metrics. The hook job type
+        ppo overrides to add its critic (rlkit.train.ppo)."""
+        adv_stats = set_token_advantages(self.actor.config, samples, old, ref)
+        train_stats = self.actor.train_step(samples, old, ref)
+        train_stats.update(adv_stats)
+        return train_stats
 
     def epoch(self, step: int) -> int:
         assert self.trainer is not None

@@ -318,3 +318,45 @@ def test_sft_renders_as_one_trainer_component(sft_yaml: Path) -> None:
     rendered = run_rlkit("render", str(sft_yaml))
     assert rendered.returncode == 0, rendered.stderr
     assert "#SBATCH hetjob" not in rendered.stdout and "rlkit train --trial-dir" in rendered.stdout
+
+@pytest.fixture
+def ppo_yaml(grpo_yaml: Path) -> Path:
+    """The grpo fixture as a ppo job (a critic from actor.path; 4 prompts x 4 samples = 16 sequences, 2 ranks)."""
+    path = grpo_yaml.with_name("ppo.yaml")
+    path.write_text(grpo_yaml.read_text().replace("type: grpo", "type: ppo"))
+    return path
+
+
+PPO_MISTAKES = [
+    pytest.param(["critic.eps_clip=0"], ["critic.eps_clip must be positive"], id="no-value-clip"),
+    pytest.param(["actor.gae_lambda=1.5"], ["actor.gae_lambda must be between 0 and 1"], id="gae-lambda-above-1"),
+    pytest.param(["actor.discount=-0.1"], ["actor.discount must be between 0 and 1"], id="negative-discount"),
+    pytest.param(["critic.path=/no/critic"], ["critic.path: '/no/critic' is not a model directory"],
+                 id="missing-critic-model"),
+    pytest.param(["critic.ppo_n_minibatches=3"], ["does not split into critic.ppo_n_minibatches=3"],
+                 id="uneven-critic-minibatches"),
+    pytest.param(["critic.ppo_n_minibatches=16"], ["16 sequences per step are fewer than 2 trainer ranks x "
+                                                   "critic.ppo_n_minibatches=16"], id="idle-critic-rank"),
+    pytest.param(["critic.optimizer.lr=0", "actor.adv_norm.mean_level=prompt"],
+                 ["critic.optimizer.lr must be positive", "actor.adv_norm.mean_level"], id="two-at-once"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("overrides", "says"), PPO_MISTAKES)
+def test_bad_ppo_config_changes_nothing(ppo_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
+                                        says: list[str]) -> None:
+    before = _test_jobs()
+    result = run_rlkit("submit", str(ppo_yaml), *overrides)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before
+
+
+@pytest.mark.slurm
+def test_valid_ppo_config_renders(ppo_yaml: Path, rlkit_home: Path) -> None:
+    result = run_rlkit("render", str(ppo_yaml))
+    assert result.returncode == 0, result.stderr
+    assert "job type ppo:" in result.stdout and "rlkit.train.ppo" not in result.stderr

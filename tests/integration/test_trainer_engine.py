@@ -52,8 +52,30 @@ old = policy.logprobs_at(samples)
 at_half = policy.logprobs_at(samples, temperature=0.5)
 mismatch = step_mismatch(policy, samples, old, version=0, temperature=1.0)
 ref = policy.logprobs_at(samples, reference=True) if policy.ref is not None else None
-adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
-stats = {**policy.train_step(samples, old, ref), **adv_stats}
+if opts.get("critic"):  # PPO's batch: values (gathered), GAE over them, the actor's then the critic's steps
+    from rlkit.config.schema_critic import CriticConfig
+    from rlkit.train.advantage_batch import advantages_and_returns
+    from rlkit.train.dist import gather_per_sample
+    from rlkit.train.ppo_critic import PPOCritic
+    actor.gae_lambda, actor.discount = 0.9, 0.95
+    critic_cfg = CriticConfig(dtype="float32", gradient_checkpointing=False, attn_impl="sdpa", ppo_n_minibatches=2,
+                              eps_clip=0.05)
+    critic_cfg.optimizer.type = "sgd"
+    critic_cfg.optimizer.lr = 0.1
+    critic_cfg.optimizer.warmup_steps_proportion = 0.0
+    critic_cfg.optimizer.gradient_clipping = 0.0
+    critic_cfg.mb_spec.max_tokens_per_mb = opts.get("mb_tokens")
+    critic = PPOCritic.build(critic_cfg, actor, rank=env.rank, world=env.world_size, device=device, pad_id=0,
+                             total_optimizer_steps=2)
+    values = gather_per_sample(critic.values_at(samples))
+    adv_stats, returns = advantages_and_returns(samples, None, None, actor, values)
+    stats = {**policy.train_step(samples, old, ref), **critic.train_step(samples, values, returns)}
+    critic_state = critic.engine.full_state_dict()
+    if env.rank == 0:
+        save_file({k: v.contiguous() for k, v in critic_state.items()}, out + "/critic.safetensors")
+else:
+    adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
+    stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
@@ -84,10 +106,10 @@ def _run(world: int, model: Path, out: Path, opts: dict[str, object]) -> dict[st
     return result
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
+def _weights(path: Path, name: str = "weights") -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(str(path / "weights.safetensors"))
+    return load_file(str(path / f"{name}.safetensors"))
 
 
 # The KL variant has both KL forms: the loss term (kl_loss_coef) and the reward penalty (kl_ctl), whose old/ref
@@ -96,7 +118,12 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 KL = {"mb_tokens": 24, "kl": 0.1, "kl_ctl": 0.05, "decoupled": True, "ckpt": True}
 
 
-@pytest.mark.parametrize("opts", [{}, KL], ids=["plain", "microbatched-kl"])
+# PPO's batch: a critic's values feed GAE, then the critic takes two clipped value-loss steps of its own (eps_clip
+# small enough that the clip decides some tokens in the second minibatch).
+CRITIC = {"mb_tokens": 24, "critic": True}
+
+
+@pytest.mark.parametrize("opts", [{}, KL, CRITIC], ids=["plain", "microbatched-kl", "critic"])
 def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: dict[str, object]) -> None:
     one = _run(1, tiny_model_dir, tmp_path / "one", opts)
     two = _run(2, tiny_model_dir, tmp_path / "two", opts)
@@ -127,6 +154,23 @@ def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: di
         assert s2["actor/behav_filtered_fraction"] == s1["actor/behav_filtered_fraction"]
     else:
         assert "actor/kl_reward" not in s1 and "actor/behav_filtered_fraction" not in s1
+    if opts.get("critic"):
+        _assert_critics_equal(tiny_model_dir, tmp_path, s1, s2)
+
+
+def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:
+    """The value models after the step: moved (the fresh head and the backbone), and equal for 1 and 2 ranks."""
+    from rlkit.train.value_model import load_value_model
+
+    c1, c2 = _weights(tmp_path / "one", "critic"), _weights(tmp_path / "two", "critic")
+    before = load_value_model(model).state_dict()
+    assert set(c1) == set(c2) and "score.weight" in c1
+    moved = max(float((c1[k] - before[k]).abs().max()) for k in c1)
+    assert moved > 1e-3, "the critic's step did not change its weights"
+    for k in c1:
+        torch.testing.assert_close(c2[k], c1[k], rtol=1e-4, atol=1e-5, msg=f"critic {k} differs between 1 and 2 ranks")
+    assert s1["critic/value_loss"] > 0 and s2["critic/value_loss"] == pytest.approx(s1["critic/value_loss"], rel=1e-4)
+    assert s2["critic/clip_fraction"] == pytest.approx(s1["critic/clip_fraction"], abs=1e-6)
 
 
 def test_recomputed_logprobs_match_a_plain_forward(tiny_model_dir: Path, tmp_path: Path) -> None:

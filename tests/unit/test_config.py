@@ -71,7 +71,7 @@ def test_invalid_yaml_says_where(tmp_path: Path) -> None:
         ("experiment_name=my_exp", "experiment_name 'my_exp' is not allowed"),
         ("trial_name=run-1", "trial_name 'run-1' is not allowed"),
         ("trial_name=a/b", "trial_name 'a/b' is not allowed"),
-        ("type=ppo", "type 'ppo' is not a job type"),
+        ("type=ppx", "type 'ppx' is not a job type"),
         ("cluster.fileroot=relative/dir", "must be an absolute path"),
         ("launcher.slurm.time=two-days", "is not a Slurm time"),
         ("launcher.trainer_env_vars=A=1,oops", "'oops' is not NAME=VALUE"),

@@ -29,9 +29,6 @@ from rlkit.servers.backend import backend_for
 backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
 for config in sys.argv[1:]:
     prepare(config, [], dry_run=True)
-from rlkit.jobs import registered_job_types
-for job in registered_job_types():
-    job.step_available()
 {REPORT}"""
 STATUS = f"""
 import sys
