@@ -28,7 +28,6 @@ class JobEnv:
     global_rank: int
     local_rank: int
     world_size: int
-    node_id: int
     node_name: str
     job_id: str
     step_id: str
@@ -44,17 +43,9 @@ class JobEnv:
             local_rank=_int(env, "SLURM_LOCALID", 0),
             # the step's task count; a batch script (no step yet) only knows the job's
             world_size=_int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1)),
-            node_id=_int(env, "SLURM_NODEID", 0),
             node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
             job_id=env.get("SLURM_JOB_ID", ""),
             step_id=env.get("SLURM_STEP_ID", ""),
             restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             nodelist=env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
         )
-
-    @property
-    def hostnames(self) -> list[str]:
-        """The step's (else the job's) nodes, expanded from Slurm's hostlist syntax."""
-        from rlkit.launch.hostlist import expand_hostlist
-
-        return expand_hostlist(self.nodelist) if self.nodelist else []

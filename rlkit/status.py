@@ -67,6 +67,7 @@ class TrialDetail:
     cluster: str = ""  # cluster.cluster_name of the submitted config, from the manifest
     mismatch_warning: str = ""  # the trainer's last "server <i> log-probs differ" line (rlkit.train.mismatch)
     last_eval: str = ""  # the last evaluation on valid_dataset: its reward and weight version (rlkit.train.evaluator)
+    epochs: str = ""  # trainer-only jobs (rw, dpo, sft: rlkit.train.offline_epochs): "epoch E/T  loss L"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,6 +146,7 @@ def trial_detail(spec: str) -> TrialDetail:
     detail.trainer_status = str(progress.get("status", ""))
     detail.mismatch_warning = str(progress.get("logprob_mismatch_warning") or "")
     detail.last_eval = _last_eval(progress)
+    detail.epochs = _epochs(progress, paths.metrics)
     if info.active and paths.config.is_file():
         detail.servers = _servers(paths)
     step = failed_step(paths, record.job_id)
@@ -155,13 +157,48 @@ def trial_detail(spec: str) -> TrialDetail:
 
 
 def _last_eval(progress: dict[str, Any]) -> str:
-    """"reward R at weight version V" of the trainer's last evaluation, or "" before the first one."""
+    """"reward R at weight version V" of the trainer's last evaluation (GRPO), the metrics of an offline job's last
+    evaluation ("accuracy 0.950  reward_margin 1.200"), or "" before the first one."""
     version = progress.get("eval_version")
+    offline = progress.get("eval")
     if not isinstance(version, int):
+        if isinstance(offline, dict):
+            return "  ".join(f"{name} {value:.3f}" if isinstance(value, (int, float)) else f"{name} {value}"
+                             for name, value in offline.items())
         return ""
     reward = progress.get("eval_reward")
     score = f"{reward:.3f}" if isinstance(reward, (int, float)) else "none (no completion at one version)"
     return f"reward {score} at weight version {version}"
+
+
+def _epochs(progress: dict[str, Any], metrics: Path) -> str:
+    """"epoch E/T  loss L" of an offline job (its progress has total_epochs; the loss is the last step's in
+    metrics.jsonl), or ""."""
+    if not isinstance(progress.get("total_epochs"), int):
+        return ""
+    text = f"epoch {progress.get('epoch', 0)}/{progress['total_epochs']}"
+    loss = _last_loss(metrics)
+    return text + (f"  loss {loss:.4f}" if loss is not None else "")
+
+
+def _last_loss(metrics: Path) -> float | None:
+    """The last training loss (a "<algorithm>/loss" metric, not an eval one) in metrics.jsonl."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))  # the last line is near the end: never read a long run's file
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or cut by the seek
+        if isinstance(record, dict):
+            for name, value in record.items():
+                if name.endswith("/loss") and not name.startswith("eval/") and isinstance(value, (int, float)):
+                    return float(value)
+    return None
 
 
 def print_detail(console: Console, d: TrialDetail) -> None:
@@ -172,6 +209,8 @@ def print_detail(console: Console, d: TrialDetail) -> None:
     if d.row.step:
         console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
                       + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))
+    if d.epochs:
+        console.print(f"  {d.epochs}", markup=False, highlight=False)
     if d.last_eval:
         console.print(f"  last eval: {d.last_eval}", markup=False, highlight=False)
     if d.mismatch_warning:

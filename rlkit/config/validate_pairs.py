@@ -1,8 +1,8 @@
 """Submit-time checks of job types rw and dpo (the `rw`/`dpo` sections and their pair dataset) and of the PPO
 critic (`critic`): every problem collected, each naming its field and its fix. Torch-free (login node).
 
-These cover what is particular to pairs and critics. The checks every trainer job shares (optimizer, recover, saver,
-stats logger, total steps) are the job type's to run as well.
+These cover what is particular to pairs and critics; validate_rw and validate_dpo also run the checks every trainer
+shares (rlkit.config.validate_trainer: model, optimizer, micro-batches, recover, saver, stats logger, epochs).
 """
 
 from __future__ import annotations
@@ -13,26 +13,22 @@ from typing import Any
 from rlkit.config.dataset_rows import first_jsonl_row
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
-from rlkit.config.schema_actor import MicroBatchSpec, OptimizerConfig
 from rlkit.config.schema_pairs import DPO_LOSS_TYPES, PairDataConfig
-from rlkit.config.site_files import check_dataset_file, check_model_dir, check_tokenizer_dir
+from rlkit.config.site_files import check_dataset_file, check_model_dir
+from rlkit.config.validate_trainer import DTYPES, validate_mb_spec, validate_optimizer, validate_trainer
 from rlkit.errors import ConfigError
-
-DTYPES = ("bfloat16", "float16", "float32")
-OPTIMIZERS = ("adam", "sgd")
-LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def validate_rw(config: ExperimentConfig, problems: Problems) -> None:
     """Add every problem of a job of type rw to `problems`."""
-    _validate_model(config, problems, "rw")
+    validate_trainer(config, problems)
     _validate_pair_data(config, config.rw, "rw", problems)
 
 
 def validate_dpo(config: ExperimentConfig, problems: Problems) -> None:
     """Add every problem of a job of type dpo to `problems`."""
     dpo = config.dpo
-    _validate_model(config, problems, "dpo")
+    validate_trainer(config, problems)
     _validate_pair_data(config, dpo, "dpo", problems)
     if not dpo.beta > 0:
         problems.add(f"dpo.beta must be positive (got {dpo.beta}): it scales the implicit rewards, and at 0 the "
@@ -71,53 +67,13 @@ def validate_critic(config: ExperimentConfig, problems: Problems) -> None:
     if critic.ppo_n_minibatches < 1:
         problems.add(f"critic.ppo_n_minibatches must be at least 1 (got {critic.ppo_n_minibatches})",
                      hint="e.g. critic.ppo_n_minibatches=4")
-    _validate_optimizer("critic.optimizer", critic.optimizer, problems)
-    _validate_mb_spec("critic.mb_spec", critic.mb_spec, problems)
+    validate_optimizer("critic.optimizer", critic.optimizer, problems)
+    validate_mb_spec("critic.mb_spec", critic.mb_spec, problems)
     sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
     if critic.ppo_n_minibatches >= 1 and sequences % critic.ppo_n_minibatches:
         problems.add(f"a batch of {sequences} sequences (train_dataset.batch_size x actor.group_size) does not split "
                      f"into critic.ppo_n_minibatches={critic.ppo_n_minibatches} equal minibatches",
                      hint="choose critic.ppo_n_minibatches dividing the number of sequences per step")
-
-
-def _validate_model(config: ExperimentConfig, problems: Problems, job: str) -> None:
-    """The trained model (`actor`) of a pair job: set, a model directory with a tokenizer, sane micro-batches."""
-    actor = config.actor
-    if not actor.path:
-        problems.add(f"actor.path is not set: job type {job} trains the model there",
-                     hint="give the Hugging Face model directory to start from")
-    else:
-        with problems.check():
-            check_model_dir("actor.path", actor.path)
-        with problems.check():
-            check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
-                                config.tokenizer_path or actor.path)
-    if actor.dtype not in DTYPES:
-        problems.add(f"actor.dtype '{actor.dtype}' is not one of: {', '.join(DTYPES)}",
-                     hint="e.g. actor.dtype=bfloat16")
-    _validate_optimizer("actor.optimizer", actor.optimizer, problems)
-    _validate_mb_spec("actor.mb_spec", actor.mb_spec, problems)
-
-
-def _validate_optimizer(field: str, optimizer: OptimizerConfig, problems: Problems) -> None:
-    if optimizer.type not in OPTIMIZERS:
-        problems.add(f"{field}.type '{optimizer.type}' is not one of: {', '.join(OPTIMIZERS)}",
-                     hint=f"e.g. {field}.type=adam")
-    if optimizer.lr_scheduler_type not in LR_SCHEDULES:
-        problems.add(f"{field}.lr_scheduler_type '{optimizer.lr_scheduler_type}' is not one of: "
-                     f"{', '.join(LR_SCHEDULES)}", hint=f"e.g. {field}.lr_scheduler_type=constant")
-    if not optimizer.lr > 0:
-        problems.add(f"{field}.lr must be positive (got {optimizer.lr})", hint=f"e.g. {field}.lr=1e-5")
-    if not 0 <= optimizer.warmup_steps_proportion <= 1:
-        problems.add(f"{field}.warmup_steps_proportion must be between 0 and 1 (got "
-                     f"{optimizer.warmup_steps_proportion})")
-
-
-def _validate_mb_spec(field: str, spec: MicroBatchSpec, problems: Problems) -> None:
-    if spec.n_mbs < 1:
-        problems.add(f"{field}.n_mbs must be at least 1 (got {spec.n_mbs})")
-    if spec.max_tokens_per_mb is not None and spec.max_tokens_per_mb < 1:
-        problems.add(f"{field}.max_tokens_per_mb must be at least 1 or null (got {spec.max_tokens_per_mb})")
 
 
 def _validate_pair_data(config: ExperimentConfig, section: PairDataConfig, name: str, problems: Problems) -> None:

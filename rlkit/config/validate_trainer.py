@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, StatsLoggerConfig, get_field
+from rlkit.config.schema_actor import MicroBatchSpec, OptimizerConfig
 from rlkit.config.site_files import check_model_dir, check_tokenizer_dir
 from rlkit.errors import ConfigError
 
+DTYPES = ("bfloat16", "float16", "float32")
+OPTIMIZERS = ("adam", "sgd")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 CHOICES = {
-    "actor.dtype": ("bfloat16", "float16", "float32"),
-    "actor.optimizer.type": ("adam", "sgd"),
-    "actor.optimizer.lr_scheduler_type": ("constant", "linear", "cosine"),
+    "actor.dtype": DTYPES,
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 
@@ -35,10 +37,8 @@ def validate_trainer(config: ExperimentConfig, problems: Problems) -> None:
         with problems.check():
             check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
                                 config.tokenizer_path or actor.path)
-    if actor.optimizer.lr <= 0:
-        problems.add(f"actor.optimizer.lr must be positive (got {actor.optimizer.lr})")
-    if not 0 <= actor.optimizer.warmup_steps_proportion <= 1:
-        problems.add("actor.optimizer.warmup_steps_proportion must be between 0 and 1")
+    validate_optimizer("actor.optimizer", actor.optimizer, problems)
+    validate_mb_spec("actor.mb_spec", actor.mb_spec, problems)
     if config.total_train_epochs < 1:
         problems.add(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
     if config.total_train_steps is not None and config.total_train_steps < 1:
@@ -50,6 +50,29 @@ def validate_trainer(config: ExperimentConfig, problems: Problems) -> None:
     with problems.check():
         validate_stats_logger(config.stats_logger)
     _validate_recover(config, problems)
+
+
+def validate_optimizer(field: str, optimizer: OptimizerConfig, problems: Problems) -> None:
+    """An optimizer section (the actor's, the critic's): known type and schedule, a positive lr, a sane warmup."""
+    if optimizer.type not in OPTIMIZERS:
+        problems.add(f"{field}.type '{optimizer.type}' is not one of: {', '.join(OPTIMIZERS)}",
+                     hint=f"e.g. {field}.type=adam")
+    if optimizer.lr_scheduler_type not in LR_SCHEDULES:
+        problems.add(f"{field}.lr_scheduler_type '{optimizer.lr_scheduler_type}' is not one of: "
+                     f"{', '.join(LR_SCHEDULES)}", hint=f"e.g. {field}.lr_scheduler_type=constant")
+    if not optimizer.lr > 0:
+        problems.add(f"{field}.lr must be positive (got {optimizer.lr})", hint=f"e.g. {field}.lr=1e-5")
+    if not 0 <= optimizer.warmup_steps_proportion <= 1:
+        problems.add(f"{field}.warmup_steps_proportion must be between 0 and 1 (got "
+                     f"{optimizer.warmup_steps_proportion})")
+
+
+def validate_mb_spec(field: str, spec: MicroBatchSpec, problems: Problems) -> None:
+    """A micro-batch spec: at least one micro-batch, a token budget of at least one token (or none)."""
+    if spec.n_mbs < 1:
+        problems.add(f"{field}.n_mbs must be at least 1 (got {spec.n_mbs})")
+    if spec.max_tokens_per_mb is not None and spec.max_tokens_per_mb < 1:
+        problems.add(f"{field}.max_tokens_per_mb must be at least 1 or null (got {spec.max_tokens_per_mb})")
 
 
 def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:

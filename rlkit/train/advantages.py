@@ -6,7 +6,6 @@ Normalisation is rlkit.train.normalization; token rewards and GAE are rlkit.trai
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 
@@ -38,10 +37,3 @@ def overlong_penalty(
     expected = max_new_tokens - overlong_tokens
     excess = (response_lengths.to(rewards.dtype) - expected).clamp(min=0.0)
     return rewards - (excess / overlong_tokens).clamp(max=1.0) * overlong_penalty_factor
-
-
-def mask_truncated(loss_mask: Tensor, finished: Tensor) -> Tensor:
-    """mask_no_eos_with_zero: zero the `[B, T]` mask rows of samples that did not finish (`finished[b]` False)."""
-    if finished.shape != loss_mask.shape[:1]:
-        raise ValueError(f"finished must have shape [{loss_mask.shape[0]}], got {tuple(finished.shape)}")
-    return loss_mask * finished.to(torch.bool)[:, None].to(loss_mask.dtype)

@@ -88,11 +88,6 @@ def split_micro_batches(samples: Sequence[Sample], *, max_tokens: int | None, mi
     return out
 
 
-def shard(samples: Sequence[Sample], rank: int, world: int) -> list[Sample]:
-    """This rank's share: every `world`-th sample starting at `rank` (balances lengths across ranks)."""
-    return list(samples[rank::world])
-
-
 def dummy_like(sample: Sample) -> Sample:
     """A copy that takes part in forward/backward but never in the loss (keeps collectives in step)."""
     return Sample(sample.prompt_ids, sample.completion_ids, sample.behav_logp, 0.0, sample.version, True,

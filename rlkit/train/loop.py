@@ -123,12 +123,15 @@ def run_training(trial_dir: Path, build: Callable[[LoopContext], Algorithm]) -> 
     """The training step's entry point on every rank, for the algorithm `build` makes."""
     from rlkit.nameresolve import name_resolve_for
 
+    # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
+    # came before the handler would kill the trainer instead of stopping it after its first step
+    stop = _StopRequests()
     paths = TrialPaths(Path(trial_dir))
     config = load_config(paths.config)
     env, device = init_distributed(name_resolve_for(config))
     algorithm = build(LoopContext(config, paths, env, device))
     resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
-    Loop(config, paths, algorithm, resumed, rank0=env.rank == 0).run()
+    Loop(config, paths, algorithm, resumed, rank0=env.rank == 0, stop=stop).run()
 
 
 def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm, *,
@@ -156,7 +159,7 @@ class Loop:
     """The step loop around one algorithm on this rank (`rank0`: this rank keeps metrics, progress, checkpoints)."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm,
-                 resumed: recover.LoopState | None, *, rank0: bool) -> None:
+                 resumed: recover.LoopState | None, *, rank0: bool, stop: _StopRequests) -> None:
         self.config, self.paths, self.algorithm = config, paths, algorithm
         self.steps = algorithm.total_steps
         self.first_step = resumed.step + 1 if resumed is not None else 1
@@ -164,10 +167,10 @@ class Loop:
         self.rank0 = rank0
         self.done = self.first_step - 1  # the last finished step
         self.books: LoopRank0 | None = None
+        self.stop = stop
 
     def run(self) -> None:
-        algorithm = self.algorithm
-        stop = _StopRequests()
+        algorithm, stop = self.algorithm, self.stop
         try:
             if self.rank0:
                 self.books = LoopRank0(self.config, self.paths, self.steps,

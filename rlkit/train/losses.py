@@ -8,13 +8,7 @@ import torch
 from torch import Tensor
 
 from rlkit.config.schema_actor import RejectionSamplingConfig
-from rlkit.train.kl import kl_estimate
 from rlkit.train.rejection import behaviour_weights, rejection_config
-
-
-def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k1", *, clamp: float | None = 10.0) -> Tensor:
-    """Per-token estimate of KL(pi || ref), clamped as AReaL's estimators are (see rlkit.train.kl)."""
-    return kl_estimate(logp, ref_logp, estimator, clamp=clamp)[0]
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:

@@ -96,12 +96,3 @@ def save_value_model(state_dict: Mapping[str, Tensor], model_config: Any, source
         return write_weights(state_dict, template, out, dtype, replace=True)
     finally:
         shutil.rmtree(template, ignore_errors=True)
-
-
-def read_head_note(model_dir: str | Path) -> dict[str, Any] | None:
-    """The head note of a saved value model (None: a directory without one, e.g. a causal LM)."""
-    try:
-        note = json.loads((Path(model_dir) / HEAD_NOTE).read_text())
-    except (OSError, ValueError):
-        return None
-    return note if isinstance(note, dict) else None

@@ -15,9 +15,9 @@ import torch
 
 from rlkit.config.schema_actor import ActorConfig, NormConfig
 from rlkit.train.advantage_batch import prepare_batch, token_advantages
-from rlkit.train.batch import Sample
 from rlkit.train.gae import gae_advantages, token_rewards
 from rlkit.train.normalization import normalize
+from rlkit.types import Sample
 
 ISSUE_REWARDS = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1])
 

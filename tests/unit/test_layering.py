@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "vllm", "transformers", "sglang", "safetensors", "xxhash")
 REPORT = f"""
 heavy = {{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})
@@ -29,6 +30,7 @@ from rlkit.servers.backend import backend_for
 backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
 for config in sys.argv[1:]:
     prepare(config, [], dry_run=True)
+    print("prepared:", config)
 {REPORT}"""
 STATUS = f"""
 import sys
@@ -41,9 +43,20 @@ except SystemExit as end:
 {REPORT}"""
 
 
-def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, grpo_yaml: Path) -> None:
-    """Every module of config, launch and jobs is imported; a generate, a grpo and an sft config are loaded,
-    validated (the grpo reward function included), planned and rendered."""
+def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, grpo_yaml: Path, fake_model: Path,
+                                                           tmp_path: Path) -> None:
+    """Every module of config, launch and jobs is imported; a generate, a grpo and an sft config, and the rw, dpo and
+    ppo demo configs (their model and data made under tmp_path), are loaded, validated (the grpo reward function
+    included), planned and rendered."""
+    from rlkit.tasks.digits import write_dataset
+    from rlkit.tasks.digits_pairs import write_pair_splits
+
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "tiny-model").symlink_to(fake_model)
+    write_pair_splits(demo, train=16, held_out=16)
+    write_dataset(demo / "digits.jsonl", count=16)
+    demos = [str(REPO / "configs" / f"{kind}-cpu-demo.yaml") for kind in ("rw", "dpo", "ppo")]
     sft_data = grpo_yaml.with_name("sft.jsonl")
     sft_data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(8)))
     sft_yaml = grpo_yaml.with_name("sft.yaml")
@@ -51,9 +64,11 @@ def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, 
                                                                   "max_length: 64,", grpo_yaml.read_text())
                         .replace("type: grpo", "type: sft")
                         .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
-    out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml)],
-                         capture_output=True, text=True, check=True)
+    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo), "RLKIT_FILEROOT": str(tmp_path / "fileroot")}
+    out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml), *demos],
+                         capture_output=True, text=True, check=True, env=env)
     assert _loaded(out.stdout) == "", f"imported on the login-node path: {out.stdout}"
+    assert out.stdout.count("prepared:") == 6, out.stdout
 
 
 def _loaded(stdout: str) -> str:

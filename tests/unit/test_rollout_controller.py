@@ -385,6 +385,14 @@ def test_requests_follow_each_servers_adapter_also_across_liveness_rounds(
     ctrl.end_update(1)
     started(servers, ctrl, 4)
     assert ctrl.pool is not None and [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]
-    time.sleep(0.2)  # several watcher rounds
+    pool, reread = ctrl.pool, ctrl.pool.set_servers
+    rounds: list[list[str | None]] = []
+
+    def counted(live: list[Server]) -> None:  # each call: one watcher round that re-read the servers
+        reread(live)
+        rounds.append([s.adapter for s in pool.servers])
+
+    monkeypatch.setattr(pool, "set_servers", counted)
+    wait_for(lambda: len(rounds) >= 3)  # several watcher rounds replaced the pool's servers
     settle(ctrl)
-    assert [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]
+    assert rounds[:3] == [["exp-v1"]] * 3 and [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]

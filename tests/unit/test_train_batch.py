@@ -1,11 +1,11 @@
-"""Hand-computed cases for packing samples into micro-batch tensors, micro-batch splitting, sharding, dummies."""
+"""Hand-computed cases for packing samples into micro-batch tensors, micro-batch splitting, dummies."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlkit.train.batch import dummy_like, pack, shard, split_micro_batches
+from rlkit.train.batch import dummy_like, pack, split_micro_batches
 from rlkit.types import Sample
 
 PAD = 99
@@ -157,16 +157,7 @@ def test_split_token_bound_and_min_count_together() -> None:
     assert tags(split_micro_batches(items, max_tokens=12, min_count=3)) == [[0, 1], [2, 3], [4, 5]]
 
 
-# --- shard / dummy_like -----------------------------------------------------------------------------------------
-
-def test_shard_takes_every_world_th_sample_from_rank() -> None:
-    items = [of_length(2, t) for t in range(5)]
-    assert [s.group for s in shard(items, 0, 2)] == [0, 2, 4]
-    assert [s.group for s in shard(items, 1, 2)] == [1, 3]
-    assert [[s.group for s in shard(items, r, 3)] for r in range(3)] == [[0, 3], [1, 4], [2]]
-    assert [s.group for s in shard(items, 0, 1)] == [0, 1, 2, 3, 4]
-    assert shard(items[:1], 1, 2) == []
-
+# --- dummy_like -----------------------------------------------------------------------------------------------
 
 def test_dummy_like_keeps_tokens_and_zeroes_the_signal() -> None:
     src = sample([1, 2], [3, 4], [-0.5, -0.7], advantage=1.5, finished=False, group=7)

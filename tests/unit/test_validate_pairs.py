@@ -96,6 +96,18 @@ def test_every_problem_is_collected_at_once(base: dict[str, Any]) -> None:
     assert len(found) == 5, found  # rw's keys are not dpo's business
 
 
+@pytest.mark.parametrize("validator", [validate_rw, validate_dpo])
+def test_the_checks_every_trainer_gets_run_for_pairs(validator: Validator, base: dict[str, Any]) -> None:
+    """rw and dpo refuse what grpo and sft refuse (rlkit.config.validate_trainer), each problem said once."""
+    found = problems_of(validator, base, "recover.mode=resum", "total_train_epochs=0", "actor.mb_spec.n_mbs=0",
+                        "actor.optimizer.type=adamw", "saver.freq_steps=0")
+    for says in ("recover.mode 'resum' is not one of", "total_train_epochs must be at least 1",
+                 "actor.mb_spec.n_mbs must be at least 1", "actor.optimizer.type 'adamw' is not one of",
+                 "saver.freq_steps must be at least 1"):
+        assert sum(says in p for p in found) == 1, (says, found)
+    assert len(found) == 5, found
+
+
 def test_validation_imports_no_torch() -> None:
     program = "import sys, rlkit.config.validate_pairs; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
