@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
+from rlkit.config.dataset_rows import first_jsonl_row
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
@@ -90,30 +91,9 @@ def _validate_dataset(config: ExperimentConfig, name: str, *, required: bool, pr
         problems.add(f"{name}.batch_size must be at least 1 (got {ds.batch_size})")
     with problems.check():
         check_dataset_file(f"{name}.path", ds.path)
-        row = _first_row(name, Path(ds.path))
+        row = first_jsonl_row(f"{name}.path", Path(ds.path))
         if row is not None and config.sft.prompt_type in SFT_PROMPT_TYPES:
             _check_row(name, row, config.sft)
-
-
-def _first_row(name: str, path: Path) -> dict[str, Any] | None:
-    """The first row of a .jsonl dataset (None for parquet: its rows are checked in the job)."""
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    if not files or files[0].suffix != ".jsonl":
-        return None
-    try:
-        with open(files[0]) as f:
-            line = next((line for line in f if line.strip()), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{name}.path: {files[0]} cannot be read as text: {getattr(exc, 'strerror', None) or exc}",
-                          hint="give a .jsonl file you may read", site=True) from None
-    if line is None:
-        raise ConfigError(f"{name}.path: {files[0]} is empty", hint="give a file with at least one row")
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{name}.path: the first line of {files[0]} is not JSON ({exc})",
-                          hint="write one JSON object per line") from None
-    return row if isinstance(row, dict) else None
 
 
 def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:

@@ -8,11 +8,11 @@ minibatches and trainer ranks, the model has a tokenizer, and every choice field
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from rlkit.config.allocation import Allocation
+from rlkit.config.dataset_rows import first_jsonl_row
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, get_field
 from rlkit.config.site_files import check_dataset_file
@@ -24,28 +24,6 @@ CHOICES = {
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
 }
-
-
-def _first_row(path: Path) -> dict[str, object] | None:
-    """The first row of a .jsonl file (None for other formats: checked in the job)."""
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    if not files or files[0].suffix != ".jsonl":
-        return None
-    try:
-        with open(files[0]) as f:
-            line = next((line for line in f if line.strip()), None)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"train_dataset.path: {files[0]} cannot be read as text: "
-                          f"{getattr(exc, 'strerror', None) or exc}", hint="give a .jsonl file you may read",
-                          site=True) from None
-    if line is None:
-        raise ConfigError(f"train_dataset.path: {files[0]} is empty", hint="give a file with at least one prompt")
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"train_dataset.path: the first line of {files[0]} is not JSON ({exc})",
-                          hint="write one JSON object per line") from None
-    return row if isinstance(row, dict) else None
 
 
 def validate_training(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
@@ -83,7 +61,7 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     if not ds.path:
         raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
     check_dataset_file("train_dataset.path", ds.path)
-    row = _first_row(Path(ds.path))
+    row = first_jsonl_row("train_dataset.path", Path(ds.path))
     if row is not None and ds.prompt_key not in row:
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
                           hint="set train_dataset.prompt_key to the prompt column")
