@@ -278,9 +278,11 @@ class ExperimentConfig:
     generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")
     rw: RWConfig = _sub(RWConfig, "Job type rw (reward model on chosen/rejected pairs).")
     dpo: DPOConfig = _sub(DPOConfig, "Job type dpo (chosen/rejected pairs against a frozen reference).")
-    train_dataset: DatasetConfig = _sub(DatasetConfig, "Training prompts (grpo): batch_size prompts per step.")
-    valid_dataset: DatasetConfig = _sub(DatasetConfig, "Validation prompts (grpo); empty path: none.")
-    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo).")
+    train_dataset: DatasetConfig = _sub(
+        DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
+    valid_dataset: DatasetConfig = _sub(
+        DatasetConfig, "Validation rows (the evaluator of grpo; sft, rw, dpo at epoch ends); empty path: none.")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
     total_train_epochs: int = _f(1, "Passes over the training set.")
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")

@@ -1,6 +1,6 @@
 """The FSDP2 training engine: a model (a Hugging Face causal LM unless a factory builds another), sharded, with its
 optimizer, LR schedule, gradient clipping, sharded checkpoints and full-weight export. No loss inside: an algorithm
-(rlkit.train.ppo_actor, wave 2: SFT, DPO, a critic) hands `optimizer_step` its micro-batches and its loss function.
+(rlkit.train.ppo_actor, ppo_critic, sft, rw, dpo) hands `optimizer_step` its micro-batches and its loss function.
 
 Every method that touches the model is collective: all ranks call it in the same order (FSDP all-gathers
 parameters in forward). Ranks with fewer micro-batches than others run dummy ones that count for nothing.

@@ -3,7 +3,8 @@
 The loop owns what does not depend on the algorithm: the process group, the resume point (recover.mode), the stop
 requests (USR1: Slurm's time-limit warning, USR2: `rlkit stop`), recover checkpoints of every engine the algorithm
 holds plus its JSON state, the saver's Hugging Face checkpoints, progress.json, metrics and the exit protocol. An
-algorithm (rlkit.train.grpo today) plugs in through `Algorithm`; its step is collective and returns its metrics.
+algorithm (grpo, ppo, sft, rw, dpo in rlkit.train) plugs in through `Algorithm`; its step is collective and returns
+its metrics.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def is_adapter_param(name: str) -> bool:
 def iter_adapter_buckets(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[dict[str, Tensor] | None]:
     """Collective (every FSDP rank, in step): gather each adapter parameter in full, in `named_parameters` order;
     yields ONE bucket, on rank 0 `{peft save name: tensor on the CPU}` (the names of adapter_model.safetensors), on
-    the other ranks None. The shape of `PolicyEngine.iter_full_buckets`, so a weight transport consumes it the same
+    the other ranks None. The shape of `TrainEngine.iter_full_buckets`, so a weight transport consumes it the same
     way."""
     from peft.utils import get_peft_model_state_dict
 
@@ -144,7 +144,7 @@ _PEFT_ROOT = "base_model.model."
 
 def merge_adapter_state(state: dict[str, Tensor], actor: ActorConfig) -> dict[str, Tensor]:
     """The plain causal LM's weights (Hugging Face names) with the adapter merged in: W + (lora_alpha / lora_rank) *
-    B @ A for every adapted module, from the peft model's FULL state dict (`PolicyEngine.full_state_dict()` on rank
+    B @ A for every adapted module, from the peft model's FULL state dict (`TrainEngine.full_state_dict()` on rank
     0). What a saved checkpoint must hold to be a model on its own (the next stage's `actor.path`, a server's
     `--model`), since the servers' adapter needs the base beside it."""
     scale = actor.lora_alpha / actor.lora_rank
