@@ -1,7 +1,9 @@
-"""Local datasets (jsonl, json or parquet; a file or a directory of them) and prompt tokenization."""
+"""Local datasets (jsonl, json or parquet; a file or a directory of them), the order an epoch visits their rows, and
+prompt tokenization."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,15 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     table = datasets.load_dataset(formats.pop(), data_files=[str(f) for f in files], split="train",
                                   keep_in_memory=True)
     return [dict(row) for row in table]
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
+    """The order rows are visited in one epoch: a permutation fixed by (seed, epoch), so a resumed run knows it from
+    the epoch alone (GRPO's prompt stream and the trainer-only job types' batches both use it)."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
 
 
 def prompt_token_ids(prompt: Any, tokenizer: Any, *, chat_template: bool) -> list[int]:

@@ -19,13 +19,13 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import queue
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rlkit.data import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
@@ -71,14 +71,6 @@ class RolloutStats:
     request_failures: int = 0
     wait_s: float = 0.0
     per_server: dict[int, int] = field(default_factory=dict)
-
-
-def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
-    """The order rows are visited in one epoch (deterministic for the seed)."""
-    order = list(range(n))
-    if shuffle:
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order
 
 
 def prompt_stream(prompts: list[Prompt], *, seed: int, shuffle: bool, start: int = 0) -> Iterator[tuple[int, Prompt]]:

@@ -11,7 +11,6 @@ the same data on every rank, the data position in the recover state, and a valid
 from __future__ import annotations
 
 import hashlib
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from rlkit.config.schema import ExperimentConfig
+from rlkit.data import epoch_order
 from rlkit.errors import StepError
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.engine import TrainEngine
@@ -58,11 +58,8 @@ class EpochSchedule:
 
     def order(self, epoch: int) -> list[int]:
         """Row indices in the order of epoch `epoch` (0-based)."""
-        if epoch not in self._orders:
-            rows = list(range(self.n_items))
-            if self.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(rows)  # sft_data.epoch_batches' order
-            self._orders = {epoch: rows}  # one epoch at a time is all a run reads
+        if epoch not in self._orders:  # one epoch at a time is all a run reads
+            self._orders = {epoch: epoch_order(self.n_items, epoch, self.seed, self.shuffle)}
         return self._orders[epoch]
 
     def rows(self, step: int) -> list[int]:

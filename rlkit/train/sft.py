@@ -13,41 +13,21 @@ Validation (`eval/*`) runs at the end of every epoch and after the last step.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
-from rlkit.config.schema import ExperimentConfig
 from rlkit.errors import StepError
 from rlkit.train.dist import all_reduce_sum
 from rlkit.train.engine import TrainEngine
 from rlkit.train.loop import LoopContext, StepResult, run_training
-from rlkit.train.sft_data import SFTDataset, SFTExample, epoch_batches, load_sft_dataset, rank_micro_batches
+from rlkit.train.offline_epochs import EpochSchedule, check_same_data, data_digest
+from rlkit.train.sft_data import SFTExample, load_sft_dataset, rank_micro_batches
 from rlkit.train.sft_loss import SFTMicroBatch, collate, eval_nll, sft_loss_fn, sft_metrics
-
-
-def sft_total_steps(config: ExperimentConfig, n_rows: int) -> int:
-    """Training steps: total_train_epochs x (rows // batch_size) (each epoch's last partial batch is left out, so every
-    step has batch_size rows), capped by total_train_steps."""
-    steps = (n_rows // config.train_dataset.batch_size) * config.total_train_epochs
-    return min(steps, config.total_train_steps) if config.total_train_steps is not None else steps
 
 
 def run_sft(trial_dir: Path) -> None:
     """The sft trainer step's entry point on every rank."""
     run_training(trial_dir, SFT)
-
-
-def data_digest(*datasets: SFTDataset | None) -> str:
-    """A short hash of the tokenized rows (ids and masks, in order): equal on every rank that read the same data."""
-    h = hashlib.blake2b(digest_size=16)
-    for ds in datasets:
-        for ex in ds.examples if ds is not None else []:
-            h.update(repr((ex.input_ids, ex.loss_mask)).encode())
-        h.update(b"|")
-    return h.hexdigest()
 
 
 class SFT:
@@ -66,45 +46,30 @@ class SFT:
         self.train = load_sft_dataset(train_ds.path, tokenizer, config.sft, max_length=train_ds.max_length)
         self.valid = (load_sft_dataset(valid_ds.path, tokenizer, config.sft, max_length=valid_ds.max_length)
                       if valid_ds.path else None)
-        self._check_same_data_on_every_rank()
+        valid_rows = self.valid.examples if self.valid is not None else []
+        check_same_data(data_digest([*((e.input_ids, e.loss_mask) for e in self.train.examples), "|",
+                                     *((e.input_ids, e.loss_mask) for e in valid_rows)]),
+                        f"{train_ds.path} or the validation set")
         self.rows = len(self.train.examples)
-        self.per_epoch = self.rows // train_ds.batch_size
-        self.total_steps = sft_total_steps(config, self.rows)
+        self.schedule = EpochSchedule.of(config, self.rows)  # the same batches as rw and dpo take
+        self.per_epoch = self.schedule.steps_per_epoch
+        self.total_steps = self.schedule.total_steps
         if self.total_steps <= 0:
             raise StepError(f"no training steps: {self.rows} usable rows in {train_ds.path} (dropped by max_length: "
                             f"{self.train.dropped}), train_dataset.batch_size {train_ds.batch_size}")
         self.engine = TrainEngine(config.actor, rank=self.rank, world=self.world, device=self.device,
                                   total_optimizer_steps=self.total_steps)
         self.engines: dict[str, TrainEngine] = {"actor": self.engine}
-        self._epoch_cache: tuple[int, list[list[int]]] | None = None
         self.last: dict[str, float] = {}  # rank 0: the latest metrics, for progress.json
         self.last_eval: dict[str, float] = {}
         if self.rank == 0:
             self._describe()
-
-    def _check_same_data_on_every_rank(self) -> None:
-        digests: list[object] = [None] * self.world
-        dist.all_gather_object(digests, data_digest(self.train, self.valid))
-        if len(set(digests)) > 1:
-            raise StepError(f"the ranks tokenized different data ({self.config.train_dataset.path} or the validation "
-                            "set differs between nodes): every rank must read the same files")
 
     def _describe(self) -> None:
         t, v = self.train, self.valid
         print(f"rlkit train: sft on {len(t.examples)} rows ({t.dropped} dropped, {t.truncated} truncated by max_length"
               f"), {self.per_epoch} steps per epoch, {self.total_steps} steps; validation: "
               + (f"{len(v.examples)} rows ({v.dropped} dropped)" if v is not None else "none"), flush=True)
-
-    def position(self, step: int) -> tuple[int, int]:
-        """(epoch from 0, batch index in it) of training step `step` (from 1)."""
-        return (step - 1) // self.per_epoch, (step - 1) % self.per_epoch
-
-    def _batch(self, epoch: int, index: int) -> list[int]:
-        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            ds = self.config.train_dataset
-            self._epoch_cache = (epoch, epoch_batches(self.rows, ds.batch_size, epoch=epoch, seed=self.config.seed,
-                                                      shuffle=ds.shuffle)[: self.per_epoch])
-        return self._epoch_cache[1][index]
 
     def _micro_batches(self, examples: list[SFTExample], batch: list[int]) -> tuple[list[SFTMicroBatch], int, int]:
         """This rank's padded micro-batches of `batch` (dummies appended so every rank runs as many), its target
@@ -131,8 +96,7 @@ class SFT:
 
     def step(self, step: int) -> StepResult:
         """Collective: one optimizer step over the step's batch; validation at an epoch's end and after the last."""
-        epoch, index = self.position(step)
-        micro, local_tokens, dummies = self._micro_batches(self.train.examples, self._batch(epoch, index))
+        micro, local_tokens, dummies = self._micro_batches(self.train.examples, self.schedule.rows(step))
         sums = [0.0, 0.0, float(dummies)]  # NLL, target tokens and dummy micro-batches of this rank
 
         def loss_fn(model: Any, mb: SFTMicroBatch) -> tuple[Any, int]:
@@ -144,9 +108,9 @@ class SFT:
         stats = self.engine.optimizer_step(micro, loss_fn, local_tokens)
         nll, tokens, dummies_all = all_reduce_sum(sums)
         metrics = {**sft_metrics(nll, tokens, prefix="sft"), "sft/grad_norm": stats["grad_norm"],
-                   "sft/lr": stats["lr"], "sft/epoch": float(epoch + 1),
+                   "sft/lr": stats["lr"], "sft/epoch": float((step - 1) // self.per_epoch + 1),
                    "sft/dummy_micro_batches": dummies_all}  # forward/backward passes spent keeping ranks in step
-        if index == self.per_epoch - 1 or step == self.total_steps:
+        if self.schedule.ends_epoch(step):
             self.last_eval = self.evaluate()
             metrics.update(self.last_eval)
         if self.rank != 0:
@@ -171,7 +135,7 @@ class SFT:
 
     def epoch(self, step: int) -> int:
         """Whole epochs done after `step` (the savers' freq_epochs)."""
-        return step // self.per_epoch
+        return self.schedule.epochs_done(step)
 
     def state(self, step: int) -> dict[str, Any]:
         """The data position after `step` (the next batch), the layout it assumes, and the last validation."""

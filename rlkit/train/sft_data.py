@@ -16,7 +16,6 @@ and each prompt piece is encoded exactly as a server encodes that prompt at infe
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -187,15 +186,6 @@ def tokenize_rows(rows: Iterable[Mapping[str, Any]], tokenizer: Any, sft: SFTCon
         truncated += fitted is not example
         examples.append(fitted)
     return SFTDataset(examples, dropped, truncated)
-
-
-def epoch_batches(n: int, batch_size: int, *, epoch: int, seed: int, shuffle: bool) -> list[list[int]]:
-    """The batches of one epoch as row indices: a permutation fixed by (seed, epoch), so a resumed run that knows
-    its epoch and step sees the same batches; the last batch may be smaller (no row is skipped)."""
-    order = list(range(n))
-    if shuffle:
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
 def rank_share(batch: Sequence[int], lengths: Sequence[int], world: int) -> list[list[int]]:

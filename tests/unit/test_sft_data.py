@@ -12,7 +12,6 @@ from rlkit.errors import StepError
 from rlkit.train.sft_data import (
     SFTExample,
     chat_example,
-    epoch_batches,
     fit_length,
     micro_batches,
     plaintext_example,
@@ -172,17 +171,12 @@ def test_micro_batches_first_fit_decreasing_within_the_padded_budget() -> None:
         micro_batches(range(5), lengths, max_tokens=9)
 
 
-def test_rank_share_balances_tokens_and_epoch_batches_are_fixed_by_seed_and_epoch() -> None:
+def test_rank_share_balances_tokens() -> None:
     lengths = [8, 7, 6, 5, 4, 3, 2, 1]
     shares = rank_share(range(8), lengths, 2)
     assert sorted(shares[0] + shares[1]) == list(range(8))
     assert sum(lengths[i] for i in shares[0]) == sum(lengths[i] for i in shares[1]) == 18
     assert rank_share([0], lengths, 2) == [[0], []]
-    first = epoch_batches(10, 4, epoch=0, seed=1, shuffle=True)
-    assert first == epoch_batches(10, 4, epoch=0, seed=1, shuffle=True)
-    assert [len(b) for b in first] == [4, 4, 2] and sorted(i for b in first for i in b) == list(range(10))
-    assert first != epoch_batches(10, 4, epoch=1, seed=1, shuffle=True)
-    assert epoch_batches(5, 2, epoch=3, seed=1, shuffle=False) == [[0, 1], [2, 3], [4]]
 
 
 def test_every_rank_agrees_on_the_micro_batch_count_without_a_collective() -> None:
