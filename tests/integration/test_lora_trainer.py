@@ -8,15 +8,12 @@ the adapter one rank gives, and the exported directory loads back in plain peft 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlkit.servers.health import find_free_port
+from ..gloo_ranks import run_ranks
 
 WORKER = r'''
 import json, sys, torch
@@ -74,17 +71,7 @@ end_process(0)
 
 def _run(world: int, model: Path, out: Path) -> dict[str, list[float]]:
     out.mkdir(parents=True)
-    port = find_free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-3000:]}"
-                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
-    assert all(p.returncode == 0 for p in procs), report
+    run_ranks(world, ["-c", WORKER, str(model), str(out)])
     result: dict[str, list[float]] = json.loads((out / "probe.json").read_text())
     return result
 
@@ -205,15 +192,7 @@ def test_lora_engine_trains_against_its_adapterless_reference_and_resumes(tiny_m
     weights and, after one more step, still the same (optimizer state restored)."""
     out = tmp_path / "engine"
     out.mkdir()
-    port = find_free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", ENGINE_WORKER, str(tiny_model_dir), str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(text[-3000:] for text in outputs)
+    run_ranks(2, ["-c", ENGINE_WORKER, str(tiny_model_dir), str(out)])
     result = json.loads((out / "engine.json").read_text())
     initial, reference, trained = result["initial"], result["reference_after"], result["trained"]
     moved = max(abs(a - b) for i in initial for a, b in zip(initial[i], trained[i], strict=True))

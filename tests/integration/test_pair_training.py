@@ -14,15 +14,14 @@ CPU) ranks on the tiny model and the digits preference pairs (rlkit.tasks.digits
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from rlkit.servers.health import find_free_port
 from rlkit.tasks.digits_pairs import write_pair_splits
+
+from ..gloo_ranks import start_ranks, wait_ranks
 
 WORKER = r'''
 import sys
@@ -59,15 +58,8 @@ end_process(0)
 
 def _start(module: str, world: int, trial: Path, extra_env: dict[str, str] | None = None,
            code: str | None = None) -> list[subprocess.Popen[str]]:
-    port = find_free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        script = code if code is not None else WORKER.replace("{module}", module)
-        procs.append(subprocess.Popen([sys.executable, "-c", script, str(trial)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
+    script = code if code is not None else WORKER.replace("{module}", module)
+    return start_ranks(world, ["-c", script, str(trial)], extra_env)
 
 
 def _run(module: str, world: int, trial: Path) -> list[str]:
@@ -75,11 +67,7 @@ def _run(module: str, world: int, trial: Path) -> list[str]:
 
 
 def _wait(procs: list[subprocess.Popen[str]]) -> list[str]:
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-3000:]}"
-                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
-    assert all(p.returncode == 0 for p in procs), report
-    return outputs
+    return wait_ranks(procs)
 
 
 def _trial(tmp_path: Path, name: str, job: str, model: Path, data: tuple[Path, Path], *, lr: float, epochs: int,

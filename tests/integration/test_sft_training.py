@@ -9,15 +9,12 @@ never interrupted, without losing a step; and the validation loss falls over the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlkit.servers.health import find_free_port
+from ..gloo_ranks import run_ranks
 
 WORKER = r'''
 import sys
@@ -37,19 +34,8 @@ RECOVER_EVERY, KILLED_AFTER = PER_EPOCH, PER_EPOCH + 2  # a checkpoint at the en
 
 
 def _run(world: int, trial: Path, extra_env: dict[str, str] | None = None, *, killed: bool = False) -> list[str]:
-    port = find_free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(trial)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-3000:]}"
-                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
-    expected = -9 if killed else 0  # the fault point SIGKILLs every rank
-    assert all(p.returncode == expected for p in procs), report
-    return outputs
+    # the fault point SIGKILLs every rank
+    return run_ranks(world, ["-c", WORKER, str(trial)], extra_env, expect=-9 if killed else 0)
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,12 @@ micro-batches or the minibatch split were wrong, the two-rank weights would diff
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlkit.servers.health import find_free_port
+from ..gloo_ranks import run_ranks
 
 WORKER = r'''
 import json, sys, torch
@@ -90,18 +87,8 @@ end_process(0)  # as `rlkit train` ends: no interpreter teardown with FSDP's glo
 
 def _run(world: int, model: Path, out: Path, opts: dict[str, object]) -> dict[str, object]:
     out.mkdir(parents=True)
-    port = find_free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(out), json.dumps(opts)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-2000:]}"
-                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
-    assert all(p.returncode == 0 for p in procs), report
-    assert all(f"rank {rank} done" in text for rank, text in enumerate(outputs)), report
+    outputs = run_ranks(world, ["-c", WORKER, str(model), str(out), json.dumps(opts)])
+    assert all(f"rank {rank} done" in text for rank, text in enumerate(outputs)), "\n".join(outputs)
     result: dict[str, object] = json.loads((out / "stats.json").read_text())
     return result
 

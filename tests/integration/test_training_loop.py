@@ -9,15 +9,13 @@ each, and the final model equals the one of a run that was never interrupted.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from rlkit.servers.health import find_free_port
 from rlkit.train import recover
+
+from ..gloo_ranks import run_ranks
 
 WORKER = r'''
 import os, signal, sys, torch
@@ -87,18 +85,7 @@ end_process(0)
 
 
 def _run(world: int, trial: Path, extra_env: dict[str, str] | None = None) -> list[str]:
-    port = find_free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(trial)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    report = "\n".join(f"--- rank {rank}, exit code {p.returncode}:\n{text[-3000:]}"
-                       for rank, (p, text) in enumerate(zip(procs, outputs, strict=True)))
-    assert all(p.returncode == 0 for p in procs), report
-    return outputs
+    return run_ranks(world, ["-c", WORKER, str(trial)], extra_env)
 
 
 def _trial(tmp_path: Path, name: str, model: Path, recover_mode: str) -> Path:
