@@ -62,11 +62,7 @@ def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str) -> nn.Modul
 def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     """The default model factory: the causal LM at config.path with float32 master weights (bf16/fp16 is the compute
     dtype through FSDP's mixed-precision policy), gradient checkpointing as configured."""
-    model = load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl)
-    if config.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-    return model.to(device)
+    return _ready(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config, device)
 
 
 def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
@@ -75,9 +71,24 @@ def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     holds the same initial adapter."""
     from rlkit.train.lora import wrap_lora
 
-    model = wrap_lora(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config)
+    return _ready(wrap_lora(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config),
+                  config, device)
+
+
+def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The model factory of a scalar head (rw's reward model, ppo's critic): the value model of config.path
+    (rlkit.train.value_model: a fresh seeded head on a causal LM) in float32 master weights."""
+    from rlkit.train.value_model import load_value_model
+
+    model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl))
+    return _ready(model, config, device)
+
+
+def _ready(model: nn.Module, config: ActorConfig, device: torch.device) -> nn.Module:
+    """Gradient checkpointing as configured (non-reentrant: the reentrant kind needs inputs that require grad, which a
+    frozen LoRA base has not), then the device."""
     if config.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}  # the reentrant kind needs inputs that require grad; a frozen base has none
+        kwargs = {"use_reentrant": False}
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     return model.to(device)
 

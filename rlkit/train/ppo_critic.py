@@ -18,7 +18,7 @@ from rlkit.config.schema_actor import ActorConfig
 from rlkit.config.schema_critic import CriticConfig
 from rlkit.train.batch import dummy_like, local_indices, pack
 from rlkit.train.dist import all_reduce_sum
-from rlkit.train.engine import TrainEngine, attention_implementation
+from rlkit.train.engine import TrainEngine, value_head_model
 from rlkit.train.loss_fns import CriticLoss, state_values
 from rlkit.train.sample_forward import aligned, group_of, micro_batches_idx
 from rlkit.types import Sample
@@ -36,18 +36,6 @@ def critic_engine_config(critic: CriticConfig, actor: ActorConfig) -> ActorConfi
         mask_no_eos_with_zero=critic.mask_no_eos_with_zero or actor.mask_no_eos_with_zero)
 
 
-def value_model(config: ActorConfig, device: torch.device) -> nn.Module:
-    """The engine's model factory for the critic: float32 master weights as for the policy (config.dtype is the
-    compute dtype through FSDP), gradient checkpointing as configured."""
-    from rlkit.train.value_model import load_value_model
-
-    model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl))
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(  # type: ignore[operator]
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device)
-
-
 class PPOCritic:
     """The value model being trained (`engine`), named "critic" in the loop's checkpoints."""
 
@@ -61,7 +49,7 @@ class PPOCritic:
         """Collective: the sharded value model and its optimizer."""
         config = critic_engine_config(critic, actor)
         engine = TrainEngine(config, rank=rank, world=world, device=device,
-                             total_optimizer_steps=total_optimizer_steps, model_factory=value_model)
+                             total_optimizer_steps=total_optimizer_steps, model_factory=value_head_model)
         return cls(config, engine, eps_clip=critic.eps_clip, pad_id=pad_id)
 
     def local_indices(self, n: int) -> list[list[int]]:

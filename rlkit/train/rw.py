@@ -14,28 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.engine import DTYPES, TrainEngine, attention_implementation
+from rlkit.train.engine import DTYPES, TrainEngine, value_head_model
 from rlkit.train.loop import LoopContext, run_training
 from rlkit.train.loss_fns import rw_loss_fn
 from rlkit.train.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
 from rlkit.train.pair_losses import by_pair, rw_pairwise_loss
 from rlkit.train.pair_steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
-from rlkit.train.value_model import last_token_scores, load_value_model, save_value_model, token_values
+from rlkit.train.value_model import last_token_scores, save_value_model, token_values
 
 METRICS = {"loss": "loss", "accuracy": "accuracy", "margin": "reward_margin", "chosen_score": "chosen_score",
            "rejected_score": "rejected_score"}
-
-
-def reward_model(config: ActorConfig, device: torch.device) -> nn.Module:
-    """The engine's model factory: the value model of config.path (a fresh seeded head on a causal LM) in float32
-    master weights, gradient checkpointing as configured."""
-    model = load_value_model(config.path, attn_impl=attention_implementation(config.attn_impl))
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
-    return model.to(device)
 
 
 def run_rw(trial_dir: Path) -> None:
@@ -52,7 +41,7 @@ class RewardModelTraining(OfflineAlgorithm):
         super().__init__(ctx, len(self.data.train), has_valid=bool(self.data.valid))
         self.device = ctx.device
         self.engine = TrainEngine(config.actor, rank=self.rank, world=self.world, device=ctx.device,
-                                  total_optimizer_steps=self.total_steps, model_factory=reward_model)
+                                  total_optimizer_steps=self.total_steps, model_factory=value_head_model)
         self.engines = {"actor": self.engine}
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
