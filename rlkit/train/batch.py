@@ -7,13 +7,20 @@ prompt has P tokens sits at position P - 1 + j.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from rlkit.types import Sample
+
+T = TypeVar("T")
+
+
+def _sample_length(sample: Any) -> int:
+    return int(sample.length)
 
 
 @dataclass
@@ -62,26 +69,28 @@ def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False
     return MicroBatch(input_ids, attention_mask, loss_mask, behav, adv, int(loss_mask.sum()))
 
 
-def split_micro_batches(samples: Sequence[Sample], *, max_tokens: int | None, min_count: int = 1) -> list[list[Sample]]:
-    """Split into at least `min_count` micro-batches, each at most `max_tokens` padded tokens (B * longest).
+def split_micro_batches(samples: Sequence[T], *, max_tokens: int | None, min_count: int = 1,
+                        length: Callable[[T], int] = _sample_length) -> list[list[T]]:
+    """Split into at least `min_count` micro-batches, each at most `max_tokens` padded tokens (B * the longest
+    `length`, which counts the tokens an item adds per row: a sample's length, twice a pair's).
 
-    Samples keep their order; a single sample longer than `max_tokens` gets a micro-batch of its own.
+    Items keep their order; a single item longer than `max_tokens` gets a micro-batch of its own.
     """
     items = list(samples)
     if not items:
         return []
     count = max(1, min(min_count, len(items)))
     target = -(-len(items) // count)  # at most this many per micro-batch
-    out: list[list[Sample]] = [[]]
+    out: list[list[T]] = [[]]
     longest = 0
     for i, s in enumerate(items):
         cur = out[-1]
-        new_longest = max(longest, s.length)
+        new_longest = max(longest, length(s))
         too_big = max_tokens is not None and new_longest * (len(cur) + 1) > max_tokens
         needed = len(items) - i <= count - len(out)  # each sample left must open one of the missing micro-batches
         if cur and (too_big or len(cur) >= target or needed):
             out.append([s])
-            longest = s.length
+            longest = length(s)
         else:
             cur.append(s)
             longest = new_longest

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlkit.train.batch import split_micro_batches
 from rlkit.train.pairs_data import Pair
 
 
@@ -56,22 +57,4 @@ def pack_pairs(pairs: Sequence[Pair], pad_id: int) -> PairBatch:
 def split_pairs(pairs: Sequence[Pair], *, max_tokens: int | None, min_count: int = 1) -> list[list[Pair]]:
     """At least `min_count` micro-batches (fewer when there are fewer pairs) of consecutive pairs, each at most
     `max_tokens` padded tokens (2 x pairs x longest sequence); a pair larger than that gets one of its own."""
-    items = list(pairs)
-    if not items:
-        return []
-    count = max(1, min(min_count, len(items)))
-    target = -(-len(items) // count)
-    out: list[list[Pair]] = [[]]
-    longest = 0
-    for i, pair in enumerate(items):
-        cur = out[-1]
-        new_longest = max(longest, pair.length)
-        too_big = max_tokens is not None and 2 * new_longest * (len(cur) + 1) > max_tokens
-        needed = len(items) - i <= count - len(out)
-        if cur and (too_big or len(cur) >= target or needed):
-            out.append([pair])
-            longest = pair.length
-        else:
-            cur.append(pair)
-            longest = new_longest
-    return out
+    return split_micro_batches(pairs, max_tokens=max_tokens, min_count=min_count, length=lambda p: 2 * p.length)
