@@ -40,10 +40,15 @@ FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial o
 
 @app.command()
 def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, force: bool = FORCE_OPT) -> None:
-    """Validate, plan and render the job, submit it to Slurm, and record the trial."""
+    """Validate, plan and render the job, submit it to Slurm, and record the trial. A config with `stages:`
+    submits one job per stage, each waiting for the one before (afterok)."""
+    from rlkit.launch.stages import has_stages
     from rlkit.launch.submit import prepare
     from rlkit.launch.submit import submit as do_submit
 
+    if has_stages(config):
+        _submit_stages(config, overrides or [], force)
+        return
     prepared = prepare(config, overrides or [])
     submitted = do_submit(prepared, force=force)
     record = submitted.record
@@ -55,12 +60,33 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
 
 
+def _submit_stages(config: Path, overrides: list[str], force: bool) -> None:
+    from rlkit.launch.stages import prepare_stages, submit_stages
+
+    plans, _ = prepare_stages(config, overrides)
+    run = submit_stages(plans, force=force)
+    out.print(f"submitted [bold]{run.name}[/bold]: {len(run.stages)} stages, each after the one before")
+    for plan in plans:
+        out.print(f"  stage {plan.record.name} ({plan.record.type}): trial {plan.record.trial}  "
+                  f"{plan.prepared.paths.root}")
+    out.print(f"  follow it with:  rlkit status {run.name}")
+
+
 @app.command()
 def resume(trial: str = typer.Argument(..., help="The trial to continue (experiment/trial or trial)."),
            overrides: list[str] = OVERRIDES_ARG) -> None:
-    """Continue a stopped or failed training trial from its last recover checkpoint, as a new attempt."""
+    """Continue a stopped or failed training trial from its last recover checkpoint, as a new attempt. A
+    multi-stage run continues from its first unfinished stage; the stages after it are submitted again."""
     from rlkit.launch.resume import resume_trial
+    from rlkit.launch.stages import find_stage_run, resume_run
 
+    run = find_stage_run(trial)
+    if run is not None:
+        for stage, job_id, how in resume_run(run, overrides or []):
+            verb = "resumed from its last checkpoint" if how == "resumed" else "submitted again"
+            typer.echo(f"stage {stage.name}: {verb} as Slurm job {job_id}")
+        typer.echo(f"  follow it with:  rlkit status {run.name}")
+        return
     record, attempt = resume_trial(trial, overrides or [])
     typer.echo(f"resumed {record.name} as Slurm job {record.job_id} (attempt {attempt})")
     typer.echo(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
@@ -74,17 +100,28 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
     """Print the sbatch script the config gives (a dry run: nothing is written or submitted). Missing site files
     are listed as warnings on stderr."""
     from rlkit.launch import slurm
+    from rlkit.launch.stages import has_stages, prepare_stages
     from rlkit.launch.submit import prepare
 
-    prepared = prepare(config, overrides or [], dry_run=not strict)
-    sys.stdout.write(prepared.script)
-    for warning in prepared.warnings:
+    if has_stages(config):
+        plans, warnings = prepare_stages(config, overrides or [], dry_run=not strict)
+        for plan in plans:
+            sys.stdout.write(f"# ---- stage {plan.record.name}: trial {plan.record.trial} "
+                             + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
+            sys.stdout.write(plan.prepared.script)
+        scripts = [plan.prepared.script for plan in plans]
+    else:
+        prepared = prepare(config, overrides or [], dry_run=not strict)
+        sys.stdout.write(prepared.script)
+        warnings, scripts = list(prepared.warnings), [prepared.script]
+    for warning in warnings:
         err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
-    if prepared.warnings:
-        err.print(f"  {len(prepared.warnings)} site file(s) missing here: `rlkit submit` refuses this config until "
+    if warnings:
+        err.print(f"  {len(warnings)} site file(s) missing here: `rlkit submit` refuses this config until "
                   "they exist (render --strict refuses it too)", highlight=False)
     if test_only:
-        err.print(slurm.sbatch_test_only(prepared.script))
+        for script in scripts:
+            err.print(slurm.sbatch_test_only(script))
 
 
 @app.command()
@@ -100,6 +137,18 @@ def status(trial: str = typer.Argument(None, help="One trial (experiment/trial o
         else:
             out.print(st.trials_table(rows))
         return
+    from rlkit.launch.stages import find_stage_run
+
+    run = find_stage_run(trial)
+    if run is not None:
+        from rlkit.status_stages import run_detail, run_table
+
+        stages = run_detail(run)
+        if as_json:
+            st.print_json(stages.to_dict())
+        else:
+            out.print(run_table(stages))
+        return
     detail = st.trial_detail(trial)
     if as_json:
         st.print_json(detail.to_dict())
@@ -113,8 +162,13 @@ def stop(trial: str = TRIAL_ARG,
          timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the trainer's checkpoint.")
          ) -> None:
     """Stop the trial: a training job checkpoints first (unless --now), then every step on every node ends."""
+    from rlkit.launch.stages import find_stage_run, stop_run
     from rlkit.launch.stop import stop_trial
 
+    run = find_stage_run(trial)
+    if run is not None:
+        stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text))
+        return
     name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text))
     out.print(f"cancelled the Slurm job of {name}")
 

@@ -138,12 +138,14 @@ def attempts(paths: TrialPaths) -> list[dict[str, object]]:
 
 
 def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path,
-                   kind: str = "submit", cluster_name: str = "") -> None:
+                   kind: str = "submit", cluster_name: str = "", after_ok: str = "") -> None:
     """Record what was submitted: job id, time, cluster name, rlkit version, git revision, each role's image, and
     the attempts (a resume adds one; a plain submit starts the list afresh)."""
     now = time.time()
     history = attempts(paths) if kind == "resume" else []
     history.append({"job_id": job_id, "submitted_at": now, "kind": kind})
+    if after_ok:  # a later stage of a multi-stage run: it waited for this job
+        history[-1]["after_ok"] = after_ok
     manifest = {
         "job_id": job_id,
         "submitted_at": now,

@@ -221,10 +221,10 @@ def load_config_collecting(path: str | Path, overrides: list[str], problems: Pro
     """Load an experiment YAML with overrides, adding every schema problem to `problems`; None when no typed
     config could be built. A missing or unparsable file is raised at once (there is nothing else to check)."""
     path = Path(path)
-    return _typed(compose(read_yaml(path), list(overrides), source=str(path), problems=problems))
+    return typed_config(compose(read_yaml(path), list(overrides), source=str(path), problems=problems))
 
 
-def _typed(cfg: DictConfig | None) -> ExperimentConfig | None:
+def typed_config(cfg: DictConfig | None) -> ExperimentConfig | None:
     if cfg is None:
         return None
     obj = OmegaConf.to_object(cfg)
@@ -237,7 +237,7 @@ def config_from_mapping(data: dict[str, Any], overrides: list[str] | None = None
     """A typed config from a mapping (as if read from YAML) and overrides; raises ConfigErrors naming every
     schema problem."""
     problems = Problems()
-    config = _typed(compose(data, list(overrides or []), source=source, problems=problems))
+    config = typed_config(compose(data, list(overrides or []), source=source, problems=problems))
     problems.raise_if_any()
     assert config is not None
     return config

@@ -36,5 +36,5 @@ PPO = JobType(
     name="ppo", help="asynchronous PPO with a critic (servers generate, the trainer learns the actor and its critic)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.ppo:run_ppo",
     sections=("actor", "critic", "train_dataset", "reward", "gconfig", "rollout", "saver", "recover"),
-    prompt_dataset="train_dataset", validate=_validate_ppo,
+    prompt_dataset="train_dataset", validate=_validate_ppo, passes_on="policy",
 )

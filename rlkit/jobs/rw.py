@@ -22,5 +22,6 @@ def _validate_rw(config: ExperimentConfig, allocation: Allocation | None, proble
 RW = JobType(
     name="rw", help="reward model on chosen/rejected pairs (trainer only, no servers)",
     needs_servers=False, trainer=True, resumable=True, step="rlkit.train.rw:run_rw",
-    sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"), validate=_validate_rw,
+    sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"),
+    validate=_validate_rw, passes_on="reward_model",
 )

@@ -54,9 +54,12 @@ def sbatch_test_only(script: str) -> str:
     return (proc.stderr or proc.stdout).strip()
 
 
-def sbatch(script_path: str) -> str:
-    """Submit a batch script; return the job id."""
-    proc = _run(["sbatch", "--parsable", script_path])
+def sbatch(script_path: str, *, after_ok: str = "") -> str:
+    """Submit a batch script; return the job id. `after_ok`: a job that must end successfully first (the previous
+    stage of a multi-stage run); if it fails or is cancelled, Slurm cancels this one too (--kill-on-invalid-dep)
+    instead of leaving it pending forever."""
+    dependency = [f"--dependency=afterok:{after_ok}", "--kill-on-invalid-dep=yes"] if after_ok else []
+    proc = _run(["sbatch", "--parsable", *dependency, script_path])
     if proc.returncode != 0:
         raise SlurmError(f"sbatch failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout.strip().split(";")[0]

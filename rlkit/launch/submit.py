@@ -44,7 +44,7 @@ class Prepared:
 
 
 def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
-            dry_run: bool = False) -> Prepared:
+            dry_run: bool = False, model_stand_in: str = "") -> Prepared:
     """Load, validate, plan and render (pure apart from reading the config and checking input paths). Raises
     ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead."""
     problems = Problems()
@@ -52,15 +52,22 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
     if config is None:
         problems.raise_if_any()
     assert config is not None
-    return prepare_config(config, problems, attempt=attempt, dry_run=dry_run)
+    return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in)
 
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
-                   dry_run: bool = False) -> Prepared:
-    """Validate, plan and render a loaded config; `problems` may already hold the loader's."""
+                   dry_run: bool = False, model_stand_in: str = "") -> Prepared:
+    """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
+    model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
+    checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
+    from), used while actor.path does not exist; the plan and the script keep actor.path."""
     problems = problems if problems is not None else Problems()
     make_paths_absolute(config, os.getcwd())
+    real_model = config.actor.path
+    if model_stand_in and not Path(real_model).exists():
+        config.actor.path = model_stand_in
     validated = validate(config)
+    config.actor.path = real_model
     problems.errors.extend(validated.problems.errors)
     plan = None
     if validated.allocation is not None:
@@ -98,13 +105,13 @@ class Submitted:
 
 
 def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
-           before_write: Callable[[], object] | None = None) -> Submitted:
+           before_write: Callable[[], object] | None = None, after_ok: str = "") -> Submitted:
     """Check with the controller, write the trial directory, submit, and record the trial. `before_write` runs once
     every check passed, before anything is written (resume moves the previous attempt's logs there).
 
     `force` over an existing trial: a plain submit is a NEW run, so the previous run's files move to
     `<trial>/attempt-<N>/` (recover.mode=auto can then never resume the old run); a resume (kind "resume") keeps
-    them, it continues that run."""
+    them, it continues that run. `after_ok`: a job this one waits for (rlkit.launch.slurm.sbatch)."""
     config, paths = prepared.config, prepared.paths
     job = job_type_for(config.type)
     existed = paths.root.exists()
@@ -126,7 +133,7 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     archived = archive_run(paths) if force and kind == "submit" else None
     try:
         prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
-        job_id = slurm.sbatch(str(paths.script))
+        job_id = slurm.sbatch(str(paths.script), after_ok=after_ok)
     except (SlurmError, OSError) as exc:
         if not existed:
             shutil.rmtree(paths.root, ignore_errors=True)
@@ -139,7 +146,7 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
     write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
-                   cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name)
+                   cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name, after_ok=after_ok)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
     return Submitted(record, archived)

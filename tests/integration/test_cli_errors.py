@@ -314,7 +314,7 @@ def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_pa
 
 
 def test_sft_renders_as_one_trainer_component(sft_yaml: Path) -> None:
-    """A valid sft config renders as a plain one-component job (submitting it: tests/integration/test_sft_e2e.py)."""
+    """A valid sft config renders as a plain one-component job (submitting it: tests/integration/test_stages_e2e.py)."""
     rendered = run_rlkit("render", str(sft_yaml))
     assert rendered.returncode == 0, rendered.stderr
     assert "#SBATCH hetjob" not in rendered.stdout and "rlkit train --trial-dir" in rendered.stdout

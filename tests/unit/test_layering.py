@@ -24,7 +24,7 @@ for package in (rlkit.config, rlkit.launch, rlkit.jobs):
     for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
         if module.name != "rlkit.jobs.run":  # the in-job dispatcher: imports the step, by design
             __import__(module.name)
-import rlkit.cli, rlkit.status
+import rlkit.cli, rlkit.status, rlkit.stage_runs, rlkit.status_stages
 from rlkit.launch.submit import prepare
 from rlkit.servers.backend import backend_for
 backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
