@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import processes_mentioning, status_row, wait_state
+from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2400)]
 EXPERIMENT = "demo-stages"
@@ -175,3 +175,52 @@ def test_run_status_lists_the_stages_and_resume_has_nothing_left(staged_run: dic
     assert data["current_stage"] == ""
     resumed = staged_run["resume"]
     assert resumed.returncode == 2 and "every stage of" in resumed.stderr, resumed.stderr  # type: ignore[attr-defined]
+
+
+def test_stopping_a_run_cancels_the_waiting_stage_and_resume_continues_from_the_unfinished_one(
+        tiny_model_dir: Path, tmp_path: Path, staged_run: dict[str, object]) -> None:
+    """A long sft stage is stopped while it runs: the grpo stage waiting for it is cancelled, the sft trainer
+    checkpoints; `rlkit resume RUN` resumes the sft stage from that checkpoint and submits the grpo stage again,
+    afterok the new sft job. (Runs after the module's run has ended: the cluster is free.)"""
+    from rlkit.tasks.digits import write_dataset
+    from rlkit.tasks.digits_sft import write_sft_dataset
+
+    shutil.copytree(tiny_model_dir, tmp_path / "tiny-model")
+    train, valid = write_sft_dataset(tmp_path)
+    env = {"RLKIT_HOME": str(tmp_path / "home")}
+    run, sft = f"{EXPERIMENT}/stopme", f"{EXPERIMENT}/stopme_sft"
+    submitted = run_rlkit("submit", str(CONFIGS / "sft-grpo-cpu-demo.yaml"), f"actor.path={tmp_path / 'tiny-model'}",
+                          f"stages.sft.train_dataset.path={train}", f"stages.sft.valid_dataset.path={valid}",
+                          f"stages.grpo.train_dataset.path={write_dataset(tmp_path / 'digits.jsonl')}",
+                          f"cluster.fileroot={tmp_path}/fileroot", "trial_name=stopme",
+                          "stats_logger.tensorboard.path=null", "stages.sft.total_train_epochs=100",
+                          "stages.sft.recover.freq_steps=4", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    trials = tmp_path / "fileroot" / EXPERIMENT
+    try:
+        wait_for(lambda: list((trials / "stopme_sft" / "recover").glob("step*")), "a recover checkpoint", 300)
+        stopped = run_rlkit("stop", run, env=env, timeout=400)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "cancelled stage grpo" in stopped.stdout and "stopped stage sft" in stopped.stdout, stopped.stdout
+        detail = json.loads(run_rlkit("status", run, "--json", env=env).stdout)
+        states = {s["stage"]: s["state"] for s in detail["stages"]}
+        assert states == {"sft": "CANCELLED", "grpo": "CANCELLED"} and detail["current_stage"] == "sft", detail
+        progress = json.loads((trials / "stopme_sft" / "progress.json").read_text())
+        assert progress["status"] == "stopped", progress
+
+        resumed = run_rlkit("resume", run, env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        jobs = dict(re.findall(r"stage (\w+): .* as Slurm job (\d+)", resumed.stdout))
+        assert "stage sft: resumed from its last checkpoint" in resumed.stdout, resumed.stdout
+        assert "stage grpo: submitted again" in resumed.stdout, resumed.stdout
+        grpo_attempts = json.loads((trials / "stopme_grpo" / "manifest.json").read_text())["attempts"]
+        assert grpo_attempts[-1]["after_ok"] == jobs["sft"], (grpo_attempts, jobs)
+        wait_for(lambda: f"resuming after step {progress['step']} " in _text(trials / "stopme_sft" / "logs" /
+                                                                              "sft.log"), "the resumed sft stage", 300)
+    finally:
+        run_rlkit("stop", run, "--now", env=env)
+    wait_state(sft, timeout=120, env=env)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
