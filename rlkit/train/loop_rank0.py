@@ -107,8 +107,8 @@ class LoopRank0:
     def export(self, state: dict[str, Any], name: str,
                write: Callable[[dict[str, Any], Path], None] | None = None) -> None:
         """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name`: by the algorithm's
-        `write` when it has one, else as a causal LM with actor.path's config and tokenizer (with LoRA, the adapter
-        merged into the base)."""
+        `write` when it has one, else as a causal LM with actor.path's config and the tokenizer the job used
+        (tokenizer_path, else actor.path's; with LoRA, the adapter merged into the base)."""
         from rlkit.train.engine import DTYPES
         from rlkit.weights import hf_export
 
@@ -121,8 +121,9 @@ class LoopRank0:
         if write is not None:
             write(state, out_dir)
         else:
+            tokenizer = Path(self.config.tokenizer_path) if self.config.tokenizer_path else None
             hf_export.write_weights(state, Path(self.config.actor.path), out_dir,
-                                    dtype=DTYPES[self.config.actor.dtype], replace=True)
+                                    dtype=DTYPES[self.config.actor.dtype], replace=True, tokenizer_dir=tokenizer)
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def progress(self, step: int, status: str, fields: dict[str, Any]) -> None:

@@ -70,4 +70,4 @@ class RewardModelTraining(OfflineAlgorithm):
     def write_model(self, state: dict[str, Any], out_dir: Path) -> None:
         """The saver's export (rank 0): a reward model directory that reloads with its head."""
         save_value_model(state, self.engine.model.config, self.config.actor.path, out_dir, kind="reward",
-                         dtype=DTYPES[self.config.actor.dtype])
+                         dtype=DTYPES[self.config.actor.dtype], tokenizer_dir=self.config.tokenizer_path)

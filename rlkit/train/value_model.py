@@ -76,10 +76,11 @@ def last_token_scores(values: Tensor, last_index: Tensor) -> Tensor:
 
 
 def save_value_model(state_dict: Mapping[str, Tensor], model_config: Any, source_dir: str | Path, out_dir: str | Path,
-                     *, kind: Kind, dtype: torch.dtype | None = None) -> Path:
+                     *, kind: Kind, dtype: torch.dtype | None = None, tokenizer_dir: str | Path = "") -> Path:
     """Write a reloadable value model directory `out_dir` (replaced if it exists): the weights of `state_dict`
     (e.g. the engine's full state dict on rank 0), `model_config` (the loaded model's `config`), the tokenizer and
-    chat template of `source_dir` (the model trained from), and the head note."""
+    chat template of `source_dir` (the model trained from; `tokenizer_dir`'s tokenizer files instead when given: the
+    config's tokenizer_path), and the head note."""
     from rlkit.weights.hf_export import WEIGHTS_NAME, write_weights
 
     source, out = Path(source_dir), Path(out_dir)
@@ -93,6 +94,7 @@ def save_value_model(state_dict: Mapping[str, Tensor], model_config: Any, source
         note = {"kind": kind, "reads": _READS[kind], "head": "score", "num_labels": 1,
                 "load": "rlkit.train.value_model.load_value_model", "weights": WEIGHTS_NAME}
         (template / HEAD_NOTE).write_text(json.dumps(note, indent=2, sort_keys=True) + "\n")
-        return write_weights(state_dict, template, out, dtype, replace=True)
+        return write_weights(state_dict, template, out, dtype, replace=True,
+                             tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)
     finally:
         shutil.rmtree(template, ignore_errors=True)

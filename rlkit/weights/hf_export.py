@@ -27,6 +27,10 @@ MAX_SHARD_BYTES = 2 * 1024**3
 # which describes the weights of an untouched build.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
 _SKIP_FILES = frozenset({WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json", TINY_MARKER})
+# What a tokenizer directory holds (transformers' files for fast and slow tokenizers, chat templates).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja",
+                   "chat_template.json")
 _VERSION_DIR = re.compile(r"^version-(\d+)$")
 _VERSION_TMP = re.compile(r"^\.version-(\d+)\..*\.tmp$")
 
@@ -140,13 +144,15 @@ def write_weights(
     *,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     replace: bool = False,
+    tokenizer_dir: Path | None = None,
 ) -> Path:
     """Write `state_dict` as a complete HF model directory `out_dir` and return it.
 
     - weights: `model.safetensors`, or `model-0000i-of-0000n.safetensors` shards plus `model.safetensors.index.json`
       when they exceed `max_shard_bytes`; floating tensors cast to `dtype` (None: as given)
     - every other top-level file of `model_dir` (config.json, generation_config.json, tokenizer and chat template
-      files, custom code) is copied; config.json's `dtype` is set to `dtype` when one is given
+      files, custom code) is copied; config.json's `dtype` is set to `dtype` when one is given; the tokenizer files
+      of `tokenizer_dir` (the config's tokenizer_path) replace model_dir's, so the directory is a model on its own
     - tied models: a transformers state dict holds both `model.embed_tokens.weight` and `lm_head.weight` (the same
       tensor). Only the canonical key is written, as `save_pretrained` does; transformers and vLLM tie on load.
       Different values under a tied pair raise `ValueError`.
@@ -173,6 +179,10 @@ def write_weights(
             if item.name.endswith(_WEIGHT_SUFFIXES):
                 continue
             shutil.copyfile(item, tmp / item.name)
+        for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
+            source = Path(tokenizer_dir or "") / name
+            if source.is_file():
+                shutil.copyfile(source, tmp / name)
         if dtype is not None:
             config_path = tmp / "config.json"
             config = json.loads(config_path.read_text())

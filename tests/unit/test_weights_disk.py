@@ -388,3 +388,26 @@ def test_write_weights_replace_swaps_a_saver_checkpoint_whole(models: dict[str, 
         write_weights(first, models["untied"], out, None, replace=True)
     assert (out / "model.safetensors").read_bytes() == new
     assert [p.name for p in tmp_path.iterdir()] == ["step4"]
+
+
+def test_write_weights_takes_the_tokenizer_of_tokenizer_dir(models: dict[str, Path], tmp_path: Path) -> None:
+    """A model trained with tokenizer_path set (its model directory has no tokenizer) is saved as a model on its own:
+    the tokenizer it was trained with goes next to the weights (a next stage or a server loads it from there)."""
+    from transformers import AutoTokenizer
+
+    from rlkit.weights.hf_export import TOKENIZER_FILES
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for item in models["untied"].iterdir():
+        if item.is_file() and item.name not in TOKENIZER_FILES:
+            (bare / item.name).write_bytes(item.read_bytes())
+    state = AutoModelForCausalLM.from_pretrained(bare).state_dict()
+    without = write_weights(state, bare, tmp_path / "without", None)
+    assert not any((without / name).exists() for name in TOKENIZER_FILES)
+    out = write_weights(state, bare, tmp_path / "with", None, tokenizer_dir=models["untied"])
+    copied = sorted(name for name in TOKENIZER_FILES if (out / name).is_file())
+    assert copied and copied == sorted(name for name in TOKENIZER_FILES if (models["untied"] / name).is_file())
+    text = "Q: 12+30= A: 42"
+    original = AutoTokenizer.from_pretrained(models["untied"])
+    assert AutoTokenizer.from_pretrained(out).encode(text) == original.encode(text)
