@@ -96,6 +96,23 @@ def raise_problems(config: ExperimentConfig) -> None:
     validate(config).problems.raise_if_any()
 
 
+def example_configs(path: Path, overrides: list[str] | None = None) -> list[ExperimentConfig]:
+    """The configs an example file submits: one, or one per stage of a multi-stage run (composed and chained as
+    `rlkit submit` does, before any check)."""
+    from rlkit.config.load import load_config
+    from rlkit.config.problems import Problems
+    from rlkit.launch.stages import compose_stages, has_stages
+
+    if not has_stages(path):
+        return [load_config(path, overrides)]
+    problems = Problems()
+    stages = compose_stages(path, list(overrides or []), problems)
+    for stage in stages:
+        problems.errors.extend(stage.problems.errors)
+    problems.raise_if_any()
+    return [stage.config for stage in stages if stage.config is not None]
+
+
 def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the real `rlkit` CLI in a subprocess (as a user would)."""
     return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,

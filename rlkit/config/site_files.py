@@ -7,6 +7,7 @@ often on a laptop or a login node without the site's files) prints the script an
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,25 @@ def check_tokenizer_dir(field: str, value: str) -> None:
         raise ConfigError(f"{field}: '{value}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
                           hint="copy the tokenizer files next to the model, or set tokenizer_path to a tokenizer "
                                "directory", site=True)
+
+
+@_os_errors_named
+def check_chat_template(field: str, value: str, why: str) -> None:
+    """A local tokenizer that must render chats has a chat template (in tokenizer_config.json or a chat_template
+    file beside it): without one transformers refuses apply_chat_template, in the job, after the queue wait."""
+    directory = Path(value)
+    if not is_local_path(value) or not directory.is_dir():
+        return  # a hub id, or a missing directory (reported by the model check)
+    if any((directory / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return
+    try:
+        settings = json.loads((directory / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        settings = {}
+    if not (isinstance(settings, dict) and settings.get("chat_template")):
+        raise ConfigError(f"{field}: the tokenizer in '{value}' has no chat template, but {why}",
+                          hint="use a tokenizer with a chat template (an instruct/chat model's), give one in "
+                               "sft.chat_template (sft), or use text rows", site=True)
 
 
 @_os_errors_named

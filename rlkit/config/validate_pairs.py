@@ -14,7 +14,7 @@ from rlkit.config.dataset_rows import first_jsonl_row
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_pairs import DPO_LOSS_TYPES, PairDataConfig
-from rlkit.config.site_files import check_dataset_file, check_model_dir
+from rlkit.config.site_files import check_chat_template, check_dataset_file, check_model_dir
 from rlkit.config.validate_trainer import DTYPES, validate_mb_spec, validate_optimizer, validate_trainer
 from rlkit.errors import ConfigError
 
@@ -97,10 +97,12 @@ def _validate_pair_data(config: ExperimentConfig, section: PairDataConfig, name:
             problems.add("train_dataset.path is not set", hint=f"give a .jsonl or .parquet file of {columns} rows")
         elif dataset.path:
             with problems.check():
-                _check_pair_row(field, dataset, section, name)
+                _check_pair_row(field, dataset, section, name, config.tokenizer_path or config.actor.path,
+                                "tokenizer_path" if config.tokenizer_path else "actor.path")
 
 
-def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig, name: str) -> None:
+def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig, name: str, tokenizer: str,
+                    tokenizer_field: str) -> None:
     check_dataset_file(f"{field}.path", dataset.path)
     row = first_jsonl_row(f"{field}.path", Path(dataset.path))
     if row is None:
@@ -122,6 +124,8 @@ def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig,
                               f"{type(row[column]).__name__}, which does not go with a prompt of "
                               f"{'chat messages' if isinstance(prompt, list) else type(prompt).__name__}",
                               hint="give text answers to text prompts, and a string or chat messages to chat prompts")
+    if isinstance(prompt, list):
+        check_chat_template(tokenizer_field, tokenizer, f"the rows of {field} are chats (their prompts are messages)")
 
 
 def _answer_fits(prompt: Any, answer: Any) -> bool:

@@ -17,7 +17,7 @@ from rlkit.config.dataset_rows import first_jsonl_row
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
-from rlkit.config.site_files import check_dataset_file, is_local_path
+from rlkit.config.site_files import check_chat_template, check_dataset_file, is_local_path
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 
@@ -37,6 +37,11 @@ def validate_sft(config: ExperimentConfig, problems: Problems) -> None:
     validate_trainer(config, problems)
     _validate_lengths(config, problems)
     _validate_layout(config, problems)
+    if sft.prompt_type in SFT_PROMPT_TYPES and sft.apply_chat_template and not sft.chat_template:
+        field = "tokenizer_path" if config.tokenizer_path else "actor.path"
+        with problems.check():
+            check_chat_template(field, config.tokenizer_path or config.actor.path,
+                                "sft.apply_chat_template renders every row with it")
 
 
 def _validate_keys(config: ExperimentConfig, problems: Problems) -> None:

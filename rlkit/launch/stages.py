@@ -21,6 +21,7 @@ from typing import Any
 
 from rlkit.config.load import compose, read_yaml, typed_config
 from rlkit.config.problems import Problems
+from rlkit.config.schema import ExperimentConfig
 from rlkit.config.site_files import make_paths_absolute
 from rlkit.errors import ConfigError, ConfigErrors, SlurmError, UserError, each_error
 from rlkit.jobs import job_type_for
@@ -28,6 +29,7 @@ from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
+from rlkit.paths import TrialPaths
 from rlkit.recover_layout import latest_valid, recover_root
 from rlkit.stage_runs import StagedRun, StageRecord, find_run, record_run
 from rlkit.trials import attempts, find_trial
@@ -132,27 +134,34 @@ def _sets(own_keys: dict[str, Any], own_overrides: list[str], section: str, fiel
     return in_mapping or any(o.split("=", 1)[0].strip() == f"{section}.{field}" for o in own_overrides)
 
 
-def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bool = False
-                   ) -> tuple[list[StagePlan], list[ConfigError]]:
-    """Load, chain, validate, plan and render every stage; raises every problem of every stage at once (each named
-    by its stage). Returns the plans and, for a dry run, the site files missing here."""
+@dataclass
+class ComposedStage:
+    """One stage's config before any check: composed from the file and chained to the stage before. `config` None:
+    the loader could not build it (`problems` says why). `model_stand_in`: see StageRecord."""
+
+    name: str
+    config: ExperimentConfig | None
+    problems: Problems
+    model_stand_in: str = ""
+
+
+def compose_stages(config_path: str | Path, overrides: list[str], problems: Problems) -> list[ComposedStage]:
+    """Every stage's config, merged from the file's top level and the stage, overrides applied, the model chained
+    (pure apart from reading the file: no check of the site's files). Problems of the stages list itself, and a
+    stage that trains nothing, go to `problems`; each stage's loader problems stay with the stage."""
     path = Path(config_path)
     data = read_yaml(path)
-    problems = Problems()
     entries = _stage_entries(data, problems)
     common, own_overrides = _split_overrides(overrides, [name for name, _ in entries], problems)
     base = {k: v for k, v in data.items() if k != STAGES_KEY}
-    plans: list[StagePlan] = []
-    by_stage: dict[str, list[ConfigError]] = {}
-    warnings: list[ConfigError] = []
-    policy: StageRecord | None = None  # the last earlier stage that passes on a policy
-    checked_model: dict[str, str] = {}  # the model each stage's checks read (its actor.path or its stand-in)
+    stages: list[ComposedStage] = []
+    policy: tuple[str, str] | None = None  # (final checkpoint, the model its checks read) of the last policy stage
     for name, own in entries:
         stage_problems = Problems()
         mapping, stage_overrides = _stage_trial_name(_merge(base, own), [*common, *own_overrides[name]], name)
         config = typed_config(compose(mapping, stage_overrides, source=str(path), problems=stage_problems))
         if config is None:
-            by_stage[name] = stage_problems.errors
+            stages.append(ComposedStage(name, None, stage_problems))
             continue
         job = _registered(config.type)
         if job is not None and not job.trainer:
@@ -163,24 +172,41 @@ def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bo
         make_paths_absolute(config, os.getcwd())
         stand_in = ""
         if policy is not None and not _sets(own, own_overrides[name], "actor", "path"):
-            stand_in = checked_model[policy.name]
-            config.actor.path = str(policy.paths.checkpoints / "final")
+            config.actor.path, stand_in = policy
             for section, field in _SERVER_MODEL_FIELDS:
                 if not _sets(own, own_overrides[name], section, field):
                     setattr(getattr(config, section), field, "")
-        try:
-            prepared = prepare_config(config, stage_problems, dry_run=dry_run, model_stand_in=stand_in)
-        except ConfigError as exc:
-            by_stage[name] = list(each_error(exc))  # type: ignore[arg-type]
-            continue
-        warnings.extend(ConfigError(f"stage {name}: {w.message}", hint=w.hint, site=True) for w in prepared.warnings)
-        record = StageRecord(name, config.type, config.trial_name, str(prepared.paths.root), stand_in)
-        checked_model[name] = stand_in or config.actor.path
         if job is not None and job.passes_on == "policy":
-            policy = record
+            paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
+            policy = (str(paths.checkpoints / "final"), stand_in or config.actor.path)
+        stages.append(ComposedStage(name, config, stage_problems, stand_in))
+    return stages
+
+
+def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bool = False
+                   ) -> tuple[list[StagePlan], list[ConfigError]]:
+    """Compose, validate, plan and render every stage; raises every problem of every stage at once (each named by
+    its stage). Returns the plans and, for a dry run, the site files missing here."""
+    problems = Problems()
+    plans: list[StagePlan] = []
+    by_stage: dict[str, list[ConfigError]] = {}
+    warnings: list[ConfigError] = []
+    for stage in compose_stages(config_path, overrides, problems):
+        if stage.config is None:
+            by_stage[stage.name] = stage.problems.errors
+            continue
+        try:
+            prepared = prepare_config(stage.config, stage.problems, dry_run=dry_run,
+                                      model_stand_in=stage.model_stand_in)
+        except ConfigError as exc:
+            by_stage[stage.name] = list(each_error(exc))  # type: ignore[arg-type]
+            continue
+        warnings.extend(ConfigError(f"stage {stage.name}: {w.message}", hint=w.hint, site=True)
+                        for w in prepared.warnings)
+        record = StageRecord(stage.name, stage.config.type, stage.config.trial_name, str(prepared.paths.root),
+                             stage.model_stand_in)
         plans.append(StagePlan(record, prepared))
-    for error in _by_problem(by_stage):
-        problems.errors.append(error)
+    problems.errors.extend(_by_problem(by_stage))
     problems.raise_if_any()
     return plans, warnings
 

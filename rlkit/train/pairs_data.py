@@ -64,8 +64,11 @@ def _is_messages(value: Any) -> bool:
 
 def _chat_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
     # return_dict=False: transformers 5 returns a BatchEncoding (a dict) by default
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
-                                        return_dict=False)
+    try:
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                            return_dict=False)
+    except ValueError as exc:  # transformers: no chat template set (or one that cannot render these messages)
+        raise StepError(f"the tokenizer cannot render this chat: {exc}") from None
     return [int(t) for t in ids]
 
 
@@ -84,6 +87,8 @@ def answer_ids(tokenizer: Any, prompt: Any, answer: Any, prompt_tokens: Sequence
     if isinstance(prompt, str):
         if not isinstance(answer, str):
             raise StepError(f"a text prompt needs a text answer, got {type(answer).__name__}")
+        if tokenizer.eos_token_id is None:
+            raise StepError("the tokenizer has no end-of-sequence token, which ends every text answer")
         return [int(t) for t in tokenizer.encode(answer, add_special_tokens=False)] + [int(tokenizer.eos_token_id)]
     turns = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else answer
     if not _is_messages(turns):

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.load import load_config
-
-from ..conftest import CONFIGS, run_rlkit
+from ..conftest import CONFIGS, example_configs, run_rlkit
 
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
 
@@ -41,7 +39,7 @@ def site_standins(tmp_path: Path) -> list[str]:
 
 
 def test_there_are_gpu_and_cpu_examples() -> None:
-    kinds = {load_config(path).launcher.slurm.container_type for path in EXAMPLES}
+    kinds = {c.launcher.slurm.container_type for path in EXAMPLES for c in example_configs(path)}
     assert kinds == {"apptainer", "none"}
     assert (CONFIGS / "grpo.yaml") in EXAMPLES
 
@@ -53,8 +51,7 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
     from rlkit.servers.backend import backend_for
     from rlkit.steps.serve import server_launch
 
-    for path in EXAMPLES:
-        config = load_config(path)
+    for path, config in ((example, c) for example in EXAMPLES for c in example_configs(example)):
         if not job_type_for(config.type).needs_servers:
             continue  # a trainer-only example (sft) starts no server
         argv = server_launch(config, backend_for("vllm"), 1, 8000, token="t", secret_dir=Path("/nonexistent"),
@@ -69,11 +66,12 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
-    held_out = [f"valid_dataset.path={data}"] if load_config(config).valid_dataset.path else []  # sft/rw/dpo demos
+    held_out = [f"valid_dataset.path={data}"] if any(c.valid_dataset.path for c in example_configs(config)) \
+        else []  # sft/rw/dpo demos
     result = run_rlkit("render", str(config), *site_standins, *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
-    if load_config(config).launcher.slurm.container_type == "apptainer":
+    if example_configs(config)[0].launcher.slurm.container_type == "apptainer":
         assert "apptainer exec --pwd / --nv --bind" in result.stdout
     assert not rlkit_home.exists()
 

@@ -125,3 +125,20 @@ def test_the_pair_type_is_torch_free() -> None:
     program = "import sys, rlkit.train.pairs_data; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_tokenizer_without_chat_template_or_eos_is_a_step_error_naming_the_row(tiny_model_dir: Path) -> None:
+    """Not a traceback from transformers in the job: the row and what the tokenizer lacks (submit-time checks catch
+    the missing template first: tests/unit/test_validate_pairs.py)."""
+    from transformers import AutoTokenizer
+
+    no_template = AutoTokenizer.from_pretrained(tiny_model_dir)
+    no_template.chat_template = None
+    chat = {"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}
+    with pytest.raises(StepError, match="row 3: the tokenizer cannot render this chat"):
+        encode_pair(no_template, chat, 3, **KEYS)
+    no_eos = AutoTokenizer.from_pretrained(tiny_model_dir)
+    no_eos.eos_token = None
+    assert no_eos.eos_token_id is None
+    with pytest.raises(StepError, match="row 2: the tokenizer has no end-of-sequence token"):
+        encode_pair(no_eos, {"prompt": "Q: 1+2= A:", "chosen": " 3", "rejected": " c"}, 2, **KEYS)

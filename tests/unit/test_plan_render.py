@@ -15,7 +15,7 @@ from rlkit.errors import ConfigError
 from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command
 
-from ..conftest import CONFIGS
+from ..conftest import CONFIGS, example_configs
 from .planning import plan_of
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -50,14 +50,17 @@ GOLDEN_CASES = {p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}
 def test_rendered_scripts_match_golden(name: str) -> None:
     """Golden files; regenerate after an intended change with RLKIT_UPDATE_GOLDEN=1 and review the diff."""
     source, overrides = GOLDEN_CASES[name]
-    config = load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])
-    script = render_script(plan_of(config))
+    configs = example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])
+    scripts = [render_script(plan_of(config)) for config in configs]
+    for script in scripts:
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    script = "".join(f"# ---- trial {c.trial_name}\n{s}" for c, s in zip(configs, scripts, strict=True)) \
+        if len(scripts) > 1 else scripts[0]  # a multi-stage run: every stage's script
     golden = GOLDEN / f"{name}.sbatch"
     if os.environ.get("RLKIT_UPDATE_GOLDEN") == "1":
         golden.write_text(script)
     assert golden.is_file(), f"no golden file {golden}: run with RLKIT_UPDATE_GOLDEN=1"
     assert script == golden.read_text(), f"rendered {name} differs from {golden} (RLKIT_UPDATE_GOLDEN=1 to accept)"
-    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
 def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:

@@ -22,6 +22,7 @@ def sft_mapping(tmp_path: Path) -> dict[str, Any]:
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
     (model / "tokenizer.json").write_text("{}")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     for name in ("train", "valid"):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps({"prompt": "Q: 1+2= A:", "response": " 3"}) + "\n")
     chats = tmp_path / "chats.jsonl"
@@ -46,6 +47,15 @@ def test_a_valid_config_has_no_problem(sft_mapping: dict[str, Any], tmp_path: Pa
     chats = str(tmp_path / "chats.jsonl")
     assert problems_of(sft_mapping, "sft.prompt_type=messages", f"train_dataset.path={chats}",
                        f"valid_dataset.path={chats}", "sft.enable_concatenated_multi_turn=true") == []
+
+
+def test_a_tokenizer_without_chat_template_is_refused_when_rows_go_through_one(sft_mapping: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    (tmp_path / "model" / "tokenizer_config.json").write_text("{}")
+    found = problems_of(sft_mapping)  # sft.apply_chat_template defaults to true
+    assert len(found) == 1 and "has no chat template, but sft.apply_chat_template renders every row" in found[0]
+    assert problems_of(sft_mapping, "sft.apply_chat_template=false") == []
+    assert problems_of(sft_mapping, "sft.chat_template='{{ messages }}'") == [], "a template of the config's own"
 
 
 def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping: dict[str, Any]) -> None:

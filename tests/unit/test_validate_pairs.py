@@ -41,10 +41,17 @@ def test_a_good_config_passes(validator: Validator, base: dict[str, Any]) -> Non
     assert problems_of(validator, base) == []
 
 
-def test_chat_pairs_pass(base: dict[str, Any], tmp_path: Path) -> None:
+def test_chat_pairs_pass_with_a_chat_template_and_are_refused_without(base: dict[str, Any], tmp_path: Path,
+                                                                       fake_model: Path) -> None:
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "chosen": "hello",
                                 "rejected": [{"role": "assistant", "content": "go away"}]}) + "\n")
+    found = problems_of(validate_dpo, base, f"train_dataset.path={data}")
+    assert len(found) == 1 and "actor.path: the tokenizer in" in found[0] and "has no chat template" in found[0]
+    (fake_model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert problems_of(validate_dpo, base, f"train_dataset.path={data}") == []
+    (fake_model / "tokenizer_config.json").write_text("{}")
+    (fake_model / "chat_template.jinja").write_text("{{ messages }}")
     assert problems_of(validate_dpo, base, f"train_dataset.path={data}") == []
 
 
