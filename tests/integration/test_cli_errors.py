@@ -280,7 +280,8 @@ def sft_yaml(grpo_yaml: Path) -> Path:
     text = re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {data}, type: sft, max_length: 64,",
                   grpo_yaml.read_text())
     path.write_text(text.replace("type: grpo", "type: sft")
-                    .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
+                    .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2")
+                    + "sft: {apply_chat_template: false}\n")  # text rows; the stand-in tokenizer has no template
     return path
 
 

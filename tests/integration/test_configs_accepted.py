@@ -66,8 +66,7 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
-    held_out = [f"valid_dataset.path={data}"] if any(c.valid_dataset.path for c in example_configs(config)) \
-        else []  # sft/rw/dpo demos
+    held_out = _held_out(config, data)  # sft/rw/dpo demos
     result = run_rlkit("render", str(config), *site_standins, *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
@@ -95,3 +94,14 @@ def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_h
     assert "to start at" in result.stderr and "using 2 processors" in result.stderr
     assert "#SBATCH hetjob" not in result.stdout and "--het-group" not in result.stdout
     assert not rlkit_home.exists()
+
+
+def _held_out(example: Path, data: str) -> list[str]:
+    """The override pointing the example's validation set at the stand-in data (only the stages that have one)."""
+    from rlkit.config.problems import Problems
+    from rlkit.launch.stages import compose_stages, has_stages
+
+    if not has_stages(example):
+        return [f"valid_dataset.path={data}"] if example_configs(example)[0].valid_dataset.path else []
+    return [f"stages.{stage.name}.valid_dataset.path={data}" for stage in compose_stages(example, [], Problems())
+            if stage.config is not None and stage.config.valid_dataset.path]
