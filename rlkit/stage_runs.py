@@ -81,3 +81,16 @@ def find_run(spec: str) -> StagedRun | None:
     folders = [_index() / experiment] if experiment else sorted(p for p in _index().glob("*") if p.is_dir())
     found = [run for folder in folders if (run := _read(folder / f"{trial}.json")) is not None]
     return found[0] if len(found) == 1 else None
+
+
+def run_of_trial(trial_dir: str) -> tuple[StagedRun, StageRecord] | None:
+    """The run (and stage) a trial directory belongs to, None for a trial of its own."""
+    for folder in sorted(p for p in _index().glob("*") if p.is_dir()):
+        for path in sorted(folder.glob("*.json")):
+            run = _read(path)
+            if run is None:
+                continue
+            for stage in run.stages:
+                if stage.trial_dir == trial_dir:
+                    return run, stage
+    return None

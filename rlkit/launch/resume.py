@@ -31,6 +31,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     paths = TrialPaths(Path(record.trial_dir))
     if not paths.config.is_file():
         raise UserError(f"trial {record.name} has no config at {paths.config}", hint="submit it again instead")
+    stand_in = _stage_model_stand_in(record.trial_dir)
     info = slurm.job_info(record.job_id)
     if info.active:
         raise UserError(f"trial {record.name} is still {info.state} as job {record.job_id}",
@@ -38,10 +39,28 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     done = len(attempts(paths)) or 1
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
-                       attempt=done + 1)
+                       attempt=done + 1, model_stand_in=stand_in)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",
                         hint="submit it again with --force")
     submitted = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done))
     return submitted.record, done + 1
+
+
+def _stage_model_stand_in(trial_dir: str) -> str:
+    """For a stage of a multi-stage run: the model its checks read. A stage whose model is an earlier stage's final
+    checkpoint not written yet cannot run on its own: the run must be resumed instead."""
+    from rlkit.stage_runs import run_of_trial
+
+    found = run_of_trial(trial_dir)
+    if found is None:
+        return ""
+    run, stage = found
+    earlier = run.stages[: run.stages.index(stage)]
+    if stage.model_stand_in and not all(s.finished() for s in earlier):
+        waiting = next(s for s in earlier if not s.finished())
+        raise UserError(f"{stage.trial} is stage {stage.name} of the run {run.name}, and stage {waiting.name} has not "
+                        "written the model it starts from",
+                        hint=f"resume the run, which continues stage {waiting.name} first: rlkit resume {run.name}")
+    return stage.model_stand_in

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlkit.config.load import load_config
-from rlkit.errors import ConfigError, each_error
+from rlkit.errors import ConfigError, UserError, each_error
 from rlkit.launch.stages import StagePlan, prepare_stages
 
 from ..conftest import CONFIGS
@@ -148,3 +148,27 @@ def test_stage_trial_configs_are_ordinary_configs(demo_dir: Path, tmp_path: Path
         path = tmp_path / f"{plan.record.name}.yaml"
         path.write_text(to_yaml(plan.prepared.config))
         assert load_config(path) == plan.prepared.config
+
+
+def test_a_later_stage_cannot_be_resumed_before_the_model_it_starts_from_exists(
+        demo_dir: Path, rlkit_home: Path) -> None:
+    """`rlkit resume RUN_grpo` alone, while the sft stage has no final model: refused with the run's resume as the
+    fix (before asking Slurm anything); once the sft stage's final exists, the stage is a trial like any other."""
+    from rlkit.config.load import to_yaml
+    from rlkit.launch.resume import _stage_model_stand_in, resume_trial
+    from rlkit.stage_runs import StagedRun, record_run
+    from rlkit.trials import TrialRecord, record_trial
+
+    plans = prepare_stages(DEMO, [])[0]
+    for plan in plans:
+        plan.prepared.paths.root.mkdir(parents=True)
+        plan.prepared.paths.config.write_text(to_yaml(plan.prepared.config))
+        record_trial(TrialRecord("demo-stages", plan.record.trial, str(plan.prepared.paths.root), "1", 0.0))
+    record_run(StagedRun("demo-stages", "run1", tuple(p.record for p in plans), 0.0))
+    with pytest.raises(UserError) as caught:
+        resume_trial("demo-stages/run1_grpo", [])
+    assert "stage sft has not written the model it starts from" in caught.value.message
+    assert caught.value.hint is not None and "rlkit resume demo-stages/run1" in caught.value.hint
+    (plans[0].prepared.paths.checkpoints / "final").mkdir(parents=True)
+    assert _stage_model_stand_in(str(plans[1].prepared.paths.root)) == str(demo_dir / "tiny-model")
+    assert _stage_model_stand_in(str(demo_dir / "elsewhere")) == ""
