@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch
 from rlkit.train.dist import all_reduce_sum
-from rlkit.train.losses import entropy_from_logits
+from rlkit.train.losses import entropy_from_logits, next_token_logprobs
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
@@ -122,12 +122,11 @@ def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with
                    ) -> tuple[Tensor, Tensor | None]:
     """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies."""
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
+    logp = next_token_logprobs(out.logits, mb.input_ids, temperature)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+            entropy = entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
     return logp, entropy
 
 

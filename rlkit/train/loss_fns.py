@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlkit.train.losses import next_token_logprobs
 from rlkit.train.pair_batch import PairBatch
 from rlkit.train.pair_losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
 from rlkit.train.value_loss import ppo_value_loss
@@ -36,8 +37,7 @@ def rw_loss_fn(model: nn.Module, batch: PairBatch) -> LossOut:
 def answer_logps(model: nn.Module, batch: PairBatch) -> Tensor:
     """[2B] summed log-probs (temperature 1) of each sequence's answer tokens under a causal LM."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
-    return answer_logp_sums(logp, batch.loss_mask)
+    return answer_logp_sums(next_token_logprobs(logits, batch.input_ids), batch.loss_mask)
 
 
 @torch.no_grad()

@@ -112,6 +112,13 @@ def ppo_actor_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """[B, L-1] log-probability of each next token (token t+1 given tokens 0..t) from [B, L, V] logits, in float32;
+    `temperature`: the log-probs of the sampling distribution logits / T (the engine's, under the rollout's T)."""
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax distribution at each position (last dim is the vocabulary); -inf logits are fine."""
     logp = torch.log_softmax(logits.float(), dim=-1)

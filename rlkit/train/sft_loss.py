@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlkit.train.losses import next_token_logprobs
 from rlkit.train.sft_data import SFTExample
 
 
@@ -51,12 +52,6 @@ def collate(examples: Sequence[SFTExample], pad_id: int, *, dummy: bool = False)
     return SFTMicroBatch(input_ids, attention_mask, loss_mask, int(loss_mask.sum()))
 
 
-def target_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """[B, L-1] log-probability of each next token from [B, L, V] logits (computed in float32)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-
-
 def sft_nll(logp: Tensor, loss_mask: Tensor) -> tuple[Tensor, int]:
     """(sum of -logp over the masked tokens, their count): divide by the global count to get the mean loss."""
     mask = loss_mask.bool()
@@ -68,7 +63,7 @@ def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int,
     micro-batches and ranks). The sum is differentiable; for a dummy micro-batch it is a zero that still depends
     on every parameter, so backward runs the same collectives on every rank."""
     out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    loss_sum, n_tokens = sft_nll(target_logprobs(out.logits, mb.input_ids), mb.loss_mask)
+    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
     return loss_sum, n_tokens, {"nll_sum": float(loss_sum.detach()), "tokens": float(n_tokens)}
 
 
@@ -76,7 +71,7 @@ def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int,
 def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[float, int]:
     """(NLL sum, target tokens) of one validation micro-batch, without gradients; all-reduce, then sft_metrics."""
     out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    loss_sum, n_tokens = sft_nll(target_logprobs(out.logits, mb.input_ids), mb.loss_mask)
+    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
     return float(loss_sum), n_tokens
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from rlkit.train.losses import next_token_logprobs
 from rlkit.train.sft_data import SFTExample
-from rlkit.train.sft_loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll, target_logprobs
+from rlkit.train.sft_loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll
 
 
 class Bigram(nn.Module):
@@ -42,7 +43,7 @@ def test_nll_is_the_hand_computed_sum_over_masked_tokens() -> None:
     # one row of 3 tokens over a vocabulary of 2; logits at positions 0 and 1 predict tokens 1 and 2
     logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0], [9.0, 9.0]]])
     ids = torch.tensor([[0, 1, 0]])
-    logp = target_logprobs(logits, ids)
+    logp = next_token_logprobs(logits, ids)
     assert logp[0].tolist() == pytest.approx([math.log(3 / 4), math.log(4 / 5)])
     total, n = sft_nll(logp, torch.tensor([[True, True]]))
     assert n == 2 and float(total) == pytest.approx(-math.log(3 / 4) - math.log(4 / 5))
