@@ -20,7 +20,7 @@ from rlkit.train.engine import TrainEngine, actor_model_factory, token_logprobs
 from rlkit.train.kl import kl_estimate
 from rlkit.train.losses import ppo_actor_loss
 from rlkit.train.reference import frozen_reference, needs_reference
-from rlkit.train.sample_forward import aligned, compute_logprobs, group_of, micro_batches_idx
+from rlkit.train.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
 from rlkit.types import Sample
 
 _WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
@@ -127,15 +127,8 @@ class PPOActor:
                     counts[key] += float(stats.get(key, 0.0))
             return loss, n_tok
 
-        grad_norms: list[float] = []
-        lr = 0.0
-        for idx in self.local_indices(len(samples)):
-            sub = [samples[i] for i in idx]
-            counted = sum(len(s.completion_ids) for s in sub
-                          if not s.dummy and (s.finished or not cfg.mask_no_eos_with_zero))
-            step = self.engine.optimizer_step(micro_batches_idx(sub, idx, cfg.mb_spec), loss_fn, counted)
-            grad_norms.append(step["grad_norm"])
-            lr = step["lr"]
+        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), cfg.mb_spec, loss_fn,
+                                        mask_truncated=cfg.mask_no_eos_with_zero)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
@@ -144,6 +137,6 @@ class PPOActor:
             totals.pop("actor/behav_filtered_fraction")
         totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
-        totals["actor/grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
+        totals["actor/grad_norm"] = grad_norm
         totals["actor/lr"] = lr
         return totals

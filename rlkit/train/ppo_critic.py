@@ -20,7 +20,7 @@ from rlkit.train.batch import dummy_like, local_indices, pack
 from rlkit.train.dist import all_reduce_sum
 from rlkit.train.engine import TrainEngine, value_head_model
 from rlkit.train.loss_fns import CriticLoss, state_values
-from rlkit.train.sample_forward import aligned, group_of, micro_batches_idx
+from rlkit.train.sample_forward import aligned, group_of, micro_batches_idx, minibatch_steps
 from rlkit.types import Sample
 
 _SUMMED = ("loss", "clip_fraction", "value", "return")  # token means of ppo_value_loss's statistics
@@ -92,21 +92,14 @@ class PPOCritic:
             sums["tokens"] += n_tok
             return total / max(1, n_tok), n_tok  # the engine takes the token mean and weighs it by n_tok
 
-        grad_norms: list[float] = []
-        lr = 0.0
-        for idx in self.local_indices(len(samples)):
-            sub = [samples[i] for i in idx]
-            counted = sum(len(s.completion_ids) for s in sub
-                          if not s.dummy and (s.finished or not mask_truncated))
-            step = self.engine.optimizer_step(micro_batches_idx(sub, idx, self.config.mb_spec), loss_fn, counted)
-            grad_norms.append(step["grad_norm"])
-            lr = step["lr"]
+        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), self.config.mb_spec,
+                                        loss_fn, mask_truncated=mask_truncated)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         return {"critic/value_loss": reduced["loss"] / tokens,
                 "critic/clip_fraction": reduced["clip_fraction"] / tokens,
                 "critic/values_trained_mean": reduced["value"] / tokens,
-                "critic/grad_norm": sum(grad_norms) / max(1, len(grad_norms)), "critic/lr": lr}
+                "critic/grad_norm": grad_norm, "critic/lr": lr}
 
 
 def batch_means(samples: Sequence[Sample], values: dict[int, list[float]], returns: list[list[float]]

@@ -7,7 +7,7 @@ nothing) so that FSDP's all-gathers stay in step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from rlkit.config.schema_actor import MicroBatchSpec
 from rlkit.train.batch import MicroBatch, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max
-from rlkit.train.engine import token_logprobs
+from rlkit.train.engine import TrainEngine, token_logprobs
 from rlkit.types import Sample
 
 
@@ -62,3 +62,20 @@ def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[flo
         start = int(mb.attention_mask[row].sum()) - len(values) - 1
         out[row, start : start + len(values)] = torch.tensor(values, dtype=out.dtype, device=out.device)
     return out
+
+
+def minibatch_steps(engine: TrainEngine, samples: Sequence[Sample], minibatches: list[list[int]],
+                    mb_spec: MicroBatchSpec, loss_fn: Callable[[nn.Module, list[int]], tuple[Tensor, int]], *,
+                    mask_truncated: bool) -> tuple[float, float]:
+    """One optimizer step per minibatch (this rank's global indices of `samples`), each over its token-budget
+    micro-batches, the loss a mean over the minibatch's trained tokens (a truncated completion counts none when
+    `mask_truncated`). Returns (mean gradient norm, last learning rate): the PPO actor's and critic's update loop."""
+    grad_norms: list[float] = []
+    lr = 0.0
+    for idx in minibatches:
+        sub = [samples[i] for i in idx]
+        counted = sum(len(s.completion_ids) for s in sub if not s.dummy and (s.finished or not mask_truncated))
+        step = engine.optimizer_step(micro_batches_idx(sub, idx, mb_spec), loss_fn, counted)
+        grad_norms.append(step["grad_norm"])
+        lr = step["lr"]
+    return sum(grad_norms) / max(1, len(grad_norms)), lr
