@@ -314,6 +314,72 @@ def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_pa
     assert _test_jobs() == before
 
 
+@pytest.fixture
+def pairs_yaml(sft_yaml: Path) -> Path:
+    """The sft fixture as a pair job (`type` set by the test): a jsonl of text pairs."""
+    data = sft_yaml.with_name("pairs.jsonl")
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": "x"}) + "\n"
+                            for i in range(8)))
+    path = sft_yaml.with_name("pairs.yaml")
+    path.write_text(re.sub(r"train_dataset: \{path: [^,]+, type: sft,", f"train_dataset: {{path: {data},",
+                           sft_yaml.read_text()).replace("sft: {apply_chat_template: false}\n", ""))
+    return path
+
+
+PAIR_MISTAKES = [
+    pytest.param("rw", ["rw.chosen_key=better"], ["rows have no column 'better'"], id="rw-no-column"),
+    pytest.param("rw", ["rw.rejected_key=chosen"], ["rw.chosen_key and rw.rejected_key are both 'chosen'"],
+                 id="rw-same-column"),
+    pytest.param("rw", ["allocation_mode=vllm:d1+fsdp:d2"], ["job type rw runs no inference servers"],
+                 id="rw-servers"),
+    pytest.param("dpo", ["dpo.beta=0"], ["dpo.beta must be positive"], id="dpo-beta"),
+    pytest.param("dpo", ["dpo.loss_type=ipo"], ["dpo.loss_type 'ipo' is not one of"], id="dpo-loss-type"),
+    pytest.param("dpo", ["dpo.label_smoothing=0.5", "dpo.ref_path=/no/ref"],
+                 ["dpo.label_smoothing must be in [0, 0.5)", "dpo.ref_path: '/no/ref' is not a model directory"],
+                 id="dpo-two-at-once"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("job", "overrides", "says"), PAIR_MISTAKES)
+def test_bad_rw_and_dpo_configs_change_nothing(pairs_yaml: Path, rlkit_home: Path, tmp_path: Path, job: str,
+                                               overrides: list[str], says: list[str]) -> None:
+    assert run_rlkit("render", str(pairs_yaml), f"type={job}").returncode == 0, "the fixture itself is valid"
+    before = _test_jobs()
+    result = run_rlkit("submit", str(pairs_yaml), f"type={job}", *overrides)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before
+
+
+@pytest.mark.slurm
+def test_a_bad_multi_stage_config_is_refused_whole_and_changes_nothing(sft_yaml: Path, rlkit_home: Path,
+                                                                       tmp_path: Path) -> None:
+    """Every problem of every stage at once, each naming its stage; no trial written, no job submitted (not even
+    for the stages that are fine)."""
+    import yaml
+
+    data = yaml.safe_load(sft_yaml.read_text())
+    sft = {"stage_name": "warmup", "type": "sft", "allocation_mode": "fsdp:d2"}
+    staged = {**{k: v for k, v in data.items() if k not in ("type", "allocation_mode")},
+              "stages": [sft, {"type": "rw"}, {**sft, "stage_name": "gen", "type": "generate"},
+                         {**sft, "stage_name": "again", "actor": {"optimizer": {"lr": -1}}}]}
+    path = tmp_path / "staged.yaml"
+    path.write_text(yaml.safe_dump(staged))
+    before = _test_jobs()
+    result = run_rlkit("submit", str(path), "stages.warmup.seed=x", "stages.none.seed=1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    for says in ("stages[1] has no stage_name", "stage gen is a generate job, which trains nothing to pass on",
+                 "override 'stages.none.seed=1' names no stage of this run", "stage warmup: wrong type for 'seed'",
+                 "stage again: actor.optimizer.lr"):
+        assert says in result.stderr, (says, result.stderr)
+    assert "5 problems; nothing was written or submitted" in result.stderr, result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert _test_jobs() == before
+
+
 def test_sft_renders_as_one_trainer_component(sft_yaml: Path) -> None:
     """A valid sft config renders as a plain one-component job (submitting it: tests/integration/test_stages_e2e.py)."""
     rendered = run_rlkit("render", str(sft_yaml))
