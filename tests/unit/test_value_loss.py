@@ -71,3 +71,20 @@ def test_mismatched_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="shapes differ"):
         ppo_value_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2, 3, dtype=torch.bool),
                        eps_clip=0.2)
+
+
+def test_the_critic_engine_takes_the_critics_own_settings() -> None:
+    """critic.* (model, dtype, optimizer, batching, masking of truncated completions) decide the critic's engine;
+    the actor's LoRA and masking do not leak into it."""
+    from rlkit.config.schema_actor import ActorConfig
+    from rlkit.config.schema_critic import CriticConfig
+    from rlkit.train.ppo_critic import critic_engine_config
+
+    actor = ActorConfig(path="/m/actor", use_lora=True, mask_no_eos_with_zero=True, ppo_n_minibatches=4)
+    critic = CriticConfig(dtype="float32", ppo_n_minibatches=2)
+    engine = critic_engine_config(critic, actor)
+    assert (engine.path, engine.dtype, engine.ppo_n_minibatches) == ("/m/actor", "float32", 2)
+    assert engine.use_lora is False and engine.mask_no_eos_with_zero is False
+    critic.mask_no_eos_with_zero, critic.path = True, "/m/critic"
+    assert critic_engine_config(critic, ActorConfig(path="/m/actor")).mask_no_eos_with_zero is True
+    assert critic_engine_config(critic, actor).path == "/m/critic"
