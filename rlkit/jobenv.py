@@ -14,6 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
+def advertised_host() -> str:
+    """The address other nodes use to reach this one ($RLKIT_ADVERTISE_HOST overrides the host name)."""
+    return os.environ.get("RLKIT_ADVERTISE_HOST") or socket.gethostname()
+
+
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
     value = environ.get(name, "")
     return int(value) if value.strip() else default

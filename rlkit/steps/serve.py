@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate import server_model
 from rlkit.errors import FatalStepError, StepError
-from rlkit.jobenv import JobEnv
+from rlkit.jobenv import JobEnv, advertised_host
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
@@ -37,11 +36,6 @@ from rlkit.servers.log_redact import popen_redacted
 from rlkit.trials import read_token
 
 LAST_OUTPUT_TIMEOUT = 5.0  # s to wait, once the server is gone, for its last lines (its children may hold the pipe)
-
-
-def advertised_host() -> str:
-    """The address other nodes use to reach this one ($RLKIT_ADVERTISE_HOST overrides the host name)."""
-    return os.environ.get("RLKIT_ADVERTISE_HOST") or socket.gethostname()
 
 
 def refuse_bad_extra_args(config: ExperimentConfig, backend: ServerBackend) -> None:

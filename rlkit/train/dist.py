@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.errors import StepError
-from rlkit.jobenv import JobEnv
+from rlkit.jobenv import JobEnv, advertised_host
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import check_address
 
@@ -56,7 +56,6 @@ def rendezvous_key(environ: dict[str, str] | os._Environ[str]) -> str:
 def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> DistEnv:
     """Fill in the master address: rank 0 publishes host:port under `key`, the others wait for it."""
     from rlkit.servers.health import find_free_port
-    from rlkit.steps.serve import advertised_host
 
     if env.rank == 0:
         host = advertised_host()

@@ -95,7 +95,7 @@ class XcclTransport(WeightTransport):
     def _sender_for(self, servers: list[Server]) -> XcclSender:
         if self._sender is None:
             from rlkit.config.allocation import parse_allocation
-            from rlkit.steps.serve import advertised_host
+            from rlkit.jobenv import advertised_host
             from rlkit.weights.hf_export import tied_weight_aliases
 
             alloc = parse_allocation(self.config.allocation_mode)
