@@ -140,6 +140,9 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
       if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = @STATUS_STOPPED@ ]; then
         echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
         stop_steps
+        # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
+        # dependent (the next stage) must not start, whichever of this line and `rlkit stop`'s scancel comes first.
+        scancel "$SLURM_JOB_ID"
         return 0
       fi
       if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
