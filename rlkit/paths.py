@@ -6,10 +6,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.step_contract import STEP_STATE
+
 # What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
-                            "weights", "checkpoints", "progress.json", "recover", "name_resolve", "swanlab",
-                            "tensorboard"})
+                            "weights", "checkpoints", "progress.json", STEP_STATE, "recover", "name_resolve",
+                            "swanlab", "tensorboard"})
 ATTEMPT_DIR = re.compile(r"attempt-(\d+)")  # where `submit --force` keeps a previous run (rlkit.trials.archive_run)
 
 
@@ -79,3 +81,8 @@ class TrialPaths:
     def progress(self) -> Path:
         """The trainer's latest step, reward and weight version (read by `rlkit status`)."""
         return self.root / "progress.json"
+
+    @property
+    def step_state(self) -> Path:
+        """The trainer's last step and status for the job script (rlkit.step_contract)."""
+        return self.root / STEP_STATE

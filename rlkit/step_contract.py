@@ -1,8 +1,10 @@
 """What the job script's supervisor (rlkit.launch.render) and a training step tell each other, in one place.
 
-The step reports through the "status" of progress.json in the trial directory and through its exit code; the
-supervisor reads both to decide between requeueing the job, ending it, restarting the step or failing. Both sides
-take the words and numbers from here (the rendered script gets them substituted in), so neither can drift.
+The trainer reports through its step_state file in the trial directory (its last finished step and its status, one
+per line: plain text a shell reads with `read`, not JSON) and through its exit code; the supervisor
+(rlkit/launch/supervisor.sh) reads both to decide between requeueing the job, ending it, restarting the step or
+failing. Both sides take the words and numbers from here (the rendered script gets them substituted in), so neither
+can drift.
 """
 
 from __future__ import annotations
@@ -13,4 +15,11 @@ STATUS_STOPPED = "stopped"  # checkpointed on `rlkit stop` (USR2): the script en
 EXIT_REQUEUE = 75  # the trainer's decision on USR1 (sysexits EX_TEMPFAIL); also the script's exit when out of requeues
 EXIT_STOPPED = 76  # the trainer's decision on USR2
 EXIT_FAILING = 77  # the algorithm cannot go on after a finished step (e.g. no server left): checkpoint it, then fail
+STEP_STATE = "step_state"  # in the trial directory, written with progress.json
+
 NO_RETRY_EXIT = 78  # sysexits' EX_CONFIG: a failure a restart of the step cannot fix; the supervisor never retries it
+
+
+def step_state_text(step: int, status: str) -> str:
+    """The step_state file's text: the step, then the status on one line (an error text may hold newlines)."""
+    return f"{int(step)}\n{' '.join(status.split())}\n"

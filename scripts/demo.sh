@@ -6,7 +6,8 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=$(bash "$repo/scripts/dev-env.sh" | tail -n 1)
-export PATH="$(dirname "$py"):$PATH"  # the sessions run this venv's python, rlkit, ruff and mypy
+PATH="$(dirname "$py"):$PATH"  # the sessions run this venv's python, rlkit, ruff and mypy
+export PATH
 bash "$repo/slurm/devcluster.sh" up
 cd "$repo"
 "$py" -m nox --no-venv -s demo

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.paths import TrialPaths
-from rlkit.step_contract import EXIT_FAILING, EXIT_STOPPED
+from rlkit.step_contract import EXIT_FAILING, EXIT_STOPPED, step_state_text
 from rlkit.train import recover
 from rlkit.trials import write_atomic
 
@@ -127,7 +127,8 @@ class LoopRank0:
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def progress(self, step: int, status: str, fields: dict[str, Any]) -> None:
-        """progress.json: the job script reads `status` and `step` (one per line), `rlkit status` the rest."""
+        """progress.json for `rlkit status`, then step_state for the job script (its step and status)."""
         write_atomic(self.paths.progress, json.dumps({
             "status": status, "step": step, "total_steps": self.steps, **fields, "updated": time.time(),
         }, indent=1))
+        write_atomic(self.paths.step_state, step_state_text(step, status))

@@ -236,11 +236,47 @@ def test_layout_must_match_the_job_type(generate_yaml: Path, overrides: list[str
         plan_of(config)
 
 
-def test_supervisor_and_trainer_share_the_contract() -> None:
-    """The words and codes the script acts on are rlkit.step_contract's (the training loop imports them too)."""
-    from rlkit.launch.render import _SUPERVISOR
-    from rlkit.step_contract import EXIT_REQUEUE, STATUS_REQUEUE, STATUS_STOPPED
+def test_supervisor_and_trainer_share_the_contract(tmp_path: Path) -> None:
+    """The words and codes the script acts on are rlkit.step_contract's (the training loop imports them too): a
+    step_state written by the trainer's function is read back by the script's own functions (run in bash here)."""
+    from rlkit.step_contract import EXIT_REQUEUE, STATUS_REQUEUE, STATUS_STOPPED, STEP_STATE, step_state_text
 
-    assert "@STATUS" not in _SUPERVISOR and "@EXIT" not in _SUPERVISOR
-    assert f'= {STATUS_REQUEUE} ]' in _SUPERVISOR and f'= {STATUS_STOPPED} ]' in _SUPERVISOR
-    assert f"return {EXIT_REQUEUE}\n" in _SUPERVISOR
+    source, overrides = TRAINER_ONLY
+    script = render_script(plan_of(load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])))
+    assert f"\nEXIT_REQUEUE={EXIT_REQUEUE} " in script and f"\nSTATUS_REQUEUE={STATUS_REQUEUE} " in script
+    assert f"\nSTATUS_STOPPED={STATUS_STOPPED} " in script and f"\nSTEP_STATE={STEP_STATE} " in script
+    start, end = script.index("trainer_status() {"), script.index("component_ids() {")
+    readers = f"STEP_STATE={STEP_STATE}\n" + script[start:end]
+
+    def read_back() -> list[str]:
+        run = subprocess.run(["bash", "-c", readers + "trained_step; trainer_status"], cwd=tmp_path,
+                             capture_output=True, text=True, check=False)
+        return run.stdout.splitlines()
+
+    assert read_back() == ["-1"], "no step_state yet: no step, no status"
+    (tmp_path / STEP_STATE).write_text(step_state_text(12, STATUS_STOPPED))
+    assert read_back() == ["12", STATUS_STOPPED]
+    (tmp_path / STEP_STATE).write_text(step_state_text(3, "failed: RuntimeError\nsecond line"))
+    assert read_back() == ["3", "failed: RuntimeError second line"]
+    (tmp_path / STEP_STATE).write_text("$(touch pwned)\n")
+    assert read_back() == ["-1"] and not (tmp_path / "pwned").exists()
+
+
+def test_shellcheck_passes_on_the_template_and_every_rendered_script() -> None:
+    """The supervisor template, every golden script (each stage of a multi-stage one on its own) and the repository's
+    own shell scripts are clean under shellcheck (installed by scripts/dev-env.sh; a missing shellcheck fails this
+    test, never skips it)."""
+    from rlkit.launch.render import SUPERVISOR_TEMPLATE
+
+    repo = Path(__file__).resolve().parents[2]
+    shell_files = [repo / "rlkit" / "launch" / SUPERVISOR_TEMPLATE, *repo.glob("scripts/*.sh"),
+                   *repo.glob("slurm/*.sh")]
+    scripts = {str(path.relative_to(repo)): path.read_text() for path in shell_files}
+    for golden in sorted(GOLDEN.glob("*.sbatch")):
+        for index, part in enumerate(golden.read_text().split("#!/bin/bash\n")[1:]):
+            scripts[f"{golden.name}[{index}]"] = "#!/bin/bash\n" + part
+    assert len(scripts) > len(list(GOLDEN.glob("*.sbatch"))) + 3
+    for name, text in scripts.items():
+        run = subprocess.run(["shellcheck", "--shell=bash", "-"], input=text, capture_output=True, text=True,
+                             check=False)
+        assert run.returncode == 0, f"{name}:\n{run.stdout}{run.stderr}"

@@ -1,0 +1,204 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2317  # functions run indirectly: the traps, and start_step's "$fn"
+# The body of every rlkit job script: rlkit.launch.render puts the #SBATCH lines above it and fills in the fields
+# between @ signs. It starts every step in the background and supervises them: it exits non-zero as soon as any step
+# fails (after stopping the others), stops the servers once the trainer/client step succeeds, restarts a failed
+# trainer or server step, requeues the job when the trainer checkpointed before the time limit, and forwards a TERM
+# from Slurm to every step, so no step is ever left running. What the trainer tells it (its step_state file, its
+# exit codes) is rlkit.step_contract's.
+set -u
+cd @TRIAL_DIR@ || exit 1
+echo "rlkit: job $SLURM_JOB_ID on $(hostname)"
+export RLKIT_ATTEMPT=@ATTEMPT@  # 1 for rlkit submit, one more per rlkit resume
+RETRIES=@RETRIES@  # restarts of a failed trainer or server step, and self-requeues
+NO_RETRY_EXIT=@NO_RETRY_EXIT@  # a step's exit code for a failure a restart cannot fix
+EXIT_REQUEUE=@EXIT_REQUEUE@  # the trainer checkpointed for a requeue; also this script's exit when out of requeues
+STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on the time-limit warning
+STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
+STEP_STATE=@STEP_STATE@  # the trainer's last finished step and its status, one per line
+TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes to
+
+STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
+PIDS=()
+NAMES=()
+ROLES=()
+
+FNS=()
+RESTARTS=()
+LAST_STEP=()
+
+start_step() {  # start_step NAME ROLE FUNCTION: run one srun step (a function holding its command) in the background
+  local name=$1 role=$2 fn=$3
+  "$fn" &
+  PIDS+=("$!")
+  NAMES+=("$name")
+  ROLES+=("$role")
+  FNS+=("$fn")
+  RESTARTS+=(0)
+  LAST_STEP+=("$(trained_step)")
+  echo "rlkit: started step $name (pid $!)"
+}
+
+restart_step() {  # restart_step INDEX: the same step again, in this allocation
+  local i=$1
+  RESTARTS[i]=$((RESTARTS[i] + 1))
+  LAST_STEP[i]=$(trained_step)
+  export RLKIT_STEP_RETRY=${RESTARTS[$i]}
+  "${FNS[$i]}" &
+  PIDS[i]=$!
+  echo "rlkit: restarted step ${NAMES[$i]} (retry ${RESTARTS[$i]} of $RETRIES, pid $!)"
+}
+
+trainer_status() {  # the trainer's status (running, finished, requeue, stopped, failed: ...), from its step_state
+  local step status
+  { read -r step && read -r status; } <"$STEP_STATE" 2>/dev/null && echo "$status"
+}
+
+trained_step() {  # the trainer's last finished step, from its step_state (-1 when there is none yet)
+  local step=""
+  read -r step <"$STEP_STATE" 2>/dev/null
+  case $step in
+    '' | *[!0-9-]*) echo -1 ;;
+    *) echo "$step" ;;
+  esac
+}
+
+component_ids() {  # "GROUP JOB_ID" per component: a heterogeneous job's components, else the job itself
+  local name found=0
+  for name in $(compgen -A variable SLURM_JOB_ID_HET_GROUP_); do
+    echo "${name##*_} ${!name}"
+    found=1
+  done
+  if [ "$found" -eq 0 ]; then
+    echo "0 $SLURM_JOB_ID"
+  fi
+}
+
+stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
+  local pid group id running waited=0
+  while read -r group id; do
+    scancel --ctld --signal=TERM "$id" 2>/dev/null
+  done < <(component_ids)
+  while [ "$waited" -lt "$STOP_GRACE" ]; do
+    running=0
+    for pid in "${PIDS[@]}"; do
+      [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && running=1
+    done
+    [ "$running" -eq 0 ] && break
+    sleep 1
+    waited=$((waited + 1))
+  done
+  for pid in "${PIDS[@]}"; do
+    [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+  done
+  wait
+}
+
+on_signal() {
+  echo "rlkit: batch script received $1; stopping all steps"
+  stop_steps
+  exit 143
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+
+on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and stops
+  echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
+  local group id
+  while read -r group id; do
+    if [ "$group" -eq "$TRAINER_GROUP" ]; then
+      scancel --ctld --signal=USR1 "$id" 2>/dev/null
+    fi
+  done < <(component_ids)
+}
+trap on_time_limit USR1
+
+supervise() {  # wait until the job is done: returns 0 when the last non-server step succeeded
+  local i pid rc name role busy
+  while true; do
+    busy=0
+    for i in "${!PIDS[@]}"; do
+      pid=${PIDS[$i]}
+      [ -z "$pid" ] && continue
+      if kill -0 "$pid" 2>/dev/null; then
+        [ "${ROLES[$i]}" != server ] && busy=1
+        continue
+      fi
+      wait "$pid"
+      rc=$?
+      name=${NAMES[$i]}
+      role=${ROLES[$i]}
+      PIDS[i]=""
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_REQUEUE" ]; then
+        if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RETRIES" ]; then
+          echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
+            "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
+          stop_steps
+          scontrol requeue "$SLURM_JOB_ID"
+          return 0
+        fi
+        echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
+          "already; not requeueing (rlkit resume continues it)"
+        stop_steps
+        return "$EXIT_REQUEUE"
+      fi
+      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_STOPPED" ]; then
+        echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
+        stop_steps
+        # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
+        # dependent (the next stage) must not start, whichever of this line and `rlkit stop`'s scancel comes first.
+        scancel "$SLURM_JOB_ID"
+        return 0
+      fi
+      if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
+        echo "rlkit: step $name failed with exit code $rc, which a restart cannot fix (see its log); not retrying"
+        echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+        stop_steps
+        return "$rc"
+      fi
+      if [ "$rc" -ne 0 ] && [ "$role" = trainer ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+        if [ "${RESTARTS[$i]}" -gt 0 ] && [ "$(trained_step)" = "${LAST_STEP[$i]}" ]; then
+          echo "rlkit: step $name failed with exit code $rc again without finishing a step since its last" \
+            "restart (crash loop); not retrying"
+          echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+          stop_steps
+          return "$rc"
+        fi
+        echo "rlkit: step $name failed with exit code $rc at trained step $(trained_step); restarting it"
+        restart_step "$i"
+        busy=1
+        continue
+      fi
+      if [ "$role" = server ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+        echo "rlkit: server step $name exited (code $rc) while the job was running; restarting it"
+        restart_step "$i"
+        continue
+      fi
+      if [ "$rc" -ne 0 ]; then
+        echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
+        stop_steps
+        return "$rc"
+      fi
+      if [ "$role" = server ]; then
+        echo "rlkit: server step $name exited while the job was running; stopping the other steps"
+        stop_steps
+        return 1
+      fi
+      echo "rlkit: step $name finished"
+    done
+    if [ "$busy" -eq 0 ]; then
+      echo "rlkit: all work steps finished; stopping the servers"
+      stop_steps
+      return 0
+    fi
+    sleep 1 &
+    wait $!
+  done
+}
+
+@STEPS@
+
+supervise
+status=$?
+echo "rlkit: batch script exits with $status"
+exit $status
