@@ -11,7 +11,7 @@ from rlkit.step_contract import STEP_STATE
 # What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
                             "weights", "checkpoints", "progress.json", STEP_STATE, "recover", "name_resolve",
-                            "swanlab", "tensorboard"})
+                            "swanlab", "tensorboard", "wandb"})
 ATTEMPT_DIR = re.compile(r"attempt-(\d+)")  # where `submit --force` keeps a previous run (rlkit.trials.archive_run)
 
 

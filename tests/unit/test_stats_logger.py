@@ -1,4 +1,4 @@
-"""StatsLogger: metrics.jsonl, TensorBoard and SwanLab files really written, failing sinks, config validation."""
+"""StatsLogger: metrics.jsonl, TensorBoard, SwanLab and W&B files really written, failing sinks, config validation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import math
 import sys
 import time
-import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -291,34 +290,65 @@ def test_wandb_not_installed_is_a_config_error(paths: TrialPaths, monkeypatch: p
     assert "pip install wandb" in str(err.value) and "stats_logger.wandb.mode=disabled" in str(err.value)
 
 
-def test_wandb_gets_names_mode_redacted_config_and_finite_scalars(
-    paths: TrialPaths, monkeypatch: pytest.MonkeyPatch
+def wandb_records(run_file: Path) -> list[Any]:
+    """The protobuf records of an offline run's `run-<id>.wandb` file (what `wandb sync` uploads). wandb 0.31 has no
+    Python reader of its own any more, so this reads its container format: a 7-byte file header, then LevelDB-log
+    framed chunks (crc32, length, type: 1 full, 2 first, 3 middle, 4 last) in 32 KiB blocks."""
+    import struct
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, at, pending, records = run_file.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B", data[:8]
+    while at + 7 <= len(data):
+        if 32768 - at % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            at += 32768 - at % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[at:at + 7])
+        if kind == 0:
+            break
+        pending += data[at + 7:at + 7 + length]
+        at += 7 + length
+        if kind in (1, 4):
+            record = Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_writes_its_run_under_the_trial_with_finite_scalars_and_a_redacted_config(
+    tmp_path: Path, paths: TrialPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: dict[str, Any] = {"log": []}
-
-    class FakeRun:
-        def log(self, data: dict[str, float], step: int) -> None:
-            calls["log"].append((step, data))
-
-        def finish(self, exit_code: int = 0) -> None:
-            calls["finish"] = exit_code
-
-    def init(**kwargs: Any) -> FakeRun:
-        calls["init"] = kwargs
-        return FakeRun()
-
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    """A real wandb run in offline mode: its files go under the trial directory, the history holds every finite
+    scalar at its step, the secret in the run config is redacted and the caller's dict is untouched."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = config(wandb__mode="offline", wandb__entity="team")
     with StatsLogger(cfg, paths, experiment="exp", trial="t1", run_config=RUN_CONFIG) as logger:
+        assert logger.sinks == ["wandb"]
         log_all(logger)
-    init_kwargs = calls["init"]
-    assert (init_kwargs["project"], init_kwargs["name"], init_kwargs["entity"]) == ("exp", "t1", "team")
-    assert init_kwargs["mode"] == "offline" and init_kwargs["dir"] == str(paths.root)
-    assert init_kwargs["config"]["stats_logger"]["swanlab"]["api_key"] == "<redacted>"
-    assert RUN_CONFIG["stats_logger"]["swanlab"]["api_key"] == "sk-do-not-upload"  # the caller's dict is untouched
-    assert [step for step, _ in calls["log"]] == [0, 1, 2]
-    assert calls["log"][1][1] == {"reward/mean": 1.5, "seqs": 16.0}
-    assert calls["finish"] == 0
+
+    (run_file,) = (paths.root / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert (run.project, run.entity, run.display_name) == ("exp", "team", "t1")
+    series: dict[str, dict[int, float]] = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for key, value in items.items():
+                if not key.startswith("_"):
+                    series.setdefault(key, {})[items["_step"]] = value
+    assert series == {key: finite_series(key) for key in STEPS[0]}
+    assert b"sk-do-not-upload" not in run_file.read_bytes() and b"<redacted>" in run_file.read_bytes()
+    assert RUN_CONFIG["stats_logger"]["swanlab"]["api_key"] == "sk-do-not-upload"
+    exits = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+    assert len(exits) == 1 and exits[0].exit_code == 0
 
 
 # --- validation -----------------------------------------------------------------------------------------------------
