@@ -310,7 +310,7 @@ class _WandbSink:
                 project=cfg.project or experiment,
                 entity=cfg.entity,
                 name=cfg.name or trial,
-                mode=cfg.mode,
+                mode=cast(Any, cfg.mode),  # one of WANDB_MODES, checked at submit (validate_stats_logger)
                 dir=str(paths.root),
                 config=run_config,
             )
