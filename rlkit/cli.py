@@ -38,8 +38,14 @@ FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial o
                          "a trial use `rlkit resume`.")
 
 
+PREFLIGHT_OPT = typer.Option(True, "--preflight/--no-preflight", help="Hold the layout against the partition's "
+                             "nodes and limits first (GPUs, CPUs, memory, node count, MaxTime), every mismatch at "
+                             "once; --no-preflight leaves it all to sbatch --test-only.")
+
+
 @app.command()
-def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, force: bool = FORCE_OPT) -> None:
+def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, force: bool = FORCE_OPT,
+           preflight: bool = PREFLIGHT_OPT) -> None:
     """Validate, plan and render the job, submit it to Slurm, and record the trial. A config with `stages:`
     submits one job per stage, each waiting for the one before (afterok)."""
     from rlkit.launch.stages import has_stages
@@ -47,9 +53,9 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     from rlkit.launch.submit import submit as do_submit
 
     if has_stages(config):
-        _submit_stages(config, overrides or [], force)
+        _submit_stages(config, overrides or [], force, preflight)
         return
-    prepared = prepare(config, overrides or [])
+    prepared = prepare(config, overrides or [], preflight=preflight)
     submitted = do_submit(prepared, force=force)
     record = submitted.record
     if submitted.archived is not None:
@@ -60,10 +66,10 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
 
 
-def _submit_stages(config: Path, overrides: list[str], force: bool) -> None:
+def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: bool) -> None:
     from rlkit.launch.stages import prepare_stages, submit_stages
 
-    plans, _ = prepare_stages(config, overrides)
+    plans, _ = prepare_stages(config, overrides, preflight=preflight)
     run = submit_stages(plans, force=force)
     out.print(f"submitted [bold]{run.name}[/bold]: {len(run.stages)} stages, each after the one before")
     for plan in plans:

@@ -92,10 +92,17 @@ def render_script(plan: JobPlan) -> str:
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")
         steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}", f"start_step {step.name} {step.role} {fn}"]
-    body = _fill(supervisor_template(), {
-        "TRIAL_DIR": shlex.quote(plan.trial_dir), "ATTEMPT": str(plan.attempt), "RETRIES": str(plan.retries),
+    body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,
+                           trainer_group=plan.trainer_group, steps=steps)
+    return "\n".join(lines) + "\n\n" + body
+
+
+def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str]) -> str:
+    """The template filled in: the step_contract's words and codes, the plan's numbers, `steps` (bash lines that
+    define and start each step) where @STEPS@ stands."""
+    return _fill(supervisor_template(), {
+        "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
-        "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(plan.trainer_group), "STEPS": "\n".join(steps),
+        "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group), "STEPS": "\n".join(steps),
     })
-    return "\n".join(lines) + "\n\n" + body

@@ -39,7 +39,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     done = len(attempts(paths)) or 1
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
-                       attempt=done + 1, model_stand_in=stand_in)
+                       attempt=done + 1, model_stand_in=stand_in, preflight=True)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",

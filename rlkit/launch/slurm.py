@@ -44,6 +44,12 @@ def _run(argv: list[str], *, stdin: str | None = None, timeout: float = 60.0) ->
         raise SlurmError(f"'{' '.join(argv)}' did not answer within {timeout:.0f} s (is slurmctld up?)") from None
 
 
+def run_readonly(argv: list[str]) -> str | None:
+    """The output of a Slurm query that changes nothing (scontrol show ...); None when it fails."""
+    proc = _run(argv)
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def sbatch_test_only(script: str) -> str:
     """Ask the controller whether it would accept the script, without submitting; raise UserError if not."""
     proc = _run(["sbatch", "--test-only"], stdin=script)

@@ -183,7 +183,7 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
     return stages
 
 
-def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bool = False
+def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bool = False, preflight: bool = False
                    ) -> tuple[list[StagePlan], list[ConfigError]]:
     """Compose, validate, plan and render every stage; raises every problem of every stage at once (each named by
     its stage). Returns the plans and, for a dry run, the site files missing here."""
@@ -197,7 +197,7 @@ def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bo
             continue
         try:
             prepared = prepare_config(stage.config, stage.problems, dry_run=dry_run,
-                                      model_stand_in=stage.model_stand_in)
+                                      model_stand_in=stage.model_stand_in, preflight=preflight)
         except ConfigError as exc:
             by_stage[stage.name] = list(each_error(exc))  # type: ignore[arg-type]
             continue
@@ -300,7 +300,8 @@ def resume_run(run: StagedRun, overrides: list[str]) -> list[tuple[StageRecord, 
         try:
             prepared.append((stage, prepare(paths.config, [*mode, *common, *own[stage.name]],
                                             attempt=len(attempts(paths)) + 1 if again else 1,
-                                            model_stand_in=stage.model_stand_in), "resumed" if again else "again"))
+                                            model_stand_in=stage.model_stand_in, preflight=True),
+                             "resumed" if again else "again"))
         except ConfigError as exc:
             errors.extend(ConfigError(f"stage {stage.name}: {e.message}", hint=e.hint) for e in each_error(exc))
     if errors:

@@ -18,6 +18,7 @@ from rlkit.errors import ConfigError, SlurmError, UserError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.plan import JobPlan, plan_job
+from rlkit.launch.preflight import preflight as site_preflight
 from rlkit.launch.render import render_script
 from rlkit.paths import TrialPaths
 from rlkit.trials import (
@@ -44,19 +45,21 @@ class Prepared:
 
 
 def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
-            dry_run: bool = False, model_stand_in: str = "") -> Prepared:
+            dry_run: bool = False, model_stand_in: str = "", preflight: bool = False) -> Prepared:
     """Load, validate, plan and render (pure apart from reading the config and checking input paths). Raises
-    ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead."""
+    ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead. `preflight`:
+    also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others)."""
     problems = Problems()
     config = load_config_collecting(config_path, overrides, problems)
     if config is None:
         problems.raise_if_any()
     assert config is not None
-    return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in)
+    return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in,
+                          preflight=preflight)
 
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
-                   dry_run: bool = False, model_stand_in: str = "") -> Prepared:
+                   dry_run: bool = False, model_stand_in: str = "", preflight: bool = False) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
     model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
     checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
@@ -78,6 +81,10 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
             if problems.ok():
                 raise
             # a value the planner could not read, already reported above (e.g. unbalanced quotes)
+    if preflight and plan is not None:
+        slurm_cfg = config.launcher.slurm
+        problems.errors.extend(site_preflight(plan, partition_name=slurm_cfg.partition,
+                                              time_limit=slurm_cfg.time).errors)
     _drop_repeats(problems)
     problems.raise_if_any(allow_site=dry_run)
     assert plan is not None

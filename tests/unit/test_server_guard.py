@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import stat
 import subprocess
 import threading
@@ -17,7 +18,7 @@ import yaml
 
 from rlkit.config.schema import SGLangConfig, VllmConfig
 from rlkit.errors import NO_RETRY_EXIT
-from rlkit.launch.render import _SUPERVISOR
+from rlkit.launch.render import supervisor_body
 from rlkit.servers.backend import backend_for
 from rlkit.servers.extra_args import (
     SGLANG_FIELD_OPTIONS,
@@ -266,16 +267,19 @@ def test_guard_check_refuses_when_nothing_answers() -> None:
 
 
 def run_supervisor(tmp_path: Path, server_exit: int) -> tuple[int, int, str]:
-    """Run the batch script's supervisor with a server step that exits `server_exit` and a trainer that waits."""
-    script = "\n".join([
-        "set -u", "RETRIES=2", f"NO_RETRY_EXIT={NO_RETRY_EXIT}", "TRAINER_GROUP=1", _SUPERVISOR, "STOP_GRACE=1",
+    """Run the job script's supervisor (the real template) with a server step that exits `server_exit` and a trainer
+    that waits. `scancel` is a bash function here that only records its arguments: nothing reaches Slurm."""
+    body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=2, trainer_group=1, steps=[
+        "STOP_GRACE=1",
         f"cmd_server() {{ echo run >> runs.txt; exit {server_exit}; }}",
         "cmd_trainer() { while [ ! -e done ]; do sleep 0.1; done; }",
         "start_step server-0 server cmd_server", "start_step trainer trainer cmd_trainer",
-        "supervise", "status=$?", "touch done", "exit $status",
-    ])  # fmt: skip
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    ])
+    script = 'scancel() { echo "$*" >> scancel.txt; }\n' + body
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242"})
     runs = len((tmp_path / "runs.txt").read_text().splitlines())
+    assert "--signal=TERM 4242" in (tmp_path / "scancel.txt").read_text(), "stop_steps stops the job's steps"
     return done.returncode, runs, done.stdout
 
 
