@@ -27,6 +27,17 @@ def _assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None
     assert says in result.stderr, result.stderr
 
 
+def assert_refused_whole(result: subprocess.CompletedProcess[str], says: list[str], tmp_path: Path,
+                         rlkit_home: Path) -> None:
+    """Exit 2 without a traceback, exactly one `error:` line per expected text, and nothing written: no trial
+    directory under tmp_path/fileroot, no trial index."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
+    assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
+    assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
+
+
 MISTAKES = [
     pytest.param(["cluster.n_node=3"], "did you mean 'cluster.n_nodes'", id="unknown-key"),
     pytest.param(["cluster.n_nodes=lots"], "wrong type for 'cluster.n_nodes'", id="wrong-type"),
@@ -347,10 +358,7 @@ def test_bad_rw_and_dpo_configs_change_nothing(pairs_yaml: Path, rlkit_home: Pat
     assert run_rlkit("render", str(pairs_yaml), f"type={job}").returncode == 0, "the fixture itself is valid"
     before = _test_jobs()
     result = run_rlkit("submit", str(pairs_yaml), f"type={job}", *overrides)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
-    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert_refused_whole(result, says, tmp_path, rlkit_home)
     assert _test_jobs() == before
 
 
@@ -415,10 +423,7 @@ def test_bad_ppo_config_changes_nothing(ppo_yaml: Path, rlkit_home: Path, tmp_pa
                                         says: list[str]) -> None:
     before = _test_jobs()
     result = run_rlkit("submit", str(ppo_yaml), *overrides)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
-    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
+    assert_refused_whole(result, says, tmp_path, rlkit_home)
     assert _test_jobs() == before
 
 
