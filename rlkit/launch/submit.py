@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.config.allocation import canonical_mode
 from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
@@ -74,6 +75,8 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     problems.errors.extend(validated.problems.errors)
     plan = None
     if validated.allocation is not None:
+        # one form from here on (AReaL's `sglang.d4p1t1+d4p1t1` becomes `sglang:d4+fsdp:d4`): plan, script, config.yaml
+        config.allocation_mode = canonical_mode(validated.allocation)
         try:
             with problems.check():
                 plan = plan_job(config, validated.allocation, attempt=attempt)
