@@ -75,8 +75,6 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     problems.errors.extend(validated.problems.errors)
     plan = None
     if validated.allocation is not None:
-        # one form from here on (AReaL's `sglang.d4p1t1+d4p1t1` becomes `sglang:d4+fsdp:d4`): plan, script, config.yaml
-        config.allocation_mode = canonical_mode(validated.allocation)
         try:
             with problems.check():
                 plan = plan_job(config, validated.allocation, attempt=attempt)
@@ -84,6 +82,9 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
             if problems.ok():
                 raise
             # a value the planner could not read, already reported above (e.g. unbalanced quotes)
+        # one form from here on, once the checks quoted the user's own (AReaL's `sglang.d4p1t1+d4p1t1` is recorded
+        # as `sglang:d4+fsdp:d4`): the config.yaml the job reads
+        config.allocation_mode = canonical_mode(validated.allocation)
     if preflight and plan is not None:
         slurm_cfg = config.launcher.slurm
         problems.errors.extend(site_preflight(plan, partition_name=slurm_cfg.partition,
