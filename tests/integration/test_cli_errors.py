@@ -54,7 +54,9 @@ MISTAKES = [
     pytest.param(["actor.path=/no/model"], "is not a model directory", id="missing-model"),
     pytest.param(["launcher.slurm.time=tomorrow"], "is not a Slurm time", id="bad-time"),
     pytest.param(["launcher.trainer_env_vars=NOEQUALS"], "is not NAME=VALUE", id="bad-env"),
-    pytest.param(["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job", id="slurm-rejects"),
+    pytest.param(["launcher.slurm.constraint=nosuchfeature"], "Slurm rejects this job", id="slurm-rejects"),
+    pytest.param(["launcher.slurm.partition=nosuchpartition"], "is not a partition of this cluster",
+                 id="unknown-partition"),
     pytest.param(["launcher.slurm.constraint=a100 && h100"], "launcher.slurm.constraint 'a100 && h100' is not",
                  id="constraint-with-spaces"),
     pytest.param(["actor.path=~/models/qwen"], "actor.path '~/models/qwen' starts with '~'", id="tilde-path"),
@@ -246,7 +248,7 @@ def _previous_run(trial_dir: Path) -> list[str]:
 
 @pytest.mark.slurm
 @pytest.mark.parametrize(("config", "overrides", "says"), [
-    pytest.param("generate", ["launcher.slurm.partition=nosuchpartition"], "Slurm rejects this job",
+    pytest.param("generate", ["launcher.slurm.constraint=nosuchfeature"], "Slurm rejects this job",
                  id="slurm-rejects"),
     pytest.param("grpo", ["recover.mode=resume"], "--force starts a new run", id="force-with-resume-mode"),
 ])
