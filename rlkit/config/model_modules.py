@@ -44,7 +44,7 @@ def tensor_names(model_dir: str) -> list[str] | None:
         if index.is_file():
             weight_map = json.loads(index.read_text()).get("weight_map")
             return [str(name) for name in weight_map] if isinstance(weight_map, dict) else None
-        files = sorted(root.glob("*.safetensors"))
+        files = sorted(f for f in root.glob("*.safetensors") if f.is_file())  # regular files: a FIFO would block
         if not files:
             return None
         return [name for file in files for name in _header_names(file)]
