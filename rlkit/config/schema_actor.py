@@ -130,8 +130,9 @@ class ActorConfig:
     recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
                                  "(else use the servers' log-probs as the old policy).")
     # ---- LoRA (peft): only the adapters train, and only the adapters go to the servers ----
-    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight; the servers get the adapters "
-                        "only (vLLM runtime LoRA loading, a new adapter name per weight version).")
+    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight (grpo, ppo's actor, sft, dpo); "
+                        "the servers get the adapters only (vLLM runtime LoRA loading, a new adapter name per "
+                        "weight version); saved checkpoints are the merged model plus adapter/.")
     lora_rank: int = _f(32, "LoRA rank r (the servers are started with --max-lora-rank of at least this).")
     lora_alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.")
     target_modules: list[str] = _f([], "Module names that get adapters, e.g. [q_proj, k_proj, v_proj, o_proj]; "

@@ -27,7 +27,7 @@ from rlkit.config.site_files import (
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
-from rlkit.jobs import JobType, job_type_for
+from rlkit.jobs import JobType, job_type_for, registered_job_types
 from rlkit.jobs.layout import check_layout
 from rlkit.paths import TrialPaths
 
@@ -271,8 +271,10 @@ def _validate_lora(config: ExperimentConfig, job: JobType, allocation: Allocatio
     from rlkit.config.validate_lora import validate_lora
 
     if config.actor.use_lora and not job.lora:
-        problems.add(f"actor.use_lora is set, but job type {job.name} does not train LoRA adapters yet",
-                     hint="set actor.use_lora=false (LoRA trains with job type grpo)")
+        reason = job.no_lora or "does not train LoRA adapters"
+        lora_jobs = ", ".join(j.name for j in registered_job_types() if j.lora)
+        problems.add(f"actor.use_lora is set, but job type {job.name} {reason}",
+                     hint=f"set actor.use_lora=false (LoRA trains with job types {lora_jobs})")
         return
     validate_lora(config, problems, allocation)
 

@@ -1,4 +1,4 @@
-"""Submit-time checks of evaluation during training (`evaluator`, `eval_gconfig`, `valid_dataset`; job type grpo).
+"""Submit-time checks of evaluation during training (`evaluator`, `eval_gconfig`, `valid_dataset`; job types grpo, ppo).
 
 Torch-free and collecting: each mistake is one problem naming its field and fix. An evaluation that could only
 fail minutes into training (no validation set, a column the reward reads is missing, no sample per prompt) is

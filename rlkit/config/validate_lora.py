@@ -1,14 +1,17 @@
 """Submit-time checks of the LoRA fields (`actor.use_lora`, `lora_rank`, `lora_alpha`, `target_modules`,
 `peft_type`): every mistake is collected, naming the field and its fix. Torch-free (the login node runs it).
 
-What LoRA needs beyond its own fields: vLLM servers (adapters are loaded at run time through vLLM's LoRA routes; the
-SGLang backend has no adapter path in rlkit), and the disk transport (an adapter is a small directory every server
-loads by path; there is no broadcast of adapters).
+The target modules must be modules of actor.path (read from its safetensors headers, rlkit.config.model_modules).
+What LoRA needs beyond its own fields in a job with servers (grpo, ppo): vLLM servers (adapters are loaded at run
+time through vLLM's LoRA routes; the SGLang backend has no adapter path in rlkit), a rank vLLM serves, and the disk
+transport (an adapter is a small directory every server loads by path; there is no broadcast of adapters). A
+trainer-only job (sft, dpo) has none of these limits: its checkpoints are merged models.
 """
 
 from __future__ import annotations
 
 from rlkit.config.allocation import Allocation, parse_allocation
+from rlkit.config.model_modules import check_modules_in_model
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.errors import ConfigError
@@ -41,9 +44,6 @@ def validate_lora(config: ExperimentConfig, problems: Problems, allocation: Allo
     if isinstance(actor.lora_rank, bool) or not isinstance(actor.lora_rank, int) or actor.lora_rank <= 0:
         problems.add(f"actor.lora_rank: {actor.lora_rank!r} must be a positive integer",
                      hint="set the adapter rank, e.g. actor.lora_rank: 32")
-    elif actor.lora_rank > VLLM_LORA_RANKS[-1]:
-        problems.add(f"actor.lora_rank: {actor.lora_rank} is above the largest rank vLLM serves "
-                     f"({VLLM_LORA_RANKS[-1]})", hint=f"use a rank of at most {VLLM_LORA_RANKS[-1]}")
     if isinstance(actor.lora_alpha, bool) or not isinstance(actor.lora_alpha, (int, float)) or actor.lora_alpha <= 0:
         problems.add(f"actor.lora_alpha: {actor.lora_alpha!r} must be a positive number",
                      hint="set the adapter scale numerator, e.g. actor.lora_alpha: 16 (scale = alpha / rank)")
@@ -55,13 +55,12 @@ def validate_lora(config: ExperimentConfig, problems: Problems, allocation: Allo
     if bad:
         problems.add(f"actor.target_modules: {bad!r} are not module names", hint="give names like q_proj, up_proj")
     if "lm_head" in modules or "embed_tokens" in modules:
-        problems.add("actor.target_modules: adapters on lm_head/embed_tokens are not loaded by vLLM's LoRA path",
+        problems.add("actor.target_modules: adapters on lm_head/embed_tokens are not supported (vLLM's LoRA path "
+                     "does not load them, and rlkit merges adapters of linear projections only)",
                      hint="target the attention and MLP projections (q_proj, k_proj, v_proj, o_proj, gate_proj, "
                      "up_proj, down_proj)")
-    if actor.weight_update_mode != "disk":
-        problems.add(f"actor.weight_update_mode: {actor.weight_update_mode!r} with actor.use_lora: adapters go to "
-                     "the servers by disk only (a small directory each server loads under a new name)",
-                     hint="set actor.weight_update_mode: disk (or turn off actor.use_lora)")
+    if modules and not bad:
+        check_modules_in_model(actor.path, modules, problems)
     _check_servers(config, problems, allocation)
 
 
@@ -73,7 +72,15 @@ def _check_servers(config: ExperimentConfig, problems: Problems, allocation: All
             return
     server = allocation.server
     if server is None:
-        return  # a trainer-only job (sft, dpo, rw): nothing to load adapters into
+        return  # a trainer-only job (sft, dpo): nothing to load adapters into, its checkpoints are merged models
+    actor = config.actor
+    if isinstance(actor.lora_rank, int) and actor.lora_rank > VLLM_LORA_RANKS[-1]:
+        problems.add(f"actor.lora_rank: {actor.lora_rank} is above the largest rank vLLM serves "
+                     f"({VLLM_LORA_RANKS[-1]})", hint=f"use a rank of at most {VLLM_LORA_RANKS[-1]}")
+    if actor.weight_update_mode != "disk":
+        problems.add(f"actor.weight_update_mode: {actor.weight_update_mode!r} with actor.use_lora: adapters go to "
+                     "the servers by disk only (a small directory each server loads under a new name)",
+                     hint="set actor.weight_update_mode: disk (or turn off actor.use_lora)")
     if server.backend != "vllm":
         problems.add(f"actor.use_lora with {server.backend} servers (allocation_mode {config.allocation_mode!r}): "
                      "rlkit loads adapters into vLLM servers only",

@@ -31,8 +31,9 @@ class JobType:
     then). `trainer`: its work step is a trainer on GPUs (allocation_mode has an fsdp part) rather than one GPU-less
     client process. `resumable`: it writes recover checkpoints, so the job requeues itself at its time limit,
     `rlkit resume` continues it and `rlkit stop` checkpoints first. `step`: "module:function" called with the
-    trial directory in the job. `sections`: the config sections holding its own knobs. `lora`: it trains (and
-    serves) LoRA adapters when actor.use_lora is set. `prompt_dataset`: the dataset whose prompts go to the servers
+    trial directory in the job. `sections`: the config sections holding its own knobs. `lora`: it trains (and,
+    with servers, serves) LoRA adapters when actor.use_lora is set; `no_lora`: why it does not, said when a config
+    sets use_lora anyway (empty: the generic reason). `prompt_dataset`: the dataset whose prompts go to the servers
     (its max_length must fit their context), empty when none does. `passes_on`: what its checkpoints/final is, for
     the next stage of a multi-stage run (rlkit.launch.stages): "policy" (a causal LM: the next stage's actor.path),
     "reward_model" (a value model), "" (no model)."""
@@ -46,5 +47,6 @@ class JobType:
     sections: tuple[str, ...] = ()
     prompt_dataset: str = ""
     lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise
+    no_lora: str = ""
     passes_on: str = ""
     validate: Validator = field(default=_no_checks, compare=False)

@@ -24,5 +24,5 @@ DPO = JobType(
     name="dpo", help="DPO on chosen/rejected pairs against a frozen reference (trainer only, no servers)",
     needs_servers=False, trainer=True, resumable=True, step="rlkit.train.dpo:run_dpo",
     sections=("actor", "dpo", "train_dataset", "valid_dataset", "saver", "recover"),
-    validate=_validate_dpo, passes_on="policy",
+    lora=True, validate=_validate_dpo, passes_on="policy",
 )

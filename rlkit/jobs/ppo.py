@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 
 
 def _validate_ppo(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
-    """grpo's checks (rollouts, reward, actor: discount and gae_lambda in [0, 1], adv_norm levels), the critic's."""
+    """grpo's checks (rollouts, reward, actor: discount and gae_lambda in [0, 1], adv_norm levels, the evaluator:
+    ppo runs GRPO's), the critic's."""
+    from rlkit.config.validate_eval import validate_evaluator
     from rlkit.config.validate_pairs import validate_critic
     from rlkit.config.validate_training import validate_training  # imports the user's reward module
 
     validate_training(config, allocation, problems)
     validate_critic(config, problems)
+    validate_evaluator(config, problems)
     ranks = allocation.trainer.dp if allocation is not None and allocation.trainer is not None else 1
     sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
     n_mb = config.critic.ppo_n_minibatches
@@ -35,6 +38,7 @@ def _validate_ppo(config: ExperimentConfig, allocation: Allocation | None, probl
 PPO = JobType(
     name="ppo", help="asynchronous PPO with a critic (servers generate, the trainer learns the actor and its critic)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.ppo:run_ppo",
-    sections=("actor", "critic", "train_dataset", "reward", "gconfig", "rollout", "saver", "recover"),
-    prompt_dataset="train_dataset", validate=_validate_ppo, passes_on="policy",
+    sections=("actor", "critic", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
+              "evaluator", "eval_gconfig"),
+    prompt_dataset="train_dataset", lora=True, validate=_validate_ppo, passes_on="policy",
 )

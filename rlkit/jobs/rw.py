@@ -24,4 +24,6 @@ RW = JobType(
     needs_servers=False, trainer=True, resumable=True, step="rlkit.train.rw:run_rw",
     sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"),
     validate=_validate_rw, passes_on="reward_model",
+    no_lora=("trains a reward model: a scalar value head on the backbone, trained with every weight, which a LoRA "
+             "adapter of the causal LM would leave out (and which no adapter can carry to the next stage)"),
 )

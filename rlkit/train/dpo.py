@@ -1,8 +1,10 @@
 """Job type dpo as an algorithm of the training loop: the actor learns from chosen/rejected pairs against a frozen
 reference (dpo.ref_path, or actor.path), in epochs over train_dataset; `run_dpo` is its `rlkit train` step.
 
-The reference's answer log-probs of a pair are computed the first time the pair is trained on and kept
-(rlkit.train.pair_losses.ReferenceLogps): later epochs never run the reference. The reference is FSDP-sharded, so
+With actor.use_lora the reference is the trained model with its adapter switched off (the frozen base; no second
+copy in memory) unless dpo.ref_path names another model. The reference's answer log-probs of a pair are computed
+the first time the pair is trained on and kept (rlkit.train.pair_losses.ReferenceLogps): later epochs never run the
+reference. The reference is FSDP-sharded, so
 its forwards are collective: when any rank lacks a pair of its step, every rank runs the reference on all its
 micro-batches, then the new values are shared, so that every rank (and rank 0's recover state) holds all of them
 and a resumed run does not recompute them. At each epoch's end the held-out pairs of valid_dataset give
@@ -11,6 +13,7 @@ eval/accuracy (the chosen answer's implicit reward higher) and eval/reward_margi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,13 @@ import torch.distributed as dist
 from torch import nn
 
 from rlkit.train.dist import all_reduce_max
-from rlkit.train.engine import TrainEngine
+from rlkit.train.engine import TrainEngine, actor_model_factory
 from rlkit.train.loop import LoopContext, run_training
 from rlkit.train.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.train.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
 from rlkit.train.pair_losses import ReferenceLogps, by_pair, dpo_loss
 from rlkit.train.pair_steps import CountedLoss, PairData, PairMicroBatch, local_pairs, micro_batches, step_metrics
-from rlkit.train.reference import frozen_reference
+from rlkit.train.reference import adapter_off, frozen_reference
 
 METRICS = {"loss": "loss", "rewards/margin": "reward_margin", "rewards/accuracy": "accuracy",
            "rewards/chosen": "reward_chosen", "rewards/rejected": "reward_rejected"}
@@ -61,9 +64,12 @@ class DPOTraining(OfflineAlgorithm):
         super().__init__(ctx, len(self.data.train), has_valid=bool(self.data.valid))
         self.device = ctx.device
         self.engine = TrainEngine(config.actor, rank=self.rank, world=self.world, device=ctx.device,
-                                  total_optimizer_steps=self.total_steps)
+                                  total_optimizer_steps=self.total_steps,
+                                  model_factory=actor_model_factory(config.actor))
         self.engines = {"actor": self.engine}
-        self.reference = frozen_reference(config.actor, ctx.device, config.dpo.ref_path)
+        ref_path = config.dpo.ref_path
+        shared = config.actor.use_lora and ref_path in ("", config.actor.path)  # the base is the reference
+        self.reference = None if shared else frozen_reference(config.actor, ctx.device, ref_path)
         self.cache = ReferenceLogps()  # training pairs, by dataset row
         self.valid_cache = ReferenceLogps()  # held-out pairs (their rows are another file's)
 
@@ -71,7 +77,8 @@ class DPOTraining(OfflineAlgorithm):
         data, dpo = self.data, self.config.dpo
         mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
         mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
-        fill_missing(self.reference, mbs, self.cache)
+        with self._reference() as reference:
+            fill_missing(reference, mbs, self.cache)
         loss = CountedLoss(DPOLoss(self.cache, beta=dpo.beta, label_smoothing=dpo.label_smoothing))
         stats = self.engine.optimizer_step(mbs, loss, len(mine))
         return step_metrics(loss, METRICS, stats)
@@ -82,7 +89,8 @@ class DPOTraining(OfflineAlgorithm):
         data, model, dpo = self.data, self.engine.model, self.config.dpo
         mbs = micro_batches(rank_share(data.valid, self.rank, self.world), self.config.actor.mb_spec, data.pad_id,
                             data.valid[0], self.device)
-        fill_missing(self.reference, mbs, self.valid_cache)
+        with self._reference() as reference:
+            fill_missing(reference, mbs, self.valid_cache)
         model.eval()
         means = WeightedMeans()
         for mb in mbs:
@@ -95,6 +103,11 @@ class DPOTraining(OfflineAlgorithm):
                 means.add({k: float(v) for k, v in stats.items()}, batch.n_pairs)
         keys = ["loss", "rewards/margin", "rewards/accuracy"]
         return {METRICS[k]: v for k, v in means.reduce(keys).items()}
+
+    def _reference(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The frozen reference: its own model, or (LoRA, no other dpo.ref_path) the trained one with its adapter
+        off."""
+        return contextlib.nullcontext(self.reference) if self.reference is not None else adapter_off(self.engine.model)
 
     def extra_state(self) -> dict[str, Any]:
         return {"reference": self.cache.state(), "valid_reference": self.valid_cache.state()}

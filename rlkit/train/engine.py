@@ -239,6 +239,17 @@ class TrainEngine:
         elif bucket:
             yield bucket
 
+    def _checkpoint_options(self, *, loading: bool = False) -> Any:
+        """What a recover checkpoint holds: with LoRA the trainable (adapter) parameters and their optimizer state
+        only; the frozen base is actor.path's, reloaded from there (on a real model it is most of the bytes). Loading
+        sets only those (not strict: the base is not in the state dict; dcp.load has already refused a checkpoint
+        that lacks one of them)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        if not self.config.use_lora:
+            return None
+        return StateDictOptions(ignore_frozen_params=True, strict=not loading)
+
     def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
         """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
         Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
@@ -248,7 +259,7 @@ class TrainEngine:
 
         from rlkit.train.hashing_fs import hashing_writer
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
         writer, fs = hashing_writer(path)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
         if not (dist.is_available() and dist.is_initialized()):
@@ -258,11 +269,14 @@ class TrainEngine:
         return {name: digest for rank in every if rank for name, digest in rank.items()}
 
     def load_sharded(self, path: Path, optimizer_steps: int) -> None:
-        """Load what save_sharded wrote (any rank count that shards the same model); collective."""
+        """Load what save_sharded wrote (any rank count that shards the same model); collective. A LoRA engine loads
+        its trainable parameters only, from an adapter-only checkpoint or from one that holds the whole model too
+        (written before recover checkpoints left the frozen base out)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=self._checkpoint_options(loading=True))
         self.optimizer_steps = optimizer_steps

@@ -108,22 +108,29 @@ class LoopRank0:
                write: Callable[[dict[str, Any], Path], None] | None = None) -> None:
         """The trained model (`actor`) as a Hugging Face checkpoint under checkpoints/`name`: by the algorithm's
         `write` when it has one, else as a causal LM with actor.path's config and the tokenizer the job used
-        (tokenizer_path, else actor.path's; with LoRA, the adapter merged into the base)."""
+        (tokenizer_path, else actor.path's; with LoRA, the adapter merged into the base, and the peft adapter itself
+        in its `adapter/` subdirectory)."""
         from rlkit.train.engine import DTYPES
         from rlkit.weights import hf_export
 
         out_dir = self.paths.checkpoints / name
-        if self.config.actor.use_lora:  # a model on its own (a server's --model, a next stage's actor.path)
-            from rlkit.train.lora import merge_adapter_state
+        actor = self.config.actor
+        also_write: Callable[[Path], object] | None = None
+        if actor.use_lora:  # a model on its own (a server's --model, a next stage's actor.path), its adapter beside
+            from rlkit.train.lora import ADAPTER_DIR, adapter_state, merge_adapter_state, write_adapter
 
-            state = merge_adapter_state(state, self.config.actor)
+            adapter = adapter_state(state)
+            state = merge_adapter_state(state, actor)
+
+            def also_write(directory: Path) -> object:
+                return write_adapter(adapter, actor, actor.path, directory / ADAPTER_DIR)
         # a resume from an older recover checkpoint reaches this step again: the new save replaces the old one
         if write is not None:
             write(state, out_dir)
         else:
             tokenizer = Path(self.config.tokenizer_path) if self.config.tokenizer_path else None
-            hf_export.write_weights(state, Path(self.config.actor.path), out_dir,
-                                    dtype=DTYPES[self.config.actor.dtype], replace=True, tokenizer_dir=tokenizer)
+            hf_export.write_weights(state, Path(actor.path), out_dir, dtype=DTYPES[actor.dtype], replace=True,
+                                    tokenizer_dir=tokenizer, also_write=also_write)
         print(f"rlkit train: saved {out_dir}", flush=True)
 
     def progress(self, step: int, status: str, fields: dict[str, Any]) -> None:

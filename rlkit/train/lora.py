@@ -140,6 +140,20 @@ def export_adapter(model: nn.Module, actor: ActorConfig, base_model: str, out_di
 
 
 _PEFT_ROOT = "base_model.model."
+ADAPTER_DIR = "adapter"  # a LoRA run's saved checkpoint: the merged model, and its adapter in this subdirectory
+
+
+def adapter_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The adapter's tensors of a peft model's FULL state dict, under the names peft saves them by (the adapter name
+    dropped: `...q_proj.lora_A.weight`), what `write_adapter` takes."""
+    renamed = {f".lora_{ab}.{ADAPTER_NAME}.": f".lora_{ab}." for ab in "AB"}
+    adapter: dict[str, Tensor] = {}
+    for key, tensor in state.items():
+        if is_adapter_param(key):
+            for old, new in renamed.items():
+                key = key.replace(old, new)
+            adapter[key] = tensor
+    return adapter
 
 
 def merge_adapter_state(state: dict[str, Tensor], actor: ActorConfig) -> dict[str, Tensor]:

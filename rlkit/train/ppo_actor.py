@@ -8,7 +8,7 @@ penalty, applied before the advantages in rlkit.train.advantage_batch) and its s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +19,7 @@ from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.engine import TrainEngine, actor_model_factory, token_logprobs
 from rlkit.train.kl import kl_estimate
 from rlkit.train.losses import ppo_actor_loss
-from rlkit.train.reference import frozen_reference, needs_reference
+from rlkit.train.reference import adapter_off, frozen_reference, needs_reference
 from rlkit.train.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
 from rlkit.types import Sample
 
@@ -58,16 +58,10 @@ class PPOActor:
         if reference and not self.has_reference:
             raise RuntimeError("no reference model (kl_ctl and kl_loss_coef are 0)")
         model = self.ref if reference and self.ref is not None else self.engine.model
-        with self._adapter_off() if reference and self.ref is None else contextlib.nullcontext():
+        with adapter_off(model) if reference and self.ref is None else contextlib.nullcontext(model):
             return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
                                     temperature=self.temperature if temperature is None else temperature,
                                     mb_spec=self.config.mb_spec)
-
-    @contextlib.contextmanager
-    def _adapter_off(self) -> Iterator[None]:
-        """The LoRA model computing as its frozen base (peft's disable_adapter), i.e. as the reference."""
-        with self.engine.model.disable_adapter():  # type: ignore[operator]
-            yield
 
     def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
                     temperature: float | None = None) -> dict[int, list[float]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlkit.errors import StepError
 from rlkit.train.dist import all_reduce_sum
-from rlkit.train.engine import TrainEngine
+from rlkit.train.engine import TrainEngine, actor_model_factory
 from rlkit.train.loop import LoopContext, StepResult, run_training
 from rlkit.train.offline_epochs import EpochSchedule, check_same_data, data_digest
 from rlkit.train.sft_data import SFTExample, load_sft_dataset, rank_micro_batches
@@ -58,7 +58,8 @@ class SFT:
             raise StepError(f"no training steps: {self.rows} usable rows in {train_ds.path} (dropped by max_length: "
                             f"{self.train.dropped}), train_dataset.batch_size {train_ds.batch_size}")
         self.engine = TrainEngine(config.actor, rank=self.rank, world=self.world, device=self.device,
-                                  total_optimizer_steps=self.total_steps)
+                                  total_optimizer_steps=self.total_steps,
+                                  model_factory=actor_model_factory(config.actor))  # peft-wrapped with use_lora
         self.engines: dict[str, TrainEngine] = {"actor": self.engine}
         self.last: dict[str, float] = {}  # rank 0: the latest metrics, for progress.json
         self.last_eval: dict[str, float] = {}

@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +145,7 @@ def write_weights(
     max_shard_bytes: int = MAX_SHARD_BYTES,
     replace: bool = False,
     tokenizer_dir: Path | None = None,
+    also_write: Callable[[Path], object] | None = None,
 ) -> Path:
     """Write `state_dict` as a complete HF model directory `out_dir` and return it.
 
@@ -156,6 +157,8 @@ def write_weights(
     - tied models: a transformers state dict holds both `model.embed_tokens.weight` and `lm_head.weight` (the same
       tensor). Only the canonical key is written, as `save_pretrained` does; transformers and vLLM tie on load.
       Different values under a tied pair raise `ValueError`.
+    - `also_write(directory)`: more files of the same checkpoint (a LoRA run's `adapter/`), written into the
+      temporary directory, with their own permissions, before the rename
 
     Written into a temporary directory beside `out_dir`, every file fsynced, then renamed to `out_dir` in one step: a
     server never sees a partial version. `out_dir` must not exist yet (`FileExistsError`): a version is immutable.
@@ -205,6 +208,8 @@ def write_weights(
         for item in tmp.iterdir():
             item.chmod(0o644)  # servers may run as another user on the shared filesystem
             fsync_path(item)
+        if also_write is not None:
+            also_write(tmp)  # its files land with the weights, in the same rename
         tmp.chmod(0o755)
         fsync_dir(tmp)
         if replace:

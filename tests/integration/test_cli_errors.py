@@ -435,3 +435,45 @@ def test_valid_ppo_config_renders(ppo_yaml: Path, rlkit_home: Path) -> None:
     result = run_rlkit("render", str(ppo_yaml))
     assert result.returncode == 0, result.stderr
     assert "job type ppo:" in result.stdout and "rlkit.train.ppo" not in result.stderr
+
+
+@pytest.fixture
+def model_with_weights(fake_model: Path) -> Path:
+    """The stand-in model with a safetensors header naming a Qwen-like layer's weights (the LoRA target check reads
+    only the header; the weights are never loaded at submit)."""
+    import struct
+
+    names = [f"model.layers.0.{m}.weight" for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")]
+    header = json.dumps({n: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                         for i, n in enumerate(names)}).encode()
+    (fake_model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(4 * len(names)))
+    return fake_model
+
+
+LORA = ["actor.use_lora=true", "actor.target_modules=[q_proj,v_proj]"]
+LORA_MISTAKES = [
+    pytest.param("rw", LORA, ["actor.use_lora is set, but job type rw trains a reward model: a scalar value head"],
+                 id="rw-with-lora"),
+    pytest.param("sft", [*LORA, "actor.lora_rank=0"], ["actor.lora_rank: 0 must be a positive integer"],
+                 id="sft-lora-rank-zero"),
+    pytest.param("dpo", [*LORA, "actor.target_modules=[q_proj,qkv_proj]"],
+                 ["actor.target_modules: qkv_proj is not a module of the model at"], id="dpo-lora-unknown-module"),
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("job", "overrides", "says"), LORA_MISTAKES)
+def test_bad_lora_configs_of_trainer_only_jobs_change_nothing(pairs_yaml: Path, sft_yaml: Path,
+                                                              model_with_weights: Path, rlkit_home: Path,
+                                                              tmp_path: Path, job: str, overrides: list[str],
+                                                              says: list[str]) -> None:
+    yaml = sft_yaml if job == "sft" else pairs_yaml
+    # the same config with a sound LoRA section is valid: a trainer-only job takes what a server could not serve
+    # (a rank above vLLM's 512, weight_update_mode xccl), since only merged checkpoints leave it
+    valid = [f"type={job}", *LORA, "actor.lora_rank=600", "actor.weight_update_mode=xccl"]
+    if job != "rw":
+        assert run_rlkit("render", str(yaml), *valid).returncode == 0, "the LoRA fixture itself is valid"
+    before = _test_jobs()
+    result = run_rlkit("submit", str(yaml), f"type={job}", *overrides)
+    assert_refused_whole(result, says, tmp_path, rlkit_home)
+    assert _test_jobs() == before

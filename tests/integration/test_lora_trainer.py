@@ -168,15 +168,24 @@ stats = [train(policy) for _ in range(2)]
 reference_after = policy.logprobs_at(samples, reference=True)
 trained = policy.logprobs_at(samples)
 policy.engine.save_sharded(__import__("pathlib").Path(out) / "ckpt")
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+model_sd, optim_sd = get_state_dict(policy.engine.model, policy.engine.optimizer)  # the former format: base too
+dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=out + "/full")
+saved = list(dcp.FileSystemReader(out + "/ckpt").read_metadata().state_dict_metadata)
 resumed = build()
 resumed.engine.load_sharded(__import__("pathlib").Path(out) / "ckpt", policy.engine.optimizer_steps)
+from_full = build()
+from_full.engine.load_sharded(__import__("pathlib").Path(out) / "full", policy.engine.optimizer_steps)
 at_resume = (policy.engine.probe_logprobs(probe), resumed.engine.probe_logprobs(probe))
+full_resume = from_full.engine.probe_logprobs(probe)
 train(policy), train(resumed)  # the same next step: the optimizer state came back too
 after_next = (policy.engine.probe_logprobs(probe), resumed.engine.probe_logprobs(probe))
 adapter = [b for b in iter_adapter_buckets(policy.engine.model)]
 if env.rank == 0:
     json.dump({"initial": initial, "reference_after": reference_after, "trained": trained, "stats": stats,
-               "at_resume": at_resume, "after_next": after_next, "adapter": sorted(adapter[0])},
+               "at_resume": at_resume, "after_next": after_next, "adapter": sorted(adapter[0]),
+               "saved": saved, "full_resume": full_resume},
               open(out + "/engine.json", "w"))
 torch.distributed.destroy_process_group()
 print(f"rank {env.rank} done", flush=True)
@@ -188,8 +197,9 @@ def test_lora_engine_trains_against_its_adapterless_reference_and_resumes(tiny_m
                                                                           tmp_path: Path) -> None:
     """The loop's TrainEngine with the LoRA model factory, as the GRPO trainer builds it (2 gloo ranks, gradient
     checkpointing): the KL reference is the model with its adapter off, so it stays the initial model while the
-    adapter trains; a recover checkpoint (save_sharded/load_sharded, the frozen base included) resumes to the same
-    weights and, after one more step, still the same (optimizer state restored)."""
+    adapter trains; a recover checkpoint (save_sharded/load_sharded: the adapter and its optimizer state, not the frozen
+    base) resumes to the same weights and, after one more step, still the same (optimizer state restored); a
+    checkpoint in the former format (the whole peft model) still loads."""
     out = tmp_path / "engine"
     out.mkdir()
     run_ranks(2, ["-c", ENGINE_WORKER, str(tiny_model_dir), str(out)])
@@ -206,3 +216,6 @@ def test_lora_engine_trains_against_its_adapterless_reference_and_resumes(tiny_m
     assert back == pytest.approx(now, abs=1e-5)
     assert max(abs(a - b) for a, b in zip(result["at_resume"][0], now, strict=True)) > 1e-4
     assert result["adapter"] and all(".lora_A." in k or ".lora_B." in k for k in result["adapter"])
+    params = [k for k in result["saved"] if k.startswith("model.")]
+    assert params and all(".lora_A." in k or ".lora_B." in k for k in params), params  # no frozen base weight
+    assert result["full_resume"] == pytest.approx(result["at_resume"][0], abs=1e-6)

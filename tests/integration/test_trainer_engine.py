@@ -29,7 +29,8 @@ model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
 actor = ActorConfig(path=model, dtype="float32", gradient_checkpointing=opts.get("ckpt", False), attn_impl="sdpa",
                     group_size=4, ppo_n_minibatches=2, kl_loss_coef=opts.get("kl", 0.0),
-                    kl_ctl=opts.get("kl_ctl", 0.0), use_decoupled_loss=opts.get("decoupled", False))
+                    kl_ctl=opts.get("kl_ctl", 0.0), use_decoupled_loss=opts.get("decoupled", False),
+                    use_lora=opts.get("lora", False), lora_rank=8, lora_alpha=16, target_modules=["all-linear"])
 actor.optimizer.type = "sgd"
 actor.optimizer.lr = 0.5
 actor.optimizer.weight_decay = 0.0
@@ -74,6 +75,11 @@ else:
     adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
+if actor.use_lora and env.rank == 0:  # only the adapter trained; compared as the merged model a checkpoint holds
+    from rlkit.train.lora import is_adapter_param, merge_adapter_state
+    trainable = [n for n, p in policy.engine.model.named_parameters() if p.requires_grad]
+    assert trainable and all(is_adapter_param(n) for n in trainable), trainable
+    state = merge_adapter_state(state, actor)
 if env.rank == 0:
     save_file({k: v.contiguous() for k, v in state.items()}, out + "/weights.safetensors")
     json.dump({"stats": stats, "old": old, "at_half": at_half,
@@ -108,9 +114,12 @@ KL = {"mb_tokens": 24, "kl": 0.1, "kl_ctl": 0.05, "decoupled": True, "ckpt": Tru
 # PPO's batch: a critic's values feed GAE, then the critic takes two clipped value-loss steps of its own (eps_clip
 # small enough that the clip decides some tokens in the second minibatch).
 CRITIC = {"mb_tokens": 24, "critic": True}
+# Job type ppo with actor.use_lora: a LoRA actor (adapters only) beside a critic that trains its whole model.
+LORA_CRITIC = {**CRITIC, "lora": True}
 
 
-@pytest.mark.parametrize("opts", [{}, KL, CRITIC], ids=["plain", "microbatched-kl", "critic"])
+@pytest.mark.parametrize("opts", [{}, KL, CRITIC, LORA_CRITIC], ids=["plain", "microbatched-kl", "critic",
+                                                                     "lora-actor-full-critic"])
 def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: dict[str, object]) -> None:
     one = _run(1, tiny_model_dir, tmp_path / "one", opts)
     two = _run(2, tiny_model_dir, tmp_path / "two", opts)
@@ -143,6 +152,10 @@ def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: di
         assert "actor/kl_reward" not in s1 and "actor/behav_filtered_fraction" not in s1
     if opts.get("critic"):
         _assert_critics_equal(tiny_model_dir, tmp_path, s1, s2)
+    if opts.get("lora"):  # the critic never takes the actor's LoRA setting: its backbone trained too
+        critic = _weights(tmp_path / "one", "critic")
+        q_proj = "model.layers.0.self_attn.q_proj.weight"
+        assert float((critic[q_proj] - before[q_proj]).abs().max()) > 1e-5
 
 
 def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:

@@ -107,6 +107,23 @@ def test_every_evaluator_problem_is_collected_at_once(tmp_path: Path) -> None:
     assert len(problems) == 4, problems
 
 
+def test_ppo_takes_grpos_evaluator_sections_and_checks() -> None:
+    """Job type ppo runs GRPO's evaluator (rlkit.train.ppo subclasses rlkit.train.grpo): its sections are accepted
+    and checked the same way."""
+    from rlkit.jobs import job_type_for
+
+    grpo, ppo = job_type_for("grpo"), job_type_for("ppo")
+    assert {"valid_dataset", "evaluator", "eval_gconfig"} <= set(ppo.sections) & set(grpo.sections)
+    config = config_from_mapping({"experiment_name": "e", "trial_name": "t", "type": "ppo",
+                                  "allocation_mode": "vllm:d1+fsdp:d1"},
+                                 ["evaluator.freq_steps=0", "eval_gconfig.n_samples=0"])
+    problems = Problems()
+    ppo.validate(config, None, problems)
+    found = [str(e) for e in problems.errors]
+    for expected in ("evaluator.freq_steps must be at least 1", "eval_gconfig.n_samples must be at least 1"):
+        assert any(expected in m for m in found), found
+
+
 # --- one evaluation ---------------------------------------------------------------------------------------------
 
 class _Servers:

@@ -102,4 +102,11 @@ def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate
     config = load_config(generate_yaml, [f"type={name}", f"allocation_mode={_layout(job)}", "actor.use_lora=true",
                                          "actor.target_modules=[q_proj]"])
     messages = [str(e) for e in validate(config).problems.errors]
-    assert any(f"job type {name} does not train LoRA adapters" in m for m in messages), messages
+    reason = job.no_lora or "does not train LoRA adapters"
+    assert any(f"actor.use_lora is set, but job type {name} {reason}" in m for m in messages), messages
+
+
+def test_lora_job_types_and_rw_says_why_it_has_none() -> None:
+    """sft, dpo, grpo and ppo train adapters; rw refuses with its own reason (a value head trained whole)."""
+    assert {job.name for job in registered_job_types() if job.lora} == {"grpo", "ppo", "sft", "dpo"}
+    assert "value head" in job_type_for("rw").no_lora

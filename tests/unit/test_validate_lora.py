@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import struct
+from pathlib import Path
+
 import pytest
 
+from rlkit.config.model_modules import tensor_names
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.validate_lora import server_lora_rank, validate_lora
@@ -70,6 +75,9 @@ def test_trainer_only_and_unparsable_allocations_skip_the_server_checks() -> Non
     config = lora_config()
     config.allocation_mode = "fsdp:d2"
     assert messages(config) == []
+    # no servers (sft, dpo): no adapter goes anywhere, so neither the transport nor vLLM's rank limit applies
+    config.actor.weight_update_mode, config.actor.lora_rank = "xccl", 600
+    assert messages(config) == []
     config.allocation_mode = "nonsense"
     assert messages(config) == []  # reported by the allocation check, not twice
 
@@ -78,3 +86,41 @@ def test_server_rank_is_the_smallest_vllm_rank_that_holds_the_adapter() -> None:
     assert [server_lora_rank(r) for r in (1, 2, 8, 9, 32, 33, 300, 512)] == [1, 8, 8, 16, 32, 64, 320, 512]
     with pytest.raises(ValueError, match="512"):
         server_lora_rank(513)
+
+
+def _fake_weights(model: Path, names: list[str], file: str = "model.safetensors") -> None:
+    """A safetensors file whose header names `names` (the weights themselves are never read by the check)."""
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    header = json.dumps({n: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                         for i, n in enumerate(names)}).encode()
+    (model / file).write_bytes(struct.pack("<Q", len(header)) + header + bytes(4 * len(names)))
+
+
+QWEN_NAMES = [*(f"model.layers.{i}.{m}.weight" for i in range(2)
+                for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")),
+              "model.norm.weight", "lm_head.weight"]
+
+
+def test_target_modules_are_checked_against_the_models_safetensors(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    _fake_weights(model, QWEN_NAMES)
+    assert messages(lora_config(path=str(model), target_modules=["q_proj", "self_attn.v_proj", "up_proj"])) == []
+    assert messages(lora_config(path=str(model), target_modules=["all-linear"])) == []
+    [message] = messages(lora_config(path=str(model), target_modules=["q_proj", "qkv_proj", "gate_proj"]))
+    assert message.startswith("actor.target_modules: qkv_proj, gate_proj are not a module of the model at")
+    assert "q_proj, up_proj, v_proj" in message  # the hint lists the model's own modules
+
+
+def test_sharded_and_unreadable_weights(tmp_path: Path) -> None:
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(QWEN_NAMES, "a")}))
+    assert tensor_names(str(sharded)) == QWEN_NAMES
+    [message] = messages(lora_config(path=str(sharded), target_modules=["k_proj"]))
+    assert "k_proj is not a module" in message
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    (hostile / "model.safetensors").write_bytes(struct.pack("<Q", 2**62) + b"{}")  # a header size no model has
+    assert tensor_names(str(hostile)) is None and messages(lora_config(path=str(hostile))) == []
+    assert tensor_names(str(tmp_path / "nothing-here")) is None and tensor_names("Qwen/Qwen3-0.6B") is None
