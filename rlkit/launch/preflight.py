@@ -89,7 +89,9 @@ def read_partition(name: str) -> tuple[Partition | None, list[str]]:
     wanted = [r for r in records if (r.get("PartitionName") == name if name else r.get("Default") == "YES")]
     if not wanted:
         return None, names
-    node_text = slurm.run_readonly(["scontrol", "show", "node", "--oneliner"]) or ""
+    members = wanted[0].get("Nodes", "")
+    which = [members] if members and members not in ("ALL", "(null)") else []  # only its nodes, on a big cluster
+    node_text = slurm.run_readonly(["scontrol", "show", "node", *which, "--oneliner"]) or ""
     return partition_of(wanted[0], slurm.parse_scontrol_records(node_text)), names
 
 
