@@ -187,9 +187,12 @@ class GenerateConfig:
 class RewardConfig:
     """How completions are scored."""
 
-    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, or module.path:function "
-                 "called as fn(prompt, completion, row) -> float.")
+    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, reward_model (a trained "
+                 "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
+                 "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
+    reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
+                                "checkpoints/final directory); completions are scored by it on trainer rank 0.")
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.")
 
 

@@ -17,6 +17,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, get_field
 from rlkit.config.site_files import check_dataset_file
 from rlkit.config.validate_algo import validate_algorithm
+from rlkit.config.validate_reward_model import validate_reward_model
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 
@@ -40,7 +41,8 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
 
     with problems.check():
-        resolve_reward_fn(config.reward.fn, config.reward.answer_key)
+        resolve_reward_fn(config.reward.fn, config.reward.answer_key, config.reward.reward_model_path)
+    validate_reward_model(config, problems)
     if config.reward.timeout <= 0:
         problems.add(f"reward.timeout must be positive (got {config.reward.timeout})")
     if g.temperature <= 0:

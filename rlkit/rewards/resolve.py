@@ -12,6 +12,7 @@ from typing import Any
 
 from rlkit.errors import ConfigError
 from rlkit.rewards.builtin import BUILTINS
+from rlkit.rewards.model_reward import REWARD_MODEL, make_reward_model_reward
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 
@@ -19,12 +20,18 @@ _FORM = "module.path:function, called as fn(prompt, completion, row) -> float"
 
 
 def _choices() -> str:
-    return ", ".join(sorted(BUILTINS))
+    return ", ".join(sorted([*BUILTINS, REWARD_MODEL]))
 
 
-def resolve_reward_fn(spec: str, answer_key: str) -> RewardFn:
-    """The reward function named by `spec`; every mistake raises ConfigError saying what is wrong and how to fix it."""
+def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "") -> RewardFn:
+    """The reward function named by `spec`; every mistake raises ConfigError saying what is wrong and how to fix it.
+    `reward_model_path`: the model of the built-in `reward_model` (its directory is checked in rlkit.config)."""
     spec = spec.strip()
+    if spec == REWARD_MODEL:
+        if not reward_model_path:
+            raise ConfigError("reward.fn is reward_model but reward.reward_model_path is empty",
+                              hint="set reward.reward_model_path to the checkpoints/final directory of an rw trial")
+        return make_reward_model_reward(reward_model_path)
     if spec in BUILTINS:
         return BUILTINS[spec](answer_key)
     if ":" not in spec:

@@ -71,6 +71,7 @@ class Rank0:
                  steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards import resolve_reward_fn
+        from rlkit.rewards.model_reward import REWARD_MODEL
         from rlkit.rewards.runner import RewardRunner
         from rlkit.servers.backend import SamplingParams
 
@@ -81,8 +82,10 @@ class Rank0:
         assert alloc.server is not None
         self.backend = alloc.server.backend
         g = config.gconfig
-        self.reward = RewardRunner(resolve_reward_fn(config.reward.fn, config.reward.answer_key),
-                                   config.reward.timeout)
+        reward = config.reward
+        # a reward model is loaded in every worker: one worker, one copy of it
+        self.reward = RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path),
+                                   reward.timeout, workers=1 if reward.fn.strip() == REWARD_MODEL else 4)
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
         self.version = int(resumed["version"]) if resumed is not None else 0
         self.consumed = (recover.expand_positions(resumed["consumed_prefix"], resumed["consumed_extra"])

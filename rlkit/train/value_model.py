@@ -26,7 +26,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-HEAD_NOTE = "rlkit_value_head.json"
+from rlkit.config.validate_reward_model import VALUE_HEAD_NOTE as HEAD_NOTE
+
 HEAD_SEED = 0
 Kind = Literal["reward", "critic"]
 _NOT_COPIED = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".index.json")

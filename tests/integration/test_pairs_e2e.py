@@ -109,3 +109,68 @@ def test_dpo_raises_the_heldout_chosen_over_rejected_margin(pair_runs: dict[str,
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(trial / "checkpoints" / "final")  # the saver wrote a causal LM
+
+
+def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
+        pair_runs: dict[str, dict[str, object]], tmp_path: Path) -> None:
+    """`reward.fn: reward_model` on rw's checkpoints/final, through the RewardRunner a GRPO trainer uses: each
+    held-out (prompt, answer) scores what the rw model gives that sequence, and chosen answers beat rejected ones as
+    often as the job's last evaluation said. The submit-time check takes this directory and refuses the base model
+    and the dpo trial's causal LM."""
+    import asyncio
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlkit.config.load import config_from_mapping
+    from rlkit.config.problems import Problems
+    from rlkit.config.validate_reward_model import validate_reward_model
+    from rlkit.rewards import resolve_reward_fn
+    from rlkit.rewards.runner import RewardRunner
+    from rlkit.train.value_model import load_value_model, token_values
+
+    run = pair_runs["rw"]
+    final = Path(str(run["trial"])) / "checkpoints" / "final"
+    rows = [json.loads(line) for line in Path(str(run["held_out"])).read_text().splitlines()]
+    runner = RewardRunner(resolve_reward_fn("reward_model", "answer", str(final)), timeout=60, workers=1)
+
+    async def score_all() -> list[tuple[float, float]]:
+        out = []
+        for row in rows:
+            chosen = await runner.score(row["prompt"], row["chosen"], row)
+            rejected = await runner.score(row["prompt"], row["rejected"], row)
+            assert chosen.error is None and rejected.error is None, (chosen, rejected)
+            out.append((chosen.value, rejected.value))
+        return out
+
+    try:
+        scores = asyncio.run(score_all())
+    finally:
+        runner.close()
+    accuracy = sum(c > r for c, r in scores) / len(scores)
+    trained = _metrics(Path(str(run["trial"])))[-1]["eval/accuracy"]
+    assert abs(accuracy - trained) < 1e-6, (accuracy, trained)
+
+    tokenizer, model = AutoTokenizer.from_pretrained(final), load_value_model(final).eval()
+    ids = tokenizer.encode(rows[0]["prompt"] + rows[0]["chosen"], add_special_tokens=False)
+    prompt_len = len(tokenizer.encode(rows[0]["prompt"], add_special_tokens=False))
+    ids = ids[:prompt_len] + tokenizer.encode(rows[0]["chosen"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    with torch.no_grad():
+        direct = token_values(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0, -1].item()
+    assert abs(direct - scores[0][0]) < 1e-4, (direct, scores[0][0])
+
+    def problems_for(path: Path) -> list[str]:
+        config = config_from_mapping({"experiment_name": "e", "trial_name": "t", "type": "grpo",
+                                      "allocation_mode": "vllm:d1+fsdp:d1",
+                                      "actor": {"path": str(run["model"])},
+                                      "reward": {"fn": "reward_model", "reward_model_path": str(path)}})
+        problems = Problems()
+        validate_reward_model(config, problems)
+        return [e.message for e in problems.errors]
+
+    assert problems_for(final) == []
+    assert "is not a reward model written by job type rw (no rlkit_value_head.json)" in problems_for(
+        Path(str(run["model"])))[0]
+    dpo_final = Path(str(pair_runs["dpo"]["trial"])) / "checkpoints" / "final"
+    assert "is not a reward model written by job type rw" in problems_for(dpo_final)[0]
+    assert "is not a directory" in problems_for(tmp_path / "nothing")[0]
