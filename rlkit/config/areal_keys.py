@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 
 from rlkit.config.areal_rules import (
-    Value,
     Rule,
+    Value,
     derived,
     inert,
     inert_if,

@@ -154,6 +154,16 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """actor.group_size given nowhere: `${gconfig.n_samples}`, the only value validation accepts (a group is the
+    completions of one prompt), and what AReaL's current configs, which no longer have the key, mean."""
+    actor, over = data.get("actor"), overrides.get("actor")
+    if any(isinstance(s, dict) and "group_size" in s for s in (actor, over)) or (actor is not None and \
+            not isinstance(actor, dict)):
+        return
+    data["actor"] = {**(actor or {}), "group_size": "${gconfig.n_samples}"}
+
+
 @functools.cache
 def _schema() -> DictConfig:
     """The schema as an OmegaConf tree, built once per process (merging copies it, never changes it)."""
@@ -198,6 +208,7 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
     override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
     found = merge_found(found, found_in_overrides)
     apply_layout(found, data, override_tree, raw, problems)
+    _default_group_size(data, override_tree)
     untyped = missing_type(data, override_tree) if require_type else None
     if untyped is not None:
         problems.errors.append(untyped)

@@ -126,7 +126,9 @@ AREAL_KEYS = {
     ),
     "evaluator": "experiment_name trial_name fileroot freq_epochs freq_steps freq_secs eval_before_train",
     "stats_logger": "experiment_name trial_name fileroot wandb swanlab tensorboard trackio",
-    "stats_logger.wandb": "mode wandb_base_url wandb_api_key entity project name job_type group notes tags config id_suffix",
+    "stats_logger.wandb": (
+        "mode wandb_base_url wandb_api_key entity project name job_type group notes tags config id_suffix"
+    ),
     "stats_logger.swanlab": "project name config logdir mode api_key",
     "stats_logger.tensorboard": "path",
     "stats_logger.trackio": "mode project name space_id",
@@ -367,3 +369,13 @@ def test_a_missing_type_names_the_types_the_config_fits(model: Path) -> None:
 def test_an_obvious_generate_job_needs_no_type(data: dict[str, Any]) -> None:
     problems, _, config = _compose({"experiment_name": "e", "trial_name": "t", **data}, require_type=True)
     assert problems.ok() and config.type == "generate"
+
+
+def test_group_size_left_out_is_the_number_of_samples(model: Path) -> None:
+    """AReaL's current configs have no actor.group_size: a group is the completions of one prompt."""
+    _, _, config = _compose(_grpo(model))
+    assert config is not None and config.actor.group_size == 4
+    _, _, config = _compose(_grpo(model), ["gconfig.n_samples=2"])
+    assert config is not None and config.actor.group_size == 2
+    _, _, config = _compose(_grpo(model, actor={"group_size": 3}))
+    assert config is not None and config.actor.group_size == 3, "a given value is kept (validation judges it)"
