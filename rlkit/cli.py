@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import typer
 from rich.console import Console
 
 from rlkit.errors import SlurmError, StepError, UserError, each_error
+
+if TYPE_CHECKING:
+    from rlkit.config.areal_accept import AcceptedKey
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
@@ -57,6 +60,7 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
         return
     prepared = prepare(config, overrides or [], preflight=preflight)
     submitted = do_submit(prepared, force=force)
+    _areal_notice(prepared.areal_keys)
     record = submitted.record
     if submitted.archived is not None:
         out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
@@ -120,6 +124,7 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
         prepared = prepare(config, overrides or [], dry_run=not strict)
         sys.stdout.write(prepared.script)
         warnings, scripts = list(prepared.warnings), [prepared.script]
+        _areal_notice(prepared.areal_keys)
     for warning in warnings:
         err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
     if warnings:
@@ -128,6 +133,17 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
     if test_only:
         for script in scripts:
             err.print(slurm.sbatch_test_only(script))
+
+
+def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
+    """The one notice of AReaL keys accepted without use (stderr: render's stdout is the script)."""
+    from rlkit.config.areal_accept import notice_lines
+
+    lines = notice_lines(keys)
+    if lines:
+        err.print(f"[bold cyan]notice:[/bold cyan] {lines[0]}", highlight=False)
+        for line in lines[1:]:
+            err.print(line, highlight=False, markup=False)
 
 
 @app.command()

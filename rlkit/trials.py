@@ -137,11 +137,19 @@ def attempts(paths: TrialPaths) -> list[dict[str, object]]:
     return []
 
 
+AREAL_KEYS_FIELD = "areal_keys_not_used"  # manifest.json: AReaL keys accepted without use, and why
+
+
 def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cwd: Path,
-                   kind: str = "submit", cluster_name: str = "", after_ok: str = "") -> None:
-    """Record what was submitted: job id, time, cluster name, rlkit version, git revision, each role's image, and
-    the attempts (a resume adds one; a plain submit starts the list afresh)."""
+                   kind: str = "submit", cluster_name: str = "", after_ok: str = "",
+                   areal_keys: list[dict[str, Any]] | None = None) -> None:
+    """Record what was submitted: job id, time, cluster name, rlkit version, git revision, each role's image, the
+    attempts (a resume adds one; a plain submit starts the list afresh), and the AReaL keys the config gave that
+    rlkit accepted without using them (`areal_keys`, with their reasons; a resume keeps the submit's)."""
     now = time.time()
+    if kind == "resume" and areal_keys is None:
+        kept = read_manifest(paths).get(AREAL_KEYS_FIELD)
+        areal_keys = kept if isinstance(kept, list) else None
     history = attempts(paths) if kind == "resume" else []
     history.append({"job_id": job_id, "submitted_at": now, "kind": kind})
     if after_ok:  # a later stage of a multi-stage run: it waited for this job
@@ -155,6 +163,8 @@ def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cw
         "git_revision": _git_revision(cwd),
         "images": {role: _image_facts(image) for role, image in images.items()},
     }
+    if areal_keys:
+        manifest[AREAL_KEYS_FIELD] = areal_keys
     write_atomic(paths.manifest, json.dumps(manifest, indent=2) + "\n")
 
 

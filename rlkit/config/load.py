@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import difflib
 import functools
-import typing
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,32 +19,14 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from rlkit.config.areal_accept import AcceptedKey, judge, merge_found, split_areal_keys
+from rlkit.config.areal_layout import apply_layout
+from rlkit.config.job_type_guess import missing_type
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_walk import schema_paths, section_type
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
-
-
-def schema_paths(cls: type = ExperimentConfig, prefix: str = "") -> list[str]:
-    """Every dotted field path of the schema, sections included."""
-    paths: list[str] = []
-    for f in dataclasses.fields(cls):
-        path = f"{prefix}{f.name}"
-        paths.append(path)
-        section = _section(cls, f.name)
-        if section is not None:
-            paths.extend(schema_paths(section, prefix=f"{path}."))
-    return paths
-
-
-def _section(cls: type, name: str) -> type | None:
-    """The dataclass type of a nested section field, or None for a leaf."""
-    default = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
-    if default is dataclasses.MISSING:  # an optional section (`NormConfig | None = None`) is one too
-        hint = typing.get_type_hints(cls)[name]
-        return next((a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
-    value = default()
-    return type(value) if dataclasses.is_dataclass(value) else None
 
 
 def _did_you_mean(full_key: str) -> str:
@@ -137,7 +118,7 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
     if not isinstance(data, dict):
         return
     for f in dataclasses.fields(cls):
-        section = _section(cls, f.name)
+        section = section_type(cls, f.name)
         if section is None or f.name not in data:
             continue
         value = data[f.name]
@@ -164,6 +145,25 @@ def _drop(data: dict[str, Any], full_key: str) -> bool:
     return True
 
 
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, mapping by mapping (an override `actor.path=...` keeps the file's other actor keys)."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        merged[key] = _deep_merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
+def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """actor.group_size given nowhere: `${gconfig.n_samples}`, the only value validation accepts (a group is the
+    completions of one prompt), and what AReaL's current configs, which no longer have the key, mean."""
+    actor, over = data.get("actor"), overrides.get("actor")
+    if any(isinstance(s, dict) and "group_size" in s for s in (actor, over)) or (actor is not None and \
+            not isinstance(actor, dict)):
+        return
+    data["actor"] = {**(actor or {}), "group_size": "${gconfig.n_samples}"}
+
+
 @functools.cache
 def _schema() -> DictConfig:
     """The schema as an OmegaConf tree, built once per process (merging copies it, never changes it)."""
@@ -186,23 +186,35 @@ def _merge_all(cfg: DictConfig, data: dict[str, Any], origin: str, problems: Pro
         return merged
 
 
-def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems) -> DictConfig | None:
+def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems,
+            accepted: list[AcceptedKey] | None = None, require_type: bool = False) -> DictConfig | None:
     """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
-    `problems`. None when no typed config can be built (a required field missing, a reference unresolvable)."""
+    `problems`. None when no typed config can be built (a required field missing, a reference unresolvable).
+    AReaL's keys that rlkit lacks are judged (rlkit.config.areal_accept): refusals go to `problems`, the keys
+    accepted without being used to `accepted`. `require_type`: a user's file must set `type` unless it is obviously
+    a generate job (rlkit.config.job_type_guess; programmatic mappings keep the schema's default)."""
     cfg = _schema()
+    override_tree: dict[str, Any] = {}
+    with problems.check():
+        override_tree = cast(dict[str, Any], OmegaConf.to_container(parse_overrides(overrides)))
     with problems.check():
         _check_sections(data, ExperimentConfig, "", f"in {source}")
-    override_cfg = None
     with problems.check():
-        override_cfg = parse_overrides(overrides)
-        _check_sections(OmegaConf.to_container(override_cfg), ExperimentConfig, "", "in a command-line override")
+        _check_sections(override_tree, ExperimentConfig, "", "in a command-line override")
     if not problems.ok():
         return None  # a section given as a value, or an unreadable override: nothing sensible to merge
-    assert override_cfg is not None
+    raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
+    data, found = split_areal_keys(data, f"in {source}", problems)
+    override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
+    found = merge_found(found, found_in_overrides)
+    apply_layout(found, data, override_tree, raw, problems)
+    _default_group_size(data, override_tree)
+    untyped = missing_type(data, override_tree) if require_type else None
+    if untyped is not None:
+        problems.errors.append(untyped)
     cfg = _merge_all(cfg, data, f"in {source}", problems)
-    if overrides:
-        cfg = _merge_all(cfg, cast(dict[str, Any], OmegaConf.to_container(override_cfg)),
-                         "in a command-line override", problems)
+    if override_tree:
+        cfg = _merge_all(cfg, override_tree, "in a command-line override", problems)
     missing = sorted(OmegaConf.missing_keys(cfg))
     for key in missing:
         problems.add(f"required field '{key}' is not set", hint=f"add it to {source} or pass {key}=... on the "
@@ -214,14 +226,21 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
     except OmegaConfBaseException as exc:
         problems.errors.append(_explain(exc, "while resolving ${...} references"))
         return None
+    if found:
+        keys = judge(found, cfg, cast(ExperimentConfig, OmegaConf.to_object(cfg)), problems)
+        if accepted is not None:
+            accepted.extend(keys)
     return cfg
 
 
-def load_config_collecting(path: str | Path, overrides: list[str], problems: Problems) -> ExperimentConfig | None:
-    """Load an experiment YAML with overrides, adding every schema problem to `problems`; None when no typed
-    config could be built. A missing or unparsable file is raised at once (there is nothing else to check)."""
+def load_config_collecting(path: str | Path, overrides: list[str], problems: Problems,
+                           accepted: list[AcceptedKey] | None = None) -> ExperimentConfig | None:
+    """Load an experiment YAML with overrides, adding every schema problem to `problems` (and AReaL's keys accepted
+    without use to `accepted`); None when no typed config could be built. A missing or unparsable file is raised at
+    once (there is nothing else to check)."""
     path = Path(path)
-    return typed_config(compose(read_yaml(path), list(overrides), source=str(path), problems=problems))
+    return typed_config(compose(read_yaml(path), list(overrides), source=str(path), problems=problems,
+                                accepted=accepted, require_type=True))
 
 
 def typed_config(cfg: DictConfig | None) -> ExperimentConfig | None:

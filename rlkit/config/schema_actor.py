@@ -94,7 +94,8 @@ class ActorConfig:
         None, "Warn (trainer log, rlkit status) when a server's mean |logprob difference| from the trainer over a "
         "step's rollout tokens sampled at the current weight version exceeds this; None: 1e-2 when servers and "
         "trainer run float32, 0.1 otherwise.")
-    group_size: int = _f(1, "Completions per prompt in one GRPO group (set it equal to gconfig.n_samples).")
+    group_size: int = _f(1, "Completions per prompt in one GRPO group: gconfig.n_samples (what a config that "
+                         "leaves it out gets, as in AReaL's current configs).")
     ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).")
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")
     eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlkit.config.allocation import canonical_mode
+from rlkit.config.areal_accept import AcceptedKey
 from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
@@ -36,13 +37,15 @@ from rlkit.trials import (
 @dataclass(frozen=True)
 class Prepared:
     """A config that passed every check, with its plan and script (nothing written yet). `warnings`: problems with
-    the site's files that a dry run tolerated (always empty for a submit)."""
+    the site's files that a dry run tolerated (always empty for a submit). `areal_keys`: AReaL keys of the config
+    accepted without being used (the one notice; recorded in the manifest)."""
 
     config: ExperimentConfig
     plan: JobPlan
     script: str
     paths: TrialPaths
     warnings: tuple[ConfigError, ...] = ()
+    areal_keys: tuple[AcceptedKey, ...] = ()
 
 
 def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
@@ -51,16 +54,18 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
     ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead. `preflight`:
     also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others)."""
     problems = Problems()
-    config = load_config_collecting(config_path, overrides, problems)
+    areal_keys: list[AcceptedKey] = []
+    config = load_config_collecting(config_path, overrides, problems, areal_keys)
     if config is None:
         problems.raise_if_any()
     assert config is not None
     return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in,
-                          preflight=preflight)
+                          preflight=preflight, areal_keys=tuple(areal_keys))
 
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
-                   dry_run: bool = False, model_stand_in: str = "", preflight: bool = False) -> Prepared:
+                   dry_run: bool = False, model_stand_in: str = "", preflight: bool = False,
+                   areal_keys: tuple[AcceptedKey, ...] = ()) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
     model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
     checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
@@ -93,7 +98,7 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     problems.raise_if_any(allow_site=dry_run)
     assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
-    return Prepared(config, plan, render_script(plan), paths, tuple(problems.site_warnings()))
+    return Prepared(config, plan, render_script(plan), paths, tuple(problems.site_warnings()), areal_keys)
 
 
 def _drop_repeats(problems: Problems) -> None:
@@ -157,7 +162,8 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
     write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
-                   cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name, after_ok=after_ok)
+                   cwd=Path.cwd(), kind=kind, cluster_name=config.cluster.cluster_name, after_ok=after_ok,
+                   areal_keys=[key.to_dict() for key in prepared.areal_keys] or None)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
     return Submitted(record, archived)

@@ -1,0 +1,42 @@
+"""Facts read torch-free from a local model's config.json on the login node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlkit.config.site_files import is_local_path
+
+_CONFIG_LIMIT = 16 * 2**20  # a config.json larger than this is not a model's
+
+
+def _dropouts(node: Any) -> list[float]:
+    """Every numeric dropout probability of a (nested) model config: keys naming dropout or `pdrop` (GPT-2)."""
+    found: list[float] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, (dict, list)):
+                found += _dropouts(value)
+            elif (("dropout" in str(key) or "pdrop" in str(key)) and isinstance(value, (int, float))
+                  and not isinstance(value, bool)):
+                found.append(float(value))
+    elif isinstance(node, list):
+        for item in node:
+            found += _dropouts(item)
+    return found
+
+
+def dropout_free(model_dir: str) -> bool | None:
+    """True when the model's config.json sets every dropout probability to 0 (the model has no active dropout),
+    False when one is not 0, None when there is no local config.json to read."""
+    if not is_local_path(model_dir):
+        return None
+    path = Path(model_dir) / "config.json"
+    try:
+        if not path.is_file() or path.stat().st_size > _CONFIG_LIMIT:
+            return None
+        config = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return not any(p != 0 for p in _dropouts(config))

@@ -1,0 +1,381 @@
+"""AReaL's keys rlkit lacks: the table covers AReaL's reference, accepted keys are named once with the reason, keys
+that would change training are refused unless their value is what rlkit does, and a missing `type` is an error
+unless the config can only be a generate job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlkit.config.areal_accept import AcceptedKey, notice_lines, rule_for
+from rlkit.config.areal_keys import RENAMED_SECTIONS, TABLES
+from rlkit.config.areal_rules import DERIVED, INERT, SAME
+from rlkit.config.load import compose, typed_config
+from rlkit.config.model_config import dropout_free
+from rlkit.config.problems import Problems
+from rlkit.config.schema_walk import schema_paths
+from rlkit.paths import TrialPaths
+from rlkit.trials import AREAL_KEYS_FIELD, read_manifest, write_manifest
+
+# The field names of AReaL's configuration reference (docs/cli_reference.md; both versions in ../shared/seeds/),
+# per rlkit section path, plus the DPO example's top-level `beta` and `loss_type`. Names only: which keys exist.
+AREAL_KEYS = {
+    "": (
+        "experiment_name trial_name cluster allocation_mode seed total_train_epochs total_train_steps "
+        "total_train_n_seqs tokenizer_path train_dataset valid_dataset saver evaluator stats_logger recover "
+        "sglang vllm launcher scheduler async_training gconfig rollout actor ref critic model enable_offload "
+        "perf_tracer memory_profiler eval_gconfig teacher dynamic_bs"
+    ),
+    "cluster": "name_resolve cluster_name fileroot n_nodes n_gpus_per_node",
+    "cluster.name_resolve": "type nfs_record_root etcd3_addr ray_actor_name",
+    "launcher": (
+        "inference_server_cpus_per_gpu inference_server_mem_per_gpu trainer_cpus_per_gpu trainer_mem_per_gpu "
+        "inference_server_env_vars trainer_env_vars slurm"
+    ),
+    "launcher.slurm": "srun_additional_args container_type mount trainer_image inference_server_image",
+    "vllm": (
+        "model seed skip_tokenizer_init enforce_eager dtype distributed_executor_backend max_num_seqs "
+        "block_size swap_space cpu_offload_gb max_seq_len_to_capture disable_sliding_window max_model_len "
+        "enable_chunked_prefill enable_prefix_caching gpu_memory_utilization worker_extension_cls "
+        "enable_sleep_mode uvicorn_log_level no_enable_chunked_prefill no_enable_prefix_caching "
+        "gdn_prefill_backend enable_lora max_lora_rank max_loras lora_modules"
+    ),
+    "sglang": (
+        "model_path random_seed skip_tokenizer_init disable_cuda_graph disable_radix_cache "
+        "disable_cuda_graph_padding enable_nccl_nvls disable_outlines_disk_cache disable_custom_all_reduce "
+        "disable_overlap_schedule enable_mixed_chunk enable_dp_attention enable_ep_moe enable_torch_compile "
+        "torch_compile_max_bs cuda_graph_max_bs cuda_graph_bs torchao_config enable_nan_detection "
+        "enable_p2p_check triton_attention_reduce_in_fp32 triton_attention_num_kv_splits "
+        "num_continuous_decode_steps enable_memory_saver allow_auto_truncate attention_backend "
+        "enable_multimodal sampling_backend context_length mem_fraction_static max_running_requests "
+        "chunked_prefill_size max_prefill_tokens schedule_policy schedule_conservativeness cpu_offload_gb "
+        "dtype kv_cache_dtype dp_size ep_size enable_lora max_lora_rank lora_target_modules lora_paths "
+        "max_loaded_loras max_loras_per_batch lora_backend log_level log_level_http log_requests "
+        "log_requests_level show_time_cost enable_metrics decode_log_interval enable_multithread_load "
+        "enable_fast_load enable_return_routed_experts"
+    ),
+    "actor": (
+        "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
+        "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
+        "fsdp use_lora lora_rank lora_alpha target_modules peft_type group_size ppo_n_minibatches eps_clip "
+        "eps_clip_higher c_clip temperature reward_norm reward_scaling reward_bias reward_clip "
+        "overlong_reward_penalty overlong_tokens overlong_penalty_factor mask_no_eos_with_zero discount "
+        "gae_lambda adv_norm kl_ctl kl_estimator recompute_logprob use_decoupled_loss behav_imp_weight_cap "
+        "dynamic_sampling log_agent_stats log_agent_stats_keys max_new_tokens use_kernels optimizer_dtype "
+        "archon megatron offload enable_tree_training scheduling_spec admin_api_key log_level request_timeout "
+        "setup_timeout workers_ready_timeout scheduling_strategy m2_threshold use_sapo_loss sapo_tau_pos "
+        "sapo_tau_neg rejection_sampling importance_sampling_level prox_logp_method beta loss_type"
+    ),
+    "critic": (
+        "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
+        "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
+        "fsdp use_lora lora_rank lora_alpha target_modules peft_type ppo_n_minibatches eps_clip "
+        "mask_no_eos_with_zero use_kernels temperature optimizer_dtype archon megatron offload "
+        "enable_tree_training scheduling_spec admin_api_key log_level request_timeout setup_timeout "
+        "workers_ready_timeout scheduling_strategy"
+    ),
+    "ref": (
+        "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
+        "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
+        "fsdp use_lora lora_rank lora_alpha target_modules peft_type group_size ppo_n_minibatches eps_clip "
+        "eps_clip_higher c_clip temperature reward_norm reward_scaling reward_bias reward_clip "
+        "overlong_reward_penalty overlong_tokens overlong_penalty_factor mask_no_eos_with_zero discount "
+        "gae_lambda adv_norm kl_ctl kl_estimator recompute_logprob use_decoupled_loss behav_imp_weight_cap "
+        "dynamic_sampling log_agent_stats log_agent_stats_keys max_new_tokens use_kernels optimizer_dtype "
+        "archon megatron offload enable_tree_training scheduling_spec admin_api_key log_level request_timeout "
+        "setup_timeout workers_ready_timeout scheduling_strategy m2_threshold use_sapo_loss sapo_tau_pos "
+        "sapo_tau_neg rejection_sampling importance_sampling_level prox_logp_method"
+    ),
+    "actor.mb_spec": "n_mbs granularity max_tokens_per_mb n_mbs_divisor packing_algorithm",
+    "actor.optimizer": (
+        "type lr weight_decay beta1 beta2 eps min_lr_ratio lr_scheduler_type warmup_steps_proportion offload "
+        "initial_loss_scale min_loss_scale loss_scale_window hysteresis gradient_clipping"
+    ),
+    "actor.fsdp": (
+        "wrap_policy offload_params memory_efficient_load per_layer_optim_step optim_step_prefetch_layers "
+        "shard_vision_across_sp"
+    ),
+    "actor.reward_norm": "mean_level mean_leave1out std_level std_unbiased eps group_size",
+    "actor.rejection_sampling": "level action metric agg upper lower",
+    "gconfig": (
+        "n_samples max_new_tokens min_new_tokens max_tokens greedy top_p top_k temperature stop_token_ids "
+        "stop frequency_penalty ignore_eos skip_special_tokens lora_name use_beam_search"
+    ),
+    "rollout": (
+        "experiment_name trial_name max_concurrent_rollouts queue_size consumer_batch_size "
+        "max_head_offpolicyness enable_rollout_tracing check_trajectory_format schedule_policy setup_timeout "
+        "request_timeout request_retries pause_grace_period fileroot tokenizer_path dump_to_file "
+        "workers_ready_timeout scheduling_spec backend scheduling_strategy use_lora lora_name agent "
+        "return_routed_experts model routing_strategy poll_interval admin_api_key api_url provider_api_key"
+    ),
+    "train_dataset": (
+        "path type batch_size shuffle pin_memory num_workers drop_last max_length split num_dataset_workers "
+        "dataset_kwargs scheduling_spec setup_timeout"
+    ),
+    "valid_dataset": (
+        "path type batch_size shuffle pin_memory num_workers drop_last max_length split num_dataset_workers "
+        "dataset_kwargs scheduling_spec setup_timeout"
+    ),
+    "saver": "experiment_name trial_name fileroot freq_epochs freq_steps freq_secs mode",
+    "recover": (
+        "experiment_name trial_name fileroot freq_epochs freq_steps freq_secs mode retries no_save_optim "
+        "no_load_optim"
+    ),
+    "evaluator": "experiment_name trial_name fileroot freq_epochs freq_steps freq_secs eval_before_train",
+    "stats_logger": "experiment_name trial_name fileroot wandb swanlab tensorboard trackio",
+    "stats_logger.wandb": (
+        "mode wandb_base_url wandb_api_key entity project name job_type group notes tags config id_suffix"
+    ),
+    "stats_logger.swanlab": "project name config logdir mode api_key",
+    "stats_logger.tensorboard": "path",
+    "stats_logger.trackio": "mode project name space_id",
+    "perf_tracer": "experiment_name trial_name fileroot enabled save_interval profile_steps session_tracer",
+    "perf_tracer.session_tracer": "enabled flush_threshold",
+}
+AREAL_KEYS[""] += " beta loss_type"
+
+
+def _areal_paths() -> list[str]:
+    return [f"{section}.{key}" if section else key for section, keys in AREAL_KEYS.items() for key in keys.split()]
+
+
+def test_every_areal_key_is_in_the_schema_or_the_table() -> None:
+    """A key of AReaL's reference is either a field of rlkit or has a rule: none falls through to 'unknown key'."""
+    ours = set(schema_paths())
+    missing = [path for path in _areal_paths()
+               if path not in ours and rule_for(path) is None and path not in RENAMED_SECTIONS]
+    assert not missing, missing
+
+
+def test_no_table_entry_shadows_a_schema_field() -> None:
+    """A key the schema has (say, once a feature lands) must leave the table: the schema wins, the rule is dead."""
+    ours = set(schema_paths())
+    dead = [f"{section}.{key}".lstrip(".") for section, table in TABLES.items() for key in table
+            if f"{section}.{key}".lstrip(".") in ours]
+    assert not dead, dead
+
+
+def _compose(data: dict[str, Any], overrides: list[str] | None = None, *, require_type: bool = False
+             ) -> tuple[Problems, list[AcceptedKey], Any]:
+    problems = Problems()
+    accepted: list[AcceptedKey] = []
+    cfg = compose(data, list(overrides or []), source="test.yaml", problems=problems, accepted=accepted,
+                  require_type=require_type)
+    return problems, accepted, typed_config(cfg) if cfg is not None and problems.ok() else None
+
+
+def _grpo(model: Path, **sections: Any) -> dict[str, Any]:
+    """An AReaL-style GRPO mapping with rlkit's required fields."""
+    data: dict[str, Any] = {
+        "experiment_name": "gsm8k-grpo", "trial_name": "trial0", "type": "grpo",
+        "allocation_mode": "vllm:d1+fsdp:d1", "tokenizer_path": "${actor.path}",
+        "cluster": {"fileroot": "/tmp/areal/experiments"},
+        "gconfig": {"n_samples": 4, "temperature": 1.0, "min_new_tokens": 0, "greedy": False},
+        "actor": {"path": str(model), "experiment_name": "${experiment_name}", "trial_name": "${trial_name}",
+                  "temperature": "${gconfig.temperature}", "disable_dropout": True, "init_from_scratch": False,
+                  "max_new_tokens": "${gconfig.max_new_tokens}", "scheduling_spec": [{"gpu": 1, "cmd": "x"}]},
+        "ref": {"experiment_name": "${experiment_name}", "path": "${actor.path}", "dtype": "${actor.dtype}",
+                "optimizer": None, "scheduling_spec": "${actor.scheduling_spec}"},
+        "rollout": {"experiment_name": "${experiment_name}", "fileroot": "${cluster.fileroot}",
+                    "tokenizer_path": "${tokenizer_path}", "enable_rollout_tracing": False, "dump_to_file": True},
+        "train_dataset": {"path": "/data/train.jsonl", "pin_memory": True, "num_workers": 4, "drop_last": True},
+        "saver": {"experiment_name": "${experiment_name}", "fileroot": "${cluster.fileroot}", "freq_epochs": 1},
+        "scheduler": {"type": None},
+        "perf_tracer": {"experiment_name": "${experiment_name}", "enabled": False,
+                        "session_tracer": {"enabled": False}},
+        "enable_offload": False,
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values) if isinstance(values, dict) else data.__setitem__(name, values)
+    return data
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """A model directory whose config.json has no active dropout (as Qwen2's)."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"attention_dropout": 0.0, "hidden_size": 8}))
+    return directory
+
+
+def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path) -> None:
+    problems, accepted, config = _compose(_grpo(model))
+    assert problems.ok(), [str(e) for e in problems.errors]
+    assert config is not None and config.type == "grpo"
+    kinds = {a.key: a.kind for a in accepted}
+    assert len(kinds) == len(accepted), "each key once"
+    assert kinds["actor.experiment_name"] == kinds["rollout.fileroot"] == kinds["rollout.tokenizer_path"] == DERIVED
+    assert kinds["train_dataset.num_workers"] == kinds["scheduler"] == kinds["actor.scheduling_spec"] == INERT
+    assert kinds["perf_tracer.session_tracer.enabled"] == kinds["ref.path"] == SAME
+    assert kinds["gconfig.min_new_tokens"] == kinds["actor.temperature"] == kinds["actor.disable_dropout"] == SAME
+    values = {a.key: a.value for a in accepted}
+    assert values["actor.experiment_name"] == "gsm8k-grpo", "interpolated against rlkit's own value"
+    assert values["rollout.tokenizer_path"] == str(model)
+    assert values["ref.scheduling_spec"] == [{"gpu": 1, "cmd": "x"}], "an AReaL key may name another one"
+
+
+@pytest.mark.parametrize(("sections", "says"), [
+    ({"rollout": {"experiment_name": "other"}}, "'rollout.experiment_name: other' (in test.yaml): disagrees with "
+                                                "rlkit's experiment_name (rlkit: gsm8k-grpo)"),
+    ({"saver": {"fileroot": "/elsewhere"}}, "disagrees with rlkit's cluster.fileroot (rlkit: /tmp/areal/experiments)"),
+    ({"gconfig": {"min_new_tokens": 8}}, "'gconfig.min_new_tokens: 8' (in test.yaml): a minimum completion length is "
+                                         "not supported yet"),
+    ({"actor": {"temperature": 0.7}}, "'actor.temperature: 0.7' (in test.yaml): not supported yet (rlkit computes "
+                                      "log-probs at the sampling temperature"),
+    ({"actor": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
+    ({"gconfig": {"greedy": True}}, "'gconfig.greedy: true'"),
+    ({"train_dataset": {"drop_last": False}}, "'train_dataset.drop_last: false'"),
+    ({"actor": {"kl_ctl": 0.1}, "ref": {"path": "/another/model"}}, "'ref.path: /another/model'"),
+    ({"sglang": {"max_prefill_tokens": 4096}}, "sglang.extra_args: {max_prefill_tokens: <value>}"),
+    ({"enable_offload": True}, "training offload (torch_memory_saver) is not supported yet"),
+    ({"memory_profiler": {"profile_steps": [1]}}, "the memory profiler is not supported yet"),
+])
+def test_a_key_that_disagrees_or_would_change_training_is_refused(model: Path, sections: dict[str, Any],
+                                                                 says: str) -> None:
+    problems, _, _ = _compose(_grpo(model, **sections))
+    messages = [str(e) for e in problems.errors]
+    assert len(messages) == 1 and says in messages[0], messages
+
+
+def test_the_reference_section_is_inert_without_a_kl_term(model: Path) -> None:
+    """With kl_ctl and kl_loss_coef at 0 rlkit loads no reference: another ref.path changes nothing."""
+    problems, accepted, _ = _compose(_grpo(model, ref={"path": "/another/model"}))
+    assert problems.ok() and any(a.key == "ref.path" for a in accepted)
+
+
+def test_dropout_is_judged_from_the_models_config(tmp_path: Path, model: Path) -> None:
+    with_dropout = tmp_path / "gpt2"
+    with_dropout.mkdir()
+    (with_dropout / "config.json").write_text(json.dumps({"resid_pdrop": 0.1, "text_config": {"dropout": 0.0}}))
+    assert dropout_free(str(model)) is True
+    assert dropout_free(str(with_dropout)) is False
+    assert dropout_free(str(tmp_path / "absent")) is None and dropout_free("Qwen/Qwen2.5-1.5B") is None
+    problems, _, _ = _compose(_grpo(with_dropout))
+    assert [e.site for e in problems.errors] == [False]
+    assert "switching dropout off is not supported yet" in str(problems.errors[0])
+    problems, _, _ = _compose(_grpo(tmp_path / "absent"))  # the model is not here: render warns, submit refuses
+    assert [e.site for e in problems.errors] == [True] and "cannot be checked here" in str(problems.errors[0])
+
+
+def test_unknown_keys_are_all_listed_at_once_with_did_you_mean(model: Path) -> None:
+    """Keys in no AReaL version stay errors (in AReaL-only sections too), every one in the same report."""
+    problems, _, _ = _compose(_grpo(model, ref={"pathh": "x"}, gconfig={"min_new_token": 0},
+                                    perf_tracer={"enabeld": False}))
+    messages = [str(e) for e in problems.errors]
+    assert any("unknown key 'ref.pathh'" in m and "did you mean 'ref.path'" in m for m in messages), messages
+    assert any("unknown key 'perf_tracer.enabeld'" in m and "perf_tracer.enabled" in m for m in messages), messages
+    assert any("unknown key 'gconfig.min_new_token'" in m for m in messages), messages
+    assert len(messages) == 3
+
+
+def test_areal_keys_on_the_command_line_are_judged_too(model: Path) -> None:
+    problems, accepted, _ = _compose(_grpo(model), ["gconfig.min_new_tokens=5", "train_dataset.split=test"])
+    assert [("gconfig.min_new_tokens" in str(e)) for e in problems.errors] == [True]
+    assert "in a command-line override" in str(problems.errors[0])
+    problems, accepted, _ = _compose(_grpo(model), ["train_dataset.split=test"])
+    assert problems.ok() and {a.key: a.value for a in accepted}["train_dataset.split"] == "test"
+
+
+def test_an_older_section_name_is_refused_with_the_rename(model: Path) -> None:
+    problems, _, _ = _compose({**_grpo(model), "model": {"path": str(model)}})
+    assert [e.hint for e in problems.errors] == ["rename the section 'model:' to 'actor:'"]
+
+
+def test_the_notice_names_each_key_with_its_reason() -> None:
+    keys = [AcceptedKey("train_dataset.num_workers", 4, INERT, "no DataLoader workers"),
+            AcceptedKey("actor.experiment_name", "e", DERIVED, "from experiment_name"),
+            AcceptedKey("actor.scheduling_spec", [{"cmd": "python3 -m areal.scheduler.rpc.rpc_server"}], INERT, "x")]
+    lines = notice_lines(keys)
+    assert lines[0].startswith("3 AReaL key(s) accepted but not used by rlkit")
+    assert lines[1] == "  actor.experiment_name: e  (rlkit derives it: from experiment_name)"
+    assert len(lines[2]) < 120 and "..." in lines[2], "a long value is cut"
+    assert notice_lines([]) == []
+
+
+def test_the_manifest_records_the_accepted_keys_and_a_resume_keeps_them(tmp_path: Path) -> None:
+    paths = TrialPaths.of(str(tmp_path), "exp", "t1")
+    paths.root.mkdir(parents=True)
+    keys = [AcceptedKey("gconfig.greedy", False, SAME, "why").to_dict()]
+    write_manifest(paths, job_id="1", images={}, cwd=tmp_path, areal_keys=keys)
+    assert read_manifest(paths)[AREAL_KEYS_FIELD] == [{"key": "gconfig.greedy", "value": False, "reason": SAME,
+                                                       "detail": "why"}]
+    write_manifest(paths, job_id="2", images={}, cwd=tmp_path, kind="resume")
+    assert read_manifest(paths)[AREAL_KEYS_FIELD] == keys
+    write_manifest(paths, job_id="3", images={}, cwd=tmp_path)
+    assert AREAL_KEYS_FIELD not in read_manifest(paths), "a new submit records its own config's keys only"
+
+
+# ---- the per-engine layout fields (AReaL's current style) ----
+
+def _layout(model: Path, **sections: Any) -> dict[str, Any]:
+    data = _grpo(model, **sections)
+    del data["allocation_mode"]
+    return data
+
+
+def test_per_engine_backends_give_the_layout(model: Path) -> None:
+    data = _layout(model, rollout={"backend": "vllm:d2p1t1"}, actor={"backend": "fsdp:d4p1t1"},
+                   ref={"backend": "${actor.backend}"})
+    problems, accepted, config = _compose(data)
+    assert problems.ok(), [str(e) for e in problems.errors]
+    assert config.allocation_mode == "vllm:d2p1t1+fsdp:d4p1t1"
+    assert not any(a.key.endswith(".backend") for a in accepted), "read, so not in the notice"
+
+
+@pytest.mark.parametrize(("sections", "overrides", "says"), [
+    ({"rollout": {"backend": "vllm:d2"}, "actor": {"backend": "fsdp:d4"}}, ["allocation_mode=vllm:d2+fsdp:d2"],
+     "allocation_mode 'vllm:d2+fsdp:d2' (vllm:d2+fsdp:d2) and rollout.backend 'vllm:d2' and actor.backend 'fsdp:d4' "
+     "(vllm:d2+fsdp:d4) give different layouts"),
+    ({"rollout": {"backend": "vllm:d2"}, "actor": {"backend": "megatron:d4"}}, [],
+     "trainer backend 'megatron' is not supported"),
+    ({"rollout": {"backend": "vllm:d2"}, "actor": {"backend": "fsdp:d4"}, "ref": {"backend": "fsdp:d2"}}, [],
+     "'ref.backend' is 'fsdp:d2' but actor.backend is 'fsdp:d4'"),
+])
+def test_layouts_that_disagree_are_refused(model: Path, sections: dict[str, Any], overrides: list[str],
+                                           says: str) -> None:
+    problems, _, _ = _compose(_layout(model, **sections), overrides)
+    messages = [str(e) for e in problems.errors]
+    assert any(says in m for m in messages), messages
+
+
+def test_agreeing_styles_are_fine(model: Path) -> None:
+    data = _grpo(model, rollout={"backend": "vllm:d1p1t1"}, actor={"backend": "fsdp:d1p1t1"})
+    problems, _, config = _compose(data)
+    assert problems.ok() and config.allocation_mode == "vllm:d1+fsdp:d1"
+
+
+# ---- type ----
+
+def test_a_missing_type_names_the_types_the_config_fits(model: Path) -> None:
+    data = _grpo(model)
+    del data["type"]
+    problems, _, _ = _compose(data, require_type=True)
+    assert [e.hint for e in problems.errors] == ["set type=grpo or type=ppo"]
+    problems, _, _ = _compose(data, ["type=grpo"], require_type=True)
+    assert problems.ok()
+    sft = {**data, "train_dataset": {"path": "/d.jsonl", "type": "sft"}, "allocation_mode": "fsdp:d1"}
+    problems, _, _ = _compose(sft, require_type=True)
+    assert [e.hint for e in problems.errors] == ["set type=sft"]
+
+
+@pytest.mark.parametrize("data", [
+    {"allocation_mode": "vllm:d2", "actor": {"path": "/m"}},
+    {"allocation_mode": "vllm:d1+fsdp:d1", "generate": {"dataset": {"path": "/d.jsonl"}}, "actor": {"path": "/m"}},
+])
+def test_an_obvious_generate_job_needs_no_type(data: dict[str, Any]) -> None:
+    problems, _, config = _compose({"experiment_name": "e", "trial_name": "t", **data}, require_type=True)
+    assert problems.ok() and config.type == "generate"
+
+
+def test_group_size_left_out_is_the_number_of_samples(model: Path) -> None:
+    """AReaL's current configs have no actor.group_size: a group is the completions of one prompt."""
+    _, _, config = _compose(_grpo(model))
+    assert config is not None and config.actor.group_size == 4
+    _, _, config = _compose(_grpo(model), ["gconfig.n_samples=2"])
+    assert config is not None and config.actor.group_size == 2
+    _, _, config = _compose(_grpo(model, actor={"group_size": 3}))
+    assert config is not None and config.actor.group_size == 3, "a given value is kept (validation judges it)"
