@@ -142,7 +142,8 @@ class DatasetConfig:
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     batch_size: int = _f(1, "Rows per batch.")
     shuffle: bool = _f(True, "Shuffle rows each epoch.")
-    max_length: int | None = _f(None, "Drop rows whose prompt has more tokens than this.")
+    max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
+                                      "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.")
     prompt_key: str = _f("prompt", "Column holding the prompt: a string, a list of chat messages, or token ids.")
 
 

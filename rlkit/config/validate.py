@@ -94,6 +94,27 @@ def server_model(config: ExperimentConfig, backend: str) -> str:
     return backend_for(backend).configured_model(config) or config.actor.path
 
 
+def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
+    """Job types that evaluate valid_dataset at each epoch's end (sft, rw, dpo) accept the evaluator saying just that
+    (AReaL's configs for them do: freq_epochs 1); other frequencies, or a job type that evaluates nothing, would be
+    ignored and are refused."""
+    ev = config.evaluator
+    every_epoch = ev.freq_epochs == 1 and not ev.freq_steps and not ev.freq_secs
+    if "valid_dataset" in job.sections and every_epoch:
+        if not config.valid_dataset.path:
+            problems.add(f"evaluator.freq_epochs is 1, but valid_dataset.path is not set: job type {job.name} "
+                         "evaluates on the validation set at each epoch's end", hint="set valid_dataset.path, or "
+                                                                                     "remove the evaluator section")
+        return
+    if "valid_dataset" in job.sections:
+        problems.add(f"job type {job.name} evaluates valid_dataset at each epoch's end; other evaluator "
+                     "frequencies are not supported yet", hint="set evaluator.freq_epochs=1 (and freq_steps, "
+                                                              "freq_secs null), or remove the evaluator section")
+        return
+    problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: they "
+                 "would be ignored", hint="remove the evaluator section")
+
+
 def validate(config: ExperimentConfig) -> Validated:
     """Check everything that can be checked without Slurm; collect every problem (never raises for a mistake)."""
     problems = Problems()
@@ -115,8 +136,7 @@ def validate(config: ExperimentConfig) -> Validated:
         problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
                      "would be ignored", hint="remove valid_dataset")
     if evaluation_enabled(config.evaluator) and job is not None and "evaluator" not in job.sections:
-        problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: "
-                     "they would be ignored", hint="remove the evaluator section")
+        _validate_epoch_evaluation(config, job, problems)
     allocation = None
     with problems.check():
         allocation = parse_allocation(config.allocation_mode)

@@ -154,11 +154,7 @@ def _validate_lengths(config: ExperimentConfig, problems: Problems) -> None:
         if name == "valid_dataset" and not ds.path:
             continue
         limit = ds.max_length
-        if limit is None:
-            if budget is not None:
-                problems.add(f"{name}.max_length is not set, so a row may be longer than actor.mb_spec."
-                             f"max_tokens_per_mb ({budget}) and fit no micro-batch",
-                             hint=f"set {name}.max_length to at most {budget}")
+        if limit is None:  # the trainer keeps rows of at most the micro-batch budget (sft_row_limit)
             if sft.truncate:
                 problems.add(f"sft.truncate needs {name}.max_length (the length to cut rows to)",
                              hint=f"set {name}.max_length, or remove sft.truncate")
