@@ -22,6 +22,7 @@ from omegaconf.errors import (
 
 from rlkit.config.areal_accept import (
     AcceptedKey,
+    FoundKey,
     inline_areal_references,
     judge,
     merge_found,
@@ -214,6 +215,28 @@ def _merge_all(cfg: DictConfig, data: dict[str, Any], origin: str, problems: Pro
         return merged
 
 
+def areal_to_rlkit(data: dict[str, Any], override_tree: dict[str, Any], *, source: str, problems: Problems,
+                   accepted: list[AcceptedKey] | None = None, require_type: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, Any], list[FoundKey]]:
+    """The file's mapping and the overrides as rlkit's schema reads them, and the AReaL keys taken out of them (to be
+    judged once resolved): AReaL names of rlkit keys moved to those keys, the per-engine layout fields turned into
+    allocation_mode, references to taken-out keys inlined, `type` settled (`require_type`). `rlkit migrate` prints
+    the result; `compose` merges it."""
+    raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
+    data, found = split_areal_keys(data, f"in {source}", problems)
+    override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
+    move_renamed(data, found, problems)
+    move_renamed(override_tree, found_in_overrides, problems)
+    found = merge_found(found, found_in_overrides)
+    apply_layout(found, data, override_tree, raw, problems)
+    _default_group_size(data, override_tree)
+    inline_areal_references(data, found)
+    inline_areal_references(override_tree, found)
+    if require_type:
+        _settle_type(data, _deep_merge(data, override_tree), problems, accepted)
+    return data, override_tree, found
+
+
 def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems,
             accepted: list[AcceptedKey] | None = None, require_type: bool = False) -> DictConfig | None:
     """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
@@ -231,18 +254,8 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         _check_sections(override_tree, ExperimentConfig, "", "in a command-line override")
     if not problems.ok():
         return None  # a section given as a value, or an unreadable override: nothing sensible to merge
-    raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
-    data, found = split_areal_keys(data, f"in {source}", problems)
-    override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
-    move_renamed(data, found, problems)
-    move_renamed(override_tree, found_in_overrides, problems)
-    found = merge_found(found, found_in_overrides)
-    apply_layout(found, data, override_tree, raw, problems)
-    _default_group_size(data, override_tree)
-    inline_areal_references(data, found)
-    inline_areal_references(override_tree, found)
-    if require_type:
-        _settle_type(data, _deep_merge(data, override_tree), problems, accepted)
+    data, override_tree, found = areal_to_rlkit(data, override_tree, source=source, problems=problems,
+                                                accepted=accepted, require_type=require_type)
     cfg = _merge_all(cfg, data, f"in {source}", problems)
     if override_tree:
         cfg = _merge_all(cfg, override_tree, "in a command-line override", problems)

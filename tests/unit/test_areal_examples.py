@@ -94,3 +94,32 @@ def test_the_render_prints_one_notice_and_the_refusals_exit_2_all_at_once(
                   "gconfig.min_new_tokens: 8"):
         assert named in bad.stderr, (named, bad.stderr)
     assert not (tmp_path / "fileroot").exists(), "nothing written"
+
+
+@pytest.mark.parametrize("example", sorted(CASES))
+def test_migrate_gives_a_clean_file_of_the_same_config(example: str, site: dict[str, list[str]],
+                                                       tmp_path: Path) -> None:
+    """`rlkit migrate`: the text loads with no AReaL key left to the very config the AReaL file gives, and its
+    header names every AReaL key of the file."""
+    from rlkit.config.load import to_yaml
+    from rlkit.config.migrate import migrate
+
+    overrides = [*site["pairs" if "hhrlhf" in example else "gsm8k"], *CASES[example]]
+    original = prepare(EXAMPLES / f"{example}.yaml", overrides, dry_run=True)
+    text, _ = migrate(EXAMPLES / f"{example}.yaml", overrides)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    migrated = prepare(clean, [], dry_run=True)
+    assert to_yaml(migrated.config) == to_yaml(original.config)
+    assert migrated.areal_keys == (), "nothing AReaL-only left"
+    header = [line for line in text.splitlines() if line.startswith("#   ")]
+    assert {a.key for a in original.areal_keys} <= {line.split(":")[0].strip("# ") for line in header}
+
+
+def test_migrate_on_the_command_line(site: dict[str, list[str]]) -> None:
+    done = run_rlkit("migrate", str(EXAMPLES / "current/hhrlhf_dpo.yaml"), *site["pairs"])
+    assert done.returncode == 0, done.stderr
+    assert "#   actor.beta: 0.1  -> moved to dpo.beta" in done.stdout
+    assert "\ndpo:\n  beta: 0.1\n" in done.stdout and "allocation_mode: fsdp:d8p1t1" in done.stdout
+    refused = run_rlkit("migrate", str(EXAMPLES / "current/gsm8k_grpo.yaml"), *site["gsm8k"])
+    assert refused.returncode == 2 and "set type=grpo or type=ppo" in refused.stderr
