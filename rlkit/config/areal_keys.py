@@ -278,7 +278,6 @@ DATASET: dict[str, Rule] = {
     "num_dataset_workers": WORKERS,
     "drop_last": same("rlkit drops the last partial batch of an epoch", lambda v, c: v is True,
                       fix="remove it (keeping a partial batch is not supported yet)", expected=lambda c: True),
-    "split": inert("rlkit reads the whole local file at path (hub splits are not supported yet)"),
     "dataset_kwargs": off("extra dataset-loader arguments", None, {}),
     "scheduling_spec": PLACEMENT,
     "setup_timeout": AREAL_RPC,
