@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlkit.config.allocation import Allocation, parse_allocation
+from rlkit.config.binds import check_binds, parse_mounts
 from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.schema_eval import evaluation_enabled
@@ -71,20 +72,6 @@ def parse_env_vars(field: str, text: str) -> dict[str, str]:
             raise ConfigError(f"{field}: '{item}' is not NAME=VALUE", hint=f"e.g. {field}='NCCL_DEBUG=WARN,A=1'")
         env[name] = value
     return env
-
-
-def parse_mounts(text: str) -> list[str]:
-    """'src:dst,src2:dst2' -> ['src:dst', ...]; both sides absolute paths."""
-    mounts: list[str] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        parts = item.split(":")
-        if len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2]):
-            raise ConfigError(
-                f"launcher.slurm.mount: '{item}' is not /host/path:/container/path[:ro]",
-                hint="e.g. launcher.slurm.mount=/storage:/storage,/scratch:/scratch",
-            )
-        mounts.append(item)
-    return mounts
 
 
 def server_model(config: ExperimentConfig, backend: str) -> str:
@@ -253,8 +240,11 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobTyp
     if slurm.container_type not in CONTAINER_TYPES:
         problems.add(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",
                      hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
-    with problems.check():
-        parse_mounts(slurm.mount)
+    if slurm.container_type == "apptainer":
+        check_binds(config, problems)
+    else:
+        with problems.check():
+            parse_mounts(slurm.mount)
     if slurm.container_type == "apptainer":
         for name in ("inference_server_image", "trainer_image"):
             with problems.check():
