@@ -8,6 +8,9 @@ have no such column, and they have `question` and `answer`. Then
   the final answer (what AReaL's GSM8K prompts ask; the `math` reward reads a boxed answer first);
 - an sft row is the question as prompt and the whole answer as response;
 - and wherever a reference answer is read, a GSM8K answer counts for what follows its last `####` (rlkit.rewards).
+Pair rows (rw, dpo) in hh-rlhf's form, whole conversations `{"chosen": "\n\nHuman: ...\n\nAssistant: ...",
+"rejected": ...}` with no prompt column, are split the same way: the prompt is the conversation both share up to
+its last `Assistant:` turn, the answers what follows in each.
 An explicit column setting always wins: a prompt_key the rows lack stays an error.
 """
 
@@ -21,6 +24,7 @@ DEFAULT_RESPONSE_KEY = "response"
 GSM8K_COLUMNS = ("question", "answer")
 BOX_INSTRUCTION = "\nPut your final answer in \\boxed{}."
 ANSWER_MARK = "####"
+ASSISTANT_TURN = "\n\nAssistant:"
 
 
 def is_gsm8k_row(row: Mapping[str, Any], prompt_key: str) -> bool:
@@ -51,3 +55,21 @@ def final_answer(gold: str) -> str:
     if ANSWER_MARK not in gold:
         return gold.strip()
     return gold.rsplit(ANSWER_MARK, 1)[1].strip().replace(",", "")
+
+
+def pair_row(row: Mapping[str, Any], prompt_key: str, chosen_key: str, rejected_key: str) -> Mapping[str, Any]:
+    """A pair row as rlkit reads it: `row`, or for an hh-rlhf conversation pair (prompt_key left at its default,
+    no such column, two text answers sharing a beginning that ends in an Assistant turn) the row with the shared
+    beginning as `prompt_key` and each answer cut after it."""
+    chosen, rejected = row.get(chosen_key), row.get(rejected_key)
+    if prompt_key != DEFAULT_PROMPT_KEY or prompt_key in row or not (isinstance(chosen, str)
+                                                                       and isinstance(rejected, str)):
+        return row
+    shortest = min(len(chosen), len(rejected))
+    same = next((i for i in range(shortest) if chosen[i] != rejected[i]), shortest)
+    shared = chosen[:same]
+    cut = shared.rfind(ASSISTANT_TURN)
+    if cut < 0:
+        return row
+    end = cut + len(ASSISTANT_TURN)
+    return {**row, prompt_key: chosen[:end], chosen_key: chosen[end:], rejected_key: rejected[end:]}

@@ -17,7 +17,8 @@ from ..conftest import REPO, run_rlkit
 EXAMPLES = REPO / "tests" / "data" / "areal"
 GSM8K_ROWS = [{"question": f"Tom has {n} apples and buys 3 more. How many apples does he have?",
                "answer": f"He has {n} + 3 = {n + 3} apples.\n#### {n + 3}"} for n in range(8)]
-PAIR_ROWS = [{"prompt": f"Say hello {n}.", "chosen": "Hello!", "rejected": "No."} for n in range(8)]
+PAIR_ROWS = [{"chosen": f"\n\nHuman: Say hello {n}.\n\nAssistant: Hello!",  # hh-rlhf's whole conversations
+              "rejected": f"\n\nHuman: Say hello {n}.\n\nAssistant: No."} for n in range(8)]
 
 # What "site settings" means here: where the model, the data and the trial files live, how steps run (no
 # Apptainer on this machine), and what the nodes have (rlkit never puts servers and trainer on one node, so AReaL's

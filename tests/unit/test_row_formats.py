@@ -57,3 +57,29 @@ def test_sft_reads_question_and_answer(tiny_model_dir: Path, tmp_path: Path) -> 
     (example,) = load_sft_dataset(str(data), tokenizer, SFTConfig(apply_chat_template=False), max_length=None).examples
     trained = [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m]
     assert tokenizer.decode(trained[:-1]) == ROW["answer"] and trained[-1] == tokenizer.eos_token_id
+
+
+HH = {"chosen": "\n\nHuman: Hi there\n\nAssistant: Hello! How can I help?\n\nHuman: A joke?\n\nAssistant: Why did...",
+      "rejected": "\n\nHuman: Hi there\n\nAssistant: Hello! How can I help?\n\nHuman: A joke?\n\nAssistant: No."}
+
+
+def test_hh_rlhf_pairs_split_at_the_last_shared_assistant_turn(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rlkit.config.schema import DatasetConfig
+    from rlkit.config.schema_pairs import RWConfig
+    from rlkit.row_formats import pair_row
+    from rlkit.train.pairs_data import pairs_from_config
+
+    row = pair_row(HH, "prompt", "chosen", "rejected")
+    assert row["prompt"].endswith("A joke?\n\nAssistant:") and row["prompt"].startswith("\n\nHuman: Hi there")
+    assert (row["chosen"], row["rejected"]) == (" Why did...", " No.")
+    assert pair_row(HH, "context", "chosen", "rejected") is HH, "an explicit prompt column wins"
+    assert pair_row({"chosen": "a", "rejected": "b"}, "prompt", "chosen", "rejected") == {"chosen": "a",
+                                                                                          "rejected": "b"}
+    data = tmp_path / "hh.jsonl"
+    data.write_text(json.dumps(HH) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    (pair,), _ = pairs_from_config(DatasetConfig(path=str(data)), RWConfig(), tokenizer)
+    assert tokenizer.decode(pair.prompt_ids) == row["prompt"]
+    assert tokenizer.decode(pair.chosen_ids).startswith(" Why did")
