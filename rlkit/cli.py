@@ -147,6 +147,18 @@ def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
 
 
 @app.command()
+def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Print the rlkit config an AReaL config file becomes (overrides such as type=grpo merged in), every AReaL key
+    rlkit has no field for listed in its header with what became of it. Checked as render checks."""
+    from rlkit.config.migrate import migrate as migrate_file
+
+    text, warnings = migrate_file(config, overrides or [])
+    sys.stdout.write(text)
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+
+
+@app.command()
 def status(trial: str = typer.Argument(None, help="One trial (experiment/trial or trial) for details."),
            as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Show every trial at a glance, or one trial's components, servers and failed steps."""

@@ -9,6 +9,7 @@ value, then either accepts each (an `AcceptedKey`, for the one notice and the tr
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,6 +24,8 @@ from rlkit.config.schema_walk import field_names, section_type
 from rlkit.errors import ConfigError
 
 _SHOWN_VALUE = 40  # characters of a value in the notice
+_WHOLE_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+_MAX_CHAIN = 8  # references followed from one AReaL key to another (a cycle stops here; OmegaConf then reports it)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,27 @@ def _split(data: dict[str, Any], cls: type, prefix: str, origin: str, found: lis
     return kept
 
 
+def move_renamed(tree: dict[str, Any], found: list[FoundKey], problems: Problems) -> None:
+    """Put the value of each found key that is an AReaL name of an rlkit key (`actor.beta`: dpo.beta;
+    `behave_imp_weight_cap`, renamed since) under rlkit's key in `tree`, where the key came from; both given with
+    different values is an error."""
+    for item in found:
+        ours = item.rule.renamed_to
+        if not ours:
+            continue
+        node: Any = tree
+        *parents, leaf = ours.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue  # a section given as a value: reported by the section check
+        if leaf in node and node[leaf] != item.value:
+            problems.add(f"'{item.key}: {show(item.value)}' and '{ours}: {show(node[leaf])}' ({item.origin}) are one "
+                         f"setting (rlkit's name, then AReaL's) with different values", hint=f"keep only {ours}")
+            continue
+        node[leaf] = item.value
+
+
 def _take(path: str, value: Any, rule: Rule, origin: str, found: list[FoundKey], problems: Problems) -> None:
     """Record `path`, or each key under it when it is an AReaL-only section given as a mapping."""
     if not (rule.keys and isinstance(value, dict)):
@@ -98,6 +122,26 @@ def _take(path: str, value: Any, rule: Rule, origin: str, found: list[FoundKey],
             problems.add(f"unknown key '{path}.{key}' ({origin})", hint=hint)
         else:
             _take(f"{path}.{key}", sub, rule_of_key, origin, found, problems)
+
+
+def inline_areal_references(tree: dict[str, Any], found: list[FoundKey]) -> None:
+    """Replace, in place, each value of `tree` that is a whole `${key}` naming one of the `found` (taken out) keys
+    by that key's own value: `use_lora: ${rollout.use_lora}` must still mean something once rollout.use_lora, an
+    AReaL-only key, is no longer in the mapping the schema resolves."""
+    values = {item.key: item.value for item in found}
+
+    def inline(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, dict):
+            return {k: inline(v, depth) for k, v in value.items()}
+        if isinstance(value, list):
+            return [inline(v, depth) for v in value]
+        match = _WHOLE_REFERENCE.fullmatch(value.strip()) if isinstance(value, str) else None
+        if match is None or match.group(1) not in values or depth > _MAX_CHAIN:
+            return value
+        return inline(values[match.group(1)], depth + 1)
+
+    for key, value in tree.items():
+        tree[key] = inline(value)
 
 
 def rule_for(path: str) -> Rule | None:
@@ -201,5 +245,5 @@ def notice_lines(accepted: list[AcceptedKey] | tuple[AcceptedKey, ...]) -> list[
         return []
     order = {DERIVED: 0}
     keys = sorted(accepted, key=lambda a: (order.get(a.kind, 1), a.kind, a.key))
-    return [f"{len(keys)} AReaL key(s) accepted but not used by rlkit (recorded in the trial's manifest.json):",
+    return [f"{len(keys)} AReaL key(s) that rlkit has no field for, accepted (recorded in the trial's manifest.json):",
             *(f"  {a.line()}" for a in keys)]

@@ -26,6 +26,7 @@ from rlkit.config.areal_rules import (
     inert,
     inert_if,
     off,
+    renamed,
     same,
     same_value,
     section,
@@ -145,8 +146,13 @@ ACTOR: dict[str, Rule] = {
                              expected=lambda c: "recompute"),
     "log_agent_stats": inert("agent trajectory statistics (rlkit has no agent workflows)"),
     "log_agent_stats_keys": inert("agent trajectory statistics (rlkit has no agent workflows)"),
-    "beta": same_value("dpo.beta", lambda c: c.dpo.beta),
-    "loss_type": same_value("dpo.loss_type", lambda c: c.dpo.loss_type),
+    "beta": renamed("dpo.beta", "rlkit keeps DPO's settings in the dpo section"),
+    "loss_type": renamed("dpo.loss_type", "rlkit keeps DPO's settings in the dpo section"),
+    "behave_imp_weight_cap": renamed("actor.behav_imp_weight_cap", "AReaL's name until 2026-03"),
+    "behave_imp_weight_mode": same("tokens whose behaviour importance weight exceeds the cap are masked (AReaL's "
+                                   "token_mask)", lambda v, c: v == "token_mask",
+                                   fix="remove it, or set actor.rejection_sampling (level, action) for the other "
+                                       "modes", expected=lambda c: "token_mask"),
 }
 
 CRITIC: dict[str, Rule] = {
@@ -220,8 +226,8 @@ TOP: dict[str, Rule] = {
     "memory_profiler": off("the memory profiler", None),
     "teacher": off("on-policy distillation from a teacher", None),
     "ref": section("the reference model of a KL term or of DPO", REF),
-    "beta": same_value("dpo.beta", lambda c: c.dpo.beta),
-    "loss_type": same_value("dpo.loss_type", lambda c: c.dpo.loss_type),
+    "beta": renamed("dpo.beta", "rlkit keeps DPO's settings in the dpo section"),
+    "loss_type": renamed("dpo.loss_type", "rlkit keeps DPO's settings in the dpo section"),
 }
 
 GCONFIG: dict[str, Rule] = {
@@ -272,7 +278,6 @@ DATASET: dict[str, Rule] = {
     "num_dataset_workers": WORKERS,
     "drop_last": same("rlkit drops the last partial batch of an epoch", lambda v, c: v is True,
                       fix="remove it (keeping a partial batch is not supported yet)", expected=lambda c: True),
-    "split": inert("rlkit reads the whole local file at path (hub splits are not supported yet)"),
     "dataset_kwargs": off("extra dataset-loader arguments", None, {}),
     "scheduling_spec": PLACEMENT,
     "setup_timeout": AREAL_RPC,

@@ -7,6 +7,7 @@ reference and the critic on the trainer's GPUs.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -47,11 +48,40 @@ def _values(found: list[FoundKey], raw: dict[str, Any], problems: Problems) -> d
     return values
 
 
+_BARE_ENGINE = re.compile(r"[a-z]+")  # `actor.backend: fsdp`: AReaL's older meaning, the engine only
+
+
+def _check_engines(engines: dict[str, str], allocation_mode: Any, problems: Problems) -> None:
+    """Per-engine fields that name an engine without a layout (`actor.backend: fsdp`, AReaL until late 2025, with the
+    layout in allocation_mode): each must be the engine allocation_mode gives that part (the trainer's for
+    actor/ref/critic, the servers' for rollout)."""
+    if not engines:
+        return
+    if not isinstance(allocation_mode, str):
+        named = ", ".join(f"{k} '{v}'" for k, v in engines.items())
+        problems.add(f"{named} name(s) an engine but no layout, and allocation_mode is not set",
+                     hint="set allocation_mode (e.g. vllm:d2+fsdp:d2), or write the fields as backend:dims")
+        return
+    try:
+        allocation = parse_allocation(allocation_mode)
+    except ConfigError:
+        return  # the allocation_mode check reports it
+    for key, engine in engines.items():
+        part = allocation.server if key == SERVER_KEY else allocation.trainer
+        ours = part.backend if part is not None else None
+        if engine.strip() != ours:
+            problems.add(f"'{key}: {engine}' but allocation_mode '{allocation_mode}' gives "
+                         f"{'the servers' if key == SERVER_KEY else 'the trainer'} {ours or 'no engine'}",
+                         hint=f"set {key} to {ours} or remove it" if ours else f"remove {key}")
+
+
 def apply_layout(found: list[FoundKey], data: dict[str, Any], overrides: dict[str, Any],
                  raw: dict[str, Any], problems: Problems) -> None:
     """Check the per-engine layout fields among `found` and, when allocation_mode is given nowhere (`data`,
     `overrides`), set it in `data` from them. `raw`: the user's whole mapping, for `${...}` in the fields."""
     values = _values(found, raw, problems)
+    engines = {key: values.pop(key) for key in list(values) if _BARE_ENGINE.fullmatch(values[key].strip())}
+    _check_engines(engines, overrides.get("allocation_mode", data.get("allocation_mode")), problems)
     trainer = values.get(TRAINER_KEY)
     for key in ON_TRAINER_GPUS:
         if key in values and trainer is not None and values[key] != trainer:

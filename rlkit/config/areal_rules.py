@@ -5,10 +5,11 @@ accepted, because under rlkit it changes nothing, and then named in one notice w
 exit 2 because it would change training in a way rlkit does not (yet) do. A rule says which, given the key's value
 (after `${...}` interpolation) and rlkit's own resolved config.
 
-Three reasons to accept, shown in the notice:
+Four reasons to accept, shown in the notice:
 - DERIVED: rlkit computes this value itself (a trial name repeated inside a section); accepted when it agrees.
 - INERT: nothing under rlkit on Slurm reads it (data-loader workers, AReaL's own scheduler, tracing switches).
 - SAME: it would change training, but the value given is what rlkit does anyway (`min_new_tokens: 0`).
+- RENAMED: AReaL's name of a key rlkit has elsewhere or under AReaL's later name; the value is used as that key.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ USED = "used"  # read by rlkit (the per-engine layout fields): judged elsewhere,
 DERIVED = "rlkit derives it"
 INERT = "no effect under rlkit on Slurm"
 SAME = "same as rlkit's behaviour"
+RENAMED = "used under rlkit's name"
 
 Check = Callable[[Any, ExperimentConfig], "bool | None"]  # None: cannot be told here (a site file is missing)
 Value = Callable[[ExperimentConfig], Any]
@@ -42,6 +44,7 @@ class Rule:
     fix: str = ""
     refused: str = ""
     keys: dict[str, Rule] = field(default_factory=dict)
+    renamed_to: str = ""
 
     def accepts(self, value: Any, config: ExperimentConfig) -> bool | None:
         """True or False; None when it depends on a site file that cannot be read here (render warns, submit
@@ -61,6 +64,11 @@ def derived(name: str, value: Value) -> Rule:
 def used(why: str) -> Rule:
     """A key rlkit reads (a per-engine layout field); its checks are not the table's."""
     return Rule(USED, why)
+
+
+def renamed(ours: str, why: str) -> Rule:
+    """AReaL's name of a key rlkit has as `ours` (a dotted path): the value is used as `ours`."""
+    return Rule(RENAMED, f"as {ours}: {why}", renamed_to=ours)
 
 
 def inert(why: str) -> Rule:

@@ -8,16 +8,31 @@ else is refused with the `extra_args` spelling that passes it. Keys that do not 
 
 from __future__ import annotations
 
+from rlkit.config.allocation import parse_allocation
 from rlkit.config.areal_rules import SAME, Rule, inert, off, same, same_value
+from rlkit.config.schema import ExperimentConfig
+from rlkit.errors import ConfigError
 
 TOKEN_IDS = inert("rlkit sends and reads token ids, whether the server loads its tokenizer or not")
 SERVER_LOGS = inert("logging and metrics of the server only")
 
 
+def serves_with(backend: str, c: ExperimentConfig) -> bool:
+    """Whether the config's servers are `backend` (AReaL configs carry both server sections; one is read)."""
+    try:
+        server = parse_allocation(c.allocation_mode).server
+    except ConfigError:
+        return True  # the layout check reports it; judge the key as if it were read
+    return server is not None and server.backend == backend
+
+
 def server_flag(backend: str, key: str) -> Rule:
-    """A server option rlkit does not pass: fine when null or false (AReaL passes nothing then either)."""
-    return Rule(SAME, "AReaL passes no flag for null or false, and neither does rlkit",
-                ok=lambda v, c: v is None or v is False, refused="rlkit does not pass this server flag",
+    """A server option rlkit does not pass: fine when null or false (AReaL passes nothing then either), or when the
+    servers are of the other backend (nothing reads the section)."""
+    return Rule(SAME, f"AReaL passes no flag for null or false, and neither does rlkit; none when the servers are "
+                      f"not {backend}",
+                ok=lambda v, c: v is None or v is False or not serves_with(backend, c),
+                refused="rlkit does not pass this server flag",
                 fix=f"pass it as {backend}.extra_args: {{{key}: <value>}} (the server flag), or remove it")
 
 
@@ -39,10 +54,11 @@ VLLM: dict[str, Rule] = {
     "enable_sleep_mode": off("vLLM's sleep mode (GPU sharing)", False),
     "no_enable_prefix_caching": same_value("vllm.enable_prefix_caching", lambda c: not c.vllm.enable_prefix_caching,
                                            why="rlkit's key is vllm.enable_prefix_caching (the opposite)"),
-    "enable_lora": same_value("actor.use_lora", lambda c: c.actor.use_lora,
-                              why="rlkit starts the servers with LoRA exactly when actor.use_lora"),
+    "enable_lora": same("rlkit starts vLLM servers with LoRA exactly when actor.use_lora",
+                        lambda v, c: v is c.actor.use_lora or not serves_with("vllm", c),
+                        fix="remove it (rlkit's key is actor.use_lora)", expected=lambda c: c.actor.use_lora),
     "max_lora_rank": same("rlkit starts the servers with a --max-lora-rank that holds actor.lora_rank",
-                          lambda v, c: _lora_rank_fits(v, c.actor.lora_rank),
+                          lambda v, c: _lora_rank_fits(v, c.actor.lora_rank) or not serves_with("vllm", c),
                           fix="remove it (rlkit derives it from actor.lora_rank)"),
     "lora_modules": off("adapters loaded at server start", None, []),
 }

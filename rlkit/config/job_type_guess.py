@@ -3,7 +3,7 @@
 AReaL picks the algorithm by its entry script, so its configs carry no `type`; rlkit's schema default, generate,
 would then silently turn a GRPO config into a generate job that complains about generate.dataset.path. A config is
 obviously a generate job when its layout has no trainer, or when it sets the generate section and no section that
-only a trainer reads.
+only a trainer reads; it is obviously an sft, rw or dpo job when its training rows say so and nothing else disagrees.
 """
 
 from __future__ import annotations
@@ -48,18 +48,23 @@ def fitting_types(data: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(fits)) or ["generate", "grpo", "ppo", "sft", "rw", "dpo"]
 
 
-def missing_type(data: dict[str, Any], overrides: dict[str, Any]) -> ConfigError | None:
-    """The error for a config whose `type` is not set (in `data` or `overrides`), unless it is obviously a generate
-    job; None when type is set or not needed."""
-    if "type" in data or "type" in overrides:
+def job_type_of(merged: dict[str, Any]) -> str | ConfigError | None:
+    """For a config without `type` (`merged`: the file with the overrides over it): None when type is set or the
+    config is obviously a generate job (the schema's default), the one type its training rows' own type allows
+    (`train_dataset.type: sft`, `rw` or `dpo`, as AReaL writes them), else the error naming the types it fits. Rows
+    of type rl stay an error: grpo and ppo both read them, and rlkit does not guess the algorithm."""
+    if "type" in merged:
         return None
-    merged = {**data, **overrides}
     trainer = _has_trainer(merged.get("allocation_mode"))
     if trainer is False:
         return None  # servers only: generate is the one job type without a trainer
     if "generate" in merged and not any(section in merged for section in TRAINING_SECTIONS):
         return None
     fits = fitting_types(merged)
+    rows = merged.get("train_dataset")
+    row_type = rows.get("type") if isinstance(rows, dict) else None
+    if len(fits) == 1 and row_type in ("sft", "rw", "dpo") and fits == [row_type]:
+        return row_type
     choices = " or ".join(f"type={t}" for t in fits)
     return ConfigError("'type' is not set, and the config is not obviously a generate job (rlkit does not guess "
                        "the algorithm, as AReaL's entry script does)", hint=f"set {choices}")

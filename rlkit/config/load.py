@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,9 +20,18 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from rlkit.config.areal_accept import AcceptedKey, judge, merge_found, split_areal_keys
+from rlkit.config.areal_accept import (
+    AcceptedKey,
+    FoundKey,
+    inline_areal_references,
+    judge,
+    merge_found,
+    move_renamed,
+    split_areal_keys,
+)
 from rlkit.config.areal_layout import apply_layout
-from rlkit.config.job_type_guess import missing_type
+from rlkit.config.areal_rules import DERIVED
+from rlkit.config.job_type_guess import job_type_of
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_walk import schema_paths, section_type
@@ -113,6 +123,9 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"cannot parse overrides {overrides}: {str(exc).splitlines()[0]}") from None
 
 
+_WHOLE_REFERENCE = re.compile(r"\$\{[A-Za-z_][\w.]*\}")
+
+
 def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
     """A schema section must receive a mapping (OmegaConf's own error would not name the field)."""
     if not isinstance(data, dict):
@@ -124,6 +137,8 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
         value = data[f.name]
         if value is None and f.default is None:  # an optional section switched off
             continue
+        if isinstance(value, str) and _WHOLE_REFERENCE.fullmatch(value.strip()):
+            continue  # `optimizer: ${actor.optimizer}` (AReaL's critic): the section it names, once resolved
         if not isinstance(value, dict):
             example = dataclasses.fields(section)[0].name
             raise ConfigError(f"'{prefix}{f.name}' is a section, not a value ({origin})",
@@ -164,6 +179,20 @@ def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None
     data["actor"] = {**(actor or {}), "group_size": "${gconfig.n_samples}"}
 
 
+def _settle_type(data: dict[str, Any], merged: dict[str, Any], problems: Problems,
+                 accepted: list[AcceptedKey] | None) -> None:
+    """A user's file without `type`: set it when the training rows leave one choice (named in the notice), refuse it
+    unless the config is obviously a generate job (rlkit.config.job_type_guess)."""
+    verdict = job_type_of(merged)
+    if isinstance(verdict, ConfigError):
+        problems.errors.append(verdict)
+    elif verdict is not None:
+        data["type"] = verdict
+        if accepted is not None:
+            accepted.append(AcceptedKey("type", verdict, DERIVED, f"the one job type of train_dataset.type "
+                                                                  f"'{verdict}' (set type to be explicit)"))
+
+
 @functools.cache
 def _schema() -> DictConfig:
     """The schema as an OmegaConf tree, built once per process (merging copies it, never changes it)."""
@@ -186,6 +215,28 @@ def _merge_all(cfg: DictConfig, data: dict[str, Any], origin: str, problems: Pro
         return merged
 
 
+def areal_to_rlkit(data: dict[str, Any], override_tree: dict[str, Any], *, source: str, problems: Problems,
+                   accepted: list[AcceptedKey] | None = None, require_type: bool = False
+                   ) -> tuple[dict[str, Any], dict[str, Any], list[FoundKey]]:
+    """The file's mapping and the overrides as rlkit's schema reads them, and the AReaL keys taken out of them (to be
+    judged once resolved): AReaL names of rlkit keys moved to those keys, the per-engine layout fields turned into
+    allocation_mode, references to taken-out keys inlined, `type` settled (`require_type`). `rlkit migrate` prints
+    the result; `compose` merges it."""
+    raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
+    data, found = split_areal_keys(data, f"in {source}", problems)
+    override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
+    move_renamed(data, found, problems)
+    move_renamed(override_tree, found_in_overrides, problems)
+    found = merge_found(found, found_in_overrides)
+    apply_layout(found, data, override_tree, raw, problems)
+    _default_group_size(data, override_tree)
+    inline_areal_references(data, found)
+    inline_areal_references(override_tree, found)
+    if require_type:
+        _settle_type(data, _deep_merge(data, override_tree), problems, accepted)
+    return data, override_tree, found
+
+
 def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems,
             accepted: list[AcceptedKey] | None = None, require_type: bool = False) -> DictConfig | None:
     """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
@@ -203,19 +254,16 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         _check_sections(override_tree, ExperimentConfig, "", "in a command-line override")
     if not problems.ok():
         return None  # a section given as a value, or an unreadable override: nothing sensible to merge
-    raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
-    data, found = split_areal_keys(data, f"in {source}", problems)
-    override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
-    found = merge_found(found, found_in_overrides)
-    apply_layout(found, data, override_tree, raw, problems)
-    _default_group_size(data, override_tree)
-    untyped = missing_type(data, override_tree) if require_type else None
-    if untyped is not None:
-        problems.errors.append(untyped)
+    data, override_tree, found = areal_to_rlkit(data, override_tree, source=source, problems=problems,
+                                                accepted=accepted, require_type=require_type)
     cfg = _merge_all(cfg, data, f"in {source}", problems)
     if override_tree:
         cfg = _merge_all(cfg, override_tree, "in a command-line override", problems)
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+    except OmegaConfBaseException as exc:  # a ${...} naming no key: reported as the resolution below would
+        problems.errors.append(_explain(exc, "while resolving ${...} references"))
+        return None
     for key in missing:
         problems.add(f"required field '{key}' is not set", hint=f"add it to {source} or pass {key}=... on the "
                                                                 "command line")

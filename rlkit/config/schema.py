@@ -61,6 +61,8 @@ class ClusterConfig:
 
     cluster_name: str = _f("local", "Name of the cluster: kept in the trial manifest, shown by `rlkit status TRIAL`.")
     fileroot: str = _f("/tmp/rlkit", "Root for trials, logs and checkpoints; must be on a filesystem all nodes share.")
+    hub_cache: str = _f("", "Where `rlkit submit` downloads models and datasets given as Hugging Face hub ids (on the "
+                            "login node; compute nodes never download); empty: <fileroot>/hub-cache.")
     n_nodes: int = _f(1, "Number of nodes the job may use in total.")
     n_gpus_per_node: int = _f(8, "GPUs per node (physical).")
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve store.")
@@ -140,9 +142,11 @@ class DatasetConfig:
 
     path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
+    split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
     batch_size: int = _f(1, "Rows per batch.")
     shuffle: bool = _f(True, "Shuffle rows each epoch.")
-    max_length: int | None = _f(None, "Drop rows whose prompt has more tokens than this.")
+    max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
+                                      "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.")
     prompt_key: str = _f("prompt", "Column holding the prompt: a string, a list of chat messages, or token ids.")
 
 

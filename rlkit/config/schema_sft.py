@@ -36,3 +36,10 @@ class SFTConfig:
     truncate: bool = _f(
         False, "Rows longer than the dataset's max_length: false drops them (AReaL), true cuts them to max_length "
                "(the end of the response is lost, so such rows never teach the model to stop).")
+
+
+def sft_row_limit(max_length: int | None, max_tokens_per_mb: int | None) -> int | None:
+    """The most tokens an sft row may have: the dataset's max_length, else the micro-batch budget (a longer row fits
+    no micro-batch). Rows over it are dropped and counted in the trainer log, as rows over max_length are; AReaL's
+    sft configs set no max_length."""
+    return max_length if max_length is not None else max_tokens_per_mb

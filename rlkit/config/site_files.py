@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -42,6 +43,16 @@ def _os_errors_named(check: _Check) -> _Check:
 def is_image_uri(image: str) -> bool:
     """An image Apptainer fetches itself (not a local file we can check)."""
     return image.startswith(_IMAGE_URI)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def is_hub_id(value: object) -> bool:
+    """A Hugging Face hub id, `org/name`, that is not a path here: no leading `/`, `.` or `~`, no data-file suffix,
+    nothing at that relative path. rlkit.launch.hub fetches it at submit (and reports it when it cannot)."""
+    return (isinstance(value, str) and _HUB_ID.fullmatch(value) is not None
+            and not value.endswith(DATASET_SUFFIXES) and not Path(value).exists())
 
 
 def is_local_path(value: str) -> bool:
@@ -98,6 +109,8 @@ def check_chat_template(field: str, value: str, why: str) -> None:
 @_os_errors_named
 def check_dataset_file(field: str, value: str) -> None:
     """A dataset must be a local .jsonl/.json/.parquet file or a directory of them."""
+    if is_hub_id(value):
+        return  # a hub id not fetched (render, or before submit's download): rlkit.launch.hub reports it
     path = Path(value)
     if not path.exists():
         raise ConfigError(f"{field}: '{value}' does not exist", hint="give the path of a .jsonl or .parquet file",
@@ -135,6 +148,6 @@ def make_paths_absolute(config: object, cwd: str) -> None:
         value = get_field(config, dotted)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
             continue
-        if dotted in _MODEL_FIELDS and not is_local_path(value):
+        if (dotted in _MODEL_FIELDS and not is_local_path(value)) or is_hub_id(value):
             continue
         set_field(config, dotted, os.path.normpath(os.path.join(cwd, value)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlkit.config.allocation import Allocation, parse_allocation
+from rlkit.config.binds import check_binds, parse_mounts
 from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.schema_eval import evaluation_enabled
@@ -73,25 +74,32 @@ def parse_env_vars(field: str, text: str) -> dict[str, str]:
     return env
 
 
-def parse_mounts(text: str) -> list[str]:
-    """'src:dst,src2:dst2' -> ['src:dst', ...]; both sides absolute paths."""
-    mounts: list[str] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        parts = item.split(":")
-        if len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2]):
-            raise ConfigError(
-                f"launcher.slurm.mount: '{item}' is not /host/path:/container/path[:ro]",
-                hint="e.g. launcher.slurm.mount=/storage:/storage,/scratch:/scratch",
-            )
-        mounts.append(item)
-    return mounts
-
-
 def server_model(config: ExperimentConfig, backend: str) -> str:
     """The model the inference servers of `backend` load (the backend's own field, else actor.path)."""
     from rlkit.servers.backend import backend_for  # light: no torch, no server package
 
     return backend_for(backend).configured_model(config) or config.actor.path
+
+
+def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
+    """Job types that evaluate valid_dataset at each epoch's end (sft, rw, dpo) accept the evaluator saying just that
+    (AReaL's configs for them do: freq_epochs 1); other frequencies, or a job type that evaluates nothing, would be
+    ignored and are refused."""
+    ev = config.evaluator
+    every_epoch = ev.freq_epochs == 1 and not ev.freq_steps and not ev.freq_secs
+    if "valid_dataset" in job.sections and every_epoch:
+        if not config.valid_dataset.path:
+            problems.add(f"evaluator.freq_epochs is 1, but valid_dataset.path is not set: job type {job.name} "
+                         "evaluates on the validation set at each epoch's end", hint="set valid_dataset.path, or "
+                                                                                     "remove the evaluator section")
+        return
+    if "valid_dataset" in job.sections:
+        problems.add(f"job type {job.name} evaluates valid_dataset at each epoch's end; other evaluator "
+                     "frequencies are not supported yet", hint="set evaluator.freq_epochs=1 (and freq_steps, "
+                                                              "freq_secs null), or remove the evaluator section")
+        return
+    problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: they "
+                 "would be ignored", hint="remove the evaluator section")
 
 
 def validate(config: ExperimentConfig) -> Validated:
@@ -115,8 +123,7 @@ def validate(config: ExperimentConfig) -> Validated:
         problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
                      "would be ignored", hint="remove valid_dataset")
     if evaluation_enabled(config.evaluator) and job is not None and "evaluator" not in job.sections:
-        problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: "
-                     "they would be ignored", hint="remove the evaluator section")
+        _validate_epoch_evaluation(config, job, problems)
     allocation = None
     with problems.check():
         allocation = parse_allocation(config.allocation_mode)
@@ -233,8 +240,11 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobTyp
     if slurm.container_type not in CONTAINER_TYPES:
         problems.add(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",
                      hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
-    with problems.check():
-        parse_mounts(slurm.mount)
+    if slurm.container_type == "apptainer":
+        check_binds(config, problems)
+    else:
+        with problems.check():
+            parse_mounts(slurm.mount)
     if slurm.container_type == "apptainer":
         for name in ("inference_server_image", "trainer_image"):
             with problems.check():

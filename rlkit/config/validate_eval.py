@@ -15,6 +15,7 @@ from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_eval import evaluation_enabled
 from rlkit.config.site_files import check_dataset_file
 from rlkit.errors import ConfigError
+from rlkit.row_formats import is_gsm8k_row
 
 ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read reward.answer_key from the row
 
@@ -66,7 +67,7 @@ def _validate_columns(config: ExperimentConfig) -> None:
     row = first_jsonl_row("valid_dataset.path", Path(ds.path))
     if row is None:
         return  # parquet: checked when the job loads it
-    if ds.prompt_key not in row:
+    if ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
         raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
                           hint="set valid_dataset.prompt_key to the prompt column")
     if config.reward.fn in ANSWER_REWARDS and config.reward.answer_key not in row:

@@ -17,6 +17,7 @@ from rlkit.config.schema_pairs import DPO_LOSS_TYPES, PairDataConfig
 from rlkit.config.site_files import check_chat_template, check_dataset_file, check_model_dir
 from rlkit.config.validate_trainer import DTYPES, validate_mb_spec, validate_optimizer, validate_trainer
 from rlkit.errors import ConfigError
+from rlkit.row_formats import pair_row
 
 
 def validate_rw(config: ExperimentConfig, problems: Problems) -> None:
@@ -107,6 +108,7 @@ def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig,
     row = first_jsonl_row(f"{field}.path", Path(dataset.path))
     if row is None:
         return
+    row = dict(pair_row(row, dataset.prompt_key, section.chosen_key, section.rejected_key))
     keys = {"prompt_key": (f"{field}.prompt_key", dataset.prompt_key),
             "chosen_key": (f"{name}.chosen_key", section.chosen_key),
             "rejected_key": (f"{name}.rejected_key", section.rejected_key)}

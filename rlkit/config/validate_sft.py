@@ -20,6 +20,7 @@ from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
 from rlkit.config.site_files import check_chat_template, check_dataset_file, is_local_path
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
+from rlkit.row_formats import sft_columns
 
 _PLAINTEXT_ONLY = ("system_prompt_key", "system_prompt")
 
@@ -118,8 +119,8 @@ def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:
             raise ConfigError(f"{name}.path: the first row's chat has no assistant message, so nothing to train on",
                               hint="each chat needs at least one message with role assistant")
         return
-    for field in ("prompt_key", "response_key"):
-        key = getattr(sft, field)
+    for field, key in zip(("prompt_key", "response_key"), sft_columns(row, sft.prompt_key, sft.response_key),
+                          strict=True):
         if key and key not in row:
             raise ConfigError(f"{name}.path: rows have no column '{key}' (sft.{field}; columns: {columns})",
                               hint=f"set sft.{field} to the right column")
@@ -154,11 +155,7 @@ def _validate_lengths(config: ExperimentConfig, problems: Problems) -> None:
         if name == "valid_dataset" and not ds.path:
             continue
         limit = ds.max_length
-        if limit is None:
-            if budget is not None:
-                problems.add(f"{name}.max_length is not set, so a row may be longer than actor.mb_spec."
-                             f"max_tokens_per_mb ({budget}) and fit no micro-batch",
-                             hint=f"set {name}.max_length to at most {budget}")
+        if limit is None:  # the trainer keeps rows of at most the micro-batch budget (sft_row_limit)
             if sft.truncate:
                 problems.add(f"sft.truncate needs {name}.max_length (the length to cut rows to)",
                              hint=f"set {name}.max_length, or remove sft.truncate")

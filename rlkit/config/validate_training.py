@@ -20,6 +20,7 @@ from rlkit.config.validate_algo import validate_algorithm
 from rlkit.config.validate_reward_model import validate_reward_model
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
+from rlkit.row_formats import is_gsm8k_row
 
 CHOICES = {
     "actor.importance_sampling_level": ("token", "sequence"),
@@ -64,7 +65,7 @@ def _validate_dataset(config: ExperimentConfig) -> None:
         raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
     check_dataset_file("train_dataset.path", ds.path)
     row = first_jsonl_row("train_dataset.path", Path(ds.path))
-    if row is not None and ds.prompt_key not in row:
+    if row is not None and ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
                           hint="set train_dataset.prompt_key to the prompt column")
     if row is not None and config.reward.fn in ("math", "exact_match") and config.reward.answer_key not in row:

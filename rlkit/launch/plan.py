@@ -14,9 +14,10 @@ import sys
 from dataclasses import dataclass, field
 
 from rlkit.config.allocation import Allocation
+from rlkit.config.binds import container_binds
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
-from rlkit.config.validate import parse_env_vars, parse_mounts, server_model
+from rlkit.config.validate import parse_env_vars, server_model
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
 from rlkit.launch.hostlist import expand_hostlist
@@ -193,12 +194,8 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
                             ("time", time), ("constraint", slurm.constraint), ("exclude", slurm.exclude))
         if value
     )
-    binds = [*parse_mounts(slurm.mount)]
-    nr = cluster.name_resolve
-    etcd_files = (nr.etcd3_cacert, nr.etcd3_cert, nr.etcd3_key) if nr.type == "etcd3" else ()
-    for shared in (cluster.fileroot, nr.nfs_record_root, *etcd_files):  # empty record root: in the trial dir
-        if shared and not any(_is_under(shared, b.split(":")[0]) for b in binds):
-            binds.append(f"{shared}:{shared}")
+    user_binds, added_binds = container_binds(config)  # checked by validation (rlkit.config.binds)
+    binds = [b.text() for b in (*user_binds, *added_binds)]
     recovers = job.resumable and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))
     if recovers:  # the trainer checkpoints on Slurm's warning and the job requeues itself (rlkit.launch.render)
@@ -216,17 +213,11 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         binds=tuple(binds) if in_container else (),
         srun_args=tuple(shlex.split(slurm.srun_additional_args)),
         notes=(*notes,
-               *(f"bound into containers: {b}" for b in binds[len(parse_mounts(slurm.mount)):] if in_container)),
+               *(f"bound into containers: {b.text()}" for b in added_binds if in_container)),
         retries=config.recover.retries if recovers else 0,
         attempt=attempt,
         trainer_group=work_group,
     )
-
-
-def _is_under(path: str, root: str) -> bool:
-    """Whether `path` is `root` or lies below it (both absolute)."""
-    path, root = path.rstrip("/") or "/", root.rstrip("/") or "/"
-    return path == root or path.startswith(root + "/") or root == "/"
 
 
 def _split_nodelist(components: list[Component], nodelist: str) -> list[Component]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import time
@@ -16,9 +17,10 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.site_files import make_paths_absolute
 from rlkit.config.validate import validate
-from rlkit.errors import ConfigError, SlurmError, UserError
+from rlkit.errors import ConfigError, SlurmError, UserError, each_error
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
+from rlkit.launch.hub import NotInHubCache, has_hub_ids, resolve_hub_ids
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.preflight import preflight as site_preflight
 from rlkit.launch.render import render_script
@@ -65,12 +67,17 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
                    dry_run: bool = False, model_stand_in: str = "", preflight: bool = False,
-                   areal_keys: tuple[AcceptedKey, ...] = ()) -> Prepared:
+                   areal_keys: tuple[AcceptedKey, ...] = (), fetch: bool = True) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
     model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
     checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
-    from), used while actor.path does not exist; the plan and the script keep actor.path."""
+    from), used while actor.path does not exist; the plan and the script keep actor.path. Hub ids of models and
+    datasets are fetched into the hub cache once every other check passed (`fetch`; a dry run only looks in the
+    cache: rlkit.launch.hub)."""
     problems = problems if problems is not None else Problems()
+    if fetch and not dry_run and has_hub_ids(config):
+        _check_before_download(config, problems, attempt=attempt, model_stand_in=model_stand_in)
+    resolve_hub_ids(config, problems, download=fetch and not dry_run)
     make_paths_absolute(config, os.getcwd())
     real_model = config.actor.path
     if model_stand_in and not Path(real_model).exists():
@@ -99,6 +106,20 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
     return Prepared(config, plan, render_script(plan), paths, tuple(problems.site_warnings()), areal_keys)
+
+
+def _check_before_download(config: ExperimentConfig, problems: Problems, *, attempt: int,
+                           model_stand_in: str) -> None:
+    """Every problem of a config with hub ids, found before anything is downloaded (a config to be refused must not
+    fetch gigabytes first): the checks run as render's, and any problem but an id not yet in the cache is raised."""
+    try:
+        prepare_config(copy.deepcopy(config), copy.deepcopy(problems), attempt=attempt,
+                       model_stand_in=model_stand_in, fetch=False)
+    except ConfigError as exc:
+        checked = Problems()
+        checked.errors.extend(e for e in each_error(exc) if isinstance(e, ConfigError)
+                              and not isinstance(e, NotInHubCache))
+        checked.raise_if_any()
 
 
 def _drop_repeats(problems: Problems) -> None:

@@ -19,6 +19,7 @@ from rlkit.errors import StepError
 from rlkit.nameresolve import name_resolve_for
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServerPool, wait_for_servers
+from rlkit.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.servers.backend import SamplingParams
 from rlkit.trials import read_token
 
@@ -63,12 +64,12 @@ def run_generate(trial_dir: Path) -> None:
     rows = load_rows(gen.dataset.path)
     if gen.max_prompts is not None:
         rows = rows[: gen.max_prompts]
-    if rows and gen.dataset.prompt_key not in rows[0]:
+    if rows and gen.dataset.prompt_key not in rows[0] and not is_gsm8k_row(rows[0], gen.dataset.prompt_key):
         raise StepError(f"dataset {gen.dataset.path} has no column '{gen.dataset.prompt_key}' "
                         f"(columns: {', '.join(rows[0])}); set generate.dataset.prompt_key")
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or server_model(config, alloc.server.backend))
-    prompts = [prompt_token_ids(r[gen.dataset.prompt_key], tokenizer, chat_template=gen.apply_chat_template)
-               for r in rows]
+    prompts = [prompt_token_ids(rl_prompt(r, gen.dataset.prompt_key), tokenizer,
+                                chat_template=gen.apply_chat_template) for r in rows]
     nr = name_resolve_for(config)
     servers = wait_for_servers(nr, alloc.server.dp, config.rollout.setup_timeout)
     print(f"rlkit generate: {len(rows)} prompts on {len(servers)} servers: "

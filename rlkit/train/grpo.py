@@ -23,6 +23,7 @@ from rlkit.config.schema_eval import evaluation_enabled
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.rollout.controller import Prompt
+from rlkit.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.train.advantage_batch import token_advantages
 from rlkit.train.dist import broadcast_object, gather_per_sample
 from rlkit.train.engine import TrainEngine
@@ -52,15 +53,16 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_da
     are dropped."""
     ds = getattr(config, name)
     rows = load_rows(ds.path)
-    if rows and ds.prompt_key not in rows[0]:
+    if rows and ds.prompt_key not in rows[0] and not is_gsm8k_row(rows[0], ds.prompt_key):
         raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
                         f"set {name}.prompt_key")
     prompts = []
     for i, row in enumerate(rows):
-        ids = prompt_token_ids(row[ds.prompt_key], tokenizer, chat_template=False)
+        prompt = rl_prompt(row, ds.prompt_key)  # GSM8K's rows as AReaL reads them (rlkit.row_formats)
+        ids = prompt_token_ids(prompt, tokenizer, chat_template=False)
         if ds.max_length is not None and len(ids) > ds.max_length:
             continue
-        text = row[ds.prompt_key] if isinstance(row[ds.prompt_key], str) else tokenizer.decode(ids)
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
         prompts.append(Prompt(i, row, text, ids))
     return prompts
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlkit.errors import StepError
+from rlkit.row_formats import pair_row
 
 if TYPE_CHECKING:
     from rlkit.config.schema import DatasetConfig
@@ -103,6 +104,7 @@ def answer_ids(tokenizer: Any, prompt: Any, answer: Any, prompt_tokens: Sequence
 def encode_pair(tokenizer: Any, row: dict[str, Any], index: int, *, prompt_key: str, chosen_key: str,
                 rejected_key: str) -> Pair:
     """Tokenize one row; StepError naming the row and column for a row that cannot be read."""
+    row = dict(pair_row(row, prompt_key, chosen_key, rejected_key))  # hh-rlhf's conversations (rlkit.row_formats)
     try:
         for key in (prompt_key, chosen_key, rejected_key):
             if key not in row:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit.config.schema_sft import sft_row_limit
 from rlkit.errors import StepError
 from rlkit.train.dist import all_reduce_sum
 from rlkit.train.engine import TrainEngine, actor_model_factory
@@ -43,8 +44,11 @@ class SFT:
         tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.actor.path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         train_ds, valid_ds = config.train_dataset, config.valid_dataset
-        self.train = load_sft_dataset(train_ds.path, tokenizer, config.sft, max_length=train_ds.max_length)
-        self.valid = (load_sft_dataset(valid_ds.path, tokenizer, config.sft, max_length=valid_ds.max_length)
+        budget = config.actor.mb_spec.max_tokens_per_mb
+        self.train = load_sft_dataset(train_ds.path, tokenizer, config.sft,
+                                      max_length=sft_row_limit(train_ds.max_length, budget))
+        self.valid = (load_sft_dataset(valid_ds.path, tokenizer, config.sft,
+                                       max_length=sft_row_limit(valid_ds.max_length, budget))
                       if valid_ds.path else None)
         valid_rows = self.valid.examples if self.valid is not None else []
         check_same_data(data_digest([*((e.input_ids, e.loss_mask) for e in self.train.examples), "|",

@@ -22,6 +22,7 @@ from typing import Any
 
 from rlkit.config.schema_sft import SFTConfig
 from rlkit.errors import StepError
+from rlkit.row_formats import sft_columns
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,8 @@ def row_example(row: Mapping[str, Any], tokenizer: Any, sft: SFTConfig) -> SFTEx
         return chat_example(row[sft.messages_key], tokenizer, all_turns=sft.enable_concatenated_multi_turn,
                             chat_template=template)
     values = {}
-    for field in ("prompt_key", "response_key"):
-        key = getattr(sft, field)
+    columns = sft_columns(row, sft.prompt_key, sft.response_key)  # GSM8K's question/answer (rlkit.row_formats)
+    for field, key in zip(("prompt_key", "response_key"), columns, strict=True):
         if not isinstance(row.get(key), str):
             raise ValueError(f"column '{key}' (sft.{field}) is missing or not a string")
         values[field] = row[key]

@@ -230,7 +230,8 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     ({"gconfig": {"greedy": True}}, "'gconfig.greedy: true'"),
     ({"train_dataset": {"drop_last": False}}, "'train_dataset.drop_last: false'"),
     ({"actor": {"kl_ctl": 0.1}, "ref": {"path": "/another/model"}}, "'ref.path: /another/model'"),
-    ({"sglang": {"max_prefill_tokens": 4096}}, "sglang.extra_args: {max_prefill_tokens: <value>}"),
+    ({"sglang": {"max_prefill_tokens": 4096}, "allocation_mode": "sglang:d1+fsdp:d1"},
+     "sglang.extra_args: {max_prefill_tokens: <value>}"),
     ({"enable_offload": True}, "training offload (torch_memory_saver) is not supported yet"),
     ({"memory_profiler": {"profile_steps": [1]}}, "the memory profiler is not supported yet"),
 ])
@@ -273,11 +274,11 @@ def test_unknown_keys_are_all_listed_at_once_with_did_you_mean(model: Path) -> N
 
 
 def test_areal_keys_on_the_command_line_are_judged_too(model: Path) -> None:
-    problems, accepted, _ = _compose(_grpo(model), ["gconfig.min_new_tokens=5", "train_dataset.split=test"])
+    problems, accepted, _ = _compose(_grpo(model), ["gconfig.min_new_tokens=5", "train_dataset.num_workers=8"])
     assert [("gconfig.min_new_tokens" in str(e)) for e in problems.errors] == [True]
     assert "in a command-line override" in str(problems.errors[0])
-    problems, accepted, _ = _compose(_grpo(model), ["train_dataset.split=test"])
-    assert problems.ok() and {a.key: a.value for a in accepted}["train_dataset.split"] == "test"
+    problems, accepted, _ = _compose(_grpo(model), ["train_dataset.num_workers=8"])
+    assert problems.ok() and {a.key: a.value for a in accepted}["train_dataset.num_workers"] == 8
 
 
 def test_an_older_section_name_is_refused_with_the_rename(model: Path) -> None:
@@ -290,7 +291,7 @@ def test_the_notice_names_each_key_with_its_reason() -> None:
             AcceptedKey("actor.experiment_name", "e", DERIVED, "from experiment_name"),
             AcceptedKey("actor.scheduling_spec", [{"cmd": "python3 -m areal.scheduler.rpc.rpc_server"}], INERT, "x")]
     lines = notice_lines(keys)
-    assert lines[0].startswith("3 AReaL key(s) accepted but not used by rlkit")
+    assert lines[0].startswith("3 AReaL key(s) that rlkit has no field for, accepted")
     assert lines[1] == "  actor.experiment_name: e  (rlkit derives it: from experiment_name)"
     assert len(lines[2]) < 120 and "..." in lines[2], "a long value is cut"
     assert notice_lines([]) == []
@@ -358,8 +359,18 @@ def test_a_missing_type_names_the_types_the_config_fits(model: Path) -> None:
     problems, _, _ = _compose(data, ["type=grpo"], require_type=True)
     assert problems.ok()
     sft = {**data, "train_dataset": {"path": "/d.jsonl", "type": "sft"}, "allocation_mode": "fsdp:d1"}
-    problems, _, _ = _compose(sft, require_type=True)
-    assert [e.hint for e in problems.errors] == ["set type=sft"]
+    problems, accepted, config = _compose(sft, require_type=True)
+    assert problems.ok() and config is not None and config.type == "sft", "sft rows leave one choice"
+    assert [(a.key, a.value) for a in accepted if a.key == "type"] == [("type", "sft")], "named in the notice"
+    problems, _, _ = _compose({**sft, "critic": {"path": "/m"}}, require_type=True)
+    assert [e.hint for e in problems.errors] == ["set type=ppo or type=sft"], "a critic disagrees: no guess"
+
+
+def test_server_flags_of_the_other_backend_are_not_read(model: Path) -> None:
+    """AReaL's configs carry both server sections; only the one of the servers in use is judged."""
+    problems, accepted, _ = _compose(_grpo(model, sglang={"max_prefill_tokens": 4096, "enable_lora": True}))
+    assert problems.ok(), [str(e) for e in problems.errors]
+    assert {"sglang.max_prefill_tokens", "sglang.enable_lora"} <= {a.key for a in accepted}
 
 
 @pytest.mark.parametrize("data", [

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.config.binds import parse_mounts
 from rlkit.config.load import load_config, schema_paths, to_yaml
-from rlkit.config.validate import parse_env_vars, parse_mounts
+from rlkit.config.validate import parse_env_vars
 from rlkit.errors import ConfigError
 
 from ..conftest import raise_problems
@@ -111,7 +112,7 @@ def test_missing_image_file(generate_yaml: Path, tmp_path: Path) -> None:
 
 def test_env_and_mount_parsing() -> None:
     assert parse_env_vars("f", "A=1, B=x=y,,") == {"A": "1", "B": "x=y"}
-    assert parse_mounts("/a:/b,/c:/d:ro") == ["/a:/b", "/c:/d:ro"]
+    assert [b.text() for b in parse_mounts("/a:/b,/c:/d:ro")] == ["/a:/b", "/c:/d:ro"]
 
 
 def test_every_schema_field_has_help() -> None:
@@ -138,7 +139,8 @@ def test_relative_paths_are_made_absolute_at_submit(generate_yaml: Path, tmp_pat
     (model / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path / "local")
     prepared = prepare(generate_yaml, ["generate.dataset.path=prompts.jsonl", "actor.path=./model",
-                                       "vllm.model=org/hub-model"])
+                                       "vllm.model=org/hub-model"], dry_run=True)
     assert prepared.config.generate.dataset.path == str(tmp_path / "local" / "prompts.jsonl")
     assert prepared.config.actor.path == str(model)
-    assert prepared.config.vllm.model == "org/hub-model"  # a hub id stays as written
+    assert prepared.config.vllm.model == "org/hub-model", "a hub id is not a relative path (rlkit.launch.hub)"
+    assert [w.message.split(":")[0] for w in prepared.warnings] == ["vllm.model"], "not in the hub cache yet"

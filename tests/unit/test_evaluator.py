@@ -92,7 +92,7 @@ def test_a_valid_evaluator_config_has_no_problem(tmp_path: Path) -> None:
     (["evaluator.max_prompts=0"], None, "evaluator.max_prompts must be at least 1"),
     (["eval_gconfig.temperature=-1"], None, "eval_gconfig.temperature must be >= 0"),
     (["reward.fn=math"], {"prompt": "Q: 1+2= A:"}, "answer column 'answer'"),
-    ([], {"question": "Q: 1+2= A:", "answer": "3"}, "rows have no column 'prompt'"),
+    ([], {"query": "Q: 1+2= A:", "answer": "3"}, "rows have no column 'prompt'"),  # {question, answer}: GSM8K's
     (["valid_dataset.path=/nonexistent/valid.jsonl"], None, "does not exist"),
 ])
 def test_bad_evaluator_configs_are_refused_naming_the_field(tmp_path: Path, overrides: list[str],

@@ -147,8 +147,9 @@ def test_weird_values_survive_the_shell(generate_yaml: Path) -> None:
                              capture_output=True, text=True, check=True).stdout.splitlines()
     assert printed == _start_lines(script)[0][2:]
     assert f"A={value}" in printed and image in printed
-    fileroot = config.cluster.fileroot
-    assert printed[printed.index("--bind") + 1] == f"/data dir:/data,{fileroot}:{fileroot}"
+    fileroot, model, data = config.cluster.fileroot, config.actor.path, config.generate.dataset.path
+    binds = printed[printed.index("--bind") + 1].split(",")
+    assert binds[0] == "/data dir:/data" and sorted(binds[1:]) == sorted(f"{p}:{p}" for p in (model, data, fileroot))
     assert not Path("/tmp/rlkit-pwned").exists()
 
 
@@ -169,10 +170,13 @@ def test_step_command_is_bare_without_containers(generate_yaml: Path) -> None:
 
 
 def test_name_resolve_files_are_bound_into_containers(generate_yaml: Path) -> None:
-    """Records in the trial directory need no bind of their own; a separate record root and etcd's TLS files do."""
+    """Records in the trial directory need no bind of their own; a separate record root and etcd's TLS files do (the
+    model and the dataset's directory are bound as well, at their host paths)."""
     apptainer = ["launcher.slurm.container_type=apptainer", "launcher.slurm.mount="]
-    fileroot = load_config(generate_yaml).cluster.fileroot
-    assert plan_of(load_config(generate_yaml, apptainer)).binds == (f"{fileroot}:{fileroot}",)
+    config = load_config(generate_yaml)
+    fileroot, model, data = config.cluster.fileroot, config.actor.path, config.generate.dataset.path
+    assert sorted(plan_of(load_config(generate_yaml, apptainer)).binds) == sorted(f"{p}:{p}" for p in (model, data,
+                                                                                                       fileroot))
     files = {"etcd3_cacert": "/etc/etcd/ca.crt", "etcd3_cert": "/home/u/c.crt", "etcd3_key": "/home/u/c.key"}
     etcd = ["cluster.name_resolve.type=etcd3", *(f"cluster.name_resolve.{k}={v}" for k, v in files.items())]
     binds = plan_of(load_config(generate_yaml, [*apptainer, *etcd])).binds

@@ -11,6 +11,8 @@ import pytest
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_sft import sft_row_limit
+from rlkit.config.validate import validate
 from rlkit.config.validate_sft import validate_sft
 from rlkit.errors import ConfigErrors
 
@@ -81,8 +83,6 @@ def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping:
     (["train_dataset.prompt_key=question"], ["train_dataset.prompt_key is 'question', but sft reads",
                                              "fix: set sft.prompt_key=question"]),
     (["train_dataset.max_length=64"], ["train_dataset.max_length (64) exceeds actor.mb_spec.max_tokens_per_mb (32)"]),
-    (["train_dataset.max_length=null"], ["train_dataset.max_length is not set, so a row may be longer than actor."
-                                         "mb_spec.max_tokens_per_mb (32)"]),
     (["actor.mb_spec.max_tokens_per_mb=null", "train_dataset.max_length=100"],
      ["train_dataset.max_length (100) exceeds the model's context of 64 tokens"]),
     (["actor.mb_spec.max_tokens_per_mb=1"], ["actor.mb_spec.max_tokens_per_mb must be at least 2"]),
@@ -92,6 +92,7 @@ def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping:
      ["sft.truncate needs train_dataset.max_length"]),
     (["train_dataset.batch_size=1"], ["train_dataset.batch_size (1) is smaller than the 2 trainer ranks"]),
     (["actor.path="], ["actor.path is not set"]),
+
     (["total_train_epochs=0"], ["total_train_epochs must be at least 1"]),
 ])
 def test_bad_configs_are_refused_naming_the_field(sft_mapping: dict[str, Any], overrides: list[str],
@@ -99,6 +100,23 @@ def test_bad_configs_are_refused_naming_the_field(sft_mapping: dict[str, Any], o
     found = "\n".join(problems_of(sft_mapping, *overrides))
     for text in expected:
         assert text in found
+
+
+def test_max_length_left_out_is_the_micro_batch_budget_and_an_evaluator_may_say_each_epoch(
+        sft_mapping: dict[str, Any]) -> None:
+    """AReaL's sft configs set neither max_length nor anything but `evaluator.freq_epochs: 1`, which is what rlkit's
+    sft does (validation at each epoch's end): both load; rows over the budget are dropped as over max_length."""
+    assert problems_of(sft_mapping, "train_dataset.max_length=null", "valid_dataset.max_length=null") == []
+    assert sft_row_limit(None, 32) == 32 and sft_row_limit(16, 32) == 16 and sft_row_limit(None, None) is None
+
+    def validated(*overrides: str) -> str:
+        return "\n".join(str(e) for e in validate(config_from_mapping(sft_mapping, list(overrides))).problems.errors)
+
+    assert "evaluat" not in validated("evaluator.freq_epochs=1")
+    assert ("job type sft evaluates valid_dataset at each epoch's end; other evaluator frequencies are not "
+            "supported yet") in validated("evaluator.freq_steps=10")
+    assert "evaluator.freq_epochs is 1, but valid_dataset.path is not set" in validated("evaluator.freq_epochs=1",
+                                                                                        "valid_dataset.path=")
 
 
 def test_every_problem_is_collected_at_once(sft_mapping: dict[str, Any]) -> None:
