@@ -51,12 +51,12 @@ restart_step() {  # restart_step INDEX: the same step again, in this allocation
 
 trainer_status() {  # the trainer's status (running, finished, requeue, stopped, failed: ...), from its step_state
   local step status
-  { read -r step && read -r status; } <"$STEP_STATE" 2>/dev/null && echo "$status"
+  { read -r step && read -r status; } 2>/dev/null <"$STEP_STATE" && echo "$status"  # none yet: silent
 }
 
 trained_step() {  # the trainer's last finished step, from its step_state (-1 when there is none yet)
   local step=""
-  read -r step <"$STEP_STATE" 2>/dev/null
+  read -r step 2>/dev/null <"$STEP_STATE"
   case $step in
     '' | *[!0-9-]*) echo -1 ;;
     *) echo "$step" ;;

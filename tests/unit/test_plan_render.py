@@ -255,6 +255,7 @@ def test_supervisor_and_trainer_share_the_contract(tmp_path: Path) -> None:
     def read_back() -> list[str]:
         run = subprocess.run(["bash", "-c", readers + "trained_step; trainer_status"], cwd=tmp_path,
                              capture_output=True, text=True, check=False)
+        assert run.stderr == "", "the batch log stays clean before the trainer wrote its first step_state"
         return run.stdout.splitlines()
 
     assert read_back() == ["-1"], "no step_state yet: no step, no status"
