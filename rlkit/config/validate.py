@@ -307,8 +307,13 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
         with problems.check():
             check_tokenizer_dir("tokenizer_path", config.tokenizer_path)
     limit, limit_field = backend.context_length(config), backend.context_field
-    if limit is None and is_local_path(model):
-        limit, limit_field = _model_positions(model), f"the max_position_embeddings of {model}"
+    positions = _model_positions(model) if is_local_path(model) else None
+    if limit is not None and positions is not None and limit > positions:
+        problems.add(f"{limit_field} ({limit}) exceeds the model's context of {positions} tokens "
+                     f"(max_position_embeddings of {model}): the servers would refuse to start",
+                     hint=f"set {limit_field} to at most {positions}, or leave it unset (the model's own)")
+    if limit is None:
+        limit, limit_field = positions, f"the max_position_embeddings of {model}"
     if limit is None:
         return
     new = config.gconfig.max_new_tokens

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,13 @@ def test_relative_paths_are_made_absolute_at_submit(generate_yaml: Path, tmp_pat
     assert prepared.config.actor.path == str(model)
     assert prepared.config.vllm.model == "org/hub-model", "a hub id is not a relative path (rlkit.launch.hub)"
     assert [w.message.split(":")[0] for w in prepared.warnings] == ["vllm.model"], "not in the hub cache yet"
+
+
+def test_a_server_context_longer_than_the_model_is_refused(grpo_yaml: Path, fake_model: Path) -> None:
+    """vLLM refuses to start with max_model_len above the model's positions: said at submit, not after the queue."""
+    from rlkit.config.validate import validate
+
+    (fake_model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    errors = [str(e) for e in validate(load_config(grpo_yaml, ["vllm.max_model_len=2048"])).problems.errors]
+    assert any("vllm.max_model_len (2048) exceeds the model's context of 512 tokens" in e for e in errors), errors
+    assert not validate(load_config(grpo_yaml, ["vllm.max_model_len=512"])).problems.errors
