@@ -43,6 +43,9 @@ def areal_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("areal-e2e")
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)  # a private copy identifies this run's processes
+    # the example's vllm.max_model_len is 2048; the tiny model says 512 (rotary positions: any length works)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
     site = [*SITE, f"actor.path={model}", f"cluster.fileroot={root}/fileroot",
             f"train_dataset.path={_gsm8k_rows(root / 'train.jsonl', 0, TRAIN_ROWS)}",
             f"valid_dataset.path={_gsm8k_rows(root / 'test.jsonl', 100, 8)}"]
