@@ -6,6 +6,7 @@ key, all at once."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,12 +46,23 @@ def _rows(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, saying Qwen2.5's 32768 positions as the examples' server contexts ask (rotary positions: the
+    files are the same model at any length)."""
+    model = tmp_path_factory.mktemp("areal-model") / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
+    return model
+
+
 @pytest.fixture
-def site(tmp_path: Path, tiny_model_dir: Path) -> dict[str, list[str]]:
+def site(tmp_path: Path, model: Path) -> dict[str, list[str]]:
     """The site overrides per kind of data: the tiny model, GSM8K-format or pair rows, a private fileroot."""
     gsm8k = _rows(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
     pairs = _rows(tmp_path / "pairs.jsonl", PAIR_ROWS)
-    common = [f"actor.path={tiny_model_dir}", f"cluster.fileroot={tmp_path / 'fileroot'}", *SITE]
+    common = [f"actor.path={model}", f"cluster.fileroot={tmp_path / 'fileroot'}", *SITE]
     return {name: [*common, f"train_dataset.path={data}", f"valid_dataset.path={data}"]
             for name, data in (("gsm8k", gsm8k), ("pairs", pairs))}
 
