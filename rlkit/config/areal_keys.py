@@ -127,7 +127,7 @@ ENGINE: dict[str, Rule] = {
 }
 
 ACTOR: dict[str, Rule] = {
-    **ENGINE,
+    **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "init_from_scratch")},  # fields
     "is_critic": same("the trained model of rw is a scalar-head model, of every other job type a causal LM",
                       lambda v, c: v is (c.type == "rw"), fix="remove it (rlkit decides it from type)",
                       expected=lambda c: c.type == "rw"),
@@ -156,7 +156,7 @@ ACTOR: dict[str, Rule] = {
 }
 
 CRITIC: dict[str, Rule] = {
-    **ENGINE,
+    **{key: rule for key, rule in ENGINE.items() if key != "disable_dropout"},  # a field of rlkit's critic
     "is_critic": same("rlkit's critic is a value model", lambda v, c: v is True, fix="remove it",
                       expected=lambda c: True),
     "temperature": inert("a value model has no sampling temperature"),

@@ -74,6 +74,10 @@ class ActorConfig:
     path: str = _f("", "Hugging Face model directory (weights + tokenizer).")
     dtype: str = _f("bfloat16", "Parameter dtype in training. Choices: bfloat16, float16, float32.")
     gradient_checkpointing: bool = _f(True, "Recompute activations in backward to save memory.")
+    disable_dropout: bool = _f(False, "Build the trained model with every dropout of its config.json at 0 (the servers "
+                                      "never drop out, so training-mode log-probs then match theirs).")
+    init_from_scratch: bool = _f(False, "Start from random weights in actor.path's architecture (one fixed seed: "
+                                        "every rank alike); sft and rw only.")
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer.")

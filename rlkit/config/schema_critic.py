@@ -27,6 +27,7 @@ class CriticConfig:
                        "a fresh value head added; or a saved critic); empty: actor.path.")
     dtype: str = _f("bfloat16", "Parameter dtype in training. Choices: bfloat16, float16, float32.")
     gradient_checkpointing: bool = _f(True, "Recompute activations in backward to save memory.")
+    disable_dropout: bool = _f(False, "Build the critic with every dropout of its config.json at 0.")
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
     optimizer: OptimizerConfig = field(

@@ -133,6 +133,7 @@ def validate(config: ExperimentConfig) -> Validated:
         _validate_models(config, job, allocation, problems)
     if job is not None:
         _validate_lora(config, job, allocation, problems)
+        _validate_scratch(config, job, problems)
         job.validate(config, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 
@@ -274,6 +275,24 @@ def _validate_time(config: ExperimentConfig, problems: Problems, job: JobType | 
         problems.add(f"launcher.slurm.time {slurm.time} is not longer than recover.time_limit_warning ({warning} s):"
                      " Slurm would warn the trainer before it starts",
                      hint="give the job more time or lower recover.time_limit_warning")
+
+
+SCRATCH_JOB_TYPES = ("sft", "rw")  # trainer-only and reference-free: nothing else loads actor.path's weights
+
+
+def _validate_scratch(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
+    """actor.init_from_scratch where it means what it says: a random start for the one model that exists."""
+    if not config.actor.init_from_scratch:
+        return
+    if job.name not in SCRATCH_JOB_TYPES:
+        why = ("its servers start from actor.path's weights" if job.needs_servers else
+               "its frozen reference is actor.path's weights")
+        problems.add(f"actor.init_from_scratch with job type {job.name}: {why}, not the random start",
+                     hint=f"set actor.init_from_scratch=false (a random start works with "
+                          f"{', '.join(SCRATCH_JOB_TYPES)})")
+    elif config.actor.use_lora:
+        problems.add("actor.init_from_scratch with actor.use_lora: adapters on a random base",
+                     hint="set one of them to false")
 
 
 def _validate_lora(config: ExperimentConfig, job: JobType, allocation: Allocation | None, problems: Problems) -> None:

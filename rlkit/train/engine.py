@@ -21,6 +21,7 @@ from rlkit.config.schema_actor import ActorConfig, OptimizerConfig
 from rlkit.train.batch import MicroBatch
 from rlkit.train.dist import all_reduce_sum
 from rlkit.train.losses import entropy_from_logits, next_token_logprobs
+from rlkit.train.model_source import build_causal_lm
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
@@ -52,17 +53,22 @@ def lr_multiplier(step: int, total: int, *, warmup_proportion: float, schedule: 
     raise ValueError(f"unknown lr_scheduler_type {schedule!r} (constant, linear or cosine)")
 
 
-def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
+                   from_scratch: bool = False) -> nn.Module:
+    """The causal LM at `path` (rlkit.train.model_source: dropout off, or random weights, as asked)."""
+    return build_causal_lm(path, dtype=dtype, attn_impl=attention_implementation(attn_impl),
+                           disable_dropout=disable_dropout, from_scratch=from_scratch)
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention_implementation(
-        attn_impl))
+
+def _actor_lm(config: ActorConfig) -> nn.Module:
+    return load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl,
+                          disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
 
 
 def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     """The default model factory: the causal LM at config.path with float32 master weights (bf16/fp16 is the compute
     dtype through FSDP's mixed-precision policy), gradient checkpointing as configured."""
-    return _ready(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config, device)
+    return _ready(_actor_lm(config), config, device)
 
 
 def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
@@ -71,8 +77,7 @@ def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     holds the same initial adapter."""
     from rlkit.train.lora import wrap_lora
 
-    return _ready(wrap_lora(load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl), config),
-                  config, device)
+    return _ready(wrap_lora(_actor_lm(config), config), config, device)
 
 
 def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
@@ -80,7 +85,8 @@ def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
     (rlkit.train.value_model: a fresh seeded head on a causal LM) in float32 master weights."""
     from rlkit.train.value_model import load_value_model
 
-    model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl))
+    model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl),
+                             disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
     return _ready(model, config, device)
 
 

@@ -33,6 +33,7 @@ def critic_engine_config(critic: CriticConfig, actor: ActorConfig) -> ActorConfi
         actor, path=critic.path or actor.path, dtype=critic.dtype, attn_impl=critic.attn_impl,
         gradient_checkpointing=critic.gradient_checkpointing, mb_spec=critic.mb_spec, optimizer=critic.optimizer,
         ppo_n_minibatches=critic.ppo_n_minibatches, use_lora=False,  # the critic trains its whole model
+        disable_dropout=critic.disable_dropout, init_from_scratch=False,
         mask_no_eos_with_zero=critic.mask_no_eos_with_zero)  # its own, as AReaL's PPOCritic has its own
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.validate_reward_model import VALUE_HEAD_NOTE as HEAD_NOTE
+from rlkit.train.model_source import SCRATCH_SEED, model_config
 
 HEAD_SEED = 0
 Kind = Literal["reward", "critic"]
@@ -36,17 +37,26 @@ _READS = {"reward": "score of a whole sequence: the head's output at the sequenc
 
 
 def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, attn_impl: str = "sdpa",
-                     head_seed: int = HEAD_SEED) -> nn.Module:
+                     head_seed: int = HEAD_SEED, disable_dropout: bool = False, from_scratch: bool = False
+                     ) -> nn.Module:
     """A one-label token-classification model from `path` (a causal LM or a saved value model), no dropout on the
-    head (values and scores must not depend on the training mode)."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    head (values and scores must not depend on the training mode); with `disable_dropout` none anywhere, with
+    `from_scratch` the architecture of `path` with random weights (rlkit.train.model_source)."""
+    from transformers import AutoModelForTokenClassification
 
-    config = AutoConfig.from_pretrained(path)
+    config = model_config(str(path), disable_dropout=disable_dropout)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    model, info = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=dtype, attn_implementation=attn_impl, output_loading_info=True)
-    if any(key.startswith("score.") for key in info["missing_keys"]):
+    if from_scratch:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SCRATCH_SEED)
+            model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_impl)
+        missing = True
+    else:
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=dtype, attn_implementation=attn_impl, output_loading_info=True)
+        missing = any(key.startswith("score.") for key in info["missing_keys"])
+    if missing:
         init_head(model, head_seed)
     model.config.architectures = [type(model).__name__]  # what a save writes (it was the causal LM's)
     return model

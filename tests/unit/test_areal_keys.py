@@ -211,7 +211,8 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     assert kinds["actor.experiment_name"] == kinds["rollout.fileroot"] == kinds["rollout.tokenizer_path"] == DERIVED
     assert kinds["train_dataset.num_workers"] == kinds["scheduler"] == kinds["actor.scheduling_spec"] == INERT
     assert kinds["perf_tracer.session_tracer.enabled"] == kinds["ref.path"] == SAME
-    assert kinds["gconfig.min_new_tokens"] == kinds["actor.temperature"] == kinds["actor.disable_dropout"] == SAME
+    assert kinds["gconfig.min_new_tokens"] == kinds["actor.temperature"] == SAME
+    assert "actor.disable_dropout" not in kinds and config.actor.disable_dropout, "a field: honoured, not listed"
     values = {a.key: a.value for a in accepted}
     assert values["actor.experiment_name"] == "gsm8k-grpo", "interpolated against rlkit's own value"
     assert values["rollout.tokenizer_path"] == str(model)
@@ -226,7 +227,7 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
                                          "not supported yet"),
     ({"actor": {"temperature": 0.7}}, "'actor.temperature: 0.7' (in test.yaml): not supported yet (rlkit computes "
                                       "log-probs at the sampling temperature"),
-    ({"actor": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
+    ({"ref": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
     ({"gconfig": {"greedy": True}}, "'gconfig.greedy: true'"),
     ({"train_dataset": {"drop_last": False}}, "'train_dataset.drop_last: false'"),
     ({"actor": {"kl_ctl": 0.1}, "ref": {"path": "/another/model"}}, "'ref.path: /another/model'"),
@@ -255,11 +256,11 @@ def test_dropout_is_judged_from_the_models_config(tmp_path: Path, model: Path) -
     assert dropout_free(str(model)) is True
     assert dropout_free(str(with_dropout)) is False
     assert dropout_free(str(tmp_path / "absent")) is None and dropout_free("Qwen/Qwen2.5-1.5B") is None
-    problems, _, _ = _compose(_grpo(with_dropout))
-    assert [e.site for e in problems.errors] == [False]
-    assert "switching dropout off is not supported yet" in str(problems.errors[0])
-    problems, _, _ = _compose(_grpo(tmp_path / "absent"))  # the model is not here: render warns, submit refuses
-    assert [e.site for e in problems.errors] == [True] and "cannot be checked here" in str(problems.errors[0])
+    problems, _, config = _compose(_grpo(with_dropout))
+    assert problems.ok() and config.actor.disable_dropout, "the actor's is a field now (rlkit.train.model_source)"
+    ref = {"kl_ctl": 0.1}  # a reference is loaded: its dropout is judged (it runs in eval mode: inert)
+    problems, accepted, _ = _compose(_grpo(with_dropout, actor=ref, ref={"disable_dropout": True}))
+    assert problems.ok() and "ref.disable_dropout" in {a.key for a in accepted}
 
 
 def test_unknown_keys_are_all_listed_at_once_with_did_you_mean(model: Path) -> None:

@@ -1,0 +1,45 @@
+"""How the trainer builds a model from `actor.path`: AReaL's `disable_dropout` (every dropout probability of the
+model's config set to 0 before the model is built, so training-mode forwards are deterministic and match the
+servers', which never drop out) and `init_from_scratch` (the architecture of actor.path with random weights, drawn
+from one fixed seed so every rank, and every run, starts from the same weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SCRATCH_SEED = 7919  # the random start of init_from_scratch: identical on every rank without any communication
+
+
+def zero_dropout(config: Any) -> Any:
+    """`config` (a transformers PretrainedConfig) with every dropout probability it holds set to 0, nested configs
+    included (the keys rlkit.config.model_config.dropout_free reads)."""
+    for key, value in list(vars(config).items()):
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            zero_dropout(value)
+        elif (("dropout" in key or "pdrop" in key) and isinstance(value, (int, float))
+              and not isinstance(value, bool)):
+            setattr(config, key, 0.0)
+    return config
+
+
+def model_config(path: str, *, disable_dropout: bool) -> Any:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    return zero_dropout(config) if disable_dropout else config
+
+
+def build_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
+                    from_scratch: bool = False) -> torch.nn.Module:
+    """The causal LM of `path`: its weights, or (from_scratch) its architecture with SCRATCH_SEED's random init."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(path, disable_dropout=disable_dropout)
+    if from_scratch:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SCRATCH_SEED)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_impl)
+    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_impl)
