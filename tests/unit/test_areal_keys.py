@@ -20,6 +20,20 @@ from rlkit.config.schema_walk import schema_paths
 from rlkit.paths import TrialPaths
 from rlkit.trials import AREAL_KEYS_FIELD, read_manifest, write_manifest
 
+# AReaL's PPOActor keys: the actor's and (as AReaL gives ref the actor's class) the ref section's
+_PPO_ACTOR = (
+    "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
+    "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
+    "fsdp use_lora lora_rank lora_alpha target_modules peft_type group_size ppo_n_minibatches eps_clip "
+    "eps_clip_higher c_clip temperature reward_norm reward_scaling reward_bias reward_clip "
+    "overlong_reward_penalty overlong_tokens overlong_penalty_factor mask_no_eos_with_zero discount "
+    "gae_lambda adv_norm kl_ctl kl_estimator recompute_logprob use_decoupled_loss behav_imp_weight_cap "
+    "dynamic_sampling log_agent_stats log_agent_stats_keys max_new_tokens use_kernels optimizer_dtype "
+    "archon megatron offload enable_tree_training scheduling_spec admin_api_key log_level request_timeout "
+    "setup_timeout workers_ready_timeout scheduling_strategy m2_threshold use_sapo_loss sapo_tau_pos "
+    "sapo_tau_neg rejection_sampling importance_sampling_level prox_logp_method"
+)
+
 # The field names of AReaL's configuration reference (docs/cli_reference.md; both versions in ../shared/seeds/),
 # per rlkit section path, plus the DPO example's top-level `beta` and `loss_type`. Names only: which keys exist.
 AREAL_KEYS = {
@@ -57,18 +71,7 @@ AREAL_KEYS = {
         "log_requests_level show_time_cost enable_metrics decode_log_interval enable_multithread_load "
         "enable_fast_load enable_return_routed_experts"
     ),
-    "actor": (
-        "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
-        "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
-        "fsdp use_lora lora_rank lora_alpha target_modules peft_type group_size ppo_n_minibatches eps_clip "
-        "eps_clip_higher c_clip temperature reward_norm reward_scaling reward_bias reward_clip "
-        "overlong_reward_penalty overlong_tokens overlong_penalty_factor mask_no_eos_with_zero discount "
-        "gae_lambda adv_norm kl_ctl kl_estimator recompute_logprob use_decoupled_loss behav_imp_weight_cap "
-        "dynamic_sampling log_agent_stats log_agent_stats_keys max_new_tokens use_kernels optimizer_dtype "
-        "archon megatron offload enable_tree_training scheduling_spec admin_api_key log_level request_timeout "
-        "setup_timeout workers_ready_timeout scheduling_strategy m2_threshold use_sapo_loss sapo_tau_pos "
-        "sapo_tau_neg rejection_sampling importance_sampling_level prox_logp_method beta loss_type"
-    ),
+    "actor": _PPO_ACTOR + " beta loss_type",
     "critic": (
         "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
         "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
@@ -77,18 +80,7 @@ AREAL_KEYS = {
         "enable_tree_training scheduling_spec admin_api_key log_level request_timeout setup_timeout "
         "workers_ready_timeout scheduling_strategy"
     ),
-    "ref": (
-        "experiment_name trial_name path attn_impl init_from_scratch is_critic mb_spec pad_to_maximum "
-        "disable_dropout gradient_checkpointing dtype grad_reduce_dtype optimizer weight_update_mode backend "
-        "fsdp use_lora lora_rank lora_alpha target_modules peft_type group_size ppo_n_minibatches eps_clip "
-        "eps_clip_higher c_clip temperature reward_norm reward_scaling reward_bias reward_clip "
-        "overlong_reward_penalty overlong_tokens overlong_penalty_factor mask_no_eos_with_zero discount "
-        "gae_lambda adv_norm kl_ctl kl_estimator recompute_logprob use_decoupled_loss behav_imp_weight_cap "
-        "dynamic_sampling log_agent_stats log_agent_stats_keys max_new_tokens use_kernels optimizer_dtype "
-        "archon megatron offload enable_tree_training scheduling_spec admin_api_key log_level request_timeout "
-        "setup_timeout workers_ready_timeout scheduling_strategy m2_threshold use_sapo_loss sapo_tau_pos "
-        "sapo_tau_neg rejection_sampling importance_sampling_level prox_logp_method"
-    ),
+    "ref": _PPO_ACTOR,
     "actor.mb_spec": "n_mbs granularity max_tokens_per_mb n_mbs_divisor packing_algorithm",
     "actor.optimizer": (
         "type lr weight_decay beta1 beta2 eps min_lr_ratio lr_scheduler_type warmup_steps_proportion offload "
