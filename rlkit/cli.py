@@ -11,6 +11,7 @@ import click
 import typer
 from rich.console import Console
 
+from rlkit.cli_image import image_app
 from rlkit.errors import SlurmError, StepError, UserError, each_error
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
+app.add_typer(image_app, name="image")
 PIPED_WIDTH = 1000  # a table sized to its content, never cut at rich's 80-column default for non-terminals
 
 

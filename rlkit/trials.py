@@ -106,11 +106,21 @@ def _git_revision(cwd: Path) -> str | None:
 
 
 def _image_facts(image: str) -> dict[str, object]:
+    """Path, size, mtime, the rlkit labels of an image built by `rlkit image build`, and its sha256 once
+    `rlkit image check --sha256` has computed it (read from the IMAGE.sha256 it wrote, if not older than the image)."""
+    from rlkit.config.image_labels import rlkit_labels
+    from rlkit.images.sif import recorded_sha256
+
     path = Path(image)
     if not image or not path.is_file():
         return {"image": image}
     stat = path.stat()
-    return {"image": image, "size": stat.st_size, "mtime": stat.st_mtime}
+    facts: dict[str, object] = {"image": image, "size": stat.st_size, "mtime": stat.st_mtime}
+    if labels := rlkit_labels(image):
+        facts["labels"] = labels
+    if digest := recorded_sha256(path):
+        facts["sha256"] = digest
+    return facts
 
 
 def read_json_dict(path: Path) -> dict[str, Any]:

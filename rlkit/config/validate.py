@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.binds import check_binds, parse_mounts
+from rlkit.config.image_labels import check_image_labels
 from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.schema_eval import evaluation_enabled
@@ -131,6 +132,8 @@ def validate(config: ExperimentConfig) -> Validated:
     if allocation is not None and job is not None:
         fits = check_layout(job, allocation, config.allocation_mode, problems)
         _validate_models(config, job, allocation, problems)
+        if config.launcher.slurm.container_type == "apptainer":
+            check_image_labels(config, allocation, problems)
     if job is not None:
         _validate_lora(config, job, allocation, problems)
         _validate_scratch(config, job, problems)

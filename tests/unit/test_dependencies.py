@@ -17,7 +17,7 @@ PROVIDED_BY = {
     "typer": "typer", "click": "typer", "rich": "rich", "omegaconf": "omegaconf", "httpx": "httpx", "yaml": "pyyaml",
     "torch": "torch", "transformers": "transformers", "tokenizers": "transformers", "safetensors": "safetensors",
     "datasets": "datasets", "xxhash": "xxhash", "swanlab": "swanlab", "wandb": "wandb", "math_verify": "math-verify",
-    "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub",
+    "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub", "submitit": "submitit",
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {
