@@ -231,7 +231,6 @@ TOP: dict[str, Rule] = {
 }
 
 GCONFIG: dict[str, Rule] = {
-    "min_new_tokens": off("a minimum completion length", 0),
     "max_tokens": same("a cap on prompt + completion that no prompt reaches (train_dataset.max_length + "
                        "max_new_tokens) changes nothing", _max_tokens_never_binding,
                        fix="remove it and bound the parts: train_dataset.max_length and gconfig.max_new_tokens"),

@@ -8,7 +8,7 @@ exit 2 because it would change training in a way rlkit does not (yet) do. A rule
 Four reasons to accept, shown in the notice:
 - DERIVED: rlkit computes this value itself (a trial name repeated inside a section); accepted when it agrees.
 - INERT: nothing under rlkit on Slurm reads it (data-loader workers, AReaL's own scheduler, tracing switches).
-- SAME: it would change training, but the value given is what rlkit does anyway (`min_new_tokens: 0`).
+- SAME: it would change training, but the value given is what rlkit does anyway (`ignore_eos: false`).
 - RENAMED: AReaL's name of a key rlkit has elsewhere or under AReaL's later name; the value is used as that key.
 """
 

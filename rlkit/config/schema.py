@@ -156,6 +156,8 @@ class GenerationHyperparameters:
 
     n_samples: int = _f(1, "Completions per prompt.")
     max_new_tokens: int = _f(16384, "Most tokens per completion.")
+    min_new_tokens: int = _f(0, "Fewest tokens per completion: the model's EOS cannot end one sooner (vLLM's "
+                                "min_tokens, SGLang's min_new_tokens); at most max_new_tokens; 0: off.")
     temperature: float = _f(1.0, "Sampling temperature (0: greedy).")
     top_p: float = _f(1.0, "Nucleus sampling probability mass.")
     top_k: int = _f(-1, "Top-k sampling; -1: off.")

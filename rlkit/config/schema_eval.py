@@ -31,6 +31,8 @@ class EvalGenerationConfig:
 
     n_samples: int | None = _f(None, "Completions per prompt; None: gconfig.n_samples.")
     max_new_tokens: int | None = _f(None, "Most tokens per completion; None: gconfig.max_new_tokens.")
+    min_new_tokens: int | None = _f(None, "Fewest tokens per completion (the model's EOS cannot end one sooner; 0: "
+                                          "off); None: gconfig.min_new_tokens.")
     temperature: float | None = _f(None, "Sampling temperature (0: greedy); None: gconfig.temperature.")
     top_p: float | None = _f(None, "Nucleus sampling probability mass; None: gconfig.top_p.")
     top_k: int | None = _f(None, "Top-k sampling, -1: off; None: gconfig.top_k.")

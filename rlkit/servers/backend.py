@@ -79,6 +79,7 @@ class SamplingParams:
 
     n: int = 1
     max_new_tokens: int = 256
+    min_new_tokens: int = 0  # EOS cannot end a completion before this many tokens; 0: off
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1

@@ -26,8 +26,8 @@ from rlkit.trials import read_token
 
 def sampling_params(config: ExperimentConfig) -> SamplingParams:
     g = config.gconfig
-    return SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                          top_k=g.top_k, stop=list(g.stop))
+    return SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
+                          temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, stop=list(g.stop))
 
 
 async def _complete_all(pool: ServerPool, prompts: list[list[int]], params: SamplingParams,

@@ -35,6 +35,7 @@ def eval_sampling(config: ExperimentConfig) -> SamplingParams:
     g, e = config.gconfig, config.eval_gconfig
     return SamplingParams(n=g.n_samples if e.n_samples is None else e.n_samples,
                           max_new_tokens=g.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens,
+                          min_new_tokens=g.min_new_tokens if e.min_new_tokens is None else e.min_new_tokens,
                           temperature=g.temperature if e.temperature is None else e.temperature,
                           top_p=g.top_p if e.top_p is None else e.top_p,
                           top_k=g.top_k if e.top_k is None else e.top_k,

@@ -93,8 +93,8 @@ class Rank0:
         self.controller = RolloutController(
             name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
             prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
-                                                   temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                                                   stop=list(g.stop)),
+                                                   min_new_tokens=g.min_new_tokens, temperature=g.temperature,
+                                                   top_p=g.top_p, top_k=g.top_k, stop=list(g.stop)),
             reward=self.reward, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
@@ -9,6 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from rlkit.servers.backend import Completion, SamplingParams, Server
+from rlkit.servers.vllm.backend import BACKEND
 
 from ..conftest import CONFIGS
 from ..vllm_helpers import ServerSlot, SharedServer
@@ -100,6 +104,33 @@ def test_rl_routes_pass_with_the_token(client: httpx.Client, guarded: SharedServ
         assert client.post("/resume", headers=auth).status_code == 200
     assert client.post("/reset_prefix_cache", headers=auth).status_code == 200
     assert client.get("/is_paused", headers=auth).json() == {"is_paused": False}
+
+
+def _complete(guarded: SharedServer, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    """One completion through rlkit's own request (VllmBackend.complete), with the token."""
+    server = Server(index=0, address=guarded.server.url.removeprefix("http://"), model=str(guarded.model_dir),
+                    backend="vllm")
+
+    async def ask() -> list[Completion]:
+        async with httpx.AsyncClient(headers=bearer(guarded.token), timeout=120.0, trust_env=False) as c:
+            return await BACKEND.complete(c, server, prompt_ids, params)
+
+    [completion] = asyncio.run(ask())
+    return completion
+
+
+def test_min_new_tokens_holds_a_completion_the_model_would_end_early(guarded: SharedServer) -> None:
+    """gconfig.min_new_tokens goes to vLLM as min_tokens: a completion that a stop string (or EOS) ends at its first
+    token runs on to the minimum."""
+    prompt_ids = [1, 20, 21, 14, 26, 32]  # <|bos|> "12+7="
+    greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
+    first = _complete(guarded, prompt_ids, greedy)
+    stop = [first.text[:1]] if first.text else []  # the first character it writes (no text: EOS came first)
+    short = _complete(guarded, prompt_ids, SamplingParams(max_new_tokens=16, temperature=0.0, stop=stop))
+    assert len(short.token_ids) < 6 and short.finish_reason == "stop", short
+    held = _complete(guarded, prompt_ids, SamplingParams(max_new_tokens=16, min_new_tokens=6, temperature=0.0,
+                                                         stop=stop))
+    assert len(held.token_ids) >= 6, held
 
 
 def _group_pids(pgid: int) -> list[int]:

@@ -100,11 +100,11 @@ def test_the_render_prints_one_notice_and_the_refusals_exit_2_all_at_once(
     assert ok.stderr.count("AReaL key(s) that rlkit has no field for") == 1
     assert "rollout.enable_rollout_tracing: false" in ok.stderr and "#SBATCH" in ok.stdout
     bad = run_rlkit("render", example, *site["gsm8k"], "type=grpo", "allocation_mode=vllm:d2+fsdp:d1",
-                    "rollout.experiment_name=another", "gconfig.min_new_tokens=8")
+                    "rollout.experiment_name=another", "gconfig.greedy=true")
     assert bad.returncode == 2, bad.stderr
     assert "Traceback" not in bad.stderr
     for named in ("allocation_mode 'vllm:d2+fsdp:d1'", "rollout.experiment_name: another",
-                  "gconfig.min_new_tokens: 8"):
+                  "gconfig.greedy: true"):
         assert named in bad.stderr, (named, bad.stderr)
     assert not (tmp_path / "fileroot").exists(), "nothing written"
 

@@ -165,7 +165,7 @@ def _grpo(model: Path, **sections: Any) -> dict[str, Any]:
         "experiment_name": "gsm8k-grpo", "trial_name": "trial0", "type": "grpo",
         "allocation_mode": "vllm:d1+fsdp:d1", "tokenizer_path": "${actor.path}",
         "cluster": {"fileroot": "/tmp/areal/experiments"},
-        "gconfig": {"n_samples": 4, "temperature": 1.0, "min_new_tokens": 0, "greedy": False},
+        "gconfig": {"n_samples": 4, "temperature": 1.0, "ignore_eos": False, "greedy": False},
         "actor": {"path": str(model), "experiment_name": "${experiment_name}", "trial_name": "${trial_name}",
                   "temperature": "${gconfig.temperature}", "disable_dropout": True, "init_from_scratch": False,
                   "max_new_tokens": "${gconfig.max_new_tokens}", "scheduling_spec": [{"gpu": 1, "cmd": "x"}]},
@@ -203,7 +203,7 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     assert kinds["actor.experiment_name"] == kinds["rollout.fileroot"] == kinds["rollout.tokenizer_path"] == DERIVED
     assert kinds["train_dataset.num_workers"] == kinds["scheduler"] == kinds["actor.scheduling_spec"] == INERT
     assert kinds["perf_tracer.session_tracer.enabled"] == kinds["ref.path"] == SAME
-    assert kinds["gconfig.min_new_tokens"] == kinds["actor.temperature"] == SAME
+    assert kinds["gconfig.ignore_eos"] == kinds["gconfig.greedy"] == kinds["actor.temperature"] == SAME
     assert "actor.disable_dropout" not in kinds and config.actor.disable_dropout, "a field: honoured, not listed"
     values = {a.key: a.value for a in accepted}
     assert values["actor.experiment_name"] == "gsm8k-grpo", "interpolated against rlkit's own value"
@@ -211,12 +211,22 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     assert values["ref.scheduling_spec"] == [{"gpu": 1, "cmd": "x"}], "an AReaL key may name another one"
 
 
+def test_min_new_tokens_is_a_field_taken_as_given(model: Path) -> None:
+    """AReaL's gconfig.min_new_tokens (and eval_gconfig's) is an rlkit field: any value lands in the config (the
+    submit-time checks judge it, rlkit.config.validate_sampling) and is not listed in the notice."""
+    problems, accepted, config = _compose(_grpo(model, gconfig={"min_new_tokens": 8},
+                                                eval_gconfig={"min_new_tokens": 2}))
+    assert problems.ok(), [str(e) for e in problems.errors]
+    assert config is not None and (config.gconfig.min_new_tokens, config.eval_gconfig.min_new_tokens) == (8, 2)
+    assert not any("min_new_tokens" in a.key for a in accepted)
+
+
 @pytest.mark.parametrize(("sections", "says"), [
     ({"rollout": {"experiment_name": "other"}}, "'rollout.experiment_name: other' (in test.yaml): disagrees with "
                                                 "rlkit's experiment_name (rlkit: gsm8k-grpo)"),
     ({"saver": {"fileroot": "/elsewhere"}}, "disagrees with rlkit's cluster.fileroot (rlkit: /tmp/areal/experiments)"),
-    ({"gconfig": {"min_new_tokens": 8}}, "'gconfig.min_new_tokens: 8' (in test.yaml): a minimum completion length is "
-                                         "not supported yet"),
+    ({"gconfig": {"ignore_eos": True}}, "'gconfig.ignore_eos: true' (in test.yaml): ignoring EOS is not supported "
+                                        "yet"),
     ({"actor": {"temperature": 0.7}}, "'actor.temperature: 0.7' (in test.yaml): not supported yet (rlkit computes "
                                       "log-probs at the sampling temperature"),
     ({"ref": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
@@ -267,8 +277,8 @@ def test_unknown_keys_are_all_listed_at_once_with_did_you_mean(model: Path) -> N
 
 
 def test_areal_keys_on_the_command_line_are_judged_too(model: Path) -> None:
-    problems, accepted, _ = _compose(_grpo(model), ["gconfig.min_new_tokens=5", "train_dataset.num_workers=8"])
-    assert [("gconfig.min_new_tokens" in str(e)) for e in problems.errors] == [True]
+    problems, accepted, _ = _compose(_grpo(model), ["gconfig.greedy=true", "train_dataset.num_workers=8"])
+    assert [("gconfig.greedy: true" in str(e)) for e in problems.errors] == [True]
     assert "in a command-line override" in str(problems.errors[0])
     problems, accepted, _ = _compose(_grpo(model), ["train_dataset.num_workers=8"])
     assert problems.ok() and {a.key: a.value for a in accepted}["train_dataset.num_workers"] == 8

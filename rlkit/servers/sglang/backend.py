@@ -125,6 +125,8 @@ class SglangBackend(ServerBackend):
             "max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k, "skip_special_tokens": False,
         }
+        if params.min_new_tokens > 0:
+            sampling["min_new_tokens"] = params.min_new_tokens
         if params.stop:
             sampling["stop"] = list(params.stop)
         body: dict[str, Any] = {"return_logprob": True}

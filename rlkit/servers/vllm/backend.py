@@ -105,6 +105,8 @@ class VllmBackend(ServerBackend):
             "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
             "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
         }
+        if params.min_new_tokens > 0:
+            body["min_tokens"] = params.min_new_tokens
         if params.stop:
             body["stop"] = params.stop
         if params.seed is not None:
