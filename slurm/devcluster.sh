@@ -18,6 +18,9 @@
 # the backfill scheduler. There is no slurmdbd, hence no sacct; finished jobs stay visible in squeue/scontrol for
 # MinJobAge=300 s.
 #
+# Nodes 1-3 see this machine's filesystem as it is; node4's slurmd runs in its own mount namespace where
+# <state>/not-on-node4 is an empty tmpfs: the one place where the nodes' views differ, for the node check's test.
+#
 # The config files start with a marker line; a file without it is never overwritten (exit 2).
 # State (spool dirs, StateSaveLocation, logs, pid files, fake devices): ${RLKIT_DEVCLUSTER_DIR:-/var/lib/rlkit-devcluster}
 # Needs root (Debian 12). Exit codes: 0 ok, 1 error, 2 refused to overwrite a foreign config, 3 status: not all up.
@@ -33,6 +36,7 @@ readonly CONF_DIR=/etc/slurm
 readonly SLURM_CONF="$CONF_DIR/slurm.conf"
 readonly GRES_CONF="$CONF_DIR/gres.conf"
 STATE_DIR="$(realpath -m "${RLKIT_DEVCLUSTER_DIR:-/var/lib/rlkit-devcluster}")"
+NOT_ON_LAST_NODE="$STATE_DIR/not-on-node${NNODES}"  # shared by every node but the last (see `up`)
 readonly STATE_DIR
 readonly TIMEOUT="${RLKIT_DEVCLUSTER_TIMEOUT:-90}"   # seconds to wait for the nodes to become usable
 readonly CTLD_PIDFILE="$STATE_DIR/run/slurmctld.pid"
@@ -263,7 +267,16 @@ start_daemons() {
     if ! pid_running "$pf" slurmd >/dev/null; then
       rm -f "$pf"
       log "starting slurmd -N $n"
-      slurmd -N "$n"
+      if [ "$i" -eq "$NNODES" ]; then
+        # The last node sees an empty tmpfs at $NOT_ON_LAST_NODE (its own mount namespace): a directory the other
+        # nodes share and it does not, as a node-local fileroot would be (the node check's test uses it).
+        mkdir -p "$NOT_ON_LAST_NODE"
+        # shellcheck disable=SC2016  # $1 and $2 are the inner sh's arguments
+        unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=1m,mode=0755 rlkit-node-local "$1" &&
+          exec slurmd -N "$2"' sh "$NOT_ON_LAST_NODE" "$n"
+      else
+        slurmd -N "$n"
+      fi
       wait_pidfile "$pf" slurmd "$STATE_DIR/log/slurmd-$n.log" "slurmd -N $n"
     fi
   done

@@ -11,12 +11,21 @@ from __future__ import annotations
 import re
 import shlex
 from importlib import resources
+from pathlib import Path
 
 from rlkit import __version__
 from rlkit.config.strings import sbatch_quote
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
-from rlkit.step_contract import EXIT_REQUEUE, NO_RETRY_EXIT, STATUS_REQUEUE, STATUS_STOPPED, STEP_STATE
+from rlkit.paths import TrialPaths
+from rlkit.step_contract import (
+    EXIT_REQUEUE,
+    NO_RETRY_EXIT,
+    NODE_CHECK_STEP,
+    STATUS_REQUEUE,
+    STATUS_STOPPED,
+    STEP_STATE,
+)
 
 SUPERVISOR_TEMPLATE = "supervisor.sh"  # next to this module: the script's body, checked by shellcheck in the tests
 
@@ -92,17 +101,21 @@ def render_script(plan: JobPlan) -> str:
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")
         steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}", f"start_step {step.name} {step.role} {fn}"]
+    groups = ",".join(str(i) for i in range(len(plan.components))) if len(plan.components) > 1 else ""
     body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,
-                           trainer_group=plan.trainer_group, steps=steps)
+                           trainer_group=plan.trainer_group, steps=steps, het_groups=groups)
     return "\n".join(lines) + "\n\n" + body
 
 
-def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str]) -> str:
+def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str],
+                    het_groups: str = "") -> str:
     """The template filled in: the step_contract's words and codes, the plan's numbers, `steps` (bash lines that
-    define and start each step) where @STEPS@ stands."""
+    define and start each step) where @STEPS@ stands, `het_groups` (0,1,...) for the node check of step 0."""
     return _fill(supervisor_template(), {
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
         "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group), "STEPS": "\n".join(steps),
+        "HET_GROUPS": shlex.quote(het_groups),
+        "NODE_CHECK_LOG": shlex.quote(str(TrialPaths(Path(trial_dir)).step_log(NODE_CHECK_STEP))),
     })
