@@ -234,9 +234,6 @@ GCONFIG: dict[str, Rule] = {
     "max_tokens": same("a cap on prompt + completion that no prompt reaches (train_dataset.max_length + "
                        "max_new_tokens) changes nothing", _max_tokens_never_binding,
                        fix="remove it and bound the parts: train_dataset.max_length and gconfig.max_new_tokens"),
-    "greedy": same("rlkit samples greedily exactly when gconfig.temperature is 0",
-                   lambda v, c: v is (c.gconfig.temperature == 0), fix="remove it; for greedy decoding set "
-                   "gconfig.temperature=0", expected=lambda c: c.gconfig.temperature == 0),
     "stop_token_ids": off("extra stop tokens", None, [], fix="remove it (the model's EOS ends a completion; stop "
                                                               "strings: gconfig.stop)"),
     "ignore_eos": off("ignoring EOS", False),

@@ -162,6 +162,9 @@ class GenerationHyperparameters:
     top_p: float = _f(1.0, "Nucleus sampling probability mass.")
     top_k: int = _f(-1, "Top-k sampling; -1: off.")
     stop: list[str] = _f([], "Stop strings.")
+    greedy: bool = _f(False, "Greedy decoding (AReaL's gconfig.greedy): requests go at temperature 0, top_p 1, top_k "
+                             "-1 whatever those fields say; for generate and evaluation only (a GRPO/PPO rollout "
+                             "must sample).")
 
 
 @dataclass

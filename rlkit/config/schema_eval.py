@@ -37,6 +37,8 @@ class EvalGenerationConfig:
     top_p: float | None = _f(None, "Nucleus sampling probability mass; None: gconfig.top_p.")
     top_k: int | None = _f(None, "Top-k sampling, -1: off; None: gconfig.top_k.")
     stop: list[str] | None = _f(None, "Stop strings; None: gconfig.stop.")
+    greedy: bool | None = _f(None, "Greedy decoding: the evaluation requests go at temperature 0, top_p 1, top_k -1 "
+                                   "whatever the temperature, top_p and top_k say; None: gconfig.greedy.")
 
 
 def evaluation_enabled(evaluator: EvaluatorConfig) -> bool:

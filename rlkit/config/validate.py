@@ -28,7 +28,7 @@ from rlkit.config.site_files import (
 )
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
-from rlkit.config.validate_sampling import validate_min_new_tokens
+from rlkit.config.validate_sampling import validate_greedy, validate_min_new_tokens
 from rlkit.errors import ConfigError
 from rlkit.jobs import JobType, job_type_for, registered_job_types
 from rlkit.jobs.layout import check_layout
@@ -122,6 +122,7 @@ def validate(config: ExperimentConfig) -> Validated:
     if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
         problems.add("gconfig.n_samples and gconfig.max_new_tokens must be at least 1")
     validate_min_new_tokens(config, problems)
+    validate_greedy(config, problems, trains_on_rollouts=job is not None and job.needs_servers and job.trainer)
     if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
         problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
                      "would be ignored", hint="remove valid_dataset")

@@ -14,7 +14,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_eval import evaluation_enabled
 from rlkit.config.site_files import check_dataset_file
-from rlkit.config.validate_sampling import validate_eval_min_new_tokens
+from rlkit.config.validate_sampling import validate_eval_greedy, validate_eval_min_new_tokens
 from rlkit.errors import ConfigError
 from rlkit.row_formats import is_gsm8k_row
 
@@ -60,6 +60,7 @@ def _validate_sampling(config: ExperimentConfig, problems: Problems) -> None:
     if g.top_k is not None and (g.top_k == 0 or g.top_k < -1):
         problems.add(f"eval_gconfig.top_k must be -1 (off) or at least 1 (got {g.top_k})")
     validate_eval_min_new_tokens(config, problems)
+    validate_eval_greedy(config, problems)
 
 
 def _validate_columns(config: ExperimentConfig) -> None:

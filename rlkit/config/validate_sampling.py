@@ -1,7 +1,9 @@
-"""Submit-time checks of the minimum completion length (`gconfig.min_new_tokens`, `eval_gconfig.min_new_tokens`).
+"""Submit-time checks of the sampling fields: the minimum completion length (`gconfig.min_new_tokens`,
+`eval_gconfig.min_new_tokens`) and greedy decoding (`gconfig.greedy`, `eval_gconfig.greedy`).
 
-The servers are told it per request (vLLM's `min_tokens`, SGLang's `min_new_tokens`): a value they would refuse, or
-one above the request's `max_new_tokens`, would fail every request minutes into the job, so it is refused here.
+The servers are told them per request (vLLM's `min_tokens`, SGLang's `min_new_tokens`; greedy as temperature 0,
+rlkit.servers.sampling): a value they would refuse, or one above the request's `max_new_tokens`, would fail every
+request minutes into the job, so it is refused here; so is greedy decoding of the rollouts a trainer learns from.
 """
 
 from __future__ import annotations
@@ -71,3 +73,54 @@ def validate_eval_min_new_tokens(config: ExperimentConfig, problems: Problems) -
                      what=f"eval_gconfig.min_new_tokens ({e.min_new_tokens}) exceeds eval_gconfig.max_new_tokens "
                           f"({e.max_new_tokens})",
                      fix="lower eval_gconfig.min_new_tokens to at most {most}, or raise eval_gconfig.max_new_tokens")
+
+
+# --- greedy decoding (gconfig.greedy, eval_gconfig.greedy) --------------------------------------------------------
+
+GREEDY_FIX = "set gconfig.greedy=false, or use eval_gconfig.greedy for evaluation"
+
+
+def validate_greedy(config: ExperimentConfig, problems: Problems, *, trains_on_rollouts: bool) -> None:
+    """gconfig.greedy: a bool; true (requests at temperature 0, rlkit.servers.sampling) is refused for a job that
+    trains on its rollouts (grpo, ppo) and, elsewhere (generate), with more than one completion per prompt."""
+    g = config.gconfig
+    if not isinstance(g.greedy, bool):
+        problems.add(f"gconfig.greedy must be true or false (got {g.greedy!r})",
+                     hint="e.g. gconfig.greedy=true for greedy decoding, or gconfig.greedy=false to sample")
+        return
+    if not g.greedy:
+        return
+    if trains_on_rollouts:
+        group = config.actor.group_size
+        if group > 1:
+            problems.add(f"gconfig.greedy is true, but job type {config.type} trains on groups of actor.group_size="
+                         f"{group} completions per prompt: greedy decoding makes every completion of a group the "
+                         "same, so the group has nothing to compare", hint=GREEDY_FIX)
+        else:
+            problems.add(f"gconfig.greedy is true, but job type {config.type} trains on its rollouts: they must be "
+                         "sampled at gconfig.temperature (> 0), the temperature the trainer takes its log-probs at, "
+                         "not decoded greedily", hint=GREEDY_FIX)
+    elif _is_count(g.n_samples) and g.n_samples > 1:
+        problems.add(f"gconfig.greedy is true with gconfig.n_samples={g.n_samples}: greedy decoding gives one "
+                     "completion per prompt, the same every time (and vLLM refuses n > 1 when greedy)",
+                     hint="set gconfig.n_samples=1, or gconfig.greedy=false to sample")
+
+
+def validate_eval_greedy(config: ExperimentConfig, problems: Problems) -> None:
+    """eval_gconfig.greedy (None: gconfig's): a bool; greedy evaluation takes one completion per prompt. A problem of
+    gconfig's own values alone is reported once, by validate_greedy."""
+    g, e = config.gconfig, config.eval_gconfig
+    if e.greedy is not None and not isinstance(e.greedy, bool):
+        problems.add(f"eval_gconfig.greedy must be true, false or null (got {e.greedy!r})",
+                     hint="e.g. eval_gconfig.greedy=true for greedy evaluation, or null for gconfig.greedy")
+        return
+    greedy = g.greedy if e.greedy is None else e.greedy
+    n = g.n_samples if e.n_samples is None else e.n_samples
+    if greedy is not True or not _is_count(n) or n <= 1 or (e.greedy is None and e.n_samples is None):
+        return
+    took = "takes gconfig.greedy (true)" if e.greedy is None else "eval_gconfig.greedy is true"
+    count = (f"eval_gconfig.n_samples={n}" if e.n_samples is not None else
+             f"gconfig.n_samples={n}, which eval_gconfig takes")
+    problems.add(f"the evaluation {took}, with {count}: greedy decoding gives one completion per prompt, the same "
+                 "every time (and vLLM refuses n > 1 when greedy)",
+                 hint="set eval_gconfig.n_samples=1, or eval_gconfig.greedy=false to sample")

@@ -21,13 +21,13 @@ from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServerPool, wait_for_servers
 from rlkit.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.servers.backend import SamplingParams
+from rlkit.servers.sampling import sampling_params as request_sampling
 from rlkit.trials import read_token
 
 
 def sampling_params(config: ExperimentConfig) -> SamplingParams:
-    g = config.gconfig
-    return SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
-                          temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, stop=list(g.stop))
+    """gconfig's request settings (rlkit.servers.sampling: greedy decoding as the rollouts and the evaluator)."""
+    return request_sampling(config)
 
 
 async def _complete_all(pool: ServerPool, prompts: list[list[int]], params: SamplingParams,

@@ -27,19 +27,14 @@ from rlkit.config.schema_eval import EvaluatorConfig
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.controller import Prompt, RolloutController
 from rlkit.servers.backend import SamplingParams
+from rlkit.servers.sampling import sampling_params
 from rlkit.train.loop_rank0 import Saver
 
 
 def eval_sampling(config: ExperimentConfig) -> SamplingParams:
-    """eval_gconfig with each unset field taken from gconfig (AReaL: "None: use gconfig")."""
-    g, e = config.gconfig, config.eval_gconfig
-    return SamplingParams(n=g.n_samples if e.n_samples is None else e.n_samples,
-                          max_new_tokens=g.max_new_tokens if e.max_new_tokens is None else e.max_new_tokens,
-                          min_new_tokens=g.min_new_tokens if e.min_new_tokens is None else e.min_new_tokens,
-                          temperature=g.temperature if e.temperature is None else e.temperature,
-                          top_p=g.top_p if e.top_p is None else e.top_p,
-                          top_k=g.top_k if e.top_k is None else e.top_k,
-                          stop=list(g.stop if e.stop is None else e.stop))
+    """eval_gconfig with each unset field taken from gconfig (AReaL: "None: use gconfig"), greedy decoding included
+    (rlkit.servers.sampling)."""
+    return sampling_params(config, evaluation=True)
 
 
 class EvalSchedule:

@@ -73,7 +73,7 @@ class Rank0:
         from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.model_reward import REWARD_MODEL
         from rlkit.rewards.runner import RewardRunner
-        from rlkit.servers.backend import SamplingParams
+        from rlkit.servers.sampling import sampling_params
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
         self.token = read_token(paths)
@@ -81,7 +81,9 @@ class Rank0:
         alloc = parse_allocation(config.allocation_mode)
         assert alloc.server is not None
         self.backend = alloc.server.backend
-        g = config.gconfig
+        if config.gconfig.greedy:  # refused at submit (rlkit.config.validate_sampling): a group must sample
+            raise StepError("gconfig.greedy is true: GRPO/PPO rollouts must sample (set gconfig.greedy=false, or use "
+                            "eval_gconfig.greedy for evaluation)")
         reward = config.reward
         # a reward model is loaded in every worker: one worker, one copy of it
         self.reward = RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path),
@@ -92,9 +94,7 @@ class Rank0:
                          if resumed is not None else set())
         self.controller = RolloutController(
             name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
-            prompts=prompts, params=SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens,
-                                                   min_new_tokens=g.min_new_tokens, temperature=g.temperature,
-                                                   top_p=g.top_p, top_k=g.top_k, stop=list(g.stop)),
+            prompts=prompts, params=sampling_params(config),
             reward=self.reward, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,

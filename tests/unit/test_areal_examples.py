@@ -100,11 +100,11 @@ def test_the_render_prints_one_notice_and_the_refusals_exit_2_all_at_once(
     assert ok.stderr.count("AReaL key(s) that rlkit has no field for") == 1
     assert "rollout.enable_rollout_tracing: false" in ok.stderr and "#SBATCH" in ok.stdout
     bad = run_rlkit("render", example, *site["gsm8k"], "type=grpo", "allocation_mode=vllm:d2+fsdp:d1",
-                    "rollout.experiment_name=another", "gconfig.greedy=true")
+                    "rollout.experiment_name=another", "gconfig.use_beam_search=true")
     assert bad.returncode == 2, bad.stderr
     assert "Traceback" not in bad.stderr
     for named in ("allocation_mode 'vllm:d2+fsdp:d1'", "rollout.experiment_name: another",
-                  "gconfig.greedy: true"):
+                  "gconfig.use_beam_search: true"):
         assert named in bad.stderr, (named, bad.stderr)
     assert not (tmp_path / "fileroot").exists(), "nothing written"
 
@@ -136,3 +136,21 @@ def test_migrate_on_the_command_line(site: dict[str, list[str]]) -> None:
     assert "\ndpo:\n  beta: 0.1\n" in done.stdout and "allocation_mode: fsdp:d8p1t1" in done.stdout
     refused = run_rlkit("migrate", str(EXAMPLES / "current/gsm8k_grpo.yaml"), *site["gsm8k"])
     assert refused.returncode == 2 and "set type=grpo or type=ppo" in refused.stderr
+
+
+def test_greedy_is_a_field_an_areal_grpo_example_takes_for_its_evaluation(site: dict[str, list[str]]) -> None:
+    """AReaL's gconfig.greedy (false in the examples) is an rlkit field: eval_gconfig.greedy renders and reaches the
+    evaluation's requests; gconfig.greedy=true, for the rollouts a GRPO group trains on, exits 2 naming the fix."""
+    from rlkit.train.evaluator import eval_sampling
+
+    example = EXAMPLES / "current/gsm8k_grpo_cpu.yaml"
+    prepared = prepare(example, [*site["gsm8k"], "type=grpo", "eval_gconfig.greedy=true", "eval_gconfig.n_samples=1"],
+                       dry_run=True)
+    assert prepared.config.gconfig.greedy is False and prepared.config.eval_gconfig.greedy is True
+    assert "gconfig.greedy" not in {a.key for a in prepared.areal_keys}
+    params = eval_sampling(prepared.config)
+    assert (params.temperature, params.n) == (0.0, 1)
+    bad = run_rlkit("render", str(example), *site["gsm8k"], "type=grpo", "gconfig.greedy=true")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert "gconfig.greedy is true, but job type grpo trains on groups" in bad.stderr
+    assert "set gconfig.greedy=false, or use eval_gconfig.greedy for evaluation" in bad.stderr

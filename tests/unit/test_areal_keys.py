@@ -165,7 +165,8 @@ def _grpo(model: Path, **sections: Any) -> dict[str, Any]:
         "experiment_name": "gsm8k-grpo", "trial_name": "trial0", "type": "grpo",
         "allocation_mode": "vllm:d1+fsdp:d1", "tokenizer_path": "${actor.path}",
         "cluster": {"fileroot": "/tmp/areal/experiments"},
-        "gconfig": {"n_samples": 4, "temperature": 1.0, "ignore_eos": False, "greedy": False},
+        "gconfig": {"n_samples": 4, "temperature": 1.0, "ignore_eos": False, "use_beam_search": False,
+                    "greedy": False},
         "actor": {"path": str(model), "experiment_name": "${experiment_name}", "trial_name": "${trial_name}",
                   "temperature": "${gconfig.temperature}", "disable_dropout": True, "init_from_scratch": False,
                   "max_new_tokens": "${gconfig.max_new_tokens}", "scheduling_spec": [{"gpu": 1, "cmd": "x"}]},
@@ -203,7 +204,8 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     assert kinds["actor.experiment_name"] == kinds["rollout.fileroot"] == kinds["rollout.tokenizer_path"] == DERIVED
     assert kinds["train_dataset.num_workers"] == kinds["scheduler"] == kinds["actor.scheduling_spec"] == INERT
     assert kinds["perf_tracer.session_tracer.enabled"] == kinds["ref.path"] == SAME
-    assert kinds["gconfig.ignore_eos"] == kinds["gconfig.greedy"] == kinds["actor.temperature"] == SAME
+    assert kinds["gconfig.ignore_eos"] == kinds["gconfig.use_beam_search"] == kinds["actor.temperature"] == SAME
+    assert "gconfig.greedy" not in kinds and config.gconfig.greedy is False, "a field: honoured, not listed"
     assert "actor.disable_dropout" not in kinds and config.actor.disable_dropout, "a field: honoured, not listed"
     values = {a.key: a.value for a in accepted}
     assert values["actor.experiment_name"] == "gsm8k-grpo", "interpolated against rlkit's own value"
@@ -230,7 +232,7 @@ def test_min_new_tokens_is_a_field_taken_as_given(model: Path) -> None:
     ({"actor": {"temperature": 0.7}}, "'actor.temperature: 0.7' (in test.yaml): not supported yet (rlkit computes "
                                       "log-probs at the sampling temperature"),
     ({"ref": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
-    ({"gconfig": {"greedy": True}}, "'gconfig.greedy: true'"),
+    ({"gconfig": {"use_beam_search": True}}, "'gconfig.use_beam_search: true'"),
     ({"train_dataset": {"drop_last": False}}, "'train_dataset.drop_last: false'"),
     ({"actor": {"kl_ctl": 0.1}, "ref": {"path": "/another/model"}}, "'ref.path: /another/model'"),
     ({"sglang": {"max_prefill_tokens": 4096}, "allocation_mode": "sglang:d1+fsdp:d1"},
@@ -277,8 +279,8 @@ def test_unknown_keys_are_all_listed_at_once_with_did_you_mean(model: Path) -> N
 
 
 def test_areal_keys_on_the_command_line_are_judged_too(model: Path) -> None:
-    problems, accepted, _ = _compose(_grpo(model), ["gconfig.greedy=true", "train_dataset.num_workers=8"])
-    assert [("gconfig.greedy: true" in str(e)) for e in problems.errors] == [True]
+    problems, accepted, _ = _compose(_grpo(model), ["gconfig.use_beam_search=true", "train_dataset.num_workers=8"])
+    assert [("gconfig.use_beam_search: true" in str(e)) for e in problems.errors] == [True]
     assert "in a command-line override" in str(problems.errors[0])
     problems, accepted, _ = _compose(_grpo(model), ["train_dataset.num_workers=8"])
     assert problems.ok() and {a.key: a.value for a in accepted}["train_dataset.num_workers"] == 8
@@ -303,10 +305,10 @@ def test_the_notice_names_each_key_with_its_reason() -> None:
 def test_the_manifest_records_the_accepted_keys_and_a_resume_keeps_them(tmp_path: Path) -> None:
     paths = TrialPaths.of(str(tmp_path), "exp", "t1")
     paths.root.mkdir(parents=True)
-    keys = [AcceptedKey("gconfig.greedy", False, SAME, "why").to_dict()]
+    keys = [AcceptedKey("gconfig.use_beam_search", False, SAME, "why").to_dict()]
     write_manifest(paths, job_id="1", images={}, cwd=tmp_path, areal_keys=keys)
-    assert read_manifest(paths)[AREAL_KEYS_FIELD] == [{"key": "gconfig.greedy", "value": False, "reason": SAME,
-                                                       "detail": "why"}]
+    assert read_manifest(paths)[AREAL_KEYS_FIELD] == [{"key": "gconfig.use_beam_search", "value": False,
+                                                       "reason": SAME, "detail": "why"}]
     write_manifest(paths, job_id="2", images={}, cwd=tmp_path, kind="resume")
     assert read_manifest(paths)[AREAL_KEYS_FIELD] == keys
     write_manifest(paths, job_id="3", images={}, cwd=tmp_path)
