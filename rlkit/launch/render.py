@@ -101,21 +101,23 @@ def render_script(plan: JobPlan) -> str:
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")
         steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}", f"start_step {step.name} {step.role} {fn}"]
-    groups = ",".join(str(i) for i in range(len(plan.components))) if len(plan.components) > 1 else ""
+    span = (f"--het-group={','.join(str(i) for i in range(len(plan.components)))}",) if len(plan.components) > 1 \
+        else ()
     body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,
-                           trainer_group=plan.trainer_group, steps=steps, het_groups=groups)
+                           trainer_group=plan.trainer_group, steps=steps, node_check_span=span)
     return "\n".join(lines) + "\n\n" + body
 
 
 def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str],
-                    het_groups: str = "") -> str:
+                    node_check_span: tuple[str, ...] = ()) -> str:
     """The template filled in: the step_contract's words and codes, the plan's numbers, `steps` (bash lines that
-    define and start each step) where @STEPS@ stands, `het_groups` (0,1,...) for the node check of step 0."""
+    define and start each step) where @STEPS@ stands, `node_check_span` (--het-group=0,1,...: the node check of step
+    0 runs on every component)."""
     return _fill(supervisor_template(), {
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
         "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group), "STEPS": "\n".join(steps),
-        "HET_GROUPS": shlex.quote(het_groups),
+        "NODE_CHECK_SPAN": " ".join(f"'{arg}'" for arg in node_check_span),  # quoted: shellcheck SC2054
         "NODE_CHECK_LOG": shlex.quote(str(TrialPaths(Path(trial_dir)).step_log(NODE_CHECK_STEP))),
     })

@@ -17,7 +17,7 @@ STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on
 STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
 STEP_STATE=@STEP_STATE@  # the trainer's last finished step and its status, one per line
 TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes to
-HET_GROUPS=@HET_GROUPS@  # every component, for the node check ("" in a job of one component)
+NODE_CHECK_SPAN=(@NODE_CHECK_SPAN@)  # the node check's srun spans every component (nothing in a job of one)
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
 
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
@@ -213,7 +213,7 @@ check_nodes() {  # step 0, seconds before any work: every node of every componen
   # The nodes answer through srun to this host, which writes their lines into $NODE_CHECK_LOG and the batch log:
   # a node that cannot see the trial directory could not write its own log there.
   # shellcheck disable=SC2016  # the script runs on each node, with its own $1..$3
-  timeout 120 srun ${HET_GROUPS:+"--het-group=$HET_GROUPS"} --ntasks-per-node=1 --cpus-per-task=1 --mem=64M \
+  timeout 120 srun "${NODE_CHECK_SPAN[@]}" --ntasks-per-node=1 --cpus-per-task=1 --mem=64M \
     --chdir=/ bash -c '
       seen=""
       read -r seen 2>/dev/null <"$1"

@@ -197,8 +197,8 @@ def test_trainer_only_job_has_one_component_and_no_server_steps() -> None:
     assert plan.trainer_group == 0 and plan.retries == 3  # resumable: requeues itself at its time limit
     assert "--requeue" in plan.job_options
     script = render_script(plan)
-    assert "hetjob" not in script and "srun --het-group" not in script and "TRAINER_GROUP=0 " in script
-    assert "HET_GROUPS=''  #" in script  # the node check spans the one component without --het-group
+    assert "hetjob" not in script and "--het-group" not in script and "TRAINER_GROUP=0 " in script
+    assert "NODE_CHECK_SPAN=()  #" in script  # the node check spans the one component
     assert [line[:2] for line in _start_lines(script)] == [["sft", "trainer"]]
     assert not any(s.role == SERVER_ROLE for s in plan.steps)
 
