@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 import typer
-from rich.console import Console
 
+from rlkit.cli_doctor import doctor
 from rlkit.cli_image import image_app
+from rlkit.console import console
 from rlkit.errors import SlurmError, StepError, UserError, each_error
 
 if TYPE_CHECKING:
@@ -20,17 +21,9 @@ if TYPE_CHECKING:
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 app.add_typer(image_app, name="image")
-PIPED_WIDTH = 1000  # a table sized to its content, never cut at rich's 80-column default for non-terminals
-
-
-def _console(stderr: bool = False) -> Console:
-    """A console of the terminal's width; piped or redirected output gets the full lines (tables not truncated)."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else PIPED_WIDTH)
-
-
-err = _console(stderr=True)
-out = _console()
+app.command("doctor")(doctor)
+err = console(stderr=True)
+out = console()
 
 CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
 OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from rlkit.console import console
 from rlkit.errors import UserError
 
 image_app = typer.Typer(no_args_is_help=True, help="Build rlkit's Apptainer images and check built ones.")
-_out = Console(soft_wrap=True, highlight=False)
+_out = console()
 
 
 @image_app.command("build")

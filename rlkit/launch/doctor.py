@@ -1,0 +1,148 @@
+"""`rlkit doctor CONFIG`: before a long job waits in the queue, run what its steps depend on, on the nodes it asks
+for, in a few seconds, and name each broken part with its fix.
+
+The config is checked and planned as `rlkit submit` would (every mistake exits 2, nothing submitted); then one short
+job of one task per node (as many nodes as the plan's components hold, each with the GPUs of its component) is
+submitted with submitit, a single-function Slurm job, which is what submitit is for. Each task runs
+rlkit.steps.doctor_node's checks. submitit's folder, where the tasks also meet for the all-reduce, sits under
+$RLKIT_HOME (the user's home, shared on clusters), so that a fileroot some node cannot see is reported as such
+instead of stopping the doctor itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlkit.config.load import to_yaml
+from rlkit.config.site_files import is_image_uri, is_local_path
+from rlkit.errors import SlurmError
+from rlkit.launch.containers import container_argv
+from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
+from rlkit.launch.submit import Prepared
+from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
+from rlkit.trials import rlkit_home, write_atomic
+
+DOCTOR_TIME_MIN = 10
+
+
+@dataclass(frozen=True)
+class DoctorRun:
+    job_id: str
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+def node_layout(plan: JobPlan) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(role, GPUs) of each node of the job, component by component (servers first, as the plan orders them)."""
+    roles: list[str] = []
+    gpus: list[int] = []
+    for component in plan.components:
+        roles += [component.role] * component.nodes
+        gpus += [component.gpus_per_node] * component.nodes
+    return tuple(roles), tuple(gpus)
+
+
+def _as_step_runs(step: Step, plan: JobPlan, module: str, *args: str, extra_bind: str) -> tuple[str, ...]:
+    """`module` run the way `step` runs in the job: its environment additions, launcher.python, its image and
+    binds (plus the doctor's folder, where its files are)."""
+    binds = (*plan.binds, extra_bind) if plan.binds else ()
+    inner = container_argv((step.argv[0], "-m", module, *args), container_type=plan.container_type, image=step.image,
+                           apptainer_args=plan.apptainer_args, binds=binds)
+    return (("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()) + inner
+
+
+def node_spec(prepared: Prepared, workdir: Path, token: str) -> NodeSpec:
+    """What every task checks: the canary in the fileroot, the layout, the model, the images, and the all-reduce
+    and server start, each run as the job's trainer and server steps run."""
+    config, plan = prepared.config, prepared.plan
+    roles, gpus = node_layout(plan)
+    work = [step for step in plan.steps if step.role != SERVER_ROLE][-1]
+    servers = [step for step in plan.steps if step.role == SERVER_ROLE]
+    allreduce = _as_step_runs(work, plan, "rlkit.steps.doctor_allreduce", extra_bind=str(workdir))
+    serve: tuple[str, ...] = ()
+    if servers:  # the server's config as the job's steps read it, beside submitit's files
+        write_atomic(workdir / "config.yaml", to_yaml(config), mode=0o600)
+        serve = _as_step_runs(servers[0], plan, "rlkit.steps.doctor_serve", str(workdir / "config.yaml"),
+                              str(config.launcher.server_startup_timeout), extra_bind=str(workdir))
+    images = tuple(dict.fromkeys(step.image for step in plan.steps if step.image and not is_image_uri(step.image)))
+    model = config.actor.path if is_local_path(config.actor.path) else ""
+    return NodeSpec(canary=str(Path(config.cluster.fileroot) / f".rlkit-doctor-{workdir.name}"), token=token,
+                    shared_dir=str(workdir), roles=roles, gpus=gpus, model=model, allreduce_argv=allreduce,
+                    container_type=plan.container_type, images=images if plan.container_type != "none" else (),
+                    serve_argv=serve, serve_timeout_s=float(config.launcher.server_startup_timeout))
+
+
+def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> DoctorRun:
+    """Submit the doctor's job, wait for it, and return every node's checks."""
+    import logging
+
+    import submitit
+
+    from rlkit.steps.doctor_node import run_node_checks
+
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # its sacct retries warn on sites without accounting
+    workdir = rlkit_home() / "doctor" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    workdir.mkdir(parents=True, mode=0o700)
+    token = secrets.token_hex(16)
+    spec = node_spec(prepared, workdir, token)
+    canary = Path(spec.canary)
+    canary.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(canary, token + "\n", mode=0o600)
+    slurm = prepared.config.launcher.slurm
+    executor = submitit.AutoExecutor(folder=workdir, cluster="slurm")
+    extra = {key: value for key, value in (("nodelist", slurm.nodelist), ("exclude", slurm.exclude),
+                                           ("account", slurm.account), ("qos", slurm.qos),
+                                           ("constraint", slurm.constraint)) if value}
+    params: dict[str, object] = {"nodes": len(spec.roles), "tasks_per_node": 1, "cpus_per_task": 1,
+                                 "timeout_min": DOCTOR_TIME_MIN, "name": "rlkit-doctor", "mem_gb": 1,
+                                 "slurm_additional_parameters": extra}
+    if max(spec.gpus, default=0):
+        params["gpus_per_node"] = max(spec.gpus)
+    if slurm.partition:
+        params["slurm_partition"] = slurm.partition
+    executor.update_parameters(**params)
+    try:
+        try:
+            job = executor.submit(run_node_checks, spec)
+        except Exception as exc:  # submitit raises sbatch's refusal as a bare exception: its last line is the reason
+            raise SlurmError(f"sbatch refused the doctor's job: {str(exc).strip().splitlines()[-1]}") from None
+        say(f"doctor job {job.job_id}: {len(spec.roles)} node(s) of partition {slurm.partition or '(default)'}; "
+            f"waiting (submitit files in {workdir})")
+        try:
+            reports: list[NodeReport] = job.results()
+        except Exception as exc:  # a task that could not even start: submitit's reason, e.g. an unreadable folder
+            lines = str(exc).strip().splitlines()
+            return DoctorRun(str(job.job_id), [Check("doctor job", "-", False, lines[-1] if lines else "failed",
+                                                     f"submitit's files in {workdir} must be on a filesystem the "
+                                                     "compute nodes share: set RLKIT_HOME to such a directory")])
+    finally:
+        canary.unlink(missing_ok=True)
+    return DoctorRun(str(job.job_id), [check for report in reports for check in report.checks])
+
+
+
+def summary_rows(checks: list[Check]) -> list[tuple[str, str, bool, str, str]]:
+    """(check, nodes, ok, detail, fix) rows: one per check that passed everywhere ("all N nodes"), else one per
+    distinct failure with the nodes it hit, so a 64-node job reads as a few lines."""
+    nodes = sorted({c.node for c in checks})
+    rows: list[tuple[str, str, bool, str, str]] = []
+    for name in dict.fromkeys(c.name for c in checks):
+        of_check = [c for c in checks if c.name == name]
+        failed = [c for c in of_check if not c.ok]
+        if not failed:
+            where = f"all {len(nodes)} nodes" if len(of_check) == len(nodes) and len(nodes) > 1 else of_check[0].node
+            rows.append((name, where, True, of_check[0].detail, ""))
+            continue
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for c in failed:
+            by_reason.setdefault((c.detail, c.fix), []).append(c.node)
+        for (detail, fix), hit in by_reason.items():
+            rows.append((name, ", ".join(hit), False, detail, fix))
+    return rows

@@ -1,0 +1,164 @@
+"""What `rlkit doctor` checks on each node of the job it submits (one task per node, run by submitit).
+
+Each check answers for this node: can it read what the login node wrote in the fileroot, does it see the GPUs Slurm
+gave it, can it run the role's image, can it read the model, and can it join a tiny all-reduce with every other node
+of the job (the group a broadcast weight sync forms: servers and trainer). A check never raises: it reports, so one
+broken part does not hide the others. Importing this module imports no torch (the all-reduce runs in the trainer's
+own interpreter or image, rlkit.steps.doctor_allreduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlkit.jobenv import JobEnv
+
+ALLREDUCE_TIMEOUT_S = 90  # rank 0's address, the group's forming and one all-reduce, whatever hangs
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What the doctor's job checks; the same for every task (picklable: submitit sends it to the nodes)."""
+
+    canary: str  # a file in the fileroot holding `token`
+    token: str
+    shared_dir: str  # submitit's folder: rank 0 publishes its all-reduce address here
+    roles: tuple[str, ...]  # the role of each task (task i runs on node i of the job)
+    gpus: tuple[int, ...]  # the GPUs each task's node must see
+    model: str  # a local model directory the steps read ("" for a hub id)
+    allreduce_argv: tuple[str, ...]  # the command of the all-reduce, in the trainer's image when there is one
+    container_type: str
+    images: tuple[str, ...] = ()  # the role images this node must be able to read
+    serve_argv: tuple[str, ...] = ()  # starts one server as the serve step would (first server node only)
+    serve_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    node: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class NodeReport:
+    node: str
+    role: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str, fix: str = "") -> None:
+        self.checks.append(Check(name, self.node, ok, detail, "" if ok else fix))
+
+
+def run_node_checks(spec: NodeSpec) -> NodeReport:
+    """Every check on this node, in the order a job would need them."""
+    env = JobEnv.from_environ()
+    report = NodeReport(env.node_name, spec.roles[env.global_rank] if env.global_rank < len(spec.roles) else "?")
+    _check_fileroot(spec, report)
+    _check_gpus(spec.gpus[env.global_rank] if env.global_rank < len(spec.gpus) else 0, report)
+    _check_container(spec, report)
+    _check_model(spec.model, report)
+    _check_allreduce(spec, env, report)
+    if spec.serve_argv and env.global_rank == spec.roles.index("server"):
+        _check_server(spec, report)
+    return report
+
+
+def _check_fileroot(spec: NodeSpec, report: NodeReport) -> None:
+    try:
+        seen = Path(spec.canary).read_text().strip()
+    except OSError as exc:
+        seen = f"unreadable ({exc.strerror or exc})"
+    report.add("shared fileroot", seen == spec.token,
+               "reads the token the login node wrote" if seen == spec.token else f"{spec.canary}: {seen}",
+               "put cluster.fileroot on a filesystem every compute node mounts at the same path as the login node")
+
+
+def _check_gpus(expected: int, report: NodeReport) -> None:
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if expected == 0:
+        report.add("GPUs", True, "none asked for")
+        return
+    report.add("GPUs", len(visible) == expected, f"{len(visible)} visible of {expected} asked for",
+               "check the partition's Gres (gpu:N) and cluster.n_gpus_per_node against what the nodes have")
+
+
+def _check_container(spec: NodeSpec, report: NodeReport) -> None:
+    if spec.container_type == "none":
+        report.add("container", True, "container_type none: steps run on the host")
+        return
+    if shutil.which("apptainer") is None:
+        report.add("container", False, "apptainer is not installed (not on PATH)",
+                   "use a partition whose nodes have Apptainer, or launcher.slurm.container_type=none")
+        return
+    unreadable = [image for image in spec.images if not os.access(image, os.R_OK)]
+    report.add("container", not unreadable, "apptainer found, images readable" if not unreadable
+               else f"cannot read {', '.join(unreadable)}", "put the images on a filesystem the nodes mount")
+
+
+def _check_model(model: str, report: NodeReport) -> None:
+    if not model:
+        report.add("model", True, "a hub id: fetched at submit into the hub cache")
+        return
+    ok = os.access(Path(model) / "config.json", os.R_OK)
+    report.add("model", ok, f"{model} readable" if ok else f"{model}/config.json is not readable here",
+               "put actor.path on a filesystem every compute node mounts")
+
+
+def _json_answer(stdout: str) -> dict[str, object]:
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _check_server(spec: NodeSpec, report: NodeReport) -> None:
+    fix = "read the server's last lines; check the model, the server image and vllm/sglang.extra_args"
+    try:
+        done = subprocess.run(list(spec.serve_argv), capture_output=True, text=True, check=False, cwd="/",
+                              timeout=spec.serve_timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        report.add("server start", False, f"no answer within {spec.serve_timeout_s + 60:.0f} s", fix)
+        return
+    except OSError as exc:
+        report.add("server start", False, f"{spec.serve_argv[0]} cannot run: {exc.strerror or exc}",
+                   "check launcher.python (or the server image)")
+        return
+    answer = _json_answer(done.stdout)
+    if answer.get("ok"):
+        report.add("server start", True, f"{answer['backend']} healthy and guarded in {answer['seconds']} s")
+        return
+    last = answer.get("last_lines")
+    lines = [str(line) for line in last] if isinstance(last, list) else done.stderr.strip().splitlines()[-3:]
+    reason = str(answer.get("error") or "no answer")
+    report.add("server start", False, (reason + " | " + " / ".join(lines))[:600], fix)
+
+
+def _check_allreduce(spec: NodeSpec, env: JobEnv, report: NodeReport) -> None:
+    argv = [*spec.allreduce_argv, spec.shared_dir, str(env.global_rank), str(env.world_size)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=ALLREDUCE_TIMEOUT_S, check=False,
+                              cwd="/")
+    except subprocess.TimeoutExpired:
+        report.add("all-reduce", False, f"no answer within {ALLREDUCE_TIMEOUT_S} s",
+                   "open the ports between the job's nodes (gloo/NCCL pick free TCP ports) or check their network")
+        return
+    except OSError as exc:
+        report.add("all-reduce", False, f"{argv[0]} cannot run: {exc.strerror or exc}",
+                   "check launcher.python, and the container check above")
+        return
+    answer = _json_answer(done.stdout)
+    if done.returncode == 0 and answer.get("ok"):
+        report.add("all-reduce", True, f"{answer['backend']} over {env.world_size} nodes in {answer['seconds']} s")
+        return
+    reason = str(answer.get("error") or (done.stderr.strip().splitlines() or ["no output"])[-1])
+    report.add("all-reduce", False, reason[:300],
+               "open the ports between the job's nodes (gloo/NCCL pick free TCP ports) or check their network")
