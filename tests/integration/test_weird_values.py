@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import shlex
 import shutil
 import subprocess
@@ -131,7 +132,8 @@ def test_weird_value_is_refused_or_carried_literally(base_config: ExperimentConf
         script = result.script
         syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True, check=False)
         assert syntax.returncode == 0, f"{value!r} in {path} broke the script: {syntax.stderr}"
-        rendered = [line.strip() for line in script.splitlines() if line.startswith("  ") and "srun" in line]
+        lines = script.splitlines()  # each step's command is the one line of its cmd_NAME() function
+        rendered = [lines[i + 1].strip() for i, line in enumerate(lines) if re.fullmatch(r"cmd_\w+\(\) \{", line)]
         assert len(rendered) == len(result.plan.steps)
         planned = [list(step_command(step, result.plan)) for step in result.plan.steps]
         assert _bash_words(rendered) == planned, f"{value!r} in {path}"
