@@ -10,8 +10,8 @@ Facts about rlkit these rules rest on (checked in the trainer, keep them true): 
 gconfig.temperature (rlkit.train.grpo builds PPOActor with it), of sft/rw/dpo at temperature 1; FSDP reduces
 gradients in float32 and keeps float32 master weights and optimizer states (rlkit.train.engine); the last partial
 batch of an epoch is dropped (rlkit.train.grpo.total_steps, offline_epochs); chosen and rejected answers of a pair
-always share a micro-batch; the reference model of a KL term or of DPO is the frozen starting model (actor.path; dpo:
-dpo.ref_path when set) in actor.dtype with actor.attn_impl (rlkit.train.reference); the overlong penalty uses
+always share a micro-batch; the reference model of a KL term or of DPO is ref.path's (dpo: dpo.ref_path when set;
+neither: actor.path), frozen, in actor.dtype with actor.attn_impl (rlkit.train.reference); the overlong penalty uses
 gconfig.max_new_tokens; there is no float16 loss scaling; dropout layers are left as the model's config.json has them.
 """
 
@@ -36,6 +36,7 @@ from rlkit.config.areal_server_keys import SGLANG, VLLM
 from rlkit.config.model_config import dropout_free
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_ref import RefConfig, uses_reference
 
 EXPERIMENT = derived("experiment_name", lambda c: c.experiment_name)
 TRIAL = derived("trial_name", lambda c: c.trial_name)
@@ -167,41 +168,32 @@ CRITIC: dict[str, Rule] = {
 }
 
 
-def _needs_reference(c: ExperimentConfig) -> bool:
-    """Whether rlkit loads a reference model (as rlkit.train.reference.needs_reference, plus dpo's)."""
-    return c.actor.kl_ctl > 0 or c.actor.kl_loss_coef > 0 or c.type == "dpo"
-
-
-def _reference_path(c: ExperimentConfig) -> str:
-    return (c.dpo.ref_path if c.type == "dpo" and c.dpo.ref_path else "") or c.actor.path
-
-
 def _as_reference(value: object, c: ExperimentConfig, ours: object) -> bool:
     """A key of the ref section is fine when rlkit loads no reference, or when it says what rlkit's reference is."""
-    return not _needs_reference(c) or value == ours
+    return not uses_reference(c) or value == ours
 
 
 def _ref_same(name: str, ours: Value) -> Rule:
-    source = "dpo.ref_path or actor.path" if name == "path" else f"actor.{name}"
-    return same(f"rlkit's reference model (loaded for a KL term or dpo only) has the {name} of {source}",
+    return same(f"rlkit's reference model (loaded for a KL term or dpo only) has the {name} of actor.{name}",
                 lambda v, c: _as_reference(v, c, ours(c)),
-                fix=f"remove it, or make it {source} (another reference model is not supported yet)",
+                fix=f"remove it, or make it actor.{name} (a reference {name} of its own is not supported yet)",
                 expected=ours)
 
 
 _FROZEN = inert("AReaL reads it for a trained model only; the reference is frozen")
+_REF_FIELDS = {f.name for f in dataclasses.fields(RefConfig)}
+# The keys of AReaL's ref section that rlkit's `ref` section (rlkit.config.schema_ref) lacks: `path` is a field.
 REF: dict[str, Rule] = {
-    **{f.name: _FROZEN for f in dataclasses.fields(ActorConfig)},
+    **{f.name: _FROZEN for f in dataclasses.fields(ActorConfig) if f.name not in _REF_FIELDS},
     **{key: _FROZEN for key in ACTOR if key not in ENGINE},  # AReaL's PPO knobs, read for the actor only
     **ENGINE,
-    "path": _ref_same("path", _reference_path),
     "dtype": _ref_same("dtype", lambda c: c.actor.dtype),
     "attn_impl": _ref_same("attn_impl", lambda c: c.actor.attn_impl),
     "use_lora": off("LoRA on the reference", False),
     "disable_dropout": inert("the reference runs in eval mode (no dropout either way)"),
     "is_critic": off("a critic as reference", False),
     "temperature": same("the reference's log-probs are taken at the actor's temperature",
-                        lambda v, c: not _needs_reference(c) or v == _logprob_temperature(c),
+                        lambda v, c: not uses_reference(c) or v == _logprob_temperature(c),
                         fix="remove it", expected=_logprob_temperature),
     "mb_spec": inert("rlkit runs the reference with actor.mb_spec (micro-batching changes memory, not results)"),
     "optimizer": inert("the reference is never stepped"),
@@ -225,7 +217,6 @@ TOP: dict[str, Rule] = {
     }),
     "memory_profiler": off("the memory profiler", None),
     "teacher": off("on-policy distillation from a teacher", None),
-    "ref": section("the reference model of a KL term or of DPO", REF),
     "beta": renamed("dpo.beta", "rlkit keeps DPO's settings in the dpo section"),
     "loss_type": renamed("dpo.loss_type", "rlkit keeps DPO's settings in the dpo section"),
 }
@@ -307,6 +298,7 @@ TABLES: dict[str, dict[str, Rule]] = {
     "": TOP,
     "actor": ACTOR,
     "critic": CRITIC,
+    "ref": REF,
     "actor.mb_spec": MB_SPEC,
     "critic.mb_spec": MB_SPEC,
     "actor.optimizer": OPTIMIZER,

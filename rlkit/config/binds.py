@@ -19,8 +19,8 @@ from rlkit.config.schema import ExperimentConfig, get_field
 from rlkit.config.site_files import is_local_path
 from rlkit.errors import ConfigError
 
-MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "dpo.ref_path", "reward.reward_model_path",
-                "vllm.model", "sglang.model_path")
+MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "ref.path", "dpo.ref_path",
+                "reward.reward_model_path", "vllm.model", "sglang.model_path")
 DATA_FIELDS = ("train_dataset.path", "valid_dataset.path", "generate.dataset.path")
 _MOUNT_FIELD = "launcher.slurm.mount"
 

@@ -27,9 +27,8 @@ def _dropouts(node: Any) -> list[float]:
     return found
 
 
-def dropout_free(model_dir: str) -> bool | None:
-    """True when the model's config.json sets every dropout probability to 0 (the model has no active dropout),
-    False when one is not 0, None when there is no local config.json to read."""
+def read_model_config(model_dir: str) -> dict[str, Any] | None:
+    """The local model's config.json as a mapping; None for a hub id or when there is none to read."""
     if not is_local_path(model_dir):
         return None
     path = Path(model_dir) / "config.json"
@@ -39,4 +38,25 @@ def dropout_free(model_dir: str) -> bool | None:
         config = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
+    return config if isinstance(config, dict) else None
+
+
+def dropout_free(model_dir: str) -> bool | None:
+    """True when the model's config.json sets every dropout probability to 0 (the model has no active dropout),
+    False when one is not 0, None when there is no local config.json to read."""
+    config = read_model_config(model_dir)
+    if config is None:
+        return None
     return not any(p != 0 for p in _dropouts(config))
+
+
+def vocab_size(model_dir: str) -> int | None:
+    """The model's vocab_size (of its text model, for a config that nests one), None when unknown."""
+    config = read_model_config(model_dir)
+    if config is None:
+        return None
+    value = config.get("vocab_size")
+    text = config.get("text_config")
+    if value is None and isinstance(text, dict):
+        value = text.get("vocab_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

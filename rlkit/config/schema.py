@@ -17,6 +17,7 @@ from rlkit.config.schema_actor import ActorConfig
 from rlkit.config.schema_critic import CriticConfig
 from rlkit.config.schema_eval import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema_pairs import DPOConfig, RWConfig
+from rlkit.config.schema_ref import RefConfig
 from rlkit.config.schema_sft import SFTConfig
 
 
@@ -285,6 +286,7 @@ class ExperimentConfig:
     sglang: SGLangConfig = _sub(SGLangConfig, "SGLang servers.")
     actor: ActorConfig = _sub(ActorConfig, "Policy model.")
     critic: CriticConfig = _sub(CriticConfig, "Value model (job type ppo).")
+    ref: RefConfig = _sub(RefConfig, "Frozen reference model of the KL terms (grpo, ppo) and of dpo.")
     gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling.")
     rollout: RolloutConfig = _sub(RolloutConfig, "Client-server traffic.")
     generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")

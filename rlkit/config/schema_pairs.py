@@ -42,5 +42,6 @@ class DPOConfig(PairDataConfig):
     loss_type: str = _f("sigmoid", "DPO loss variant. Choices: sigmoid (the original DPO loss).")
     label_smoothing: float = _f(0.0, "Assumed fraction of flipped preference labels (conservative DPO), in "
                                      "[0, 0.5); 0: the original loss.")
-    ref_path: str = _f("", "Hugging Face directory of the frozen reference model; empty: actor.path (the usual "
-                           "choice: the model DPO starts from). Its answer log-probs are computed once per pair.")
+    ref_path: str = _f("", "Hugging Face directory of the frozen reference model, dpo's own name of ref.path (set "
+                           "one of them); empty: ref.path, else actor.path (the usual choice: the model DPO starts "
+                           "from). Its answer log-probs are computed once per pair.")

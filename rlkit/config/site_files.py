@@ -139,7 +139,8 @@ _LOCAL_FILE_FIELDS = ("train_dataset.path", "valid_dataset.path", "generate.data
                       "launcher.slurm.trainer_image", "launcher.slurm.inference_server_image",
                       "stats_logger.tensorboard.path", "stats_logger.swanlab.logdir")
 # Fields that hold a local directory only when written as one (./x, ../x, /x); `org/name` is a hub id.
-_MODEL_FIELDS = ("actor.path", "vllm.model", "sglang.model_path", "tokenizer_path", "reward.reward_model_path")
+_MODEL_FIELDS = ("actor.path", "vllm.model", "sglang.model_path", "tokenizer_path", "reward.reward_model_path",
+                 "ref.path")
 
 
 def make_paths_absolute(config: object, cwd: str) -> None:

@@ -28,6 +28,7 @@ from rlkit.config.site_files import (
 )
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
+from rlkit.config.validate_ref import validate_reference
 from rlkit.config.validate_sampling import validate_greedy, validate_min_new_tokens
 from rlkit.errors import ConfigError
 from rlkit.jobs import JobType, job_type_for, registered_job_types
@@ -140,6 +141,7 @@ def validate(config: ExperimentConfig) -> Validated:
     if job is not None:
         _validate_lora(config, job, allocation, problems)
         _validate_scratch(config, job, problems)
+        validate_reference(config, problems)
         job.validate(config, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 

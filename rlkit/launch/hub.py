@@ -19,8 +19,8 @@ from rlkit.config.schema import ExperimentConfig, get_field, set_field
 from rlkit.config.site_files import DATASET_SUFFIXES, is_hub_id
 from rlkit.errors import ConfigError
 
-MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "dpo.ref_path", "reward.reward_model_path",
-                "vllm.model", "sglang.model_path")
+MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "ref.path", "dpo.ref_path",
+                "reward.reward_model_path", "vllm.model", "sglang.model_path")
 DATASET_FIELDS = {"train_dataset.path": "train", "valid_dataset.path": "test", "generate.dataset.path": "train"}
 _PREFERRED_CONFIGS = ("main", "default")
 SPLITS_DIR = "rlkit-splits"  # under the cache: one directory of links per (dataset, configuration, split)

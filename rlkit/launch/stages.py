@@ -172,6 +172,8 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
         make_paths_absolute(config, os.getcwd())
         stand_in = ""
         if policy is not None and not _sets(own, own_overrides[name], "actor", "path"):
+            if config.ref.path == config.actor.path and not _sets(own, own_overrides[name], "ref", "path"):
+                config.ref.path = ""  # the reference named the actor's start (`${actor.path}`): it follows it
             config.actor.path, stand_in = policy
             for section, field in _SERVER_MODEL_FIELDS:
                 if not _sets(own, own_overrides[name], section, field):

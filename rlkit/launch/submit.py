@@ -79,11 +79,13 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
         _check_before_download(config, problems, attempt=attempt, model_stand_in=model_stand_in)
     resolve_hub_ids(config, problems, download=fetch and not dry_run)
     make_paths_absolute(config, os.getcwd())
-    real_model = config.actor.path
+    real_model, real_ref = config.actor.path, config.ref.path
     if model_stand_in and not Path(real_model).exists():
         config.actor.path = model_stand_in
+        if real_ref == real_model:  # the reference is that stage's model too
+            config.ref.path = model_stand_in
     validated = validate(config)
-    config.actor.path = real_model
+    config.actor.path, config.ref.path = real_model, real_ref
     problems.errors.extend(validated.problems.errors)
     plan = None
     if validated.allocation is not None:

@@ -1,14 +1,15 @@
 """Job type dpo as an algorithm of the training loop: the actor learns from chosen/rejected pairs against a frozen
-reference (dpo.ref_path, or actor.path), in epochs over train_dataset; `run_dpo` is its `rlkit train` step.
+reference (dpo.ref_path, else ref.path, else actor.path), in epochs over train_dataset; `run_dpo` is its
+`rlkit train` step.
 
 With actor.use_lora the reference is the trained model with its adapter switched off (the frozen base; no second
-copy in memory) unless dpo.ref_path names another model. The reference's answer log-probs of a pair are computed
-the first time the pair is trained on and kept (rlkit.train.pair_losses.ReferenceLogps): later epochs never run the
-reference. The reference is FSDP-sharded, so
-its forwards are collective: when any rank lacks a pair of its step, every rank runs the reference on all its
-micro-batches, then the new values are shared, so that every rank (and rank 0's recover state) holds all of them
-and a resumed run does not recompute them. At each epoch's end the held-out pairs of valid_dataset give
-eval/accuracy (the chosen answer's implicit reward higher) and eval/reward_margin.
+copy in memory) unless dpo.ref_path or ref.path names another model. The reference's answer log-probs of a pair
+are computed the first time the pair is trained on and kept (rlkit.train.pair_losses.ReferenceLogps): later epochs
+never run the reference. The reference is FSDP-sharded, so its forwards are collective: when any rank lacks a pair
+of its step, every rank runs the reference on all its micro-batches, then the new values are shared, so that every
+rank (and rank 0's recover state) holds all of them and a resumed run does not recompute them. At each epoch's end
+the held-out pairs of valid_dataset give eval/accuracy (the chosen answer's implicit reward higher) and
+eval/reward_margin.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rlkit.train.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.train.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
 from rlkit.train.pair_losses import ReferenceLogps, by_pair, dpo_loss
 from rlkit.train.pair_steps import CountedLoss, PairData, PairMicroBatch, local_pairs, micro_batches, step_metrics
-from rlkit.train.reference import adapter_off, frozen_reference
+from rlkit.train.reference import adapter_off, reference_model
 
 METRICS = {"loss": "loss", "rewards/margin": "reward_margin", "rewards/accuracy": "accuracy",
            "rewards/chosen": "reward_chosen", "rewards/rejected": "reward_rejected"}
@@ -67,9 +68,7 @@ class DPOTraining(OfflineAlgorithm):
                                   total_optimizer_steps=self.total_steps,
                                   model_factory=actor_model_factory(config.actor))
         self.engines = {"actor": self.engine}
-        ref_path = config.dpo.ref_path
-        shared = config.actor.use_lora and ref_path in ("", config.actor.path)  # the base is the reference
-        self.reference = None if shared else frozen_reference(config.actor, ctx.device, ref_path)
+        self.reference = reference_model(config, ctx.device)  # None: the LoRA base is the reference
         self.cache = ReferenceLogps()  # training pairs, by dataset row
         self.valid_cache = ReferenceLogps()  # held-out pairs (their rows are another file's)
 
@@ -105,7 +104,7 @@ class DPOTraining(OfflineAlgorithm):
         return {METRICS[k]: v for k, v in means.reduce(keys).items()}
 
     def _reference(self) -> contextlib.AbstractContextManager[nn.Module]:
-        """The frozen reference: its own model, or (LoRA, no other dpo.ref_path) the trained one with its adapter
+        """The frozen reference: its own model, or (LoRA, no other model named) the trained one with its adapter
         off."""
         return contextlib.nullcontext(self.reference) if self.reference is not None else adapter_off(self.engine.model)
 

@@ -30,7 +30,8 @@ _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # 
 
 class PPOActor:
     """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`; with
-    LoRA none: the reference is the trained model with its adapter switched off, which is the initial model)."""
+    LoRA and no other reference model none: the reference is the trained model with its adapter switched off, which
+    is the initial model)."""
 
     def __init__(self, config: ActorConfig, engine: TrainEngine, *, pad_id: int, temperature: float,
                  ref: nn.Module | None = None) -> None:
@@ -40,11 +41,13 @@ class PPOActor:
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
-              temperature: float, total_optimizer_steps: int) -> PPOActor:
-        """The engine of the causal LM at config.path, and the reference when needed; collective."""
+              temperature: float, total_optimizer_steps: int, ref_path: str = "") -> PPOActor:
+        """The engine of the causal LM at config.path, and the reference when needed: the model at `ref_path` (the
+        job's ref.path; empty: config.path); collective."""
         engine = TrainEngine(config, rank=rank, world=world, device=device,
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
-        ref = frozen_reference(config, device) if needs_reference(config) and not config.use_lora else None
+        separate = not config.use_lora or ref_path not in ("", config.path)  # else the base is the reference
+        ref = frozen_reference(config, device, ref_path) if needs_reference(config) and separate else None
         return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=ref)
 
     def local_indices(self, n: int) -> list[list[int]]:

@@ -1,5 +1,7 @@
-"""The frozen reference model of a KL term (or of DPO): the initial weights, sharded like the trained model, never
-stepped. With LoRA there is no second model: the trained peft model with its adapter switched off is the base."""
+"""The frozen reference model of a KL term (or of DPO): ref.path's weights (dpo: dpo.ref_path when set; neither set:
+actor.path, the initial weights), sharded like the trained model, in eval mode, never stepped. With LoRA and no other
+model named there is no second model: the trained peft model with its adapter switched off is the base
+(rlkit.config.schema_ref.separate_reference decides)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_ref import reference_path, separate_reference
 from rlkit.train.engine import load_causal_lm, param_dtype_of, shard_model
 
 
@@ -24,6 +28,14 @@ def frozen_reference(actor: ActorConfig, device: torch.device, path: str = "") -
     ref = load_causal_lm(path or actor.path, dtype=torch.float32, attn_impl=actor.attn_impl).to(device)
     ref.requires_grad_(False).eval()
     return shard_model(ref, param_dtype=param_dtype_of(actor))
+
+
+def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module | None:
+    """The job's frozen reference as a model of its own, or None when it is the LoRA base (`adapter_off` of the
+    trained model); collective (FSDP)."""
+    if not separate_reference(config):
+        return None
+    return frozen_reference(config.actor, device, reference_path(config))
 
 
 @contextlib.contextmanager

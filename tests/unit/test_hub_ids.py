@@ -90,6 +90,19 @@ def test_render_and_submit_read_the_cache_and_record_local_paths(grpo_yaml: Path
     assert [row["prompt"] for row in load_rows(train)] == [f"{i}+1=" for i in range(16)], "both shards, in order"
 
 
+def test_a_reference_given_as_a_hub_id_is_fetched_like_the_actor(grpo_yaml: Path, cache: Path,
+                                                                  fake_model: Path) -> None:
+    """ref.path (the KL reference, e.g. the SFT model the actor's checkpoint came from) may be a hub id: fetched
+    into the same cache, checked as the local copy, recorded as its path."""
+    overrides = [f"cluster.hub_cache={cache}", f"actor.path={fake_model}", "actor.kl_ctl=0.1",
+                 "ref.path=acme/tiny-model"]
+    rendered = prepare(grpo_yaml, overrides, dry_run=True)
+    assert rendered.config.ref.path == str(cache / "models--acme--tiny-model" / "snapshots" / COMMIT)
+    with pytest.raises(ConfigError) as refused:
+        prepare(grpo_yaml, [*overrides[:-1], "ref.path=acme/missing-model"])
+    assert "ref.path: the model 'acme/missing-model' is not in the hub cache" in str(refused.value)
+
+
 def test_an_id_not_in_the_cache_is_named_with_the_cache(grpo_yaml: Path, cache: Path) -> None:
     """Submit downloads nothing for a config it refuses: a bad split comes first, alone; once it is fixed, the
     download of the missing model is tried (offline here) and its failure names the id and the cache."""

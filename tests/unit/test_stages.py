@@ -70,6 +70,29 @@ def test_demo_becomes_one_trial_per_stage_and_the_grpo_stage_starts_from_sfts_fi
     assert not (demo_dir / "fileroot").exists(), "preparing writes nothing"
 
 
+def test_a_later_stages_kl_reference_follows_its_start_or_is_the_model_it_names(demo_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """AReaL's `ref.path: ${actor.path}` at the top level means the actor's start: in the grpo stage that is sft's
+    final model, not the model sft started from. A stage naming sft's final model itself is checked, before sft
+    ran, against the model sft starts from (as actor.path is)."""
+    from rlkit.config.schema_ref import reference_path
+
+    data = yaml.safe_load(DEMO.read_text())
+    data["ref"] = {"path": "${actor.path}"}
+    data["stages"][1]["actor"]["kl_ctl"] = 0.1
+    path = tmp_path / "staged.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plans, _ = prepare_stages(path, [])
+    sft, grpo = (p.prepared for p in plans)
+    final = str(sft.paths.root / "checkpoints" / "final")
+    assert sft.config.ref.path == str(demo_dir / "tiny-model")
+    assert grpo.config.ref.path == "" and reference_path(grpo.config) == final
+    data["stages"][1]["ref"] = {"path": final}
+    path.write_text(yaml.safe_dump(data))
+    plans, _ = prepare_stages(path, [])
+    assert plans[1].prepared.config.ref.path == final
+
+
 def test_overrides_reach_every_stage_or_the_one_they_name(demo_dir: Path) -> None:
     plans = prepare_stages(DEMO, ["seed=7", "stages.grpo.actor.optimizer.lr=5e-4", "trial_name=try2"])[0]
     sft, grpo = (p.prepared.config for p in plans)
