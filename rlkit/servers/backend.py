@@ -251,7 +251,8 @@ class ServerBackend(ABC):
 
     async def unload_adapter(self, client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
         """Forget the adapter `name`: later requests naming it are refused (requests already running finish with
-        it). False if the server had no such adapter."""
+        it; SGLang 0.5.23 instead loads it again from its directory for such a request). False if the server had no
+        such adapter."""
         raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters")
 
     async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:

@@ -180,19 +180,29 @@ def test_adapters_through_sglang_match_peft_and_unload(served: LoraServed) -> No
     worst = max(mean_abs(c.logprobs, sampled_logprobs(first, prompt, c.token_ids, 0.7)) for c in completions)
     assert worst <= TOLERANCE
 
-    # The next version goes under a new name, passes, and the old name is gone (refused when asked for).
+    # The next version goes under a new name, passes, and the old name is unloaded.
     second = peft_model(served, seed=2)
     [sync2] = publish(served, second, version=2).synced
     assert sync2.fingerprint is not None and sync2.fingerprint <= TOLERANCE
     assert served.ask(lambda c: BACKEND.list_adapters(c, served.server, TIMEOUT)) == ["sglang-lora-v2"]
+    # SGLang 0.5.23 remembers every name it loaded with its path (TokenizerManager.lora_ref_cache) and loads an
+    # unloaded one again when a request names it: a late request for v1 is served by v1 (the directory is still
+    # there: the transport keeps the previous version), not refused as by vLLM; the next push unloads it again.
     old = Server(index=0, address=served.server.address, model=served.server.model, backend="sglang",
                  adapter="sglang-lora-v1")
-    with pytest.raises(httpx.HTTPStatusError) as info:
-        served.ask(lambda c: BACKEND.complete(c, old, prompt, SamplingParams(max_new_tokens=2)))
-    assert info.value.response.status_code == 400 and "sglang-lora-v1" in info.value.response.text
+    again = served.ask(lambda c: BACKEND.probe_logprobs(c, old, served.probe, TIMEOUT))
+    assert mean_abs(again, first_lp) <= TOLERANCE
+    assert served.ask(lambda c: BACKEND.list_adapters(c, served.server, TIMEOUT)) == ["sglang-lora-v2",
+                                                                                      "sglang-lora-v1"]
+    never = Server(index=0, address=served.server.address, model=served.server.model, backend="sglang",
+                   adapter="sglang-lora-v9")
+    with pytest.raises(httpx.HTTPStatusError) as info:  # a name never loaded is refused
+        served.ask(lambda c: BACKEND.complete(c, never, prompt, SamplingParams(max_new_tokens=2)))
+    assert info.value.response.status_code == 400 and "sglang-lora-v9" in info.value.response.text
 
     # Unloaded: listed no more, a second unload says so.
-    assert served.ask(lambda c: BACKEND.unload_adapter(c, served.server, "sglang-lora-v2", TIMEOUT)) is True
+    for name in ("sglang-lora-v1", "sglang-lora-v2"):
+        assert served.ask(lambda c, name=name: BACKEND.unload_adapter(c, served.server, name, TIMEOUT)) is True
     assert served.ask(lambda c: BACKEND.list_adapters(c, served.server, TIMEOUT)) == []
     assert served.ask(lambda c: BACKEND.unload_adapter(c, served.server, "sglang-lora-v2", TIMEOUT)) is False
     phases = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in sync.phases.items())

@@ -1,7 +1,8 @@
 """LoRA adapters on SGLang 0.5.23 servers (`actor.use_lora`): the launch options and the adapter routes.
 
 Read in SGLang 0.5.23's source and run against a real SGLang 0.5.23 server on the CPU
-(tests/integration/test_sglang_lora.py):
+(tests/integration/test_sglang_lora.py, with a test-only pin_memory shim: SGLang's LoRA code pins host memory,
+which torch refuses without CUDA):
 - launch (`arg_groups/fields/lora.py`, `arg_groups/lora_hook.py`): `--enable-lora`; with no adapter at start
   (`--lora-paths`) SGLang needs both `--max-lora-rank` and `--lora-target-modules` (the union of the modules any
   adapter may adapt; `all` for every one it supports). `--max-loras-per-batch` (default 8, counting the base model)
@@ -15,7 +16,12 @@ Read in SGLang 0.5.23's source and run against a real SGLang 0.5.23 server on th
   running with it finish (TokenizerManager._unload_lora_adapter_locked: `lora_registry.wait_for_unload`).
 - `GET /v1/models`: the base model, then one card per loaded adapter, with `parent` set.
 - `/generate` names the adapter by its name in `lora_path` (GenerateReqInput; a string applies to every prompt of a
-  batch and every sample of `n`); an unknown name is refused (HTTP 400).
+  batch and every sample of `n`); a name never loaded is refused (HTTP 400). Unlike vLLM, a name that was loaded
+  and then UNLOADED is not refused: SGLang remembers every name with its path (TokenizerManager.lora_ref_cache, no
+  route forgets it) and loads it again for the request (`_resolve_lora_path`, "Reloading evicted adapter"). For
+  rlkit that is a late request of the previous version served by the previous version's adapter (the transport
+  keeps that directory; an older one is gone and the request fails); the next push unloads it again with the
+  run's other old names (rlkit.weights.lora_disk.deliver_one).
 - Each load gets a fresh `lora_id` (a uuid4, LoRARef) that the radix cache keys the adapter's KV by
   (Req.extra_key), so a name loaded again never finds KV of the adapter it had before: no cache flush is needed.
 """
@@ -86,7 +92,8 @@ async def load(client: httpx.AsyncClient, server: Server, name: str, adapter_dir
 
 async def unload(client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
     """`POST /unload_lora_adapter`: returns once the requests still running with the adapter finished (SGLang waits
-    for them); False when the server has no adapter of that name."""
+    for them); False when the server has no adapter of that name. A later request naming it loads it again (see the
+    module docstring)."""
     what = f"unloading LoRA adapter {name!r}"
     try:
         response = await call(client, server, "POST", "/unload_lora_adapter", what, timeout, json={"lora_name": name})
