@@ -26,6 +26,7 @@ from .vllm_helpers import _tail, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = REPO / "tests" / "sglang_cpu_shim"
+PIN_SHIM = REPO / "tests" / "sglang_cpu_pin_shim"  # SGLang's LoRA path pins host memory, which needs CUDA
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 300.0
 CPU_EXTRA_ARGS: dict[str, object] = {  # what a CPU without GPUs needs (shared/NOTES.md)
@@ -70,20 +71,21 @@ class RunningSglang:
 
 
 @contextlib.contextmanager
-def running_sglang(model_dir: Path, *, token: str, workdir: Path, python: str,
-                   timeout: float = HEALTH_TIMEOUT) -> Iterator[RunningSglang]:
-    """Start one SGLang server of `model_dir` through `BACKEND.launch`; stop its process group when the block ends."""
+def running_sglang(model_dir: Path, *, token: str, workdir: Path, python: str, timeout: float = HEALTH_TIMEOUT,
+                   config: ExperimentConfig | None = None, shims: tuple[Path, ...] = ()) -> Iterator[RunningSglang]:
+    """Start one SGLang server of `model_dir` through `BACKEND.launch` (of `config`, by default `cpu_config`); stop its
+    process group when the block ends. `shims`: more test-only directories, first on its PYTHONPATH."""
     import time
 
     secret_dir = workdir / "secrets"
     secret_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     port = find_free_port(HOST)
-    launch = BACKEND.launch(cpu_config(model_dir), python=python, model=str(model_dir), host=HOST, port=port, tp=1,
-                            token=token, secret_dir=secret_dir, index=0)
+    launch = BACKEND.launch(config or cpu_config(model_dir), python=python, model=str(model_dir), host=HOST, port=port,
+                            tp=1, token=token, secret_dir=secret_dir, index=0)
     env = {k: v for k, v in os.environ.items() if k not in launch.unset_env}
     env.update(launch.env)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, shims), str(SHIM), env.get("PYTHONPATH", "")]))
     log = workdir / f"sglang-{model_dir.name}.log"
     url = f"http://{HOST}:{port}"
     started = time.monotonic()

@@ -71,9 +71,15 @@ SGLANG: dict[str, Rule] = {
                        "triton_attention_num_kv_splits num_continuous_decode_steps enable_memory_saver "
                        "allow_auto_truncate attention_backend enable_multimodal sampling_backend "
                        "max_running_requests chunked_prefill_size max_prefill_tokens schedule_policy "
-                       "schedule_conservativeness cpu_offload_gb kv_cache_dtype enable_lora max_lora_rank "
+                       "schedule_conservativeness cpu_offload_gb kv_cache_dtype "
                        "lora_target_modules lora_paths max_loaded_loras max_loras_per_batch lora_backend "
                        "enable_multithread_load enable_fast_load enable_return_routed_experts"),
+    "enable_lora": same("rlkit starts SGLang servers with LoRA exactly when actor.use_lora",
+                        lambda v, c: v is c.actor.use_lora or not serves_with("sglang", c),
+                        fix="remove it (rlkit's key is actor.use_lora)", expected=lambda c: c.actor.use_lora),
+    "max_lora_rank": same("rlkit starts the servers with --max-lora-rank actor.lora_rank",
+                          lambda v, c: _lora_rank_fits(v, c.actor.lora_rank) or not serves_with("sglang", c),
+                          fix="remove it (rlkit derives it from actor.lora_rank)"),
     "skip_tokenizer_init": TOKEN_IDS,
     **{key: SERVER_LOGS for key in ("log_level", "log_level_http", "log_requests", "log_requests_level",
                                     "show_time_cost", "enable_metrics", "decode_log_interval")},

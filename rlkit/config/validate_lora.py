@@ -2,9 +2,10 @@
 `peft_type`): every mistake is collected, naming the field and its fix. Torch-free (the login node runs it).
 
 The target modules must be modules of actor.path (read from its safetensors headers, rlkit.config.model_modules).
-What LoRA needs beyond its own fields in a job with servers (grpo, ppo): vLLM servers (adapters are loaded at run
-time through vLLM's LoRA routes; the SGLang backend has no adapter path in rlkit), a rank vLLM serves, and the disk
-transport (an adapter is a small directory every server loads by path; there is no broadcast of adapters). A
+What LoRA needs beyond its own fields in a job with servers (grpo, ppo): the disk transport (an adapter is a small
+directory every server loads by path at run time, through vLLM's or SGLang's LoRA routes; there is no broadcast of
+adapters), and what the servers' LoRA path takes: a rank vLLM serves and no vllm.extra_args rlkit sets itself; with
+SGLang, target modules SGLang knows (`--lora-target-modules`) and no sglang.extra_args rlkit sets itself. A
 trainer-only job (sft, dpo) has none of these limits: its checkpoints are merged models.
 """
 
@@ -22,6 +23,12 @@ PEFT_TYPES = ("lora",)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Set by rlkit when actor.use_lora (rlkit.servers.vllm.backend): the same option in vllm.extra_args would clash.
 LORA_SERVER_OPTIONS = ("enable_lora", "max_lora_rank")
+# SGLang's counterparts (rlkit.servers.sglang.lora.lora_flags), and the target modules SGLang 0.5.23 takes
+# (`--lora-target-modules` choices, sglang.srt.utils.common.SUPPORTED_LORA_TARGET_MODULES, of dense models; rlkit
+# passes all-linear as SGLang's `all`).
+SGLANG_LORA_OPTIONS = ("enable_lora", "max_lora_rank", "lora_target_modules")
+SGLANG_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj",
+                       "gate_up_proj", "all-linear")
 
 
 def server_lora_rank(lora_rank: int) -> int:
@@ -74,20 +81,39 @@ def _check_servers(config: ExperimentConfig, problems: Problems, allocation: All
     if server is None:
         return  # a trainer-only job (sft, dpo): nothing to load adapters into, its checkpoints are merged models
     actor = config.actor
-    if isinstance(actor.lora_rank, int) and actor.lora_rank > VLLM_LORA_RANKS[-1]:
-        problems.add(f"actor.lora_rank: {actor.lora_rank} is above the largest rank vLLM serves "
-                     f"({VLLM_LORA_RANKS[-1]})", hint=f"use a rank of at most {VLLM_LORA_RANKS[-1]}")
     if actor.weight_update_mode != "disk":
         problems.add(f"actor.weight_update_mode: {actor.weight_update_mode!r} with actor.use_lora: adapters go to "
                      "the servers by disk only (a small directory each server loads under a new name)",
                      hint="set actor.weight_update_mode: disk (or turn off actor.use_lora)")
+    if server.backend == "sglang":
+        _check_sglang(config, problems)
+        return
     if server.backend != "vllm":
         problems.add(f"actor.use_lora with {server.backend} servers (allocation_mode {config.allocation_mode!r}): "
-                     "rlkit loads adapters into vLLM servers only",
-                     hint="serve with vLLM (allocation_mode vllm:...), or turn off actor.use_lora")
+                     "rlkit loads adapters into vLLM and SGLang servers only",
+                     hint="serve with vLLM or SGLang, or turn off actor.use_lora")
         return
+    if isinstance(actor.lora_rank, int) and actor.lora_rank > VLLM_LORA_RANKS[-1]:
+        problems.add(f"actor.lora_rank: {actor.lora_rank} is above the largest rank vLLM serves "
+                     f"({VLLM_LORA_RANKS[-1]})", hint=f"use a rank of at most {VLLM_LORA_RANKS[-1]}")
     extra = {str(k).replace("-", "_").lower() for k in config.vllm.extra_args}
     for option in LORA_SERVER_OPTIONS:
         if option in extra:
             problems.add(f"vllm.extra_args.{option}: rlkit sets it itself when actor.use_lora",
                          hint=f"remove {option} from vllm.extra_args (--max-lora-rank follows actor.lora_rank)")
+
+
+def _check_sglang(config: ExperimentConfig, problems: Problems) -> None:
+    """SGLang starts with `--lora-target-modules` (rlkit.servers.sglang.lora): names outside its choices stop it."""
+    modules = [m for m in config.actor.target_modules or [] if isinstance(m, str)]
+    unknown = [m for m in modules if m not in SGLANG_LORA_MODULES]
+    if unknown:
+        problems.add(f"actor.target_modules: {unknown!r} are not modules SGLang 0.5.23 serves adapters on "
+                     "(its --lora-target-modules choices)",
+                     hint=f"use some of: {', '.join(SGLANG_LORA_MODULES)}; or serve with vLLM")
+    extra = {str(k).replace("-", "_").lower() for k in config.sglang.extra_args}
+    for option in SGLANG_LORA_OPTIONS:
+        if option in extra:
+            problems.add(f"sglang.extra_args.{option}: rlkit sets it itself when actor.use_lora",
+                         hint=f"remove {option} from sglang.extra_args (rlkit derives it from actor.lora_rank and "
+                              "actor.target_modules)")

@@ -141,6 +141,10 @@ class ServerBackend(ABC):
     context_field: ClassVar[str]  # the config field bounding prompt + completion tokens ("vllm.max_model_len")
     guard_probe: ClassVar[str]  # a side-effect-free GET route that must answer 401 without the token
     guard_hint: ClassVar[str]  # what to check when the guard probe is not refused
+    # Whether the server's prefix cache keys an adapter's KV by its name and path (vLLM), so that an adapter loaded
+    # again under a name it had before could meet KV of the old weights: the adapter transport then resets the cache
+    # on its first push (rlkit.weights.lora_disk). False where every load gets a fresh key (SGLang's lora_id).
+    adapter_cache_by_name: ClassVar[bool] = True
 
     # ---- config side (pure, no server needed) ----
 
@@ -235,18 +239,20 @@ class ServerBackend(ABC):
 
     # ---- LoRA adapters (actor.use_lora): a new adapter name per weight version, base weights untouched ----
     # Not abstract: a backend without adapter loading keeps these, and validation (rlkit.config.validate_lora)
-    # refuses use_lora with such servers at submit, so they are reached only by a misuse of the API.
+    # refuses use_lora with such servers at submit, so they are reached only by a misuse of the API. vLLM and SGLang
+    # implement them.
 
     async def load_adapter(self, client: httpx.AsyncClient, server: Server, name: str, adapter_dir: Path,
                            version: int, timeout: float) -> dict[str, Any]:
         """Load the peft adapter directory `adapter_dir` under `name` (a name not loaded yet) and set the reported
         weight version to `version`; requests naming `name` then use it. Returns what the server reported."""
         raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters (actor.use_lora needs vLLM "
-                                  "servers)")
+                                  "or SGLang servers)")
 
     async def unload_adapter(self, client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
         """Forget the adapter `name`: later requests naming it are refused (requests already running finish with
-        it). False if the server had no such adapter."""
+        it; SGLang 0.5.23 instead loads it again from its directory for such a request). False if the server had no
+        such adapter."""
         raise NotImplementedError(f"the {self.name} backend does not load LoRA adapters")
 
     async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:

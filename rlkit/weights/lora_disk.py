@@ -119,7 +119,8 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Pa
                       version: int, timeout: float, *, reset_cache: bool = False) -> ServerSync:
     """Load `adapter_dir` on `server` as `name` (reported version `version`), point `server.adapter` at it, then
     unload the server's other adapters named `<prefix>...` (older versions, also a crashed trainer's). With
-    `reset_cache`, drop the server's prefix cache after the load. Phases: load_adapter, set_version, [reset_cache],
+    `reset_cache`, drop the server's prefix cache after the load (on a backend whose cache keys an adapter by its name:
+`ServerBackend.adapter_cache_by_name`). Phases: load_adapter, set_version, [reset_cache],
     unload_old."""
     adapter_dir = Path(adapter_dir).absolute()  # the server resolves relative paths against its own cwd
     backend = backend_for(server.backend)
@@ -132,7 +133,7 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Pa
     seconds = report.get("seconds")
     if isinstance(seconds, dict):
         result.phases.update({str(k): float(v) for k, v in seconds.items()})
-    if reset_cache:
+    if reset_cache and backend.adapter_cache_by_name:
         started_reset = time.monotonic()
         await backend.reset_prefix_cache(client, server, timeout)
         result.phases["reset_cache"] = time.monotonic() - started_reset

@@ -30,8 +30,7 @@ SITE = ["launcher.slurm.container_type=none", "cluster.n_nodes=2", "cluster.n_gp
 CASES = {
     "current/gsm8k_grpo": ["type=grpo"],
     "current/gsm8k_grpo_cpu": ["type=grpo"],
-    # rlkit loads LoRA adapters into vLLM servers only (README): the LoRA example's servers become vLLM ones
-    "current/gsm8k_grpo_lora": ["type=grpo", "rollout.backend=vllm:d4"],
+    "current/gsm8k_grpo_lora": ["type=grpo"],  # as written: SGLang servers with LoRA
     "current/gsm8k_ppo": ["type=ppo"],
     "current/gsm8k_sft": [],
     "current/hhrlhf_rw": [],

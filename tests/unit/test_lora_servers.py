@@ -17,7 +17,7 @@ import torch
 from rlkit.config.load import load_config
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServerPool
-from rlkit.servers.backend import SamplingParams, backend_for
+from rlkit.servers.backend import SamplingParams
 from rlkit.servers.vllm.backend import BACKEND
 from rlkit.servers.vllm.flags import VLLM_FLAGS
 from rlkit.weights.base import transport_for_actor
@@ -114,11 +114,6 @@ def test_adapter_routes(tmp_path: Path) -> None:
     with pytest.raises(StepError, match="--enable-lora") as info:  # a name that is loaded: vLLM's 400, with the fix
         run(app, lambda c: BACKEND.load_adapter(c, s, "exp-v2", tmp_path, 3, 5.0))
     assert "HTTP 400" in str(info.value) and "server 3" in str(info.value)
-
-
-def test_sglang_has_no_adapter_path() -> None:
-    with pytest.raises(NotImplementedError, match="sglang backend does not load LoRA adapters"):
-        asyncio.run(backend_for("sglang").load_adapter(None, server("sglang"), "a", Path("/x"), 1, 1.0))  # type: ignore[arg-type]
 
 
 def adapter_tensors(scale: float = 1.0) -> dict[str, torch.Tensor]:

@@ -51,11 +51,23 @@ def test_each_mistake_names_its_field(changes: dict[str, object], field: str) ->
     assert len(found) == 1 and found[0].startswith(field), found
 
 
-def test_sglang_servers_are_refused_with_the_fix() -> None:
-    config = lora_config()
+def test_sglang_servers_take_adapters_of_the_modules_sglang_knows() -> None:
+    config = lora_config(lora_rank=600)  # no vLLM rank limit: SGLang's --max-lora-rank is the rank itself
     config.allocation_mode = "sglang:d1+fsdp:d1"
+    assert messages(config) == []
+    config.actor.target_modules = ["all-linear"]
+    assert messages(config) == []
+    config.actor.target_modules = ["q_proj", "c_attn"]  # a GPT-2 name: SGLang's --lora-target-modules refuses it
     [message] = messages(config)
-    assert "sglang" in message and "allocation_mode vllm" in message
+    assert message.startswith("actor.target_modules: ['c_attn']") and "SGLang" in message and "q_proj" in message
+    config.actor.target_modules = ["q_proj"]
+    config.sglang.extra_args = {"max-lora-rank": 8, "lora_target_modules": ["all"], "lora_backend": "triton"}
+    found = messages(config)
+    assert [m.split(":")[0] for m in found] == ["sglang.extra_args.max_lora_rank",
+                                                "sglang.extra_args.lora_target_modules"]
+    config.sglang.extra_args = {}
+    config.actor.weight_update_mode = "xccl"  # adapters go by disk whatever the servers
+    assert [m.split(":")[0] for m in messages(config)] == ["actor.weight_update_mode"]
 
 
 def test_rlkit_owned_server_options_are_refused_in_extra_args() -> None:

@@ -17,6 +17,8 @@ CPU (tests/integration/test_sglang_backend.py, with a test-only one-function ker
 - Completion log-probs are `log_softmax(logits / temperature)` before top-k/top-p (`Sampler.forward`, unless the
   server's environment sets SGLANG_RETURN_ORIGINAL_LOGPROB, which `launch` removes): the same numbers as the
   trainer's `token_logprobs` at the same temperature.
+- LoRA adapters (`actor.use_lora`) load at run time by name, and `/generate` names one in `lora_path`
+  (rlkit.servers.sglang.lora).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rlkit.servers.backend import (
 )
 from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.http import answer_json, call
+from rlkit.servers.sglang import lora
 from rlkit.servers.sglang.command import sglang_command, write_key_file
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class SglangBackend(ServerBackend):
     context_field = "sglang.context_length"
     guard_probe = "/v1/models"  # "normal" auth level: SGLang's api-key middleware answers 401 without the key
     guard_hint = "did SGLang read --api-key from rlkit's --config file?"
+    adapter_cache_by_name = False  # each adapter load gets a fresh lora_id, the radix cache's key (sglang.lora)
 
     # ---- config side ----
 
@@ -99,6 +103,8 @@ class SglangBackend(ServerBackend):
         key_file = write_key_file(Path(secret_dir) / f"sglang-{index}.yaml", token)
         argv = sglang_command(python=python, model=model, host=host, port=port, served_model_name=None,
                               tensor_parallel_size=tp, key_file=str(key_file), extra=extra)
+        if config.actor.use_lora:  # adapters loaded at run time (rlkit.servers.sglang.lora)
+            argv += lora.lora_flags(config.actor.lora_rank, config.actor.target_modules, config.sglang.extra_args)
         return ServerLaunch(argv=argv, env={}, unset_env=_UNSET_ENV)
 
     # ---- requests ----
@@ -129,7 +135,7 @@ class SglangBackend(ServerBackend):
             sampling["min_new_tokens"] = params.min_new_tokens
         if params.stop:
             sampling["stop"] = list(params.stop)
-        body: dict[str, Any] = {"return_logprob": True}
+        body: dict[str, Any] = {"return_logprob": True, **_adapter_field(server)}
         if params.seed is None:
             body.update(input_ids=list(prompt_ids), sampling_params={**sampling, "n": n})
         else:
@@ -153,7 +159,7 @@ class SglangBackend(ServerBackend):
             raise ValueError("a probe needs at least 2 tokens (the first one has no logprob)")
         what = "probe logprobs"
         body = {"input_ids": list(probe_ids), "sampling_params": {"temperature": 0, "max_new_tokens": 1},
-                "return_logprob": True, "logprob_start_len": 0}
+                "return_logprob": True, "logprob_start_len": 0, **_adapter_field(server)}
         response = await call(client, server, "POST", "/generate", what, timeout, json=body)
         try:
             entries = answer_json(response, server, what)["meta_info"]["input_token_logprobs"]
@@ -250,6 +256,19 @@ class SglangBackend(ServerBackend):
         except StepError as exc:
             logging.getLogger(__name__).warning("%s", exc)
 
+    async def load_adapter(self, client: httpx.AsyncClient, server: Server, name: str, adapter_dir: Path,
+                           version: int, timeout: float) -> dict[str, Any]:
+        """`POST /load_lora_adapter {"lora_name", "lora_path"}`, then the version (rlkit.servers.sglang.lora.load)."""
+        return await lora.load(client, server, name, Path(adapter_dir).absolute(), version, timeout)
+
+    async def unload_adapter(self, client: httpx.AsyncClient, server: Server, name: str, timeout: float) -> bool:
+        """`POST /unload_lora_adapter {"lora_name"}`; waits for the requests running with it to finish."""
+        return await lora.unload(client, server, name, timeout)
+
+    async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:
+        """`GET /v1/models`: the cards with a `parent`."""
+        return await lora.listed(client, server, timeout)
+
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /flush_cache`: 200 "Cache flushed..." only when the scheduler flushed (radix tree, KV pools);
         400 when requests hold KV (call `pause` first: a retract pause frees theirs). StepError unless flushed."""
@@ -277,6 +296,12 @@ async def _succeeded(client: httpx.AsyncClient, server: Server, route: str, what
     if not isinstance(answer, dict) or answer.get("success") is not True:
         raise StepError(f"{server.label}: {what} ({route}) answered {response.text[:500]}")
     return answer
+
+
+def _adapter_field(server: Server) -> dict[str, str]:
+    """What names the adapter in a `/generate` body: `lora_path` (SGLang looks the NAME up among the loaded
+    adapters), nothing for the base model."""
+    return {"lora_path": server.adapter} if server.adapter else {}
 
 
 def _completion(result: Any, server: Server) -> Completion:
