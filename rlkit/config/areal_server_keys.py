@@ -44,6 +44,19 @@ def _lora_rank_fits(value: object, rank: int) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= rank)
 
 
+def _lora_rules(backend: str, name: str) -> dict[str, Rule]:
+    """The LoRA server flags rlkit sets itself from actor.use_lora and actor.lora_rank (inert for the other
+    backend's servers)."""
+    return {
+        "enable_lora": same(f"rlkit starts {name} servers with LoRA exactly when actor.use_lora",
+                            lambda v, c: v is c.actor.use_lora or not serves_with(backend, c),
+                            fix="remove it (rlkit's key is actor.use_lora)", expected=lambda c: c.actor.use_lora),
+        "max_lora_rank": same("rlkit starts the servers with a --max-lora-rank that holds actor.lora_rank",
+                              lambda v, c: _lora_rank_fits(v, c.actor.lora_rank) or not serves_with(backend, c),
+                              fix="remove it (rlkit derives it from actor.lora_rank)"),
+    }
+
+
 VLLM: dict[str, Rule] = {
     **_flags("vllm", "block_size swap_space cpu_offload_gb max_seq_len_to_capture disable_sliding_window "
                      "enable_chunked_prefill no_enable_chunked_prefill gdn_prefill_backend max_loras"),
@@ -54,12 +67,7 @@ VLLM: dict[str, Rule] = {
     "enable_sleep_mode": off("vLLM's sleep mode (GPU sharing)", False),
     "no_enable_prefix_caching": same_value("vllm.enable_prefix_caching", lambda c: not c.vllm.enable_prefix_caching,
                                            why="rlkit's key is vllm.enable_prefix_caching (the opposite)"),
-    "enable_lora": same("rlkit starts vLLM servers with LoRA exactly when actor.use_lora",
-                        lambda v, c: v is c.actor.use_lora or not serves_with("vllm", c),
-                        fix="remove it (rlkit's key is actor.use_lora)", expected=lambda c: c.actor.use_lora),
-    "max_lora_rank": same("rlkit starts the servers with a --max-lora-rank that holds actor.lora_rank",
-                          lambda v, c: _lora_rank_fits(v, c.actor.lora_rank) or not serves_with("vllm", c),
-                          fix="remove it (rlkit derives it from actor.lora_rank)"),
+    **_lora_rules("vllm", "vLLM"),
     "lora_modules": off("adapters loaded at server start", None, []),
 }
 
@@ -74,12 +82,7 @@ SGLANG: dict[str, Rule] = {
                        "schedule_conservativeness cpu_offload_gb kv_cache_dtype "
                        "lora_target_modules lora_paths max_loaded_loras max_loras_per_batch lora_backend "
                        "enable_multithread_load enable_fast_load enable_return_routed_experts"),
-    "enable_lora": same("rlkit starts SGLang servers with LoRA exactly when actor.use_lora",
-                        lambda v, c: v is c.actor.use_lora or not serves_with("sglang", c),
-                        fix="remove it (rlkit's key is actor.use_lora)", expected=lambda c: c.actor.use_lora),
-    "max_lora_rank": same("rlkit starts the servers with --max-lora-rank actor.lora_rank",
-                          lambda v, c: _lora_rank_fits(v, c.actor.lora_rank) or not serves_with("sglang", c),
-                          fix="remove it (rlkit derives it from actor.lora_rank)"),
+    **_lora_rules("sglang", "SGLang"),
     "skip_tokenizer_init": TOKEN_IDS,
     **{key: SERVER_LOGS for key in ("log_level", "log_level_http", "log_requests", "log_requests_level",
                                     "show_time_cost", "enable_metrics", "decode_log_interval")},

@@ -120,45 +120,47 @@ def _json_answer(stdout: str) -> dict[str, object]:
     return answer if isinstance(answer, dict) else {}
 
 
+def _run_helper(name: str, argv: list[str], timeout: float, report: NodeReport, *, hung_fix: str,
+                missing_fix: str) -> tuple[int, dict[str, object], str] | None:
+    """Run a check's helper process (it prints one JSON line): its exit code, answer and stderr; None once the
+    reason it gave no answer (hung, or could not start) is reported."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd="/", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        report.add(name, False, f"no answer within {timeout:.0f} s", hung_fix)
+        return None
+    except OSError as exc:
+        report.add(name, False, f"{argv[0]} cannot run: {exc.strerror or exc}", missing_fix)
+        return None
+    return done.returncode, _json_answer(done.stdout), done.stderr
+
+
 def _check_server(spec: NodeSpec, report: NodeReport) -> None:
     fix = "read the server's last lines; check the model, the server image and vllm/sglang.extra_args"
-    try:
-        done = subprocess.run(list(spec.serve_argv), capture_output=True, text=True, check=False, cwd="/",
-                              timeout=spec.serve_timeout_s + 60)
-    except subprocess.TimeoutExpired:
-        report.add("server start", False, f"no answer within {spec.serve_timeout_s + 60:.0f} s", fix)
+    ran = _run_helper("server start", list(spec.serve_argv), spec.serve_timeout_s + 60, report, hung_fix=fix,
+                      missing_fix="check launcher.python (or the server image)")
+    if ran is None:
         return
-    except OSError as exc:
-        report.add("server start", False, f"{spec.serve_argv[0]} cannot run: {exc.strerror or exc}",
-                   "check launcher.python (or the server image)")
-        return
-    answer = _json_answer(done.stdout)
+    _, answer, stderr = ran
     if answer.get("ok"):
         report.add("server start", True, f"{answer['backend']} healthy and guarded in {answer['seconds']} s")
         return
     last = answer.get("last_lines")
-    lines = [str(line) for line in last] if isinstance(last, list) else done.stderr.strip().splitlines()[-3:]
+    lines = [str(line) for line in last] if isinstance(last, list) else stderr.strip().splitlines()[-3:]
     reason = str(answer.get("error") or "no answer")
     report.add("server start", False, (reason + " | " + " / ".join(lines))[:600], fix)
 
 
 def _check_allreduce(spec: NodeSpec, env: JobEnv, report: NodeReport) -> None:
     argv = [*spec.allreduce_argv, spec.shared_dir, str(env.global_rank), str(env.world_size)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=ALLREDUCE_TIMEOUT_S, check=False,
-                              cwd="/")
-    except subprocess.TimeoutExpired:
-        report.add("all-reduce", False, f"no answer within {ALLREDUCE_TIMEOUT_S} s",
-                   "open the ports between the job's nodes (gloo/NCCL pick free TCP ports) or check their network")
+    network_fix = "open the ports between the job's nodes (gloo/NCCL pick free TCP ports) or check their network"
+    ran = _run_helper("all-reduce", argv, ALLREDUCE_TIMEOUT_S, report, hung_fix=network_fix,
+                      missing_fix="check launcher.python, and the container check above")
+    if ran is None:
         return
-    except OSError as exc:
-        report.add("all-reduce", False, f"{argv[0]} cannot run: {exc.strerror or exc}",
-                   "check launcher.python, and the container check above")
-        return
-    answer = _json_answer(done.stdout)
-    if done.returncode == 0 and answer.get("ok"):
+    returncode, answer, stderr = ran
+    if returncode == 0 and answer.get("ok"):
         report.add("all-reduce", True, f"{answer['backend']} over {env.world_size} nodes in {answer['seconds']} s")
         return
-    reason = str(answer.get("error") or (done.stderr.strip().splitlines() or ["no output"])[-1])
-    report.add("all-reduce", False, reason[:300],
-               "open the ports between the job's nodes (gloo/NCCL pick free TCP ports) or check their network")
+    reason = str(answer.get("error") or (stderr.strip().splitlines() or ["no output"])[-1])
+    report.add("all-reduce", False, reason[:300], network_fix)

@@ -9,11 +9,7 @@ model's to 1e-3 (float32 both sides) and differ from the base model's by far mor
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,55 +20,25 @@ from rlkit.config.schema import ExperimentConfig
 from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import SamplingParams, Server
-from rlkit.servers.http import server_client
 from rlkit.servers.vllm.backend import BACKEND
-from rlkit.train.lora import iter_adapter_buckets, wrap_lora
+from rlkit.train.lora import iter_adapter_buckets
 from rlkit.weights import fanout
-from rlkit.weights.base import PushTargets, WeightTransport, transport_for_actor
+from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 from rlkit.weights.lora_disk import adapter_name
 
+from ..lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
 from ..vllm_helpers import LORA_TEST_RANK, ServerSlot
 
 pytestmark = [pytest.mark.vllm]
 
 TOLERANCE = 1e-3  # float32 server and trainer
 TIMEOUT = 60.0
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class LoraServed:
-    server: Server
-    token: str
-    model_dir: Path
-    config: ExperimentConfig
-    paths: TrialPaths
-    probe: list[int]
-    loop: asyncio.AbstractEventLoop
-    transport: WeightTransport  # one for the module, as one per trainer run
-
-    def targets(self) -> PushTargets:
-        token = self.token
-        return PushTargets(servers=[self.server], timeout=TIMEOUT,
-                           submit=lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop),
-                           open_client=lambda: server_client(token))
-
-    def ask(self, make: Any) -> Any:
-        async def main() -> Any:
-            async with server_client(self.token) as client:
-                return await make(client)
-
-        return asyncio.run_coroutine_threadsafe(main(), self.loop).result(timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def served(vllm_slot: ServerSlot, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoraServed]:
     shared = vllm_slot.serve("lora")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(shared.model_dir)
-    probe = [tokenizer.bos_token_id, *tokenizer.encode("12+7=19. The quick brown fox jumps over the lazy dog.")]
     config = ExperimentConfig()
     config.experiment_name, config.trial_name = "lora-test", "t1"
     config.actor.path, config.actor.dtype = str(shared.model_dir), "float32"
@@ -80,33 +46,12 @@ def served(vllm_slot: ServerSlot, tmp_path_factory: pytest.TempPathFactory) -> I
     config.actor.target_modules = TARGETS
     server = Server(index=0, address=shared.server.url.removeprefix("http://"), model=str(shared.model_dir),
                     backend="vllm")
-    loop = asyncio.new_event_loop()  # the rollout controller's loop, in its own thread
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with background_loop() as loop:
         paths = TrialPaths(tmp_path_factory.mktemp("lora") / "trial")
         transport = transport_for_actor(config.actor)(config, paths)
         transport.start()
-        yield LoraServed(server, shared.token, shared.model_dir, config, paths, probe, loop, transport)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-
-
-def peft_model(served: LoraServed, seed: int) -> Any:
-    """The trainer's peft model with seeded noise on every adapter matrix (B included: non-zero, so it changes
-    outputs)."""
-    from transformers import AutoModelForCausalLM
-
-    model = wrap_lora(AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32),
-                      served.config.actor)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return model.eval()
+        yield LoraServed(server, shared.token, shared.model_dir, config, paths, probe_ids(shared.model_dir), loop,
+                         transport, TIMEOUT)
 
 
 def base_lp(served: LoraServed) -> list[float]:
@@ -114,10 +59,6 @@ def base_lp(served: LoraServed) -> list[float]:
 
     return trainer_probe_logprobs(AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32),
                                   served.probe)
-
-
-def mean_abs(a: list[float], b: list[float]) -> float:
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
 def publish(served: LoraServed, pushed: Any, checked_against: Any, version: int) -> fanout.Published:

@@ -15,12 +15,9 @@ model's to 1e-3 (float32 both sides) and differ from the base model's by far mor
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +28,13 @@ import torch
 from rlkit.config.schema import ExperimentConfig
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import SamplingParams, Server
-from rlkit.servers.http import server_client
 from rlkit.servers.sglang.backend import BACKEND
-from rlkit.train.lora import iter_adapter_buckets, wrap_lora
+from rlkit.train.lora import iter_adapter_buckets
 from rlkit.weights import fanout
-from rlkit.weights.base import PushTargets, WeightTransport, transport_for_actor
+from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 
+from ..lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
 from ..sglang_helpers import PIN_SHIM, cpu_config, running_sglang, sglang_python
 
 pytestmark = [pytest.mark.sglang]
@@ -45,33 +42,6 @@ pytestmark = [pytest.mark.sglang]
 TOLERANCE = 1e-3  # float32 server and trainer
 TIMEOUT = 60.0
 RANK = 8
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class LoraServed:
-    server: Server
-    token: str
-    model_dir: Path
-    config: ExperimentConfig
-    paths: TrialPaths
-    probe: list[int]
-    loop: asyncio.AbstractEventLoop
-    transport: WeightTransport  # one for the module, as one per trainer run
-    argv: list[str]
-
-    def targets(self) -> PushTargets:
-        token = self.token
-        return PushTargets(servers=[self.server], timeout=TIMEOUT,
-                           submit=lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop),
-                           open_client=lambda: server_client(token))
-
-    def ask(self, make: Any) -> Any:
-        async def main() -> Any:
-            async with server_client(self.token) as client:
-                return await make(client)
-
-        return asyncio.run_coroutine_threadsafe(main(), self.loop).result(timeout=2 * TIMEOUT)
 
 
 def lora_server_config(model_dir: Path) -> ExperimentConfig:
@@ -85,46 +55,17 @@ def lora_server_config(model_dir: Path) -> ExperimentConfig:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LoraServed]:
-    from transformers import AutoTokenizer
-
     root = tmp_path_factory.mktemp("sglang_lora")
     config = lora_server_config(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    probe = [tokenizer.bos_token_id, *tokenizer.encode("12+7=19. The quick brown fox jumps over the lazy dog.")]
-    loop = asyncio.new_event_loop()  # the rollout controller's loop, in its own thread
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        with running_sglang(tiny_model_dir, token=secrets.token_urlsafe(24), workdir=root, python=sglang_python(),
-                            config=config, shims=(PIN_SHIM,)) as running:
-            print(f"\n[sglang lora] server healthy {running.start_seconds:.1f} s after its start")
-            paths = TrialPaths(root / "trial")
-            transport = transport_for_actor(config.actor)(config, paths)
-            transport.start()
-            yield LoraServed(running.server, running.token, tiny_model_dir, config, paths, probe, loop, transport,
-                             running.argv)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-
-
-def peft_model(served: LoraServed, seed: int) -> Any:
-    """The trainer's peft model with seeded noise on every B matrix (non-zero, so it changes outputs)."""
-    from transformers import AutoModelForCausalLM
-
-    model = wrap_lora(AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32),
-                      served.config.actor)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return model.eval()
-
-
-def mean_abs(a: list[float], b: list[float]) -> float:
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+    with background_loop() as loop, running_sglang(tiny_model_dir, token=secrets.token_urlsafe(24), workdir=root,
+                                                   python=sglang_python(), config=config,
+                                                   shims=(PIN_SHIM,)) as running:
+        print(f"\n[sglang lora] server healthy {running.start_seconds:.1f} s after its start")
+        paths = TrialPaths(root / "trial")
+        transport = transport_for_actor(config.actor)(config, paths)
+        transport.start()
+        yield LoraServed(running.server, running.token, tiny_model_dir, config, paths, probe_ids(tiny_model_dir),
+                         loop, transport, TIMEOUT, running.argv)
 
 
 def publish(served: LoraServed, model: Any, version: int) -> fanout.Published:
