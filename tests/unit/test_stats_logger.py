@@ -334,7 +334,18 @@ def test_wandb_offline_writes_its_run_under_the_trial_with_finite_scalars_and_a_
         log_all(logger)
 
     (run_file,) = (paths.root / "wandb").glob("offline-run-*/run-*.wandb")
-    records = wandb_records(run_file)
+    # wandb's own service process writes the file: finish() can return before it has (seen under load: only the
+    # header there, every record a moment later), so wait for the run's last record, the exit
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            records = wandb_records(run_file)
+        except Exception:  # a chunk half written: read again
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, [r.WhichOneof("record_type") for r in records]
+        time.sleep(0.2)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.entity, run.display_name) == ("exp", "team", "t1")
     series: dict[str, dict[int, float]] = {}
