@@ -11,8 +11,8 @@ from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.site_files import is_image_uri
-from rlkit.images.pins import LABEL_PREFIX, label_problems, load_pins
-from rlkit.images.sif import SifError, deffile_labels, read_sif
+from rlkit.images.pins import label_problems, load_pins, rlkit_labels_in
+from rlkit.images.sif import SifError, read_sif
 
 
 def rlkit_labels(image: str) -> dict[str, str] | None:
@@ -24,8 +24,7 @@ def rlkit_labels(image: str) -> dict[str, str] | None:
         sif = read_sif(Path(image))
     except (SifError, OSError, ValueError):
         return None
-    labels = {k: v for k, v in deffile_labels(sif.deffile or "").items() if k.startswith(LABEL_PREFIX)}
-    return labels or None
+    return rlkit_labels_in(sif.deffile or "") or None
 
 
 def check_image_labels(config: ExperimentConfig, allocation: Allocation, problems: Problems) -> None:

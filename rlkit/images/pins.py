@@ -67,6 +67,13 @@ def load_pins() -> Pins:
     return parse_pins(resources.files("rlkit.images").joinpath("pins.txt").read_text())
 
 
+def rlkit_labels_in(deffile: str) -> dict[str, str]:
+    """The org.rlkit.* labels a definition file declares (the others are the user's own)."""
+    from rlkit.images.sif import deffile_labels
+
+    return {k: v for k, v in deffile_labels(deffile).items() if k.startswith(LABEL_PREFIX)}
+
+
 def expected_labels(role: str, pins: Pins, rlkit_version: str) -> dict[str, str]:
     """The labels a `role` image built from this checkout carries (containers/ROLE.def's %labels)."""
     labels = {f"{LABEL_PREFIX}role": role, f"{LABEL_PREFIX}version": rlkit_version}

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from rlkit.config.load import to_yaml
 from rlkit.config.site_files import is_image_uri, is_local_path
-from rlkit.errors import SlurmError
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
+from rlkit.launch.single_jobs import last_line, submit_function
 from rlkit.launch.submit import Prepared
 from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
 from rlkit.trials import rlkit_home, write_atomic
@@ -81,13 +81,8 @@ def node_spec(prepared: Prepared, workdir: Path, token: str) -> NodeSpec:
 
 def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> DoctorRun:
     """Submit the doctor's job, wait for it, and return every node's checks."""
-    import logging
-
-    import submitit
-
     from rlkit.steps.doctor_node import run_node_checks
 
-    logging.getLogger("submitit").setLevel(logging.ERROR)  # its sacct retries warn on sites without accounting
     workdir = rlkit_home() / "doctor" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     workdir.mkdir(parents=True, mode=0o700)
     token = secrets.token_hex(16)
@@ -96,7 +91,6 @@ def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> D
     canary.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(canary, token + "\n", mode=0o600)
     slurm = prepared.config.launcher.slurm
-    executor = submitit.AutoExecutor(folder=workdir, cluster="slurm")
     extra = {key: value for key, value in (("nodelist", slurm.nodelist), ("exclude", slurm.exclude),
                                            ("account", slurm.account), ("qos", slurm.qos),
                                            ("constraint", slurm.constraint)) if value}
@@ -105,21 +99,14 @@ def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> D
                                  "slurm_additional_parameters": extra}
     if max(spec.gpus, default=0):
         params["gpus_per_node"] = max(spec.gpus)
-    if slurm.partition:
-        params["slurm_partition"] = slurm.partition
-    executor.update_parameters(**params)
     try:
-        try:
-            job = executor.submit(run_node_checks, spec)
-        except Exception as exc:  # submitit raises sbatch's refusal as a bare exception: its last line is the reason
-            raise SlurmError(f"sbatch refused the doctor's job: {str(exc).strip().splitlines()[-1]}") from None
+        job = submit_function(workdir, params, slurm.partition, run_node_checks, spec, what="the doctor's job")
         say(f"doctor job {job.job_id}: {len(spec.roles)} node(s) of partition {slurm.partition or '(default)'}; "
             f"waiting (submitit files in {workdir})")
         try:
             reports: list[NodeReport] = job.results()
         except Exception as exc:  # a task that could not even start: submitit's reason, e.g. an unreadable folder
-            lines = str(exc).strip().splitlines()
-            return DoctorRun(str(job.job_id), [Check("doctor job", "-", False, lines[-1] if lines else "failed",
+            return DoctorRun(str(job.job_id), [Check("doctor job", "-", False, last_line(exc),
                                                      f"submitit's files in {workdir} must be on a filesystem the "
                                                      "compute nodes share: set RLKIT_HOME to such a directory")])
     finally:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rlkit
-from rlkit.errors import SlurmError, StepError, UserError
-from rlkit.images.pins import LABEL_PREFIX, ROLES, Pins, label_problems, load_pins
-from rlkit.images.sif import SifError, deffile_labels, read_sif
+from rlkit.errors import StepError, UserError
+from rlkit.images.pins import ROLES, Pins, label_problems, load_pins, rlkit_labels_in
+from rlkit.images.sif import SifError, read_sif
+from rlkit.launch.single_jobs import submit_function
 
 INSTALL_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build on a compute "
                 "node that has it: rlkit image build ROLE --on-cluster --partition NAME")
@@ -82,29 +83,17 @@ def build_here(argv: list[str], root: Path) -> None:
 def build_on_cluster(argv: list[str], root: Path, *, partition: str | None, time_min: int, cpus: int,
                      say: Callable[[str], None]) -> str:
     """Submit the build as a one-task Slurm job through submitit and wait for it; the Slurm job id."""
-    import logging
-
-    import submitit  # the login node's single-function jobs only
-
-    logging.getLogger("submitit").setLevel(logging.ERROR)  # its sacct retries warn on sites without accounting
     _check_partition(partition, time_min)
     folder = Path(argv[-2]).parent / ".rlkit-image-builds"
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     params: dict[str, object] = {"timeout_min": time_min, "cpus_per_task": cpus, "nodes": 1, "tasks_per_node": 1,
                                  "name": f"rlkit-image-{Path(argv[-1]).stem}"}
-    if partition:
-        params["slurm_partition"] = partition
-    executor.update_parameters(**params)
-    try:
-        job = executor.submit(run_build, argv, str(root))
-    except Exception as exc:  # submitit raises sbatch's failure as a bare exception; its text is the reason
-        raise SlurmError(f"sbatch refused the image build job: {str(exc).strip().splitlines()[-1]}") from None
+    job = submit_function(folder, params, partition, run_build, argv, str(root), what="the image build job")
     say(f"image build submitted as Slurm job {job.job_id}; waiting (submitit logs in {folder})")
     try:
         job.result()
     except Exception as exc:  # submitit wraps the node's exception with the job's traceback: keep its last line
-        reason = str(exc).strip().splitlines()
-        raise StepError(f"image build job {job.job_id} failed: {_node_reason(reason)}") from None
+        raise StepError(f"image build job {job.job_id} failed: {_node_reason(str(exc).strip().splitlines())}") \
+            from None
     return str(job.job_id)
 
 
@@ -159,7 +148,7 @@ def check_image(path: Path, *, pins: Pins | None = None, digest: bool = False) -
     if image.deffile is None:
         report.problems.append("no definition file embedded, so no rlkit labels: build it with `rlkit image build`")
         return report
-    report.labels = {k: v for k, v in deffile_labels(image.deffile).items() if k.startswith(LABEL_PREFIX)}
+    report.labels = rlkit_labels_in(image.deffile)
     report.problems += label_problems(report.labels, pins or load_pins(), rlkit.__version__)
     if digest:
         report.sha256 = sha256_of(path)

@@ -54,6 +54,14 @@ def server_launch(config: ExperimentConfig, backend: ServerBackend, tp: int, por
                           port=port, tp=tp, token=token, secret_dir=secret_dir, index=index)
 
 
+def launch_env(launch: ServerLaunch) -> dict[str, str]:
+    """This process's environment with the launch's additions and without the variables it unsets."""
+    env = {**os.environ, **launch.env}
+    for name in launch.unset_env:
+        env.pop(name, None)
+    return env
+
+
 def run_server(trial_dir: Path, index: int) -> int:
     """Run server `index` of the trial until it exits or the step is told to stop; return the exit code."""
     paths = TrialPaths(Path(trial_dir))
@@ -66,9 +74,7 @@ def run_server(trial_dir: Path, index: int) -> int:
     port = find_free_port("0.0.0.0")
     # secrets the server reads from a file (SGLang's key) go beside the trial token
     launch = server_launch(config, backend, tp, port, token=token, secret_dir=paths.token.parent, index=index)
-    argv, env = launch.argv, {**os.environ, **launch.env}
-    for name in launch.unset_env:
-        env.pop(name, None)
+    argv, env = launch.argv, launch_env(launch)
     slurm = JobEnv.from_environ()
     node = slurm.node_name
     print(f"rlkit serve: server {index} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
