@@ -10,8 +10,9 @@ Facts about rlkit these rules rest on (checked in the trainer, keep them true): 
 gconfig.temperature (rlkit.train.grpo builds PPOActor with it), of sft/rw/dpo at temperature 1; FSDP reduces
 gradients in float32 and keeps float32 master weights and optimizer states (rlkit.train.engine); the last partial
 batch of an epoch is dropped (rlkit.train.grpo.total_steps, offline_epochs); chosen and rejected answers of a pair
-always share a micro-batch; the reference model of a KL term or of DPO is ref.path's (dpo: dpo.ref_path when set;
-neither: actor.path), frozen, in actor.dtype with actor.attn_impl (rlkit.train.reference); the overlong penalty uses
+always share a micro-batch, and every loss is a mean over a whole minibatch (micro-batching never changes an update);
+the reference model of a KL term or of DPO is ref.path's (dpo: dpo.ref_path when set; neither: actor.path), frozen,
+in ref.dtype with ref.attn_impl (empty: the actor's; rlkit.train.reference); the overlong penalty uses
 gconfig.max_new_tokens; there is no float16 loss scaling; dropout layers are left as the model's config.json has them.
 """
 
@@ -21,7 +22,6 @@ import dataclasses
 
 from rlkit.config.areal_rules import (
     Rule,
-    Value,
     derived,
     inert,
     inert_if,
@@ -58,11 +58,6 @@ def _logprob_temperature(c: ExperimentConfig) -> float:
     return c.gconfig.temperature if c.type in ("grpo", "ppo") else 1.0
 
 
-def _granularity(c: ExperimentConfig) -> int:
-    """AReaL's micro-batch granularity that rlkit's batching amounts to: pairs (rw, dpo) are never split."""
-    return 2 if c.type in ("rw", "dpo") else 1
-
-
 def _max_tokens_never_binding(value: object, c: ExperimentConfig) -> bool:
     """gconfig.max_tokens (prompt + completion) changes nothing when no prompt can reach it."""
     longest_prompt = c.train_dataset.max_length
@@ -77,9 +72,11 @@ LOSS_SCALE = inert_if("float16 loss scaling only; the trainer dtype is not float
                       fix="remove it, or train in actor.dtype=bfloat16")
 
 MB_SPEC: dict[str, Rule] = {
-    "granularity": same("rlkit keeps a pair's chosen and rejected answers in one micro-batch and never groups "
-                        "sequences otherwise", lambda v, c: v == _granularity(c),
-                        fix="remove it (not supported yet)", expected=_granularity),
+    # AReaL needs granularity 2 to keep a pair in one micro-batch for its pairwise loss; rlkit never splits a pair,
+    # and its losses are means over a whole minibatch's tokens (rlkit.train.sample_forward.minibatch_steps), so
+    # which sequences share a micro-batch changes memory and speed only.
+    "granularity": inert("which sequences share a micro-batch: rlkit never splits a pair (rw, dpo), and its losses "
+                         "are means over the whole minibatch, so the grouping changes memory, not the update"),
     "n_mbs_divisor": off("rounding the micro-batch count", 1),
     "packing_algorithm": inert("how sequences are packed into micro-batches; rlkit's loss weights every token the "
                                "same whatever the packing"),
@@ -134,7 +131,8 @@ ACTOR: dict[str, Rule] = {
                       expected=lambda c: c.type == "rw"),
     "temperature": same("rlkit computes log-probs at the sampling temperature (grpo, ppo: gconfig.temperature; "
                         "sft, rw, dpo: 1)", lambda v, c: v == _logprob_temperature(c),
-                        fix="remove it, or set it equal (other temperatures are not supported yet)",
+                        fix="remove it, or set it equal: the servers' behaviour log-probs are at the sampling "
+                            "temperature, and a ratio of log-probs at two temperatures is no importance weight",
                         expected=_logprob_temperature),
     "max_new_tokens": same_value("gconfig.max_new_tokens", lambda c: c.gconfig.max_new_tokens,
                                  why="rlkit's overlong penalty uses gconfig.max_new_tokens"),
@@ -168,27 +166,14 @@ CRITIC: dict[str, Rule] = {
 }
 
 
-def _as_reference(value: object, c: ExperimentConfig, ours: object) -> bool:
-    """A key of the ref section is fine when rlkit loads no reference, or when it says what rlkit's reference is."""
-    return not uses_reference(c) or value == ours
-
-
-def _ref_same(name: str, ours: Value) -> Rule:
-    return same(f"rlkit's reference model (loaded for a KL term or dpo only) has the {name} of actor.{name}",
-                lambda v, c: _as_reference(v, c, ours(c)),
-                fix=f"remove it, or make it actor.{name} (a reference {name} of its own is not supported yet)",
-                expected=ours)
-
-
 _FROZEN = inert("AReaL reads it for a trained model only; the reference is frozen")
 _REF_FIELDS = {f.name for f in dataclasses.fields(RefConfig)}
-# The keys of AReaL's ref section that rlkit's `ref` section (rlkit.config.schema_ref) lacks: `path` is a field.
+# The keys of AReaL's ref section that rlkit's `ref` section (rlkit.config.schema_ref) lacks: `path`, `dtype` and
+# `attn_impl` are fields.
 REF: dict[str, Rule] = {
     **{f.name: _FROZEN for f in dataclasses.fields(ActorConfig) if f.name not in _REF_FIELDS},
     **{key: _FROZEN for key in ACTOR if key not in ENGINE},  # AReaL's PPO knobs, read for the actor only
     **ENGINE,
-    "dtype": _ref_same("dtype", lambda c: c.actor.dtype),
-    "attn_impl": _ref_same("attn_impl", lambda c: c.actor.attn_impl),
     "use_lora": off("LoRA on the reference", False),
     "disable_dropout": inert("the reference runs in eval mode (no dropout either way)"),
     "is_critic": off("a critic as reference", False),

@@ -2,8 +2,8 @@
 actor.kl_loss_coef > 0) and of dpo, and the two facts every part of rlkit asks about it: whether a job loads one
 (`uses_reference`) and which model it is (`reference_path`). Torch-free (the login node reads it).
 
-Only `path` is a field: the reference is loaded like the actor (actor.dtype as the compute dtype, actor.attn_impl),
-frozen and in eval mode. AReaL's other ref keys are judged by rlkit.config.areal_keys (REF).
+`path`, `dtype` and `attn_impl` are fields (empty: the actor's); the reference is frozen and in eval mode. AReaL's
+other ref keys are judged by rlkit.config.areal_keys (REF).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlkit.config.fields import _f
+from rlkit.config.schema_actor import ActorConfig
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
@@ -27,6 +28,19 @@ class RefConfig:
                        "actor.path is a later checkpoint; empty: actor.path (the model training starts from). Same "
                        "vocabulary as the actor; with actor.use_lora another model is loaded as a second frozen "
                        "copy (empty: the base without the adapter, no copy). Refused when nothing uses a reference.")
+    dtype: str = _f("", "Compute dtype of the reference's forward passes (bfloat16, float16, float32); empty: "
+                        "actor.dtype. Another dtype than the actor's with actor.use_lora loads a second copy.")
+    attn_impl: str = _f("", "Attention kernel of the reference (flash_attention_2, sdpa, eager); empty: "
+                            "actor.attn_impl. flash_attention_2 falls back to sdpa without flash-attn.")
+
+
+@dataclass(frozen=True)
+class ReferenceLoad:
+    """What the trainer loads as the reference: the model, its compute dtype and its attention kernel."""
+
+    path: str
+    dtype: str
+    attn_impl: str
 
 
 def uses_reference(config: ExperimentConfig) -> bool:
@@ -49,8 +63,19 @@ def reference_path(config: ExperimentConfig) -> str:
     return {"dpo.ref_path": config.dpo.ref_path, "ref.path": config.ref.path}.get(field, config.actor.path)
 
 
-def separate_reference(config: ExperimentConfig) -> bool:
+def reference_load(config: ExperimentConfig) -> ReferenceLoad:
+    """The reference's model, dtype and attention kernel, the actor's where the ref section leaves them empty."""
+    return ReferenceLoad(reference_path(config), config.ref.dtype or config.actor.dtype,
+                         config.ref.attn_impl or config.actor.attn_impl)
+
+
+def loads_a_copy(actor: ActorConfig, load: ReferenceLoad) -> bool:
     """Whether the reference is a model of its own rather than the actor's start: always without LoRA (a frozen copy
-    of actor.path), and with LoRA only when it names another model than actor.path (else the trained peft model with
-    its adapter switched off is the reference)."""
-    return not config.actor.use_lora or reference_path(config) != config.actor.path
+    of actor.path), and with LoRA only when it differs from the base the trained peft model computes (another model,
+    dtype or attention kernel); else the peft model with its adapter switched off is the reference."""
+    return not actor.use_lora or load != ReferenceLoad(actor.path, actor.dtype, actor.attn_impl)
+
+
+def separate_reference(config: ExperimentConfig) -> bool:
+    """`loads_a_copy` for a job's config."""
+    return loads_a_copy(config.actor, reference_load(config))

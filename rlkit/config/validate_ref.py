@@ -20,13 +20,16 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_ref import KL_JOB_TYPES, reference_field, reference_path, uses_reference
 from rlkit.config.site_files import check_model_dir, is_local_path
+from rlkit.config.validate_trainer import DTYPES
 from rlkit.errors import ConfigError
 
+ATTN_IMPLS = ("flash_attention_2", "sdpa", "eager")
 _TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)
 
 
 def validate_reference(config: ExperimentConfig, problems: Problems) -> None:
     """Add every problem of the reference model's settings to `problems`."""
+    _validate_kernel_settings(config, problems)
     ref, actor_path = config.ref.path, config.actor.path
     if ref and ref != actor_path and not uses_reference(config):
         problems.add(f"ref.path is set to '{ref}', but {_why_unused(config)}: it would be ignored",
@@ -45,6 +48,21 @@ def validate_reference(config: ExperimentConfig, problems: Problems) -> None:
     if field != "actor.path" and path != actor_path:
         with problems.check():
             check_same_vocabulary(field, path, config)
+
+
+def _validate_kernel_settings(config: ExperimentConfig, problems: Problems) -> None:
+    """ref.dtype and ref.attn_impl: known values, and never set to something else than the actor's where no
+    reference is loaded (it would be ignored)."""
+    for name, choices in (("dtype", DTYPES), ("attn_impl", ATTN_IMPLS)):
+        value, actors = getattr(config.ref, name), getattr(config.actor, name)
+        if not value:
+            continue
+        if value not in choices:
+            problems.add(f"ref.{name} '{value}' is not one of: {', '.join(choices)}",
+                         hint=f"e.g. ref.{name}={choices[0]}, or leave it empty for actor.{name}")
+        elif value != actors and not uses_reference(config):
+            problems.add(f"ref.{name} is set to '{value}', but {_why_unused(config)}: it would be ignored",
+                         hint=f"remove ref.{name}" if config.type not in KL_JOB_TYPES else _unused_hint(config))
 
 
 def _why_unused(config: ExperimentConfig) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.config.schema_eval import evaluation_enabled
-from rlkit.config.schema_ref import reference_path
+from rlkit.config.schema_ref import reference_load
 from rlkit.data import load_rows, prompt_token_ids
 from rlkit.errors import StepError
 from rlkit.rollout.controller import Prompt
@@ -106,7 +106,7 @@ class GRPO:
         self.actor = PPOActor.build(actor, rank=ctx.env.rank, world=ctx.env.world_size, device=ctx.device,
                                     pad_id=pad_id, temperature=config.gconfig.temperature,
                                     total_optimizer_steps=steps * actor.ppo_n_minibatches,
-                                    ref_path=reference_path(config))
+                                    ref=reference_load(config))
         self.engines: dict[str, TrainEngine] = {"actor": self.actor.engine}
         probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
                                  if self.rank0 else None)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_ref import ReferenceLoad, loads_a_copy
 from rlkit.train.batch import dummy_like, local_indices, pack
 from rlkit.train.dist import all_reduce_max, all_reduce_sum
 from rlkit.train.engine import TrainEngine, actor_model_factory, token_logprobs
@@ -41,14 +42,14 @@ class PPOActor:
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
-              temperature: float, total_optimizer_steps: int, ref_path: str = "") -> PPOActor:
-        """The engine of the causal LM at config.path, and the reference when needed: the model at `ref_path` (the
-        job's ref.path; empty: config.path); collective."""
+              temperature: float, total_optimizer_steps: int, ref: ReferenceLoad | None = None) -> PPOActor:
+        """The engine of the causal LM at config.path, and the reference when needed: `ref` (the job's
+        schema_ref.reference_load; None: the actor's start); collective."""
         engine = TrainEngine(config, rank=rank, world=world, device=device,
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
-        separate = not config.use_lora or ref_path not in ("", config.path)  # else the base is the reference
-        ref = frozen_reference(config, device, ref_path) if needs_reference(config) and separate else None
-        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=ref)
+        load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
+        model = frozen_reference(load, device) if needs_reference(config) and loads_a_copy(config, load) else None
+        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model)
 
     def local_indices(self, n: int) -> list[list[int]]:
         """Per minibatch (ppo_n_minibatches), this rank's indices of a global batch of `n` samples."""

@@ -13,8 +13,8 @@ from torch import nn
 
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_actor import ActorConfig
-from rlkit.config.schema_ref import reference_path, separate_reference
-from rlkit.train.engine import load_causal_lm, param_dtype_of, shard_model
+from rlkit.config.schema_ref import ReferenceLoad, reference_load, separate_reference
+from rlkit.train.engine import DTYPES, load_causal_lm, shard_model
 
 
 def needs_reference(actor: ActorConfig) -> bool:
@@ -22,12 +22,13 @@ def needs_reference(actor: ActorConfig) -> bool:
     return actor.kl_ctl > 0 or actor.kl_loss_coef > 0  # the KL reward penalty, the KL loss term
 
 
-def frozen_reference(actor: ActorConfig, device: torch.device, path: str = "") -> nn.Module:
-    """The causal LM at `path` (empty: actor.path), sharded with the trained model's compute dtype, in eval mode
-    without gradients; collective (FSDP)."""
-    ref = load_causal_lm(path or actor.path, dtype=torch.float32, attn_impl=actor.attn_impl).to(device)
+def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:
+    """The causal LM at `load.path`, sharded with `load.dtype` as its compute dtype (parameters kept in float32 like
+    the trained model's), in eval mode without gradients; collective (FSDP)."""
+    ref = load_causal_lm(load.path, dtype=torch.float32, attn_impl=load.attn_impl).to(device)
     ref.requires_grad_(False).eval()
-    return shard_model(ref, param_dtype=param_dtype_of(actor))
+    dtype = DTYPES[load.dtype]
+    return shard_model(ref, param_dtype=None if dtype == torch.float32 else dtype)
 
 
 def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module | None:
@@ -35,7 +36,7 @@ def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module
     trained model); collective (FSDP)."""
     if not separate_reference(config):
         return None
-    return frozen_reference(config.actor, device, reference_path(config))
+    return frozen_reference(reference_load(config), device)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 from rlkit.config.load import config_from_mapping
-from rlkit.config.schema_ref import reference_path
+from rlkit.config.schema_ref import ReferenceLoad, reference_load
 from rlkit.paths import TrialPaths
 from rlkit.train.dist import end_process, init_distributed
 from rlkit.train.dpo import DPOTraining, fill_missing
@@ -60,11 +60,16 @@ samples = [Sample(torch.randint(5, 500, (3 + i,), generator=g).tolist(),
                   torch.randint(5, 500, (4,), generator=g).tolist(), [-1.0] * 4, 0.0, 0, True, i, advantage=1.0)
            for i in range(4)]
 policy = PPOActor.build(config.actor, rank=env.rank, world=env.world_size, device=device, pad_id=0,
-                        temperature=1.0, total_optimizer_steps=1, ref_path=reference_path(config))
+                        temperature=1.0, total_optimizer_steps=1, ref=reference_load(config))
 assert policy.ref is not None, "another model than actor.path is loaded as a model of its own (LoRA too)"
 assert not any(p.requires_grad for p in policy.ref.parameters()) and not policy.ref.training, "frozen, eval mode"
 kl_ref = policy.logprobs_at(samples, reference=True)
 kl_own = policy.logprobs_at(samples)
+# ref.dtype of its own: the same reference model computing in bfloat16 (a copy, with LoRA too)
+half = PPOActor.build(config.actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
+                      total_optimizer_steps=1, ref=ReferenceLoad(ref_dir, "bfloat16", "sdpa"))
+assert half.ref is not None and half.ref is not policy.ref
+kl_ref_bf16 = half.logprobs_at(samples, reference=True)
 seqs = [(s.prompt_ids, s.completion_ids) for s in samples]
 ref_model, ref_direct = direct(ref_dir, seqs)
 actor_model, actor_direct = direct(actor_dir, seqs)
@@ -91,7 +96,9 @@ with torch.no_grad():
             c, r = by_pair(answer_logps(model, batch))
             pairs[name] += [c.tolist(), r.tolist()]
 if env.rank == 0:
-    json.dump({"kl_ref": {str(k): v for k, v in kl_ref.items()}, "kl_own": {str(k): v for k, v in kl_own.items()},
+    json.dump({"kl_ref": {str(k): v for k, v in kl_ref.items()},
+               "kl_ref_bf16": {str(k): v for k, v in kl_ref_bf16.items()},
+               "kl_own": {str(k): v for k, v in kl_own.items()},
                "ref_direct": ref_direct, "actor_direct": actor_direct, "pairs": pairs},
               open(out / "result.json", "w"))
 torch.distributed.destroy_process_group()
@@ -122,6 +129,8 @@ def test_the_kl_and_dpo_reference_is_ref_paths_model(tiny_model_dir: Path, tmp_p
     assert _max_diff(ref, result["ref_direct"]) < 1e-4, "the KL reference is ref.path's model"
     assert _max_diff(own, result["actor_direct"]) < 1e-4, "the policy is actor.path's (the adapter starts at 0)"
     assert _max_diff(ref, own) > 1e-2, "the two models differ: the comparisons above prove something"
+    half = [result["kl_ref_bf16"][str(i)] for i in range(len(result["ref_direct"]))]
+    assert 1e-5 < _max_diff(half, result["ref_direct"]) < 0.2, "ref.dtype bfloat16: ref.path's model, in bfloat16"
     pairs = result["pairs"]
     assert pairs["cached"], "no pairs were scored"
     assert _max_diff(pairs["cached"], pairs["ref_direct"]) < 1e-3, "dpo's reference is ref.path's model"

@@ -203,8 +203,9 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
     assert len(kinds) == len(accepted), "each key once"
     assert kinds["actor.experiment_name"] == kinds["rollout.fileroot"] == kinds["rollout.tokenizer_path"] == DERIVED
     assert kinds["train_dataset.num_workers"] == kinds["scheduler"] == kinds["actor.scheduling_spec"] == INERT
-    assert kinds["perf_tracer.session_tracer.enabled"] == kinds["ref.dtype"] == SAME
+    assert kinds["perf_tracer.session_tracer.enabled"] == SAME
     assert "ref.path" not in kinds and config.ref.path == str(model), "a field: honoured, not listed"
+    assert "ref.dtype" not in kinds and config.ref.dtype == config.actor.dtype, "a field: honoured, not listed"
     assert kinds["gconfig.ignore_eos"] == kinds["gconfig.use_beam_search"] == kinds["actor.temperature"] == SAME
     assert "gconfig.greedy" not in kinds and config.gconfig.greedy is False, "a field: honoured, not listed"
     assert "actor.disable_dropout" not in kinds and config.actor.disable_dropout, "a field: honoured, not listed"
@@ -235,7 +236,6 @@ def test_min_new_tokens_is_a_field_taken_as_given(model: Path) -> None:
     ({"ref": {"init_from_scratch": True}}, "random initialisation is not supported yet"),
     ({"gconfig": {"use_beam_search": True}}, "'gconfig.use_beam_search: true'"),
     ({"train_dataset": {"drop_last": False}}, "'train_dataset.drop_last: false'"),
-    ({"actor": {"kl_ctl": 0.1}, "ref": {"dtype": "float32"}}, "'ref.dtype: float32'"),
     ({"sglang": {"max_prefill_tokens": 4096}, "allocation_mode": "sglang:d1+fsdp:d1"},
      "sglang.extra_args: {max_prefill_tokens: <value>}"),
     ({"enable_offload": True}, "training offload (torch_memory_saver) is not supported yet"),
@@ -248,6 +248,16 @@ def test_a_key_that_disagrees_or_would_change_training_is_refused(model: Path, s
     assert len(messages) == 1 and says in messages[0], messages
 
 
+@pytest.mark.parametrize("granularity", [1, 2, 8])
+def test_micro_batch_granularity_is_accepted_as_changing_memory_only(model: Path, granularity: int) -> None:
+    """rlkit's losses are means over a whole minibatch and a pair is never split, so AReaL's grouping of sequences into
+    micro-batches cannot change an update: any value is named in the notice, none refused."""
+    problems, accepted, _ = _compose(_grpo(model, actor={"mb_spec": {"granularity": granularity}}))
+    assert problems.ok(), [str(e) for e in problems.errors]
+    kinds = {a.key: a.kind for a in accepted}
+    assert kinds["actor.mb_spec.granularity"] == INERT
+
+
 def test_a_reference_of_another_model_lands_in_rlkits_ref_section(model: Path) -> None:
     """AReaL's ref.path is rlkit's field (the KL terms' and dpo's reference model): another model than actor.path is
     taken as given (the submit-time checks judge it: rlkit.config.validate_ref), the section's other keys are
@@ -256,7 +266,7 @@ def test_a_reference_of_another_model_lands_in_rlkits_ref_section(model: Path) -
     assert problems.ok(), [str(e) for e in problems.errors]
     assert config.ref.path == "/another/model" and config.actor.path == str(model)
     kinds = {a.key: a.kind for a in accepted}
-    assert "ref.path" not in kinds and kinds["ref.dtype"] == SAME and kinds["ref.scheduling_spec"] == INERT
+    assert "ref.path" not in kinds and "ref.dtype" not in kinds and kinds["ref.scheduling_spec"] == INERT
     assert "path" not in TABLES["ref"], "a field of the schema is no longer looked up in the AReaL table"
     assert "ref" not in TABLES[""], "ref is a section of the schema now"
 

@@ -14,7 +14,14 @@ from rlkit.config.binds import container_binds
 from rlkit.config.load import config_from_mapping, load_config
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_ref import reference_field, reference_path, separate_reference, uses_reference
+from rlkit.config.schema_ref import (
+    ReferenceLoad,
+    reference_field,
+    reference_load,
+    reference_path,
+    separate_reference,
+    uses_reference,
+)
 from rlkit.config.site_files import make_paths_absolute
 from rlkit.config.validate import validate
 from rlkit.config.validate_ref import validate_reference
@@ -129,6 +136,32 @@ def test_lora_with_another_reference_loads_it_and_without_one_uses_the_base(acto
     assert not separate_reference(_config(actor, *lora, f"ref.path={actor}"))
     config = _config(actor, *lora, f"ref.path={sft_model}")
     assert separate_reference(config) and _problems(config) == []
+
+
+def test_ref_dtype_and_attn_impl_default_to_the_actors_and_may_differ(actor: Path) -> None:
+    plain = _config(actor, "actor.kl_ctl=0.1", "actor.dtype=float32", "actor.attn_impl=sdpa")
+    assert reference_load(plain) == ReferenceLoad(str(actor), "float32", "sdpa")
+    own = _config(actor, "actor.kl_ctl=0.1", "actor.dtype=float32", "ref.dtype=bfloat16", "ref.attn_impl=eager")
+    assert reference_load(own) == ReferenceLoad(str(actor), "bfloat16", "eager") and _problems(own) == []
+
+
+def test_with_lora_a_reference_dtype_of_its_own_loads_a_copy(actor: Path) -> None:
+    """The adapter-off base computes in actor.dtype: a reference in another dtype must be a model of its own."""
+    lora = ["actor.use_lora=true", "actor.kl_loss_coef=0.01", "actor.dtype=float32"]
+    assert not separate_reference(_config(actor, *lora, "ref.dtype=float32"))
+    assert separate_reference(_config(actor, *lora, "ref.dtype=bfloat16"))
+
+
+def test_ref_dtype_and_attn_impl_problems_are_named_with_their_fix(actor: Path) -> None:
+    assert _problems(_config(actor, "actor.kl_ctl=0.1", "ref.dtype=float64", "ref.attn_impl=flash")) == [
+        "ref.dtype 'float64' is not one of: bfloat16, float16, float32 fix: e.g. ref.dtype=bfloat16, or leave it "
+        "empty for actor.dtype",
+        "ref.attn_impl 'flash' is not one of: flash_attention_2, sdpa, eager fix: e.g. "
+        "ref.attn_impl=flash_attention_2, or leave it empty for actor.attn_impl"]
+    unused = _problems(_config(actor, "actor.dtype=float32", "ref.dtype=bfloat16"))
+    assert len(unused) == 1 and unused[0].startswith("ref.dtype is set to 'bfloat16', but actor.kl_ctl and "
+                                                      "actor.kl_loss_coef are both 0"), unused
+    assert _problems(_config(actor, "actor.dtype=float32", "ref.dtype=float32")) == [], "the actor's own: harmless"
 
 
 def test_submits_checks_include_the_reference(grpo_yaml: Path, tmp_path: Path) -> None:
