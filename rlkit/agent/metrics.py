@@ -1,0 +1,40 @@
+"""Per-episode agent metrics, and their means over a batch, under `agent/` (issue 12's metrics list)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from rlkit.agent.episode import Episode
+
+
+def episode_metrics(episode: Episode) -> dict[str, float]:
+    """One episode: turns, tool calls and errors, trained and masked tokens, truncation and time in tools."""
+    t = episode.trajectory
+    trained = sum(t.loss_mask)
+    return {
+        "turns": float(t.turns),
+        "tool_calls": float(episode.tools.calls),
+        "tool_errors": float(episode.tools.errors),
+        "used_tools": float(episode.tools.calls > 0),
+        "trained_tokens": float(trained),
+        "masked_tokens": float(len(t.loss_mask) - trained),
+        "truncated": float(t.truncated),
+        "tool_seconds": episode.tools.seconds,
+    }
+
+
+def batch_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Means over `episodes` (`agent/used_tools` is the tool-use rate, `agent/truncated` the truncation rate), plus
+    the masked fraction of all tokens and a count per truncation reason; {} for no episodes."""
+    if not episodes:
+        return {}
+    rows = [episode_metrics(e) for e in episodes]
+    out = {f"agent/{key}": statistics.fmean(r[key] for r in rows) for key in rows[0]}
+    tokens = sum(r["trained_tokens"] + r["masked_tokens"] for r in rows)
+    out["agent/masked_fraction"] = sum(r["masked_tokens"] for r in rows) / tokens if tokens else 0.0
+    for episode in episodes:
+        reason = episode.trajectory.truncation_reason
+        if reason:
+            out[f"agent/truncated_by/{reason}"] = out.get(f"agent/truncated_by/{reason}", 0.0) + 1.0
+    return out
