@@ -22,6 +22,7 @@ from rlkit.import_path import import_callable
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 HERMES = "hermes"
+QWEN = "qwen"  # AReaL's name of the same format
 PARSER_FORM = "module.path:function, called as fn(text) -> rlkit.agent.tool_calls.ParsedTurn"
 _BLOCK = re.compile(re.escape(OPEN_TAG) + r"(.*?)" + re.escape(CLOSE_TAG), re.DOTALL)
 _SHOWN = 200  # characters of a malformed call quoted back in its error message
@@ -124,15 +125,16 @@ def parse_hermes(text: str) -> ParsedTurn:
     return turn
 
 
-def resolve_tool_call_parser(spec: str) -> ToolCallParser:
-    """The parser named by `spec`: "hermes" (built in), or a function of the user's as module.path:function."""
+def resolve_tool_call_parser(spec: str, *, setting: str = "rollout.agent.tool_call_parser") -> ToolCallParser:
+    """The parser named by `spec`: "qwen" or "hermes" (built in: AReaL calls the format qwen), or a function of the
+    user's as module.path:function or /abs/path/file.py:function."""
     spec = spec.strip()
-    if spec == HERMES:
+    if spec in (HERMES, QWEN):
         return parse_hermes
     if ":" not in spec and "." not in spec:
-        raise ConfigError(f"tool-call parser '{spec}' is not a built-in parser (choices: {HERMES})",
-                          hint=f"use {HERMES}, or a parser of your own as {PARSER_FORM}")
-    parser: ToolCallParser = import_callable(spec, setting="tool-call parser", form=PARSER_FORM)
+        raise ConfigError(f"{setting} '{spec}' is not a built-in parser (choices: {QWEN}, {HERMES})",
+                          hint=f"use {QWEN}, or a parser of your own as {PARSER_FORM}")
+    parser: ToolCallParser = import_callable(spec, setting=setting, form=PARSER_FORM, files=True)
     return parser
 
 

@@ -181,7 +181,7 @@ def load_tools(entries: Sequence[ToolConfig], *, setting: str = "agent.tools") -
     for i, entry in enumerate(entries):
         where = f"{setting}[{i}] ({entry.fn})"
         with problems.check():
-            fn = import_callable(entry.fn, setting=f"{setting}[{i}].fn", form=TOOL_FORM)
+            fn = import_callable(entry.fn, setting=f"{setting}[{i}].fn", form=TOOL_FORM, files=True)
             tools.append(make_tool(fn, entry.schema, timeout_s=entry.timeout_s, where=where))
     seen: set[str] = set()
     for tool in tools:

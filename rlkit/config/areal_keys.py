@@ -236,12 +236,36 @@ ROLLOUT: dict[str, Rule] = {
     "use_lora": same_value("actor.use_lora", lambda c: c.actor.use_lora,
                            why="rlkit serves LoRA adapters exactly when actor.use_lora"),
     "lora_name": inert("rlkit names the servers' adapter itself (a new name per weight version)"),
-    "agent": off("agent workflows", None),
     "return_routed_experts": off("returning MoE routing", False),
     "model": inert("the model name of AReaL's inference-service gateway"),
     "routing_strategy": inert("AReaL's inference-service router; rlkit's pool routes itself"),
     "api_url": off("an external model API", None, ""),
     "provider_api_key": off("an external model API", None, ""),
+}
+
+def _is_one(value: object, c: ExperimentConfig) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1.0
+
+
+# AReaL's agent keys that rlkit's `rollout.agent` (rlkit.config.schema_agent) lacks
+AGENT: dict[str, Rule] = {
+    "agent_cls_path": off("AReaL's AgentRunnable classes", "", fix="write the episode as an async function and name "
+                                                                     "it in rollout.agent.workflow"),
+    "mode": same("rlkit runs workflows in the rollout's own event loop (AReaL's inline mode)",
+                 lambda v, c: v == "inline", fix="remove it (subproc and online modes are not supported yet)"),
+    "reasoning_parser": inert("how AReaL's OpenAI proxy splits reasoning text off; rlkit keeps every sampled token"),
+    "chat_template_type": inert("rlkit never renders a conversation again: it appends the sampled tokens and the "
+                                "template's glue between turns (token-exact)"),
+    "turn_discount": same("rlkit rewards an episode as a whole", _is_one,
+                          fix="remove it (per-turn discounting is not supported yet)", expected=lambda c: 1.0),
+    "export_style": same("rlkit trains each episode as one token-exact trajectory (AReaL's concat)",
+                         lambda v, c: v == "concat", fix="remove it (training each interaction on its own is not "
+                                                         "supported yet)", expected=lambda c: "concat"),
+    "admin_api_key": AREAL_RPC,
+    "scheduling_spec": PLACEMENT,
+    "subproc_max_workers": inert("AReaL's subprocess mode"),
+    "session_timeout_seconds": inert("AReaL's online mode sessions"),
+    "set_reward_finish_timeout": inert("AReaL's online mode sessions"),
 }
 
 DATASET: dict[str, Rule] = {
@@ -291,6 +315,7 @@ TABLES: dict[str, dict[str, Rule]] = {
     "gconfig": GCONFIG,
     "eval_gconfig": GCONFIG,
     "rollout": ROLLOUT,
+    "rollout.agent": AGENT,
     "train_dataset": DATASET,
     "valid_dataset": VALID_DATASET,
     "saver": {**NAMES_AND_ROOT, "mode": same("rlkit saves synchronously", lambda v, c: v in ("auto", "sync"),

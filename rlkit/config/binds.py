@@ -56,6 +56,16 @@ def parse_mounts(text: str) -> list[Bind]:
     return [Bind.parse(item) for item in filter(None, (part.strip() for part in text.split(",")))]
 
 
+def user_code_files(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """(field, file) of the user's code named by file path (/abs/path/file.py:function): rollout.agent's workflow,
+    tool-call parser and tools, which the trainer imports inside its container."""
+    agent = config.rollout.agent
+    named = [("rollout.agent.workflow", agent.workflow), ("rollout.agent.tool_call_parser", agent.tool_call_parser),
+             *((f"rollout.agent.tools[{i}]", tool) for i, tool in enumerate(agent.tools))]
+    return [(field, spec.strip().rpartition(":")[0]) for field, spec in named
+            if spec.strip().startswith("/") and spec.strip().rpartition(":")[0].endswith(".py")]
+
+
 def host_paths(config: ExperimentConfig) -> list[tuple[str, str]]:
     """(field, absolute host path) of every path the steps use inside the containers at its host path (a dataset
     file itself: binding its directory could mean binding `/`)."""
@@ -72,6 +82,7 @@ def host_paths(config: ExperimentConfig) -> list[tuple[str, str]]:
         value = get_field(config, field)
         if isinstance(value, str) and value.startswith("/"):
             paths.append((field, value))
+    paths += user_code_files(config)
     return [(field, os.path.normpath(path)) for field, path in paths if path.startswith("/") and path != "/"]
 
 

@@ -14,6 +14,7 @@ from omegaconf import MISSING
 
 from rlkit.config.fields import _f, _sub
 from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema_agent import AgentConfig
 from rlkit.config.schema_critic import CriticConfig
 from rlkit.config.schema_eval import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema_pairs import DPOConfig, RWConfig
@@ -181,6 +182,7 @@ class RolloutConfig:
     request_timeout: float = _f(3600.0, "Seconds one request may take.")
     request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).")
     setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.")
+    agent: AgentConfig = _sub(AgentConfig, "Multi-turn, tool-using episodes (empty workflow: single-turn rollouts).")
 
 
 @dataclass

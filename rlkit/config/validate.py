@@ -28,6 +28,7 @@ from rlkit.config.site_files import (
 )
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
+from rlkit.config.validate_agent import validate_agent
 from rlkit.config.validate_ref import validate_reference
 from rlkit.config.validate_sampling import validate_greedy, validate_min_new_tokens
 from rlkit.errors import ConfigError
@@ -143,6 +144,7 @@ def validate(config: ExperimentConfig) -> Validated:
         _validate_scratch(config, job, problems)
         validate_reference(config, problems)
         job.validate(config, allocation, problems)
+        validate_agent(config, problems, servers_context(config, allocation))
     return Validated(config, allocation if fits else None, problems)
 
 
@@ -353,6 +355,17 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
         problems.add(f"a prompt of up to {prompt} tokens (max_length) plus gconfig.max_new_tokens ({new}) exceeds "
                      f"the servers' context of {limit} tokens ({limit_field}): long prompts would be rejected",
                      hint=f"keep max_length + gconfig.max_new_tokens <= {limit}")
+
+
+def servers_context(config: ExperimentConfig, allocation: Allocation | None) -> int | None:
+    """The servers' context length (their setting, else the model's max_position_embeddings); None when unknown."""
+    from rlkit.servers.backend import backend_for  # light: no torch, no server package
+
+    if allocation is None or allocation.server is None:
+        return None
+    backend = backend_for(allocation.server.backend)
+    model = server_model(config, backend.name)
+    return backend.context_length(config) or (_model_positions(model) if is_local_path(model) else None)
 
 
 def _model_positions(model: str) -> int | None:

@@ -25,11 +25,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from rlkit.agent.episode import Episode
 from rlkit.data import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
+from rlkit.rollout.groups import GroupSampler, SingleTurnGroups
 from rlkit.servers.backend import Completion, SamplingParams, Server
 from rlkit.types import Sample
 
@@ -59,6 +61,7 @@ class Group:
     seq: int = 0  # position in the prompt stream (what a resumed run skips)
     reward_errors: int = 0
     reward_timeouts: int = 0
+    episodes: list[Episode] = field(default_factory=list)  # multi-turn groups: one per sample (agent metrics)
 
 
 @dataclass
@@ -104,7 +107,7 @@ class RolloutController:
                  params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
                  batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
                  request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
-                 start_version: int = 0, consumed: Iterable[int] = ()) -> None:
+                 start_version: int = 0, consumed: Iterable[int] = (), sampler: GroupSampler | None = None) -> None:
         if not prompts:
             raise StepError("the training set is empty")
         self.nr = name_resolve
@@ -121,7 +124,8 @@ class RolloutController:
         self.request_retries = request_retries
         self.setup_timeout = setup_timeout
         self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
-        self._seed = seed
+        # how a prompt becomes a group: one request (the default) or multi-turn episodes (rollout.agent.workflow)
+        self.sampler: GroupSampler = sampler or SingleTurnGroups(params, reward, decode, seed)
         self.version = start_version
         # Admission counts groups relative to the resume point, so a resumed run starts generating at once.
         self._base_version = start_version
@@ -307,26 +311,21 @@ class RolloutController:
             self._in_flight += 1
             self._loop.create_task(self._rollout(prompt, self.version, seq))
 
+    async def _settled(self) -> int:
+        version, _ = await self.settled_version()
+        return version
+
     async def _rollout(self, prompt: Prompt, version: int, seq: int) -> None:
         assert self.pool is not None
         started = time.monotonic()
         try:
-            # seeded by the stream position: a resumed run samples the same completions for the same prompt
-            params = dataclasses.replace(self.params, seed=(self._seed * 1_000_003 + seq) % 2**31)
-            server, completions = await self.pool.complete(prompt.ids, params)
-            outcomes = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
-                                              for c in completions))
-            samples = [
-                Sample(prompt_ids=prompt.ids, completion_ids=c.token_ids, behav_logp=c.logprobs, reward=o.value,
-                       version=version, finished=c.finish_reason == "stop", group=prompt.index, server=server.index)
-                for c, o in zip(completions, outcomes, strict=True)
-            ]
-            group = Group(prompt, samples, version, server.index, time.monotonic() - started, seq,
-                          reward_errors=sum(o.error is not None and not o.timed_out for o in outcomes),
-                          reward_timeouts=sum(o.timed_out for o in outcomes))
+            sampled = await self.sampler.sample(self.pool, prompt, version, seq, self._settled)
+            group = Group(prompt, sampled.samples, version, sampled.server, time.monotonic() - started, seq,
+                          reward_errors=sampled.reward_errors, reward_timeouts=sampled.reward_timeouts,
+                          episodes=sampled.episodes)
             self.stats.reward_errors += group.reward_errors
             self.stats.reward_timeouts += group.reward_timeouts
-            self.stats.per_server[server.index] = self.stats.per_server.get(server.index, 0) + 1
+            self.stats.per_server[group.server] = self.stats.per_server.get(group.server, 0) + 1
             self._out.put(group)
         except asyncio.CancelledError:
             raise

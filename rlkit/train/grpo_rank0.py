@@ -9,8 +9,10 @@ import statistics
 import time
 from typing import Any
 
+from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_agent import agent_limits
 from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServersUnreachable
@@ -64,6 +66,32 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
     }
 
 
+def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any:
+    """The multi-turn group sampler of rollout.agent (rlkit.rollout.groups.EpisodeGroups), None without a workflow."""
+    agent = config.rollout.agent
+    if not agent.workflow:
+        return None
+    alloc = parse_allocation(config.allocation_mode)
+    from rlkit.agent.context import EpisodeServices
+    from rlkit.agent.tool_calls import resolve_tool_call_parser
+    from rlkit.agent.tools import ToolConfig, ToolRegistry, load_tools
+    from rlkit.agent.trajectory import TrajectoryLimits
+    from rlkit.agent.workflows import resolve_workflow
+    from rlkit.config.model_config import vocab_size
+    from rlkit.config.validate import servers_context
+    from rlkit.rollout.groups import EpisodeGroups
+    from rlkit.servers.sampling import sampling_params
+
+    tools = ToolRegistry(load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
+                                    setting="rollout.agent.tools"), max_result_chars=agent.max_tool_result_chars)
+    services = EpisodeServices(score=reward.score, tokenizer=tokenizer, tools=tools,
+                               parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),
+                               limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),
+                               vocab_size=vocab_size(config.actor.path))
+    return EpisodeGroups(resolve_workflow(agent.workflow), services, n_samples=config.gconfig.n_samples,
+                         seed=config.seed, tool_schemas=tools.schemas())
+
+
 class Rank0:
     """What only trainer rank 0 does: rollouts, weight sync, the step's metrics."""
 
@@ -100,7 +128,7 @@ class Rank0:
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
             request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
             setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
-            start_version=self.version, consumed=self.consumed)
+            start_version=self.version, consumed=self.consumed, sampler=episode_groups(config, tokenizer, self.reward))
         self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
         self.tolerance = weight_check_tolerance(config)
         self.mismatch_warn = logprob_mismatch_warn(config)
@@ -249,6 +277,7 @@ class Rank0:
         n_samples = sum(len(g.samples) for g in groups)
         n_tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
+        metrics.update(batch_metrics([e for g in groups for e in g.episodes]))  # multi-turn episodes only
         metrics.update(train_stats)
         metrics.update(timing)
         metrics.update(self.mismatch_metrics)

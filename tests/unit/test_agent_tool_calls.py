@@ -129,7 +129,7 @@ def test_resolve_parser_builtin_and_user_function(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
-    ("json", "not a built-in parser (choices: hermes)"),
+    ("json", "not a built-in parser (choices: qwen, hermes)"),
     ("mypkg.parsers.parse", "'mypkg.parsers:parse'"),
     ("rlkit_no_such_module_xyz:parse", "cannot import module 'rlkit_no_such_module_xyz'"),
     ("rlkit.agent.tool_calls:nope", "has no attribute 'nope'"),

@@ -1,0 +1,116 @@
+"""How one prompt becomes a scored GRPO group: one request for all its completions (single turn, the default), or
+one multi-turn episode per sample (rollout.agent.workflow). The rollout controller admits, tags and queues groups
+the same way for both (staleness, weight versions, retries); only what happens inside a group differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rlkit.agent.chat import render_prompt
+from rlkit.agent.context import EpisodeContext, EpisodeServices, SettledVersion
+from rlkit.agent.episode import Episode
+from rlkit.agent.workflows import Workflow
+from rlkit.errors import StepError
+from rlkit.rewards.runner import RewardRunner
+from rlkit.servers.backend import Completion, SamplingParams
+from rlkit.types import Sample
+
+if TYPE_CHECKING:
+    from rlkit.rollout.client import ServerPool
+    from rlkit.rollout.controller import Prompt
+
+
+@dataclass
+class SampledGroup:
+    """The scored samples of one prompt, and what the step's metrics count about them."""
+
+    samples: list[Sample]
+    server: int  # the server of the (first) request
+    reward_errors: int = 0
+    reward_timeouts: int = 0
+    episodes: list[Episode] = field(default_factory=list)  # multi-turn only: turns, tools, masks (agent metrics)
+
+
+class GroupSampler(Protocol):
+    async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
+                     settled_version: SettledVersion) -> SampledGroup: ...
+
+
+def group_seed(seed: int, seq: int) -> int:
+    """The sampling seed of the group at stream position `seq`: a resumed run samples the same completions."""
+    return (seed * 1_000_003 + seq) % 2**31
+
+
+class SingleTurnGroups:
+    """One request for `params.n` completions of the prompt, each scored by reward.fn as it arrives."""
+
+    def __init__(self, params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
+                 seed: int) -> None:
+        self.params, self.reward, self.decode, self.seed = params, reward, decode, seed
+
+    async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
+                     settled_version: SettledVersion) -> SampledGroup:
+        params = dataclasses.replace(self.params, seed=group_seed(self.seed, seq))
+        server, completions = await pool.complete(prompt.ids, params)
+        outcomes = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
+                                          for c in completions))
+        samples = [
+            Sample(prompt_ids=prompt.ids, completion_ids=c.token_ids, behav_logp=c.logprobs, reward=o.value,
+                   version=version, finished=c.finish_reason == "stop", group=prompt.index, server=server.index)
+            for c, o in zip(completions, outcomes, strict=True)
+        ]
+        return SampledGroup(samples, server.index,
+                            reward_errors=sum(o.error is not None and not o.timed_out for o in outcomes),
+                            reward_timeouts=sum(o.timed_out for o in outcomes))
+
+
+class EpisodeGroups:
+    """`n_samples` episodes of the workflow for the prompt, side by side; each becomes one token-exact sample."""
+
+    def __init__(self, workflow: Workflow, services: EpisodeServices, *, n_samples: int, seed: int,
+                 tool_schemas: list[dict[str, Any]]) -> None:
+        self.workflow, self.services, self.n_samples, self.seed = workflow, services, n_samples, seed
+        self.tool_schemas = tool_schemas
+        self._prompts: dict[int, tuple[list[int], str]] = {}
+
+    def first_prompt(self, prompt: Prompt) -> tuple[list[int], str]:
+        """The episode's first prompt: the row's chat (or its text as a user turn) with the tools offered, through
+        the chat template, tokenized once."""
+        if prompt.index not in self._prompts:
+            messages = prompt.row.get("messages")
+            if not isinstance(messages, list):
+                messages = [{"role": "user", "content": prompt.text}]
+            text = render_prompt(self.services.tokenizer, messages, self.tool_schemas)
+            self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
+        return self._prompts[prompt.index]
+
+    async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
+                     settled_version: SettledVersion) -> SampledGroup:
+        ids, text = self.first_prompt(prompt)
+        servers: list[int] = []
+
+        async def complete(request: list[int], params: SamplingParams) -> tuple[int, Completion]:
+            server, completions = await pool.complete(request, params)
+            servers.append(server.index)
+            return server.index, completions[0]
+
+        contexts = [EpisodeContext(self.services, complete=complete, settled_version=settled_version, row=prompt.row,
+                                   prompt_ids=ids, prompt_text=text, seed=group_seed(self.seed, seq) * 1009 + i)
+                    for i in range(self.n_samples)]
+        episodes = await asyncio.gather(*(self.workflow(ctx, prompt.row) for ctx in contexts))
+        for episode in episodes:
+            if not isinstance(episode, Episode):
+                raise StepError(f"the episode workflow returned {type(episode).__name__}, not an Episode: end it "
+                                "with `return ctx.finish(reward)`")
+            if not any(episode.trajectory.loss_mask):
+                raise StepError("an episode ended without a sampled turn (nothing to train on): a workflow must "
+                                "call `await ctx.generate()` at least once")
+        server = servers[0] if servers else -1
+        return SampledGroup([e.to_sample(group=prompt.index, server=server) for e in episodes], server,
+                            reward_errors=sum(c.reward_errors for c in contexts),
+                            reward_timeouts=sum(c.reward_timeouts for c in contexts), episodes=list(episodes))

