@@ -21,6 +21,10 @@ class Sample:
     info: dict[str, float] = field(default_factory=dict)
     server: int = -1  # index of the server that generated it (-1: unknown); the log-prob mismatch check groups by it
     token_advantages: list[float] | None = None  # per completion token (KL penalty, GAE, adv_norm); None: advantage
+    # Multi-turn episodes (rlkit.agent.episode): completion_ids holds every token after the prompt, sampled and
+    # inserted; only tokens with loss_mask 1 are trained. None: every completion token was sampled (single turn).
+    loss_mask: list[int] | None = None
+    token_versions: list[int] | None = None  # weight version per completion token (-1: inserted); None: version
 
     @property
     def length(self) -> int:
