@@ -7,6 +7,9 @@ after the batch is chosen:
 2. `token_advantages` (every rank, on the whole batch): token rewards (-kl_ctl * KL(old || ref) per token, the
    sequence reward on the last token), discounted returns / GAE (`discount`, `gae_lambda`), then `adv_norm` over
    tokens. Each sample gets `token_advantages`.
+Multi-turn episodes: every token statistic above is over sampled tokens only (`Sample.loss_mask`): the tokens rlkit
+inserted get no KL penalty, no reward, advantage 0, and take no part in adv_norm; GAE skips them (rlkit.train.gae). An
+episode's length (DAPO's overlong penalty) is its number of sampled tokens, what the model wrote.
 Reference: AReaL areal/trainer/ppo/actor.py `_compute_advantages` at 4aef98d8.
 """
 
@@ -22,6 +25,7 @@ from rlkit.train.advantages import overlong_penalty, shape_rewards
 from rlkit.train.gae import gae_advantages, token_rewards
 from rlkit.train.kl import kl_estimate
 from rlkit.train.normalization import normalize
+from rlkit.train.sampled_tokens import check_sample, sampled_count, sampled_mask
 from rlkit.types import Sample
 
 
@@ -58,7 +62,7 @@ def prepare_batch(groups: Sequence[Sequence[Sample]], actor: ActorConfig, *, max
         raise ValueError(f"groups of sizes {sorted(sizes)}, expected actor.group_size={actor.group_size}")
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
     if actor.overlong_reward_penalty and actor.overlong_tokens and actor.overlong_penalty_factor is not None:
-        lengths = torch.tensor([len(s.completion_ids) for s in samples])
+        lengths = torch.tensor([sampled_count(s) for s in samples])  # an episode's length: its sampled tokens
         rewards = overlong_penalty(rewards, lengths, max_new_tokens=max_new_tokens,
                                    overlong_tokens=actor.overlong_tokens,
                                    overlong_penalty_factor=actor.overlong_penalty_factor)
@@ -103,9 +107,11 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
     """
     if not samples:
         return {}, []
+    for i, s in enumerate(samples):
+        check_sample(s, i)
     width = max(1, max(len(s.completion_ids) for s in samples))
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
-    mask = torch.arange(width)[None, :] < lengths[:, None]
+    mask = _padded([sampled_mask(s) for s in samples], width).bool()  # inserted tokens and padding: False
     if actor.mask_no_eos_with_zero:  # rlkit's reading: unfinished samples are left out of training altogether
         mask &= torch.tensor([s.finished for s in samples])[:, None]
     seq = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
@@ -119,6 +125,7 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
         old = _padded([old_logp[i] if use_old else s.behav_logp for i, s in enumerate(samples)], width)  # type: ignore[index]
         ref = _padded([ref_logp[i] for i in range(len(samples))], width)
         kl, clamped = kl_estimate(old, ref, actor.kl_estimator, clamp=actor.kl_clamp)
+        kl = torch.where(mask, kl, 0.0)  # an inserted token's behaviour log-prob is no log-prob: no penalty there
         n_tok = max(1, int(mask.sum()))
         stats["kl_reward"] = float(-(actor.kl_ctl * kl * mask).sum()) / n_tok
         stats["kl_reward_clamped_tokens"] = float((clamped & mask).sum())

@@ -1,8 +1,9 @@
 """Training samples and their packing into padded micro-batch tensors (pure; no model, no distributed).
 
-A sample is a prompt and one sampled completion. In a packed micro-batch, per-token tensors have shape [B, L-1]:
-position p holds what the model predicts from tokens 0..p for token p+1, so completion token j of a sample whose
-prompt has P tokens sits at position P - 1 + j.
+A sample is a prompt and its completion: one sampled completion, or a multi-turn episode's tokens after the prompt,
+of which only the sampled ones (`Sample.loss_mask`) are trained. In a packed micro-batch, per-token tensors have
+shape [B, L-1]: position p holds what the model predicts from tokens 0..p for token p+1, so completion token j of a
+sample whose prompt has P tokens sits at position P - 1 + j.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from rlkit.train.sampled_tokens import check_sample, sampled_mask
 from rlkit.types import Sample
 
 T = TypeVar("T")
@@ -29,10 +31,10 @@ class MicroBatch:
 
     input_ids: Tensor  # [B, L]
     attention_mask: Tensor  # [B, L]
-    loss_mask: Tensor  # [B, L-1] bool: completion tokens of real samples
+    loss_mask: Tensor  # [B, L-1] bool: sampled completion tokens of real samples (inserted ones never count)
     behav_logp: Tensor  # [B, L-1]
     advantages: Tensor  # [B, L-1]
-    n_tokens: int  # completion tokens that count in the loss
+    n_tokens: int  # sampled completion tokens that count in the loss
 
     def to(self, device: torch.device) -> MicroBatch:
         return MicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
@@ -55,17 +57,17 @@ def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, : len(ids)] = 1
         start, end = len(s.prompt_ids) - 1, len(ids) - 1
-        if len(s.behav_logp) != len(s.completion_ids):
-            raise ValueError(f"sample {i}: {len(s.behav_logp)} log-probs for {len(s.completion_ids)} tokens")
-        behav[i, start:end] = torch.tensor(s.behav_logp, dtype=torch.float32)
+        check_sample(s, i)
+        sampled = torch.tensor(sampled_mask(s), dtype=torch.bool)
+        # An inserted token's behaviour log-prob (0.0) and advantage are zeroed here too: masked out, they must not
+        # reach a ratio or a sum even through a loss that forgot the mask.
+        behav[i, start:end] = torch.where(sampled, torch.tensor(s.behav_logp, dtype=torch.float32), 0.0)
         if s.token_advantages is not None:
-            if len(s.token_advantages) != len(s.completion_ids):
-                raise ValueError(f"sample {i}: {len(s.token_advantages)} advantages for {len(s.completion_ids)} tokens")
-            adv[i, start:end] = torch.tensor(s.token_advantages, dtype=torch.float32)
+            adv[i, start:end] = torch.where(sampled, torch.tensor(s.token_advantages, dtype=torch.float32), 0.0)
         else:
-            adv[i, start:end] = s.advantage
-        counts = not s.dummy and not (mask_truncated and not s.finished)
-        loss_mask[i, start:end] = counts
+            adv[i, start:end] = torch.where(sampled, s.advantage, 0.0)
+        counts = not s.dummy and not (mask_truncated and not s.finished)  # truncation is per sample (episode)
+        loss_mask[i, start:end] = sampled & counts
     return MicroBatch(input_ids, attention_mask, loss_mask, behav, adv, int(loss_mask.sum()))
 
 

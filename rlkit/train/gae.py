@@ -1,6 +1,12 @@
 """Token rewards and generalised advantage estimation over completion tokens, as AReaL's PPO actor does them.
 
-Tensors are [B, T] over completion tokens (position j is the j-th completion token; `mask` marks real ones).
+Tensors are [B, T] over completion tokens (position j is the j-th completion token; `mask` marks the ones that take
+part: real, sampled tokens).
+
+Multi-turn episodes: GAE runs over the sampled tokens only, as if the inserted ones (tool results, user turns) were not
+there. That is the MDP of an agent: an action is a sampled token, and the environment's reply is part of the next
+state, whose value the critic gives at the next sampled token (its context holds the inserted tokens). So an inserted
+token neither earns a reward nor discounts, and its value is never used; `discount` applies once per sampled token.
 Reference: AReaL areal/trainer/ppo/actor.py `_compute_advantages` at 4aef98d8.
 """
 
@@ -11,7 +17,8 @@ from torch import Tensor
 
 
 def token_rewards(seq_rewards: Tensor, mask: Tensor, kl: Tensor | None = None, *, kl_ctl: float = 0.0) -> Tensor:
-    """-kl_ctl * kl on every completion token, plus the sequence reward on the last one (AReaL's tot_rewards).
+    """-kl_ctl * kl on every masked completion token, plus the sequence reward on the last masked one (AReaL's
+    tot_rewards; an episode's last sampled token, whatever rlkit inserted after it).
 
     The KL penalty is a reward: it carries no gradient (`kl` is detached).
     """
@@ -22,9 +29,12 @@ def token_rewards(seq_rewards: Tensor, mask: Tensor, kl: Tensor | None = None, *
     rewards = torch.zeros_like(m)
     if kl is not None and kl_ctl != 0.0:
         rewards = -kl_ctl * kl.detach().to(torch.float64) * m
-    lengths = mask.sum(dim=1).long()
-    rows = torch.nonzero(lengths > 0).flatten()
-    rewards[rows, lengths[rows] - 1] += seq_rewards.to(torch.float64)[rows]
+    # the last masked position, not the count - 1: an episode's mask has holes where rlkit inserted tokens
+    if mask.shape[1] == 0:
+        return rewards
+    last = torch.where(mask.bool(), torch.arange(mask.shape[1], device=mask.device), -1).amax(dim=1)
+    rows = torch.nonzero(last >= 0).flatten()
+    rewards[rows, last[rows]] += seq_rewards.to(torch.float64)[rows]
     return rewards
 
 

@@ -21,6 +21,7 @@ from rlkit.train import mismatch, recover
 from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.evaluator import Evaluator
 from rlkit.train.faults import fault_point
+from rlkit.train.sampled_tokens import sampled_count
 from rlkit.trials import read_json_dict, read_token
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
@@ -51,19 +52,26 @@ def logprob_mismatch_warn(config: ExperimentConfig) -> float:
 
 
 def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float]) -> dict[str, float]:
-    lengths = [len(s.completion_ids) for g in groups for s in g.samples]
+    """A response's length is its sampled tokens (rlkit.train.sampled_tokens); the tokens rlkit inserted into
+    multi-turn episodes are counted apart, and only when there are any."""
+    samples = [s for g in groups for s in g.samples]
+    lengths = [sampled_count(s) for s in samples]
     stale = [version - g.version for g in groups]
-    return {
+    out = {
         "reward/mean": statistics.fmean(prepared_raw),
         "reward/std": statistics.pstdev(prepared_raw),
         "reward/max": max(prepared_raw),
         "reward/min": min(prepared_raw),
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": max(lengths),
-        "response/finished_fraction": statistics.fmean(float(s.finished) for g in groups for s in g.samples),
+        "response/finished_fraction": statistics.fmean(float(s.finished) for s in samples),
         "staleness/mean": statistics.fmean(stale),
         "staleness/max": max(stale),
     }
+    if any(s.loss_mask is not None for s in samples):
+        out["response_length/inserted_mean"] = statistics.fmean(len(s.completion_ids) - sampled_count(s)
+                                                                for s in samples)
+    return out
 
 
 def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any:
@@ -275,7 +283,7 @@ class Rank0:
         groups, rs, prepared = self._groups, self._rollout_stats, self._prepared
         elapsed = max(1e-9, time.monotonic() - self._step_started)
         n_samples = sum(len(g.samples) for g in groups)
-        n_tokens = sum(len(s.completion_ids) for g in groups for s in g.samples)
+        n_tokens = sum(sampled_count(s) for g in groups for s in g.samples)  # generated, not inserted
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
         metrics.update(batch_metrics([e for g in groups for e in g.episodes]))  # multi-turn episodes only
         metrics.update(train_stats)

@@ -18,8 +18,8 @@ from rlkit.types import Sample
 
 def step_mismatch(engine: PPOActor, samples: Sequence[Sample], recomputed: dict[int, list[float]] | None, *,
                   version: int, temperature: float) -> dict[int, ServerMismatch] | None:
-    """Per server, |trainer - server| over the completion tokens of the samples generated at `version`, the version
-    the trainer holds (before its update); on rank 0, None on the other ranks. Collective.
+    """Per server, |trainer - server| over the completion tokens sampled at `version`, the version the trainer holds
+    (before its update; inserted tokens never count); on rank 0, None on the other ranks. Collective.
 
     The trainer's log-probs are taken at `temperature` (`mismatch.comparison_temperature`): the step's recomputed
     log-probs (`recomputed`, at the sampling temperature) when they are at that temperature, else one more forward

@@ -21,6 +21,7 @@ from rlkit.train.dist import all_reduce_sum
 from rlkit.train.engine import TrainEngine, value_head_model
 from rlkit.train.loss_fns import CriticLoss, state_values
 from rlkit.train.sample_forward import aligned, group_of, micro_batches_idx, minibatch_steps
+from rlkit.train.sampled_tokens import sampled_mask
 from rlkit.types import Sample
 
 _SUMMED = ("loss", "clip_fraction", "value", "return")  # token means of ppo_value_loss's statistics
@@ -105,8 +106,14 @@ class PPOCritic:
 
 def batch_means(samples: Sequence[Sample], values: dict[int, list[float]], returns: list[list[float]]
                 ) -> dict[str, float]:
-    """Token means of the rollout-time values and of the returns over the batch's real completion tokens."""
-    n = sum(len(returns[i]) for i, s in enumerate(samples) if not s.dummy)
-    v = sum(sum(values[i]) for i, s in enumerate(samples) if not s.dummy)
-    r = sum(sum(returns[i]) for i, s in enumerate(samples) if not s.dummy)
+    """Token means of the rollout-time values and of the returns over the batch's real sampled completion tokens
+    (a multi-turn episode's inserted tokens are no states the critic is trained on)."""
+    n, v, r = 0, 0.0, 0.0
+    for i, s in enumerate(samples):
+        if s.dummy:
+            continue
+        sampled = sampled_mask(s)
+        n += sum(sampled)
+        v += sum(x for x, keep in zip(values[i], sampled, strict=True) if keep)
+        r += sum(x for x, keep in zip(returns[i], sampled, strict=True) if keep)
     return {"critic/values_mean": v / max(1, n), "critic/returns_mean": r / max(1, n)}

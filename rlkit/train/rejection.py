@@ -4,6 +4,9 @@ One implementation for both AReaL forms: the older `behav_imp_weight_cap` (AReaL
 weight exceeds the cap) is `RejectionSamplingConfig(level="token", action="mask", metric="ratio", upper=cap)` of
 the current form (areal/utils/functional/functional.py `apply_rejection_sampling` at 4aef98d8). `action="clamp"`
 is truncated importance sampling (verl's TIS): an out-of-bounds weight becomes the bound instead of 0.
+
+`mask` is the packed loss mask, which holds sampled tokens only: a multi-turn episode's inserted tokens carry a
+behaviour log-prob of 0.0 that is no log-prob at all, and no weight, metric or sequence aggregate ever reads it.
 """
 
 from __future__ import annotations

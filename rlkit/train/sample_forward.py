@@ -16,6 +16,7 @@ from rlkit.config.schema_actor import MicroBatchSpec
 from rlkit.train.batch import MicroBatch, dummy_like, pack, split_micro_batches
 from rlkit.train.dist import all_reduce_max
 from rlkit.train.engine import TrainEngine, token_logprobs
+from rlkit.train.sampled_tokens import sampled_count
 from rlkit.types import Sample
 
 
@@ -68,13 +69,14 @@ def minibatch_steps(engine: TrainEngine, samples: Sequence[Sample], minibatches:
                     mb_spec: MicroBatchSpec, loss_fn: Callable[[nn.Module, list[int]], tuple[Tensor, int]], *,
                     mask_truncated: bool) -> tuple[float, float]:
     """One optimizer step per minibatch (this rank's global indices of `samples`), each over its token-budget
-    micro-batches, the loss a mean over the minibatch's trained tokens (a truncated completion counts none when
-    `mask_truncated`). Returns (mean gradient norm, last learning rate): the PPO actor's and critic's update loop."""
+    micro-batches, the loss a mean over the minibatch's trained tokens (sampled ones only: the count must equal the
+    packed loss masks' sum; a truncated completion counts none when `mask_truncated`). Returns (mean gradient norm,
+    last learning rate): the PPO actor's and critic's update loop."""
     grad_norms: list[float] = []
     lr = 0.0
     for idx in minibatches:
         sub = [samples[i] for i in idx]
-        counted = sum(len(s.completion_ids) for s in sub if not s.dummy and (s.finished or not mask_truncated))
+        counted = sum(sampled_count(s) for s in sub if not s.dummy and (s.finished or not mask_truncated))
         step = engine.optimizer_step(micro_batches_idx(sub, idx, mb_spec), loss_fn, counted)
         grad_norms.append(step["grad_norm"])
         lr = step["lr"]

@@ -30,7 +30,8 @@ env, device = init_distributed()
 actor = ActorConfig(path=model, dtype="float32", gradient_checkpointing=opts.get("ckpt", False), attn_impl="sdpa",
                     group_size=4, ppo_n_minibatches=2, kl_loss_coef=opts.get("kl", 0.0),
                     kl_ctl=opts.get("kl_ctl", 0.0), use_decoupled_loss=opts.get("decoupled", False),
-                    use_lora=opts.get("lora", False), lora_rank=8, lora_alpha=16, target_modules=["all-linear"])
+                    use_lora=opts.get("lora", False), lora_rank=8, lora_alpha=16, target_modules=["all-linear"],
+                    importance_sampling_level=opts.get("is_level", "token"))
 actor.optimizer.type = "sgd"
 actor.optimizer.lr = 0.5
 actor.optimizer.weight_decay = 0.0
@@ -44,6 +45,27 @@ for i in range(8):  # uneven lengths so ranks get different token counts and mic
     c = torch.randint(5, 500, (2 + (i * 5) % 7,), generator=g).tolist()
     samples.append(Sample(p, c, [-6.0] * len(c), float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0),
                           server=i % 2))
+WILD = [1e4, float("-inf"), float("nan"), -1e4]  # what an inserted token may carry without changing anything
+if opts.get("multiturn"):  # episodes: sampled turn, inserted tool result, sampled turn (some: inserted tail), mixed
+    samples = []
+    for i in range(8):
+        p = torch.randint(5, 500, (3 + i % 3,), generator=g).tolist()
+        segments = [(1 + i % 3, 1), (2 + i % 4, 0), (1 + (i * 3) % 4, 1)] + ([(2, 0)] if i % 4 == 3 else [])
+        if i == 5:  # a single-turn sample among the episodes
+            segments = [(4, 1)]
+        mask = [m for n, m in segments for _ in range(n)]
+        c = torch.randint(5, 500, (len(mask),), generator=g).tolist()
+        behav = [-6.0 if m else (WILD[j % 4] if opts.get("wild") else 0.0) for j, m in enumerate(mask)]
+        samples.append(Sample(p, c, behav, float(i % 2), 0, True, i // 4, advantage=(1.0 if i % 2 else -1.0),
+                              server=i % 2, loss_mask=None if i == 5 else mask,
+                              token_versions=None if i == 5 else [0 if m else -1 for m in mask]))
+
+
+def plant_wild_advantages():
+    """Huge advantages on inserted tokens, after the advantages were computed (they must stay unread)."""
+    for s in samples:
+        if opts.get("wild") and s.loss_mask is not None:
+            s.token_advantages = [a if m else 1e6 for a, m in zip(s.token_advantages, s.loss_mask)]
 policy = PPOActor.build(actor, rank=env.rank, world=env.world_size, device=device, pad_id=0, temperature=1.0,
                         total_optimizer_steps=4)
 old = policy.logprobs_at(samples)
@@ -66,13 +88,18 @@ if opts.get("critic"):  # PPO's batch: values (gathered), GAE over them, the act
     critic = PPOCritic.build(critic_cfg, actor, rank=env.rank, world=env.world_size, device=device, pad_id=0,
                              total_optimizer_steps=2)
     values = gather_per_sample(critic.values_at(samples))
+    for i, s in enumerate(samples):  # a critic's value at an inserted token is never used (GAE skips the token)
+        if opts.get("wild") and s.loss_mask is not None:
+            values[i] = [v if m else 1e9 for v, m in zip(values[i], s.loss_mask)]
     adv_stats, returns = advantages_and_returns(samples, None, None, actor, values)
+    plant_wild_advantages()
     stats = {**policy.train_step(samples, old, ref), **critic.train_step(samples, values, returns)}
     critic_state = critic.engine.full_state_dict()
     if env.rank == 0:
         save_file({k: v.contiguous() for k, v in critic_state.items()}, out + "/critic.safetensors")
 else:
     adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
+    plant_wild_advantages()
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if actor.use_lora and env.rank == 0:  # only the adapter trained; compared as the merged model a checkpoint holds
@@ -118,11 +145,20 @@ CRITIC = {"mb_tokens": 24, "critic": True}
 LORA_CRITIC = {**CRITIC, "lora": True}
 
 
-@pytest.mark.parametrize("opts", [{}, KL, CRITIC, LORA_CRITIC], ids=["plain", "microbatched-kl", "critic",
-                                                                     "lora-actor-full-critic"])
+# Multi-turn episodes (issue 12): samples whose completions mix sampled tokens with tokens rlkit inserted (loss mask 0),
+# one single-turn sample among them; with GSPO's sequence-level ratio over the sampled tokens, and with a critic.
+MULTITURN_KL = {**KL, "multiturn": True, "is_level": "sequence"}
+MULTITURN_CRITIC = {**CRITIC, "multiturn": True}
+
+
+@pytest.mark.parametrize("opts", [{}, KL, CRITIC, LORA_CRITIC, MULTITURN_KL, MULTITURN_CRITIC],
+                         ids=["plain", "microbatched-kl", "critic", "lora-actor-full-critic", "multiturn-kl-gspo",
+                              "multiturn-critic"])
 def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: dict[str, object]) -> None:
     one = _run(1, tiny_model_dir, tmp_path / "one", opts)
     two = _run(2, tiny_model_dir, tmp_path / "two", opts)
+    if opts.get("multiturn"):
+        _assert_inserted_tokens_change_nothing(tiny_model_dir, tmp_path, opts, one)
     # the log-prob mismatch check adds up both ranks' shares on rank 0 (to the same sums as one rank)
     m1, m2 = one["mismatch"], two["mismatch"]
     assert isinstance(m1, dict) and isinstance(m2, dict) and set(m1) == set(m2) == {"0", "1"}
@@ -156,6 +192,19 @@ def test_two_ranks_train_like_one(tiny_model_dir: Path, tmp_path: Path, opts: di
         critic = _weights(tmp_path / "one", "critic")
         q_proj = "model.layers.0.self_attn.q_proj.weight"
         assert float((critic[q_proj] - before[q_proj]).abs().max()) > 1e-5
+
+
+def _assert_inserted_tokens_change_nothing(model: Path, tmp_path: Path, opts: dict[str, object],
+                                           one: dict[str, object]) -> None:
+    """The same one-rank step with wild behaviour log-probs (huge, infinite, NaN), advantages and critic values on
+    every inserted token: the same weights, statistics and mismatch, to the bit."""
+    wild = _run(1, model, tmp_path / "wild", {**opts, "wild": True})
+    assert wild["mismatch"] == one["mismatch"]
+    assert wild["stats"] == one["stats"]
+    for name in ("weights", "critic") if opts.get("critic") else ("weights",):
+        clean, planted = _weights(tmp_path / "one", name), _weights(tmp_path / "wild", name)
+        for k in clean:
+            torch.testing.assert_close(planted[k], clean[k], rtol=0, atol=0, msg=f"{name} {k}: inserted tokens counted")
 
 
 def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:
