@@ -201,8 +201,11 @@ class TrajectoryBuilder:
         self._ids.extend(ids)
         self._pending = None
         self.turns += 1
-        if finish_reason == "length":
-            self.truncate(MAX_TOTAL_TOKENS if turn.limited_by_total else MAX_TOKENS_PER_TURN)
+        if finish_reason == "length" and turn.limited_by_total:
+            self.truncate(MAX_TOTAL_TOKENS)  # no room for another turn
+        # A turn cut by max_tokens_per_turn does not end the episode: the template's glue closes it and the workflow
+        # decides (a cut tool call gets its error message and another turn). An episode whose LAST turn was cut is
+        # flagged at build(), like an overlong single-turn sample.
 
     def add_inserted(self, text: str) -> bool:
         """Tokenize `text` once and append it, masked; False (nothing appended, flagged truncated) when it would
@@ -253,5 +256,9 @@ class TrajectoryBuilder:
                 mask += [0] * n
                 logp += [0.0] * n
                 versions += [INSERTED_VERSION] * n
+        reason = self.truncation_reason
+        sampled = [s for s in self.segments if isinstance(s, SampledSegment)]
+        if not reason and sampled and sampled[-1].finish_reason == "length":
+            reason = MAX_TOKENS_PER_TURN  # the episode ended on a turn cut short: its answer may be incomplete
         return Trajectory(self.prompt_ids, tuple(self._ids), tuple(mask), tuple(logp), tuple(versions),
-                          tuple(self.segments), self.truncated, self.truncation_reason, self.turns)
+                          tuple(self.segments), bool(reason), reason, self.turns)

@@ -152,12 +152,18 @@ def test_max_turns_flags_truncation(tok: Any) -> None:
     assert b.start_turn() is None and b.build().truncation_reason == "max_turns"
 
 
-def test_per_turn_limit_flags_truncation(tok: Any) -> None:
+def test_a_turn_cut_by_the_per_turn_limit_goes_on_and_only_a_last_cut_turn_flags_the_episode(tok: Any) -> None:
     b = TrajectoryBuilder([5, 6], TrajectoryLimits(max_turns=3, max_total_tokens=100, max_tokens_per_turn=3), tok)
     turn = b.start_turn()
     assert turn is not None and turn.max_new_tokens == 3 and not turn.limited_by_total
     b.add_sampled(turn, [7, 8, 9], [-1.0] * 3, version=0, finish_reason="length")
-    assert b.truncation_reason == "max_tokens_per_turn" and b.start_turn() is None and b.next_turn_budget() == 0
+    assert not b.truncated and b.next_turn_budget() == 3, "the workflow may go on after a cut turn"
+    assert b.build().truncation_reason == "max_tokens_per_turn", "ending on a cut turn: flagged"
+    assert b.add_inserted("ok")
+    second = b.start_turn()
+    assert second is not None
+    b.add_sampled(second, [7], [-1.0], version=0, finish_reason="stop")
+    assert not b.build().truncated, "a cut turn in the middle of a finished episode is no truncation"
 
 
 def test_total_limit_caps_the_next_turn_and_inserted_text(tok: Any) -> None:
