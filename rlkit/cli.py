@@ -215,11 +215,12 @@ def logs(trial: str = TRIAL_ARG,
 
 @app.command(hidden=True)
 def serve(trial_dir: Path = typer.Option(..., help="Trial directory."),
-          index: int = typer.Option(..., help="Server index.")) -> None:
+          index: int = typer.Option(..., help="Server index."),
+          auxiliary: str = typer.Option("", help="Serve this auxiliary model instead of the policy.")) -> None:
     """In-job step: run one inference server and register it in name resolve."""
     from rlkit.steps.serve import run_server
 
-    raise typer.Exit(run_server(trial_dir, index))
+    raise typer.Exit(run_server(trial_dir, index, auxiliary))
 
 
 @app.command(hidden=True)

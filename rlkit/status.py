@@ -52,6 +52,17 @@ class ServerRow:
 
 
 @dataclass
+class AuxiliaryServerRow:
+    """One registered server of an auxiliary model (it never receives the policy's weights)."""
+
+    model: str
+    index: int
+    address: str
+    node: str
+    healthy: bool
+
+
+@dataclass
 class TrialDetail:
     """Everything `rlkit status TRIAL` shows."""
 
@@ -60,6 +71,7 @@ class TrialDetail:
     exit_code: str
     components: list[tuple[str, str, str]]
     servers: list[ServerRow] = field(default_factory=list)
+    auxiliary_servers: list[AuxiliaryServerRow] = field(default_factory=list)
     failed_step: str | None = None
     failed_step_tail: list[str] = field(default_factory=list)
     attempts: list[str] = field(default_factory=list)  # job ids, one per submit/resume
@@ -103,7 +115,8 @@ def trials_table(rows: list[TrialRow]) -> Table:
     return table
 
 
-def _servers(paths: TrialPaths) -> list[ServerRow]:
+def _servers(paths: TrialPaths) -> tuple[list[ServerRow], list[AuxiliaryServerRow]]:
+    """The live servers of the policy and of each auxiliary model, each asked for its health."""
     from rlkit.config.load import load_config
     from rlkit.nameresolve import name_resolve_for, read_servers
 
@@ -111,8 +124,11 @@ def _servers(paths: TrialPaths) -> list[ServerRow]:
     nr = name_resolve_for(config)
     verified = read_progress(paths).get("servers", {})  # versions the trainer read back and fingerprinted
     try:
-        return [ServerRow(r.index, r.address, r.node, answers_health(r.address, timeout=3),
-                          verified.get(str(r.index), r.weight_version)) for r in read_servers(nr)]
+        policy = [ServerRow(r.index, r.address, r.node, answers_health(r.address, timeout=3),
+                            verified.get(str(r.index), r.weight_version)) for r in read_servers(nr)]
+        auxiliary = [AuxiliaryServerRow(entry.name, r.index, r.address, r.node, answers_health(r.address, timeout=3))
+                     for entry in config.auxiliary_models for r in read_servers(nr, entry.name)]
+        return policy, auxiliary
     finally:
         nr.close()
 
@@ -148,7 +164,7 @@ def trial_detail(spec: str) -> TrialDetail:
     detail.last_eval = _last_eval(progress)
     detail.epochs = _epochs(progress, paths.metrics)
     if info.active and paths.config.is_file():
-        detail.servers = _servers(paths)
+        detail.servers, detail.auxiliary_servers = _servers(paths)
     step = failed_step(paths, record.job_id)
     if step:
         detail.failed_step = step
@@ -227,6 +243,13 @@ def print_detail(console: Console, d: TrialDetail) -> None:
         for s in d.servers:
             table.add_row(str(s.index), s.address, s.node, "ok" if s.healthy else "[red]down[/red]",
                           str(s.weight_version))
+        console.print(table)
+    if d.auxiliary_servers:
+        table = Table(title="auxiliary servers")
+        for column in ("model", "index", "address", "node", "health"):
+            table.add_column(column)
+        for a in d.auxiliary_servers:
+            table.add_row(a.model, str(a.index), a.address, a.node, "ok" if a.healthy else "[red]down[/red]")
         console.print(table)
     if d.failed_step:
         console.print(f"[red]step {d.failed_step} failed[/red]; its last log lines:")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, get_field
+from rlkit.config.schema_auxiliary import model_path_fields
 from rlkit.config.site_files import is_local_path
 from rlkit.errors import ConfigError
 
@@ -74,7 +75,7 @@ def host_paths(config: ExperimentConfig) -> list[tuple[str, str]]:
                                                               nr.nfs_record_root if nr.type == "nfs" else "")]
     if nr.type == "etcd3":
         paths += [(f"cluster.name_resolve.{k}", getattr(nr, k)) for k in ("etcd3_cacert", "etcd3_cert", "etcd3_key")]
-    for field in MODEL_FIELDS:
+    for field in (*MODEL_FIELDS, *model_path_fields(config)):
         value = get_field(config, field)
         if isinstance(value, str) and value and is_local_path(value):
             paths.append((field, value))

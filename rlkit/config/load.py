@@ -34,6 +34,7 @@ from rlkit.config.areal_rules import DERIVED
 from rlkit.config.job_type_guess import job_type_of
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_auxiliary import check_entries
 from rlkit.config.schema_walk import schema_paths, section_type
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
@@ -256,6 +257,8 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         return None  # a section given as a value, or an unreadable override: nothing sensible to merge
     data, override_tree, found = areal_to_rlkit(data, override_tree, source=source, problems=problems,
                                                 accepted=accepted, require_type=require_type)
+    check_entries(data, f"in {source}", problems)  # a list of sections: checked before OmegaConf sees it
+    check_entries(override_tree, "in a command-line override", problems)
     cfg = _merge_all(cfg, data, f"in {source}", problems)
     if override_tree:
         cfg = _merge_all(cfg, override_tree, "in a command-line override", problems)

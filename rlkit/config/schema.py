@@ -7,6 +7,7 @@ modules of their own.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,17 +16,22 @@ from omegaconf import MISSING
 from rlkit.config.fields import _f, _sub
 from rlkit.config.schema_actor import ActorConfig
 from rlkit.config.schema_agent import AgentConfig
+from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema_critic import CriticConfig
 from rlkit.config.schema_eval import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema_pairs import DPOConfig, RWConfig
 from rlkit.config.schema_ref import RefConfig
 from rlkit.config.schema_sft import SFTConfig
 
+_INDEXED = re.compile(r"(\w+)\[(\d+)\]")  # `auxiliary_models[0]`: one item of a list of sections
+
 
 def get_field(config: Any, dotted: str) -> Any:
-    """The value of a dotted field path (`launcher.slurm.partition`) of a config or one of its sections."""
+    """The value of a dotted field path (`launcher.slurm.partition`, `auxiliary_models[0].model_path`) of a config
+    or one of its sections."""
     for part in dotted.split("."):
-        config = getattr(config, part)
+        indexed = _INDEXED.fullmatch(part)
+        config = getattr(config, indexed[1])[int(indexed[2])] if indexed else getattr(config, part)
     return config
 
 
@@ -282,6 +288,9 @@ class ExperimentConfig:
     )
     seed: int = _f(1, "Random seed.")
     tokenizer_path: str = _f("", "Tokenizer directory; empty: the model's.")
+    auxiliary_models: list[AuxiliaryModelConfig] = _f(
+        [], "Extra models served beside the policy for reward functions (e.g. an LLM judge), each its own server "
+            "group in the job, reached with rlkit.rewards.auxiliary.auxiliary_model(name) (grpo, ppo).")
     cluster: ClusterConfig = _sub(ClusterConfig, "Cluster.")
     launcher: LauncherConfig = _sub(LauncherConfig, "Launcher.")
     vllm: VllmConfig = _sub(VllmConfig, "vLLM servers.")

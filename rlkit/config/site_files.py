@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rlkit.config.schema import get_field, set_field
+from rlkit.config.schema_auxiliary import model_path_fields
 from rlkit.errors import ConfigError
 
 _IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
@@ -76,6 +77,16 @@ def check_model_dir(field: str, value: str) -> None:
     if is_local_path(value) and not (Path(value) / "config.json").is_file():
         raise ConfigError(f"{field}: '{value}' is not a model directory (no config.json)",
                           hint="point to a Hugging Face model directory on the shared filesystem", site=True)
+
+
+def model_positions(model: str) -> int | None:
+    """A local model's own context length, max_position_embeddings of its config.json (None when unreadable: the
+    model check says why)."""
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 @_os_errors_named
@@ -145,10 +156,11 @@ _MODEL_FIELDS = ("actor.path", "vllm.model", "sglang.model_path", "tokenizer_pat
 
 def make_paths_absolute(config: object, cwd: str) -> None:
     """Rewrite relative local paths of `config` as absolute paths under `cwd` (the submitting directory)."""
-    for dotted in (*_LOCAL_FILE_FIELDS, *_MODEL_FIELDS):
+    models = (*_MODEL_FIELDS, *model_path_fields(config))
+    for dotted in (*_LOCAL_FILE_FIELDS, *models):
         value = get_field(config, dotted)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
             continue
-        if (dotted in _MODEL_FIELDS and not is_local_path(value)) or is_hub_id(value):
+        if (dotted in models and not is_local_path(value)) or is_hub_id(value):
             continue
         set_field(config, dotted, os.path.normpath(os.path.join(cwd, value)))

@@ -7,11 +7,9 @@ that knows how GPUs become nodes; `rlkit.launch.submit.prepare` adds its problem
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.binds import check_binds, parse_mounts
@@ -25,10 +23,12 @@ from rlkit.config.site_files import (
     check_tokenizer_dir,
     check_writable_root,
     is_local_path,
+    model_positions,
 )
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
 from rlkit.config.validate_agent import validate_agent
+from rlkit.config.validate_auxiliary import validate_auxiliary
 from rlkit.config.validate_ref import validate_reference
 from rlkit.config.validate_sampling import validate_greedy, validate_min_new_tokens
 from rlkit.errors import ConfigError
@@ -145,6 +145,7 @@ def validate(config: ExperimentConfig) -> Validated:
         validate_reference(config, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, problems, servers_context(config, allocation))
+    validate_auxiliary(config, job, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 
 
@@ -336,7 +337,7 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
         with problems.check():
             check_tokenizer_dir("tokenizer_path", config.tokenizer_path)
     limit, limit_field = backend.context_length(config), backend.context_field
-    positions = _model_positions(model) if is_local_path(model) else None
+    positions = model_positions(model) if is_local_path(model) else None
     if limit is not None and positions is not None and limit > positions:
         problems.add(f"{limit_field} ({limit}) exceeds the model's context of {positions} tokens "
                      f"(max_position_embeddings of {model}): the servers would refuse to start",
@@ -365,13 +366,4 @@ def servers_context(config: ExperimentConfig, allocation: Allocation | None) -> 
         return None
     backend = backend_for(allocation.server.backend)
     model = server_model(config, backend.name)
-    return backend.context_length(config) or (_model_positions(model) if is_local_path(model) else None)
-
-
-def _model_positions(model: str) -> int | None:
-    """The model's own context length from its config.json (None when unreadable: checked elsewhere)."""
-    try:
-        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
+    return backend.context_length(config) or model_positions(model)

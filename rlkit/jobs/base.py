@@ -36,7 +36,8 @@ class JobType:
     sets use_lora anyway (empty: the generic reason). `prompt_dataset`: the dataset whose prompts go to the servers
     (its max_length must fit their context), empty when none does. `passes_on`: what its checkpoints/final is, for
     the next stage of a multi-stage run (rlkit.launch.stages): "policy" (a causal LM: the next stage's actor.path),
-    "reward_model" (a value model), "" (no model)."""
+    "reward_model" (a value model), "" (no model). `auxiliary`: code of its job (the rollouts' reward functions)
+    may call `auxiliary_models`, so they are served; other job types refuse them (servers nothing would ask)."""
 
     name: str
     help: str
@@ -49,4 +50,5 @@ class JobType:
     lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise
     no_lora: str = ""
     passes_on: str = ""
+    auxiliary: bool = False
     validate: Validator = field(default=_no_checks, compare=False)

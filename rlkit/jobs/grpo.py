@@ -25,5 +25,5 @@ GRPO = JobType(
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.grpo:run_grpo",
     sections=("actor", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig"),
-    prompt_dataset="train_dataset", lora=True, validate=_validate_grpo, passes_on="policy",
+    prompt_dataset="train_dataset", lora=True, validate=_validate_grpo, passes_on="policy", auxiliary=True,
 )

@@ -40,5 +40,5 @@ PPO = JobType(
     needs_servers=True, trainer=True, resumable=True, step="rlkit.train.ppo:run_ppo",
     sections=("actor", "critic", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig"),
-    prompt_dataset="train_dataset", lora=True, validate=_validate_ppo, passes_on="policy",
+    prompt_dataset="train_dataset", lora=True, validate=_validate_ppo, passes_on="policy", auxiliary=True,
 )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig, get_field, set_field
+from rlkit.config.schema_auxiliary import model_path_fields
 from rlkit.config.site_files import DATASET_SUFFIXES, is_hub_id
 from rlkit.errors import ConfigError
 
@@ -31,7 +32,12 @@ class NotInHubCache(ConfigError):
 
 
 def has_hub_ids(config: ExperimentConfig) -> bool:
-    return any(is_hub_id(get_field(config, field)) for field in (*MODEL_FIELDS, *DATASET_FIELDS))
+    return any(is_hub_id(get_field(config, field)) for field in (*model_fields(config), *DATASET_FIELDS))
+
+
+def model_fields(config: ExperimentConfig) -> tuple[str, ...]:
+    """Every field naming a model: the fixed ones and each auxiliary model's model_path."""
+    return (*MODEL_FIELDS, *model_path_fields(config))
 
 
 def hub_cache(config: ExperimentConfig) -> Path:
@@ -44,7 +50,7 @@ def resolve_hub_ids(config: ExperimentConfig, problems: Problems, *, download: b
     `problems` naming the id, the cache and the fix (a site problem: render warns)."""
     cache = hub_cache(config)
     done: dict[tuple[str, str], str] = {}
-    for field in MODEL_FIELDS:
+    for field in model_fields(config):
         repo = get_field(config, field)
         if is_hub_id(repo):
             with problems.check():

@@ -1,13 +1,16 @@
 """Plan (pure): a validated config -> the components and steps of ONE Slurm job (heterogeneous when it has servers).
 
-The job type (rlkit.jobs) says which components there are: the inference servers first when it has any, then its
-work component, a trainer or (for job types without training) a GPU-less client. Each server is its own `srun` step
-(its own log, its own restart later); the trainer/client is one step. Everything the render step needs is decided
-here, so the rendered text holds no logic of its own.
+The job type (rlkit.jobs) says which components there are: the inference servers first when it has any, then one
+component per auxiliary model (rlkit.config.schema_auxiliary), then its work component, a trainer or (for job types
+without training) a GPU-less client, always last. Each server is its own `srun` step (its own log, its own restart);
+the trainer/client is one step. Each component carries its supervision policy (`ComponentPolicy`), which the job
+script reads from a table instead of knowing roles. Everything the render step needs is decided here, so the
+rendered text holds no logic of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 import sys
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from rlkit.config.allocation import Allocation
 from rlkit.config.binds import container_binds
 from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema_auxiliary import AuxiliaryModelConfig, entry_field
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.validate import parse_env_vars, server_model
 from rlkit.errors import ConfigError
@@ -25,13 +29,37 @@ from rlkit.paths import TrialPaths
 from rlkit.servers.backend import backend_for
 
 SERVER_ROLE = "server"
+AUXILIARY_ROLE = "auxiliary"  # the servers of one auxiliary model
 TRAINER_ROLE = "trainer"
 CLIENT_ROLE = "client"
 
 
 @dataclass(frozen=True)
+class ComponentPolicy:
+    """How the job script supervises the steps of one component (its policy table, rlkit.launch.render).
+
+    `work`: the job is done once every work step finished; the other steps (servers) are then stopped. `restart`:
+    "on-exit" restarts a step whenever it exits while the job runs (a server), "on-failure" after a failure unless
+    no training step finished since its last restart (the trainer), "never"; restarts end after recover.retries.
+    `reports_state`: its steps write the step_state the requeue and stop decisions read (rlkit.step_contract)."""
+
+    work: bool
+    restart: str
+    reports_state: bool
+
+
+RESTARTS = ("on-exit", "on-failure", "never")
+ROLE_POLICIES = {
+    SERVER_ROLE: ComponentPolicy(work=False, restart="on-exit", reports_state=False),
+    AUXILIARY_ROLE: ComponentPolicy(work=False, restart="on-exit", reports_state=False),
+    TRAINER_ROLE: ComponentPolicy(work=True, restart="on-failure", reports_state=True),
+    CLIENT_ROLE: ComponentPolicy(work=True, restart="never", reports_state=False),
+}
+
+
+@dataclass(frozen=True)
 class Component:
-    """One component of the heterogeneous job (one `#SBATCH hetjob` block)."""
+    """One component of the heterogeneous job (one `#SBATCH hetjob` block); `name`: which auxiliary model."""
 
     role: str
     nodes: int
@@ -40,6 +68,16 @@ class Component:
     cpus_per_task: int
     mem_per_node_mb: int
     nodelist: str = ""
+    name: str = ""
+
+    @property
+    def policy(self) -> ComponentPolicy:
+        return ROLE_POLICIES[self.role]
+
+    @property
+    def label(self) -> str:
+        """The role, with the auxiliary model's name ("auxiliary judge"), for messages."""
+        return f"{self.role} {self.name}" if self.name else self.role
 
 
 @dataclass(frozen=True)
@@ -82,23 +120,24 @@ class JobPlan:
     trainer_group: int = 0  # the component whose steps Slurm's time-limit warning goes to (the work component)
 
 
-def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, mode: str) -> tuple[int, int]:
-    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes."""
+def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, where: str) -> tuple[int, int]:
+    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes; `where` names
+    the field in messages (allocation_mode 'vllm:d2', auxiliary_models[0] ...)."""
     if gpus_per_unit > gpn:
         raise ConfigError(
-            f"allocation_mode '{mode}': one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",
-            hint="lower the tensor-parallel size t, or set cluster.n_gpus_per_node to what your nodes have",
+            f"{where}: one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",
+            hint="lower the tensor-parallel size, or set cluster.n_gpus_per_node to what your nodes have",
         )
     if gpn % gpus_per_unit:
         raise ConfigError(
-            f"allocation_mode '{mode}': {gpn} GPUs per node do not divide into whole {what}s of {gpus_per_unit} GPUs",
-            hint="choose t so that it divides cluster.n_gpus_per_node",
+            f"{where}: {gpn} GPUs per node do not divide into whole {what}s of {gpus_per_unit} GPUs",
+            hint="choose a tensor-parallel size that divides cluster.n_gpus_per_node",
         )
     if gpus <= gpn:
         return 1, gpus
     if gpus % gpn:
         raise ConfigError(
-            f"allocation_mode '{mode}': the {what}s need {gpus} GPUs, more than one node, so they must fill whole "
+            f"{where}: the {what}s need {gpus} GPUs, more than one node, so they must fill whole "
             f"nodes of {gpn} GPUs",
             hint=f"use a multiple of {gpn} GPUs (e.g. {math.ceil(gpus / gpn) * gpn})",
         )
@@ -109,24 +148,34 @@ def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
     return (python, "-m", "rlkit", *args)
 
 
-def _server_steps(config: ExperimentConfig, alloc: Allocation, paths: TrialPaths, python: str,
-                  component: Component) -> list[Step]:
-    if alloc.server is None:
-        return []
-    server = alloc.server
-    servers_per_node = component.gpus_per_node // server.tp
+def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, component: Component, group: int,
+                  count: int, tp: int) -> list[Step]:
+    """The `count` steps of one server component: the policy's servers (server-<i>), or an auxiliary model's
+    (aux-<name>-<i>, `rlkit serve --auxiliary NAME`), each on its node of the component."""
+    servers_per_node = component.gpus_per_node // tp
     env = tuple(sorted(parse_env_vars("launcher.inference_server_env_vars",
                                       config.launcher.inference_server_env_vars).items()))
-    return [
-        Step(
-            name=f"server-{i}", role=SERVER_ROLE, het_group=0, nodes=1, ntasks=1, gpus_per_node=server.tp,
-            cpus_per_task=component.cpus_per_task, mem_mb=server.tp * config.launcher.inference_server_mem_per_gpu,
+    steps = []
+    for i in range(count):
+        name = f"aux-{component.name}-{i}" if component.name else f"server-{i}"
+        extra = ("--auxiliary", component.name) if component.name else ()
+        steps.append(Step(
+            name=name, role=component.role, het_group=group, nodes=1, ntasks=1, gpus_per_node=tp,
+            cpus_per_task=component.cpus_per_task, mem_mb=tp * config.launcher.inference_server_mem_per_gpu,
             relative_node=i // servers_per_node,
-            argv=_rlkit_argv(python, "serve", "--trial-dir", str(paths.root), "--index", str(i)),
-            env=env, image=config.launcher.slurm.inference_server_image, log=str(paths.step_log(f"server-{i}")),
-        )
-        for i in range(server.dp)
-    ]
+            argv=_rlkit_argv(python, "serve", "--trial-dir", str(paths.root), "--index", str(i), *extra),
+            env=env, image=config.launcher.slurm.inference_server_image, log=str(paths.step_log(name)),
+        ))
+    return steps
+
+
+def _auxiliary_component(config: ExperimentConfig, index: int, entry: AuxiliaryModelConfig) -> Component:
+    """The nodes of one auxiliary model's servers, fitted like the policy's (validation checked the sizes)."""
+    launcher, tp = config.launcher, entry.tensor_parallel_size
+    nodes, gpn = _nodes_for(entry.engine_num * tp, tp, config.cluster.n_gpus_per_node, "server",
+                            f"{entry_field(index, 'engine_num')} ({entry.name})")
+    return Component(AUXILIARY_ROLE, nodes, gpn // tp, gpn, tp * launcher.inference_server_cpus_per_gpu,
+                     gpn * launcher.inference_server_mem_per_gpu, name=entry.name)
 
 
 def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | None = None,
@@ -154,13 +203,17 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
             field_name = backend_for(server.backend).model_field
             raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
                               hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
-        s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", mode)
+        s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", f"allocation_mode '{mode}'")
         components.append(Component(SERVER_ROLE, s_nodes, s_gpn // server.tp, s_gpn,
                                     server.tp * launcher.inference_server_cpus_per_gpu,
                                     s_gpn * launcher.inference_server_mem_per_gpu))
         notes.append(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}")
+    for index, entry in enumerate(config.auxiliary_models):
+        components.append(_auxiliary_component(config, index, entry))
+        notes.append(f"{entry.engine_num} {entry.backend} server(s) of {entry.tensor_parallel_size} GPU(s) serve "
+                     f"auxiliary model {entry.name}: {entry.model_path}")
     if alloc.trainer is not None:
-        t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", mode)
+        t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", f"allocation_mode '{mode}'")
         components.append(Component(TRAINER_ROLE, t_nodes, t_gpn, t_gpn, launcher.trainer_cpus_per_gpu,
                                     t_gpn * launcher.trainer_mem_per_gpu))
         notes.append(f"{alloc.trainer.dp} {alloc.trainer.backend} trainer rank(s), one GPU each")
@@ -168,14 +221,20 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         components.append(Component(CLIENT_ROLE, 1, 1, 0, launcher.client_cpus, launcher.client_mem))
     total_nodes = sum(c.nodes for c in components)
     if total_nodes > cluster.n_nodes:
-        layout = " + ".join(f"{c.nodes} {c.role}" for c in components)
+        layout = " + ".join(f"{c.nodes} {c.label}" for c in components)
+        what = f"allocation_mode '{mode}'" + (" with auxiliary_models" if config.auxiliary_models else "")
         raise ConfigError(
-            f"allocation_mode '{mode}' needs {total_nodes} nodes ({layout}) but cluster.n_nodes is {cluster.n_nodes}",
+            f"{what} needs {total_nodes} nodes ({layout}) but cluster.n_nodes is {cluster.n_nodes}",
             hint=f"set cluster.n_nodes={total_nodes} or use fewer GPUs",
         )
     components = _split_nodelist(components, slurm.nodelist)
 
-    steps = _server_steps(config, alloc, paths, python, components[0])
+    steps = []
+    if alloc.server is not None:
+        steps += _server_steps(config, paths, python, components[0], 0, alloc.server.dp, alloc.server.tp)
+    for group, entry in enumerate(config.auxiliary_models, start=1 if alloc.server is not None else 0):
+        steps += _server_steps(config, paths, python, components[group], group, entry.engine_num,
+                               entry.tensor_parallel_size)
     trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
     work_group = len(components) - 1
     last = components[work_group]
@@ -221,7 +280,8 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
 
 
 def _split_nodelist(components: list[Component], nodelist: str) -> list[Component]:
-    """Give each component its slice of launcher.slurm.nodelist, in order (servers first)."""
+    """Give each component its slice of launcher.slurm.nodelist, in order (servers, auxiliary models, the
+    trainer)."""
     if not nodelist:
         return components
     try:
@@ -232,12 +292,12 @@ def _split_nodelist(components: list[Component], nodelist: str) -> list[Componen
     if len(hosts) != needed:
         raise ConfigError(
             f"launcher.slurm.nodelist names {len(hosts)} nodes but the job needs exactly {needed}",
-            hint=f"list {needed} nodes (servers take the first ones), or use launcher.slurm.exclude instead",
+            hint=f"list {needed} nodes (servers take the first ones, then auxiliary models, then the trainer), or "
+                 "use launcher.slurm.exclude instead",
         )
     out: list[Component] = []
     start = 0
     for c in components:
-        out.append(Component(c.role, c.nodes, c.ntasks_per_node, c.gpus_per_node, c.cpus_per_task,
-                             c.mem_per_node_mb, nodelist=",".join(hosts[start:start + c.nodes])))
+        out.append(dataclasses.replace(c, nodelist=",".join(hosts[start:start + c.nodes])))
         start += c.nodes
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rlkit.config.problems import Problems
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.launch import slurm
-from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, Component, JobPlan
+from rlkit.launch.plan import AUXILIARY_ROLE, CLIENT_ROLE, SERVER_ROLE, Component, JobPlan
 
 # node states in which Slurm will not start new work on a node (scontrol prints e.g. IDLE+DRAIN, DOWN*, MIXED)
 _UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN", "INVAL", "FUTURE", "MAINT",
@@ -96,12 +96,12 @@ def read_partition(name: str) -> tuple[Partition | None, list[str]]:
 
 
 def _component_name(component: Component, plan: JobPlan) -> str:
-    return f"the {component.role} component" if len(plan.components) > 1 else "the job"
+    return f"the {component.label} component" if len(plan.components) > 1 else "the job"
 
 
 def _resource_fields(role: str) -> tuple[str, str]:
     """The launcher fields that size a component's CPUs and memory."""
-    if role == SERVER_ROLE:
+    if role in (SERVER_ROLE, AUXILIARY_ROLE):  # an auxiliary model's servers are sized as the policy's
         return "launcher.inference_server_cpus_per_gpu", "launcher.inference_server_mem_per_gpu"
     if role == CLIENT_ROLE:
         return "launcher.client_cpus", "launcher.client_mem"

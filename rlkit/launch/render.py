@@ -91,16 +91,24 @@ def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
     return (*env, *srun, *inner)
 
 
+def policy_table(plan: JobPlan) -> list[str]:
+    """The supervisor's policy table: one `component_policy GROUP ROLE WORK RESTART REPORTS_STATE` line per
+    component (rlkit.launch.plan.ComponentPolicy), so the script decides by the table, never by a role's name."""
+    return [f"component_policy {group} {c.role} {int(c.policy.work)} {c.policy.restart} {int(c.policy.reports_state)}"
+            for group, c in enumerate(plan.components)]
+
+
 def render_script(plan: JobPlan) -> str:
     """The sbatch script for a plan (deterministic: the same plan gives the same text)."""
     lines = ["#!/bin/bash", f"# rlkit {__version__}: trial {plan.trial_dir}", "#"]
     lines += [f"# {note}" for note in plan.notes]
     for index, component in enumerate(plan.components):
         lines += _component_lines(index, component, plan)
-    steps = []
+    steps = policy_table(plan)
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")
-        steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}", f"start_step {step.name} {step.role} {fn}"]
+        steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}",
+                  f"start_step {step.name} {step.het_group} {fn}"]
     span = (f"--het-group={','.join(str(i) for i in range(len(plan.components)))}",) if len(plan.components) > 1 \
         else ()
     body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,

@@ -2,10 +2,11 @@
 # shellcheck disable=SC2317  # functions run indirectly: the traps, and start_step's "$fn"
 # The body of every rlkit job script: rlkit.launch.render puts the #SBATCH lines above it and fills in the fields
 # between @ signs. It starts every step in the background and supervises them: it exits non-zero as soon as any step
-# fails (after stopping the others), stops the servers once the trainer/client step succeeds, restarts a failed
-# trainer or server step, requeues the job when the trainer checkpointed before the time limit, and forwards a TERM
-# from Slurm to every step, so no step is ever left running. What the trainer tells it (its step_state file, its
-# exit codes) is rlkit.step_contract's.
+# fails (after stopping the others), stops the servers once the work steps (trainer/client) succeed, restarts failed
+# steps, requeues the job when the trainer checkpointed before the time limit, and forwards a TERM from Slurm to
+# every step, so no step is ever left running. What it does with each step is its component's entry in the policy
+# table (rlkit.launch.plan.ComponentPolicy, one component_policy line each), never a role's name. What the trainer
+# tells it (its step_state file, its exit codes) is rlkit.step_contract's.
 set -u
 cd @TRIAL_DIR@ || exit 1
 echo "rlkit: job $SLURM_JOB_ID on $(hostname)"
@@ -23,18 +24,32 @@ NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()
-ROLES=()
+GROUPS_OF=()  # each step's component (het group): its row of the policy table
 
 FNS=()
 RESTARTS=()
 LAST_STEP=()
 
-start_step() {  # start_step NAME ROLE FUNCTION: run one srun step (a function holding its command) in the background
-  local name=$1 role=$2 fn=$3
+# The policy table, one row per component (het group), filled by component_policy lines before the steps start:
+POLICY_ROLE=()     # its role, for messages
+POLICY_WORK=()     # 1: the job is done once every work step finished; 0: its steps are stopped then (servers)
+POLICY_RESTART=()  # on-exit: restarted whenever it exits while the job runs; on-failure: after a failure, unless no
+                   # training step finished since its last restart; never
+POLICY_STATE=()    # 1: its steps write the step_state the requeue and stop decisions read (the trainer)
+
+component_policy() {  # component_policy GROUP ROLE WORK RESTART REPORTS_STATE: one row of the policy table
+  POLICY_ROLE[$1]=$2
+  POLICY_WORK[$1]=$3
+  POLICY_RESTART[$1]=$4
+  POLICY_STATE[$1]=$5
+}
+
+start_step() {  # start_step NAME GROUP FUNCTION: run one srun step (a function holding its command) in the background
+  local name=$1 group=$2 fn=$3
   "$fn" &
   PIDS+=("$!")
   NAMES+=("$name")
-  ROLES+=("$role")
+  GROUPS_OF+=("$group")
   FNS+=("$fn")
   RESTARTS+=(0)
   LAST_STEP+=("$(trained_step)")
@@ -115,23 +130,27 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
 }
 trap on_time_limit USR1
 
-supervise() {  # wait until the job is done: returns 0 when the last non-server step succeeded
-  local i pid rc name role busy
+supervise() {  # wait until the job is done: returns 0 when the last work step succeeded
+  local i pid rc name role group work restart state busy
   while true; do
     busy=0
     for i in "${!PIDS[@]}"; do
       pid=${PIDS[$i]}
       [ -z "$pid" ] && continue
+      group=${GROUPS_OF[$i]}
       if kill -0 "$pid" 2>/dev/null; then
-        [ "${ROLES[$i]}" != server ] && busy=1
+        [ "${POLICY_WORK[$group]}" = 1 ] && busy=1
         continue
       fi
       wait "$pid"
       rc=$?
       name=${NAMES[$i]}
-      role=${ROLES[$i]}
+      role=${POLICY_ROLE[$group]}
+      work=${POLICY_WORK[$group]}
+      restart=${POLICY_RESTART[$group]}
+      state=${POLICY_STATE[$group]}
       PIDS[i]=""
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_REQUEUE" ]; then
+      if [ "$state" = 1 ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_REQUEUE" ]; then
         if [ "${SLURM_RESTART_COUNT:-0}" -lt "$RETRIES" ]; then
           echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
@@ -144,7 +163,7 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         stop_steps
         return "$EXIT_REQUEUE"
       fi
-      if [ "$role" = trainer ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_STOPPED" ]; then
+      if [ "$state" = 1 ] && [ "$rc" -eq 0 ] && [ "$(trainer_status)" = "$STATUS_STOPPED" ]; then
         echo "rlkit: the trainer checkpointed and stopped on request; stopping the servers"
         stop_steps
         # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
@@ -158,7 +177,7 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         stop_steps
         return "$rc"
       fi
-      if [ "$rc" -ne 0 ] && [ "$role" = trainer ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+      if [ "$rc" -ne 0 ] && [ "$restart" = on-failure ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
         if [ "${RESTARTS[$i]}" -gt 0 ] && [ "$(trained_step)" = "${LAST_STEP[$i]}" ]; then
           echo "rlkit: step $name failed with exit code $rc again without finishing a step since its last" \
             "restart (crash loop); not retrying"
@@ -171,8 +190,8 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         busy=1
         continue
       fi
-      if [ "$role" = server ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
-        echo "rlkit: server step $name exited (code $rc) while the job was running; restarting it"
+      if [ "$restart" = on-exit ] && [ "${RESTARTS[$i]}" -lt "$RETRIES" ]; then
+        echo "rlkit: $role step $name exited (code $rc) while the job was running; restarting it"
         restart_step "$i"
         continue
       fi
@@ -181,8 +200,8 @@ supervise() {  # wait until the job is done: returns 0 when the last non-server 
         stop_steps
         return "$rc"
       fi
-      if [ "$role" = server ]; then
-        echo "rlkit: server step $name exited while the job was running; stopping the other steps"
+      if [ "$work" != 1 ]; then
+        echo "rlkit: $role step $name exited while the job was running; stopping the other steps"
         stop_steps
         return 1
       fi

@@ -22,12 +22,21 @@ from rlkit.nameresolve.base import (
     NameResolveTimeoutError,
 )
 from rlkit.nameresolve.nfs import NfsNameResolve
-from rlkit.nameresolve.servers import SERVERS_KEY, ServerRecord, check_address, read_servers, server_key
+from rlkit.nameresolve.servers import (
+    AUXILIARY_KEY,
+    SERVERS_KEY,
+    ServerRecord,
+    auxiliary_prefix,
+    check_address,
+    read_servers,
+    server_key,
+)
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
 
 __all__ = [
+    "AUXILIARY_KEY",
     "SERVERS_KEY",
     "NameEntryExistsError",
     "NameEntryNotFoundError",
@@ -36,6 +45,7 @@ __all__ = [
     "NameResolveTimeoutError",
     "NfsNameResolve",
     "ServerRecord",
+    "auxiliary_prefix",
     "check_address",
     "make_name_resolve",
     "name_resolve_for",

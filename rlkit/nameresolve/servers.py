@@ -18,13 +18,21 @@ from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.records import warn_once
 
 SERVERS_KEY = "servers"  # inference servers register as servers/<index>
+# The servers of auxiliary model NAME register as auxiliary/<NAME>/<index>: outside servers/, so rollouts, weight
+# updates, fingerprints and the policy's status rows never see them.
+AUXILIARY_KEY = "auxiliary"
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
-def server_key(index: int) -> str:
-    """The name-resolve key of inference server `index`."""
-    return f"{SERVERS_KEY}/{index}"
+def server_key(index: int, auxiliary: str = "") -> str:
+    """The name-resolve key of inference server `index` (of auxiliary model `auxiliary` when given)."""
+    return f"{auxiliary_prefix(auxiliary)}/{index}" if auxiliary else f"{SERVERS_KEY}/{index}"
+
+
+def auxiliary_prefix(name: str) -> str:
+    """Where the servers of auxiliary model `name` register."""
+    return f"{AUXILIARY_KEY}/{name}"
 
 
 def check_address(address: object) -> str:
@@ -82,13 +90,14 @@ def parse_server_record(value: str) -> ServerRecord:
                         weight_version=entry.get("weight_version"))
 
 
-def read_servers(nr: NameResolve) -> list[ServerRecord]:
-    """The live, well-formed server records, by index; each malformed one is skipped with a warning (once)."""
+def read_servers(nr: NameResolve, auxiliary: str = "") -> list[ServerRecord]:
+    """The live, well-formed server records of the policy (of auxiliary model `auxiliary` when given), by index;
+    each malformed one is skipped with a warning (once)."""
     servers = []
-    for key, value in nr.list_subtree(SERVERS_KEY).items():
+    for key, value in nr.list_subtree(auxiliary_prefix(auxiliary) if auxiliary else SERVERS_KEY).items():
         try:
             record = parse_server_record(value)
-            if key != server_key(record.index):
+            if key != server_key(record.index, auxiliary):
                 raise ValueError(f"its index {record.index} does not match its key")
         except ValueError as e:
             warn_once(f"server {nr.describe_entry(key)}", str(e))

@@ -5,7 +5,9 @@ threads); a call past `timeout` has its worker killed and the next call starts a
 because a thread stuck in user code cannot be stopped: every hang would keep a pool thread (and a core) busy for good.
 
 A worker loads the function by reference (module:function, pickled) and, if the function has a `warmup()` attribute,
-calls it before taking calls, so slow imports are not charged to the first call. Whatever goes wrong in a call (an
+calls it before taking calls, so slow imports are not charged to the first call. `env` is added to the worker's
+environment before the function is loaded (how a reward function finds the trial's auxiliary models: a forkserver
+started earlier would not see the trainer's later changes to its own environment). Whatever goes wrong in a call (an
 exception, a non-number or non-finite result, a timeout, a dead worker) scores 0.0 with an error string and is
 counted; nothing is raised out of `score()`.
 """
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import multiprocessing
+import os
 import pickle
 import signal
 from dataclasses import dataclass
@@ -59,9 +62,10 @@ def as_reward(value: object) -> float:
     return result
 
 
-def _worker_main(conn: Connection, payload: bytes) -> None:
+def _worker_main(conn: Connection, payload: bytes, env: dict[str, str]) -> None:
     """Worker process: load the function, say ready, then answer (prompt, completion, row) calls until EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which closes the runner
+    os.environ.update(env)
     try:
         fn = pickle.loads(payload)
         warmup = getattr(fn, "warmup", None)
@@ -86,10 +90,10 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
 class _Worker:
     """One worker process and the runner's end of its pipe."""
 
-    def __init__(self, ctx: BaseContext, payload: bytes) -> None:
+    def __init__(self, ctx: BaseContext, payload: bytes, env: dict[str, str]) -> None:
         self.conn, child = ctx.Pipe()
         self.process: BaseProcess = ctx.Process(  # type: ignore[attr-defined]
-            target=_worker_main, args=(child, payload), name="rlkit-reward-worker", daemon=True)
+            target=_worker_main, args=(child, payload, env), name="rlkit-reward-worker", daemon=True)
         self.process.start()
         child.close()  # so the runner sees EOF when the worker dies
         self.killed = False
@@ -144,7 +148,8 @@ class RewardRunner:
     `calls`, `errors` and `timeouts` count finished calls; a timed-out call counts in `timeouts` only.
     """
 
-    def __init__(self, fn: Any, timeout: float, workers: int = 4, *, startup_timeout: float = 120.0) -> None:
+    def __init__(self, fn: Any, timeout: float, workers: int = 4, *, startup_timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if workers < 1:
@@ -155,6 +160,7 @@ class RewardRunner:
             raise TypeError(f"the reward function {fn!r} cannot be pickled by reference, so it cannot be sent to "
                             f"worker processes ({exc}); define it with `def` at the top level of a module") from exc
         self.fn = fn
+        self.env = dict(env or {})
         self.timeout = float(timeout)
         self.workers = workers
         self.startup_timeout = float(startup_timeout)
@@ -197,7 +203,7 @@ class RewardRunner:
         reusable = False
         try:
             if worker is None:
-                worker = _Worker(self._ctx, self._payload)
+                worker = _Worker(self._ctx, self._payload, self.env)
                 self._live.add(worker)
                 if not await _readable(worker.conn, self.startup_timeout):
                     return RewardOutcome(0.0, f"the reward worker did not start within {self.startup_timeout:g} s")

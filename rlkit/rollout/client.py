@@ -20,27 +20,31 @@ from rlkit.servers.health import answers_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 
 
-def discover_servers(nr: NameResolve) -> list[Server]:
-    """The live servers registered now, by index (malformed records are skipped: `read_servers`)."""
-    return [Server(index=r.index, address=r.address, model=r.model, backend=r.backend) for r in read_servers(nr)]
+def discover_servers(nr: NameResolve, auxiliary: str = "") -> list[Server]:
+    """The live servers of the policy (of auxiliary model `auxiliary` when given) registered now, by index
+    (malformed records are skipped: `read_servers`)."""
+    return [Server(index=r.index, address=r.address, model=r.model, backend=r.backend)
+            for r in read_servers(nr, auxiliary)]
 
 
 def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float = 1.0, *,
-                     healthy: bool = False) -> list[Server]:
-    """Wait until `expected` servers are registered and live (and, with `healthy`, answer /health); StepError
-    naming what is missing on timeout."""
+                     healthy: bool = False, auxiliary: str = "") -> list[Server]:
+    """Wait until `expected` servers (of auxiliary model `auxiliary` when given) are registered and live (and, with
+    `healthy`, answer /health); StepError naming what is missing on timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        servers = discover_servers(nr)
+        servers = discover_servers(nr, auxiliary)
         if healthy:
             servers = [s for s in servers if answers_health(s.address)]
         if len(servers) >= expected:
             return servers
         if time.monotonic() >= deadline:
-            seen = ", ".join(server_key(s.index) for s in servers) or "none"
-            raise StepError(f"waited {timeout:.0f} s for {expected} inference servers to register in "
-                            f"{nr.describe_location()}; registered: {seen}. Check the server-N.log files "
-                            f"(rlkit logs TRIAL --step server-0)")
+            seen = ", ".join(server_key(s.index, auxiliary) for s in servers) or "none"
+            what, step = (f"servers of auxiliary model {auxiliary}", f"aux-{auxiliary}-0") if auxiliary else \
+                ("inference servers", "server-0")
+            raise StepError(f"waited {timeout:.0f} s for {expected} {what} to register in "
+                            f"{nr.describe_location()}; registered: {seen}. Check their step logs "
+                            f"(rlkit logs TRIAL --step {step})")
         time.sleep(poll)
 
 

@@ -7,11 +7,16 @@ that answers one is stopped and the step exits with NO_RETRY_EXIT, which the bat
 extra_args stop the step before anything starts. The entry is kept alive with a heartbeat while the server runs,
 removed on exit; SIGTERM/SIGINT go to the server. The server's stdout+stderr reach the step's output (the trial's
 server log) only through rlkit.servers.log_redact, with the token blanked: engines print their arguments.
+
+With `auxiliary`, the step serves one of `auxiliary_models` instead of the policy: the same guard, health check and
+heartbeat, its own model and size, registered as `auxiliary/<name>/<index>`, where rollouts and weight updates never
+look (so it is never sent weights), and started without LoRA or a weight-transfer group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -23,7 +28,8 @@ from types import FrameType
 
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema import ExperimentConfig, set_field
+from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
 from rlkit.config.validate import server_model
 from rlkit.errors import FatalStepError, StepError
 from rlkit.jobenv import JobEnv, advertised_host
@@ -62,22 +68,50 @@ def launch_env(launch: ServerLaunch) -> dict[str, str]:
     return env
 
 
-def run_server(trial_dir: Path, index: int) -> int:
-    """Run server `index` of the trial until it exits or the step is told to stop; return the exit code."""
-    paths = TrialPaths(Path(trial_dir))
-    config = load_config(paths.config)
+def auxiliary_server_config(config: ExperimentConfig, entry: AuxiliaryModelConfig) -> ExperimentConfig:
+    """The config an auxiliary model's server is started from: its backend's section with the entry's model and
+    context length, and nothing of the policy's training (no LoRA adapters, no weight-transfer group)."""
+    derived = copy.deepcopy(config)
+    backend = backend_for(entry.backend)
+    set_field(derived, backend.model_field, entry.model_path)
+    set_field(derived, backend.context_field, entry.max_model_len)
+    derived.actor.use_lora = False
+    derived.actor.weight_update_mode = "disk"  # the servers' start does not join a broadcast group
+    return derived
+
+
+def _what_to_serve(config: ExperimentConfig, index: int, auxiliary: str) -> tuple[ExperimentConfig, str, int]:
+    """(the config the server starts from, its backend, its tensor-parallel size) for server `index`."""
+    if auxiliary:
+        entry = next((e for e in config.auxiliary_models if e.name == auxiliary), None)
+        if entry is None or not 0 <= index < entry.engine_num:
+            raise StepError(f"auxiliary server {auxiliary}/{index} is not part of the trial's auxiliary_models")
+        return auxiliary_server_config(config, entry), entry.backend, entry.tensor_parallel_size
     alloc = parse_allocation(config.allocation_mode)
     if alloc.server is None or not 0 <= index < alloc.server.dp:
         raise StepError(f"server index {index} is not part of allocation_mode {config.allocation_mode}")
-    backend, tp = backend_for(alloc.server.backend), alloc.server.tp
+    return config, alloc.server.backend, alloc.server.tp
+
+
+def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
+    """Run server `index` of the trial (of auxiliary model `auxiliary` when given) until it exits or the step is
+    told to stop; return the exit code."""
+    paths = TrialPaths(Path(trial_dir))
+    config, backend_name, tp = _what_to_serve(load_config(paths.config), index, auxiliary)
+    backend = backend_for(backend_name)
     token = read_token(paths)
     port = find_free_port("0.0.0.0")
-    # secrets the server reads from a file (SGLang's key) go beside the trial token
-    launch = server_launch(config, backend, tp, port, token=token, secret_dir=paths.token.parent, index=index)
+    # secrets the server reads from a file (SGLang's key) go beside the trial token; an auxiliary model's in a
+    # directory of its own (the files are named by server index)
+    secret_dir = paths.token.parent / f"auxiliary-{auxiliary}" if auxiliary else paths.token.parent
+    secret_dir.mkdir(mode=0o700, exist_ok=True)
+    launch = server_launch(config, backend, tp, port, token=token, secret_dir=secret_dir, index=index)
     argv, env = launch.argv, launch_env(launch)
     slurm = JobEnv.from_environ()
     node = slurm.node_name
-    print(f"rlkit serve: server {index} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
+    key = server_key(index, auxiliary)
+    what = f"auxiliary server {auxiliary}/{index}" if auxiliary else f"server {index}"
+    print(f"rlkit serve: {what} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
           flush=True)
     # the server's output reaches our log only through the copy, the token blanked (engines print their arguments)
     proc, output = popen_redacted(argv, [token], env=env, preexec_fn=_die_with_parent)
@@ -86,7 +120,7 @@ def run_server(trial_dir: Path, index: int) -> int:
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
-        print(f"rlkit serve: got signal {signum}; stopping server {index}", flush=True)
+        print(f"rlkit serve: got signal {signum}; stopping {what}", flush=True)
         proc.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, forward)
@@ -103,9 +137,9 @@ def run_server(trial_dir: Path, index: int) -> int:
             "node": node, "pid": proc.pid,
             "started_at": time.time(),
         }
-        nr.add(server_key(index), json.dumps(entry), replace=True, keepalive=True)
-        print(f"rlkit serve: server {index} healthy and guarded after {time.monotonic() - started:.1f} s; registered "
-              f"{server_key(index)}", flush=True)
+        nr.add(key, json.dumps(entry), replace=True, keepalive=True)
+        print(f"rlkit serve: {what} healthy and guarded after {time.monotonic() - started:.1f} s; registered "
+              f"{key}", flush=True)
         rc = proc.wait()
     except BaseException:
         if stopping:
@@ -119,7 +153,7 @@ def run_server(trial_dir: Path, index: int) -> int:
         output.join(LAST_OUTPUT_TIMEOUT)
     if stopping:
         return 0
-    print(f"rlkit serve: server {index} exited with code {rc}", flush=True)
+    print(f"rlkit serve: {what} exited with code {rc}", flush=True)
     return rc if rc != 0 else 1
 
 

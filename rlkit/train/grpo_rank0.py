@@ -107,6 +107,7 @@ class Rank0:
                  steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards import resolve_reward_fn
+        from rlkit.rewards.auxiliary import trial_environment
         from rlkit.rewards.model_reward import REWARD_MODEL
         from rlkit.rewards.runner import RewardRunner
         from rlkit.servers.sampling import sampling_params
@@ -123,7 +124,8 @@ class Rank0:
         reward = config.reward
         # a reward model is loaded in every worker: one worker, one copy of it
         self.reward = RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path),
-                                   reward.timeout, workers=1 if reward.fn.strip() == REWARD_MODEL else 4)
+                                   reward.timeout, workers=1 if reward.fn.strip() == REWARD_MODEL else 4,
+                                   env=trial_environment(paths.root))  # auxiliary models are found from it
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
         self.version = int(resumed["version"]) if resumed is not None else 0
         self.consumed = (recover.expand_positions(resumed["consumed_prefix"], resumed["consumed_extra"])
@@ -165,6 +167,8 @@ class Rank0:
         from rlkit.servers.http import server_client
 
         transport.start()  # drops what a previous attempt left (its versions are stale)
+        if self.config.auxiliary_models:  # before the first rollout: no reward function meets a starting server
+            self._wait_for_auxiliary()
         servers = self.controller.start()
         token = self.token
 
@@ -175,6 +179,15 @@ class Rank0:
         self.controller.run(resume_all, timeout=120)
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
+
+    def _wait_for_auxiliary(self) -> None:
+        from rlkit.nameresolve import name_resolve_for
+        from rlkit.rewards.auxiliary import wait_for_auxiliary
+
+        with name_resolve_for(self.config) as nr:
+            found = wait_for_auxiliary(self.config, nr, self.config.rollout.setup_timeout)
+        print("rlkit train: auxiliary models " + "; ".join(f"{name} at {', '.join(addresses)}"
+                                                           for name, addresses in found.items()), flush=True)
 
     def attach_evaluator(self, prompts: list[Prompt], *, on_startup: bool) -> None:
         """Evaluate on `prompts` as evaluator.freq_* says (rlkit.train.evaluator); `on_startup`: once now, too."""

@@ -31,19 +31,22 @@ def _command_lines(script: str) -> dict[str, str]:
 
 
 def _start_lines(script: str) -> list[list[str]]:
-    """[name, role, *argv] of every started step, the command parsed back the way bash will."""
+    """[name, het group, *argv] of every started step, the command parsed back the way bash will."""
     commands = _command_lines(script)
     out = []
     for line in script.splitlines():
         if line.startswith("start_step "):
-            name, role, fn = shlex.split(line)[1:]
-            out.append([name, role, *shlex.split(commands[fn])])
+            name, group, fn = shlex.split(line)[1:]
+            out.append([name, group, *shlex.split(commands[fn])])
     return out
 
 
 # A trainer-only job (no servers, one component).
 TRAINER_ONLY = ("sft-cpu-demo", [])
 GOLDEN_CASES = {p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}
+# Three components: the policy's servers, an auxiliary judge's servers (two of four GPUs each), the trainer.
+GOLDEN_CASES["grpo-judge"] = ("grpo", ["cluster.n_nodes=3", "auxiliary_models=[{name: judge, model_path: "
+                                       "/storage/models/judge, engine_num: 2, tensor_parallel_size: 4}]"])
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
@@ -76,7 +79,7 @@ def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:
                                                                        "/storage/rlkit/gsm8k-grpo/qwen1p5b_run1")
     script = render_script(plan)
     first = _start_lines(script)[0]
-    assert first[:2] == ["server-0", "server"]
+    assert first[:2] == ["server-0", "0"]
     assert "apptainer" in first and "--nv" in first
     bind = first[first.index("--bind") + 1]
     assert bind.split(",") == ["/storage:/storage"]  # fileroot and name-resolve root lie under it
@@ -199,7 +202,7 @@ def test_trainer_only_job_has_one_component_and_no_server_steps() -> None:
     script = render_script(plan)
     assert "hetjob" not in script and "--het-group" not in script and "TRAINER_GROUP=0 " in script
     assert "NODE_CHECK_SPAN=()  #" in script  # the node check spans the one component
-    assert [line[:2] for line in _start_lines(script)] == [["sft", "trainer"]]
+    assert [line[:2] for line in _start_lines(script)] == [["sft", "0"]]
     assert not any(s.role == SERVER_ROLE for s in plan.steps)
 
 

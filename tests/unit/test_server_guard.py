@@ -274,7 +274,8 @@ def run_supervisor(tmp_path: Path, server_exit: int) -> tuple[int, int, str]:
         "STOP_GRACE=1",
         f"cmd_server() {{ echo run >> runs.txt; exit {server_exit}; }}",
         "cmd_trainer() { while [ ! -e done ]; do sleep 0.1; done; }",
-        "start_step server-0 server cmd_server", "start_step trainer trainer cmd_trainer",
+        "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
+        "start_step server-0 0 cmd_server", "start_step trainer 1 cmd_trainer",
     ])
     script = 'scancel() { echo "$*" >> scancel.txt; }\ntimeout() { return 0; }  # the node check passes\n' + body
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
