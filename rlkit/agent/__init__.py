@@ -1,0 +1,1 @@
+"""Multi-turn, tool-using agent rollouts: tools, trajectories and the sandbox the code tool runs in."""
