@@ -122,8 +122,8 @@ def run_python(
     problems = code_limit_problems(limits)
     if problems:
         return _failed("the code tool is misconfigured: " + "; ".join(f"{f} {m}" for f, m, _ in problems))
-    if not isinstance(code, str) or "\0" in code:
-        return _failed("the code must be text without NUL characters")
+    if not _is_clean_text(code):
+        return _failed("the code must be UTF-8 text without NUL characters")
     uid, gid = _sandbox_user()
     notes: list[str] = []
     interpreter = _interpreter(python, uid, notes)
@@ -169,6 +169,16 @@ class CodeTool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _is_clean_text(code: object) -> bool:
+    if not isinstance(code, str) or "\0" in code:
+        return False
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates cannot be passed to the child
+        return False
+    return True
 
 
 def _failed(error: str) -> CodeResult:

@@ -291,6 +291,25 @@ import planted
     assert result.error == "the program exited with status 1: ModuleNotFoundError: No module named 'planted'"
 
 
+def test_the_code_sees_only_its_own_processes(scratch_root: Path) -> None:
+    result = run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", scratch_root)
+    assert result.output == "[1, 2]\n"  # the guard and the runner: a private /proc of a private pid namespace
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("print(1)\0", "the code must be UTF-8 text without NUL characters"),
+        ("print('\ud800')", "the code must be UTF-8 text without NUL characters"),
+        ("x = 1\n" * 40_000, "the code is too long for the code tool (at most about 100 KB)"),
+    ],
+)
+def test_code_that_cannot_be_passed_on_is_a_result(scratch_root: Path, code: str, error: str) -> None:
+    result = run(code, scratch_root)
+    assert (result.ok, result.error) == (False, error)
+    assert list(scratch_root.iterdir()) == []
+
+
 def test_many_concurrent_runs_through_the_async_api_all_finish(scratch_root: Path) -> None:
     async def main() -> list[CodeResult]:
         tool = CodeTool(CodeLimits(max_concurrent=4), scratch_root)
