@@ -104,6 +104,7 @@ class CodeResult:
     seconds: float
     killed_by: str | None = None  # the limit that ended the run: "time", "cpu", "memory" or "output"
     max_rss_mb: float | None = None  # the code's peak resident memory, when its guard could report it
+    cpu_seconds: float | None = None  # the code's CPU time, when its guard could report it
     notes: tuple[str, ...] = ()  # isolation that did not hold on this node (for logs and metrics, not the model)
 
     def tool_text(self) -> str:
@@ -261,10 +262,10 @@ def _describe(run: ChildRun, limits: CodeLimits, namespaces: bool, notes: list[s
         error = run.start_error
     elif error is None:
         error = _exit_error(run, output)
-    rss_kb = run.facts.get("max_rss_kb")
+    rss_kb, cpu = run.facts.get("max_rss_kb"), run.facts.get("cpu_seconds")
     return CodeResult(ok=error is None, output=output, error=error, seconds=round(run.seconds, 3),
                       killed_by=killed_by, max_rss_mb=rss_kb / 1024 if isinstance(rss_kb, int) else None,
-                      notes=tuple(notes))
+                      cpu_seconds=cpu if isinstance(cpu, float) else None, notes=tuple(notes))
 
 
 def _limit_hit(run: ChildRun, limits: CodeLimits) -> tuple[str | None, str | None]:

@@ -17,6 +17,7 @@ from typing import Any
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
 MAX_ARGUMENT_BYTES = 120_000  # one argv string may hold 128 KiB on Linux (MAX_ARG_STRLEN)
 STATUS_CAP = 65_536
+STOP_GRACE_SECONDS = 2.0  # for the supervisor to kill and reap its guard before we SIGKILL everything
 TICK_SECONDS = 0.02  # how often the exit is checked when the kernel offers no pidfd
 
 
@@ -82,7 +83,7 @@ def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_byt
     try:
         run.output, run.stopped_for = _collect(proc.pid, out_r, started + wall_seconds, output_bytes)
     finally:
-        _kill_and_reap(proc)
+        _stop_and_reap(proc)
         os.close(out_r)
     run.seconds = time.monotonic() - started
     run.facts = _read_facts(status_r)
@@ -106,20 +107,25 @@ def _collect(pid: int, out_r: int, deadline: float, cap: int) -> tuple[bytes, st
         output += chunk[: cap + 1 - len(output)]
         if len(output) > cap:
             return bytes(output[:cap]), "output"
+    return bytes(output), None if _wait_for_exit(pid, deadline) else "time"
+
+
+def _wait_for_exit(pid: int, deadline: float) -> bool:
+    """Whether the process exited before the deadline (left a zombie: see _has_exited)."""
     pidfd = _open_pidfd(pid)
     try:
         while not _has_exited(pid):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return bytes(output), "time"
+                return False
             if pidfd is None:
                 time.sleep(min(remaining, TICK_SECONDS))
             else:
                 _readable(pidfd, remaining)
+        return True
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    return bytes(output), None
 
 
 def _readable(fd: int, timeout: float) -> bool:
@@ -141,10 +147,13 @@ def _has_exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the whole session's process group (the supervisor is its leader and is not reaped yet, so the id
-    cannot have been reused), then reap. The guard dies with the supervisor and every process of the pid
-    namespace dies with the guard, also those that left the process group."""
+def _stop_and_reap(proc: subprocess.Popen[bytes]) -> None:
+    """Ask the supervisor to kill its guard and wait for it (the guard ends only when every process of its pid
+    namespace has ended), then SIGKILL the whole process group in any case and reap. Both signals go out
+    before the supervisor is reaped, so its pid and group id cannot have been reused."""
+    if not _has_exited(proc.pid):
+        os.kill(proc.pid, signal.SIGTERM)
+        _wait_for_exit(proc.pid, time.monotonic() + STOP_GRACE_SECONDS)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -3,7 +3,7 @@
 The parent runs this file's text with `python -I -u -c SOURCE SPEC`, so it must not import rlkit. Three processes:
 
 - supervisor (started by the parent in a new session): drops root to the sandbox user, enters new user, network,
-  pid, mount, IPC and UTS namespaces, forks the guard, waits for it and exits;
+  pid, mount, IPC and UTS namespaces, forks the guard, waits for it (killing it on the parent's SIGTERM), exits;
 - guard (pid 1 of the new pid namespace): dies with the supervisor (PR_SET_PDEATHSIG) and, as a namespace's init,
   takes every process of the namespace with it; mounts a private /proc, forks the runner, reports how it ended;
 - runner: sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also drops the
@@ -33,6 +33,7 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
 MEMORY_EXIT = 3  # the runner's exit status when a MemoryError ended the code
 NETWORK_MESSAGE = "network is not available in the code tool"
 PROCESS_MESSAGE = "starting processes is not allowed in the code tool"
@@ -71,14 +72,27 @@ def supervise(spec: dict[str, Any]) -> None:
         else:
             _report(status_fd, namespaces=f"unshare failed: {os.strerror(ctypes.get_errno())}")
     alive_r, alive_w = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # taken by sigwait below, never by a handler
     guard_pid = os.fork()
     if guard_pid == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         os.close(alive_w)
         guard(spec, status_fd, alive_r, entered)
     os.close(alive_r)
     os.close(status_fd)
-    _, status = os.waitpid(guard_pid, 0)
-    os._exit(0 if status == 0 else 1)
+    os._exit(_wait_for_guard(guard_pid))
+
+
+def _wait_for_guard(guard_pid: int) -> int:
+    """Wait for the guard; on SIGTERM (the parent's stop) SIGKILL it and still wait. The guard, as the pid
+    namespace's init, exits only after every process of the namespace is gone, so when we exit, all of the run
+    is gone. The guard is only ever killed before we reap it: its pid cannot have been reused."""
+    while True:
+        if signal.sigwait(STOP_SIGNALS) == signal.SIGTERM:
+            os.kill(guard_pid, signal.SIGKILL)
+        pid, status = os.waitpid(guard_pid, os.WNOHANG)
+        if pid == guard_pid:
+            return 0 if status == 0 else 1
 
 
 def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> None:
@@ -121,7 +135,9 @@ def run(spec: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # threads count too: the code runs single-threaded
-    _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # for runs without a pid namespace (best effort)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
     code_spec = json.dumps({"mode": "code", "code": spec["code"]})
     try:

@@ -22,7 +22,7 @@ import pytest
 from rlkit.agent.code_tool import CodeLimits, CodeResult, CodeTool, code_limit_problems, run_python
 from rlkit.agent.sandbox_child import NETWORK_MESSAGE
 
-SLACK = 0.6  # seconds past a limit for killing, reaping and two interpreter starts on a busy 2-core machine
+SLACK = 1.0  # seconds past a wall-clock limit for the parent to wake, kill and reap on a busy 2-core machine
 CTYPES_CONNECT = """
 import ctypes, socket, struct
 libc = ctypes.CDLL(None, use_errno=True)
@@ -108,9 +108,11 @@ def test_an_infinite_loop_ends_at_the_wall_limit_and_leaves_no_process(scratch_r
 
 
 def test_code_that_leaves_the_process_group_still_dies_with_the_run(scratch_root: Path) -> None:
-    """killpg misses a process that called setsid(); the pid namespace's end does not."""
+    """killpg misses a process that called setsid(), and code can clear its parent-death signal; the end of its
+    pid namespace still takes it."""
     marker = f"setsid-{uuid.uuid4().hex}"
-    code = f"# {marker}\nimport os, time\nos.setsid()\nprint('left the group', flush=True)\ntime.sleep(60)"
+    code = (f"# {marker}\nimport ctypes, os, time\nos.setsid()\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\n"
+            "print('left the group', flush=True)\ntime.sleep(60)")
     result, seen = run_watching(code, marker, scratch_root, wall_seconds=1.0)
     assert result.killed_by == "time" and "left the group" in result.output
     assert seen and processes_with(marker) == []
@@ -120,7 +122,8 @@ def test_a_busy_loop_ends_at_the_cpu_limit(scratch_root: Path) -> None:
     result = run("while True:\n    pass", scratch_root, cpu_seconds=1, wall_seconds=10.0)
     assert result.killed_by == "cpu"
     assert result.error == "CPU time limit of 1 s exceeded; the program was stopped"
-    assert result.seconds <= 1.0 + 1.0 + SLACK  # the soft limit, plus the kernel's tick granularity
+    assert result.cpu_seconds is not None and result.cpu_seconds <= 2.0  # at most the hard limit
+    assert result.seconds < 10.0  # SIGXCPU ended it, not the wall-clock limit
 
 
 def test_a_memory_bomb_ends_as_a_memory_error_within_its_limit(scratch_root: Path) -> None:
@@ -310,21 +313,25 @@ def test_code_that_cannot_be_passed_on_is_a_result(scratch_root: Path, code: str
     assert list(scratch_root.iterdir()) == []
 
 
-def test_many_concurrent_runs_through_the_async_api_all_finish(scratch_root: Path) -> None:
+def test_many_concurrent_runs_through_the_async_api_all_finish_at_most_max_concurrent_at_once(
+    scratch_root: Path,
+) -> None:
+    code = "import time\nstart = time.monotonic()\ntime.sleep(0.3)\nprint({i} ** 2, start, time.monotonic())"
+
     async def main() -> list[CodeResult]:
-        tool = CodeTool(CodeLimits(max_concurrent=4), scratch_root)
+        tool = CodeTool(CodeLimits(max_concurrent=3), scratch_root)
         try:
-            runs = (tool.run(f"import time\ntime.sleep(0.2)\nprint({i} ** 2)") for i in range(12))
-            return await asyncio.gather(*runs)
+            return await asyncio.gather(*(tool.run(code.format(i=i)) for i in range(10)))
         finally:
             tool.close()
 
-    started = time.monotonic()
     results = asyncio.run(main())
-    elapsed = time.monotonic() - started
-    assert [r.output for r in results] == [f"{i ** 2}\n" for i in range(12)]
     assert all(r.ok for r in results)
-    assert elapsed < 12 * 0.2  # they overlapped: one at a time would take at least 2.4 s
+    rows = [r.output.split() for r in results]
+    assert [int(row[0]) for row in rows] == [i**2 for i in range(10)]
+    spans = [(float(row[1]), float(row[2])) for row in rows]  # CLOCK_MONOTONIC is the same in every namespace
+    at_once = max(sum(start <= moment < end for start, end in spans) for moment, _ in spans)
+    assert 2 <= at_once <= 3
 
 
 def test_the_rollout_goes_on_after_each_kind_of_failure(scratch_root: Path) -> None:
