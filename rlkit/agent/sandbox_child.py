@@ -1,0 +1,184 @@
+"""The code tool's child side: the stages between the rollout process and the model's code (stdlib only).
+
+The parent runs this file's text with `python -I -u -c SOURCE SPEC`, so it must not import rlkit. Three processes:
+
+- supervisor (started by the parent in a new session): drops root to the sandbox user, enters new user, network,
+  pid, mount, IPC and UTS namespaces, forks the guard, waits for it (killing it on the parent's SIGTERM), exits;
+- guard (pid 1 of the new pid namespace): dies with the supervisor (PR_SET_PDEATHSIG) and, as a namespace's init,
+  takes every process of the namespace with it; mounts a private /proc, forks the runner, reports how it ended;
+- runner: sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also drops the
+  namespace capabilities) that installs the audit hook and runs the code.
+
+The guard writes one JSON line per fact to the status fd; the runner never holds that fd, so code cannot forge it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import traceback
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
+MEMORY_EXIT = 3  # the runner's exit status when a MemoryError ended the code
+NETWORK_MESSAGE = "network is not available in the code tool"
+PROCESS_MESSAGE = "starting processes is not allowed in the code tool"
+NETWORK_EVENTS = frozenset({
+    "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+    "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
+})
+PROCESS_EVENTS = frozenset({
+    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen", "pty.spawn",
+})
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _report(fd: int, **fact: Any) -> None:
+    os.write(fd, (json.dumps(fact) + "\n").encode())
+
+
+def supervise(spec: dict[str, Any]) -> None:
+    """The supervisor: become the sandbox user, enter the namespaces, run the guard and wait for it."""
+    status_fd = spec["status_fd"]
+    os.closerange(3, status_fd)
+    os.closerange(status_fd + 1, 65536)
+    if spec["uid"] is not None:
+        os.setgroups([])
+        os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+        os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+    entered = False
+    if spec["namespaces"]:
+        libc = _libc()
+        flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        if libc.unshare(flags) == 0:
+            entered = True
+        else:
+            _report(status_fd, namespaces=f"unshare failed: {os.strerror(ctypes.get_errno())}")
+    alive_r, alive_w = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # taken by sigwait below, never by a handler
+    guard_pid = os.fork()
+    if guard_pid == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        os.close(alive_w)
+        guard(spec, status_fd, alive_r, entered)
+    os.close(alive_r)
+    os.close(status_fd)
+    os._exit(_wait_for_guard(guard_pid))
+
+
+def _wait_for_guard(guard_pid: int) -> int:
+    """Wait for the guard; on SIGTERM (the parent's stop) SIGKILL it and still wait. The guard, as the pid
+    namespace's init, exits only after every process of the namespace is gone, so when we exit, all of the run
+    is gone. The guard is only ever killed before we reap it: its pid cannot have been reused."""
+    while True:
+        if signal.sigwait(STOP_SIGNALS) == signal.SIGTERM:
+            os.kill(guard_pid, signal.SIGKILL)
+        pid, status = os.waitpid(guard_pid, os.WNOHANG)
+        if pid == guard_pid:
+            return 0 if status == 0 else 1
+
+
+def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> None:
+    """The guard: tie its life to the supervisor's, make /proc show only the sandbox, run the runner, report."""
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    poller = select.poll()
+    poller.register(alive_r, select.POLLIN)
+    if poller.poll(0):  # EOF: the supervisor died before the death signal was armed
+        os._exit(1)
+    if entered:
+        _report(status_fd, namespaces="ok")
+        if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or libc.mount(
+            b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
+        ) != 0:
+            _report(status_fd, proc=f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the runner cannot ptrace its guard
+    runner_pid = os.fork()
+    if runner_pid == 0:
+        os.close(status_fd)
+        os.close(alive_r)
+        run(spec)
+    _, status, usage = os.wait4(runner_pid, 0)
+    _report(
+        status_fd,
+        exit=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        max_rss_kb=usage.ru_maxrss,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
+    )
+    os._exit(0)
+
+
+def run(spec: dict[str, Any]) -> None:
+    """The runner: limits first, then a fresh interpreter for the code (no inherited capabilities or modules)."""
+    memory = spec["memory_bytes"]
+    resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_seconds"], spec["cpu_seconds"] + 1))
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["file_bytes"], spec["file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))  # threads count too: the code runs single-threaded
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # for runs without a pid namespace (best effort)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
+    code_spec = json.dumps({"mode": "code", "code": spec["code"]})
+    try:
+        os.execve(spec["python"], [spec["python"], "-I", "-u", "-c", spec["source"], code_spec], spec["env"])
+    except OSError as exc:
+        os.write(2, f"the code tool could not start {spec['python']}: {exc}\n".encode())
+    os._exit(127)
+
+
+def _audit(event: str, _args: tuple[Any, ...]) -> None:
+    if event in NETWORK_EVENTS:
+        raise PermissionError(NETWORK_MESSAGE)
+    if event in PROCESS_EVENTS:
+        raise PermissionError(PROCESS_MESSAGE)
+
+
+def run_code(code: str) -> None:
+    """Run the model's code as __main__ with the audit hook (a readable second layer: ctypes can bypass it)."""
+    sys.addaudithook(_audit)
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compile(code, "<code>", "exec"), namespace)  # running this code is the tool's job
+    except MemoryError:
+        namespace.clear()
+        sys.stderr.write("MemoryError: the code tool's memory limit was exceeded\n")
+        os._exit(MEMORY_EXIT)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # every failure is the model's to read
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(argv[1])
+    if spec["mode"] == "code":
+        run_code(spec["code"])
+    else:
+        supervise(spec)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
