@@ -41,7 +41,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -306,3 +306,26 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
     if "proc" in facts:
         notes.append(str(facts["proc"])[:200])
     return notes
+
+
+PYTHON_TOOL_SCHEMA = {
+    "name": "python",
+    "description": "Run a Python program and get what it prints (no network, no subprocesses, limited time and "
+                   "memory).",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
+                   "required": ["code"]},
+}
+
+
+def python_tool(code_tool: CodeTool) -> Callable[..., Awaitable[str]]:
+    """The registry's `python` tool (rlkit.agent.tools.make_tool with PYTHON_TOOL_SCHEMA) running `code_tool`."""
+
+    from rlkit.agent.tools import ToolError
+
+    async def python(code: str) -> str:
+        result = await code_tool.run(code)
+        if not result.ok:
+            raise ToolError(result.tool_text())
+        return result.output
+
+    return python

@@ -36,6 +36,11 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+class ToolError(Exception):
+    """Raised by a tool whose failure it describes itself (e.g. the code tool's "time limit of 10 s exceeded"): the
+    model reads the message as the tool's error, and the call counts as failed."""
+
+
 @dataclass(frozen=True)
 class ToolConfig:
     """One tool as the config names it; `schema` None: the function's `tool_schema` attribute."""
@@ -245,6 +250,8 @@ class ToolRegistry:
         else:
             try:
                 ok, content = True, _as_text(await asyncio.wait_for(self._run(tool, arguments), tool.timeout_s))
+            except ToolError as exc:  # the tool's own account of its failure, told as it is
+                ok, content = False, f"error: {exc}"
             except asyncio.TimeoutError:
                 ok, timed_out = False, True
                 content = f"error: tool '{name}' timed out after {tool.timeout_s:g} s"

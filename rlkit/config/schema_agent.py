@@ -12,12 +12,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlkit.config.fields import _f
+from rlkit.config.fields import _f, _sub
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
 
 TOOL_USE_WORKFLOW = "tool_use"  # the built-in multi-turn loop: generate, call the tools asked for, repeat
+
+
+@dataclass
+class CodeToolConfig:
+    """The built-in `python` tool: model-written code in a killable sandbox (rlkit.agent.code_tool)."""
+
+    enabled: bool = _f(False, "Offer the `python` tool (argument: code) to the model.")
+    wall_seconds: float = _f(10.0, "Wall-clock seconds one run may take, interpreter start included.")
+    cpu_seconds: int = _f(10, "CPU seconds one run may use.")
+    memory_mb: int = _f(512, "Heap of the code's process, in MB.")
+    output_bytes: int = _f(8192, "Output kept (stdout and stderr); more stops the run.")
+    file_mb: int = _f(64, "Largest file the code may write in its scratch directory, in MB.")
+    max_concurrent: int = _f(8, "Runs at once on the trainer's rank-0 node.")
+    python: str = _f("", "Interpreter of the runs; empty: the trainer's (or /usr/bin/python3 when the sandbox user "
+                         "cannot reach it).")
+    scratch_root: str = _f("/tmp/rlkit-code-tool", "Node-local directory for the runs' scratch directories (every "
+                                                    "user must be able to traverse it).")
 
 
 @dataclass
@@ -37,6 +54,7 @@ class AgentConfig:
     engine_max_tokens: int | None = _f(None, "Most tokens of an episode, prompt included (AReaL's name); None: the "
                                              "servers' context length.")
     max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).")
+    code_tool: CodeToolConfig = _sub(CodeToolConfig, "The built-in sandboxed Python tool.")
 
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768  # an episode's token limit when neither the config nor the model says one

@@ -50,7 +50,25 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
     if total is not None and context is not None and total > context:
         problems.add(f"rollout.agent.engine_max_tokens ({total}) exceeds the servers' context of {context} tokens: "
                      "a late turn would be refused", hint=f"set it to at most {context}")
+    _validate_code_tool(config, problems)
     per_turn = agent.max_tokens_per_turn
     if per_turn is not None and per_turn > config.gconfig.max_new_tokens:
         problems.add(f"rollout.agent.max_tokens_per_turn ({per_turn}) exceeds gconfig.max_new_tokens "
                      f"({config.gconfig.max_new_tokens})", hint="lower it, or raise gconfig.max_new_tokens")
+
+
+def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
+    from rlkit.agent.code_tool import CodeLimits, code_limit_problems
+
+    settings = config.rollout.agent.code_tool
+    if not settings.enabled:
+        return
+    limits = CodeLimits(**{name: getattr(settings, name) for name in CodeLimits.__dataclass_fields__})
+    for name, message, fix in code_limit_problems(limits):
+        problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)
+    if not settings.scratch_root.startswith("/"):
+        problems.add(f"rollout.agent.code_tool.scratch_root '{settings.scratch_root}' must be an absolute path",
+                     hint="e.g. /tmp/rlkit-code-tool (node-local is fine)")
+    if any(name == "python" for name in (spec.rpartition(":")[2] for spec in config.rollout.agent.tools)):
+        problems.add("rollout.agent.tools names a tool function `python`, and rollout.agent.code_tool.enabled "
+                     "adds the built-in python tool", hint="rename your tool, or disable the code tool")

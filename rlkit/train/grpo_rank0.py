@@ -74,6 +74,23 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
     return out
 
 
+def code_tool_for(settings: Any) -> Any:
+    """rollout.agent.code_tool as the registry's `python` tool (its own time limit plus the sandbox's start-up)."""
+    from pathlib import Path
+
+    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeLimits, CodeTool, python_tool
+    from rlkit.agent.tools import make_tool
+
+    limits = CodeLimits(wall_seconds=settings.wall_seconds, cpu_seconds=settings.cpu_seconds,
+                        memory_mb=settings.memory_mb, output_bytes=settings.output_bytes, file_mb=settings.file_mb,
+                        max_concurrent=settings.max_concurrent)
+    root = Path(settings.scratch_root)
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # the sandbox's user (nobody, when the trainer runs as root) must traverse it
+    tool = CodeTool(limits, root, python=settings.python or None)
+    return make_tool(python_tool(tool), PYTHON_TOOL_SCHEMA, timeout_s=settings.wall_seconds + 30.0)
+
+
 def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any:
     """The multi-turn group sampler of rollout.agent (rlkit.rollout.groups.EpisodeGroups), None without a workflow."""
     agent = config.rollout.agent
@@ -90,8 +107,11 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
     from rlkit.rollout.groups import EpisodeGroups
     from rlkit.servers.sampling import sampling_params
 
-    tools = ToolRegistry(load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
-                                    setting="rollout.agent.tools"), max_result_chars=agent.max_tool_result_chars)
+    loaded = load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
+                        setting="rollout.agent.tools")
+    if agent.code_tool.enabled:
+        loaded.append(code_tool_for(agent.code_tool))
+    tools = ToolRegistry(loaded, max_result_chars=agent.max_tool_result_chars)
     services = EpisodeServices(score=reward.score, tokenizer=tokenizer, tools=tools,
                                parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),
                                limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),

@@ -187,3 +187,27 @@ def test_workflow_files_are_bound_into_containers(grpo_yaml: Path) -> None:
                                      f"rollout.agent.workflow={WORKFLOW_FILE}:episode"])
     _, added = container_binds(config)
     assert f"{WORKFLOW_FILE}:{WORKFLOW_FILE}" in [b.text() for b in added]
+
+
+def test_the_python_tool_runs_in_the_sandbox_and_a_runaway_program_is_a_message_not_a_crash(tok: Any) -> None:
+    """rollout.agent.code_tool as the rollout builds it (rlkit.train.grpo_rank0.code_tool_for): the model's code
+    runs, its output goes back masked; a program past its time limit comes back as an error message and the
+    episode takes its next turn (the sandbox's own limits are tests/unit/test_code_tool.py's)."""
+    from rlkit.config.schema_agent import CodeToolConfig
+    from rlkit.train.grpo_rank0 import code_tool_for
+
+    python = code_tool_for(CodeToolConfig(enabled=True, wall_seconds=2.0, cpu_seconds=2))
+    services = _services(tok)
+    services = EpisodeServices(score=services.score, tokenizer=tok, tools=ToolRegistry([python]),
+                               parser=parse_hermes, params=SamplingParams(max_new_tokens=200),
+                               limits=TrajectoryLimits(4, 2000, 200))
+    call = '<tool_call>\n{{"name": "python", "arguments": {{"code": "{}"}}}}\n</tool_call>'
+    server = ScriptedServer(tok, [call.format("print(6 * 7)"), call.format("while True: pass"), "5"])
+    ids = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    ctx = EpisodeContext(services, complete=server.complete, settled_version=server.settled, row={}, prompt_ids=ids,
+                         prompt_text="hi", seed=1)
+    episode = asyncio.run(tool_use(ctx, ctx.row))
+    t = episode.trajectory
+    inserted = tok.decode([i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if not m])
+    assert "42" in inserted and "time limit" in inserted, inserted
+    assert t.turns == 3 and episode.tools.calls == 2 and episode.tools.errors == 1
