@@ -27,7 +27,7 @@ from ..slurm_helpers import processes_mentioning, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
-STEPS = 30
+STEPS = 40
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
 STEPS_COMPARED = 3
 MARGIN = 0.4
@@ -70,7 +70,7 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", f"total_train_steps={STEPS}", "saver.freq_steps=null",
         "recover.freq_steps=5", "vllm.max_model_len=512",
         f"rollout.agent.workflow={WORKFLOW}:episode", f"rollout.agent.tool_call_parser={WORKFLOW}:digits_press",
-        f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=3",
+        f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=2",
     ]
     env = {"RLKIT_HOME": str(root / "home")}
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
