@@ -33,6 +33,7 @@ class JobEnv:
     global_rank: int
     local_rank: int
     world_size: int
+    node_index: int  # this node's place among the step's nodes (0: its first node)
     node_name: str
     job_id: str
     step_id: str
@@ -48,6 +49,7 @@ class JobEnv:
             local_rank=_int(env, "SLURM_LOCALID", 0),
             # the step's task count; a batch script (no step yet) only knows the job's
             world_size=_int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1)),
+            node_index=_int(env, "SLURM_NODEID", 0),
             node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
             job_id=env.get("SLURM_JOB_ID", ""),
             step_id=env.get("SLURM_STEP_ID", ""),

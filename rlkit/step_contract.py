@@ -17,7 +17,8 @@ EXIT_STOPPED = 76  # the trainer's decision on USR2
 EXIT_FAILING = 77  # the algorithm cannot go on after a finished step (e.g. no server left): checkpoint it, then fail
 STEP_STATE = "step_state"  # in the trial directory, written with progress.json
 
-NODE_CHECK_STEP = "node-check"  # step 0 of every job: each node reads the trial directory (log: logs/node-check.log)
+NODE_CHECK_STEP = "node-check"  # step 0 of every job (rlkit.steps.node_check; log: logs/node-check.log)
+NODE_CHECK_ADDRESS_MARK = "rlkit-node-check-address"  # starts the line step 0's listener prints for the batch script
 NO_RETRY_EXIT = 78  # sysexits' EX_CONFIG: a failure a restart of the step cannot fix; the supervisor never retries it
 
 

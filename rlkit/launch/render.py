@@ -21,6 +21,7 @@ from rlkit.paths import TrialPaths
 from rlkit.step_contract import (
     EXIT_REQUEUE,
     NO_RETRY_EXIT,
+    NODE_CHECK_ADDRESS_MARK,
     NODE_CHECK_STEP,
     STATUS_REQUEUE,
     STATUS_STOPPED,
@@ -28,6 +29,8 @@ from rlkit.step_contract import (
 )
 
 SUPERVISOR_TEMPLATE = "supervisor.sh"  # next to this module: the script's body, checked by shellcheck in the tests
+NODE_CHECK_TIMEOUT_S = 120  # step 0 bounds its own waits (seconds); this only ends an srun that hangs
+NODE_CHECK_MEM_MB = 256  # a python (in its container) reading a file and opening a socket
 
 
 def supervisor_template() -> str:
@@ -109,23 +112,58 @@ def render_script(plan: JobPlan) -> str:
         fn = "cmd_" + step.name.replace("-", "_")
         steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}",
                   f"start_step {step.name} {step.het_group} {fn}"]
-    span = (f"--het-group={','.join(str(i) for i in range(len(plan.components)))}",) if len(plan.components) > 1 \
-        else ()
     body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,
-                           trainer_group=plan.trainer_group, steps=steps, node_check_span=span)
+                           trainer_group=plan.trainer_group, steps=steps, node_checks=node_check_lines(plan))
     return "\n".join(lines) + "\n\n" + body
 
 
+def node_check_command(group: int, plan: JobPlan) -> tuple[str, ...]:
+    """Step 0 on one component: rlkit.steps.node_check on each of its nodes, run as its steps run (their
+    environment additions, python, image, binds and srun arguments) with its GPUs asked for explicitly. The
+    supervisor appends the token's and address file's arguments, which exist only at run time."""
+    component = plan.components[group]
+    step = next(s for s in plan.steps if s.het_group == group)
+    srun = ["timeout", str(NODE_CHECK_TIMEOUT_S), "srun",
+            *([f"--het-group={group}"] if len(plan.components) > 1 else []), f"--job-name={NODE_CHECK_STEP}",
+            f"--nodes={component.nodes}", f"--ntasks={component.nodes}", "--ntasks-per-node=1", "--cpus-per-task=1",
+            f"--mem={min(NODE_CHECK_MEM_MB, component.mem_per_node_mb)}M"]
+    if component.gpus_per_node:
+        srun.append(f"--gres=gpu:{component.gpus_per_node}")
+    # every node reports, whichever fails first; --chdir=/ as for the steps (no module planted in the trial dir)
+    srun += ["--kill-on-bad-exit=0", "--chdir=/", *plan.srun_args]
+    check = [step.argv[0], "-m", "rlkit.steps.node_check", f"--role={component.role}",
+             f"--gpus={component.gpus_per_node}", *(["--container"] if plan.container_type != "none" else [])]
+    others = sum(c.nodes for c in plan.components) - 1
+    if others:  # every other node connects to the work component's first node
+        work = plan.components[plan.trainer_group]
+        check += [f"--target-group={plan.trainer_group}", f"--target-role={work.role}"]
+        check += [f"--listen={others}"] if group == plan.trainer_group else []
+    inner = container_argv(tuple(check), container_type=plan.container_type, image=step.image,
+                           apptainer_args=plan.apptainer_args, binds=plan.binds)
+    env = ("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()
+    return (*env, *srun, *inner)
+
+
+def node_check_lines(plan: JobPlan) -> list[str]:
+    """Bash lines defining one function per component that runs its node check, and NODE_CHECKS naming them."""
+    lines = []
+    for group in range(len(plan.components)):
+        lines += [f"node_check_{group}() {{", f'  {_q(node_check_command(group, plan))} "$@"', "}"]
+    names = " ".join(f"node_check_{group}" for group in range(len(plan.components)))
+    return [*lines, f"NODE_CHECKS=({names})  # the supervisor runs them all at once"]
+
+
 def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str],
-                    node_check_span: tuple[str, ...] = ()) -> str:
+                    node_checks: list[str]) -> str:
     """The template filled in: the step_contract's words and codes, the plan's numbers, `steps` (bash lines that
-    define and start each step) where @STEPS@ stands, `node_check_span` (--het-group=0,1,...: the node check of step
-    0 runs on every component)."""
+    define and start each step) where @STEPS@ stands, `node_checks` (bash lines defining step 0's function per
+    component and NODE_CHECKS) where @NODE_CHECKS@ stands."""
     return _fill(supervisor_template(), {
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
         "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group), "STEPS": "\n".join(steps),
-        "NODE_CHECK_SPAN": " ".join(f"'{arg}'" for arg in node_check_span),  # quoted: shellcheck SC2054
+        "NODE_CHECKS": "\n".join(node_checks),
+        "NODE_CHECK_ADDRESS_MARK": shlex.quote(NODE_CHECK_ADDRESS_MARK),
         "NODE_CHECK_LOG": shlex.quote(str(TrialPaths(Path(trial_dir)).step_log(NODE_CHECK_STEP))),
     })

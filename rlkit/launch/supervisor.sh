@@ -18,8 +18,8 @@ STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on
 STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
 STEP_STATE=@STEP_STATE@  # the trainer's last finished step and its status, one per line
 TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes to
-NODE_CHECK_SPAN=(@NODE_CHECK_SPAN@)  # the node check's srun spans every component (nothing in a job of one)
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
+NODE_CHECK_ADDRESS_MARK=@NODE_CHECK_ADDRESS_MARK@  # starts the line where the node check's listener gives its address
 
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
@@ -217,40 +217,58 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
   done
 }
 
-check_nodes() {  # step 0, seconds before any work: every node of every component reads a token this script has just
-  # written in the trial directory. A fileroot some node does not share (node-local /tmp, a disk only the login node
-  # has) fails here with that reason, not as servers and a trainer that never find each other's records.
+check_nodes() {  # step 0, seconds before any work: rlkit.steps.node_check on every node of every component (one
+  # srun per component, all at once, each with its component's GPUs, image and python). Each node reads a token this
+  # script has just written in the trial directory (a fileroot some node does not share fails here with that reason,
+  # not as servers and a trainer that never find each other's records), counts the GPUs it sees, and connects to the
+  # work component's first node, which listens and prints its address for this script to put beside the token.
   local canary token here rc
   here=${SLURMD_NODENAME:-$(hostname)}
   canary=$PWD/.node-check.$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}
   token=$SLURM_JOB_ID.$RANDOM.$RANDOM
-  if ! echo "$token" >"$canary"; then
+  if ! { echo "$token" >"$canary" && : >"$canary.address"; }; then
     echo "rlkit: cannot write in the trial directory $PWD on $here"
     echo "rlkit: step node-check failed with exit code $NO_RETRY_EXIT"
     return "$NO_RETRY_EXIT"
   fi
   # The nodes answer through srun to this host, which writes their lines into $NODE_CHECK_LOG and the batch log:
   # a node that cannot see the trial directory could not write its own log there.
-  # shellcheck disable=SC2016  # the script runs on each node, with its own $1..$3
-  timeout 120 srun "${NODE_CHECK_SPAN[@]}" --ntasks-per-node=1 --cpus-per-task=1 --mem=64M \
-    --chdir=/ bash -c '
-      seen=""
-      read -r seen 2>/dev/null <"$1"
-      if [ "$seen" != "$2" ]; then
-        echo "rlkit: node ${SLURMD_NODENAME:-$(hostname)} does not see the trial directory $(dirname "$1") that" \
-          "node $3 wrote in: cluster.fileroot must be on a filesystem every compute node mounts at the same path" \
-          "(not node-local /tmp, not a disk of the login node only)"
-        exit 1
-      fi' node-check "$canary" "$token" "$here" 2>&1 | tee -a "$NODE_CHECK_LOG"
+  run_node_checks --canary="$canary" --token="$token" --writer="$here" --address-file="$canary.address" 2>&1 |
+    publish_address "$canary.address" | tee -a "$NODE_CHECK_LOG"
   rc=${PIPESTATUS[0]}
-  rm -f "$canary"
+  rm -f "$canary" "$canary.address"
   if [ "$rc" -ne 0 ]; then
-    echo "rlkit: the node check failed (exit $rc): $NODE_CHECK_LOG names each node that failed it"
+    echo "rlkit: the node check failed: $NODE_CHECK_LOG names each node that failed it and why"
     echo "rlkit: step node-check failed with exit code $NO_RETRY_EXIT"
     return "$NO_RETRY_EXIT"
   fi
-  echo "rlkit: node check passed: every node sees the trial directory"
+  echo "rlkit: node check passed: every node sees the trial directory and the GPUs its component asked for, and" \
+    "reaches the work component's first node"
 }
+
+run_node_checks() {  # run_node_checks ARG...: every component's node check at once; fails when any node's failed
+  local fn pid rc=0 pids=()
+  for fn in "${NODE_CHECKS[@]}"; do
+    "$fn" "$@" &
+    pids+=("$!")
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || rc=1
+  done
+  return "$rc"
+}
+
+publish_address() {  # publish_address FILE: pass the nodes' lines on; the listener's address line goes into FILE
+  local line
+  while IFS= read -r line || [ -n "$line" ]; do
+    case $line in
+      "$NODE_CHECK_ADDRESS_MARK "*) echo "${line#"$NODE_CHECK_ADDRESS_MARK "}" >"$1" ;;
+      *) echo "$line" ;;
+    esac
+  done
+}
+
+@NODE_CHECKS@
 
 if ! check_nodes; then
   echo "rlkit: batch script exits with $NO_RETRY_EXIT"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkit.jobenv import JobEnv
+from rlkit.steps.node_check import canary_seen, nvidia_smi_listing, visible_gpus
 
 ALLREDUCE_TIMEOUT_S = 90  # rank 0's address, the group's forming and one all-reduce, whatever hangs
 
@@ -72,21 +73,21 @@ def run_node_checks(spec: NodeSpec) -> NodeReport:
 
 
 def _check_fileroot(spec: NodeSpec, report: NodeReport) -> None:
-    try:
-        seen = Path(spec.canary).read_text().strip()
-    except OSError as exc:
-        seen = f"unreadable ({exc.strerror or exc})"
+    seen = canary_seen(spec.canary)
     report.add("shared fileroot", seen == spec.token,
                "reads the token the login node wrote" if seen == spec.token else f"{spec.canary}: {seen}",
                "put cluster.fileroot on a filesystem every compute node mounts at the same path as the login node")
 
 
 def _check_gpus(expected: int, report: NodeReport) -> None:
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    """Counted as step 0 of every job counts them (rlkit.steps.node_check), on the host."""
     if expected == 0:
         report.add("GPUs", True, "none asked for")
         return
-    report.add("GPUs", len(visible) == expected, f"{len(visible)} visible of {expected} asked for",
+    listing, smi_error = nvidia_smi_listing()
+    visible = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), listing).count
+    report.add("GPUs", visible == expected and not smi_error,
+               f"{visible} visible of {expected} asked for" + (f"; {smi_error}" if smi_error else ""),
                "check the partition's Gres (gpu:N) and cluster.n_gpus_per_node against what the nodes have")
 
 

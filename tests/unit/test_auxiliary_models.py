@@ -152,7 +152,7 @@ def test_three_component_script_is_driven_by_the_policy_table(grpo_yaml: Path, f
     assert table == ["component_policy 0 server 0 on-exit 0", "component_policy 1 auxiliary 0 on-exit 0",
                      "component_policy 2 trainer 1 on-failure 1"]
     assert "start_step aux-judge-0 1 cmd_aux_judge_0" in script
-    assert "NODE_CHECK_SPAN=('--het-group=0,1,2')" in script
+    assert "NODE_CHECKS=(node_check_0 node_check_1 node_check_2)  #" in script  # step 0 on each component
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     run = subprocess.run(["shellcheck", "--shell=bash", "-"], input=script, capture_output=True, text=True,
                          check=False)
@@ -171,8 +171,8 @@ def test_supervisor_restarts_an_auxiliary_server_and_stops_it_when_the_work_is_d
         "while :; do sleep 0.1; done; }",
         "cmd_trainer() { while [ ! -e judge-ran ] || [ $(wc -l < judge-runs.txt) -lt 2 ]; do sleep 0.1; done; }",
         "start_step server-0 0 cmd_server", "start_step aux-judge-0 1 cmd_judge", "start_step grpo 2 cmd_trainer",
-    ])
-    script = 'scancel() { echo "$*" >> scancel.txt; }\ntimeout() { return 0; }  # the node check passes\n' + body
+    ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])  # step 0 passes
+    script = 'scancel() { echo "$*" >> scancel.txt; }\n' + body
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4243"})
     assert done.returncode == 0, done.stdout + done.stderr

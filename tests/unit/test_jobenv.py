@@ -11,7 +11,7 @@ STEP = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", 
 
 def test_a_step_task_reads_its_place() -> None:
     env = JobEnv.from_environ(STEP)
-    assert env == JobEnv(in_step=True, global_rank=3, local_rank=1, world_size=4, node_name="node7",
+    assert env == JobEnv(in_step=True, global_rank=3, local_rank=1, world_size=4, node_index=1, node_name="node7",
                          job_id="1234", step_id="2", restart_count=1, nodelist="node[6-7]")
 
 

@@ -201,7 +201,7 @@ def test_trainer_only_job_has_one_component_and_no_server_steps() -> None:
     assert "--requeue" in plan.job_options
     script = render_script(plan)
     assert "hetjob" not in script and "--het-group" not in script and "TRAINER_GROUP=0 " in script
-    assert "NODE_CHECK_SPAN=()  #" in script  # the node check spans the one component
+    assert "NODE_CHECKS=(node_check_0)  #" in script  # the node check runs on the one component
     assert [line[:2] for line in _start_lines(script)] == [["sft", "0"]]
     assert not any(s.role == SERVER_ROLE for s in plan.steps)
 

@@ -268,16 +268,16 @@ def test_guard_check_refuses_when_nothing_answers() -> None:
 
 def run_supervisor(tmp_path: Path, server_exit: int) -> tuple[int, int, str]:
     """Run the job script's supervisor (the real template) with a server step that exits `server_exit` and a trainer
-    that waits. `scancel` is a bash function here that only records its arguments, and `timeout` (which would run
-    the node check's srun) one that passes: nothing reaches Slurm."""
+    that waits. `scancel` is a bash function here that only records its arguments, and the node check one that
+    passes: nothing reaches Slurm."""
     body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=2, trainer_group=1, steps=[
         "STOP_GRACE=1",
         f"cmd_server() {{ echo run >> runs.txt; exit {server_exit}; }}",
         "cmd_trainer() { while [ ! -e done ]; do sleep 0.1; done; }",
         "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
         "start_step server-0 0 cmd_server", "start_step trainer 1 cmd_trainer",
-    ])
-    script = 'scancel() { echo "$*" >> scancel.txt; }\ntimeout() { return 0; }  # the node check passes\n' + body
+    ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
+    script = 'scancel() { echo "$*" >> scancel.txt; }\n' + body
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242"})
     runs = len((tmp_path / "runs.txt").read_text().splitlines())
