@@ -1,14 +1,15 @@
 """An episode workflow written as a user writes one: a file outside rlkit's package, named in the config by its path
 (rollout.agent.workflow=/abs/path/press_workflow.py:episode, and its tool and tool-call parser the same way).
 
-The task: a door opens only through the `press` tool; an episode earns 1 when it pressed (the tool answered) and
-then ended with a turn that calls nothing, 0 otherwise. No text the model could write itself earns anything: the
-reward exists only through the tool.
+The task: a door opens after two presses of its button, and only the `press` tool presses it. An episode earns
+half a point per successful press, up to the two that open the door (and then ends: the door is open). No text the
+model could write itself earns anything: the reward exists only through the tool, and the second press can only
+come in a second turn, after the tool's first answer was inserted into the conversation.
 
 The parser is this file's own (rollout.agent.tool_call_parser is pluggable): any digit in a turn is a call to
 `press`. rlkit's tiny test model starts from random weights and cannot write the JSON of a Hermes `<tool_call>`;
 a digit is something it samples now and then (about 15% of 8-token turns), so the policy can discover the tool
-and learn both halves of the task: press in the first turn, then, after the tool's answer, stop pressing.
+and learn to use it in both turns.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ def digits_press(text: str) -> ParsedTurn:
 
 
 async def episode(ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
-    opened = False
+    presses = 0
     turn = await ctx.generate()
     while turn is not None and turn.wants_tools:
         ok_before = ctx.tally.calls - ctx.tally.errors
         if not await ctx.run_tool_calls(turn):
             break
-        opened = opened or ctx.tally.calls - ctx.tally.errors > ok_before
+        presses += ctx.tally.calls - ctx.tally.errors - ok_before
+        if presses >= 2:
+            break  # the door is open
         turn = await ctx.generate()
-    stopped = turn is not None and not turn.wants_tools and not ctx.builder.truncated
-    return ctx.finish(1.0 if opened and stopped else 0.0, opened=float(opened))
+    return ctx.finish(min(presses, 2) / 2, presses=float(presses))
