@@ -26,7 +26,7 @@ from ..slurm_helpers import processes_mentioning, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
-STEPS = 30
+STEPS = 24
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
 STEPS_COMPARED = 3
 MARGIN = 0.5
