@@ -84,18 +84,22 @@ class ServerPool:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    def _pick(self, avoid: set[int]) -> Server:
+    def _pick(self, avoid: set[int], prefer: int | None = None) -> Server:
         candidates = [s for s in self.servers if s.index not in avoid] or self.servers
-        return min(candidates, key=lambda s: (s.in_flight, s.failures, s.index))
+        preferred = [s for s in candidates if s.index == prefer]
+        return preferred[0] if preferred else min(candidates, key=lambda s: (s.in_flight, s.failures, s.index))
 
-    async def complete(self, prompt_ids: list[int], params: SamplingParams) -> tuple[Server, list[Completion]]:
-        """Sample `params.n` completions of a tokenized prompt; returns the server used and the completions."""
+    async def complete(self, prompt_ids: list[int], params: SamplingParams, *,
+                       prefer: int | None = None) -> tuple[Server, list[Completion]]:
+        """Sample `params.n` completions of a tokenized prompt; returns the server used and the completions.
+        `prefer`: that server while it is in the pool and has not failed this request (a multi-turn episode stays
+        where its earlier turns' tokens are in the prefix cache, and its log-prob check blames the right server)."""
         async with self._limit:
             tried: set[int] = set()
             last_error: Exception | None = None
             errors: list[Exception] = []
             for _attempt in range(self.retries + 1):
-                server = self._pick(tried)
+                server = self._pick(tried, prefer)
                 tried.add(server.index)
                 backend = backend_for(server.backend)
                 server.in_flight += 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkit.agent.chat import render_prompt
-from rlkit.agent.context import EpisodeContext, EpisodeServices, SettledVersion
+from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, SettledVersion
 from rlkit.agent.episode import Episode
 from rlkit.agent.workflows import Workflow
 from rlkit.errors import StepError
@@ -92,16 +92,19 @@ class EpisodeGroups:
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
                      settled_version: SettledVersion) -> SampledGroup:
         ids, text = self.first_prompt(prompt)
-        servers: list[int] = []
+        servers: list[list[int]] = [[] for _ in range(self.n_samples)]  # per episode, the servers of its turns
 
-        async def complete(request: list[int], params: SamplingParams) -> tuple[int, Completion]:
-            server, completions = await pool.complete(request, params)
-            servers.append(server.index)
-            return server.index, completions[0]
+        def on_pool(mine: list[int]) -> Complete:
+            async def complete(request: list[int], params: SamplingParams) -> tuple[int, Completion]:
+                # later turns go where the first went (prefix cache, and the log-prob check's server) while it lives
+                server, completions = await pool.complete(request, params, prefer=mine[0] if mine else None)
+                mine.append(server.index)
+                return server.index, completions[0]
+            return complete
 
-        contexts = [EpisodeContext(self.services, complete=complete, settled_version=settled_version, row=prompt.row,
-                                   prompt_ids=ids, prompt_text=text, seed=group_seed(self.seed, seq) * 1009 + i)
-                    for i in range(self.n_samples)]
+        contexts = [EpisodeContext(self.services, complete=on_pool(servers[i]), settled_version=settled_version,
+                                   row=prompt.row, prompt_ids=ids, prompt_text=text,
+                                   seed=group_seed(self.seed, seq) * 1009 + i) for i in range(self.n_samples)]
         episodes = await asyncio.gather(*(self.workflow(ctx, prompt.row) for ctx in contexts))
         for episode in episodes:
             if not isinstance(episode, Episode):
@@ -110,7 +113,8 @@ class EpisodeGroups:
             if not any(episode.trajectory.loss_mask):
                 raise StepError("an episode ended without a sampled turn (nothing to train on): a workflow must "
                                 "call `await ctx.generate()` at least once")
-        server = servers[0] if servers else -1
-        return SampledGroup([e.to_sample(group=prompt.index, server=server) for e in episodes], server,
+        samples = [e.to_sample(group=prompt.index, server=mine[0] if len(set(mine)) == 1 else -1)
+                   for e, mine in zip(episodes, servers, strict=True)]  # -1: its turns came from several servers
+        return SampledGroup(samples, next((mine[0] for mine in servers if mine), -1),
                             reward_errors=sum(c.reward_errors for c in contexts),
                             reward_timeouts=sum(c.reward_timeouts for c in contexts), episodes=list(episodes))

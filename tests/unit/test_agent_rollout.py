@@ -134,7 +134,8 @@ def test_a_groups_episodes_become_masked_samples(tok: Any) -> None:
     class Pool:
         """Episodes run side by side: the first request of each (the shortest) gets the call, later ones "5"."""
 
-        async def complete(self, ids: list[int], params: SamplingParams) -> tuple[Any, list[Completion]]:
+        async def complete(self, ids: list[int], params: SamplingParams,
+                           prefer: int | None = None) -> tuple[Any, list[Completion]]:
             if not first_turn_lengths or len(ids) in first_turn_lengths:
                 first_turn_lengths.add(len(ids))
                 server.texts.append(CALL)

@@ -26,7 +26,8 @@ def _answer(request: httpx.Request) -> httpx.Response:
                                                   "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "stop"}]})
 
 
-def _complete(handlers: dict[str, Handler], retries: int = 3) -> tuple[ServerPool, Server | Exception]:
+def _complete(handlers: dict[str, Handler], retries: int = 3,
+              prefer: int | None = None) -> tuple[ServerPool, Server | Exception]:
     servers = [Server(index=i, address=address, model="/m", backend="vllm") for i, address in enumerate(handlers)]
     pool = ServerPool(servers, "token", timeout=5.0, retries=retries, max_in_flight=4)
 
@@ -35,7 +36,7 @@ def _complete(handlers: dict[str, Handler], retries: int = 3) -> tuple[ServerPoo
         pool._client = httpx.AsyncClient(transport=httpx.MockTransport(
             lambda request: handlers[request.url.netloc.decode()](request)))
         try:
-            server, completions = await pool.complete([1, 2], SamplingParams(n=1, max_new_tokens=4))
+            server, completions = await pool.complete([1, 2], SamplingParams(n=1, max_new_tokens=4), prefer=prefer)
             assert completions[0].token_ids == [7]
             return server
         except StepError as exc:
@@ -77,3 +78,14 @@ def test_a_live_server_answering_errors_is_a_request_failure_not_a_lost_server()
     _, result = _complete({"a:1": lambda request: httpx.Response(500, json={"error": "stand-in"})}, retries=1)
     assert isinstance(result, StepError) and not isinstance(result, ServersUnreachable)
     assert "a request failed 2 times" in str(result) and "500" in str(result)
+
+
+def test_a_preferred_server_gets_the_request_until_it_fails() -> None:
+    """A multi-turn episode's later turns go to the server of its first (rlkit.rollout.groups): preferred over a
+    less busy one, and left for another when it fails."""
+    _, result = _complete({"a:1": _answer, "b:1": _answer}, prefer=1)
+    assert isinstance(result, Server) and result.address == "b:1", "preferred, though server 0 sorts first"
+    _, result = _complete({"a:1": _answer, "b:1": lambda request: httpx.Response(500, json={})}, prefer=1)
+    assert isinstance(result, Server) and result.address == "a:1", "the retry goes elsewhere"
+    _, result = _complete({"a:1": _answer}, prefer=5)
+    assert isinstance(result, Server) and result.address == "a:1", "a server no longer in the pool is no preference"
