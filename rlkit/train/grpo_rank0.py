@@ -12,9 +12,9 @@ from typing import Any
 from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_agent import agent_limits
 from rlkit.errors import StepError
 from rlkit.paths import TrialPaths
+from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.client import ServersUnreachable
 from rlkit.rollout.controller import Group, Prompt, RolloutController
 from rlkit.train import mismatch, recover
@@ -72,52 +72,6 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
         out["response_length/inserted_mean"] = statistics.fmean(len(s.completion_ids) - sampled_count(s)
                                                                 for s in samples)
     return out
-
-
-def code_tool_for(settings: Any) -> Any:
-    """rollout.agent.code_tool as the registry's `python` tool (its own time limit plus the sandbox's start-up)."""
-    from pathlib import Path
-
-    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeLimits, CodeTool, python_tool
-    from rlkit.agent.tools import make_tool
-
-    limits = CodeLimits(wall_seconds=settings.wall_seconds, cpu_seconds=settings.cpu_seconds,
-                        memory_mb=settings.memory_mb, output_bytes=settings.output_bytes, file_mb=settings.file_mb,
-                        max_concurrent=settings.max_concurrent)
-    root = Path(settings.scratch_root)
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o711)  # the sandbox's user (nobody, when the trainer runs as root) must traverse it
-    tool = CodeTool(limits, root, python=settings.python or None)
-    return make_tool(python_tool(tool), PYTHON_TOOL_SCHEMA, timeout_s=settings.wall_seconds + 30.0)
-
-
-def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any:
-    """The multi-turn group sampler of rollout.agent (rlkit.rollout.groups.EpisodeGroups), None without a workflow."""
-    agent = config.rollout.agent
-    if not agent.workflow:
-        return None
-    alloc = parse_allocation(config.allocation_mode)
-    from rlkit.agent.context import EpisodeServices
-    from rlkit.agent.tool_calls import resolve_tool_call_parser
-    from rlkit.agent.tools import ToolConfig, ToolRegistry, load_tools
-    from rlkit.agent.trajectory import TrajectoryLimits
-    from rlkit.agent.workflows import resolve_workflow
-    from rlkit.config.model_config import vocab_size
-    from rlkit.config.validate import servers_context
-    from rlkit.rollout.groups import EpisodeGroups
-    from rlkit.servers.sampling import sampling_params
-
-    loaded = load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
-                        setting="rollout.agent.tools")
-    if agent.code_tool.enabled:
-        loaded.append(code_tool_for(agent.code_tool))
-    tools = ToolRegistry(loaded, max_result_chars=agent.max_tool_result_chars)
-    services = EpisodeServices(score=reward.score, tokenizer=tokenizer, tools=tools,
-                               parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),
-                               limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),
-                               vocab_size=vocab_size(config.actor.path))
-    return EpisodeGroups(resolve_workflow(agent.workflow), services, n_samples=config.gconfig.n_samples,
-                         seed=config.seed, tool_schemas=tools.schemas())
 
 
 class Rank0:
@@ -226,7 +180,7 @@ class Rank0:
             if fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
                 raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
             self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
-                                           max_new_tokens=self.config.gconfig.max_new_tokens)
+                                           max_new_tokens=sampled_budget(self.config))
             self.consumed.update(g.seq for g in self._groups)  # only a batch that will be trained is consumed
             return list(self._prepared.samples)
         except ServersUnreachable as exc:

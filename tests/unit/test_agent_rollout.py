@@ -191,11 +191,11 @@ def test_workflow_files_are_bound_into_containers(grpo_yaml: Path) -> None:
 
 
 def test_the_python_tool_runs_in_the_sandbox_and_a_runaway_program_is_a_message_not_a_crash(tok: Any) -> None:
-    """rollout.agent.code_tool as the rollout builds it (rlkit.train.grpo_rank0.code_tool_for): the model's code
+    """rollout.agent.code_tool as the rollout builds it (rlkit.rollout.agent_setup.code_tool_for): the model's code
     runs, its output goes back masked; a program past its time limit comes back as an error message and the
     episode takes its next turn (the sandbox's own limits are tests/unit/test_code_tool.py's)."""
     from rlkit.config.schema_agent import CodeToolConfig
-    from rlkit.train.grpo_rank0 import code_tool_for
+    from rlkit.rollout.agent_setup import code_tool_for
 
     python = code_tool_for(CodeToolConfig(enabled=True, wall_seconds=2.0, cpu_seconds=2))
     services = _services(tok)
