@@ -53,3 +53,26 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{proc.name}: {cmdline[:200]}")
     return found
+
+
+def trained_steps(trial: Path) -> int:
+    """The last step the trial's trainer reported in progress.json (0 before the first)."""
+    try:
+        return int(json.loads((trial / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def trainer_rank0_pid(trial: Path) -> int | None:
+    """The python process of trainer rank 0 of this trial (not its srun)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
+            return int(proc.name)
+    return None

@@ -13,7 +13,6 @@ tool-use rate to rise likewise; and the episodes to take two turns on average at
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import processes_mentioning, wait_for, wait_state
+from ..slurm_helpers import processes_mentioning, trained_steps, trainer_rank0_pid, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
@@ -30,28 +29,6 @@ STEPS = 24
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
 STEPS_COMPARED = 3
 MARGIN = 0.5
-
-
-def _trained_steps(trial: Path) -> int:
-    try:
-        return int(json.loads((trial / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def _trainer_pid(trial: Path) -> int | None:
-    """The python process of trainer rank 0 of this trial (not its srun)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
-            return int(proc.name)
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +52,9 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
     trial = root / "fileroot" / "demo-grpo" / "agent"
-    wait_for(lambda: _trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
-    pid = wait_for(lambda: _trainer_pid(trial), "trainer rank 0")
-    killed_at = _trained_steps(trial)
+    wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
+    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
+    killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
     state = wait_state("demo-grpo/agent", timeout=1500, env=env)
     logs = run_rlkit("logs", "demo-grpo/agent", "--step", "grpo", "--lines", "400", env=env)

@@ -24,7 +24,14 @@ import pytest
 
 from ..conftest import CONFIGS, run_rlkit
 from ..scenarios import ScenarioPool, scenario_pool
-from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
+from ..slurm_helpers import (
+    processes_mentioning,
+    status_row,
+    trained_steps,
+    trainer_rank0_pid,
+    wait_for,
+    wait_state,
+)
 
 # a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
@@ -66,34 +73,12 @@ def _metrics(trial: Path) -> list[dict[str, float]]:
     return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
 
 
-def _trained_steps(trial: Path) -> int:
-    try:
-        return int(json.loads((trial / "progress.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def _assert_continuous_and_right_data(trial: Path, steps: int, batch: int = BATCH) -> None:
     metrics = _metrics(trial)
     assert [int(m["step"]) for m in metrics] == list(range(1, steps + 1)), "steps must be unique and continuous"
     for m in metrics:
         k = int(m["step"])
         assert (m["data/seq_min"], m["data/seq_max"]) == ((k - 1) * batch, k * batch - 1), f"step {k} data"
-
-
-def _trainer_rank0_pid(trial: Path) -> int | None:
-    """The python process of trainer rank 0 of this trial (not its srun)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
-            return int(proc.name)
-    return None
 
 
 def _step_id(job_id: str, step_name: str) -> str | None:
@@ -117,8 +102,8 @@ def _last_before_kill(log: str) -> int:
 
 def _kill_trainer(env: dict[str, object]) -> Path:
     trial = _submit(env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
-    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
-    pid = wait_for(lambda: _trainer_rank0_pid(trial), "trainer rank 0")
+    wait_for(lambda: trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
     os.kill(pid, signal.SIGKILL)
     assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer")) == "COMPLETED"
     return trial
@@ -134,10 +119,10 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
                     "actor.weight_update_mode=xccl", f"actor.path={tied}")
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
-    wait_for(lambda: _trained_steps(trial) >= 3, "3 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
     step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
-    killed_at = _trained_steps(trial)
+    killed_at = trained_steps(trial)
     subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
     assert wait_state(name, timeout=900, env=home) == "COMPLETED"
     return trial, killed_at
@@ -150,7 +135,7 @@ def _time_limit(env: dict[str, object]) -> tuple[Path, str, str]:
     trial = _submit(env, "timelimit", "total_train_steps=24", "recover.freq_steps=100",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}")
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
-    wait_for(lambda: _trained_steps(trial) >= 8, "8 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
     status = run_rlkit("status", name, env=home).stdout
     job_id = str(status_row(name, home)["job_id"])
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
@@ -164,7 +149,7 @@ def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
     """Stop after 10 steps, damage the newest checkpoint, resume: returns the trial and the step it resumes after."""
     trial = _submit(env, "stopresume", "total_train_steps=24", "recover.freq_steps=4")
     name, home = f"{EXPERIMENT}/stopresume", _env(env, "stopresume")
-    wait_for(lambda: _trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 10, "10 trained steps", timeout=600)
     stopped = run_rlkit("stop", name, env=home)
     assert stopped.returncode == 0, stopped.stderr
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
@@ -173,7 +158,7 @@ def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
     from rlkit.train.recover import checkpoints
 
     saved = checkpoints(trial / "recover")
-    stop_step = _trained_steps(trial)
+    stop_step = trained_steps(trial)
     assert saved[0][0] == stop_step, "rlkit stop must checkpoint the last finished step"
     # damage the newest checkpoint: resume must skip it, warn, and use the previous one
     newest, previous = saved[0][1], saved[1][0]
@@ -205,7 +190,7 @@ def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
 def _all_servers_gone(env: dict[str, object]) -> Path:
     trial = _submit(env, "allgone", "total_train_epochs=2", "total_train_steps=80", "recover.freq_steps=1000")
     name, home = f"{EXPERIMENT}/allgone", _env(env, "allgone")
-    wait_for(lambda: _trained_steps(trial) >= 6, "6 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 6, "6 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
     steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step") for i in (0, 1)]
     subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
