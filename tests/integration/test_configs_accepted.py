@@ -99,13 +99,14 @@ def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_h
 @pytest.mark.slurm
 def test_controller_accepts_a_three_component_job(site_standins: list[str], rlkit_home: Path) -> None:
     """Two server groups and a trainer (the CPU GRPO demo with one policy server and an auxiliary judge): three
-    heterogeneous components the controller takes, and the node check of step 0 spans all three."""
+    heterogeneous components the controller takes, and the node check of step 0 runs on all three."""
     model = next(o for o in site_standins if o.startswith("actor.path=")).partition("=")[2]
     result = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), *site_standins, "allocation_mode=vllm:d1+fsdp:d2",
                        f"auxiliary_models=[{{name: judge, model_path: {model}}}]", "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
-    assert result.stdout.count("#SBATCH hetjob") == 2 and "--het-group=0,1,2" in result.stdout
+    assert result.stdout.count("#SBATCH hetjob") == 2
+    assert "NODE_CHECKS=(node_check_0 node_check_1 node_check_2)" in result.stdout  # step 0 on each component
     assert "--auxiliary judge" in result.stdout
     assert not rlkit_home.exists()
 
