@@ -1,7 +1,7 @@
 """The chat template's side of an episode: offering the tools in the prompt, and the text rlkit inserts between turns.
 
-`tokenizer` is any Hugging Face tokenizer (only `encode`, `apply_chat_template` and `all_special_tokens` are used;
-no torch). Two template facts shape this module:
+`tokenizer` is any Hugging Face tokenizer (only `encode`, `apply_chat_template`, `all_special_tokens` and
+`get_added_vocab` are used; no torch). Two template facts shape this module:
 
 - Templates that know tools (Qwen2.5's) take `tools=[...]` in `apply_chat_template` and describe them in their own
   words; others (rlkit's tiny model) silently ignore the argument. `template_takes_tools` finds out by rendering
@@ -71,6 +71,16 @@ def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     return _render(tokenizer, [dict(m) for m in messages], add_generation_prompt=True)
 
 
+def control_tokens(tokenizer: Any) -> list[str]:
+    """Every token text that `encode` turns into one added token: the special tokens and the rest of the added
+    vocabulary (Llama 3's header ids, Qwen2.5's <tool_call> and <tool_response> are added but not "special")."""
+    added = getattr(tokenizer, "get_added_vocab", None)
+    words = set(getattr(tokenizer, "all_special_tokens", []))
+    if callable(added):
+        words.update(str(word) for word in added())
+    return sorted(words)
+
+
 def neutralize_special_tokens(text: str, special_tokens: Sequence[str]) -> str:
     """`text` with every special token's spelling broken by a space (`<|im_start|>` -> `< |im_start|>`).
 
@@ -100,8 +110,9 @@ def turn_glue(tokenizer: Any, new_messages: Sequence[Mapping[str, Any]], *, turn
     token limit or a stop string is closed by the glue. Message contents are neutralized (see
     `neutralize_special_tokens`).
     """
-    specials = list(getattr(tokenizer, "all_special_tokens", []))
-    inserted = [{**m, "content": neutralize_special_tokens(str(m.get("content", "")), specials)}
+    specials = control_tokens(tokenizer)
+    inserted = [{k: neutralize_special_tokens(v, specials) if isinstance(v, str) and k != "role" else v
+                 for k, v in {**m, "content": str(m.get("content", ""))}.items()}
                 for m in new_messages]
     base = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
     text = _render(tokenizer, base + inserted, add_generation_prompt=True)

@@ -98,18 +98,29 @@ class EpisodeContext:
         request = self.builder.start_turn()
         if request is None:
             return None
-        wanted = int(settings.get("max_new_tokens") or request.max_new_tokens)
+        wanted = settings.get("max_new_tokens", request.max_new_tokens)
+        if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
+            raise StepError(f"ctx.generate(max_new_tokens={wanted!r}): give a positive integer (at most "
+                            f"{request.max_new_tokens} fit in this turn)")
+        stop = settings.get("stop", self.services.params.stop)
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
+            raise StepError(f"ctx.generate(stop={stop!r}): give a string or a list of non-empty strings")
         params = dataclasses.replace(
-            self.services.params, n=1, max_new_tokens=min(wanted, request.max_new_tokens),
-            stop=list(settings.get("stop", self.services.params.stop)),
+            self.services.params, n=1, max_new_tokens=min(wanted, request.max_new_tokens), stop=list(stop),
             seed=(self._seed * 1_000_003 + len(self.turns)) % 2**31)  # resumed runs sample the same turns
         version = await self._settled_version()
         server, completion = await self._complete(list(request.request_ids), params)
         self.builder.add_sampled(request, completion.token_ids, completion.logprobs, version=version,
                                  finish_reason=completion.finish_reason)
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        turn = Turn(text, tuple(completion.token_ids), completion.finish_reason, self.services.parser(text), server,
-                    version)
+        try:
+            parsed = self.services.parser(text)
+        except Exception as exc:
+            raise StepError(f"the tool-call parser (rollout.agent.tool_call_parser) raised {type(exc).__name__}: "
+                            f"{exc} on a turn's text; a parser returns a ParsedTurn with problems, never raises") \
+                from exc
+        turn = Turn(text, tuple(completion.token_ids), completion.finish_reason, parsed, server, version)
         self.turns.append(turn)
         return turn
 

@@ -1,6 +1,6 @@
 """The result of one multi-turn episode, and its mapping onto the trainer's `Sample` (torch-free).
 
-Proposed mapping (not wired into the rollout or the trainer yet):
+The mapping (rlkit.rollout.groups hands these samples to the trainer):
 
 | Sample field     | from the episode                                                                          |
 |------------------|-------------------------------------------------------------------------------------------|
@@ -13,8 +13,8 @@ Proposed mapping (not wired into the rollout or the trainer yet):
 | finished         | not truncated (a truncated episode is handled like DAPO's overlong samples)               |
 | reward, group, server | the episode's reward; set by the rollout; the server of the first turn               |
 
-What the trainer must do before it accepts such samples: multiply its per-token loss (and the token count it
-normalizes by) with loss_mask, and read behav_logp only where the mask is 1.
+The trainer counts only loss_mask-1 tokens in its losses, token counts, KL, advantages and log-prob checks
+(rlkit.train.sampled_tokens).
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ class TrajectoryBuilder:
         self._ids.extend(ids)
         self._pending = None
         self.turns += 1
-        if finish_reason == "length" and turn.limited_by_total:
+        if finish_reason == "length" and turn.limited_by_total and len(ids) >= turn.max_new_tokens:
             self.truncate(MAX_TOTAL_TOKENS)  # no room for another turn
         # A turn cut by max_tokens_per_turn does not end the episode: the template's glue closes it and the workflow
         # decides (a cut tool call gets its error message and another turn). An episode whose LAST turn was cut is

@@ -33,8 +33,8 @@ class CodeToolConfig:
     max_concurrent: int = _f(8, "Runs at once on the trainer's rank-0 node.")
     python: str = _f("", "Interpreter of the runs; empty: the trainer's (or /usr/bin/python3 when the sandbox user "
                          "cannot reach it).")
-    scratch_root: str = _f("/tmp/rlkit-code-tool", "Node-local directory for the runs' scratch directories (every "
-                                                    "user must be able to traverse it).")
+    scratch_root: str = _f("/tmp", "Node-local directory where the trainer makes its own private directory for the "
+                                   "runs' scratch directories (every user must be able to traverse it, like /tmp).")
 
 
 @dataclass

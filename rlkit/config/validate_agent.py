@@ -8,6 +8,7 @@ from __future__ import annotations
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_agent import AgentConfig
+from rlkit.config.schema_eval import evaluation_enabled
 
 ROLLOUT_TRAINERS = ("grpo", "ppo")  # the job types whose trainer runs rollouts (episodes replace their samples)
 _LIMITS = ("max_turns", "max_tokens_per_turn", "engine_max_tokens", "max_tool_result_chars")
@@ -37,9 +38,18 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
         resolve_workflow(agent.workflow)
     with problems.check():
         resolve_tool_call_parser(agent.tool_call_parser)
+    names: list[str] = []
     with problems.check():
-        load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
-                   setting="rollout.agent.tools")
+        names = [tool.name for tool in load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
+                                                  setting="rollout.agent.tools")]
+    if agent.code_tool.enabled and "python" in names:
+        problems.add("rollout.agent.tools has a tool named `python` (its schema's name), and "
+                     "rollout.agent.code_tool.enabled adds the built-in python tool",
+                     hint="name your tool otherwise in its tool_schema, or disable the code tool")
+    if evaluation_enabled(config.evaluator):
+        problems.add("evaluator is set, but evaluation during training runs single-turn completions, not episodes: "
+                     "its eval_reward would measure another task (not supported yet with rollout.agent)",
+                     hint="remove the evaluator section (the training metrics agent/* and reward/* stay)")
     for name in _LIMITS:
         value = getattr(agent, name)
         if value is not None and (isinstance(value, bool) or value < 1):
@@ -69,6 +79,3 @@ def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
     if not settings.scratch_root.startswith("/"):
         problems.add(f"rollout.agent.code_tool.scratch_root '{settings.scratch_root}' must be an absolute path",
                      hint="e.g. /tmp/rlkit-code-tool (node-local is fine)")
-    if any(name == "python" for name in (spec.rpartition(":")[2] for spec in config.rollout.agent.tools)):
-        problems.add("rollout.agent.tools names a tool function `python`, and rollout.agent.code_tool.enabled "
-                     "adds the built-in python tool", hint="rename your tool, or disable the code tool")

@@ -123,6 +123,9 @@ class JobPlan:
 def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, where: str) -> tuple[int, int]:
     """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes; `where` names
     the field in messages (allocation_mode 'vllm:d2', auxiliary_models[0] ...)."""
+    if gpus_per_unit < 1 or gpus < 1:  # reported by validation; never divide by it here
+        raise ConfigError(f"{where}: a {what} needs at least one GPU (got {gpus_per_unit} per {what}, {gpus} in all)",
+                          hint="use sizes of at least 1")
     if gpus_per_unit > gpn:
         raise ConfigError(
             f"{where}: one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",

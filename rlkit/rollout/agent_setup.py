@@ -21,6 +21,10 @@ def sampled_budget(config: ExperimentConfig) -> int:
 
 def code_tool_for(settings: Any) -> Any:
     """rollout.agent.code_tool as the registry's `python` tool (its own time limit plus the sandbox's start-up)."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
     from pathlib import Path
 
     from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeLimits, CodeTool, python_tool
@@ -29,9 +33,12 @@ def code_tool_for(settings: Any) -> Any:
     limits = CodeLimits(wall_seconds=settings.wall_seconds, cpu_seconds=settings.cpu_seconds,
                         memory_mb=settings.memory_mb, output_bytes=settings.output_bytes, file_mb=settings.file_mb,
                         max_concurrent=settings.max_concurrent)
-    root = Path(settings.scratch_root)
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o711)  # the sandbox's user (nobody, when the trainer runs as root) must traverse it
+    # A directory of our own, made atomically (mkdtemp: mode 0700, never an existing path or a symlink someone
+    # planted); only it is opened to traversal, for the sandbox's user (nobody, when the trainer runs as root).
+    # scratch_root itself (e.g. /tmp, shared with other users) is never created, chmod-ed or chown-ed here.
+    root = Path(tempfile.mkdtemp(prefix=f"rlkit-code-tool-{os.getuid()}-", dir=settings.scratch_root))
+    root.chmod(0o711)
+    atexit.register(shutil.rmtree, root, True)
     tool = CodeTool(limits, root, python=settings.python or None)
     return make_tool(python_tool(tool), PYTHON_TOOL_SCHEMA, timeout_s=settings.wall_seconds + 30.0)
 

@@ -89,9 +89,23 @@ class EpisodeGroups:
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]
 
+    def fitting(self, prompts: list[Prompt]) -> list[Prompt]:
+        """The prompts whose first prompt (chat template and tool text included) leaves room for a turn within the
+        episode's token limit; the others are named once and left out (an episode could not even start)."""
+        limit = self.services.limits.max_total_tokens
+        kept = [p for p in prompts if len(self.first_prompt(p)[0]) < limit]
+        if len(kept) < len(prompts):
+            print(f"rlkit train: {len(prompts) - len(kept)} of {len(prompts)} prompts leave no room for a turn within "
+                  f"{limit} tokens once the chat template and the tools' text are added; they are left out "
+                  "(raise rollout.agent.engine_max_tokens, or shorten train_dataset.max_length)", flush=True)
+        if not kept:
+            raise StepError(f"no prompt leaves room for a turn within {limit} tokens (rollout.agent.engine_max_tokens "
+                            "or the servers' context) once the chat template and the tools' text are added")
+        return kept
+
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
                      settled_version: SettledVersion) -> SampledGroup:
-        ids, text = self.first_prompt(prompt)
+        ids, _ = self.first_prompt(prompt)
         servers: list[list[int]] = [[] for _ in range(self.n_samples)]  # per episode, the servers of its turns
 
         def on_pool(mine: list[int]) -> Complete:
@@ -103,7 +117,7 @@ class EpisodeGroups:
             return complete
 
         contexts = [EpisodeContext(self.services, complete=on_pool(servers[i]), settled_version=settled_version,
-                                   row=prompt.row, prompt_ids=ids, prompt_text=text,
+                                   row=prompt.row, prompt_ids=ids, prompt_text=prompt.text,
                                    seed=group_seed(self.seed, seq) * 1009 + i) for i in range(self.n_samples)]
         episodes = await asyncio.gather(*(self.workflow(ctx, prompt.row) for ctx in contexts))
         for episode in episodes:

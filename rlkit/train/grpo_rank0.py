@@ -104,6 +104,9 @@ class Rank0:
         self.version = int(resumed["version"]) if resumed is not None else 0
         self.consumed = (recover.expand_positions(resumed["consumed_prefix"], resumed["consumed_extra"])
                          if resumed is not None else set())
+        sampler = episode_groups(config, tokenizer, self.reward)
+        if sampler is not None:  # episodes: prompts whose rendered first prompt leaves no room for a turn are left out
+            prompts = sampler.fitting(prompts)
         self.controller = RolloutController(
             name_resolve=name_resolve_for(config), expected_servers=alloc.server.dp, token=self.token,
             prompts=prompts, params=sampling_params(config),
@@ -112,7 +115,7 @@ class Rank0:
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
             request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
             setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
-            start_version=self.version, consumed=self.consumed, sampler=episode_groups(config, tokenizer, self.reward))
+            start_version=self.version, consumed=self.consumed, sampler=sampler)
         self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
         self.tolerance = weight_check_tolerance(config)
         self.mismatch_warn = logprob_mismatch_warn(config)
@@ -273,6 +276,9 @@ class Rank0:
         n_tokens = sum(sampled_count(s) for g in groups for s in g.samples)  # generated, not inserted
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
         metrics.update(batch_metrics([e for g in groups for e in g.episodes]))  # multi-turn episodes only
+        tools = getattr(self.controller.sampler, "services", None)
+        if tools is not None:
+            metrics.update(tools.tools.metrics())  # per tool: calls, errors, timeouts, seconds since the start
         metrics.update(train_stats)
         metrics.update(timing)
         metrics.update(self.mismatch_metrics)
