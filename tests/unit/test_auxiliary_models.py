@@ -318,3 +318,10 @@ def test_a_reward_worker_reaches_the_judge_from_its_environment(judge_trial: Pat
         sys.modules.pop("rlkit_test_judge_reward", None)
     assert (outcome.value, outcome.error) == (1.0, None)
     assert _StandIn.seen and _StandIn.seen[-1]["prompt"] == [3]
+
+
+def test_a_zero_sized_auxiliary_server_is_a_config_error_in_the_plan_too(grpo_yaml: Path, fake_model: Path) -> None:
+    """Validation names it; the plan, which submit still builds to report layout problems beside it, must not divide
+    by it (it raised ZeroDivisionError, a traceback at submit)."""
+    with pytest.raises(ConfigError, match="needs at least one GPU"):
+        plan_of(load_config(grpo_yaml, [judge(fake_model, tensor_parallel_size=0), "cluster.n_nodes=4"]))
