@@ -13,6 +13,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
   users' and other runs' processes do not matter. Threads count too: the code runs single-threaded.
 - network: a new network namespace with only a loopback that is down; nothing outside is reachable.
 - output: stdout and stderr share one pipe read by the parent; one byte past the cap stops the run.
+- files: in the run's own mount namespace every mount is read-only but the scratch directory, and the paths the
+  caller hides (the rollout hides the trials, rlkit's home, the training data and the usual places of the user's
+  credentials: rlkit.rollout.agent_setup.hidden_from_code) are covered by an empty tmpfs (or /dev/null for a file).
 - privileges: PR_SET_NO_NEW_PRIVS, a fresh interpreter after the namespaces (no capabilities), `python -I`
   (no user site, no PYTHON* variables), a minimal environment (no inherited variables at all), /proc showing
   the sandbox's processes only, a fresh scratch directory as cwd, removed afterwards; RLIMIT_FSIZE per file.
@@ -20,14 +23,15 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
 readable text on sockets and process creation (code using ctypes bypasses it; the kernel barriers then hold).
 
-Not covered: the file system is not hidden. The code can read what its user can read (as `nobody` when rlkit
-runs as root, otherwise as the job's own user, whose files are then readable), and it can connect to Unix
-sockets in the file system (only the audit hook stops that). Total scratch size is not capped (per file only).
+Not covered: files outside the hidden paths stay readable as far as the code's user may read them (as `nobody`
+when rlkit runs as root, otherwise as the job's own user), and the code can connect to Unix sockets in the file
+system (only the audit hook stops that). Total scratch size is not capped (per file only).
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
 `kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`). Where
-they cannot be created, the run goes on without them and `CodeResult.notes` says so: the network is then
-blocked by the audit hook only, and /proc shows the node's processes.
+they cannot be created, the run goes on without them and `CodeResult.notes` says so (the rollout prints each
+note once in the trainer's log): the network is then blocked by the audit hook only, /proc shows the node's
+processes, and the file system is neither read-only nor hidden.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -115,11 +119,13 @@ class CodeResult:
 
 
 def run_python(
-    code: str, *, limits: CodeLimits, scratch_root: Path, python: str | None = None, namespaces: bool = True
+    code: str, *, limits: CodeLimits, scratch_root: Path, python: str | None = None, namespaces: bool = True,
+    hide: Sequence[str] = (),
 ) -> CodeResult:
     """Run `code` in the sandbox and describe how it went. `python` defaults to this interpreter (or, when the
     code runs as `nobody` and cannot reach it, /usr/bin/python3); `namespaces=False` is for nodes known to lack
-    them and for tests of the fallback layer."""
+    them and for tests of the fallback layer. `hide`: paths the code must not see (secrets, the trial directory,
+    the training data); one that holds the interpreter or the scratch root is left visible and noted."""
     problems = code_limit_problems(limits)
     if problems:
         return _failed("the code tool is misconfigured: " + "; ".join(f"{f} {m}" for f, m, _ in problems))
@@ -142,7 +148,7 @@ def run_python(
         spec = ChildSpec(
             python=interpreter, uid=uid, gid=gid, namespaces=namespaces, cpu_seconds=limits.cpu_seconds,
             memory_bytes=limits.memory_mb * 1024 * 1024, file_bytes=limits.file_mb * 1024 * 1024, code=code,
-            env=_minimal_env(scratch),
+            env=_minimal_env(scratch), hide=_hideable(hide, interpreter, scratch, notes),
         )
         if not fits_in_argument(spec):
             return _failed("the code is too long for the code tool (at most about 100 KB)")
@@ -157,19 +163,33 @@ class CodeTool:
     `max_concurrent` threads (the bound), not the loop's default executor, so tool calls never queue other
     `to_thread` work. A cancelled `run` still lets its sandbox finish (within the wall-clock limit)."""
 
-    def __init__(self, limits: CodeLimits, scratch_root: Path, *, python: str | None = None) -> None:
+    def __init__(self, limits: CodeLimits, scratch_root: Path, *, python: str | None = None,
+                 hide: Sequence[str] = ()) -> None:
         self.limits = limits
         self.scratch_root = scratch_root
         self.python = python
+        self.hide = tuple(hide)
         self._executor = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="code-tool")
 
     async def run(self, code: str) -> CodeResult:
         job = functools.partial(run_python, code, limits=self.limits, scratch_root=self.scratch_root,
-                                python=self.python)
+                                python=self.python, hide=self.hide)
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _hideable(hide: Sequence[str], interpreter: str, scratch: Path, notes: list[str]) -> tuple[str, ...]:
+    """The paths of `hide` that may be covered: not the interpreter's nor the scratch directory's own ancestors."""
+    needed = [os.path.realpath(interpreter), str(scratch)]
+    kept = []
+    for path in dict.fromkeys(os.path.normpath(p) for p in hide if p.startswith("/") and p != "/"):
+        if any(n == path or n.startswith(path.rstrip("/") + "/") for n in needed):
+            notes.append(f"{path} stays visible: it holds the code tool's interpreter or scratch directory")
+        else:
+            kept.append(path)
+    return tuple(kept)
 
 
 def _is_clean_text(code: object) -> bool:
@@ -302,9 +322,11 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
     if not namespaces or facts.get("namespaces") != "ok":
         why = "turned off" if not namespaces else str(facts.get("namespaces", "not reported"))[:200]
         notes.append(f"no namespaces ({why}): the network is blocked only by an audit hook (ctypes can bypass "
-                     f"it) and /proc shows the node's processes; enable unprivileged user namespaces on the nodes")
-    if "proc" in facts:
-        notes.append(str(facts["proc"])[:200])
+                     f"it), /proc shows the node's processes, and the code can read and write what the job's user "
+                     f"can; enable unprivileged user namespaces on the nodes")
+    for fact in ("proc", "filesystem"):
+        if fact in facts:
+            notes.append(str(facts[fact])[:400])
     return notes
 
 
@@ -322,8 +344,14 @@ def python_tool(code_tool: CodeTool) -> Callable[..., Awaitable[str]]:
 
     from rlkit.agent.tools import ToolError
 
+    told: set[str] = set()
+
     async def python(code: str) -> str:
         result = await code_tool.run(code)
+        for note in result.notes:  # isolation that did not hold on this node: said once in the trainer's log
+            if note not in told:
+                told.add(note)
+                print(f"rlkit code tool: {note}", flush=True)
         if not result.ok:
             raise ToolError(result.tool_text())
         return result.output

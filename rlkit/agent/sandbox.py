@@ -34,6 +34,7 @@ class ChildSpec:
     file_bytes: int
     code: str
     env: dict[str, str]
+    hide: tuple[str, ...] = ()  # paths the code must not see (covered in its mount namespace)
 
     def argument(self, status_fd: int) -> str:
         return json.dumps(
@@ -41,6 +42,7 @@ class ChildSpec:
                 "mode": "supervise", "python": self.python, "uid": self.uid, "gid": self.gid,
                 "namespaces": self.namespaces, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
                 "file_bytes": self.file_bytes, "code": self.code, "env": self.env, "status_fd": status_fd,
+                "hide": list(self.hide),
                 "source": CHILD_SOURCE,
             },
             ensure_ascii=False,

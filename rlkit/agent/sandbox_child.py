@@ -5,7 +5,9 @@ The parent runs this file's text with `python -I -u -c SOURCE SPEC`, so it must 
 - supervisor (started by the parent in a new session): drops root to the sandbox user, enters new user, network,
   pid, mount, IPC and UTS namespaces, forks the guard, waits for it (killing it on the parent's SIGTERM), exits;
 - guard (pid 1 of the new pid namespace): dies with the supervisor (PR_SET_PDEATHSIG) and, as a namespace's init,
-  takes every process of the namespace with it; mounts a private /proc, forks the runner, reports how it ended;
+  takes every process of the namespace with it; mounts a private /proc, hides the paths it is given (secrets,
+  the trial, the data), makes every mount read-only but the scratch directory, forks the runner, reports how it
+  ended;
 - runner: sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also drops the
   namespace capabilities) that installs the audit hook and runs the code.
 
@@ -30,7 +32,8 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # Linux >= 5.12, every arch
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
@@ -109,6 +112,9 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
             b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
         ) != 0:
             _report(status_fd, proc=f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
+        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []))
+        if sealed:
+            _report(status_fd, filesystem="; ".join(sealed))
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the runner cannot ptrace its guard
     runner_pid = os.fork()
     if runner_pid == 0:
@@ -124,6 +130,39 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         cpu_seconds=usage.ru_utime + usage.ru_stime,
     )
     os._exit(0)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _mount_setattr(libc: ctypes.CDLL, path: str, flags: int, attr: _MountAttr) -> int:
+    return int(libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
+                            ctypes.c_uint(flags), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
+
+
+def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str]) -> list[str]:
+    """In the run's own mount namespace: cover each path of `hide` (a directory with an empty read-only tmpfs, a
+    file with /dev/null), make every mount read-only, and give the scratch directory back its writes (a bind mount
+    of its own). Returns what did not hold; the guard reports it."""
+    problems = []
+    for path in hide:
+        if os.path.isdir(path):
+            done = libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=0500")
+        elif os.path.lexists(path):
+            done = libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None)
+        else:
+            continue
+        if done != 0:
+            problems.append(f"{path} is not hidden: {os.strerror(ctypes.get_errno())}")
+    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) != 0:
+        return [*problems, f"the file system is not read-only: {os.strerror(ctypes.get_errno())}"]
+    if (libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) != 0
+            or _mount_setattr(libc, scratch, 0, _MountAttr(attr_clr=MOUNT_ATTR_RDONLY)) != 0):
+        return [*problems, f"the scratch directory is not writable: {os.strerror(ctypes.get_errno())}"]
+    os.chdir(scratch)  # the new writable mount, not the read-only one the old working directory is on
+    return problems
 
 
 def run(spec: dict[str, Any]) -> None:

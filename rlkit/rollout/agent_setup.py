@@ -19,7 +19,27 @@ def sampled_budget(config: ExperimentConfig) -> int:
     return agent.max_turns * (agent.max_tokens_per_turn or config.gconfig.max_new_tokens)
 
 
-def code_tool_for(settings: Any) -> Any:
+HOME_SECRETS = (".ssh", ".netrc", ".config", ".cache/huggingface", ".aws", ".docker", ".git-credentials", ".gnupg",
+                ".kube", ".pypirc")  # where credentials of the job's user usually are
+
+
+def hidden_from_code(config: ExperimentConfig) -> list[str]:
+    """What the code tool's runs must not see: the trials (tokens, checkpoints), rlkit's home, the training and
+    validation data (answers a policy could learn to read), and the usual places of the user's credentials."""
+    import os
+    from pathlib import Path
+
+    from rlkit.trials import rlkit_home
+
+    home = Path.home()
+    paths = [config.cluster.fileroot, str(rlkit_home()), *(str(home / name) for name in HOME_SECRETS)]
+    for dataset in (config.train_dataset.path, config.valid_dataset.path):
+        if dataset.startswith("/"):
+            paths.append(os.path.dirname(dataset) if os.path.isfile(dataset) else dataset)
+    return paths
+
+
+def code_tool_for(settings: Any, hide: list[str] | tuple[str, ...] = ()) -> Any:
     """rollout.agent.code_tool as the registry's `python` tool (its own time limit plus the sandbox's start-up)."""
     import atexit
     import os
@@ -39,7 +59,7 @@ def code_tool_for(settings: Any) -> Any:
     root = Path(tempfile.mkdtemp(prefix=f"rlkit-code-tool-{os.getuid()}-", dir=settings.scratch_root))
     root.chmod(0o711)
     atexit.register(shutil.rmtree, root, True)
-    tool = CodeTool(limits, root, python=settings.python or None)
+    tool = CodeTool(limits, root, python=settings.python or None, hide=hide)
     return make_tool(python_tool(tool), PYTHON_TOOL_SCHEMA, timeout_s=settings.wall_seconds + 30.0)
 
 
@@ -62,7 +82,7 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
     loaded = load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
                         setting="rollout.agent.tools")
     if agent.code_tool.enabled:
-        loaded.append(code_tool_for(agent.code_tool))
+        loaded.append(code_tool_for(agent.code_tool, hidden_from_code(config)))
     tools = ToolRegistry(loaded, max_result_chars=agent.max_tool_result_chars)
     services = EpisodeServices(score=reward.score, tokenizer=tokenizer, tools=tools,
                                parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),

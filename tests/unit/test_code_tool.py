@@ -382,3 +382,40 @@ def test_limit_problems_name_every_bad_field_with_a_fix(changes: dict[str, objec
 def test_misconfigured_limits_are_a_result_not_an_exception(scratch_root: Path) -> None:
     result = run("print(1)", scratch_root, wall_seconds=-1)
     assert not result.ok and result.error is not None and "wall_seconds is -1" in result.error
+
+
+def test_the_code_can_write_only_in_its_scratch_directory_and_cannot_see_hidden_paths(scratch_root: Path) -> None:
+    """The trial's checkpoints, the reward module, the user's dotfiles: nothing outside the scratch directory is
+    writable, even a directory every user may write in; and the paths rlkit hides (secrets, the trial directory,
+    the training data) show nothing, even when their files are readable by everyone."""
+    shared = Path(tempfile.mkdtemp(prefix="rlkit-code-test-shared-"))
+    secret_dir = Path(tempfile.mkdtemp(prefix="rlkit-code-test-secret-"))
+    secret_file = Path(tempfile.mkstemp(prefix="rlkit-code-test-netrc-")[1])
+    try:
+        for path in (shared, secret_dir):
+            path.chmod(0o777)
+        (secret_dir / "token").write_text("s3cret")
+        (secret_dir / "token").chmod(0o644)
+        secret_file.write_text("machine x password s3cret")
+        secret_file.chmod(0o644)
+        code = (
+            "import os\n"
+            f"try:\n    open({str(shared / 'planted')!r}, 'w').write('x')\n    print('WROTE-OUTSIDE')\n"
+            "except OSError as e:\n    print('refused', e.errno)\n"
+            "open('mine.txt', 'w').write('ok')\nprint('scratch', open('mine.txt').read())\n"
+            f"print('listing', os.listdir({str(secret_dir)!r}))\n"
+            f"print('file', repr(open({str(secret_file)!r}).read()))\n"
+        )
+        result = run_python(code, limits=CodeLimits(), scratch_root=scratch_root, hide=[str(secret_dir),
+                                                                                       str(secret_file)])
+        assert_isolated(result)
+        assert result.ok, result
+        assert "WROTE-OUTSIDE" not in result.output and "refused 30" in result.output, result.output  # EROFS
+        assert "scratch ok" in result.output and "listing []" in result.output and "file ''" in result.output
+        assert "s3cret" not in result.output and not (shared / "planted").exists()
+        kept = run_python("print(1)", limits=CodeLimits(), scratch_root=scratch_root, hide=[str(scratch_root)])
+        assert kept.ok and any("stays visible" in note for note in kept.notes), kept.notes
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(secret_dir, ignore_errors=True)
+        secret_file.unlink(missing_ok=True)
