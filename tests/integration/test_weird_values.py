@@ -22,6 +22,7 @@ import pytest
 
 from rlkit.config.load import load_config
 from rlkit.config.schema import ExperimentConfig, set_field
+from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
 from rlkit.errors import ConfigError
 from rlkit.launch.render import step_command
 from rlkit.launch.submit import Prepared, prepare_config
@@ -45,6 +46,8 @@ def string_fields(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[
             found += string_fields(typing.cast(type, hint), f"{path}.")
         elif hint in (str, str | None):
             found.append((path, "str"))
+        elif typing.get_origin(hint) is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            found += string_fields(typing.get_args(hint)[0], f"{path}[0].")  # a list of sections: its first entry
         elif typing.get_origin(hint) is list:
             found.append((path, "list"))
         elif typing.get_origin(hint) is dict:
@@ -59,6 +62,9 @@ def _with_value(base: ExperimentConfig, path: str, kind: str, value: str) -> Exp
     """A copy of `base` with one field set as the loader would set it (the loader's own typing is tested in
     test_yaml_and_time; here every value is already a string)."""
     config = copy.deepcopy(base)
+    if path.startswith("auxiliary_models[0].") and not config.auxiliary_models:  # an entry to put the value in
+        config.auxiliary_models = [AuxiliaryModelConfig(name="judge", model_path=config.actor.path)]
+        config.cluster.n_nodes += 1
     set_field(config, path, {"str": value, "list": [value], "dict-key": {value: 1},
                              "dict-value": {"some_flag": value}}[kind])
     return config
