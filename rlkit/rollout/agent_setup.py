@@ -89,4 +89,5 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
                                limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),
                                vocab_size=vocab_size(config.actor.path))
     return EpisodeGroups(resolve_workflow(agent.workflow), services, n_samples=config.gconfig.n_samples,
-                         seed=config.seed, tool_schemas=tools.schemas())
+                         seed=config.seed, tool_schemas=tools.schemas(),
+                         prompt_key=config.train_dataset.prompt_key)

@@ -17,6 +17,7 @@ from rlkit.agent.episode import Episode
 from rlkit.agent.workflows import Workflow
 from rlkit.errors import StepError
 from rlkit.rewards.runner import RewardRunner
+from rlkit.row_formats import rl_prompt
 from rlkit.servers.backend import Completion, SamplingParams
 from rlkit.types import Sample
 
@@ -73,18 +74,21 @@ class EpisodeGroups:
     """`n_samples` episodes of the workflow for the prompt, side by side; each becomes one token-exact sample."""
 
     def __init__(self, workflow: Workflow, services: EpisodeServices, *, n_samples: int, seed: int,
-                 tool_schemas: list[dict[str, Any]]) -> None:
+                 tool_schemas: list[dict[str, Any]], prompt_key: str = "prompt") -> None:
         self.workflow, self.services, self.n_samples, self.seed = workflow, services, n_samples, seed
-        self.tool_schemas = tool_schemas
+        self.tool_schemas, self.prompt_key = tool_schemas, prompt_key
         self._prompts: dict[int, tuple[list[int], str]] = {}
 
     def first_prompt(self, prompt: Prompt) -> tuple[list[int], str]:
-        """The episode's first prompt: the row's chat (or its text as a user turn) with the tools offered, through
-        the chat template, tokenized once."""
+        """The episode's first prompt: the row's chat (or its text as a user turn; GSM8K's question as AReaL asks
+        it) with the tools offered, through the chat template, tokenized once."""
         if prompt.index not in self._prompts:
-            messages = prompt.row.get("messages")
+            try:
+                messages = rl_prompt(prompt.row, self.prompt_key)
+            except KeyError:
+                messages = prompt.text
             if not isinstance(messages, list):
-                messages = [{"role": "user", "content": prompt.text}]
+                messages = [{"role": "user", "content": str(messages)}]
             text = render_prompt(self.services.tokenizer, messages, self.tool_schemas)
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]

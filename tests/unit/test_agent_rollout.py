@@ -276,3 +276,20 @@ def test_agent_runs_refuse_evaluation_and_a_second_python_tool(grpo_yaml: Path, 
         "rollout.agent.code_tool.enabled=true", "evaluator.freq_steps=5"])).problems
     text = "\n".join(str(e) for e in problems.errors)
     assert "has a tool named `python` (its schema's name)" in text and "evaluation during training runs" in text
+
+
+def test_a_chat_row_is_rendered_once_with_the_tools_offered(tok: Any) -> None:
+    """The row's own messages go through the template (not its already rendered text as a user turn); a text row
+    becomes one user turn."""
+    from rlkit.rollout.controller import Prompt
+    from rlkit.rollout.groups import EpisodeGroups
+
+    services = _services(tok)
+    groups = EpisodeGroups(tool_use, services, n_samples=1, seed=1, tool_schemas=services.tools.schemas())
+    chat = Prompt(0, {"prompt": [{"role": "user", "content": "hi"}]}, "<|im_start|>user\nhi<|im_end|>", [1])
+    ids, text = groups.first_prompt(chat)
+    assert text.count("<|im_start|>user\nhi<|im_end|>") == 1 and text.count("<|im_start|>") == 3, text
+    assert "add" in text and text.endswith("<|im_start|>assistant\n"), "system (tools), user, assistant"
+    assert ids == tok.encode(text, add_special_tokens=False)
+    plain = Prompt(1, {"prompt": "Q: 1+2= A:"}, "Q: 1+2= A:", [1])
+    assert "<|im_start|>user\nQ: 1+2= A:<|im_end|>" in groups.first_prompt(plain)[1]
