@@ -60,3 +60,11 @@ def vocab_size(model_dir: str) -> int | None:
     if value is None and isinstance(text, dict):
         value = text.get("vocab_size")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def model_positions(model_dir: str) -> int | None:
+    """The model's own context length (max_position_embeddings of its config.json); None for a hub id or when
+    unreadable (the model check says why)."""
+    config = read_model_config(model_dir)
+    value = config.get("max_position_embeddings") if config is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -79,16 +79,6 @@ def check_model_dir(field: str, value: str) -> None:
                           hint="point to a Hugging Face model directory on the shared filesystem", site=True)
 
 
-def model_positions(model: str) -> int | None:
-    """A local model's own context length, max_position_embeddings of its config.json (None when unreadable: the
-    model check says why)."""
-    try:
-        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
-
-
 @_os_errors_named
 def check_tokenizer_dir(field: str, value: str) -> None:
     """A local tokenizer (or model) directory must hold tokenizer files."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.binds import check_binds, parse_mounts
 from rlkit.config.image_labels import check_image_labels
+from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
 from rlkit.config.schema import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.schema_eval import evaluation_enabled
@@ -22,8 +23,6 @@ from rlkit.config.site_files import (
     check_model_dir,
     check_tokenizer_dir,
     check_writable_root,
-    is_local_path,
-    model_positions,
 )
 from rlkit.config.slurm_time import slurm_time_seconds
 from rlkit.config.strings import check_strings
@@ -337,7 +336,7 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
         with problems.check():
             check_tokenizer_dir("tokenizer_path", config.tokenizer_path)
     limit, limit_field = backend.context_length(config), backend.context_field
-    positions = model_positions(model) if is_local_path(model) else None
+    positions = model_positions(model)
     if limit is not None and positions is not None and limit > positions:
         problems.add(f"{limit_field} ({limit}) exceeds the model's context of {positions} tokens "
                      f"(max_position_embeddings of {model}): the servers would refuse to start",

@@ -7,10 +7,11 @@ them at all. How the groups' nodes add up with the policy servers and the traine
 from __future__ import annotations
 
 from rlkit.config.allocation import Allocation
+from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_auxiliary import NAME_PATTERN, AuxiliaryModelConfig, entry_field
-from rlkit.config.site_files import check_model_dir, is_local_path, model_positions
+from rlkit.config.site_files import check_model_dir
 from rlkit.jobs import JobType, registered_job_types
 from rlkit.servers.backend import BACKEND_NAMES, backend_for
 
@@ -66,7 +67,7 @@ def _check_entry(config: ExperimentConfig, index: int, entry: AuxiliaryModelConf
         with problems.check():
             check_model_dir(field("model_path"), entry.model_path)
     if entry.max_model_len is not None:
-        positions = model_positions(entry.model_path) if is_local_path(entry.model_path) else None
+        positions = model_positions(entry.model_path)
         if entry.max_model_len < 1:
             problems.add(f"{field('max_model_len')} must be at least 1 (got {entry.max_model_len})",
                          hint="or leave it unset: the model's own context")

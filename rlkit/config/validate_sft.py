@@ -8,16 +8,16 @@ logger) are not repeated here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.dataset_rows import first_jsonl_row
+from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
 from rlkit.config.schema import DatasetConfig, ExperimentConfig
 from rlkit.config.schema_sft import SFT_PROMPT_TYPES, SFTConfig
-from rlkit.config.site_files import check_chat_template, check_dataset_file, is_local_path
+from rlkit.config.site_files import check_chat_template, check_dataset_file
 from rlkit.config.validate_trainer import validate_trainer
 from rlkit.errors import ConfigError
 from rlkit.row_formats import sft_columns
@@ -127,17 +127,6 @@ def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:
         if key and not isinstance(row[key], str):
             raise ConfigError(f"{name}.path: column '{key}' (sft.{field}) holds {type(row[key]).__name__}, not text",
                               hint="for a column of chats use sft.prompt_type=messages")
-
-
-def model_positions(path: str) -> int | None:
-    """A local model's context length (config.json's max_position_embeddings); None when unknown here."""
-    if not is_local_path(path):
-        return None
-    try:
-        value = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def _validate_lengths(config: ExperimentConfig, problems: Problems) -> None:
