@@ -60,10 +60,13 @@ def messages_with_tool_text(messages: Sequence[Mapping[str, Any]],
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
-                  schemas: Sequence[Mapping[str, Any]] = ()) -> str:
+                  schemas: Sequence[Mapping[str, Any]] = (), *, takes_tools: bool | None = None) -> str:
     """The first prompt's text, tools offered through the template when it takes them, else in the system message;
-    ends with the start of the assistant's turn."""
-    if schemas and template_takes_tools(tokenizer):
+    ends with the start of the assistant's turn. `takes_tools`: `template_takes_tools(tokenizer)` when the caller
+    already knows it (it renders the template twice)."""
+    if takes_tools is None and schemas:
+        takes_tools = template_takes_tools(tokenizer)
+    if schemas and takes_tools:
         return _render(tokenizer, [dict(m) for m in messages], add_generation_prompt=True,
                        tools=as_template_tools(schemas))
     if schemas:

@@ -80,6 +80,11 @@ LIMIT_BOUNDS: dict[str, tuple[float, float, str]] = {
 }
 
 
+def limits_of(settings: object) -> CodeLimits:
+    """The limits a config section carries under CodeLimits' field names (rollout.agent.code_tool)."""
+    return CodeLimits(**{spec.name: getattr(settings, spec.name) for spec in fields(CodeLimits)})
+
+
 def code_limit_problems(limits: CodeLimits) -> list[tuple[str, str, str]]:
     """Every problem of `limits` as (field, message, fix), so the config layer reports them all at once."""
     problems = []

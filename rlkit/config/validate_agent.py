@@ -68,13 +68,12 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
 
 
 def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
-    from rlkit.agent.code_tool import CodeLimits, code_limit_problems
+    from rlkit.agent.code_tool import code_limit_problems, limits_of
 
     settings = config.rollout.agent.code_tool
     if not settings.enabled:
         return
-    limits = CodeLimits(**{name: getattr(settings, name) for name in CodeLimits.__dataclass_fields__})
-    for name, message, fix in code_limit_problems(limits):
+    for name, message, fix in code_limit_problems(limits_of(settings)):
         problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)
     if not settings.scratch_root.startswith("/"):
         problems.add(f"rollout.agent.code_tool.scratch_root '{settings.scratch_root}' must be an absolute path",

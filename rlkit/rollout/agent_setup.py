@@ -47,12 +47,10 @@ def code_tool_for(settings: Any, hide: list[str] | tuple[str, ...] = ()) -> Any:
     import tempfile
     from pathlib import Path
 
-    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeLimits, CodeTool, python_tool
+    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeTool, limits_of, python_tool
     from rlkit.agent.tools import make_tool
 
-    limits = CodeLimits(wall_seconds=settings.wall_seconds, cpu_seconds=settings.cpu_seconds,
-                        memory_mb=settings.memory_mb, output_bytes=settings.output_bytes, file_mb=settings.file_mb,
-                        max_concurrent=settings.max_concurrent)
+    limits = limits_of(settings)
     # A directory of our own, made atomically (mkdtemp: mode 0700, never an existing path or a symlink someone
     # planted); only it is opened to traversal, for the sandbox's user (nobody, when the trainer runs as root).
     # scratch_root itself (e.g. /tmp, shared with other users) is never created, chmod-ed or chown-ed here.

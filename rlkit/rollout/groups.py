@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlkit.agent.chat import render_prompt
+from rlkit.agent.chat import render_prompt, template_takes_tools
 from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, SettledVersion
 from rlkit.agent.episode import Episode
 from rlkit.agent.workflows import Workflow
@@ -77,6 +77,7 @@ class EpisodeGroups:
                  tool_schemas: list[dict[str, Any]], prompt_key: str = "prompt") -> None:
         self.workflow, self.services, self.n_samples, self.seed = workflow, services, n_samples, seed
         self.tool_schemas, self.prompt_key = tool_schemas, prompt_key
+        self._takes_tools = template_takes_tools(services.tokenizer) if tool_schemas else False
         self._prompts: dict[int, tuple[list[int], str]] = {}
 
     def first_prompt(self, prompt: Prompt) -> tuple[list[int], str]:
@@ -89,7 +90,7 @@ class EpisodeGroups:
                 messages = prompt.text
             if not isinstance(messages, list):
                 messages = [{"role": "user", "content": str(messages)}]
-            text = render_prompt(self.services.tokenizer, messages, self.tool_schemas)
+            text = render_prompt(self.services.tokenizer, messages, self.tool_schemas, takes_tools=self._takes_tools)
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]
 
