@@ -113,9 +113,6 @@ class RolloutController:
         self.nr = name_resolve
         self.expected_servers = expected_servers
         self.token = token
-        self.params = params
-        self.reward = reward
-        self.decode = decode
         self.batch_size = batch_size
         self.max_offpolicyness = max_offpolicyness
         self.max_concurrent = max_concurrent

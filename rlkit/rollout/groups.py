@@ -41,6 +41,10 @@ class GroupSampler(Protocol):
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
                      settled_version: SettledVersion) -> SampledGroup: ...
 
+    def metrics(self) -> dict[str, float]:
+        """Counters of the sampler's own since the start (the step's metrics take them as they are)."""
+        ...
+
 
 def group_seed(seed: int, seq: int) -> int:
     """The sampling seed of the group at stream position `seq`: a resumed run samples the same completions."""
@@ -53,6 +57,9 @@ class SingleTurnGroups:
     def __init__(self, params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
                  seed: int) -> None:
         self.params, self.reward, self.decode, self.seed = params, reward, decode, seed
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
                      settled_version: SettledVersion) -> SampledGroup:
@@ -93,6 +100,10 @@ class EpisodeGroups:
             text = render_prompt(self.services.tokenizer, messages, self.tool_schemas, takes_tools=self._takes_tools)
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]
+
+    def metrics(self) -> dict[str, float]:
+        """Per tool: calls, errors, timeouts and seconds since the start (`tools/<name>/*`)."""
+        return self.services.tools.metrics()
 
     def fitting(self, prompts: list[Prompt]) -> list[Prompt]:
         """The prompts whose first prompt (chat template and tool text included) leaves room for a turn within the

@@ -276,9 +276,7 @@ class Rank0:
         n_tokens = sum(sampled_count(s) for g in groups for s in g.samples)  # generated, not inserted
         metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
         metrics.update(batch_metrics([e for g in groups for e in g.episodes]))  # multi-turn episodes only
-        tools = getattr(self.controller.sampler, "services", None)
-        if tools is not None:
-            metrics.update(tools.tools.metrics())  # per tool: calls, errors, timeouts, seconds since the start
+        metrics.update(self.controller.sampler.metrics())  # multi-turn: per tool calls, errors, timeouts, seconds
         metrics.update(train_stats)
         metrics.update(timing)
         metrics.update(self.mismatch_metrics)
