@@ -13,10 +13,10 @@ from rlkit.config.schema_agent import agent_limits
 def sampled_budget(config: ExperimentConfig) -> int:
     """The most tokens a sample's servers may sample (the overlong penalty's end): gconfig.max_new_tokens, or for
     an episode max_turns turns of max_tokens_per_turn."""
-    agent = config.rollout.agent
-    if not agent.workflow:
+    if not config.rollout.agent.workflow:
         return config.gconfig.max_new_tokens
-    return agent.max_turns * (agent.max_tokens_per_turn or config.gconfig.max_new_tokens)
+    turns, _, per_turn = agent_limits(config, None)
+    return turns * per_turn
 
 
 HOME_SECRETS = (".ssh", ".netrc", ".config", ".cache/huggingface", ".aws", ".docker", ".git-credentials", ".gnupg",
