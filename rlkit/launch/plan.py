@@ -25,6 +25,7 @@ from rlkit.config.validate import parse_env_vars, server_model
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
 from rlkit.launch.hostlist import expand_hostlist
+from rlkit.nameresolve.servers import server_step_name
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import backend_for
 
@@ -48,10 +49,10 @@ class ComponentPolicy:
     reports_state: bool
 
 
-RESTARTS = ("on-exit", "on-failure", "never")
+SERVER_POLICY = ComponentPolicy(work=False, restart="on-exit", reports_state=False)
 ROLE_POLICIES = {
-    SERVER_ROLE: ComponentPolicy(work=False, restart="on-exit", reports_state=False),
-    AUXILIARY_ROLE: ComponentPolicy(work=False, restart="on-exit", reports_state=False),
+    SERVER_ROLE: SERVER_POLICY,
+    AUXILIARY_ROLE: SERVER_POLICY,  # an auxiliary model's servers live and restart as the policy's do
     TRAINER_ROLE: ComponentPolicy(work=True, restart="on-failure", reports_state=True),
     CLIENT_ROLE: ComponentPolicy(work=True, restart="never", reports_state=False),
 }
@@ -160,7 +161,7 @@ def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, comp
                                       config.launcher.inference_server_env_vars).items()))
     steps = []
     for i in range(count):
-        name = f"aux-{component.name}-{i}" if component.name else f"server-{i}"
+        name = server_step_name(i, component.name)
         extra = ("--auxiliary", component.name) if component.name else ()
         steps.append(Step(
             name=name, role=component.role, het_group=group, nodes=1, ntasks=1, gpus_per_node=tp,

@@ -27,12 +27,22 @@ _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 def server_key(index: int, auxiliary: str = "") -> str:
     """The name-resolve key of inference server `index` (of auxiliary model `auxiliary` when given)."""
-    return f"{auxiliary_prefix(auxiliary)}/{index}" if auxiliary else f"{SERVERS_KEY}/{index}"
+    return f"{servers_prefix(auxiliary)}/{index}"
+
+
+def servers_prefix(auxiliary: str = "") -> str:
+    """Where the policy's servers register (of auxiliary model `auxiliary` when given)."""
+    return auxiliary_prefix(auxiliary) if auxiliary else SERVERS_KEY
 
 
 def auxiliary_prefix(name: str) -> str:
     """Where the servers of auxiliary model `name` register."""
     return f"{AUXILIARY_KEY}/{name}"
+
+
+def server_step_name(index: int, auxiliary: str = "") -> str:
+    """The job step (and log) name of server `index`: server-<i>, or aux-<name>-<i> for an auxiliary model's."""
+    return f"aux-{auxiliary}-{index}" if auxiliary else f"server-{index}"
 
 
 def check_address(address: object) -> str:
@@ -94,7 +104,7 @@ def read_servers(nr: NameResolve, auxiliary: str = "") -> list[ServerRecord]:
     """The live, well-formed server records of the policy (of auxiliary model `auxiliary` when given), by index;
     each malformed one is skipped with a warning (once)."""
     servers = []
-    for key, value in nr.list_subtree(auxiliary_prefix(auxiliary) if auxiliary else SERVERS_KEY).items():
+    for key, value in nr.list_subtree(servers_prefix(auxiliary)).items():
         try:
             record = parse_server_record(value)
             if key != server_key(record.index, auxiliary):

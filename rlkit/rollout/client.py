@@ -15,6 +15,7 @@ import httpx
 from rlkit.errors import StepError
 from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
+from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
 from rlkit.servers.health import answers_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
@@ -40,8 +41,8 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
             return servers
         if time.monotonic() >= deadline:
             seen = ", ".join(server_key(s.index, auxiliary) for s in servers) or "none"
-            what, step = (f"servers of auxiliary model {auxiliary}", f"aux-{auxiliary}-0") if auxiliary else \
-                ("inference servers", "server-0")
+            what = f"servers of auxiliary model {auxiliary}" if auxiliary else "inference servers"
+            step = server_step_name(0, auxiliary)
             raise StepError(f"waited {timeout:.0f} s for {expected} {what} to register in "
                             f"{nr.describe_location()}; registered: {seen}. Check their step logs "
                             f"(rlkit logs TRIAL --step {step})")
