@@ -54,7 +54,9 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
     os.chmod(paths.root, 0o700)
     paths.logs.mkdir(exist_ok=True)
     paths.token.parent.mkdir(mode=0o700, exist_ok=True)
-    write_atomic(paths.token, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    # hex, never urlsafe: a token starting with '-' is read as an option by servers that take it on their command
+    # line (SGLang's --config merger turns it into `--api-key -...`, which argparse refuses: 1 start in 64 failed)
+    write_atomic(paths.token, secrets.token_hex(32) + "\n", mode=0o600)
     os.chmod(paths.token, 0o600)
     write_atomic(paths.config, config_yaml)
     write_atomic(paths.script, script, mode=0o755)

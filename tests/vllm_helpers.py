@@ -170,7 +170,7 @@ class ServerSlot:
             extra_args, extra_env = lora_flags(LORA_TEST_RANK, {}), dict(LORA_ENV)
         model_dir = (build_tiny_model(self._root / kind, tie_word_embeddings=True) if kind == "tied"
                      else self._untied_model)
-        token = secrets.token_urlsafe(32)
+        token = secrets.token_hex(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
             model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",

@@ -51,7 +51,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     kind = request.param
     root = tmp_path_factory.mktemp(f"sglang_{kind}")
     model = tiny_model_dir if kind == "untied" else build_tiny_model(root / "tied", tie_word_embeddings=True)
-    with running_sglang(model, token=secrets.token_urlsafe(24), workdir=root, python=sglang_python()) as running:
+    with running_sglang(model, token=secrets.token_hex(24), workdir=root, python=sglang_python()) as running:
         print(f"\n[sglang {kind}] server healthy {running.start_seconds:.1f} s after its start")
         yield running
 

@@ -57,7 +57,7 @@ def lora_server_config(model_dir: Path) -> ExperimentConfig:
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LoraServed]:
     root = tmp_path_factory.mktemp("sglang_lora")
     config = lora_server_config(tiny_model_dir)
-    with background_loop() as loop, running_sglang(tiny_model_dir, token=secrets.token_urlsafe(24), workdir=root,
+    with background_loop() as loop, running_sglang(tiny_model_dir, token=secrets.token_hex(24), workdir=root,
                                                    python=sglang_python(), config=config,
                                                    shims=(PIN_SHIM,)) as running:
         print(f"\n[sglang lora] server healthy {running.start_seconds:.1f} s after its start")
