@@ -6,9 +6,10 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -16,9 +17,13 @@ from rich.table import Table
 from rlkit.errors import UserError
 from rlkit.launch import slurm
 from rlkit.paths import TrialPaths
-from rlkit.servers.health import answers_health
+from rlkit.servers.health import probe_health
 from rlkit.trials import TrialRecord, find_trial, list_trials, read_json_dict
 
+if TYPE_CHECKING:
+    from rlkit.nameresolve.base import NameResolve
+
+HEALTH_TIMEOUT_S = 3.0  # per server; all servers are asked at once (rlkit.servers.health.probe_health)
 _FAILED_STEP = re.compile(r"rlkit: step (\S+) failed with exit code (\d+)")
 
 
@@ -118,19 +123,30 @@ def trials_table(rows: list[TrialRow]) -> Table:
 def _servers(paths: TrialPaths) -> tuple[list[ServerRow], list[AuxiliaryServerRow]]:
     """The live servers of the policy and of each auxiliary model, each asked for its health."""
     from rlkit.config.load import load_config
-    from rlkit.nameresolve import name_resolve_for, read_servers
+    from rlkit.nameresolve import name_resolve_for
 
     config = load_config(paths.config)
     nr = name_resolve_for(config)
     verified = read_progress(paths).get("servers", {})  # versions the trainer read back and fingerprinted
     try:
-        policy = [ServerRow(r.index, r.address, r.node, answers_health(r.address, timeout=3),
-                            verified.get(str(r.index), r.weight_version)) for r in read_servers(nr)]
-        auxiliary = [AuxiliaryServerRow(entry.name, r.index, r.address, r.node, answers_health(r.address, timeout=3))
-                     for entry in config.auxiliary_models for r in read_servers(nr, entry.name)]
-        return policy, auxiliary
+        return server_rows(nr, [entry.name for entry in config.auxiliary_models], verified, HEALTH_TIMEOUT_S)
     finally:
         nr.close()
+
+
+def server_rows(nr: NameResolve, auxiliary_models: Sequence[str], verified: Mapping[str, Any],
+                timeout: float) -> tuple[list[ServerRow], list[AuxiliaryServerRow]]:
+    """The registered servers of the policy and of each named auxiliary model, by index, with their health asked of
+    all of them at once (`verified`: the weight versions the trainer fingerprinted, by server index)."""
+    from rlkit.nameresolve import read_servers
+
+    policy = read_servers(nr)
+    auxiliary = [(name, r) for name in auxiliary_models for r in read_servers(nr, name)]
+    healthy = probe_health([r.address for r in policy] + [r.address for _, r in auxiliary], timeout)
+    return ([ServerRow(r.index, r.address, r.node, ok, verified.get(str(r.index), r.weight_version))
+             for r, ok in zip(policy, healthy[:len(policy)], strict=True)],
+            [AuxiliaryServerRow(name, r.index, r.address, r.node, ok)
+             for (name, r), ok in zip(auxiliary, healthy[len(policy):], strict=True)])
 
 
 def failed_step(paths: TrialPaths, job_id: str) -> str | None:
