@@ -15,3 +15,9 @@ def container_argv(argv: tuple[str, ...], *, container_type: str, image: str, ap
         return argv
     bind = ("--bind", ",".join(binds)) if binds else ()
     return ("apptainer", "exec", "--pwd", "/", *apptainer_args, *bind, image, *argv)
+
+
+def container_lacks_gpu_driver(container_type: str, apptainer_args: tuple[str, ...]) -> bool:
+    """Whether the steps run in a container that has no NVIDIA driver: apptainer binds the host's driver and
+    nvidia-smi into the image only with --nv (or --nvccli, nvidia-container-cli's way of doing it)."""
+    return container_type != "none" and not {"--nv", "--nvccli"} & set(apptainer_args)

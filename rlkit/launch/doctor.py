@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rlkit.config.load import to_yaml
 from rlkit.config.site_files import is_image_uri, is_local_path
-from rlkit.launch.containers import container_argv
+from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
 from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
 from rlkit.launch.single_jobs import last_line, submit_function
 from rlkit.launch.submit import Prepared
@@ -76,7 +76,8 @@ def node_spec(prepared: Prepared, workdir: Path, token: str) -> NodeSpec:
     return NodeSpec(canary=str(Path(config.cluster.fileroot) / f".rlkit-doctor-{workdir.name}"), token=token,
                     shared_dir=str(workdir), roles=roles, gpus=gpus, model=model, allreduce_argv=allreduce,
                     container_type=plan.container_type, images=images if plan.container_type != "none" else (),
-                    serve_argv=serve, serve_timeout_s=float(config.launcher.server_startup_timeout))
+                    serve_argv=serve, serve_timeout_s=float(config.launcher.server_startup_timeout),
+                    driverless_container=container_lacks_gpu_driver(plan.container_type, plan.apptainer_args))
 
 
 def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> DoctorRun:

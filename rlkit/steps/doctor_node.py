@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkit.jobenv import JobEnv
-from rlkit.steps.node_check import canary_seen, nvidia_smi_listing, visible_gpus
+from rlkit.steps.node_check import canary_seen, gpu_shortfall, nvidia_smi_listing, visible_gpus
 
 ALLREDUCE_TIMEOUT_S = 90  # rank 0's address, the group's forming and one all-reduce, whatever hangs
 
@@ -37,6 +37,7 @@ class NodeSpec:
     images: tuple[str, ...] = ()  # the role images this node must be able to read
     serve_argv: tuple[str, ...] = ()  # starts one server as the serve step would (first server node only)
     serve_timeout_s: float = 600.0
+    driverless_container: bool = False  # the steps' container has no NVIDIA driver (apptainer without --nv)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ def run_node_checks(spec: NodeSpec) -> NodeReport:
     env = JobEnv.from_environ()
     report = NodeReport(env.node_name, spec.roles[env.global_rank] if env.global_rank < len(spec.roles) else "?")
     _check_fileroot(spec, report)
-    _check_gpus(spec.gpus[env.global_rank] if env.global_rank < len(spec.gpus) else 0, report)
+    _check_gpus(spec.gpus[env.global_rank] if env.global_rank < len(spec.gpus) else 0, report,
+                driverless_container=spec.driverless_container)
     _check_container(spec, report)
     _check_model(spec.model, report)
     _check_allreduce(spec, env, report)
@@ -79,16 +81,19 @@ def _check_fileroot(spec: NodeSpec, report: NodeReport) -> None:
                "put cluster.fileroot on a filesystem every compute node mounts at the same path as the login node")
 
 
-def _check_gpus(expected: int, report: NodeReport) -> None:
-    """Counted as step 0 of every job counts them (rlkit.steps.node_check), on the host."""
+def _check_gpus(expected: int, report: NodeReport, *, driverless_container: bool = False) -> None:
+    """Counted and judged as step 0 of every job does (rlkit.steps.node_check), on the host: a container started
+    with --nv sees the host's driver and GPUs, one started without (`driverless_container`) sees no driver."""
     if expected == 0:
         report.add("GPUs", True, "none asked for")
         return
-    listing, smi_error = nvidia_smi_listing()
-    visible = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), listing).count
-    report.add("GPUs", visible == expected and not smi_error,
-               f"{visible} visible of {expected} asked for" + (f"; {smi_error}" if smi_error else ""),
-               "check the partition's Gres (gpu:N) and cluster.n_gpus_per_node against what the nodes have")
+    listing, smi_error = (None, "") if driverless_container else nvidia_smi_listing()
+    view = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), listing)
+    shortfall = gpu_shortfall(report.role, expected, view, in_container=driverless_container, smi_error=smi_error)
+    if shortfall is None:
+        report.add("GPUs", True, f"{view.count} visible of {expected} asked for")
+    else:
+        report.add("GPUs", False, shortfall.detail, shortfall.fix)
 
 
 def _check_container(spec: NodeSpec, report: NodeReport) -> None:

@@ -118,24 +118,39 @@ def visible_gpus(cuda_visible: str | None, smi_listing: str | None) -> GpuView:
     return GpuView(len(seen), f"nvidia-smi -L lists {len(indices)}, {shown}", True)
 
 
-def gpu_problem(node: str, role: str, expected: int, view: GpuView, *, in_container: bool,
-                smi_error: str = "") -> str | None:
+@dataclass(frozen=True)
+class GpuShortfall:
+    """What is wrong with a node's GPUs and its fix, without the node's name (`rlkit doctor` groups nodes by it)."""
+
+    detail: str
+    fix: str
+
+
+def gpu_shortfall(role: str, expected: int, view: GpuView, *, in_container: bool,
+                  smi_error: str = "") -> GpuShortfall | None:
     """Fewer GPUs than asked for starve the step; more mean Slurm did not confine it to its own (a GPU-less client
     never uses one, so it passes either way). In a container, Slurm's variable alone proves nothing: apptainer
-    brings the driver (and nvidia-smi with it) only with --nv."""
+    brings the driver (and nvidia-smi with it) only with --nv. The one judgement of step 0 and `rlkit doctor`."""
     if expected == 0:
         return None
-    said = f"node {node} sees {view.count} GPU(s) ({view.how}) but its {role} component asked for {expected}"
+    said = f"sees {view.count} GPU(s) ({view.how}) but its {role} component asked for {expected}"
     if smi_error:
-        return f"{said}; {smi_error}: check the node's NVIDIA driver (and, in a container, --nv)"
+        return GpuShortfall(f"{said}; {smi_error}", "check the node's NVIDIA driver (and, in a container, --nv)")
     if in_container and not view.smi_found:
-        return (f"node {node} has no NVIDIA driver inside its {role} container (no nvidia-smi there; "
-                f"{view.how.removeprefix('no nvidia-smi, ')}) but the component asked for {expected} GPU(s): add "
-                "--nv to launcher.slurm.apptainer_args")
+        return GpuShortfall(f"has no NVIDIA driver inside its {role} container (no nvidia-smi there; "
+                            f"{view.how.removeprefix('no nvidia-smi, ')}) but the component asked for {expected} "
+                            "GPU(s)", "add --nv to launcher.slurm.apptainer_args")
     if view.count == expected:
         return None
-    return (f"{said}: check the partition's GPUs (gres gpu:N, cluster.n_gpus_per_node) and that "
-            "launcher.slurm.srun_additional_args asks for no other GPUs")
+    return GpuShortfall(said, "check the partition's GPUs (gres gpu:N, cluster.n_gpus_per_node) and that "
+                              "launcher.slurm.srun_additional_args asks for no other GPUs")
+
+
+def gpu_problem(node: str, role: str, expected: int, view: GpuView, *, in_container: bool,
+                smi_error: str = "") -> str | None:
+    """`gpu_shortfall` as step 0 reports it: one line naming the node, then the fix."""
+    shortfall = gpu_shortfall(role, expected, view, in_container=in_container, smi_error=smi_error)
+    return None if shortfall is None else f"node {node} {shortfall.detail}: {shortfall.fix}"
 
 
 def _connect_host(host: str) -> str:

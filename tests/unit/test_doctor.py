@@ -68,7 +68,35 @@ def test_one_nodes_checks_on_this_machine(tmp_path: Path, monkeypatch: pytest.Mo
     assert [(c.name, c.ok) for c in report.checks] == [("shared fileroot", True), ("shared fileroot", False),
                                                         ("shared fileroot", False), ("GPUs", False), ("model", False)]
     assert "unreadable (No such file or directory)" in report.checks[2].detail
-    assert report.checks[3].detail == "1 visible of 2 asked for" and report.checks[0].fix == ""
+    assert report.checks[3].detail == ("sees 1 GPU(s) (no nvidia-smi, CUDA_VISIBLE_DEVICES=3) but its trainer "
+                                       "component asked for 2"), report.checks[3]
+    assert "cluster.n_gpus_per_node" in report.checks[3].fix and report.checks[0].fix == ""
+
+
+def test_a_container_without_nv_has_no_gpus_whatever_slurm_says(grpo_yaml: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 0's case (rlkit.steps.node_check.gpu_shortfall): apptainer brings the driver only with --nv, so Slurm's
+    CUDA_VISIBLE_DEVICES on the host proves nothing about what the job's container will see."""
+    image = tmp_path / "t.sif"
+    image.write_bytes(b"x")
+    images = ["launcher.slurm.container_type=apptainer", f"launcher.slurm.trainer_image={image}",
+              f"launcher.slurm.inference_server_image={image}"]
+    workdir = tmp_path / "doctor"
+    workdir.mkdir()
+    without_nv = node_spec(prepare(grpo_yaml, [*images, "launcher.slurm.apptainer_args=--writable-tmpfs"]), workdir,
+                           "tok")
+    assert without_nv.driverless_container
+    assert not node_spec(prepare(grpo_yaml, images), workdir, "tok").driverless_container  # the default: --nv
+    assert not node_spec(prepare(grpo_yaml, []), workdir, "tok").driverless_container  # on the host
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    report = NodeReport("n0", "trainer")
+    _check_gpus(2, report, driverless_container=False)
+    _check_gpus(2, report, driverless_container=without_nv.driverless_container)
+    _check_gpus(0, report, driverless_container=True)  # a GPU-less client needs no driver
+    assert [c.ok for c in report.checks] == [True, False, True], report.checks
+    assert report.checks[0].detail == "2 visible of 2 asked for"
+    assert "no NVIDIA driver inside its trainer container" in report.checks[1].detail, report.checks[1]
+    assert report.checks[1].fix == "add --nv to launcher.slurm.apptainer_args"
 
 
 def test_the_allreduce_module_runs_a_real_group_of_one(tmp_path: Path) -> None:
