@@ -47,7 +47,11 @@ def apply_norm(x: torch.Tensor, norm: NormConfig | None, actor: ActorConfig,
 
 
 def prepare_batch(groups: Sequence[Sequence[Sample]], actor: ActorConfig, *, max_new_tokens: int) -> PreparedBatch:
-    """Drop flat groups (dynamic_sampling), then shape and normalise the sequence rewards (AReaL's order)."""
+    """Check every sample (this is where a batch enters the trainer: the one check of its per-token lists, which
+    every later stage relies on), drop flat groups (dynamic_sampling), then shape and normalise the sequence rewards
+    (AReaL's order)."""
+    for i, s in enumerate(s for g in groups for s in g):
+        check_sample(s, i)
     raw = [s.reward for g in groups for s in g]
     kept = [list(g) for g in groups]
     dropped = 0
@@ -100,6 +104,8 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
     `values` (PPO) maps a sample's index to a critic's value of the state before each completion token; GAE then
     bootstraps from them (AReaL's order: the values are taken before the advantages, the returns are A + V).
 
+    The samples were checked where they entered the trainer (`prepare_batch`).
+
     `old_logp`/`ref_logp` map a sample's index in `samples` to its completion log-probs (old: the recomputed ones,
     None for the servers' behaviour log-probs, which AReaL also uses under the decoupled loss; ref: needed when
     kl_ctl > 0). Identical on every rank given the same
@@ -107,8 +113,6 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
     """
     if not samples:
         return {}, []
-    for i, s in enumerate(samples):
-        check_sample(s, i)
     width = max(1, max(len(s.completion_ids) for s in samples))
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
     mask = _padded([sampled_mask(s) for s in samples], width).bool()  # inserted tokens and padding: False

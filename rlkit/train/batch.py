@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from rlkit.train.sampled_tokens import check_sample, sampled_mask
+from rlkit.train.sampled_tokens import sampled_mask
 from rlkit.types import Sample
 
 T = TypeVar("T")
@@ -42,7 +42,9 @@ class MicroBatch:
 
 
 def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False) -> MicroBatch:
-    """Pad `samples` to one [B, L] batch with per-token masks, behaviour log-probs and advantages."""
+    """Pad `samples` to one [B, L] batch with per-token masks, behaviour log-probs and advantages. The samples'
+    per-token lists were checked once, where the batch entered the trainer (advantage_batch.prepare_batch); a
+    micro-batch is packed several times a step, so no per-token check here."""
     if not samples:
         raise ValueError("cannot pack an empty micro-batch")
     length = max(s.length for s in samples)
@@ -57,7 +59,6 @@ def pack(samples: Sequence[Sample], pad_id: int, *, mask_truncated: bool = False
         input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[i, : len(ids)] = 1
         start, end = len(s.prompt_ids) - 1, len(ids) - 1
-        check_sample(s, i)
         sampled = torch.tensor(sampled_mask(s), dtype=torch.bool)
         # An inserted token's behaviour log-prob (0.0) and advantage are zeroed here too: masked out, they must not
         # reach a ratio or a sum even through a loss that forgot the mask.

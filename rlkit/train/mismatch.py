@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rlkit.train.sampled_tokens import check_sample, positions_at
+from rlkit.train.sampled_tokens import positions_at
 from rlkit.types import Sample
 
 METRIC = "weight_sync/logprob_mismatch"  # <METRIC>_mean, _max, _tokens; per server <METRIC>_mean/server<i>, ...
@@ -60,10 +60,8 @@ def compared_indices(samples: Sequence[Sample], version: int) -> list[int]:
     """Indices of the samples the check uses: real samples of a known server with tokens it sampled at `version`."""
     out = []
     for i, s in enumerate(samples):
-        if s.server >= 0 and not s.dummy:
-            check_sample(s, i)
-            if positions_at(s, version):
-                out.append(i)
+        if s.server >= 0 and not s.dummy and positions_at(s, version):
+            out.append(i)
     return out
 
 

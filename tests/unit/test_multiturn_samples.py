@@ -92,13 +92,16 @@ def test_truncation_and_dummies_stay_per_sample() -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"loss_mask": [1, 0, 1]}, "sample 1: 3 loss-mask entries for 9 tokens"),
     ({"loss_mask": [1, 2, 0, 0, 0, 1, 1, 1, -1]}, "loss mask entries must be 0 or 1, got -1, 2"),
+    ({"loss_mask": [1, [1], 0, 0, 0, 1, 1, 1, 0]}, r"loss mask entries must be 0 or 1, got \[1\]"),
     ({"token_versions": [3]}, "sample 1: 1 token versions for 9 tokens"),
     ({"behav_logp": [0.0]}, "sample 1: 1 log-probs for 9 tokens"),
 ])
 def test_misaligned_per_token_lists_are_refused_naming_the_sample(change: dict[str, Any], message: str) -> None:
+    """Where the batch enters the trainer (prepare_batch): every later stage (pack, GAE, the mismatch check) relies
+    on it and checks no more."""
     bad = dataclasses.replace(episode(group=7), **change)
     with pytest.raises(ValueError, match=message) as info:
-        pack([episode(), bad], PAD)
+        prepare_batch([[episode(), bad]], ActorConfig(group_size=2), max_new_tokens=64)
     assert "group 7" in str(info.value)
 
 

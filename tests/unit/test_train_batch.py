@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlkit.config.schema_actor import ActorConfig
+from rlkit.train.advantage_batch import prepare_batch
 from rlkit.train.batch import dummy_like, pack, split_micro_batches
 from rlkit.types import Sample
 
@@ -86,22 +88,29 @@ def test_pack_single_sample_has_no_padding() -> None:
     assert mb.n_tokens == 1
 
 
-def test_pack_rejects_empty_batch_and_mismatched_logprobs() -> None:
+def test_pack_rejects_an_empty_batch() -> None:
     with pytest.raises(ValueError, match="empty"):
         pack([], PAD)
+
+
+def test_a_batch_with_misaligned_per_token_lists_never_reaches_pack() -> None:
+    """The check pack relies on runs once, where the batch enters the trainer (prepare_batch): one log-prob for three
+    tokens would otherwise broadcast silently in pack's tensors."""
+    one_logp = sample([1], [2, 3, 4], [-1.0])
     with pytest.raises(ValueError, match="sample 1: 1 log-probs for 3 tokens"):
-        pack([sample([1], [2]), sample([1], [2, 3, 4], [-1.0])], PAD)
+        prepare_batch([[sample([1], [2]), one_logp]], ActorConfig(group_size=2), max_new_tokens=8)
+    a, b = two()
+    b.token_advantages = [0.25, -0.5]
+    with pytest.raises(ValueError, match="sample 1: 2 advantages for 3 tokens"):
+        prepare_batch([[a, b]], ActorConfig(group_size=2), max_new_tokens=8)
 
 
-def test_pack_places_per_token_advantages_where_set_and_checks_their_count() -> None:
+def test_pack_places_per_token_advantages_where_set() -> None:
     """token_advantages (KL reward penalty, GAE, adv_norm) replace the sequence advantage on that sample only."""
     a, b = two()
     b.token_advantages = [0.25, -0.5, 1.5]
     mb = pack([a, b], PAD)
     torch.testing.assert_close(mb.advantages, torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, -0.5, 1.5, 0.0]]))
-    b.token_advantages = [0.25, -0.5]
-    with pytest.raises(ValueError, match="sample 1: 2 advantages for 3 tokens"):
-        pack([a, b], PAD)
     assert dummy_like(b).token_advantages is None  # a dummy never carries a signal
 
 
