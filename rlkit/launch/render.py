@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -76,9 +77,18 @@ def _component_lines(index: int, component: Component, plan: JobPlan) -> list[st
     return lines
 
 
-def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
-    """The full `[env ...] srun ... [apptainer exec ...] python -m rlkit ...` argv of one step."""
-    srun = ["srun", *([f"--het-group={step.het_group}"] if len(plan.components) > 1 else []),
+def work_step_options(step: Step) -> tuple[str, ...]:
+    """A work step's own srun options: exactly its resources (the steps share the allocation), the whole step ended
+    when one of its tasks fails, its output appended to its own log."""
+    return ("--exact", "--kill-on-bad-exit=1", f"--output={step.log}", "--open-mode=append")
+
+
+def step_command(step: Step, plan: JobPlan, *, options: tuple[str, ...] | None = None,
+                 wrapper: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The full `[env ...] [wrapper] srun ... [apptainer exec ...] python -m rlkit ...` argv of one step: every step,
+    step 0 included, gets its environment, python, image, binds and srun arguments here. `options`: the step's own
+    srun options (default: a work step's, `work_step_options`); `wrapper`: a command srun runs under (a timeout)."""
+    srun = [*wrapper, "srun", *([f"--het-group={step.het_group}"] if len(plan.components) > 1 else []),
             f"--job-name={step.name}", f"--nodes={step.nodes}", f"--ntasks={step.ntasks}"]
     if step.relative_node is not None:
         srun.append(f"--relative={step.relative_node}")
@@ -86,8 +96,8 @@ def step_command(step: Step, plan: JobPlan) -> tuple[str, ...]:
         srun.append(f"--gres=gpu:{step.gpus_per_node}")
     # --chdir=/: the step runs from a directory nobody else can write, not the trial directory the script is in, so
     # `python -m rlkit` (whose sys.path starts with the working directory) never imports a planted rlkit/ from there
-    srun += [f"--cpus-per-task={step.cpus_per_task}", f"--mem={step.mem_mb}M", "--exact", "--kill-on-bad-exit=1",
-             f"--output={step.log}", "--open-mode=append", "--chdir=/", *plan.srun_args]
+    srun += [f"--cpus-per-task={step.cpus_per_task}", f"--mem={step.mem_mb}M",
+             *(work_step_options(step) if options is None else options), "--chdir=/", *plan.srun_args]
     inner = container_argv(step.argv, container_type=plan.container_type, image=step.image,
                            apptainer_args=plan.apptainer_args, binds=plan.binds)
     env = ("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()
@@ -118,19 +128,12 @@ def render_script(plan: JobPlan) -> str:
 
 
 def node_check_command(group: int, plan: JobPlan) -> tuple[str, ...]:
-    """Step 0 on one component: rlkit.steps.node_check on each of its nodes, run as its steps run (their
-    environment additions, python, image, binds and srun arguments) with its GPUs asked for explicitly. The
-    supervisor appends the token's and address file's arguments, which exist only at run time."""
+    """Step 0 on one component: rlkit.steps.node_check on each of its nodes, built by `step_command` from the
+    component's first step (its environment additions, python, image, binds and srun arguments) with one task per
+    node and the component's GPUs asked for explicitly. The supervisor appends the token's and address file's
+    arguments, which exist only at run time."""
     component = plan.components[group]
     step = next(s for s in plan.steps if s.het_group == group)
-    srun = ["timeout", str(NODE_CHECK_TIMEOUT_S), "srun",
-            *([f"--het-group={group}"] if len(plan.components) > 1 else []), f"--job-name={NODE_CHECK_STEP}",
-            f"--nodes={component.nodes}", f"--ntasks={component.nodes}", "--ntasks-per-node=1", "--cpus-per-task=1",
-            f"--mem={min(NODE_CHECK_MEM_MB, component.mem_per_node_mb)}M"]
-    if component.gpus_per_node:
-        srun.append(f"--gres=gpu:{component.gpus_per_node}")
-    # every node reports, whichever fails first; --chdir=/ as for the steps (no module planted in the trial dir)
-    srun += ["--kill-on-bad-exit=0", "--chdir=/", *plan.srun_args]
     check = [step.argv[0], "-m", "rlkit.steps.node_check", f"--role={component.role}",
              f"--gpus={component.gpus_per_node}", *(["--container"] if plan.container_type != "none" else [])]
     others = sum(c.nodes for c in plan.components) - 1
@@ -138,10 +141,13 @@ def node_check_command(group: int, plan: JobPlan) -> tuple[str, ...]:
         work = plan.components[plan.trainer_group]
         check += [f"--target-group={plan.trainer_group}", f"--target-role={work.role}"]
         check += [f"--listen={others}"] if group == plan.trainer_group else []
-    inner = container_argv(tuple(check), container_type=plan.container_type, image=step.image,
-                           apptainer_args=plan.apptainer_args, binds=plan.binds)
-    env = ("env", *(f"{k}={v}" for k, v in step.env)) if step.env else ()
-    return (*env, *srun, *inner)
+    node_check = replace(step, name=NODE_CHECK_STEP, nodes=component.nodes, ntasks=component.nodes,
+                         gpus_per_node=component.gpus_per_node, cpus_per_task=1,
+                         mem_mb=min(NODE_CHECK_MEM_MB, component.mem_per_node_mb), relative_node=None,
+                         argv=tuple(check), log=str(TrialPaths(Path(plan.trial_dir)).step_log(NODE_CHECK_STEP)))
+    # every node reports, whichever fails first; its output goes to the supervisor, which reads the address line
+    return step_command(node_check, plan, options=("--ntasks-per-node=1", "--kill-on-bad-exit=0"),
+                        wrapper=("timeout", str(NODE_CHECK_TIMEOUT_S)))
 
 
 def node_check_lines(plan: JobPlan) -> list[str]:

@@ -239,7 +239,8 @@ def test_each_component_checks_as_its_steps_run() -> None:
     steps' own), one task per node, no node killed for another's failure; only the work component listens."""
     plan = plan_of(load_config(CONFIGS / "grpo.yaml", ["launcher.python=/opt/rlkit/bin/python",
                                                        "actor.path=/storage/models/m", "cluster.fileroot=/storage/r",
-                                                       "launcher.trainer_env_vars=NCCL_DEBUG=WARN"]))
+                                                       "launcher.trainer_env_vars=NCCL_DEBUG=WARN",
+                                                       "launcher.slurm.srun_additional_args=--cpu-bind=none"]))
     server_step = next(s for s in plan.steps if s.het_group == 0)
     trainer_step = next(s for s in plan.steps if s.het_group == 1)
     for group, step in ((0, server_step), (1, trainer_step)):
@@ -253,6 +254,9 @@ def test_each_component_checks_as_its_steps_run() -> None:
         assert argv[argv.index("apptainer"):argv.index(step.argv[0])] == container, "the steps' image and binds"
         assert "--nv" in container
         assert argv[:argv.index("timeout")] == run[:run.index("srun")], "the steps' environment additions"
+        assert argv[argv.index("--chdir=/"):argv.index("apptainer")] == ["--chdir=/", "--cpu-bind=none"], \
+            "the steps' srun arguments"
+        assert run[run.index("--chdir=/"):run.index("apptainer")] == ["--chdir=/", "--cpu-bind=none"]
         assert argv[argv.index(step.argv[0]):][:3] == [step.argv[0], "-m", "rlkit.steps.node_check"]
         assert "--container" in argv and "--target-group=1" in argv
         assert ("--listen=1" in argv) == (group == 1)
