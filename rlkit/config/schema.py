@@ -110,7 +110,8 @@ class LauncherConfig:
     inference_server_env_vars: str = _f("", "Environment for inference servers, comma-separated, e.g. 'A=1,B=2'.")
     trainer_env_vars: str = _f("", "Environment for trainer and client steps, comma-separated, e.g. 'A=1,B=2'.")
     python: str = _f(
-        "", "Python that runs rlkit steps. Empty: this interpreter (container_type none) or python3 (in images)."
+        "", "Python that runs rlkit steps. Empty: this interpreter (container_type none) or python3 (in images). "
+            "An engine in another venv: vllm.python / sglang.python."
     )
     server_startup_timeout: float = _f(900.0, "Seconds a server may take to become healthy before its step fails.")
     slurm: SlurmConfig = _sub(SlurmConfig, "Slurm settings.")
@@ -129,6 +130,10 @@ class VllmConfig:
     enforce_eager: bool = _f(False, "No CUDA graphs, no torch.compile: a faster start, a slower decode on GPUs.")
     enable_prefix_caching: bool = _f(True, "Reuse KV of shared prompt prefixes (reset after every weight update).")
     extra_args: dict[str, Any] = _f({}, "More vLLM 0.32 options, e.g. {max_num_batched_tokens: 2048}; true: bare flag.")
+    python: str = _f("", "Python the vLLM servers run with (rlkit must be importable there too); empty: the one "
+                         "running the serve step.")
+    env_vars: str = _f("", "Environment for vLLM servers only (also an auxiliary model's), e.g. 'A=1,B=2'; "
+                           "set on top of launcher.inference_server_env_vars.")
 
 
 @dataclass
@@ -142,6 +147,10 @@ class SGLangConfig:
     mem_fraction_static: float = _f(0.9, "Fraction of GPU memory for weights and KV cache.")
     disable_radix_cache: bool = _f(False, "Disable prefix (radix) caching.")
     extra_args: dict[str, Any] = _f({}, "Further SGLang flags, e.g. {attention_backend: fa3}.")
+    python: str = _f("", "Python of the SGLang install the servers run with (e.g. its own venv's); empty: the one "
+                         "running the serve step.")
+    env_vars: str = _f("", "Environment for SGLang servers only (also an auxiliary model's), e.g. 'A=1,B=2'; "
+                           "set on top of launcher.inference_server_env_vars.")
 
 
 @dataclass

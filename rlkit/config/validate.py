@@ -324,10 +324,12 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
     if allocation.server is None:
         return
     from rlkit.servers.backend import backend_for  # pure rules, no server import
+    from rlkit.servers.engine_env import check_engine_env
 
     backend = backend_for(allocation.server.backend)
     for field_name, message in backend.extra_args_problems(getattr(config, backend.name).extra_args):
         problems.add(f"{field_name}: {message}")
+    check_engine_env(config, backend, problems)
     model = server_model(config, backend.name)
     field = backend.model_field if model != config.actor.path else "actor.path"
     with problems.check():

@@ -81,6 +81,8 @@ def _check_backend(config: ExperimentConfig, index: int, entry: AuxiliaryModelCo
                    problems: Problems) -> None:
     """A known engine; its section's extra_args acceptable (the policy's own backend is checked with the policy); in
     containers, the engine the one inference-server image holds."""
+    from rlkit.servers.engine_env import check_engine_env  # imports rlkit.config.validate, which imports this module
+
     field = entry_field(index, "backend")
     if entry.backend not in BACKEND_NAMES:
         problems.add(f"{field} '{entry.backend}' is not an inference engine rlkit runs",
@@ -91,6 +93,7 @@ def _check_backend(config: ExperimentConfig, index: int, entry: AuxiliaryModelCo
     if entry.backend != policy:
         for name, message in backend.extra_args_problems(getattr(config, backend.name).extra_args):
             problems.add(f"{name}: {message}")
+        check_engine_env(config, backend, problems)
     if config.launcher.slurm.container_type == "apptainer" and policy is not None and entry.backend != policy:
         problems.add(f"{field} is {entry.backend}, but every server runs in launcher.slurm.inference_server_image, "
                      f"which serves the policy with {policy}", hint=f"set {field}={policy}")

@@ -145,6 +145,9 @@ class ServerBackend(ABC):
     # again under a name it had before could meet KV of the old weights: the adapter transport then resets the cache
     # on its first push (rlkit.weights.lora_disk). False where every load gets a fresh key (SGLang's lora_id).
     adapter_cache_by_name: ClassVar[bool] = True
+    # The variables `launch` sets or removes itself (the token, the routes it needs): `<backend>.env_vars` must not
+    # name them, or the user's value would be silently replaced (rlkit.servers.engine_env).
+    launch_env_names: ClassVar[tuple[str, ...]] = ()
 
     # ---- config side (pure, no server needed) ----
 

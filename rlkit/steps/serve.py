@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ from rlkit.jobenv import JobEnv, advertised_host
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.paths import TrialPaths
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
+from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
 from rlkit.servers.log_redact import popen_redacted
@@ -54,10 +56,18 @@ def refuse_bad_extra_args(config: ExperimentConfig, backend: ServerBackend) -> N
 
 def server_launch(config: ExperimentConfig, backend: ServerBackend, tp: int, port: int, *, token: str,
                   secret_dir: Path, index: int) -> ServerLaunch:
-    """The server's argv and environment additions, from the config (refused extra_args stop here)."""
+    """The server's argv and environment additions, from the config (refused extra_args stop here): the engine runs
+    with `<backend>.python` (else this interpreter) and gets `<backend>.env_vars` under the backend's own variables
+    (rlkit.servers.engine_env). A python this node cannot run stops the step before anything starts."""
     refuse_bad_extra_args(config, backend)
-    return backend.launch(config, python=sys.executable, model=server_model(config, backend.name), host="0.0.0.0",
-                          port=port, tp=tp, token=token, secret_dir=secret_dir, index=index)
+    python = engine_python(config, backend, sys.executable)
+    if missing_python(python):
+        raise FatalStepError(f"{backend.name}.python '{python}' cannot be run on this node (nothing was started); "
+                             f"give the python of the {backend.name} install on the shared filesystem, or leave "
+                             "it empty")
+    launch = backend.launch(config, python=python, model=server_model(config, backend.name), host="0.0.0.0",
+                            port=port, tp=tp, token=token, secret_dir=secret_dir, index=index)
+    return dataclasses.replace(launch, env={**engine_env(config, backend), **launch.env})
 
 
 def launch_env(launch: ServerLaunch) -> dict[str, str]:

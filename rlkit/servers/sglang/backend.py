@@ -66,6 +66,7 @@ class SglangBackend(ServerBackend):
     guard_probe = "/v1/models"  # "normal" auth level: SGLang's api-key middleware answers 401 without the key
     guard_hint = "did SGLang read --api-key from rlkit's --config file?"
     adapter_cache_by_name = False  # each adapter load gets a fresh lora_id, the radix cache's key (sglang.lora)
+    launch_env_names = _UNSET_ENV
 
     # ---- config side ----
 

@@ -34,7 +34,15 @@ from rlkit.servers.backend import (
 from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.http import ServerUnreachable, answer_json, call
 from rlkit.servers.vllm import broadcast
-from rlkit.servers.vllm.command import LORA_ENV, RELOAD_METHOD, WORKER_EXTENSION, lora_flags, vllm_command, vllm_env
+from rlkit.servers.vllm.command import (
+    LORA_ENV,
+    RELOAD_METHOD,
+    TOKEN_ENV,
+    WORKER_EXTENSION,
+    lora_flags,
+    vllm_command,
+    vllm_env,
+)
 
 if TYPE_CHECKING:
     from rlkit.config.schema import ExperimentConfig
@@ -54,6 +62,7 @@ class VllmBackend(ServerBackend):
     # guards only /v1-style paths.
     guard_probe = "/is_paused"
     guard_hint = "is --middleware rlkit.servers.auth.TokenGuard on its command line?"
+    launch_env_names = ("VLLM_SERVER_DEV_MODE", TOKEN_ENV, *LORA_ENV, "VLLM_API_KEY")
 
     # ---- config side ----
 
