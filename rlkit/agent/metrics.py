@@ -1,4 +1,5 @@
-"""Per-episode agent metrics, and their means over a batch, under `agent/` (issue 12's metrics list)."""
+"""Per-episode agent metrics, and their means over a batch, under `agent/` (issue 12's metrics list; the
+evaluator's episodes under `eval/agent/`)."""
 
 from __future__ import annotations
 
@@ -24,17 +25,19 @@ def episode_metrics(episode: Episode) -> dict[str, float]:
     }
 
 
-def batch_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+def batch_metrics(episodes: Sequence[Episode], prefix: str = "agent/") -> dict[str, float]:
     """Means over `episodes` (`agent/used_tools` is the tool-use rate, `agent/truncated` the truncation rate), plus
-    the masked fraction of all tokens and a count per truncation reason; {} for no episodes."""
+    the masked fraction of all tokens and a count per truncation reason; {} for no episodes. `prefix`: `agent/` for
+    training batches, `eval/agent/` for the evaluator's episodes."""
     if not episodes:
         return {}
     rows = [episode_metrics(e) for e in episodes]
-    out = {f"agent/{key}": statistics.fmean(r[key] for r in rows) for key in rows[0]}
+    out = {f"{prefix}{key}": statistics.fmean(r[key] for r in rows) for key in rows[0]}
     tokens = sum(r["trained_tokens"] + r["masked_tokens"] for r in rows)
-    out["agent/masked_fraction"] = sum(r["masked_tokens"] for r in rows) / tokens if tokens else 0.0
+    out[f"{prefix}masked_fraction"] = sum(r["masked_tokens"] for r in rows) / tokens if tokens else 0.0
     for episode in episodes:
         reason = episode.trajectory.truncation_reason
         if reason:
-            out[f"agent/truncated_by/{reason}"] = out.get(f"agent/truncated_by/{reason}", 0.0) + 1.0
+            key = f"{prefix}truncated_by/{reason}"
+            out[key] = out.get(key, 0.0) + 1.0
     return out

@@ -46,10 +46,6 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
         problems.add("rollout.agent.tools has a tool named `python` (its schema's name), and "
                      "rollout.agent.code_tool.enabled adds the built-in python tool",
                      hint="name your tool otherwise in its tool_schema, or disable the code tool")
-    if evaluation_enabled(config.evaluator):
-        problems.add("evaluator is set, but evaluation during training runs single-turn completions, not episodes: "
-                     "its eval_reward would measure another task (not supported yet with rollout.agent)",
-                     hint="remove the evaluator section (the training metrics agent/* and reward/* stay)")
     for name in _LIMITS:
         value = getattr(agent, name)
         if value is not None and (isinstance(value, bool) or value < 1):
@@ -65,6 +61,22 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
     if per_turn is not None and per_turn > config.gconfig.max_new_tokens:
         problems.add(f"rollout.agent.max_tokens_per_turn ({per_turn}) exceeds gconfig.max_new_tokens "
                      f"({config.gconfig.max_new_tokens})", hint="lower it, or raise gconfig.max_new_tokens")
+    _validate_eval_turns(config, problems)
+
+
+def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:
+    """The evaluator runs the training episodes (same workflow, tools and limits, rlkit.train.evaluator): a turn of
+    an evaluation episode may sample fewer tokens (eval_gconfig.max_new_tokens), never more than a training turn."""
+    wanted = config.eval_gconfig.max_new_tokens
+    if not evaluation_enabled(config.evaluator) or wanted is None or isinstance(wanted, bool):
+        return
+    agent = config.rollout.agent
+    per_turn = agent.max_tokens_per_turn or config.gconfig.max_new_tokens
+    setting = "rollout.agent.max_tokens_per_turn" if agent.max_tokens_per_turn else "gconfig.max_new_tokens"
+    if isinstance(per_turn, int) and wanted > per_turn:
+        problems.add(f"eval_gconfig.max_new_tokens ({wanted}) exceeds an episode turn's limit of {per_turn} tokens "
+                     f"({setting}): evaluation episodes keep the training episodes' limits, so it would be ignored",
+                     hint=f"set eval_gconfig.max_new_tokens to at most {per_turn}, or null")
 
 
 def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:

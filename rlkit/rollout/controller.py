@@ -31,8 +31,8 @@ from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
-from rlkit.rollout.groups import GroupSampler, SingleTurnGroups
-from rlkit.servers.backend import Completion, SamplingParams, Server
+from rlkit.rollout.groups import GroupSampler, SampledGroup, SingleTurnGroups
+from rlkit.servers.backend import SamplingParams, Server
 from rlkit.types import Sample
 
 T = TypeVar("T")
@@ -258,15 +258,16 @@ class RolloutController:
                 return self.version, updates
             await asyncio.sleep(0.05)
 
-    async def complete_at_one_version(self, prompt_ids: list[int], params: SamplingParams
-                                      ) -> tuple[list[Completion], int, bool]:
+    async def sample_at_one_version(self, sampler: GroupSampler, prompt: Prompt, seq: int
+                                    ) -> tuple[SampledGroup, int, bool]:
         """On the controller's loop, outside the training stream (evaluation): once no weight update is under way,
-        sample `params.n` completions; returns them, the weight version they were requested at, and whether no
-        update began before they finished (else their tokens may come from two versions)."""
+        sample one group of `prompt` with `sampler` (its own sampling settings; `seq` seeds it); returns the group,
+        the weight version it was requested at, and whether no update began before it finished (else its tokens
+        may come from two versions)."""
         version, updates = await self.settled_version()
         assert self.pool is not None
-        _server, completions = await self.pool.complete(prompt_ids, params)
-        return completions, version, self.updates == updates and not self._updating
+        sampled = await sampler.sample(self.pool, prompt, version, seq, self._settled)
+        return sampled, version, self.updates == updates and not self._updating
 
     # --- the loop thread -------------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """How one prompt becomes a scored GRPO group: one request for all its completions (single turn, the default), or
 one multi-turn episode per sample (rollout.agent.workflow). The rollout controller admits, tags and queues groups
-the same way for both (staleness, weight versions, retries); only what happens inside a group differs.
+the same way for both (staleness, weight versions, retries); only what happens inside a group differs. The evaluator
+(rlkit.train.evaluator) samples its groups with the training sampler's `for_params`: the same kind of group at
+eval_gconfig's settings.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlkit.agent.chat import render_prompt, template_takes_tools
 from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, SettledVersion
 from rlkit.agent.episode import Episode
+from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
 from rlkit.errors import StepError
 from rlkit.rewards.runner import RewardRunner
@@ -45,6 +48,15 @@ class GroupSampler(Protocol):
         """Counters of the sampler's own since the start (the step's metrics take them as they are)."""
         ...
 
+    def for_params(self, params: SamplingParams, *, prompt_key: str) -> GroupSampler:
+        """The same way of sampling a group (the same workflow, tools and limits for episodes) at other sampling
+        settings, `params.n` samples per prompt, with counters of its own (the evaluator's sampler)."""
+        ...
+
+    def fitting(self, prompts: list[Prompt], *, dataset: str = "train_dataset") -> list[Prompt]:
+        """The prompts a group can be sampled from (`dataset` names their setting in the log)."""
+        ...
+
 
 def group_seed(seed: int, seq: int) -> int:
     """The sampling seed of the group at stream position `seq`: a resumed run samples the same completions."""
@@ -60,6 +72,12 @@ class SingleTurnGroups:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def for_params(self, params: SamplingParams, *, prompt_key: str) -> SingleTurnGroups:
+        return SingleTurnGroups(params, self.reward, self.decode, self.seed)  # prompts come tokenized
+
+    def fitting(self, prompts: list[Prompt], *, dataset: str = "train_dataset") -> list[Prompt]:
+        return prompts  # the dataset's max_length already bounds a prompt
 
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,
                      settled_version: SettledVersion) -> SampledGroup:
@@ -105,18 +123,31 @@ class EpisodeGroups:
         """Per tool: calls, errors, timeouts and seconds since the start (`tools/<name>/*`)."""
         return self.services.tools.metrics()
 
-    def fitting(self, prompts: list[Prompt]) -> list[Prompt]:
+    def for_params(self, params: SamplingParams, *, prompt_key: str) -> EpisodeGroups:
+        """Episodes of the same workflow, tools, parser and limits at `params` (a turn samples at most
+        params.max_new_tokens, within the limits), `params.n` per prompt; the tools are counted apart."""
+        limits = dataclasses.replace(self.services.limits, max_tokens_per_turn=min(
+            self.services.limits.max_tokens_per_turn, params.max_new_tokens))
+        tools = self.services.tools
+        services = dataclasses.replace(self.services, params=params, limits=limits,
+                                       tools=ToolRegistry(list(tools.tools.values()),
+                                                          max_result_chars=tools.max_result_chars))
+        return EpisodeGroups(self.workflow, services, n_samples=params.n, seed=self.seed,
+                             tool_schemas=self.tool_schemas, prompt_key=prompt_key)
+
+    def fitting(self, prompts: list[Prompt], *, dataset: str = "train_dataset") -> list[Prompt]:
         """The prompts whose first prompt (chat template and tool text included) leaves room for a turn within the
         episode's token limit; the others are named once and left out (an episode could not even start)."""
         limit = self.services.limits.max_total_tokens
         kept = [p for p in prompts if len(self.first_prompt(p)[0]) < limit]
         if len(kept) < len(prompts):
-            print(f"rlkit train: {len(prompts) - len(kept)} of {len(prompts)} prompts leave no room for a turn within "
-                  f"{limit} tokens once the chat template and the tools' text are added; they are left out "
-                  "(raise rollout.agent.engine_max_tokens, or shorten train_dataset.max_length)", flush=True)
+            print(f"rlkit train: {len(prompts) - len(kept)} of {len(prompts)} {dataset} prompts leave no room for a "
+                  f"turn within {limit} tokens once the chat template and the tools' text are added; they are left "
+                  f"out (raise rollout.agent.engine_max_tokens, or shorten {dataset}.max_length)", flush=True)
         if not kept:
-            raise StepError(f"no prompt leaves room for a turn within {limit} tokens (rollout.agent.engine_max_tokens "
-                            "or the servers' context) once the chat template and the tools' text are added")
+            raise StepError(f"no {dataset} prompt leaves room for a turn within {limit} tokens "
+                            "(rollout.agent.engine_max_tokens or the servers' context) once the chat template and the "
+                            "tools' text are added")
         return kept
 
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,

@@ -5,9 +5,13 @@ once to the same servers through the rollout controller's loop, as a background 
 training goes on, and the result is merged into the metrics of the step during which it finished. One evaluation at
 a time (a due one waits for the running one); the last step always evaluates the final weights and waits for it.
 
-An evaluation is of one weight version: the next push first waits for it (at most rollout.request_timeout: about
-one request time, as its requests run side by side; `timing/eval_wait`), and a completion during which an update
-began anyway (its tokens may come from two versions) is counted in `eval/version_mismatches` and left out of
+A prompt is sampled the way training samples a group (rlkit.rollout.groups: the training sampler's `for_params`) at
+eval_gconfig's settings: one request for its completions, or with rollout.agent one episode per sample of the same
+workflow, tools and limits, whose agent metrics are logged under `eval/agent/`.
+
+An evaluation is of one weight version: the next push first waits for it (at most about one request time, as its
+requests run side by side, or one episode's turns and tool calls; `timing/eval_wait`), and a sample during which an
+update began anyway (its tokens may come from two versions) is counted in `eval/version_mismatches` and left out of
 `eval/reward`.
 """
 
@@ -15,17 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlkit.agent.episode import Episode
+from rlkit.agent.metrics import batch_metrics
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_eval import EvaluatorConfig
-from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.controller import Prompt, RolloutController
+from rlkit.rollout.groups import GroupSampler
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sampling import sampling_params
 from rlkit.train.loop_rank0 import Saver
@@ -35,6 +40,18 @@ def eval_sampling(config: ExperimentConfig) -> SamplingParams:
     """eval_gconfig with each unset field taken from gconfig (AReaL: "None: use gconfig"), greedy decoding included
     (rlkit.servers.sampling)."""
     return sampling_params(config, evaluation=True)
+
+
+def eval_wait_bound(config: ExperimentConfig) -> float:
+    """How long a push waits for a running evaluation: one request (rollout.request_timeout), or for episodes each
+    of max_turns turns with its tool calls (tool_timeout, the code tool's own limit)."""
+    request = config.rollout.request_timeout
+    agent = config.rollout.agent
+    if not agent.workflow.strip():
+        return request
+    code = agent.code_tool
+    tool = max(agent.tool_timeout, code.wall_seconds + 30.0 if code.enabled else 0.0)
+    return agent.max_turns * (request + tool)
 
 
 class EvalSchedule:
@@ -58,11 +75,12 @@ class EvalOutcome:
     """One finished evaluation."""
 
     version: int
-    rewards: list[float] = field(default_factory=list)  # completions made wholly at `version`
-    mismatched: int = 0  # completions during which a weight update began
-    request_failures: int = 0  # prompts whose request failed after its retries
+    rewards: list[float] = field(default_factory=list)  # samples made wholly at `version`
+    mismatched: int = 0  # samples during which a weight update began
+    request_failures: int = 0  # prompts whose request (or episode) failed after its retries
     reward_errors: int = 0
     seconds: float = 0.0
+    episodes: list[Episode] = field(default_factory=list)  # rollout.agent: the episodes of `rewards`
 
     @property
     def reward(self) -> float:
@@ -71,21 +89,21 @@ class EvalOutcome:
     def metrics(self) -> dict[str, float]:
         return {"eval/reward": self.reward, "eval/n": len(self.rewards), "eval/version": self.version,
                 "eval/version_mismatches": self.mismatched, "eval/request_failures": self.request_failures,
-                "eval/reward_errors": self.reward_errors, "eval/seconds": self.seconds}
+                "eval/reward_errors": self.reward_errors, "eval/seconds": self.seconds,
+                **batch_metrics(self.episodes, prefix="eval/agent/")}
 
 
 class Evaluator:
     """Rank 0's evaluations; `after_step` is called once per finished step, after its weights reached the servers."""
 
     def __init__(self, config: ExperimentConfig, prompts: list[Prompt], controller: RolloutController,
-                 reward: RewardRunner, decode: Callable[[list[int]], str],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 sampler: GroupSampler, clock: Callable[[], float] = time.monotonic) -> None:
+        """`sampler`: the training sampler; the evaluation samples with its `for_params(eval_sampling(config))`."""
         cap = config.evaluator.max_prompts
-        self.prompts = prompts[:cap] if cap is not None else prompts
-        self.controller, self.reward, self.decode, self.clock = controller, reward, decode, clock
-        self.params = eval_sampling(config)
-        self.seed = config.seed
-        self.wait_s = config.rollout.request_timeout
+        self.sampler = sampler.for_params(eval_sampling(config), prompt_key=config.valid_dataset.prompt_key)
+        self.prompts = self.sampler.fitting(prompts[:cap] if cap is not None else prompts, dataset="valid_dataset")
+        self.controller, self.clock = controller, clock
+        self.wait_s = eval_wait_bound(config)
         self.schedule = EvalSchedule(config.evaluator, clock())
         self.running: concurrent.futures.Future[EvalOutcome] | None = None
         self.finished: list[EvalOutcome] = []  # since the last after_step
@@ -149,23 +167,24 @@ class Evaluator:
         started = time.monotonic()
         version, _ = await self.controller.settled_version()
         outcome = EvalOutcome(version)
+        failures: list[str] = []
 
         async def one(i: int, prompt: Prompt) -> None:
-            # seeded by the prompt's position: the same sampling at every version, so versions compare
-            params = dataclasses.replace(self.params, seed=(self.seed * 1_000_003 + i) % 2**31)
-            try:
-                completions, at, clean = await self.controller.complete_at_one_version(prompt.ids, params)
-            except Exception:
+            try:  # seeded by the prompt's position (`seq`): the same sampling at every version, so versions compare
+                sampled, at, clean = await self.controller.sample_at_one_version(self.sampler, prompt, i)
+            except Exception as exc:
                 outcome.request_failures += 1
+                failures.append(f"{type(exc).__name__}: {exc}")
                 return
-            scores = await asyncio.gather(*(self.reward.score(prompt.text, self.decode(c.token_ids), prompt.row)
-                                            for c in completions))
             if at != version or not clean:
-                outcome.mismatched += len(completions)
+                outcome.mismatched += len(sampled.samples)
                 return
-            outcome.rewards.extend(s.value for s in scores)
-            outcome.reward_errors += sum(s.error is not None for s in scores)
+            outcome.rewards.extend(s.reward for s in sampled.samples)
+            outcome.reward_errors += sampled.reward_errors + sampled.reward_timeouts
+            outcome.episodes.extend(sampled.episodes)
 
         await asyncio.gather(*(one(i, p) for i, p in enumerate(self.prompts)))
+        if failures:  # the first one says why (a request's retries, or an episode workflow's error)
+            print(f"rlkit train: {len(failures)} evaluation prompts failed; the first: {failures[0]}", flush=True)
         outcome.seconds = time.monotonic() - started
         return outcome

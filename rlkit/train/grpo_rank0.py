@@ -168,9 +168,8 @@ class Rank0:
 
     def attach_evaluator(self, prompts: list[Prompt], *, on_startup: bool) -> None:
         """Evaluate on `prompts` as evaluator.freq_* says (rlkit.train.evaluator); `on_startup`: once now, too."""
-        tokenizer = self.tokenizer
-        self.evaluator = Evaluator(self.config, prompts, self.controller, self.reward,
-                                   decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        # sampled as training samples (single-turn, or the episodes of rollout.agent) at eval_gconfig's settings
+        self.evaluator = Evaluator(self.config, prompts, self.controller, self.controller.sampler)
         if on_startup:
             self.evaluator.start()
 

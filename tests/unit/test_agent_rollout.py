@@ -262,20 +262,37 @@ def test_prompts_that_leave_no_room_for_a_turn_are_left_out(tok: Any) -> None:
     groups = EpisodeGroups(tool_use, services, n_samples=2, seed=1, tool_schemas=[])
     short, long = Prompt(0, {}, "hi", [1]), Prompt(1, {}, "word " * 400, [1])
     assert groups.fitting([short, long]) == [short]
-    with pytest.raises(StepError, match="no prompt leaves room"):
+    with pytest.raises(StepError, match="no train_dataset prompt leaves room"):
         groups.fitting([long])
 
 
-def test_agent_runs_refuse_evaluation_and_a_second_python_tool(grpo_yaml: Path, tmp_path: Path) -> None:
+def test_agent_runs_refuse_a_second_python_tool(grpo_yaml: Path, tmp_path: Path) -> None:
     tools = tmp_path / "tools.py"
     tools.write_text("def run(code: str) -> str:\n    return code\n\n"
                      "run.tool_schema = {'name': 'python', 'description': 'd', 'parameters': {'type': 'object', "
                      "'properties': {'code': {'type': 'string'}}, 'required': ['code']}}\n")
     problems = validate(load_config(grpo_yaml, [
         f"rollout.agent.workflow={WORKFLOW_FILE}:episode", f"rollout.agent.tools=[{tools}:run]",
-        "rollout.agent.code_tool.enabled=true", "evaluator.freq_steps=5"])).problems
+        "rollout.agent.code_tool.enabled=true"])).problems
     text = "\n".join(str(e) for e in problems.errors)
-    assert "has a tool named `python` (its schema's name)" in text and "evaluation during training runs" in text
+    assert "has a tool named `python` (its schema's name)" in text
+
+
+def test_agent_runs_evaluate_with_their_episodes_within_the_training_limits(grpo_yaml: Path, tmp_path: Path) -> None:
+    """The evaluator runs the training episodes (tests/unit/test_agent_eval.py): accepted with rollout.agent; an
+    evaluation turn longer than a training turn would be cut to it, so it is refused."""
+    agent = [f"rollout.agent.workflow={WORKFLOW_FILE}:episode", f"rollout.agent.tool_call_parser={WORKFLOW_FILE}:"
+             "digits_press", f"rollout.agent.tools=[{WORKFLOW_FILE}:press]", "evaluator.freq_steps=5",
+             f"valid_dataset.path={tmp_path / 'train.jsonl'}"]
+    assert validate(load_config(grpo_yaml, [*agent, "eval_gconfig.max_new_tokens=4"])).problems.ok()
+    problems = validate(load_config(grpo_yaml, [*agent, "eval_gconfig.max_new_tokens=16"])).problems
+    assert [str(e) for e in problems.errors] == [
+        "eval_gconfig.max_new_tokens (16) exceeds an episode turn's limit of 8 tokens (gconfig.max_new_tokens): "
+        "evaluation episodes keep the training episodes' limits, so it would be ignored\n"
+        "  fix: set eval_gconfig.max_new_tokens to at most 8, or null"], problems.errors
+    per_turn = validate(load_config(grpo_yaml, [*agent, "rollout.agent.max_tokens_per_turn=4",
+                                                "eval_gconfig.max_new_tokens=6"])).problems
+    assert any("limit of 4 tokens (rollout.agent.max_tokens_per_turn)" in str(e) for e in per_turn.errors)
 
 
 def test_a_chat_row_is_rendered_once_with_the_tools_offered(tok: Any) -> None:

@@ -19,7 +19,9 @@ from rlkit.config.schema_eval import EvaluatorConfig
 from rlkit.config.validate_eval import validate_evaluator
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.rollout.controller import Prompt
-from rlkit.servers.backend import Completion, SamplingParams
+from rlkit.rollout.groups import GroupSampler, SampledGroup, SingleTurnGroups
+from rlkit.servers.backend import Completion, SamplingParams, Server
+from rlkit.servers.sampling import sampling_params
 from rlkit.status import _last_eval
 from rlkit.train.evaluator import EvalOutcome, EvalSchedule, Evaluator, eval_sampling
 
@@ -127,7 +129,8 @@ def test_ppo_takes_grpos_evaluator_sections_and_checks() -> None:
 # --- one evaluation ---------------------------------------------------------------------------------------------
 
 class _Servers:
-    """The two calls an evaluation makes on the rollout controller; a weight update begins during prompt `racing`."""
+    """The rollout controller's two calls an evaluation makes, over a stand-in pool whose completions echo the
+    prompt; a weight update begins during prompt `racing`."""
 
     def __init__(self, racing: int) -> None:
         self.version, self.updates, self.racing = 3, 0, racing
@@ -135,21 +138,34 @@ class _Servers:
     async def settled_version(self) -> tuple[int, int]:
         return self.version, self.updates
 
-    async def complete_at_one_version(self, prompt_ids: list[int], params: SamplingParams
-                                      ) -> tuple[list[Completion], int, bool]:
+    async def complete(self, prompt_ids: list[int], params: SamplingParams,
+                       prefer: int | None = None) -> tuple[Server, list[Completion]]:
         completions = [Completion(str(prompt_ids[0]), prompt_ids, [0.0], "stop") for _ in range(params.n)]
-        return completions, self.version, prompt_ids[0] != self.racing
+        return Server(index=0, address="a:1", model="/m", backend="vllm"), completions
+
+    async def sample_at_one_version(self, sampler: GroupSampler, prompt: Prompt, seq: int
+                                    ) -> tuple[SampledGroup, int, bool]:
+        async def settled() -> int:
+            return self.version
+
+        sampled = await sampler.sample(self, prompt, self.version, seq, settled)  # type: ignore[arg-type]
+        return sampled, self.version, prompt.ids[0] != self.racing
 
 
 class _Reward:
     async def score(self, prompt: str, completion: str, row: dict[str, Any]) -> RewardOutcome:
-        return RewardOutcome(float(row["value"]))
+        return RewardOutcome(float(row.get("value", 0)))
+
+
+def _training_sampler(config: ExperimentConfig) -> SingleTurnGroups:
+    """The single-turn rollout's sampler, as rank 0 builds it; the evaluator samples with its for_params."""
+    return SingleTurnGroups(sampling_params(config), _Reward(), str, config.seed)  # type: ignore[arg-type]
 
 
 def test_an_evaluation_scores_completions_of_its_version_only(tmp_path: Path) -> None:
     prompts = [Prompt(i, {"value": i % 2}, f"p{i}", [i]) for i in range(6)]
-    evaluator = Evaluator(_config(tmp_path, "evaluator.max_prompts=4"), prompts, _Servers(racing=1),  # type: ignore[arg-type]
-                          _Reward(), decode=str)  # type: ignore[arg-type]
+    config = _config(tmp_path, "evaluator.max_prompts=4")
+    evaluator = Evaluator(config, prompts, _Servers(racing=1), _training_sampler(config))  # type: ignore[arg-type]
     outcome = asyncio.run(evaluator._evaluate())
     # prompts 0..3 (max_prompts), 4 samples each; prompt 1's completions overlapped an update
     assert (outcome.version, len(outcome.rewards), outcome.mismatched) == (3, 12, 4)
@@ -179,8 +195,8 @@ class _Submitted:
 
 def test_results_reach_the_step_that_sees_them_and_a_push_waits_for_the_running_one(tmp_path: Path) -> None:
     servers = _Submitted()
-    evaluator = Evaluator(_config(tmp_path, "rollout.request_timeout=0.2"), [Prompt(0, {}, "p", [0])],
-                          servers, _Reward(), decode=str)  # type: ignore[arg-type]
+    config = _config(tmp_path, "rollout.request_timeout=0.2")
+    evaluator = Evaluator(config, [Prompt(0, {}, "p", [0])], servers, _training_sampler(config))  # type: ignore[arg-type]
     assert evaluator.after_step(4, 0, last=False) == {} and servers.futures == []
     assert evaluator.after_step(5, 0, last=False) == {} and len(servers.futures) == 1  # started, not waited for
     assert evaluator.after_step(6, 0, last=False) == {}  # still running: nothing to log, nothing new
@@ -194,9 +210,9 @@ def test_results_reach_the_step_that_sees_them_and_a_push_waits_for_the_running_
 
 def test_the_last_step_waits_for_the_final_evaluation(tmp_path: Path) -> None:
     servers = _Submitted()
-    evaluator = Evaluator(_config(tmp_path, "rollout.request_timeout=0.2", "evaluator.freq_steps=null",
-                                  "evaluator.eval_on_startup=true"), [Prompt(0, {}, "p", [0])],
-                          servers, _Reward(), decode=str)  # type: ignore[arg-type]
+    config = _config(tmp_path, "rollout.request_timeout=0.2", "evaluator.freq_steps=null",
+                     "evaluator.eval_on_startup=true")
+    evaluator = Evaluator(config, [Prompt(0, {}, "p", [0])], servers, _training_sampler(config))  # type: ignore[arg-type]
     evaluator.start()  # eval_on_startup
     servers.futures[0].set_result(EvalOutcome(version=0, rewards=[0.0]))
     # the final evaluation never finishes here: the last step gives up after request_timeout, logging the older one
