@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -76,3 +77,13 @@ def trainer_rank0_pid(trial: Path) -> int | None:
         if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
             return int(proc.name)
     return None
+
+
+def assert_every_version_fingerprinted(trainer_log: str, servers: list[int], last_version: int) -> None:
+    """The trainer log shows every weight version from 0 to `last_version` read back from exactly `servers` and
+    within the fingerprint tolerance of the demo configs (1e-3: float32 on both sides)."""
+    for version in range(0, last_version + 1):
+        match = re.search(rf"servers {re.escape(str(servers))} at weight version {version}, fingerprint max "
+                          rf"\|dlogp\| (\S+) \(tolerance (\S+)\)", trainer_log)
+        assert match, f"no verified sync to version {version} in the trainer log"
+        assert float(match.group(1)) <= float(match.group(2)) == 1e-3

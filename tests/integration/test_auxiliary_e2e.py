@@ -29,7 +29,7 @@ import pytest
 from ..conftest import CONFIGS, run_rlkit
 from ..scenarios import WALL_TIMES
 from ..sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
-from ..slurm_helpers import wait_for, wait_state
+from ..slurm_helpers import assert_every_version_fingerprinted, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang]
 STEPS = 5
@@ -159,11 +159,7 @@ def test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push(judge_ru
     assert [pushes.count(route) for route in SGLANG_PUSH[:3]] == [STEPS] * 3, pushes
     assert pushes.count("continue_generation") >= STEPS, pushes
     log = str(judge_run["log"])
-    for version in range(0, STEPS + 1):
-        match = re.search(rf"servers \[0\] at weight version {version}, fingerprint max \|dlogp\| (\S+) "
-                          rf"\(tolerance (\S+)\)", log)
-        assert match, f"no verified sync to version {version} in the trainer log"
-        assert float(match.group(1)) <= float(match.group(2)) == 1e-3
+    assert_every_version_fingerprinted(log, [0], STEPS)
     metrics = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
     print("SGLang policy: fingerprint max |dlogp| per step",
           [m["weight_sync/fingerprint_max_diff"] for m in metrics], "; rollout log-prob mismatch max per step",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ import pytest
 
 from ..conftest import CONFIGS, run_rlkit
 from ..planted import Listener, plant_server_records
-from ..slurm_helpers import processes_mentioning, wait_for, wait_state
+from ..slurm_helpers import assert_every_version_fingerprinted, processes_mentioning, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 STEPS = 25  # the demo curve takes off after ~12 steps and is near 1 by 25 (at 20 it was 0.6-0.97 across runs)
@@ -141,11 +140,7 @@ def test_job_completes_and_reward_rises(grpo_run: dict[str, object]) -> None:
 def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run: dict[str, object]) -> None:
     trial = Path(str(grpo_run["trial"]))
     log = str(grpo_run["log"])
-    for version in range(0, STEPS + 1):
-        match = re.search(rf"servers \[0, 1\] at weight version {version}, fingerprint max \|dlogp\| (\S+) "
-                          rf"\(tolerance (\S+)\)", log)
-        assert match, f"no verified sync to version {version} in the trainer log"
-        assert float(match.group(1)) <= float(match.group(2)) == 1e-3
+    assert_every_version_fingerprinted(log, [0, 1], STEPS)
     compared = 0
     for m in _metrics(trial):
         assert m["weight_sync/servers_at_version"] == 2
