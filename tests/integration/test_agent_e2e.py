@@ -9,10 +9,15 @@ turns: an expected reward near 0.15 x (0.5 + 0.15 x 0.5) = 0.09, and a step's me
 error of at most 0.5 / sqrt(32) = 0.09 (rewards in [0, 1]). The test asks the mean of the last STEPS_COMPARED steps
 to exceed the first ones' by MARGIN, more than five worst-case standard errors of a mean over 96 episodes, and the
 tool-use rate to rise likewise; and the episodes to take two turns on average at the end (one press per turn).
+
+The same trial evaluates with its episodes (the workflow, tool and limits training uses) on EVAL_PROMPTS held-out
+prompts x 8 episodes, at the starting weights and after the last step: the same argument holds for the 32 episodes of
+an evaluation (worst-case standard error 0.5 / sqrt(32) = 0.09 against MARGIN).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -29,6 +34,7 @@ STEPS = 24
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
 STEPS_COMPARED = 3
 MARGIN = 0.5
+EVAL_PROMPTS = 4
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +47,15 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
+    valid = _held_out(root / "valid.jsonl")
     overrides = [
         f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot", "trial_name=agent",
         "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", f"total_train_steps={STEPS}", "saver.freq_steps=null",
         "recover.freq_steps=5", "vllm.max_model_len=512",
         f"rollout.agent.workflow={WORKFLOW}:episode", f"rollout.agent.tool_call_parser={WORKFLOW}:digits_press",
         f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=2",
+        # evaluation with the training episodes, at the start and after the last step only (CI time)
+        f"valid_dataset.path={valid}", f"evaluator.freq_steps={STEPS}", "evaluator.eval_on_startup=true",
     ]
     env = {"RLKIT_HOME": str(root / "home")}
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
@@ -59,6 +68,13 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     state = wait_state("demo-grpo/agent", timeout=1500, env=env)
     logs = run_rlkit("logs", "demo-grpo/agent", "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
+
+
+def _held_out(out: Path) -> Path:
+    """EVAL_PROMPTS digits rows none of which is in the training set (write_dataset draws both terms from 0-49)."""
+    rows = [{"prompt": f"Q: {60 + i}+{71 + i}= A:", "answer": str(131 + 2 * i)} for i in range(EVAL_PROMPTS)]
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return out
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
@@ -101,3 +117,19 @@ def test_a_killed_trainer_resumes_multi_turn_training_without_losing_a_step(agen
     log = (trial / "logs" / "grpo.log").read_text()
     assert "resuming after step" in log, log[-2000:]
     assert processes_mentioning(str(trial)) == []
+
+
+def test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use(agent_run: dict[str, object]) -> None:
+    """Evaluated at version 0 and after the last step, each on all held-out episodes of one weight version, with the
+    agent's own metrics under eval/agent/: the trained policy presses the tool in two turns, the untrained one not."""
+    evals = [m for m in _metrics(Path(str(agent_run["trial"]))) if "eval/version" in m]
+    print("evals (version, reward, used tools, turns):", [(int(m["eval/version"]), round(m["eval/reward"], 3),
+          round(m["eval/agent/used_tools"], 3), round(m["eval/agent/turns"], 2)) for m in evals])
+    assert [int(m["eval/version"]) for m in evals] == [0, STEPS]
+    for m in evals:
+        assert m["eval/n"] == EVAL_PROMPTS * 8 and m["eval/version_mismatches"] == 0, m
+        assert m["eval/request_failures"] == 0 and m["eval/reward_errors"] == 0, m
+    first, last = evals
+    assert last["eval/reward"] - first["eval/reward"] >= MARGIN, (first, last)
+    assert last["eval/agent/used_tools"] - first["eval/agent/used_tools"] >= MARGIN, (first, last)
+    assert last["eval/agent/turns"] > 1.5 and last["eval/agent/masked_tokens"] > 0, last
