@@ -9,7 +9,9 @@ The policy server is configured as a user of a bare-host cluster would: `sglang.
 and the trainer never see it): `SGLANG_USE_CPU_ENGINE=1` and, first on PYTHONPATH, tests/sglang_cpu_shim, a
 TEST-ONLY CPU kernel shim (one torch function standing in for the CUDA-only sgl-kernel op SGLang's CPU engine calls;
 not part of rlkit, see its docstring). It serves in float32 like the trainer, so the per-push log-prob fingerprint
-keeps its tight tolerance (1e-3).
+keeps its tight tolerance (1e-3). Weights reach it by broadcast (xccl: gloo here, NCCL on GPUs) from trainer rank 0 on
+another node; SGLang's disk route is tested against a directly started server (test_sglang_backend), disk sync in a
+trial by test_grpo_e2e.
 
 The judge loads a copy of the tiny model at its own path, so vLLM serves it under another model name: a judge request
 sent to a policy server would be answered 404, never silently scored. One trial, a few steps: CI time is a budget.
@@ -36,12 +38,16 @@ STEPS = 5
 BATCH = 4 * 8  # prompts per step x samples per prompt (configs/grpo-cpu-demo.yaml)
 USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
 # requests to the weight routes, as the servers' access logs show them (vLLM also lists its routes at start-up);
-# the judge is vLLM, the policy server SGLang (rlkit.servers.sglang.backend: retract pause, load from disk, flush)
+# the judge is vLLM, the policy server SGLang taking each version by broadcast (rlkit.servers.sglang.backend: retract
+# pause, begin, receive over the trainer's gloo group, end, version, flush, resume)
 WEIGHT_REQUESTS = re.compile(r'"POST /(collective_rpc|update_weight_version|pause|resume|reset_prefix_cache|'
-                             r'pause_generation|continue_generation|update_weights_from_disk|flush_cache)\b')
+                             r'pause_generation|continue_generation|update_weights_from_disk|flush_cache|'
+                             r'init_weights_update_group|begin_weight_update|update_weights_from_distributed|'
+                             r'end_weight_update)\b')
 COMPLETIONS = re.compile(r'"POST /v1/completions HTTP/1\.1" (\d{3})')
 SGLANG_GENERATE = re.compile(r'"POST /generate HTTP/1\.1" (\d{3})')
-SGLANG_PUSH = ["pause_generation", "update_weights_from_disk", "flush_cache", "continue_generation"]
+SGLANG_PUSH = ["pause_generation", "begin_weight_update", "update_weights_from_distributed", "end_weight_update",
+               "update_weight_version", "flush_cache"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,7 @@ def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
                  "trial_name=e2e_judge", f"total_train_steps={STEPS}", "allocation_mode=sglang:d1+fsdp:d2",
                  f"sglang.python={sglang_python()}", f"sglang.env_vars='SGLANG_USE_CPU_ENGINE=1,PYTHONPATH={SHIM}'",
                  "sglang.dtype=float32", "sglang.context_length=128", f"sglang.extra_args={{{extra_args}}}",
-                 "actor.weight_update_mode=disk",
+                 "actor.weight_update_mode=xccl",
                  f"auxiliary_models=[{{name: judge, model_path: {judge}}}]",
                  "reward.fn=judge_reward:digits_with_judge", "reward.timeout=60"]
     env = {"RLKIT_HOME": str(root / "home"),
@@ -144,8 +150,9 @@ def test_policy_and_judge_traffic_stay_apart(judge_run: dict[str, object]) -> No
 def test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push(judge_run: dict[str, object]) -> None:
     """The policy's SGLang server was a `srun --het-group=0` step of the job, registered in name resolve only once it
     refused a request without the token, kept the token out of its log (SGLang prints its arguments, key included),
-    and loaded every weight version from disk (retract pause, load, flush, resume), each read back and passing the
-    log-prob fingerprint at the float32 tolerance (as test_grpo_e2e checks for vLLM)."""
+    and received every weight version by broadcast from trainer rank 0 on another node (one gloo group joined once;
+    per push: retract pause, begin, receive, end, version, flush, resume), each read back and passing the log-prob
+    fingerprint at the float32 tolerance (as test_grpo_e2e checks for vLLM); nothing went through the filesystem."""
     trial = Path(str(judge_run["trial"]))
     script = (trial / "job.sbatch").read_text()
     assert "srun --het-group=0 --job-name=server-0 " in script and "start_step server-0 0 " in script
@@ -155,10 +162,13 @@ def test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push(judge_ru
     token = (trial / "secret" / "token").read_text().strip()
     assert token not in server_log
     pushes = WEIGHT_REQUESTS.findall(server_log)
-    # one retract pause, load and flush per training step; resume also once at start-up (idempotent)
-    assert [pushes.count(route) for route in SGLANG_PUSH[:3]] == [STEPS] * 3, pushes
-    assert pushes.count("continue_generation") >= STEPS, pushes
+    # each route once per training step, the group joined once; resume also once at start-up (idempotent)
+    assert [pushes.count(route) for route in SGLANG_PUSH] == [STEPS] * len(SGLANG_PUSH), pushes
+    assert pushes.count("init_weights_update_group") == 1 and pushes.count("continue_generation") >= STEPS, pushes
+    assert "update_weights_from_disk" not in pushes
+    assert not (trial / "weights").exists() or not any((trial / "weights").iterdir())
     log = str(judge_run["log"])
+    assert "weights reach the servers by broadcast" in log
     assert_every_version_fingerprinted(log, [0], STEPS)
     metrics = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
     print("SGLang policy: fingerprint max |dlogp| per step",
