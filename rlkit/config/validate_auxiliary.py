@@ -1,13 +1,15 @@
 """Checks of `auxiliary_models` (rlkit.config.schema_auxiliary), every problem with its fix: the names user code
 asks for, the server counts and sizes, the backend, the model, and whether the job type runs any code that could ask
-them at all. How the groups' nodes add up with the policy servers and the trainer is the planner's check
-(rlkit.launch.plan), as it is for allocation_mode.
+them at all. Whether a server fits a node is asked of the rule the planner fits with (rlkit.config.node_fit); how the
+groups' nodes add up with the policy servers and the trainer is the planner's check (rlkit.launch.plan), as it is for
+allocation_mode.
 """
 
 from __future__ import annotations
 
 from rlkit.config.allocation import Allocation
 from rlkit.config.model_config import model_positions
+from rlkit.config.node_fit import unit_misfit
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_auxiliary import NAME_PATTERN, AuxiliaryModelConfig, entry_field
@@ -56,7 +58,7 @@ def _check_entry(config: ExperimentConfig, index: int, entry: AuxiliaryModelConf
     if tp < 1:
         problems.add(f"{field('tensor_parallel_size')} is {tp}: a server needs at least one GPU",
                      hint=f"set {field('tensor_parallel_size')}=1")
-    elif gpn >= 1 and (tp > gpn or gpn % tp):
+    elif gpn >= 1 and unit_misfit(tp, gpn) is not None:  # the planner's rule (rlkit.config.node_fit)
         problems.add(f"{field('tensor_parallel_size')} {tp} does not fit whole servers on a node of "
                      f"cluster.n_gpus_per_node={gpn} GPUs (a server never straddles nodes)",
                      hint=f"use a tensor_parallel_size that divides {gpn}")

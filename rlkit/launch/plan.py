@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from rlkit.config.allocation import Allocation
 from rlkit.config.binds import container_binds
+from rlkit.config.node_fit import Misfit, misfit, nodes_for
 from rlkit.config.schema import ExperimentConfig
 from rlkit.config.schema_auxiliary import AuxiliaryModelConfig, entry_field
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
@@ -122,30 +123,30 @@ class JobPlan:
 
 
 def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, where: str) -> tuple[int, int]:
-    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes; `where` names
-    the field in messages (allocation_mode 'vllm:d2', auxiliary_models[0] ...)."""
-    if gpus_per_unit < 1 or gpus < 1:  # reported by validation; never divide by it here
+    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes, by the rule
+    validation asks too (rlkit.config.node_fit), worded here; `where` names the field in messages (allocation_mode
+    'vllm:d2', auxiliary_models[0] ...)."""
+    why = misfit(gpus, gpus_per_unit, gpn)
+    if why is Misfit.NO_GPU:  # reported by validation; never divide by it here
         raise ConfigError(f"{where}: a {what} needs at least one GPU (got {gpus_per_unit} per {what}, {gpus} in all)",
                           hint="use sizes of at least 1")
-    if gpus_per_unit > gpn:
+    if why is Misfit.UNIT_OVER_NODE:
         raise ConfigError(
             f"{where}: one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",
             hint="lower the tensor-parallel size, or set cluster.n_gpus_per_node to what your nodes have",
         )
-    if gpn % gpus_per_unit:
+    if why is Misfit.UNIT_SPLITS_NODE:
         raise ConfigError(
             f"{where}: {gpn} GPUs per node do not divide into whole {what}s of {gpus_per_unit} GPUs",
             hint="choose a tensor-parallel size that divides cluster.n_gpus_per_node",
         )
-    if gpus <= gpn:
-        return 1, gpus
-    if gpus % gpn:
+    if why is Misfit.PARTIAL_NODES:
         raise ConfigError(
             f"{where}: the {what}s need {gpus} GPUs, more than one node, so they must fill whole "
             f"nodes of {gpn} GPUs",
             hint=f"use a multiple of {gpn} GPUs (e.g. {math.ceil(gpus / gpn) * gpn})",
         )
-    return gpus // gpn, gpn
+    return nodes_for(gpus, gpn)
 
 
 def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
