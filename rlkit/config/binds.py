@@ -92,7 +92,8 @@ def container_binds(config: ExperimentConfig) -> tuple[list[Bind], list[Bind]]:
     (checked by `check_binds` first, so no user bind moves or covers it), in the order shortest first."""
     user = parse_mounts(config.launcher.slurm.mount)
     added: list[Bind] = []
-    for path in sorted({path for _, path in host_paths(config)}, key=len):  # a parent first: its children need none
+    # a parent first (its children need none); equal lengths by name, so the rendered script is the same every run
+    for path in sorted({path for _, path in host_paths(config)}, key=lambda path: (len(path), path)):
         if not any(is_under(path, b.src) and b.src == b.dst for b in (*user, *added)):
             added.append(Bind(path, path))
     return user, added

@@ -45,3 +45,23 @@ def test_an_identity_bind_above_a_path_is_enough(generate_yaml: Path, tmp_path: 
     rendered = run_rlkit("render", str(generate_yaml), *_apptainer(tmp_path),
                          f"launcher.slurm.mount={tmp_path}:{tmp_path}:ro")
     assert rendered.returncode == 0, rendered.stderr
+
+
+def test_added_binds_come_in_the_same_order_in_every_process(generate_yaml: Path, tmp_path: Path) -> None:
+    """Two host paths of equal length (the model and a second model) are bound in one order whatever the process's
+    string hashing: the rendered script must not change from one `rlkit render` to the next."""
+    import os
+    import subprocess
+    import sys
+
+    for name in ("model-b", "model-a"):
+        (tmp_path / name).mkdir()
+    overrides = [*_apptainer(tmp_path), f"actor.path={tmp_path / 'model-b'}", f"tokenizer_path={tmp_path / 'model-a'}"]
+    script = ("import sys; from rlkit.config.binds import container_binds; from rlkit.config.load import load_config; "
+              "print([b.text() for b in container_binds(load_config(sys.argv[1], sys.argv[2:]))[1]])")
+    orders = {subprocess.run([sys.executable, "-c", script, str(generate_yaml), *overrides], check=True, text=True,
+                             capture_output=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+              for seed in range(6)}
+    assert len(orders) == 1, orders
+    listed = orders.pop()
+    assert listed.index(str(tmp_path / "model-a")) < listed.index(str(tmp_path / "model-b")), listed
