@@ -20,7 +20,7 @@ from rlkit.config.allocation import Allocation
 from rlkit.config.binds import container_binds
 from rlkit.config.node_fit import Misfit, misfit, nodes_for
 from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_auxiliary import AuxiliaryModelConfig, entry_field
+from rlkit.config.schema_auxiliary import entry_field
 from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.validate import parse_env_vars, server_model
 from rlkit.errors import ConfigError
@@ -153,34 +153,70 @@ def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
     return (python, "-m", "rlkit", *args)
 
 
-def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, component: Component, group: int,
-                  count: int, tp: int) -> list[Step]:
-    """The `count` steps of one server component: the policy's servers (server-<i>), or an auxiliary model's
+@dataclass(frozen=True)
+class _Servers:
+    """What sets one group of inference servers apart: the policy's or one auxiliary model's."""
+
+    role: str
+    name: str  # the auxiliary model's name; "" for the policy's servers
+    backend: str
+    model: str
+    dp: int  # how many servers
+    tp: int  # GPUs per server
+    sized_by: str  # the field that set dp and tp, for messages
+
+    @property
+    def note(self) -> str:
+        """The plan's line about them (a comment in the job script)."""
+        does = f"serve auxiliary model {self.name}: {self.model}" if self.name else f"load {self.model}"
+        return f"{self.dp} {self.backend} server(s) of {self.tp} GPU(s) {does}"
+
+
+def _server_groups(config: ExperimentConfig, allocation: Allocation) -> list[_Servers]:
+    """The policy's servers when allocation_mode has them, then one group per auxiliary model."""
+    groups = []
+    if allocation.server is not None:
+        server = allocation.server
+        model = server_model(config, server.backend)
+        if not model:
+            field_name = backend_for(server.backend).model_field
+            raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
+                              hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
+        groups.append(_Servers(SERVER_ROLE, "", server.backend, model, server.dp, server.tp,
+                               f"allocation_mode '{config.allocation_mode}'"))
+    for index, entry in enumerate(config.auxiliary_models):
+        groups.append(_Servers(AUXILIARY_ROLE, entry.name, entry.backend, entry.model_path, entry.engine_num,
+                               entry.tensor_parallel_size, f"{entry_field(index, 'engine_num')} ({entry.name})"))
+    return groups
+
+
+def _server_component(config: ExperimentConfig, servers: _Servers) -> Component:
+    """The nodes of one group of servers, each server on one node; sized per GPU like every server."""
+    launcher, tp = config.launcher, servers.tp
+    nodes, gpn = _nodes_for(servers.dp * tp, tp, config.cluster.n_gpus_per_node, "server", servers.sized_by)
+    return Component(servers.role, nodes, gpn // tp, gpn, tp * launcher.inference_server_cpus_per_gpu,
+                     gpn * launcher.inference_server_mem_per_gpu, name=servers.name)
+
+
+def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, servers: _Servers,
+                  component: Component, group: int) -> list[Step]:
+    """The steps of one server component: the policy's servers (server-<i>), or an auxiliary model's
     (aux-<name>-<i>, `rlkit serve --auxiliary NAME`), each on its node of the component."""
-    servers_per_node = component.gpus_per_node // tp
+    servers_per_node = component.gpus_per_node // servers.tp
     env = tuple(sorted(parse_env_vars("launcher.inference_server_env_vars",
                                       config.launcher.inference_server_env_vars).items()))
     steps = []
-    for i in range(count):
-        name = server_step_name(i, component.name)
-        extra = ("--auxiliary", component.name) if component.name else ()
+    for i in range(servers.dp):
+        name = server_step_name(i, servers.name)
+        extra = ("--auxiliary", servers.name) if servers.name else ()
         steps.append(Step(
-            name=name, role=component.role, het_group=group, nodes=1, ntasks=1, gpus_per_node=tp,
-            cpus_per_task=component.cpus_per_task, mem_mb=tp * config.launcher.inference_server_mem_per_gpu,
+            name=name, role=servers.role, het_group=group, nodes=1, ntasks=1, gpus_per_node=servers.tp,
+            cpus_per_task=component.cpus_per_task, mem_mb=servers.tp * config.launcher.inference_server_mem_per_gpu,
             relative_node=i // servers_per_node,
             argv=_rlkit_argv(python, "serve", "--trial-dir", str(paths.root), "--index", str(i), *extra),
             env=env, image=config.launcher.slurm.inference_server_image, log=str(paths.step_log(name)),
         ))
     return steps
-
-
-def _auxiliary_component(config: ExperimentConfig, index: int, entry: AuxiliaryModelConfig) -> Component:
-    """The nodes of one auxiliary model's servers, fitted like the policy's (validation checked the sizes)."""
-    launcher, tp = config.launcher, entry.tensor_parallel_size
-    nodes, gpn = _nodes_for(entry.engine_num * tp, tp, config.cluster.n_gpus_per_node, "server",
-                            f"{entry_field(index, 'engine_num')} ({entry.name})")
-    return Component(AUXILIARY_ROLE, nodes, gpn // tp, gpn, tp * launcher.inference_server_cpus_per_gpu,
-                     gpn * launcher.inference_server_mem_per_gpu, name=entry.name)
 
 
 def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | None = None,
@@ -199,24 +235,10 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         raise ConfigError(f"allocation_mode '{mode}' does not give job type {job.name} its components",
                           hint="rlkit.config.validate reports what to change")  # validate refuses this first
 
-    components: list[Component] = []
     notes = [f"job type {job.name}: {job.help}"]
-    if alloc.server is not None:
-        server = alloc.server
-        model = server_model(config, server.backend)
-        if not model:
-            field_name = backend_for(server.backend).model_field
-            raise ConfigError(f"no model for the servers: {field_name} and actor.path are both empty",
-                              hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
-        s_nodes, s_gpn = _nodes_for(server.gpus, server.tp, gpn, "server", f"allocation_mode '{mode}'")
-        components.append(Component(SERVER_ROLE, s_nodes, s_gpn // server.tp, s_gpn,
-                                    server.tp * launcher.inference_server_cpus_per_gpu,
-                                    s_gpn * launcher.inference_server_mem_per_gpu))
-        notes.append(f"{server.dp} {server.backend} server(s) of {server.tp} GPU(s) load {model}")
-    for index, entry in enumerate(config.auxiliary_models):
-        components.append(_auxiliary_component(config, index, entry))
-        notes.append(f"{entry.engine_num} {entry.backend} server(s) of {entry.tensor_parallel_size} GPU(s) serve "
-                     f"auxiliary model {entry.name}: {entry.model_path}")
+    server_groups = _server_groups(config, alloc)
+    components = [_server_component(config, servers) for servers in server_groups]
+    notes += [servers.note for servers in server_groups]
     if alloc.trainer is not None:
         t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", f"allocation_mode '{mode}'")
         components.append(Component(TRAINER_ROLE, t_nodes, t_gpn, t_gpn, launcher.trainer_cpus_per_gpu,
@@ -234,12 +256,8 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         )
     components = _split_nodelist(components, slurm.nodelist)
 
-    steps = []
-    if alloc.server is not None:
-        steps += _server_steps(config, paths, python, components[0], 0, alloc.server.dp, alloc.server.tp)
-    for group, entry in enumerate(config.auxiliary_models, start=1 if alloc.server is not None else 0):
-        steps += _server_steps(config, paths, python, components[group], group, entry.engine_num,
-                               entry.tensor_parallel_size)
+    steps = [step for group, servers in enumerate(server_groups)
+             for step in _server_steps(config, paths, python, servers, components[group], group)]
     trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
     work_group = len(components) - 1
     last = components[work_group]
