@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -125,6 +125,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rlkit.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "untied")
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Any:
+    """The tiny model's tokenizer, loaded once per test module (a module may add tokens to its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

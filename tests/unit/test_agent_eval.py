@@ -39,13 +39,6 @@ add.tool_schema = {"name": "add", "description": "Add.",
 '''
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def _config(tmp_path: Path, model: Path, *overrides: str) -> ExperimentConfig:
     tools = tmp_path / "eval_tools.py"
     tools.write_text(TOOLS)

@@ -35,13 +35,6 @@ add.tool_schema = {"name": "add", "description": "Add.",  # type: ignore[attr-de
                                   "required": ["a", "b"]}}
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 class ScriptedServer:
     """Answers each request with the next scripted text (tokenized by the test), recording what it was sent."""
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,13 +30,6 @@ ADD = {"name": "add", "description": "Add two integers.",
        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
 LIMITS = TrajectoryLimits(max_turns=4, max_total_tokens=1000, max_tokens_per_turn=100)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def encode(tok: Any, text: str) -> list[int]:
