@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_agent import AgentConfig
+from rlkit.config.schema_agent import AgentConfig, agent_limits
 from rlkit.config.schema_eval import evaluation_enabled
 
 ROLLOUT_TRAINERS = ("grpo", "ppo")  # the job types whose trainer runs rollouts (episodes replace their samples)
@@ -70,9 +70,9 @@ def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:
     wanted = config.eval_gconfig.max_new_tokens
     if not evaluation_enabled(config.evaluator) or wanted is None or isinstance(wanted, bool):
         return
-    agent = config.rollout.agent
-    per_turn = agent.max_tokens_per_turn or config.gconfig.max_new_tokens
-    setting = "rollout.agent.max_tokens_per_turn" if agent.max_tokens_per_turn else "gconfig.max_new_tokens"
+    _, _, per_turn = agent_limits(config, None)
+    setting = ("rollout.agent.max_tokens_per_turn" if config.rollout.agent.max_tokens_per_turn
+               else "gconfig.max_new_tokens")
     if isinstance(per_turn, int) and wanted > per_turn:
         problems.add(f"eval_gconfig.max_new_tokens ({wanted}) exceeds an episode turn's limit of {per_turn} tokens "
                      f"({setting}): evaluation episodes keep the training episodes' limits, so it would be ignored",
