@@ -25,4 +25,4 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
-    session.run("python", "-m", "rlkit.demo", *session.posargs)
+    session.run("python", "-m", "rlkit.cli.demo", *session.posargs)

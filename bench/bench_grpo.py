@@ -180,7 +180,7 @@ def bench_controller(work: Path, tiny: Path, groups: int, concurrency: int, roun
 def run_demo_job(work: Path, tiny: Path, trial: str, async_training: bool, steps: int,  # type: ignore[type-arg]
                  allocation: str) -> list[dict]:
     from rlkit.tasks.digits import write_dataset
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     data = write_dataset(work / "digits.jsonl")
     env = {**os.environ, "RLKIT_HOME": str(work / "home")}

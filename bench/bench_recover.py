@@ -34,10 +34,10 @@ def main() -> int:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from rlkit.config.schema_actor import ActorConfig
-    from rlkit.train import recover
-    from rlkit.train.dist import init_distributed
-    from rlkit.train.ppo_actor import PPOActor
+    from rlkit.config.schema.actor import ActorConfig
+    from rlkit.trainer import recover
+    from rlkit.trainer.actor import PPOActor
+    from rlkit.trainer.dist import init_distributed
     from rlkit.types import Sample
 
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))

@@ -37,7 +37,7 @@ from rlkit.servers.backend import Server  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
 from rlkit.servers.http import call, server_client  # noqa: E402
 from rlkit.servers.vllm import broadcast  # noqa: E402
-from rlkit.train.engine import TrainEngine  # noqa: E402
+from rlkit.trainer.engine import TrainEngine  # noqa: E402
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs  # noqa: E402
 from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402

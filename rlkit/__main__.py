@@ -1,5 +1,5 @@
 """`python -m rlkit` runs the CLI (how in-job steps start, with the job's own interpreter)."""
 
-from rlkit.cli import main
+from rlkit.cli.main import main
 
 main()

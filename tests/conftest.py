@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
     from .vllm_helpers import ServerSlot
 
@@ -91,7 +91,7 @@ reward: {{fn: math}}
 
 def raise_problems(config: ExperimentConfig) -> None:
     """Validate `config` and raise every problem found, as `rlkit submit` does before planning."""
-    from rlkit.config.validate import validate
+    from rlkit.checks.experiment import validate
 
     validate(config).problems.raise_if_any()
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from rlkit.config.schema import ExperimentConfig
-from rlkit.paths import TrialPaths
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.backend import Server
 from rlkit.servers.http import server_client
-from rlkit.train.lora import wrap_lora
+from rlkit.trainer.lora import wrap_lora
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights.base import PushTargets, WeightTransport
 
 PROBE_TEXT = "12+7=19. The quick brown fox jumps over the lazy dog."

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.schema import ExperimentConfig, SGLangConfig
+from rlkit.config.schema.experiment import ExperimentConfig, SGLangConfig
 from rlkit.servers.backend import Server
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.sglang.backend import BACKEND

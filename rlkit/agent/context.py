@@ -11,7 +11,7 @@ returns the Episode.
 Sampling settings that the trainer's log-probs depend on (temperature, top_p, top_k) are gconfig's and cannot be
 changed per turn: the importance ratio between the trainer's and the server's log-probs only means something when
 both are of the same distribution. A turn may set its own `stop` strings and ask for fewer tokens. (The evaluator's
-episodes are sampled at eval_gconfig's settings instead: nothing trains on them; rlkit.train.evaluator.)
+episodes are sampled at eval_gconfig's settings instead: nothing trains on them; rlkit.trainer.evaluator.)
 """
 
 from __future__ import annotations

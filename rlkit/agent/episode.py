@@ -14,7 +14,7 @@ The mapping (rlkit.rollout.groups hands these samples to the trainer):
 | reward, group, server | the episode's reward; set by the rollout; the server of the first turn               |
 
 The trainer counts only loss_mask-1 tokens in its losses, token counts, KL, advantages and log-prob checks
-(rlkit.train.sampled_tokens).
+(rlkit.trainer.sampled_tokens).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode
-from rlkit.config.schema_agent import TOOL_USE_WORKFLOW
+from rlkit.config.schema.agent import TOOL_USE_WORKFLOW
 from rlkit.errors import ConfigError
 from rlkit.import_path import import_callable
 

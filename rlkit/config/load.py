@@ -20,7 +20,8 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from rlkit.config.areal_accept import (
+from rlkit.checks.job_type_guess import job_type_of
+from rlkit.config.areal.accept import (
     AcceptedKey,
     FoundKey,
     inline_areal_references,
@@ -29,13 +30,12 @@ from rlkit.config.areal_accept import (
     move_renamed,
     split_areal_keys,
 )
-from rlkit.config.areal_layout import apply_layout
-from rlkit.config.areal_rules import DERIVED
-from rlkit.config.job_type_guess import job_type_of
+from rlkit.config.areal.layout import apply_layout
+from rlkit.config.areal.rules import DERIVED
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_auxiliary import check_entries
-from rlkit.config.schema_walk import schema_paths, section_type
+from rlkit.config.schema.auxiliary import check_entries
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.walk import schema_paths, section_type
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
 
@@ -183,7 +183,7 @@ def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None
 def _settle_type(data: dict[str, Any], merged: dict[str, Any], problems: Problems,
                  accepted: list[AcceptedKey] | None) -> None:
     """A user's file without `type`: set it when the training rows leave one choice (named in the notice), refuse it
-    unless the config is obviously a generate job (rlkit.config.job_type_guess)."""
+    unless the config is obviously a generate job (rlkit.checks.job_type_guess)."""
     verdict = job_type_of(merged)
     if isinstance(verdict, ConfigError):
         problems.errors.append(verdict)
@@ -242,9 +242,9 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
             accepted: list[AcceptedKey] | None = None, require_type: bool = False) -> DictConfig | None:
     """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
     `problems`. None when no typed config can be built (a required field missing, a reference unresolvable).
-    AReaL's keys that rlkit lacks are judged (rlkit.config.areal_accept): refusals go to `problems`, the keys
+    AReaL's keys that rlkit lacks are judged (rlkit.config.areal.accept): refusals go to `problems`, the keys
     accepted without being used to `accepted`. `require_type`: a user's file must set `type` unless it is obviously
-    a generate job (rlkit.config.job_type_guess; programmatic mappings keep the schema's default)."""
+    a generate job (rlkit.checks.job_type_guess; programmatic mappings keep the schema's default)."""
     cfg = _schema()
     override_tree: dict[str, Any] = {}
     with problems.check():

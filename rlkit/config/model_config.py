@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlkit.config.site_files import is_local_path
+from rlkit.checks.site_files import is_local_path
 
 _CONFIG_LIMIT = 16 * 2**20  # a config.json larger than this is not a model's
 

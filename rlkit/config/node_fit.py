@@ -2,7 +2,7 @@
 straddles nodes, and a component larger than one node fills whole nodes.
 
 One rule, asked by the planner when it sizes components (rlkit.launch.plan) and by validation before it
-(rlkit.config.validate_auxiliary), so the two cannot disagree; each words the answer for its own reader. It lives in
+(rlkit.checks.auxiliary), so the two cannot disagree; each words the answer for its own reader. It lives in
 config because config must not import launch.
 """
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlkit.config.problems import Problems
-from rlkit.config.schema import get_field
+from rlkit.config.schema.experiment import get_field
 
 # Characters of Slurm names, per option: names, comma lists, hostlists, and feature expressions.
 _NAME = r"[A-Za-z0-9_.-]+"

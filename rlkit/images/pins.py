@@ -25,9 +25,9 @@ ROLE_PACKAGES: dict[str, tuple[str, ...]] = {
 }
 # what a role's steps import: a build whose image cannot import one of these fails in %test
 ROLE_IMPORTS: dict[str, tuple[str, ...]] = {
-    "trainer": ("torch", "transformers", "peft", "flash_attn", "rlkit.cli", "rlkit.train.engine"),
-    "vllm": ("vllm", "rlkit.cli", "rlkit.servers.vllm.plugin"),
-    "sglang": ("sglang", "rlkit.cli", "rlkit.servers.sglang.command"),
+    "trainer": ("torch", "transformers", "peft", "flash_attn", "rlkit.cli.main", "rlkit.trainer.engine"),
+    "vllm": ("vllm", "rlkit.cli.main", "rlkit.servers.vllm.plugin"),
+    "sglang": ("sglang", "rlkit.cli.main", "rlkit.servers.sglang.command"),
 }
 LABEL_PREFIX = "org.rlkit."
 _IMAGE_LINE = re.compile(r"#\s*image\s+(\w+):\s*(\S+)\s*$")

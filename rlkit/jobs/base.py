@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlkit.config.allocation import Allocation
     from rlkit.config.problems import Problems
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 Validator = Callable[["ExperimentConfig", "Allocation | None", "Problems"], None]
 

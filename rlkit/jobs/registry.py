@@ -7,12 +7,12 @@ import difflib
 
 from rlkit.errors import ConfigError
 from rlkit.jobs.base import JobType
-from rlkit.jobs.dpo import DPO
-from rlkit.jobs.generate import GENERATE
-from rlkit.jobs.grpo import GRPO
-from rlkit.jobs.ppo import PPO
-from rlkit.jobs.rw import RW
-from rlkit.jobs.sft import SFT
+from rlkit.jobs.dpo.job import DPO
+from rlkit.jobs.generate.job import GENERATE
+from rlkit.jobs.grpo.job import GRPO
+from rlkit.jobs.ppo.job import PPO
+from rlkit.jobs.rw.job import RW
+from rlkit.jobs.sft.job import SFT
 
 _REGISTERED: tuple[JobType, ...] = (GENERATE, GRPO, PPO, SFT, RW, DPO)
 JOB_TYPES: tuple[str, ...] = tuple(job.name for job in _REGISTERED)

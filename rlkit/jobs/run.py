@@ -8,7 +8,7 @@ from pathlib import Path
 from rlkit.config.load import load_config
 from rlkit.errors import FatalStepError
 from rlkit.jobs.registry import job_type_for
-from rlkit.paths import TrialPaths
+from rlkit.trials.paths import TrialPaths
 
 
 def run_job_step(trial_dir: Path, *, trainer: bool) -> None:

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.checks.site_files import is_image_uri, is_local_path
 from rlkit.config.load import to_yaml
-from rlkit.config.site_files import is_image_uri, is_local_path
 from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
 from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
 from rlkit.launch.single_jobs import last_line, submit_function
 from rlkit.launch.submit import Prepared
 from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
-from rlkit.trials import rlkit_home, write_atomic
+from rlkit.trials.records import rlkit_home, write_atomic
 
 DOCTOR_TIME_MIN = 10
 

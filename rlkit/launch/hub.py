@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlkit.checks.site_files import DATASET_SUFFIXES, is_hub_id
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig, get_field, set_field
-from rlkit.config.schema_auxiliary import model_path_fields
-from rlkit.config.site_files import DATASET_SUFFIXES, is_hub_id
+from rlkit.config.schema.auxiliary import model_path_fields
+from rlkit.config.schema.experiment import ExperimentConfig, get_field, set_field
 from rlkit.errors import ConfigError
 
 MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "ref.path", "dpo.ref_path",

@@ -99,8 +99,8 @@ def build_on_cluster(argv: list[str], root: Path, *, partition: str | None, time
 
 def _check_partition(name: str | None, time_min: int) -> None:
     """The partition exists (the default one when unnamed) and allows the build's time limit; exit 2 otherwise."""
-    from rlkit.config.slurm_time import format_slurm_time
     from rlkit.launch.preflight import read_partition
+    from rlkit.slurm.time_limits import format_slurm_time
 
     partition, names = read_partition(name or "")
     if partition is None and names:

@@ -1,7 +1,7 @@
 """Plan (pure): a validated config -> the components and steps of ONE Slurm job (heterogeneous when it has servers).
 
 The job type (rlkit.jobs) says which components there are: the inference servers first when it has any, then one
-component per auxiliary model (rlkit.config.schema_auxiliary), then its work component, a trainer or (for job types
+component per auxiliary model (rlkit.config.schema.auxiliary), then its work component, a trainer or (for job types
 without training) a GPU-less client, always last. Each server is its own `srun` step (its own log, its own restart);
 the trainer/client is one step. Each component carries its supervision policy (`ComponentPolicy`), which the job
 script reads from a table instead of knowing roles. Everything the render step needs is decided here, so the
@@ -16,19 +16,19 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from rlkit.checks.binds import container_binds
+from rlkit.checks.experiment import parse_env_vars, server_model
 from rlkit.config.allocation import Allocation
-from rlkit.config.binds import container_binds
 from rlkit.config.node_fit import Misfit, misfit, nodes_for
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_auxiliary import entry_field
-from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
-from rlkit.config.validate import parse_env_vars, server_model
+from rlkit.config.schema.auxiliary import entry_field
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
-from rlkit.launch.hostlist import expand_hostlist
 from rlkit.nameresolve.servers import server_step_name
-from rlkit.paths import TrialPaths
 from rlkit.servers.backend import backend_for
+from rlkit.slurm.hostlist import expand_hostlist
+from rlkit.slurm.time_limits import format_slurm_time, slurm_time_seconds
+from rlkit.trials.paths import TrialPaths
 
 SERVER_ROLE = "server"
 AUXILIARY_ROLE = "auxiliary"  # the servers of one auxiliary model
@@ -221,7 +221,7 @@ def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, serv
 
 def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | None = None,
              attempt: int = 1) -> JobPlan:
-    """Turn a validated config and its parsed allocation_mode (rlkit.config.validate.Validated.allocation) into a
+    """Turn a validated config and its parsed allocation_mode (rlkit.checks.experiment.Validated.allocation) into a
     JobPlan; raises ConfigError when the layout does not fit the cluster."""
     mode = config.allocation_mode
     job = job_type_for(config.type)
@@ -233,7 +233,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
     python = launcher.python or python or ("python3" if in_container else sys.executable)
     if (alloc.server is not None) != job.needs_servers or (alloc.trainer is not None) != job.trainer:
         raise ConfigError(f"allocation_mode '{mode}' does not give job type {job.name} its components",
-                          hint="rlkit.config.validate reports what to change")  # validate refuses this first
+                          hint="rlkit.checks.experiment reports what to change")  # validate refuses this first
 
     notes = [f"job type {job.name}: {job.help}"]
     server_groups = _server_groups(config, alloc)
@@ -276,7 +276,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
                             ("time", time), ("constraint", slurm.constraint), ("exclude", slurm.exclude))
         if value
     )
-    user_binds, added_binds = container_binds(config)  # checked by validation (rlkit.config.binds)
+    user_binds, added_binds = container_binds(config)  # checked by validation (rlkit.checks.binds)
     binds = [b.text() for b in (*user_binds, *added_binds)]
     recovers = job.resumable and config.recover.mode != "disabled"
     job_options = list(shlex.split(slurm.sbatch_additional_args))

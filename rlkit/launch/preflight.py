@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 
 from rlkit.config.problems import Problems
-from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.launch import slurm
 from rlkit.launch.plan import AUXILIARY_ROLE, CLIENT_ROLE, SERVER_ROLE, Component, JobPlan
+from rlkit.slurm.time_limits import format_slurm_time, slurm_time_seconds
 
 # node states in which Slurm will not start new work on a node (scontrol prints e.g. IDLE+DRAIN, DOWN*, MIXED)
 _UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN", "INVAL", "FUTURE", "MAINT",

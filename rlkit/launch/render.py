@@ -18,7 +18,6 @@ from rlkit import __version__
 from rlkit.config.strings import sbatch_quote
 from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
-from rlkit.paths import TrialPaths
 from rlkit.step_contract import (
     EXIT_REQUEUE,
     NO_RETRY_EXIT,
@@ -28,6 +27,7 @@ from rlkit.step_contract import (
     STATUS_STOPPED,
     STEP_STATE,
 )
+from rlkit.trials.paths import TrialPaths
 
 SUPERVISOR_TEMPLATE = "supervisor.sh"  # next to this module: the script's body, checked by shellcheck in the tests
 NODE_CHECK_TIMEOUT_S = 120  # step 0 bounds its own waits (seconds); this only ends an srun that hangs

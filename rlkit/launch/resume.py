@@ -11,8 +11,8 @@ from rlkit.errors import UserError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.submit import prepare, submit
-from rlkit.paths import TrialPaths
-from rlkit.trials import TrialRecord, attempts, find_trial
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import TrialRecord, attempts, find_trial
 
 
 def archive_logs(paths: TrialPaths, attempt: int) -> Path:
@@ -51,7 +51,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
 def _stage_model_stand_in(trial_dir: str) -> str:
     """For a stage of a multi-stage run: the model its checks read. A stage whose model is an earlier stage's final
     checkpoint not written yet cannot run on its own: the run must be resumed instead."""
-    from rlkit.stage_runs import run_of_trial
+    from rlkit.trials.stage_runs import run_of_trial
 
     found = run_of_trial(trial_dir)
     if found is None:

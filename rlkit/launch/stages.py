@@ -19,20 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.load import compose, read_yaml, typed_config
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.site_files import make_paths_absolute
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors, SlurmError, UserError, each_error
 from rlkit.jobs import job_type_for
 from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
-from rlkit.paths import TrialPaths
-from rlkit.recover_layout import latest_valid, recover_root
-from rlkit.stage_runs import StagedRun, StageRecord, find_run, record_run
-from rlkit.trials import attempts, find_trial
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import attempts, find_trial
+from rlkit.trials.recover_layout import latest_valid, recover_root
+from rlkit.trials.stage_runs import StagedRun, StageRecord, find_run, record_run
 
 STAGES_KEY = "stages"
 _TOP_LEVEL_ONLY = ("experiment_name", "trial_name", STAGES_KEY)  # they name the run and its stage trials

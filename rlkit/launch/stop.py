@@ -10,9 +10,9 @@ from pathlib import Path
 from rlkit.config.load import load_config
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
-from rlkit.paths import TrialPaths
 from rlkit.step_contract import STATUS_STOPPED
-from rlkit.trials import find_trial, read_json_dict
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import find_trial, read_json_dict
 
 
 def _trainer_status(paths: TrialPaths) -> str:

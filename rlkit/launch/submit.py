@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.checks.experiment import validate
+from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.allocation import canonical_mode
-from rlkit.config.areal_accept import AcceptedKey
+from rlkit.config.areal.accept import AcceptedKey
 from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.site_files import make_paths_absolute
-from rlkit.config.validate import validate
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, SlurmError, UserError, each_error
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
@@ -24,8 +24,8 @@ from rlkit.launch.hub import NotInHubCache, has_hub_ids, resolve_hub_ids
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.preflight import preflight as site_preflight
 from rlkit.launch.render import render_script
-from rlkit.paths import TrialPaths
-from rlkit.trials import (
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import (
     TrialRecord,
     archive_run,
     list_trials,

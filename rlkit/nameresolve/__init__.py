@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.config.schema import NAME_RESOLVE_TYPES
+from rlkit.config.schema.experiment import NAME_RESOLVE_TYPES
 from rlkit.errors import ConfigError
 from rlkit.nameresolve.base import (
     NameEntryExistsError,
@@ -33,7 +33,7 @@ from rlkit.nameresolve.servers import (
 )
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 __all__ = [
     "AUXILIARY_KEY",
@@ -55,7 +55,7 @@ __all__ = [
 
 def name_resolve_for(config: ExperimentConfig) -> NameResolve:
     """The name-resolve store of a trial, as its config says."""
-    from rlkit.paths import TrialPaths
+    from rlkit.trials.paths import TrialPaths
 
     nr = config.cluster.name_resolve
     trial_dir = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).root

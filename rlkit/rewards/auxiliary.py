@@ -1,6 +1,6 @@
 """Auxiliary models for user code: `auxiliary_model("judge").generate(prompt)` inside a reward function.
 
-An auxiliary model (config `auxiliary_models`, rlkit.config.schema_auxiliary) is served by its own servers in the
+An auxiliary model (config `auxiliary_models`, rlkit.config.schema.auxiliary) is served by its own servers in the
 trial's job, registered as `auxiliary/<name>/<index>` in name resolve. Reward functions run in worker processes
 (rlkit.rewards.runner), so everything is found from the trial directory the trainer hands its workers in
 $RLKIT_TRIAL_DIR: the config (where name resolve is, the model), and the trial token, read from its 0600 file
@@ -27,12 +27,12 @@ from rlkit.errors import StepError
 from rlkit.servers.backend import Completion, SamplingParams
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
-    from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
+    from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
     from rlkit.nameresolve.base import NameResolve
     from rlkit.rollout.client import ServerPool
 
-TRIAL_DIR_ENV = "RLKIT_TRIAL_DIR"  # set by the trainer for its reward workers (rlkit.train.grpo_rank0)
+TRIAL_DIR_ENV = "RLKIT_TRIAL_DIR"  # set by the trainer for its reward workers (rlkit.jobs.grpo.rank0)
 REFRESH_S = 10.0  # how often the live servers are read again (a restarted server comes back at a new address)
 _SAMPLING = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -141,8 +141,8 @@ class AuxiliaryModel:
     def _read_trial(self) -> None:
         from rlkit.config.load import load_config
         from rlkit.nameresolve import name_resolve_for
-        from rlkit.paths import TrialPaths
-        from rlkit.trials import read_token
+        from rlkit.trials.paths import TrialPaths
+        from rlkit.trials.records import read_token
 
         trial_dir = self._trial_dir or os.environ.get(TRIAL_DIR_ENV, "")
         if not trial_dir:
@@ -157,7 +157,7 @@ class AuxiliaryModel:
         self._config, self._token, self._nr, self._entry = config, read_token(paths), name_resolve_for(config), entry
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        from rlkit.data import prompt_token_ids
+        from rlkit.data.files import prompt_token_ids
 
         self._setup()
         assert self._entry is not None

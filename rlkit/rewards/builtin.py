@@ -14,7 +14,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any
 
-from rlkit.row_formats import final_answer
+from rlkit.data.row_formats import final_answer
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # 1,234.5  -3  .5  12/7 ; a '-' is a sign only when it does not follow a word or ')' (so "5-3" ends in 3, not -3).
@@ -46,7 +46,7 @@ def extract_answer(completion: str) -> str | None:
 
 
 def reference_answer(row: dict[str, Any], answer_key: str) -> str:
-    """`row[answer_key]` as a stripped string (of a GSM8K worked solution, its final answer: rlkit.row_formats); a
+    """`row[answer_key]` as a stripped string (of a GSM8K worked solution, its final answer: rlkit.data.row_formats); a
     KeyError names the column and the columns the row has."""
     if answer_key not in row:
         raise KeyError(f"the dataset row has no column {answer_key!r} (reward.answer_key); it has {sorted(row)}")

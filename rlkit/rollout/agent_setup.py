@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_agent import agent_limits
+from rlkit.config.schema.agent import agent_limits
+from rlkit.config.schema.experiment import ExperimentConfig
 
 
 def sampled_budget(config: ExperimentConfig) -> int:
@@ -29,7 +29,7 @@ def hidden_from_code(config: ExperimentConfig) -> list[str]:
     import os
     from pathlib import Path
 
-    from rlkit.trials import rlkit_home
+    from rlkit.trials.records import rlkit_home
 
     home = Path.home()
     paths = [config.cluster.fileroot, str(rlkit_home()), *(str(home / name) for name in HOME_SECRETS)]
@@ -72,8 +72,8 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
     from rlkit.agent.tools import ToolConfig, ToolRegistry, load_tools
     from rlkit.agent.trajectory import TrajectoryLimits
     from rlkit.agent.workflows import resolve_workflow
+    from rlkit.checks.experiment import servers_context
     from rlkit.config.model_config import vocab_size
-    from rlkit.config.validate import servers_context
     from rlkit.rollout.groups import EpisodeGroups
     from rlkit.servers.sampling import sampling_params
 

@@ -1,7 +1,7 @@
 """How one prompt becomes a scored GRPO group: one request for all its completions (single turn, the default), or
 one multi-turn episode per sample (rollout.agent.workflow). The rollout controller admits, tags and queues groups
 the same way for both (staleness, weight versions, retries); only what happens inside a group differs. The evaluator
-(rlkit.train.evaluator) samples its groups with the training sampler's `for_params`: the same kind of group at
+(rlkit.trainer.evaluator) samples its groups with the training sampler's `for_params`: the same kind of group at
 eval_gconfig's settings.
 """
 
@@ -18,9 +18,9 @@ from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, Settl
 from rlkit.agent.episode import Episode
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
+from rlkit.data.row_formats import rl_prompt
 from rlkit.errors import StepError
 from rlkit.rewards.runner import RewardRunner
-from rlkit.row_formats import rl_prompt
 from rlkit.servers.backend import Completion, SamplingParams
 from rlkit.types import Sample
 

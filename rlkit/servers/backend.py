@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import httpx
     from torch import Tensor
 
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 
 LogprobMeaning = Literal["raw", "temperature", "logits"]
@@ -172,7 +172,7 @@ class ServerBackend(ABC):
     def sampled_logprob_meaning(self, config: ExperimentConfig) -> LogprobMeaning:
         """What the log-prob the server returns with a sampled token is: of the model's raw distribution, of the
         temperature-scaled one, or logits (no log-probs at all). The trainer reproduces them to compare
-        (rlkit.train.mismatch), and the PPO loss uses them as the behaviour policy."""
+        (rlkit.trainer.mismatch), and the PPO loss uses them as the behaviour policy."""
 
     @abstractmethod
     def launch(self, config: ExperimentConfig, *, python: str, model: str, host: str, port: int, tp: int,
@@ -241,7 +241,7 @@ class ServerBackend(ABC):
         next push) is not refused. Best effort, never raises; by default nothing (vLLM's begin closes a stale one)."""
 
     # ---- LoRA adapters (actor.use_lora): a new adapter name per weight version, base weights untouched ----
-    # Not abstract: a backend without adapter loading keeps these, and validation (rlkit.config.validate_lora)
+    # Not abstract: a backend without adapter loading keeps these, and validation (rlkit.checks.lora)
     # refuses use_lora with such servers at submit, so they are reached only by a misuse of the API. vLLM and SGLang
     # implement them.
 

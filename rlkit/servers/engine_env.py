@@ -14,11 +14,11 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from rlkit.config.validate import parse_env_vars
+from rlkit.checks.experiment import parse_env_vars
 
 if TYPE_CHECKING:
     from rlkit.config.problems import Problems
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
     from rlkit.servers.backend import ServerBackend
 
 

@@ -1,5 +1,5 @@
 """What the log-probs the configured servers return with sampled tokens mean (`ServerBackend.sampled_logprob_meaning`),
-for the trainer's mismatch check (rlkit.train.mismatch_step) and its behaviour log-probs.
+for the trainer's mismatch check (rlkit.trainer.mismatch_step) and its behaviour log-probs.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rlkit.servers.backend import LogprobMeaning, backend_for
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 
 def sampled_logprob_meaning(config: ExperimentConfig) -> LogprobMeaning:

@@ -1,10 +1,10 @@
 """The sampling settings of the requests, built from the config in one place: the generate step
-(rlkit.steps.generate), the GRPO/PPO rollouts (rlkit.train.grpo_rank0) and the evaluator (rlkit.train.evaluator) all
-call `sampling_params`, so they agree on what each field means.
+(rlkit.jobs.generate.step), the GRPO/PPO rollouts (rlkit.jobs.grpo.rank0) and the evaluator (rlkit.trainer.evaluator)
+all call `sampling_params`, so they agree on what each field means.
 
 `greedy` (AReaL's gconfig.greedy, eval_gconfig.greedy) is greedy decoding: the request goes at temperature 0 with
 top_p and top_k neutral (1, -1), whatever temperature, top_p and top_k say. It never reaches training: the submit
-checks refuse it for GRPO and PPO rollouts (rlkit.config.validate_sampling.validate_greedy), and the trainer takes
+checks refuse it for GRPO and PPO rollouts (rlkit.checks.sampling.validate_greedy), and the trainer takes
 its log-probs at gconfig.temperature, which they require to be > 0.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rlkit.servers.backend import SamplingParams
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 GREEDY_TEMPERATURE, NEUTRAL_TOP_P, NEUTRAL_TOP_K = 0.0, 1.0, -1
 

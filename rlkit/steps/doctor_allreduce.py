@@ -17,9 +17,9 @@ TIMEOUT_S = 60.0
 
 
 def _address(directory: Path, rank: int) -> str:
-    from rlkit.jobenv import advertised_host
     from rlkit.servers.health import find_free_port
-    from rlkit.trials import write_atomic
+    from rlkit.slurm.jobenv import advertised_host
+    from rlkit.trials.records import write_atomic
 
     published = directory / "allreduce-address"
     if rank == 0:

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlkit.jobenv import JobEnv
+from rlkit.slurm.jobenv import JobEnv
 from rlkit.steps.node_check import canary_seen, gpu_shortfall, nvidia_smi_listing, visible_gpus
 
 ALLREDUCE_TIMEOUT_S = 90  # rank 0's address, the group's forming and one all-reduce, whatever hangs

@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlkit.jobenv import JobEnv, advertised_host
-from rlkit.launch.hostlist import expand_hostlist
 from rlkit.nameresolve.servers import check_address
+from rlkit.slurm.hostlist import expand_hostlist
+from rlkit.slurm.jobenv import JobEnv, advertised_host
 from rlkit.step_contract import NODE_CHECK_ADDRESS_MARK
 
 ADDRESS_WAIT_S = 20.0  # how long a node waits for the first node's address: the sruns (and containers) start apart
@@ -159,7 +159,7 @@ def _connect_host(host: str) -> str:
 
 def listen_and_publish(node: str, publish: Callable[[str], None]) -> tuple[socket.socket | None, str | None]:
     """Listen on a free port of every interface and publish `host:port node` (host: what the trainer's rank 0
-    advertises for its rendezvous, rlkit.jobenv.advertised_host)."""
+    advertises for its rendezvous, rlkit.slurm.jobenv.advertised_host)."""
     family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
     try:
         server = socket.create_server(("", 0), family=family, backlog=128, dualstack_ipv6=family == socket.AF_INET6)

@@ -27,21 +27,21 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from rlkit.checks.experiment import server_model
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig, set_field
-from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
-from rlkit.config.validate import server_model
+from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
+from rlkit.config.schema.experiment import ExperimentConfig, set_field
 from rlkit.errors import FatalStepError, StepError
-from rlkit.jobenv import JobEnv, advertised_host
 from rlkit.nameresolve import name_resolve_for, server_key
-from rlkit.paths import TrialPaths
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
 from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
 from rlkit.servers.log_redact import popen_redacted
-from rlkit.trials import read_token
+from rlkit.slurm.jobenv import JobEnv, advertised_host
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import read_token
 
 LAST_OUTPUT_TIMEOUT = 5.0  # s to wait, once the server is gone, for its last lines (its children may hold the pipe)
 

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from rlkit.config.schema import ExperimentConfig
-    from rlkit.config.schema_actor import ActorConfig
-    from rlkit.paths import TrialPaths
+    from rlkit.config.schema.actor import ActorConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.trials.paths import TrialPaths
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,7 +92,7 @@ class WeightTransport(ABC):
     """One way to move the trainer's weights to the servers. Built once per run on every trainer rank."""
 
     name: ClassVar[str]  # the actor.weight_update_mode value
-    # True: `push` takes the LoRA adapter's tensors (rlkit.train.lora.iter_adapter_buckets), not the full weights
+    # True: `push` takes the LoRA adapter's tensors (rlkit.trainer.lora.iter_adapter_buckets), not the full weights
     adapters_only: ClassVar[bool] = False
     bucket_bytes: int = 256 << 20  # the size of the buckets `push` wants (TrainEngine.iter_full_buckets)
 
@@ -125,7 +125,7 @@ _TRANSPORTS: dict[str, str] = {
     "xccl": "rlkit.weights.xccl_transport",
 }
 TRANSPORT_NAMES = tuple(_TRANSPORTS)
-# Chosen by actor.use_lora, not by weight_update_mode (which must then be disk: rlkit.config.validate_lora).
+# Chosen by actor.use_lora, not by weight_update_mode (which must then be disk: rlkit.checks.lora).
 ADAPTER_TRANSPORT = "lora_disk"
 _ADAPTER_MODULE = "rlkit.weights.lora_disk"
 
@@ -213,7 +213,7 @@ def outcome_of(server: Server, result: ServerSync | BaseException) -> ServerOutc
 
 def die_mid_push_first(servers: Sequence[Server], version: int) -> bool:
     """Tests (RLKIT_FAULT_INJECT=die_mid_push@V): deliver to the first server only, then the trainer dies."""
-    from rlkit.train.faults import fault_point
+    from rlkit.trainer.faults import fault_point
 
     return bool(servers) and fault_point("die_mid_push", version)
 

@@ -1,5 +1,5 @@
 """LoRA adapters to the servers through the shared filesystem (`actor.use_lora`): trainer rank 0 writes each version's
-adapter as a peft directory (rlkit.train.lora.write_adapter) and every server loads it under a NEW name
+adapter as a peft directory (rlkit.trainer.lora.write_adapter) and every server loads it under a NEW name
 (`adapter_name`), then forgets the older adapters of the run. The base weights on the servers never change.
 
 Why a new name per version instead of reloading one name: vLLM keys its prefix cache by the adapter's name and path,
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     import httpx
     from torch import Tensor
 
-    from rlkit.config.schema import ExperimentConfig
-    from rlkit.paths import TrialPaths
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.trials.paths import TrialPaths
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class LoraDiskTransport(WeightTransport):
               f"as {adapter_prefix(self.config)}<N>", flush=True)
 
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
-        from rlkit.train.lora import is_adapter_param, write_adapter
+        from rlkit.trainer.lora import is_adapter_param, write_adapter
         from rlkit.weights import hf_export
 
         started = time.monotonic()
@@ -90,7 +90,7 @@ class LoraDiskTransport(WeightTransport):
         full = [name for name in tensors if not is_adapter_param(name)]
         if full or not tensors:
             raise ValueError(f"the {self.name} transport takes the LoRA adapter only "
-                             f"(rlkit.train.lora.iter_adapter_buckets), got {len(full)} other tensors, e.g. "
+                             f"(rlkit.trainer.lora.iter_adapter_buckets), got {len(full)} other tensors, e.g. "
                              f"{full[:3]}")
         targets.begin_update()
         out_dir = hf_export.version_dir(self.paths.weights, version)

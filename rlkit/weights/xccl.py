@@ -80,7 +80,7 @@ class XcclSender:
     """Trainer rank 0's broadcast groups, one per server, and the steps of a push.
 
     `workers_per_server` is each server's tensor x pipeline parallel size (its ranks in the group); `host` is the
-    address the servers reach this node at (`rlkit.jobenv.advertised_host()`); `skip` holds state-dict names the
+    address the servers reach this node at (`rlkit.slurm.jobenv.advertised_host()`); `skip` holds state-dict names the
     servers do not load (tied aliases: `rlkit.weights.hf_export.tied_weight_aliases`). How a bucket is laid out on
     the wire is the backend's business (`control.open_weight_link`).
     """

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     import httpx
     import torch
 
-    from rlkit.config.schema import ExperimentConfig
-    from rlkit.paths import TrialPaths
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.trials.paths import TrialPaths
 
 # Every part of a push has its own timeout (actor.weight_update_timeout); this only bounds the whole wait on rank 0
 # should a part not honour its own.
@@ -56,7 +56,7 @@ class XcclTransport(WeightTransport):
         self._sender: XcclSender | None = None
 
     def bucket_dtype(self) -> torch.dtype | None:
-        from rlkit.train.engine import DTYPES
+        from rlkit.trainer.engine import DTYPES
 
         return DTYPES[self.config.actor.dtype]
 
@@ -95,7 +95,7 @@ class XcclTransport(WeightTransport):
     def _sender_for(self, servers: list[Server]) -> XcclSender:
         if self._sender is None:
             from rlkit.config.allocation import parse_allocation
-            from rlkit.jobenv import advertised_host
+            from rlkit.slurm.jobenv import advertised_host
             from rlkit.weights.hf_export import tied_weight_aliases
 
             alloc = parse_allocation(self.config.allocation_mode)
@@ -109,7 +109,7 @@ class XcclTransport(WeightTransport):
 
 def group_backend() -> str:
     """The broadcast's torch.distributed backend: NCCL where the trainer has CUDA, gloo on the CPU (as the trainer's
-    own process group, rlkit.train.dist; the servers pick theirs the same way, VllmBackend.launch)."""
+    own process group, rlkit.trainer.dist; the servers pick theirs the same way, VllmBackend.launch)."""
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"

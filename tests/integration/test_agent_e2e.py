@@ -78,7 +78,7 @@ def _held_out(out: Path) -> Path:
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
 

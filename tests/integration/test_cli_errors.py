@@ -126,7 +126,7 @@ TRAINING_MISTAKES = [
     pytest.param(["actor.weight_update_timeout=0"], "actor.weight_update_timeout must be a positive", id="no-timeout"),
     pytest.param(["vllm.extra_args.weight_transfer_config={backend: nccl}"], "rlkit sets it from "
                  "actor.weight_update_mode", id="own-weight-transfer-config"),
-    # LoRA (rlkit.config.validate_lora, called from the grpo validation)
+    # LoRA (rlkit.checks.lora, called from the grpo validation)
     pytest.param(["actor.use_lora=true"], "actor.target_modules is empty", id="lora-without-modules"),
     pytest.param(["actor.use_lora=true", "actor.target_modules=[q_proj]", "actor.weight_update_mode=xccl"],
                  "adapters go to the servers by disk only", id="lora-by-broadcast"),
@@ -434,7 +434,7 @@ def test_bad_ppo_config_changes_nothing(ppo_yaml: Path, rlkit_home: Path, tmp_pa
 def test_valid_ppo_config_renders(ppo_yaml: Path, rlkit_home: Path) -> None:
     result = run_rlkit("render", str(ppo_yaml))
     assert result.returncode == 0, result.stderr
-    assert "job type ppo:" in result.stdout and "rlkit.train.ppo" not in result.stderr
+    assert "job type ppo:" in result.stdout and "rlkit.jobs.ppo.algorithm" not in result.stderr
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ less at the start where almost every reward is 0). The test asks for the mean of
 of the first 3 steps by at least 0.5: more than five worst-case standard errors of a 96-completion mean, and only
 reachable if the policy moved most of its probability onto digit tokens.
 
-The disk run also evaluates during training (rlkit.train.evaluator) on 8 held-out prompts x 8 samples, at weight
+The disk run also evaluates during training (rlkit.trainer.evaluator) on 8 held-out prompts x 8 samples, at weight
 version 0 (eval_on_startup), every EVAL_EVERY steps and after the last step. The same argument holds for an
 evaluation's 64 completions (worst-case standard error 0.5 / 8 = 0.06): the first below 0.1, the last above it by
 MARGIN.
@@ -115,7 +115,7 @@ def _status_with_servers(name: str) -> subprocess.CompletedProcess[str] | None:
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
 

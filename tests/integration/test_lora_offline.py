@@ -22,8 +22,8 @@ from ..gloo_ranks import run_ranks, start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
-from rlkit.train.dist import end_process
-from rlkit.train.{module} import run_{module}
+from rlkit.trainer.dist import end_process
+from rlkit.trainer.{module} import run_{module}
 
 run_{module}(Path(sys.argv[1]))
 end_process(0)
@@ -159,7 +159,7 @@ def _checkpoint_keys(directory: Path) -> list[str]:
 
 def test_a_killed_lora_run_resumes_exactly_from_an_adapter_only_checkpoint(
         straight: tuple[Path, Path], tiny_model_dir: Path, sft_data: tuple[Path, Path], tmp_path: Path) -> None:
-    from rlkit.train import recover
+    from rlkit.trainer import recover
 
     trial = _sft_trial(tmp_path, "killed", tiny_model_dir, sft_data, mode="auto", freq_steps=PER_EPOCH)
     fault = {"RLKIT_FAULT_INJECT": f"die_after_step@{KILLED_AFTER}"}
@@ -190,12 +190,12 @@ def _base_answer_logps(model_dir: Path, data: Path) -> dict[int, tuple[float, fl
     """Each pair's (chosen, rejected) answer log-prob sums under the plain base model, by dataset row."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.config.schema import DatasetConfig
-    from rlkit.config.schema_pairs import DPOConfig
-    from rlkit.train.loss_fns import answer_logps
-    from rlkit.train.pair_batch import pack_pairs
-    from rlkit.train.pair_losses import by_pair
-    from rlkit.train.pairs_data import pairs_from_config
+    from rlkit.config.schema.experiment import DatasetConfig
+    from rlkit.config.schema.pairs import DPOConfig
+    from rlkit.jobs.pairs.batch import pack_pairs
+    from rlkit.jobs.pairs.data import pairs_from_config
+    from rlkit.jobs.pairs.losses import by_pair
+    from rlkit.trainer.loss_fns import answer_logps
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(data)), DPOConfig(), tokenizer)
@@ -208,7 +208,7 @@ def _base_answer_logps(model_dir: Path, data: Path) -> dict[int, tuple[float, fl
 
 def test_lora_dpo_raises_the_margin_against_the_base_as_its_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
     from rlkit.tasks.digits_pairs import write_pair_splits
-    from rlkit.train import recover
+    from rlkit.trainer import recover
 
     data = write_pair_splits(tmp_path / "data", train=32, held_out=16)
     # 4 steps per epoch; the recover checkpoint after epoch 1 holds every reference value computed so far: those of

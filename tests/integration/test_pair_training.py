@@ -1,5 +1,6 @@
-"""Job types rw and dpo on the training loop (rlkit.train.rw / rlkit.train.dpo), with real torch.distributed (gloo,
-CPU) ranks on the tiny model and the digits preference pairs (rlkit.tasks.digits_pairs), without Slurm.
+"""Job types rw and dpo on the training loop (rlkit.jobs.rw.algorithm / rlkit.jobs.dpo.algorithm), with real
+torch.distributed (gloo, CPU) ranks on the tiny model and the digits preference pairs (rlkit.tasks.digits_pairs),
+without Slurm.
 
 - rw: the trained reward model orders held-out pairs (prompts never trained on) right. The bar, 0.9, comes from the
   pair task's measurements: an untrained head's held-out accuracy spreads over 0.05..0.78 across head seeds (never
@@ -26,8 +27,8 @@ from ..gloo_ranks import start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
-from rlkit.train.dist import end_process
-from rlkit.train.{module} import run_{module}
+from rlkit.trainer.dist import end_process
+from rlkit.trainer.{module} import run_{module}
 
 run_{module}(Path(sys.argv[1]))
 end_process(0)
@@ -36,9 +37,9 @@ end_process(0)
 STOPPING_DPO = r'''
 import os, signal, sys
 from pathlib import Path
-from rlkit.train.dist import end_process
-from rlkit.train.dpo import DPOTraining
-from rlkit.train.loop import run_training
+from rlkit.trainer.dist import end_process
+from rlkit.jobs.dpo.algorithm import DPOTraining
+from rlkit.trainer.loop import run_training
 
 
 class StopsAfterStep2(DPOTraining):
@@ -94,12 +95,12 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, heldout: Path) -> fl
     """Held-out pair accuracy of the reward model at `model_dir` (a causal LM gets the seeded fresh head)."""
     from transformers import AutoTokenizer
 
-    from rlkit.config.schema import DatasetConfig
-    from rlkit.config.schema_pairs import RWConfig
-    from rlkit.train.loss_fns import rw_loss_fn
-    from rlkit.train.pair_batch import pack_pairs
-    from rlkit.train.pairs_data import pairs_from_config
-    from rlkit.train.value_model import load_value_model
+    from rlkit.config.schema.experiment import DatasetConfig
+    from rlkit.config.schema.pairs import RWConfig
+    from rlkit.jobs.pairs.batch import pack_pairs
+    from rlkit.jobs.pairs.data import pairs_from_config
+    from rlkit.trainer.loss_fns import rw_loss_fn
+    from rlkit.trainer.value_model import load_value_model
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(heldout)), RWConfig(), tokenizer)
@@ -164,7 +165,7 @@ def test_dpo_raises_the_heldout_margin_and_two_ranks_train_like_one(tiny_model_d
 
 def test_a_requeued_dpo_run_keeps_its_reference_logprobs_and_ends_like_a_straight_run(tiny_model_dir: Path,
                                                                                       tmp_path: Path) -> None:
-    from rlkit.train import recover
+    from rlkit.trainer import recover
 
     data = write_pair_splits(tmp_path / "data", train=32, held_out=16)
     straight = _trial(tmp_path, "straight", "dpo", tiny_model_dir, data, lr=3e-3, epochs=2, batch=8)

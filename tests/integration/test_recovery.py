@@ -68,7 +68,7 @@ def _submit(env: dict[str, object], trial: str, *overrides: str, job: str = "grp
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
 
@@ -155,7 +155,7 @@ def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
     assert wait_state(name, timeout=120, env=home) == "CANCELLED"
     wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
-    from rlkit.train.recover import checkpoints
+    from rlkit.trainer.recover import checkpoints
 
     saved = checkpoints(trial / "recover")
     stop_step = trained_steps(trial)
@@ -326,7 +326,7 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
     """Server 1 serves perturbed weights at version CORRUPTED (fault point corrupt_server_weights; it still reports the
     version, and the push's fingerprint had passed before): the next step's mismatch jumps for server 1 only, the
     trainer's warning names server 1 and the version, and `rlkit status` shows it; the next push repairs it."""
-    from rlkit.train.mismatch import METRIC
+    from rlkit.trainer.mismatch import METRIC
 
     trial, _, status = scenarios.result("timelimit")
     metrics = {int(m["step"]): m for m in _metrics(trial)}
@@ -434,7 +434,7 @@ def test_force_over_a_trained_trial_is_a_new_run_from_the_base_model_and_keeps_t
     anything the old run trained later."""
     from safetensors.torch import load_file
 
-    from rlkit.train.recover import latest_valid
+    from rlkit.trainer.recover import latest_valid
 
     trial, output = scenarios.result("rolloutfails")
     old = trial / "attempt-1"
@@ -499,13 +499,13 @@ def test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines(scen
     assert re.search(r"step ppo failed with exit code \d+ at trained step \d+; restarting it", batch_log)
     trainer_log = (trial / "logs" / "ppo.log").read_text()
     assert "resuming after step 10 " in trainer_log
-    from rlkit.train import recover
+    from rlkit.trainer import recover
 
     saved = recover.checkpoints(trial / "recover")
     assert saved and all(recover.shards_dir(path, "critic").is_dir() for _, path in saved), "no critic shards"
     _assert_continuous_and_right_data(trial, PPO_STEPS, PPO_BATCH)
     metrics = _metrics(trial)
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     first_try = {int(m["step"]): m for m in read_metrics(trial / "metrics.discarded.jsonl")}
     assert sorted(first_try) == [11, 12]

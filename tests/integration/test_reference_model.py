@@ -21,16 +21,16 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 from rlkit.config.load import config_from_mapping
-from rlkit.config.schema_ref import ReferenceLoad, reference_load
-from rlkit.paths import TrialPaths
-from rlkit.train.dist import end_process, init_distributed
-from rlkit.train.dpo import DPOTraining, fill_missing
-from rlkit.train.loop import LoopContext
-from rlkit.train.loss_fns import answer_logps
-from rlkit.train.offline_epochs import rank_share
-from rlkit.train.pair_losses import by_pair
-from rlkit.train.pair_steps import local_pairs, micro_batches
-from rlkit.train.ppo_actor import PPOActor
+from rlkit.config.schema.ref import ReferenceLoad, reference_load
+from rlkit.trials.paths import TrialPaths
+from rlkit.trainer.dist import end_process, init_distributed
+from rlkit.jobs.dpo.algorithm import DPOTraining, fill_missing
+from rlkit.trainer.loop import LoopContext
+from rlkit.trainer.loss_fns import answer_logps
+from rlkit.trainer.offline_epochs import rank_share
+from rlkit.jobs.pairs.losses import by_pair
+from rlkit.jobs.pairs.steps import local_pairs, micro_batches
+from rlkit.trainer.actor import PPOActor
 from rlkit.types import Sample
 
 actor_dir, ref_dir, data, out, lora = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5] == "1"

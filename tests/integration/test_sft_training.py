@@ -19,8 +19,8 @@ from ..gloo_ranks import run_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
-from rlkit.train.dist import end_process
-from rlkit.train.sft import run_sft
+from rlkit.trainer.dist import end_process
+from rlkit.jobs.sft.algorithm import run_sft
 
 run_sft(Path(sys.argv[1]))
 end_process(0)
@@ -126,7 +126,7 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_without_losing_a_step(stra
     trial = _trial(tmp_path, "killed", tiny_model_dir, data, saver_epochs=1, mode="auto", freq_steps=RECOVER_EVERY)
     first = _run(2, trial, {"RLKIT_FAULT_INJECT": f"die_after_step@{KILLED_AFTER}"}, killed=True)
     assert f"rlkit train: step {KILLED_AFTER}/" in first[0] and "resuming" not in first[0]
-    from rlkit.train import recover
+    from rlkit.trainer import recover
 
     found = recover.latest_valid(recover.recover_root(trial))
     assert found is not None and found[0] == RECOVER_EVERY, "the last checkpoint before the kill"

@@ -1,6 +1,6 @@
 """LoRA adapters into a REAL SGLang 0.5.23 server on the CPU (one start for the module): the adapter transport
 (rlkit.weights.lora_disk) and the fan-out's version + fingerprint check THROUGH the adapter (rlkit.weights.fanout),
-as the trainer drives them, with peft on the trainer's side (rlkit.train.lora), then the adapter routes directly.
+as the trainer drives them, with peft on the trainer's side (rlkit.trainer.lora), then the adapter routes directly.
 
 The server is started through `BACKEND.launch` of a config with `actor.use_lora` (`--enable-lora --max-lora-rank
 --lora-target-modules`, and `--lora-backend torch_native` since this machine has no CUDA), with the test-only kernel
@@ -25,11 +25,11 @@ import httpx
 import pytest
 import torch
 
-from rlkit.config.schema import ExperimentConfig
-from rlkit.paths import TrialPaths
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.sglang.backend import BACKEND
-from rlkit.train.lora import iter_adapter_buckets
+from rlkit.trainer.lora import iter_adapter_buckets
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs

@@ -76,7 +76,7 @@ def staged_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
-    from rlkit.train.stats_logger import read_metrics
+    from rlkit.trainer.stats_logger import read_metrics
 
     return read_metrics(trial / "metrics.jsonl")  # type: ignore[return-value]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.trials import TrialRecord, record_trial
+from rlkit.trials.records import TrialRecord, record_trial
 
 from ..conftest import run_rlkit
 

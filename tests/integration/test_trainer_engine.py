@@ -18,12 +18,12 @@ from ..gloo_ranks import run_ranks
 WORKER = r'''
 import json, sys, torch
 from safetensors.torch import save_file
-from rlkit.config.schema_actor import ActorConfig
+from rlkit.config.schema.actor import ActorConfig
 from rlkit.types import Sample
-from rlkit.train.dist import end_process, init_distributed
-from rlkit.train.ppo_actor import PPOActor
-from rlkit.train.mismatch_step import step_mismatch
-from rlkit.train.grpo import set_token_advantages
+from rlkit.trainer.dist import end_process, init_distributed
+from rlkit.trainer.actor import PPOActor
+from rlkit.trainer.mismatch_step import step_mismatch
+from rlkit.jobs.grpo.algorithm import set_token_advantages
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
@@ -73,10 +73,10 @@ at_half = policy.logprobs_at(samples, temperature=0.5)
 mismatch = step_mismatch(policy, samples, old, version=0, temperature=1.0)
 ref = policy.logprobs_at(samples, reference=True) if policy.ref is not None else None
 if opts.get("critic"):  # PPO's batch: values (gathered), GAE over them, the actor's then the critic's steps
-    from rlkit.config.schema_critic import CriticConfig
-    from rlkit.train.advantage_batch import advantages_and_returns
-    from rlkit.train.dist import gather_per_sample
-    from rlkit.train.ppo_critic import PPOCritic
+    from rlkit.config.schema.critic import CriticConfig
+    from rlkit.trainer.rl_math.advantage_batch import advantages_and_returns
+    from rlkit.trainer.dist import gather_per_sample
+    from rlkit.jobs.ppo.critic import PPOCritic
     actor.gae_lambda, actor.discount = 0.9, 0.95
     critic_cfg = CriticConfig(dtype="float32", gradient_checkpointing=False, attn_impl="sdpa", ppo_n_minibatches=2,
                               eps_clip=0.05)
@@ -103,7 +103,7 @@ else:
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if actor.use_lora and env.rank == 0:  # only the adapter trained; compared as the merged model a checkpoint holds
-    from rlkit.train.lora import is_adapter_param, merge_adapter_state
+    from rlkit.trainer.lora import is_adapter_param, merge_adapter_state
     trainable = [n for n, p in policy.engine.model.named_parameters() if p.requires_grad]
     assert trainable and all(is_adapter_param(n) for n in trainable), trainable
     state = merge_adapter_state(state, actor)
@@ -209,7 +209,7 @@ def _assert_inserted_tokens_change_nothing(model: Path, tmp_path: Path, opts: di
 
 def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:
     """The value models after the step: moved (the fresh head and the backbone), and equal for 1 and 2 ranks."""
-    from rlkit.train.value_model import load_value_model
+    from rlkit.trainer.value_model import load_value_model
 
     c1, c2 = _weights(tmp_path / "one", "critic"), _weights(tmp_path / "two", "critic")
     before = load_value_model(model).state_dict()

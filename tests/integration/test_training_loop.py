@@ -1,4 +1,4 @@
-"""The training loop (rlkit.train.loop) with a second algorithm than GRPO: a next-token toy on the tiny model.
+"""The training loop (rlkit.trainer.loop) with a second algorithm than GRPO: a next-token toy on the tiny model.
 
 The toy is trainer-only (no servers), like SFT will be: it proves that the loop's protocol carries an algorithm that is
 not GRPO through real torch.distributed (gloo, CPU) ranks. A run asked to stop by USR1 (Slurm's time-limit warning)
@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
-from rlkit.train import recover
+from rlkit.trainer import recover
 
 from ..gloo_ranks import run_ranks
 
 WORKER = r'''
 import os, signal, sys, torch
 from pathlib import Path
-from rlkit.train.dist import end_process
-from rlkit.train.engine import TrainEngine
-from rlkit.train.loop import LoopContext, StepResult, run_training
+from rlkit.trainer.dist import end_process
+from rlkit.trainer.engine import TrainEngine
+from rlkit.trainer.loop import LoopContext, StepResult, run_training
 
 
 class NextTokenToy:

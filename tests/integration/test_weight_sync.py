@@ -30,7 +30,7 @@ import torch
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
 from rlkit.servers.http import server_client
-from rlkit.train.engine import TrainEngine
+from rlkit.trainer.engine import TrainEngine
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import PushResult, XcclSender

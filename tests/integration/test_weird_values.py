@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig, set_field
-from rlkit.config.schema_auxiliary import AuxiliaryModelConfig
+from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
+from rlkit.config.schema.experiment import ExperimentConfig, set_field
 from rlkit.errors import ConfigError
 from rlkit.launch.render import step_command
 from rlkit.launch.submit import Prepared, prepare_config

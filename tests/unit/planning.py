@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlkit.config.allocation import parse_allocation
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.launch.plan import JobPlan, plan_job
 
 

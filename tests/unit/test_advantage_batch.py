@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rlkit.config.schema_actor import ActorConfig, NormConfig
-from rlkit.train.advantage_batch import prepare_batch
+from rlkit.config.schema.actor import ActorConfig, NormConfig
+from rlkit.trainer.rl_math.advantage_batch import prepare_batch
 from rlkit.types import Sample
 
 EPS = 1e-5

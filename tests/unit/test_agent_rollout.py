@@ -16,8 +16,8 @@ from rlkit.agent.tool_calls import parse_hermes
 from rlkit.agent.tools import ToolRegistry, make_tool
 from rlkit.agent.trajectory import INSERTED_VERSION, TrajectoryLimits
 from rlkit.agent.workflows import resolve_workflow, tool_use
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
-from rlkit.config.validate import validate
 from rlkit.errors import ConfigError, StepError
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
@@ -175,7 +175,7 @@ def test_rollout_agent_problems_are_all_named_at_submit(grpo_yaml: Path, generat
 
 
 def test_workflow_files_are_bound_into_containers(grpo_yaml: Path) -> None:
-    from rlkit.config.binds import container_binds
+    from rlkit.checks.binds import container_binds
 
     config = load_config(grpo_yaml, ["launcher.slurm.container_type=apptainer",
                                      f"rollout.agent.workflow={WORKFLOW_FILE}:episode"])
@@ -187,7 +187,7 @@ def test_the_python_tool_runs_in_the_sandbox_and_a_runaway_program_is_a_message_
     """rollout.agent.code_tool as the rollout builds it (rlkit.rollout.agent_setup.code_tool_for): the model's code
     runs, its output goes back masked; a program past its time limit comes back as an error message and the
     episode takes its next turn (the sandbox's own limits are tests/unit/test_code_tool.py's)."""
-    from rlkit.config.schema_agent import CodeToolConfig
+    from rlkit.config.schema.agent import CodeToolConfig
     from rlkit.rollout.agent_setup import code_tool_for
 
     python = code_tool_for(CodeToolConfig(enabled=True, wall_seconds=2.0, cpu_seconds=2))

@@ -113,8 +113,8 @@ def test_migrate_gives_a_clean_file_of_the_same_config(example: str, site: dict[
                                                        tmp_path: Path) -> None:
     """`rlkit migrate`: the text loads with no AReaL key left to the very config the AReaL file gives, and its
     header names every AReaL key of the file."""
+    from rlkit.config.areal.migrate import migrate
     from rlkit.config.load import to_yaml
-    from rlkit.config.migrate import migrate
 
     overrides = [*site["pairs" if "hhrlhf" in example else "gsm8k"], *CASES[example]]
     original = prepare(EXAMPLES / f"{example}.yaml", overrides, dry_run=True)
@@ -140,7 +140,7 @@ def test_migrate_on_the_command_line(site: dict[str, list[str]]) -> None:
 def test_greedy_is_a_field_an_areal_grpo_example_takes_for_its_evaluation(site: dict[str, list[str]]) -> None:
     """AReaL's gconfig.greedy (false in the examples) is an rlkit field: eval_gconfig.greedy renders and reaches the
     evaluation's requests; gconfig.greedy=true, for the rollouts a GRPO group trains on, exits 2 naming the fix."""
-    from rlkit.train.evaluator import eval_sampling
+    from rlkit.trainer.evaluator import eval_sampling
 
     example = EXAMPLES / "current/gsm8k_grpo_cpu.yaml"
     prepared = prepare(example, [*site["gsm8k"], "type=grpo", "eval_gconfig.greedy=true", "eval_gconfig.n_samples=1"],

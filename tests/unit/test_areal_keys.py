@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.areal_accept import AcceptedKey, notice_lines, rule_for
-from rlkit.config.areal_keys import RENAMED_SECTIONS, TABLES
-from rlkit.config.areal_rules import DERIVED, INERT, SAME
+from rlkit.config.areal.accept import AcceptedKey, notice_lines, rule_for
+from rlkit.config.areal.keys import RENAMED_SECTIONS, TABLES
+from rlkit.config.areal.rules import DERIVED, INERT, SAME
 from rlkit.config.load import compose, typed_config
 from rlkit.config.model_config import dropout_free
 from rlkit.config.problems import Problems
-from rlkit.config.schema_walk import schema_paths
-from rlkit.paths import TrialPaths
-from rlkit.trials import AREAL_KEYS_FIELD, read_manifest, write_manifest
+from rlkit.config.schema.walk import schema_paths
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import AREAL_KEYS_FIELD, read_manifest, write_manifest
 
 # AReaL's PPOActor keys: the actor's and (as AReaL gives ref the actor's class) the ref section's
 _PPO_ACTOR = (
@@ -217,7 +217,7 @@ def test_an_areal_grpo_config_loads_with_each_unused_key_named_once(model: Path)
 
 def test_min_new_tokens_is_a_field_taken_as_given(model: Path) -> None:
     """AReaL's gconfig.min_new_tokens (and eval_gconfig's) is an rlkit field: any value lands in the config (the
-    submit-time checks judge it, rlkit.config.validate_sampling) and is not listed in the notice."""
+    submit-time checks judge it, rlkit.checks.sampling) and is not listed in the notice."""
     problems, accepted, config = _compose(_grpo(model, gconfig={"min_new_tokens": 8},
                                                 eval_gconfig={"min_new_tokens": 2}))
     assert problems.ok(), [str(e) for e in problems.errors]
@@ -260,7 +260,7 @@ def test_micro_batch_granularity_is_accepted_as_changing_memory_only(model: Path
 
 def test_a_reference_of_another_model_lands_in_rlkits_ref_section(model: Path) -> None:
     """AReaL's ref.path is rlkit's field (the KL terms' and dpo's reference model): another model than actor.path is
-    taken as given (the submit-time checks judge it: rlkit.config.validate_ref), the section's other keys are
+    taken as given (the submit-time checks judge it: rlkit.checks.reference), the section's other keys are
     judged by the table as before."""
     problems, accepted, config = _compose(_grpo(model, actor={"kl_ctl": 0.1}, ref={"path": "/another/model"}))
     assert problems.ok(), [str(e) for e in problems.errors]
@@ -272,7 +272,7 @@ def test_a_reference_of_another_model_lands_in_rlkits_ref_section(model: Path) -
 
 
 def test_the_reference_section_of_areals_dpo_config_names_dpos_reference(model: Path) -> None:
-    from rlkit.config.schema_ref import reference_field, reference_path
+    from rlkit.config.schema.ref import reference_field, reference_path
 
     data = _grpo(model, type="dpo", allocation_mode="fsdp:d1", ref={"path": "/sft/model"})
     del data["gconfig"], data["rollout"]
@@ -289,7 +289,7 @@ def test_dropout_is_judged_from_the_models_config(tmp_path: Path, model: Path) -
     assert dropout_free(str(with_dropout)) is False
     assert dropout_free(str(tmp_path / "absent")) is None and dropout_free("Qwen/Qwen2.5-1.5B") is None
     problems, _, config = _compose(_grpo(with_dropout))
-    assert problems.ok() and config.actor.disable_dropout, "the actor's is a field now (rlkit.train.model_source)"
+    assert problems.ok() and config.actor.disable_dropout, "the actor's is a field now (rlkit.trainer.model_source)"
     ref = {"kl_ctl": 0.1}  # a reference is loaded: its dropout is judged (it runs in eval mode: inert)
     problems, accepted, _ = _compose(_grpo(with_dropout, actor=ref, ref={"disable_dropout": True}))
     assert problems.ok() and "ref.disable_dropout" in {a.key for a in accepted}

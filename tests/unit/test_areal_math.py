@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from rlkit.config.schema_actor import ActorConfig, NormConfig
-from rlkit.train.advantage_batch import prepare_batch, token_advantages
-from rlkit.train.gae import gae_advantages, token_rewards
-from rlkit.train.normalization import normalize
+from rlkit.config.schema.actor import ActorConfig, NormConfig
+from rlkit.trainer.rl_math.advantage_batch import prepare_batch, token_advantages
+from rlkit.trainer.rl_math.gae import gae_advantages, token_rewards
+from rlkit.trainer.rl_math.normalization import normalize
 from rlkit.types import Sample
 
 ISSUE_REWARDS = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1])

@@ -16,8 +16,8 @@ from typing import ClassVar
 
 import pytest
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config, to_yaml
-from rlkit.config.validate import validate
 from rlkit.errors import ConfigError
 from rlkit.launch.plan import AUXILIARY_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, supervisor_body
@@ -39,7 +39,7 @@ def messages(config_path: Path, overrides: list[str]) -> list[str]:
 
 
 def test_entries_load_with_defaults_and_index_paths(grpo_yaml: Path, fake_model: Path) -> None:
-    from rlkit.config.schema import get_field, set_field
+    from rlkit.config.schema.experiment import get_field, set_field
 
     config = load_config(grpo_yaml, [judge(fake_model, engine_num=2)])
     (entry,) = config.auxiliary_models
@@ -101,8 +101,8 @@ def test_each_refusal_is_reported_with_its_fix_beside_another_problem(
 
 def test_a_valid_judge_passes_and_the_models_are_bound_and_anchored(grpo_yaml: Path, fake_model: Path,
                                                                      tmp_path: Path) -> None:
-    from rlkit.config.binds import container_binds
-    from rlkit.config.site_files import make_paths_absolute
+    from rlkit.checks.binds import container_binds
+    from rlkit.checks.site_files import make_paths_absolute
     from rlkit.launch.hub import has_hub_ids
 
     assert messages(grpo_yaml, [judge(fake_model), "cluster.n_nodes=4"]) == []
@@ -233,7 +233,7 @@ class _StandIn(BaseHTTPRequestHandler):
 def judge_trial(grpo_yaml: Path, fake_model: Path, tmp_path: Path) -> Iterator[Path]:
     """A trial directory (config, 0600 token) whose name resolve holds one live judge record: a stand-in server."""
     from rlkit.nameresolve import name_resolve_for, server_key
-    from rlkit.paths import TrialPaths
+    from rlkit.trials.paths import TrialPaths
 
     config = load_config(grpo_yaml, [judge(fake_model), f"cluster.fileroot={tmp_path}/root"])
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)

@@ -1,4 +1,4 @@
-"""Container binds at submit (rlkit.config.binds): a bind that moves or covers a path the steps use, or whose source
+"""Container binds at submit (rlkit.checks.binds): a bind that moves or covers a path the steps use, or whose source
 does not exist, is refused with exit 2 naming the path and the fix; the paths the steps use are bound at their host
 paths; nothing is written or submitted."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.config.binds import container_binds
+from rlkit.checks.binds import container_binds
 from rlkit.config.load import load_config
 
 from ..conftest import run_rlkit
@@ -57,7 +57,7 @@ def test_added_binds_come_in_the_same_order_in_every_process(generate_yaml: Path
     for name in ("model-b", "model-a"):
         (tmp_path / name).mkdir()
     overrides = [*_apptainer(tmp_path), f"actor.path={tmp_path / 'model-b'}", f"tokenizer_path={tmp_path / 'model-a'}"]
-    script = ("import sys; from rlkit.config.binds import container_binds; from rlkit.config.load import load_config; "
+    script = ("import sys; from rlkit.checks.binds import container_binds; from rlkit.config.load import load_config; "
               "print([b.text() for b in container_binds(load_config(sys.argv[1], sys.argv[2:]))[1]])")
     orders = {subprocess.run([sys.executable, "-c", script, str(generate_yaml), *overrides], check=True, text=True,
                              capture_output=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout

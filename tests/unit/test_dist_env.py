@@ -9,7 +9,7 @@ import pytest
 
 from rlkit.errors import StepError
 from rlkit.nameresolve import NfsNameResolve
-from rlkit.train.dist import DistEnv, dist_env_from, rendezvous, rendezvous_key
+from rlkit.trainer.dist import DistEnv, dist_env_from, rendezvous, rendezvous_key
 
 SLURM = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "9", "SLURM_LOCALID": "1",
          "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "2"}
@@ -116,7 +116,7 @@ def test_end_process_runs_atexit_flushes_output_and_keeps_the_code(tmp_path: Pat
 
     script = (
         "import atexit, sys\n"
-        "from rlkit.train.dist import end_process\n"
+        "from rlkit.trainer.dist import end_process\n"
         f"atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))\n"
         "sys.stdout.write('buffered, no newline')\n"
         "end_process(3)\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate import validate
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import FatalStepError
 from rlkit.servers.auth import TOKEN_ENV
 from rlkit.servers.backend import backend_for

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.train.batch import local_indices
-from rlkit.train.engine import TrainEngine, attention_implementation, lr_multiplier
+from rlkit.trainer.batch import local_indices
+from rlkit.trainer.engine import TrainEngine, attention_implementation, lr_multiplier
 
 
 def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:

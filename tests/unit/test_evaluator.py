@@ -1,5 +1,5 @@
-"""Evaluation during training: when it is due (rlkit.train.evaluator.EvalSchedule), its sampling, its submit-time
-checks (rlkit.config.validate_eval), how one evaluation counts completions of one version, and `rlkit status`."""
+"""Evaluation during training: when it is due (rlkit.trainer.evaluator.EvalSchedule), its sampling, its submit-time
+checks (rlkit.checks.evaluation), how one evaluation counts completions of one version, and `rlkit status`."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
+from rlkit.checks.evaluation import validate_evaluator
+from rlkit.cli.status import _last_eval
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_eval import EvaluatorConfig
-from rlkit.config.validate_eval import validate_evaluator
+from rlkit.config.schema.evaluation import EvaluatorConfig
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.rollout.controller import Prompt
 from rlkit.rollout.groups import GroupSampler, SampledGroup, SingleTurnGroups
 from rlkit.servers.backend import Completion, SamplingParams, Server
 from rlkit.servers.sampling import sampling_params
-from rlkit.status import _last_eval
-from rlkit.train.evaluator import EvalOutcome, EvalSchedule, Evaluator, eval_sampling
+from rlkit.trainer.evaluator import EvalOutcome, EvalSchedule, Evaluator, eval_sampling
 
 
 def _config(tmp_path: Path, *overrides: str, row: dict[str, Any] | None = None) -> ExperimentConfig:
@@ -110,8 +110,8 @@ def test_every_evaluator_problem_is_collected_at_once(tmp_path: Path) -> None:
 
 
 def test_ppo_takes_grpos_evaluator_sections_and_checks() -> None:
-    """Job type ppo runs GRPO's evaluator (rlkit.train.ppo subclasses rlkit.train.grpo): its sections are accepted
-    and checked the same way."""
+    """Job type ppo runs GRPO's evaluator (rlkit.jobs.ppo.algorithm subclasses rlkit.jobs.grpo.algorithm): its sections
+    are accepted and checked the same way."""
     from rlkit.jobs import job_type_for
 
     grpo, ppo = job_type_for("grpo"), job_type_for("ppo")

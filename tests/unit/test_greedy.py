@@ -1,6 +1,6 @@
 """gconfig.greedy and eval_gconfig.greedy (AReaL's key, an rlkit field): greedy decoding sends temperature 0 (top_p
 and top_k neutral) whatever the temperature says, the same way for generate, the GRPO/PPO rollouts and the
-evaluator (rlkit.servers.sampling); the submit-time checks (rlkit.config.validate_sampling) refuse it for the
+evaluator (rlkit.servers.sampling); the submit-time checks (rlkit.checks.sampling) refuse it for the
 rollouts a trainer learns from and take it for generate and the evaluation."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.areal_accept import AcceptedKey
-from rlkit.config.areal_keys import TABLES
+from rlkit.checks.experiment import validate
+from rlkit.checks.sampling import GREEDY_FIX, validate_eval_greedy, validate_greedy
+from rlkit.config.areal.accept import AcceptedKey
+from rlkit.config.areal.keys import TABLES
 from rlkit.config.load import compose, config_from_mapping, typed_config
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate import validate
-from rlkit.config.validate_sampling import GREEDY_FIX, validate_eval_greedy, validate_greedy
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors
+from rlkit.jobs.generate import step as generate
+from rlkit.jobs.grpo import rank0 as grpo_rank0
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sampling import sampling_params
-from rlkit.steps import generate
-from rlkit.train import grpo_rank0
-from rlkit.train.evaluator import eval_sampling
+from rlkit.trainer.evaluator import eval_sampling
 
 from .test_min_new_tokens import _bodies
 

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from rlkit.config.load import config_from_mapping
-from rlkit.config.schema import ExperimentConfig
-from rlkit.train.grpo import total_steps
-from rlkit.train.grpo_rank0 import weight_check_tolerance
-from rlkit.train.loop_rank0 import Saver
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.grpo.algorithm import total_steps
+from rlkit.jobs.grpo.rank0 import weight_check_tolerance
+from rlkit.trainer.loop_rank0 import Saver
 
 BASE: dict[str, Any] = {"experiment_name": "exp", "trial_name": "t1", "type": "grpo",
                         "allocation_mode": "vllm:d1+fsdp:d1"}

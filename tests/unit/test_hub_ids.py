@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlkit.config.site_files import is_hub_id
+from rlkit.checks.site_files import is_hub_id
 from rlkit.errors import ConfigError
 from rlkit.launch.hub import SPLITS_DIR
 from rlkit.launch.submit import prepare
@@ -85,7 +85,7 @@ def test_render_and_submit_read_the_cache_and_record_local_paths(grpo_yaml: Path
     assert train == cache / SPLITS_DIR / "openai--gsm8k" / "main" / "train"
     assert sorted(p.name for p in train.iterdir()) == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
     assert all(p.resolve().parent.name == "main" for p in train.iterdir()), "main, never socratic"
-    from rlkit.data import load_rows
+    from rlkit.data.files import load_rows
 
     assert [row["prompt"] for row in load_rows(train)] == [f"{i}+1=" for i in range(16)], "both shards, in order"
 

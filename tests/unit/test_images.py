@@ -167,8 +167,8 @@ def test_submit_names_an_image_of_another_role_or_version_and_takes_the_right_on
 
 
 def test_the_manifest_records_labels_and_a_checked_images_sha256(tmp_path: Path) -> None:
-    from rlkit.paths import TrialPaths
-    from rlkit.trials import read_manifest, write_manifest
+    from rlkit.trials.paths import TrialPaths
+    from rlkit.trials.records import read_manifest, write_manifest
 
     image = write_sif(tmp_path / "vllm.sif", (REPO / "containers" / "vllm.def").read_text())
     paths = TrialPaths.of(str(tmp_path / "root"), "exp", "t1")

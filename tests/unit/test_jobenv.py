@@ -1,8 +1,8 @@
-"""rlkit.jobenv: what Slurm tells a step, read in one place."""
+"""rlkit.slurm.jobenv: what Slurm tells a step, read in one place."""
 
 from __future__ import annotations
 
-from rlkit.jobenv import JobEnv
+from rlkit.slurm.jobenv import JobEnv
 
 STEP = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "9",
         "SLURM_NODEID": "1", "SLURMD_NODENAME": "node7", "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "2",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
 from rlkit.jobs import JOB_TYPES, JobType, job_type_for, registered_job_types
 from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
@@ -96,7 +96,7 @@ def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_
 @pytest.mark.parametrize("name", [job.name for job in registered_job_types() if not job.lora])
 def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate_yaml: Path, name: str) -> None:
     """A set actor.use_lora must never be silently ignored: job types without LoRA training refuse it by name."""
-    from rlkit.config.validate import validate
+    from rlkit.checks.experiment import validate
 
     job = job_type_for(name)
     config = load_config(generate_yaml, [f"type={name}", f"allocation_mode={_layout(job)}", "actor.use_lora=true",

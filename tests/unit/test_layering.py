@@ -1,5 +1,5 @@
 """The login-node side stays light: config, launch, jobs and status never pull in torch, vLLM, transformers or the
-trainer (rlkit.train), and config never imports rlkit.train at all."""
+trainer (rlkit.trainer), and config never imports rlkit.trainer at all."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "vllm", "transformers", "sglang", "safetensors", "xxhash")
 REPORT = f"""
 heavy = {{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})
-trainer = {{m for m in sys.modules if m == "rlkit.train" or m.startswith("rlkit.train.")}}
+trainer = {{m for m in sys.modules if m == "rlkit.trainer" or m.startswith("rlkit.trainer.")}}
 print("loaded:", " ".join(sorted(heavy | trainer)))
 """
 PROGRAM = f"""
@@ -24,7 +24,7 @@ for package in (rlkit.config, rlkit.launch, rlkit.jobs):
     for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
         if module.name != "rlkit.jobs.run":  # the in-job dispatcher: imports the step, by design
             __import__(module.name)
-import rlkit.cli, rlkit.status, rlkit.stage_runs, rlkit.status_stages
+import rlkit.cli.main, rlkit.cli.status, rlkit.trials.stage_runs, rlkit.cli.status_stages
 from rlkit.launch.submit import prepare
 from rlkit.servers.backend import backend_for
 backend_for("sglang")  # the planner and validation may ask a backend; its module stays light
@@ -34,10 +34,10 @@ for config in sys.argv[1:]:
 {REPORT}"""
 STATUS = f"""
 import sys
-import rlkit.cli
+import rlkit.cli.main
 sys.argv = ["rlkit", "status"]
 try:
-    rlkit.cli.main()
+    rlkit.cli.main.main()
 except SystemExit as end:
     assert end.code == 0, end.code
 {REPORT}"""
@@ -72,7 +72,7 @@ def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, 
 
 
 def _loaded(stdout: str) -> str:
-    """What the report line names (heavy packages and rlkit.train modules imported)."""
+    """What the report line names (heavy packages and rlkit.trainer modules imported)."""
     reports = [line for line in stdout.splitlines() if line.startswith("loaded:")]
     assert len(reports) == 1, stdout
     return reports[0].removeprefix("loaded:").strip()

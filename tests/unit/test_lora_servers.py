@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from rlkit.config.load import load_config
-from rlkit.paths import TrialPaths
 from rlkit.rollout.client import ServerPool
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.vllm.backend import BACKEND
 from rlkit.servers.vllm.flags import VLLM_FLAGS
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.hf_export import version_dir
 from rlkit.weights.lora_disk import LoraDiskTransport, adapter_name

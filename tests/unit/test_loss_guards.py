@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from rlkit.config.schema_actor import RejectionSamplingConfig
-from rlkit.train.kl import kl_estimate
-from rlkit.train.losses import ppo_actor_loss
-from rlkit.train.rejection import behaviour_weights
+from rlkit.config.schema.actor import RejectionSamplingConfig
+from rlkit.trainer.rl_math.kl import kl_estimate
+from rlkit.trainer.rl_math.losses import ppo_actor_loss
+from rlkit.trainer.rl_math.rejection import behaviour_weights
 
 
 def f64(rows: list[list[float]]) -> torch.Tensor:

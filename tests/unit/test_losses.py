@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from rlkit.train.advantages import overlong_penalty, shape_rewards
-from rlkit.train.kl import kl_estimate
-from rlkit.train.losses import entropy_from_logits, ppo_actor_loss
+from rlkit.trainer.rl_math.advantages import overlong_penalty, shape_rewards
+from rlkit.trainer.rl_math.kl import kl_estimate
+from rlkit.trainer.rl_math.losses import entropy_from_logits, ppo_actor_loss
 
 SQRT3 = math.sqrt(3.0)
 

@@ -1,5 +1,5 @@
 """gconfig.min_new_tokens and eval_gconfig.min_new_tokens (AReaL's key, an rlkit field): submit-time checks
-(rlkit.config.validate_sampling), how the sampling settings carry it, and the request bodies of both backends (vLLM's
+(rlkit.checks.sampling), how the sampling settings carry it, and the request bodies of both backends (vLLM's
 `min_tokens`, SGLang's `sampling_params.min_new_tokens`), sent only when it is above 0."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from typing import Any
 import httpx
 import pytest
 
+from rlkit.checks.experiment import validate
+from rlkit.checks.sampling import validate_eval_min_new_tokens, validate_min_new_tokens
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate import validate
-from rlkit.config.validate_sampling import validate_eval_min_new_tokens, validate_min_new_tokens
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors
+from rlkit.jobs.generate.step import sampling_params
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sglang.backend import BACKEND as SGLANG
 from rlkit.servers.vllm.backend import BACKEND as VLLM
-from rlkit.steps.generate import sampling_params
-from rlkit.train.evaluator import eval_sampling
+from rlkit.trainer.evaluator import eval_sampling
 
 from .test_weights_disk import run, server
 

@@ -1,4 +1,4 @@
-"""The per-step log-prob mismatch check (rlkit.train.mismatch) and what shows it: which samples count, per-server
+"""The per-step log-prob mismatch check (rlkit.trainer.mismatch) and what shows it: which samples count, per-server
 sums, the threshold and its message, the metrics, the comparison temperature, progress.json -> `rlkit status`."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 import torch
 from rich.console import Console
 
+from rlkit.cli.status import TrialDetail, TrialRow, print_detail
 from rlkit.config.load import config_from_mapping, load_config
-from rlkit.config.schema import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
+from rlkit.jobs.grpo.rank0 import logprob_mismatch_warn
 from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
-from rlkit.status import TrialDetail, TrialRow, print_detail
-from rlkit.train import mismatch
-from rlkit.train.fault_corrupt import NOISE, perturbed
-from rlkit.train.grpo_rank0 import logprob_mismatch_warn
-from rlkit.train.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
+from rlkit.trainer import mismatch
+from rlkit.trainer.fault_corrupt import NOISE, perturbed
+from rlkit.trainer.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
 from rlkit.types import Sample
 
 from ..conftest import raise_problems

@@ -1,4 +1,4 @@
-"""AReaL's actor.disable_dropout and actor.init_from_scratch (rlkit.train.model_source): the model the trainer
+"""AReaL's actor.disable_dropout and actor.init_from_scratch (rlkit.trainer.model_source): the model the trainer
 builds has no dropout left, or starts from the same random weights on every rank; init_from_scratch is refused
 where other parts load actor.path's weights."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
-from rlkit.config.validate import validate
-from rlkit.train.model_source import build_causal_lm
-from rlkit.train.value_model import load_value_model
+from rlkit.trainer.model_source import build_causal_lm
+from rlkit.trainer.value_model import load_value_model
 
 
 @pytest.fixture
@@ -73,10 +73,10 @@ def test_init_from_scratch_is_refused_where_actor_path_weights_are_loaded_elsewh
 
 def test_the_trainers_model_factories_read_the_fields(dropout_model: Path) -> None:
     """The actor's factory (and the critic's engine view) pass the settings down to the model build."""
-    from rlkit.config.schema_actor import ActorConfig
-    from rlkit.config.schema_critic import CriticConfig
-    from rlkit.train.engine import actor_model_factory
-    from rlkit.train.ppo_critic import critic_engine_config
+    from rlkit.config.schema.actor import ActorConfig
+    from rlkit.config.schema.critic import CriticConfig
+    from rlkit.jobs.ppo.critic import critic_engine_config
+    from rlkit.trainer.engine import actor_model_factory
 
     actor = ActorConfig(path=str(dropout_model), attn_impl="eager", gradient_checkpointing=False, disable_dropout=True)
     model = actor_model_factory(actor)(actor, torch.device("cpu"))

@@ -20,15 +20,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlkit.config.schema_actor import ActorConfig, MicroBatchSpec, NormConfig, RejectionSamplingConfig
+from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, NormConfig, RejectionSamplingConfig
+from rlkit.jobs.grpo.rank0 import _rollout_metrics
 from rlkit.rollout.controller import Group, Prompt
-from rlkit.train.advantage_batch import advantages_and_returns, prepare_batch
-from rlkit.train.batch import pack
-from rlkit.train.engine import token_logprobs
-from rlkit.train.grpo_rank0 import _rollout_metrics
-from rlkit.train.losses import ppo_actor_loss
-from rlkit.train.mismatch import compared_indices, measure
-from rlkit.train.sample_forward import group_of, minibatch_steps
+from rlkit.trainer.batch import pack
+from rlkit.trainer.engine import token_logprobs
+from rlkit.trainer.mismatch import compared_indices, measure
+from rlkit.trainer.rl_math.advantage_batch import advantages_and_returns, prepare_batch
+from rlkit.trainer.rl_math.losses import ppo_actor_loss
+from rlkit.trainer.sample_forward import group_of, minibatch_steps
 from rlkit.types import Sample
 
 PAD = 0

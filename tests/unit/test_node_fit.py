@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
 from rlkit.config.node_fit import Misfit, misfit, nodes_for
-from rlkit.config.validate import validate
 from rlkit.errors import ConfigError
 
 from .planning import plan_of

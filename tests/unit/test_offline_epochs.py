@@ -1,11 +1,11 @@
-"""The epoch schedule of the offline algorithms (rlkit.train.offline_epochs): which rows each step trains on."""
+"""The epoch schedule of the offline algorithms (rlkit.trainer.offline_epochs): which rows each step trains on."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlkit.errors import StepError
-from rlkit.train.offline_epochs import EpochSchedule, data_digest, rank_share
+from rlkit.trainer.offline_epochs import EpochSchedule, data_digest, rank_share
 
 
 def test_each_epoch_takes_every_row_at_most_once_and_drops_the_partial_batch() -> None:

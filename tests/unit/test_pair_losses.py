@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlkit.train.pair_losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
+from rlkit.jobs.pairs.losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
 
 
 def softplus(x: float) -> float:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from rlkit.data import prompt_token_ids
+from rlkit.data.files import prompt_token_ids
 from rlkit.errors import StepError
-from rlkit.train.pair_batch import pack_pairs, split_pairs
-from rlkit.train.pairs_data import Pair, build_pairs, encode_pair, fit_length, pairs_from_rows
+from rlkit.jobs.pairs.batch import pack_pairs, split_pairs
+from rlkit.jobs.pairs.data import Pair, build_pairs, encode_pair, fit_length, pairs_from_rows
 
 KEYS = {"prompt_key": "prompt", "chosen_key": "chosen", "rejected_key": "rejected"}
 
@@ -70,8 +70,8 @@ def test_a_template_that_does_not_prefix_the_prompt_is_refused() -> None:
 
 
 def test_pairs_from_rows_reads_the_configured_columns(tokenizer: Any) -> None:
-    from rlkit.config.schema import DatasetConfig
-    from rlkit.config.schema_pairs import DPOConfig
+    from rlkit.config.schema.experiment import DatasetConfig
+    from rlkit.config.schema.pairs import DPOConfig
 
     rows = [{"q": "Q: 1+1= A:", "good": " 2", "bad": " b"}]
     section = DPOConfig(chosen_key="good", rejected_key="bad")
@@ -122,7 +122,7 @@ def test_the_pair_type_is_torch_free() -> None:
     import subprocess
     import sys
 
-    program = "import sys, rlkit.train.pairs_data; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    program = "import sys, rlkit.jobs.pairs.data; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

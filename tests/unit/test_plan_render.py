@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
-from rlkit.config.validate import validate
 from rlkit.errors import ConfigError
 from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command

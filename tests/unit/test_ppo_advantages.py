@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.advantage_batch import advantages_and_returns, token_advantages
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.trainer.rl_math.advantage_batch import advantages_and_returns, token_advantages
 from rlkit.types import Sample
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.train import recover
+from rlkit.trainer import recover
 
 
 def _fake_checkpoint(root: Path, step: int, payload: bytes = b"x" * 1000) -> Path:
@@ -161,7 +161,7 @@ def test_shards_are_checksummed_while_written_and_seal_uses_those_digests(tmp_pa
     import torch.distributed.checkpoint as dcp
     import xxhash
 
-    from rlkit.train.hashing_fs import hashing_writer
+    from rlkit.trainer.hashing_fs import hashing_writer
 
     tmp = recover.temp_dir(tmp_path, 1)
     shards = tmp / recover.SHARDS

@@ -1,4 +1,4 @@
-"""The `ref` section at submit (rlkit.config.validate_ref, rlkit.config.schema_ref): which model the reference is,
+"""The `ref` section at submit (rlkit.checks.reference, rlkit.config.schema.ref): which model the reference is,
 every problem of ref.path named with its fix (not a model, another vocabulary, set where nothing loads a
 reference), and ref.path bound into the containers and made absolute like actor.path. Torch-free."""
 
@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.binds import container_binds
+from rlkit.checks.binds import container_binds
+from rlkit.checks.experiment import validate
+from rlkit.checks.reference import validate_reference
+from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.load import config_from_mapping, load_config
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_ref import (
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.ref import (
     ReferenceLoad,
     reference_field,
     reference_load,
@@ -22,9 +25,6 @@ from rlkit.config.schema_ref import (
     separate_reference,
     uses_reference,
 )
-from rlkit.config.site_files import make_paths_absolute
-from rlkit.config.validate import validate
-from rlkit.config.validate_ref import validate_reference
 
 VOCAB = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 3, "content": "<eos>"}]}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.checks.reward_model import VALUE_HEAD_NOTE, validate_reward_model
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
-from rlkit.config.validate_reward_model import VALUE_HEAD_NOTE, validate_reward_model
 from rlkit.errors import ConfigError
 from rlkit.rewards import resolve_reward_fn
 

@@ -1,4 +1,4 @@
-"""GSM8K's rows as AReaL reads them (rlkit.row_formats): one decision for the checks and the steps, the prompt asks
+"""GSM8K's rows as AReaL reads them (rlkit.data.row_formats): one decision for the checks and the steps, the prompt asks
 for a boxed answer, sft trains question -> answer, and the reference answer is what follows `####`."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.schema_sft import SFTConfig
+from rlkit.config.schema.sft import SFTConfig
+from rlkit.data.row_formats import BOX_INSTRUCTION, final_answer, is_gsm8k_row, rl_prompt, sft_columns
 from rlkit.rewards.builtin import math_reward, reference_answer
-from rlkit.row_formats import BOX_INSTRUCTION, final_answer, is_gsm8k_row, rl_prompt, sft_columns
 
 ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
        "answer": "In May she sold 48/2 = 24 clips.\nIn all she sold 48+24 = 72 clips.\n#### 72"}
@@ -47,7 +47,7 @@ def test_the_math_reward_scores_gsm8k_rows_on_the_final_answer() -> None:
 def test_sft_reads_question_and_answer(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from rlkit.train.sft_data import load_sft_dataset
+    from rlkit.jobs.sft.data import load_sft_dataset
 
     assert sft_columns(ROW, "prompt", "response") == ("question", "answer")
     assert sft_columns(ROW, "prompt", "solution") == ("prompt", "solution"), "an explicit column wins"
@@ -66,10 +66,10 @@ HH = {"chosen": "\n\nHuman: Hi there\n\nAssistant: Hello! How can I help?\n\nHum
 def test_hh_rlhf_pairs_split_at_the_last_shared_assistant_turn(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from rlkit.config.schema import DatasetConfig
-    from rlkit.config.schema_pairs import RWConfig
-    from rlkit.row_formats import pair_row
-    from rlkit.train.pairs_data import pairs_from_config
+    from rlkit.config.schema.experiment import DatasetConfig
+    from rlkit.config.schema.pairs import RWConfig
+    from rlkit.data.row_formats import pair_row
+    from rlkit.jobs.pairs.data import pairs_from_config
 
     row = pair_row(HH, "prompt", "chosen", "rejected")
     assert row["prompt"].endswith("A joke?\n\nAssistant:") and row["prompt"].startswith("\n\nHuman: Hi there")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkit.config.schema import SGLangConfig, VllmConfig
+from rlkit.config.schema.experiment import SGLangConfig, VllmConfig
 from rlkit.errors import NO_RETRY_EXIT
 from rlkit.launch.render import supervisor_body
 from rlkit.servers.backend import backend_for

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from rlkit.checks.experiment import validate
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.schema_sft import sft_row_limit
-from rlkit.config.validate import validate
-from rlkit.config.validate_sft import validate_sft
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.sft import sft_row_limit
 from rlkit.errors import ConfigErrors
+from rlkit.jobs.sft.checks import validate_sft
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_a_bad_first_row_is_named(sft_mapping: dict[str, Any], tmp_path: Path) -
 
 
 def test_the_checks_every_trainer_shares_run_for_sft(sft_mapping: dict[str, Any]) -> None:
-    """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.config.validate_trainer), all at once."""
+    """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.checks.trainer), all at once."""
     found = problems_of(sft_mapping, "actor.optimizer.lr=0", "actor.optimizer.type=adamw", "saver.freq_steps=0",
                         "recover.keep_last=0", "stats_logger.wandb.mode=on")
     for says in ("actor.optimizer.lr must be positive", "actor.optimizer.type 'adamw' is not one of",

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.schema_sft import SFTConfig
+from rlkit.config.schema.sft import SFTConfig
 from rlkit.errors import StepError
-from rlkit.train.sft_data import (
+from rlkit.jobs.sft.data import (
     SFTExample,
     chat_example,
     fit_length,

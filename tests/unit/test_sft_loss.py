@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.train.losses import next_token_logprobs
-from rlkit.train.sft_data import SFTExample
-from rlkit.train.sft_loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll
+from rlkit.jobs.sft.data import SFTExample
+from rlkit.jobs.sft.loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll
+from rlkit.trainer.rl_math.losses import next_token_logprobs
 
 
 class Bigram(nn.Module):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.schema import ExperimentConfig, SGLangConfig
+from rlkit.config.schema.experiment import ExperimentConfig, SGLangConfig
 from rlkit.errors import FatalStepError
 from rlkit.servers.backend import backend_for
 from rlkit.servers.sglang.backend import BACKEND

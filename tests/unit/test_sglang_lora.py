@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from rlkit.checks.lora import SGLANG_LORA_MODULES
 from rlkit.config.load import load_config
-from rlkit.config.validate_lora import SGLANG_LORA_MODULES
 from rlkit.errors import StepError
-from rlkit.paths import TrialPaths
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sglang import lora
 from rlkit.servers.sglang.backend import BACKEND
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights.lora_disk import LoraDiskTransport
 
 from .test_lora_servers import adapter_tensors

@@ -75,7 +75,7 @@ def test_a_later_stages_kl_reference_follows_its_start_or_is_the_model_it_names(
     """AReaL's `ref.path: ${actor.path}` at the top level means the actor's start: in the grpo stage that is sft's
     final model, not the model sft started from. A stage naming sft's final model itself is checked, before sft
     ran, against the model sft starts from (as actor.path is)."""
-    from rlkit.config.schema_ref import reference_path
+    from rlkit.config.schema.ref import reference_path
 
     data = yaml.safe_load(DEMO.read_text())
     data["ref"] = {"path": "${actor.path}"}
@@ -179,8 +179,8 @@ def test_a_later_stage_cannot_be_resumed_before_the_model_it_starts_from_exists(
     fix (before asking Slurm anything); once the sft stage's final exists, the stage is a trial like any other."""
     from rlkit.config.load import to_yaml
     from rlkit.launch.resume import _stage_model_stand_in, resume_trial
-    from rlkit.stage_runs import StagedRun, record_run
-    from rlkit.trials import TrialRecord, record_trial
+    from rlkit.trials.records import TrialRecord, record_trial
+    from rlkit.trials.stage_runs import StagedRun, record_run
 
     plans = prepare_stages(DEMO, [])[0]
     for plan in plans:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.schema import StatsLoggerConfig
-from rlkit.config.validate_trainer import validate_stats_logger
+from rlkit.checks.trainer import validate_stats_logger
+from rlkit.config.schema.experiment import StatsLoggerConfig
 from rlkit.errors import ConfigError, StepError
-from rlkit.paths import TrialPaths
-from rlkit.train.stats_logger import StatsLogger, read_metrics
+from rlkit.trainer.stats_logger import StatsLogger, read_metrics
+from rlkit.trials.paths import TrialPaths
 
 STEPS: list[dict[str, float | int]] = [
     {"reward/mean": 0.5, "timing/train": 1.25, "loss/actor": -0.125, "seqs": 8},
@@ -168,7 +168,7 @@ def test_tensorboard_failure_disables_it_and_jsonl_continues(
 
     logger = StatsLogger(config(tensorboard__path=str(tmp_path / "tb")), paths, experiment="exp", trial="t1")
     monkeypatch.setattr(SummaryWriter, "add_scalar", broken)
-    with caplog.at_level(logging.WARNING, logger="rlkit.train.stats_logger"), logger:
+    with caplog.at_level(logging.WARNING, logger="rlkit.trainer.stats_logger"), logger:
         log_all(logger)
         assert logger.sinks == []
     warnings = [r for r in caplog.records if "tensorboard" in r.getMessage()]
@@ -184,7 +184,7 @@ def test_sink_that_raises_is_disabled_once_others_and_jsonl_continue(
 ) -> None:
     flaky, good = Recorder("flaky", fail_at=1), Recorder("good")
     logger = StatsLogger(StatsLoggerConfig(), paths, experiment="exp", trial="t1")
-    with caplog.at_level(logging.WARNING, logger="rlkit.train.stats_logger"), logger:
+    with caplog.at_level(logging.WARNING, logger="rlkit.trainer.stats_logger"), logger:
         logger.add_sink(flaky)
         logger.add_sink(good)
         log_all(logger)

@@ -1,5 +1,5 @@
 """`rlkit status TRIAL` of a trainer-only job (rw, dpo, sft): epoch, last loss and last evaluation, read from the
-progress.json shape of rlkit.train.offline_epochs and from metrics.jsonl."""
+progress.json shape of rlkit.trainer.offline_epochs and from metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rlkit.status import TrialDetail, TrialRow, _epochs, _last_eval, print_detail
+from rlkit.cli.status import TrialDetail, TrialRow, _epochs, _last_eval, print_detail
 
 PROGRESS = {"status": "running", "step": 12, "total_steps": 16, "epoch": 1, "total_epochs": 2,
             "eval": {"accuracy": 0.9375, "reward_margin": 1.25}}

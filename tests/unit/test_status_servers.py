@@ -13,8 +13,8 @@ from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from rlkit.cli.status import server_rows
 from rlkit.nameresolve import NfsNameResolve, server_key
-from rlkit.status import server_rows
 
 TIMEOUT_S = 1.0
 

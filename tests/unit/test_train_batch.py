@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.config.schema_actor import ActorConfig
-from rlkit.train.advantage_batch import prepare_batch
-from rlkit.train.batch import dummy_like, pack, split_micro_batches
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.trainer.batch import dummy_like, pack, split_micro_batches
+from rlkit.trainer.rl_math.advantage_batch import prepare_batch
 from rlkit.types import Sample
 
 PAD = 99

@@ -1,11 +1,11 @@
-"""`submit --force` moves the previous run aside (rlkit.trials.archive_run) and puts it back if sbatch fails."""
+"""`submit --force` moves the previous run aside (rlkit.trials.records.archive_run) and puts it back if sbatch fails."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.paths import TrialPaths
-from rlkit.trials import archive_run, restore_run
+from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import archive_run, restore_run
 
 
 def _tree(root: Path) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The LoRA fields' submit-time checks (rlkit.config.validate_lora): each mistake named with its fix, all collected."""
+"""The LoRA fields' submit-time checks (rlkit.checks.lora): each mistake named with its fix, all collected."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.config.model_modules import tensor_names
+from rlkit.checks.lora import server_lora_rank, validate_lora
+from rlkit.checks.model_modules import tensor_names
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate_lora import server_lora_rank, validate_lora
+from rlkit.config.schema.experiment import ExperimentConfig
 
 
 def lora_config(**actor: object) -> ExperimentConfig:

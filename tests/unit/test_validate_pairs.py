@@ -14,8 +14,8 @@ import pytest
 
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
-from rlkit.config.schema import ExperimentConfig
-from rlkit.config.validate_pairs import validate_critic, validate_dpo, validate_rw
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.pairs.checks import validate_critic, validate_dpo, validate_rw
 
 Validator = Callable[[ExperimentConfig, Problems], None]
 
@@ -105,7 +105,7 @@ def test_every_problem_is_collected_at_once(base: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("validator", [validate_rw, validate_dpo])
 def test_the_checks_every_trainer_gets_run_for_pairs(validator: Validator, base: dict[str, Any]) -> None:
-    """rw and dpo refuse what grpo and sft refuse (rlkit.config.validate_trainer), each problem said once."""
+    """rw and dpo refuse what grpo and sft refuse (rlkit.checks.trainer), each problem said once."""
     found = problems_of(validator, base, "recover.mode=resum", "total_train_epochs=0", "actor.mb_spec.n_mbs=0",
                         "actor.optimizer.type=adamw", "saver.freq_steps=0")
     for says in ("recover.mode 'resum' is not one of", "total_train_epochs must be at least 1",
@@ -116,6 +116,6 @@ def test_the_checks_every_trainer_gets_run_for_pairs(validator: Validator, base:
 
 
 def test_validation_imports_no_torch() -> None:
-    program = "import sys, rlkit.config.validate_pairs; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    program = "import sys, rlkit.jobs.pairs.checks; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.train.value_loss import ppo_value_loss
+from rlkit.trainer.rl_math.value_loss import ppo_value_loss
 
 
 def one_token(value: float, old: float, ret: float, eps: float) -> tuple[float, float, float]:
@@ -76,9 +76,9 @@ def test_mismatched_shapes_are_refused() -> None:
 def test_the_critic_engine_takes_the_critics_own_settings() -> None:
     """critic.* (model, dtype, optimizer, batching, masking of truncated completions) decide the critic's engine;
     the actor's LoRA and masking do not leak into it."""
-    from rlkit.config.schema_actor import ActorConfig
-    from rlkit.config.schema_critic import CriticConfig
-    from rlkit.train.ppo_critic import critic_engine_config
+    from rlkit.config.schema.actor import ActorConfig
+    from rlkit.config.schema.critic import CriticConfig
+    from rlkit.jobs.ppo.critic import critic_engine_config
 
     actor = ActorConfig(path="/m/actor", use_lora=True, mask_no_eos_with_zero=True, ppo_n_minibatches=4)
     critic = CriticConfig(dtype="float32", ppo_n_minibatches=2)

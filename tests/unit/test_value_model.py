@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.train.value_model import (
+from rlkit.trainer.value_model import (
     HEAD_NOTE,
     last_token_scores,
     load_value_model,
@@ -26,7 +26,7 @@ def model(tiny_model_dir: Path) -> nn.Module:
 
 def test_a_causal_lm_becomes_a_one_label_token_classifier_fsdp_can_shard(model: nn.Module) -> None:
     assert type(model).__name__ == "Qwen2ForTokenClassification"
-    assert isinstance(model.model.layers, nn.ModuleList)  # what rlkit.train.engine.shard_model wraps layer by layer
+    assert isinstance(model.model.layers, nn.ModuleList)  # what rlkit.trainer.engine.shard_model wraps layer by layer
     assert model.score.out_features == 1 and model.dropout.p == 0.0
     assert not hasattr(model, "lm_head")
 

@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 from rlkit.config.load import load_config
 from rlkit.errors import StepError
 from rlkit.models.tiny import build_tiny_model
-from rlkit.paths import TrialPaths
 from rlkit.servers.backend import Server
 from rlkit.servers.http import ServerUnreachable
+from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import (
     Buckets,
@@ -218,7 +218,7 @@ def test_disk_push_writes_the_buckets_and_every_server_loads_them(
 
 def test_config_choices_are_the_registered_transports() -> None:
     """The config lists the modes by hand (config imports no transport code); they must stay the registry's."""
-    from rlkit.config.validate_training import CHOICES
+    from rlkit.jobs.grpo.checks import CHOICES
     from rlkit.weights.base import TRANSPORT_NAMES, transport_for
 
     assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == ("disk", "xccl")

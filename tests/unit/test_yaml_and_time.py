@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.load import load_config, parse_overrides, to_yaml
-from rlkit.config.slurm_time import format_slurm_time, slurm_time_seconds
 from rlkit.config.yaml_text import load_yaml
 from rlkit.errors import ConfigError
+from rlkit.slurm.time_limits import format_slurm_time, slurm_time_seconds
 
 from ..conftest import raise_problems
 from .planning import plan_of

@@ -48,7 +48,7 @@ from rlkit.servers.sglang.command import sglang_command, write_key_file
 if TYPE_CHECKING:
     import httpx
 
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 # Variables of the inherited environment that would change what the routes below mean.
 _UNSET_ENV = (

@@ -45,7 +45,7 @@ from rlkit.servers.vllm.command import (
 )
 
 if TYPE_CHECKING:
-    from rlkit.config.schema import ExperimentConfig
+    from rlkit.config.schema.experiment import ExperimentConfig
 
 
 _LOGPROB_MODES: dict[str, LogprobMeaning] = {"raw_logprobs": "raw", "processed_logprobs": "temperature",

@@ -172,7 +172,7 @@ def lora_flags(lora_rank: int, extra: Mapping[str, object]) -> list[str]:
     """The options a server needs to load rank-`lora_rank` adapters at run time: --enable-lora, the smallest
     --max-lora-rank vLLM accepts that holds the rank, and two adapter slots (GPU batch and CPU cache) unless
     `vllm.extra_args` (`extra`) sets them."""
-    from rlkit.config.validate_lora import server_lora_rank
+    from rlkit.checks.lora import server_lora_rank
 
     given = {str(k).replace("-", "_").lower(): v for k, v in extra.items()}
     args = ["--enable-lora", "--max-lora-rank", str(server_lora_rank(lora_rank))]

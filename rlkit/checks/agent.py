@@ -1,0 +1,92 @@
+"""Submit-time checks of rollout.agent (multi-turn episodes): every problem collected with its fix. The workflow, tools
+and tool-call parser are imported here, on the login node, as reward.fn is, so a typo fails at submit and not after
+the job waited in the queue. Torch-free.
+"""
+
+from __future__ import annotations
+
+from rlkit.config.problems import Problems
+from rlkit.config.schema.agent import AgentConfig, agent_limits
+from rlkit.config.schema.evaluation import evaluation_enabled
+from rlkit.config.schema.experiment import ExperimentConfig
+
+ROLLOUT_TRAINERS = ("grpo", "ppo")  # the job types whose trainer runs rollouts (episodes replace their samples)
+_LIMITS = ("max_turns", "max_tokens_per_turn", "engine_max_tokens", "max_tool_result_chars")
+
+
+def agent_in_use(agent: AgentConfig) -> bool:
+    return bool(agent.workflow.strip())
+
+
+def validate_agent(config: ExperimentConfig, problems: Problems, context: int | None) -> None:
+    """Add every problem of rollout.agent to `problems`; `context`: the servers' context length when known."""
+    from rlkit.agent.tool_calls import resolve_tool_call_parser
+    from rlkit.agent.tools import ToolConfig, load_tools
+    from rlkit.agent.workflows import resolve_workflow
+
+    agent = config.rollout.agent
+    if not agent_in_use(agent):
+        if agent.tools:
+            problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
+                         "tools", hint="set rollout.agent.workflow=tool_use (or your own), or remove the tools")
+        return
+    if config.type not in ROLLOUT_TRAINERS:
+        problems.add(f"rollout.agent.workflow is set, but job type {config.type} runs no training rollouts",
+                     hint=f"use it with type {' or '.join(ROLLOUT_TRAINERS)}, or remove rollout.agent")
+        return
+    with problems.check():
+        resolve_workflow(agent.workflow)
+    with problems.check():
+        resolve_tool_call_parser(agent.tool_call_parser)
+    names: list[str] = []
+    with problems.check():
+        names = [tool.name for tool in load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
+                                                  setting="rollout.agent.tools")]
+    if agent.code_tool.enabled and "python" in names:
+        problems.add("rollout.agent.tools has a tool named `python` (its schema's name), and "
+                     "rollout.agent.code_tool.enabled adds the built-in python tool",
+                     hint="name your tool otherwise in its tool_schema, or disable the code tool")
+    for name in _LIMITS:
+        value = getattr(agent, name)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            problems.add(f"rollout.agent.{name} must be a positive integer (got {value})")
+    if agent.tool_timeout <= 0:
+        problems.add(f"rollout.agent.tool_timeout must be positive (got {agent.tool_timeout})")
+    total = agent.engine_max_tokens
+    if total is not None and context is not None and total > context:
+        problems.add(f"rollout.agent.engine_max_tokens ({total}) exceeds the servers' context of {context} tokens: "
+                     "a late turn would be refused", hint=f"set it to at most {context}")
+    _validate_code_tool(config, problems)
+    per_turn = agent.max_tokens_per_turn
+    if per_turn is not None and per_turn > config.gconfig.max_new_tokens:
+        problems.add(f"rollout.agent.max_tokens_per_turn ({per_turn}) exceeds gconfig.max_new_tokens "
+                     f"({config.gconfig.max_new_tokens})", hint="lower it, or raise gconfig.max_new_tokens")
+    _validate_eval_turns(config, problems)
+
+
+def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:
+    """The evaluator runs the training episodes (same workflow, tools and limits, rlkit.trainer.evaluator): a turn of
+    an evaluation episode may sample fewer tokens (eval_gconfig.max_new_tokens), never more than a training turn."""
+    wanted = config.eval_gconfig.max_new_tokens
+    if not evaluation_enabled(config.evaluator) or wanted is None or isinstance(wanted, bool):
+        return
+    _, _, per_turn = agent_limits(config, None)
+    setting = ("rollout.agent.max_tokens_per_turn" if config.rollout.agent.max_tokens_per_turn
+               else "gconfig.max_new_tokens")
+    if isinstance(per_turn, int) and wanted > per_turn:
+        problems.add(f"eval_gconfig.max_new_tokens ({wanted}) exceeds an episode turn's limit of {per_turn} tokens "
+                     f"({setting}): evaluation episodes keep the training episodes' limits, so it would be ignored",
+                     hint=f"set eval_gconfig.max_new_tokens to at most {per_turn}, or null")
+
+
+def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
+    from rlkit.agent.code_tool import code_limit_problems, limits_of
+
+    settings = config.rollout.agent.code_tool
+    if not settings.enabled:
+        return
+    for name, message, fix in code_limit_problems(limits_of(settings)):
+        problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)
+    if not settings.scratch_root.startswith("/"):
+        problems.add(f"rollout.agent.code_tool.scratch_root '{settings.scratch_root}' must be an absolute path",
+                     hint="e.g. /tmp/rlkit-code-tool (node-local is fine)")

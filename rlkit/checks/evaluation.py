@@ -1,0 +1,80 @@
+"""Submit-time checks of evaluation during training (`evaluator`, `eval_gconfig`, `valid_dataset`; job types grpo, ppo).
+
+Torch-free and collecting: each mistake is one problem naming its field and fix. An evaluation that could only
+fail minutes into training (no validation set, a column the reward reads is missing, no sample per prompt) is
+refused here instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlkit.checks.sampling import validate_eval_greedy, validate_eval_min_new_tokens
+from rlkit.checks.site_files import check_dataset_file
+from rlkit.config.problems import Problems
+from rlkit.config.schema.evaluation import evaluation_enabled
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.data.dataset_rows import first_jsonl_row
+from rlkit.data.row_formats import is_gsm8k_row
+from rlkit.errors import ConfigError
+
+ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read reward.answer_key from the row
+
+
+def validate_evaluator(config: ExperimentConfig, problems: Problems) -> None:
+    """Add every problem of the evaluation fields to `problems`."""
+    ev, ds = config.evaluator, config.valid_dataset
+    for name in ("freq_steps", "freq_epochs", "freq_secs", "max_prompts"):
+        value = getattr(ev, name)
+        if value is not None and value < 1:
+            problems.add(f"evaluator.{name} must be at least 1 (got {value}); null turns it off",
+                         hint=f"e.g. evaluator.{name}=10 or evaluator.{name}=null")
+    enabled = evaluation_enabled(ev)
+    if enabled and not ds.path:
+        problems.add("evaluator is on (freq_steps, freq_epochs, freq_secs or eval_on_startup set) but "
+                     "valid_dataset.path is empty: there is nothing to evaluate on",
+                     hint="set valid_dataset.path to held-out prompts, or turn the evaluator's frequencies off")
+    if ds.path and not enabled:
+        problems.add("valid_dataset.path is set but the evaluator never runs, so it would be ignored",
+                     hint="set evaluator.freq_steps (or freq_epochs / freq_secs / eval_on_startup), or remove "
+                          "valid_dataset")
+    _validate_sampling(config, problems)
+    if ds.path:
+        with problems.check():
+            _validate_columns(config)
+
+
+def _validate_sampling(config: ExperimentConfig, problems: Problems) -> None:
+    g = config.eval_gconfig
+    if g.n_samples is not None and g.n_samples < 1:
+        problems.add(f"eval_gconfig.n_samples must be at least 1 (got {g.n_samples})",
+                     hint="e.g. eval_gconfig.n_samples=1, or null for gconfig.n_samples")
+    if g.max_new_tokens is not None and g.max_new_tokens < 1:
+        problems.add(f"eval_gconfig.max_new_tokens must be at least 1 (got {g.max_new_tokens})",
+                     hint="null takes gconfig.max_new_tokens")
+    if g.temperature is not None and g.temperature < 0:
+        problems.add(f"eval_gconfig.temperature must be >= 0 (got {g.temperature}; 0 is greedy)",
+                     hint="e.g. eval_gconfig.temperature=0")
+    if g.top_p is not None and not 0 < g.top_p <= 1:
+        problems.add(f"eval_gconfig.top_p must be in (0, 1] (got {g.top_p})")
+    if g.top_k is not None and (g.top_k == 0 or g.top_k < -1):
+        problems.add(f"eval_gconfig.top_k must be -1 (off) or at least 1 (got {g.top_k})")
+    validate_eval_min_new_tokens(config, problems)
+    validate_eval_greedy(config, problems)
+
+
+def _validate_columns(config: ExperimentConfig) -> None:
+    """The validation rows hold the prompt column and, for a built-in reward, the answer column."""
+    ds = config.valid_dataset
+    check_dataset_file("valid_dataset.path", ds.path)
+    row = first_jsonl_row("valid_dataset.path", Path(ds.path))
+    if row is None:
+        return  # parquet: checked when the job loads it
+    if ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
+        raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
+                          hint="set valid_dataset.prompt_key to the prompt column")
+    if config.reward.fn in ANSWER_REWARDS and config.reward.answer_key not in row:
+        raise ConfigError(f"reward.fn {config.reward.fn} scores evaluations against the answer column "
+                          f"'{config.reward.answer_key}', which the valid_dataset rows do not have "
+                          f"(columns: {', '.join(row)})",
+                          hint="give validation rows with the training set's answer column")

@@ -1,0 +1,150 @@
+"""Submit-time checks of the reference model (the `ref` section, and dpo.ref_path): every problem collected, each
+naming its field and its fix. Torch-free (login node).
+
+The reference scores the actor's token ids, so it must read them as the same tokens: the same vocab_size in its
+config.json, and (when both directories hold a tokenizer.json or vocab.json) the same token table as the tokenizer
+the job uses (tokenizer_path, else actor.path). A ref.path naming another model where nothing loads a reference
+(grpo/ppo with actor.kl_ctl and actor.kl_loss_coef at 0, or a job type without a KL term) would be ignored and is
+refused. With actor.use_lora another reference model is loaded as a second frozen copy (rlkit.trainer.reference);
+an empty ref.path keeps the base without the adapter as the reference.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlkit.checks.site_files import check_model_dir, is_local_path
+from rlkit.checks.trainer import DTYPES
+from rlkit.config.model_config import vocab_size
+from rlkit.config.problems import Problems
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.ref import KL_JOB_TYPES, reference_field, reference_path, uses_reference
+from rlkit.errors import ConfigError
+
+ATTN_IMPLS = ("flash_attention_2", "sdpa", "eager")
+_TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)
+
+
+def validate_reference(config: ExperimentConfig, problems: Problems) -> None:
+    """Add every problem of the reference model's settings to `problems`."""
+    _validate_kernel_settings(config, problems)
+    ref, actor_path = config.ref.path, config.actor.path
+    if ref and ref != actor_path and not uses_reference(config):
+        problems.add(f"ref.path is set to '{ref}', but {_why_unused(config)}: it would be ignored",
+                     hint=_unused_hint(config))
+        return
+    if config.type == "dpo" and ref and config.dpo.ref_path and ref != config.dpo.ref_path:
+        problems.add(f"dpo.ref_path ('{config.dpo.ref_path}') and ref.path ('{ref}') both name dpo's reference "
+                     "model, and they differ", hint="keep one of them (ref.path is AReaL's name, dpo.ref_path "
+                                                    "rlkit's older one)")
+    if not uses_reference(config):
+        return
+    field, path = reference_field(config), reference_path(config)
+    if field == "ref.path":  # dpo.ref_path is checked with the dpo section (rlkit.jobs.pairs.checks)
+        with problems.check():
+            check_model_dir("ref.path", path)
+    if field != "actor.path" and path != actor_path:
+        with problems.check():
+            check_same_vocabulary(field, path, config)
+
+
+def _validate_kernel_settings(config: ExperimentConfig, problems: Problems) -> None:
+    """ref.dtype and ref.attn_impl: known values, and never set to something else than the actor's where no
+    reference is loaded (it would be ignored)."""
+    for name, choices in (("dtype", DTYPES), ("attn_impl", ATTN_IMPLS)):
+        value, actors = getattr(config.ref, name), getattr(config.actor, name)
+        if not value:
+            continue
+        if value not in choices:
+            problems.add(f"ref.{name} '{value}' is not one of: {', '.join(choices)}",
+                         hint=f"e.g. ref.{name}={choices[0]}, or leave it empty for actor.{name}")
+        elif value != actors and not uses_reference(config):
+            problems.add(f"ref.{name} is set to '{value}', but {_why_unused(config)}: it would be ignored",
+                         hint=f"remove ref.{name}" if config.type not in KL_JOB_TYPES else _unused_hint(config))
+
+
+def _why_unused(config: ExperimentConfig) -> str:
+    if config.type in KL_JOB_TYPES:
+        return "actor.kl_ctl and actor.kl_loss_coef are both 0, so no reference model is loaded"
+    return f"job type {config.type} loads no reference model (the KL terms are grpo's and ppo's, dpo has its own)"
+
+
+def _unused_hint(config: ExperimentConfig) -> str:
+    if config.type in KL_JOB_TYPES:
+        return "remove ref.path, or set actor.kl_ctl (a KL reward penalty) or actor.kl_loss_coef (a KL loss term) > 0"
+    return "remove the ref section"
+
+
+def check_same_vocabulary(field: str, path: str, config: ExperimentConfig) -> None:
+    """The reference at `path` reads the actor's token ids as the same tokens (what can be read here is checked)."""
+    actor_path = config.actor.path
+    theirs, ours = vocab_size(path), vocab_size(actor_path)
+    if theirs is not None and ours is not None and theirs != ours:
+        raise ConfigError(f"{field}: the reference model '{path}' has vocab_size {theirs}, actor.path's model {ours}: "
+                          "its log-probs of the actor's token ids would be of other tokens",
+                          hint=f"use a reference with the actor's tokenizer (e.g. the model actor.path was trained "
+                               f"from), or leave {field} empty (the reference is then actor.path)")
+    tokenizer, tokenizer_field = ((config.tokenizer_path, "tokenizer_path") if config.tokenizer_path else
+                                  (actor_path, "actor.path"))
+    differs = _first_difference(path, tokenizer)
+    if differs:
+        raise ConfigError(f"{field}: the tokenizer of the reference model '{path}' differs from the job's "
+                          f"({tokenizer_field} '{tokenizer}'): {differs}, so the reference would score the "
+                          "actor's token ids as other tokens",
+                          hint=f"use a reference with the actor's tokenizer, or leave {field} empty (the reference "
+                               "is then actor.path)")
+
+
+def _first_difference(one: str, other: str) -> str:
+    """The first difference of the two directories' token tables ('' when equal or not both readable here)."""
+    for name in ("tokenizer.json", "vocab.json"):
+        a, b = _read(one, name), _read(other, name)
+        if a is None or b is None:
+            continue
+        if a == b:
+            return ""
+        ta, tb = _token_table(name, a), _token_table(name, b)
+        if ta is None or tb is None:
+            return ""
+        for token_id in sorted(set(ta) | set(tb)):
+            if ta.get(token_id) != tb.get(token_id):
+                return (f"token id {token_id} is {ta.get(token_id, 'absent')!r} in {name} of the reference, "
+                        f"{tb.get(token_id, 'absent')!r} in the job's")
+        return ""
+    return ""
+
+
+def _read(directory: str, name: str) -> bytes | None:
+    path = Path(directory) / name
+    try:
+        if not is_local_path(directory) or not path.is_file() or path.stat().st_size > _TOKENIZER_LIMIT:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _token_table(name: str, data: bytes) -> dict[int, str] | None:
+    """Token id -> token of a tokenizer.json (its model's vocabulary and added tokens) or a vocab.json; None when
+    the file is not one rlkit can read."""
+    try:
+        parsed: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    table: dict[int, str] = {}
+    model = parsed.get("model")
+    vocab = (model.get("vocab") if isinstance(model, dict) else None) if name == "tokenizer.json" else parsed
+    if isinstance(vocab, dict):
+        table.update({i: str(t) for t, i in vocab.items() if isinstance(i, int)})
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...] by id
+        table.update({i: str(item[0]) for i, item in enumerate(vocab) if isinstance(item, list) and item})
+    else:
+        return None
+    for added in parsed.get("added_tokens", []) if name == "tokenizer.json" else []:
+        if isinstance(added, dict) and isinstance(added.get("id"), int):
+            table[added["id"]] = str(added.get("content"))
+    return table

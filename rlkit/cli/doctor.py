@@ -1,0 +1,32 @@
+"""`rlkit doctor CONFIG [OVERRIDES]` (rlkit.launch.doctor does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rlkit.cli.console import console
+
+_out = console()
+
+
+def doctor(config: Path = typer.Argument(..., help="Experiment YAML file.", show_default=False),
+           overrides: list[str] = typer.Argument(None, help="key.path=value overrides.", show_default=False)) -> None:
+    """Check the site for this config on the nodes it would get (shared fileroot, GPUs, container, model, an
+    all-reduce between all its nodes) in a short job; a table of what passed and each fix. Exit 1 if any failed."""
+    from rlkit.launch.doctor import run_doctor, summary_rows
+    from rlkit.launch.submit import prepare
+
+    prepared = prepare(config, overrides or [], preflight=True)
+    run = run_doctor(prepared, say=_out.print)
+    table = Table("check", "nodes", "result", "detail", "fix", title=f"rlkit doctor: job {run.job_id}")
+    for name, nodes, ok, detail, fix in summary_rows(run.checks):
+        table.add_row(name, nodes, "ok" if ok else "[red]FAILED[/red]", detail, fix)
+    _out.print(table)
+    failed = sorted({c.name for c in run.checks if not c.ok})
+    if failed:
+        _out.print(f"[red]failed:[/red] {', '.join(failed)}")
+        raise typer.Exit(1)
+    _out.print("[green]all checks passed[/green]")

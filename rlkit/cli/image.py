@@ -1,0 +1,73 @@
+"""`rlkit image build ROLE` and `rlkit image check PATH` (rlkit.launch.images does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rlkit.cli.console import console
+from rlkit.errors import UserError
+
+image_app = typer.Typer(no_args_is_help=True, help="Build rlkit's Apptainer images and check built ones.")
+_out = console()
+
+
+@image_app.command("build")
+def build(role: str = typer.Argument(..., help="trainer, vllm or sglang (containers/ROLE.def)."),
+          out: Path = typer.Option(None, "--out", help="Image to write (default: ./rlkit-ROLE.sif)."),
+          force: bool = typer.Option(False, "--force", help="Replace an existing image at --out."),
+          repo: Path = typer.Option(None, "--repo", help="The rlkit checkout (default: the one rlkit runs from)."),
+          on_cluster: bool = typer.Option(False, "--on-cluster", help="Build in a Slurm job on a compute node "
+                                          "(login nodes often forbid heavy builds); --out must be on a shared "
+                                          "filesystem."),
+          partition: str = typer.Option(None, "--partition", help="Partition of the build job (--on-cluster)."),
+          time_min: int = typer.Option(120, "--time", help="Time limit of the build job in minutes (--on-cluster)."),
+          cpus: int = typer.Option(8, "--cpus", help="CPUs of the build job (--on-cluster).")) -> None:
+    """Build a role's image from containers/ROLE.def with the pinned versions; its %test fails a broken build."""
+    from rlkit.launch.images import build_here, build_on_cluster, plan_build
+
+    if time_min < 1 or cpus < 1:
+        raise UserError(f"--time {time_min} / --cpus {cpus}: both must be at least 1", hint="e.g. --time 120 --cpus 8")
+    root, target, argv = plan_build(role, out, repo, force=force)
+    if on_cluster:
+        job_id = build_on_cluster(argv, root, partition=partition, time_min=time_min, cpus=cpus, say=_out.print)
+        _out.print(f"image built in Slurm job {job_id}: {target}")
+    else:
+        build_here(argv, root)
+        _out.print(f"image built: {target}")
+    _out.print(f"check it with:  rlkit image check {target}")
+
+
+@image_app.command("check")
+def check(path: Path = typer.Argument(..., help="A built image (.sif)."),
+          sha256: bool = typer.Option(False, "--sha256", help="Also compute its sha256 (reads all of it).")) -> None:
+    """Exists, readable, a SIF, and labelled with the versions this rlkit needs (exit 2 naming each difference)."""
+    from rlkit.launch.images import check_image
+
+    report = check_image(path.expanduser(), digest=sha256)
+    table = Table("label", "value", title=str(path))
+    for key, value in sorted(report.labels.items()):
+        table.add_row(key, value)
+    if report.labels:
+        _out.print(table)
+    if report.sha256:
+        _out.print(f"sha256 {report.sha256}")
+        _record_sha256(path.expanduser(), report.sha256)
+    if report.problems:
+        raise UserError(f"image {path} is not usable by this rlkit:\n  " + "\n  ".join(report.problems),
+                        hint="rebuild it with `rlkit image build ROLE` from this checkout")
+    _out.print(f"image {path}: usable ({report.labels.get('org.rlkit.role')})")
+
+
+def _record_sha256(image: Path, digest: str) -> None:
+    """Leave the digest beside the image (sha256sum's format) for the manifests of later submits; skipped quietly
+    where the directory is not the user's to write."""
+    from rlkit.images.sif import sha256_record
+
+    try:
+        sha256_record(image).write_text(f"{digest}  {image.name}\n")
+    except OSError:
+        return
+    _out.print(f"recorded in {sha256_record(image)} (submits record it in the trial's manifest)")

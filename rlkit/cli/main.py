@@ -1,0 +1,285 @@
+"""The `rlkit` command: submit, render, resume, status, stop, logs on the login node; serve, train, client in the
+job (train and client run the in-job step the trial's job type names, rlkit.jobs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import click
+import typer
+
+from rlkit.cli.console import console
+from rlkit.cli.doctor import doctor
+from rlkit.cli.image import image_app
+from rlkit.errors import SlurmError, StepError, UserError, each_error
+
+if TYPE_CHECKING:
+    from rlkit.config.areal.accept import AcceptedKey
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
+app.add_typer(image_app, name="image")
+app.command("doctor")(doctor)
+err = console(stderr=True)
+out = console()
+
+CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
+OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)
+TRIAL_ARG = typer.Argument(..., help="experiment/trial, or a bare trial name when it is unambiguous.")
+
+
+FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial of the same name as a NEW run: the "
+                         "previous run's files (recover/, checkpoints/, metrics, logs, ...) move to "
+                         "<trial>/attempt-N/ first, so nothing is resumed from it and nothing is lost. To continue "
+                         "a trial use `rlkit resume`.")
+
+
+PREFLIGHT_OPT = typer.Option(True, "--preflight/--no-preflight", help="Hold the layout against the partition's "
+                             "nodes and limits first (GPUs, CPUs, memory, node count, MaxTime), every mismatch at "
+                             "once; --no-preflight leaves it all to sbatch --test-only.")
+
+
+@app.command()
+def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, force: bool = FORCE_OPT,
+           preflight: bool = PREFLIGHT_OPT) -> None:
+    """Validate, plan and render the job, submit it to Slurm, and record the trial. A config with `stages:`
+    submits one job per stage, each waiting for the one before (afterok)."""
+    from rlkit.launch.stages import has_stages
+    from rlkit.launch.submit import prepare
+    from rlkit.launch.submit import submit as do_submit
+
+    if has_stages(config):
+        _submit_stages(config, overrides or [], force, preflight)
+        return
+    prepared = prepare(config, overrides or [], preflight=preflight)
+    submitted = do_submit(prepared, force=force)
+    _areal_notice(prepared.areal_keys)
+    record = submitted.record
+    if submitted.archived is not None:
+        out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
+                  f"{submitted.archived}")
+    out.print(f"submitted [bold]{record.name}[/bold] as Slurm job {record.job_id}")
+    out.print(f"  trial directory: {record.trial_dir}")
+    out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
+
+
+def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: bool) -> None:
+    from rlkit.launch.stages import prepare_stages, submit_stages
+
+    plans, _ = prepare_stages(config, overrides, preflight=preflight)
+    run = submit_stages(plans, force=force)
+    out.print(f"submitted [bold]{run.name}[/bold]: {len(run.stages)} stages, each after the one before")
+    for plan in plans:
+        out.print(f"  stage {plan.record.name} ({plan.record.type}): trial {plan.record.trial}  "
+                  f"{plan.prepared.paths.root}")
+    out.print(f"  follow it with:  rlkit status {run.name}")
+
+
+@app.command()
+def resume(trial: str = typer.Argument(..., help="The trial to continue (experiment/trial or trial)."),
+           overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Continue a stopped or failed training trial from its last recover checkpoint, as a new attempt. A
+    multi-stage run continues from its first unfinished stage; the stages after it are submitted again."""
+    from rlkit.launch.resume import resume_trial
+    from rlkit.launch.stages import find_stage_run, resume_run
+
+    run = find_stage_run(trial)
+    if run is not None:
+        for stage, job_id, how in resume_run(run, overrides or []):
+            verb = "resumed from its last checkpoint" if how == "resumed" else "submitted again"
+            typer.echo(f"stage {stage.name}: {verb} as Slurm job {job_id}")
+        typer.echo(f"  follow it with:  rlkit status {run.name}")
+        return
+    record, attempt = resume_trial(trial, overrides or [])
+    typer.echo(f"resumed {record.name} as Slurm job {record.job_id} (attempt {attempt})")
+    typer.echo(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
+
+
+@app.command()
+def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
+           test_only: bool = typer.Option(False, "--test-only", help="Also ask the controller (sbatch --test-only)."),
+           strict: bool = typer.Option(False, "--strict", help="Refuse missing site files (images, models, data) "
+                                       "as submit does, instead of warning.")) -> None:
+    """Print the sbatch script the config gives (a dry run: nothing is written or submitted). Missing site files
+    are listed as warnings on stderr."""
+    from rlkit.launch import slurm
+    from rlkit.launch.stages import has_stages, prepare_stages
+    from rlkit.launch.submit import prepare
+
+    if has_stages(config):
+        plans, warnings = prepare_stages(config, overrides or [], dry_run=not strict)
+        for plan in plans:
+            sys.stdout.write(f"# ---- stage {plan.record.name}: trial {plan.record.trial} "
+                             + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
+            sys.stdout.write(plan.prepared.script)
+        scripts = [plan.prepared.script for plan in plans]
+    else:
+        prepared = prepare(config, overrides or [], dry_run=not strict)
+        sys.stdout.write(prepared.script)
+        warnings, scripts = list(prepared.warnings), [prepared.script]
+        _areal_notice(prepared.areal_keys)
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+    if warnings:
+        err.print(f"  {len(warnings)} site file(s) missing here: `rlkit submit` refuses this config until "
+                  "they exist (render --strict refuses it too)", highlight=False)
+    if test_only:
+        for script in scripts:
+            err.print(slurm.sbatch_test_only(script))
+
+
+def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
+    """The one notice of AReaL keys accepted without use (stderr: render's stdout is the script)."""
+    from rlkit.config.areal.accept import notice_lines
+
+    lines = notice_lines(keys)
+    if lines:
+        err.print(f"[bold cyan]notice:[/bold cyan] {lines[0]}", highlight=False)
+        for line in lines[1:]:
+            err.print(line, highlight=False, markup=False)
+
+
+@app.command()
+def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> None:
+    """Print the rlkit config an AReaL config file becomes (overrides such as type=grpo merged in), every AReaL key
+    rlkit has no field for listed in its header with what became of it. Checked as render checks."""
+    from rlkit.config.areal.migrate import migrate as migrate_file
+
+    text, warnings = migrate_file(config, overrides or [])
+    sys.stdout.write(text)
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+
+
+@app.command()
+def status(trial: str = typer.Argument(None, help="One trial (experiment/trial or trial) for details."),
+           as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Show every trial at a glance, or one trial's components, servers and failed steps."""
+    from rlkit.cli import status as st
+
+    if trial is None:
+        rows = st.all_trials()
+        if as_json:
+            st.print_json([r.to_dict() for r in rows])
+        else:
+            out.print(st.trials_table(rows))
+        return
+    from rlkit.launch.stages import find_stage_run
+
+    run = find_stage_run(trial)
+    if run is not None:
+        from rlkit.cli.status_stages import run_detail, run_table
+
+        stages = run_detail(run)
+        if as_json:
+            st.print_json(stages.to_dict())
+        else:
+            out.print(run_table(stages))
+        return
+    detail = st.trial_detail(trial)
+    if as_json:
+        st.print_json(detail.to_dict())
+    else:
+        st.print_detail(out, detail)
+
+
+@app.command()
+def stop(trial: str = TRIAL_ARG,
+         now: bool = typer.Option(False, "--now", help="Cancel at once, without the trainer's checkpoint."),
+         timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the trainer's checkpoint.")
+         ) -> None:
+    """Stop the trial: a training job checkpoints first (unless --now), then every step on every node ends."""
+    from rlkit.launch.stages import find_stage_run, stop_run
+    from rlkit.launch.stop import stop_trial
+
+    run = find_stage_run(trial)
+    if run is not None:
+        stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text))
+        return
+    name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text))
+    out.print(f"cancelled the Slurm job of {name}")
+
+
+@app.command()
+def logs(trial: str = TRIAL_ARG,
+         step: str = typer.Option(None, "--step", help="Step name (server-0, generate, ...); default: batch log."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until interrupted."),
+         lines: int = typer.Option(40, "--lines", "-n", help="How many last lines to show first.")) -> None:
+    """Print the last lines of a step's log (or the batch script's), optionally following it."""
+    from rlkit.cli import status as st
+
+    st.show_logs(trial, step=step, follow=follow, lines=lines)
+
+
+@app.command(hidden=True)
+def serve(trial_dir: Path = typer.Option(..., help="Trial directory."),
+          index: int = typer.Option(..., help="Server index."),
+          auxiliary: str = typer.Option("", help="Serve this auxiliary model instead of the policy.")) -> None:
+    """In-job step: run one inference server and register it in name resolve."""
+    from rlkit.steps.serve import run_server
+
+    raise typer.Exit(run_server(trial_dir, index, auxiliary))
+
+
+@app.command(hidden=True)
+def client(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
+    """In-job step of a job type without a trainer (generate): one GPU-less process."""
+    from rlkit.jobs.run import run_job_step
+
+    run_job_step(trial_dir, trainer=False)
+
+
+@app.command(hidden=True)
+def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
+    """In-job step of a training job type (grpo, sft, ...): one process per trainer GPU."""
+    from rlkit.jobs.run import run_job_step
+
+    run_job_step(trial_dir, trainer=True)
+
+
+@app.command("tiny-model")
+def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the model into."),
+               tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),
+               seed: int = typer.Option(0, help="Initialisation seed.")) -> None:
+    """Build a tiny tokenizer + Qwen2 model locally (no downloads) for tests and demos."""
+    from rlkit.models.tiny import build_tiny_model
+
+    out.print(f"tiny model at {build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)}")
+
+
+def main() -> None:
+    """Entry point: user mistakes exit 2 with one message, failures exit 1, never a traceback for either."""
+    try:
+        rc = app(standalone_mode=False)
+    except UserError as exc:
+        problems = each_error(exc)
+        for problem in problems:
+            err.print(f"[bold red]error:[/bold red] {problem.message}", highlight=False)
+            if problem.hint:
+                err.print(f"  [bold]fix:[/bold] {problem.hint}", highlight=False)
+        if len(problems) > 1:
+            err.print(f"{len(problems)} problems; nothing was written or submitted", highlight=False)
+        _exit(exc.exit_code)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        _exit(2)
+    except click.exceptions.Abort:
+        _exit(130)
+    except (SlurmError, StepError) as exc:
+        err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
+        _exit(exc.exit_code)
+    _exit(rc if isinstance(rc, int) else 0)
+
+
+def _exit(code: int) -> NoReturn:
+    """sys.exit, except in a trainer rank (`rlkit train`), which must skip interpreter teardown (see end_process)."""
+    dist = sys.modules.get("rlkit.trainer.dist")
+    if dist is not None and dist.joined_a_process_group():
+        dist.end_process(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The experiment schema: one file per section, read by OmegaConf (torch-free)."""

@@ -1,0 +1,146 @@
+"""The trained model's section (`actor`): model, optimizer, micro-batching, and the PPO/GRPO knobs.
+
+Kept apart from rlkit.config.schema.experiment so that each file stays one screenful of fields; field names follow
+AReaL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlkit.config.schema.fields import _f, _sub
+
+
+@dataclass
+class MicroBatchSpec:
+    """How a minibatch is split into micro-batches for forward/backward."""
+
+    n_mbs: int = _f(1, "Fewest micro-batches per minibatch.")
+    max_tokens_per_mb: int | None = _f(None, "Most tokens per micro-batch (more micro-batches when needed).")
+
+
+@dataclass
+class OptimizerConfig:
+    """The trainer's optimizer and learning-rate schedule."""
+
+    type: str = _f("adam", "Optimizer. Choices: adam (AdamW), sgd.")
+    lr: float = _f(2e-5, "Peak learning rate.")
+    weight_decay: float = _f(0.05, "Weight decay.")
+    beta1: float = _f(0.9, "Adam beta1.")
+    beta2: float = _f(0.95, "Adam beta2.")
+    eps: float = _f(1e-5, "Adam epsilon.")
+    lr_scheduler_type: str = _f("constant", "Schedule after warmup. Choices: constant, linear, cosine.")
+    warmup_steps_proportion: float = _f(0.001, "Fraction of the total steps spent warming up linearly.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of lr (linear and cosine).")
+    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+
+
+@dataclass
+class NormConfig:
+    """Normalisation of rewards (reward_norm, per sequence) or advantages (adv_norm, per token), as AReaL's.
+
+    The mean is subtracted at mean_level, then the result is divided by (std + eps), where the std is taken at
+    std_level around the mean actually subtracted (0 when mean_level is none). Token-level statistics are weighted
+    by tokens. A level of null (or "none") skips that step.
+    """
+
+    mean_level: str | None = _f("batch", "Where the mean is taken. Choices: batch, group, null (no centring).")
+    std_level: str | None = _f("batch", "Where the std is taken. Choices: batch, group, null (no scaling).")
+    mean_leave1out: bool = _f(False, "Leave each sample out of its own mean (RLOO).")
+    std_unbiased: bool = _f(True, "Bessel-corrected std (divide by n - 1).")
+    eps: float = _f(1e-5, "Added to the std before dividing (not used when std_level is null).")
+    group_size: int | None = _f(None, "Samples per group at group level; null: actor.group_size.")
+
+
+@dataclass
+class RejectionSamplingConfig:
+    """Decoupled loss: what to do with tokens whose proximal/behaviour divergence is out of bounds (AReaL's block).
+
+    The behaviour importance weight is pi_prox / pi_behav. `mask` drops out-of-bounds tokens (or whole sequences)
+    from the loss; `clamp` keeps them with the weight clamped to [lower, upper] (verl's truncated IS, TIS).
+    """
+
+    level: str = _f("token", "Judge each token, or each sequence as a whole. Choices: token, sequence.")
+    action: str = _f("mask", "Out of bounds: mask (drop from the loss) or clamp (truncate the weight).")
+    metric: str = _f("ratio", "What is bounded. Choices: ratio (pi_prox/pi_behav), kl_k1, kl_k2, kl_k3.")
+    agg: str = _f("mean", "Sequence level: aggregate tokens by sum, mean or max (ratio: in log space).")
+    upper: float = _f(5.0, "Upper bound of the metric (ratio: > 1).")
+    lower: float | None = _f(None, "Lower bound of the metric; null: none (clamp: 0).")
+
+
+@dataclass
+class ActorConfig:
+    """The policy model and how it is trained (PPO/GRPO actor)."""
+
+    path: str = _f("", "Hugging Face model directory (weights + tokenizer).")
+    dtype: str = _f("bfloat16", "Parameter dtype in training. Choices: bfloat16, float16, float32.")
+    gradient_checkpointing: bool = _f(True, "Recompute activations in backward to save memory.")
+    disable_dropout: bool = _f(False, "Build the trained model with every dropout of its config.json at 0 (the servers "
+                                      "never drop out, so training-mode log-probs then match theirs).")
+    init_from_scratch: bool = _f(False, "Start from random weights in actor.path's architecture (one fixed seed: "
+                                        "every rank alike); sft and rw only.")
+    attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
+    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
+    optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer.")
+    weight_update_mode: str = _f(
+        "disk", "How new weights reach the servers. Choices: disk (a Hugging Face checkpoint on the shared filesystem "
+        "that every server reloads), xccl (broadcast from trainer rank 0 to every server's workers: NCCL on GPUs, "
+        "gloo on the CPU).")
+    weight_chunked_mem_mb: int = _f(
+        1024, "xccl: full tensors are gathered and broadcast in buckets of about this many MiB, which bounds the "
+        "trainer's extra memory during a push.")
+    weight_update_timeout: float = _f(
+        600.0, "Seconds any one part of a weight push may take (a server's reload, joining the broadcast group, one "
+        "bucket); a server that takes longer is named and the push fails instead of hanging.")
+    weight_check_tolerance: float | None = _f(
+        None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
+        "weight update; None: 1e-3 for float32 servers, 0.1 otherwise.")
+    logprob_mismatch_warn: float | None = _f(
+        None, "Warn (trainer log, rlkit status) when a server's mean |logprob difference| from the trainer over a "
+        "step's rollout tokens sampled at the current weight version exceeds this; None: 1e-2 when servers and "
+        "trainer run float32, 0.1 otherwise.")
+    group_size: int = _f(1, "Completions per prompt in one GRPO group: gconfig.n_samples (what a config that "
+                         "leaves it out gets, as in AReaL's current configs).")
+    ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).")
+    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")
+    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
+    c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.")
+    reward_scaling: float = _f(1.0, "Multiply rewards by this (after the overlong penalty and the bias).")
+    reward_bias: float = _f(0.0, "Add this to rewards (after the overlong penalty).")
+    reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.")
+    reward_norm: NormConfig | None = _f(None, "Normalise sequence rewards (after the clip); null: off.")
+    overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
+    overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.")
+    overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.")
+    mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the loss.")
+    kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
+                       "before the advantages (no gradient through it); > 0 loads the reference model.")
+    kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")
+    kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
+                             "gradient, verl's use_kl_loss); > 0 loads the reference model.")
+    kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")
+    kl_clamp: float | None = _f(10.0, "Clamp every KL estimate to [-kl_clamp, kl_clamp]; null: off.")
+    log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.")
+    seq_log_ratio_clamp: float | None = _f(10.0, "GSPO: clamp the sequence log-ratio to at most this before exp; "
+                                           "null: off.")
+    discount: float = _f(1.0, "Discount factor of the returns.")
+    gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).")
+    adv_norm: NormConfig | None = _f(None, "Normalise the per-token advantages (token-weighted); null: off.")
+    importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")
+    use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
+    behav_imp_weight_cap: float | None = _f(None, "Older AReaL form of rejection_sampling: drop tokens whose "
+                                            "behaviour importance weight exceeds this (> 1).")
+    rejection_sampling: RejectionSamplingConfig | None = _f(
+        None, "Decoupled loss: bound the behaviour importance weight (mask or clamp); null: unbounded.")
+    dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
+    recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
+                                 "(else use the servers' log-probs as the old policy).")
+    # ---- LoRA (peft): only the adapters train, and only the adapters go to the servers ----
+    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight (grpo, ppo's actor, sft, dpo); "
+                        "the servers get the adapters only (vLLM runtime LoRA loading, a new adapter name per "
+                        "weight version); saved checkpoints are the merged model plus adapter/.")
+    lora_rank: int = _f(32, "LoRA rank r (the servers are started with --max-lora-rank of at least this).")
+    lora_alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.")
+    target_modules: list[str] = _f([], "Module names that get adapters, e.g. [q_proj, k_proj, v_proj, o_proj]; "
+                                   "'all-linear' for every linear layer but the output head.")
+    peft_type: str = _f("lora", "peft method. Choices: lora.")

@@ -1,0 +1,67 @@
+"""The `rollout.agent` section (AReaL's name): multi-turn, tool-using episodes instead of one completion per sample.
+
+An empty `workflow` keeps the single-turn rollout (one request for a GRPO group, `gconfig` as it is). With a
+workflow, each sample of a group is one episode of `async def episode(ctx, row) -> Episode` (rlkit.agent.context:
+the turns are sampled by the live servers, tool results and other inserted text are tokenized once by rlkit and
+masked out of the loss). `tool_call_parser` keeps AReaL's name and its default `qwen` (the Qwen2.5 / Hermes
+`<tool_call>` JSON format). Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlkit.config.schema.fields import _f, _sub
+
+if TYPE_CHECKING:
+    from rlkit.config.schema.experiment import ExperimentConfig
+
+TOOL_USE_WORKFLOW = "tool_use"  # the built-in multi-turn loop: generate, call the tools asked for, repeat
+
+
+@dataclass
+class CodeToolConfig:
+    """The built-in `python` tool: model-written code in a killable sandbox (rlkit.agent.code_tool)."""
+
+    enabled: bool = _f(False, "Offer the `python` tool (argument: code) to the model.")
+    wall_seconds: float = _f(10.0, "Wall-clock seconds one run may take, interpreter start included.")
+    cpu_seconds: int = _f(10, "CPU seconds one run may use.")
+    memory_mb: int = _f(512, "Heap of the code's process, in MB.")
+    output_bytes: int = _f(8192, "Output kept (stdout and stderr); more stops the run.")
+    file_mb: int = _f(64, "Largest file the code may write in its scratch directory, in MB.")
+    max_concurrent: int = _f(8, "Runs at once on the trainer's rank-0 node.")
+    python: str = _f("", "Interpreter of the runs; empty: the trainer's (or /usr/bin/python3 when the sandbox user "
+                         "cannot reach it).")
+    scratch_root: str = _f("/tmp", "Node-local directory where the trainer makes its own private directory for the "
+                                   "runs' scratch directories (every user must be able to traverse it, like /tmp).")
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn episodes: the workflow, its tools, and how long an episode may grow."""
+
+    workflow: str = _f("", "Episode workflow: tool_use (built in: sample a turn, run the tool calls it makes, repeat "
+                           "until a turn calls none) or module.path:function / file.py:function, an async def "
+                           "episode(ctx, row) -> Episode; empty: single-turn rollouts.")
+    tool_call_parser: str = _f("qwen", "How tool calls are read from a turn: qwen (Qwen2.5 / Hermes <tool_call> JSON, "
+                                       "also called hermes) or module.path:function(text) -> ParsedTurn.")
+    tools: list[str] = _f([], "Tools offered to the model, each module.path:function (sync or async, keyword "
+                              "arguments) with its JSON schema in the function's tool_schema attribute.")
+    tool_timeout: float = _f(30.0, "Seconds one tool call may take before the model is told it timed out.")
+    max_turns: int = _f(4, "Most assistant turns in an episode; an episode that wants more is truncated.")
+    max_tokens_per_turn: int | None = _f(None, "Most tokens one turn may sample; None: gconfig.max_new_tokens.")
+    engine_max_tokens: int | None = _f(None, "Most tokens of an episode, prompt included (AReaL's name); None: the "
+                                             "servers' context length.")
+    max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).")
+    code_tool: CodeToolConfig = _sub(CodeToolConfig, "The built-in sandboxed Python tool.")
+
+
+DEFAULT_MAX_TOTAL_TOKENS = 32768  # an episode's token limit when neither the config nor the model says one
+
+
+def agent_limits(config: ExperimentConfig, context: int | None) -> tuple[int, int, int]:
+    """(max_turns, max_total_tokens, max_tokens_per_turn) of an episode; `context`: the servers' context length."""
+    agent = config.rollout.agent
+    per_turn = agent.max_tokens_per_turn or config.gconfig.max_new_tokens
+    return agent.max_turns, agent.engine_max_tokens or context or DEFAULT_MAX_TOTAL_TOKENS, per_turn

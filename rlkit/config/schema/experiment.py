@@ -1,0 +1,328 @@
+"""The experiment schema: dataclasses read by OmegaConf. Importable without torch or vLLM (login nodes stay fast).
+
+Field names follow AReaL, which most of our users come from. Every field has a one-line `help` (its documentation
+in the source; no command prints it yet). The actor section lives in rlkit.config.schema.actor; job types add theirs in
+modules of their own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.agent import AgentConfig
+from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
+from rlkit.config.schema.critic import CriticConfig
+from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
+from rlkit.config.schema.fields import _f, _sub
+from rlkit.config.schema.pairs import DPOConfig, RWConfig
+from rlkit.config.schema.ref import RefConfig
+from rlkit.config.schema.sft import SFTConfig
+
+_INDEXED = re.compile(r"(\w+)\[(\d+)\]")  # `auxiliary_models[0]`: one item of a list of sections
+
+
+def get_field(config: Any, dotted: str) -> Any:
+    """The value of a dotted field path (`launcher.slurm.partition`, `auxiliary_models[0].model_path`) of a config
+    or one of its sections."""
+    for part in dotted.split("."):
+        indexed = _INDEXED.fullmatch(part)
+        config = getattr(config, indexed[1])[int(indexed[2])] if indexed else getattr(config, part)
+    return config
+
+
+def set_field(config: Any, dotted: str, value: Any) -> None:
+    """Set the value of a dotted field path."""
+    parent, _, leaf = dotted.rpartition(".")
+    setattr(get_field(config, parent) if parent else config, leaf, value)
+
+
+CONTAINER_TYPES = ("apptainer", "none")
+NAME_RESOLVE_TYPES = ("nfs", "etcd3")  # rlkit.nameresolve.make_name_resolve builds each
+
+
+@dataclass
+class NameResolveConfig:
+    """Where the job's steps publish and find each other (servers register here)."""
+
+    type: str = _f("nfs", "Key-value store for name resolving. Choices: nfs (a shared directory), etcd3.")
+    nfs_record_root: str = _f(
+        "", "Empty (recommended): NFS records live in the trial directory (<trial dir>/name_resolve/, private to you). "
+            "Set: an absolute directory shared by all nodes; records go to <it>/<your uid>/<experiment>/<trial>/, "
+            "made 0700 and refused if another user owns or can write them."
+    )
+    etcd3_addr: str = _f("localhost:2379", "host:port (or http(s):// URL) of the etcd3 server (type etcd3).")
+    etcd3_cacert: str = _f("", "CA bundle that verifies etcd's TLS certificate (etcdctl --cacert); set: https.")
+    etcd3_cert: str = _f("", "Client certificate for etcd's TLS client authentication (etcdctl --cert).")
+    etcd3_key: str = _f("", "Private key of etcd3_cert (etcdctl --key).")
+    etcd3_user: str = _f("", "etcd user (etcdctl --user); its password is read from $ETCDCTL_PASSWORD, never the "
+                             "config. Empty: no authentication (anyone who reaches etcd can read and write records).")
+
+
+@dataclass
+class ClusterConfig:
+    """The cluster the job runs on."""
+
+    cluster_name: str = _f("local", "Name of the cluster: kept in the trial manifest, shown by `rlkit status TRIAL`.")
+    fileroot: str = _f("/tmp/rlkit", "Root for trials, logs and checkpoints; must be on a filesystem all nodes share.")
+    hub_cache: str = _f("", "Where `rlkit submit` downloads models and datasets given as Hugging Face hub ids (on the "
+                            "login node; compute nodes never download); empty: <fileroot>/hub-cache.")
+    n_nodes: int = _f(1, "Number of nodes the job may use in total.")
+    n_gpus_per_node: int = _f(8, "GPUs per node (physical).")
+    name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve store.")
+
+
+@dataclass
+class SlurmConfig:
+    """How the heterogeneous Slurm job is requested and how its steps start."""
+
+    partition: str = _f("", "Slurm partition (empty: the cluster's default).")
+    account: str = _f("", "Slurm account to charge (empty: your default).")
+    qos: str = _f("", "Slurm QOS (empty: default).")
+    time: str = _f("", "Time limit: MM, MM:SS, HH:MM:SS or D-HH[:MM[:SS]] (90 is minutes), rendered as D-HH:MM:SS; "
+                       "empty: the partition's default.")
+    constraint: str = _f("", "Node features required (--constraint), e.g. a100.")
+    nodelist: str = _f("", "Exact nodes to use (hostlist, e.g. gpu[01-03]); split in order over the job's components.")
+    exclude: str = _f("", "Nodes never to use (hostlist).")
+    srun_additional_args: str = _f("", "Extra arguments for every srun step, e.g. '--mpi=pmix'.")
+    sbatch_additional_args: str = _f("", "Extra job-wide sbatch options (first component), e.g. '--mail-type=END'.")
+    container_type: str = _f("apptainer", "How steps run: apptainer (each role in its image) or none (bare host).")
+    mount: str = _f("", "Bind mounts for containers, comma-separated src:dst (fileroot is always bound).")
+    trainer_image: str = _f("", "Apptainer image (.sif path or docker:// URI) for trainer and client steps.")
+    inference_server_image: str = _f("", "Apptainer image (.sif path or docker:// URI) for inference servers.")
+    apptainer_args: str = _f("--nv", "Arguments for `apptainer exec` before the image (GPU support: --nv).")
+
+
+@dataclass
+class LauncherConfig:
+    """Resources per role and what each role's environment holds."""
+
+    inference_server_cpus_per_gpu: int = _f(4, "CPUs per GPU for inference servers.")
+    inference_server_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for inference servers.")
+    trainer_cpus_per_gpu: int = _f(4, "CPUs per GPU for the trainer.")
+    trainer_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for the trainer.")
+    client_cpus: int = _f(4, "CPUs for a GPU-less client step (job type generate).")
+    client_mem: int = _f(8192, "Memory (MB) for a GPU-less client step.")
+    inference_server_env_vars: str = _f("", "Environment for inference servers, comma-separated, e.g. 'A=1,B=2'.")
+    trainer_env_vars: str = _f("", "Environment for trainer and client steps, comma-separated, e.g. 'A=1,B=2'.")
+    python: str = _f(
+        "", "Python that runs rlkit steps. Empty: this interpreter (container_type none) or python3 (in images). "
+            "An engine in another venv: vllm.python / sglang.python."
+    )
+    server_startup_timeout: float = _f(900.0, "Seconds a server may take to become healthy before its step fails.")
+    slurm: SlurmConfig = _sub(SlurmConfig, "Slurm settings.")
+
+
+@dataclass
+class VllmConfig:
+    """vLLM server arguments (`python -m vllm.entrypoints.openai.api_server`)."""
+
+    model: str = _f("", "Model the servers load; empty: actor.path.")
+    seed: int = _f(1, "Sampling seed of the server.")
+    dtype: str = _f("bfloat16", "Weights and activation dtype.")
+    max_model_len: int | None = _f(None, "Context length (prompt + completion); None: the model's own.")
+    gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.")
+    max_num_seqs: int = _f(256, "Most sequences in one batch.")
+    enforce_eager: bool = _f(False, "No CUDA graphs, no torch.compile: a faster start, a slower decode on GPUs.")
+    enable_prefix_caching: bool = _f(True, "Reuse KV of shared prompt prefixes (reset after every weight update).")
+    extra_args: dict[str, Any] = _f({}, "More vLLM 0.32 options, e.g. {max_num_batched_tokens: 2048}; true: bare flag.")
+    python: str = _f("", "Python the vLLM servers run with (rlkit must be importable there too); empty: the one "
+                         "running the serve step.")
+    env_vars: str = _f("", "Environment for vLLM servers only (also an auxiliary model's), e.g. 'A=1,B=2'; "
+                           "set on top of launcher.inference_server_env_vars.")
+
+
+@dataclass
+class SGLangConfig:
+    """SGLang server arguments (`python -m sglang.launch_server`)."""
+
+    model_path: str = _f("", "Model the servers load; empty: actor.path.")
+    random_seed: int = _f(1, "Sampling seed of the server.")
+    dtype: str = _f("bfloat16", "Weights and activation dtype.")
+    context_length: int | None = _f(None, "Context length; None: the model's own.")
+    mem_fraction_static: float = _f(0.9, "Fraction of GPU memory for weights and KV cache.")
+    disable_radix_cache: bool = _f(False, "Disable prefix (radix) caching.")
+    extra_args: dict[str, Any] = _f({}, "Further SGLang flags, e.g. {attention_backend: fa3}.")
+    python: str = _f("", "Python of the SGLang install the servers run with (e.g. its own venv's); empty: the one "
+                         "running the serve step.")
+    env_vars: str = _f("", "Environment for SGLang servers only (also an auxiliary model's), e.g. 'A=1,B=2'; "
+                           "set on top of launcher.inference_server_env_vars.")
+
+
+@dataclass
+class DatasetConfig:
+    """A local dataset (jsonl or parquet)."""
+
+    path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
+    type: str = _f("rl", "What the rows are for: rl, sft or generate.")
+    split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
+    batch_size: int = _f(1, "Rows per batch.")
+    shuffle: bool = _f(True, "Shuffle rows each epoch.")
+    max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
+                                      "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.")
+    prompt_key: str = _f("prompt", "Column holding the prompt: a string, a list of chat messages, or token ids.")
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling settings for every request."""
+
+    n_samples: int = _f(1, "Completions per prompt.")
+    max_new_tokens: int = _f(16384, "Most tokens per completion.")
+    min_new_tokens: int = _f(0, "Fewest tokens per completion: the model's EOS cannot end one sooner (vLLM's "
+                                "min_tokens, SGLang's min_new_tokens); at most max_new_tokens; 0: off.")
+    temperature: float = _f(1.0, "Sampling temperature (0: greedy).")
+    top_p: float = _f(1.0, "Nucleus sampling probability mass.")
+    top_k: int = _f(-1, "Top-k sampling; -1: off.")
+    stop: list[str] = _f([], "Stop strings.")
+    greedy: bool = _f(False, "Greedy decoding (AReaL's gconfig.greedy): requests go at temperature 0, top_p 1, top_k "
+                             "-1 whatever those fields say; for generate and evaluation only (a GRPO/PPO rollout "
+                             "must sample).")
+
+
+@dataclass
+class RolloutConfig:
+    """How clients talk to the inference servers."""
+
+    max_concurrent_rollouts: int = _f(64, "Most requests in flight across all servers.")
+    queue_size: int | None = _f(None, "Most finished groups waiting for the trainer; None: 2 training batches.")
+    consumer_batch_size: int = _f(1, "Groups the trainer takes per training step; grpo sets it to "
+                                  "train_dataset.batch_size when left at 1.")
+    max_head_offpolicyness: int = _f(0, "A sample may be this many weight versions behind the trainer; older "
+                                     "ones are dropped (0: on-policy).")
+    request_timeout: float = _f(3600.0, "Seconds one request may take.")
+    request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).")
+    setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.")
+    agent: AgentConfig = _sub(AgentConfig, "Multi-turn, tool-using episodes (empty workflow: single-turn rollouts).")
+
+
+@dataclass
+class GenerateConfig:
+    """Job type generate: batch generation over a dataset."""
+
+    dataset: DatasetConfig = _sub(DatasetConfig, "Prompts to complete.")
+    output_file: str = _f("completions.jsonl", "Output file, relative to the trial directory.")
+    apply_chat_template: bool = _f(False, "Wrap string prompts in the tokenizer's chat template.")
+    max_prompts: int | None = _f(None, "Complete only the first N prompts.")
+
+
+@dataclass
+class RewardConfig:
+    """How completions are scored."""
+
+    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, reward_model (a trained "
+                 "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
+                 "float.")
+    answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
+    reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
+                                "checkpoints/final directory); completions are scored by it on trainer rank 0.")
+    timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.")
+
+
+@dataclass
+class SaverConfig:
+    """When Hugging Face format models are saved (under the trial's checkpoints/ directory)."""
+
+    freq_steps: int | None = _f(None, "Save every N steps; None: off.")
+    freq_epochs: int | None = _f(None, "Save every N epochs; None: off.")
+    freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.")
+
+
+@dataclass
+class RecoverConfig:
+    """Recover checkpoints (model, optimizer, data position, RNG) and automatic retries; see `rlkit resume`."""
+
+    mode: str = _f("auto", "disabled: never resume; auto: resume when a valid checkpoint exists; fault: resume only "
+                   "after a failure of this trial (retry, requeue); resume: must resume (error if nothing to resume).")
+    freq_steps: int | None = _f(None, "Checkpoint every N steps; None: off.")
+    freq_epochs: int | None = _f(None, "Checkpoint every N epochs; None: off.")
+    freq_secs: int | None = _f(1800, "Checkpoint when N seconds passed since the last one; None: off.")
+    retries: int = _f(3, "Times a failed trainer step is restarted in the allocation, and times the job requeues "
+                      "itself at its time limit.")
+    keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).")
+    time_limit_warning: int = _f(300, "Seconds before the time limit at which Slurm warns the job (USR1) so the "
+                                 "trainer checkpoints and the job requeues itself.")
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard event files."""
+
+    path: str | None = _f(None, "Directory for event files; None: off.")
+
+
+@dataclass
+class SwanlabConfig:
+    """SwanLab tracking."""
+
+    project: str | None = _f(None, "Project; None: the experiment name.")
+    name: str | None = _f(None, "Run name; None: the trial name.")
+    mode: str = _f("disabled", "Choices: disabled, local, offline, cloud.")
+    logdir: str | None = _f(None, "Local directory; None: <trial>/swanlab.")
+    api_key: str | None = _f(None, "API key for cloud mode; None: SWANLAB_API_KEY.")
+
+
+@dataclass
+class WandBConfig:
+    """Weights & Biases tracking."""
+
+    mode: str = _f("disabled", "Choices: disabled, offline, online.")
+    project: str | None = _f(None, "Project; None: the experiment name.")
+    entity: str | None = _f(None, "Team or user.")
+    name: str | None = _f(None, "Run name; None: the trial name.")
+
+
+@dataclass
+class StatsLoggerConfig:
+    """Where per-step metrics go. A metrics.jsonl in the trial directory is always written."""
+
+    tensorboard: TensorBoardConfig = _sub(TensorBoardConfig, "TensorBoard.")
+    swanlab: SwanlabConfig = _sub(SwanlabConfig, "SwanLab.")
+    wandb: WandBConfig = _sub(WandBConfig, "Weights & Biases.")
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment trial: what to run and where."""
+
+    experiment_name: str = _f(MISSING, "Name of the experiment (no '_' or '/').")
+    trial_name: str = _f(MISSING, "Name of the trial (no '-' or '/').")
+    type: str = _f("generate", "Job type: a name registered in rlkit.jobs (an unknown name is refused with the list).")
+    allocation_mode: str = _f(
+        MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
+    )
+    seed: int = _f(1, "Random seed.")
+    tokenizer_path: str = _f("", "Tokenizer directory; empty: the model's.")
+    auxiliary_models: list[AuxiliaryModelConfig] = _f(
+        [], "Extra models served beside the policy for reward functions (e.g. an LLM judge), each its own server "
+            "group in the job, reached with rlkit.rewards.auxiliary.auxiliary_model(name) (grpo, ppo).")
+    cluster: ClusterConfig = _sub(ClusterConfig, "Cluster.")
+    launcher: LauncherConfig = _sub(LauncherConfig, "Launcher.")
+    vllm: VllmConfig = _sub(VllmConfig, "vLLM servers.")
+    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang servers.")
+    actor: ActorConfig = _sub(ActorConfig, "Policy model.")
+    critic: CriticConfig = _sub(CriticConfig, "Value model (job type ppo).")
+    ref: RefConfig = _sub(RefConfig, "Frozen reference model of the KL terms (grpo, ppo) and of dpo.")
+    gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling.")
+    rollout: RolloutConfig = _sub(RolloutConfig, "Client-server traffic.")
+    generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")
+    rw: RWConfig = _sub(RWConfig, "Job type rw (reward model on chosen/rejected pairs).")
+    dpo: DPOConfig = _sub(DPOConfig, "Job type dpo (chosen/rejected pairs against a frozen reference).")
+    train_dataset: DatasetConfig = _sub(
+        DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
+    valid_dataset: DatasetConfig = _sub(
+        DatasetConfig, "Validation rows (the evaluator of grpo; sft, rw, dpo at epoch ends); empty path: none.")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
+    sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
+    total_train_epochs: int = _f(1, "Passes over the training set.")
+    total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
+    async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
+    saver: SaverConfig = _sub(SaverConfig, "Model saving.")
+    evaluator: EvaluatorConfig = _sub(EvaluatorConfig, "Evaluation on valid_dataset during training (grpo).")
+    eval_gconfig: EvalGenerationConfig = _sub(EvalGenerationConfig, "Sampling of evaluations (None fields: gconfig).")
+    recover: RecoverConfig = _sub(RecoverConfig, "Recovery.")
+    stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")

@@ -1,0 +1,34 @@
+"""Walking the schema's dataclasses: its dotted field paths and which fields are sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from rlkit.config.schema.experiment import ExperimentConfig
+
+
+def schema_paths(cls: type = ExperimentConfig, prefix: str = "") -> list[str]:
+    """Every dotted field path of the schema, sections included."""
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        paths.append(path)
+        section = section_type(cls, f.name)
+        if section is not None:
+            paths.extend(schema_paths(section, prefix=f"{path}."))
+    return paths
+
+
+def section_type(cls: type, name: str) -> type | None:
+    """The dataclass type of a nested section field, or None for a leaf."""
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
+    if default is dataclasses.MISSING:  # an optional section (`NormConfig | None = None`) is one too
+        hint = typing.get_type_hints(cls)[name]
+        return next((a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
+    value = default()
+    return type(value) if dataclasses.is_dataclass(value) else None
+
+
+def field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -1,0 +1,1 @@
+"""Job type dpo: its record (job.py) and its algorithm (DPO on preference pairs)."""

@@ -1,0 +1,1 @@
+"""Job type grpo: its record (job.py), its checks and its training algorithm."""

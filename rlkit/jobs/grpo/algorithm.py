@@ -1,0 +1,252 @@
+"""Asynchronous GRPO as an algorithm of the training loop (rlkit.trainer.loop); `run_grpo` is the `rlkit train` step.
+
+Rank 0 owns the rollout controller, the weight sync to the servers and the metrics (rlkit.jobs.grpo.rank0); all
+ranks train their shard of each batch with FSDP (rlkit.trainer.actor). One step: take a batch of groups (at most
+max_head_offpolicyness versions old) -> sequence rewards shaped and normalised (rank 0) -> recompute log-probs (and
+reference log-probs) -> per-token advantages (KL reward penalty, GAE, adv_norm; rlkit.trainer.rl_math.advantage_batch)
+-> ppo_n_minibatches optimizer steps -> the full weights, gathered in buckets, go to every server through the weight
+transport (actor.weight_update_mode, rlkit.weights; with actor.use_lora the adapter only, rlkit.weights.lora_disk)
+-> every server reports the new version and passes the
+fingerprint check (rlkit.weights.fanout). The loop then logs, saves and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.evaluation import evaluation_enabled
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.ref import reference_load
+from rlkit.data.files import load_rows, prompt_token_ids
+from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
+from rlkit.errors import StepError
+from rlkit.jobs.grpo.rank0 import Rank0
+from rlkit.rollout.controller import Prompt
+from rlkit.trainer.actor import PPOActor
+from rlkit.trainer.dist import broadcast_object, gather_per_sample
+from rlkit.trainer.engine import TrainEngine
+from rlkit.trainer.fault_corrupt import FAULT, corrupt_server
+from rlkit.trainer.faults import fault_point
+from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
+from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
+from rlkit.trainer.rl_math.advantage_batch import token_advantages
+from rlkit.types import Sample
+from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
+
+PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
+
+
+def total_steps(config: ExperimentConfig, n_rows: int) -> int:
+    """Training steps: the epochs over the data (last partial batch dropped), capped by total_train_steps."""
+    per_epoch = n_rows // config.train_dataset.batch_size
+    steps = per_epoch * config.total_train_epochs
+    if config.total_train_steps is not None:
+        steps = min(steps, config.total_train_steps) if steps else config.total_train_steps
+    return steps
+
+
+def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_dataset") -> list[Prompt]:
+    """The prompts of dataset `name` (train_dataset or valid_dataset), tokenized; rows longer than its max_length
+    are dropped."""
+    ds = getattr(config, name)
+    rows = load_rows(ds.path)
+    if rows and ds.prompt_key not in rows[0] and not is_gsm8k_row(rows[0], ds.prompt_key):
+        raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
+                        f"set {name}.prompt_key")
+    prompts = []
+    for i, row in enumerate(rows):
+        prompt = rl_prompt(row, ds.prompt_key)  # GSM8K's rows as AReaL reads them (rlkit.data.row_formats)
+        ids = prompt_token_ids(prompt, tokenizer, chat_template=False)
+        if ds.max_length is not None and len(ids) > ds.max_length:
+            continue
+        text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+        prompts.append(Prompt(i, row, text, ids))
+    return prompts
+
+
+def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[int, list[float]] | None,
+                         ref: dict[int, list[float]] | None) -> dict[str, float]:
+    """Every sample's per-token advantages (KL reward penalty, GAE, adv_norm), the same on every rank; returns their
+    statistics as step metrics. Collective when kl_ctl > 0: the penalty needs the whole batch's old and reference
+    log-probs, of which each rank computed its share (`old`, `ref`: global index -> log-probs)."""
+    kl_reward = actor.kl_ctl > 0
+    stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
+                             gather_per_sample(ref) if kl_reward else None, actor)
+    return {f"actor/{k}": v for k, v in stats.items()}
+
+
+def run_grpo(trial_dir: Path) -> None:
+    """The GRPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
+    run_training(trial_dir, GRPO)
+
+
+class GRPO:
+    """The GRPO algorithm on one rank (the loop's `Algorithm`): rank 0 also holds the rollouts (`trainer`)."""
+
+    def __init__(self, ctx: LoopContext) -> None:
+        """Collective: tokenizer, prompts (rank 0), the number of steps, the actor, the fingerprint probe."""
+        from transformers import AutoTokenizer
+
+        config = self.config = ctx.config
+        self.paths = ctx.paths
+        self.rank0 = ctx.env.rank == 0
+        actor = config.actor
+        self.tokenizer = tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or actor.path)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        self.prompts = prompts = load_prompts(config, tokenizer) if self.rank0 else []
+        steps = broadcast_object(total_steps(config, len(prompts)) if self.rank0 else 0)
+        assert isinstance(steps, int)
+        if steps <= 0:
+            raise StepError(f"no training steps: {len(prompts)} prompts, batch_size {config.train_dataset.batch_size}")
+        self.total_steps = steps
+        self.actor = PPOActor.build(actor, rank=ctx.env.rank, world=ctx.env.world_size, device=ctx.device,
+                                    pad_id=pad_id, temperature=config.gconfig.temperature,
+                                    total_optimizer_steps=steps * actor.ppo_n_minibatches,
+                                    ref=reference_load(config))
+        self.engines: dict[str, TrainEngine] = {"actor": self.actor.engine}
+        probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+                                 if self.rank0 else None)
+        assert isinstance(probe, list)
+        self.probe: list[int] = probe
+        self.trainer: Rank0 | None = None
+        self.transport: WeightTransport | None = None
+        self.mismatch_t: float | None = None
+
+    def start(self, resumed: dict[str, Any] | None) -> None:
+        """Collective: the servers are checked (resuming: first given the resumed weights), rollouts may begin."""
+        config = self.config
+        self.mismatch_t = mismatch_temperature(config, announce=self.rank0)
+        if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
+            raise StepError("fault injected: die_at_start")
+        self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
+        if self.rank0:
+            self.trainer = Rank0(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)
+            self.trainer.start(transport)
+        if resumed is not None:  # fresh servers hold actor.path: give them the resumed weights before any request
+            _check_weights(self.actor.engine, self.trainer, transport, self.probe, version=int(resumed["version"]),
+                           push=True)
+        else:
+            _check_weights(self.actor.engine, self.trainer, transport, self.probe, version=0, push=False)
+        if self.trainer is not None:
+            self.trainer.controller.end_update(self.trainer.version)
+            if evaluation_enabled(config.evaluator):
+                self.trainer.attach_evaluator(load_prompts(config, self.tokenizer, "valid_dataset"),
+                                              on_startup=config.evaluator.eval_on_startup and resumed is None)
+
+    def step(self, step: int) -> StepResult:
+        """Collective: a batch (rank 0, broadcast), its log-probs, the PPO steps, the push of weight version `step`."""
+        trainer, transport, actor = self.trainer, self.transport, self.actor
+        assert transport is not None
+        t0 = time.monotonic()
+        batch = trainer.next_batch() if trainer is not None else None
+        shared = broadcast_object(batch)
+        if isinstance(shared, str):  # no batch (every server gone, or rank 0 failed): all ranks stop
+            raise StepNotStarted(shared)
+        samples: list[Sample] = shared  # type: ignore[assignment]
+        t_got = time.monotonic()
+        if samples:
+            old = actor.logprobs_at(samples) if actor.config.recompute_logprob else None
+            t_check = time.monotonic()
+            if self.mismatch_t is not None:  # samples of version step - 1 were generated with the weights held now
+                per_server = step_mismatch(actor, samples, old, version=step - 1, temperature=self.mismatch_t)
+                if trainer is not None and per_server is not None:
+                    trainer.note_mismatch(per_server, step - 1)
+            t_check = time.monotonic() - t_check
+            ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
+            train_stats = self.train_batch(samples, old, ref)
+        else:
+            train_stats, t_check = {}, 0.0
+        t_trained = time.monotonic()
+        if fault_point(FAULT, step):  # tests (every rank): server 1 silently serves other weights as `step`
+            noisy_from = actor.engine.full_state_dict()  # collective
+            if trainer is not None:
+                trainer.controller.before_admit = lambda v, t=trainer, s=noisy_from: corrupt_server(t, s, v)
+        _check_weights(actor.engine, trainer, transport, self.probe, version=step, push=True, tolerate_all_gone=True)
+        if trainer is None:
+            return StepResult()
+        gathered = transport.timings.get("gather", 0.0)
+        metrics = trainer.step_metrics(step, train_stats, timing={
+            "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got, "timing/logprob_mismatch": t_check,
+            "timing/gather_weights": gathered, "timing/weight_sync": time.monotonic() - t_trained - gathered})
+        # no server took the push: the loop checkpoints this step and fails (the in-job retry resumes)
+        return StepResult(metrics, fail="every inference server is unreachable" if trainer.servers_gone else "")
+
+    def train_batch(self, samples: list[Sample], old: dict[int, list[float]] | None,
+                    ref: dict[int, list[float]] | None) -> dict[str, float]:
+        """Collective: the batch's advantages, then the actor's PPO steps; returns their metrics. The hook job type
+        ppo overrides to add its critic (rlkit.jobs.ppo.algorithm)."""
+        adv_stats = set_token_advantages(self.actor.config, samples, old, ref)
+        train_stats = self.actor.train_step(samples, old, ref)
+        train_stats.update(adv_stats)
+        return train_stats
+
+    def epoch(self, step: int) -> int:
+        assert self.trainer is not None
+        return self.trainer.epoch(step)
+
+    def state(self, step: int) -> dict[str, Any]:
+        assert self.trainer is not None
+        return self.trainer.state(step)
+
+    def progress(self) -> dict[str, Any]:
+        return self.trainer.progress() if self.trainer is not None else {}
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        assert self.trainer is not None
+        return self.trainer.summary(metrics)
+
+    def finish(self) -> None:
+        if self.trainer is not None:
+            self.trainer.finish()
+
+    def abort(self, exc: BaseException) -> None:
+        if self.trainer is not None:
+            self.trainer.abort(exc)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _buckets(engine: TrainEngine, transport: WeightTransport) -> Buckets:
+    """What `transport` pushes, as a collective iterator: the LoRA adapter only (lora_disk), or the full weights."""
+    if transport.adapters_only:
+        from rlkit.trainer.lora import iter_adapter_buckets
+
+        return iter_adapter_buckets(engine.model, transport.bucket_dtype())
+    return engine.iter_full_buckets(transport.bucket_bytes, transport.bucket_dtype())
+
+
+def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: WeightTransport, probe: list[int], *,
+                   version: int, push: bool, tolerate_all_gone: bool = False) -> None:
+    """Collective: the trainer's probe log-probs; with `push`, every rank runs the model's weights (the adapter only
+    with LoRA) through `transport` (rank 0 delivers them to every server as `version`); rank 0 checks every server's
+    fingerprint (through the new adapter with LoRA: the probe request names it).
+
+    With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
+    raising, so that all ranks can checkpoint the step together before failing."""
+    from rlkit.servers.http import ServerUnreachable
+    from rlkit.weights import fanout
+
+    trainer_lp = engine.probe_logprobs(probe)
+    buckets = _buckets(engine, transport) if push else None
+    if trainer is None:
+        if buckets is not None:
+            fanout.publish(transport, buckets, version, None, None)
+        return
+    try:
+        if buckets is not None:
+            trainer.publish(transport, buckets, version, probe, trainer_lp)
+        else:
+            trainer.verify(probe, trainer_lp)
+    except ServerUnreachable as exc:
+        if not tolerate_all_gone:
+            raise
+        trainer.servers_gone = str(exc)
+        print(f"rlkit train: {exc}", flush=True)

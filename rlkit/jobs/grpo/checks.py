@@ -1,0 +1,144 @@
+"""Submit-time checks of the GRPO fields (what every trainer shares is in rlkit.checks.trainer): every
+mistake is collected, naming its fix.
+
+These run on the login node before anything is written or submitted, so a job never dies minutes later in the
+queue for a typo: the dataset exists and has the prompt column, the reward function imports, the batch splits into
+minibatches and trainer ranks, the model has a tokenizer, and every choice field holds one of its choices.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from rlkit.checks.algo import validate_algorithm
+from rlkit.checks.reward_model import validate_reward_model
+from rlkit.checks.site_files import check_dataset_file
+from rlkit.checks.trainer import validate_trainer
+from rlkit.config.allocation import Allocation
+from rlkit.config.problems import Problems
+from rlkit.config.schema.experiment import ExperimentConfig, get_field
+from rlkit.data.dataset_rows import first_jsonl_row
+from rlkit.data.row_formats import is_gsm8k_row
+from rlkit.errors import ConfigError
+
+CHOICES = {
+    "actor.importance_sampling_level": ("token", "sequence"),
+    "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
+}
+
+
+def validate_training(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    """Add every problem of the grpo fields to `problems`."""
+    g, ds = config.gconfig, config.train_dataset
+    for dotted, choices in CHOICES.items():
+        value = get_field(config, dotted)
+        if value not in choices:
+            problems.add(f"{dotted} '{value}' is not one of: {', '.join(choices)}", hint=f"e.g. {dotted}={choices[0]}")
+    validate_trainer(config, problems)
+    _validate_weight_update(config, problems)
+    with problems.check():
+        _validate_dataset(config)
+    from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
+
+    with problems.check():
+        resolve_reward_fn(config.reward.fn, config.reward.answer_key, config.reward.reward_model_path)
+    validate_reward_model(config, problems)
+    if config.reward.timeout <= 0:
+        problems.add(f"reward.timeout must be positive (got {config.reward.timeout})")
+    if g.temperature <= 0:
+        problems.add(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",
+                     hint="e.g. gconfig.temperature=1.0")
+    _validate_batch(config, allocation, problems)
+    _validate_actor(config, problems)
+    if config.rollout.max_head_offpolicyness < 0:
+        problems.add("rollout.max_head_offpolicyness must be >= 0")
+    if config.rollout.consumer_batch_size not in (1, ds.batch_size):
+        problems.add(f"rollout.consumer_batch_size ({config.rollout.consumer_batch_size}) differs from "
+                     f"train_dataset.batch_size ({ds.batch_size}): rlkit trains on train_dataset.batch_size groups "
+                     "per step", hint=f"remove rollout.consumer_batch_size or set it to {ds.batch_size}")
+
+
+def _validate_dataset(config: ExperimentConfig) -> None:
+    ds = config.train_dataset
+    if not ds.path:
+        raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
+    check_dataset_file("train_dataset.path", ds.path)
+    row = first_jsonl_row("train_dataset.path", Path(ds.path))
+    if row is not None and ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
+        raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
+                          hint="set train_dataset.prompt_key to the prompt column")
+    if row is not None and config.reward.fn in ("math", "exact_match") and config.reward.answer_key not in row:
+        raise ConfigError(f"reward.fn {config.reward.fn} needs the answer column '{config.reward.answer_key}', "
+                          f"which the dataset rows do not have (columns: {', '.join(row)})",
+                          hint="set reward.answer_key to the reference-answer column")
+
+
+def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:
+    actor, g, ds = config.actor, config.gconfig, config.train_dataset
+    if actor.group_size != g.n_samples:
+        problems.add(f"actor.group_size ({actor.group_size}) differs from gconfig.n_samples ({g.n_samples}); "
+                     "a GRPO group is the completions of one prompt", hint=f"set actor.group_size={g.n_samples}")
+    if ds.batch_size < 1 or actor.ppo_n_minibatches < 1:
+        problems.add(f"train_dataset.batch_size and actor.ppo_n_minibatches must be at least 1 (got "
+                     f"{ds.batch_size}, {actor.ppo_n_minibatches})")
+        return
+    samples = ds.batch_size * actor.group_size
+    if samples % actor.ppo_n_minibatches:
+        problems.add(f"a batch of {ds.batch_size} prompts x {actor.group_size} samples = {samples} sequences "
+                     f"does not split into actor.ppo_n_minibatches={actor.ppo_n_minibatches} equal minibatches",
+                     hint="choose train_dataset.batch_size and ppo_n_minibatches so that the number of "
+                          "sequences is a multiple of ppo_n_minibatches")
+    ranks = allocation.trainer.dp if allocation is not None and allocation.trainer is not None else 1
+    if samples < ranks * actor.ppo_n_minibatches:
+        problems.add(f"{samples} sequences per step are fewer than {ranks} trainer ranks x "
+                     f"{actor.ppo_n_minibatches} minibatches: some ranks would have nothing to train on",
+                     hint="raise train_dataset.batch_size or lower actor.ppo_n_minibatches")
+
+
+def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
+    actor, g = config.actor, config.gconfig
+    if actor.eps_clip <= 0 or (actor.eps_clip_higher is not None and actor.eps_clip_higher <= 0):
+        problems.add("actor.eps_clip and actor.eps_clip_higher must be positive")
+    if actor.c_clip is not None and actor.c_clip <= 1:
+        problems.add(f"actor.c_clip must be > 1 (got {actor.c_clip}); null turns dual clip off")
+    if actor.logprob_mismatch_warn is not None and actor.logprob_mismatch_warn <= 0:
+        problems.add(f"actor.logprob_mismatch_warn must be positive (got {actor.logprob_mismatch_warn}); null picks "
+                     "one from the dtypes")
+    validate_algorithm(actor, problems)
+    if actor.overlong_reward_penalty:
+        if not actor.overlong_tokens or actor.overlong_penalty_factor is None:
+            problems.add("actor.overlong_reward_penalty needs actor.overlong_tokens and actor.overlong_penalty_factor",
+                         hint="e.g. actor.overlong_tokens=256 actor.overlong_penalty_factor=1")
+        elif not 0 < actor.overlong_tokens <= g.max_new_tokens:
+            problems.add(f"actor.overlong_tokens {actor.overlong_tokens} must be in "
+                         f"1..gconfig.max_new_tokens ({g.max_new_tokens})")
+
+
+# apptainer options that give a step its own network namespace: the servers' workers could no longer open a
+# connection to trainer rank 0's address, which is how an xccl broadcast group forms (and NCCL also needs the host's
+# InfiniBand devices). Flags as apptainer 1.x spells them (`--net`, `--network`, `--network-args`).
+_OWN_NETWORK = ("--net", "--network", "--network-args")
+
+
+def _validate_weight_update(config: ExperimentConfig, problems: Problems) -> None:
+    """The weight push: sizes and timeouts in range; xccl only where the servers can reach the trainer."""
+    actor = config.actor
+    if actor.weight_chunked_mem_mb < 1:
+        problems.add(f"actor.weight_chunked_mem_mb must be at least 1 (got {actor.weight_chunked_mem_mb})",
+                     hint="e.g. actor.weight_chunked_mem_mb=1024")
+    if not actor.weight_update_timeout > 0:
+        problems.add(f"actor.weight_update_timeout must be a positive number of seconds "
+                     f"(got {actor.weight_update_timeout})", hint="e.g. actor.weight_update_timeout=600")
+    if actor.weight_update_mode != "xccl" or config.launcher.slurm.container_type != "apptainer":
+        return
+    try:
+        words = shlex.split(config.launcher.slurm.apptainer_args)
+    except ValueError:
+        return  # reported by the launcher checks
+    isolated = [w for w in words if w.split("=", 1)[0] in _OWN_NETWORK]
+    if isolated:
+        problems.add(f"actor.weight_update_mode xccl: launcher.slurm.apptainer_args has {' '.join(isolated)}, which "
+                     "gives each step its own network namespace, so the servers' workers cannot connect to trainer "
+                     "rank 0 to join the broadcast group",
+                     hint="remove the network option from apptainer_args, or use actor.weight_update_mode=disk")

@@ -1,0 +1,1 @@
+"""Job type rw: its record (job.py) and its algorithm (a reward model on preference pairs)."""

@@ -1,0 +1,1 @@
+"""Job type sft: its record (job.py), its checks, its data, loss and algorithm."""

@@ -1,0 +1,83 @@
+"""The SFT loss: negative log-likelihood of the target tokens, as a sum with its token count (pure torch).
+
+A sum, not a mean: the engine divides by the token count of the whole minibatch over every micro-batch and rank,
+so each target token weighs the same however the rows were split (2 ranks train like 1). The metrics are made
+from the all-reduced sums the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlkit.jobs.sft.data import SFTExample
+from rlkit.trainer.rl_math.losses import next_token_logprobs
+
+
+@dataclass
+class SFTMicroBatch:
+    """Right-padded tensors of a few examples; per-token tensors are [B, L-1], aligned with the next token."""
+
+    input_ids: Tensor  # [B, L]
+    attention_mask: Tensor  # [B, L]
+    loss_mask: Tensor  # [B, L-1] bool: position p is trained when token p+1 is a target
+    n_tokens: int  # target tokens in this micro-batch (0 for a dummy that only keeps the ranks in step)
+
+    def to(self, device: torch.device) -> SFTMicroBatch:
+        return SFTMicroBatch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device),
+                             self.n_tokens)
+
+
+def collate(examples: Sequence[SFTExample], pad_id: int, *, dummy: bool = False) -> SFTMicroBatch:
+    """Pad `examples` into one micro-batch. `dummy`: the same shapes with an all-false loss mask (a rank with no rows
+    left still runs forward/backward so FSDP's collectives stay in step, and adds nothing)."""
+    if not examples:
+        raise ValueError("cannot collate an empty micro-batch")
+    length = max(e.length for e in examples)
+    if length < 2:
+        raise ValueError("an SFT example needs at least two tokens (a context and a target)")
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), length - 1), dtype=torch.bool)
+    for row, e in enumerate(examples):
+        input_ids[row, : e.length] = torch.tensor(e.input_ids, dtype=torch.long)
+        attention_mask[row, : e.length] = 1
+        if not dummy:
+            loss_mask[row, : e.length - 1] = torch.tensor(e.loss_mask[1:], dtype=torch.bool)
+    return SFTMicroBatch(input_ids, attention_mask, loss_mask, int(loss_mask.sum()))
+
+
+def sft_nll(logp: Tensor, loss_mask: Tensor) -> tuple[Tensor, int]:
+    """(sum of -logp over the masked tokens, their count): divide by the global count to get the mean loss."""
+    mask = loss_mask.bool()
+    return -torch.where(mask, logp, torch.zeros_like(logp)).sum(), int(mask.sum())
+
+
+def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int, dict[str, float]]:
+    """The training loop's loss function for sft: forward `mb`, return (NLL sum, target tokens, stats to sum over
+    micro-batches and ranks). The sum is differentiable; for a dummy micro-batch it is a zero that still depends
+    on every parameter, so backward runs the same collectives on every rank."""
+    out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
+    return loss_sum, n_tokens, {"nll_sum": float(loss_sum.detach()), "tokens": float(n_tokens)}
+
+
+@torch.no_grad()
+def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[float, int]:
+    """(NLL sum, target tokens) of one validation micro-batch, without gradients; all-reduce, then sft_metrics."""
+    out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
+    return float(loss_sum), n_tokens
+
+
+def sft_metrics(nll_sum: float, tokens: float, *, prefix: str = "sft") -> dict[str, float]:
+    """Mean loss, perplexity (`ppl`, AReaL's name) and token count from sums over every micro-batch and rank
+    (prefix: sft or eval)."""
+    loss = nll_sum / tokens if tokens else float("nan")
+    perplexity = math.exp(min(loss, 700.0)) if tokens else float("nan")
+    return {f"{prefix}/loss": loss, f"{prefix}/ppl": perplexity, f"{prefix}/tokens": float(tokens)}

@@ -1,0 +1,1 @@
+"""What Slurm tells a step (its job environment, hostlists) and Slurm's time format; pure and torch-free."""

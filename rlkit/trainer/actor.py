@@ -1,0 +1,140 @@
+"""The PPO/GRPO actor: the trained policy's log-probs and its clipped-surrogate steps on a TrainEngine.
+
+The engine owns the model, optimizer and scaling; this module owns what is PPO about a step: the minibatch split,
+the loss (rlkit.trainer.rl_math.losses.ppo_actor_loss, plus kl_loss_coef x KL to the frozen reference; kl_ctl is a
+reward penalty, applied before the advantages in rlkit.trainer.rl_math.advantage_batch) and its statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
+from rlkit.trainer.batch import dummy_like, local_indices, pack
+from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
+from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
+from rlkit.trainer.reference import adapter_off, frozen_reference, needs_reference
+from rlkit.trainer.rl_math.kl import kl_estimate
+from rlkit.trainer.rl_math.losses import ppo_actor_loss
+from rlkit.trainer.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
+from rlkit.types import Sample
+
+_WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
+             "behav_filtered_fraction")
+_COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
+
+
+class PPOActor:
+    """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`; with
+    LoRA and no other reference model none: the reference is the trained model with its adapter switched off, which
+    is the initial model)."""
+
+    def __init__(self, config: ActorConfig, engine: TrainEngine, *, pad_id: int, temperature: float,
+                 ref: nn.Module | None = None) -> None:
+        self.config, self.engine, self.ref = config, engine, ref
+        self.pad_id, self.temperature = pad_id, temperature
+        self.has_reference = ref is not None or (config.use_lora and needs_reference(config))
+
+    @classmethod
+    def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
+              temperature: float, total_optimizer_steps: int, ref: ReferenceLoad | None = None) -> PPOActor:
+        """The engine of the causal LM at config.path, and the reference when needed: `ref` (the job's
+        schema_ref.reference_load; None: the actor's start); collective."""
+        engine = TrainEngine(config, rank=rank, world=world, device=device,
+                             total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
+        load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
+        model = frozen_reference(load, device) if needs_reference(config) and loads_a_copy(config, load) else None
+        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model)
+
+    def local_indices(self, n: int) -> list[list[int]]:
+        """Per minibatch (ppo_n_minibatches), this rank's indices of a global batch of `n` samples."""
+        return local_indices(n, self.config.ppo_n_minibatches, self.engine.rank, self.engine.world)
+
+    def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,
+                         temperature: float | None = None) -> list[list[float]]:
+        """Per-sample completion-token log-probs under the current (or reference) weights, at the sampling temperature
+        unless `temperature` is given; collective."""
+        if reference and not self.has_reference:
+            raise RuntimeError("no reference model (kl_ctl and kl_loss_coef are 0)")
+        model = self.ref if reference and self.ref is not None else self.engine.model
+        with adapter_off(model) if reference and self.ref is None else contextlib.nullcontext(model):
+            return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
+                                    temperature=self.temperature if temperature is None else temperature,
+                                    mb_spec=self.config.mb_spec)
+
+    def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
+                    temperature: float | None = None) -> dict[int, list[float]]:
+        """compute_logprobs for this rank's samples of a global batch, keyed by global index; collective."""
+        mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
+        values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference,
+                                       temperature=temperature)
+        return dict(zip(mine, values, strict=False))
+
+    def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
+                   ref_logp: dict[int, list[float]] | None) -> dict[str, float]:
+        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
+        returns statistics averaged over all ranks' tokens.
+
+        `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
+        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
+        """
+        cfg = self.config
+        sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
+                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0}
+        counts = dict.fromkeys(_COUNTED, 0.0)
+        max_ratio = [0.0]
+        decoupled = cfg.use_decoupled_loss and old_logp is not None
+
+        def loss_fn(model: nn.Module, group_idx: list[int]) -> tuple[Tensor, int]:
+            mb = pack(group_of(samples, group_idx), self.pad_id,
+                      mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
+            logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True)
+            old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
+            loss, stats = ppo_actor_loss(
+                logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
+                eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
+                importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
+                behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+                rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
+                seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
+            mask = mb.loss_mask
+            n_tok = int(mask.sum())
+            kl_mean = torch.zeros((), device=self.engine.device)
+            if ref_logp is not None and cfg.kl_loss_coef > 0:  # the KL loss term (kl_ctl is a reward penalty)
+                kl, kl_clamped = kl_estimate(logp, aligned(mb, group_idx, ref_logp), cfg.kl_loss_type,
+                                             clamp=cfg.kl_clamp)
+                kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
+                loss = loss + cfg.kl_loss_coef * kl_mean
+                counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
+            if n_tok:
+                sums["loss"] += float(loss.detach()) * n_tok
+                sums["kl"] += float(kl_mean) * n_tok
+                sums["tokens"] += n_tok
+                assert entropy is not None
+                sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
+                for key in _WEIGHTED:
+                    if key in stats:
+                        sums[key] += float(stats[key]) * n_tok
+                max_ratio[0] = max(max_ratio[0], float(stats["importance_weight_max"]))
+                for key in ("log_ratio_clamped", "seq_log_ratio_clamped"):
+                    counts[key] += float(stats.get(key, 0.0))
+            return loss, n_tok
+
+        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), cfg.mb_spec, loss_fn,
+                                        mask_truncated=cfg.mask_no_eos_with_zero)
+        reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
+        tokens = max(1.0, reduced.pop("tokens"))
+        totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
+        if not decoupled:
+            totals.pop("actor/behav_weight_mean")
+            totals.pop("actor/behav_filtered_fraction")
+        totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
+        totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
+        totals["actor/grad_norm"] = grad_norm
+        totals["actor/lr"] = lr
+        return totals

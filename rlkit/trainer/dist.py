@@ -1,0 +1,162 @@
+"""torch.distributed set-up from the Slurm step environment (or torchrun's), NCCL on GPUs and gloo on the CPU.
+
+Inside `srun [--het-group=1] --ntasks=N python -m rlkit train`, each task is one rank (rlkit.slurm.jobenv.JobEnv: its
+global rank, the step's world size, its local rank). Rank 0 picks a free port on its own host and
+publishes `host:port` in the trial's name resolve under trainer/master/<job>.<step> (so there is no guessed port to
+collide, and node names need not resolve: the host is what the servers advertise too); the other ranks wait for it.
+An environment that already has RANK/WORLD_SIZE (torchrun, tests) is used as it is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from rlkit.errors import StepError
+from rlkit.nameresolve.base import NameResolve
+from rlkit.nameresolve.servers import check_address
+from rlkit.slurm.jobenv import JobEnv, advertised_host
+
+_joined = False  # set once this process joins a process group
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def dist_env_from(environ: dict[str, str] | os._Environ[str]) -> DistEnv:
+    """The rank layout from torchrun-style variables, else from Slurm's (address still empty), else one process."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", "0")),
+                       environ.get("MASTER_ADDR", "127.0.0.1"), int(environ.get("MASTER_PORT", "29500")))
+    job = JobEnv.from_environ(environ)
+    if job.in_step:
+        return DistEnv(job.global_rank, job.world_size, job.local_rank, "", 0)
+    return DistEnv(0, 1, 0, "127.0.0.1", int(environ.get("MASTER_PORT", "29500")))
+
+
+def rendezvous_key(environ: dict[str, str] | os._Environ[str]) -> str:
+    job = JobEnv.from_environ(environ)
+    return f"trainer/master/{job.job_id or '0'}.{job.step_id or '0'}"
+
+
+def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> DistEnv:
+    """Fill in the master address: rank 0 publishes host:port under `key`, the others wait for it."""
+    from rlkit.servers.health import find_free_port
+
+    if env.rank == 0:
+        host = advertised_host()
+        port = find_free_port("0.0.0.0")
+        nr.add(key, f"{host}:{port}", replace=True)
+    else:
+        published = nr.wait(key, timeout=timeout_s)
+        try:
+            host, _, port_text = check_address(published).rpartition(":")
+        except ValueError as e:
+            raise StepError(f"the trainer's rank 0 published {key!r} as {published!r}, not host:port ({e}) in "
+                            f"{nr.describe_location()}") from None
+        port = int(port_text)
+    return DistEnv(env.rank, env.world_size, env.local_rank, host, port)
+
+
+def init_distributed(nr: NameResolve | None = None, timeout_s: float = 1800.0) -> tuple[DistEnv, torch.device]:
+    """Join the process group (NCCL with CUDA, else gloo) and return the layout and this rank's device."""
+    env = dist_env_from(os.environ)
+    published = None
+    if not env.master_addr:
+        if nr is None:
+            raise RuntimeError("a Slurm step needs name resolve to find the trainer's rank 0")
+        published = rendezvous_key(os.environ)
+        env = rendezvous(env, nr, published, timeout_s=600.0)
+    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                      MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    global _joined
+    _joined = True
+    if published is not None and nr is not None:
+        dist.barrier()  # everyone has joined: the address is no longer needed
+        if env.rank == 0:
+            nr.delete(published)
+    return env, device
+
+
+def joined_a_process_group() -> bool:
+    """Whether this process ever joined a torch.distributed process group (it then ends with `end_process`)."""
+    return _joined
+
+
+def end_process(code: int) -> NoReturn:
+    """End a process that used torch.distributed: atexit handlers and stdio flush run, interpreter teardown does not.
+
+    `destroy_process_group()` only drops the group from torch's registry; FSDP2's device mesh keeps it alive, so its
+    C++ destructor (which joins gloo's worker threads) would run while the interpreter is torn down, where it can
+    abort the process ("terminate called without an active exception", SIGABRT: seen once in CI in the 2-rank gloo
+    test). For a trainer step that would turn a finished run into a failed srun task, and the batch script would
+    retry it. Everything the trainer writes is closed before this is called.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing left to save
+            stream.flush()
+    os._exit(code)
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Send a picklable object from `src` to every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_max(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(x) for x in t.tolist()]
+
+
+def gather_per_sample(part: dict[int, list[float]] | None) -> dict[int, list[float]] | None:
+    """Every rank's {global sample index: values} merged on every rank (None stays None); collective.
+
+    The KL reward penalty needs the whole batch's old and reference log-probs before the advantages, while each
+    rank computes only its own samples'.
+    """
+    if part is None:
+        return None
+    parts: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, part)
+    merged: dict[int, list[float]] = {}
+    for p in parts:
+        merged.update(p)  # type: ignore[call-overload]
+    return merged

@@ -1,0 +1,288 @@
+"""The FSDP2 training engine: a model (a Hugging Face causal LM unless a factory builds another), sharded, with its
+optimizer, LR schedule, gradient clipping, sharded checkpoints and full-weight export. No loss inside: an algorithm
+(rlkit.trainer.actor, ppo_critic, sft, rw, dpo) hands `optimizer_step` its micro-batches and its loss function.
+
+Every method that touches the model is collective: all ranks call it in the same order (FSDP all-gathers
+parameters in forward). Ranks with fewer micro-batches than others run dummy ones that count for nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from rlkit.config.schema.actor import ActorConfig, OptimizerConfig
+from rlkit.trainer.batch import MicroBatch
+from rlkit.trainer.dist import all_reduce_sum
+from rlkit.trainer.model_source import build_causal_lm
+from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
+
+T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
+ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
+LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def attention_implementation(requested: str) -> str:
+    """flash_attention_2 only when flash-attn is importable (GPU images); sdpa otherwise."""
+    if requested == "flash_attention_2" and (importlib.util.find_spec("flash_attn") is None
+                                             or not torch.cuda.is_available()):
+        return "sdpa"
+    return requested
+
+
+def lr_multiplier(step: int, total: int, *, warmup_proportion: float, schedule: str, min_lr_ratio: float) -> float:
+    """Learning-rate factor at optimizer step `step` of `total`: linear warmup, then constant/linear/cosine decay."""
+    warmup = int(warmup_proportion * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    if schedule == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr_scheduler_type {schedule!r} (constant, linear or cosine)")
+
+
+def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
+                   from_scratch: bool = False) -> nn.Module:
+    """The causal LM at `path` (rlkit.trainer.model_source: dropout off, or random weights, as asked)."""
+    return build_causal_lm(path, dtype=dtype, attn_impl=attention_implementation(attn_impl),
+                           disable_dropout=disable_dropout, from_scratch=from_scratch)
+
+
+def _actor_lm(config: ActorConfig) -> nn.Module:
+    return load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl,
+                          disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
+
+
+def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The default model factory: the causal LM at config.path with float32 master weights (bf16/fp16 is the compute
+    dtype through FSDP's mixed-precision policy), gradient checkpointing as configured."""
+    return _ready(_actor_lm(config), config, device)
+
+
+def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The model factory of `actor.use_lora`: the float32 causal LM wrapped by peft (rlkit.trainer.lora.wrap_lora)
+    BEFORE anything else (gradient checkpointing, the device, FSDP), so that only the adapter trains and every rank
+    holds the same initial adapter."""
+    from rlkit.trainer.lora import wrap_lora
+
+    return _ready(wrap_lora(_actor_lm(config), config), config, device)
+
+
+def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
+    """The model factory of a scalar head (rw's reward model, ppo's critic): the value model of config.path
+    (rlkit.trainer.value_model: a fresh seeded head on a causal LM) in float32 master weights."""
+    from rlkit.trainer.value_model import load_value_model
+
+    model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl),
+                             disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
+    return _ready(model, config, device)
+
+
+def _ready(model: nn.Module, config: ActorConfig, device: torch.device) -> nn.Module:
+    """Gradient checkpointing as configured (non-reentrant: the reentrant kind needs inputs that require grad, which a
+    frozen LoRA base has not), then the device."""
+    if config.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    return model.to(device)
+
+
+def actor_model_factory(config: ActorConfig) -> ModelFactory:
+    """The factory of the actor's model: the LoRA-wrapped causal LM with `use_lora`, the plain one otherwise."""
+    return lora_causal_lm if config.use_lora else causal_lm
+
+
+def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
+    """The compute dtype FSDP casts parameters to, None for float32 (no mixed precision)."""
+    dtype = DTYPES[config.dtype]
+    return None if dtype == torch.float32 else dtype
+
+
+def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Module:
+    """fully_shard every decoder layer (found through a peft wrapper too), then the whole model (FSDP2)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from rlkit.trainer.lora import decoder_layers
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    kwargs: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+                   ) -> tuple[Tensor, Tensor | None]:
+    """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies."""
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    logp = next_token_logprobs(out.logits, mb.input_ids, temperature)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
+    return logp, entropy
+
+
+class TrainEngine:
+    """One trained model on this rank's shard: its optimizer, LR schedule, clipping and checkpoints."""
+
+    def __init__(self, config: ActorConfig, *, rank: int, world: int, device: torch.device,
+                 total_optimizer_steps: int, model_factory: ModelFactory = causal_lm) -> None:
+        self.config = config
+        self.rank, self.world, self.device = rank, world, device
+        self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
+        self.optimizer = self._make_optimizer(config.optimizer)
+        self.total_optimizer_steps = max(1, total_optimizer_steps)
+        self.optimizer_steps = 0
+
+    def _make_optimizer(self, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.type == "adam":
+            return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay)
+        if cfg.type == "sgd":
+            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        raise ValueError(f"unknown optimizer type {cfg.type!r}")
+
+    def optimizer_step(self, micro_batches: Iterable[T], loss_fn: LossFn[T], local_units: float) -> dict[str, float]:
+        """One optimizer step over this rank's `micro_batches` (the same count on every rank); collective.
+
+        `loss_fn(model, mb)` runs the forward and returns the loss averaged over its units (tokens, pairs, ...) and
+        their count. Each loss is weighted so that the gradient is the mean over the units of every rank
+        (`local_units` of this rank, summed over ranks here): FSDP averages gradients over ranks, hence the factor
+        `world`. Then clipping, the LR of the schedule, the step. Returns the gradient norm and the LR.
+        """
+        self.model.train()
+        global_units = all_reduce_sum([float(local_units)])[0]
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches:
+            loss, units = loss_fn(self.model, mb)
+            scale = units * self.world / max(1.0, global_units)
+            (loss * scale).backward()
+        grad_norm = self._clip_and_step()
+        return {"grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def probe_logprobs(self, ids: list[int]) -> list[float]:
+        """Log-probs of tokens 1..n of `ids` given their prefix at temperature 1 (the weight fingerprint);
+        collective, computed exactly as for the servers' side of the check."""
+        from rlkit.weights.fingerprint import trainer_probe_logprobs
+
+        return trainer_probe_logprobs(self.model, ids)
+
+    def _clip_and_step(self) -> float:
+        cfg = self.config.optimizer
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.gradient_clipping if cfg.gradient_clipping > 0
+                                              else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        factor = lr_multiplier(self.optimizer_steps, self.total_optimizer_steps,
+                               warmup_proportion=cfg.warmup_steps_proportion, schedule=cfg.lr_scheduler_type,
+                               min_lr_ratio=cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * factor
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return float(norm)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The whole model's weights on rank 0's CPU (empty on other ranks); collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in state.items() if isinstance(v, Tensor)}
+
+    def iter_full_buckets(self, max_bytes: int, dtype: torch.dtype | None = None
+                          ) -> Iterator[dict[str, Tensor] | None]:
+        """The whole model's weights in buckets of about `max_bytes` (a tensor larger than that is a bucket of its own):
+        rank 0 yields each bucket as it fills (full tensors cast to `dtype`, on this rank's device); the other ranks
+        yield one None at the end.
+
+        Collective: every rank must run the iterator to its end (each parameter is all-gathered from its shards, in
+        the same order on every rank; rank 0 may use a bucket before asking for the next one). Peak memory on rank 0
+        is one bucket, not the model, which is what a streamed broadcast needs.
+        """
+        import torch.distributed as dist
+
+        if max_bytes <= 0:
+            raise ValueError(f"a bucket needs a positive size, got {max_bytes} bytes")
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        bucket: dict[str, Tensor] = {}
+        size = 0
+        for name, value in self.model.state_dict().items():
+            if not isinstance(value, Tensor):
+                continue
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value  # DTensor shard -> all-gather
+            if not rank0:
+                del full
+                continue
+            # only floating tensors take the push dtype (as hf_export writes them); integer buffers stay as they are
+            full = full.detach().to(dtype) if dtype is not None and full.is_floating_point() else full.detach()
+            if bucket and size + full.numel() * full.element_size() > max_bytes:
+                yield bucket
+                bucket, size = {}, 0
+            bucket[name] = full
+            size += full.numel() * full.element_size()
+            if size >= max_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if not rank0:
+            yield None  # the other ranks' single step: they only take part in the gathers
+        elif bucket:
+            yield bucket
+
+    def _checkpoint_options(self, *, loading: bool = False) -> Any:
+        """What a recover checkpoint holds: with LoRA the trainable (adapter) parameters and their optimizer state
+        only; the frozen base is actor.path's, reloaded from there (on a real model it is most of the bytes). Loading
+        sets only those (not strict: the base is not in the state dict; dcp.load has already refused a checkpoint
+        that lacks one of them)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        if not self.config.use_lora:
+            return None
+        return StateDictOptions(ignore_frozen_params=True, strict=not loading)
+
+    def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
+        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
+        Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from rlkit.trainer.hashing_fs import hashing_writer
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
+        writer, fs = hashing_writer(path)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
+        if not (dist.is_available() and dist.is_initialized()):
+            return fs.digests
+        every: list[dict[str, tuple[int, str]] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, fs.digests)
+        return {name: digest for rank in every if rank for name, digest in rank.items()}
+
+    def load_sharded(self, path: Path, optimizer_steps: int) -> None:
+        """Load what save_sharded wrote (any rank count that shards the same model); collective. A LoRA engine loads
+        its trainable parameters only, from an adapter-only checkpoint or from one that holds the whole model too
+        (written before recover checkpoints left the frozen base out)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=self._checkpoint_options(loading=True))
+        self.optimizer_steps = optimizer_steps

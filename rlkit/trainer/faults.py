@@ -1,0 +1,24 @@
+"""Fault injection for the recovery tests (RLKIT_FAULT_INJECT), and whether this trial failed before.
+
+Never set in normal use; each point names where a test makes the trainer fail (rlkit/trainer/loop.py, grpo*.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from rlkit.slurm.jobenv import JobEnv
+
+
+def fault_point(name: str, version: int) -> bool:
+    """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
+    and the first run of the step only (never set in normal use; `die_at_start` fires every time)."""
+    spec = os.environ.get("RLKIT_FAULT_INJECT", "")
+    return bool(spec) and spec == f"{name}@{version}" and not failed_before()
+
+
+def failed_before() -> bool:
+    """This trial failed or was interrupted before: a requeue, an in-allocation retry, or a later attempt."""
+    return (JobEnv.from_environ().restart_count > 0
+            or int(os.environ.get("RLKIT_STEP_RETRY", "0") or 0) > 0
+            or int(os.environ.get("RLKIT_ATTEMPT", "1") or 1) > 1)

@@ -1,0 +1,83 @@
+"""The training-step losses of rw, dpo and the ppo critic in the shape the engine takes: a model's forward on one
+micro-batch, then the pure loss, returned as (loss summed over its units, number of units, detached metrics). The
+engine divides by the units of the whole minibatch on all ranks (pairs for rw and dpo, tokens for the critic), so a
+rank's share of the gradient does not depend on how the minibatch was split.
+
+Collective rule for DPO's reference: the frozen reference is FSDP-sharded too, so `fill_reference` must run on
+every rank for the same micro-batches; decide with an all-reduce over ranks (any rank missing a pair -> all run it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rlkit.jobs.pairs.batch import PairBatch
+from rlkit.jobs.pairs.losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
+from rlkit.trainer.rl_math.losses import next_token_logprobs
+from rlkit.trainer.rl_math.value_loss import ppo_value_loss
+from rlkit.trainer.value_model import last_token_scores, token_values
+
+LossOut = tuple[Tensor, int, dict[str, float]]
+
+
+def _floats(stats: dict[str, Tensor]) -> dict[str, float]:
+    return {name: float(value) for name, value in stats.items()}
+
+
+def rw_loss_fn(model: nn.Module, batch: PairBatch) -> LossOut:
+    """Reward model: scores at each sequence's last token, pairwise loss summed over the batch's pairs."""
+    scores = last_token_scores(token_values(model, batch.input_ids, batch.attention_mask), batch.last_index)
+    loss, stats = rw_pairwise_loss(*by_pair(scores), reduction="sum")
+    return loss, batch.n_pairs, _floats(stats)
+
+
+def answer_logps(model: nn.Module, batch: PairBatch) -> Tensor:
+    """[2B] summed log-probs (temperature 1) of each sequence's answer tokens under a causal LM."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    return answer_logp_sums(next_token_logprobs(logits, batch.input_ids), batch.loss_mask)
+
+
+@torch.no_grad()
+def fill_reference(reference: nn.Module, batch: PairBatch, cache: ReferenceLogps) -> None:
+    """Compute the frozen reference's answer log-probs of the batch's pairs into `cache` (collective, see above)."""
+    reference.eval()
+    cache.put(batch.indices, *by_pair(answer_logps(reference, batch)))
+
+
+@dataclass(frozen=True)
+class DPOLoss:
+    """dpo's loss_fn, bound to the reference cache and the dpo section's knobs."""
+
+    cache: ReferenceLogps
+    beta: float
+    label_smoothing: float = 0.0
+
+    def __call__(self, model: nn.Module, batch: PairBatch) -> LossOut:
+        ref_chosen, ref_rejected = self.cache.get(batch.indices, batch.input_ids.device)
+        chosen, rejected = by_pair(answer_logps(model, batch))
+        loss, stats = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.beta,
+                               label_smoothing=self.label_smoothing, reduction="sum")
+        return loss, batch.n_pairs, _floats(stats)
+
+
+def state_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, L-1] the critic's value of the state before each next token, aligned with rlkit.trainer.batch's per-token
+    tensors (position p: the value of tokens 0..p, from which token p+1 is sampled). The final token is no state."""
+    return token_values(model, input_ids, attention_mask)[:, :-1]
+
+
+@dataclass(frozen=True)
+class CriticLoss:
+    """The critic's loss_fn over a micro-batch with old values and returns at the completion positions."""
+
+    eps_clip: float
+
+    def __call__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, old_values: Tensor,
+                 returns: Tensor, loss_mask: Tensor) -> LossOut:
+        values = state_values(model, input_ids, attention_mask)
+        loss, stats = ppo_value_loss(values, old_values, returns, loss_mask, eps_clip=self.eps_clip,
+                                     reduction="sum")
+        return loss, int(loss_mask.sum()), _floats(stats)

@@ -1,0 +1,149 @@
+"""Crash-safe recover checkpoints: everything needed to continue a trial at the next step, whatever its algorithm.
+
+Layout under `<trial>/recover/`:
+  step-00000012/            one checkpoint, complete (made current by the rename from its temp name)
+    model_optim/<engine>/   torch.distributed.checkpoint of each engine's sharded model and optimizer ("actor",
+                            "critic", ...; every rank writes)
+    trainer_state.json      step, each engine's LR-schedule position, RNG states, the algorithm's own state (GRPO:
+                            weight version, data position)
+    MANIFEST.json           written last: every file with its size and xxh3-128 checksum
+  .step-00000013.tmp/       a checkpoint being written (ignored, removed by the next save)
+  .step-00000012.old/       a same-step checkpoint being replaced (used only if the crash left no step-00000012/)
+
+A checkpoint counts only when its MANIFEST.json exists and every file matches it; a damaged newest checkpoint is
+skipped with a warning and the previous one is used. The newest `keep_last` valid checkpoints are kept.
+
+Checksums are xxh3-128 (xxhash, ~17 GB/s, vs ~1 GB/s for sha256): they guard against torn or damaged files, not
+against an attacker (the trial directory is 0700). The shards' checksums are computed while they are written
+(`rlkit.trainer.hashing_fs`), the small files' when sealing. They are checked once, on the compute node, before a
+checkpoint is loaded; the login node (submit, resume, render) checks manifests and sizes only, so it never reads
+GBs and never needs xxhash. Manifests of older rlkit versions (sha256) still load, at sha256 speed.
+
+Reading the layout (finding, verifying checkpoints) is in rlkit.trials.recover_layout, which the login node imports
+without the trainer; its names are re-exported here for the trainer's code.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlkit.errors import StepError
+from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
+from rlkit.trials.recover_layout import _ASIDE as _ASIDE
+from rlkit.trials.recover_layout import _TMP as _TMP
+from rlkit.trials.recover_layout import CHECKSUM as CHECKSUM
+from rlkit.trials.recover_layout import MANIFEST as MANIFEST
+from rlkit.trials.recover_layout import SHARDS as SHARDS
+from rlkit.trials.recover_layout import STATE as STATE
+from rlkit.trials.recover_layout import checkpoint_dir as checkpoint_dir
+from rlkit.trials.recover_layout import checkpoints as checkpoints
+from rlkit.trials.recover_layout import file_checksum as file_checksum
+from rlkit.trials.recover_layout import latest_valid as latest_valid
+from rlkit.trials.recover_layout import recover_root as recover_root
+from rlkit.trials.recover_layout import temp_dir as temp_dir
+from rlkit.trials.recover_layout import verify as verify
+
+
+@dataclass
+class LoopState:
+    """What the training loop needs besides weights and optimizer moments to continue exactly."""
+
+    step: int  # last finished step
+    engines: dict[str, int] = field(default_factory=dict)  # optimizer steps (LR-schedule position) by engine name
+    algorithm: dict[str, Any] = field(default_factory=dict)  # the algorithm's own state (JSON)
+    rng: dict[str, Any] = field(default_factory=dict)
+    saved_at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LoopState:
+        return cls(**json.loads(text))
+
+
+def check_engines(state: LoopState, names: list[str], directory: Path) -> None:
+    """StepError unless the checkpoint holds every engine the algorithm has (by name), before anything is loaded."""
+    missing = [name for name in names if name not in state.engines]
+    if missing:
+        raise StepError(f"recover checkpoint {directory} has no {', '.join(map(repr, missing))} engine (it has: "
+                        f"{', '.join(state.engines) or 'none'}); it was written by another job type")
+
+
+def shards_dir(checkpoint: Path, engine: str) -> Path:
+    """Where the engine called `engine` has its shards inside a checkpoint directory."""
+    return checkpoint / SHARDS / engine
+
+
+def compress_positions(done: set[int]) -> tuple[int, list[int]]:
+    """{0, 1, 2, 5} -> (3, [5]): the contiguous prefix length and the positions beyond it."""
+    prefix = 0
+    while prefix in done:
+        prefix += 1
+    return prefix, sorted(p for p in done if p > prefix)
+
+
+def expand_positions(prefix: int, extra: list[int]) -> set[int]:
+    return set(range(prefix)) | set(extra)
+
+
+def seal(tmp: Path, final: Path, known: Mapping[str, tuple[int, str]] | None = None) -> None:
+    """Checksum and fsync every file of `tmp`, write its manifest last, then make it `final`; a `final` that exists
+    (the same step saved again after a resume) is replaced by rename-aside, rename-in, delete. `known`: (size,
+    xxh3-128) by path of files checksummed while they were written (the shards); the rest is hashed here."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = []
+    for path in files:
+        fsync_path(path)
+        size = path.stat().st_size
+        written = (known or {}).get(str(path))
+        digest = written[1] if written is not None and written[0] == size else file_checksum(path)
+        entries.append({"path": str(path.relative_to(tmp)), "size": size, CHECKSUM: digest})
+    for directory in sorted({p.parent for p in files} | {tmp}):
+        fsync_dir(directory)
+    manifest = tmp / MANIFEST
+    manifest.write_text(json.dumps({"files": entries, "sealed_at": time.time()}, indent=1))
+    fsync_path(manifest)
+    fsync_dir(tmp)
+    replace_dir(tmp, final)
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Remove all but the newest `keep_last` valid checkpoints, damaged ones, and stale temp directories."""
+    removed: list[Path] = []
+    kept = 0
+    for _step, directory in checkpoints(root):
+        if kept < keep_last and verify(directory, checksums=False) is None:  # loading re-checks the sums
+            kept += 1
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(directory)
+    kept_dirs = {p for _step, p in checkpoints(root)}
+    for p in root.iterdir() if root.is_dir() else []:
+        if _TMP.match(p.name) or (_ASIDE.match(p.name) and p not in kept_dirs):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def rng_state() -> dict[str, Any]:
+    import torch
+
+    return {"python": random.getstate(), "torch": torch.get_rng_state().tolist()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "torch" in state:
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))

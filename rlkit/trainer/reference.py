@@ -1,0 +1,47 @@
+"""The frozen reference model of a KL term (or of DPO): ref.path's weights (dpo: dpo.ref_path when set; neither set:
+actor.path, the initial weights), sharded like the trained model, in eval mode, never stepped. With LoRA and no other
+model named there is no second model: the trained peft model with its adapter switched off is the base
+(rlkit.config.schema.ref.separate_reference decides)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.ref import ReferenceLoad, reference_load, separate_reference
+from rlkit.trainer.engine import DTYPES, load_causal_lm, shard_model
+
+
+def needs_reference(actor: ActorConfig) -> bool:
+    """Whether the run computes reference log-probs (one place, so a new KL knob is a one-line change)."""
+    return actor.kl_ctl > 0 or actor.kl_loss_coef > 0  # the KL reward penalty, the KL loss term
+
+
+def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:
+    """The causal LM at `load.path`, sharded with `load.dtype` as its compute dtype (parameters kept in float32 like
+    the trained model's), in eval mode without gradients; collective (FSDP)."""
+    ref = load_causal_lm(load.path, dtype=torch.float32, attn_impl=load.attn_impl).to(device)
+    ref.requires_grad_(False).eval()
+    dtype = DTYPES[load.dtype]
+    return shard_model(ref, param_dtype=None if dtype == torch.float32 else dtype)
+
+
+def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module | None:
+    """The job's frozen reference as a model of its own, or None when it is the LoRA base (`adapter_off` of the
+    trained model); collective (FSDP)."""
+    if not separate_reference(config):
+        return None
+    return frozen_reference(reference_load(config), device)
+
+
+@contextlib.contextmanager
+def adapter_off(model: nn.Module) -> Iterator[nn.Module]:
+    """The (FSDP-sharded) peft model computing as its frozen base, peft's disable_adapter: the reference of a LoRA run
+    without a second copy of the base in memory. Local to each rank (no collective)."""
+    with model.disable_adapter():  # type: ignore[operator]
+        yield model

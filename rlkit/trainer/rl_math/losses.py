@@ -1,0 +1,126 @@
+"""Policy-gradient losses (PPO/GRPO/GSPO actor, decoupled PPO), the KL loss term and entropy, on [B, T] tensors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from rlkit.config.schema.actor import RejectionSamplingConfig
+from rlkit.trainer.rl_math.rejection import behaviour_weights, rejection_config
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def _masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    if not bool(mask.any()):
+        return x.new_zeros(())
+    return x[mask].max()
+
+
+def ppo_actor_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    importance_sampling_level: Literal["token", "sequence"] = "token",
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    rejection_sampling: RejectionSamplingConfig | None = None,
+    log_ratio_clamp: float | None = 20.0,
+    seq_log_ratio_clamp: float | None = 10.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped-surrogate PPO actor loss, token-mean over `loss_mask`; returns the loss and detached stats.
+
+    As AReaL's `ppo_actor_loss_fn` (areal/utils/functional/functional.py at 4aef98d8), plus verl's guards:
+    the token log-ratio is clamped to +-`log_ratio_clamp` before exp (verl: 20) and GSPO's sequence log-ratio to
+    at most `seq_log_ratio_clamp` (verl: 10), so one extreme token cannot blow up a step; stats count the clamps.
+    `importance_sampling_level="sequence"` is GSPO: one ratio per sequence, exp of the mean log-ratio over its
+    (kept) tokens, and the sequence's mean advantage. `c_clip` is dual clip. With `behav_logp` (decoupled loss)
+    `old_logp` is the proximal policy and each token's loss is weighted by pi_prox / pi_behav, bounded by
+    `rejection_sampling` or its older form `behav_imp_weight_cap` (rlkit.trainer.rl_math.rejection); the denominator
+    stays the number of tokens in `loss_mask`. `approx_kl` is mean(logp - old_logp), AReaL's sign.
+    """
+    shape = logp.shape
+    others = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask}
+    if behav_logp is not None:
+        others["behav_logp"] = behav_logp
+    for name, t in others.items():
+        if t.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logp")
+    if c_clip is not None and c_clip <= 1.0:
+        raise ValueError(f"c_clip must be > 1, got {c_clip}")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    orig_mask = loss_mask.bool()
+    denominator = orig_mask.sum().clamp(min=1)
+    stats: dict[str, Tensor] = {}
+    mask = orig_mask
+    weight = None
+    if behav_logp is not None:
+        bw = behaviour_weights(old_logp, behav_logp, orig_mask, rejection_config(behav_imp_weight_cap,
+                               rejection_sampling), log_ratio_clamp=log_ratio_clamp)
+        mask, weight = bw.mask, bw.weight
+        stats["behav_weight_mean"] = _masked_mean(weight, mask)
+        stats["behav_filtered_fraction"] = bw.filtered_fraction
+    adv = torch.where(mask, advantages, 0.0).detach()
+    # Zero the padded positions before exp so garbage there can neither overflow nor leak gradient.
+    raw_log_ratio = torch.where(mask, logp - old_logp.detach(), 0.0)
+    if importance_sampling_level == "sequence":
+        count = mask.sum(dim=-1, keepdim=True).clamp(min=1)
+        seq_log_ratio = raw_log_ratio.sum(dim=-1, keepdim=True) / count
+        if seq_log_ratio_clamp is not None:
+            stats["seq_log_ratio_clamped"] = (seq_log_ratio.detach() > seq_log_ratio_clamp).sum().float()
+            seq_log_ratio = seq_log_ratio.clamp(max=seq_log_ratio_clamp)
+        log_ratio = torch.where(mask, seq_log_ratio.expand_as(raw_log_ratio), 0.0)
+        adv = torch.where(mask, (adv.sum(dim=-1, keepdim=True) / count).expand_as(adv), 0.0)
+    else:
+        log_ratio = raw_log_ratio
+        if log_ratio_clamp is not None:
+            stats["log_ratio_clamped"] = ((log_ratio.detach().abs() > log_ratio_clamp) & mask).sum().float()
+            log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    upper = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
+    clipped_ratio = ratio.clamp(1.0 - eps_clip, upper)
+    loss1 = -adv * ratio
+    loss2 = -adv * clipped_ratio
+    loss_tok = torch.maximum(loss1, loss2)
+    clip_mask = (loss2.detach() > loss1.detach()) & mask
+    dual_clip_mask = torch.zeros_like(mask)
+    if c_clip is not None:
+        loss3 = -c_clip * adv
+        dual_clip_mask = (adv < 0) & (loss3 < loss_tok.detach()) & mask
+        loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, loss3), loss_tok)
+    if weight is not None:
+        loss_tok = loss_tok * weight
+    loss = torch.where(mask, loss_tok, 0.0).sum() / denominator
+    with torch.no_grad():
+        stats.update(
+            clip_fraction=_masked_mean(clip_mask.float(), mask),
+            dual_clip_fraction=_masked_mean(dual_clip_mask.float(), mask),
+            importance_weight_mean=_masked_mean(ratio.detach(), mask),
+            importance_weight_max=_masked_max(ratio.detach(), mask),
+            approx_kl=_masked_mean(raw_log_ratio.detach(), mask),
+        )
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """[B, L-1] log-probability of each next token (token t+1 given tokens 0..t) from [B, L, V] logits, in float32;
+    `temperature`: the log-probs of the sampling distribution logits / T (the engine's, under the rollout's T)."""
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax distribution at each position (last dim is the vocabulary); -inf logits are fine."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    safe_logp = logp.clamp(min=torch.finfo(logp.dtype).min)
+    return -(logp.exp() * safe_logp).sum(dim=-1)

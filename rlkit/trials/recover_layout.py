@@ -1,0 +1,121 @@
+"""The on-disk layout of recover checkpoints, and how to tell a complete one (torch-free, no rlkit.trainer import).
+
+The login node reads it (`recover.mode=resume` needs a checkpoint, checked at submit) and so does the trainer
+(rlkit.trainer.recover writes, seals and prunes checkpoints in this layout): see rlkit.trainer.recover for the layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+STATE = "trainer_state.json"
+SHARDS = "model_optim"
+_DIR = re.compile(r"^step-(\d{8})$")
+_ASIDE = re.compile(r"^\.step-(\d{8})\.old$")  # rlkit.fsutil.replace_dir's name for the replaced one
+_TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
+CHECKSUM = "xxh3_128"
+_LEGACY_CHECKSUM = "sha256"
+
+
+def recover_root(trial_dir: Path) -> Path:
+    return Path(trial_dir) / "recover"
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
+    """The hex digest of a file (xxh3_128, or sha256 for manifests of older rlkit versions)."""
+    if algorithm == CHECKSUM:
+        import xxhash  # trainer extra; the login node never hashes
+
+        digest: Any = xxhash.xxh3_128()
+    elif algorithm == _LEGACY_CHECKSUM:
+        digest = hashlib.sha256()
+    else:
+        raise ValueError(f"unknown checksum {algorithm!r}")
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size:  # mapped, not copied: the check costs about half a plain read
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                digest.update(mapped)
+    return str(digest.hexdigest())
+
+
+def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
+    """The manifest's file entries, or what is wrong with the manifest (it is read as untrusted input)."""
+    try:
+        entries = json.loads((directory / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"no readable {MANIFEST} ({type(exc).__name__})"
+    if not isinstance(entries, list):
+        return f"{MANIFEST} has no list of files"
+    for entry in entries:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("size"), int)
+                and any(isinstance(entry.get(a), str) for a in (CHECKSUM, _LEGACY_CHECKSUM))):
+            return f"{MANIFEST} has a malformed entry: {str(entry)[:120]}"
+        if ".." in Path(entry["path"]).parts or Path(entry["path"]).is_absolute():
+            return f"{MANIFEST} names a file outside the checkpoint: {entry['path']}"
+    return entries
+
+
+def verify(directory: Path, *, checksums: bool = True) -> str | None:
+    """None when `directory` is a complete checkpoint; else what is wrong with it. Without `checksums` only the
+    manifest, the files and their sizes are checked (cheap: the login node, pruning); with them every byte is read
+    (the compute node, once before loading)."""
+    entries = _manifest_entries(directory)
+    if isinstance(entries, str):
+        return entries
+    for entry in entries:
+        path = directory / entry["path"]
+        if not path.is_file():
+            return f"{entry['path']} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{entry['path']} has {path.stat().st_size} bytes, the manifest says {entry['size']}"
+    if not (directory / STATE).is_file():
+        return f"{STATE} is missing"
+    for entry in entries if checksums else []:
+        algorithm = CHECKSUM if isinstance(entry.get(CHECKSUM), str) else _LEGACY_CHECKSUM
+        if file_checksum(directory / entry["path"], algorithm) != entry[algorithm]:
+            return f"{entry['path']} does not match its {algorithm} checksum"
+    return None
+
+
+def checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every sealed-looking checkpoint, newest first (not yet verified); a replaced one renamed
+    aside counts only when a crash left no checkpoint of its step."""
+    if not root.is_dir():
+        return []
+    found = {int(m.group(1)): p for p in root.iterdir() if (m := _DIR.match(p.name)) and p.is_dir()}
+    for p in root.iterdir():
+        if (m := _ASIDE.match(p.name)) and p.is_dir():
+            found.setdefault(int(m.group(1)), p)
+    return sorted(found.items(), reverse=True)
+
+
+def latest_valid(root: Path, *, warn: bool = True, checksums: bool = True) -> tuple[int, Path] | None:
+    """The newest checkpoint that verifies; damaged newer ones are skipped with a warning. The login node passes
+    `checksums=False` (manifest and sizes only); the trainer checks every checksum once, before it loads."""
+    for step, directory in checkpoints(root):
+        problem = verify(directory, checksums=checksums)
+        if problem is None:
+            return step, directory
+        if warn:
+            message = f"recover checkpoint {directory} is damaged ({problem}); using an older one"
+            logger.warning(message)
+            print(f"rlkit train: WARNING: {message}", flush=True)
+    return None
+
+
+def temp_dir(root: Path, step: int) -> Path:
+    return root / f".step-{step:08d}.tmp"
