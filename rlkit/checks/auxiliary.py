@@ -16,6 +16,7 @@ from rlkit.config.schema.auxiliary import NAME_PATTERN, AuxiliaryModelConfig, en
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs import JobType, registered_job_types
 from rlkit.servers.backend import BACKEND_NAMES, backend_for
+from rlkit.servers.engine_env import check_engine_env
 
 
 def validate_auxiliary(config: ExperimentConfig, job: JobType | None, allocation: Allocation | None,
@@ -83,8 +84,6 @@ def _check_backend(config: ExperimentConfig, index: int, entry: AuxiliaryModelCo
                    problems: Problems) -> None:
     """A known engine; its section's extra_args acceptable (the policy's own backend is checked with the policy); in
     containers, the engine the one inference-server image holds."""
-    from rlkit.servers.engine_env import check_engine_env  # imports rlkit.checks.experiment, which imports this module
-
     field = entry_field(index, "backend")
     if entry.backend not in BACKEND_NAMES:
         problems.add(f"{field} '{entry.backend}' is not an inference engine rlkit runs",

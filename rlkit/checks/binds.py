@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rlkit.checks.site_files import is_local_path
+from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import ExperimentConfig, get_field

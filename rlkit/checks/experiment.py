@@ -32,12 +32,13 @@ from rlkit.config.schema.experiment import CONTAINER_TYPES, NAME_RESOLVE_TYPES, 
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
 from rlkit.jobs import JobType, job_type_for, registered_job_types
+from rlkit.servers.backend import backend_for, server_model, servers_context
+from rlkit.servers.engine_env import check_engine_env, parse_env_vars
 from rlkit.slurm.time_limits import slurm_time_seconds
 from rlkit.trials.paths import TrialPaths
 
 _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
 # Options rlkit sets on every step itself: a user's copy would undo the safe working directory.
 _RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",)}
@@ -64,24 +65,6 @@ def check_name(field: str, value: str, pattern: re.Pattern[str], forbidden: str)
     if len(value) > MAX_NAME_LENGTH:
         raise ConfigError(f"{field} is {len(value)} characters long; at most {MAX_NAME_LENGTH} are allowed "
                           "(it names directories and the Slurm job)", hint=f"shorten {field}")
-
-
-def parse_env_vars(field: str, text: str) -> dict[str, str]:
-    """'A=1,B=2' -> {'A': '1', 'B': '2'}; raises ConfigError on a malformed item."""
-    env: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not _ENV_NAME.fullmatch(name):
-            raise ConfigError(f"{field}: '{item}' is not NAME=VALUE", hint=f"e.g. {field}='NCCL_DEBUG=WARN,A=1'")
-        env[name] = value
-    return env
-
-
-def server_model(config: ExperimentConfig, backend: str) -> str:
-    """The model the inference servers of `backend` load (the backend's own field, else actor.path)."""
-    from rlkit.servers.backend import backend_for  # light: no torch, no server package
-
-    return backend_for(backend).configured_model(config) or config.actor.path
 
 
 def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
@@ -323,9 +306,6 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
     must fit the servers' context."""
     if allocation.server is None:
         return
-    from rlkit.servers.backend import backend_for  # pure rules, no server import
-    from rlkit.servers.engine_env import check_engine_env
-
     backend = backend_for(allocation.server.backend)
     for field_name, message in backend.extra_args_problems(getattr(config, backend.name).extra_args):
         problems.add(f"{field_name}: {message}")
@@ -357,14 +337,3 @@ def _validate_models(config: ExperimentConfig, job: JobType, allocation: Allocat
         problems.add(f"a prompt of up to {prompt} tokens (max_length) plus gconfig.max_new_tokens ({new}) exceeds "
                      f"the servers' context of {limit} tokens ({limit_field}): long prompts would be rejected",
                      hint=f"keep max_length + gconfig.max_new_tokens <= {limit}")
-
-
-def servers_context(config: ExperimentConfig, allocation: Allocation | None) -> int | None:
-    """The servers' context length (their setting, else the model's max_position_embeddings); None when unknown."""
-    from rlkit.servers.backend import backend_for  # light: no torch, no server package
-
-    if allocation is None or allocation.server is None:
-        return None
-    backend = backend_for(allocation.server.backend)
-    model = server_model(config, backend.name)
-    return backend.context_length(config) or model_positions(model)

@@ -4,27 +4,12 @@ named before the job waits in the queue, instead of failing in its first step on
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import rlkit
-from rlkit.checks.site_files import is_image_uri
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.images.pins import label_problems, load_pins, rlkit_labels_in
-from rlkit.images.sif import SifError, read_sif
-
-
-def rlkit_labels(image: str) -> dict[str, str] | None:
-    """The rlkit labels of a local SIF image; None when it is not one rlkit can read or has none (a user's own
-    image: its versions are the user's business, `rlkit image check` says what it lacks)."""
-    if not image or is_image_uri(image):
-        return None
-    try:
-        sif = read_sif(Path(image))
-    except (SifError, OSError, ValueError):
-        return None
-    return rlkit_labels_in(sif.deffile or "") or None
+from rlkit.images.labels import rlkit_labels
+from rlkit.images.pins import label_problems, load_pins
 
 
 def check_image_labels(config: ExperimentConfig, allocation: Allocation, problems: Problems) -> None:

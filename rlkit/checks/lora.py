@@ -16,11 +16,9 @@ from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
+from rlkit.servers.vllm.command import VLLM_LORA_RANKS
 
 PEFT_TYPES = ("lora",)
-# vLLM 0.32 `LoRAConfig.max_lora_rank` takes only these values (vllm/config/lora.py, MaxLoRARanks); the servers are
-# started with the smallest one that holds actor.lora_rank.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Set by rlkit when actor.use_lora (rlkit.servers.vllm.backend): the same option in vllm.extra_args would clash.
 LORA_SERVER_OPTIONS = ("enable_lora", "max_lora_rank")
 # SGLang's counterparts (rlkit.servers.sglang.lora.lora_flags), and the target modules SGLang 0.5.23 takes
@@ -29,14 +27,6 @@ LORA_SERVER_OPTIONS = ("enable_lora", "max_lora_rank")
 SGLANG_LORA_OPTIONS = ("enable_lora", "max_lora_rank", "lora_target_modules")
 SGLANG_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj",
                        "gate_up_proj", "all-linear")
-
-
-def server_lora_rank(lora_rank: int) -> int:
-    """The `--max-lora-rank` a vLLM server needs for adapters of rank `lora_rank`; ValueError above vLLM's largest."""
-    for rank in VLLM_LORA_RANKS:
-        if rank >= lora_rank:
-            return rank
-    raise ValueError(f"LoRA rank {lora_rank} is above vLLM's largest --max-lora-rank ({VLLM_LORA_RANKS[-1]})")
 
 
 def validate_lora(config: ExperimentConfig, problems: Problems, allocation: Allocation | None = None) -> None:

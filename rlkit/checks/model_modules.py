@@ -13,7 +13,7 @@ import json
 import struct
 from pathlib import Path
 
-from rlkit.checks.site_files import is_local_path
+from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
 
 _HEADER_LIMIT = 100 * 2**20  # a header larger than this is not a model's (treat the file as hostile)

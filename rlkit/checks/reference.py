@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlkit.checks.site_files import check_model_dir, is_local_path
+from rlkit.checks.site_files import check_model_dir
 from rlkit.checks.trainer import DTYPES
-from rlkit.config.model_config import vocab_size
+from rlkit.config.model_config import is_local_path, vocab_size
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import KL_JOB_TYPES, reference_field, reference_path, uses_reference

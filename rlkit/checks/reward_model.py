@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checks.site_files import TOKENIZER_FILES
+from rlkit.config.model_config import VALUE_HEAD_NOTE
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 
-VALUE_HEAD_NOTE = "rlkit_value_head.json"  # written by rlkit.trainer.value_model.save_value_model beside the weights
 FIELD = "reward.reward_model_path"
 
 

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from rlkit.config.model_config import is_local_path
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
 from rlkit.errors import ConfigError
+from rlkit.images.labels import is_image_uri
 
-_IMAGE_URI = ("docker://", "docker-archive://", "oras://", "library://", "shub://", "http://", "https://")
 DATASET_SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -41,11 +42,6 @@ def _os_errors_named(check: _Check) -> _Check:
     return checked  # type: ignore[return-value]
 
 
-def is_image_uri(image: str) -> bool:
-    """An image Apptainer fetches itself (not a local file we can check)."""
-    return image.startswith(_IMAGE_URI)
-
-
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -54,11 +50,6 @@ def is_hub_id(value: object) -> bool:
     nothing at that relative path. rlkit.launch.hub fetches it at submit (and reports it when it cannot)."""
     return (isinstance(value, str) and _HUB_ID.fullmatch(value) is not None
             and not value.endswith(DATASET_SUFFIXES) and not Path(value).exists())
-
-
-def is_local_path(value: str) -> bool:
-    """A model/tokenizer value that names a directory here (a hub id like org/name is left to the servers)."""
-    return value.startswith(("/", "."))
 
 
 @_os_errors_named

@@ -7,8 +7,8 @@ from __future__ import annotations
 from rlkit.checks.site_files import check_model_dir, check_tokenizer_dir
 from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import MicroBatchSpec, OptimizerConfig
-from rlkit.config.schema.experiment import ExperimentConfig, StatsLoggerConfig, get_field
-from rlkit.errors import ConfigError
+from rlkit.config.schema.experiment import ExperimentConfig, get_field
+from rlkit.config.schema.stats_logger import validate_stats_logger
 
 DTYPES = ("bfloat16", "float16", "float32")
 OPTIMIZERS = ("adam", "sgd")
@@ -18,8 +18,6 @@ CHOICES = {
     "recover.mode": ("disabled", "auto", "fault", "resume"),
 }
 
-SWANLAB_MODES = ("disabled", "local", "offline", "cloud")
-WANDB_MODES = ("disabled", "offline", "online")
 
 
 def validate_trainer(config: ExperimentConfig, problems: Problems) -> None:
@@ -96,21 +94,3 @@ def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
             problems.add(f"recover.mode is resume but there is nothing to resume: {root} holds no valid "
                          "checkpoint", hint="start it fresh without recover.mode=resume, or set "
                                             "recover.freq_steps/freq_secs so the next run leaves checkpoints")
-
-
-def validate_stats_logger(config: StatsLoggerConfig) -> None:
-    """Raise ConfigError for an unknown SwanLab/W&B mode or an unusable TensorBoard path (called at submit time)."""
-    for field, value, choices in (
-        ("stats_logger.swanlab.mode", config.swanlab.mode, SWANLAB_MODES),
-        ("stats_logger.wandb.mode", config.wandb.mode, WANDB_MODES),
-    ):
-        if value not in choices:
-            raise ConfigError(
-                f"{field}: invalid value {value!r}; choices: {', '.join(choices)}",
-                hint=f"set {field}={choices[0]} to turn it off",
-            )
-    path = config.tensorboard.path
-    if path is not None and (not isinstance(path, str) or not path.strip()):
-        raise ConfigError(
-            f"stats_logger.tensorboard.path: invalid value {path!r}; expected a directory path or null (off)"
-        )

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from rlkit.errors import ConfigError, ConfigErrors
-from rlkit.servers.backend import BACKEND_NAMES
 
-SERVER_BACKENDS = BACKEND_NAMES  # rlkit.servers.backend's registry
+# The inference engines rlkit runs: the one list (rlkit.servers.backend's registry is built from it, one package
+# rlkit.servers.<name> per engine).
+ServerBackendName = Literal["vllm", "sglang"]
+SERVER_BACKENDS: tuple[ServerBackendName, ...] = get_args(ServerBackendName)
 TRAINER_BACKENDS = ("fsdp",)
-_ALLOWED_DIMS = {**dict.fromkeys(SERVER_BACKENDS, "dt"), "fsdp": "d"}
+_ALLOWED_DIMS: dict[str, str] = {**dict.fromkeys(SERVER_BACKENDS, "dt"), "fsdp": "d"}
 _AT_ONE = {  # AReaL's letters rlkit accepts only at 1, and why
     "p": "pipeline parallelism (p) is not supported",
     "e": "expert parallelism (e) is not supported",

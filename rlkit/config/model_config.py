@@ -1,4 +1,5 @@
-"""Facts read torch-free from a local model's config.json on the login node."""
+"""Facts read torch-free from a local model's directory on the login node: its config.json, and the note rlkit writes
+beside a value model's weights."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlkit.checks.site_files import is_local_path
+
+def is_local_path(value: str) -> bool:
+    """A model/tokenizer value that names a directory here (a hub id like org/name is left to the servers)."""
+    return value.startswith(("/", "."))
+
 
 _CONFIG_LIMIT = 16 * 2**20  # a config.json larger than this is not a model's
+VALUE_HEAD_NOTE = "rlkit_value_head.json"  # written by rlkit.trainer.value_model.save_value_model beside the weights
 
 
 def _dropouts(node: Any) -> list[float]:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.checks.site_files import is_image_uri, is_local_path
 from rlkit.config.load import to_yaml
+from rlkit.config.model_config import is_local_path
+from rlkit.images.labels import is_image_uri
 from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
 from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
 from rlkit.launch.single_jobs import last_line, submit_function

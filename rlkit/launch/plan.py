@@ -17,7 +17,6 @@ import sys
 from dataclasses import dataclass, field
 
 from rlkit.checks.binds import container_binds
-from rlkit.checks.experiment import parse_env_vars, server_model
 from rlkit.config.allocation import Allocation
 from rlkit.config.node_fit import Misfit, misfit, nodes_for
 from rlkit.config.schema.auxiliary import entry_field
@@ -25,7 +24,8 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
 from rlkit.nameresolve.servers import server_step_name
-from rlkit.servers.backend import backend_for
+from rlkit.servers.backend import backend_for, server_model
+from rlkit.servers.engine_env import parse_env_vars
 from rlkit.slurm.hostlist import expand_hostlist
 from rlkit.slurm.time_limits import format_slurm_time, slurm_time_seconds
 from rlkit.trials.paths import TrialPaths

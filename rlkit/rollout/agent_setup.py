@@ -72,9 +72,9 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
     from rlkit.agent.tools import ToolConfig, ToolRegistry, load_tools
     from rlkit.agent.trajectory import TrajectoryLimits
     from rlkit.agent.workflows import resolve_workflow
-    from rlkit.checks.experiment import servers_context
     from rlkit.config.model_config import vocab_size
     from rlkit.rollout.groups import EpisodeGroups
+    from rlkit.servers.backend import servers_context
     from rlkit.servers.sampling import sampling_params
 
     loaded = load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from rlkit.config.allocation import SERVER_BACKENDS, Allocation
+from rlkit.config.model_config import model_positions
+
 if TYPE_CHECKING:
     import httpx
     from torch import Tensor
@@ -272,11 +275,9 @@ class ServerBackend(ABC):
         """The weight version the server reports (None if it reports none)."""
 
 
-_BACKENDS: dict[str, str] = {
-    "vllm": "rlkit.servers.vllm.backend",  # each module exposes BACKEND, a ServerBackend instance
-    "sglang": "rlkit.servers.sglang.backend",
-}
-BACKEND_NAMES = tuple(_BACKENDS)
+BACKEND_NAMES: tuple[str, ...] = SERVER_BACKENDS  # the engines allocation_mode names (rlkit.config.allocation)
+# each engine's package rlkit.servers.<name> has a `backend` module exposing BACKEND, a ServerBackend instance
+_BACKENDS = {name: f"rlkit.servers.{name}.backend" for name in BACKEND_NAMES}
 
 
 def backend_for(name: str) -> ServerBackend:
@@ -288,3 +289,17 @@ def backend_for(name: str) -> ServerBackend:
     if not isinstance(backend, ServerBackend):
         raise TypeError(f"{module}.BACKEND is not a ServerBackend")
     return backend
+
+
+def server_model(config: ExperimentConfig, backend: str) -> str:
+    """The model the inference servers of `backend` load (the backend's own field, else actor.path)."""
+    return backend_for(backend).configured_model(config) or config.actor.path
+
+
+def servers_context(config: ExperimentConfig, allocation: Allocation | None) -> int | None:
+    """The servers' context length (their setting, else the model's max_position_embeddings); None when unknown."""
+    if allocation is None or allocation.server is None:
+        return None
+    backend = backend_for(allocation.server.backend)
+    model = server_model(config, backend.name)
+    return backend.context_length(config) or model_positions(model)

@@ -11,15 +11,29 @@ the worker extension), so a `vllm.python` must have rlkit importable.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import TYPE_CHECKING
 
-from rlkit.checks.experiment import parse_env_vars
+from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlkit.config.problems import Problems
     from rlkit.config.schema.experiment import ExperimentConfig
     from rlkit.servers.backend import ServerBackend
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_vars(field: str, text: str) -> dict[str, str]:
+    """'A=1,B=2' -> {'A': '1', 'B': '2'}; raises ConfigError on a malformed item."""
+    env: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{field}: '{item}' is not NAME=VALUE", hint=f"e.g. {field}='NCCL_DEBUG=WARN,A=1'")
+        env[name] = value
+    return env
 
 
 def engine_python(config: ExperimentConfig, backend: ServerBackend, default: str) -> str:

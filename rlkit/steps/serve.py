@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from rlkit.checks.experiment import server_model
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.experiment import ExperimentConfig, set_field
 from rlkit.errors import FatalStepError, StepError
 from rlkit.nameresolve import name_resolve_for, server_key
-from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for
+from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for, server_model
 from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy

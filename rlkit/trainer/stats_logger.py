@@ -18,8 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, SupportsFloat, SupportsIndex, cast
 
-from rlkit.checks.trainer import validate_stats_logger
-from rlkit.config.schema.experiment import StatsLoggerConfig
+from rlkit.config.schema.stats_logger import StatsLoggerConfig, validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.trials.paths import TrialPaths
 

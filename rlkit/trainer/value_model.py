@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlkit.checks.reward_model import VALUE_HEAD_NOTE as HEAD_NOTE
+from rlkit.config.model_config import VALUE_HEAD_NOTE as HEAD_NOTE
 from rlkit.trainer.model_source import SCRATCH_SEED, model_config
 
 HEAD_SEED = 0

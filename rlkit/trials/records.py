@@ -110,7 +110,7 @@ def _git_revision(cwd: Path) -> str | None:
 def _image_facts(image: str) -> dict[str, object]:
     """Path, size, mtime, the rlkit labels of an image built by `rlkit image build`, and its sha256 once
     `rlkit image check --sha256` has computed it (read from the IMAGE.sha256 it wrote, if not older than the image)."""
-    from rlkit.checks.image_labels import rlkit_labels
+    from rlkit.images.labels import rlkit_labels
     from rlkit.images.sif import recorded_sha256
 
     path = Path(image)

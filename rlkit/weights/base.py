@@ -9,7 +9,7 @@ stopping at the first failure. What happens to a lost or failed server, and the 
 every push, is the fan-out's job (rlkit.weights.fanout), the same for every transport.
 
 Transports register by `actor.weight_update_mode` in `_TRANSPORTS`; this module imports neither torch nor a
-transport (config validation reads `TRANSPORT_NAMES`).
+transport (the names are actor.weight_update_mode's, rlkit.config.schema.actor.WEIGHT_UPDATE_MODES).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import signal
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
+from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES, WeightUpdateMode
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, ServerBackend
 from rlkit.servers.http import ServerUnreachable, timed
@@ -120,11 +121,10 @@ class WeightTransport(ABC):
         """Release what the transport holds (groups, temporary files) at the end of the run."""
 
 
-_TRANSPORTS: dict[str, str] = {
-    "disk": "rlkit.weights.disk",  # each module exposes TRANSPORT, a WeightTransport subclass
-    "xccl": "rlkit.weights.xccl_transport",
-}
-TRANSPORT_NAMES = tuple(_TRANSPORTS)
+# Keyed by actor.weight_update_mode's values (rlkit.config.schema.actor.WEIGHT_UPDATE_MODES, the one list); each
+# module exposes TRANSPORT, a WeightTransport subclass.
+_TRANSPORTS: dict[WeightUpdateMode, str] = {"disk": "rlkit.weights.disk", "xccl": "rlkit.weights.xccl_transport"}
+TRANSPORT_NAMES: tuple[str, ...] = WEIGHT_UPDATE_MODES
 # Chosen by actor.use_lora, not by weight_update_mode (which must then be disk: rlkit.checks.lora).
 ADAPTER_TRANSPORT = "lora_disk"
 _ADAPTER_MODULE = "rlkit.weights.lora_disk"
@@ -132,10 +132,9 @@ _ADAPTER_MODULE = "rlkit.weights.lora_disk"
 
 def transport_for(name: str) -> type[WeightTransport]:
     """The transport class for `actor.weight_update_mode` `name`; ValueError naming the known ones."""
-    module = _TRANSPORTS.get(name)
-    if module is None:
+    if name not in TRANSPORT_NAMES:
         raise ValueError(f"unknown weight_update_mode {name!r}; known: {', '.join(TRANSPORT_NAMES)}")
-    return _transport_in(module)
+    return _transport_in(_TRANSPORTS[cast(WeightUpdateMode, name)])
 
 
 def transport_for_actor(actor: ActorConfig) -> type[WeightTransport]:

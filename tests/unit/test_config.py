@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from rlkit.checks.binds import parse_mounts
-from rlkit.checks.experiment import parse_env_vars
 from rlkit.config.load import load_config, schema_paths, to_yaml
 from rlkit.errors import ConfigError
+from rlkit.servers.engine_env import parse_env_vars
 
 from ..conftest import raise_problems
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from rlkit.checks.trainer import validate_stats_logger
-from rlkit.config.schema.experiment import StatsLoggerConfig
+from rlkit.config.schema.stats_logger import StatsLoggerConfig, validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.trainer.stats_logger import StatsLogger, read_metrics
 from rlkit.trials.paths import TrialPaths

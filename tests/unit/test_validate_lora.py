@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.checks.lora import server_lora_rank, validate_lora
+from rlkit.checks.lora import validate_lora
 from rlkit.checks.model_modules import tensor_names
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.servers.vllm.command import server_lora_rank
 
 
 def lora_config(**actor: object) -> ExperimentConfig:

@@ -216,10 +216,12 @@ def test_disk_push_writes_the_buckets_and_every_server_loads_them(
     assert not stale.exists() and set(transport.timings) == {"gather", "write"}
 
 
-def test_config_choices_are_the_registered_transports() -> None:
-    """The config lists the modes by hand (config imports no transport code); they must stay the registry's."""
+def test_every_weight_update_mode_resolves_to_its_transport() -> None:
+    """actor.weight_update_mode's values (one list, in the config) are what validation offers, and each names a
+    transport module of that name."""
+    from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES
     from rlkit.jobs.grpo.checks import CHOICES
     from rlkit.weights.base import TRANSPORT_NAMES, transport_for
 
-    assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == ("disk", "xccl")
-    assert [transport_for(name).name for name in TRANSPORT_NAMES] == ["disk", "xccl"]
+    assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == WEIGHT_UPDATE_MODES == ("disk", "xccl")
+    assert [transport_for(name).name for name in WEIGHT_UPDATE_MODES] == ["disk", "xccl"]

@@ -7,8 +7,14 @@ AReaL.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from rlkit.config.schema.fields import _f, _sub
+
+# How new weights reach the servers: the one list of actor.weight_update_mode's values (rlkit.weights.base's registry
+# is keyed by it, submit-time validation offers it).
+WeightUpdateMode = Literal["disk", "xccl"]
+WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
 
 
 @dataclass

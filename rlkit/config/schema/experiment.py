@@ -22,6 +22,7 @@ from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
 from rlkit.config.schema.ref import RefConfig
 from rlkit.config.schema.sft import SFTConfig
+from rlkit.config.schema.stats_logger import StatsLoggerConfig
 
 _INDEXED = re.compile(r"(\w+)\[(\d+)\]")  # `auxiliary_models[0]`: one item of a list of sections
 
@@ -246,43 +247,6 @@ class RecoverConfig:
     keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).")
     time_limit_warning: int = _f(300, "Seconds before the time limit at which Slurm warns the job (USR1) so the "
                                  "trainer checkpoints and the job requeues itself.")
-
-
-@dataclass
-class TensorBoardConfig:
-    """TensorBoard event files."""
-
-    path: str | None = _f(None, "Directory for event files; None: off.")
-
-
-@dataclass
-class SwanlabConfig:
-    """SwanLab tracking."""
-
-    project: str | None = _f(None, "Project; None: the experiment name.")
-    name: str | None = _f(None, "Run name; None: the trial name.")
-    mode: str = _f("disabled", "Choices: disabled, local, offline, cloud.")
-    logdir: str | None = _f(None, "Local directory; None: <trial>/swanlab.")
-    api_key: str | None = _f(None, "API key for cloud mode; None: SWANLAB_API_KEY.")
-
-
-@dataclass
-class WandBConfig:
-    """Weights & Biases tracking."""
-
-    mode: str = _f("disabled", "Choices: disabled, offline, online.")
-    project: str | None = _f(None, "Project; None: the experiment name.")
-    entity: str | None = _f(None, "Team or user.")
-    name: str | None = _f(None, "Run name; None: the trial name.")
-
-
-@dataclass
-class StatsLoggerConfig:
-    """Where per-step metrics go. A metrics.jsonl in the trial directory is always written."""
-
-    tensorboard: TensorBoardConfig = _sub(TensorBoardConfig, "TensorBoard.")
-    swanlab: SwanlabConfig = _sub(SwanlabConfig, "SwanLab.")
-    wandb: WandBConfig = _sub(WandBConfig, "Weights & Biases.")
 
 
 @dataclass

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlkit.checks.experiment import server_model
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -19,7 +18,7 @@ from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
 from rlkit.nameresolve import name_resolve_for
 from rlkit.rollout.client import ServerPool, wait_for_servers
-from rlkit.servers.backend import SamplingParams
+from rlkit.servers.backend import SamplingParams, server_model
 from rlkit.servers.sampling import sampling_params as request_sampling
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_token

@@ -17,14 +17,15 @@ from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
+from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.data.dataset_rows import first_jsonl_row
 from rlkit.data.row_formats import is_gsm8k_row
 from rlkit.errors import ConfigError
 
-CHOICES = {
+CHOICES: dict[str, tuple[str, ...]] = {
     "actor.importance_sampling_level": ("token", "sequence"),
-    "actor.weight_update_mode": ("disk", "xccl"),  # rlkit.weights.base.TRANSPORT_NAMES (a test keeps them equal)
+    "actor.weight_update_mode": WEIGHT_UPDATE_MODES,  # the transports rlkit.weights.base registers by these names
 }
 
 

@@ -166,14 +166,23 @@ LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 # Adapters a server holds at once: during a push the requests already running keep the previous version's adapter
 # while new ones use the new one.
 LORA_SLOTS = 2
+# vLLM 0.32 `LoRAConfig.max_lora_rank` takes only these values (vllm/config/lora.py, MaxLoRARanks); the servers are
+# started with the smallest one that holds actor.lora_rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def server_lora_rank(lora_rank: int) -> int:
+    """The `--max-lora-rank` a vLLM server needs for adapters of rank `lora_rank`; ValueError above vLLM's largest."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= lora_rank:
+            return rank
+    raise ValueError(f"LoRA rank {lora_rank} is above vLLM's largest --max-lora-rank ({VLLM_LORA_RANKS[-1]})")
 
 
 def lora_flags(lora_rank: int, extra: Mapping[str, object]) -> list[str]:
     """The options a server needs to load rank-`lora_rank` adapters at run time: --enable-lora, the smallest
     --max-lora-rank vLLM accepts that holds the rank, and two adapter slots (GPU batch and CPU cache) unless
     `vllm.extra_args` (`extra`) sets them."""
-    from rlkit.checks.lora import server_lora_rank
-
     given = {str(k).replace("-", "_").lower(): v for k, v in extra.items()}
     args = ["--enable-lora", "--max-lora-rank", str(server_lora_rank(lora_rank))]
     slots = given.get("max_loras")
