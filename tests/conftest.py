@@ -91,7 +91,7 @@ reward: {{fn: math}}
 
 def raise_problems(config: ExperimentConfig) -> None:
     """Validate `config` and raise every problem found, as `rlkit submit` does before planning."""
-    from rlkit.checks.experiment import validate
+    from rlkit.jobs.validate import validate
 
     validate(config).problems.raise_if_any()
 

@@ -5,12 +5,16 @@ the job waited in the queue. Torch-free.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlkit.config.problems import Problems
 from rlkit.config.schema.agent import AgentConfig, agent_limits
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
 
-ROLLOUT_TRAINERS = ("grpo", "ppo")  # the job types whose trainer runs rollouts (episodes replace their samples)
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType, JobTypes
+
 _LIMITS = ("max_turns", "max_tokens_per_turn", "engine_max_tokens", "max_tool_result_chars")
 
 
@@ -18,8 +22,10 @@ def agent_in_use(agent: AgentConfig) -> bool:
     return bool(agent.workflow.strip())
 
 
-def validate_agent(config: ExperimentConfig, problems: Problems, context: int | None) -> None:
-    """Add every problem of rollout.agent to `problems`; `context`: the servers' context length when known."""
+def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, problems: Problems,
+                   context: int | None) -> None:
+    """Add every problem of rollout.agent to `problems`; `job`: config's job type (episodes replace the samples of a
+    trainer on rollouts); `context`: the servers' context length when known."""
     from rlkit.agent.tool_calls import resolve_tool_call_parser
     from rlkit.agent.tools import ToolConfig, load_tools
     from rlkit.agent.workflows import resolve_workflow
@@ -30,9 +36,10 @@ def validate_agent(config: ExperimentConfig, problems: Problems, context: int | 
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
                          "tools", hint="set rollout.agent.workflow=tool_use (or your own), or remove the tools")
         return
-    if config.type not in ROLLOUT_TRAINERS:
-        problems.add(f"rollout.agent.workflow is set, but job type {config.type} runs no training rollouts",
-                     hint=f"use it with type {' or '.join(ROLLOUT_TRAINERS)}, or remove rollout.agent")
+    if not job.trains_on_rollouts:
+        users = " or ".join(j.name for j in job_types if j.trains_on_rollouts)
+        problems.add(f"rollout.agent.workflow is set, but job type {job.name} runs no training rollouts",
+                     hint=f"use it with type {users}, or remove rollout.agent")
         return
     with problems.check():
         resolve_workflow(agent.workflow)

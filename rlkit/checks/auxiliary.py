@@ -7,6 +7,8 @@ allocation_mode.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlkit.checks.site_files import check_model_dir
 from rlkit.config.allocation import Allocation
 from rlkit.config.model_config import model_positions
@@ -14,13 +16,15 @@ from rlkit.config.node_fit import unit_misfit
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import NAME_PATTERN, AuxiliaryModelConfig, entry_field
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.jobs import JobType, registered_job_types
 from rlkit.servers.backend import BACKEND_NAMES, backend_for
 from rlkit.servers.engine_env import check_engine_env
 
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType, JobTypes
 
-def validate_auxiliary(config: ExperimentConfig, job: JobType | None, allocation: Allocation | None,
-                       problems: Problems) -> None:
+
+def validate_auxiliary(config: ExperimentConfig, job: JobType | None, job_types: JobTypes,
+                       allocation: Allocation | None, problems: Problems) -> None:
     """Every problem of the auxiliary_models list (nothing to check when it is empty)."""
     entries = config.auxiliary_models
     if not entries:
@@ -28,7 +32,7 @@ def validate_auxiliary(config: ExperimentConfig, job: JobType | None, allocation
     if job is not None and not job.auxiliary:
         why = ("trains on its dataset alone: no rollouts, so no reward function" if not job.needs_servers else
                "runs no reward function")
-        users = ", ".join(j.name for j in registered_job_types() if j.auxiliary)
+        users = ", ".join(j.name for j in job_types if j.auxiliary)
         problems.add(f"auxiliary_models is set, but job type {job.name} {why} that could call them: their servers "
                      "would only hold GPUs", hint=f"remove auxiliary_models (the reward functions of {users} "
                                                   "call them)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlkit.checks.agent import validate_agent
 from rlkit.checks.auxiliary import validate_auxiliary
@@ -31,11 +32,13 @@ from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
-from rlkit.jobs import JobType, job_type_for, registered_job_types
 from rlkit.servers.backend import backend_for, server_model, servers_context
 from rlkit.servers.engine_env import check_engine_env, parse_env_vars
 from rlkit.slurm.time_limits import slurm_time_seconds
 from rlkit.trials.paths import TrialPaths
+
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType, JobTypes
 
 _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
@@ -88,8 +91,10 @@ def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems:
                  "would be ignored", hint="remove the evaluator section")
 
 
-def validate(config: ExperimentConfig) -> Validated:
-    """Check everything that can be checked without Slurm; collect every problem (never raises for a mistake)."""
+def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated:
+    """Check everything that can be checked without Slurm; collect every problem (never raises for a mistake).
+    `job_types`: the registered job types (rlkit.jobs.validate hands them in); config.type's record says what its job
+    is made of, and its own checks run among these."""
     problems = Problems()
     check_strings(config, problems)
     with problems.check():
@@ -98,7 +103,7 @@ def validate(config: ExperimentConfig) -> Validated:
         check_name("trial_name", config.trial_name, _TRIAL, "'-'")
     job: JobType | None = None
     with problems.check():
-        job = job_type_for(config.type)
+        job = job_types.named(config.type)
     _validate_cluster(config, problems)
     _validate_launcher(config, problems, job)
     if config.rollout.max_concurrent_rollouts < 1:
@@ -122,12 +127,12 @@ def validate(config: ExperimentConfig) -> Validated:
         if config.launcher.slurm.container_type == "apptainer":
             check_image_labels(config, allocation, problems)
     if job is not None:
-        _validate_lora(config, job, allocation, problems)
-        _validate_scratch(config, job, problems)
-        validate_reference(config, problems)
+        _validate_lora(config, job, job_types, allocation, problems)
+        _validate_scratch(config, job, job_types, problems)
+        validate_reference(config, job, job_types, problems)
         job.validate(config, allocation, problems)
-        validate_agent(config, problems, servers_context(config, allocation))
-    validate_auxiliary(config, job, allocation, problems)
+        validate_agent(config, job, job_types, problems, servers_context(config, allocation))
+    validate_auxiliary(config, job, job_types, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 
 
@@ -270,31 +275,29 @@ def _validate_time(config: ExperimentConfig, problems: Problems, job: JobType | 
                      hint="give the job more time or lower recover.time_limit_warning")
 
 
-SCRATCH_JOB_TYPES = ("sft", "rw")  # trainer-only and reference-free: nothing else loads actor.path's weights
-
-
-def _validate_scratch(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
+def _validate_scratch(config: ExperimentConfig, job: JobType, job_types: JobTypes, problems: Problems) -> None:
     """actor.init_from_scratch where it means what it says: a random start for the one model that exists."""
     if not config.actor.init_from_scratch:
         return
-    if job.name not in SCRATCH_JOB_TYPES:
+    if not job.random_start:
         why = ("its servers start from actor.path's weights" if job.needs_servers else
                "its frozen reference is actor.path's weights")
+        scratch = ", ".join(j.name for j in job_types if j.random_start)
         problems.add(f"actor.init_from_scratch with job type {job.name}: {why}, not the random start",
-                     hint=f"set actor.init_from_scratch=false (a random start works with "
-                          f"{', '.join(SCRATCH_JOB_TYPES)})")
+                     hint=f"set actor.init_from_scratch=false (a random start works with {scratch})")
     elif config.actor.use_lora:
         problems.add("actor.init_from_scratch with actor.use_lora: adapters on a random base",
                      hint="set one of them to false")
 
 
-def _validate_lora(config: ExperimentConfig, job: JobType, allocation: Allocation | None, problems: Problems) -> None:
+def _validate_lora(config: ExperimentConfig, job: JobType, job_types: JobTypes, allocation: Allocation | None,
+                   problems: Problems) -> None:
     """LoRA only for job types whose trainer trains adapters (a set use_lora must never be silently ignored)."""
     from rlkit.checks.lora import validate_lora
 
     if config.actor.use_lora and not job.lora:
         reason = job.no_lora or "does not train LoRA adapters"
-        lora_jobs = ", ".join(j.name for j in registered_job_types() if j.lora)
+        lora_jobs = ", ".join(j.name for j in job_types if j.lora)
         problems.add(f"actor.use_lora is set, but job type {job.name} {reason}",
                      hint=f"set actor.use_lora=false (LoRA trains with job types {lora_jobs})")
         return

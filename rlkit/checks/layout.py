@@ -3,9 +3,13 @@ part exactly when its work step is a trainer. Checked once, at validation, with 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.jobs.base import JobType
+
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType
 
 
 def check_layout(job: JobType, allocation: Allocation, mode: str, problems: Problems) -> bool:

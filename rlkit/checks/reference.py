@@ -13,33 +13,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.checks.site_files import check_model_dir
 from rlkit.checks.trainer import DTYPES
 from rlkit.config.model_config import is_local_path, vocab_size
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import KL_JOB_TYPES, reference_field, reference_path, uses_reference
+from rlkit.config.schema.ref import OWN_REFERENCE, own_reference, reference_field, reference_path
 from rlkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType, JobTypes
 
 ATTN_IMPLS = ("flash_attention_2", "sdpa", "eager")
 _TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)
 
 
-def validate_reference(config: ExperimentConfig, problems: Problems) -> None:
-    """Add every problem of the reference model's settings to `problems`."""
-    _validate_kernel_settings(config, problems)
+def validate_reference(config: ExperimentConfig, job: JobType, job_types: JobTypes, problems: Problems) -> None:
+    """Add every problem of the reference model's settings to `problems` (`job`: config's job type)."""
+    _validate_kernel_settings(config, job, job_types, problems)
     ref, actor_path = config.ref.path, config.actor.path
-    if ref and ref != actor_path and not uses_reference(config):
-        problems.add(f"ref.path is set to '{ref}', but {_why_unused(config)}: it would be ignored",
-                     hint=_unused_hint(config))
+    if ref and ref != actor_path and not job.needs_reference(config):
+        problems.add(f"ref.path is set to '{ref}', but {_why_unused(job, job_types)}: it would be ignored",
+                     hint=_unused_hint(job))
         return
-    if config.type == "dpo" and ref and config.dpo.ref_path and ref != config.dpo.ref_path:
-        problems.add(f"dpo.ref_path ('{config.dpo.ref_path}') and ref.path ('{ref}') both name dpo's reference "
-                     "model, and they differ", hint="keep one of them (ref.path is AReaL's name, dpo.ref_path "
-                                                    "rlkit's older one)")
-    if not uses_reference(config):
+    own = own_reference(config)
+    if ref and own and ref != own:
+        own_field = f"{job.name}.{OWN_REFERENCE}"
+        problems.add(f"{own_field} ('{own}') and ref.path ('{ref}') both name {job.name}'s reference model, and "
+                     f"they differ", hint=f"keep one of them (ref.path is AReaL's name, {own_field} rlkit's older "
+                                          "one)")
+    if not job.needs_reference(config):
         return
     field, path = reference_field(config), reference_path(config)
     if field == "ref.path":  # dpo.ref_path is checked with the dpo section (rlkit.jobs.pairs.checks)
@@ -50,7 +55,8 @@ def validate_reference(config: ExperimentConfig, problems: Problems) -> None:
             check_same_vocabulary(field, path, config)
 
 
-def _validate_kernel_settings(config: ExperimentConfig, problems: Problems) -> None:
+def _validate_kernel_settings(config: ExperimentConfig, job: JobType, job_types: JobTypes,
+                              problems: Problems) -> None:
     """ref.dtype and ref.attn_impl: known values, and never set to something else than the actor's where no
     reference is loaded (it would be ignored)."""
     for name, choices in (("dtype", DTYPES), ("attn_impl", ATTN_IMPLS)):
@@ -60,19 +66,21 @@ def _validate_kernel_settings(config: ExperimentConfig, problems: Problems) -> N
         if value not in choices:
             problems.add(f"ref.{name} '{value}' is not one of: {', '.join(choices)}",
                          hint=f"e.g. ref.{name}={choices[0]}, or leave it empty for actor.{name}")
-        elif value != actors and not uses_reference(config):
-            problems.add(f"ref.{name} is set to '{value}', but {_why_unused(config)}: it would be ignored",
-                         hint=f"remove ref.{name}" if config.type not in KL_JOB_TYPES else _unused_hint(config))
+        elif value != actors and not job.needs_reference(config):
+            problems.add(f"ref.{name} is set to '{value}', but {_why_unused(job, job_types)}: it would be ignored",
+                         hint=f"remove ref.{name}" if not job.kl_terms else _unused_hint(job))
 
 
-def _why_unused(config: ExperimentConfig) -> str:
-    if config.type in KL_JOB_TYPES:
+def _why_unused(job: JobType, job_types: JobTypes) -> str:
+    if job.kl_terms:
         return "actor.kl_ctl and actor.kl_loss_coef are both 0, so no reference model is loaded"
-    return f"job type {config.type} loads no reference model (the KL terms are grpo's and ppo's, dpo has its own)"
+    kl = " and ".join(f"{j.name}'s" for j in job_types if j.kl_terms)
+    own = " and ".join(j.name for j in job_types if j.always_reference)
+    return f"job type {job.name} loads no reference model (the KL terms are {kl}, {own} has its own)"
 
 
-def _unused_hint(config: ExperimentConfig) -> str:
-    if config.type in KL_JOB_TYPES:
+def _unused_hint(job: JobType) -> str:
+    if job.kl_terms:
         return "remove ref.path, or set actor.kl_ctl (a KL reward penalty) or actor.kl_loss_coef (a KL loss term) > 0"
     return "remove the ref section"
 

@@ -146,8 +146,9 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
     """Print the rlkit config an AReaL config file becomes (overrides such as type=grpo merged in), every AReaL key
     rlkit has no field for listed in its header with what became of it. Checked as render checks."""
     from rlkit.config.areal.migrate import migrate as migrate_file
+    from rlkit.jobs import REGISTRY
 
-    text, warnings = migrate_file(config, overrides or [])
+    text, warnings = migrate_file(config, overrides or [], REGISTRY)
     sys.stdout.write(text)
     for warning in warnings:
         err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)

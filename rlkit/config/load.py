@@ -20,7 +20,6 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from rlkit.checks.job_type_guess import job_type_of
 from rlkit.config.areal.accept import (
     AcceptedKey,
     FoundKey,
@@ -32,6 +31,7 @@ from rlkit.config.areal.accept import (
 )
 from rlkit.config.areal.layout import apply_layout
 from rlkit.config.areal.rules import DERIVED
+from rlkit.config.job_facts import JobTypeLookup
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import check_entries
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -181,10 +181,10 @@ def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None
 
 
 def _settle_type(data: dict[str, Any], merged: dict[str, Any], problems: Problems,
-                 accepted: list[AcceptedKey] | None) -> None:
+                 accepted: list[AcceptedKey] | None, job_types: JobTypeLookup) -> None:
     """A user's file without `type`: set it when the training rows leave one choice (named in the notice), refuse it
-    unless the config is obviously a generate job (rlkit.checks.job_type_guess)."""
-    verdict = job_type_of(merged)
+    unless the config is obviously a generate job (the job types' guess, rlkit.jobs.type_guess)."""
+    verdict = job_types.guess_type(merged)
     if isinstance(verdict, ConfigError):
         problems.errors.append(verdict)
     elif verdict is not None:
@@ -217,12 +217,12 @@ def _merge_all(cfg: DictConfig, data: dict[str, Any], origin: str, problems: Pro
 
 
 def areal_to_rlkit(data: dict[str, Any], override_tree: dict[str, Any], *, source: str, problems: Problems,
-                   accepted: list[AcceptedKey] | None = None, require_type: bool = False
+                   accepted: list[AcceptedKey] | None = None, require_type: JobTypeLookup | None = None
                    ) -> tuple[dict[str, Any], dict[str, Any], list[FoundKey]]:
     """The file's mapping and the overrides as rlkit's schema reads them, and the AReaL keys taken out of them (to be
     judged once resolved): AReaL names of rlkit keys moved to those keys, the per-engine layout fields turned into
-    allocation_mode, references to taken-out keys inlined, `type` settled (`require_type`). `rlkit migrate` prints
-    the result; `compose` merges it."""
+    allocation_mode, references to taken-out keys inlined, `type` settled by the job types `require_type` when
+    given. `rlkit migrate` prints the result; `compose` merges it."""
     raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
     data, found = split_areal_keys(data, f"in {source}", problems)
     override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
@@ -233,18 +233,23 @@ def areal_to_rlkit(data: dict[str, Any], override_tree: dict[str, Any], *, sourc
     _default_group_size(data, override_tree)
     inline_areal_references(data, found)
     inline_areal_references(override_tree, found)
-    if require_type:
-        _settle_type(data, _deep_merge(data, override_tree), problems, accepted)
+    if require_type is not None:
+        _settle_type(data, _deep_merge(data, override_tree), problems, accepted, require_type)
     return data, override_tree, found
 
 
 def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems: Problems,
-            accepted: list[AcceptedKey] | None = None, require_type: bool = False) -> DictConfig | None:
+            accepted: list[AcceptedKey] | None = None, job_types: JobTypeLookup | None = None,
+            require_type: bool = False) -> DictConfig | None:
     """Merge a YAML mapping and overrides onto the schema and resolve interpolations; every problem goes to
     `problems`. None when no typed config can be built (a required field missing, a reference unresolvable).
     AReaL's keys that rlkit lacks are judged (rlkit.config.areal.accept): refusals go to `problems`, the keys
-    accepted without being used to `accepted`. `require_type`: a user's file must set `type` unless it is obviously
-    a generate job (rlkit.checks.job_type_guess; programmatic mappings keep the schema's default)."""
+    accepted without being used to `accepted`; those whose rule depends on the job type with its facts from
+    `job_types` (rlkit.jobs.REGISTRY; None: as for an unknown type, which is all a trial's own config.yaml, free of
+    AReaL keys, needs). `require_type`: a user's file must set `type` unless the job types find it (obviously a
+    generate job, or one type its rows allow; programmatic mappings keep the schema's default)."""
+    if require_type and job_types is None:
+        raise ValueError("require_type needs the job types that settle a missing type")
     cfg = _schema()
     override_tree: dict[str, Any] = {}
     with problems.check():
@@ -256,7 +261,7 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
     if not problems.ok():
         return None  # a section given as a value, or an unreadable override: nothing sensible to merge
     data, override_tree, found = areal_to_rlkit(data, override_tree, source=source, problems=problems,
-                                                accepted=accepted, require_type=require_type)
+                                                accepted=accepted, require_type=job_types if require_type else None)
     check_entries(data, f"in {source}", problems)  # a list of sections: checked before OmegaConf sees it
     check_entries(override_tree, "in a command-line override", problems)
     cfg = _merge_all(cfg, data, f"in {source}", problems)
@@ -278,20 +283,23 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         problems.errors.append(_explain(exc, "while resolving ${...} references"))
         return None
     if found:
-        keys = judge(found, cfg, cast(ExperimentConfig, OmegaConf.to_object(cfg)), problems)
+        config = cast(ExperimentConfig, OmegaConf.to_object(cfg))
+        job = job_types.facts_of(config.type) if job_types is not None else None
+        keys = judge(found, cfg, config, problems, job)
         if accepted is not None:
             accepted.extend(keys)
     return cfg
 
 
-def load_config_collecting(path: str | Path, overrides: list[str], problems: Problems,
+def load_config_collecting(path: str | Path, overrides: list[str], problems: Problems, job_types: JobTypeLookup,
                            accepted: list[AcceptedKey] | None = None) -> ExperimentConfig | None:
-    """Load an experiment YAML with overrides, adding every schema problem to `problems` (and AReaL's keys accepted
-    without use to `accepted`); None when no typed config could be built. A missing or unparsable file is raised at
-    once (there is nothing else to check)."""
+    """Load a user's experiment YAML with overrides, adding every schema problem to `problems` (and AReaL's keys
+    accepted without use to `accepted`); None when no typed config could be built. `job_types` (rlkit.jobs.REGISTRY)
+    settle a missing `type` and judge AReaL's keys that depend on it. A missing or unparsable file is raised at once
+    (there is nothing else to check)."""
     path = Path(path)
     return typed_config(compose(read_yaml(path), list(overrides), source=str(path), problems=problems,
-                                accepted=accepted, require_type=True))
+                                accepted=accepted, job_types=job_types, require_type=True))
 
 
 def typed_config(cfg: DictConfig | None) -> ExperimentConfig | None:
@@ -302,12 +310,13 @@ def typed_config(cfg: DictConfig | None) -> ExperimentConfig | None:
     return obj
 
 
-def config_from_mapping(data: dict[str, Any], overrides: list[str] | None = None, *,
-                        source: str = "a mapping") -> ExperimentConfig:
+def config_from_mapping(data: dict[str, Any], overrides: list[str] | None = None, *, source: str = "a mapping",
+                        job_types: JobTypeLookup | None = None) -> ExperimentConfig:
     """A typed config from a mapping (as if read from YAML) and overrides; raises ConfigErrors naming every
-    schema problem."""
+    schema problem. `job_types`: as for `compose`."""
     problems = Problems()
-    config = typed_config(compose(data, list(overrides or []), source=source, problems=problems))
+    config = typed_config(compose(data, list(overrides or []), source=source, problems=problems,
+                                  job_types=job_types))
     problems.raise_if_any()
     assert config is not None
     return config

@@ -9,9 +9,13 @@ in the job, never here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from rlkit.config.schema.actor import kl_terms_on
+from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlkit.config.allocation import Allocation
@@ -37,7 +41,12 @@ class JobType:
     (its max_length must fit their context), empty when none does. `passes_on`: what its checkpoints/final is, for
     the next stage of a multi-stage run (rlkit.launch.stages): "policy" (a causal LM: the next stage's actor.path),
     "reward_model" (a value model), "" (no model). `auxiliary`: code of its job (the rollouts' reward functions)
-    may call `auxiliary_models`, so they are served; other job types refuse them (servers nothing would ask)."""
+    may call `auxiliary_models`, so they are served; other job types refuse them (servers nothing would ask).
+    `kl_terms`: its trainer has the KL terms of actor.kl_ctl / kl_loss_coef (a reference model when one is on);
+    `always_reference`: its loss needs a frozen reference whatever the KL knobs say (dpo). `own_section`: the
+    section only this job type reads, so a config setting it (without `type`) is likely of this type. `rows`: the
+    train_dataset.type of the rows it trains on ("" when it trains on none); a type its rows name alone is taken for
+    a config without `type`."""
 
     name: str
     help: str
@@ -51,4 +60,63 @@ class JobType:
     no_lora: str = ""
     passes_on: str = ""
     auxiliary: bool = False
+    kl_terms: bool = False
+    always_reference: bool = False
+    own_section: str = ""
+    rows: str = ""
     validate: Validator = field(default=_no_checks, compare=False)
+
+    @property
+    def trains_on_rollouts(self) -> bool:
+        """Its trainer learns from the servers' rollouts (so it computes log-probs at gconfig.temperature and runs
+        rollout.agent's episodes)."""
+        return self.needs_servers and self.trainer
+
+    @property
+    def trains_value_model(self) -> bool:
+        """The model it trains is a scalar-head value model (AReaL's actor.is_critic), not a causal LM."""
+        return self.passes_on == "reward_model"
+
+    @property
+    def random_start(self) -> bool:
+        """actor.init_from_scratch means what it says: trainer-only and reference-free, nothing else loads
+        actor.path's weights."""
+        return self.trainer and not self.needs_servers and not self.always_reference and not self.kl_terms
+
+    def needs_reference(self, config: ExperimentConfig) -> bool:
+        """Whether its trainer loads a frozen reference model for `config`: always (dpo), or for a KL term that is
+        on. The one rule: validation, AReaL's keys and the algorithms ask it."""
+        return self.always_reference or (self.kl_terms and kl_terms_on(config.actor))
+
+
+class JobTypes:
+    """The registered job types, in their order (rlkit.jobs.registry builds the one instance). Handed to what must
+    not import the registry: the config loader (as rlkit.config.job_facts.JobTypeLookup) and the checks."""
+
+    def __init__(self, jobs: tuple[JobType, ...]) -> None:
+        self.all = jobs
+        self.names = tuple(job.name for job in jobs)
+        self._by_name = {job.name: job for job in jobs}
+        assert len(self._by_name) == len(jobs), "two job types share a name"
+
+    def __iter__(self) -> Iterator[JobType]:
+        return iter(self.all)
+
+    def named(self, name: str) -> JobType:
+        """The job type called `name`; a ConfigError naming the closest registered one otherwise."""
+        job = self._by_name.get(name)
+        if job is not None:
+            return job
+        close = difflib.get_close_matches(name, self.names, n=1, cutoff=0.5)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        raise ConfigError(f"type '{name}' is not a job type", hint=f"{guess}choose one of: {', '.join(self.names)}")
+
+    def facts_of(self, name: str) -> JobType | None:
+        """The job type called `name`; None for an unknown name (validation reports it)."""
+        return self._by_name.get(name)
+
+    def guess_type(self, merged: dict[str, Any]) -> str | ConfigError | None:
+        """The `type` of a config that sets none (rlkit.jobs.type_guess)."""
+        from rlkit.jobs.type_guess import job_type_of
+
+        return job_type_of(merged, self.all)

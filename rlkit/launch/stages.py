@@ -24,7 +24,7 @@ from rlkit.config.load import compose, read_yaml, typed_config
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors, SlurmError, UserError, each_error
-from rlkit.jobs import job_type_for
+from rlkit.jobs import REGISTRY, job_type_for
 from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
@@ -159,7 +159,8 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
     for name, own in entries:
         stage_problems = Problems()
         mapping, stage_overrides = _stage_trial_name(_merge(base, own), [*common, *own_overrides[name]], name)
-        config = typed_config(compose(mapping, stage_overrides, source=str(path), problems=stage_problems))
+        config = typed_config(compose(mapping, stage_overrides, source=str(path), problems=stage_problems,
+                                     job_types=REGISTRY))
         if config is None:
             stages.append(ComposedStage(name, None, stage_problems))
             continue

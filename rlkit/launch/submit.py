@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.checks.experiment import validate
 from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.allocation import canonical_mode
 from rlkit.config.areal.accept import AcceptedKey
@@ -18,7 +17,8 @@ from rlkit.config.load import load_config_collecting, to_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, SlurmError, UserError, each_error
-from rlkit.jobs import job_type_for
+from rlkit.jobs import REGISTRY, job_type_for
+from rlkit.jobs.validate import validate
 from rlkit.launch import slurm
 from rlkit.launch.hub import NotInHubCache, has_hub_ids, resolve_hub_ids
 from rlkit.launch.plan import JobPlan, plan_job
@@ -57,7 +57,7 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
     also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others)."""
     problems = Problems()
     areal_keys: list[AcceptedKey] = []
-    config = load_config_collecting(config_path, overrides, problems, areal_keys)
+    config = load_config_collecting(config_path, overrides, problems, REGISTRY, areal_keys)
     if config is None:
         problems.raise_if_any()
     assert config is not None

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.actor import ActorConfig, kl_terms_on
 from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
 from rlkit.trainer.batch import dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
-from rlkit.trainer.reference import adapter_off, frozen_reference, needs_reference
+from rlkit.trainer.reference import adapter_off, frozen_reference
 from rlkit.trainer.rl_math.kl import kl_estimate
 from rlkit.trainer.rl_math.losses import ppo_actor_loss
 from rlkit.trainer.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
@@ -38,7 +38,7 @@ class PPOActor:
                  ref: nn.Module | None = None) -> None:
         self.config, self.engine, self.ref = config, engine, ref
         self.pad_id, self.temperature = pad_id, temperature
-        self.has_reference = ref is not None or (config.use_lora and needs_reference(config))
+        self.has_reference = ref is not None or (config.use_lora and kl_terms_on(config))
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
@@ -48,7 +48,7 @@ class PPOActor:
         engine = TrainEngine(config, rank=rank, world=world, device=device,
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
         load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
-        model = frozen_reference(load, device) if needs_reference(config) and loads_a_copy(config, load) else None
+        model = frozen_reference(load, device) if kl_terms_on(config) and loads_a_copy(config, load) else None
         return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model)
 
     def local_indices(self, n: int) -> list[list[int]]:

@@ -11,15 +11,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad, reference_load, separate_reference
 from rlkit.trainer.engine import DTYPES, load_causal_lm, shard_model
-
-
-def needs_reference(actor: ActorConfig) -> bool:
-    """Whether the run computes reference log-probs (one place, so a new KL knob is a one-line change)."""
-    return actor.kl_ctl > 0 or actor.kl_loss_coef > 0  # the KL reward penalty, the KL loss term
 
 
 def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:

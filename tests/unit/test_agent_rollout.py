@@ -16,9 +16,9 @@ from rlkit.agent.tool_calls import parse_hermes
 from rlkit.agent.tools import ToolRegistry, make_tool
 from rlkit.agent.trajectory import INSERTED_VERSION, TrajectoryLimits
 from rlkit.agent.workflows import resolve_workflow, tool_use
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
 from rlkit.errors import ConfigError, StepError
+from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
 

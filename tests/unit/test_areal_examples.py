@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 
 from ..conftest import REPO, run_rlkit
@@ -118,7 +119,7 @@ def test_migrate_gives_a_clean_file_of_the_same_config(example: str, site: dict[
 
     overrides = [*site["pairs" if "hhrlhf" in example else "gsm8k"], *CASES[example]]
     original = prepare(EXAMPLES / f"{example}.yaml", overrides, dry_run=True)
-    text, _ = migrate(EXAMPLES / f"{example}.yaml", overrides)
+    text, _ = migrate(EXAMPLES / f"{example}.yaml", overrides, REGISTRY)
     clean = tmp_path / "clean.yaml"
     clean.write_text(text)
     migrated = prepare(clean, [], dry_run=True)

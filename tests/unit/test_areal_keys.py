@@ -17,6 +17,7 @@ from rlkit.config.load import compose, typed_config
 from rlkit.config.model_config import dropout_free
 from rlkit.config.problems import Problems
 from rlkit.config.schema.walk import schema_paths
+from rlkit.jobs import REGISTRY
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import AREAL_KEYS_FIELD, read_manifest, write_manifest
 
@@ -155,7 +156,7 @@ def _compose(data: dict[str, Any], overrides: list[str] | None = None, *, requir
     problems = Problems()
     accepted: list[AcceptedKey] = []
     cfg = compose(data, list(overrides or []), source="test.yaml", problems=problems, accepted=accepted,
-                  require_type=require_type)
+                  job_types=REGISTRY, require_type=require_type)
     return problems, accepted, typed_config(cfg) if cfg is not None and problems.ok() else None
 
 

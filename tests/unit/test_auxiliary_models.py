@@ -16,9 +16,9 @@ from typing import ClassVar
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config, to_yaml
 from rlkit.errors import ConfigError
+from rlkit.jobs.validate import validate
 from rlkit.launch.plan import AUXILIARY_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, supervisor_body
 

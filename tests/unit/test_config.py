@@ -149,7 +149,7 @@ def test_relative_paths_are_made_absolute_at_submit(generate_yaml: Path, tmp_pat
 
 def test_a_server_context_longer_than_the_model_is_refused(grpo_yaml: Path, fake_model: Path) -> None:
     """vLLM refuses to start with max_model_len above the model's positions: said at submit, not after the queue."""
-    from rlkit.checks.experiment import validate
+    from rlkit.jobs.validate import validate
 
     (fake_model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
     errors = [str(e) for e in validate(load_config(grpo_yaml, ["vllm.max_model_len=2048"])).problems.errors]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import FatalStepError
+from rlkit.jobs.validate import validate
 from rlkit.servers.auth import TOKEN_ENV
 from rlkit.servers.backend import backend_for
 from rlkit.steps.serve import launch_env, server_launch

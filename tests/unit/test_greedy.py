@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.checks.sampling import GREEDY_FIX, validate_eval_greedy, validate_greedy
 from rlkit.config.areal.accept import AcceptedKey
 from rlkit.config.areal.keys import TABLES
@@ -20,8 +19,10 @@ from rlkit.config.load import compose, config_from_mapping, typed_config
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors
+from rlkit.jobs import REGISTRY
 from rlkit.jobs.generate import step as generate
 from rlkit.jobs.grpo import rank0 as grpo_rank0
+from rlkit.jobs.validate import validate
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sampling import sampling_params
 from rlkit.trainer.evaluator import eval_sampling
@@ -172,7 +173,8 @@ def _compose(data: dict[str, Any], overrides: list[str] | None = None
              ) -> tuple[Problems, list[AcceptedKey], ExperimentConfig | None]:
     problems = Problems()
     accepted: list[AcceptedKey] = []
-    cfg = compose(data, list(overrides or []), source="test.yaml", problems=problems, accepted=accepted)
+    cfg = compose(data, list(overrides or []), source="test.yaml", problems=problems, accepted=accepted,
+                  job_types=REGISTRY)
     return problems, accepted, typed_config(cfg) if cfg is not None and problems.ok() else None
 
 

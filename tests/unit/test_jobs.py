@@ -96,7 +96,7 @@ def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_
 @pytest.mark.parametrize("name", [job.name for job in registered_job_types() if not job.lora])
 def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate_yaml: Path, name: str) -> None:
     """A set actor.use_lora must never be silently ignored: job types without LoRA training refuse it by name."""
-    from rlkit.checks.experiment import validate
+    from rlkit.jobs.validate import validate
 
     job = job_type_for(name)
     config = load_config(generate_yaml, [f"type={name}", f"allocation_mode={_layout(job)}", "actor.use_lora=true",

@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.checks.sampling import validate_eval_min_new_tokens, validate_min_new_tokens
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, ConfigErrors
 from rlkit.jobs.generate.step import sampling_params
+from rlkit.jobs.validate import validate
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sglang.backend import BACKEND as SGLANG
 from rlkit.servers.vllm.backend import BACKEND as VLLM

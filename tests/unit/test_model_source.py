@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
+from rlkit.jobs.validate import validate
 from rlkit.trainer.model_source import build_causal_lm
 from rlkit.trainer.value_model import load_value_model
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
 from rlkit.config.node_fit import Misfit, misfit, nodes_for
 from rlkit.errors import ConfigError
+from rlkit.jobs.validate import validate
 
 from .planning import plan_of
 

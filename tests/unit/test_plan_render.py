@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import load_config
 from rlkit.errors import ConfigError
+from rlkit.jobs.validate import validate
 from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command
 

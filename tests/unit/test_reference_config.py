@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from rlkit.checks.binds import container_binds
-from rlkit.checks.experiment import validate
 from rlkit.checks.reference import validate_reference
 from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.load import config_from_mapping, load_config
@@ -23,8 +22,9 @@ from rlkit.config.schema.ref import (
     reference_load,
     reference_path,
     separate_reference,
-    uses_reference,
 )
+from rlkit.jobs import REGISTRY, job_type_for
+from rlkit.jobs.validate import validate
 
 VOCAB = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2}}, "added_tokens": [{"id": 3, "content": "<eos>"}]}
 
@@ -55,9 +55,14 @@ def _config(actor: Path, *overrides: str, job: str = "grpo") -> ExperimentConfig
     return config_from_mapping(mapping, list(overrides))
 
 
+def uses_reference(config: ExperimentConfig) -> bool:
+    """The job type's answer (rlkit.jobs.base.JobType.needs_reference)."""
+    return job_type_for(config.type).needs_reference(config)
+
+
 def _problems(config: ExperimentConfig) -> list[str]:
     problems = Problems()
-    validate_reference(config, problems)
+    validate_reference(config, job_type_for(config.type), REGISTRY, problems)
     return [" ".join(str(e).split()) for e in problems.errors]  # the message and its fix on one line
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from rlkit.checks.experiment import validate
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.sft import sft_row_limit
 from rlkit.errors import ConfigErrors
 from rlkit.jobs.sft.checks import validate_sft
+from rlkit.jobs.validate import validate
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,6 +22,9 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.walk import field_names, section_type
 from rlkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlkit.config.job_facts import JobFacts
 
 _SHOWN_VALUE = 40  # characters of a value in the notice
 _WHOLE_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -205,14 +208,18 @@ def _put(tree: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def judge(found: list[FoundKey], cfg: DictConfig, config: ExperimentConfig, problems: Problems) -> list[AcceptedKey]:
-    """Accept or refuse each found key (after `${...}`); the refusals go to `problems`, naming key, value and fix."""
+def judge(found: list[FoundKey], cfg: DictConfig, config: ExperimentConfig, problems: Problems,
+          job: JobFacts | None = None) -> list[AcceptedKey]:
+    """Accept or refuse each found key (after `${...}`); the refusals go to `problems`, naming key, value and fix.
+    `job`: the facts of the config's job type, for the rules that depend on it (None: an unknown type)."""
     values = resolved_values(found, cfg, problems)
     accepted: list[AcceptedKey] = []
     for item in found:
         if item.key not in values or item.rule.kind == USED:
             continue
-        value, rule = values[item.key], item.rule
+        rule = item.rule.judged_for(job)
+        item = replace(item, rule=rule)
+        value = values[item.key]
         try:
             verdict = rule.accepts(value, config)
         except (TypeError, ValueError, AttributeError):  # a value of a type the rule cannot compare: not rlkit's

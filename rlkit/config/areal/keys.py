@@ -19,6 +19,7 @@ gconfig.max_new_tokens; there is no float16 loss scaling; dropout layers are lef
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from rlkit.config.areal.rules import (
     Rule,
@@ -26,6 +27,7 @@ from rlkit.config.areal.rules import (
     inert,
     inert_if,
     off,
+    per_job,
     renamed,
     same,
     same_value,
@@ -36,7 +38,10 @@ from rlkit.config.areal.server_keys import SGLANG, VLLM
 from rlkit.config.model_config import dropout_free
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import RefConfig, uses_reference
+from rlkit.config.schema.ref import RefConfig
+
+if TYPE_CHECKING:
+    from rlkit.config.job_facts import JobFacts
 
 EXPERIMENT = derived("experiment_name", lambda c: c.experiment_name)
 TRIAL = derived("trial_name", lambda c: c.trial_name)
@@ -53,9 +58,17 @@ LAYOUT = used("the GPU layout, read as allocation_mode (rlkit.config.areal.layou
 AREAL_RPC = inert("AReaL's controller RPC; rlkit's steps talk through name_resolve with a per-trial token")
 
 
-def _logprob_temperature(c: ExperimentConfig) -> float:
-    """The temperature rlkit's trainer computes the policy's log-probs at."""
-    return c.gconfig.temperature if c.type in ("grpo", "ppo") else 1.0
+def _logprob_temperature(c: ExperimentConfig, job: JobFacts | None) -> float:
+    """The temperature rlkit's trainer computes the policy's log-probs at (job: the facts of c's job type)."""
+    return c.gconfig.temperature if job is not None and job.trains_on_rollouts else 1.0
+
+
+def _value_model(job: JobFacts | None) -> bool:
+    return job is not None and job.trains_value_model
+
+
+def _needs_reference(c: ExperimentConfig, job: JobFacts | None) -> bool:
+    return job is not None and job.needs_reference(c)
 
 
 def _max_tokens_never_binding(value: object, c: ExperimentConfig) -> bool:
@@ -126,14 +139,16 @@ ENGINE: dict[str, Rule] = {
 
 ACTOR: dict[str, Rule] = {
     **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "init_from_scratch")},  # fields
-    "is_critic": same("the trained model of rw is a scalar-head model, of every other job type a causal LM",
-                      lambda v, c: v is (c.type == "rw"), fix="remove it (rlkit decides it from type)",
-                      expected=lambda c: c.type == "rw"),
-    "temperature": same("rlkit computes log-probs at the sampling temperature (grpo, ppo: gconfig.temperature; "
-                        "sft, rw, dpo: 1)", lambda v, c: v == _logprob_temperature(c),
-                        fix="remove it, or set it equal: the servers' behaviour log-probs are at the sampling "
-                            "temperature, and a ratio of log-probs at two temperatures is no importance weight",
-                        expected=_logprob_temperature),
+    "is_critic": per_job(lambda job: same(
+        "the trained model of rw is a scalar-head model, of every other job type a causal LM",
+        lambda v, c: v is _value_model(job), fix="remove it (rlkit decides it from type)",
+        expected=lambda c: _value_model(job))),
+    "temperature": per_job(lambda job: same(
+        "rlkit computes log-probs at the sampling temperature (grpo, ppo: gconfig.temperature; sft, rw, dpo: 1)",
+        lambda v, c: v == _logprob_temperature(c, job),
+        fix="remove it, or set it equal: the servers' behaviour log-probs are at the sampling temperature, and a "
+            "ratio of log-probs at two temperatures is no importance weight",
+        expected=lambda c: _logprob_temperature(c, job))),
     "max_new_tokens": same_value("gconfig.max_new_tokens", lambda c: c.gconfig.max_new_tokens,
                                  why="rlkit's overlong penalty uses gconfig.max_new_tokens"),
     "m2_threshold": off("M2PO's second-moment threshold", None),
@@ -177,9 +192,10 @@ REF: dict[str, Rule] = {
     "use_lora": off("LoRA on the reference", False),
     "disable_dropout": inert("the reference runs in eval mode (no dropout either way)"),
     "is_critic": off("a critic as reference", False),
-    "temperature": same("the reference's log-probs are taken at the actor's temperature",
-                        lambda v, c: not uses_reference(c) or v == _logprob_temperature(c),
-                        fix="remove it", expected=_logprob_temperature),
+    "temperature": per_job(lambda job: same(
+        "the reference's log-probs are taken at the actor's temperature",
+        lambda v, c: not _needs_reference(c, job) or v == _logprob_temperature(c, job),
+        fix="remove it", expected=lambda c: _logprob_temperature(c, job))),
     "mb_spec": inert("rlkit runs the reference with actor.mb_spec (micro-batching changes memory, not results)"),
     "optimizer": inert("the reference is never stepped"),
     "gradient_checkpointing": inert("the reference runs no backward pass"),

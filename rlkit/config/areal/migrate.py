@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from rlkit.config.areal.accept import AcceptedKey, FoundKey
 from rlkit.config.areal.rules import RENAMED, USED, show
+from rlkit.config.job_facts import JobTypeLookup
 from rlkit.config.load import areal_to_rlkit, compose, parse_overrides, read_yaml, typed_config
 from rlkit.config.problems import Problems
 from rlkit.errors import ConfigError
@@ -26,18 +27,19 @@ _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _SHOWN_VALUE = 60  # characters of a dropped value in the header
 
 
-def migrate(path: Path, overrides: list[str]) -> tuple[str, list[ConfigError]]:
+def migrate(path: Path, overrides: list[str], job_types: JobTypeLookup) -> tuple[str, list[ConfigError]]:
     """The migrated text of `path` (`overrides` merged into it, e.g. `type=grpo` or site paths) and the warnings
-    about site files that could not be checked; ConfigErrors when the file has problems (every one listed)."""
+    about site files that could not be checked; ConfigErrors when the file has problems (every one listed).
+    `job_types` (rlkit.jobs.REGISTRY): as for rlkit.config.load.compose."""
     problems = Problems()
     accepted: list[AcceptedKey] = []
     data = read_yaml(path)
     typed_config(compose(copy.deepcopy(data), list(overrides), source=str(path), problems=problems,
-                         accepted=accepted, require_type=True))
+                         accepted=accepted, job_types=job_types, require_type=True))
     problems.raise_if_any(allow_site=True)
     override_tree = cast(dict[str, Any], OmegaConf.to_container(parse_overrides(overrides)))
     kept, kept_overrides, found = areal_to_rlkit(data, override_tree, source=str(path), problems=Problems(),
-                                                  require_type=True)
+                                                  require_type=job_types)
     merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(kept), OmegaConf.create(kept_overrides)))
     header = _header(path, found, accepted)
     return header + OmegaConf.to_yaml(_floats(merged)), list(problems.site_warnings())

@@ -14,11 +14,15 @@ Four reasons to accept, shown in the notice:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.config.schema.experiment import ExperimentConfig
+
+if TYPE_CHECKING:
+    from rlkit.config.job_facts import JobFacts
 
 USED = "used"  # read by rlkit (the per-engine layout fields): judged elsewhere, not in the notice
 DERIVED = "rlkit derives it"
@@ -35,7 +39,8 @@ class Rule:
     """One AReaL key: why it may be accepted (`kind`, `why`), when (`ok`; None: always), and for a refusal what is
     wrong (`refused`) and what to do instead (`fix`). `expected` gives rlkit's own value for the messages. A rule
     with `keys` is an AReaL-only section: its sub-keys are judged one by one by those rules; any other value of the
-    section (null) is judged by `ok`."""
+    section (null) is judged by `ok`. A rule with `for_job` depends on the config's job type: the rule it returns
+    for the job type's facts (None: an unknown type) is the one judged."""
 
     kind: str
     why: str
@@ -45,6 +50,11 @@ class Rule:
     refused: str = ""
     keys: dict[str, Rule] = field(default_factory=dict)
     renamed_to: str = ""
+    for_job: Callable[[JobFacts | None], Rule] | None = None
+
+    def judged_for(self, job: JobFacts | None) -> Rule:
+        """The rule that judges a key of a config whose job type is `job`."""
+        return self.for_job(job) if self.for_job is not None else self
 
     def accepts(self, value: Any, config: ExperimentConfig) -> bool | None:
         """True or False; None when it depends on a site file that cannot be read here (render warns, submit
@@ -59,6 +69,12 @@ def derived(name: str, value: Value) -> Rule:
     """A repeat of rlkit's own `name` (AReaL writes `${name}`): accepted when equal to it."""
     return Rule(DERIVED, f"from {name}", ok=lambda v, c: v == value(c), expected=value,
                 refused=f"disagrees with rlkit's {name}", fix=f"remove it (rlkit takes {name}), or make them agree")
+
+
+def per_job(make: Callable[[JobFacts | None], Rule]) -> Rule:
+    """A rule that depends on the config's job type (`make` builds it from the type's facts, rlkit.config.job_facts;
+    its kind and reason are those of an unknown type's)."""
+    return dataclasses.replace(make(None), for_job=make)
 
 
 def used(why: str) -> Rule:

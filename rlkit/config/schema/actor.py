@@ -150,3 +150,10 @@ class ActorConfig:
     target_modules: list[str] = _f([], "Module names that get adapters, e.g. [q_proj, k_proj, v_proj, o_proj]; "
                                    "'all-linear' for every linear layer but the output head.")
     peft_type: str = _f("lora", "peft method. Choices: lora.")
+
+
+def kl_terms_on(actor: ActorConfig) -> bool:
+    """Whether a KL term is on (the reward penalty actor.kl_ctl, the loss term actor.kl_loss_coef): a job type with
+    KL terms then computes reference log-probs (rlkit.jobs.base.JobType.needs_reference). One place, so a new KL knob
+    is a one-line change."""
+    return actor.kl_ctl > 0 or actor.kl_loss_coef > 0

@@ -1,6 +1,6 @@
 """The `ref` section (AReaL's name): the frozen reference model of the KL terms (grpo/ppo with actor.kl_ctl or
-actor.kl_loss_coef > 0) and of dpo, and the two facts every part of rlkit asks about it: whether a job loads one
-(`uses_reference`) and which model it is (`reference_path`). Torch-free (the login node reads it).
+actor.kl_loss_coef > 0) and of dpo, and which model it is (`reference_path`); whether a job loads one is its job
+type's answer (rlkit.jobs.base.JobType.needs_reference). Torch-free (the login node reads it).
 
 `path`, `dtype` and `attn_impl` are fields (empty: the actor's); the reference is frozen and in eval mode. AReaL's
 other ref keys are judged by rlkit.config.areal.keys (REF).
@@ -17,7 +17,7 @@ from rlkit.config.schema.fields import _f
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
 
-KL_JOB_TYPES = ("grpo", "ppo")  # the job types whose trainer has the KL terms of actor.kl_ctl / kl_loss_coef
+OWN_REFERENCE = "ref_path"  # a job type's own section (named after it) may name its reference: dpo.ref_path
 
 
 @dataclass
@@ -43,24 +43,27 @@ class ReferenceLoad:
     attn_impl: str
 
 
-def uses_reference(config: ExperimentConfig) -> bool:
-    """Whether the job's trainer loads a reference model: dpo always, grpo/ppo for a KL term (the one rule, as
-    rlkit.trainer.reference.needs_reference has it for the trainer)."""
-    actor = config.actor
-    return config.type == "dpo" or (config.type in KL_JOB_TYPES and (actor.kl_ctl > 0 or actor.kl_loss_coef > 0))
+def own_reference(config: ExperimentConfig) -> str:
+    """The reference model the job type's own section names (dpo.ref_path); empty when it has no such field or
+    leaves it empty. Its section is named after the job type (sft, rw, dpo, ...)."""
+    return str(getattr(getattr(config, config.type, None), OWN_REFERENCE, "") or "")
 
 
 def reference_field(config: ExperimentConfig) -> str:
-    """The field that names the reference model: dpo.ref_path (dpo's own, when set), ref.path, else actor.path."""
-    if config.type == "dpo" and config.dpo.ref_path:
-        return "dpo.ref_path"
+    """The field that names the reference model: the job type's own (dpo.ref_path, when set), ref.path, else
+    actor.path."""
+    if own_reference(config):
+        return f"{config.type}.{OWN_REFERENCE}"
     return "ref.path" if config.ref.path else "actor.path"
 
 
 def reference_path(config: ExperimentConfig) -> str:
     """The model the reference is loaded from (see `reference_field`)."""
     field = reference_field(config)
-    return {"dpo.ref_path": config.dpo.ref_path, "ref.path": config.ref.path}.get(field, config.actor.path)
+    if field == "actor.path":
+        return config.actor.path
+    section, name = field.split(".")
+    return str(getattr(getattr(config, section), name))
 
 
 def reference_load(config: ExperimentConfig) -> ReferenceLoad:

@@ -38,4 +38,5 @@ GENERATE = JobType(
     name="generate", help="batch generation: complete a dataset's prompts on the servers",
     needs_servers=True, trainer=False, resumable=False, step="rlkit.jobs.generate.step:run_generate",
     sections=("generate", "gconfig", "rollout"), prompt_dataset="generate.dataset", validate=_validate_generate,
+    own_section="generate",
 )

@@ -23,7 +23,7 @@ RW = JobType(
     name="rw", help="reward model on chosen/rejected pairs (trainer only, no servers)",
     needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.rw.algorithm:run_rw",
     sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"),
-    validate=_validate_rw, passes_on="reward_model",
+    validate=_validate_rw, passes_on="reward_model", own_section="rw", rows="rw",
     no_lora=("trains a reward model: a scalar value head on the backbone, trained with every weight, which a LoRA "
              "adapter of the causal LM would leave out (and which no adapter can carry to the next stage)"),
 )
