@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlkit.config.problems import Problems
-from rlkit.config.schema.agent import AgentConfig, agent_limits
+from rlkit.config.schema.agent import AgentConfig
 from rlkit.config.schema.evaluation import evaluation_enabled
-from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 
 if TYPE_CHECKING:
-    from rlkit.jobs.base import JobType, JobTypes
+    from rlkit.jobs.base import JobType
+    from rlkit.jobs.job_types import JobTypes
 
 _LIMITS = ("max_turns", "max_tokens_per_turn", "engine_max_tokens", "max_tool_result_chars")
 

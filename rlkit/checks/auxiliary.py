@@ -20,7 +20,8 @@ from rlkit.servers.backend import BACKEND_NAMES, backend_for
 from rlkit.servers.engine_env import check_engine_env
 
 if TYPE_CHECKING:
-    from rlkit.jobs.base import JobType, JobTypes
+    from rlkit.jobs.base import JobType
+    from rlkit.jobs.job_types import JobTypes
 
 
 def validate_auxiliary(config: ExperimentConfig, job: JobType | None, job_types: JobTypes,

@@ -38,7 +38,8 @@ from rlkit.slurm.time_limits import slurm_time_seconds
 from rlkit.trials.paths import TrialPaths
 
 if TYPE_CHECKING:
-    from rlkit.jobs.base import JobType, JobTypes
+    from rlkit.jobs.base import JobType
+    from rlkit.jobs.job_types import JobTypes
 
 _EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")

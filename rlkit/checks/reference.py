@@ -19,12 +19,13 @@ from rlkit.checks.site_files import check_model_dir
 from rlkit.checks.trainer import DTYPES
 from rlkit.config.model_config import is_local_path, vocab_size
 from rlkit.config.problems import Problems
+from rlkit.config.reference import OWN_REFERENCE, own_reference, reference_field, reference_path
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import OWN_REFERENCE, own_reference, reference_field, reference_path
 from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rlkit.jobs.base import JobType, JobTypes
+    from rlkit.jobs.base import JobType
+    from rlkit.jobs.job_types import JobTypes
 
 ATTN_IMPLS = ("flash_attention_2", "sdpa", "eager")
 _TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)

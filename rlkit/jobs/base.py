@@ -9,13 +9,11 @@ in the job, never here.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlkit.config.schema.actor import kl_terms_on
-from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlkit.config.allocation import Allocation
@@ -87,36 +85,3 @@ class JobType:
         """Whether its trainer loads a frozen reference model for `config`: always (dpo), or for a KL term that is
         on. The one rule: validation, AReaL's keys and the algorithms ask it."""
         return self.always_reference or (self.kl_terms and kl_terms_on(config.actor))
-
-
-class JobTypes:
-    """The registered job types, in their order (rlkit.jobs.registry builds the one instance). Handed to what must
-    not import the registry: the config loader (as rlkit.config.job_facts.JobTypeLookup) and the checks."""
-
-    def __init__(self, jobs: tuple[JobType, ...]) -> None:
-        self.all = jobs
-        self.names = tuple(job.name for job in jobs)
-        self._by_name = {job.name: job for job in jobs}
-        assert len(self._by_name) == len(jobs), "two job types share a name"
-
-    def __iter__(self) -> Iterator[JobType]:
-        return iter(self.all)
-
-    def named(self, name: str) -> JobType:
-        """The job type called `name`; a ConfigError naming the closest registered one otherwise."""
-        job = self._by_name.get(name)
-        if job is not None:
-            return job
-        close = difflib.get_close_matches(name, self.names, n=1, cutoff=0.5)
-        guess = f"did you mean '{close[0]}'? " if close else ""
-        raise ConfigError(f"type '{name}' is not a job type", hint=f"{guess}choose one of: {', '.join(self.names)}")
-
-    def facts_of(self, name: str) -> JobType | None:
-        """The job type called `name`; None for an unknown name (validation reports it)."""
-        return self._by_name.get(name)
-
-    def guess_type(self, merged: dict[str, Any]) -> str | ConfigError | None:
-        """The `type` of a config that sets none (rlkit.jobs.type_guess)."""
-        from rlkit.jobs.type_guess import job_type_of
-
-        return job_type_of(merged, self.all)

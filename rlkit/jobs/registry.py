@@ -3,10 +3,11 @@ JobType and its checks) plus one line here."""
 
 from __future__ import annotations
 
-from rlkit.jobs.base import JobType, JobTypes
+from rlkit.jobs.base import JobType
 from rlkit.jobs.dpo.job import DPO
 from rlkit.jobs.generate.job import GENERATE
 from rlkit.jobs.grpo.job import GRPO
+from rlkit.jobs.job_types import JobTypes
 from rlkit.jobs.ppo.job import PPO
 from rlkit.jobs.rw.job import RW
 from rlkit.jobs.sft.job import SFT

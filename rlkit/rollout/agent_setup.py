@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
-from rlkit.config.schema.agent import agent_limits
-from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 
 
 def sampled_budget(config: ExperimentConfig) -> int:

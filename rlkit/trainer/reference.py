@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rlkit.config.reference import reference_load, separate_reference
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import ReferenceLoad, reference_load, separate_reference
+from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.trainer.engine import DTYPES, load_causal_lm, shard_model
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 from rlkit.config.load import config_from_mapping
-from rlkit.config.schema.ref import ReferenceLoad, reference_load
+from rlkit.config.reference import reference_load
+from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.trials.paths import TrialPaths
 from rlkit.trainer.dist import end_process, init_distributed
 from rlkit.jobs.dpo.algorithm import DPOTraining, fill_missing

@@ -273,7 +273,7 @@ def test_a_reference_of_another_model_lands_in_rlkits_ref_section(model: Path) -
 
 
 def test_the_reference_section_of_areals_dpo_config_names_dpos_reference(model: Path) -> None:
-    from rlkit.config.schema.ref import reference_field, reference_path
+    from rlkit.config.reference import reference_field, reference_path
 
     data = _grpo(model, type="dpo", allocation_mode="fsdp:d1", ref={"path": "/sft/model"})
     del data["gconfig"], data["rollout"]

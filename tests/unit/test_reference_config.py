@@ -15,14 +15,9 @@ from rlkit.checks.reference import validate_reference
 from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.load import config_from_mapping, load_config
 from rlkit.config.problems import Problems
+from rlkit.config.reference import reference_field, reference_load, reference_path, separate_reference
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import (
-    ReferenceLoad,
-    reference_field,
-    reference_load,
-    reference_path,
-    separate_reference,
-)
+from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.jobs import REGISTRY, job_type_for
 from rlkit.jobs.validate import validate
 

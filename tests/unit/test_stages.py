@@ -75,7 +75,7 @@ def test_a_later_stages_kl_reference_follows_its_start_or_is_the_model_it_names(
     """AReaL's `ref.path: ${actor.path}` at the top level means the actor's start: in the grpo stage that is sft's
     final model, not the model sft started from. A stage naming sft's final model itself is checked, before sft
     ran, against the model sft starts from (as actor.path is)."""
-    from rlkit.config.schema.ref import reference_path
+    from rlkit.config.reference import reference_path
 
     data = yaml.safe_load(DEMO.read_text())
     data["ref"] = {"path": "${actor.path}"}

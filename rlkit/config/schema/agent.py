@@ -10,12 +10,8 @@ masked out of the loss). `tool_call_parser` keeps AReaL's name and its default `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rlkit.config.schema.fields import _f, _sub
-
-if TYPE_CHECKING:
-    from rlkit.config.schema.experiment import ExperimentConfig
 
 TOOL_USE_WORKFLOW = "tool_use"  # the built-in multi-turn loop: generate, call the tools asked for, repeat
 
@@ -58,10 +54,3 @@ class AgentConfig:
 
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768  # an episode's token limit when neither the config nor the model says one
-
-
-def agent_limits(config: ExperimentConfig, context: int | None) -> tuple[int, int, int]:
-    """(max_turns, max_total_tokens, max_tokens_per_turn) of an episode; `context`: the servers' context length."""
-    agent = config.rollout.agent
-    per_turn = agent.max_tokens_per_turn or config.gconfig.max_new_tokens
-    return agent.max_turns, agent.engine_max_tokens or context or DEFAULT_MAX_TOTAL_TOKENS, per_turn

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from rlkit.config.schema.actor import ActorConfig
-from rlkit.config.schema.agent import AgentConfig
+from rlkit.config.schema.agent import DEFAULT_MAX_TOTAL_TOKENS, AgentConfig
 from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.critic import CriticConfig
 from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
@@ -290,3 +290,10 @@ class ExperimentConfig:
     eval_gconfig: EvalGenerationConfig = _sub(EvalGenerationConfig, "Sampling of evaluations (None fields: gconfig).")
     recover: RecoverConfig = _sub(RecoverConfig, "Recovery.")
     stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")
+
+
+def agent_limits(config: ExperimentConfig, context: int | None) -> tuple[int, int, int]:
+    """(max_turns, max_total_tokens, max_tokens_per_turn) of an episode; `context`: the servers' context length."""
+    agent = config.rollout.agent
+    per_turn = agent.max_tokens_per_turn or config.gconfig.max_new_tokens
+    return agent.max_turns, agent.engine_max_tokens or context or DEFAULT_MAX_TOTAL_TOKENS, per_turn

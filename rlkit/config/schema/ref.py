@@ -1,6 +1,6 @@
 """The `ref` section (AReaL's name): the frozen reference model of the KL terms (grpo/ppo with actor.kl_ctl or
-actor.kl_loss_coef > 0) and of dpo, and which model it is (`reference_path`); whether a job loads one is its job
-type's answer (rlkit.jobs.base.JobType.needs_reference). Torch-free (the login node reads it).
+actor.kl_loss_coef > 0) and of dpo. Which model a config's reference is: rlkit.config.reference; whether a job loads
+one is its job type's answer (rlkit.jobs.base.JobType.needs_reference). Torch-free (the login node reads it).
 
 `path`, `dtype` and `attn_impl` are fields (empty: the actor's); the reference is frozen and in eval mode. AReaL's
 other ref keys are judged by rlkit.config.areal.keys (REF).
@@ -9,15 +9,9 @@ other ref keys are judged by rlkit.config.areal.keys (REF).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.fields import _f
-
-if TYPE_CHECKING:
-    from rlkit.config.schema.experiment import ExperimentConfig
-
-OWN_REFERENCE = "ref_path"  # a job type's own section (named after it) may name its reference: dpo.ref_path
 
 
 @dataclass
@@ -43,42 +37,8 @@ class ReferenceLoad:
     attn_impl: str
 
 
-def own_reference(config: ExperimentConfig) -> str:
-    """The reference model the job type's own section names (dpo.ref_path); empty when it has no such field or
-    leaves it empty. Its section is named after the job type (sft, rw, dpo, ...)."""
-    return str(getattr(getattr(config, config.type, None), OWN_REFERENCE, "") or "")
-
-
-def reference_field(config: ExperimentConfig) -> str:
-    """The field that names the reference model: the job type's own (dpo.ref_path, when set), ref.path, else
-    actor.path."""
-    if own_reference(config):
-        return f"{config.type}.{OWN_REFERENCE}"
-    return "ref.path" if config.ref.path else "actor.path"
-
-
-def reference_path(config: ExperimentConfig) -> str:
-    """The model the reference is loaded from (see `reference_field`)."""
-    field = reference_field(config)
-    if field == "actor.path":
-        return config.actor.path
-    section, name = field.split(".")
-    return str(getattr(getattr(config, section), name))
-
-
-def reference_load(config: ExperimentConfig) -> ReferenceLoad:
-    """The reference's model, dtype and attention kernel, the actor's where the ref section leaves them empty."""
-    return ReferenceLoad(reference_path(config), config.ref.dtype or config.actor.dtype,
-                         config.ref.attn_impl or config.actor.attn_impl)
-
-
 def loads_a_copy(actor: ActorConfig, load: ReferenceLoad) -> bool:
     """Whether the reference is a model of its own rather than the actor's start: always without LoRA (a frozen copy
     of actor.path), and with LoRA only when it differs from the base the trained peft model computes (another model,
     dtype or attention kernel); else the peft model with its adapter switched off is the reference."""
     return not actor.use_lora or load != ReferenceLoad(actor.path, actor.dtype, actor.attn_impl)
-
-
-def separate_reference(config: ExperimentConfig) -> bool:
-    """`loads_a_copy` for a job's config."""
-    return loads_a_copy(config.actor, reference_load(config))

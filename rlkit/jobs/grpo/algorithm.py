@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlkit.config.reference import reference_load
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.ref import reference_load
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
