@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
+
 HEAVY = ("torch", "vllm", "transformers", "sglang", "safetensors", "xxhash")
 REPORT = f"""
 heavy = {{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})
@@ -35,6 +36,7 @@ for config in sys.argv[1:]:
 STATUS = f"""
 import sys
 import rlkit.cli.main
+
 sys.argv = ["rlkit", "status"]
 try:
     rlkit.cli.main.main()
