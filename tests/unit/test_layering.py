@@ -139,7 +139,6 @@ class Import:
     type_only: bool
 
 
-
 def _where(edges: list[Import]) -> str:
     """`rlkit/x/y.py:12,40: rlkit.x.y (x, layer 3) imports rlkit.z (z, layer 5)`: one importer, one imported module."""
     first = edges[0]
