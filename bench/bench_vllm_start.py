@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from rlkit.models.tiny import build_tiny_model  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
-from tests.vllm_helpers import running_vllm  # noqa: E402
+from tests.helpers.vllm_helpers import running_vllm  # noqa: E402
 
 TOKEN = "bench-token"
 MODES = {"compiled": False, "eager": True}  # mode -> vllm.enforce_eager

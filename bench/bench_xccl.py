@@ -10,8 +10,8 @@ Run: `PYTHONPATH=. python bench/bench_xccl.py [--rounds 3] [--bucket-mb 1024]`. 
   floor      a raw gloo broadcast of the same bytes over the same group: the server's worker receives them into one
              buffer and drops them (the engine's `discard` mode); timed on the trainer (broadcast returned) and
              end to end (the server's /update_weights answered)
-  disk       rlkit.weights.hf_export.write_weights of the same state dict + the disk delivery
-             (tests/sync_helpers: pause, /collective_rpc rlkit_reload_weights, version, prefix-cache reset, resume)
+  disk       rlkit.weights.hf_export.write_weights of the same state dict + the disk delivery (tests/helpers/
+             sync_helpers: pause, /collective_rpc rlkit_reload_weights, version, prefix-cache reset, resume)
 Figures are medians over `--rounds`; the machine is shared, so compare within one run, not across runs.
 """
 
@@ -41,9 +41,9 @@ from rlkit.trainer.engine import TrainEngine  # noqa: E402
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs  # noqa: E402
 from rlkit.weights.hf_export import version_dir, write_weights  # noqa: E402
 from rlkit.weights.xccl import XcclSender  # noqa: E402
-from tests.model_helpers import perturbed  # noqa: E402
-from tests.sync_helpers import sync_server  # noqa: E402
-from tests.vllm_helpers import GLOO_WEIGHT_TRANSFER, VllmWireMode, running_vllm  # noqa: E402
+from tests.helpers.model_helpers import perturbed  # noqa: E402
+from tests.helpers.sync_helpers import sync_server  # noqa: E402
+from tests.helpers.vllm_helpers import GLOO_WEIGHT_TRANSFER, VllmWireMode, running_vllm  # noqa: E402
 
 TOKEN = "bench-token"
 TIMEOUT = 300.0

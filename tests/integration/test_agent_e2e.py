@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import processes_mentioning, trained_steps, trainer_rank0_pid, wait_for, wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.slurm_helpers import processes_mentioning, trained_steps, trainer_rank0_pid, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"

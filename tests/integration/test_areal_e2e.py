@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO, run_rlkit
-from ..slurm_helpers import wait_state
+from tests.conftest import REPO, run_rlkit
+from tests.helpers.slurm_helpers import wait_state
 
 pytestmark = [pytest.mark.slurm]
 EXAMPLE = REPO / "tests" / "data" / "areal" / "current" / "gsm8k_grpo_cpu.yaml"

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..scenarios import WALL_TIMES
-from ..sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
-from ..slurm_helpers import assert_every_version_fingerprinted, wait_for, wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.scenarios import WALL_TIMES
+from tests.helpers.sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
+from tests.helpers.slurm_helpers import assert_every_version_fingerprinted, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang]
 STEPS = 5

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_rlkit
+from tests.conftest import run_rlkit
 
 
 def _test_jobs() -> set[str]:

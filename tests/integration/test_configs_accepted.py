@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, example_configs, run_rlkit
+from tests.conftest import CONFIGS, example_configs, run_rlkit
 
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.tasks.digits import write_dataset
-
-from ..conftest import CONFIGS, run_rlkit
+from tests.conftest import CONFIGS, run_rlkit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 

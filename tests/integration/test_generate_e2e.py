@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..planted import Listener, plant_rlkit_package, plant_server_records
-from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.planted import Listener, plant_rlkit_package, plant_server_records
+from tests.helpers.slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 @pytest.fixture

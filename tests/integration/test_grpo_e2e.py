@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..planted import Listener, plant_server_records
-from ..slurm_helpers import assert_every_version_fingerprinted, processes_mentioning, wait_for, wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.planted import Listener, plant_server_records
+from tests.helpers.slurm_helpers import assert_every_version_fingerprinted, processes_mentioning, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 STEPS = 25  # the demo curve takes off after ~12 steps and is near 1 by 25 (at 20 it was 0.6-0.97 across runs)
@@ -76,7 +76,7 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
     experiment = load_config(CONFIGS / config_name).experiment_name
     trial = root / "fileroot" / experiment / f"e2e_{mode}"
     with pytest.MonkeyPatch.context() as mp, Listener() as evil:
-        # hostile server records beside the real ones, all pointing at our listener (tests/planted.py)
+        # hostile server records beside the real ones, all pointing at our listener (tests/helpers/planted.py)
         planted = plant_server_records(trial / "name_resolve", evil.address)
         mp.setenv("RLKIT_HOME", str(root / "home"))
         submitted = run_rlkit("submit", str(CONFIGS / config_name), *overrides)

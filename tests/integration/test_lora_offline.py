@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..gloo_ranks import run_ranks, start_ranks, wait_ranks
+from tests.helpers.gloo_ranks import run_ranks, start_ranks, wait_ranks
 
 WORKER = r'''
 import sys

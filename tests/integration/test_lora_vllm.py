@@ -26,9 +26,8 @@ from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 from rlkit.weights.lora_disk import adapter_name
-
-from ..lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
-from ..vllm_helpers import LORA_TEST_RANK, ServerSlot
+from tests.helpers.lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
+from tests.helpers.vllm_helpers import LORA_TEST_RANK, ServerSlot
 
 pytestmark = [pytest.mark.vllm]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_rlkit
-from ..slurm_helpers import wait_for, wait_state
+from tests.conftest import run_rlkit
+from tests.helpers.slurm_helpers import wait_for, wait_state
 
 pytestmark = pytest.mark.slurm
 

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from rlkit.tasks.digits_pairs import write_pair_splits
-
-from ..gloo_ranks import start_ranks, wait_ranks
+from tests.helpers.gloo_ranks import start_ranks, wait_ranks
 
 WORKER = r'''
 import sys

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.slurm_helpers import wait_state
 
 pytestmark = [pytest.mark.slurm]
 JOBS = ("rw", "dpo")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_rlkit
-from .test_cli_errors import _test_jobs, assert_refused_whole
+from tests.conftest import run_rlkit
+from tests.integration.test_cli_errors import _test_jobs, assert_refused_whole
 
 pytestmark = pytest.mark.slurm
 

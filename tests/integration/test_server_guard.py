@@ -16,8 +16,7 @@ from rlkit.errors import NO_RETRY_EXIT
 from rlkit.servers.backend import backend_for
 from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
 from rlkit.servers.vllm.command import GUARD_MIDDLEWARE
-
-from ..vllm_helpers import ServerSlot
+from tests.helpers.vllm_helpers import ServerSlot
 
 pytestmark = [pytest.mark.vllm]
 

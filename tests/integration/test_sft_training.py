@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..gloo_ranks import run_ranks
+from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
 import sys

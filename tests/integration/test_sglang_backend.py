@@ -33,9 +33,8 @@ from rlkit.servers.sglang.backend import BACKEND
 from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import XcclSender
-
-from ..model_helpers import perturbed
-from ..sglang_helpers import RunningSglang, running_sglang, sglang_python
+from tests.helpers.model_helpers import perturbed
+from tests.helpers.sglang_helpers import RunningSglang, running_sglang, sglang_python
 
 pytestmark = [pytest.mark.sglang]
 

@@ -33,9 +33,8 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
-
-from ..lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
-from ..sglang_helpers import PIN_SHIM, cpu_config, running_sglang, sglang_python
+from tests.helpers.lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
+from tests.helpers.sglang_helpers import PIN_SHIM, cpu_config, running_sglang, sglang_python
 
 pytestmark = [pytest.mark.sglang]
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import CONFIGS, run_rlkit
-from ..slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
+from tests.conftest import CONFIGS, run_rlkit
+from tests.helpers.slurm_helpers import processes_mentioning, status_row, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2400)]
 EXPERIMENT = "demo-stages"

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.trials.records import TrialRecord, record_trial
-
-from ..conftest import run_rlkit
+from tests.conftest import run_rlkit
 
 
 @pytest.mark.slurm

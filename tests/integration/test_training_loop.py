@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from rlkit.trainer import recover
-
-from ..gloo_ranks import run_ranks
+from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
 import os, signal, sys, torch

@@ -13,9 +13,8 @@ import pytest
 
 from rlkit.servers.backend import Completion, SamplingParams, Server
 from rlkit.servers.vllm.backend import BACKEND
-
-from ..conftest import CONFIGS
-from ..vllm_helpers import ServerSlot, SharedServer
+from tests.conftest import CONFIGS
+from tests.helpers.vllm_helpers import ServerSlot, SharedServer
 
 pytestmark = [pytest.mark.vllm]
 

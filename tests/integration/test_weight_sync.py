@@ -34,10 +34,9 @@ from rlkit.trainer.engine import TrainEngine
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import PushResult, XcclSender
-
-from ..model_helpers import perturbed
-from ..sync_helpers import read_weight_version, sync_all, sync_server
-from ..vllm_helpers import ServerSlot, VllmWireMode
+from tests.helpers.model_helpers import perturbed
+from tests.helpers.sync_helpers import read_weight_version, sync_all, sync_server
+from tests.helpers.vllm_helpers import ServerSlot, VllmWireMode
 
 pytestmark = [pytest.mark.vllm]
 

@@ -8,7 +8,8 @@ start. Pinning only makes later host-to-GPU copies asynchronous; on a CPU-only s
 pinned tensor holds the same values as an unpinned one: making it a no-op changes no number the server computes.
 
 Loaded by Python at start-up (`sitecustomize`) in every process of the one server whose PYTHONPATH puts this
-directory first (tests/sglang_helpers.py, LoRA servers only). Does nothing where CUDA is available. Never shipped.
+directory first (tests/helpers/sglang_helpers.py, LoRA servers only). Does nothing where CUDA is available. Never
+shipped.
 """
 
 from __future__ import annotations

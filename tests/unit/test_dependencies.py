@@ -6,11 +6,10 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from pathlib import Path
 
 import tomllib
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 # import name -> the declared distribution that provides it (directly, or as that distribution's own dependency)
 PROVIDED_BY = {

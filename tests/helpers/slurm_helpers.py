@@ -1,0 +1,89 @@
+"""Test helpers (not a conftest) for jobs on the dev cluster: poll `rlkit status`, find leftover processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from tests.conftest import run_rlkit
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING"}
+
+
+def status_row(name: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    result = run_rlkit("status", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return next(r for r in json.loads(result.stdout) if r["name"] == name)
+
+
+def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
+               env: dict[str, str] | None = None) -> str:
+    """Poll Slurm (through `rlkit status`) until the job is no longer active (or reaches one of `done`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = str(status_row(name, env)["state"])
+        if (done and state in done) or (not done and state not in ACTIVE):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"{name} still {state} after {timeout} s")
+
+
+def wait_for(predicate, what: str, timeout: float = 300):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (this test process excluded)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+def trained_steps(trial: Path) -> int:
+    """The last step the trial's trainer reported in progress.json (0 before the first)."""
+    try:
+        return int(json.loads((trial / "progress.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def trainer_rank0_pid(trial: Path) -> int | None:
+    """The python process of trainer rank 0 of this trial (not its srun)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
+            return int(proc.name)
+    return None
+
+
+def assert_every_version_fingerprinted(trainer_log: str, servers: list[int], last_version: int) -> None:
+    """The trainer log shows every weight version from 0 to `last_version` read back from exactly `servers` and
+    within the fingerprint tolerance of the demo configs (1e-3: float32 on both sides)."""
+    for version in range(0, last_version + 1):
+        match = re.search(rf"servers {re.escape(str(servers))} at weight version {version}, fingerprint max "
+                          rf"\|dlogp\| (\S+) \(tolerance (\S+)\)", trainer_log)
+        assert match, f"no verified sync to version {version} in the trainer log"
+        assert float(match.group(1)) <= float(match.group(2)) == 1e-3

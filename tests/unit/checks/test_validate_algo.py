@@ -1,0 +1,59 @@
+"""Submit-time validation refuses reward/advantage/KL/loss settings that have no meaning (issue 17), naming the
+field, together with every other problem; AReaL's own refusals (NormConfig and RejectionSamplingConfig
+`__post_init__` in areal/api/cli_args.py at 4aef98d8) are among them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlkit.config.load import load_config
+from rlkit.errors import ConfigError
+from tests.conftest import raise_problems
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["actor.adv_norm.mean_level=global"], "actor.adv_norm.mean_level 'global' is not one of"),
+        (["actor.reward_norm.std_level=token"], "actor.reward_norm.std_level 'token' is not one of"),
+        (["actor.reward_norm.group_size=3", "actor.reward_norm.mean_level=group"],
+         "actor.reward_norm.group_size 3 does not divide"),
+        (["actor.reward_norm.mean_level=null", "actor.reward_norm.mean_leave1out=true"],
+         "actor.reward_norm.mean_leave1out without a mean_level"),
+        (["actor.adv_norm.eps=0"], "actor.adv_norm.eps must be positive"),
+        (["actor.reward_norm.mean_level=group", "actor.reward_norm.group_size=1"],
+         "actor.reward_norm.mean_level group with groups of 1"),
+        (["actor.kl_loss_type=k4"], "actor.kl_loss_type 'k4' is not one of"),
+        (["actor.kl_estimator=abs"], "actor.kl_estimator 'abs' is not one of"),
+        (["actor.kl_loss_coef=-1"], "actor.kl_loss_coef must be >= 0"),
+        (["actor.log_ratio_clamp=0"], "actor.log_ratio_clamp must be positive or null"),
+        (["actor.gae_lambda=1.5"], "actor.gae_lambda must be between 0 and 1"),
+        (["actor.behav_imp_weight_cap=5"], "but actor.use_decoupled_loss is false"),
+        (["actor.use_decoupled_loss=true", "actor.behav_imp_weight_cap=0.5"], "behav_imp_weight_cap must be > 1"),
+        (["actor.use_decoupled_loss=true", "actor.behav_imp_weight_cap=5", "actor.rejection_sampling.upper=5"],
+         "are both set"),
+        (["actor.use_decoupled_loss=true", "actor.recompute_logprob=false"], "needs actor.recompute_logprob=true"),
+        (["actor.use_decoupled_loss=true", "actor.rejection_sampling.upper=1"], "upper must be > 1 for metric ratio"),
+        (["actor.use_decoupled_loss=true", "actor.rejection_sampling.lower=6"], "is above"),
+        (["actor.use_decoupled_loss=true", "actor.rejection_sampling.action=clamp",
+          "actor.rejection_sampling.metric=kl_k3"], "action clamp bounds the importance weight itself"),
+        (["actor.use_decoupled_loss=true", "actor.rejection_sampling.level=batch"],
+         "actor.rejection_sampling.level 'batch' is not one of"),
+    ],
+)
+def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
+    config = load_config(grpo_yaml, [*overrides, "actor.optimizer.lr=-1"])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    assert says in info.value.message
+    assert "actor.optimizer.lr must be positive" in info.value.message  # collected with the other problems
+
+
+def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:
+    raise_problems(load_config(grpo_yaml, [
+        "actor.reward_scaling=10", "actor.reward_bias=-0.5", "actor.reward_norm.mean_level=group",
+        "actor.reward_norm.std_level=group", "actor.reward_norm.group_size=4", "actor.adv_norm.mean_level=batch",
+        "actor.use_decoupled_loss=true", "actor.rejection_sampling.metric=ratio",
+        "actor.rejection_sampling.upper=5.0", "actor.kl_ctl=0.1", "actor.kl_loss_coef=0.01"]))

@@ -1,0 +1,155 @@
+"""AReaL's own example configs (tests/data/areal, pinned in its SOURCE.md) render on rlkit with only site settings
+changed, printing the one notice of the AReaL keys rlkit accepts without using; and the three refusals the
+issue names (styles that disagree, a derived key that disagrees, an unsupported training key) exit 2 naming each
+key, all at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlkit.jobs import REGISTRY
+from rlkit.launch.submit import prepare
+from tests.conftest import REPO, run_rlkit
+
+EXAMPLES = REPO / "tests" / "data" / "areal"
+GSM8K_ROWS = [{"question": f"Tom has {n} apples and buys 3 more. How many apples does he have?",
+               "answer": f"He has {n} + 3 = {n + 3} apples.\n#### {n + 3}"} for n in range(8)]
+PAIR_ROWS = [{"chosen": f"\n\nHuman: Say hello {n}.\n\nAssistant: Hello!",  # hh-rlhf's whole conversations
+              "rejected": f"\n\nHuman: Say hello {n}.\n\nAssistant: No."} for n in range(8)]
+
+# What "site settings" means here: where the model, the data and the trial files live, how steps run (no
+# Apptainer on this machine), and what the nodes have (rlkit never puts servers and trainer on one node, so AReaL's
+# one-node split takes two; the CPU example says 0 GPUs, the dev cluster's nodes have them).
+SITE = ["launcher.slurm.container_type=none", "cluster.n_nodes=2", "cluster.n_gpus_per_node=8"]
+# `type` is not a site setting: AReaL picks the algorithm by its entry script, and rlkit asks for it (issue 14
+# item 4) except where the training rows leave one choice (sft, rw, dpo rows).
+CASES = {
+    "current/gsm8k_grpo": ["type=grpo"],
+    "current/gsm8k_grpo_cpu": ["type=grpo"],
+    "current/gsm8k_grpo_lora": ["type=grpo"],  # as written: SGLang servers with LoRA
+    "current/gsm8k_ppo": ["type=ppo"],
+    "current/gsm8k_sft": [],
+    "current/hhrlhf_rw": [],
+    "current/hhrlhf_dpo": [],
+    "colon_style/gsm8k_grpo": ["type=grpo"],
+    "dot_style/gsm8k_grpo": ["type=grpo"],
+}
+
+
+def _rows(path: Path, rows: list[dict[str, str]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, saying Qwen2.5's 32768 positions as the examples' server contexts ask (rotary positions: the
+    files are the same model at any length)."""
+    model = tmp_path_factory.mktemp("areal-model") / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
+    return model
+
+
+@pytest.fixture
+def site(tmp_path: Path, model: Path) -> dict[str, list[str]]:
+    """The site overrides per kind of data: the tiny model, GSM8K-format or pair rows, a private fileroot."""
+    gsm8k = _rows(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
+    pairs = _rows(tmp_path / "pairs.jsonl", PAIR_ROWS)
+    common = [f"actor.path={model}", f"cluster.fileroot={tmp_path / 'fileroot'}", *SITE]
+    return {name: [*common, f"train_dataset.path={data}", f"valid_dataset.path={data}"]
+            for name, data in (("gsm8k", gsm8k), ("pairs", pairs))}
+
+
+@pytest.mark.parametrize("example", sorted(CASES))
+def test_an_areal_example_renders_with_site_settings_only(example: str, site: dict[str, list[str]]) -> None:
+    overrides = [*site["pairs" if "hhrlhf" in example else "gsm8k"], *CASES[example]]
+    prepared = prepare(EXAMPLES / f"{example}.yaml", overrides, dry_run=True)
+    assert prepared.script.startswith("#!/bin/bash"), "one job script"
+    assert not prepared.warnings, [w.message for w in prepared.warnings]
+    keys = [accepted.key for accepted in prepared.areal_keys]
+    assert len(keys) == len(set(keys)) >= 20, "AReaL's plumbing is accepted and each key named once"
+    assert {"experiment_name", "trial_name"} & {k.split(".")[-1] for k in keys}, keys
+    if not CASES[example]:
+        assert ("type", prepared.config.type) in [(a.key, a.value) for a in prepared.areal_keys]
+
+
+def test_renaming_and_references_between_areal_keys(site: dict[str, list[str]]) -> None:
+    """AReaL names rlkit reads elsewhere are used there (dpo's actor.beta, the older behave_imp_weight_cap); a
+    reference to an AReaL-only key (`use_lora: ${rollout.use_lora}`) still resolves."""
+    dpo = prepare(EXAMPLES / "current/hhrlhf_dpo.yaml", [*site["pairs"], "actor.beta=0.25"], dry_run=True)
+    assert dpo.config.dpo.beta == 0.25
+    older = prepare(EXAMPLES / "colon_style/gsm8k_grpo.yaml", [*site["gsm8k"], "type=grpo"], dry_run=True)
+    assert older.config.actor.behav_imp_weight_cap == 5.0
+    lora = prepare(EXAMPLES / "current/gsm8k_grpo_lora.yaml", [*site["gsm8k"], *CASES["current/gsm8k_grpo_lora"]],
+                   dry_run=True)
+    assert lora.config.actor.use_lora is True and lora.config.actor.lora_rank == 16
+
+
+def test_the_render_prints_one_notice_and_the_refusals_exit_2_all_at_once(
+        site: dict[str, list[str]], tmp_path: Path) -> None:
+    example = str(EXAMPLES / "current/gsm8k_grpo_cpu.yaml")
+    ok = run_rlkit("render", example, *site["gsm8k"], "type=grpo")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stderr.count("AReaL key(s) that rlkit has no field for") == 1
+    assert "rollout.enable_rollout_tracing: false" in ok.stderr and "#SBATCH" in ok.stdout
+    bad = run_rlkit("render", example, *site["gsm8k"], "type=grpo", "allocation_mode=vllm:d2+fsdp:d1",
+                    "rollout.experiment_name=another", "gconfig.use_beam_search=true")
+    assert bad.returncode == 2, bad.stderr
+    assert "Traceback" not in bad.stderr
+    for named in ("allocation_mode 'vllm:d2+fsdp:d1'", "rollout.experiment_name: another",
+                  "gconfig.use_beam_search: true"):
+        assert named in bad.stderr, (named, bad.stderr)
+    assert not (tmp_path / "fileroot").exists(), "nothing written"
+
+
+@pytest.mark.parametrize("example", sorted(CASES))
+def test_migrate_gives_a_clean_file_of_the_same_config(example: str, site: dict[str, list[str]],
+                                                       tmp_path: Path) -> None:
+    """`rlkit migrate`: the text loads with no AReaL key left to the very config the AReaL file gives, and its
+    header names every AReaL key of the file."""
+    from rlkit.config.areal.migrate import migrate
+    from rlkit.config.load import to_yaml
+
+    overrides = [*site["pairs" if "hhrlhf" in example else "gsm8k"], *CASES[example]]
+    original = prepare(EXAMPLES / f"{example}.yaml", overrides, dry_run=True)
+    text, _ = migrate(EXAMPLES / f"{example}.yaml", overrides, REGISTRY)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    migrated = prepare(clean, [], dry_run=True)
+    assert to_yaml(migrated.config) == to_yaml(original.config)
+    assert migrated.areal_keys == (), "nothing AReaL-only left"
+    header = [line for line in text.splitlines() if line.startswith("#   ")]
+    assert {a.key for a in original.areal_keys} <= {line.split(":")[0].strip("# ") for line in header}
+
+
+def test_migrate_on_the_command_line(site: dict[str, list[str]]) -> None:
+    done = run_rlkit("migrate", str(EXAMPLES / "current/hhrlhf_dpo.yaml"), *site["pairs"])
+    assert done.returncode == 0, done.stderr
+    assert "#   actor.beta: 0.1  -> moved to dpo.beta" in done.stdout
+    assert "\ndpo:\n  beta: 0.1\n" in done.stdout and "allocation_mode: fsdp:d8p1t1" in done.stdout
+    refused = run_rlkit("migrate", str(EXAMPLES / "current/gsm8k_grpo.yaml"), *site["gsm8k"])
+    assert refused.returncode == 2 and "set type=grpo or type=ppo" in refused.stderr
+
+
+def test_greedy_is_a_field_an_areal_grpo_example_takes_for_its_evaluation(site: dict[str, list[str]]) -> None:
+    """AReaL's gconfig.greedy (false in the examples) is an rlkit field: eval_gconfig.greedy renders and reaches the
+    evaluation's requests; gconfig.greedy=true, for the rollouts a GRPO group trains on, exits 2 naming the fix."""
+    from rlkit.trainer.evaluator import eval_sampling
+
+    example = EXAMPLES / "current/gsm8k_grpo_cpu.yaml"
+    prepared = prepare(example, [*site["gsm8k"], "type=grpo", "eval_gconfig.greedy=true", "eval_gconfig.n_samples=1"],
+                       dry_run=True)
+    assert prepared.config.gconfig.greedy is False and prepared.config.eval_gconfig.greedy is True
+    assert "gconfig.greedy" not in {a.key for a in prepared.areal_keys}
+    params = eval_sampling(prepared.config)
+    assert (params.temperature, params.n) == (0.0, 1)
+    bad = run_rlkit("render", str(example), *site["gsm8k"], "type=grpo", "gconfig.greedy=true")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert "gconfig.greedy is true, but job type grpo trains on groups" in bad.stderr
+    assert "set gconfig.greedy=false, or use eval_gconfig.greedy for evaluation" in bad.stderr

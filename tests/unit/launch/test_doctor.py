@@ -1,0 +1,106 @@
+"""The doctor's parts that run without a cluster: the table's grouping, what each node is told to run (as the job's
+steps run), the checks of one node against this machine, and the all-reduce module in one real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkit.launch.doctor import node_layout, node_spec, summary_rows
+from rlkit.launch.submit import prepare
+from rlkit.steps.doctor_node import Check, NodeReport, _check_fileroot, _check_gpus, _check_model
+from tests.conftest import REPO
+
+
+def test_rows_group_passes_and_failures_by_reason() -> None:
+    checks = [Check("GPUs", f"n{i}", True, "1 visible of 1 asked for") for i in range(3)]
+    checks += [Check("model", "n0", True, "ok"), Check("model", "n1", False, "gone", "fix it"),
+               Check("model", "n2", False, "gone", "fix it")]
+    assert summary_rows(checks) == [("GPUs", "all 3 nodes", True, "1 visible of 1 asked for", ""),
+                                    ("model", "n1, n2", False, "gone", "fix it")]
+    assert summary_rows([Check("server start", "n0", True, "up")]) == [("server start", "n0", True, "up", "")]
+
+
+def test_each_node_runs_the_checks_as_the_jobs_steps_run(grpo_yaml: Path, tmp_path: Path) -> None:
+    images = [tmp_path / "t.sif", tmp_path / "s.sif"]
+    for image in images:
+        image.write_bytes(b"x")
+    prepared = prepare(grpo_yaml, ["launcher.slurm.container_type=apptainer",
+                                   f"launcher.slurm.trainer_image={images[0]}",
+                                   f"launcher.slurm.inference_server_image={images[1]}",
+                                   "launcher.trainer_env_vars=OMP_NUM_THREADS=1"])
+    assert node_layout(prepared.plan) == (("server", "trainer", "trainer"), (1, 1, 1))
+    workdir = tmp_path / "doctor" / "run1"
+    workdir.mkdir(parents=True)
+    spec = node_spec(prepared, workdir, "tok")
+    argv = list(spec.allreduce_argv)
+    assert argv[:2] == ["env", "OMP_NUM_THREADS=1"], argv
+    assert argv[argv.index("apptainer"):argv.index("apptainer") + 2] == ["apptainer", "exec"]
+    binds = argv[argv.index("--bind") + 1].split(",")
+    assert str(workdir) in binds and str(images[0]) in argv, argv
+    assert argv[-3:] == ["/opt/py/bin/python", "-m", "rlkit.steps.doctor_allreduce"]
+    serve = list(spec.serve_argv)
+    assert str(images[1]) in serve and serve[-4:-2] == ["-m", "rlkit.steps.doctor_serve"]
+    assert (workdir / "config.yaml").stat().st_mode & 0o777 == 0o600
+    assert spec.images == (str(images[1]), str(images[0])) and spec.container_type == "apptainer"
+    assert spec.canary.startswith(str(tmp_path / "fileroot") + "/.rlkit-doctor-")
+
+
+def test_one_nodes_checks_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlkit.steps.doctor_node import NodeSpec
+
+    canary = tmp_path / "canary"
+    canary.write_text("right\n")
+    spec = NodeSpec(canary=str(canary), token="right", shared_dir=str(tmp_path), roles=("trainer",), gpus=(2,),
+                    model="", allreduce_argv=(), container_type="none")
+    report = NodeReport("n0", "trainer")
+    _check_fileroot(spec, report)
+    _check_fileroot(NodeSpec(**{**spec.__dict__, "token": "other"}), report)
+    _check_fileroot(NodeSpec(**{**spec.__dict__, "canary": str(tmp_path / "none")}), report)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    _check_gpus(2, report)
+    _check_model(str(REPO / "nowhere"), report)
+    assert [(c.name, c.ok) for c in report.checks] == [("shared fileroot", True), ("shared fileroot", False),
+                                                        ("shared fileroot", False), ("GPUs", False), ("model", False)]
+    assert "unreadable (No such file or directory)" in report.checks[2].detail
+    assert report.checks[3].detail == ("sees 1 GPU(s) (no nvidia-smi, CUDA_VISIBLE_DEVICES=3) but its trainer "
+                                       "component asked for 2"), report.checks[3]
+    assert "cluster.n_gpus_per_node" in report.checks[3].fix and report.checks[0].fix == ""
+
+
+def test_a_container_without_nv_has_no_gpus_whatever_slurm_says(grpo_yaml: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 0's case (rlkit.steps.node_check.gpu_shortfall): apptainer brings the driver only with --nv, so Slurm's
+    CUDA_VISIBLE_DEVICES on the host proves nothing about what the job's container will see."""
+    image = tmp_path / "t.sif"
+    image.write_bytes(b"x")
+    images = ["launcher.slurm.container_type=apptainer", f"launcher.slurm.trainer_image={image}",
+              f"launcher.slurm.inference_server_image={image}"]
+    workdir = tmp_path / "doctor"
+    workdir.mkdir()
+    without_nv = node_spec(prepare(grpo_yaml, [*images, "launcher.slurm.apptainer_args=--writable-tmpfs"]), workdir,
+                           "tok")
+    assert without_nv.driverless_container
+    assert not node_spec(prepare(grpo_yaml, images), workdir, "tok").driverless_container  # the default: --nv
+    assert not node_spec(prepare(grpo_yaml, []), workdir, "tok").driverless_container  # on the host
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    report = NodeReport("n0", "trainer")
+    _check_gpus(2, report, driverless_container=False)
+    _check_gpus(2, report, driverless_container=without_nv.driverless_container)
+    _check_gpus(0, report, driverless_container=True)  # a GPU-less client needs no driver
+    assert [c.ok for c in report.checks] == [True, False, True], report.checks
+    assert report.checks[0].detail == "2 visible of 2 asked for"
+    assert "no NVIDIA driver inside its trainer container" in report.checks[1].detail, report.checks[1]
+    assert report.checks[1].fix == "add --nv to launcher.slurm.apptainer_args"
+
+
+def test_the_allreduce_module_runs_a_real_group_of_one(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "rlkit.steps.doctor_allreduce", str(tmp_path), "0", "1"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and answer["ok"] and answer["backend"] == "gloo", done
+    assert (tmp_path / "allreduce-address").read_text().count(":") == 1
