@@ -26,7 +26,7 @@ from rlkit.nameresolve import (
     check_address,
     server_key,
 )
-from rlkit.rollout.client import discover_servers, wait_for_servers
+from rlkit.servers.pool import discover_servers, wait_for_servers
 
 from ..conftest import CONFIGS
 from ..planted import OTHER_UID, Listener, plant_rlkit_package, plant_server_records

@@ -18,8 +18,8 @@ from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
 from rlkit.nameresolve import name_resolve_for
-from rlkit.rollout.client import ServerPool, wait_for_servers
 from rlkit.servers.backend import SamplingParams
+from rlkit.servers.pool import ServerPool, wait_for_servers
 from rlkit.servers.sampling import sampling_params as request_sampling
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_token

@@ -25,7 +25,7 @@ from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
 from rlkit.jobs.grpo.rank0 import Rank0
-from rlkit.rollout.controller import Prompt
+from rlkit.rollout.groups import Prompt
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.dist import broadcast_object, gather_per_sample
 from rlkit.trainer.engine import TrainEngine
