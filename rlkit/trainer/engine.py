@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig, OptimizerConfig
+from rlkit.models.dtypes import DTYPES
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.model_source import build_causal_lm
@@ -26,8 +27,6 @@ from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprob
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
 LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def attention_implementation(requested: str) -> str:

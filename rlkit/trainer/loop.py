@@ -23,11 +23,11 @@ import torch.distributed as dist
 from rlkit.config.load import load_config
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
+from rlkit.slurm.faults import failed_before, fault_point
 from rlkit.step_contract import EXIT_FAILING, EXIT_REQUEUE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
 from rlkit.trainer import recover
 from rlkit.trainer.dist import DistEnv, broadcast_object, init_distributed
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer.faults import failed_before, fault_point
 from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trials.paths import TrialPaths
 

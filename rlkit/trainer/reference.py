@@ -14,7 +14,8 @@ from torch import nn
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad, reference_load, separate_reference
-from rlkit.trainer.engine import DTYPES, load_causal_lm, shard_model
+from rlkit.models.dtypes import DTYPES
+from rlkit.trainer.engine import load_causal_lm, shard_model
 
 
 def needs_reference(actor: ActorConfig) -> bool:

@@ -103,7 +103,8 @@ else:
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if actor.use_lora and env.rank == 0:  # only the adapter trained; compared as the merged model a checkpoint holds
-    from rlkit.trainer.lora import is_adapter_param, merge_adapter_state
+    from rlkit.trainer.lora import merge_adapter_state
+    from rlkit.weights.adapter_files import is_adapter_param
     trainable = [n for n, p in policy.engine.model.named_parameters() if p.requires_grad]
     assert trainable and all(is_adapter_param(n) for n in trainable), trainable
     state = merge_adapter_state(state, actor)

@@ -17,7 +17,8 @@ import torch
 
 from rlkit.jobs.pairs.losses import by_pair, rw_pairwise_loss
 from rlkit.jobs.pairs.steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
-from rlkit.trainer.engine import DTYPES, TrainEngine, value_head_model
+from rlkit.models.dtypes import DTYPES
+from rlkit.trainer.engine import TrainEngine, value_head_model
 from rlkit.trainer.loop import LoopContext, run_training
 from rlkit.trainer.loss_fns import rw_loss_fn
 from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
