@@ -194,8 +194,8 @@ def _base_answer_logps(model_dir: Path, data: Path) -> dict[int, tuple[float, fl
     from rlkit.config.schema.pairs import DPOConfig
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
+    from rlkit.jobs.pairs.loss_fns import answer_logps
     from rlkit.jobs.pairs.losses import by_pair
-    from rlkit.trainer.loss_fns import answer_logps
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(data)), DPOConfig(), tokenizer)

@@ -99,7 +99,7 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, heldout: Path) -> fl
     from rlkit.config.schema.pairs import RWConfig
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
-    from rlkit.trainer.loss_fns import rw_loss_fn
+    from rlkit.jobs.pairs.loss_fns import rw_loss_fn
     from rlkit.trainer.value_model import load_value_model
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

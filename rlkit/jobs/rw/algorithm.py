@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from rlkit.jobs.pairs.loss_fns import rw_loss_fn
 from rlkit.jobs.pairs.losses import by_pair, rw_pairwise_loss
 from rlkit.jobs.pairs.steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
 from rlkit.models.dtypes import DTYPES
 from rlkit.trainer.engine import TrainEngine, value_head_model
 from rlkit.trainer.loop import LoopContext, run_training
-from rlkit.trainer.loss_fns import rw_loss_fn
 from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
 from rlkit.trainer.value_model import last_token_scores, save_value_model, token_values
 
