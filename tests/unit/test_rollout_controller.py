@@ -256,7 +256,8 @@ def test_no_admission_while_updating(make: Callable[..., RolloutController], ser
 
 def test_before_admit_runs_once_before_the_new_version_is_admitted(make: Callable[..., RolloutController],
                                                                    servers: StandInServers) -> None:
-    """The fault-injection hook (rlkit.trainer.fault_corrupt) changes a server between a push and its first request."""
+    """The fault-injection hook (rlkit.jobs.grpo.fault_corrupt) changes a server between a push and its first
+    request."""
     ctrl = make(max_offpolicyness=0)
     ctrl.start()
     started(servers, ctrl, 2)

@@ -24,13 +24,13 @@ from rlkit.config.schema.ref import reference_load
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rollout.groups import Prompt
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.dist import broadcast_object, gather_per_sample
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer.fault_corrupt import FAULT, corrupt_server
 from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
 from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.trainer.rl_math.advantage_batch import token_advantages
