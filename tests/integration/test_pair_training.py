@@ -100,7 +100,7 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, heldout: Path) -> fl
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
     from rlkit.jobs.pairs.loss_fns import rw_loss_fn
-    from rlkit.trainer.value_model import load_value_model
+    from rlkit.models.value_model import load_value_model
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(heldout)), RWConfig(), tokenizer)

@@ -210,7 +210,7 @@ def _assert_inserted_tokens_change_nothing(model: Path, tmp_path: Path, opts: di
 
 def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:
     """The value models after the step: moved (the fresh head and the backbone), and equal for 1 and 2 ranks."""
-    from rlkit.trainer.value_model import load_value_model
+    from rlkit.models.value_model import load_value_model
 
     c1, c2 = _weights(tmp_path / "one", "critic"), _weights(tmp_path / "two", "critic")
     before = load_value_model(model).state_dict()

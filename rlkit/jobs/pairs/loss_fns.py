@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from rlkit.jobs.pairs.batch import PairBatch
 from rlkit.jobs.pairs.losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
+from rlkit.models.value_model import last_token_scores, token_values
 from rlkit.trainer.rl_math.losses import next_token_logprobs
-from rlkit.trainer.value_model import last_token_scores, token_values
 
 LossOut = tuple[Tensor, int, dict[str, float]]
 

@@ -1,4 +1,4 @@
-"""The PPO critic on its own TrainEngine: a value per token (rlkit.trainer.value_model) and clipped value-loss steps.
+"""The PPO critic on its own TrainEngine: a value per token (rlkit.models.value_model) and clipped value-loss steps.
 
 The engine is the actor's kind (FSDP, optimizer, LR schedule, sharded checkpoints) over a different model: the value
 model from critic.path (empty: actor.path), with the `critic` section's dtype, optimizer, micro-batches and
@@ -16,13 +16,13 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.critic import CriticConfig
+from rlkit.models.value_model import token_values
 from rlkit.trainer.batch import dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, value_head_model
 from rlkit.trainer.rl_math.value_loss import ppo_value_loss
 from rlkit.trainer.sample_forward import aligned, group_of, micro_batches_idx, minibatch_steps
 from rlkit.trainer.sampled_tokens import sampled_mask
-from rlkit.trainer.value_model import token_values
 from rlkit.types import Sample
 
 _SUMMED = ("loss", "clip_fraction", "value", "return")  # token means of ppo_value_loss's statistics
