@@ -22,10 +22,12 @@ from ..gloo_ranks import run_ranks, start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
-from rlkit.trainer.{module} import run_{module}
+from rlkit.jobs.{module}.algorithm import run_{module}
 
-run_{module}(Path(sys.argv[1]))
+trial = Path(sys.argv[1])
+run_{module}(trial, load_config(trial / "config.yaml"))
 end_process(0)
 '''
 

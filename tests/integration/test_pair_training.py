@@ -27,16 +27,19 @@ from ..gloo_ranks import start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
-from rlkit.trainer.{module} import run_{module}
+from rlkit.jobs.{module}.algorithm import run_{module}
 
-run_{module}(Path(sys.argv[1]))
+trial = Path(sys.argv[1])
+run_{module}(trial, load_config(trial / "config.yaml"))
 end_process(0)
 '''
 
 STOPPING_DPO = r'''
 import os, signal, sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
 from rlkit.jobs.dpo.algorithm import DPOTraining
 from rlkit.trainer.loop import run_training
@@ -52,7 +55,8 @@ class StopsAfterStep2(DPOTraining):
         return result
 
 
-run_training(Path(sys.argv[1]), StopsAfterStep2)
+trial = Path(sys.argv[1])
+run_training(trial, load_config(trial / "config.yaml"), StopsAfterStep2)
 end_process(0)
 '''
 

@@ -79,9 +79,9 @@ def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[in
     return {f"actor/{k}": v for k, v in stats.items()}
 
 
-def run_grpo(trial_dir: Path) -> None:
+def run_grpo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The GRPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, GRPO)
+    run_training(trial_dir, config, GRPO)
 
 
 class GRPO:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.pairs.loss_fns import rw_loss_fn
 from rlkit.jobs.pairs.losses import by_pair, rw_pairwise_loss
 from rlkit.jobs.pairs.steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
@@ -29,9 +30,9 @@ METRICS = {"loss": "loss", "accuracy": "accuracy", "margin": "reward_margin", "c
            "rejected_score": "rejected_score"}
 
 
-def run_rw(trial_dir: Path) -> None:
+def run_rw(trial_dir: Path, config: ExperimentConfig) -> None:
     """The rw trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, RewardModelTraining)
+    run_training(trial_dir, config, RewardModelTraining)
 
 
 class RewardModelTraining(OfflineAlgorithm):
