@@ -33,7 +33,7 @@ class JobType:
     then). `trainer`: its work step is a trainer on GPUs (allocation_mode has an fsdp part) rather than one GPU-less
     client process. `resumable`: it writes recover checkpoints, so the job requeues itself at its time limit,
     `rlkit resume` continues it and `rlkit stop` checkpoints first. `step`: "module:function" called with the
-    trial directory in the job. `sections`: the config sections holding its own knobs. `lora`: it trains (and,
+    trial directory and its config. `sections`: the config sections holding its own knobs. `lora`: it trains (and,
     with servers, serves) LoRA adapters when actor.use_lora is set; `no_lora`: why it does not, said when a config
     sets use_lora anyway (empty: the generic reason). `prompt_dataset`: the dataset whose prompts go to the servers
     (its max_length must fit their context), empty when none does. `passes_on`: what its checkpoints/final is, for

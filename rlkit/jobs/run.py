@@ -12,12 +12,13 @@ from rlkit.trials.paths import TrialPaths
 
 
 def run_job_step(trial_dir: Path, *, trainer: bool) -> None:
-    """Call the job type's step with the trial directory. `trainer`: the command that started us (`rlkit train` or
-    `rlkit client`); a script whose command does not match its job type's component is refused, not guessed."""
+    """Call the job type's step with the trial directory and its config, loaded here once for the process.
+    `trainer`: the command that started us (`rlkit train` or `rlkit client`); a script whose command does not match
+    its job type's component is refused, not guessed."""
     config = load_config(TrialPaths(trial_dir).config)
     job = job_type_for(config.type)
     if job.trainer != trainer:
         raise FatalStepError(f"job type {job.name} runs `rlkit {'train' if job.trainer else 'client'}`, not this "
                              "command (the job script does not match the trial's config)")
     module, _, function = job.step.partition(":")
-    getattr(importlib.import_module(module), function)(trial_dir)
+    getattr(importlib.import_module(module), function)(trial_dir, config)

@@ -4,7 +4,7 @@ An auxiliary model (config `auxiliary_models`, rlkit.config.schema.auxiliary) is
 trial's job, registered as `auxiliary/<name>/<index>` in name resolve. Reward functions run in worker processes
 (rlkit.rewards.runner), so everything is found from the trial directory the trainer hands its workers in
 $RLKIT_TRIAL_DIR: the config (where name resolve is, the model), and the trial token, read from its 0600 file
-(never on a command line or in the environment). Requests go through the rollout client's ServerPool (least busy
+(never on a command line or in the environment). Requests go through rlkit.servers.pool's ServerPool (least busy
 server, retries on another one), so the backends' wire code is the one the rollouts use.
 
 Nothing happens at `auxiliary_model()`: a reward module may call it at import, including at submit on the login
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
     from rlkit.config.schema.experiment import ExperimentConfig
     from rlkit.nameresolve.base import NameResolve
-    from rlkit.rollout.client import ServerPool
+    from rlkit.servers.pool import ServerPool
 
 TRIAL_DIR_ENV = "RLKIT_TRIAL_DIR"  # set by the trainer for its reward workers (rlkit.jobs.grpo.rank0)
 REFRESH_S = 10.0  # how often the live servers are read again (a restarted server comes back at a new address)
@@ -108,7 +108,7 @@ class AuxiliaryModel:
         return [c.text for c in await self.acomplete(prompt, **sampling)]
 
     async def acomplete(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
-        from rlkit.rollout.client import ServersUnreachable
+        from rlkit.servers.pool import ServersUnreachable
 
         params = sampling_params(sampling)
         prompt_ids = await asyncio.to_thread(self._prompt_ids, prompt)
@@ -172,7 +172,7 @@ class AuxiliaryModel:
 
     async def _live_pool(self) -> ServerPool:
         """This event loop's pool over the live servers (waiting for the first one), refreshed every REFRESH_S."""
-        from rlkit.rollout.client import ServerPool, wait_for_servers
+        from rlkit.servers.pool import ServerPool, wait_for_servers
 
         self._setup()
         assert self._config is not None and self._nr is not None
@@ -188,7 +188,7 @@ class AuxiliaryModel:
         return self._pool
 
     async def _refresh(self, pool: ServerPool, *, force: bool = False) -> None:
-        from rlkit.rollout.client import discover_servers
+        from rlkit.servers.pool import discover_servers
 
         if not force and time.monotonic() - self._refreshed < REFRESH_S:
             return
@@ -218,7 +218,7 @@ def auxiliary_model(name: str) -> AuxiliaryModel:
 def wait_for_auxiliary(config: ExperimentConfig, nr: NameResolve, timeout: float) -> dict[str, list[str]]:
     """Wait until every server of every auxiliary model is registered and healthy (the trainer, before the first
     rollout, so no reward function meets a server still starting); their addresses by model name."""
-    from rlkit.rollout.client import wait_for_servers
+    from rlkit.servers.pool import wait_for_servers
 
     deadline = time.monotonic() + timeout
     found = {}

@@ -2,7 +2,7 @@
 named by `reward.reward_model_path`, AReaL's field name).
 
 The score is what rw trained: the value head's output at the last token of prompt + completion + end of sequence,
-tokenized as rw tokenizes a text pair (rlkit.jobs.pairs.data), so the model reads sequences shaped like the ones it
+tokenized as rw tokenizes a text pair (rlkit.data.answer_tokens), so the model reads sequences shaped like the ones it
 learned to rank. Only differences between scores mean something (the pairwise loss ignores any constant offset), so
 a GRPO run uses them through group normalisation (actor.reward_norm) or shifts them with reward_bias/reward_scaling.
 
@@ -25,7 +25,7 @@ def _model(path: str) -> tuple[Any, Any]:
     if path not in _loaded:
         from transformers import AutoTokenizer
 
-        from rlkit.trainer.value_model import load_value_model
+        from rlkit.models.value_model import load_value_model
 
         model = load_value_model(path).eval()
         model.requires_grad_(False)
@@ -37,8 +37,8 @@ def reward_model_score(prompt: str, completion: str, row: dict[str, Any], *, mod
     """The reward model's score of `completion` after `prompt` (the row is not read)."""
     import torch
 
-    from rlkit.jobs.pairs.data import answer_ids, prompt_ids
-    from rlkit.trainer.value_model import last_token_scores, token_values
+    from rlkit.data.answer_tokens import answer_ids, prompt_ids
+    from rlkit.models.value_model import last_token_scores, token_values
 
     model, tokenizer = _model(model_path)
     head = prompt_ids(tokenizer, prompt)

@@ -25,7 +25,8 @@ def _choices() -> str:
 
 def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "") -> RewardFn:
     """The reward function named by `spec`; every mistake raises ConfigError saying what is wrong and how to fix it.
-    `reward_model_path`: the model of the built-in `reward_model` (its directory is checked in rlkit.config)."""
+    `reward_model_path`: the model of the built-in `reward_model` (its directory is checked in
+    rlkit.checks.reward_model)."""
     spec = spec.strip()
     if spec == REWARD_MODEL:
         if not reward_model_path:

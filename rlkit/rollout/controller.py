@@ -30,23 +30,13 @@ from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
-from rlkit.rollout.client import ServerPool, discover_servers, wait_for_servers
-from rlkit.rollout.groups import GroupSampler, SampledGroup, SingleTurnGroups
+from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.servers.backend import SamplingParams, Server
+from rlkit.servers.pool import ServerPool, discover_servers, wait_for_servers
 from rlkit.types import Sample
 
 T = TypeVar("T")
 LIVENESS_POLL_S = 5.0
-
-
-@dataclass
-class Prompt:
-    """One dataset row and its prompt tokens."""
-
-    index: int
-    row: dict[str, Any]
-    text: str
-    ids: list[int]
 
 
 @dataclass

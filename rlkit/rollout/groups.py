@@ -25,8 +25,17 @@ from rlkit.servers.backend import Completion, SamplingParams
 from rlkit.types import Sample
 
 if TYPE_CHECKING:
-    from rlkit.rollout.client import ServerPool
-    from rlkit.rollout.controller import Prompt
+    from rlkit.servers.pool import ServerPool
+
+
+@dataclass
+class Prompt:
+    """One dataset row and its prompt tokens."""
+
+    index: int
+    row: dict[str, Any]
+    text: str
+    ids: list[int]
 
 
 @dataclass

@@ -18,16 +18,15 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig, OptimizerConfig
+from rlkit.models.dtypes import DTYPES
+from rlkit.models.source import build_causal_lm
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum
-from rlkit.trainer.model_source import build_causal_lm
 from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
 LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def attention_implementation(requested: str) -> str:
@@ -55,7 +54,7 @@ def lr_multiplier(step: int, total: int, *, warmup_proportion: float, schedule: 
 
 def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
                    from_scratch: bool = False) -> nn.Module:
-    """The causal LM at `path` (rlkit.trainer.model_source: dropout off, or random weights, as asked)."""
+    """The causal LM at `path` (rlkit.models.source: dropout off, or random weights, as asked)."""
     return build_causal_lm(path, dtype=dtype, attn_impl=attention_implementation(attn_impl),
                            disable_dropout=disable_dropout, from_scratch=from_scratch)
 
@@ -82,8 +81,8 @@ def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
 
 def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
     """The model factory of a scalar head (rw's reward model, ppo's critic): the value model of config.path
-    (rlkit.trainer.value_model: a fresh seeded head on a causal LM) in float32 master weights."""
-    from rlkit.trainer.value_model import load_value_model
+    (rlkit.models.value_model: a fresh seeded head on a causal LM) in float32 master weights."""
+    from rlkit.models.value_model import load_value_model
 
     model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl),
                              disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)

@@ -29,8 +29,8 @@ from rlkit.agent.episode import Episode
 from rlkit.agent.metrics import batch_metrics
 from rlkit.config.schema.evaluation import EvaluatorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.rollout.controller import Prompt, RolloutController
-from rlkit.rollout.groups import GroupSampler
+from rlkit.rollout.controller import RolloutController
+from rlkit.rollout.groups import GroupSampler, Prompt
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sampling import sampling_params
 from rlkit.trainer.loop_rank0 import Saver

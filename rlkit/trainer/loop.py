@@ -20,14 +20,13 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from rlkit.config.load import load_config
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
+from rlkit.slurm.faults import failed_before, fault_point
 from rlkit.step_contract import EXIT_FAILING, EXIT_REQUEUE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
 from rlkit.trainer import recover
 from rlkit.trainer.dist import DistEnv, broadcast_object, init_distributed
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer.faults import failed_before, fault_point
 from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trials.paths import TrialPaths
 
@@ -120,15 +119,15 @@ def resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str]
     return (found[0], str(found[1])) if found is not None else None
 
 
-def run_training(trial_dir: Path, build: Callable[[LoopContext], Algorithm]) -> None:
-    """The training step's entry point on every rank, for the algorithm `build` makes."""
+def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm]) -> None:
+    """The training step's entry point on every rank, for the algorithm `build` makes, with the trial's config as
+    the job loaded it (rlkit.jobs.run: loaded once per process)."""
     from rlkit.nameresolve import name_resolve_for
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
     stop = _StopRequests()
     paths = TrialPaths(Path(trial_dir))
-    config = load_config(paths.config)
     env, device = init_distributed(name_resolve_for(config))
     algorithm = build(LoopContext(config, paths, env, device))
     resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)

@@ -110,14 +110,15 @@ class LoopRank0:
         `write` when it has one, else as a causal LM with actor.path's config and the tokenizer the job used
         (tokenizer_path, else actor.path's; with LoRA, the adapter merged into the base, and the peft adapter itself
         in its `adapter/` subdirectory)."""
-        from rlkit.trainer.engine import DTYPES
+        from rlkit.models.dtypes import DTYPES
         from rlkit.weights import hf_export
 
         out_dir = self.paths.checkpoints / name
         actor = self.config.actor
         also_write: Callable[[Path], object] | None = None
         if actor.use_lora:  # a model on its own (a server's --model, a next stage's actor.path), its adapter beside
-            from rlkit.trainer.lora import ADAPTER_DIR, adapter_state, merge_adapter_state, write_adapter
+            from rlkit.trainer.lora import ADAPTER_DIR, adapter_state, merge_adapter_state
+            from rlkit.weights.adapter_files import write_adapter
 
             adapter = adapter_state(state)
             state = merge_adapter_state(state, actor)

@@ -1,5 +1,5 @@
 """LoRA with peft on the trainer: wrap the causal LM before FSDP shards it, gather only the adapter, write it in the
-format vLLM's runtime LoRA loader reads (a peft directory: adapter_config.json + adapter_model.safetensors).
+format vLLM's runtime LoRA loader reads (a peft directory: rlkit.weights.adapter_files).
 
 Only the adapter's parameters train (peft freezes the base), so the optimizer, the gathers of a weight push and the
 directory the servers load are all adapter-sized. The base weights on the servers never change in a LoRA run: each
@@ -8,36 +8,20 @@ weight version is a new adapter, loaded under a new name (rlkit.weights.lora_dis
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from peft import LoraConfig
+from rlkit.weights.adapter_files import LORA_MARK, is_adapter_param, lora_config, write_adapter
 
+if TYPE_CHECKING:
     from rlkit.config.schema.actor import ActorConfig
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_NAME = "default"  # peft's name for the one adapter a model gets; peft drops it from the saved names
 LORA_INIT_SEED = 0
-_LORA_MARK = ".lora_"  # peft's LoRA parameters: <module>.lora_A.<adapter>.weight, <module>.lora_B.<adapter>.weight
-
-
-def lora_config(actor: ActorConfig, *, base_model: str | None = None) -> LoraConfig:
-    """peft's LoraConfig from the actor's fields (no dropout: the trainer's log-probs must be the servers')."""
-    from peft import LoraConfig
-
-    modules: list[str] | str = list(actor.target_modules)
-    if modules == ["all-linear"]:
-        modules = "all-linear"  # peft's own shorthand: every linear layer but the output head
-    return LoraConfig(r=actor.lora_rank, lora_alpha=actor.lora_alpha, target_modules=modules, lora_dropout=0.0,
-                      bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model)
 
 
 def wrap_lora(model: nn.Module, actor: ActorConfig) -> nn.Module:
@@ -65,10 +49,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers) if layers is not None else []
 
 
-def is_adapter_param(name: str) -> bool:
-    return _LORA_MARK in name
-
-
 def iter_adapter_buckets(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[dict[str, Tensor] | None]:
     """Collective (every FSDP rank, in step): gather each adapter parameter in full, in `named_parameters` order;
     yields ONE bucket, on rank 0 `{peft save name: tensor on the CPU}` (the names of adapter_model.safetensors), on
@@ -93,40 +73,6 @@ def iter_adapter_buckets(model: nn.Module, dtype: torch.dtype | None = None) -> 
     named = get_peft_model_state_dict(model, state_dict=gathered, adapter_name=ADAPTER_NAME,
                                       save_embedding_layers=False)
     yield {name: tensor.contiguous() for name, tensor in named.items()}
-
-
-def target_modules_of(tensors: dict[str, Tensor]) -> list[str]:
-    """The module names (last path element) that carry an adapter in a saved adapter state."""
-    return sorted({name.split(_LORA_MARK)[0].rsplit(".", 1)[-1] for name in tensors if _LORA_MARK in name})
-
-
-def write_adapter(tensors: dict[str, Tensor], actor: ActorConfig, base_model: str, out_dir: Path) -> Path:
-    """Write one adapter as a peft directory: adapter_model.safetensors (the tensors, as named by
-    `iter_adapter_buckets`) and adapter_config.json (rank, alpha and the modules actually adapted, so an
-    'all-linear' config is written as the list it resolved to). The files are world-readable: a server running as
-    another user must read them (peft's own save writes 0600). The directory must not exist yet (a server caches an
-    adapter by its path, so a version is never rewritten in place)."""
-    from safetensors.torch import save_file
-
-    if not tensors:
-        raise ValueError("an adapter with no tensors")
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise FileExistsError(f"{out_dir} exists: an adapter directory is never rewritten (servers cache by path)")
-    # `.<name>.<pid>.tmp`: the pattern rlkit.weights.hf_export.remove_old_versions cleans up after a crash
-    partial = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.tmp")
-    partial.mkdir(parents=True, exist_ok=False)
-    config: dict[str, Any] = lora_config(actor, base_model=base_model).to_dict()
-    config["target_modules"] = target_modules_of(tensors)
-    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-    (partial / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial / ADAPTER_WEIGHTS),
-              metadata={"format": "pt"})
-    for path in (partial / ADAPTER_CONFIG, partial / ADAPTER_WEIGHTS):
-        os.chmod(path, 0o644)
-    os.chmod(partial, 0o755)
-    partial.rename(out_dir)  # complete or absent: a server never sees half an adapter
-    return out_dir
 
 
 def export_adapter(model: nn.Module, actor: ActorConfig, base_model: str, out_dir: Path) -> Path | None:
@@ -166,8 +112,8 @@ def merge_adapter_state(state: dict[str, Tensor], actor: ActorConfig) -> dict[st
     lora: dict[str, dict[str, Tensor]] = {}
     for key, tensor in state.items():
         name = key.removeprefix(_PEFT_ROOT)
-        if _LORA_MARK in name:
-            module, rest = name.split(_LORA_MARK, 1)
+        if LORA_MARK in name:
+            module, rest = name.split(LORA_MARK, 1)
             lora.setdefault(module, {})[rest.split(".", 1)[0]] = tensor  # "A" or "B"
         else:
             merged[name.replace(".base_layer.", ".")] = tensor

@@ -1,7 +1,7 @@
 """The frozen reference model of a KL term (or of DPO): ref.path's weights (dpo: dpo.ref_path when set; neither set:
 actor.path, the initial weights), sharded like the trained model, in eval mode, never stepped. With LoRA and no other
 model named there is no second model: the trained peft model with its adapter switched off is the base
-(rlkit.config.schema.ref.separate_reference decides)."""
+(rlkit.config.reference.separate_reference decides)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from torch import nn
 from rlkit.config.reference import reference_load, separate_reference
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad
-from rlkit.trainer.engine import DTYPES, load_causal_lm, shard_model
+from rlkit.models.dtypes import DTYPES
+from rlkit.trainer.engine import load_causal_lm, shard_model
 
 
 def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:

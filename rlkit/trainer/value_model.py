@@ -1,22 +1,11 @@
-"""Scalar-head models over a Hugging Face causal-LM backbone: a reward model (job type rw: the score at a sequence's
-last token) and the PPO critic (a value per token).
-
-Both are transformers' `AutoModelForTokenClassification` with one label: the backbone at `model.model` (decoder
-layers at `model.model.layers`, so rlkit.trainer.engine.shard_model shards it like the policy) and a linear `score`
-head giving one number per token. AutoModelForSequenceClassification also exists for these models, but it finds
-the last token by looking for the first pad token, which is wrong for models whose end-of-sequence token is also
-their pad token (Qwen2.5 base models); reading the per-token scores at a position the batch knows avoids that.
-
-Loading a causal-LM checkpoint keeps its backbone, drops its LM head and adds a head drawn from a fixed seed (the
-same on every rank and for every rank count); loading a saved value model keeps its head. Saved models are a
-complete Hugging Face directory (safetensors weights, config.json naming the token-classification class, tokenizer)
-plus `rlkit_value_head.json`, which says what the scores mean.
+"""Saving a trained value model (a reward model of job type rw, the PPO critic) as a reloadable Hugging Face
+directory with its head note. The model itself (building, loading, per-token values, last-token scores) is
+rlkit.models.value_model, below the rewards that score with it; saving writes weights through rlkit.weights.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -24,66 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlkit.config.model_config import VALUE_HEAD_NOTE as HEAD_NOTE
-from rlkit.trainer.model_source import SCRATCH_SEED, model_config
 
-HEAD_SEED = 0
 Kind = Literal["reward", "critic"]
 _NOT_COPIED = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".index.json")
 _READS = {"reward": "score of a whole sequence: the head's output at the sequence's last token",
           "critic": "value of each state: the head's output at every token"}
-
-
-def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, attn_impl: str = "sdpa",
-                     head_seed: int = HEAD_SEED, disable_dropout: bool = False, from_scratch: bool = False
-                     ) -> nn.Module:
-    """A one-label token-classification model from `path` (a causal LM or a saved value model), no dropout on the
-    head (values and scores must not depend on the training mode); with `disable_dropout` none anywhere, with
-    `from_scratch` the architecture of `path` with random weights (rlkit.trainer.model_source)."""
-    from transformers import AutoModelForTokenClassification
-
-    config = model_config(str(path), disable_dropout=disable_dropout)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    if from_scratch:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(SCRATCH_SEED)
-            model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_impl)
-        missing = True
-    else:
-        model, info = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=dtype, attn_implementation=attn_impl, output_loading_info=True)
-        missing = any(key.startswith("score.") for key in info["missing_keys"])
-    if missing:
-        init_head(model, head_seed)
-    model.config.architectures = [type(model).__name__]  # what a save writes (it was the causal LM's)
-    return model
-
-
-def init_head(model: nn.Module, seed: int) -> None:
-    """A fresh head: weights ~ N(0, 1/(hidden + 1)), bias 0, drawn from `seed` alone (identical on every rank)."""
-    head = model.score
-    assert isinstance(head, nn.Linear), f"expected a linear score head, got {type(head).__name__}"
-    generator = torch.Generator().manual_seed(seed)
-    std = 1.0 / math.sqrt(head.in_features + 1)
-    with torch.no_grad():
-        weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std
-        head.weight.copy_(weight.to(head.weight.dtype))
-        if head.bias is not None:
-            head.bias.zero_()
-
-
-def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, L] float32: the head's output at every token (right-padded batch; padding positions are meaningless)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return out.logits.squeeze(-1).float()
-
-
-def last_token_scores(values: Tensor, last_index: Tensor) -> Tensor:
-    """[B] each sequence's score: its [B, L] per-token output at `last_index` (the sequence's last real token)."""
-    return values.gather(1, last_index.long().unsqueeze(1)).squeeze(1)
 
 
 def save_value_model(state_dict: Mapping[str, Tensor], model_config: Any, source_dir: str | Path, out_dir: str | Path,
@@ -103,7 +40,7 @@ def save_value_model(state_dict: Mapping[str, Tensor], model_config: Any, source
                 shutil.copyfile(item, template / item.name)
         model_config.save_pretrained(template)
         note = {"kind": kind, "reads": _READS[kind], "head": "score", "num_labels": 1,
-                "load": "rlkit.trainer.value_model.load_value_model", "weights": WEIGHTS_NAME}
+                "load": "rlkit.models.value_model.load_value_model", "weights": WEIGHTS_NAME}
         (template / HEAD_NOTE).write_text(json.dumps(note, indent=2, sort_keys=True) + "\n")
         return write_weights(state_dict, template, out, dtype, replace=True,
                              tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)

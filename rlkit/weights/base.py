@@ -28,6 +28,7 @@ from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES, WeightUpdateMode
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, ServerBackend
 from rlkit.servers.http import ServerUnreachable, timed
+from rlkit.slurm.faults import fault_point
 
 if TYPE_CHECKING:
     import httpx
@@ -212,8 +213,6 @@ def outcome_of(server: Server, result: ServerSync | BaseException) -> ServerOutc
 
 def die_mid_push_first(servers: Sequence[Server], version: int) -> bool:
     """Tests (RLKIT_FAULT_INJECT=die_mid_push@V): deliver to the first server only, then the trainer dies."""
-    from rlkit.trainer.faults import fault_point
-
     return bool(servers) and fault_point("die_mid_push", version)
 
 

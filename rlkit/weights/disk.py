@@ -40,7 +40,7 @@ class DiskTransport(WeightTransport):
         hf_export.remove_old_versions(self.paths.weights, keep=set())  # a version directory is never rewritten
 
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
-        from rlkit.trainer.engine import DTYPES
+        from rlkit.models.dtypes import DTYPES
         from rlkit.weights import hf_export
 
         started = time.monotonic()

@@ -1,5 +1,5 @@
 """LoRA adapters to the servers through the shared filesystem (`actor.use_lora`): trainer rank 0 writes each version's
-adapter as a peft directory (rlkit.trainer.lora.write_adapter) and every server loads it under a NEW name
+adapter as a peft directory (rlkit.weights.adapter_files.write_adapter) and every server loads it under a NEW name
 (`adapter_name`), then forgets the older adapters of the run. The base weights on the servers never change.
 
 Why a new name per version instead of reloading one name: vLLM keys its prefix cache by the adapter's name and path,
@@ -76,8 +76,8 @@ class LoraDiskTransport(WeightTransport):
               f"as {adapter_prefix(self.config)}<N>", flush=True)
 
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
-        from rlkit.trainer.lora import is_adapter_param, write_adapter
         from rlkit.weights import hf_export
+        from rlkit.weights.adapter_files import is_adapter_param, write_adapter
 
         started = time.monotonic()
         tensors: dict[str, Tensor] = {}

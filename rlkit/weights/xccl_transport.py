@@ -56,7 +56,7 @@ class XcclTransport(WeightTransport):
         self._sender: XcclSender | None = None
 
     def bucket_dtype(self) -> torch.dtype | None:
-        from rlkit.trainer.engine import DTYPES
+        from rlkit.models.dtypes import DTYPES
 
         return DTYPES[self.config.actor.dtype]
 

@@ -22,10 +22,12 @@ from tests.helpers.gloo_ranks import run_ranks, start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
-from rlkit.trainer.{module} import run_{module}
+from rlkit.jobs.{module}.algorithm import run_{module}
 
-run_{module}(Path(sys.argv[1]))
+trial = Path(sys.argv[1])
+run_{module}(trial, load_config(trial / "config.yaml"))
 end_process(0)
 '''
 
@@ -194,8 +196,8 @@ def _base_answer_logps(model_dir: Path, data: Path) -> dict[int, tuple[float, fl
     from rlkit.config.schema.pairs import DPOConfig
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
+    from rlkit.jobs.pairs.loss_fns import answer_logps
     from rlkit.jobs.pairs.losses import by_pair
-    from rlkit.trainer.loss_fns import answer_logps
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(data)), DPOConfig(), tokenizer)

@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.trainer.dist import end_process, init_distributed
 from torch.distributed.fsdp import fully_shard
-from rlkit.trainer.lora import decoder_layers, export_adapter, is_adapter_param, merge_adapter_state, wrap_lora
+from rlkit.trainer.lora import decoder_layers, export_adapter, merge_adapter_state, wrap_lora
+from rlkit.weights.adapter_files import is_adapter_param
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from rlkit.weights.fingerprint import trainer_probe_logprobs
 
@@ -133,7 +134,8 @@ import json, sys, torch
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.types import Sample
 from rlkit.trainer.dist import end_process, init_distributed
-from rlkit.trainer.lora import is_adapter_param, iter_adapter_buckets
+from rlkit.trainer.lora import iter_adapter_buckets
+from rlkit.weights.adapter_files import is_adapter_param
 from rlkit.trainer.actor import PPOActor
 
 model_dir, out = sys.argv[1], sys.argv[2]

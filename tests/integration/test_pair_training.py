@@ -26,16 +26,19 @@ from tests.helpers.gloo_ranks import start_ranks, wait_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
-from rlkit.trainer.{module} import run_{module}
+from rlkit.jobs.{module}.algorithm import run_{module}
 
-run_{module}(Path(sys.argv[1]))
+trial = Path(sys.argv[1])
+run_{module}(trial, load_config(trial / "config.yaml"))
 end_process(0)
 '''
 
 STOPPING_DPO = r'''
 import os, signal, sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
 from rlkit.jobs.dpo.algorithm import DPOTraining
 from rlkit.trainer.loop import run_training
@@ -51,7 +54,8 @@ class StopsAfterStep2(DPOTraining):
         return result
 
 
-run_training(Path(sys.argv[1]), StopsAfterStep2)
+trial = Path(sys.argv[1])
+run_training(trial, load_config(trial / "config.yaml"), StopsAfterStep2)
 end_process(0)
 '''
 
@@ -98,8 +102,8 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, heldout: Path) -> fl
     from rlkit.config.schema.pairs import RWConfig
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
-    from rlkit.trainer.loss_fns import rw_loss_fn
-    from rlkit.trainer.value_model import load_value_model
+    from rlkit.jobs.pairs.loss_fns import rw_loss_fn
+    from rlkit.models.value_model import load_value_model
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(heldout)), RWConfig(), tokenizer)

@@ -66,8 +66,8 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, held_out: Path) -> f
     from rlkit.config.schema.pairs import RWConfig
     from rlkit.jobs.pairs.batch import pack_pairs
     from rlkit.jobs.pairs.data import pairs_from_config
-    from rlkit.trainer.loss_fns import rw_loss_fn
-    from rlkit.trainer.value_model import load_value_model
+    from rlkit.jobs.pairs.loss_fns import rw_loss_fn
+    from rlkit.models.value_model import load_value_model
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     pairs, _ = pairs_from_config(DatasetConfig(path=str(held_out), max_length=64), RWConfig(), tokenizer)
@@ -125,9 +125,9 @@ def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
     from rlkit.checks.reward_model import validate_reward_model
     from rlkit.config.load import config_from_mapping
     from rlkit.config.problems import Problems
+    from rlkit.models.value_model import load_value_model, token_values
     from rlkit.rewards import resolve_reward_fn
     from rlkit.rewards.runner import RewardRunner
-    from rlkit.trainer.value_model import load_value_model, token_values
 
     run = pair_runs["rw"]
     final = Path(str(run["trial"])) / "checkpoints" / "final"

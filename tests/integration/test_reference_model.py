@@ -26,7 +26,7 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.trainer.dist import end_process, init_distributed
 from rlkit.jobs.dpo.algorithm import DPOTraining, fill_missing
 from rlkit.trainer.loop import LoopContext
-from rlkit.trainer.loss_fns import answer_logps
+from rlkit.jobs.pairs.loss_fns import answer_logps
 from rlkit.trainer.offline_epochs import rank_share
 from rlkit.jobs.pairs.losses import by_pair
 from rlkit.jobs.pairs.steps import local_pairs, micro_batches

@@ -19,10 +19,12 @@ from tests.helpers.gloo_ranks import run_ranks
 WORKER = r'''
 import sys
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
 from rlkit.jobs.sft.algorithm import run_sft
 
-run_sft(Path(sys.argv[1]))
+trial = Path(sys.argv[1])
+run_sft(trial, load_config(trial / "config.yaml"))
 end_process(0)
 '''
 

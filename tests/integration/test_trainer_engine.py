@@ -103,7 +103,8 @@ else:
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
 if actor.use_lora and env.rank == 0:  # only the adapter trained; compared as the merged model a checkpoint holds
-    from rlkit.trainer.lora import is_adapter_param, merge_adapter_state
+    from rlkit.trainer.lora import merge_adapter_state
+    from rlkit.weights.adapter_files import is_adapter_param
     trainable = [n for n, p in policy.engine.model.named_parameters() if p.requires_grad]
     assert trainable and all(is_adapter_param(n) for n in trainable), trainable
     state = merge_adapter_state(state, actor)
@@ -209,7 +210,7 @@ def _assert_inserted_tokens_change_nothing(model: Path, tmp_path: Path, opts: di
 
 def _assert_critics_equal(model: Path, tmp_path: Path, s1: dict[str, float], s2: dict[str, float]) -> None:
     """The value models after the step: moved (the fresh head and the backbone), and equal for 1 and 2 ranks."""
-    from rlkit.trainer.value_model import load_value_model
+    from rlkit.models.value_model import load_value_model
 
     c1, c2 = _weights(tmp_path / "one", "critic"), _weights(tmp_path / "two", "critic")
     before = load_value_model(model).state_dict()

@@ -19,6 +19,7 @@ from tests.helpers.gloo_ranks import run_ranks
 WORKER = r'''
 import os, signal, sys, torch
 from pathlib import Path
+from rlkit.config.load import load_config
 from rlkit.trainer.dist import end_process
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop import LoopContext, StepResult, run_training
@@ -78,7 +79,8 @@ class NextTokenToy:
         pass
 
 
-run_training(Path(sys.argv[1]), NextTokenToy)
+trial = Path(sys.argv[1])
+run_training(trial, load_config(trial / "config.yaml"), NextTokenToy)
 end_process(0)
 '''
 

@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.pairs.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.jobs.pairs.losses import ReferenceLogps, by_pair, dpo_loss
 from rlkit.jobs.pairs.steps import CountedLoss, PairData, PairMicroBatch, local_pairs, micro_batches, step_metrics
 from rlkit.trainer.dist import all_reduce_max
 from rlkit.trainer.engine import TrainEngine, actor_model_factory
 from rlkit.trainer.loop import LoopContext, run_training
-from rlkit.trainer.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
 from rlkit.trainer.reference import adapter_off, reference_model
 
@@ -35,9 +36,9 @@ METRICS = {"loss": "loss", "rewards/margin": "reward_margin", "rewards/accuracy"
            "rewards/chosen": "reward_chosen", "rewards/rejected": "reward_rejected"}
 
 
-def run_dpo(trial_dir: Path) -> None:
+def run_dpo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The dpo trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, DPOTraining)
+    run_training(trial_dir, config, DPOTraining)
 
 
 def fill_missing(reference: nn.Module, mbs: list[PairMicroBatch], cache: ReferenceLogps) -> None:

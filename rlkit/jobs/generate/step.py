@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.allocation import parse_allocation
-from rlkit.config.load import load_config
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
 from rlkit.nameresolve import name_resolve_for
-from rlkit.rollout.client import ServerPool, wait_for_servers
 from rlkit.servers.backend import SamplingParams, server_model
+from rlkit.servers.pool import ServerPool, wait_for_servers
 from rlkit.servers.sampling import sampling_params as request_sampling
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_token
@@ -51,12 +50,11 @@ async def _complete_all(pool: ServerPool, prompts: list[list[int]], params: Samp
     return per_server
 
 
-def run_generate(trial_dir: Path) -> None:
+def run_generate(trial_dir: Path, config: ExperimentConfig) -> None:
     """Complete the configured dataset; the output file appears (atomically) only when every prompt is done."""
     from transformers import AutoTokenizer
 
     paths = TrialPaths(Path(trial_dir))
-    config = load_config(paths.config)
     alloc = parse_allocation(config.allocation_mode)
     assert alloc.server is not None
     gen = config.generate

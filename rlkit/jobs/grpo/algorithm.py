@@ -24,13 +24,13 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
-from rlkit.rollout.controller import Prompt
+from rlkit.rollout.groups import Prompt
+from rlkit.slurm.faults import fault_point
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.dist import broadcast_object, gather_per_sample
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer.fault_corrupt import FAULT, corrupt_server
-from rlkit.trainer.faults import fault_point
 from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
 from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.trainer.rl_math.advantage_batch import token_advantages
@@ -79,9 +79,9 @@ def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[in
     return {f"actor/{k}": v for k, v in stats.items()}
 
 
-def run_grpo(trial_dir: Path) -> None:
+def run_grpo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The GRPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, GRPO)
+    run_training(trial_dir, config, GRPO)
 
 
 class GRPO:

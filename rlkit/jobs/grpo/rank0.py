@@ -14,11 +14,12 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
 from rlkit.rollout.agent_setup import episode_groups, sampled_budget
-from rlkit.rollout.client import ServersUnreachable
-from rlkit.rollout.controller import Group, Prompt, RolloutController
+from rlkit.rollout.controller import Group, RolloutController
+from rlkit.rollout.groups import Prompt
+from rlkit.servers.pool import ServersUnreachable
+from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
 from rlkit.trainer.evaluator import Evaluator
-from rlkit.trainer.faults import fault_point
 from rlkit.trainer.rl_math.advantage_batch import prepare_batch
 from rlkit.trainer.sampled_tokens import sampled_count
 from rlkit.trials.paths import TrialPaths

@@ -7,7 +7,8 @@ tokenizer's chat template; the answer is what the template adds after the prompt
 closing tokens (end of turn) are part of the answer. A plain-text answer gets the end-of-sequence token appended,
 so that a model trained on pairs also learns to stop.
 
-What SFT (rlkit.jobs.sft.data) needs is the same prompt + answer split: `answer_ids` is the shared piece.
+The prompt + answer split itself (`prompt_ids`, `answer_ids`) is rlkit.data.answer_tokens, shared with the reward
+model's scoring (rlkit.rewards.model_reward).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlkit.data.answer_tokens import answer_ids, prompt_ids
 from rlkit.data.row_formats import pair_row
 from rlkit.errors import StepError
 
@@ -57,48 +59,6 @@ class PairCounts:
     kept: int = 0
     truncated: int = 0
     dropped: list[int] = field(default_factory=list)  # row indices too long (or with an empty answer)
-
-
-def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
-
-
-def _chat_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
-    # return_dict=False: transformers 5 returns a BatchEncoding (a dict) by default
-    try:
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
-                                            return_dict=False)
-    except ValueError as exc:  # transformers: no chat template set (or one that cannot render these messages)
-        raise StepError(f"the tokenizer cannot render this chat: {exc}") from None
-    return [int(t) for t in ids]
-
-
-def prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
-    """The tokens of a prompt: a string as it is, chat messages through the template with the generation prompt."""
-    if isinstance(prompt, str):
-        return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=False)]
-    if _is_messages(prompt):
-        return _chat_ids(tokenizer, prompt, generation_prompt=True)
-    raise StepError(f"cannot read a prompt of type {type(prompt).__name__}: give a string or chat messages")
-
-
-def answer_ids(tokenizer: Any, prompt: Any, answer: Any, prompt_tokens: Sequence[int]) -> list[int]:
-    """The tokens that follow `prompt_tokens` for `answer`: a string prompt takes a string answer (+ end of
-    sequence); chat messages take a string (one assistant message) or the assistant message(s) that follow."""
-    if isinstance(prompt, str):
-        if not isinstance(answer, str):
-            raise StepError(f"a text prompt needs a text answer, got {type(answer).__name__}")
-        if tokenizer.eos_token_id is None:
-            raise StepError("the tokenizer has no end-of-sequence token, which ends every text answer")
-        return [int(t) for t in tokenizer.encode(answer, add_special_tokens=False)] + [int(tokenizer.eos_token_id)]
-    turns = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else answer
-    if not _is_messages(turns):
-        raise StepError(f"a chat prompt needs a string or chat messages as answer, got {type(answer).__name__}")
-    full = _chat_ids(tokenizer, [*prompt, *turns], generation_prompt=False)
-    if full[: len(prompt_tokens)] != list(prompt_tokens):
-        raise StepError("the tokenizer's chat template does not render the prompt (with its generation prompt) as "
-                        "the start of prompt + answer, so the answer's tokens cannot be told apart")
-    return full[len(prompt_tokens):]
 
 
 def encode_pair(tokenizer: Any, row: dict[str, Any], index: int, *, prompt_key: str, chosen_key: str,

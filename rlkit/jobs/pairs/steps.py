@@ -1,6 +1,6 @@
 """What rw and dpo share on top of rlkit.trainer.offline_epochs: the pairs of train_dataset and valid_dataset, a
 rank's pairs as micro-batches (the same count on every rank, padding ones counting for nothing), and the engine's
-loss adapter for the loss functions of rlkit.trainer.loss_fns.
+loss adapter for the loss functions of rlkit.jobs.pairs.loss_fns.
 """
 
 from __future__ import annotations

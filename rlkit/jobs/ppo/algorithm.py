@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.grpo.algorithm import GRPO
 from rlkit.jobs.ppo.critic import PPOCritic, batch_means
 from rlkit.trainer.dist import gather_per_sample
@@ -19,9 +20,9 @@ from rlkit.trainer.rl_math.advantage_batch import advantages_and_returns
 from rlkit.types import Sample
 
 
-def run_ppo(trial_dir: Path) -> None:
+def run_ppo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The PPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, PPO)
+    run_training(trial_dir, config, PPO)
 
 
 class PPO(GRPO):

@@ -1,9 +1,9 @@
-"""The PPO critic on its own TrainEngine: a value per token (rlkit.trainer.value_model) and clipped value-loss steps.
+"""The PPO critic on its own TrainEngine: a value per token (rlkit.models.value_model) and clipped value-loss steps.
 
 The engine is the actor's kind (FSDP, optimizer, LR schedule, sharded checkpoints) over a different model: the value
 model from critic.path (empty: actor.path), with the `critic` section's dtype, optimizer, micro-batches and
 minibatches. Values are taken before the advantages (GAE bootstraps from them); the returns GAE gives back are the
-targets of the value loss (rlkit.trainer.loss_fns.CriticLoss, critic.eps_clip).
+targets of the value loss (CriticLoss, critic.eps_clip).
 """
 
 from __future__ import annotations
@@ -16,15 +16,36 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.critic import CriticConfig
+from rlkit.models.value_model import token_values
 from rlkit.trainer.batch import dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, value_head_model
-from rlkit.trainer.loss_fns import CriticLoss, state_values
+from rlkit.trainer.rl_math.value_loss import ppo_value_loss
 from rlkit.trainer.sample_forward import aligned, group_of, micro_batches_idx, minibatch_steps
 from rlkit.trainer.sampled_tokens import sampled_mask
 from rlkit.types import Sample
 
 _SUMMED = ("loss", "clip_fraction", "value", "return")  # token means of ppo_value_loss's statistics
+
+
+def state_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, L-1] the critic's value of the state before each next token, aligned with rlkit.trainer.batch's per-token
+    tensors (position p: the value of tokens 0..p, from which token p+1 is sampled). The final token is no state."""
+    return token_values(model, input_ids, attention_mask)[:, :-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticLoss:
+    """The critic's loss_fn over a micro-batch with old values and returns at the completion positions."""
+
+    eps_clip: float
+
+    def __call__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, old_values: Tensor,
+                 returns: Tensor, loss_mask: Tensor) -> tuple[Tensor, int, dict[str, float]]:
+        values = state_values(model, input_ids, attention_mask)
+        loss, stats = ppo_value_loss(values, old_values, returns, loss_mask, eps_clip=self.eps_clip,
+                                     reduction="sum")
+        return loss, int(loss_mask.sum()), {name: float(value) for name, value in stats.items()}
 
 
 def critic_engine_config(critic: CriticConfig, actor: ActorConfig) -> ActorConfig:

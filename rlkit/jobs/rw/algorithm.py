@@ -1,5 +1,5 @@
 """Job type rw as an algorithm of the training loop: a reward model (a scalar head on the actor's backbone,
-rlkit.trainer.value_model) trained on chosen/rejected pairs with the pairwise loss, in epochs over train_dataset;
+rlkit.models.value_model) trained on chosen/rejected pairs with the pairwise loss, in epochs over train_dataset;
 `run_rw` is its `rlkit train` step.
 
 Each step: this rank's share of the step's pairs, in micro-batches, one optimizer step of -log sigmoid(r_chosen -
@@ -15,21 +15,24 @@ from typing import Any
 
 import torch
 
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.pairs.loss_fns import rw_loss_fn
 from rlkit.jobs.pairs.losses import by_pair, rw_pairwise_loss
 from rlkit.jobs.pairs.steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
-from rlkit.trainer.engine import DTYPES, TrainEngine, value_head_model
+from rlkit.models.dtypes import DTYPES
+from rlkit.models.value_model import last_token_scores, token_values
+from rlkit.trainer.engine import TrainEngine, value_head_model
 from rlkit.trainer.loop import LoopContext, run_training
-from rlkit.trainer.loss_fns import rw_loss_fn
 from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
-from rlkit.trainer.value_model import last_token_scores, save_value_model, token_values
+from rlkit.trainer.value_model import save_value_model
 
 METRICS = {"loss": "loss", "accuracy": "accuracy", "margin": "reward_margin", "chosen_score": "chosen_score",
            "rejected_score": "rejected_score"}
 
 
-def run_rw(trial_dir: Path) -> None:
+def run_rw(trial_dir: Path, config: ExperimentConfig) -> None:
     """The rw trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, RewardModelTraining)
+    run_training(trial_dir, config, RewardModelTraining)
 
 
 class RewardModelTraining(OfflineAlgorithm):

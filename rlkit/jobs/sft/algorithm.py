@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.sft import sft_row_limit
 from rlkit.errors import StepError
 from rlkit.jobs.sft.data import SFTExample, load_sft_dataset, rank_micro_batches
@@ -26,9 +27,9 @@ from rlkit.trainer.loop import LoopContext, StepResult, run_training
 from rlkit.trainer.offline_epochs import EpochSchedule, check_same_data, data_digest
 
 
-def run_sft(trial_dir: Path) -> None:
+def run_sft(trial_dir: Path, config: ExperimentConfig) -> None:
     """The sft trainer step's entry point on every rank."""
-    run_training(trial_dir, SFT)
+    run_training(trial_dir, config, SFT)
 
 
 class SFT:

@@ -118,8 +118,7 @@ def test_an_episode_that_keeps_calling_is_truncated_at_max_turns(tok: Any) -> No
 
 
 def test_a_groups_episodes_become_masked_samples(tok: Any) -> None:
-    from rlkit.rollout.controller import Prompt
-    from rlkit.rollout.groups import EpisodeGroups
+    from rlkit.rollout.groups import EpisodeGroups, Prompt
 
     services = _services(tok)
     server = ScriptedServer(tok, [])
@@ -247,8 +246,7 @@ def test_a_turn_the_workflow_made_short_does_not_end_the_episode(tok: Any) -> No
 
 
 def test_prompts_that_leave_no_room_for_a_turn_are_left_out(tok: Any) -> None:
-    from rlkit.rollout.controller import Prompt
-    from rlkit.rollout.groups import EpisodeGroups
+    from rlkit.rollout.groups import EpisodeGroups, Prompt
 
     services = _services(tok)
     services = EpisodeServices(score=services.score, tokenizer=tok, tools=services.tools, parser=parse_hermes,
@@ -292,8 +290,7 @@ def test_agent_runs_evaluate_with_their_episodes_within_the_training_limits(grpo
 def test_a_chat_row_is_rendered_once_with_the_tools_offered(tok: Any) -> None:
     """The row's own messages go through the template (not its already rendered text as a user turn); a text row
     becomes one user turn."""
-    from rlkit.rollout.controller import Prompt
-    from rlkit.rollout.groups import EpisodeGroups
+    from rlkit.rollout.groups import EpisodeGroups, Prompt
 
     services = _services(tok)
     groups = EpisodeGroups(tool_use, services, n_samples=1, seed=1, tool_schemas=services.tools.schemas())

@@ -290,7 +290,7 @@ def test_dropout_is_judged_from_the_models_config(tmp_path: Path, model: Path) -
     assert dropout_free(str(with_dropout)) is False
     assert dropout_free(str(tmp_path / "absent")) is None and dropout_free("Qwen/Qwen2.5-1.5B") is None
     problems, _, config = _compose(_grpo(with_dropout))
-    assert problems.ok() and config.actor.disable_dropout, "the actor's is a field now (rlkit.trainer.model_source)"
+    assert problems.ok() and config.actor.disable_dropout, "the actor's is a field now (rlkit.models.source)"
     ref = {"kl_ctl": 0.1}  # a reference is loaded: its dropout is judged (it runs in eval mode: inert)
     problems, accepted, _ = _compose(_grpo(with_dropout, actor=ref, ref={"disable_dropout": True}))
     assert problems.ok() and "ref.disable_dropout" in {a.key for a in accepted}

@@ -26,7 +26,7 @@ from rlkit.nameresolve import (
     check_address,
     server_key,
 )
-from rlkit.rollout.client import discover_servers, wait_for_servers
+from rlkit.servers.pool import discover_servers, wait_for_servers
 from tests.conftest import CONFIGS
 from tests.helpers.planning import plan_of
 from tests.helpers.planted import OTHER_UID, Listener, plant_rlkit_package, plant_server_records

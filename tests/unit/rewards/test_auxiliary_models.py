@@ -189,7 +189,7 @@ def _record(index: int, address: str, model: str) -> str:
 
 def test_policy_and_auxiliary_records_never_mix(tmp_path: Path) -> None:
     from rlkit.nameresolve import NfsNameResolve, read_servers, server_key
-    from rlkit.rollout.client import discover_servers
+    from rlkit.servers.pool import discover_servers
 
     with NfsNameResolve(tmp_path / "nr") as nr:
         nr.add(server_key(0), _record(0, "p0:1", "/policy"))

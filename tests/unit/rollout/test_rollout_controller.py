@@ -23,9 +23,10 @@ import pytest
 from rlkit.errors import StepError
 from rlkit.nameresolve import NfsNameResolve, server_key
 from rlkit.rewards.runner import RewardOutcome
-from rlkit.rollout.client import ServerPool, discover_servers
-from rlkit.rollout.controller import Prompt, RolloutController, epoch_order, prompt_stream
+from rlkit.rollout.controller import RolloutController, epoch_order, prompt_stream
+from rlkit.rollout.groups import Prompt
 from rlkit.servers.backend import Completion, SamplingParams, Server
+from rlkit.servers.pool import ServerPool, discover_servers
 
 N_SAMPLES = 3
 SERVER_ADDRESS = "127.0.0.1:9"  # never contacted: ServerPool.complete is a stand-in
@@ -144,7 +145,7 @@ def servers(monkeypatch: pytest.MonkeyPatch) -> StandInServers:
     stand_in = StandInServers()
     stand_in.install(monkeypatch)
     # the stand-in has no HTTP endpoint: its /health check is a stand-in too (registered means healthy here)
-    monkeypatch.setattr("rlkit.rollout.client.answers_health", lambda server, timeout=5.0: True)
+    monkeypatch.setattr("rlkit.servers.pool.answers_health", lambda server, timeout=5.0: True)
     return stand_in
 
 
@@ -255,7 +256,8 @@ def test_no_admission_while_updating(make: Callable[..., RolloutController], ser
 
 def test_before_admit_runs_once_before_the_new_version_is_admitted(make: Callable[..., RolloutController],
                                                                    servers: StandInServers) -> None:
-    """The fault-injection hook (rlkit.trainer.fault_corrupt) changes a server between a push and its first request."""
+    """The fault-injection hook (rlkit.jobs.grpo.fault_corrupt) changes a server between a push and its first
+    request."""
     ctrl = make(max_offpolicyness=0)
     ctrl.start()
     started(servers, ctrl, 2)

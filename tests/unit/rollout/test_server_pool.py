@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from rlkit.errors import StepError
-from rlkit.rollout.client import ServerPool, ServersUnreachable
 from rlkit.servers.backend import SamplingParams, Server
+from rlkit.servers.pool import ServerPool, ServersUnreachable
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rlkit.config.load import load_config
-from rlkit.rollout.client import ServerPool
 from rlkit.servers.backend import SamplingParams
+from rlkit.servers.pool import ServerPool
 from rlkit.servers.vllm.backend import BACKEND
 from rlkit.servers.vllm.flags import VLLM_FLAGS
 from rlkit.trials.paths import TrialPaths

@@ -22,9 +22,10 @@ from rlkit.config.load import config_from_mapping
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.rollout.agent_setup import episode_groups
-from rlkit.rollout.client import ServerPool
-from rlkit.rollout.controller import Prompt, RolloutController
+from rlkit.rollout.controller import RolloutController
+from rlkit.rollout.groups import Prompt
 from rlkit.servers.backend import SamplingParams, Server
+from rlkit.servers.pool import ServerPool
 from rlkit.trainer.evaluator import Evaluator
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'

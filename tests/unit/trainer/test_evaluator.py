@@ -19,8 +19,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.evaluation import EvaluatorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.rewards.runner import RewardOutcome
-from rlkit.rollout.controller import Prompt
-from rlkit.rollout.groups import GroupSampler, SampledGroup, SingleTurnGroups
+from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.servers.backend import Completion, SamplingParams, Server
 from rlkit.servers.sampling import sampling_params
 from rlkit.trainer.evaluator import EvalOutcome, EvalSchedule, Evaluator, eval_sampling

@@ -13,9 +13,10 @@ from torch import nn
 
 from rlkit.jobs.pairs.batch import pack_pairs
 from rlkit.jobs.pairs.data import Pair
+from rlkit.jobs.pairs.loss_fns import DPOLoss, answer_logps, fill_reference, rw_loss_fn
 from rlkit.jobs.pairs.losses import ReferenceLogps
-from rlkit.trainer.loss_fns import CriticLoss, DPOLoss, answer_logps, fill_reference, rw_loss_fn, state_values
-from rlkit.trainer.value_model import load_value_model
+from rlkit.jobs.ppo.critic import CriticLoss, state_values
+from rlkit.models.value_model import load_value_model
 
 PAIRS = [Pair(3, (10, 11, 12), (20, 21), (30,)), Pair(8, (13,), (22, 23, 24), (31, 32))]
 

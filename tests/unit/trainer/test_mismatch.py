@@ -16,10 +16,10 @@ from rlkit.cli.status import TrialDetail, TrialRow, print_detail
 from rlkit.config.load import config_from_mapping, load_config
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
+from rlkit.jobs.grpo.fault_corrupt import NOISE, perturbed
 from rlkit.jobs.grpo.rank0 import logprob_mismatch_warn
 from rlkit.servers.sampled_logprobs import sampled_logprob_meaning
 from rlkit.trainer import mismatch
-from rlkit.trainer.fault_corrupt import NOISE, perturbed
 from rlkit.trainer.mismatch import ServerMismatch, compared_indices, comparison_temperature, measure, merge
 from rlkit.types import Sample
 from tests.conftest import raise_problems

@@ -1,4 +1,4 @@
-"""AReaL's actor.disable_dropout and actor.init_from_scratch (rlkit.trainer.model_source): the model the trainer
+"""AReaL's actor.disable_dropout and actor.init_from_scratch (rlkit.models.source): the model the trainer
 builds has no dropout left, or starts from the same random weights on every rank; init_from_scratch is refused
 where other parts load actor.path's weights."""
 
@@ -13,8 +13,8 @@ import torch
 
 from rlkit.config.load import load_config
 from rlkit.jobs.validate import validate
-from rlkit.trainer.model_source import build_causal_lm
-from rlkit.trainer.value_model import load_value_model
+from rlkit.models.source import build_causal_lm
+from rlkit.models.value_model import load_value_model
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, NormConfig, RejectionSamplingConfig
 from rlkit.jobs.grpo.rank0 import _rollout_metrics
-from rlkit.rollout.controller import Group, Prompt
+from rlkit.rollout.controller import Group
+from rlkit.rollout.groups import Prompt
 from rlkit.trainer.batch import pack
 from rlkit.trainer.engine import token_logprobs
 from rlkit.trainer.mismatch import compared_indices, measure

@@ -10,13 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from rlkit.trainer.value_model import (
-    HEAD_NOTE,
-    last_token_scores,
-    load_value_model,
-    save_value_model,
-    token_values,
-)
+from rlkit.models.value_model import last_token_scores, load_value_model, token_values
+from rlkit.trainer.value_model import HEAD_NOTE, save_value_model
 
 
 @pytest.fixture(scope="module")

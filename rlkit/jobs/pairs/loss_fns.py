@@ -1,6 +1,6 @@
-"""The training-step losses of rw, dpo and the ppo critic in the shape the engine takes: a model's forward on one
-micro-batch, then the pure loss, returned as (loss summed over its units, number of units, detached metrics). The
-engine divides by the units of the whole minibatch on all ranks (pairs for rw and dpo, tokens for the critic), so a
+"""The training-step losses of rw and dpo in the shape the engine takes: a model's forward on one micro-batch, then
+the pure loss (rlkit.jobs.pairs.losses), returned as (loss summed over its pairs, number of pairs, detached metrics).
+The engine divides by the pairs of the whole minibatch on all ranks (rlkit.jobs.pairs.steps.CountedLoss), so a
 rank's share of the gradient does not depend on how the minibatch was split.
 
 Collective rule for DPO's reference: the frozen reference is FSDP-sharded too, so `fill_reference` must run on
@@ -16,9 +16,8 @@ from torch import Tensor, nn
 
 from rlkit.jobs.pairs.batch import PairBatch
 from rlkit.jobs.pairs.losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
+from rlkit.models.value_model import last_token_scores, token_values
 from rlkit.trainer.rl_math.losses import next_token_logprobs
-from rlkit.trainer.rl_math.value_loss import ppo_value_loss
-from rlkit.trainer.value_model import last_token_scores, token_values
 
 LossOut = tuple[Tensor, int, dict[str, float]]
 
@@ -61,23 +60,3 @@ class DPOLoss:
         loss, stats = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.beta,
                                label_smoothing=self.label_smoothing, reduction="sum")
         return loss, batch.n_pairs, _floats(stats)
-
-
-def state_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, L-1] the critic's value of the state before each next token, aligned with rlkit.trainer.batch's per-token
-    tensors (position p: the value of tokens 0..p, from which token p+1 is sampled). The final token is no state."""
-    return token_values(model, input_ids, attention_mask)[:, :-1]
-
-
-@dataclass(frozen=True)
-class CriticLoss:
-    """The critic's loss_fn over a micro-batch with old values and returns at the completion positions."""
-
-    eps_clip: float
-
-    def __call__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, old_values: Tensor,
-                 returns: Tensor, loss_mask: Tensor) -> LossOut:
-        values = state_values(model, input_ids, attention_mask)
-        loss, stats = ppo_value_loss(values, old_values, returns, loss_mask, eps_clip=self.eps_clip,
-                                     reduction="sum")
-        return loss, int(loss_mask.sum()), _floats(stats)

@@ -1,6 +1,6 @@
 """Fault injection for the log-probability mismatch test: one server silently serves other weights.
 
-RLKIT_FAULT_INJECT=corrupt_server_weights@<k> (first attempt only, rlkit.trainer.faults): right after the push of
+RLKIT_FAULT_INJECT=corrupt_server_weights@<k> (first attempt only, rlkit.slurm.faults): right after the push of
 version k passed its version and fingerprint checks, and before any request of version k is admitted, trainer rank 0
 loads a perturbed copy of version k into server 1 through the same worker route a disk push uses (`/collective_rpc
 rlkit_reload_weights`) but without `/update_weight_version`: the server still reports version k. Nothing but the
@@ -49,9 +49,9 @@ def perturbed(state: dict[str, torch.Tensor], aliases: dict[str, str], seed: int
 def corrupt_server(trainer: Rank0, state: dict[str, Any], version: int) -> None:
     """Rank 0: load a perturbed copy of `state` into server VICTIM, keeping its reported version `version` (the
     backend's own disk load, told the version it already has)."""
+    from rlkit.models.dtypes import DTYPES
     from rlkit.servers.backend import backend_for
     from rlkit.servers.http import server_client
-    from rlkit.trainer.engine import DTYPES
     from rlkit.weights import hf_export
     from rlkit.weights.base import deliver_in_sequence
 
