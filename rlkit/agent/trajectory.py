@@ -7,7 +7,7 @@ Because text -> tokens is not the inverse of tokens -> text:
   random model samples `<tool_call>` byte by byte) and a turn may end in a space that the inserted text then
   follows (` ` + `seven`); tokenizing the conversation again gives the canonical pieces (fewer of them, and
   ` seven` as one token). The trainer would compute log-probs of tokens the policy never chose, and their
-  importance ratio against the server's log-probs means nothing (tests/unit/test_agent_trajectory.py shows both
+  importance ratio against the server's log-probs means nothing (tests/unit/agent/test_agent_trajectory.py shows both
   with the tiny tokenizer).
 - Chat templates do not round-trip: rendering the assistant's message again may strip whitespace, drop or
   rewrite reasoning, re-serialize tool calls from parsed JSON (other key order, other spacing), add a default
