@@ -1,5 +1,5 @@
 """What the config leaf asks of a config's job type, without importing rlkit.jobs: the caller that knows the job
-types hands them in (rlkit.jobs.base.JobTypes is a JobTypeLookup, its JobType records are JobFacts). Used where
+types hands them in (rlkit.jobs.job_types.JobTypes is a JobTypeLookup, its JobType records are JobFacts). Used where
 loading a config depends on its job type: AReaL keys whose meaning does (rlkit.config.areal.keys) and a file
 without `type` (rlkit.config.load)."""
 

@@ -245,9 +245,10 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
     `problems`. None when no typed config can be built (a required field missing, a reference unresolvable).
     AReaL's keys that rlkit lacks are judged (rlkit.config.areal.accept): refusals go to `problems`, the keys
     accepted without being used to `accepted`; those whose rule depends on the job type with its facts from
-    `job_types` (rlkit.jobs.REGISTRY; None: as for an unknown type, which is all a trial's own config.yaml, free of
-    AReaL keys, needs). `require_type`: a user's file must set `type` unless the job types find it (obviously a
-    generate job, or one type its rows allow; programmatic mappings keep the schema's default)."""
+    `job_types` (rlkit.jobs.REGISTRY; None is enough for a trial's own config.yaml, which holds no AReaL keys, and a
+    ValueError when such a key turns up without them). `require_type`: a user's file must set `type` unless the job
+    types find it (obviously a generate job, or one type its rows allow; programmatic mappings keep the schema's
+    default)."""
     if require_type and job_types is None:
         raise ValueError("require_type needs the job types that settle a missing type")
     cfg = _schema()
@@ -283,6 +284,8 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         problems.errors.append(_explain(exc, "while resolving ${...} references"))
         return None
     if found:
+        if job_types is None and any(item.rule.for_job is not None for item in found):
+            raise ValueError("AReaL keys whose rule depends on the job type need the job types (rlkit.jobs.REGISTRY)")
         config = cast(ExperimentConfig, OmegaConf.to_object(cfg))
         job = job_types.facts_of(config.type) if job_types is not None else None
         keys = judge(found, cfg, config, problems, job)

@@ -83,5 +83,6 @@ class JobType:
 
     def needs_reference(self, config: ExperimentConfig) -> bool:
         """Whether its trainer loads a frozen reference model for `config`: always (dpo), or for a KL term that is
-        on. The one rule: validation, AReaL's keys and the algorithms ask it."""
+        on. The one rule, asked by validation and AReaL's keys; its KL part is rlkit.config.schema.actor.kl_terms_on,
+        which the trainer's actor asks (dpo's algorithm always loads its reference)."""
         return self.always_reference or (self.kl_terms and kl_terms_on(config.actor))

@@ -44,7 +44,7 @@ class PPOActor:
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
               temperature: float, total_optimizer_steps: int, ref: ReferenceLoad | None = None) -> PPOActor:
         """The engine of the causal LM at config.path, and the reference when needed: `ref` (the job's
-        schema_ref.reference_load; None: the actor's start); collective."""
+        rlkit.config.reference.reference_load; None: the actor's start); collective."""
         engine = TrainEngine(config, rank=rank, world=world, device=device,
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
         load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
