@@ -26,8 +26,9 @@ print("loaded:", " ".join(sorted(heavy | trainer)))
 """
 # the jobs' records and checks: what the login node reads of a job type (its algorithm and step run in the job)
 JOB_RECORDS = sorted(".".join(path.relative_to(REPO).with_suffix("").parts)
-                     for pattern in ("base.py", "registry.py", "*/job.py", "*/checks.py")
-                     for path in (REPO / "rlkit" / "jobs").glob(pattern))
+                     for pattern in ("*.py", "*/job.py", "*/checks.py")
+                     for path in (REPO / "rlkit" / "jobs").glob(pattern)
+                     if path.name not in ("__init__.py", "run.py"))  # run: the in-job dispatcher imports the step
 PROGRAM = f"""
 import pkgutil, sys
 import rlkit.config, rlkit.checks, rlkit.launch
@@ -187,8 +188,11 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
     for name in names:
         while name and name not in known:
             name = name.rpartition(".")[0]
-        if name and name != module and name not in found:
-            found.append(name)
+        # importing a.b.c runs the __init__.py of a.b first: a package the importer does not already sit in counts
+        parents = [".".join(name.split(".")[:i]) for i in range(2, name.count(".") + 1)]
+        for target in [*parents, name]:
+            if target and target != module and not module.startswith(target + ".") and target not in found:
+                found.append(target)
     return found
 
 
@@ -219,21 +223,22 @@ def _imports() -> tuple[Import, ...]:
     return tuple(found)
 
 
-def _upward() -> dict[tuple[str, str], list[Import]]:
+def _upward(imports: tuple[Import, ...] | None = None) -> dict[tuple[str, str], list[Import]]:
     """The runtime imports of a module in another package that is not in a lower layer (a higher one, or a peer of
-    the same layer), by (importer, imported)."""
+    the same layer), by (importer, imported); of rlkit's own imports unless `imports` are given."""
     upward: dict[tuple[str, str], list[Import]] = {}
-    for edge in _imports():
+    for edge in _imports() if imports is None else imports:
         low, high = _package(edge.importer), _package(edge.imported)
         if not edge.type_only and low in LAYER and high in LAYER and low != high and LAYER[high] >= LAYER[low]:
             upward.setdefault((edge.importer, edge.imported), []).append(edge)
     return upward
 
 
-def _cycles() -> list[list[Import]]:
-    """One cycle per strongly connected group of modules (all imports, type-only included), as its edges."""
+def _cycles(imports: tuple[Import, ...] | None = None) -> list[list[Import]]:
+    """One cycle per strongly connected group of modules (all imports, type-only included), as its edges; of rlkit's
+    own imports unless `imports` are given."""
     graph: dict[str, dict[str, Import]] = {}
-    for edge in _imports():
+    for edge in _imports() if imports is None else imports:
         graph.setdefault(edge.importer, {}).setdefault(edge.imported, edge)
     reach = {module: _reachable(graph, module) for module in graph}
     cycles, seen = [], set()
@@ -304,3 +309,20 @@ def test_config_imports_nothing_of_rlkit_but_errors() -> None:
     outside = [_where([edge]) for edge in _imports() if _package(edge.importer) == "config" and not edge.type_only
                and _package(edge.imported) != "config" and edge.imported != "rlkit.errors"]
     assert not outside, "config imports other rlkit modules at run time:\n" + "\n".join(outside)
+
+
+def test_the_graph_checks_see_what_they_must_refuse() -> None:
+    """The checks above fail on a made-up graph: a type-only cycle, an upward import from a lazy or relative import,
+    and a parent package run by an import. (Imports by string, such as a job type's "module:function" step or a
+    registry's module names, are not edges: they run in the job, after the login-node side.)"""
+    made_up = (Import("rlkit.rollout.groups", "rlkit.rollout.controller", 1, True),
+               Import("rlkit.rollout.controller", "rlkit.rollout.groups", 2, False),
+               Import("rlkit.config.load", "rlkit.trainer.loop", 3, False))
+    assert [[edge.line for edge in cycle] for cycle in _cycles(made_up)] == [[2, 1]]
+    assert list(_upward(made_up)) == [("rlkit.config.load", "rlkit.trainer.loop")]
+    lazy = ast.parse("def f():\n    from ..trainer import loop\n").body[0].body[0]
+    assert _targets(lazy, "rlkit.config.load") == ["rlkit.trainer", "rlkit.trainer.loop"]
+    assert _targets(ast.parse("import rlkit.jobs.base as b").body[0], "rlkit.checks.layout") == [
+        "rlkit.jobs", "rlkit.jobs.base"]
+    assert _targets(ast.parse("from rlkit.jobs.base import JobType").body[0], "rlkit.jobs.registry") == [
+        "rlkit.jobs.base"]

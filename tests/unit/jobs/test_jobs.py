@@ -34,6 +34,19 @@ def test_registry_holds_every_job_type() -> None:
     assert [job.name for job in registered_job_types()] == list(JOB_TYPES)
 
 
+def test_the_job_type_facts_checks_ask_are_those_the_names_used_to_stand_for() -> None:
+    """The facts that replaced name lists in checks and config (ROLLOUT_TRAINERS, KL_JOB_TYPES, SCRATCH_JOB_TYPES,
+    `type == "dpo"`, `type == "rw"`) give the same job types."""
+    def having(fact: str) -> set[str]:
+        return {job.name for job in registered_job_types() if getattr(job, fact)}
+
+    assert having("trains_on_rollouts") == {"grpo", "ppo"}
+    assert having("kl_terms") == {"grpo", "ppo"}
+    assert having("random_start") == {"sft", "rw"}
+    assert having("always_reference") == {"dpo"}
+    assert having("trains_value_model") == {"rw"}
+
+
 def test_declared_sections_and_prompt_datasets_are_fields_of_the_schema() -> None:
     fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
     for job in registered_job_types():
