@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import rlkit as rlkit_package
+
+REPO = Path(rlkit_package.__file__).resolve().parents[1]  # the checkout, whatever this module's depth
 DEMO_CONFIG = REPO / "configs" / "grpo-cpu-demo.yaml"
 EXPERIMENT = "demo-grpo"
 
