@@ -223,9 +223,7 @@ def _registered(name: str) -> JobType | None:
 
 
 def _trainers() -> list[str]:
-    from rlkit.jobs import registered_job_types
-
-    return [job.name for job in registered_job_types() if job.trainer]
+    return [job.name for job in REGISTRY if job.trainer]
 
 
 def _by_problem(by_stage: dict[str, list[ConfigError]]) -> list[ConfigError]:
