@@ -6,7 +6,9 @@ synchronous (async_training false) so that step k trains exactly prompt-stream p
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
 scenarios (submit, fault, end state) run side by side, two at a time (tests/helpers/scenarios.py); each test then
-asserts on what its scenario left.
+asserts on what its scenario left. Faults of one config whose effects do not overlap share a trial, at different
+steps (killtrainer: a mid-push death, then a kill; timelimit: a corrupted server, a requeue, then stop and resume):
+each test reads only what its own fault left (its restart, its resume, its attempt's logs).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -37,8 +40,12 @@ from tests.helpers.slurm_helpers import (
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
 BATCH = 4  # train_dataset.batch_size of the demo config
 CORRUPTED = 3  # the weight version the timelimit scenario's server 1 serves perturbed (corrupt_server_weights@3)
+TIMELIMIT_STEPS, STOP_AFTER = 24, 2  # the timelimit trial: requeued after step 8, stopped 2 steps after that
 CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agree far closer (measured: ~1e-6)
 EXPERIMENT = "demo-grpo"
+# the killtrainer trial (recover.freq_steps=4) carries two trainer deaths: mid-push of version MID_PUSH (resumed from
+# the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps
+KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +100,22 @@ def _step_id(job_id: str, step_name: str) -> str | None:
 
 
 def _last_before_kill(log: str) -> int:
-    before = log.split("resuming after step")[0]
+    """The last step the killed trainer printed: between the mid-push retry's resume and the kill's resume."""
+    before = log.rsplit("resuming after step", 1)[0].split("resuming after step", 1)[1]
     steps = [int(m) for m in re.findall(r"rlkit train: step (\d+)/", before)]
     return max(steps, default=0)
 
 
 # ---- the scenarios: submit, inject the fault, wait for the end state (side by side: tests/helpers/scenarios.py) ----
 
-def _kill_trainer(env: dict[str, object]) -> Path:
-    trial = _submit(env, "killtrainer", "total_train_steps=24", "recover.freq_steps=4")
-    wait_for(lambda: trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
+    """Two in-allocation trainer retries in one trial (one config, the disk transport that die_mid_push has): the
+    trainer first dies mid-push of version MID_PUSH (fault point, first run only), the retry resumes from step
+    MID_PUSH_RESUME; once that retry has trained KILL_AFTER steps, trainer rank 0 is SIGKILLed from outside."""
+    trial = _submit(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
+                    f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@{MID_PUSH}")
+    wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600)
+    assert "resuming after step" in (trial / "logs" / "grpo.log").read_text(), "the mid-push retry came first"
     pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
     os.kill(pid, signal.SIGKILL)
     assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer")) == "COMPLETED"
@@ -128,32 +141,41 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     return trial, killed_at
 
 
-def _time_limit(env: dict[str, object]) -> tuple[Path, str, str]:
-    """Also carries the log-prob mismatch fault (cheaper than a trial of its own): after the push of version
-    CORRUPTED, server 1 silently serves perturbed weights until the next push. Returns the trial, Slurm's record of
-    the job and `rlkit status` while it ran after the fault."""
-    trial = _submit(env, "timelimit", "total_train_steps=24", "recover.freq_steps=100",
+class TimeLimitRun(NamedTuple):
+    """What the timelimit trial left for its three tests."""
+
+    trial: Path
+    info: str  # Slurm's record of the job (attempt 1), read before MinJobAge
+    status: str  # `rlkit status` while it ran after the corrupted push
+    stop_step: int  # the step `rlkit stop` checkpointed (in the requeued run)
+    previous: int  # the checkpoint the resume used, the newest one being damaged
+
+
+def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
+    """One trial, three faults at different steps (recover.freq_steps=100: no periodic checkpoint):
+    - the log-prob mismatch fault (fault point, first attempt): after the push of version CORRUPTED, server 1
+      silently serves perturbed weights until the next push;
+    - the time limit: after 8 steps Slurm's USR1 to the batch script; the trainer checkpoints, the job requeues;
+    - stop and resume: once the requeued run has trained STOP_AFTER steps of its own, `rlkit stop` (it checkpoints
+      the last step), the newest checkpoint damaged, `rlkit resume`: the resume skips it and uses the previous one,
+      the time limit's."""
+    trial = _submit(env, "timelimit", f"total_train_steps={TIMELIMIT_STEPS}", "recover.freq_steps=100",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}")
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
     wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
     status = run_rlkit("status", name, env=home).stdout
     job_id = str(status_row(name, home)["job_id"])
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
-    assert wait_state(name, timeout=1200, env=home) == "COMPLETED"  # includes the requeue hold (cred_expire + 1 s)
-    # read now: Slurm forgets a finished job after MinJobAge (300 s), and the test may run later than that
-    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
-    return trial, info, status
-
-
-def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
-    """Stop after 10 steps, damage the newest checkpoint, resume: returns the trial and the step it resumes after."""
-    trial = _submit(env, "stopresume", "total_train_steps=24", "recover.freq_steps=4")
-    name, home = f"{EXPERIMENT}/stopresume", _env(env, "stopresume")
-    wait_for(lambda: trained_steps(trial) >= 10, "10 trained steps", timeout=600)
+    # the requeue hold (cred_expire + 1 s), then the requeued run resumes and trains STOP_AFTER steps of its own
+    requeued_from = int(wait_for(lambda: re.search(r"resuming after step (\d+) ", (trial / "logs" / "grpo.log")
+                                                   .read_text()), "the requeued run's resume", timeout=900).group(1))
+    wait_for(lambda: trained_steps(trial) >= requeued_from + STOP_AFTER, "steps of the requeued run", timeout=600)
     stopped = run_rlkit("stop", name, env=home)
     assert stopped.returncode == 0, stopped.stderr
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
     assert wait_state(name, timeout=120, env=home) == "CANCELLED"
+    # read now: Slurm forgets a finished job after MinJobAge (300 s), and the test may run later than that
+    info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
     wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
     from rlkit.trainer.recover import checkpoints
 
@@ -169,14 +191,7 @@ def _stop_then_resume(env: dict[str, object]) -> tuple[Path, int]:
     assert resumed.returncode == 0, resumed.stderr
     assert "(attempt 2)" in resumed.stdout
     assert wait_state(name, timeout=900, env=home) == "COMPLETED"
-    return trial, previous
-
-
-def _mid_push(env: dict[str, object]) -> Path:
-    trial = _submit(env, "midpush", "total_train_steps=16", "recover.freq_steps=5",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@7")
-    assert wait_state(f"{EXPERIMENT}/midpush", timeout=900, env=_env(env, "midpush")) == "COMPLETED"
-    return trial
+    return TimeLimitRun(trial, info, status, stop_step, previous)
 
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
@@ -187,12 +202,17 @@ def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
     return trial, run_rlkit("status", name, env=home).stdout
 
 
+ALLGONE_STEPS = 24  # the kill lands at step 6 or 7: the rest is the retry's, which must go on from its checkpoint
+
+
 def _all_servers_gone(env: dict[str, object]) -> Path:
-    trial = _submit(env, "allgone", "total_train_epochs=2", "total_train_steps=80", "recover.freq_steps=1000")
+    trial = _submit(env, "allgone", f"total_train_steps={ALLGONE_STEPS}", "recover.freq_steps=1000")
     name, home = f"{EXPERIMENT}/allgone", _env(env, "allgone")
-    wait_for(lambda: trained_steps(trial) >= 6, "6 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
-    steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step") for i in (0, 1)]
+    # the server steps are looked up before training starts, so that the kill follows step 6 at once
+    steps = [wait_for(lambda i=i: _step_id(job_id, f"server-{i}"), f"the server-{i} step", timeout=600)
+             for i in (0, 1)]
+    wait_for(lambda: trained_steps(trial) >= 6, "6 trained steps", timeout=600)
     subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
     assert wait_state(name, timeout=900, env=home) == "COMPLETED"
     return trial
@@ -243,10 +263,10 @@ def _ppo_killed(env: dict[str, object]) -> Path:
 
 
 # longest first, so that the pool's last scenarios are short ones
-SCENARIOS = {"killserver": _kill_server, "ppokilled": _ppo_killed, "allgone": _all_servers_gone,
-             "timelimit": _time_limit, "stopresume": _stop_then_resume, "killtrainer": _kill_trainer,
-             "midpush": _mid_push, "straight": _straight, "resumed": _resumed,
-             "rolloutfails": _rollout_fails_then_force, "crashloop": _crash_loop}
+SCENARIOS = {"killserver": _kill_server, "timelimit": _time_limit_then_stop_and_resume, "ppokilled": _ppo_killed,
+             "allgone": _all_servers_gone, "killtrainer": _kill_trainer_after_a_mid_push_death,
+             "rolloutfails": _rollout_fails_then_force, "resumed": _resumed, "straight": _straight,
+             "crashloop": _crash_loop}
 
 
 # the scenarios of tests that need only some (a test not listed here may need any): running only such tests (-k)
@@ -270,15 +290,24 @@ def scenarios(trial_env: dict[str, object], request: pytest.FixtureRequest) -> I
 # ---- the tests: each waits for its scenario, then asserts on what it left ----
 
 def test_killed_trainer_is_retried_in_the_allocation_and_continues(scenarios: ScenarioPool) -> None:
+    """The kill from outside is the trial's second trainer death (the first: the mid-push test's): its own restart,
+    its own resume (the last one) and its own redone steps (after that resume)."""
     trial = scenarios.result("killtrainer")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
-    assert re.search(r"step grpo failed with exit code \d+ at trained step \d+; restarting it", batch_log)
+    restarts = re.findall(r"step grpo failed with exit code \d+ at trained step (\d+); restarting it", batch_log)
+    assert len(restarts) == 2 and int(restarts[1]) >= KILL_AFTER, restarts
     trainer_log = (trial / "logs" / "grpo.log").read_text()
-    resumed = re.search(r"resuming after step (\d+)", trainer_log)
-    assert resumed and int(resumed.group(1)) % 4 == 0 and int(resumed.group(1)) >= 8
-    _assert_continuous_and_right_data(trial, 24)
+    resumes = re.findall(r"resuming after step (\d+)", trainer_log)
+    assert len(resumes) == 2, resumes
+    resumed = int(resumes[-1])
+    assert resumed % 4 == 0 and resumed >= 8
+    _assert_continuous_and_right_data(trial, KILLTRAINER_STEPS)
     # the steps between the checkpoint and the kill were redone, their first metrics kept aside
-    assert (trial / "metrics.discarded.jsonl").is_file() or int(resumed.group(1)) == _last_before_kill(trainer_log)
+    discarded = trial / "metrics.discarded.jsonl"
+    from rlkit.trainer.stats_logger import read_metrics
+
+    redone = [m["step"] for m in (read_metrics(discarded) if discarded.is_file() else []) if m["step"] > resumed]
+    assert redone or resumed == _last_before_kill(trainer_log)
     assert processes_mentioning(str(trial)) == []
 
 
@@ -309,16 +338,25 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenari
 
 
 def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: ScenarioPool) -> None:
-    trial, info, _ = scenarios.result("timelimit")
-    assert "Restarts=1" in info
-    batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
+    """The requeue is the timelimit trial's first Slurm run (attempt 1, logs/attempt-1/ after the stop test's resume):
+    the only redone steps of the trial are those the stop test's damaged checkpoint made the resume redo."""
+    run = scenarios.result("timelimit")
+    trial = run.trial
+    assert "Restarts=1" in run.info
+    batch_log = next((trial / "logs" / "attempt-1").glob("slurm-*.out")).read_text()
     assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
-    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    trainer_log = (trial / "logs" / "attempt-1" / "grpo.log").read_text()
     saved = re.search(r"recover checkpoint of step (\d+)", trainer_log)
     assert saved, "no checkpoint on the warning (freq_steps=100 never triggers one)"
     assert f"resuming after step {saved.group(1)} " in trainer_log
-    _assert_continuous_and_right_data(trial, 24)  # not a single step lost
-    assert not (trial / "metrics.discarded.jsonl").exists()
+    _assert_continuous_and_right_data(trial, TIMELIMIT_STEPS)  # not a single step lost
+    # not a single step redone by the requeue: the discarded metrics are exactly the steps after the warning's
+    # checkpoint up to the stop, each once (the stop test's resume from it, its newer checkpoint damaged)
+    from rlkit.trainer.stats_logger import read_metrics
+
+    assert run.previous == int(saved.group(1))
+    discarded = [int(m["step"]) for m in read_metrics(trial / "metrics.discarded.jsonl")]
+    assert discarded == list(range(run.previous + 1, run.stop_step + 1)), discarded
 
 
 def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server(
@@ -328,7 +366,8 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
     trainer's warning names server 1 and the version, and `rlkit status` shows it; the next push repairs it."""
     from rlkit.trainer.mismatch import METRIC
 
-    trial, _, status = scenarios.result("timelimit")
+    run = scenarios.result("timelimit")
+    trial, status = run.trial, run.status
     metrics = {int(m["step"]): m for m in _metrics(trial)}
     hit = metrics[CORRUPTED + 1]  # trained on the samples of version CORRUPTED
     assert hit[f"{METRIC}_tokens/server1"] > 0 and hit[f"{METRIC}_tokens/server0"] > 0
@@ -338,25 +377,29 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
         assert m[f"{METRIC}_tokens"] > 0, step
         if step != CORRUPTED + 1:
             assert m[f"{METRIC}_mean"] < CLEAN_MISMATCH and m[f"{METRIC}_max"] < 100 * CLEAN_MISMATCH, (step, m)
-    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    # every attempt's trainer log: the fault's (attempt 1, requeued run included) and the resumed one
+    logs = trial / "logs"
+    trainer_log = "".join(p.read_text() for p in (logs / "attempt-1" / "grpo.log", logs / "grpo.log"))
     warned = re.findall(r"rlkit train: (server \d+ \(\S+\) log-probs differ from the trainer's by .* at version \d+) ",
                         trainer_log)
     assert len(warned) == 1 and warned[0].startswith("server 1 (") and f"at version {CORRUPTED}" in warned[0], warned
     assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(status.split()), status
-    # the requeued attempt (the scenario's time limit) keeps the warning for `rlkit status` after the job ended
+    # the later runs (the requeued one, the resumed attempt) keep the warning for `rlkit status` after the job ended
     final = run_rlkit("status", f"{EXPERIMENT}/timelimit", env=_env(trial_env, "timelimit")).stdout
     assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(final.split()), final
 
 
 def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(
         scenarios: ScenarioPool) -> None:
-    trial, previous = scenarios.result("stopresume")
+    """The timelimit trial carries it: stopped in its requeued run, resumed as attempt 2."""
+    run = scenarios.result("timelimit")
+    trial, previous = run.trial, run.previous
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     assert "is damaged" in trainer_log and f"resuming after step {previous} " in trainer_log
     assert (trial / "logs" / "attempt-1" / "grpo.log").is_file(), "the first attempt's logs must be kept"
     manifest = json.loads((trial / "manifest.json").read_text())
     assert [a["kind"] for a in manifest["attempts"]] == ["submit", "resume"]
-    _assert_continuous_and_right_data(trial, 24)
+    _assert_continuous_and_right_data(trial, TIMELIMIT_STEPS)
     assert processes_mentioning(str(trial)) == []
 
 
@@ -369,20 +412,21 @@ def test_resume_mode_with_nothing_to_resume_is_refused(trial_env: dict[str, obje
 
 
 def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: ScenarioPool) -> None:
-    """The trainer SIGKILLs itself after server 0 took version 7 and before server 1 did (fault-injection point
-    RLKIT_FAULT_INJECT, first attempt only). Each server swaps whole weight directories while paused, so neither
+    """The trainer SIGKILLs itself after server 0 took version MID_PUSH and before server 1 did (fault-injection
+    point RLKIT_FAULT_INJECT, first attempt only). Each server swaps whole weight directories while paused, so neither
     ever serves a mix; the retried trainer un-pauses them, gives both the checkpoint's weights (version and
-    fingerprint checked on each), and the following pushes succeed."""
-    trial = scenarios.result("midpush")
+    fingerprint checked on each), and the following pushes succeed. The killtrainer trial carries it: its first
+    trainer death, before the kill from outside."""
+    trial = scenarios.result("killtrainer")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "step grpo failed" in batch_log and "restarted step grpo" in batch_log
     trainer_log = (trial / "logs" / "grpo.log").read_text()
-    before, _, after = trainer_log.partition("resuming after step 5 ")
-    assert after, "the retried trainer must resume from the step-5 checkpoint"
-    assert "servers [0, 1] at weight version 7," not in before, "the killed push must not have completed"
-    for version in range(5, 17):
+    before, _, after = trainer_log.partition(f"resuming after step {MID_PUSH_RESUME} ")
+    assert after, f"the retried trainer must resume from the step-{MID_PUSH_RESUME} checkpoint"
+    assert f"servers [0, 1] at weight version {MID_PUSH}," not in before, "the killed push must not have completed"
+    for version in range(MID_PUSH_RESUME, KILLTRAINER_STEPS + 1):
         assert re.search(rf"servers \[0, 1\] at weight version {version}, fingerprint", after), version
-    _assert_continuous_and_right_data(trial, 16)
+    _assert_continuous_and_right_data(trial, KILLTRAINER_STEPS)
     assert processes_mentioning(str(trial)) == []
 
 
@@ -408,7 +452,7 @@ def test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_st
     assert after, "the retried trainer must resume from the checkpoint written when the servers were lost"
     last_finished = max(int(m) for m in re.findall(r"rlkit train: step (\d+)/", before))
     assert int(gone.group(1)) >= last_finished - 1, "at most the step in flight may be redone"
-    _assert_continuous_and_right_data(trial, 80)
+    _assert_continuous_and_right_data(trial, ALLGONE_STEPS)
     assert processes_mentioning(str(trial)) == []
 
 
