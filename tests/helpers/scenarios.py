@@ -1,11 +1,14 @@
-"""Test helper (not a conftest): independent trials side by side on the dev cluster.
+"""Test helper (not a conftest): independent trials side by side on the dev cluster, in the background of the session.
 
-An end-to-end scenario (submit, wait, inject a fault, wait for the end state) spends most of its wall time waiting:
-on Slurm, on server start-up, on a requeue delay. A module starts its scenarios at once in a `ScenarioPool`, which
-runs at most `workers` of them side by side in background threads, longest first, and each test then waits for the
-result of its own scenario and asserts on it. A scenario's failure (an assertion or a timeout inside it) is raised
-again in its test. The number side by side is bounded because the machine is small (2 cores, 24 GiB): a trial of the
-CPU demo holds two vLLM servers and two trainer ranks.
+An end-to-end scenario (submit, wait, inject a fault, wait for the end state) spends much of its wall time waiting:
+on Slurm, on server start-up, on a requeue delay; and the rest of the suite leaves one of the two cores idle most of
+the time (one pytest process, one server starting). So a module whose tests only assert on what its scenarios left
+marks them `background` (pytest.mark.background) and defines `start_background(pool, selected, tiny_model_dir,
+tmp_path_factory)`: the session starts those scenarios before its first test (tests/conftest.py), in one
+`ScenarioPool` that runs at most `workers` of them side by side in background threads, longest first; the
+background tests run last, each waiting for the result of its own scenario. A scenario's failure (an assertion or a
+timeout inside it) is raised again in its test. The number side by side is bounded because the machine is small
+(2 cores, 24 GiB): a trial of the CPU demo holds two vLLM servers and two trainer ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class ScenarioPool:
     def __init__(self, workers: int = SIDE_BY_SIDE) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scenario")
         self._futures: dict[str, Future[Any]] = {}
+        self.envs: dict[str, Any] = {}  # what each background module's start_background returned, by module name
 
     def start(self, name: str, scenario: Callable[[], Any]) -> None:
         def timed() -> Any:

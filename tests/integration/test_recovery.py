@@ -19,14 +19,13 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.scenarios import ScenarioPool, scenario_pool
+from tests.helpers.scenarios import ScenarioPool
 from tests.helpers.slurm_helpers import (
     processes_mentioning,
     status_row,
@@ -37,7 +36,7 @@ from tests.helpers.slurm_helpers import (
 )
 
 # a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
 BATCH = 4  # train_dataset.batch_size of the demo config
 CORRUPTED = 3  # the weight version the timelimit scenario's server 1 serves perturbed (corrupt_server_weights@3)
 TIMELIMIT_STEPS, STOP_AFTER = 24, 2  # the timelimit trial: requeued after step 8, stopped 2 steps after that
@@ -48,8 +47,7 @@ EXPERIMENT = "demo-grpo"
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
 
 
-@pytest.fixture(scope="module")
-def trial_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def _trial_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from rlkit.tasks.digits import write_dataset
 
     root = tmp_path_factory.mktemp("recovery")
@@ -269,22 +267,45 @@ SCENARIOS = {"killserver": _kill_server, "timelimit": _time_limit_then_stop_and_
              "crashloop": _crash_loop}
 
 
-# the scenarios of tests that need only some (a test not listed here may need any): running only such tests (-k)
-# starts only their trials
-USES = {"test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines": ("ppokilled",)}
+# the scenarios each test asserts on: running only some tests (-k) starts only their trials, and a new test must
+# name the trial it rides on (start_background fails on a test not listed)
+USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("killtrainer",),
+        "test_trainer_dying_mid_weight_push_leaves_no_mixed_server": ("killtrainer",),
+        "test_killed_server_is_restarted_and_rejoins_with_the_current_weights": ("killserver",),
+        "test_time_limit_warning_checkpoints_requeues_and_resumes": ("timelimit",),
+        "test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server": ("timelimit",),
+        "test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped": ("timelimit",),
+        "test_a_crash_loop_stops_early_with_its_own_reason": ("crashloop",),
+        "test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_step": ("allgone",),
+        "test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing": ("rolloutfails",),
+        "test_force_over_a_trained_trial_is_a_new_run_from_the_base_model_and_keeps_the_old_one": ("rolloutfails",),
+        "test_a_resumed_run_matches_a_straight_run": ("straight", "resumed"),
+        "test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines": ("ppokilled",),
+        "test_resume_mode_with_nothing_to_resume_is_refused": ()}
 
 
-@pytest.fixture(scope="module")
-def scenarios(trial_env: dict[str, object], request: pytest.FixtureRequest) -> Iterator[ScenarioPool]:
-    selected = [item.name for item in request.session.items if item.module is request.module]
+def start_background(pool: ScenarioPool, selected: list[str], tiny_model_dir: Path,
+                     tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Called by the session before its first test (tests/conftest.py): the selected tests' scenarios start in the
+    session's pool and run beside the rest of the suite; these tests run last. Returns the trials' environment."""
+    env = _trial_env(tiny_model_dir, tmp_path_factory)
     wanted: set[str] = set()
     for name in selected:
-        wanted.update(USES.get(name.split("[")[0], SCENARIOS))
-    with scenario_pool() as pool:
-        for name, scenario in SCENARIOS.items():
-            if name in wanted:
-                pool.start(name, lambda scenario=scenario: scenario(trial_env))
-        yield pool
+        wanted.update(USES[name])
+    for name, scenario in SCENARIOS.items():
+        if name in wanted:
+            pool.start(name, lambda scenario=scenario: scenario(env))
+    return env
+
+
+@pytest.fixture
+def scenarios(background_scenarios: ScenarioPool) -> ScenarioPool:
+    return background_scenarios
+
+
+@pytest.fixture
+def trial_env(background_scenarios: ScenarioPool) -> dict[str, object]:
+    return background_scenarios.envs[__name__]  # type: ignore[no-any-return]
 
 
 # ---- the tests: each waits for its scenario, then asserts on what it left ----
