@@ -1,0 +1,75 @@
+"""The structure that keeps the README test command within its budget (README "Tests and their time budget"):
+background modules say which scenario every test rides on, the background tests run after everything else, and
+scripts/test.sh holds the 30-minute budget line. Checked here, in the fast tier, rather than found out in a full run."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, pytest_collection_modifyitems
+
+BUDGET_MIN = 30
+
+
+def _background_modules() -> list[Path]:
+    modules = []
+    for path in sorted((REPO / "tests" / "integration").glob("test_*.py")):
+        if "pytest.mark.background" in path.read_text():
+            modules.append(path)
+    return modules
+
+
+def _literal(tree: ast.Module, name: str) -> object:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node.value, ast.Dict) and name == "SCENARIOS":  # values are functions: the keys suffice
+                return {ast.literal_eval(k) for k in node.value.keys if k is not None}
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no module-level {name}")
+
+
+def test_every_background_test_names_the_scenarios_it_rides_on() -> None:
+    modules = _background_modules()
+    assert modules, "the recovery module runs in the background"
+    for path in modules:
+        tree = ast.parse(path.read_text())
+        tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+        functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert "start_background" in functions, path
+        uses, scenarios = _literal(tree, "USES"), _literal(tree, "SCENARIOS")
+        assert isinstance(uses, dict) and isinstance(scenarios, set)
+        assert set(uses) == tests, f"{path.name}: USES must list every test, and only tests"
+        used = {name for names in uses.values() for name in names}
+        assert used <= scenarios, f"{path.name}: unknown scenarios {used - scenarios}"
+        assert used == scenarios, f"{path.name}: scenarios no test asserts on {scenarios - used}"
+
+
+class _Item:
+    def __init__(self, name: str, background: bool) -> None:
+        self.name, self._background = name, background
+
+    def get_closest_marker(self, marker: str) -> object | None:
+        return object() if marker == "background" and self._background else None
+
+
+def test_background_tests_run_last_in_their_own_order() -> None:
+    items = [_Item("b1", True), _Item("f1", False), _Item("b2", True), _Item("f2", False), _Item("f3", False)]
+    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    assert [item.name for item in items] == ["f1", "f2", "f3", "b1", "b2"]
+
+
+@pytest.mark.parametrize(("seconds", "warned"), [(BUDGET_MIN * 60, False), (BUDGET_MIN * 60 + 1, True)])
+def test_the_suite_prints_its_budget_and_warns_past_it(tmp_path: Path, seconds: int, warned: bool) -> None:
+    """scripts/test.sh's own report function, run with the suite's clock set to `seconds` (bash's SECONDS)."""
+    script = (REPO / "scripts" / "test.sh").read_text()
+    prelude = script[:script.index("t=$SECONDS\npy=")]  # the settings and functions, before any install
+    probe = tmp_path / "probe.sh"
+    probe.write_text(prelude + f"SECONDS={seconds}\nstarted=0\n")
+    out = subprocess.run(["bash", str(probe)], capture_output=True, text=True, check=True).stdout
+    minutes = (seconds + 59) // 60
+    assert f"suite: {minutes} min (budget {BUDGET_MIN})" in out, out
+    assert ("WARNING: the suite took" in out) is warned, out
