@@ -76,7 +76,8 @@ def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     began = time.monotonic()
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
-    live = wait_for(lambda: _live_detail(name, env), "rlkit status to show the policy server and the judge", 600)
+    live = wait_for(lambda: _live_detail(name, env), "rlkit status to show the policy server and the judge", 600,
+                every=5)
     live_text = run_rlkit("status", name, env=env).stdout
     state = wait_state(name, timeout=900, env=env)
     WALL_TIMES["grpo, SGLang policy + vLLM judge (3 components)"] = wall = time.monotonic() - began

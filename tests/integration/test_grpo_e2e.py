@@ -82,7 +82,7 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
         submitted = run_rlkit("submit", str(CONFIGS / config_name), *overrides)
         assert submitted.returncode == 0, submitted.stderr
         name = f"{experiment}/e2e_{mode}"
-        live = wait_for(lambda: _status_with_servers(name), "rlkit status to show the servers", 600)
+        live = wait_for(lambda: _status_with_servers(name), "rlkit status to show the servers", 600, every=5)
         state = wait_state(name, timeout=1500)
         status = run_rlkit("status", name)
         logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400")
