@@ -1,10 +1,10 @@
 """Test helper (not a conftest): independent trials side by side on the dev cluster, in the background of the session.
 
 An end-to-end scenario (submit, wait, inject a fault, wait for the end state) spends much of its wall time waiting:
-on Slurm, on server start-up, on a requeue delay; and the rest of the suite leaves one of the two cores idle most of
-the time (one pytest process, one server starting). So a module whose tests only assert on what its scenarios left
-marks them `background` (pytest.mark.background) and defines `start_background(pool, selected, tiny_model_dir,
-tmp_path_factory)`: the session starts those scenarios before its first test (tests/conftest.py), in one
+on Slurm, on server start-up, on a requeue delay; and the rest of the suite often leaves one of the two cores idle
+(one pytest process, one server starting). So a module whose tests only assert on what its scenarios left marks them
+`background` (pytest.mark.background) and defines `start_background(pool, selected, fixture)` (`fixture`: a session
+fixture's value by name): the session starts those scenarios before its first test (tests/conftest.py), in one
 `ScenarioPool` that runs at most `workers` of them side by side in background threads, longest first; the
 background tests run last, each waiting for the result of its own scenario. A scenario's failure (an assertion or a
 timeout inside it) is raised again in its test. The number side by side is bounded because the machine is small

@@ -152,8 +152,7 @@ class ServerSlot:
 
     def __init__(self, root: Path, untied_model: Path, tied_model: Path) -> None:
         self._root = root
-        self._models = {"tied": tied_model}  # the session's tiny models; every other kind serves the untied one
-        self._untied_model = untied_model
+        self._untied_model, self._tied_model = untied_model, tied_model  # the session's tiny models
         self._stack = contextlib.ExitStack()
         self.current: SharedServer | None = None
 
@@ -168,7 +167,7 @@ class ServerSlot:
         extra_args, extra_env = list(GLOO_WEIGHT_TRANSFER), {}
         if kind == "lora":
             extra_args, extra_env = lora_flags(LORA_TEST_RANK, {}), dict(LORA_ENV)
-        model_dir = self._models.get(kind, self._untied_model)
+        model_dir = self._tied_model if kind == "tied" else self._untied_model
         token = secrets.token_hex(32)
         started = time.monotonic()
         server = self._stack.enter_context(running_vllm(
