@@ -25,13 +25,14 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
 from tests.helpers.scenarios import WALL_TIMES
 from tests.helpers.sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
-from tests.helpers.slurm_helpers import assert_every_version_fingerprinted, wait_for, wait_state
+from tests.helpers.slurm_helpers import ACTIVE, assert_every_version_fingerprinted, wait_for, wait_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang]
 STEPS = 5
@@ -91,8 +92,11 @@ def _live_detail(name: str, env: dict[str, str]) -> dict[str, object] | None:
     """`rlkit status NAME --json` once it shows the policy server and the judge's server (the job is running)."""
     result = run_rlkit("status", name, "--json", env=env)
     assert result.returncode == 0, result.stderr
-    detail: dict[str, object] = json.loads(result.stdout)
-    return detail if detail["servers"] and detail["auxiliary_servers"] else None
+    detail: dict[str, Any] = json.loads(result.stdout)
+    if detail["servers"] and detail["auxiliary_servers"]:
+        return detail
+    assert detail["row"]["state"] in ACTIVE, f"the job ended before rlkit status showed its servers: {result.stdout}"
+    return None
 
 
 def test_three_components_ran_and_completed(judge_run: dict[str, object]) -> None:

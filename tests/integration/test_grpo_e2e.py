@@ -28,7 +28,13 @@ import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
 from tests.helpers.planted import Listener, plant_server_records
-from tests.helpers.slurm_helpers import assert_every_version_fingerprinted, processes_mentioning, wait_for, wait_state
+from tests.helpers.slurm_helpers import (
+    ACTIVE,
+    assert_every_version_fingerprinted,
+    processes_mentioning,
+    wait_for,
+    wait_state,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 STEPS = 25  # the demo curve takes off after ~12 steps and is near 1 by 25 (at 20 it was 0.6-0.97 across runs)
@@ -111,7 +117,11 @@ def _status_with_servers(name: str) -> subprocess.CompletedProcess[str] | None:
     """`rlkit status NAME --json` once it lists two servers (the job is running), else None."""
     result = run_rlkit("status", name, "--json")
     assert result.returncode == 0, result.stderr
-    return result if len(json.loads(result.stdout)["servers"]) >= 2 else None
+    detail = json.loads(result.stdout)
+    if len(detail["servers"]) >= 2:
+        return result
+    assert detail["row"]["state"] in ACTIVE, f"the job ended before rlkit status showed its servers: {result.stdout}"
+    return None
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
