@@ -11,18 +11,17 @@ rendered text holds no logic of its own.
 from __future__ import annotations
 
 import dataclasses
-import math
 import shlex
 import sys
 from dataclasses import dataclass, field
 
 from rlkit.checks.binds import container_binds
 from rlkit.config.allocation import Allocation
-from rlkit.config.node_fit import Misfit, misfit, nodes_for
 from rlkit.config.schema.auxiliary import entry_field
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
+from rlkit.launch.placement import Demand, Placement, Slot, choose_placement
 from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import backend_for, server_model
 from rlkit.servers.engine_env import parse_env_vars
@@ -34,6 +33,7 @@ SERVER_ROLE = "server"
 AUXILIARY_ROLE = "auxiliary"  # the servers of one auxiliary model
 TRAINER_ROLE = "trainer"
 CLIENT_ROLE = "client"
+SHARED_ROLE = "shared"  # the one node request of a packed job (every role's steps on its nodes)
 
 
 @dataclass(frozen=True)
@@ -120,33 +120,17 @@ class JobPlan:
     retries: int = 0  # restarts of a failed trainer/server step in the allocation, and self-requeues
     attempt: int = 1  # 1 for `rlkit submit`, then one more per `rlkit resume`
     trainer_group: int = 0  # the component whose steps Slurm's time-limit warning goes to (the work component)
+    shared: Component | None = None  # a packed job's one node request (rlkit.launch.placement); None: heterogeneous
 
+    @property
+    def packed(self) -> bool:
+        """One allocation whose steps share nodes, instead of one het component per role."""
+        return self.shared is not None
 
-def _nodes_for(gpus: int, gpus_per_unit: int, gpn: int, what: str, where: str) -> tuple[int, int]:
-    """(nodes, gpus_per_node) for `gpus` GPUs in units of `gpus_per_unit` that must not straddle nodes, by the rule
-    validation asks too (rlkit.config.node_fit), worded here; `where` names the field in messages (allocation_mode
-    'vllm:d2', auxiliary_models[0] ...)."""
-    why = misfit(gpus, gpus_per_unit, gpn)
-    if why is Misfit.NO_GPU:  # reported by validation; never divide by it here
-        raise ConfigError(f"{where}: a {what} needs at least one GPU (got {gpus_per_unit} per {what}, {gpus} in all)",
-                          hint="use sizes of at least 1")
-    if why is Misfit.UNIT_OVER_NODE:
-        raise ConfigError(
-            f"{where}: one {what} needs {gpus_per_unit} GPUs but a node has {gpn}",
-            hint="lower the tensor-parallel size, or set cluster.n_gpus_per_node to what your nodes have",
-        )
-    if why is Misfit.UNIT_SPLITS_NODE:
-        raise ConfigError(
-            f"{where}: {gpn} GPUs per node do not divide into whole {what}s of {gpus_per_unit} GPUs",
-            hint="choose a tensor-parallel size that divides cluster.n_gpus_per_node",
-        )
-    if why is Misfit.PARTIAL_NODES:
-        raise ConfigError(
-            f"{where}: the {what}s need {gpus} GPUs, more than one node, so they must fill whole "
-            f"nodes of {gpn} GPUs",
-            hint=f"use a multiple of {gpn} GPUs (e.g. {math.ceil(gpus / gpn) * gpn})",
-        )
-    return nodes_for(gpus, gpn)
+    @property
+    def requests(self) -> tuple[Component, ...]:
+        """What the #SBATCH blocks ask for: each component (heterogeneous), or the one shared request."""
+        return (self.shared,) if self.shared is not None else self.components
 
 
 def _rlkit_argv(python: str, *args: str) -> tuple[str, ...]:
@@ -190,44 +174,89 @@ def _server_groups(config: ExperimentConfig, allocation: Allocation) -> list[_Se
     return groups
 
 
-def _server_component(config: ExperimentConfig, servers: _Servers) -> Component:
+def _demands(config: ExperimentConfig, allocation: Allocation, server_groups: list[_Servers]) -> list[Demand]:
+    """What each component needs of the nodes' GPUs, in the plan's order (servers, auxiliary models, work)."""
+    demands = [Demand(f"auxiliary {g.name}" if g.name else "server", g.dp, g.tp, block=False, where=g.sized_by)
+               for g in server_groups]
+    where = f"allocation_mode '{config.allocation_mode}'"
+    if allocation.trainer is not None:
+        demands.append(Demand(TRAINER_ROLE, allocation.trainer.gpus, 1, block=True, where=where))
+    else:
+        demands.append(Demand(CLIENT_ROLE, 1, 0, block=True, where=where))
+    return demands
+
+
+def _server_component(config: ExperimentConfig, servers: _Servers, nodes: int) -> Component:
     """The nodes of one group of servers, each server on one node; sized per GPU like every server."""
     launcher, tp = config.launcher, servers.tp
-    nodes, gpn = _nodes_for(servers.dp * tp, tp, config.cluster.n_gpus_per_node, "server", servers.sized_by)
+    gpn = min(servers.dp * tp, config.cluster.n_gpus_per_node)
     return Component(servers.role, nodes, gpn // tp, gpn, tp * launcher.inference_server_cpus_per_gpu,
                      gpn * launcher.inference_server_mem_per_gpu, name=servers.name)
 
 
+def _work_component(config: ExperimentConfig, slot: Slot, trainer: bool) -> Component:
+    """The trainer's nodes (its ranks, one GPU each), or the GPU-less client's one node."""
+    launcher = config.launcher
+    if not trainer:
+        return Component(CLIENT_ROLE, 1, 1, 0, launcher.client_cpus, launcher.client_mem)
+    return Component(TRAINER_ROLE, slot.nodes, slot.gpus_per_node, slot.gpus_per_node, launcher.trainer_cpus_per_gpu,
+                     slot.gpus_per_node * launcher.trainer_mem_per_gpu)
+
+
 def _server_steps(config: ExperimentConfig, paths: TrialPaths, python: str, servers: _Servers,
-                  component: Component, group: int) -> list[Step]:
+                  component: Component, group: int, slots: tuple[Slot, ...]) -> list[Step]:
     """The steps of one server component: the policy's servers (server-<i>), or an auxiliary model's
-    (aux-<name>-<i>, `rlkit serve --auxiliary NAME`), each on its node of the component."""
-    servers_per_node = component.gpus_per_node // servers.tp
+    (aux-<name>-<i>, `rlkit serve --auxiliary NAME`), each on the node its slot gives (within the component, or
+    within the job when packed)."""
     env = tuple(sorted(parse_env_vars("launcher.inference_server_env_vars",
                                       config.launcher.inference_server_env_vars).items()))
     steps = []
-    for i in range(servers.dp):
+    for i, slot in enumerate(slots):
         name = server_step_name(i, servers.name)
         extra = ("--auxiliary", servers.name) if servers.name else ()
         steps.append(Step(
             name=name, role=servers.role, het_group=group, nodes=1, ntasks=1, gpus_per_node=servers.tp,
             cpus_per_task=component.cpus_per_task, mem_mb=servers.tp * config.launcher.inference_server_mem_per_gpu,
-            relative_node=i // servers_per_node,
+            relative_node=slot.first_node,
             argv=_rlkit_argv(python, "serve", "--trial-dir", str(paths.root), "--index", str(i), *extra),
             env=env, image=config.launcher.slurm.inference_server_image, log=str(paths.step_log(name)),
         ))
     return steps
 
 
+def _shared_request(placement: Placement, steps: list[Step], nodelist: str) -> Component:
+    """The one node request of a packed job: on every node, the most GPUs, CPUs and memory its steps take on any
+    one node (the steps then take their own slices with --exact)."""
+    gpus, cpus, mem = ([0] * placement.nodes for _ in range(3))
+    for step in steps:
+        first = step.relative_node or 0
+        for node in range(first, first + step.nodes):
+            gpus[node] += step.gpus_per_node
+            cpus[node] += step.ntasks // step.nodes * step.cpus_per_task
+            mem[node] += step.mem_mb
+    return Component(SHARED_ROLE, placement.nodes, 1, max(gpus), max(cpus), max(mem), nodelist=nodelist)
+
+
+def _placement_notes(placement: Placement, steps: list[Step]) -> list[str]:
+    """The script's lines about a packed placement: why, and each step's nodes and GPU slice."""
+    notes = [f"placement: packed, one allocation of {placement.nodes} node(s): {placement.why}; each step on its "
+             "node(s) with its own GPUs:"]
+    for step in steps:
+        first = step.relative_node or 0
+        where = f"node {first}" if step.nodes == 1 else f"nodes {first}-{first + step.nodes - 1}"
+        notes.append(f"  {step.name}: {where}, {step.gpus_per_node} GPU(s) per node, {step.ntasks} task(s)")
+    return notes
+
+
 def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | None = None,
              attempt: int = 1) -> JobPlan:
     """Turn a validated config and its parsed allocation_mode (rlkit.checks.experiment.Validated.allocation) into a
-    JobPlan; raises ConfigError when the layout does not fit the cluster."""
+    JobPlan; raises ConfigError when the layout does not fit the cluster (rlkit.launch.placement decides how the
+    steps sit on nodes)."""
     mode = config.allocation_mode
     job = job_type_for(config.type)
     alloc = allocation
     cluster, launcher, slurm = config.cluster, config.launcher, config.launcher.slurm
-    gpn = cluster.n_gpus_per_node
     paths = TrialPaths.of(cluster.fileroot, config.experiment_name, config.trial_name)
     in_container = slurm.container_type == "apptainer"
     python = launcher.python or python or ("python3" if in_container else sys.executable)
@@ -237,37 +266,38 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
 
     notes = [f"job type {job.name}: {job.help}"]
     server_groups = _server_groups(config, alloc)
-    components = [_server_component(config, servers) for servers in server_groups]
+    what = f"allocation_mode '{mode}'" + (" with auxiliary_models" if config.auxiliary_models else "")
+    placement = choose_placement(_demands(config, alloc, server_groups), cluster.n_nodes, cluster.n_gpus_per_node,
+                                 what=what)
+    work_group = len(server_groups)
+    components = [
+        _server_component(config, servers, len({s.first_node for s in placement.slots[g]}) if placement.packed
+                          else placement.component_nodes[g])
+        for g, servers in enumerate(server_groups)]
+    components.append(_work_component(config, placement.slots[work_group][0], job.trainer))
     notes += [servers.note for servers in server_groups]
     if alloc.trainer is not None:
-        t_nodes, t_gpn = _nodes_for(alloc.trainer.gpus, 1, gpn, "trainer rank", f"allocation_mode '{mode}'")
-        components.append(Component(TRAINER_ROLE, t_nodes, t_gpn, t_gpn, launcher.trainer_cpus_per_gpu,
-                                    t_gpn * launcher.trainer_mem_per_gpu))
         notes.append(f"{alloc.trainer.dp} {alloc.trainer.backend} trainer rank(s), one GPU each")
-    else:
-        components.append(Component(CLIENT_ROLE, 1, 1, 0, launcher.client_cpus, launcher.client_mem))
-    total_nodes = sum(c.nodes for c in components)
-    if total_nodes > cluster.n_nodes:
-        layout = " + ".join(f"{c.nodes} {c.label}" for c in components)
-        what = f"allocation_mode '{mode}'" + (" with auxiliary_models" if config.auxiliary_models else "")
-        raise ConfigError(
-            f"{what} needs {total_nodes} nodes ({layout}) but cluster.n_nodes is {cluster.n_nodes}",
-            hint=f"set cluster.n_nodes={total_nodes} or use fewer GPUs",
-        )
-    components = _split_nodelist(components, slurm.nodelist)
+    if not placement.packed:
+        components = _split_nodelist(components, slurm.nodelist)
 
     steps = [step for group, servers in enumerate(server_groups)
-             for step in _server_steps(config, paths, python, servers, components[group], group)]
+             for step in _server_steps(config, paths, python, servers, components[group], group,
+                                       placement.slots[group])]
     trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
-    work_group = len(components) - 1
     last = components[work_group]
     steps.append(Step(
         name=job.name, role=last.role, het_group=work_group, nodes=last.nodes,
         ntasks=last.nodes * last.ntasks_per_node, gpus_per_node=last.gpus_per_node, cpus_per_task=last.cpus_per_task,
-        mem_mb=last.mem_per_node_mb, relative_node=None,
+        mem_mb=last.mem_per_node_mb,
+        relative_node=placement.slots[work_group][0].first_node if placement.packed else None,
         argv=_rlkit_argv(python, "train" if job.trainer else "client", "--trial-dir", str(paths.root)),
         env=trainer_env, image=slurm.trainer_image, log=str(paths.step_log(job.name)),
     ))
+    shared = None
+    if placement.packed:
+        shared = _shared_request(placement, steps, _checked_nodelist(slurm.nodelist, placement.nodes))
+        notes += _placement_notes(placement, steps)
 
     time = format_slurm_time(slurm_time_seconds(slurm.time)) if slurm.time else ""
     component_options = tuple(
@@ -299,7 +329,22 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         retries=config.recover.retries if recovers else 0,
         attempt=attempt,
         trainer_group=work_group,
+        shared=shared,
     )
+
+
+def _checked_nodelist(nodelist: str, needed: int) -> str:
+    """launcher.slurm.nodelist for a packed job: exactly the nodes it needs."""
+    if not nodelist:
+        return ""
+    try:
+        hosts = expand_hostlist(nodelist)
+    except ValueError as exc:
+        raise ConfigError(f"launcher.slurm.nodelist '{nodelist}': {exc}", hint="e.g. gpu[01-04],gpu07") from None
+    if len(hosts) != needed:
+        raise ConfigError(f"launcher.slurm.nodelist names {len(hosts)} nodes but the job needs exactly {needed}",
+                          hint=f"list {needed} nodes, or use launcher.slurm.exclude instead")
+    return ",".join(hosts)
 
 
 def _split_nodelist(components: list[Component], nodelist: str) -> list[Component]:

@@ -66,9 +66,10 @@ def _component_lines(index: int, component: Component, plan: JobPlan) -> list[st
     lines += [f"#SBATCH {sbatch_quote(opt)}" for opt in plan.component_options]
     if component.nodelist:
         lines.append(f"#SBATCH --nodelist={component.nodelist}")
+    lines.append(f"#SBATCH --nodes={component.nodes}")
+    if not plan.packed:  # a packed job's steps set their own task counts (one --ntasks-per-node would not fit all)
+        lines.append(f"#SBATCH --ntasks-per-node={component.ntasks_per_node}")
     lines += [
-        f"#SBATCH --nodes={component.nodes}",
-        f"#SBATCH --ntasks-per-node={component.ntasks_per_node}",
         f"#SBATCH --cpus-per-task={component.cpus_per_task}",
         f"#SBATCH --mem={component.mem_per_node_mb}M",
     ]
@@ -88,12 +89,15 @@ def step_command(step: Step, plan: JobPlan, *, options: tuple[str, ...] | None =
     """The full `[env ...] [wrapper] srun ... [apptainer exec ...] python -m rlkit ...` argv of one step: every step,
     step 0 included, gets its environment, python, image, binds and srun arguments here. `options`: the step's own
     srun options (default: a work step's, `work_step_options`); `wrapper`: a command srun runs under (a timeout)."""
-    srun = [*wrapper, "srun", *([f"--het-group={step.het_group}"] if len(plan.components) > 1 else []),
+    het = len(plan.components) > 1 and not plan.packed
+    srun = [*wrapper, "srun", *([f"--het-group={step.het_group}"] if het else []),
             f"--job-name={step.name}", f"--nodes={step.nodes}", f"--ntasks={step.ntasks}"]
     if step.relative_node is not None:
         srun.append(f"--relative={step.relative_node}")
     if step.gpus_per_node:
         srun.append(f"--gres=gpu:{step.gpus_per_node}")
+    elif plan.packed and plan.requests[0].gpus_per_node:
+        srun.append("--gres=none")  # in a job with GPUs, a step that asks for none would get every GPU of its nodes
     # --chdir=/: the step runs from a directory nobody else can write, not the trial directory the script is in, so
     # `python -m rlkit` (whose sys.path starts with the working directory) never imports a planted rlkit/ from there
     srun += [f"--cpus-per-task={step.cpus_per_task}", f"--mem={step.mem_mb}M",
@@ -115,52 +119,68 @@ def render_script(plan: JobPlan) -> str:
     """The sbatch script for a plan (deterministic: the same plan gives the same text)."""
     lines = ["#!/bin/bash", f"# rlkit {__version__}: trial {plan.trial_dir}", "#"]
     lines += [f"# {note}" for note in plan.notes]
-    for index, component in enumerate(plan.components):
-        lines += _component_lines(index, component, plan)
+    for index, request in enumerate(plan.requests):
+        lines += _component_lines(index, request, plan)
     steps = policy_table(plan)
     for step in plan.steps:
         fn = "cmd_" + step.name.replace("-", "_")
         steps += [f"{fn}() {{", f"  {_q(step_command(step, plan))}", "}",
                   f"start_step {step.name} {step.het_group} {fn}"]
     body = supervisor_body(trial_dir=plan.trial_dir, attempt=plan.attempt, retries=plan.retries,
-                           trainer_group=plan.trainer_group, steps=steps, node_checks=node_check_lines(plan))
+                           trainer_group=plan.trainer_group, steps=steps, node_checks=node_check_lines(plan),
+                           packed=plan.packed)
     return "\n".join(lines) + "\n\n" + body
 
 
-def node_check_command(group: int, plan: JobPlan) -> tuple[str, ...]:
-    """Step 0 on one component: rlkit.steps.node_check on each of its nodes, built by `step_command` from the
-    component's first step (its environment additions, python, image, binds and srun arguments) with one task per
-    node and the component's GPUs asked for explicitly. The supervisor appends the token's and address file's
-    arguments, which exist only at run time."""
-    component = plan.components[group]
-    step = next(s for s in plan.steps if s.het_group == group)
-    check = [step.argv[0], "-m", "rlkit.steps.node_check", f"--role={component.role}",
-             f"--gpus={component.gpus_per_node}", *(["--container"] if plan.container_type != "none" else [])]
-    others = sum(c.nodes for c in plan.components) - 1
-    if others:  # every other node connects to the work component's first node
+def _checked_steps(plan: JobPlan) -> list[Step]:
+    """What step 0 checks, one srun each: every component's nodes with its GPUs per node (heterogeneous), or every
+    step on its own nodes with its own slice (packed: each step must see exactly its GPUs). The work component's
+    (or work step's) check comes last."""
+    if plan.packed:
+        return list(plan.steps)
+    checks = []
+    for group, component in enumerate(plan.components):
+        step = next(s for s in plan.steps if s.het_group == group)
+        checks.append(replace(step, nodes=component.nodes, gpus_per_node=component.gpus_per_node,
+                              mem_mb=component.mem_per_node_mb, relative_node=None))
+    return checks
+
+
+def node_check_command(index: int, plan: JobPlan) -> tuple[str, ...]:
+    """Step 0 on one component (or one step of a packed job): rlkit.steps.node_check on each of its nodes, built by
+    `step_command` from the component's first step (its environment additions, python, image, binds and srun
+    arguments) with one task per node and the GPUs asked for explicitly. The supervisor appends the token's and
+    address file's arguments, which exist only at run time."""
+    checks = _checked_steps(plan)
+    checked = checks[index]
+    role = plan.components[checked.het_group].role
+    check = [checked.argv[0], "-m", "rlkit.steps.node_check", f"--role={role}",
+             f"--gpus={checked.gpus_per_node}", *(["--container"] if plan.container_type != "none" else [])]
+    others = sum(c.nodes for c in checks) - 1
+    if others:  # every other node (task) connects to the work component's first node
         work = plan.components[plan.trainer_group]
         check += [f"--target-group={plan.trainer_group}", f"--target-role={work.role}"]
-        check += [f"--listen={others}"] if group == plan.trainer_group else []
-    node_check = replace(step, name=NODE_CHECK_STEP, nodes=component.nodes, ntasks=component.nodes,
-                         gpus_per_node=component.gpus_per_node, cpus_per_task=1,
-                         mem_mb=min(NODE_CHECK_MEM_MB, component.mem_per_node_mb), relative_node=None,
-                         argv=tuple(check), log=str(TrialPaths(Path(plan.trial_dir)).step_log(NODE_CHECK_STEP)))
+        check += [f"--listen={others}"] if index == len(checks) - 1 else []
+    node_check = replace(checked, name=NODE_CHECK_STEP, ntasks=checked.nodes, cpus_per_task=1,
+                         mem_mb=min(NODE_CHECK_MEM_MB, checked.mem_mb), argv=tuple(check),
+                         log=str(TrialPaths(Path(plan.trial_dir)).step_log(NODE_CHECK_STEP)))
     # every node reports, whichever fails first; its output goes to the supervisor, which reads the address line
     return step_command(node_check, plan, options=("--ntasks-per-node=1", "--kill-on-bad-exit=0"),
                         wrapper=("timeout", str(NODE_CHECK_TIMEOUT_S)))
 
 
 def node_check_lines(plan: JobPlan) -> list[str]:
-    """Bash lines defining one function per component that runs its node check, and NODE_CHECKS naming them."""
+    """Bash lines defining one function per check that runs it, and NODE_CHECKS naming them."""
     lines = []
-    for group in range(len(plan.components)):
-        lines += [f"node_check_{group}() {{", f'  {_q(node_check_command(group, plan))} "$@"', "}"]
-    names = " ".join(f"node_check_{group}" for group in range(len(plan.components)))
+    count = len(_checked_steps(plan))
+    for index in range(count):
+        lines += [f"node_check_{index}() {{", f'  {_q(node_check_command(index, plan))} "$@"', "}"]
+    names = " ".join(f"node_check_{index}" for index in range(count))
     return [*lines, f"NODE_CHECKS=({names})  # the supervisor runs them all at once"]
 
 
 def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group: int, steps: list[str],
-                    node_checks: list[str]) -> str:
+                    node_checks: list[str], packed: bool = False) -> str:
     """The template filled in: the step_contract's words and codes, the plan's numbers, `steps` (bash lines that
     define and start each step) where @STEPS@ stands, `node_checks` (bash lines defining step 0's function per
     component and NODE_CHECKS) where @NODE_CHECKS@ stands."""
@@ -168,7 +188,8 @@ def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
-        "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group), "STEPS": "\n".join(steps),
+        "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group),
+        "PACKED": str(int(packed)), "STEPS": "\n".join(steps),
         "NODE_CHECKS": "\n".join(node_checks),
         "NODE_CHECK_ADDRESS_MARK": shlex.quote(NODE_CHECK_ADDRESS_MARK),
         "NODE_CHECK_LOG": shlex.quote(str(TrialPaths(Path(trial_dir)).step_log(NODE_CHECK_STEP))),

@@ -85,6 +85,15 @@ def signal_steps(job: str, signal_name: str) -> None:
         raise SlurmError(f"scancel --signal={signal_name} {job} failed: {proc.stderr.strip()}")
 
 
+def step_ids(job_id: str, name: str) -> list[str]:
+    """The ids (`JOB.STEP`) of the job's running steps called `name` (srun --job-name), from squeue."""
+    proc = _run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"])
+    if proc.returncode != 0:
+        return []
+    return [parts[0] for parts in (line.split(maxsplit=1) for line in proc.stdout.splitlines())
+            if len(parts) == 2 and parts[1].strip() == name]
+
+
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
     """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
     records = []

@@ -19,6 +19,16 @@ def _trainer_status(paths: TrialPaths) -> str:
     return str(read_json_dict(paths.progress).get("status", ""))
 
 
+def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> None:
+    """USR2 to the trainer's steps only: its het component, or in a job of one allocation (packed, or trainer
+    only) its step by name, since a signal to the whole job would reach the servers' steps too."""
+    if len(info.component_job_ids) > 1:
+        slurm.signal_steps(info.component_job_ids[-1], "USR2")
+        return
+    for step_id in slurm.step_ids(job_id, step_name):
+        slurm.signal_steps(step_id, "USR2")
+
+
 def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str:
     """Stop the trial's job; returns its record name. With a checkpoint first unless `now` or not applicable."""
     record = find_trial(spec)
@@ -27,8 +37,7 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
         if job_type_for(config.type).resumable and config.recover.mode != "disabled":
-            trainer_component = info.component_job_ids[-1] if info.component_job_ids else record.job_id
-            slurm.signal_steps(trainer_component, "USR2")
+            _signal_trainer(record.job_id, info, job_type_for(config.type).name)
             say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
                 "--now skips this)")
             deadline = time.monotonic() + timeout

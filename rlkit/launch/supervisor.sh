@@ -18,6 +18,7 @@ STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on
 STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
 STEP_STATE=@STEP_STATE@  # the trainer's last finished step and its status, one per line
 TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes to
+PACKED=@PACKED@  # 1: one allocation whose steps share nodes (signals go to the trainer's steps by step id)
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
 NODE_CHECK_ADDRESS_MARK=@NODE_CHECK_ADDRESS_MARK@  # starts the line where the node check's listener gives its address
 
@@ -119,9 +120,25 @@ on_signal() {
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
+state_step_ids() {  # the Slurm step ids (JOB.STEP) of the running steps whose component reports state (the trainer)
+  local i id name
+  for i in "${!NAMES[@]}"; do
+    [ "${POLICY_STATE[${GROUPS_OF[$i]}]}" = 1 ] || continue
+    while read -r id name; do
+      [ "$name" = "${NAMES[$i]}" ] && echo "$id"
+    done < <(squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null)
+  done
+}
+
 on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...): the trainer checkpoints and stops
   echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
   local group id
+  if [ "$PACKED" = 1 ]; then  # one job: a signal to it would reach the servers' steps too
+    for id in $(state_step_ids); do
+      scancel --ctld --signal=USR1 "$id" 2>/dev/null
+    done
+    return
+  fi
   while read -r group id; do
     if [ "$group" -eq "$TRAINER_GROUP" ]; then
       scancel --ctld --signal=USR1 "$id" 2>/dev/null
