@@ -19,6 +19,7 @@ STEP_STATE = "step_state"  # in the trial directory, written with progress.json
 
 NODE_CHECK_STEP = "node-check"  # step 0 of every job (rlkit.steps.node_check; log: logs/node-check.log)
 NODE_CHECK_ADDRESS_MARK = "rlkit-node-check-address"  # starts the line step 0's listener prints for the batch script
+SLICE_MARK = "rlkit step slice:"  # starts the line each step prints first: its node and GPUs (rlkit status reads it)
 NO_RETRY_EXIT = 78  # sysexits' EX_CONFIG: a failure a restart of the step cannot fix; the supervisor never retries it
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from rlkit.config.load import load_config
 from rlkit.errors import FatalStepError
 from rlkit.jobs.registry import job_type_for
+from rlkit.slurm.jobenv import JobEnv
 from rlkit.trials.paths import TrialPaths
 
 
@@ -20,5 +21,8 @@ def run_job_step(trial_dir: Path, *, trainer: bool) -> None:
     if job.trainer != trainer:
         raise FatalStepError(f"job type {job.name} runs `rlkit {'train' if job.trainer else 'client'}`, not this "
                              "command (the job script does not match the trial's config)")
+    env = JobEnv.from_environ()
+    if env.local_rank == 0:  # one line per node of the step
+        print(env.slice_line(job.name), flush=True)
     module, _, function = job.step.partition(":")
     getattr(importlib.import_module(module), function)(trial_dir, config)

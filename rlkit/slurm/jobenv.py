@@ -13,6 +13,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rlkit.step_contract import SLICE_MARK
+
 
 def advertised_host() -> str:
     """The address other nodes use to reach this one ($RLKIT_ADVERTISE_HOST overrides the host name)."""
@@ -39,6 +41,7 @@ class JobEnv:
     step_id: str
     restart_count: int
     nodelist: str
+    gpus: str = ""  # the GPUs this step holds on this node (SLURM_STEP_GPUS, else CUDA_VISIBLE_DEVICES); "": none
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
@@ -55,4 +58,10 @@ class JobEnv:
             step_id=env.get("SLURM_STEP_ID", ""),
             restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             nodelist=env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", ""),
+            gpus=env.get("SLURM_STEP_GPUS") or env.get("CUDA_VISIBLE_DEVICES", ""),
         )
+
+    def slice_line(self, step: str) -> str:
+        """The line a step prints first in its log: which node it runs on and which of its GPUs it holds (steps of
+        a packed job share nodes, each with its own slice; rlkit status reads the last such line of each log)."""
+        return f"{SLICE_MARK} {step} on {self.node_name} holds GPUs {self.gpus or 'none'}"

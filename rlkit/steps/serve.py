@@ -33,6 +33,7 @@ from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.experiment import ExperimentConfig, set_field
 from rlkit.errors import FatalStepError, StepError
 from rlkit.nameresolve import name_resolve_for, server_key
+from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for, server_model
 from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
@@ -119,6 +120,7 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     slurm = JobEnv.from_environ()
     node = slurm.node_name
     key = server_key(index, auxiliary)
+    print(slurm.slice_line(server_step_name(index, auxiliary or "")), flush=True)
     what = f"auxiliary server {auxiliary}/{index}" if auxiliary else f"server {index}"
     print(f"rlkit serve: {what} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
           flush=True)
