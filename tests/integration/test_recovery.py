@@ -9,7 +9,9 @@ scenarios (submit, fault, end state) start before the session's first test and r
 time (tests/helpers/scenarios.py); these tests run last, each asserting on what its scenario left. Faults of one
 config whose effects do not overlap share a trial, at different steps (killtrainer: a mid-push death, then a kill;
 timelimit: a corrupted server, a requeue, then stop and resume): each test reads only what its own fault left (its
-restart, its resume, its attempt's logs).
+restart, its resume, its attempt's logs). The killserver and timelimit trials run on ONE node (ONE_NODE: a packed
+placement, servers and trainer ranks each on their own slice of node1's GPUs): a server restarts on its slice, and
+Slurm's time-limit warning and `rlkit stop` reach the trainer's step by its step id, never the servers'.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ EXPERIMENT = "demo-grpo"
 # the killtrainer trial (recover.freq_steps=4) carries two trainer deaths: mid-push of version MID_PUSH (resumed from
 # the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
+ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # both servers and both trainer ranks on node1
 
 
 def _trial_env(tiny_model_dir: Path, tied_model_dir: Path,
@@ -128,7 +131,7 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int]:
     # by broadcast, with a tied model: the lost server's group is torn down and its replacement joins a new one
     # before its first push; the fingerprint after every push proves the tied output head right each time
     trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
-                    "actor.weight_update_mode=xccl", f"actor.path={env['tied']}")
+                    "actor.weight_update_mode=xccl", f"actor.path={env['tied']}", *ONE_NODE)
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
     wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
@@ -158,7 +161,8 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
       the last step), the newest checkpoint damaged, `rlkit resume`: the resume skips it and uses the previous one,
       the time limit's."""
     trial = _submit(env, "timelimit", f"total_train_steps={TIMELIMIT_STEPS}", "recover.freq_steps=100",
-                    f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}")
+                    f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}",
+                    *ONE_NODE)
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
     wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
     status = run_rlkit("status", name, env=home).stdout
@@ -355,6 +359,12 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenari
     assert "rlkit gloo weight transfer: joined" in restarted, "the restarted server never joined a weight group"
     rejoin = back[0]["step"]
     assert re.search(rf"servers \[0, 1\] at weight version {int(rejoin)},", trainer_log)
+    # one shared node: the restart took the slice its first run left (the only free GPU of node1), not another's
+    slices = re.findall(r"^rlkit step slice: server-1 on (\S+) holds GPUs (\S+)$", server_log, re.MULTILINE)
+    trainer_slice = re.findall(r"^rlkit step slice: grpo on (\S+) holds GPUs (\S+)$", trainer_log, re.MULTILINE)
+    assert len(slices) >= 2 and len(set(slices)) == 1 and slices[0][0] == "node1", slices
+    assert trainer_slice and not set(slices[0][1].split(",")) & set(trainer_slice[0][1].split(",")), trainer_slice
+    assert "#SBATCH hetjob" not in (trial / "job.sbatch").read_text()
     assert processes_mentioning(str(trial)) == []
 
 
@@ -364,6 +374,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: Scenario
     run = scenarios.result("timelimit")
     trial = run.trial
     assert "Restarts=1" in run.info
+    assert "PACKED=1" in (trial / "job.sbatch").read_text(), "one node: USR1 went to the trainer's step by its id"
     batch_log = next((trial / "logs" / "attempt-1").glob("slurm-*.out")).read_text()
     assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
     trainer_log = (trial / "logs" / "attempt-1" / "grpo.log").read_text()
