@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rlkit.checks.site_files import check_model_dir
 from rlkit.config.allocation import Allocation
 from rlkit.config.model_config import model_positions
-from rlkit.config.node_fit import unit_misfit
+from rlkit.config.node_fit import unit_unplaceable
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import NAME_PATTERN, AuxiliaryModelConfig, entry_field
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -64,10 +64,10 @@ def _check_entry(config: ExperimentConfig, index: int, entry: AuxiliaryModelConf
     if tp < 1:
         problems.add(f"{field('tensor_parallel_size')} is {tp}: a server needs at least one GPU",
                      hint=f"set {field('tensor_parallel_size')}=1")
-    elif gpn >= 1 and unit_misfit(tp, gpn) is not None:  # the planner's rule (rlkit.config.node_fit)
-        problems.add(f"{field('tensor_parallel_size')} {tp} does not fit whole servers on a node of "
+    elif gpn >= 1 and unit_unplaceable(tp, gpn) is not None:  # the planner's rule (rlkit.config.node_fit)
+        problems.add(f"{field('tensor_parallel_size')} {tp} does not fit one server on a node of "
                      f"cluster.n_gpus_per_node={gpn} GPUs (a server never straddles nodes)",
-                     hint=f"use a tensor_parallel_size that divides {gpn}")
+                     hint=f"use a tensor_parallel_size of at most {gpn}")
     _check_backend(config, index, entry, allocation, problems)
     if not entry.model_path:
         problems.add(f"{field('model_path')} is empty", hint="set it to a Hugging Face model directory or hub id")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlkit.config.node_fit import misfit, nodes_for
+from rlkit.config.node_fit import Misfit, misfit, nodes_for, unit_unplaceable
 from rlkit.errors import ConfigError, ConfigErrors
 
 HETEROGENEOUS = "heterogeneous"
@@ -70,7 +70,13 @@ class Placement:
 
 def _unit_problem(demand: Demand, gpn: int) -> ConfigError | None:
     """A unit that fits no node, or a block over one node that cannot fill whole nodes: no placement helps."""
-    if demand.unit_gpus > gpn:
+    if unit_unplaceable(demand.unit_gpus, gpn) is Misfit.NO_GPU or demand.units < 1:  # validation names it too
+        return ConfigError(
+            f"{demand.where}: one {demand.label} needs at least one GPU (got {demand.unit_gpus} per {demand.label}, "
+            f"{demand.gpus} in all)",
+            hint="use sizes of at least 1",
+        )
+    if unit_unplaceable(demand.unit_gpus, gpn) is Misfit.UNIT_OVER_NODE:
         return ConfigError(
             f"{demand.where}: one {demand.label} needs {demand.unit_gpus} GPUs but a node has {gpn}",
             hint="lower the tensor-parallel size, or set cluster.n_gpus_per_node to what your nodes have",
@@ -173,7 +179,7 @@ def choose_placement(demands: list[Demand], n_nodes: int, gpn: int, *, what: str
     """The one rule (module docstring): heterogeneous when it fits and packing saves no GPU node, else packed when
     it fits cluster.n_nodes, else a ConfigError naming the GPUs needed per node. `what` names the layout in
     messages (allocation_mode '...')."""
-    problems = [p for p in (_unit_problem(d, gpn) for d in demands if d.unit_gpus) if p is not None]
+    problems = [p for p in (_unit_problem(d, gpn) for d in demands if d.unit_gpus or not d.block) if p is not None]
     if problems:
         raise problems[0] if len(problems) == 1 else ConfigErrors(problems)
     packed = _packed(demands, gpn)

@@ -78,7 +78,7 @@ def _positions_model(tmp_path: Path) -> Path:
     (["auxiliary_models=[{name: my-judge, model_path: MODEL}]"], "auxiliary_models[0].name 'my-judge' is not an "
                                                                  "identifier"),
     ([judge("MODEL", engine_num=0)], "auxiliary_models[0].engine_num is 0: at least one server is needed"),
-    ([judge("MODEL", tensor_parallel_size=2)], "tensor_parallel_size 2 does not fit whole servers on a node of "
+    ([judge("MODEL", tensor_parallel_size=2)], "tensor_parallel_size 2 does not fit one server on a node of "
                                                "cluster.n_gpus_per_node=1"),
     ([judge("MODEL", backend="tgi")], "auxiliary_models[0].backend 'tgi' is not an inference engine rlkit runs"),
     ([judge("/no/such/model")], "auxiliary_models[0].model_path: '/no/such/model' is not a model directory"),
@@ -136,12 +136,17 @@ def test_plan_puts_auxiliary_groups_between_servers_and_trainer(grpo_yaml: Path,
 
 def test_the_auxiliary_nodes_count_against_the_cluster(grpo_yaml: Path, fake_model: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        plan_of(load_config(grpo_yaml, [judge(fake_model)]))  # 1 + 1 + 2 nodes on a cluster of 3
-    assert "needs 4 nodes (1 server + 1 auxiliary judge + 2 trainer) but cluster.n_nodes is 3" in info.value.message
+        plan_of(load_config(grpo_yaml, [judge(fake_model)]))  # 1 + 1 + 2 nodes of 1 GPU on a cluster of 3
+    assert ("needs 4 nodes of 1 GPU (1 server + 1 auxiliary judge + 2 trainer GPUs, placed 1, 1, 1, 1 per node) but "
+            "cluster.n_nodes is 3") in info.value.message
     assert info.value.hint == "set cluster.n_nodes=4 or use fewer GPUs"
-    with pytest.raises(ConfigError, match="must fill whole nodes of 2 GPUs"):
-        plan_of(load_config(grpo_yaml, [judge(fake_model, engine_num=3), "cluster.n_gpus_per_node=2",
-                                        "cluster.n_nodes=8"]))
+    # 3 judge GPUs do not fill nodes of 2: the steps share nodes, and the judge's GPUs still count (2 + 1 + 3 = 6)
+    three = [judge(fake_model, engine_num=3), "cluster.n_gpus_per_node=2"]
+    plan = plan_of(load_config(grpo_yaml, [*three, "cluster.n_nodes=3"]))
+    assert plan.packed and plan.requests[0].nodes == 3
+    with pytest.raises(ConfigError) as info:
+        plan_of(load_config(grpo_yaml, [*three, "cluster.n_nodes=2"]))
+    assert "needs 3 nodes of 2 GPUs" in info.value.message and info.value.hint.startswith("set cluster.n_nodes=3")
 
 
 def test_three_component_script_is_driven_by_the_policy_table(grpo_yaml: Path, fake_model: Path) -> None:
