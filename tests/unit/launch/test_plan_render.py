@@ -101,10 +101,13 @@ def test_multi_node_servers_fill_nodes_in_order(generate_yaml: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["allocation_mode=vllm:d4"], "needs 5 nodes (4 server + 1 client) but cluster.n_nodes is 3"),
-        (["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "do not divide into whole servers of 3 GPUs"),
+        # packed, the client beside server 0, still needs 4 nodes of 1 GPU
+        (["allocation_mode=vllm:d4"],
+         "needs 4 nodes of 1 GPU (4 server GPUs, placed 1, 1, 1, 1 per node) but cluster.n_nodes is 3"),
+        (["allocation_mode=vllm:d1t9", "cluster.n_gpus_per_node=8"], "one server needs 9 GPUs but a node has 8"),
         (["allocation_mode=vllm:d1t2"], "one server needs 2 GPUs but a node has 1"),
-        (["allocation_mode=vllm:d3t2", "cluster.n_gpus_per_node=4"], "must fill whole nodes of 4 GPUs"),
+        (["allocation_mode=vllm:d5t2", "cluster.n_gpus_per_node=4", "cluster.n_nodes=2"],
+         "needs 3 nodes of 4 GPUs (10 server GPUs, placed 4, 4, 2 per node) but cluster.n_nodes is 2"),
         (["launcher.slurm.nodelist=node[1-2]"], "names 2 nodes but the job needs exactly 3"),
         (["launcher.slurm.nodelist=node[2-1]"], "goes backwards"),
     ],
@@ -113,6 +116,22 @@ def test_layouts_that_do_not_fit_are_refused(generate_yaml: Path, overrides: lis
     with pytest.raises(ConfigError) as info:
         plan_of(load_config(generate_yaml, overrides))
     assert says in info.value.message
+    if "cluster.n_nodes is" in says:  # the fix: the nodes the packed placement takes
+        assert info.value.hint == f"set cluster.n_nodes={says.split()[1]} or use fewer GPUs"
+
+
+@pytest.mark.parametrize(("overrides", "nodes", "server_nodes"), [
+    (["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], 1, [0]),  # 3 GPUs do not divide a node of 8
+    (["allocation_mode=vllm:d3t2", "cluster.n_gpus_per_node=4"], 2, [0, 0, 1]),  # 6 GPUs are not whole nodes of 4
+    (["allocation_mode=vllm:d4", "cluster.n_nodes=4"], 4, [0, 1, 2, 3]),  # the client shares server 0's node
+])
+def test_layouts_that_whole_nodes_cannot_hold_share_nodes(generate_yaml: Path, overrides: list[str], nodes: int,
+                                                         server_nodes: list[int]) -> None:
+    """Refused before packed placement: now one allocation whose steps share nodes, the client beside server 0."""
+    plan = plan_of(load_config(generate_yaml, overrides))
+    assert plan.packed and plan.requests[0].nodes == nodes
+    assert [s.relative_node for s in plan.steps if s.role == SERVER_ROLE] == server_nodes
+    assert plan.steps[-1].role == CLIENT_ROLE and plan.steps[-1].relative_node == 0
 
 
 def test_nodelist_is_split_over_components(generate_yaml: Path) -> None:
