@@ -2,7 +2,8 @@
 
 Paths that exist only on a GPU site (images, models, data under /storage) are pointed at stand-in files here: empty
 `.sif` files and a directory holding only config.json and tokenizer.json. Apptainer itself cannot run on this
-machine; the controller judges the rendered heterogeneous job (nodes, GPUs, CPUs, memory per component).
+machine; the controller judges the rendered job (nodes, GPUs, CPUs, memory per component of a heterogeneous job, or
+of the one allocation whose steps share nodes: configs/grpo-one-node*.yaml).
 """
 
 from __future__ import annotations
@@ -108,6 +109,21 @@ def test_controller_accepts_a_three_component_job(site_standins: list[str], rlki
     assert result.stdout.count("#SBATCH hetjob") == 2
     assert "NODE_CHECKS=(node_check_0 node_check_1 node_check_2)" in result.stdout  # step 0 on each component
     assert "--auxiliary judge" in result.stdout
+    assert not rlkit_home.exists()
+
+
+@pytest.mark.slurm
+def test_controller_accepts_a_packed_job_on_two_nodes(site_standins: list[str], rlkit_home: Path) -> None:
+    """12 server GPUs + 4 trainer GPUs on nodes of 8: one allocation of 2 nodes (the trainer and 4 servers on the
+    first, 8 servers on the second), each step on its slice; the controller takes it."""
+    data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
+    result = run_rlkit("render", str(CONFIGS / "grpo.yaml"), *site_standins, f"valid_dataset.path={data}",
+                       "allocation_mode=vllm:d12+fsdp:d4", "--test-only")
+    assert result.returncode == 0, result.stderr
+    assert "to start at" in result.stderr  # the controller's own verdict
+    assert "# placement: packed, one allocation of 2 node(s)" in result.stdout
+    assert "#SBATCH --nodes=2\n" in result.stdout and "#SBATCH hetjob" not in result.stdout
+    assert result.stdout.count("--relative=1 --gres=gpu:1 ") == 2 * 8  # 8 servers and their node checks on node 1
     assert not rlkit_home.exists()
 
 

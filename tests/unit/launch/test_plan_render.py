@@ -46,6 +46,22 @@ GOLDEN_CASES = {p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}
 # Three components: the policy's servers, an auxiliary judge's servers (two of four GPUs each), the trainer.
 GOLDEN_CASES["grpo-judge"] = ("grpo", ["cluster.n_nodes=3", "auxiliary_models=[{name: judge, model_path: "
                                        "/storage/models/judge, engine_num: 2, tensor_parallel_size: 4}]"])
+# Packed (steps share nodes): 12 server GPUs + 4 trainer GPUs on two nodes of 8 (the trainer and 4 servers on node 0,
+# 8 servers on node 1); grpo-one-node and grpo-one-node-cpu-demo (every step on one node) come from configs/.
+GOLDEN_CASES["grpo-12-4"] = ("grpo", ["allocation_mode=vllm:d12+fsdp:d4"])
+PACKED_GOLDENS = {"grpo-12-4", "grpo-one-node", "grpo-one-node-cpu-demo"}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_cases_keep_their_placement(name: str) -> None:
+    """Packed placement changed no existing example: every other golden is still a heterogeneous job (or a
+    one-component job), each component on whole nodes of its own."""
+    source, overrides = GOLDEN_CASES[name]
+    for config in example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides]):
+        plan = plan_of(config)
+        assert plan.packed == (name in PACKED_GOLDENS)
+        if not plan.packed:
+            assert plan.requests == plan.components and all(s.het_group < len(plan.components) for s in plan.steps)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
