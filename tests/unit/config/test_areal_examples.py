@@ -22,9 +22,9 @@ PAIR_ROWS = [{"chosen": f"\n\nHuman: Say hello {n}.\n\nAssistant: Hello!",  # hh
               "rejected": f"\n\nHuman: Say hello {n}.\n\nAssistant: No."} for n in range(8)]
 
 # What "site settings" means here: where the model, the data and the trial files live, how steps run (no
-# Apptainer on this machine), and what the nodes have (rlkit never puts servers and trainer on one node, so AReaL's
-# one-node split takes two; the CPU example says 0 GPUs, the dev cluster's nodes have them).
-SITE = ["launcher.slurm.container_type=none", "cluster.n_nodes=2", "cluster.n_gpus_per_node=8"]
+# Apptainer on this machine), and what the nodes have (the CPU example says 0 GPUs, the dev cluster's nodes have 8).
+# Every file's own `cluster.n_nodes: 1` is kept: servers and trainer share the node (a packed placement).
+SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=8"]
 # `type` is not a site setting: AReaL picks the algorithm by its entry script, and rlkit asks for it (issue 14
 # item 4) except where the training rows leave one choice (sft, rw, dpo rows).
 CASES = {
@@ -77,6 +77,24 @@ def test_an_areal_example_renders_with_site_settings_only(example: str, site: di
     assert {"experiment_name", "trial_name"} & {k.split(".")[-1] for k in keys}, keys
     if not CASES[example]:
         assert ("type", prepared.config.type) in [(a.key, a.value) for a in prepared.areal_keys]
+    # the file's one node: servers and trainer share it, each step on its own GPUs (trainer-only files: one job)
+    plan = prepared.plan
+    assert prepared.config.cluster.n_nodes == 1 and [r.nodes for r in plan.requests] == [1]
+    assert plan.packed == any(step.role == "server" for step in plan.steps)
+    assert sum(step.gpus_per_node for step in plan.steps) <= 8
+
+
+@pytest.mark.parametrize("example", ["current/gsm8k_grpo", "current/gsm8k_ppo", "colon_style/gsm8k_grpo",
+                                     "dot_style/gsm8k_grpo"])
+def test_areal_one_node_split_is_packed_on_its_node(example: str, site: dict[str, list[str]]) -> None:
+    """AReaL's `sglang:d4p1t1+d4p1t1` on `n_nodes: 1`, `n_gpus_per_node: 8`: 4 servers of one GPU and a 4-rank
+    trainer on node 0, the 8 GPUs split 4 + 4."""
+    prepared = prepare(EXAMPLES / f"{example}.yaml", [*site["gsm8k"], *CASES[example]], dry_run=True)
+    plan = prepared.plan
+    assert plan.packed and plan.requests[0].nodes == 1 and plan.requests[0].gpus_per_node == 8
+    assert [(s.role, s.relative_node, s.gpus_per_node, s.ntasks) for s in plan.steps] == [
+        *[("server", 0, 1, 1)] * 4, ("trainer", 0, 4, 4)]
+    assert "# placement: packed, one allocation of 1 node(s)" in prepared.script
 
 
 def test_renaming_and_references_between_areal_keys(site: dict[str, list[str]]) -> None:
