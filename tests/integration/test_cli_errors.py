@@ -44,8 +44,9 @@ MISTAKES = [
     pytest.param(["n_nodes"], "is not of the form key.path=value", id="malformed-override"),
     pytest.param(["experiment_name=my_exp"], "experiment_name 'my_exp' is not allowed", id="experiment-underscore"),
     pytest.param(["trial_name=run-1"], "trial_name 'run-1' is not allowed", id="trial-dash"),
-    pytest.param(["allocation_mode=vllm:d4"], "needs 5 nodes", id="does-not-fit"),
-    pytest.param(["allocation_mode=vllm:d1t3", "cluster.n_gpus_per_node=8"], "whole servers", id="not-whole-servers"),
+    pytest.param(["allocation_mode=vllm:d4"], "needs 4 nodes of 1 GPU", id="does-not-fit"),  # even packed
+    pytest.param(["allocation_mode=vllm:d1t9", "cluster.n_gpus_per_node=8"], "one server needs 9 GPUs but a node has 8",
+                 id="server-over-a-node"),  # a server that does not divide a node is packed beside the others
     pytest.param(["allocation_mode=vllm:x2"], "vllm takes only d, t (got 'x')", id="bad-grammar"),
     pytest.param(["launcher.slurm.container_type=apptainer", "launcher.slurm.inference_server_image=/no/s.sif",
                   "launcher.slurm.trainer_image=docker://ghcr.io/x/t:1"], "image file '/no/s.sif' does not exist",
@@ -306,7 +307,8 @@ SFT_MISTAKES = [
                  id="tensor-parallel-trainer"),
     pytest.param(["actor.path=/no/model"], ["actor.path: '/no/model' is not a model directory",
                                             "actor.path: '/no/model' has no tokenizer"], id="missing-model"),
-    pytest.param(["allocation_mode=fsdp:d4"], ["needs 4 nodes (4 trainer) but cluster.n_nodes is 3"],
+    pytest.param(["allocation_mode=fsdp:d4"], ["needs 4 nodes of 1 GPU (4 trainer GPUs, placed 1, 1, 1, 1 per node) "
+                                               "but cluster.n_nodes is 3"],
                  id="does-not-fit"),
     pytest.param(["type=sfft"], ["type 'sfft' is not a job type", "did you mean 'sft'?"], id="misspelt-type"),
 ]
