@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from rlkit.cli.status_slices import StepSlice, run_started, step_slices
 from rlkit.errors import UserError
 from rlkit.launch import slurm
 from rlkit.servers.health import probe_health
@@ -85,6 +86,7 @@ class TrialDetail:
     mismatch_warning: str = ""  # the trainer's last "server <i> log-probs differ" line (rlkit.trainer.mismatch)
     last_eval: str = ""  # the last evaluation on valid_dataset: its reward and weight version (rlkit.trainer.evaluator)
     epochs: str = ""  # trainer-only jobs (rw, dpo, sft: rlkit.trainer.offline_epochs): "epoch E/T  loss L"
+    slices: list[StepSlice] = field(default_factory=list)  # the node and GPUs each step holds (a running job)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +183,8 @@ def trial_detail(spec: str) -> TrialDetail:
     detail.epochs = _epochs(progress, paths.metrics)
     if info.active and paths.config.is_file():
         detail.servers, detail.auxiliary_servers = _servers(paths)
+    if info.state == "RUNNING":  # steps hold GPUs only then; logs older than this run are an earlier run's
+        detail.slices = step_slices(paths.logs, since=run_started(info.elapsed))
     step = failed_step(paths, record.job_id)
     if step:
         detail.failed_step = step
@@ -252,6 +256,8 @@ def print_detail(console: Console, d: TrialDetail) -> None:
         console.print(f"  attempt {len(d.attempts)} (jobs {', '.join(d.attempts)})")
     for comp_id, state, nodes in d.components:
         console.print(f"  component {comp_id}: {state} on {nodes}")
+    for piece in d.slices:
+        console.print(f"  {piece.text()}", markup=False, highlight=False)
     if d.servers:
         table = Table(title="servers")
         for column in ("index", "address", "node", "health", "weight version"):
