@@ -1,5 +1,6 @@
 """Preflight against the cluster itself, before sbatch: does the partition exist, and do its nodes have the GPUs,
-CPUs, memory and count each component of the plan asks for, within the partition's time limit?
+CPUs, memory and count each node request of the plan asks for (each component of a heterogeneous job, the one
+request of a packed job), within the partition's time limit?
 
 Slurm answers all of these with one terse line ("Requested node configuration is not available"), one problem at a
 time, and a heterogeneous job only for its first component; and a layout that fits no usable node but some drained
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from rlkit.config.problems import Problems
 from rlkit.launch import slurm
-from rlkit.launch.plan import AUXILIARY_ROLE, CLIENT_ROLE, SERVER_ROLE, Component, JobPlan
+from rlkit.launch.plan import AUXILIARY_ROLE, CLIENT_ROLE, SERVER_ROLE, SHARED_ROLE, TRAINER_ROLE, Component, JobPlan
 from rlkit.slurm.time_limits import format_slurm_time, slurm_time_seconds
 
 # node states in which Slurm will not start new work on a node (scontrol prints e.g. IDLE+DRAIN, DOWN*, MIXED)
@@ -96,16 +97,24 @@ def read_partition(name: str) -> tuple[Partition | None, list[str]]:
 
 
 def _component_name(component: Component, plan: JobPlan) -> str:
-    return f"the {component.label} component" if len(plan.components) > 1 else "the job"
+    return f"the {component.label} component" if len(plan.requests) > 1 else "the job"
 
 
-def _resource_fields(role: str) -> tuple[str, str]:
-    """The launcher fields that size a component's CPUs and memory."""
-    if role in (SERVER_ROLE, AUXILIARY_ROLE):  # an auxiliary model's servers are sized as the policy's
-        return "launcher.inference_server_cpus_per_gpu", "launcher.inference_server_mem_per_gpu"
-    if role == CLIENT_ROLE:
-        return "launcher.client_cpus", "launcher.client_mem"
-    return "launcher.trainer_cpus_per_gpu", "launcher.trainer_mem_per_gpu"
+_FIELDS = {SERVER_ROLE: ("launcher.inference_server_cpus_per_gpu", "launcher.inference_server_mem_per_gpu"),
+           AUXILIARY_ROLE: ("launcher.inference_server_cpus_per_gpu", "launcher.inference_server_mem_per_gpu"),
+           CLIENT_ROLE: ("launcher.client_cpus", "launcher.client_mem")}
+_TRAINER_FIELDS = ("launcher.trainer_cpus_per_gpu", "launcher.trainer_mem_per_gpu")
+
+
+def _resource_fields(role: str, parts: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The launcher fields that size a component's CPUs and memory (an auxiliary model's servers are sized as the
+    policy's). The shared request of a packed job adds up the steps on one node: its fields are those of every role
+    in `parts` (the plan's components; every role when not given)."""
+    if role != SHARED_ROLE:
+        return _FIELDS.get(role, _TRAINER_FIELDS)
+    roles = parts or (SERVER_ROLE, TRAINER_ROLE, CLIENT_ROLE)
+    fields = list(dict.fromkeys(_FIELDS.get(r, _TRAINER_FIELDS) for r in roles if r != SHARED_ROLE))
+    return " or ".join(f[0] for f in fields), " or ".join(f[1] for f in fields)
 
 
 def check_plan(plan: JobPlan, partition: Partition, *, time_limit: str, problems: Problems) -> None:
@@ -122,14 +131,17 @@ def check_plan(plan: JobPlan, partition: Partition, *, time_limit: str, problems
                          hint=f"set launcher.slurm.time to at most {format_slurm_time(partition.max_time_s)} (the "
                               "job checkpoints and requeues itself at its limit)")
     usable = [n for n in partition.nodes if n.usable]
-    for component in plan.components:
-        _check_component(_component_name(component, plan), component, partition, usable, problems)
+    parts = tuple(c.role for c in plan.components)
+    for component in plan.requests:
+        _check_component(_component_name(component, plan), component, partition, usable, problems,
+                         _resource_fields(component.role, parts))
 
 
 def _check_component(name: str, component: Component, partition: Partition, usable: list[Node],
-                     problems: Problems) -> None:
+                     problems: Problems, fields: tuple[str, str]) -> None:
     where = f"partition {partition.name}"
-    cpu_field, mem_field = _resource_fields(component.role)
+    cpu_field, mem_field = fields
+    shared = component.role == SHARED_ROLE  # its CPUs and memory per node: the steps on its busiest node, added up
     if not partition.nodes or component.nodelist:
         return  # nodes this user cannot see, or nodes chosen by hand: sbatch --test-only judges those
     cpus = component.ntasks_per_node * component.cpus_per_task
@@ -144,14 +156,15 @@ def _check_component(name: str, component: Component, partition: Partition, usab
                                           "or pick a partition with bigger nodes")
     if cpus > most_cpus:
         fits_alone = False
-        problems.add(f"{name} asks for {cpus} CPUs per node ({component.ntasks_per_node} tasks x "
-                     f"{component.cpus_per_task}); the nodes of {where} have at most {most_cpus}",
+        how = "its steps on one node" if shared else f"{component.ntasks_per_node} tasks x {component.cpus_per_task}"
+        problems.add(f"{name} asks for {cpus} CPUs per node ({how}); the nodes of {where} have at most {most_cpus}",
                      hint=f"lower {cpu_field}")
     mem_limit = min(most_mem, partition.max_mem_per_node_mb or most_mem)
     if component.mem_per_node_mb > mem_limit:
         fits_alone = False
-        problems.add(f"{name} asks for {component.mem_per_node_mb} MB of memory per node; {where} allows at most "
-                     f"{mem_limit} MB", hint=f"lower {mem_field}")
+        how = " (its steps on one node)" if shared else ""
+        problems.add(f"{name} asks for {component.mem_per_node_mb} MB of memory per node{how}; {where} allows at "
+                     f"most {mem_limit} MB", hint=f"lower {mem_field}")
     if partition.max_nodes is not None and component.nodes > partition.max_nodes:
         problems.add(f"{name} needs {component.nodes} nodes; {where} allows at most {partition.max_nodes} per job",
                      hint="lower the layout in allocation_mode, or pick a partition with a larger MaxNodes")
