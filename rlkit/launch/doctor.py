@@ -2,11 +2,11 @@
 for, in a few seconds, and name each broken part with its fix.
 
 The config is checked and planned as `rlkit submit` would (every mistake exits 2, nothing submitted); then one short
-job of one task per node (as many nodes as the plan's components hold, each with the GPUs of its component) is
-submitted with submitit, a single-function Slurm job, which is what submitit is for. Each task runs
-rlkit.steps.doctor_node's checks. submitit's folder, where the tasks also meet for the all-reduce, sits under
-$RLKIT_HOME (the user's home, shared on clusters), so that a fileroot some node cannot see is reported as such
-instead of stopping the doctor itself.
+job of one task per node (as many nodes as the plan's components hold, each with the GPUs of its component; for a
+packed plan, the nodes of its one shared request with its GPUs per node) is submitted with submitit, a
+single-function Slurm job, which is what submitit is for. Each task runs rlkit.steps.doctor_node's checks.
+submitit's folder, where the tasks also meet for the all-reduce, sits under $RLKIT_HOME (the user's home, shared on
+clusters), so that a fileroot some node cannot see is reported as such instead of stopping the doctor itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rlkit.config.load import to_yaml
 from rlkit.config.model_config import is_local_path
 from rlkit.images.labels import is_image_uri
 from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
-from rlkit.launch.plan import SERVER_ROLE, JobPlan, Step
+from rlkit.launch.plan import SERVER_ROLE, SHARED_ROLE, JobPlan, Step
 from rlkit.launch.single_jobs import last_line, submit_function
 from rlkit.launch.submit import Prepared
 from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
@@ -41,7 +41,18 @@ class DoctorRun:
 
 
 def node_layout(plan: JobPlan) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(role, GPUs) of each node of the job, component by component (servers first, as the plan orders them)."""
+    """(role, GPUs) of each node of the job: component by component (servers first, as the plan orders them), or, for
+    a packed plan, the shared request's nodes with its GPUs per node (what the job gets on each), each node's role
+    naming the roles of the steps on it in the plan's order ("server+trainer")."""
+    if plan.shared is not None:
+        on_node: list[list[str]] = [[] for _ in range(plan.shared.nodes)]
+        for step in plan.steps:
+            first = step.relative_node or 0
+            for node in range(first, min(first + step.nodes, plan.shared.nodes)):
+                if step.role not in on_node[node]:
+                    on_node[node].append(step.role)
+        return (tuple("+".join(roles) or SHARED_ROLE for roles in on_node),
+                (plan.shared.gpus_per_node,) * plan.shared.nodes)
     roles: list[str] = []
     gpus: list[int] = []
     for component in plan.components:

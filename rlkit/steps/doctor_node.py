@@ -29,7 +29,8 @@ class NodeSpec:
     canary: str  # a file in the fileroot holding `token`
     token: str
     shared_dir: str  # submitit's folder: rank 0 publishes its all-reduce address here
-    roles: tuple[str, ...]  # the role of each task (task i runs on node i of the job)
+    roles: tuple[str, ...]  # the role of each task (task i runs on node i of the job); "server+trainer": a node
+    # that steps of several roles share (a packed job)
     gpus: tuple[int, ...]  # the GPUs each task's node must see
     model: str  # a local model directory the steps read ("" for a hub id)
     allreduce_argv: tuple[str, ...]  # the command of the all-reduce, in the trainer's image when there is one
@@ -69,9 +70,15 @@ def run_node_checks(spec: NodeSpec) -> NodeReport:
     _check_container(spec, report)
     _check_model(spec.model, report)
     _check_allreduce(spec, env, report)
-    if spec.serve_argv and env.global_rank == spec.roles.index("server"):
+    if spec.serve_argv and env.global_rank == first_server_node(spec.roles):
         _check_server(spec, report)
     return report
+
+
+def first_server_node(roles: tuple[str, ...]) -> int | None:
+    """The first node with a server on it (alone, or beside other roles' steps: "server+trainer"), which starts the
+    one server of the server check."""
+    return next((i for i, role in enumerate(roles) if "server" in role.split("+")), None)
 
 
 def _check_fileroot(spec: NodeSpec, report: NodeReport) -> None:

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.config.load import load_config
 from rlkit.launch.doctor import node_layout, node_spec, summary_rows
 from rlkit.launch.submit import prepare
-from rlkit.steps.doctor_node import Check, NodeReport, _check_fileroot, _check_gpus, _check_model
-from tests.conftest import REPO
+from rlkit.steps.doctor_node import Check, NodeReport, _check_fileroot, _check_gpus, _check_model, first_server_node
+from tests.conftest import CONFIGS, REPO
+from tests.helpers.planning import plan_of
 
 
 def test_rows_group_passes_and_failures_by_reason() -> None:
@@ -48,6 +50,47 @@ def test_each_node_runs_the_checks_as_the_jobs_steps_run(grpo_yaml: Path, tmp_pa
     assert (workdir / "config.yaml").stat().st_mode & 0o777 == 0o600
     assert spec.images == (str(images[1]), str(images[0])) and spec.container_type == "apptainer"
     assert spec.canary.startswith(str(tmp_path / "fileroot") + "/.rlkit-doctor-")
+
+
+PINNED = ["launcher.python=/opt/rlkit/bin/python", "actor.path=/storage/models/m", "cluster.fileroot=/storage/rlkit",
+          "generate.dataset.path=/storage/data/p.jsonl"]
+
+
+@pytest.mark.parametrize(("source", "overrides", "layout"), [
+    # the CPU demo on one node: both servers and both trainer ranks on node 0, which the job gives 4 GPUs
+    ("grpo-one-node-cpu-demo", [], (("server+trainer",), (4,))),
+    # 12 server GPUs and 4 trainer GPUs on two nodes of 8: servers beside the trainer on node 0, only servers on 1
+    ("grpo", ["allocation_mode=vllm:d12+fsdp:d4", "cluster.n_nodes=2", "cluster.n_gpus_per_node=8"],
+     (("server+trainer", "server"), (8, 8))),
+    # generate on one node: the GPU-less client beside the servers
+    ("generate-gpu", ["cluster.n_nodes=1"], (("server+client",), (8,))),
+    # heterogeneous: one node per server, the trainer's two
+    ("grpo-cpu-demo", [], (("server", "server", "trainer", "trainer"), (1, 1, 1, 1))),
+])
+def test_a_packed_plan_s_doctor_job_has_the_shared_request_s_nodes_and_gpus(
+        source: str, overrides: list[str], layout: tuple[tuple[str, ...], tuple[int, ...]]) -> None:
+    plan = plan_of(load_config(CONFIGS / f"{source}.yaml", [*PINNED, *overrides]))
+    assert plan.packed == (source != "grpo-cpu-demo")
+    assert node_layout(plan) == layout
+    assert first_server_node(layout[0]) == 0
+
+
+def test_the_server_check_runs_on_the_first_node_with_a_server() -> None:
+    assert first_server_node(("trainer", "server+client", "server")) == 1
+    assert first_server_node(("auxiliary+trainer", "trainer")) is None
+    assert first_server_node(()) is None
+
+
+def test_a_packed_config_s_doctor_spec(grpo_yaml: Path, tmp_path: Path) -> None:
+    """The test config (1 server + 2 trainer ranks) on one node of 4 GPUs: one task, seeing the job's 4 GPUs, that
+    runs the all-reduce and the server start."""
+    prepared = prepare(grpo_yaml, ["cluster.n_nodes=1", "cluster.n_gpus_per_node=4"])
+    assert prepared.plan.packed
+    workdir = tmp_path / "doctor"
+    workdir.mkdir()
+    spec = node_spec(prepared, workdir, "tok")
+    assert (spec.roles, spec.gpus) == (("server+trainer",), (3,))
+    assert first_server_node(spec.roles) == 0 and spec.serve_argv and spec.allreduce_argv
 
 
 def test_one_nodes_checks_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
