@@ -1,0 +1,117 @@
+"""Where the trainer's signals go: `rlkit stop`'s USR2 (rlkit.launch.stop) and the job script's time-limit USR1
+(rlkit/launch/supervisor.sh) reach the trainer's steps only, never a server's: a heterogeneous job's trainer is its
+last component; in a job of one allocation (packed, or trainer only) the trainer is found by its step name in
+squeue's listing and signalled by step id. Slurm's commands are stubs here that record their arguments."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.launch import slurm
+from rlkit.launch.render import supervisor_body
+from rlkit.launch.stop import _signal_trainer
+
+LISTING = "1.0 server-0\n1.1 server-1\n1.2 grpo\n1.extern extern\n"  # squeue --steps --format='%i %j'
+
+
+def stub_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, squeue_exit: int = 0) -> Path:
+    """`squeue` (prints LISTING) and `scancel` executables first on PATH; each appends its arguments, one call a
+    line, to calls.txt, which is returned."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    listing = tmp_path / "listing.txt"
+    listing.write_text(LISTING)
+    for name, then in (("squeue", f"cat {listing}; exit {squeue_exit}"), ("scancel", "exit 0")):
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n{then}\n')
+        stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_step_ids_are_the_steps_of_that_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = stub_slurm(tmp_path, monkeypatch)
+    assert slurm.step_ids("1", "grpo") == ["1.2"]
+    assert slurm.step_ids("1", "server-1") == ["1.1"]
+    assert slurm.step_ids("1", "server") == [], "a name matches whole, not as a prefix"
+    assert calls.read_text().splitlines()[0] == "squeue --noheader --steps --jobs=1 --format=%i %j"
+
+
+def test_step_ids_are_none_when_squeue_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stub_slurm(tmp_path, monkeypatch, squeue_exit=1)
+    assert slurm.step_ids("1", "grpo") == []
+
+
+def test_stop_signals_a_heterogeneous_job_s_last_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = stub_slurm(tmp_path, monkeypatch)
+    info = slurm.JobInfo("10", "RUNNING", component_job_ids=("10", "11", "12"))
+    _signal_trainer("10", info, "grpo")
+    assert calls.read_text().splitlines() == ["scancel --signal=USR2 12"], "no squeue: the component is the trainer"
+
+
+def test_stop_signals_a_packed_job_s_trainer_step_by_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = stub_slurm(tmp_path, monkeypatch)
+    _signal_trainer("1", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), "grpo")
+    sent = [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
+    assert sent == ["scancel --signal=USR2 1.2"], "never the job (its servers' steps) nor a server step"
+
+
+# ---- the job script's time-limit USR1 (the real supervisor template, run by bash) ------------------------------------
+
+
+def run_time_limit(tmp_path: Path, *, packed: bool) -> list[str]:
+    """The supervisor with two server steps that serve until stopped and a trainer step that waits for `done`; USR1
+    is sent to it once all three run, then the trainer finishes and the servers are stopped. `squeue` and `scancel`
+    are bash functions that record their arguments."""
+    (tmp_path / "logs").mkdir()
+    serve = "while true; do sleep 0.1; done"
+    body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=0, trainer_group=1, packed=packed, steps=[
+        "STOP_GRACE=1",
+        f"cmd_server_0() {{ {serve}; }}", f"cmd_server_1() {{ {serve}; }}",
+        "cmd_grpo() { touch trainer-up; while [ ! -e done ]; do sleep 0.1; done; }",
+        "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
+        "start_step server-0 0 cmd_server_0", "start_step server-1 0 cmd_server_1", "start_step grpo 1 cmd_grpo",
+    ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
+    stubs = ('scancel() { echo "scancel $*" >> calls.txt; }\n'
+             'squeue() { echo "squeue $*" >> calls.txt; printf "%s" "$LISTING"; }\n')
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1", "LISTING": LISTING}
+    if not packed:  # a heterogeneous job: Slurm gives the batch script each component's job id
+        env.update(SLURM_JOB_ID_HET_GROUP_0="1", SLURM_JOB_ID_HET_GROUP_1="2")
+    proc = subprocess.Popen(["bash", "-c", stubs + body], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "trainer-up").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "trainer-up").exists(), "the trainer step did not start"
+        proc.send_signal(signal.SIGUSR1)
+        calls = tmp_path / "calls.txt"
+        while "USR1" not in (calls.read_text() if calls.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (tmp_path / "done").touch()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop" in out
+    return [line for line in (tmp_path / "calls.txt").read_text().splitlines() if "TERM" not in line]
+
+
+def test_time_limit_usr1_reaches_a_packed_job_s_trainer_step_only(tmp_path: Path) -> None:
+    calls = run_time_limit(tmp_path, packed=True)
+    assert [c for c in calls if c.startswith("scancel")] == ["scancel --ctld --signal=USR1 1.2"], calls
+    assert "squeue --noheader --steps --jobs=1 --format=%i %j" in calls
+
+
+def test_time_limit_usr1_reaches_a_heterogeneous_job_s_trainer_component(tmp_path: Path) -> None:
+    calls = run_time_limit(tmp_path, packed=False)
+    assert calls == ["scancel --ctld --signal=USR1 2"], calls
