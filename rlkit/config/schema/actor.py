@@ -118,7 +118,8 @@ class ActorConfig:
     overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
     overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.")
     overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.")
-    mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the loss.")
+    mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the actor's loss (a critic "
+                                     "still trains on them, to their returns, unless critic.mask_no_eos_with_zero).")
     kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
                        "before the advantages (no gradient through it); > 0 loads the reference model.")
     kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")

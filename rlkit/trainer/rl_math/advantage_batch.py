@@ -9,8 +9,11 @@ after the batch is chosen:
    tokens. Each sample gets `token_advantages`.
 Multi-turn episodes: every token statistic above is over sampled tokens only (`Sample.loss_mask`): the tokens rlkit
 inserted get no KL penalty, no reward, advantage 0, and take no part in adv_norm; GAE skips them
-(rlkit.trainer.rl_math.gae). An episode's length (DAPO's overlong penalty) is its number of sampled tokens, what the
-model wrote. Reference: AReaL areal/trainer/ppo/actor.py `_compute_advantages` at 4aef98d8.
+(rlkit.trainer.rl_math.gae). `actor.mask_no_eos_with_zero` leaves unfinished samples out of the actor's advantages
+only: a critic's returns (its targets) are GAE over every sampled token, since the critic trains on those tokens
+unless its own flag drops them (AReaL's returns are never masked by the actor's flag either). An episode's length
+(DAPO's overlong penalty) is its number of sampled tokens, what the model wrote. Reference: AReaL
+areal/trainer/ppo/actor.py `_compute_advantages` at 4aef98d8.
 """
 
 from __future__ import annotations
@@ -87,6 +90,22 @@ def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     return out
 
 
+def _actor_mask(samples: Sequence[Sample], sampled: torch.Tensor, actor: ActorConfig) -> torch.Tensor:
+    """The tokens the actor's advantages cover: the sampled ones, less unfinished samples under
+    mask_no_eos_with_zero (rlkit's reading: those are left out of the actor's loss altogether)."""
+    if not actor.mask_no_eos_with_zero:
+        return sampled
+    return sampled & torch.tensor([s.finished for s in samples])[:, None]
+
+
+def _gae(seq: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None, values: torch.Tensor | None,
+         actor: ActorConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) of GAE over the tokens in `mask`: the sequence reward on each row's last one, the KL
+    penalty on every one. A row with no token in `mask` gets zeros."""
+    rewards = token_rewards(seq, mask, kl, kl_ctl=actor.kl_ctl)
+    return gae_advantages(rewards, mask, discount=actor.discount, gae_lambda=actor.gae_lambda, values=values)
+
+
 def token_advantages(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[float]] | None,
                      ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig) -> dict[str, float]:
     """Set every sample's `token_advantages` without a critic (GRPO); returns the statistics of
@@ -115,9 +134,8 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
         return {}, []
     width = max(1, max(len(s.completion_ids) for s in samples))
     lengths = torch.tensor([len(s.completion_ids) for s in samples])
-    mask = _padded([sampled_mask(s) for s in samples], width).bool()  # inserted tokens and padding: False
-    if actor.mask_no_eos_with_zero:  # rlkit's reading: unfinished samples are left out of training altogether
-        mask &= torch.tensor([s.finished for s in samples])[:, None]
+    sampled = _padded([sampled_mask(s) for s in samples], width).bool()  # inserted tokens and padding: False
+    mask = _actor_mask(samples, sampled, actor)
     seq = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
     kl = None
     stats: dict[str, float] = {}
@@ -129,13 +147,14 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
         old = _padded([old_logp[i] if use_old else s.behav_logp for i, s in enumerate(samples)], width)  # type: ignore[index]
         ref = _padded([ref_logp[i] for i in range(len(samples))], width)
         kl, clamped = kl_estimate(old, ref, actor.kl_estimator, clamp=actor.kl_clamp)
-        kl = torch.where(mask, kl, 0.0)  # an inserted token's behaviour log-prob is no log-prob: no penalty there
+        kl = torch.where(sampled, kl, 0.0)  # an inserted token's behaviour log-prob is no log-prob: no penalty there
         n_tok = max(1, int(mask.sum()))
         stats["kl_reward"] = float(-(actor.kl_ctl * kl * mask).sum()) / n_tok
         stats["kl_reward_clamped_tokens"] = float((clamped & mask).sum())
-    rewards = token_rewards(seq, mask, kl, kl_ctl=actor.kl_ctl)
     v = _padded([values[i] for i in range(len(samples))], width) if values is not None else None
-    adv, returns = gae_advantages(rewards, mask, discount=actor.discount, gae_lambda=actor.gae_lambda, values=v)
+    adv, returns = _gae(seq, mask, kl, v, actor)
+    if not torch.equal(mask, sampled):  # the critic's targets: over every sampled token, not the actor's mask
+        returns = _gae(seq, sampled, kl, v, actor)[1]
     adv = apply_norm(adv, actor.adv_norm, actor, mask.to(adv.dtype))
     for s, row, n in zip(samples, adv.tolist(), lengths.tolist(), strict=True):
         s.token_advantages = [float(a) for a in row[:n]]
