@@ -42,7 +42,9 @@ class SFTExample:
 
     @property
     def n_targets(self) -> int:
-        return sum(self.loss_mask)
+        """The target tokens the loss is taken over: position 0 is never one (no token predicts it), whatever its
+        mask entry says, so the step's token count is the loss's own (rlkit.jobs.sft.loss.collate)."""
+        return sum(self.loss_mask[1:])
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,13 @@ def chat_example(messages: Any, tokenizer: Any, *, all_turns: bool, chat_templat
         mask += [0] * len(context) + [1] * len(target)
         pos = end_char
     tail = _encode(tokenizer, whole[pos:])
-    return SFTExample(ids + tail, mask + [0] * len(tail))
+    return _example(ids + tail, mask + [0] * len(tail))
+
+
+def _example(ids: list[int], mask: list[int]) -> SFTExample:
+    """An example whose first token is no target: nothing before it predicts it (an empty prompt would otherwise
+    mark the response's first token, which no loss position trains)."""
+    return SFTExample(ids, [0, *mask[1:]] if mask else mask)
 
 
 def plaintext_example(prompt: str, response: str, tokenizer: Any, *, apply_chat_template: bool,
@@ -134,7 +142,7 @@ def plaintext_example(prompt: str, response: str, tokenizer: Any, *, apply_chat_
         raise StepError("the tokenizer has no EOS token, so a raw-text response cannot be ended; set "
                         "sft.apply_chat_template=true or use a tokenizer with an eos_token")
     context, target = _encode(tokenizer, prompt), [*_encode(tokenizer, response), int(eos)]
-    return SFTExample(context + target, [0] * len(context) + [1] * len(target))
+    return _example(context + target, [0] * len(context) + [1] * len(target))
 
 
 def row_example(row: Mapping[str, Any], tokenizer: Any, sft: SFTConfig) -> SFTExample:

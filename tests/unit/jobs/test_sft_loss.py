@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from rlkit.jobs.sft.data import SFTExample
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.jobs.sft.algorithm import SFT
+from rlkit.jobs.sft.data import SFTExample, plaintext_example
 from rlkit.jobs.sft.loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll
 from rlkit.trainer.rl_math.losses import next_token_logprobs
 
@@ -74,3 +77,33 @@ def test_metrics_are_the_token_mean_and_its_perplexity() -> None:
     assert m == {"sft/loss": 1.5, "sft/ppl": pytest.approx(math.exp(1.5)), "sft/tokens": 4.0}
     assert sft_metrics(1.0, 2.0, prefix="eval")["eval/loss"] == 0.5
     assert math.isnan(sft_metrics(0.0, 0.0)["sft/loss"])
+
+
+class CharTokenizer:
+    """a..e are tokens 1..5, EOS is 6: enough of a tokenizer for raw-text rows."""
+
+    eos_token_id = 6
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1 + "abcde".index(c) for c in text]
+
+
+def test_an_empty_prompt_s_first_token_is_no_target_and_the_step_loss_is_the_mean_over_predicted_tokens() -> None:
+    """An empty raw-text prompt: the response's first token has nothing before it, so it is no target. The step's
+    loss (the engine weighs each micro-batch's mean by its tokens over the step's count) is the mean NLL over exactly
+    the 5 predicted tokens; before, position 0 was counted (6) and the loss came out 5/6 of it."""
+    empty = plaintext_example("", "abc", CharTokenizer(), apply_chat_template=False)
+    assert (empty.input_ids, empty.loss_mask, empty.n_targets) == ([1, 2, 3, 6], [0, 1, 1, 1], 3)
+    rows = [empty, plaintext_example("ab", "c", CharTokenizer(), apply_chat_template=False)]
+    owner = SimpleNamespace(config=SimpleNamespace(actor=ActorConfig()), rank=0, world=1, pad_id=0,
+                            device=torch.device("cpu"))
+    micro, step_tokens, _ = SFT._micro_batches(owner, rows, [0, 1])  # type: ignore[arg-type]
+    model = Bigram()
+    step_loss = 0.0
+    for mb in micro:  # TrainEngine.optimizer_step's weighting, world 1
+        nll_sum, n_tokens, _ = sft_loss_fn(model, mb)
+        step_loss += float(nll_sum.detach()) / max(1, n_tokens) * n_tokens / step_tokens
+    table = torch.log_softmax(model.table.weight.detach(), dim=-1)
+    predicted = [(1, 2), (2, 3), (3, 6), (2, 3), (3, 6)]
+    assert step_tokens == 5
+    assert step_loss == pytest.approx(-sum(float(table[a, b]) for a, b in predicted) / 5, rel=1e-6)
