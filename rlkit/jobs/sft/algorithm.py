@@ -20,7 +20,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.sft import sft_row_limit
 from rlkit.errors import StepError
 from rlkit.jobs.sft.data import SFTExample, load_sft_dataset, rank_micro_batches
-from rlkit.jobs.sft.loss import SFTMicroBatch, collate, eval_nll, sft_loss_fn, sft_metrics
+from rlkit.jobs.sft.loss import SUMS, SFTMicroBatch, collate, eval_nll, sft_loss_fn, sft_metrics
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory
 from rlkit.trainer.loop import LoopContext, StepResult, run_training
@@ -103,17 +103,18 @@ class SFT:
     def step(self, step: int) -> StepResult:
         """Collective: one optimizer step over the step's batch; validation at an epoch's end and after the last."""
         micro, local_tokens, dummies = self._micro_batches(self.train.examples, self.schedule.rows(step))
-        sums = [0.0, 0.0, float(dummies)]  # NLL, target tokens and dummy micro-batches of this rank
+        sums = dict.fromkeys(SUMS, 0.0)  # this rank's
 
         def loss_fn(model: Any, mb: SFTMicroBatch) -> tuple[Any, int]:
             nll_sum, n_tokens, stats = sft_loss_fn(model, mb)
-            sums[0] += stats["nll_sum"]
-            sums[1] += stats["tokens"]
+            for key in SUMS:
+                sums[key] += stats[key]
             return nll_sum / max(1, n_tokens), n_tokens  # the engine weighs a mean by its units
 
         stats = self.engine.optimizer_step(micro, loss_fn, local_tokens)
-        nll, tokens, dummies_all = all_reduce_sum(sums)
-        metrics = {**sft_metrics(nll, tokens, prefix="sft"), "sft/grad_norm": stats["grad_norm"],
+        *reduced, dummies_all = all_reduce_sum([*sums.values(), float(dummies)])
+        metrics = {**sft_metrics(dict(zip(SUMS, reduced, strict=True)), prefix="sft"),
+                   "sft/grad_norm": stats["grad_norm"],
                    "sft/lr": stats["lr"], "sft/epoch": float((step - 1) // self.per_epoch + 1),
                    "sft/dummy_micro_batches": dummies_all}  # forward/backward passes spent keeping ranks in step
         if self.schedule.ends_epoch(step):
@@ -125,8 +126,8 @@ class SFT:
         return StepResult(metrics)
 
     def evaluate(self) -> dict[str, float]:
-        """Collective: the mean NLL of the whole validation set over every rank (eval/loss, eval/ppl); {} without
-        one."""
+        """Collective: the token-mean NLL of the whole validation set over every rank (eval/loss) and AReaL's
+        perplexity, its mean over sequences (eval/ppl); {} without one."""
         if self.valid is None or not self.valid.examples:
             return {}
         examples = self.valid.examples
@@ -136,8 +137,8 @@ class SFT:
             parts = [eval_nll(self.engine.model, mb) for mb in micro]
         finally:
             self.engine.model.train()
-        nll, tokens = all_reduce_sum([sum(p[0] for p in parts), float(sum(p[1] for p in parts))])
-        return sft_metrics(nll, tokens, prefix="eval")
+        reduced = all_reduce_sum([sum(p[key] for p in parts) for key in SUMS])
+        return sft_metrics(dict(zip(SUMS, reduced, strict=True)), prefix="eval")
 
     def epoch(self, step: int) -> int:
         """Whole epochs done after `step` (the savers' freq_epochs)."""

@@ -2,13 +2,13 @@
 
 A sum, not a mean: the engine divides by the token count of the whole minibatch over every micro-batch and rank,
 so each target token weighs the same however the rows were split (2 ranks train like 1). The metrics are made
-from the all-reduced sums the same way.
+from the all-reduced sums the same way (`SUMS`): `loss` is the token mean of the NLL, `ppl` AReaL's perplexity, the
+mean over sequences of exp(that sequence's token-mean NLL) (areal/trainer/sft/lm_engine.py), not exp(loss).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,9 @@ from torch import Tensor
 
 from rlkit.jobs.sft.data import SFTExample
 from rlkit.trainer.rl_math.losses import next_token_logprobs
+
+SUMS = ("nll_sum", "tokens", "ppl_sum", "seqs")  # what the loss functions return, summed over micro-batches and ranks
+_MAX_NLL = 700.0  # exp() of more overflows a float
 
 
 @dataclass
@@ -58,26 +61,38 @@ def sft_nll(logp: Tensor, loss_mask: Tensor) -> tuple[Tensor, int]:
     return -torch.where(mask, logp, torch.zeros_like(logp)).sum(), int(mask.sum())
 
 
+def sequence_ppl(logp: Tensor, loss_mask: Tensor) -> tuple[float, int]:
+    """(sum over the rows with a target of exp(the row's token-mean NLL), those rows): AReaL's `ppl` is their mean,
+    so each sequence weighs the same whatever its length. Rows without a target (dummies) take no part."""
+    mask = loss_mask.bool()
+    counts = mask.sum(dim=-1)
+    nll = -torch.where(mask, logp.detach().double(), 0.0).sum(dim=-1)
+    rows = counts > 0
+    per_row = (nll[rows] / counts[rows]).clamp(max=_MAX_NLL).exp()
+    return float(per_row.sum()), int(rows.sum())
+
+
 def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int, dict[str, float]]:
-    """The training loop's loss function for sft: forward `mb`, return (NLL sum, target tokens, stats to sum over
-    micro-batches and ranks). The sum is differentiable; for a dummy micro-batch it is a zero that still depends
-    on every parameter, so backward runs the same collectives on every rank."""
+    """The training loop's loss function for sft: forward `mb`, return (NLL sum, target tokens, the `SUMS` to sum
+    over micro-batches and ranks). The sum is differentiable; for a dummy micro-batch it is a zero that still
+    depends on every parameter, so backward runs the same collectives on every rank."""
     out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
-    return loss_sum, n_tokens, {"nll_sum": float(loss_sum.detach()), "tokens": float(n_tokens)}
+    logp = next_token_logprobs(out.logits, mb.input_ids)
+    loss_sum, n_tokens = sft_nll(logp, mb.loss_mask)
+    ppl_sum, seqs = sequence_ppl(logp, mb.loss_mask)
+    return loss_sum, n_tokens, {"nll_sum": float(loss_sum.detach()), "tokens": float(n_tokens),
+                                "ppl_sum": ppl_sum, "seqs": float(seqs)}
 
 
 @torch.no_grad()
-def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[float, int]:
-    """(NLL sum, target tokens) of one validation micro-batch, without gradients; all-reduce, then sft_metrics."""
-    out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    loss_sum, n_tokens = sft_nll(next_token_logprobs(out.logits, mb.input_ids), mb.loss_mask)
-    return float(loss_sum), n_tokens
+def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> dict[str, float]:
+    """The `SUMS` of one validation micro-batch, without gradients; all-reduce, then sft_metrics."""
+    return sft_loss_fn(model, mb)[2]
 
 
-def sft_metrics(nll_sum: float, tokens: float, *, prefix: str = "sft") -> dict[str, float]:
-    """Mean loss, perplexity (`ppl`, AReaL's name) and token count from sums over every micro-batch and rank
-    (prefix: sft or eval)."""
-    loss = nll_sum / tokens if tokens else float("nan")
-    perplexity = math.exp(min(loss, 700.0)) if tokens else float("nan")
-    return {f"{prefix}/loss": loss, f"{prefix}/ppl": perplexity, f"{prefix}/tokens": float(tokens)}
+def sft_metrics(sums: Mapping[str, float], *, prefix: str = "sft") -> dict[str, float]:
+    """Token-mean loss, AReaL's perplexity (`ppl`: the mean over sequences of exp(per-sequence NLL)) and the token
+    count, from the `SUMS` over every micro-batch and rank (prefix: sft or eval)."""
+    tokens, seqs = sums["tokens"], sums["seqs"]
+    return {f"{prefix}/loss": sums["nll_sum"] / tokens if tokens else float("nan"),
+            f"{prefix}/ppl": sums["ppl_sum"] / seqs if seqs else float("nan"), f"{prefix}/tokens": float(tokens)}

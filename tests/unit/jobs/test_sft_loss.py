@@ -12,7 +12,7 @@ from torch import nn
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.jobs.sft.algorithm import SFT
 from rlkit.jobs.sft.data import SFTExample, plaintext_example
-from rlkit.jobs.sft.loss import collate, eval_nll, sft_loss_fn, sft_metrics, sft_nll
+from rlkit.jobs.sft.loss import collate, eval_nll, sequence_ppl, sft_loss_fn, sft_metrics, sft_nll
 from rlkit.trainer.rl_math.losses import next_token_logprobs
 
 
@@ -64,7 +64,8 @@ def test_loss_fn_sums_split_micro_batches_to_the_whole_batch_mean_and_dummies_ad
     table = torch.log_softmax(model.table.weight.detach(), dim=-1)
     by_hand = -sum(float(table[prev, nxt]) for prev, nxt in [(2, 3), (3, 4), (2, 5), (5, 6), (3, 3)])
     assert float(whole_sum.detach()) == pytest.approx(by_hand, rel=1e-6)
-    assert eval_nll(model, collate(rows, pad_id=0)) == (pytest.approx(by_hand, rel=1e-6), 5)
+    evaluated = eval_nll(model, collate(rows, pad_id=0))
+    assert (evaluated["nll_sum"], evaluated["tokens"], evaluated["seqs"]) == (pytest.approx(by_hand, rel=1e-6), 5, 3)
 
     loss, n, _ = sft_loss_fn(model, collate(rows[:1], pad_id=0, dummy=True))
     loss.backward()  # a dummy still reaches the parameters (FSDP's backward collectives run) with zero gradient
@@ -72,11 +73,34 @@ def test_loss_fn_sums_split_micro_batches_to_the_whole_batch_mean_and_dummies_ad
     assert model.table.weight.grad is not None and not model.table.weight.grad.any()
 
 
-def test_metrics_are_the_token_mean_and_its_perplexity() -> None:
-    m = sft_metrics(6.0, 4.0)
-    assert m == {"sft/loss": 1.5, "sft/ppl": pytest.approx(math.exp(1.5)), "sft/tokens": 4.0}
-    assert sft_metrics(1.0, 2.0, prefix="eval")["eval/loss"] == 0.5
-    assert math.isnan(sft_metrics(0.0, 0.0)["sft/loss"])
+def test_ppl_is_areal_s_mean_over_sequences_of_exp_per_sequence_nll() -> None:
+    """Two sequences of different lengths over a vocabulary of 2, logits chosen so each next-token probability is
+    exact: row 0 predicts 3 targets with p 3/4, 1/2, 1/2 (NLL sum log 16/3, mean NLL log(16/3)/3), row 1 one target
+    (of 2 positions, the first masked) with p 1/5 (NLL log 5).
+      ppl (AReaL) = (exp(log(16/3) / 3) + exp(log 5)) / 2 = ((16/3)^(1/3) + 5) / 2 = 3.3735...
+      exp(token-mean NLL) = exp((log(16/3) + log 5) / 4) = (80/3)^(1/4) = 2.2724... (the old `ppl`)
+    The loss stays the token mean: (log(16/3) + log 5) / 4."""
+    q = math.log(3.0)
+    logits = torch.tensor([[[0.0, q], [0.0, 0.0], [0.0, 0.0], [9.0, 9.0]],
+                           [[0.0, 0.0], [math.log(4.0), 0.0], [9.0, 9.0], [9.0, 9.0]]])
+    ids = torch.tensor([[0, 1, 0, 1], [1, 0, 1, 0]])
+    logp = next_token_logprobs(logits, ids)
+    mask = torch.tensor([[True, True, True], [False, True, False]])
+    assert logp[0].tolist() == pytest.approx([math.log(3 / 4), math.log(1 / 2), math.log(1 / 2)])
+    assert float(logp[1, 1]) == pytest.approx(math.log(1 / 5))
+    nll_sum, tokens = sft_nll(logp, mask)
+    ppl_sum, seqs = sequence_ppl(logp, mask)
+    m = sft_metrics({"nll_sum": float(nll_sum), "tokens": tokens, "ppl_sum": ppl_sum, "seqs": seqs})
+    assert m["sft/ppl"] == pytest.approx(((16 / 3) ** (1 / 3) + 5) / 2, rel=1e-6)  # float32 logits
+    assert m["sft/loss"] == pytest.approx((math.log(16 / 3) + math.log(5)) / 4, rel=1e-6)
+    assert math.exp(m["sft/loss"]) == pytest.approx((80 / 3) ** 0.25, rel=1e-6)  # what `ppl` was: another number
+    assert m["sft/tokens"] == 4.0
+
+
+def test_metrics_of_nothing_are_nan_and_dummy_rows_take_no_part_in_ppl() -> None:
+    assert sequence_ppl(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool)) == (0.0, 0)
+    empty = sft_metrics(dict.fromkeys(("nll_sum", "tokens", "ppl_sum", "seqs"), 0.0), prefix="eval")
+    assert math.isnan(empty["eval/loss"]) and math.isnan(empty["eval/ppl"])
 
 
 class CharTokenizer:
