@@ -2,7 +2,9 @@
 optimisation). Both read pairs from `train_dataset`: a prompt and a chosen and a rejected answer per row.
 
 Names follow the seeds: the pair columns are Trinity-RFT's `chosen_key`/`rejected_key` (the prompt column stays
-`train_dataset.prompt_key`); `beta`, `loss_type` and `label_smoothing` are AReaL's and Trinity-RFT's DPO knobs.
+`train_dataset.prompt_key`); `beta` and `loss_type` are AReaL's DPO knobs (its only two, on its DPO engine config)
+and Trinity-RFT's; `label_smoothing` is not AReaL's: it is Trinity-RFT's and TRL's (conservative DPO, the formula of
+Trinity-RFT's `dpo` policy loss and TRL 0.28's sigmoid loss), 0 gives AReaL's loss.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ class DPOConfig(PairDataConfig):
                           "-log sigmoid(beta * ((chosen - ref chosen) - (rejected - ref rejected))) of summed "
                           "answer log-probs; typical 0.05..0.5.")
     loss_type: str = _f("sigmoid", "DPO loss variant. Choices: sigmoid (the original DPO loss).")
-    label_smoothing: float = _f(0.0, "Assumed fraction of flipped preference labels (conservative DPO), in "
-                                     "[0, 0.5); 0: the original loss.")
+    label_smoothing: float = _f(0.0, "Assumed fraction of flipped preference labels (conservative DPO, "
+                                     "Trinity-RFT's and TRL's knob; AReaL has none), in [0, 0.5); 0: the original "
+                                     "loss, AReaL's.")
     ref_path: str = _f("", "Hugging Face directory of the frozen reference model, dpo's own name of ref.path (set "
                            "one of them); empty: ref.path, else actor.path (the usual choice: the model DPO starts "
                            "from). Its answer log-probs are computed once per pair.")

@@ -50,7 +50,8 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
              ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPO's sigmoid loss on summed answer log-probs: with the implicit rewards beta * (policy - reference) of
     each answer, -log sigmoid(reward_chosen - reward_rejected); `label_smoothing` e mixes in the loss of the flipped
-    label with weight e (conservative DPO). Metrics: the mean implicit rewards, their margin, and the accuracy
+    label with weight e (conservative DPO, as Trinity-RFT's `dpo` loss and TRL 0.28's sigmoid loss do; AReaL has no
+    such knob). Metrics: the mean implicit rewards, their margin, and the accuracy
     (chosen reward strictly higher). The reference log-probs carry no gradient."""
     chosen_ratio = policy_chosen.float() - ref_chosen.detach().float()
     rejected_ratio = policy_rejected.float() - ref_rejected.detach().float()
