@@ -19,14 +19,17 @@ def _trainer_status(paths: TrialPaths) -> str:
     return str(read_json_dict(paths.progress).get("status", ""))
 
 
-def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> None:
+def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> bool:
     """USR2 to the trainer's steps only: its het component, or in a job of one allocation (packed, or trainer
-    only) its step by name, since a signal to the whole job would reach the servers' steps too."""
+    only) its step by name, since a signal to the whole job would reach the servers' steps too. False: no trainer
+    step runs now (between restarts), so nobody will checkpoint."""
     if len(info.component_job_ids) > 1:
         slurm.signal_steps(info.component_job_ids[-1], "USR2")
-        return
-    for step_id in slurm.step_ids(job_id, step_name):
+        return True
+    step_ids = slurm.step_ids(job_id, step_name)
+    for step_id in step_ids:
         slurm.signal_steps(step_id, "USR2")
+    return bool(step_ids)
 
 
 def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str:
@@ -36,8 +39,12 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     info = slurm.job_info(record.job_id)
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
-        if job_type_for(config.type).resumable and config.recover.mode != "disabled":
-            _signal_trainer(record.job_id, info, job_type_for(config.type).name)
+        if not job_type_for(config.type).resumable or config.recover.mode == "disabled":
+            pass
+        elif not _signal_trainer(record.job_id, info, job_type_for(config.type).name):
+            say("no trainer step is running now (between restarts?); cancelling at once (resume uses the last "
+                "checkpoint)")
+        else:
             say(f"asked the trainer of {record.name} to checkpoint after its current step (up to {timeout:.0f} s; "
                 "--now skips this)")
             deadline = time.monotonic() + timeout

@@ -134,9 +134,14 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
   echo "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop"
   local group id
   if [ "$PACKED" = 1 ]; then  # one job: a signal to it would reach the servers' steps too
+    local sent=0
     for id in $(state_step_ids); do
-      scancel --ctld --signal=USR1 "$id" 2>/dev/null
+      scancel --ctld --signal=USR1 "$id" 2>/dev/null && sent=1
     done
+    if [ "$sent" -eq 0 ]; then
+      echo "rlkit: no running trainer step to warn (squeue listed none); the job ends at its time limit without" \
+        "a new checkpoint (rlkit resume continues from the last one)"
+    fi
     return
   fi
   while read -r group id; do

@@ -58,9 +58,17 @@ def test_stop_signals_a_heterogeneous_job_s_last_component(tmp_path: Path, monke
 
 def test_stop_signals_a_packed_job_s_trainer_step_by_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = stub_slurm(tmp_path, monkeypatch)
-    _signal_trainer("1", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), "grpo")
+    assert _signal_trainer("1", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), "grpo")
     sent = [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
     assert sent == ["scancel --signal=USR2 1.2"], "never the job (its servers' steps) nor a server step"
+
+
+def test_stop_says_so_when_no_trainer_step_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between restarts squeue lists no trainer step: nobody is signalled, and stop cancels at once instead of
+    waiting out its timeout for a checkpoint that cannot come."""
+    calls = stub_slurm(tmp_path, monkeypatch, squeue_exit=1)
+    assert not _signal_trainer("1", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), "grpo")
+    assert not [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
 
 
 # ---- the job script's time-limit USR1 (the real supervisor template, run by bash) ------------------------------------
