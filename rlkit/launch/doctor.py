@@ -47,8 +47,7 @@ def node_layout(plan: JobPlan) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if plan.shared is not None:
         on_node: list[list[str]] = [[] for _ in range(plan.shared.nodes)]
         for step in plan.steps:
-            first = step.relative_node or 0
-            for node in range(first, min(first + step.nodes, plan.shared.nodes)):
+            for node in step.job_nodes:
                 if step.role not in on_node[node]:
                     on_node[node].append(step.role)
         return (tuple("+".join(roles) or SHARED_ROLE for roles in on_node),

@@ -100,6 +100,12 @@ class Step:
     image: str
     log: str
 
+    @property
+    def job_nodes(self) -> range:
+        """The job's nodes (counted from the first) this step runs on; from node 0 when not placed (a het step)."""
+        first = self.relative_node or 0
+        return range(first, first + self.nodes)
+
 
 @dataclass(frozen=True)
 class JobPlan:
@@ -229,8 +235,7 @@ def _shared_request(placement: Placement, steps: list[Step], nodelist: str) -> C
     one node (the steps then take their own slices with --exact)."""
     gpus, cpus, mem = ([0] * placement.nodes for _ in range(3))
     for step in steps:
-        first = step.relative_node or 0
-        for node in range(first, first + step.nodes):
+        for node in step.job_nodes:
             gpus[node] += step.gpus_per_node
             cpus[node] += step.ntasks // step.nodes * step.cpus_per_task
             mem[node] += step.mem_mb
@@ -242,8 +247,8 @@ def _placement_notes(placement: Placement, steps: list[Step]) -> list[str]:
     notes = [f"placement: packed, one allocation of {placement.nodes} node(s): {placement.why}; each step on its "
              "node(s) with its own GPUs:"]
     for step in steps:
-        first = step.relative_node or 0
-        where = f"node {first}" if step.nodes == 1 else f"nodes {first}-{first + step.nodes - 1}"
+        nodes = step.job_nodes
+        where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
         notes.append(f"  {step.name}: {where}, {step.gpus_per_node} GPU(s) per node, {step.ntasks} task(s)")
     return notes
 

@@ -151,7 +151,11 @@ def node_check_command(index: int, plan: JobPlan) -> tuple[str, ...]:
     `step_command` from the component's first step (its environment additions, python, image, binds and srun
     arguments) with one task per node and the GPUs asked for explicitly. The supervisor appends the token's and
     address file's arguments, which exist only at run time."""
-    checks = _checked_steps(plan)
+    return _node_check(index, _checked_steps(plan), plan)
+
+
+def _node_check(index: int, checks: list[Step], plan: JobPlan) -> tuple[str, ...]:
+    """node_check_command for check `index` of `checks` (computed once per script by node_check_lines)."""
     checked = checks[index]
     role = plan.components[checked.het_group].role
     check = [checked.argv[0], "-m", "rlkit.steps.node_check", f"--role={role}",
@@ -172,10 +176,10 @@ def node_check_command(index: int, plan: JobPlan) -> tuple[str, ...]:
 def node_check_lines(plan: JobPlan) -> list[str]:
     """Bash lines defining one function per check that runs it, and NODE_CHECKS naming them."""
     lines = []
-    count = len(_checked_steps(plan))
-    for index in range(count):
-        lines += [f"node_check_{index}() {{", f'  {_q(node_check_command(index, plan))} "$@"', "}"]
-    names = " ".join(f"node_check_{index}" for index in range(count))
+    checks = _checked_steps(plan)
+    for index in range(len(checks)):
+        lines += [f"node_check_{index}() {{", f'  {_q(_node_check(index, checks, plan))} "$@"', "}"]
+    names = " ".join(f"node_check_{index}" for index in range(len(checks)))
     return [*lines, f"NODE_CHECKS=({names})  # the supervisor runs them all at once"]
 
 
