@@ -100,7 +100,8 @@ class ActorConfig:
         "bucket); a server that takes longer is named and the push fails instead of hanging.")
     weight_check_tolerance: float | None = _f(
         None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
-        "weight update; None: 1e-3 for float32 servers, 0.1 otherwise.")
+        "weight update; None: 1e-3 when servers and trainer both compute in float32, 0.1 when both in the same 16-bit "
+        "dtype, 0.3 when their dtypes differ.")
     logprob_mismatch_warn: float | None = _f(
         None, "Warn (trainer log, rlkit status) when a server's mean |logprob difference| from the trainer over a "
         "step's rollout tokens sampled at the current weight version exceeds this; None: 1e-2 when servers and "

@@ -60,10 +60,16 @@ def test_float32_on_both_sides_is_tight() -> None:
     assert weight_check_tolerance(config("vllm.dtype=float32", "actor.dtype=float32")) == 1e-3
 
 
-@pytest.mark.parametrize(("vllm", "actor"), [("bfloat16", "bfloat16"), ("float32", "bfloat16"),
-                                             ("bfloat16", "float32"), ("float16", "float32")])
-def test_any_low_precision_side_is_loose(vllm: str, actor: str) -> None:
-    assert weight_check_tolerance(config(f"vllm.dtype={vllm}", f"actor.dtype={actor}")) == 0.1
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_same_16_bit_dtype_on_both_sides_is_loose(dtype: str) -> None:
+    assert weight_check_tolerance(config(f"vllm.dtype={dtype}", f"actor.dtype={dtype}")) == 0.1
+
+
+@pytest.mark.parametrize(("vllm", "actor"), [("float32", "bfloat16"), ("bfloat16", "float32"),
+                                             ("float16", "float32"), ("float16", "bfloat16")])
+def test_different_dtypes_on_the_two_sides_are_looser_still(vllm: str, actor: str) -> None:
+    # a bf16 trainer against a float32 server of its bf16 export: 0.095-0.098 mean on an H200 (bench/bench_gpu.py)
+    assert weight_check_tolerance(config(f"vllm.dtype={vllm}", f"actor.dtype={actor}")) == 0.3
 
 
 # --- Saver.due --------------------------------------------------------------------------------------------------
