@@ -55,9 +55,9 @@ def lora_flags(lora_rank: int, target_modules: Sequence[str], extra: Mapping[str
 
 
 def _has_cuda() -> bool:
-    import torch
+    from rlkit.servers.cuda_probe import cuda_available
 
-    return torch.cuda.is_available()
+    return cuda_available()
 
 
 async def load(client: httpx.AsyncClient, server: Server, name: str, adapter_dir: Path, version: int,

@@ -31,6 +31,7 @@ from rlkit.servers.backend import (
     WeightGroup,
     WeightLink,
 )
+from rlkit.servers.cuda_probe import cuda_available
 from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
 from rlkit.servers.http import ServerUnreachable, answer_json, call
 from rlkit.servers.vllm import broadcast
@@ -256,10 +257,8 @@ def cpu_safe_flags(extra: Mapping[str, object]) -> list[str]:
     seeded request's generator when it drops the token sampled for a prompt split across steps, which a CPU generator
     cannot do ("CPU Generator does not use offset"), and the engine dies. rlkit seeds every rollout request, so a CPU
     server under load (many prompts at once) would crash; with whole-prompt prefills nothing is dropped."""
-    import torch
-
     keys = {str(k).replace("-", "_").lower() for k in extra}
-    if torch.cuda.is_available() or keys & {"enable_chunked_prefill", "no_enable_chunked_prefill",
+    if cuda_available() or keys & {"enable_chunked_prefill", "no_enable_chunked_prefill",
                                             "max_num_batched_tokens"}:
         return []
     return ["--no-enable-chunked-prefill"]
@@ -268,9 +267,7 @@ def cpu_safe_flags(extra: Mapping[str, object]) -> list[str]:
 def transfer_backend() -> str:
     """The weight-transfer engine of a server started here: vLLM's `nccl` where CUDA is there, else rlkit's `gloo`
     (registered by rlkit.servers.vllm.plugin); the trainer picks its end the same way (rlkit.weights.xccl_transport)."""
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if cuda_available() else "gloo"
 
 
 BACKEND = VllmBackend()
