@@ -1,7 +1,8 @@
 """A two-stage run end to end on the real dev Slurm cluster: configs/sft-grpo-cpu-demo.yaml submitted through the
 real CLI as ONE `rlkit submit`: stage sft (a 2-rank gloo FSDP trainer, no servers, on the digits SFT toy data of
-rlkit.tasks.digits_sft), then stage grpo (two vLLM servers + a 2-rank trainer) starting from the sft stage's final
-model, its job waiting in Slurm for the first one to succeed (afterok).
+rlkit.tasks.digits_sft), then stage grpo (one vLLM server here, the demo's two being no more proof of the
+hand-over, + a 2-rank trainer) starting from the sft stage's final model, its job waiting in Slurm for the first one
+to succeed (afterok).
 
 The sft stage carries the SFT tests too: learning, and recovery (its trainer SIGKILLs itself after step
 KILLED_AFTER, fault point die_after_step, first run only, between recover checkpoints, so the job's in-allocation retry
@@ -56,6 +57,7 @@ def staged_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
                  f"stages.sft.valid_dataset.path={valid}", f"stages.grpo.train_dataset.path={prompts}",
                  f"cluster.fileroot={root}/fileroot", f"trial_name={RUN}", "stats_logger.tensorboard.path=null",
                  f"stages.sft.recover.freq_steps={RECOVER_EVERY}", f"stages.grpo.total_train_steps={GRPO_STEPS}",
+                 "stages.grpo.allocation_mode=vllm:d1+fsdp:d2",
                  "stages.sft.launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
                  f"RLKIT_FAULT_INJECT=die_after_step@{KILLED_AFTER}"]
     submitted = run_rlkit("submit", str(CONFIGS / "sft-grpo-cpu-demo.yaml"), *overrides, env=env)
