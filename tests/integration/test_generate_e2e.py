@@ -85,7 +85,9 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
 
 
 def test_a_failing_server_fails_the_job_and_status_shows_why(job_setup: dict[str, object]) -> None:
-    overrides = [*job_setup["overrides"], "trial_name=badserver", "vllm.extra_args.kv_cache_dtype=nonsense"]  # type: ignore[misc]
+    # one server (a vLLM import costs ~15 CPU-s before the bad argument fails it): the job fails all the same
+    overrides = [*job_setup["overrides"], "trial_name=badserver", "vllm.extra_args.kv_cache_dtype=nonsense",  # type: ignore[misc]
+                 "allocation_mode=vllm:d1"]
     assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
     name = "demo-generate/badserver"
     assert wait_state(name, timeout=600) == "FAILED"
@@ -97,7 +99,7 @@ def test_a_failing_server_fails_the_job_and_status_shows_why(job_setup: dict[str
 
 
 def test_stop_cancels_every_step(job_setup: dict[str, object]) -> None:
-    overrides = [*job_setup["overrides"], "trial_name=stopme"]  # type: ignore[misc]
+    overrides = [*job_setup["overrides"], "trial_name=stopme", "allocation_mode=vllm:d1"]  # type: ignore[misc]
     assert run_rlkit("submit", str(CONFIGS / "generate-cpu-demo.yaml"), *overrides).returncode == 0
     name = "demo-generate/stopme"
     trial = Path(str(job_setup["root"])) / "demo-generate" / "stopme"
