@@ -4,10 +4,11 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 - time: the parent SIGKILLs the child's whole process group at the wall-clock limit; RLIMIT_CPU ends a busy
   loop at the CPU limit. The code runs inside a new pid namespace whose init (the guard) dies with the
   supervisor, so no process of the run outlives it, not even one that left the process group.
-- memory: RLIMIT_DATA, not RLIMIT_AS: CPython's heap (brk, pymalloc arenas, large malloc mmaps) is private
-  writable memory, which RLIMIT_DATA counts, while RLIMIT_AS also counts shared libraries and address space
-  reserved but never touched, so the same number would mean less and less predictably. Allocations past it fail
-  and Python raises MemoryError.
+- memory: RLIMIT_DATA at memory_mb: CPython's heap (brk, pymalloc arenas, large malloc mmaps) is private
+  writable memory, which RLIMIT_DATA counts; allocations past it fail and Python raises MemoryError. RLIMIT_DATA
+  does not count shared mappings (a MAP_SHARED anonymous mmap, a mapped memfd), so RLIMIT_AS also bounds the whole
+  address space at memory_mb + 256 MB (the interpreter and its libraries: bare python ~14 MB, numpy ~170 MB): a
+  shared-mapping bomb fails at its mmap and ends as a tool error.
 - processes: RLIMIT_NPROC=1, held by a non-root user: when rlkit runs as root the code runs as `nobody` (the
   kernel exempts uid 0 from RLIMIT_NPROC), and the count is the one of its own new user namespace, so other
   users' and other runs' processes do not matter. Threads count too: the code runs single-threaded.
@@ -19,6 +20,7 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 - privileges: PR_SET_NO_NEW_PRIVS, a fresh interpreter after the namespaces (no capabilities), `python -I`
   (no user site, no PYTHON* variables), a minimal environment (no inherited variables at all), /proc showing
   the sandbox's processes only, a fresh scratch directory as cwd, removed afterwards; RLIMIT_FSIZE per file.
+- the code itself reaches the sandbox through memfds, never argv (which `ps` shows to every local user).
 
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
 readable text on sockets and process creation (code using ctypes bypasses it; the kernel barriers then hold).
@@ -28,10 +30,14 @@ when rlkit runs as root, otherwise as the job's own user), and the code can conn
 system (only the audit hook stops that). Total scratch size is not capped (per file only).
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
-`kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`). Where
-they cannot be created, the run goes on without them and `CodeResult.notes` says so (the rollout prints each
-note once in the trainer's log): the network is then blocked by the audit hook only, /proc shows the node's
-processes, and the file system is neither read-only nor hidden.
+`kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`) and the
+mounts need mount_setattr (Linux >= 5.12). Fail closed by default (`isolation: required`): where the namespaces
+cannot be created, /proc cannot be made private, a mount cannot be made read-only or a path cannot be hidden, the
+code is not run and the call is a tool error naming what did not hold; the trainer says at start what the node
+gives (isolation_summary). With `isolation: best_effort` such a run goes on with what holds and
+`CodeResult.notes` says what did not (printed once in the trainer's log): without namespaces the network is then
+blocked by the audit hook only, /proc shows the node's processes, and the file system is neither read-only nor
+hidden.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from rlkit.agent.sandbox import ChildRun, ChildSpec, fits_in_argument, run_child
 from rlkit.agent.sandbox_child import MEMORY_EXIT
 
 SYSTEM_PYTHON = "/usr/bin/python3"
+ISOLATION_LEVELS = ("required", "best_effort")  # rollout.agent.code_tool.isolation
 MINIMAL_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -115,6 +122,7 @@ class CodeResult:
     max_rss_mb: float | None = None  # the code's peak resident memory, when its guard could report it
     cpu_seconds: float | None = None  # the code's CPU time, when its guard could report it
     notes: tuple[str, ...] = ()  # isolation that did not hold on this node (for logs and metrics, not the model)
+    isolated: bool = False  # namespaces, private /proc, read-only mounts and hidden paths all held
 
     def tool_text(self) -> str:
         """The text of the tool message: the output, then the error on its own line."""
@@ -125,12 +133,17 @@ class CodeResult:
 
 def run_python(
     code: str, *, limits: CodeLimits, scratch_root: Path, python: str | None = None, namespaces: bool = True,
-    hide: Sequence[str] = (),
+    hide: Sequence[str] = (), isolation: str = "required",
 ) -> CodeResult:
     """Run `code` in the sandbox and describe how it went. `python` defaults to this interpreter (or, when the
     code runs as `nobody` and cannot reach it, /usr/bin/python3); `namespaces=False` is for nodes known to lack
     them and for tests of the fallback layer. `hide`: paths the code must not see (secrets, the trial directory,
-    the training data); one that holds the interpreter or the scratch root is left visible and noted."""
+    the training data); one that holds the interpreter or the scratch root is left visible and noted.
+    `isolation`: "required" (a run whose namespaces, private /proc, read-only mounts or hidden paths do not hold
+    is refused before the code starts: a tool error) or "best_effort" (it runs with what holds; notes say what)."""
+    if isolation not in ISOLATION_LEVELS:
+        return _failed(f"the code tool is misconfigured: isolation {isolation!r} is not one of "
+                       f"{', '.join(ISOLATION_LEVELS)}")
     problems = code_limit_problems(limits)
     if problems:
         return _failed("the code tool is misconfigured: " + "; ".join(f"{f} {m}" for f, m, _ in problems))
@@ -154,6 +167,7 @@ def run_python(
             python=interpreter, uid=uid, gid=gid, namespaces=namespaces, cpu_seconds=limits.cpu_seconds,
             memory_bytes=limits.memory_mb * 1024 * 1024, file_bytes=limits.file_mb * 1024 * 1024, code=code,
             env=_minimal_env(scratch), hide=_hideable(hide, interpreter, scratch, notes),
+            required=isolation == "required",
         )
         if not fits_in_argument(spec):
             return _failed("the code is too long for the code tool (at most about 100 KB)")
@@ -169,16 +183,17 @@ class CodeTool:
     `to_thread` work. A cancelled `run` still lets its sandbox finish (within the wall-clock limit)."""
 
     def __init__(self, limits: CodeLimits, scratch_root: Path, *, python: str | None = None,
-                 hide: Sequence[str] = ()) -> None:
+                 hide: Sequence[str] = (), isolation: str = "required") -> None:
         self.limits = limits
         self.scratch_root = scratch_root
         self.python = python
         self.hide = tuple(hide)
+        self.isolation = isolation
         self._executor = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="code-tool")
 
     async def run(self, code: str) -> CodeResult:
         job = functools.partial(run_python, code, limits=self.limits, scratch_root=self.scratch_root,
-                                python=self.python, hide=self.hide)
+                                python=self.python, hide=self.hide, isolation=self.isolation)
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
     def close(self) -> None:
@@ -281,6 +296,11 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Wa
 def _describe(run: ChildRun, limits: CodeLimits, namespaces: bool, notes: list[str]) -> CodeResult:
     """Turn the parent's and the guard's view of a run into a result with a readable error."""
     notes.extend(_isolation_notes(run.facts, namespaces))
+    isolated = namespaces and run.facts.get("namespaces") == "ok" and not {"proc", "filesystem"} & set(run.facts)
+    refused = run.facts.get("refused")
+    if refused is not None:
+        return CodeResult(ok=False, output="", error=refusal_text(str(refused)), seconds=round(run.seconds, 3),
+                          notes=tuple(notes))
     output = run.output.decode("utf-8", "replace")
     killed_by, error = _limit_hit(run, limits)
     if run.start_error is not None:
@@ -290,7 +310,7 @@ def _describe(run: ChildRun, limits: CodeLimits, namespaces: bool, notes: list[s
     rss_kb, cpu = run.facts.get("max_rss_kb"), run.facts.get("cpu_seconds")
     return CodeResult(ok=error is None, output=output, error=error, seconds=round(run.seconds, 3),
                       killed_by=killed_by, max_rss_mb=rss_kb / 1024 if isinstance(rss_kb, int) else None,
-                      cpu_seconds=cpu if isinstance(cpu, float) else None, notes=tuple(notes))
+                      cpu_seconds=cpu if isinstance(cpu, float) else None, notes=tuple(notes), isolated=isolated)
 
 
 def _limit_hit(run: ChildRun, limits: CodeLimits) -> tuple[str | None, str | None]:
@@ -322,6 +342,12 @@ def _exit_error(run: ChildRun, output: str) -> str | None:
     return f"the program exited with status {exit_code}{reason}"
 
 
+def refusal_text(why: str) -> str:
+    """The tool error of a refused run: what did not hold, that nothing ran, and the setting behind it."""
+    return (f"the code was not run: the code tool cannot isolate it on this node ({why[:300]}), and "
+            "rollout.agent.code_tool.isolation is required")
+
+
 def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
     notes = []
     if not namespaces or facts.get("namespaces") != "ok":
@@ -333,6 +359,21 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes
+
+
+def isolation_summary(tool: CodeTool) -> str:
+    """One line for the trainer's log at start: what isolation a trivial run gets on this node, and what that means
+    for the model's calls under the tool's `isolation` setting."""
+    result = run_python("pass", limits=tool.limits, scratch_root=tool.scratch_root, python=tool.python,
+                        hide=tool.hide, isolation=tool.isolation)
+    also = f"; {'; '.join(result.notes)}" if result.notes else ""
+    if result.ok and result.isolated:
+        return f"isolation on this node: full (namespaces, private /proc, read-only mounts, hidden paths){also}"
+    if result.ok:
+        return f"isolation on this node: partial, runs go on (isolation: best_effort){also}"
+    if result.error is not None and result.error.startswith("the code was not run"):
+        return f"isolation on this node: not available, every call will be refused: {result.error}"
+    return f"a trial run failed: {result.error}"
 
 
 PYTHON_TOOL_SCHEMA = {

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
-MAX_ARGUMENT_BYTES = 120_000  # one argv string may hold 128 KiB on Linux (MAX_ARG_STRLEN)
+MAX_SPEC_BYTES = 120_000  # the code and its settings: a sanity bound (model output, not a file upload)
 STATUS_CAP = 65_536
 STOP_GRACE_SECONDS = 2.0  # for the supervisor to kill and reap its guard before we SIGKILL everything
 TICK_SECONDS = 0.02  # how often the exit is checked when the kernel offers no pidfd
@@ -35,15 +35,16 @@ class ChildSpec:
     code: str
     env: dict[str, str]
     hide: tuple[str, ...] = ()  # paths the code must not see (covered in its mount namespace)
+    required: bool = True  # isolation that does not hold refuses the run (rollout.agent.code_tool.isolation)
 
-    def argument(self, status_fd: int) -> str:
+    def serialized(self, status_fd: int) -> str:
+        """The supervisor's spec, sent through a memfd (never argv: `ps` shows argv to every local user)."""
         return json.dumps(
             {
                 "mode": "supervise", "python": self.python, "uid": self.uid, "gid": self.gid,
-                "namespaces": self.namespaces, "cpu_seconds": self.cpu_seconds, "memory_bytes": self.memory_bytes,
-                "file_bytes": self.file_bytes, "code": self.code, "env": self.env, "status_fd": status_fd,
-                "hide": list(self.hide),
-                "source": CHILD_SOURCE,
+                "namespaces": self.namespaces, "required": self.required, "cpu_seconds": self.cpu_seconds,
+                "memory_bytes": self.memory_bytes, "file_bytes": self.file_bytes, "code": self.code, "env": self.env,
+                "status_fd": status_fd, "hide": list(self.hide), "source": CHILD_SOURCE,
             },
             ensure_ascii=False,
         )
@@ -61,7 +62,7 @@ class ChildRun:
 
 
 def fits_in_argument(spec: ChildSpec) -> bool:
-    return len(spec.argument(0).encode("utf-8", "surrogatepass")) <= MAX_ARGUMENT_BYTES
+    return len(spec.serialized(0).encode("utf-8", "surrogatepass")) <= MAX_SPEC_BYTES
 
 
 def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_bytes: int) -> ChildRun:
@@ -69,18 +70,20 @@ def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_byt
     started = time.monotonic()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    spec_fd = _memfd(spec.serialized(status_w).encode("utf-8", "surrogatepass"))
     try:
-        proc = subprocess.Popen(  # the code is data in a JSON argument
-            [spec.python, "-I", "-u", "-c", CHILD_SOURCE, spec.argument(status_w)],
-            stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=(status_w,), cwd=scratch,
+        proc = subprocess.Popen(  # the code is data in the JSON spec the memfd holds
+            [spec.python, "-I", "-u", "-c", CHILD_SOURCE, json.dumps({"mode": "supervise", "fd": spec_fd})],
+            stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=(status_w, spec_fd), cwd=scratch,
             env=spec.env, start_new_session=True,
         )
     except (OSError, ValueError) as exc:
-        for fd in (out_r, out_w, status_r, status_w):
+        for fd in (out_r, out_w, status_r, status_w, spec_fd):
             os.close(fd)
         return ChildRun(start_error=f"the code tool could not start {spec.python}: {exc}")
     os.close(out_w)
     os.close(status_w)
+    os.close(spec_fd)
     run = ChildRun()
     try:
         run.output, run.stopped_for = _collect(proc.pid, out_r, started + wall_seconds, output_bytes)
@@ -91,6 +94,16 @@ def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_byt
     run.facts = _read_facts(status_r)
     os.close(status_r)
     return run
+
+
+def _memfd(data: bytes) -> int:
+    """`data` in an anonymous file (close-on-exec here; Popen's pass_fds hands it to the child), read from its start."""
+    fd = os.memfd_create("rlkit-code-tool-spec", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _collect(pid: int, out_r: int, deadline: float, cap: int) -> tuple[bytes, str | None]:

@@ -1,6 +1,8 @@
 """The code tool's child side: the stages between the rollout process and the model's code (stdlib only).
 
-The parent runs this file's text with `python -I -u -c SOURCE SPEC`, so it must not import rlkit. Three processes:
+The parent runs this file's text with `python -I -u -c SOURCE HEADER`, so it must not import rlkit. The spec (the
+code included) comes through an inherited memfd the header names, never argv: argv is readable by every local user
+(`ps`), and model-written code is no one else's to read. Three processes:
 
 - supervisor (started by the parent in a new session): drops root to the sandbox user, enters new user, network,
   pid, mount, IPC and UTS namespaces, forks the guard, waits for it (killing it on the parent's SIGTERM), exits;
@@ -9,7 +11,11 @@ The parent runs this file's text with `python -I -u -c SOURCE SPEC`, so it must 
   the trial, the data), makes every mount read-only but the scratch directory, forks the runner, reports how it
   ended;
 - runner: sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also drops the
-  namespace capabilities) that installs the audit hook and runs the code.
+  namespace capabilities) that installs the audit hook and runs the code (handed over in a memfd too).
+
+With `required` (rollout.agent.code_tool.isolation: required, the default) a run whose isolation does not hold
+(no namespaces, no private /proc, a mount that is not read-only, a path that cannot be hidden) never runs the code:
+the supervisor or the guard reports `refused` and exits.
 
 The guard writes one JSON line per fact to the status fd; the runner never holds that fd, so code cannot forge it.
 """
@@ -38,6 +44,9 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
 MEMORY_EXIT = 3  # the runner's exit status when a MemoryError ended the code
+# RLIMIT_AS beyond the heap limit: the interpreter and its libraries (bare python ~14 MB of address space, numpy
+# ~170 MB); shared mappings and mapped memfds count here, which RLIMIT_DATA does not
+ADDRESS_HEADROOM = 256 * 1024 * 1024
 NETWORK_MESSAGE = "network is not available in the code tool"
 PROCESS_MESSAGE = "starting processes is not allowed in the code tool"
 NETWORK_EVENTS = frozenset({
@@ -74,6 +83,10 @@ def supervise(spec: dict[str, Any]) -> None:
             entered = True
         else:
             _report(status_fd, namespaces=f"unshare failed: {os.strerror(ctypes.get_errno())}")
+    if spec["required"] and not entered:  # fail closed: the code never starts
+        why = "turned off" if not spec["namespaces"] else "they could not be created"
+        _report(status_fd, refused=f"no namespaces ({why})")
+        os._exit(0)
     alive_r, alive_w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # taken by sigwait below, never by a handler
     guard_pid = os.fork()
@@ -108,13 +121,19 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         os._exit(1)
     if entered:
         _report(status_fd, namespaces="ok")
+        failed = []
         if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0 or libc.mount(
             b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
         ) != 0:
-            _report(status_fd, proc=f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
+            failed.append(f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
+            _report(status_fd, proc=failed[-1])
         sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []))
         if sealed:
-            _report(status_fd, filesystem="; ".join(sealed))
+            failed.append("; ".join(sealed))
+            _report(status_fd, filesystem=failed[-1])
+        if failed and spec["required"]:  # fail closed: the runner is never forked
+            _report(status_fd, refused="; ".join(failed))
+            os._exit(0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the runner cannot ptrace its guard
     runner_pid = os.fork()
     if runner_pid == 0:
@@ -168,8 +187,10 @@ def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str]) -> list[s
 def run(spec: dict[str, Any]) -> None:
     """The runner: limits first, then a fresh interpreter for the code (no inherited capabilities or modules)."""
     memory = spec["memory_bytes"]
+    code_fd = _memfd("rlkit-code", spec["code"].encode("utf-8"))  # before RLIMIT_FSIZE; inherited by the exec
     resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_seconds"], spec["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_AS, (memory + ADDRESS_HEADROOM, memory + ADDRESS_HEADROOM))
     resource.setrlimit(resource.RLIMIT_FSIZE, (spec["file_bytes"], spec["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
@@ -178,7 +199,7 @@ def run(spec: dict[str, Any]) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # for runs without a pid namespace (best effort)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
-    code_spec = json.dumps({"mode": "code", "code": spec["code"]})
+    code_spec = json.dumps({"mode": "code", "fd": code_fd})
     try:
         os.execve(spec["python"], [spec["python"], "-I", "-u", "-c", spec["source"], code_spec], spec["env"])
     except OSError as exc:
@@ -191,6 +212,26 @@ def _audit(event: str, _args: tuple[Any, ...]) -> None:
         raise PermissionError(NETWORK_MESSAGE)
     if event in PROCESS_EVENTS:
         raise PermissionError(PROCESS_MESSAGE)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous file holding `data`, read from its start, inherited across exec (no close-on-exec)."""
+    fd = os.memfd_create(name, 0)
+    os.set_inheritable(fd, True)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def read_fd(fd: int) -> str:
+    """Everything in `fd` (the memfd a parent stage wrote), then close it."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode("utf-8")
 
 
 def run_code(code: str) -> None:
@@ -212,11 +253,11 @@ def run_code(code: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    spec = json.loads(argv[1])
-    if spec["mode"] == "code":
-        run_code(spec["code"])
+    header = json.loads(argv[1])
+    if header["mode"] == "code":
+        run_code(read_fd(header["fd"]))
     else:
-        supervise(spec)
+        supervise(json.loads(read_fd(header["fd"])))
 
 
 if __name__ == "__main__":

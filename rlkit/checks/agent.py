@@ -88,13 +88,17 @@ def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:
 
 
 def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
-    from rlkit.agent.code_tool import code_limit_problems, limits_of
+    from rlkit.agent.code_tool import ISOLATION_LEVELS, code_limit_problems, limits_of
 
     settings = config.rollout.agent.code_tool
     if not settings.enabled:
         return
     for name, message, fix in code_limit_problems(limits_of(settings)):
         problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)
+    if settings.isolation not in ISOLATION_LEVELS:
+        problems.add(f"rollout.agent.code_tool.isolation {settings.isolation!r} is not one of "
+                     f"{', '.join(ISOLATION_LEVELS)}", hint="set it to required (the default: refuse runs the node "
+                     "cannot isolate) or best_effort")
     if not settings.scratch_root.startswith("/"):
         problems.add(f"rollout.agent.code_tool.scratch_root '{settings.scratch_root}' must be an absolute path",
                      hint="e.g. /tmp/rlkit-code-tool (node-local is fine)")

@@ -46,7 +46,7 @@ def code_tool_for(settings: Any, hide: list[str] | tuple[str, ...] = ()) -> Any:
     import tempfile
     from pathlib import Path
 
-    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeTool, limits_of, python_tool
+    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeTool, isolation_summary, limits_of, python_tool
     from rlkit.agent.tools import make_tool
 
     limits = limits_of(settings)
@@ -56,7 +56,8 @@ def code_tool_for(settings: Any, hide: list[str] | tuple[str, ...] = ()) -> Any:
     root = Path(tempfile.mkdtemp(prefix=f"rlkit-code-tool-{os.getuid()}-", dir=settings.scratch_root))
     root.chmod(0o711)
     atexit.register(shutil.rmtree, root, True)
-    tool = CodeTool(limits, root, python=settings.python or None, hide=hide)
+    tool = CodeTool(limits, root, python=settings.python or None, hide=hide, isolation=settings.isolation)
+    print(f"rlkit code tool: {isolation_summary(tool)}", flush=True)
     return make_tool(python_tool(tool), PYTHON_TOOL_SCHEMA, timeout_s=settings.wall_seconds + 30.0)
 
 

@@ -31,6 +31,9 @@ class CodeToolConfig:
                          "cannot reach it).")
     scratch_root: str = _f("/tmp", "Node-local directory where the trainer makes its own private directory for the "
                                    "runs' scratch directories (every user must be able to traverse it, like /tmp).")
+    isolation: str = _f("required", "required: a run is refused (a tool error; the code never starts) when its "
+                                    "namespaces, private /proc, read-only mounts or hidden paths cannot be set up on "
+                                    "the node; best_effort: it runs with what holds (the trainer log says what not).")
 
 
 @dataclass

@@ -301,3 +301,21 @@ def test_a_chat_row_is_rendered_once_with_the_tools_offered(tok: Any) -> None:
     assert ids == tok.encode(text, add_special_tokens=False)
     plain = Prompt(1, {"prompt": "Q: 1+2= A:"}, "Q: 1+2= A:", [1])
     assert "<|im_start|>user\nQ: 1+2= A:<|im_end|>" in groups.first_prompt(plain)[1]
+
+
+def test_a_code_tool_isolation_that_is_no_level_is_refused_with_the_choices(grpo_yaml: Path) -> None:
+    agent = [f"rollout.agent.workflow={WORKFLOW_FILE}:episode", "rollout.agent.code_tool.enabled=true"]
+    assert validate(load_config(grpo_yaml, [*agent, "rollout.agent.code_tool.isolation=best_effort"])).problems.ok()
+    problems = validate(load_config(grpo_yaml, [*agent, "rollout.agent.code_tool.isolation=off"])).problems
+    text = "\n".join(str(e) for e in problems.errors)
+    assert "rollout.agent.code_tool.isolation 'off' is not one of required, best_effort" in text, text
+
+
+def test_the_trainer_says_at_start_what_isolation_the_node_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    """This machine isolates (tests/unit/agent/test_code_tool_attacks.py runs the cases where it cannot)."""
+    from rlkit.config.schema.agent import CodeToolConfig
+    from rlkit.rollout.agent_setup import code_tool_for
+
+    code_tool_for(CodeToolConfig(enabled=True))
+    assert "rlkit code tool: isolation on this node: full (namespaces, private /proc, read-only mounts, hidden " \
+           "paths)" in capsys.readouterr().out

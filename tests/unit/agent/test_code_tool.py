@@ -51,28 +51,30 @@ def run(code: str, scratch_root: Path, **limits: float) -> CodeResult:
     return run_python(code, limits=CodeLimits(**limits), scratch_root=scratch_root)  # type: ignore[arg-type]
 
 
-def processes_with(marker: str) -> list[int]:
-    """Every process whose command line holds `marker` (the code is in its sandbox processes' arguments)."""
+def processes_with(marker: str, where: str = "environ") -> list[int]:
+    """Every process whose initial environment (or, with where="cmdline", command line) holds `marker`. A run's
+    processes are found by their environment, which names the run's scratch directory under the test's own
+    scratch root (HOME, TMPDIR): the code is never in their command line."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
+                if marker.encode() in (entry / where).read_bytes():
                     found.append(int(entry.name))
             except OSError:
                 continue
     return found
 
 
-def run_watching(code: str, marker: str, scratch_root: Path, **limits: float) -> tuple[CodeResult, bool]:
-    """Run in a thread and report whether the marker's processes were seen alive (so an empty scan after the run
+def run_watching(code: str, scratch_root: Path, **limits: float) -> tuple[CodeResult, bool]:
+    """Run in a thread and report whether the run's processes were seen alive (so an empty scan after the run
     means they were killed, not that the scan cannot see them)."""
     results: list[CodeResult] = []
     worker = threading.Thread(target=lambda: results.append(run(code, scratch_root, **limits)))
     worker.start()
     seen = False
     while worker.is_alive():
-        seen = seen or bool(processes_with(marker))
+        seen = seen or bool(processes_with(str(scratch_root)))
         time.sleep(0.05)
     worker.join()
     return results[0], seen
@@ -100,11 +102,11 @@ def test_an_exception_is_a_readable_error_not_a_crash(scratch_root: Path) -> Non
 
 def test_an_infinite_loop_ends_at_the_wall_limit_and_leaves_no_process(scratch_root: Path) -> None:
     marker = f"loop-{uuid.uuid4().hex}"
-    result, seen = run_watching(f"# {marker}\nwhile True:\n    pass", marker, scratch_root, wall_seconds=1.0)
+    result, seen = run_watching(f"# {marker}\nwhile True:\n    pass", scratch_root, wall_seconds=1.0)
     assert result.killed_by == "time" and not result.ok
     assert result.error == "time limit of 1 s exceeded; the program was stopped"
     assert 1.0 <= result.seconds <= 1.0 + SLACK
-    assert seen and processes_with(marker) == []
+    assert seen and processes_with(str(scratch_root)) == []
 
 
 def test_code_that_leaves_the_process_group_still_dies_with_the_run(scratch_root: Path) -> None:
@@ -113,9 +115,9 @@ def test_code_that_leaves_the_process_group_still_dies_with_the_run(scratch_root
     marker = f"setsid-{uuid.uuid4().hex}"
     code = (f"# {marker}\nimport ctypes, os, time\nos.setsid()\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\n"
             "print('left the group', flush=True)\ntime.sleep(60)")
-    result, seen = run_watching(code, marker, scratch_root, wall_seconds=1.0)
+    result, seen = run_watching(code, scratch_root, wall_seconds=1.0)
     assert result.killed_by == "time" and "left the group" in result.output
-    assert seen and processes_with(marker) == []
+    assert seen and processes_with(str(scratch_root)) == []
 
 
 def test_a_busy_loop_ends_at_the_cpu_limit(scratch_root: Path) -> None:
@@ -156,7 +158,7 @@ def test_a_fork_attempt_fails_and_no_child_outlives_the_tool(scratch_root: Path,
         assert "fork returned -1 11" in result.output
     else:
         assert result.error is not None and "starting processes is not allowed in the code tool" in result.error
-    assert processes_with(marker) == []
+    assert processes_with(str(scratch_root)) == []
 
 
 def test_threads_cannot_be_started_either(scratch_root: Path) -> None:
@@ -231,18 +233,20 @@ socket.create_connection(("127.0.0.1", {tcp_port}), timeout=1)
 def test_without_namespaces_the_audit_hook_still_stops_plain_sockets_and_the_result_says_so(
     scratch_root: Path, listeners: tuple[socket.socket, socket.socket]
 ) -> None:
-    """The fallback layer, and proof that the network namespace is what stops ctypes in the test above."""
+    """The fallback layer (isolation: best_effort), and proof that the network namespace is what stops ctypes in
+    the test above."""
     tcp, _ = listeners
     port = tcp.getsockname()[1]
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
-    result = run_python(code, limits=CodeLimits(), scratch_root=scratch_root, namespaces=False)
+    loose = {"namespaces": False, "isolation": "best_effort"}
+    result = run_python(code, limits=CodeLimits(), scratch_root=scratch_root, **loose)
     assert "network is not available in the code tool" in (result.error or "")
     assert any("no namespaces (turned off)" in note for note in result.notes)
     bypass = CTYPES_CONNECT + f"print('tcp', *raw_connect(socket.SOCK_STREAM, {port}))"
-    result = run_python(bypass, limits=CodeLimits(), scratch_root=scratch_root, namespaces=False)
+    result = run_python(bypass, limits=CodeLimits(), scratch_root=scratch_root, **loose)
     assert result.output.startswith("tcp 0 ")
     tcp.accept()[0].close()
-    forked = run_python(FORKS["ctypes fork"], limits=CodeLimits(), scratch_root=scratch_root, namespaces=False)
+    forked = run_python(FORKS["ctypes fork"], limits=CodeLimits(), scratch_root=scratch_root, **loose)
     assert "fork returned -1 11" in forked.output  # RLIMIT_NPROC holds without namespaces too
 
 

@@ -1,0 +1,231 @@
+"""Model-code attacks on the code tool, run as a program so that a test can run them as any user and on a node
+without user namespaces (tests/unit/agent/test_code_tool_attacks.py): `python code_attacks.py ISOLATION`.
+
+It needs only the standard library and rlkit.agent (stdlib only), so /usr/bin/python3 runs it as `nobody` too. It
+makes its own bait in a fresh directory every user can traverse (a secret file and a secret directory passed to
+the tool as hidden paths, a world-writable directory and file, a TCP and a UDP listener on 127.0.0.1, a secret in
+its own environment), runs each attack through rlkit.agent.code_tool.run_python, then looks from outside at what
+the attack could have changed, and prints one JSON object: attack -> {"held": bool, "class": ..., "why": ...}.
+"held" means the attack was denied or ended as a tool error AND left nothing behind. With isolation "required" on
+a node that cannot isolate, every attack must be refused before its code starts (why: "refused").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from rlkit.agent.code_tool import CodeLimits, CodeResult, run_python
+
+SECRET = "rlkit-attack-secret-5f1d"  # in the bait files and this process's environment; must never be printed
+
+
+@dataclass
+class Bait:
+    root: Path
+    secret_dir: Path
+    secret_file: Path
+    open_dir: Path  # 0777: writable by the code's user, outside its scratch
+    open_file: Path  # 0666
+    tcp: socket.socket
+    udp: socket.socket
+    victim: subprocess.Popen[bytes]  # a process of the job's user (as the trainer would be)
+
+    @property
+    def shm_file(self) -> Path:
+        return Path("/dev/shm") / self.root.name  # this probe's own name: no other run's leftovers count
+
+    def nothing_arrived(self) -> bool:
+        self.tcp.setblocking(False)
+        self.udp.setblocking(False)
+        try:
+            self.tcp.accept()[0].close()
+            return False
+        except BlockingIOError:
+            pass
+        try:
+            self.udp.recv(100)
+            return False
+        except BlockingIOError:
+            return True
+
+
+def make_bait() -> Bait:
+    root = Path(tempfile.mkdtemp(prefix="rlkit-attack-"))
+    root.chmod(0o755)
+    secret_dir = root / "secrets"
+    secret_dir.mkdir(mode=0o755)
+    (secret_dir / "token").write_text(SECRET)
+    (secret_dir / "token").chmod(0o644)  # readable by anyone who can see it: only hiding protects it
+    secret_file = root / "id_rsa"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o644)
+    open_dir = root / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    open_file = root / "reward.py"
+    open_file.write_text("ORIGINAL\n")
+    open_file.chmod(0o666)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    victim = subprocess.Popen(["/bin/sleep", "300"])
+    return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim)
+
+
+CTYPES = "import ctypes, os, socket, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+
+def _ctypes_connect(kind: str, port: int) -> str:
+    return CTYPES + (
+        f"s = socket.socket(socket.AF_INET, socket.{kind})\n"
+        f"a = struct.pack('<H', socket.AF_INET) + struct.pack('>H', {port}) + socket.inet_aton('127.0.0.1')"
+        " + bytes(8)\n"
+        + ("print(libc.sendto(s.fileno(), b'x', 1, 0, a, len(a)), ctypes.get_errno())\n" if kind == "SOCK_DGRAM"
+           else "print(libc.connect(s.fileno(), a, len(a)), ctypes.get_errno())\n"))
+
+
+Check = Callable[[CodeResult, Bait], bool]
+
+
+def _no_secret(r: CodeResult, _b: Bait) -> bool:
+    return SECRET not in r.output and SECRET not in (r.error or "")
+
+
+def _failed(r: CodeResult, _b: Bait) -> bool:
+    return not r.ok
+
+
+def _all(*checks: Check) -> Check:
+    return lambda r, b: all(check(r, b) for check in checks)
+
+
+def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
+    """name -> (class, code, check of the result and the bait afterwards, limits)."""
+    port_tcp, port_udp = b.tcp.getsockname()[1], b.udp.getsockname()[1]
+    quiet: Check = lambda r, bait: bait.nothing_arrived()  # noqa: E731
+    untouched: Check = lambda r, bait: (not any(bait.open_dir.iterdir())  # noqa: E731
+                                        and bait.open_file.read_text() == "ORIGINAL\n")
+    return {
+        # secrets
+        "read a hidden file": ("secrets", f"print(open({str(b.secret_dir / 'token')!r}).read())", _no_secret, {}),
+        "list a hidden directory": ("secrets", f"import os\nprint(os.listdir({str(b.secret_dir)!r}))",
+                                    lambda r, _b: "token" not in r.output, {}),
+        "read a hidden single file": ("secrets", f"print(open({str(b.secret_file)!r}).read())", _no_secret, {}),
+        "scan every process environment": ("secrets", "import glob\nfor p in glob.glob('/proc/[0-9]*/environ'):\n"
+                                           "    try: print(open(p, 'rb').read())\n    except OSError: pass",
+                                           _no_secret, {}),
+        # the code's own first line names it: is it in any command line this run can read (`ps`)?
+        "find the code in a command line": ("secrets", "import glob\nseen = 0\n"
+                                            "for p in glob.glob('/proc/[0-9]*/cmdline'):\n"
+                                            "    try: seen += b'# rlkit-attack-find' in open(p, 'rb').read()\n"
+                                            "    except OSError: pass\nprint('seen', seen)",
+                                            lambda r, _b: r.output == "seen 0\n", {}),
+        "its own environment": ("secrets", "import os\nprint(dict(os.environ))", _no_secret, {}),
+        # writes and persistence
+        "write outside the scratch directory": ("writes", f"open({str(b.open_dir / 'x')!r}, 'w').write('x')",
+                                                _all(_failed, untouched), {}),
+        "append to the user's reward module": ("writes", f"open({str(b.open_file)!r}, 'a').write('EVIL')",
+                                               _all(_failed, untouched), {}),
+        "write through ctypes open": ("writes", CTYPES + f"fd = libc.open({str(b.open_dir / 'y')!r}.encode(), "
+                                      "0o101, 0o644)\nprint(fd, ctypes.get_errno())",
+                                      lambda r, bait: not any(bait.open_dir.iterdir()), {}),
+        "leave a file in /dev/shm": ("writes", f"open({str(b.shm_file)!r}, 'w').write('x')",
+                                     lambda r, bait: not bait.shm_file.exists(), {}),
+        "a file larger than the limit": ("writes", "open('big', 'wb').write(b'x' * (3 << 20))", _failed,
+                                         {"file_mb": 1}),
+        # network and local IPC
+        "tcp to localhost": ("network", f"import socket\nsocket.create_connection(('127.0.0.1', {port_tcp}), 1)",
+                             _all(_failed, quiet), {}),
+        "udp to localhost": ("network", f"import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                             f".sendto(b'x', ('127.0.0.1', {port_udp}))", _all(_failed, quiet), {}),
+        "tcp through ctypes": ("network", _ctypes_connect("SOCK_STREAM", port_tcp), quiet, {}),
+        "udp through ctypes": ("network", _ctypes_connect("SOCK_DGRAM", port_udp), quiet, {}),
+        "a name lookup": ("network", "import socket\nprint(socket.getaddrinfo('pypi.org', 443))",
+                          lambda r, _b: not r.ok and "pypi.org" not in r.output.replace("'pypi.org'", ""), {}),
+        # resources
+        "fork": ("resources", "import os\npid = os.fork()\nprint('forked', pid)", _failed, {}),
+        "fork through ctypes": ("resources", CTYPES + "pid = libc.fork()\nprint('forked', pid)\n"
+                                "import time\ntime.sleep(0.5 if pid == 0 else 0)",
+                                lambda r, _b: "forked -1" in r.output and "forked 0" not in r.output, {}),
+        "a thread": ("resources", "import threading\nthreading.Thread(target=print).start()", _failed, {}),
+        "a busy loop": ("resources", "while True:\n    pass", lambda r, _b: r.killed_by == "cpu",
+                        {"cpu_seconds": 1, "wall_seconds": 10}),
+        "sleeping past the wall limit": ("resources", "import time\ntime.sleep(30)",
+                                         lambda r, _b: r.killed_by == "time", {"wall_seconds": 1}),
+        "an output flood": ("resources", "while True:\n    print('x' * 1000)",
+                            lambda r, _b: r.killed_by == "output", {}),
+        "a heap bomb": ("resources", "x = [b'x' * (64 << 20) for _ in range(16)]",
+                        lambda r, _b: r.killed_by == "memory", {"memory_mb": 128}),
+        "a shared anonymous mapping bomb": ("resources", "import mmap\nm = mmap.mmap(-1, 1 << 30, "
+                                            "flags=mmap.MAP_SHARED)\nm[::4096] = b'x' * (1 << 18)\nprint('held')",
+                                            lambda r, _b: not r.ok and "held" not in r.output, {"memory_mb": 128}),
+        "a mapped memfd bomb": ("resources", "import mmap, os\nfd = os.memfd_create('m')\nos.ftruncate(fd, 1 << 30)\n"
+                                "m = mmap.mmap(fd, 1 << 30)\nm[::4096] = b'x' * (1 << 18)\nprint('held')",
+                                lambda r, _b: not r.ok and "held" not in r.output, {"memory_mb": 128}),
+        # escape
+        "ptrace the parent": ("escape", CTYPES + "print(libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno())",
+                              lambda r, _b: r.output.startswith("-1 "), {}),
+        "mount": ("escape", CTYPES + "print(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())",
+                  lambda r, _b: r.output.startswith("-1 "), {}),
+        "chroot": ("escape", "import os\nos.chroot('/')", _failed, {}),
+        "setns into the first process's network": ("escape", CTYPES + "fd = os.open('/proc/1/ns/net', os.O_RDONLY)\n"
+                                                   "print(libc.setns(fd, 0), ctypes.get_errno())",
+                                                   lambda r, _b: "0 0" not in r.output, {}),
+        "kill the guard": ("escape", "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('sent')",
+                           lambda r, _b: r.max_rss_mb is not None, {}),  # the guard lived to report
+        "kill a process of the job's user": ("escape", f"import os, signal\nos.kill({b.victim.pid}, signal.SIGKILL)",
+                                             lambda r, bait: not r.ok and bait.victim.poll() is None, {}),
+        # cross-run leakage
+        "leave a file for the next run": ("leakage", "open('left-behind', 'w').write('x')\nimport os\n"
+                                          "print(os.getcwd())", lambda r, _b: r.ok, {}),
+        # output forgery
+        "forge the guard's report": ("forgery", "import os\nfor fd in range(3, 64):\n    try: os.write(fd, "
+                                     "b'{\"exit\": 0}\\n')\n    except OSError: pass\nraise SystemExit(5)",
+                                     lambda r, _b: r.error == "the program exited with status 5", {}),
+    }
+
+
+def _left_behind(scratch_root: Path) -> bool:
+    return any(scratch_root.rglob("left-behind"))
+
+
+def main() -> None:
+    isolation = sys.argv[1]
+    os.environ["RLKIT_ATTACK_SECRET"] = SECRET
+    bait = make_bait()
+    scratch_root = bait.root / "scratch"
+    scratch_root.mkdir()
+    scratch_root.chmod(0o711)
+    report: dict[str, dict[str, object]] = {}
+    for name, (kind, code, check, limits) in attacks(bait).items():
+        result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]
+                            scratch_root=scratch_root, hide=[str(bait.secret_dir), str(bait.secret_file)],
+                            isolation=isolation)
+        refused = (result.error or "").startswith("the code was not run")
+        held = check(result, bait) or refused
+        if name == "leave a file for the next run":
+            held = held and not _left_behind(scratch_root)
+        report[name] = {"class": kind, "held": held, "refused": refused,
+                        "why": (result.error or result.output)[-200:], "notes": list(result.notes)}
+    bait.victim.kill()
+    bait.victim.wait()
+    bait.shm_file.unlink(missing_ok=True)  # what a best-effort run left
+    shutil.rmtree(bait.root, ignore_errors=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
