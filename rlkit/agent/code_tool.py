@@ -25,9 +25,14 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
 readable text on sockets and process creation (code using ctypes bypasses it; the kernel barriers then hold).
 
+- local services: every listening unix socket of the node's /proc/net/unix is covered with /dev/null in the run's
+  mount namespace (a read-only mount does not stop connect), abstract sockets stay in the old network namespace;
+  the guard joins a fresh session keyring, so the trainer's keys (Kerberos/AFS tokens) and an earlier run's are out
+  of reach.
+
 Not covered: files outside the hidden paths stay readable as far as the code's user may read them (as `nobody`
-when rlkit runs as root, otherwise as the job's own user), and the code can connect to Unix sockets in the file
-system (only the audit hook stops that). Total scratch size is not capped (per file only).
+when rlkit runs as root, otherwise as the job's own user). Total scratch and memfd size is not capped (per file
+only); a non-root job's concurrent runs run as the same user and can read each other's scratch files.
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
 `kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`) and the
@@ -355,7 +360,7 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
         notes.append(f"no namespaces ({why}): the network is blocked only by an audit hook (ctypes can bypass "
                      f"it), /proc shows the node's processes, and the code can read and write what the job's user "
                      f"can; enable unprivileged user namespaces on the nodes")
-    for fact in ("proc", "filesystem"):
+    for fact in ("proc", "filesystem", "keyring"):
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes

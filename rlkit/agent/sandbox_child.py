@@ -41,6 +41,9 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # Linux >= 5.12, every arch
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 283}  # keyctl(2) has no libc wrapper
+KEYCTL_JOIN_SESSION_KEYRING = 1
+MAX_SOCKETS = 4096  # unix sockets covered per run (a node with more is refused under `required`)
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
 MEMORY_EXIT = 3  # the runner's exit status when a MemoryError ended the code
@@ -76,6 +79,7 @@ def supervise(spec: dict[str, Any]) -> None:
         os.setresgid(spec["gid"], spec["gid"], spec["gid"])
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
     entered = False
+    spec["sockets"] = _unix_socket_paths()  # read in the job's network namespace, before leaving it
     if spec["namespaces"]:
         libc = _libc()
         flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
@@ -127,13 +131,16 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         ) != 0:
             failed.append(f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
             _report(status_fd, proc=failed[-1])
-        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []))
+        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []), spec["sockets"])
         if sealed:
             failed.append("; ".join(sealed))
             _report(status_fd, filesystem=failed[-1])
         if failed and spec["required"]:  # fail closed: the runner is never forked
             _report(status_fd, refused="; ".join(failed))
             os._exit(0)
+    keyring = _fresh_session_keyring(libc)
+    if keyring:
+        _report(status_fd, keyring=keyring)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the runner cannot ptrace its guard
     runner_pid = os.fork()
     if runner_pid == 0:
@@ -161,11 +168,45 @@ def _mount_setattr(libc: ctypes.CDLL, path: str, flags: int, attr: _MountAttr) -
                             ctypes.c_uint(flags), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
 
 
-def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str]) -> list[str]:
-    """In the run's own mount namespace: cover each path of `hide` (a directory with an empty read-only tmpfs, a
-    file with /dev/null), make every mount read-only, and give the scratch directory back its writes (a bind mount
-    of its own). Returns what did not hold; the guard reports it."""
+def _unix_socket_paths() -> list[str]:
+    """The file-system paths of the unix sockets listening in this network namespace (/proc/net/unix): a read-only
+    mount does not stop connect(2), and a new network namespace hides only abstract sockets, so each one is covered
+    with /dev/null in the run's mount namespace (the MUNGE socket, a 0777 socket of another user's service, ...)."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    paths = {fields[7] for fields in (row.split() for row in rows) if len(fields) >= 8 and fields[7].startswith("/")}
+    return sorted(paths)
+
+
+def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
+    """Join a new, empty session keyring (the trainer's holds Kerberos/AFS tokens and whatever an earlier run put
+    there); '' when done or when the kernel has no keys, else why not."""
+    import platform
+
+    number = SYS_KEYCTL.get(platform.machine())
+    if number is None:
+        return f"session keyring not replaced: keyctl's number on {platform.machine()} is not known here"
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
+        errno = ctypes.get_errno()
+        return "" if errno == 38 else f"session keyring not replaced: {os.strerror(errno)}"  # 38: ENOSYS, no keys
+    return ""
+
+
+def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: list[str]) -> list[str]:
+    """In the run's own mount namespace: cover each unix socket and each path of `hide` (a directory with an empty
+    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, and give the scratch directory
+    back its writes (a bind mount of its own). Returns what did not hold; the guard reports it."""
     problems = []
+    if len(sockets) > MAX_SOCKETS:
+        problems.append(f"{len(sockets)} unix sockets on the node, more than the {MAX_SOCKETS} the code tool covers")
+    for path in sockets[:MAX_SOCKETS]:  # before the directories: a socket under a hidden directory is gone anyway
+        if os.path.lexists(path) and libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None) != 0:
+            errno = ctypes.get_errno()
+            if os.path.lexists(path):  # not a race with its removal
+                problems.append(f"unix socket {path} is not covered: {os.strerror(errno)}")
     for path in hide:
         if os.path.isdir(path):
             done = libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=0500")

@@ -40,10 +40,19 @@ class Bait:
     tcp: socket.socket
     udp: socket.socket
     victim: subprocess.Popen[bytes]  # a process of the job's user (as the trainer would be)
+    unix: socket.socket  # a listening unix socket anyone may connect to (mode 0777), as a careless service's
 
     @property
     def shm_file(self) -> Path:
         return Path("/dev/shm") / self.root.name  # this probe's own name: no other run's leftovers count
+
+    def unix_quiet(self) -> bool:
+        self.unix.setblocking(False)
+        try:
+            self.unix.accept()[0].close()
+            return False
+        except BlockingIOError:
+            return True
 
     def nothing_arrived(self) -> bool:
         self.tcp.setblocking(False)
@@ -82,7 +91,27 @@ def make_bait() -> Bait:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     victim = subprocess.Popen(["/bin/sleep", "300"])
-    return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(str(root / "service.sock"))
+    (root / "service.sock").chmod(0o777)
+    unix.listen(8)
+    _add_session_key()
+    return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim, unix)
+
+
+KEY_SPEC_SESSION_KEYRING = -3
+SYS_ADD_KEY, SYS_KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine, (-1, -1))
+
+
+def _add_session_key() -> None:
+    """The secret as a `user` key in this process's session keyring (where a job's Kerberos/AFS tokens live)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    added = libc.syscall(ctypes.c_long(SYS_ADD_KEY), b"user", b"rlkit-attack", SECRET.encode(),
+                         ctypes.c_size_t(len(SECRET)), ctypes.c_long(KEY_SPEC_SESSION_KEYRING))
+    if added < 0:
+        raise OSError(ctypes.get_errno(), "add_key to the session keyring failed")
 
 
 CTYPES = "import ctypes, os, socket, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -134,6 +163,11 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
                                             "    except OSError: pass\nprint('seen', seen)",
                                             lambda r, _b: r.output == "seen 0\n", {}),
         "its own environment": ("secrets", "import os\nprint(dict(os.environ))", _no_secret, {}),
+        "the session keyring": ("secrets", CTYPES + f"for ring in (-3, -4, -5):\n"  # session, user, user session
+                                f"    key = libc.syscall({SYS_KEYCTL}, 10, ring, b'user', b'rlkit-attack', 0)\n"
+                                "    buf = ctypes.create_string_buffer(256)\n"
+                                f"    n = libc.syscall({SYS_KEYCTL}, 11, key, buf, 256) if key > 0 else -1\n"
+                                "    print(ring, key, buf.raw[:max(n, 0)])", _no_secret, {}),
         # writes and persistence
         "write outside the scratch directory": ("writes", f"open({str(b.open_dir / 'x')!r}, 'w').write('x')",
                                                 _all(_failed, untouched), {}),
@@ -153,6 +187,12 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
                              f".sendto(b'x', ('127.0.0.1', {port_udp}))", _all(_failed, quiet), {}),
         "tcp through ctypes": ("network", _ctypes_connect("SOCK_STREAM", port_tcp), quiet, {}),
         "udp through ctypes": ("network", _ctypes_connect("SOCK_DGRAM", port_udp), quiet, {}),
+        "a unix socket": ("network", "import socket\nsocket.socket(socket.AF_UNIX).connect("
+                          f"{str(b.root / 'service.sock')!r})", lambda r, bait: not r.ok and bait.unix_quiet(), {}),
+        "a unix socket through ctypes": ("network", CTYPES + "s = socket.socket(socket.AF_UNIX)\n"
+                                         f"a = struct.pack('H', socket.AF_UNIX) + {str(b.root / 'service.sock')!r}"
+                                         ".encode() + bytes(1)\nprint(libc.connect(s.fileno(), a, len(a)), "
+                                         "ctypes.get_errno())", lambda r, bait: bait.unix_quiet(), {}),
         "a name lookup": ("network", "import socket\nprint(socket.getaddrinfo('pypi.org', 443))",
                           lambda r, _b: not r.ok and "pypi.org" not in r.output.replace("'pypi.org'", ""), {}),
         # resources
