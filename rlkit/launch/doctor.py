@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rlkit.config.load import to_yaml
 from rlkit.config.model_config import is_local_path
+from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.images.labels import is_image_uri
 from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
 from rlkit.launch.plan import SERVER_ROLE, SHARED_ROLE, JobPlan, Step
@@ -88,7 +89,16 @@ def node_spec(prepared: Prepared, workdir: Path, token: str) -> NodeSpec:
                     shared_dir=str(workdir), roles=roles, gpus=gpus, model=model, allreduce_argv=allreduce,
                     container_type=plan.container_type, images=images if plan.container_type != "none" else (),
                     serve_argv=serve, serve_timeout_s=float(config.launcher.server_startup_timeout),
-                    driverless_container=container_lacks_gpu_driver(plan.container_type, plan.apptainer_args))
+                    driverless_container=container_lacks_gpu_driver(plan.container_type, plan.apptainer_args),
+                    code_tool=_code_tool_settings(config))
+
+
+def _code_tool_settings(config: ExperimentConfig) -> tuple[str, ...]:
+    """What the doctor's code-tool check needs of rollout.agent.code_tool, () when no run uses it."""
+    tool = config.rollout.agent.code_tool
+    if not (tool.enabled and config.rollout.agent.workflow.strip()):
+        return ()
+    return (tool.isolation, tool.python, tool.scratch_root)
 
 
 def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> DoctorRun:

@@ -39,6 +39,7 @@ class NodeSpec:
     serve_argv: tuple[str, ...] = ()  # starts one server as the serve step would (first server node only)
     serve_timeout_s: float = 600.0
     driverless_container: bool = False  # the steps' container has no NVIDIA driver (apptainer without --nv)
+    code_tool: tuple[str, ...] = ()  # (isolation, python, scratch_root) of an enabled code tool, else ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,43 @@ def run_node_checks(spec: NodeSpec) -> NodeReport:
     _check_allreduce(spec, env, report)
     if spec.serve_argv and env.global_rank == first_server_node(spec.roles):
         _check_server(spec, report)
+    if spec.code_tool and env.global_rank == first_trainer_node(spec.roles):
+        check_code_tool(spec.code_tool, report)
     return report
+
+
+def first_trainer_node(roles: tuple[str, ...]) -> int | None:
+    """The node of the trainer's rank 0 (the job's first trainer node), where the code tool runs the model's code."""
+    return next((i for i, role in enumerate(roles) if "trainer" in role.split("+")), None)
+
+
+def check_code_tool(settings: tuple[str, ...], report: NodeReport) -> None:
+    """One trivial run of the code tool as the trainer would start it: the isolation this node gives, and whether
+    the config's `isolation` lets the model's code run here."""
+    import tempfile
+
+    from rlkit.agent.code_tool import CodeLimits, run_python
+
+    isolation, python, scratch_root = settings
+    try:
+        with tempfile.TemporaryDirectory(prefix="rlkit-doctor-code-", dir=scratch_root) as root:
+            Path(root).chmod(0o711)
+            result = run_python("print('ok')", limits=CodeLimits(), scratch_root=Path(root), python=python or None,
+                                isolation=isolation)
+    except OSError as exc:
+        report.add("code tool", False, f"no scratch directory in {scratch_root}: {exc}",
+                   "set rollout.agent.code_tool.scratch_root to a node-local directory every user can traverse")
+        return
+    notes = f" ({'; '.join(result.notes)[:300]})" if result.notes else ""
+    if result.ok and result.isolated:
+        report.add("code tool", True, f"full isolation (namespaces, private /proc, read-only mounts){notes}")
+    elif result.ok:
+        report.add("code tool", True, f"runs with partial isolation (isolation: best_effort){notes}")
+    else:
+        report.add("code tool", False, f"{result.error}"[:400],
+                   "enable unprivileged user namespaces on the nodes (user.max_user_namespaces > 0; Debian: "
+                   "kernel.unprivileged_userns_clone=1), or set rollout.agent.code_tool.isolation=best_effort to "
+                   "run the model's code with what holds (README, the code tool's table)")
 
 
 def first_server_node(roles: tuple[str, ...]) -> int | None:

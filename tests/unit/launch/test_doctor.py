@@ -4,6 +4,7 @@ steps run), the checks of one node against this machine, and the all-reduce modu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,37 @@ def test_the_allreduce_module_runs_a_real_group_of_one(tmp_path: Path) -> None:
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 0 and answer["ok"] and answer["backend"] == "gloo", done
     assert (tmp_path / "allreduce-address").read_text().count(":") == 1
+
+
+CODE_TOOL_CHECK = ("import json\nfrom rlkit.steps.doctor_node import NodeReport, check_code_tool\n"
+                   "report = NodeReport('n', 'trainer')\ncheck_code_tool(('required', '', '/tmp'), report)\n"
+                   "print(json.dumps([[c.ok, c.detail, c.fix] for c in report.checks]))")
+
+
+def test_the_doctor_checks_the_code_tool_on_the_trainer_node_of_an_agent_run(grpo_yaml: Path, tmp_path: Path) -> None:
+    from rlkit.steps.doctor_node import first_trainer_node
+
+    workdir = tmp_path / "doctor"
+    workdir.mkdir()
+    agent = [f"rollout.agent.workflow={REPO / 'tests' / 'data' / 'agent' / 'press_workflow.py'}:episode",
+             "rollout.agent.code_tool.enabled=true"]
+    assert node_spec(prepare(grpo_yaml, agent), workdir, "tok").code_tool == ("required", "", "/tmp")
+    assert node_spec(prepare(grpo_yaml, []), workdir, "tok").code_tool == ()
+    assert first_trainer_node(("server", "trainer", "trainer")) == 1
+    assert first_trainer_node(("server+trainer",)) == 0
+
+
+def test_the_code_tool_check_passes_where_the_node_isolates_and_fails_with_the_fix_where_it_cannot() -> None:
+    from tests.helpers.no_userns import run_without_user_namespaces
+
+    here = subprocess.run([sys.executable, "-c", CODE_TOOL_CHECK], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    [[ok, detail, _]] = json.loads(here.stdout)
+    assert ok and detail.startswith("full isolation"), detail
+    if os.geteuid() != 0:
+        return  # a node without user namespaces is made by mapping users, which needs root (CI runs as root)
+    without = run_without_user_namespaces([sys.executable, "-c", CODE_TOOL_CHECK])
+    assert without.returncode == 0, without.stderr
+    [[ok, detail, fix]] = json.loads(without.stdout)
+    assert not ok and "no namespaces (they could not be created)" in detail, detail
+    assert "user.max_user_namespaces" in fix and "isolation=best_effort" in fix, fix
