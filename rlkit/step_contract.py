@@ -16,6 +16,10 @@ EXIT_REQUEUE = 75  # the trainer's decision on USR1 (sysexits EX_TEMPFAIL); also
 EXIT_STOPPED = 76  # the trainer's decision on USR2
 EXIT_FAILING = 77  # the algorithm cannot go on after a finished step (e.g. no server left): checkpoint it, then fail
 STEP_STATE = "step_state"  # in the trial directory, written with progress.json
+# Written by the job script as it exits (job id, end state, exit code, epoch seconds; one per line): how a trial
+# ended once Slurm has forgotten its job (MinJobAge) and no sacct answers. Not written when the job is requeued.
+JOB_END = "job_end"
+JOB_END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 NODE_CHECK_STEP = "node-check"  # step 0 of every job (rlkit.steps.node_check; log: logs/node-check.log)
 NODE_CHECK_ADDRESS_MARK = "rlkit-node-check-address"  # starts the line step 0's listener prints for the batch script

@@ -108,7 +108,7 @@ def _row(record: TrialRecord, info: slurm.JobInfo) -> TrialRow:
 
 def all_trials() -> list[TrialRow]:
     """Every trial of this user with its Slurm state, newest first."""
-    return [_row(r, slurm.job_info(r.job_id)) for r in list_trials()]
+    return [_row(r, slurm.job_info(r.job_id, r.trial_dir)) for r in list_trials()]
 
 
 def trials_table(rows: list[TrialRow]) -> Table:
@@ -169,7 +169,7 @@ def tail(path: Path, lines: int) -> list[str]:
 def trial_detail(spec: str) -> TrialDetail:
     """Slurm state, components, live servers and, for a failed job, the failed step's last log lines."""
     record = find_trial(spec)
-    info = slurm.job_info(record.job_id)
+    info = slurm.job_info(record.job_id, record.trial_dir)
     paths = TrialPaths(Path(record.trial_dir))
     detail = TrialDetail(_row(record, info), info.reason, info.exit_code, list(info.components))
     from rlkit.trials.records import attempts, read_manifest

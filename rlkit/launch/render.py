@@ -20,6 +20,7 @@ from rlkit.launch.containers import container_argv
 from rlkit.launch.plan import Component, JobPlan, Step
 from rlkit.step_contract import (
     EXIT_REQUEUE,
+    JOB_END,
     NO_RETRY_EXIT,
     NODE_CHECK_ADDRESS_MARK,
     NODE_CHECK_STEP,
@@ -192,7 +193,7 @@ def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
-        "STEP_STATE": shlex.quote(STEP_STATE), "TRAINER_GROUP": str(trainer_group),
+        "STEP_STATE": shlex.quote(STEP_STATE), "JOB_END": shlex.quote(JOB_END), "TRAINER_GROUP": str(trainer_group),
         "PACKED": str(int(packed)), "STEPS": "\n".join(steps),
         "NODE_CHECKS": "\n".join(node_checks),
         "NODE_CHECK_ADDRESS_MARK": shlex.quote(NODE_CHECK_ADDRESS_MARK),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlkit.errors import SlurmError, UserError
 
@@ -126,8 +128,9 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
     )
 
 
-def job_info(job_id: str) -> JobInfo:
-    """The job's state from the controller; from sacct when the controller forgot it; else state UNKNOWN."""
+def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
+    """The job's state from the controller; from sacct when the controller forgot it; else from the end record the
+    job's script wrote in `trial_dir` as it exited; else state UNKNOWN."""
     proc = _run(["scontrol", "show", "job", "-o", job_id])
     if proc.returncode == 0 and proc.stdout.strip():
         return job_info_from_records(job_id, parse_scontrol_records(proc.stdout))
@@ -138,4 +141,13 @@ def job_info(job_id: str) -> JobInfo:
             first = lines[0]
             return JobInfo(job_id=job_id, state=first[1].split()[0], exit_code=first[2], elapsed=first[3],
                            nodes=first[4])
+    if trial_dir is not None:
+        from rlkit.trials.paths import TrialPaths
+        from rlkit.trials.records import read_job_end
+
+        end = read_job_end(TrialPaths(Path(trial_dir)), job_id)
+        if end is not None:
+            ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(end.ended_at))
+            return JobInfo(job_id=job_id, state=end.state, exit_code=f"{end.exit_code}:0",
+                           reason=f"ended {ended}; Slurm no longer knows the job, the state is its script's record")
     return JobInfo(job_id=job_id, state="UNKNOWN", reason="the controller no longer knows the job and sacct is off")

@@ -17,6 +17,8 @@ EXIT_REQUEUE=@EXIT_REQUEUE@  # the trainer checkpointed for a requeue; also this
 STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on the time-limit warning
 STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
 STEP_STATE=@STEP_STATE@  # the trainer's last finished step and its status, one per line
+JOB_END=@JOB_END@  # how the job ended, written as this script exits (for rlkit status once Slurm forgets the job)
+END_STATE=""  # set by the path that ends the job; REQUEUED: no end (the job runs again)
 TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes to
 PACKED=@PACKED@  # 1: one allocation whose steps share nodes (signals go to the trainer's steps by step id)
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
@@ -112,8 +114,23 @@ stop_steps() {  # TERM every step (gracefully, through slurmctld), give them tim
   wait
 }
 
+write_job_end() {  # write_job_end EXIT_CODE: the job's end as Slurm will report it, replaced atomically
+  local state=$END_STATE
+  [ "$state" = REQUEUED ] && return 0
+  if [ -z "$state" ]; then
+    if [ "$1" -eq 0 ]; then state=COMPLETED; else state=FAILED; fi
+  fi
+  printf '%s\n%s\n%s\n%s\n' "$SLURM_JOB_ID" "$state" "$1" "$(date +%s)" >"$JOB_END.tmp" 2>/dev/null &&
+    mv -f "$JOB_END.tmp" "$JOB_END"
+}
+trap 'write_job_end $?' EXIT
+
 on_signal() {
   echo "rlkit: batch script received $1; stopping all steps"
+  END_STATE=CANCELLED
+  if [ -n "${SLURM_JOB_END_TIME:-}" ] && [ "$(date +%s)" -ge $((SLURM_JOB_END_TIME - 5)) ]; then
+    END_STATE=TIMEOUT  # Slurm's TERM at the time limit, not a scancel
+  fi
   stop_steps
   exit 143
 }
@@ -177,6 +194,7 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
           echo "rlkit: the trainer checkpointed before the time limit; requeueing the job" \
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
           stop_steps
+          END_STATE=REQUEUED
           scontrol requeue "$SLURM_JOB_ID"
           return 0
         fi
@@ -190,6 +208,7 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         stop_steps
         # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
         # dependent (the next stage) must not start, whichever of this line and `rlkit stop`'s scancel comes first.
+        END_STATE=CANCELLED
         scancel "$SLURM_JOB_ID"
         return 0
       fi

@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.step_contract import STEP_STATE
+from rlkit.step_contract import JOB_END, STEP_STATE
 
 # What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
-                            "weights", "checkpoints", "progress.json", STEP_STATE, "recover", "name_resolve",
+                            "weights", "checkpoints", "progress.json", STEP_STATE, JOB_END, "recover", "name_resolve",
                             "swanlab", "tensorboard", "wandb"})
 # where `submit --force` keeps a previous run (rlkit.trials.records.archive_run)
 ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
@@ -82,6 +82,11 @@ class TrialPaths:
     def progress(self) -> Path:
         """The trainer's latest step, reward and weight version (read by `rlkit status`)."""
         return self.root / "progress.json"
+
+    @property
+    def job_end(self) -> Path:
+        """How the job ended, written by its script as it exits (rlkit.step_contract.JOB_END)."""
+        return self.root / JOB_END
 
     @property
     def step_state(self) -> Path:

@@ -134,6 +134,30 @@ def read_json_dict(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+@dataclass(frozen=True)
+class JobEnd:
+    """How the trial's job ended, as its script wrote it on exit (rlkit.step_contract.JOB_END)."""
+
+    state: str
+    exit_code: int
+    ended_at: float
+
+
+def read_job_end(paths: TrialPaths, job_id: str) -> JobEnd | None:
+    """The end record of job `job_id`, or None: missing, another job's (an earlier attempt's), or not a record the
+    script writes (the file is read as untrusted: a state outside JOB_END_STATES or a malformed line is ignored)."""
+    from rlkit.step_contract import JOB_END_STATES
+
+    try:
+        lines = paths.job_end.read_text(errors="replace").splitlines()[:4]
+        recorded, state, code, ended = lines
+        if recorded.strip() != job_id or state.strip() not in JOB_END_STATES:
+            return None
+        return JobEnd(state.strip(), int(code), float(ended))
+    except (OSError, ValueError):
+        return None
+
+
 def read_manifest(paths: TrialPaths) -> dict[str, Any]:
     return read_json_dict(paths.manifest)
 

@@ -275,6 +275,13 @@ def test_metrics_sinks_status_and_cleanup(grpo_run: dict[str, object]) -> None:
     assert "COMPLETED" in status and f"training step {STEPS}/{STEPS}" in status
     assert processes_mentioning(str(grpo_run["model"])) == []
     assert processes_mentioning(str(trial)) == []
+    # the end record the job script wrote as it exited: what rlkit status shows once Slurm forgets the job
+    from rlkit.trials.paths import TrialPaths
+    from rlkit.trials.records import attempts, read_job_end
+
+    paths = TrialPaths(trial)
+    end = read_job_end(paths, str(attempts(paths)[-1]["job_id"]))
+    assert end is not None and (end.state, end.exit_code) == ("COMPLETED", 0), paths.job_end.read_text()
     token = (trial / "secret" / "token").read_text().strip()
     for log in (trial / "logs").iterdir():
         assert token not in log.read_text(errors="replace"), f"token leaked into {log}"

@@ -386,6 +386,12 @@ def test_killed_server_is_restarted_and_rejoins_with_the_current_weights(scenari
     assert not set(slices[0][1].split(",")) & set(trainer_slice[0][1].split(",")), (trainer_slice, slices)
     assert "#SBATCH hetjob" not in (trial / "job.sbatch").read_text()
     assert processes_mentioning(str(trial)) == []
+    # stopped: the job script's end record says CANCELLED (what rlkit status shows once Slurm forgets the job)
+    from rlkit.trials.paths import TrialPaths
+    from rlkit.trials.records import attempts, read_job_end
+
+    end = read_job_end(TrialPaths(trial), str(attempts(TrialPaths(trial))[-1]["job_id"]))
+    assert end is not None and end.state == "CANCELLED", (trial / "job_end").read_text()
 
 
 def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: ScenarioPool) -> None:
