@@ -60,3 +60,26 @@ class FatalStepError(StepError):
     extra_args): exit code `NO_RETRY_EXIT`, so the job fails at once instead of retrying the same mistake."""
 
     exit_code = NO_RETRY_EXIT
+
+
+DISK_FULL_ERRNOS = (28, 122)  # ENOSPC, EDQUOT (Linux)
+DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """What filled up, when `exc` (or an exception it was raised from, or one whose text it carries, as
+    torch.distributed.checkpoint's do for every rank) is ENOSPC or EDQUOT; else None. A full disk is no transient
+    failure: retrying the step would fill it again, so it is named and not retried."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            where = f" writing {current.filename}" if current.filename else ""
+            return f"the disk is full ({current.strerror}){where}"
+        text = str(current)
+        for words in DISK_FULL_WORDS:
+            if words in text:
+                return f"the disk is full ({words}): {text[:300]}"
+        current = current.__cause__ or current.__context__
+    return None

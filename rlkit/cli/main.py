@@ -13,7 +13,7 @@ import typer
 from rlkit.cli.console import console
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
-from rlkit.errors import SlurmError, StepError, UserError, each_error
+from rlkit.errors import NO_RETRY_EXIT, SlurmError, StepError, UserError, disk_full, each_error
 
 if TYPE_CHECKING:
     from rlkit.config.areal.accept import AcceptedKey
@@ -271,6 +271,13 @@ def main() -> None:
     except (SlurmError, StepError) as exc:
         err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
         _exit(exc.exit_code)
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        err.print(f"[bold red]failed:[/bold red] {full}; free space there (or raise the quota) and run it again "
+                  "(`rlkit resume` for a trial): a retry would fill it again, so none is made", highlight=False)
+        _exit(NO_RETRY_EXIT)
     _exit(rc if isinstance(rc, int) else 0)
 
 

@@ -170,7 +170,7 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
 trap on_time_limit USR1
 
 supervise() {  # wait until the job is done: returns 0 when the last work step succeeded
-  local i pid rc name role group work restart state busy
+  local i pid rc name role group work restart state busy full
   while true; do
     busy=0
     for i in "${!PIDS[@]}"; do
@@ -213,6 +213,8 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         return 0
       fi
       if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
+        full=$(grep -a -m1 -o 'the disk is full.*' "logs/$name.log" 2>/dev/null)
+        [ -n "$full" ] && echo "rlkit: step $name: $full"
         echo "rlkit: step $name failed with exit code $rc, which a restart cannot fix (see its log); not retrying"
         echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
         stop_steps

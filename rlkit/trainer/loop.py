@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.errors import StepError
+from rlkit.errors import StepError, disk_full
 from rlkit.slurm.faults import failed_before, fault_point
 from rlkit.step_contract import EXIT_FAILING, EXIT_REQUEUE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
 from rlkit.trainer import recover
@@ -193,7 +193,7 @@ class Loop:
                     algorithm.finish()
         except BaseException as exc:
             if self.books is not None:
-                self.books.progress(self.done, f"failed: {type(exc).__name__}", self._fields())
+                self.books.progress(self.done, f"failed: {disk_full(exc) or type(exc).__name__}", self._fields())
                 self.books.logger.close()
                 algorithm.abort(exc)
             raise

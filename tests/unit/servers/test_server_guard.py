@@ -266,13 +266,13 @@ def test_guard_check_refuses_when_nothing_answers() -> None:
 # ---- the supervisor does not retry NO_RETRY_EXIT (the real bash text of the batch script) --------------------------
 
 
-def run_supervisor(tmp_path: Path, server_exit: int) -> tuple[int, int, str]:
+def run_supervisor(tmp_path: Path, server_exit: int, server_says: str = "") -> tuple[int, int, str]:
     """Run the job script's supervisor (the real template) with a server step that exits `server_exit` and a trainer
     that waits. `scancel` is a bash function here that only records its arguments, and the node check one that
     passes: nothing reaches Slurm."""
     body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=2, trainer_group=1, steps=[
         "STOP_GRACE=1",
-        f"cmd_server() {{ echo run >> runs.txt; exit {server_exit}; }}",
+        f"cmd_server() {{ echo run >> runs.txt; {server_says} exit {server_exit}; }}",
         "cmd_trainer() { while [ ! -e done ]; do sleep 0.1; done; }",
         "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
         "start_step server-0 0 cmd_server", "start_step trainer 1 cmd_trainer",
@@ -290,6 +290,17 @@ def test_supervisor_does_not_retry_a_no_retry_exit(tmp_path: Path) -> None:
     assert (rc, runs) == (NO_RETRY_EXIT, 1), out
     assert "which a restart cannot fix" in out
     assert f"rlkit: step server-0 failed with exit code {NO_RETRY_EXIT}" in out  # the line rlkit status reads
+
+
+def test_a_full_disk_is_named_in_the_job_output_and_the_end_record_says_failed(tmp_path: Path) -> None:
+    """The step's own log names the full disk (rlkit.cli.main); the batch script repeats it in the job's output,
+    does not retry, and its end record (what rlkit status shows once Slurm forgets the job) says FAILED."""
+    (tmp_path / "logs").mkdir()
+    says = "echo 'failed: the disk is full (No space left on device) writing /f/t/weights/x' > logs/server-0.log;"
+    rc, runs, out = run_supervisor(tmp_path, NO_RETRY_EXIT, says)
+    assert (rc, runs) == (NO_RETRY_EXIT, 1), out
+    assert "rlkit: step server-0: the disk is full (No space left on device) writing /f/t/weights/x" in out, out
+    assert (tmp_path / "job_end").read_text().splitlines()[:3] == ["4242", "FAILED", str(NO_RETRY_EXIT)]
 
 
 def test_supervisor_still_retries_other_failures(tmp_path: Path) -> None:
