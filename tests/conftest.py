@@ -168,7 +168,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPool | None]:
     """The scenarios of every selected background test, started at the session's start (tests/helpers/scenarios.py);
     nothing when none is selected (the unit tier)."""
-    from tests.helpers.scenarios import BACKGROUND_SIDE_BY_SIDE, scenario_pool
+    from tests.helpers.scenarios import BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED, scenario_pool
 
     modules: dict[str, Any] = {}
     for item in request.session.items:
@@ -177,12 +177,21 @@ def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPoo
     if not modules:
         yield None
         return
-    with scenario_pool(BACKGROUND_SIDE_BY_SIDE) as pool:
+    with scenario_pool(BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED) as pool:
         for name, module in modules.items():
             selected = [item.originalname for item in request.session.items  # type: ignore[attr-defined]
                         if item.module is module]  # type: ignore[attr-defined]
             pool.envs[name] = module.start_background(pool, selected, request.getfixturevalue)
         yield pool
+
+
+@pytest.fixture(autouse=True)
+def _widen_background_when_the_foreground_is_done(request: pytest.FixtureRequest) -> None:
+    """The first background test runs after every foreground one: from then on the cores are the scenarios'."""
+    if request.node.get_closest_marker("background"):
+        pool = request.getfixturevalue("background_scenarios")
+        if pool is not None:
+            pool.widen()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

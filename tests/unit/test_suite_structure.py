@@ -73,3 +73,42 @@ def test_the_suite_prints_its_budget_and_warns_past_it(tmp_path: Path, seconds: 
     minutes = (seconds + 59) // 60
     assert f"suite: {minutes} min (budget {BUDGET_MIN})" in out, out
     assert ("WARNING: the suite took" in out) is warned, out
+
+
+def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> None:
+    """One scenario at a time beside the foreground; two once the first background test widens the pool."""
+    import threading
+    import time
+
+    from tests.helpers.scenarios import WALL_TIMES, ScenarioPool
+
+    running, most, lock = [0], [0], threading.Lock()
+    release = threading.Event()
+
+    def scenario() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+
+    pool = ScenarioPool(1, 2)
+    try:
+        for name in ("a", "b", "c"):
+            pool.start(name, scenario)
+        time.sleep(0.3)
+        assert most[0] == 1
+        pool.widen()
+        pool.widen()  # idempotent
+        time.sleep(0.3)
+        assert most[0] == 2 and running[0] == 2
+        release.set()
+        for name in ("a", "b", "c"):
+            pool.result(name, timeout=10)
+    finally:
+        release.set()
+        pool.close()
+        for name in ("a", "b", "c"):
+            WALL_TIMES.pop(name, None)  # not the session's scenarios: kept out of its summary
+    assert most[0] == 2
