@@ -34,6 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is imported: no progress bars
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 HEAD_SCALE = 5.0  # the random embedding (tied head) times this: peaked next-token distributions like a trained LM's
@@ -272,8 +273,8 @@ def numerics_and_checkpoints(model: Path, vocab: int, work: Path, device: Any, *
                              ) -> dict[str, Any]:
     """Items 3 and 4 on one engine after one grpo step."""
     import torch
+    from floor_tensors import checkpoint_tensors
     from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import get_state_dict
     from transformers import AutoModelForCausalLM
 
     from rlkit.trainer.actor import PPOActor
@@ -316,15 +317,7 @@ def numerics_and_checkpoints(model: Path, vocab: int, work: Path, device: Any, *
     digests, save_s = timed(lambda: engine.save_sharded(ckpt), device)
     os.sync()
     _, load_s = timed(lambda: engine.load_sharded(ckpt, 1), device)
-    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-    flat = {f"model.{k}": v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model_sd.items()}
-    for pid, entry in optim_sd["state"].items():
-        for name, value in entry.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                flat[f"optim.{pid}.{name}"] = value.full_tensor() if hasattr(value, "full_tensor") else value
-    seen: set[int] = set()  # a tied head is one tensor under two names: written once, as the checkpoint does
-    flat = {k: v.detach().contiguous().cpu() for k, v in flat.items()
-            if not (v.data_ptr() in seen or seen.add(v.data_ptr()))}
+    flat = checkpoint_tensors(engine)
     floor = work / "floor.safetensors"
     started = time.perf_counter()
     save_file(flat, str(floor))

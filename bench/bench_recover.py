@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_grpo import build_medium_model  # noqa: E402
+from floor_tensors import checkpoint_tensors  # noqa: E402
 
 from rlkit.models.tiny import build_tiny_model  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
@@ -32,7 +33,6 @@ from rlkit.servers.health import find_free_port  # noqa: E402
 def main() -> int:
     import torch
     from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from rlkit.config.schema.actor import ActorConfig
     from rlkit.trainer import recover
@@ -53,13 +53,7 @@ def main() -> int:
         samples = [Sample([5, 6, 7], [8, 9], [-5.0, -5.0], float(i), 0, True, 0, advantage=1.0 - 2 * i)
                    for i in range(2)]
         policy.train_step(samples, None, None)  # AdamW moments exist now
-        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-        flat = {f"model.{k}": v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model_sd.items()}
-        for pid, entry in optim_sd["state"].items():
-            for name, value in entry.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    flat[f"optim.{pid}.{name}"] = value.full_tensor() if hasattr(value, "full_tensor") else value
-        flat = {k: v.detach().contiguous().cpu() for k, v in flat.items()}
+        flat = checkpoint_tensors(engine)
         size_mb = sum(t.numel() * t.element_size() for t in flat.values()) / 2**20
         root = recover.recover_root(work / "trial")
         root.mkdir(parents=True)
