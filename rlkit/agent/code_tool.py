@@ -39,10 +39,10 @@ Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_names
 mounts need mount_setattr (Linux >= 5.12). Fail closed by default (`isolation: required`): where the namespaces
 cannot be created, /proc cannot be made private, a mount cannot be made read-only or a path cannot be hidden, the
 code is not run and the call is a tool error naming what did not hold; the trainer says at start what the node
-gives (isolation_summary). With `isolation: best_effort` such a run goes on with what holds and
-`CodeResult.notes` says what did not (printed once in the trainer's log): without namespaces the network is then
-blocked by the audit hook only, /proc shows the node's processes, and the file system is neither read-only nor
-hidden.
+gives (rlkit.agent.python_tool.isolation_summary). With `isolation: best_effort` such a run goes on with
+what holds and `CodeResult.notes` says what did not (printed once in the trainer's log): without namespaces the
+network is then blocked by the audit hook only, /proc shows the node's processes, and the file system is
+neither read-only nor hidden.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -364,47 +364,3 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes
-
-
-def isolation_summary(tool: CodeTool) -> str:
-    """One line for the trainer's log at start: what isolation a trivial run gets on this node, and what that means
-    for the model's calls under the tool's `isolation` setting."""
-    result = run_python("pass", limits=tool.limits, scratch_root=tool.scratch_root, python=tool.python,
-                        hide=tool.hide, isolation=tool.isolation)
-    also = f"; {'; '.join(result.notes)}" if result.notes else ""
-    if result.ok and result.isolated:
-        return f"isolation on this node: full (namespaces, private /proc, read-only mounts, hidden paths){also}"
-    if result.ok:
-        return f"isolation on this node: partial, runs go on (isolation: best_effort){also}"
-    if result.error is not None and result.error.startswith("the code was not run"):
-        return f"isolation on this node: not available, every call will be refused: {result.error}"
-    return f"a trial run failed: {result.error}"
-
-
-PYTHON_TOOL_SCHEMA = {
-    "name": "python",
-    "description": "Run a Python program and get what it prints (no network, no subprocesses, limited time and "
-                   "memory).",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-                   "required": ["code"]},
-}
-
-
-def python_tool(code_tool: CodeTool) -> Callable[..., Awaitable[str]]:
-    """The registry's `python` tool (rlkit.agent.tools.make_tool with PYTHON_TOOL_SCHEMA) running `code_tool`."""
-
-    from rlkit.agent.tools import ToolError
-
-    told: set[str] = set()
-
-    async def python(code: str) -> str:
-        result = await code_tool.run(code)
-        for note in result.notes:  # isolation that did not hold on this node: said once in the trainer's log
-            if note not in told:
-                told.add(note)
-                print(f"rlkit code tool: {note}", flush=True)
-        if not result.ok:
-            raise ToolError(result.tool_text())
-        return result.output
-
-    return python

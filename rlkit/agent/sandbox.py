@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlkit.agent.sandbox_child import memfd_holding
+
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
 MAX_SPEC_BYTES = 120_000  # the code and its settings: a sanity bound (model output, not a file upload)
 STATUS_CAP = 65_536
@@ -70,7 +72,8 @@ def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_byt
     started = time.monotonic()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    spec_fd = _memfd(spec.serialized(status_w).encode("utf-8", "surrogatepass"))
+    spec_fd = memfd_holding("rlkit-code-tool-spec", spec.serialized(status_w).encode("utf-8", "surrogatepass"),
+                            inheritable=False)
     try:
         proc = subprocess.Popen(  # the code is data in the JSON spec the memfd holds
             [spec.python, "-I", "-u", "-c", CHILD_SOURCE, json.dumps({"mode": "supervise", "fd": spec_fd})],
@@ -94,16 +97,6 @@ def run_child(spec: ChildSpec, *, scratch: Path, wall_seconds: float, output_byt
     run.facts = _read_facts(status_r)
     os.close(status_r)
     return run
-
-
-def _memfd(data: bytes) -> int:
-    """`data` in an anonymous file (close-on-exec here; Popen's pass_fds hands it to the child), read from its start."""
-    fd = os.memfd_create("rlkit-code-tool-spec", os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 def _collect(pid: int, out_r: int, deadline: float, cap: int) -> tuple[bytes, str | None]:

@@ -228,7 +228,8 @@ def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: 
 def run(spec: dict[str, Any]) -> None:
     """The runner: limits first, then a fresh interpreter for the code (no inherited capabilities or modules)."""
     memory = spec["memory_bytes"]
-    code_fd = _memfd("rlkit-code", spec["code"].encode("utf-8"))  # before RLIMIT_FSIZE; inherited by the exec
+    # before RLIMIT_FSIZE; inherited by the exec
+    code_fd = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
     resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_seconds"], spec["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
     resource.setrlimit(resource.RLIMIT_AS, (memory + ADDRESS_HEADROOM, memory + ADDRESS_HEADROOM))
@@ -255,10 +256,11 @@ def _audit(event: str, _args: tuple[Any, ...]) -> None:
         raise PermissionError(PROCESS_MESSAGE)
 
 
-def _memfd(name: str, data: bytes) -> int:
-    """An anonymous file holding `data`, read from its start, inherited across exec (no close-on-exec)."""
-    fd = os.memfd_create(name, 0)
-    os.set_inheritable(fd, True)
+def memfd_holding(name: str, data: bytes, *, inheritable: bool) -> int:
+    """An anonymous file holding `data`, read from its start; `inheritable`: kept across exec (the parent passes its
+    fd through Popen's pass_fds instead)."""
+    fd = os.memfd_create(name, 0 if inheritable else os.MFD_CLOEXEC)
+    os.set_inheritable(fd, inheritable)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

@@ -46,7 +46,8 @@ def code_tool_for(settings: Any, hide: list[str] | tuple[str, ...] = ()) -> Any:
     import tempfile
     from pathlib import Path
 
-    from rlkit.agent.code_tool import PYTHON_TOOL_SCHEMA, CodeTool, isolation_summary, limits_of, python_tool
+    from rlkit.agent.code_tool import CodeTool, limits_of
+    from rlkit.agent.python_tool import PYTHON_TOOL_SCHEMA, isolation_summary, python_tool
     from rlkit.agent.tools import make_tool
 
     limits = limits_of(settings)
