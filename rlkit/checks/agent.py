@@ -5,6 +5,7 @@ the job waited in the queue. Torch-free.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from rlkit.config.problems import Problems
@@ -15,9 +16,6 @@ from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 if TYPE_CHECKING:
     from rlkit.jobs.base import JobType
     from rlkit.jobs.job_types import JobTypes
-
-_LIMITS = ("max_turns", "max_tokens_per_turn", "engine_max_tokens", "max_tool_result_chars")
-
 
 def agent_in_use(agent: AgentConfig) -> bool:
     return bool(agent.workflow.strip())
@@ -36,6 +34,9 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
         if agent.tools:
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
                          "tools", hint="set rollout.agent.workflow=tool_use (or your own), or remove the tools")
+        if agent.code_tool.enabled:
+            problems.add("rollout.agent.code_tool.enabled is set but rollout.agent.workflow is empty: single-turn "
+                         "rollouts run no code", hint="set rollout.agent.workflow=tool_use, or remove the code tool")
         return
     if not job.trains_on_rollouts:
         users = " or ".join(j.name for j in job_types if j.trains_on_rollouts)
@@ -54,12 +55,6 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
         problems.add("rollout.agent.tools has a tool named `python` (its schema's name), and "
                      "rollout.agent.code_tool.enabled adds the built-in python tool",
                      hint="name your tool otherwise in its tool_schema, or disable the code tool")
-    for name in _LIMITS:
-        value = getattr(agent, name)
-        if value is not None and (isinstance(value, bool) or value < 1):
-            problems.add(f"rollout.agent.{name} must be a positive integer (got {value})")
-    if agent.tool_timeout <= 0:
-        problems.add(f"rollout.agent.tool_timeout must be positive (got {agent.tool_timeout})")
     total = agent.engine_max_tokens
     if total is not None and context is not None and total > context:
         problems.add(f"rollout.agent.engine_max_tokens ({total}) exceeds the servers' context of {context} tokens: "
@@ -92,6 +87,12 @@ def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
 
     settings = config.rollout.agent.code_tool
     if not settings.enabled:
+        defaults = type(settings)()
+        for f in fields(settings):
+            if getattr(settings, f.name) != getattr(defaults, f.name):
+                problems.add(f"rollout.agent.code_tool.{f.name} is set, but rollout.agent.code_tool.enabled is false: "
+                             "it would be ignored", hint="set rollout.agent.code_tool.enabled=true, or remove "
+                                                         f"rollout.agent.code_tool.{f.name}")
         return
     for name, message, fix in code_limit_problems(limits_of(settings)):
         problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)

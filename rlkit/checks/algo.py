@@ -29,19 +29,6 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
         value = getattr(actor, name)
         if value not in KL_ESTIMATORS:
             problems.add(f"actor.{name} '{value}' is not one of: k1, k2, k3", hint=f"e.g. actor.{name}=k3")
-    for name in ("kl_ctl", "kl_loss_coef"):
-        if getattr(actor, name) < 0:
-            problems.add(f"actor.{name} must be >= 0 (got {getattr(actor, name)})")
-    for name in ("kl_clamp", "log_ratio_clamp", "seq_log_ratio_clamp"):
-        value = getattr(actor, name)
-        if value is not None and not value > 0:
-            default = ActorConfig.__dataclass_fields__[name].default
-            problems.add(f"actor.{name} must be positive or null (got {value})",
-                         hint=f"null turns the guard off; the default is {default}")
-    for name in ("discount", "gae_lambda"):
-        value = getattr(actor, name)
-        if not 0 <= value <= 1:
-            problems.add(f"actor.{name} must be between 0 and 1 (got {value})")
     _validate_decoupled(actor, problems)
 
 
@@ -54,8 +41,8 @@ def _validate_norm(field: str, norm: NormConfig, group_size: int, problems: Prob
     mean = None if norm.mean_level == "none" else norm.mean_level
     std = None if norm.std_level == "none" else norm.std_level
     size = norm.group_size if norm.group_size is not None else group_size
-    if "group" in (mean, std):
-        if norm.group_size is not None and (norm.group_size < 1 or group_size % norm.group_size):
+    if "group" in (mean, std) and size >= 1:  # a size below 1 is refused by its range (rlkit.config.ranges)
+        if norm.group_size is not None and group_size % norm.group_size:
             problems.add(f"{field}.group_size {norm.group_size} does not divide actor.group_size ({group_size}), so "
                          "its groups would mix prompts", hint=f"remove it or set {field}.group_size={group_size}")
         elif mean == "group" and size < 2:
@@ -85,7 +72,7 @@ def _validate_decoupled(actor: ActorConfig, problems: Problems) -> None:
     if actor.use_decoupled_loss and not actor.recompute_logprob:
         problems.add("actor.use_decoupled_loss needs actor.recompute_logprob=true: the proximal policy is the "
                      "recomputed log-probs", hint="set actor.recompute_logprob=true")
-    if cap is not None and not cap > 1:
+    if cap is not None and not cap > 1:  # not a plain range: the reason matters more than the bound
         problems.add(f"actor.behav_imp_weight_cap must be > 1 (got {cap}): a lower cap drops on-policy tokens",
                      hint="e.g. actor.behav_imp_weight_cap=5")
     if rs is not None:

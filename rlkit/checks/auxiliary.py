@@ -56,15 +56,9 @@ def _check_entry(config: ExperimentConfig, index: int, entry: AuxiliaryModelConf
         problems.add(f"{field('name')} {entry.name!r} is not an identifier of letters, digits and '_' starting "
                      "with a letter (at most 32 characters): it names the job's steps and name-resolve records",
                      hint=f"e.g. {field('name')}=judge")
-    if entry.engine_num < 1:
-        problems.add(f"{field('engine_num')} is {entry.engine_num}: at least one server is needed",
-                     hint=f"set {field('engine_num')}=1, or remove the entry")
     gpn = config.cluster.n_gpus_per_node
     tp = entry.tensor_parallel_size
-    if tp < 1:
-        problems.add(f"{field('tensor_parallel_size')} is {tp}: a server needs at least one GPU",
-                     hint=f"set {field('tensor_parallel_size')}=1")
-    elif gpn >= 1 and unit_unplaceable(tp, gpn) is not None:  # the planner's rule (rlkit.config.node_fit)
+    if tp >= 1 and gpn >= 1 and unit_unplaceable(tp, gpn) is not None:  # the planner's rule (rlkit.config.node_fit)
         problems.add(f"{field('tensor_parallel_size')} {tp} does not fit one server on a node of "
                      f"cluster.n_gpus_per_node={gpn} GPUs (a server never straddles nodes)",
                      hint=f"use a tensor_parallel_size of at most {gpn}")

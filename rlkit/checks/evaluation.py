@@ -24,11 +24,6 @@ ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read rewar
 def validate_evaluator(config: ExperimentConfig, problems: Problems) -> None:
     """Add every problem of the evaluation fields to `problems`."""
     ev, ds = config.evaluator, config.valid_dataset
-    for name in ("freq_steps", "freq_epochs", "freq_secs", "max_prompts"):
-        value = getattr(ev, name)
-        if value is not None and value < 1:
-            problems.add(f"evaluator.{name} must be at least 1 (got {value}); null turns it off",
-                         hint=f"e.g. evaluator.{name}=10 or evaluator.{name}=null")
     enabled = evaluation_enabled(ev)
     if enabled and not ds.path:
         problems.add("evaluator is on (freq_steps, freq_epochs, freq_secs or eval_on_startup set) but "
@@ -46,17 +41,6 @@ def validate_evaluator(config: ExperimentConfig, problems: Problems) -> None:
 
 def _validate_sampling(config: ExperimentConfig, problems: Problems) -> None:
     g = config.eval_gconfig
-    if g.n_samples is not None and g.n_samples < 1:
-        problems.add(f"eval_gconfig.n_samples must be at least 1 (got {g.n_samples})",
-                     hint="e.g. eval_gconfig.n_samples=1, or null for gconfig.n_samples")
-    if g.max_new_tokens is not None and g.max_new_tokens < 1:
-        problems.add(f"eval_gconfig.max_new_tokens must be at least 1 (got {g.max_new_tokens})",
-                     hint="null takes gconfig.max_new_tokens")
-    if g.temperature is not None and g.temperature < 0:
-        problems.add(f"eval_gconfig.temperature must be >= 0 (got {g.temperature}; 0 is greedy)",
-                     hint="e.g. eval_gconfig.temperature=0")
-    if g.top_p is not None and not 0 < g.top_p <= 1:
-        problems.add(f"eval_gconfig.top_p must be in (0, 1] (got {g.top_p})")
     if g.top_k is not None and (g.top_k == 0 or g.top_k < -1):
         problems.add(f"eval_gconfig.top_k must be -1 (off) or at least 1 (got {g.top_k})")
     validate_eval_min_new_tokens(config, problems)

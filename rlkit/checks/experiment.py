@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rlkit.checks.agent import validate_agent
 from rlkit.checks.auxiliary import validate_auxiliary
-from rlkit.checks.binds import check_binds, parse_mounts
+from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
 from rlkit.checks.reference import validate_reference
@@ -28,8 +28,15 @@ from rlkit.checks.site_files import (
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
+from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.evaluation import evaluation_enabled
-from rlkit.config.schema.experiment import CONTAINER_TYPES, NAME_RESOLVE_TYPES, ExperimentConfig, get_field
+from rlkit.config.schema.experiment import (
+    CONTAINER_TYPES,
+    NAME_RESOLVE_TYPES,
+    ExperimentConfig,
+    SlurmConfig,
+    get_field,
+)
 from rlkit.config.strings import check_strings
 from rlkit.errors import ConfigError
 from rlkit.servers.backend import backend_for, server_model, servers_context
@@ -41,8 +48,9 @@ if TYPE_CHECKING:
     from rlkit.jobs.base import JobType
     from rlkit.jobs.job_types import JobTypes
 
-_EXPERIMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
-_TRIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._]*")
+# Experiment and trial names: what Slurm job names, directory names and `experiment/trial` arguments all carry
+# unquoted ('_' and '-' both, as AReaL's files use them)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
 # Options rlkit sets on every step itself: a user's copy would undo the safe working directory.
 _RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",)}
@@ -59,11 +67,12 @@ class Validated:
     problems: Problems
 
 
-def check_name(field: str, value: str, pattern: re.Pattern[str], forbidden: str) -> None:
+def check_name(field: str, value: str) -> None:
     """Experiment and trial names become directory names and Slurm job names."""
-    if not pattern.fullmatch(value):
+    if not _NAME.fullmatch(value):
         raise ConfigError(
-            f"{field} '{value}' is not allowed: use letters, digits and '.', without {forbidden}, '/' or spaces",
+            f"{field} '{value}' is not allowed: use letters, digits, '.', '_' and '-' (starting with a letter or "
+            "digit), without '/' or spaces",
             hint=f"e.g. {field}={'math-grpo' if field == 'experiment_name' else 'run_1'}",
         )
     if len(value) > MAX_NAME_LENGTH:
@@ -98,19 +107,16 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
     is made of, and its own checks run among these."""
     problems = Problems()
     check_strings(config, problems)
+    check_ranges(config, problems)
     with problems.check():
-        check_name("experiment_name", config.experiment_name, _EXPERIMENT, "'_'")
+        check_name("experiment_name", config.experiment_name)
     with problems.check():
-        check_name("trial_name", config.trial_name, _TRIAL, "'-'")
+        check_name("trial_name", config.trial_name)
     job: JobType | None = None
     with problems.check():
         job = job_types.named(config.type)
     _validate_cluster(config, problems)
     _validate_launcher(config, problems, job)
-    if config.rollout.max_concurrent_rollouts < 1:
-        problems.add("rollout.max_concurrent_rollouts must be at least 1")
-    if config.gconfig.n_samples < 1 or config.gconfig.max_new_tokens < 1:
-        problems.add("gconfig.n_samples and gconfig.max_new_tokens must be at least 1")
     validate_min_new_tokens(config, problems)
     validate_greedy(config, problems, trains_on_rollouts=job is not None and job.needs_servers and job.trainer)
     if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
@@ -155,8 +161,6 @@ def _validate_cluster(config: ExperimentConfig, problems: Problems) -> None:
                      "job scripts cannot carry (spaces, quotes, ',', ':', '%', '$', ';', '\\')",
                      hint="use a path of letters, digits and . _ - + / @ only")
     _validate_name_resolve(config, problems)
-    if cluster.n_nodes < 1 or cluster.n_gpus_per_node < 1:
-        problems.add("cluster.n_nodes and cluster.n_gpus_per_node must be at least 1")
     if cluster.name_resolve.type not in NAME_RESOLVE_TYPES:
         problems.add(f"cluster.name_resolve.type '{cluster.name_resolve.type}' is not supported",
                      hint=f"choose one of: {', '.join(NAME_RESOLVE_TYPES)}")
@@ -215,10 +219,6 @@ def _validate_name_resolve(config: ExperimentConfig, problems: Problems) -> None
 
 def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobType | None) -> None:
     launcher = config.launcher
-    for name in ("inference_server_cpus_per_gpu", "inference_server_mem_per_gpu", "trainer_cpus_per_gpu",
-                 "trainer_mem_per_gpu", "client_cpus", "client_mem"):
-        if getattr(launcher, name) < 1:
-            problems.add(f"launcher.{name} must be at least 1 (got {getattr(launcher, name)})")
     for name in ("inference_server_env_vars", "trainer_env_vars"):
         with problems.check():
             parse_env_vars(f"launcher.{name}", getattr(launcher, name))
@@ -242,13 +242,23 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobTyp
                      hint=f"choose one of: {', '.join(CONTAINER_TYPES)}")
     if slurm.container_type == "apptainer":
         check_binds(config, problems)
-    else:
-        with problems.check():
-            parse_mounts(slurm.mount)
+    elif slurm.container_type == "none":
+        _refuse_container_fields(slurm, problems)
     if slurm.container_type == "apptainer":
         for name in ("inference_server_image", "trainer_image"):
             with problems.check():
                 check_image(f"launcher.slurm.{name}", getattr(slurm, name))
+
+
+def _refuse_container_fields(slurm: SlurmConfig, problems: Problems) -> None:
+    """container_type none runs steps on the bare host: an image, a bind or apptainer's own arguments would be
+    ignored without a word, and the user would believe the run used them."""
+    defaults = SlurmConfig()
+    for name in ("trainer_image", "inference_server_image", "mount", "apptainer_args"):
+        if getattr(slurm, name) != getattr(defaults, name):
+            problems.add(f"launcher.slurm.{name} is set, but launcher.slurm.container_type is none (steps run on the "
+                         "bare host): it would be ignored",
+                         hint=f"remove launcher.slurm.{name}, or set launcher.slurm.container_type=apptainer")
 
 
 def _is_option(word: str, option: str) -> bool:

@@ -38,12 +38,6 @@ def validate_lora(config: ExperimentConfig, problems: Problems, allocation: Allo
                      hint=f"use one of: {', '.join(PEFT_TYPES)} (the only peft method rlkit trains and serves)")
     if not actor.use_lora:
         return
-    if isinstance(actor.lora_rank, bool) or not isinstance(actor.lora_rank, int) or actor.lora_rank <= 0:
-        problems.add(f"actor.lora_rank: {actor.lora_rank!r} must be a positive integer",
-                     hint="set the adapter rank, e.g. actor.lora_rank: 32")
-    if isinstance(actor.lora_alpha, bool) or not isinstance(actor.lora_alpha, (int, float)) or actor.lora_alpha <= 0:
-        problems.add(f"actor.lora_alpha: {actor.lora_alpha!r} must be a positive number",
-                     hint="set the adapter scale numerator, e.g. actor.lora_alpha: 16 (scale = alpha / rank)")
     modules = list(actor.target_modules or [])
     if not modules:
         problems.add("actor.target_modules is empty: use_lora needs the modules that get adapters",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlkit.checks.site_files import check_model_dir, check_tokenizer_dir
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import MicroBatchSpec, OptimizerConfig
+from rlkit.config.schema.actor import OptimizerConfig
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.stats_logger import validate_stats_logger
 
@@ -36,15 +36,6 @@ def validate_trainer(config: ExperimentConfig, problems: Problems) -> None:
             check_tokenizer_dir("tokenizer_path" if config.tokenizer_path else "actor.path",
                                 config.tokenizer_path or actor.path)
     validate_optimizer("actor.optimizer", actor.optimizer, problems)
-    validate_mb_spec("actor.mb_spec", actor.mb_spec, problems)
-    if config.total_train_epochs < 1:
-        problems.add(f"total_train_epochs must be at least 1 (got {config.total_train_epochs})")
-    if config.total_train_steps is not None and config.total_train_steps < 1:
-        problems.add(f"total_train_steps must be at least 1 or null (got {config.total_train_steps})")
-    for name in ("freq_steps", "freq_epochs", "freq_secs"):
-        value = getattr(config.saver, name)
-        if value is not None and value < 1:
-            problems.add(f"saver.{name} must be at least 1 or null (got {value})")
     with problems.check():
         validate_stats_logger(config.stats_logger)
     _validate_recover(config, problems)
@@ -58,19 +49,6 @@ def validate_optimizer(field: str, optimizer: OptimizerConfig, problems: Problem
     if optimizer.lr_scheduler_type not in LR_SCHEDULES:
         problems.add(f"{field}.lr_scheduler_type '{optimizer.lr_scheduler_type}' is not one of: "
                      f"{', '.join(LR_SCHEDULES)}", hint=f"e.g. {field}.lr_scheduler_type=constant")
-    if not optimizer.lr > 0:
-        problems.add(f"{field}.lr must be positive (got {optimizer.lr})", hint=f"e.g. {field}.lr=1e-5")
-    if not 0 <= optimizer.warmup_steps_proportion <= 1:
-        problems.add(f"{field}.warmup_steps_proportion must be between 0 and 1 (got "
-                     f"{optimizer.warmup_steps_proportion})")
-
-
-def validate_mb_spec(field: str, spec: MicroBatchSpec, problems: Problems) -> None:
-    """A micro-batch spec: at least one micro-batch, a token budget of at least one token (or none)."""
-    if spec.n_mbs < 1:
-        problems.add(f"{field}.n_mbs must be at least 1 (got {spec.n_mbs})")
-    if spec.max_tokens_per_mb is not None and spec.max_tokens_per_mb < 1:
-        problems.add(f"{field}.max_tokens_per_mb must be at least 1 or null (got {spec.max_tokens_per_mb})")
 
 
 def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
@@ -78,13 +56,6 @@ def _validate_recover(config: ExperimentConfig, problems: Problems) -> None:
     from rlkit.trials.recover_layout import latest_valid, recover_root
 
     rec = config.recover
-    for name in ("freq_steps", "freq_epochs", "freq_secs"):
-        value = getattr(rec, name)
-        if value is not None and value < 1:
-            problems.add(f"recover.{name} must be at least 1 or null (got {value})")
-    if rec.retries < 0 or rec.keep_last < 1:
-        problems.add(f"recover.retries must be >= 0 and recover.keep_last >= 1 (got {rec.retries}, "
-                     f"{rec.keep_last})")
     if not 60 <= rec.time_limit_warning <= 65535:
         problems.add(f"recover.time_limit_warning must be 60..65535 seconds (got {rec.time_limit_warning}); "
                      "Slurm may deliver the warning up to 60 s early")

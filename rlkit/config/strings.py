@@ -32,7 +32,7 @@ SLURM_VALUE_PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
 }
 # Strings that only ever travel inside JSON request bodies (and config.yaml, YAML-escaped), never into the script,
 # an argv or a file name: a stop string is often exactly a newline.
-_ONLY_IN_REQUESTS = ("gconfig.stop[",)
+_ONLY_IN_REQUESTS = ("gconfig.stop[", "eval_gconfig.stop[")
 _SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+%-]+")
 
 

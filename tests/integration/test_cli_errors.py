@@ -42,8 +42,8 @@ MISTAKES = [
     pytest.param(["cluster.n_node=3"], "did you mean 'cluster.n_nodes'", id="unknown-key"),
     pytest.param(["cluster.n_nodes=lots"], "wrong type for 'cluster.n_nodes'", id="wrong-type"),
     pytest.param(["n_nodes"], "is not of the form key.path=value", id="malformed-override"),
-    pytest.param(["experiment_name=my_exp"], "experiment_name 'my_exp' is not allowed", id="experiment-underscore"),
-    pytest.param(["trial_name=run-1"], "trial_name 'run-1' is not allowed", id="trial-dash"),
+    pytest.param(["experiment_name=-exp"], "experiment_name '-exp' is not allowed", id="experiment-leading-dash"),
+    pytest.param(["trial_name=.run"], "trial_name '.run' is not allowed", id="trial-leading-dot"),
     pytest.param(["allocation_mode=vllm:d4"], "needs 4 nodes of 1 GPU", id="does-not-fit"),  # even packed
     pytest.param(["allocation_mode=vllm:d1t9", "cluster.n_gpus_per_node=8"], "one server needs 9 GPUs but a node has 8",
                  id="server-over-a-node"),  # a server that does not divide a node is packed beside the others
@@ -124,7 +124,7 @@ TRAINING_MISTAKES = [
                  id="unknown-weight-update-mode"),
     pytest.param(["actor.weight_update_mode=xccl", "actor.weight_chunked_mem_mb=0"],
                  "actor.weight_chunked_mem_mb must be at least 1", id="empty-broadcast-bucket"),
-    pytest.param(["actor.weight_update_timeout=0"], "actor.weight_update_timeout must be a positive", id="no-timeout"),
+    pytest.param(["actor.weight_update_timeout=0"], "actor.weight_update_timeout must be positive", id="no-timeout"),
     pytest.param(["vllm.extra_args.weight_transfer_config={backend: nccl}"], "rlkit sets it from "
                  "actor.weight_update_mode", id="own-weight-transfer-config"),
     # LoRA (rlkit.checks.lora, called from the grpo validation)
@@ -151,11 +151,11 @@ def test_bad_training_config_changes_nothing(grpo_yaml: Path, rlkit_home: Path, 
 def test_every_problem_is_listed_at_once(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
     """Schema, value, site-file and training mistakes of one config come back together, one `error:` each."""
     before = _test_jobs()
-    result = run_rlkit("submit", str(grpo_yaml), "cluster.n_node=3", "trial_name=run-1", "launcher.slurm.time=soon",
+    result = run_rlkit("submit", str(grpo_yaml), "cluster.n_node=3", "trial_name=.run", "launcher.slurm.time=soon",
                        "train_dataset.path=/no/train.jsonl", "actor.ppo_n_minibatches=5", "gconfig.temperature=0")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
-    for says in ("unknown key 'cluster.n_node'", "trial_name 'run-1' is not allowed", "'soon' is not a Slurm time",
+    for says in ("unknown key 'cluster.n_node'", "trial_name '.run' is not allowed", "'soon' is not a Slurm time",
                  "train_dataset.path: '/no/train.jsonl' does not exist", "ppo_n_minibatches=5",
                  "gconfig.temperature 0"):
         assert says in result.stderr, (says, result.stderr)
@@ -456,7 +456,7 @@ LORA = ["actor.use_lora=true", "actor.target_modules=[q_proj,v_proj]"]
 LORA_MISTAKES = [
     pytest.param("rw", LORA, ["actor.use_lora is set, but job type rw trains a reward model: a scalar value head"],
                  id="rw-with-lora"),
-    pytest.param("sft", [*LORA, "actor.lora_rank=0"], ["actor.lora_rank: 0 must be a positive integer"],
+    pytest.param("sft", [*LORA, "actor.lora_rank=0"], ["actor.lora_rank must be at least 1 (got 0)"],
                  id="sft-lora-rank-zero"),
     pytest.param("dpo", [*LORA, "actor.target_modules=[q_proj,qkv_proj]"],
                  ["actor.target_modules: qkv_proj is not a module of the model at"], id="dpo-lora-unknown-module"),

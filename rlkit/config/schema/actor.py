@@ -21,8 +21,8 @@ WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
 class MicroBatchSpec:
     """How a minibatch is split into micro-batches for forward/backward."""
 
-    n_mbs: int = _f(1, "Fewest micro-batches per minibatch.")
-    max_tokens_per_mb: int | None = _f(None, "Most tokens per micro-batch (more micro-batches when needed).")
+    n_mbs: int = _f(1, "Fewest micro-batches per minibatch.", ge=1)
+    max_tokens_per_mb: int | None = _f(None, "Most tokens per micro-batch (more micro-batches when needed).", ge=1)
 
 
 @dataclass
@@ -30,15 +30,15 @@ class OptimizerConfig:
     """The trainer's optimizer and learning-rate schedule."""
 
     type: str = _f("adam", "Optimizer. Choices: adam (AdamW), sgd.")
-    lr: float = _f(2e-5, "Peak learning rate.")
-    weight_decay: float = _f(0.05, "Weight decay.")
-    beta1: float = _f(0.9, "Adam beta1.")
-    beta2: float = _f(0.95, "Adam beta2.")
-    eps: float = _f(1e-5, "Adam epsilon.")
+    lr: float = _f(2e-5, "Peak learning rate.", gt=0)
+    weight_decay: float = _f(0.05, "Weight decay.", ge=0)
+    beta1: float = _f(0.9, "Adam beta1.", ge=0, lt=1)
+    beta2: float = _f(0.95, "Adam beta2.", ge=0, lt=1)
+    eps: float = _f(1e-5, "Adam epsilon.", gt=0)
     lr_scheduler_type: str = _f("constant", "Schedule after warmup. Choices: constant, linear, cosine.")
-    warmup_steps_proportion: float = _f(0.001, "Fraction of the total steps spent warming up linearly.")
-    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of lr (linear and cosine).")
-    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    warmup_steps_proportion: float = _f(0.001, "Fraction of the total steps spent warming up linearly.", ge=0, le=1)
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of lr (linear and cosine).", ge=0, le=1)
+    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.", ge=0)
 
 
 @dataclass
@@ -55,7 +55,7 @@ class NormConfig:
     mean_leave1out: bool = _f(False, "Leave each sample out of its own mean (RLOO).")
     std_unbiased: bool = _f(True, "Bessel-corrected std (divide by n - 1).")
     eps: float = _f(1e-5, "Added to the std before dividing (not used when std_level is null).")
-    group_size: int | None = _f(None, "Samples per group at group level; null: actor.group_size.")
+    group_size: int | None = _f(None, "Samples per group at group level; null: actor.group_size.", ge=1)
 
 
 @dataclass
@@ -94,45 +94,45 @@ class ActorConfig:
         "gloo on the CPU).")
     weight_chunked_mem_mb: int = _f(
         1024, "xccl: full tensors are gathered and broadcast in buckets of about this many MiB, which bounds the "
-        "trainer's extra memory during a push.")
+        "trainer's extra memory during a push.", ge=1)
     weight_update_timeout: float = _f(
         600.0, "Seconds any one part of a weight push may take (a server's reload, joining the broadcast group, one "
-        "bucket); a server that takes longer is named and the push fails instead of hanging.")
+        "bucket); a server that takes longer is named and the push fails instead of hanging.", gt=0)
     weight_check_tolerance: float | None = _f(
         None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
         "weight update; None: 1e-3 when servers and trainer both compute in float32, 0.1 when both in the same 16-bit "
-        "dtype, 0.3 when their dtypes differ.")
+        "dtype, 0.3 when their dtypes differ.", gt=0)
     logprob_mismatch_warn: float | None = _f(
         None, "Warn (trainer log, rlkit status) when a server's mean |logprob difference| from the trainer over a "
         "step's rollout tokens sampled at the current weight version exceeds this; None: 1e-2 when servers and "
-        "trainer run float32, 0.1 otherwise.")
+        "trainer run float32, 0.1 otherwise.", gt=0)
     group_size: int = _f(1, "Completions per prompt in one GRPO group: gconfig.n_samples (what a config that "
-                         "leaves it out gets, as in AReaL's current configs).")
-    ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).")
-    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).")
-    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
-    c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.")
+                         "leaves it out gets, as in AReaL's current configs).", ge=1)
+    ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).", ge=1)
+    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).", gt=0)
+    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.", gt=0)
+    c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.", gt=1)
     reward_scaling: float = _f(1.0, "Multiply rewards by this (after the overlong penalty and the bias).")
     reward_bias: float = _f(0.0, "Add this to rewards (after the overlong penalty).")
-    reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.")
+    reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.", gt=0)
     reward_norm: NormConfig | None = _f(None, "Normalise sequence rewards (after the clip); null: off.")
     overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
-    overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.")
-    overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.")
+    overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.", ge=1)
+    overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.", ge=0)
     mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the actor's loss (a critic "
                                      "still trains on them, to their returns, unless critic.mask_no_eos_with_zero).")
     kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
-                       "before the advantages (no gradient through it); > 0 loads the reference model.")
+                       "before the advantages (no gradient through it); > 0 loads the reference model.", ge=0)
     kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")
     kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
-                             "gradient, verl's use_kl_loss); > 0 loads the reference model.")
+                             "gradient, verl's use_kl_loss); > 0 loads the reference model.", ge=0)
     kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")
-    kl_clamp: float | None = _f(10.0, "Clamp every KL estimate to [-kl_clamp, kl_clamp]; null: off.")
-    log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.")
+    kl_clamp: float | None = _f(10.0, "Clamp every KL estimate to [-kl_clamp, kl_clamp]; null: off.", gt=0)
+    log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.", gt=0)
     seq_log_ratio_clamp: float | None = _f(10.0, "GSPO: clamp the sequence log-ratio to at most this before exp; "
-                                           "null: off.")
-    discount: float = _f(1.0, "Discount factor of the returns.")
-    gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).")
+                                           "null: off.", gt=0)
+    discount: float = _f(1.0, "Discount factor of the returns.", ge=0, le=1)
+    gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).", ge=0, le=1)
     adv_norm: NormConfig | None = _f(None, "Normalise the per-token advantages (token-weighted); null: off.")
     importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")
     use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
@@ -147,8 +147,8 @@ class ActorConfig:
     use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight (grpo, ppo's actor, sft, dpo); "
                         "the servers get the adapters only (vLLM runtime LoRA loading, a new adapter name per "
                         "weight version); saved checkpoints are the merged model plus adapter/.")
-    lora_rank: int = _f(32, "LoRA rank r (the servers are started with --max-lora-rank of at least this).")
-    lora_alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.")
+    lora_rank: int = _f(32, "LoRA rank r (the servers are started with --max-lora-rank of at least this).", ge=1)
+    lora_alpha: int = _f(16, "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.", gt=0)
     target_modules: list[str] = _f([], "Module names that get adapters, e.g. [q_proj, k_proj, v_proj, o_proj]; "
                                    "'all-linear' for every linear layer but the output head.")
     peft_type: str = _f("lora", "peft method. Choices: lora.")

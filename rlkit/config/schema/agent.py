@@ -47,12 +47,12 @@ class AgentConfig:
                                        "also called hermes) or module.path:function(text) -> ParsedTurn.")
     tools: list[str] = _f([], "Tools offered to the model, each module.path:function (sync or async, keyword "
                               "arguments) with its JSON schema in the function's tool_schema attribute.")
-    tool_timeout: float = _f(30.0, "Seconds one tool call may take before the model is told it timed out.")
-    max_turns: int = _f(4, "Most assistant turns in an episode; an episode that wants more is truncated.")
-    max_tokens_per_turn: int | None = _f(None, "Most tokens one turn may sample; None: gconfig.max_new_tokens.")
+    tool_timeout: float = _f(30.0, "Seconds one tool call may take before the model is told it timed out.", gt=0)
+    max_turns: int = _f(4, "Most assistant turns in an episode; an episode that wants more is truncated.", ge=1)
+    max_tokens_per_turn: int | None = _f(None, "Most tokens one turn may sample; None: gconfig.max_new_tokens.", ge=1)
     engine_max_tokens: int | None = _f(None, "Most tokens of an episode, prompt included (AReaL's name); None: the "
-                                             "servers' context length.")
-    max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).")
+                                             "servers' context length.", ge=1)
+    max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).", ge=1)
     code_tool: CodeToolConfig = _sub(CodeToolConfig, "The built-in sandboxed Python tool.")
 
 

@@ -37,12 +37,12 @@ class AuxiliaryModelConfig:
     name: str = _f("", "Identifier user code asks for (auxiliary_model('judge')): letters, digits and _, starting "
                        "with a letter, unique in the list; names the job's steps aux-<name>-<i>.")
     model_path: str = _f("", "Hugging Face model directory or hub id (fetched at submit like actor.path).")
-    engine_num: int = _f(1, "Number of servers of this model.")
-    tensor_parallel_size: int = _f(1, "GPUs per server (they must fit on one node).")
+    engine_num: int = _f(1, "Number of servers of this model.", ge=1)
+    tensor_parallel_size: int = _f(1, "GPUs per server (they must fit on one node).", ge=1)
     backend: str = _f("vllm", "Inference engine: vllm or sglang; its other settings (dtype, seed, memory fraction, "
                               "extra_args) come from the top-level section of that name.")
     max_model_len: int | None = _f(None, "Context length (prompt + completion) of these servers; None: the "
-                                         "model's own (the backend section's limit is the policy's).")
+                                         "model's own (the backend section's limit is the policy's).", ge=1)
 
 
 def entry_field(index: int, name: str) -> str:

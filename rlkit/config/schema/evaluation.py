@@ -17,24 +17,25 @@ from rlkit.config.schema.fields import _f
 class EvaluatorConfig:
     """When the current weights are scored on valid_dataset (on the same servers, while training goes on)."""
 
-    freq_steps: int | None = _f(None, "Evaluate every N steps; None: off.")
-    freq_epochs: int | None = _f(None, "Evaluate every N epochs; None: off.")
-    freq_secs: int | None = _f(None, "Evaluate when N seconds passed since the last evaluation; None: off.")
+    freq_steps: int | None = _f(None, "Evaluate every N steps; None: off.", ge=1)
+    freq_epochs: int | None = _f(None, "Evaluate every N epochs; None: off.", ge=1)
+    freq_secs: int | None = _f(None, "Evaluate when N seconds passed since the last evaluation; None: off.", ge=1)
     eval_on_startup: bool = _f(False, "Also evaluate the starting model (weight version 0) before step 1; a resumed "
                                       "trial does not evaluate again on startup.")
-    max_prompts: int | None = _f(None, "Evaluate on the first N prompts of valid_dataset only; None: all of them.")
+    max_prompts: int | None = _f(None, "Evaluate on the first N prompts of valid_dataset only; None: all of them.",
+                                 ge=1)
 
 
 @dataclass
 class EvalGenerationConfig:
     """Sampling of the evaluation requests; every field left at None takes gconfig's value (AReaL's eval_gconfig)."""
 
-    n_samples: int | None = _f(None, "Completions per prompt; None: gconfig.n_samples.")
-    max_new_tokens: int | None = _f(None, "Most tokens per completion; None: gconfig.max_new_tokens.")
+    n_samples: int | None = _f(None, "Completions per prompt; None: gconfig.n_samples.", ge=1)
+    max_new_tokens: int | None = _f(None, "Most tokens per completion; None: gconfig.max_new_tokens.", ge=1)
     min_new_tokens: int | None = _f(None, "Fewest tokens per completion (the model's EOS cannot end one sooner; 0: "
                                           "off); None: gconfig.min_new_tokens.")
-    temperature: float | None = _f(None, "Sampling temperature (0: greedy); None: gconfig.temperature.")
-    top_p: float | None = _f(None, "Nucleus sampling probability mass; None: gconfig.top_p.")
+    temperature: float | None = _f(None, "Sampling temperature (0: greedy); None: gconfig.temperature.", ge=0)
+    top_p: float | None = _f(None, "Nucleus sampling probability mass; None: gconfig.top_p.", gt=0, le=1)
     top_k: int | None = _f(None, "Top-k sampling, -1: off; None: gconfig.top_k.")
     stop: list[str] | None = _f(None, "Stop strings; None: gconfig.stop.")
     greedy: bool | None = _f(None, "Greedy decoding: the evaluation requests go at temperature 0, top_p 1, top_k -1 "

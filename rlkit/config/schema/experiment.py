@@ -72,8 +72,8 @@ class ClusterConfig:
     fileroot: str = _f("/tmp/rlkit", "Root for trials, logs and checkpoints; must be on a filesystem all nodes share.")
     hub_cache: str = _f("", "Where `rlkit submit` downloads models and datasets given as Hugging Face hub ids (on the "
                             "login node; compute nodes never download); empty: <fileroot>/hub-cache.")
-    n_nodes: int = _f(1, "Number of nodes the job may use in total.")
-    n_gpus_per_node: int = _f(8, "GPUs per node (physical).")
+    n_nodes: int = _f(1, "Number of nodes the job may use in total.", ge=1)
+    n_gpus_per_node: int = _f(8, "GPUs per node (physical).", ge=1)
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve store.")
 
 
@@ -102,19 +102,20 @@ class SlurmConfig:
 class LauncherConfig:
     """Resources per role and what each role's environment holds."""
 
-    inference_server_cpus_per_gpu: int = _f(4, "CPUs per GPU for inference servers.")
-    inference_server_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for inference servers.")
-    trainer_cpus_per_gpu: int = _f(4, "CPUs per GPU for the trainer.")
-    trainer_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for the trainer.")
-    client_cpus: int = _f(4, "CPUs for a GPU-less client step (job type generate).")
-    client_mem: int = _f(8192, "Memory (MB) for a GPU-less client step.")
+    inference_server_cpus_per_gpu: int = _f(4, "CPUs per GPU for inference servers.", ge=1)
+    inference_server_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for inference servers.", ge=1)
+    trainer_cpus_per_gpu: int = _f(4, "CPUs per GPU for the trainer.", ge=1)
+    trainer_mem_per_gpu: int = _f(32768, "Memory (MB) per GPU for the trainer.", ge=1)
+    client_cpus: int = _f(4, "CPUs for a GPU-less client step (job type generate).", ge=1)
+    client_mem: int = _f(8192, "Memory (MB) for a GPU-less client step.", ge=1)
     inference_server_env_vars: str = _f("", "Environment for inference servers, comma-separated, e.g. 'A=1,B=2'.")
     trainer_env_vars: str = _f("", "Environment for trainer and client steps, comma-separated, e.g. 'A=1,B=2'.")
     python: str = _f(
         "", "Python that runs rlkit steps. Empty: this interpreter (container_type none) or python3 (in images). "
             "An engine in another venv: vllm.python / sglang.python."
     )
-    server_startup_timeout: float = _f(900.0, "Seconds a server may take to become healthy before its step fails.")
+    server_startup_timeout: float = _f(900.0, "Seconds a server may take to become healthy before its step fails.",
+                                       gt=0)
     slurm: SlurmConfig = _sub(SlurmConfig, "Slurm settings.")
 
 
@@ -125,9 +126,9 @@ class VllmConfig:
     model: str = _f("", "Model the servers load; empty: actor.path.")
     seed: int = _f(1, "Sampling seed of the server.")
     dtype: str = _f("bfloat16", "Weights and activation dtype.")
-    max_model_len: int | None = _f(None, "Context length (prompt + completion); None: the model's own.")
-    gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.")
-    max_num_seqs: int = _f(256, "Most sequences in one batch.")
+    max_model_len: int | None = _f(None, "Context length (prompt + completion); None: the model's own.", ge=1)
+    gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.", gt=0, le=1)
+    max_num_seqs: int = _f(256, "Most sequences in one batch.", ge=1)
     enforce_eager: bool = _f(False, "No CUDA graphs, no torch.compile: a faster start, a slower decode on GPUs.")
     enable_prefix_caching: bool = _f(True, "Reuse KV of shared prompt prefixes (reset after every weight update).")
     extra_args: dict[str, Any] = _f({}, "More vLLM 0.32 options, e.g. {max_num_batched_tokens: 2048}; true: bare flag.")
@@ -144,8 +145,8 @@ class SGLangConfig:
     model_path: str = _f("", "Model the servers load; empty: actor.path.")
     random_seed: int = _f(1, "Sampling seed of the server.")
     dtype: str = _f("bfloat16", "Weights and activation dtype.")
-    context_length: int | None = _f(None, "Context length; None: the model's own.")
-    mem_fraction_static: float = _f(0.9, "Fraction of GPU memory for weights and KV cache.")
+    context_length: int | None = _f(None, "Context length; None: the model's own.", ge=1)
+    mem_fraction_static: float = _f(0.9, "Fraction of GPU memory for weights and KV cache.", gt=0, le=1)
     disable_radix_cache: bool = _f(False, "Disable prefix (radix) caching.")
     extra_args: dict[str, Any] = _f({}, "Further SGLang flags, e.g. {attention_backend: fa3}.")
     python: str = _f("", "Python of the SGLang install the servers run with (e.g. its own venv's); empty: the one "
@@ -161,10 +162,10 @@ class DatasetConfig:
     path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
-    batch_size: int = _f(1, "Rows per batch.")
+    batch_size: int = _f(1, "Rows per batch.", ge=1)
     shuffle: bool = _f(True, "Shuffle rows each epoch.")
     max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
-                                      "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.")
+                                      "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.", ge=1)
     prompt_key: str = _f("prompt", "Column holding the prompt: a string, a list of chat messages, or token ids.")
 
 
@@ -172,12 +173,12 @@ class DatasetConfig:
 class GenerationHyperparameters:
     """Sampling settings for every request."""
 
-    n_samples: int = _f(1, "Completions per prompt.")
-    max_new_tokens: int = _f(16384, "Most tokens per completion.")
+    n_samples: int = _f(1, "Completions per prompt.", ge=1)
+    max_new_tokens: int = _f(16384, "Most tokens per completion.", ge=1)
     min_new_tokens: int = _f(0, "Fewest tokens per completion: the model's EOS cannot end one sooner (vLLM's "
                                 "min_tokens, SGLang's min_new_tokens); at most max_new_tokens; 0: off.")
-    temperature: float = _f(1.0, "Sampling temperature (0: greedy).")
-    top_p: float = _f(1.0, "Nucleus sampling probability mass.")
+    temperature: float = _f(1.0, "Sampling temperature (0: greedy).", ge=0)
+    top_p: float = _f(1.0, "Nucleus sampling probability mass.", gt=0, le=1)
     top_k: int = _f(-1, "Top-k sampling; -1: off.")
     stop: list[str] = _f([], "Stop strings.")
     greedy: bool = _f(False, "Greedy decoding (AReaL's gconfig.greedy): requests go at temperature 0, top_p 1, top_k "
@@ -189,15 +190,15 @@ class GenerationHyperparameters:
 class RolloutConfig:
     """How clients talk to the inference servers."""
 
-    max_concurrent_rollouts: int = _f(64, "Most requests in flight across all servers.")
-    queue_size: int | None = _f(None, "Most finished groups waiting for the trainer; None: 2 training batches.")
+    max_concurrent_rollouts: int = _f(64, "Most requests in flight across all servers.", ge=1)
+    queue_size: int | None = _f(None, "Most finished groups waiting for the trainer; None: 2 training batches.", ge=1)
     consumer_batch_size: int = _f(1, "Groups the trainer takes per training step; grpo sets it to "
-                                  "train_dataset.batch_size when left at 1.")
+                                  "train_dataset.batch_size when left at 1.", ge=1)
     max_head_offpolicyness: int = _f(0, "A sample may be this many weight versions behind the trainer; older "
-                                     "ones are dropped (0: on-policy).")
-    request_timeout: float = _f(3600.0, "Seconds one request may take.")
-    request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).")
-    setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.")
+                                     "ones are dropped (0: on-policy).", ge=0)
+    request_timeout: float = _f(3600.0, "Seconds one request may take.", gt=0)
+    request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).", ge=0)
+    setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.", gt=0)
     agent: AgentConfig = _sub(AgentConfig, "Multi-turn, tool-using episodes (empty workflow: single-turn rollouts).")
 
 
@@ -208,7 +209,7 @@ class GenerateConfig:
     dataset: DatasetConfig = _sub(DatasetConfig, "Prompts to complete.")
     output_file: str = _f("completions.jsonl", "Output file, relative to the trial directory.")
     apply_chat_template: bool = _f(False, "Wrap string prompts in the tokenizer's chat template.")
-    max_prompts: int | None = _f(None, "Complete only the first N prompts.")
+    max_prompts: int | None = _f(None, "Complete only the first N prompts.", ge=1)
 
 
 @dataclass
@@ -221,16 +222,16 @@ class RewardConfig:
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
                                 "checkpoints/final directory); completions are scored by it on trainer rank 0.")
-    timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.")
+    timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
 
 
 @dataclass
 class SaverConfig:
     """When Hugging Face format models are saved (under the trial's checkpoints/ directory)."""
 
-    freq_steps: int | None = _f(None, "Save every N steps; None: off.")
-    freq_epochs: int | None = _f(None, "Save every N epochs; None: off.")
-    freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.")
+    freq_steps: int | None = _f(None, "Save every N steps; None: off.", ge=1)
+    freq_epochs: int | None = _f(None, "Save every N epochs; None: off.", ge=1)
+    freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.", ge=1)
 
 
 @dataclass
@@ -239,12 +240,12 @@ class RecoverConfig:
 
     mode: str = _f("auto", "disabled: never resume; auto: resume when a valid checkpoint exists; fault: resume only "
                    "after a failure of this trial (retry, requeue); resume: must resume (error if nothing to resume).")
-    freq_steps: int | None = _f(None, "Checkpoint every N steps; None: off.")
-    freq_epochs: int | None = _f(None, "Checkpoint every N epochs; None: off.")
-    freq_secs: int | None = _f(1800, "Checkpoint when N seconds passed since the last one; None: off.")
+    freq_steps: int | None = _f(None, "Checkpoint every N steps; None: off.", ge=1)
+    freq_epochs: int | None = _f(None, "Checkpoint every N epochs; None: off.", ge=1)
+    freq_secs: int | None = _f(1800, "Checkpoint when N seconds passed since the last one; None: off.", ge=1)
     retries: int = _f(3, "Times a failed trainer step is restarted in the allocation, and times the job requeues "
-                      "itself at its time limit.")
-    keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).")
+                      "itself at its time limit.", ge=0)
+    keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).", ge=1)
     time_limit_warning: int = _f(300, "Seconds before the time limit at which Slurm warns the job (USR1) so the "
                                  "trainer checkpoints and the job requeues itself.")
 
@@ -253,8 +254,8 @@ class RecoverConfig:
 class ExperimentConfig:
     """One experiment trial: what to run and where."""
 
-    experiment_name: str = _f(MISSING, "Name of the experiment (no '_' or '/').")
-    trial_name: str = _f(MISSING, "Name of the trial (no '-' or '/').")
+    experiment_name: str = _f(MISSING, "Name of the experiment: letters, digits, '.', '_', '-' (no '/').")
+    trial_name: str = _f(MISSING, "Name of the trial: letters, digits, '.', '_', '-' (no '/').")
     type: str = _f("generate", "Job type: a name registered in rlkit.jobs (an unknown name is refused with the list).")
     allocation_mode: str = _f(
         MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
@@ -282,8 +283,8 @@ class ExperimentConfig:
         DatasetConfig, "Validation rows (the evaluator of grpo; sft, rw, dpo at epoch ends); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
-    total_train_epochs: int = _f(1, "Passes over the training set.")
-    total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.")
+    total_train_epochs: int = _f(1, "Passes over the training set.", ge=1)
+    total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.", ge=1)
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
     saver: SaverConfig = _sub(SaverConfig, "Model saving.")
     evaluator: EvaluatorConfig = _sub(EvaluatorConfig, "Evaluation on valid_dataset during training (grpo).")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checks.site_files import check_chat_template, check_dataset_file, check_model_dir
-from rlkit.checks.trainer import DTYPES, validate_mb_spec, validate_optimizer, validate_trainer
+from rlkit.checks.trainer import DTYPES, validate_optimizer, validate_trainer
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.pairs import DPO_LOSS_TYPES, PairDataConfig
@@ -65,11 +65,7 @@ def validate_critic(config: ExperimentConfig, problems: Problems) -> None:
         problems.add(f"critic.eps_clip must be positive (got {critic.eps_clip}): it is how far a value may move from "
                      "its rollout-time value before the loss stops pulling it", hint="e.g. critic.eps_clip=0.5 "
                                                                                     "(AReaL's default)")
-    if critic.ppo_n_minibatches < 1:
-        problems.add(f"critic.ppo_n_minibatches must be at least 1 (got {critic.ppo_n_minibatches})",
-                     hint="e.g. critic.ppo_n_minibatches=4")
     validate_optimizer("critic.optimizer", critic.optimizer, problems)
-    validate_mb_spec("critic.mb_spec", critic.mb_spec, problems)
     sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
     if critic.ppo_n_minibatches >= 1 and sequences % critic.ppo_n_minibatches:
         problems.add(f"a batch of {sequences} sequences (train_dataset.batch_size x actor.group_size) does not split "
@@ -87,9 +83,7 @@ def _validate_pair_data(config: ExperimentConfig, section: PairDataConfig, name:
         problems.add(f"{name}.chosen_key and {name}.rejected_key are both '{section.chosen_key}': a pair needs two "
                      "different answers", hint=f"e.g. {name}.chosen_key=chosen {name}.rejected_key=rejected")
     ds = config.train_dataset
-    if ds.batch_size < 1:
-        problems.add(f"train_dataset.batch_size must be at least 1 pair (got {ds.batch_size})")
-    if ds.max_length is not None and ds.max_length < 2:
+    if ds.max_length == 1:  # below 1 is refused by its range (rlkit.config.ranges)
         problems.add(f"train_dataset.max_length must be at least 2 tokens or null (got {ds.max_length}): it limits "
                      "prompt + answer of each pair", hint="e.g. train_dataset.max_length=2048")
     for field, dataset in (("train_dataset", ds), ("valid_dataset", config.valid_dataset)):

@@ -165,7 +165,7 @@ def test_rollout_agent_problems_are_all_named_at_submit(grpo_yaml: Path, generat
         "rollout.agent.max_tokens_per_turn=100000"])).problems
     text = "\n".join(str(e) for e in problems.errors)
     for says in ("has no attribute 'nope'", "not a built-in parser", "has no attribute 'missing'",
-                 "rollout.agent.max_turns must be a positive integer", "exceeds gconfig.max_new_tokens"):
+                 "rollout.agent.max_turns must be at least 1", "exceeds gconfig.max_new_tokens"):
         assert says in text, text
     assert validate(load_config(grpo_yaml, [f"rollout.agent.workflow={WORKFLOW_FILE}:episode",
                                             f"rollout.agent.tool_call_parser={WORKFLOW_FILE}:digits_press",

@@ -27,7 +27,7 @@ from tests.conftest import raise_problems
          "actor.reward_norm.mean_level group with groups of 1"),
         (["actor.kl_loss_type=k4"], "actor.kl_loss_type 'k4' is not one of"),
         (["actor.kl_estimator=abs"], "actor.kl_estimator 'abs' is not one of"),
-        (["actor.kl_loss_coef=-1"], "actor.kl_loss_coef must be >= 0"),
+        (["actor.kl_loss_coef=-1"], "actor.kl_loss_coef must be at least 0"),
         (["actor.log_ratio_clamp=0"], "actor.log_ratio_clamp must be positive or null"),
         (["actor.gae_lambda=1.5"], "actor.gae_lambda must be between 0 and 1"),
         (["actor.behav_imp_weight_cap=5"], "but actor.use_decoupled_loss is false"),

@@ -69,14 +69,14 @@ def test_invalid_yaml_says_where(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ("experiment_name=my_exp", "experiment_name 'my_exp' is not allowed"),
-        ("trial_name=run-1", "trial_name 'run-1' is not allowed"),
+        ("experiment_name=-exp", "experiment_name '-exp' is not allowed"),
+        ("trial_name=.run", "trial_name '.run' is not allowed"),
         ("trial_name=a/b", "trial_name 'a/b' is not allowed"),
         ("type=ppx", "type 'ppx' is not a job type"),
         ("cluster.fileroot=relative/dir", "must be an absolute path"),
         ("launcher.slurm.time=two-days", "is not a Slurm time"),
         ("launcher.trainer_env_vars=A=1,oops", "'oops' is not NAME=VALUE"),
-        ("launcher.slurm.mount=/a:b", "is not /host/path:/container/path"),
+        ("launcher.slurm.mount=/a:/b", "launcher.slurm.mount is set, but launcher.slurm.container_type is none"),
         ("launcher.slurm.container_type=docker", "container_type 'docker' is not supported"),
         ("launcher.slurm.container_type=apptainer", "inference_server_image is empty"),
         ("generate.dataset.path=/nonexistent/p.jsonl", "does not exist"),
@@ -95,6 +95,16 @@ def test_validation_errors(generate_yaml: Path, override: str, says: str | None)
         raise_problems(config)
     if says:
         assert says in info.value.message
+
+
+def test_a_bind_that_is_not_a_pair_of_paths_is_refused(generate_yaml: Path) -> None:
+    config = load_config(generate_yaml, ["launcher.slurm.container_type=apptainer", "launcher.slurm.mount=/a:b"])
+    with pytest.raises(ConfigError, match="is not /host/path:/container/path"):
+        raise_problems(config)
+
+
+def test_names_with_underscores_and_dashes_are_accepted_as_areal_writes_them(generate_yaml: Path) -> None:
+    raise_problems(load_config(generate_yaml, ["experiment_name=gsm8k_grpo", "trial_name=run-1_b.2"]))
 
 
 def test_missing_image_file(generate_yaml: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
+from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.sft import sft_row_limit
 from rlkit.errors import ConfigErrors
@@ -39,8 +40,9 @@ def sft_mapping(tmp_path: Path) -> dict[str, Any]:
 
 
 def problems_of(data: dict[str, Any], *overrides: str) -> list[str]:
-    problems = Problems()
-    validate_sft(config_from_mapping(data, list(overrides)), problems)
+    problems, config = Problems(), config_from_mapping(data, list(overrides))
+    check_ranges(config, problems)  # what rlkit.checks.experiment runs before every job type's checks
+    validate_sft(config, problems)
     return [str(e) for e in problems.errors]
 
 
@@ -137,11 +139,13 @@ def test_a_bad_first_row_is_named(sft_mapping: dict[str, Any], tmp_path: Path) -
 
 
 def test_the_checks_every_trainer_shares_run_for_sft(sft_mapping: dict[str, Any]) -> None:
-    """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.checks.trainer), all at once."""
+    """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.checks.trainer, the ranges of
+    rlkit.config.ranges), all at once."""
     found = problems_of(sft_mapping, "actor.optimizer.lr=0", "actor.optimizer.type=adamw", "saver.freq_steps=0",
                         "recover.keep_last=0", "stats_logger.wandb.mode=on")
     for says in ("actor.optimizer.lr must be positive", "actor.optimizer.type 'adamw' is not one of",
-                 "saver.freq_steps must be at least 1", "recover.keep_last >= 1", "stats_logger.wandb.mode"):
+                 "saver.freq_steps must be at least 1", "recover.keep_last must be at least 1",
+                 "stats_logger.wandb.mode"):
         assert sum(says in p for p in found) == 1, (says, found)
 
 

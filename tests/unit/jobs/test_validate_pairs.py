@@ -14,6 +14,7 @@ import pytest
 
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
+from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.pairs.checks import validate_critic, validate_dpo, validate_rw
 
@@ -31,8 +32,9 @@ def base(tmp_path: Path, fake_model: Path) -> dict[str, Any]:
 
 
 def problems_of(validator: Validator, mapping: dict[str, Any], *overrides: str) -> list[str]:
-    problems = Problems()
-    validator(config_from_mapping(mapping, list(overrides)), problems)
+    problems, config = Problems(), config_from_mapping(mapping, list(overrides))
+    check_ranges(config, problems)  # what rlkit.checks.experiment runs before every job type's checks
+    validator(config, problems)
     return [str(e) for e in problems.errors]
 
 
@@ -78,7 +80,7 @@ def test_chat_pairs_pass_with_a_chat_template_and_are_refused_without(base: dict
      "Hugging Face model directory"),
     (validate_critic, ["critic.eps_clip=-0.2"], "critic.eps_clip must be positive", "critic.eps_clip=0.5"),
     (validate_critic, ["critic.eps_clip=0"], "critic.eps_clip must be positive", "critic.eps_clip=0.5"),
-    (validate_critic, ["critic.optimizer.lr=0"], "critic.optimizer.lr must be positive", "critic.optimizer.lr=1e-5"),
+    (validate_critic, ["critic.optimizer.lr=0"], "critic.optimizer.lr must be positive", "critic.optimizer.lr=2e-05"),
     (validate_critic, ["critic.dtype=fp8"], "critic.dtype 'fp8'", "critic.dtype=bfloat16"),
     (validate_critic, ["critic.ppo_n_minibatches=3"], "does not split into critic.ppo_n_minibatches=3",
      "critic.ppo_n_minibatches"),

@@ -77,7 +77,7 @@ def _positions_model(tmp_path: Path) -> Path:
      "auxiliary_models[1].name 'judge' is also the name of auxiliary_models[0]"),
     (["auxiliary_models=[{name: my-judge, model_path: MODEL}]"], "auxiliary_models[0].name 'my-judge' is not an "
                                                                  "identifier"),
-    ([judge("MODEL", engine_num=0)], "auxiliary_models[0].engine_num is 0: at least one server is needed"),
+    ([judge("MODEL", engine_num=0)], "auxiliary_models[0].engine_num must be at least 1"),
     ([judge("MODEL", tensor_parallel_size=2)], "tensor_parallel_size 2 does not fit one server on a node of "
                                                "cluster.n_gpus_per_node=1"),
     ([judge("MODEL", backend="tgi")], "auxiliary_models[0].backend 'tgi' is not an inference engine rlkit runs"),

@@ -16,6 +16,7 @@ from rlkit.checks.evaluation import validate_evaluator
 from rlkit.cli.status import _last_eval
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
+from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.evaluation import EvaluatorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.rewards.runner import RewardOutcome
@@ -36,6 +37,7 @@ def _config(tmp_path: Path, *overrides: str, row: dict[str, Any] | None = None) 
 
 def _problems(config: ExperimentConfig) -> list[str]:
     problems = Problems()
+    check_ranges(config, problems)  # what rlkit.checks.experiment runs before every job type's checks
     validate_evaluator(config, problems)
     return [str(e) for e in problems.errors]
 
@@ -91,7 +93,7 @@ def test_a_valid_evaluator_config_has_no_problem(tmp_path: Path) -> None:
     (["evaluator.freq_steps=null"], None, "the evaluator never runs"),
     (["eval_gconfig.n_samples=0"], None, "eval_gconfig.n_samples must be at least 1"),
     (["evaluator.max_prompts=0"], None, "evaluator.max_prompts must be at least 1"),
-    (["eval_gconfig.temperature=-1"], None, "eval_gconfig.temperature must be >= 0"),
+    (["eval_gconfig.temperature=-1"], None, "eval_gconfig.temperature must be at least 0 or null"),
     (["reward.fn=math"], {"prompt": "Q: 1+2= A:"}, "answer column 'answer'"),
     ([], {"query": "Q: 1+2= A:", "answer": "3"}, "rows have no column 'prompt'"),  # {question, answer}: GSM8K's
     (["valid_dataset.path=/nonexistent/valid.jsonl"], None, "does not exist"),
@@ -119,6 +121,7 @@ def test_ppo_takes_grpos_evaluator_sections_and_checks() -> None:
                                   "allocation_mode": "vllm:d1+fsdp:d1"},
                                  ["evaluator.freq_steps=0", "eval_gconfig.n_samples=0"])
     problems = Problems()
+    check_ranges(config, problems)
     ppo.validate(config, None, problems)
     found = [str(e) for e in problems.errors]
     for expected in ("evaluator.freq_steps must be at least 1", "eval_gconfig.n_samples must be at least 1"):
