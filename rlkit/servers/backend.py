@@ -166,6 +166,11 @@ class ServerBackend(ABC):
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         """(field, message) for every refused entry of `<backend>.extra_args`."""
 
+    def lora_problems(self, config: ExperimentConfig) -> list[tuple[str, str]] | None:
+        """(message, fix) for every setting this backend's LoRA path cannot serve (actor.use_lora); None: it loads
+        no adapters at all. Asked at submit by rlkit.checks.lora, so a new backend says what it supports here."""
+        return None
+
     @abstractmethod
     def serving_dtype(self, config: ExperimentConfig) -> str:
         """The dtype the configured servers compute in ("float32", "bfloat16", "auto", ...): how close their log-probs

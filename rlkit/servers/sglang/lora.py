@@ -40,6 +40,11 @@ from rlkit.servers.http import ServerUnreachable, answer_json, call
 if TYPE_CHECKING:
     import httpx
 
+# What lora_flags sets (sglang.extra_args must not), and the target modules SGLang 0.5.23 takes (`--lora-target-modules`
+# choices, sglang.srt.utils.common.SUPPORTED_LORA_TARGET_MODULES, of dense models; all-linear goes as SGLang's `all`).
+LORA_OPTIONS = ("enable_lora", "max_lora_rank", "lora_target_modules")
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+                "all-linear")
 CPU_LORA_BACKEND = "torch_native"  # SGLang's only LoRA kernels that run without CUDA (lora/backend/torch_backend.py)
 
 

@@ -37,8 +37,10 @@ from rlkit.servers.http import ServerUnreachable, answer_json, call
 from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.command import (
     LORA_ENV,
+    LORA_OPTIONS,
     RELOAD_METHOD,
     TOKEN_ENV,
+    VLLM_LORA_RANKS,
     WORKER_EXTENSION,
     lora_flags,
     vllm_command,
@@ -75,6 +77,18 @@ class VllmBackend(ServerBackend):
 
     def extra_args_problems(self, extra: Mapping[str, object]) -> list[tuple[str, str]]:
         return extra_args_problems(self.name, extra)
+
+    def lora_problems(self, config: ExperimentConfig) -> list[tuple[str, str]]:
+        found = []
+        rank, largest = config.actor.lora_rank, VLLM_LORA_RANKS[-1]
+        if isinstance(rank, int) and rank > largest:
+            found.append((f"actor.lora_rank: {rank} is above the largest rank vLLM serves ({largest})",
+                          f"use a rank of at most {largest}"))
+        given = {str(k).replace("-", "_").lower() for k in config.vllm.extra_args}
+        for option in (o for o in LORA_OPTIONS if o in given):
+            found.append((f"vllm.extra_args.{option}: rlkit sets it itself when actor.use_lora",
+                          f"remove {option} from vllm.extra_args (--max-lora-rank follows actor.lora_rank)"))
+        return found
 
     def serving_dtype(self, config: ExperimentConfig) -> str:
         return config.vllm.dtype

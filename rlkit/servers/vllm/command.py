@@ -169,6 +169,7 @@ LORA_SLOTS = 2
 # vLLM 0.32 `LoRAConfig.max_lora_rank` takes only these values (vllm/config/lora.py, MaxLoRARanks); the servers are
 # started with the smallest one that holds actor.lora_rank.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LORA_OPTIONS = ("enable_lora", "max_lora_rank")  # what lora_flags sets: vllm.extra_args must not
 
 
 def server_lora_rank(lora_rank: int) -> int:

@@ -11,6 +11,7 @@ import pytest
 from rlkit.checks.lora import validate_lora
 from rlkit.checks.model_modules import tensor_names
 from rlkit.config.problems import Problems
+from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.vllm.command import server_lora_rank
 
@@ -27,6 +28,7 @@ def lora_config(**actor: object) -> ExperimentConfig:
 
 def messages(config: ExperimentConfig) -> list[str]:
     problems = Problems()
+    check_ranges(config, problems)  # what rlkit.checks.experiment runs first: lora_rank and lora_alpha's ranges
     validate_lora(config, problems)
     return [str(e) for e in problems.errors]
 
@@ -80,7 +82,7 @@ def test_rlkit_owned_server_options_are_refused_in_extra_args() -> None:
 
 def test_every_problem_is_collected_and_lora_off_checks_only_peft_type() -> None:
     assert len(messages(lora_config(lora_rank=0, lora_alpha=-1, target_modules=[], weight_update_mode="xccl"))) == 4
-    off = lora_config(use_lora=False, lora_rank=0, target_modules=[], peft_type="ia3")
+    off = lora_config(use_lora=False, lora_rank=16, target_modules=[], peft_type="ia3")
     assert [m.split(":")[0] for m in messages(off)] == ["actor.peft_type"]
 
 

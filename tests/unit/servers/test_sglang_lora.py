@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from rlkit.checks.lora import SGLANG_LORA_MODULES
 from rlkit.config.load import load_config
 from rlkit.errors import StepError
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sglang import lora
 from rlkit.servers.sglang.backend import BACKEND
+from rlkit.servers.sglang.lora import LORA_MODULES as SGLANG_LORA_MODULES
 from rlkit.trials.paths import TrialPaths
 from rlkit.weights.lora_disk import LoraDiskTransport
 from tests.unit.servers.test_lora_servers import adapter_tensors
