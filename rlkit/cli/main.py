@@ -147,8 +147,12 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
     rlkit has no field for listed in its header with what became of it. Checked as render checks."""
     from rlkit.config.areal.migrate import migrate as migrate_file
     from rlkit.jobs import REGISTRY
+    from rlkit.launch.submit import prepare
 
-    text, warnings = migrate_file(config, overrides or [], REGISTRY)
+    text, _ = migrate_file(config, overrides or [], REGISTRY)
+    # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
+    # refuse here what render would refuse, before the user keeps the file
+    warnings = prepare(config, overrides or [], dry_run=True).warnings
     sys.stdout.write(text)
     for warning in warnings:
         err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)

@@ -153,6 +153,11 @@ def test_migrate_on_the_command_line(site: dict[str, list[str]]) -> None:
     assert "\ndpo:\n  beta: 0.1\n" in done.stdout and "allocation_mode: fsdp:d8p1t1" in done.stdout
     refused = run_rlkit("migrate", str(EXAMPLES / "current/gsm8k_grpo.yaml"), *site["gsm8k"])
     assert refused.returncode == 2 and "set type=grpo or type=ppo" in refused.stderr
+    # render's checks run too: a layout render refuses (more GPUs than the nodes hold) is refused, nothing printed
+    crowded = run_rlkit("migrate", str(EXAMPLES / "current/hhrlhf_dpo.yaml"), *site["pairs"], "cluster.n_nodes=1",
+                        "cluster.n_gpus_per_node=4")
+    assert crowded.returncode == 2 and "Traceback" not in crowded.stderr, crowded.stderr
+    assert "n_nodes" in crowded.stderr and "dpo:" not in crowded.stdout, crowded.stderr
 
 
 def test_greedy_is_a_field_an_areal_grpo_example_takes_for_its_evaluation(site: dict[str, list[str]]) -> None:
