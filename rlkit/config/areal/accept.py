@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlkit.config.areal.keys import RENAMED_SECTIONS, TABLES
-from rlkit.config.areal.rules import DERIVED, USED, Rule, show
+from rlkit.config.areal.rules import DERIVED, RENAMED, USED, Rule, show
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.walk import field_names, section_type
@@ -64,9 +65,47 @@ class AcceptedKey:
 def split_areal_keys(data: dict[str, Any], origin: str, problems: Problems) -> tuple[dict[str, Any], list[FoundKey]]:
     """`data` without its AReaL-only keys, and those keys. A key under an AReaL-only section that AReaL does not
     have either, and an AReaL section rlkit names differently, go to `problems`."""
-    found: list[FoundKey] = []
+    data = dict(data)
+    found = _rename_sections(data, origin, problems)
     kept = _split(data, ExperimentConfig, "", origin, found, problems)
     return kept, found
+
+
+WHOLE_SECTION = "(the whole section)"  # the value a renamed section is listed with (its keys are judged as rlkit's)
+
+
+def _rename_sections(data: dict[str, Any], origin: str, problems: Problems) -> list[FoundKey]:
+    """Read each AReaL section rlkit names otherwise (AReaL-lite's `model:`, the trained model) as rlkit's section,
+    in place, its `${...}` references following it; both names given at once is an error naming both."""
+    found = []
+    for old, ours in RENAMED_SECTIONS.items():
+        if not isinstance(data.get(old), dict):
+            continue
+        if ours in data:
+            problems.add(f"'{old}' (AReaL's older name of '{ours}') and '{ours}' are both given ({origin})",
+                         hint=f"move the keys of '{old}:' into '{ours}:'")
+            continue
+        data[ours] = data.pop(old)
+        retargeted = _map_strings(data, _retarget(old, ours))
+        data.clear()
+        data.update(retargeted)
+        found.append(FoundKey(old, WHOLE_SECTION, Rule(RENAMED, f"as {ours}: AReaL's older name of the section",
+                                                       renamed_to=ours), origin))
+    return found
+
+
+def _retarget(old: str, ours: str) -> Callable[[str], str]:
+    """`${old.x}` -> `${ours.x}` (and `${old}` -> `${ours}`) in one string."""
+    pattern = re.compile(r"\$\{" + re.escape(old) + r"([.}])")
+    return lambda text: pattern.sub(lambda m: "${" + ours + m[1], text)
+
+
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _map_strings(v, change) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, change) for v in value]
+    return change(value) if isinstance(value, str) else value
 
 
 def _split(data: dict[str, Any], cls: type, prefix: str, origin: str, found: list[FoundKey],
@@ -83,9 +122,7 @@ def _split(data: dict[str, Any], cls: type, prefix: str, origin: str, found: lis
         elif isinstance(key, str) and key in table:
             _take(path, value, table[key], origin, found, problems)
         elif not prefix and key in RENAMED_SECTIONS:
-            ours = RENAMED_SECTIONS[key]
-            problems.add(f"'{key}' is AReaL's older name of the section rlkit calls '{ours}' ({origin})",
-                         hint=f"rename the section '{key}:' to '{ours}:'")
+            pass  # given beside rlkit's name of the section: reported by _rename_sections
         else:
             kept[key] = value  # unknown to AReaL too: the schema merge reports it, with did-you-mean
     return kept
@@ -97,7 +134,7 @@ def move_renamed(tree: dict[str, Any], found: list[FoundKey], problems: Problems
     different values is an error."""
     for item in found:
         ours = item.rule.renamed_to
-        if not ours:
+        if not ours or item.value == WHOLE_SECTION:  # a section: renamed in place before the split
             continue
         node: Any = tree
         *parents, leaf = ours.split(".")

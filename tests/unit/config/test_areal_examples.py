@@ -176,3 +176,23 @@ def test_greedy_is_a_field_an_areal_grpo_example_takes_for_its_evaluation(site: 
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert "gconfig.greedy is true, but job type grpo trains on groups" in bad.stderr
     assert "set gconfig.greedy=false, or use eval_gconfig.greedy for evaluation" in bad.stderr
+
+
+def test_an_older_model_section_is_read_as_the_actor(site: dict[str, list[str]], tmp_path: Path) -> None:
+    """AReaL-lite's SFT files call the trained model's section `model:` (and refer to `${model.path}`): read as
+    `actor:`, the same config as the current file, named once in the notice; both sections at once exit 2."""
+    current = (EXAMPLES / "current/gsm8k_sft.yaml").read_text()
+    assert "\nactor:\n" in current and "${actor.path}" in current
+    older = tmp_path / "lite_sft.yaml"
+    older.write_text(current.replace("\nactor:\n", "\nmodel:\n").replace("${actor.", "${model."))
+    want = prepare(EXAMPLES / "current/gsm8k_sft.yaml", site["gsm8k"], dry_run=True)
+    got = prepare(older, site["gsm8k"], dry_run=True)
+    from rlkit.config.load import to_yaml
+
+    assert to_yaml(got.config) == to_yaml(want.config)
+    assert [a.key for a in got.areal_keys if a.key == "model"] == ["model"]
+    both = tmp_path / "both.yaml"
+    both.write_text(older.read_text() + "\nactor:\n  dtype: bfloat16\n")
+    refused = run_rlkit("render", str(both), *site["gsm8k"])
+    assert refused.returncode == 2 and "'model' (AReaL's older name of 'actor') and 'actor' are both given" in \
+        refused.stderr, refused.stderr
