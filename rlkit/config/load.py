@@ -32,7 +32,7 @@ from rlkit.config.areal.accept import (
 from rlkit.config.areal.layout import apply_layout
 from rlkit.config.areal.rules import DERIVED
 from rlkit.config.job_facts import JobTypeLookup
-from rlkit.config.problems import Problems
+from rlkit.config.problems import Problems, interpolation_fix
 from rlkit.config.schema.auxiliary import check_entries
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.walk import schema_paths, section_type
@@ -70,8 +70,8 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
         return ConfigError(f"required field '{key}' is not set ({origin})",
                            hint=f"add it to the YAML or pass {key}=...")
     if isinstance(exc, InterpolationResolutionError):
-        return ConfigError(f"cannot resolve '{key}' ({origin}): {str(exc).splitlines()[0]}",
-                           hint="set the environment variable or give ${oc.env:VAR,default} a default")
+        detail = str(exc).splitlines()[0]
+        return ConfigError(f"cannot resolve '{key}' ({origin}): {detail}", hint=interpolation_fix(detail))
     return ConfigError(f"invalid configuration at '{key}' ({origin}): {str(exc).splitlines()[0]}")
 
 

@@ -6,6 +6,7 @@ error instead of stopping, so independent checks each get their say and dependen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -52,3 +53,19 @@ class Problems:
             raise errors[0]
         if errors:
             raise ConfigErrors(errors)
+
+
+_MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
+_MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+
+
+def interpolation_fix(detail: str) -> str:
+    """The fix for a `${...}` that did not resolve, by its cause: an unset environment variable, or a name that is
+    no key of the config."""
+    env = _MISSING_ENV.search(detail)
+    if env:
+        return f"export {env[1]} before running rlkit, or give it a default: ${{oc.env:{env[1]},<default>}}"
+    key = _MISSING_KEY.search(detail)
+    if key:
+        return f"'{key[1]}' is no key of this config: set it, or write the value in place of the ${{{key[1]}}}"
+    return "check the ${...} reference: a key of the config, or ${oc.env:VAR} for an environment variable"

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlkit.config.areal.keys import RENAMED_SECTIONS, TABLES
 from rlkit.config.areal.rules import DERIVED, RENAMED, USED, Rule, show
-from rlkit.config.problems import Problems
+from rlkit.config.problems import Problems, interpolation_fix
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.walk import field_names, section_type
 from rlkit.errors import ConfigError
@@ -227,8 +227,8 @@ def resolved_values(found: list[FoundKey], cfg: DictConfig, problems: Problems) 
             if isinstance(value, (DictConfig, ListConfig)):
                 value = OmegaConf.to_container(value, resolve=True)
         except OmegaConfBaseException as exc:
-            problems.add(f"cannot resolve '{item.key}' ({item.origin}): {str(exc).splitlines()[0]}",
-                         hint="make the ${...} name a key of the config")
+            detail = str(exc).splitlines()[0]
+            problems.add(f"cannot resolve '{item.key}' ({item.origin}): {detail}", hint=interpolation_fix(detail))
             continue
         values[item.key] = value
     return values

@@ -40,7 +40,10 @@ def test_resolved_yaml_round_trips(generate_yaml: Path, tmp_path: Path) -> None:
         ("launcher.slurm.partiton=x", "unknown key 'launcher.slurm.partiton'", "launcher.slurm.partition"),
         ("cluster.n_nodes=many", "wrong type for 'cluster.n_nodes'", None),
         ("launcher.slurm=3", "launcher.slurm", None),
-        ("trial_name=${oc.env:RLKIT_SURELY_UNSET_VAR}", "cannot resolve 'trial_name'", "environment variable"),
+        ("trial_name=${oc.env:RLKIT_SURELY_UNSET_VAR}", "cannot resolve 'trial_name'",
+         "export RLKIT_SURELY_UNSET_VAR before running rlkit"),
+        ("trial_name=${cluster.no_such_key}", "cannot resolve 'trial_name'",
+         "'cluster.no_such_key' is no key of this config: set it, or write the value in place"),
         ("notakeyvalue", "is not of the form key.path=value", "cluster.n_nodes=4"),
     ],
 )
