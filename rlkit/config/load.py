@@ -30,6 +30,7 @@ from rlkit.config.areal.accept import (
     split_areal_keys,
 )
 from rlkit.config.areal.layout import apply_layout
+from rlkit.config.areal.older_norm import SWITCHES_BECOME_SECTIONS, translate_older_norm
 from rlkit.config.areal.rules import DERIVED
 from rlkit.config.job_facts import JobTypeLookup
 from rlkit.config.problems import Problems, interpolation_fix
@@ -140,6 +141,8 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
             continue
         if isinstance(value, str) and _WHOLE_REFERENCE.fullmatch(value.strip()):
             continue  # `optimizer: ${actor.optimizer}` (AReaL's critic): the section it names, once resolved
+        if isinstance(value, bool) and f"{prefix}{f.name}" in SWITCHES_BECOME_SECTIONS:
+            continue  # AReaL's older `adv_norm: true`: rlkit.config.areal.older_norm turns it into the section
         if not isinstance(value, dict):
             example = dataclasses.fields(section)[0].name
             raise ConfigError(f"'{prefix}{f.name}' is a section, not a value ({origin})",
@@ -224,8 +227,11 @@ def areal_to_rlkit(data: dict[str, Any], override_tree: dict[str, Any], *, sourc
     allocation_mode, references to taken-out keys inlined, `type` settled by the job types `require_type` when
     given. `rlkit migrate` prints the result; `compose` merges it."""
     raw = _deep_merge(data, override_tree)  # what the user wrote, for ${...} in the layout fields
+    data, override_tree = copy.deepcopy(data), copy.deepcopy(override_tree)
+    older, in_overrides = translate_older_norm(data, override_tree, f"in {source}", problems)
     data, found = split_areal_keys(data, f"in {source}", problems)
     override_tree, found_in_overrides = split_areal_keys(override_tree, "in a command-line override", problems)
+    (found_in_overrides if in_overrides else found).extend(older)
     move_renamed(data, found, problems)
     move_renamed(override_tree, found_in_overrides, problems)
     found = merge_found(found, found_in_overrides)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,37 @@ def test_an_older_model_section_is_read_as_the_actor(site: dict[str, list[str]],
     refused = run_rlkit("render", str(both), *site["gsm8k"])
     assert refused.returncode == 2 and "'model' (AReaL's older name of 'actor') and 'actor' are both given" in \
         refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize(("older", "adv", "reward"), [
+    # AReaL <= v0.3: adv_norm defaulted on, so group_adv_norm false meant batch-level normalisation
+    ({"group_adv_norm": False}, ("batch", False, 1e-5), None),
+    ({"group_adv_norm": True}, ("group", False, 1e-5), None),
+    ({"adv_norm": False, "group_adv_norm": True}, None, None),
+    ({"adv_norm": True, "group_reward_norm": True}, ("batch", False, 1e-5), ("group", True, 1e-9)),
+    ({"group_reward_norm": False}, "unchanged", None),
+])
+def test_areals_older_norm_switches_keep_their_meaning(site: dict[str, list[str]], tmp_path: Path,
+                                                       older: dict[str, bool], adv: Any, reward: Any) -> None:
+    import yaml
+
+    data = yaml.safe_load((EXAMPLES / "current/gsm8k_grpo_cpu.yaml").read_text())
+    for name in ("adv_norm", "reward_norm"):
+        data["actor"].pop(name)
+    data["actor"].update(older)
+    path = tmp_path / "older.yaml"
+    path.write_text(yaml.safe_dump(data))
+    got = prepare(path, [*site["gsm8k"], "type=grpo"], dry_run=True)
+    for norm, want in ((got.config.actor.adv_norm, adv), (got.config.actor.reward_norm, reward)):
+        if want == "unchanged":
+            assert norm is None  # rlkit's default: off
+        elif want is None:
+            assert norm is None
+        else:
+            assert (norm.mean_level, norm.std_level, norm.std_unbiased, norm.eps) == (want[0], want[0], *want[1:])
+    named = {a.key for a in got.areal_keys}
+    assert {f"actor.{k}" for k in older if k != "adv_norm" or len(older) == 1} <= named, named
+    # the same switch as an override wins over the file's
+    flipped = prepare(path, [*site["gsm8k"], "type=grpo", "actor.group_adv_norm=true"], dry_run=True)
+    if older.get("adv_norm", True):
+        assert flipped.config.actor.adv_norm is not None and flipped.config.actor.adv_norm.mean_level == "group"
