@@ -128,8 +128,10 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
 _WHOLE_REFERENCE = re.compile(r"\$\{[A-Za-z_][\w.]*\}")
 
 
-def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
-    """A schema section must receive a mapping (OmegaConf's own error would not name the field)."""
+def _check_sections(data: Any, cls: type, prefix: str, origin: str, problems: Problems) -> None:
+    """A schema section must receive a mapping (OmegaConf's own error would not name the field). A value given for
+    a section goes to `problems` and is dropped from `data`, so that the rest of the file is still judged: every
+    problem in one list."""
     if not isinstance(data, dict):
         return
     for f in dataclasses.fields(cls):
@@ -145,9 +147,11 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str) -> None:
             continue  # AReaL's older `adv_norm: true`: rlkit.config.areal.older_norm turns it into the section
         if not isinstance(value, dict):
             example = dataclasses.fields(section)[0].name
-            raise ConfigError(f"'{prefix}{f.name}' is a section, not a value ({origin})",
-                              hint=f"set its fields, e.g. {prefix}{f.name}.{example}=...")
-        _check_sections(value, section, f"{prefix}{f.name}.", origin)
+            problems.add(f"'{prefix}{f.name}' is a section, not a value ({origin})",
+                         hint=f"set its fields, e.g. {prefix}{f.name}.{example}=...")
+            del data[f.name]
+            continue
+        _check_sections(value, section, f"{prefix}{f.name}.", origin, problems)
 
 
 def _drop(data: dict[str, Any], full_key: str) -> bool:
@@ -261,12 +265,11 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
     override_tree: dict[str, Any] = {}
     with problems.check():
         override_tree = cast(dict[str, Any], OmegaConf.to_container(parse_overrides(overrides)))
-    with problems.check():
-        _check_sections(data, ExperimentConfig, "", f"in {source}")
-    with problems.check():
-        _check_sections(override_tree, ExperimentConfig, "", "in a command-line override")
     if not problems.ok():
-        return None  # a section given as a value, or an unreadable override: nothing sensible to merge
+        return None  # an unreadable override: nothing sensible to merge
+    data = copy.deepcopy(data)  # the caller's mapping stays as it was
+    _check_sections(data, ExperimentConfig, "", f"in {source}", problems)
+    _check_sections(override_tree, ExperimentConfig, "", "in a command-line override", problems)
     data, override_tree, found = areal_to_rlkit(data, override_tree, source=source, problems=problems,
                                                 accepted=accepted, require_type=job_types if require_type else None)
     check_entries(data, f"in {source}", problems)  # a list of sections: checked before OmegaConf sees it

@@ -425,3 +425,17 @@ def test_group_size_left_out_is_the_number_of_samples(model: Path) -> None:
     assert config is not None and config.actor.group_size == 2
     _, _, config = _compose(_grpo(model, actor={"group_size": 3}))
     assert config is not None and config.actor.group_size == 3, "a given value is kept (validation judges it)"
+
+
+def test_a_value_given_for_a_section_hides_no_other_problem(model: Path) -> None:
+    """`ref: null` (a section rlkit always has) used to stop the check there: the problems behind it came one edit
+    later. Now each is listed with it."""
+    data = _grpo(model, ref=None, launcher={"slurm": "fast"})
+    data["gconfig"]["use_beam_search"] = True
+    data["cluster"]["n_node"] = 2
+    problems, _, _ = _compose(data, ["stats_logger=off"])
+    text = "\n".join(str(e) for e in problems.errors)
+    for says in ("'ref' is a section, not a value", "'launcher.slurm' is a section, not a value",
+                 "'stats_logger' is a section, not a value (in a command-line override)",
+                 "gconfig.use_beam_search: true", "unknown key 'cluster.n_node'"):
+        assert text.count(says) == 1, (says, text)
