@@ -75,6 +75,12 @@ def stop_group(process: subprocess.Popen[bytes], *, grace: float = 30.0) -> None
         process.wait(timeout=30)
 
 
+# As the CPU demo configs start their servers (configs/grpo-cpu-demo.yaml says why): the model worker inside the engine
+# process, that process forked from the API server (kept by rlkit's vLLM plugin), one torch thread.
+CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "fork",
+                  "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+
 @contextlib.contextmanager
 def running_vllm(
     model_dir: str | Path,
@@ -93,9 +99,9 @@ def running_vllm(
 
     The server gets `--max-model-len 256 --dtype <dtype>`, `--enforce-eager` unless `eager` is false (no
     torch.compile warm-up: about half the start time; bench/bench_vllm_start.py), the token guard middleware and
-    rlkit's worker extension (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`, `VLLM_CPU_KVCACHE_SPACE=1` and
-    the token in its environment (never on argv); stdout and stderr go to `log_path`. `guard=False` leaves the
-    TokenGuard middleware out: an open server, to show that rlkit's guard check refuses it.
+    rlkit's worker extension (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`, `VLLM_CPU_KVCACHE_SPACE=1`,
+    CPU_SERVER_ENV and the token in its environment (never on argv); stdout and stderr go to `log_path`.
+    `guard=False` leaves the TokenGuard middleware out: an open server, to show that rlkit's guard check refuses it.
     """
     log = Path(log_path)
     cmd = vllm_command(
@@ -115,6 +121,7 @@ def running_vllm(
     env.pop("VLLM_API_KEY", None)
     env.update(vllm_env(token))
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.update(CPU_SERVER_ENV)
     env.update(extra_env or {})
     url = f"http://{HOST}:{port}"
     with log.open("ab") as log_file:

@@ -28,7 +28,8 @@ EXAMPLE = REPO / "tests" / "data" / "areal" / "current" / "gsm8k_grpo_cpu.yaml"
 TRAIN_ROWS, BATCH = 16, 16  # the example's train_dataset.batch_size: one step per epoch, one epoch
 SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=2",
         "launcher.inference_server_env_vars=VLLM_CPU_KVCACHE_SPACE=1,VLLM_CPU_OMP_THREADS_BIND=nobind,"
-        "VLLM_ENABLE_V1_MULTIPROCESSING=0,OMP_NUM_THREADS=1", "launcher.trainer_env_vars=OMP_NUM_THREADS=1"]
+        "VLLM_ENABLE_V1_MULTIPROCESSING=0,VLLM_WORKER_MULTIPROC_METHOD=fork,OMP_NUM_THREADS=1",
+        "launcher.trainer_env_vars=OMP_NUM_THREADS=1"]
 
 
 def _gsm8k_rows(path: Path, first: int, n: int) -> Path:

@@ -39,6 +39,14 @@ def site_standins(tmp_path: Path) -> list[str]:
             f"cluster.fileroot={tmp_path}/root", *images]
 
 
+def _for(config: Path, standins: list[str]) -> list[str]:
+    """The stand-ins a config takes: no images for a CPU example (container_type none refuses them as ignored)."""
+    if example_configs(config)[0].launcher.slurm.container_type == "apptainer":
+        return standins
+    return [o for o in standins if not o.startswith(("launcher.slurm.trainer_image=",
+                                                     "launcher.slurm.inference_server_image="))]
+
+
 def test_there_are_gpu_and_cpu_examples() -> None:
     kinds = {c.launcher.slurm.container_type for path in EXAMPLES for c in example_configs(path)}
     assert kinds == {"apptainer", "none"}
@@ -59,8 +67,10 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
                              index=0).argv
         on_cpu = config.launcher.slurm.container_type == "none"
         assert ("--enforce-eager" in argv, "--no-enforce-eager" in argv) == (on_cpu, not on_cpu), path.name
-        one_process = "VLLM_ENABLE_V1_MULTIPROCESSING=0" in config.launcher.inference_server_env_vars.split(",")
-        assert one_process == on_cpu, path.name
+        env = config.launcher.inference_server_env_vars.split(",")
+        one_process = "VLLM_ENABLE_V1_MULTIPROCESSING=0" in env
+        forked = "VLLM_WORKER_MULTIPROC_METHOD=fork" in env  # the engine process forked, not spawned (plugin.py)
+        assert one_process == forked == on_cpu, path.name
 
 
 @pytest.mark.slurm
@@ -68,7 +78,7 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
 def test_controller_accepts_rendered_script(config: Path, site_standins: list[str], rlkit_home: Path) -> None:
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
     held_out = _held_out(config, data)  # sft/rw/dpo demos
-    result = run_rlkit("render", str(config), *site_standins, *held_out, "--test-only")
+    result = run_rlkit("render", str(config), *_for(config, site_standins), *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
     if example_configs(config)[0].launcher.slurm.container_type == "apptainer":
@@ -89,8 +99,8 @@ def test_controller_verdict_is_real(site_standins: list[str], rlkit_home: Path) 
 def test_controller_accepts_a_trainer_only_job(site_standins: list[str], rlkit_home: Path) -> None:
     """A job of one component (sft: fsdp:d2, no servers) is a plain, not heterogeneous, job the controller takes."""
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
-    result = run_rlkit("render", str(CONFIGS / "sft-cpu-demo.yaml"), *site_standins, f"valid_dataset.path={data}",
-                       "--test-only")
+    demo = CONFIGS / "sft-cpu-demo.yaml"
+    result = run_rlkit("render", str(demo), *_for(demo, site_standins), f"valid_dataset.path={data}", "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr and "using 2 processors" in result.stderr
     assert "#SBATCH hetjob" not in result.stdout and "--het-group" not in result.stdout
@@ -102,7 +112,8 @@ def test_controller_accepts_a_three_component_job(site_standins: list[str], rlki
     """Two server groups and a trainer (the CPU GRPO demo with one policy server and an auxiliary judge): three
     heterogeneous components the controller takes, and the node check of step 0 runs on all three."""
     model = next(o for o in site_standins if o.startswith("actor.path=")).partition("=")[2]
-    result = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), *site_standins, "allocation_mode=vllm:d1+fsdp:d2",
+    demo = CONFIGS / "grpo-cpu-demo.yaml"
+    result = run_rlkit("render", str(demo), *_for(demo, site_standins), "allocation_mode=vllm:d1+fsdp:d2",
                        f"auxiliary_models=[{{name: judge, model_path: {model}}}]", "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict

