@@ -1,9 +1,11 @@
 """Trainer rank 0's end of a vLLM server's weight-broadcast group (`VllmBackend.open_weight_link`).
 
 gloo (CPU): a TCPStore on the trainer's node, `PrefixStore(group_name)` and a `ProcessGroupGloo` of rank 0, as
-rlkit's gloo engine in the workers builds its end (rlkit.servers.vllm.gloo_engine); every operation has the group's
-timeout. NCCL (GPUs): vLLM's own trainer helper (`nccl_common.trainer_init`), as vLLM's NCCL engine expects; not run
-here (no GPU), and NCCL collectives have no timeout of their own: a dead server is seen by its HTTP call failing.
+rlkit's gloo engine in the workers builds its end (rlkit.servers.vllm.gloo_engine). NCCL (GPUs): vLLM's own trainer
+helper (`nccl_common.trainer_init`), as vLLM's NCCL engine expects, its broadcasts on a stream of their own; not run
+here (no GPU). NCCL collectives have no timeout of their own, so every wait of both (the join, each broadcast) goes
+through the same deadline code (rlkit.servers.deadline: a completion test polled against the group's timeout, the
+communicator aborted on expiry), which the CPU tests exercise over gloo.
 
 How a bucket travels is the wire format of rlkit.servers.vllm.wire: packed into flat byte chunks on NCCL (vLLM's
 default), tensor by tensor on gloo, every broadcast issued at once and then waited for.
@@ -16,6 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rlkit.servers.backend import WeightGroup
+from rlkit.servers.deadline import call_with_deadline, wait_until
 from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
 
 if TYPE_CHECKING:
@@ -28,6 +31,7 @@ class _Gloo:
     def __init__(self, group: WeightGroup) -> None:
         import torch.distributed as dist
 
+        self.timeout_s, self.what = group.timeout_s, f"broadcast group {group.group_name}"
         self.timeout = timedelta(seconds=group.timeout_s)
         self.store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=True,
                                    timeout=self.timeout, wait_for_workers=False)
@@ -38,8 +42,8 @@ class _Gloo:
         return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
 
     def wait(self, handle: Any) -> None:
-        if not handle.wait(self.timeout):
-            raise TimeoutError(f"broadcast not done after {self.timeout.total_seconds():g} s")
+        wait_until(handle.is_completed, self.timeout_s, f"a broadcast of {self.what}", on_expiry=self.close)
+        handle.wait()  # done: raises the collective's own error, if it failed
 
     def close(self) -> None:
         try:
@@ -50,23 +54,31 @@ class _Gloo:
 
 class _Nccl:
     def __init__(self, group: WeightGroup) -> None:
+        import torch
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-        self.comm = trainer_init({"master_address": group.master_address, "master_port": group.master_port,
-                                  "world_size": group.world_size}, rank=0)
+        self.timeout_s, self.what = group.timeout_s, f"NCCL broadcast group {group.group_name}"
+        rendezvous = {"master_address": group.master_address, "master_port": group.master_port,
+                      "world_size": group.world_size}
+        self.comm = call_with_deadline(lambda: trainer_init(rendezvous, rank=0), group.timeout_s,
+                                       f"joining {self.what} at {group.master_address}:{group.master_port}")
+        self.stream = torch.cuda.Stream()  # the broadcasts' own: polled by events, never a device-wide sync
 
     def start(self, tensor: torch.Tensor) -> Any:
         import torch
 
-        stream = torch.cuda.current_stream()
-        self.comm.broadcast(tensor, src=0, stream=stream)  # enqueued on the stream
-        return stream
+        self.stream.wait_stream(torch.cuda.current_stream())  # the bucket's tensors are written first
+        self.comm.broadcast(tensor, src=0, stream=self.stream)
+        tensor.record_stream(self.stream)
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        return done
 
     def wait(self, handle: Any) -> None:
-        handle.synchronize()
+        wait_until(handle.query, self.timeout_s, f"a broadcast of {self.what}", on_expiry=self.close)
 
     def close(self) -> None:
-        self.comm.destroy()
+        self.comm.destroy()  # ncclCommAbort (in a thread of its own, bounded): frees the peers' waits too
 
 
 class VllmWeightLink:
