@@ -19,7 +19,7 @@ from rlkit.agent.episode import Episode
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
 from rlkit.data.row_formats import rl_prompt
-from rlkit.errors import StepError
+from rlkit.errors import FatalStepError, StepError
 from rlkit.rewards.runner import RewardRunner
 from rlkit.servers.backend import Completion, SamplingParams
 from rlkit.types import Sample
@@ -153,10 +153,11 @@ class EpisodeGroups:
             print(f"rlkit train: {len(prompts) - len(kept)} of {len(prompts)} {dataset} prompts leave no room for a "
                   f"turn within {limit} tokens once the chat template and the tools' text are added; they are left "
                   f"out (raise rollout.agent.engine_max_tokens, or shorten {dataset}.max_length)", flush=True)
-        if not kept:
-            raise StepError(f"no {dataset} prompt leaves room for a turn within {limit} tokens "
-                            "(rollout.agent.engine_max_tokens or the servers' context) once the chat template and the "
-                            "tools' text are added")
+        if not kept:  # the config's limits, not a transient fault: restarting the step cannot fix it
+            raise FatalStepError(f"no {dataset} prompt leaves room for a turn within {limit} tokens "
+                                 "(rollout.agent.engine_max_tokens or the servers' context) once the chat template and "
+                                 "the tools' text are added; fix: raise vllm.max_model_len (or sglang.context_length) "
+                                 "or rollout.agent.engine_max_tokens, or shorten the prompts")
         return kept
 
     async def sample(self, pool: ServerPool, prompt: Prompt, version: int, seq: int,

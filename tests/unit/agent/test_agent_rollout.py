@@ -17,7 +17,7 @@ from rlkit.agent.tools import ToolRegistry, make_tool
 from rlkit.agent.trajectory import INSERTED_VERSION, TrajectoryLimits
 from rlkit.agent.workflows import resolve_workflow, tool_use
 from rlkit.config.load import load_config
-from rlkit.errors import ConfigError, StepError
+from rlkit.errors import NO_RETRY_EXIT, ConfigError, StepError
 from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
@@ -254,8 +254,9 @@ def test_prompts_that_leave_no_room_for_a_turn_are_left_out(tok: Any) -> None:
     groups = EpisodeGroups(tool_use, services, n_samples=2, seed=1, tool_schemas=[])
     short, long = Prompt(0, {}, "hi", [1]), Prompt(1, {}, "word " * 400, [1])
     assert groups.fitting([short, long]) == [short]
-    with pytest.raises(StepError, match="no train_dataset prompt leaves room"):
+    with pytest.raises(StepError, match="no train_dataset prompt leaves room") as info:
         groups.fitting([long])
+    assert info.value.exit_code == NO_RETRY_EXIT  # a config problem: the step is not retried in vain
 
 
 def test_agent_runs_refuse_a_second_python_tool(grpo_yaml: Path, tmp_path: Path) -> None:
