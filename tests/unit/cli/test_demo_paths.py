@@ -1,13 +1,15 @@
-"""The demo (`bash scripts/demo.sh` -> `python -m rlkit.cli.demo`) finds the checkout's config wherever its module
-sits in the package (a move of the module one folder deeper once sent it to rlkit/configs/)."""
+"""The demos (`bash scripts/demo.sh [NAME]` -> `python -m rlkit.cli.demo`) find the checkout's configs wherever the
+module sits in the package (a move of the module one folder deeper once sent it to rlkit/configs/)."""
 
 from __future__ import annotations
 
 from rlkit.cli import demo
+from rlkit.cli.demos import DEMOS
 from tests.conftest import REPO
 
 
-def test_the_demo_submits_the_checkouts_demo_config() -> None:
+def test_every_demo_submits_a_config_of_the_checkout() -> None:
     assert demo.REPO == REPO
-    assert demo.DEMO_CONFIG == REPO / "configs" / "grpo-cpu-demo.yaml"
-    assert demo.DEMO_CONFIG.is_file()
+    assert DEMOS["grpo"].config == "grpo-cpu-demo.yaml"  # the README's demo
+    for entry in DEMOS.values():
+        assert (demo.REPO / "configs" / entry.config).is_file(), entry.name
