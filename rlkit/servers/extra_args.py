@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 from rlkit.servers.vllm.flags import VLLM_FLAGS, VLLM_FLAGS_VERSION
@@ -102,6 +102,20 @@ SGLANG_FIELD_OPTIONS: dict[str, str] = {
     name: f"sglang.{name}"
     for name in ("random_seed", "dtype", "context_length", "mem_fraction_static", "disable_radix_cache")
 }
+
+
+def option_names(extra_args: Iterable[object]) -> set[str]:
+    """The option names of `<backend>.extra_args` as the servers read them (dashes or underscores, any case)."""
+    return {str(k).replace("-", "_").lower() for k in extra_args}
+
+
+def owned_option_problems(backend: str, extra_args: Iterable[object], owned: tuple[str, ...],
+                          fix: str) -> list[tuple[str, str]]:
+    """(message, fix) for each option in `owned` (options rlkit sets itself when a feature is on) that
+    `<backend>.extra_args` also gives, in `owned`'s order."""
+    given = option_names(extra_args)
+    return [(f"{backend}.extra_args.{option}: rlkit sets it itself when actor.use_lora",
+             f"remove {option} from {backend}.extra_args ({fix})") for option in owned if option in given]
 
 
 def extra_args_problems(backend: str, extra_args: Mapping[str, object]) -> list[Problem]:

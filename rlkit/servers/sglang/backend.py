@@ -40,7 +40,7 @@ from rlkit.servers.backend import (
     WeightGroup,
     WeightLink,
 )
-from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems
+from rlkit.servers.extra_args import SGLANG_FIELD_OPTIONS, extra_args_problems, owned_option_problems
 from rlkit.servers.http import answer_json, call
 from rlkit.servers.sglang import lora
 from rlkit.servers.sglang.command import sglang_command, write_key_file
@@ -80,21 +80,15 @@ class SglangBackend(ServerBackend):
         return extra_args_problems("sglang", extra)
 
     def lora_problems(self, config: ExperimentConfig) -> list[tuple[str, str]]:
-        from rlkit.servers.sglang.lora import LORA_MODULES, LORA_OPTIONS
-
         found = []
         modules = [m for m in config.actor.target_modules or [] if isinstance(m, str)]
-        unknown = [m for m in modules if m not in LORA_MODULES]
+        unknown = [m for m in modules if m not in lora.LORA_MODULES]
         if unknown:
             found.append((f"actor.target_modules: {unknown!r} are not modules SGLang 0.5.23 serves adapters on (its "
-                          "--lora-target-modules choices)", f"use some of: {', '.join(LORA_MODULES)}; or serve with "
-                                                            "vLLM"))
-        given = {str(k).replace("-", "_").lower() for k in config.sglang.extra_args}
-        for option in (o for o in LORA_OPTIONS if o in given):
-            found.append((f"sglang.extra_args.{option}: rlkit sets it itself when actor.use_lora",
-                          f"remove {option} from sglang.extra_args (rlkit derives it from actor.lora_rank and "
-                          "actor.target_modules)"))
-        return found
+                          "--lora-target-modules choices)",
+                          f"use some of: {', '.join(lora.LORA_MODULES)}; or serve with vLLM"))
+        return found + owned_option_problems(self.name, config.sglang.extra_args, lora.LORA_OPTIONS,
+                                             "rlkit derives it from actor.lora_rank and actor.target_modules")
 
     def serving_dtype(self, config: ExperimentConfig) -> str:
         return config.sglang.dtype

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
+from rlkit.servers.extra_args import option_names
 from rlkit.servers.http import ServerUnreachable, answer_json, call
 
 if TYPE_CHECKING:
@@ -53,8 +54,7 @@ def lora_flags(lora_rank: int, target_modules: Sequence[str], extra: Mapping[str
     `--lora-backend torch_native` on a machine without CUDA unless `sglang.extra_args` (`extra`) names a backend."""
     modules = ["all"] if list(target_modules) == ["all-linear"] else list(target_modules)
     args = ["--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", *modules]
-    given = {str(k).replace("-", "_").lower() for k in extra}
-    if "lora_backend" not in given and not _has_cuda():
+    if "lora_backend" not in option_names(extra) and not _has_cuda():
         args += ["--lora-backend", CPU_LORA_BACKEND]
     return args
 

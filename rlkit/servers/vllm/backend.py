@@ -32,7 +32,7 @@ from rlkit.servers.backend import (
     WeightLink,
 )
 from rlkit.servers.cuda_probe import cuda_available
-from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems
+from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems, owned_option_problems
 from rlkit.servers.http import ServerUnreachable, answer_json, call
 from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.command import (
@@ -84,11 +84,8 @@ class VllmBackend(ServerBackend):
         if isinstance(rank, int) and rank > largest:
             found.append((f"actor.lora_rank: {rank} is above the largest rank vLLM serves ({largest})",
                           f"use a rank of at most {largest}"))
-        given = {str(k).replace("-", "_").lower() for k in config.vllm.extra_args}
-        for option in (o for o in LORA_OPTIONS if o in given):
-            found.append((f"vllm.extra_args.{option}: rlkit sets it itself when actor.use_lora",
-                          f"remove {option} from vllm.extra_args (--max-lora-rank follows actor.lora_rank)"))
-        return found
+        return found + owned_option_problems(self.name, config.vllm.extra_args, LORA_OPTIONS,
+                                             "--max-lora-rank follows actor.lora_rank")
 
     def serving_dtype(self, config: ExperimentConfig) -> str:
         return config.vllm.dtype
