@@ -30,10 +30,11 @@ def _row(name: str) -> dict[str, object] | None:
     return next((r for r in rows if r["name"] == name), None)
 
 
-def wait_for(name: str, timeout: float, *, every: float = 10.0) -> str:
-    """Poll `rlkit status --json` until the trial's job has ended; print progress lines meanwhile."""
+def wait_for(name: str, timeout: float, *, every: float = 10.0) -> tuple[str, dict[str, object] | None]:
+    """Poll `rlkit status --json` until the trial's job has ended; print progress lines meanwhile. Its last state and
+    status row (None: never listed)."""
     deadline = time.monotonic() + timeout
-    state, last = "PENDING", ""
+    state, last, row = "PENDING", "", None
     while time.monotonic() < deadline:
         row = _row(name)
         if row is not None:
@@ -43,15 +44,19 @@ def wait_for(name: str, timeout: float, *, every: float = 10.0) -> str:
                 print(line, flush=True)
                 last = line
             if state not in ACTIVE:
-                return state
+                break
         time.sleep(every)
-    return state
+    return state, row
 
 
-def _experiment(config: Path) -> str:
-    import yaml
+def _trials(config: Path, trial: str) -> list[str]:
+    """The submitted config's trials: a staged run's stage trials in order (its own record), else the one trial."""
+    from rlkit.config.load import read_yaml
+    from rlkit.trials.stage_runs import find_run
 
-    return str(yaml.safe_load(config.read_text())["experiment_name"])
+    experiment = str(read_yaml(config)["experiment_name"])
+    run = find_run(f"{experiment}/{trial}")
+    return [f"{experiment}/{stage.trial}" for stage in run.stages] if run else [f"{experiment}/{trial}"]
 
 
 def _figures(demo: Demo, trial_dir: Path) -> str:
@@ -75,14 +80,11 @@ def run(demo: Demo) -> int:
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:
         return submitted.returncode
-    experiment = _experiment(config)
-    trials = [f"{trial}_{stage}" for stage in demo.stages] or [trial]
-    for name in (f"{experiment}/{t}" for t in trials):
-        state = wait_for(name, 3600)
+    for name in _trials(config, trial):
+        state, row = wait_for(name, 3600)
         print(f"$ rlkit status {name}", flush=True)
         shown = rlkit("status", name)
         print(shown.stdout + shown.stderr, end="")
-        row = _row(name)
         trial_dir = Path(str(row["trial_dir"])) if row is not None else None
         if state != "COMPLETED" or trial_dir is None:
             print(f"demo {demo.name}: {name} ended in state {state}; see `rlkit status {name}` and `rlkit logs {name}`")

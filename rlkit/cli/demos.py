@@ -51,7 +51,8 @@ def _by_stage(metrics: Metrics) -> str:
     return _reward(metrics) if "reward/mean" in metrics[0] else _sft(metrics)
 
 
-def _generate(trial_dir: Path) -> str:
+def generate_report(trial_dir: Path) -> str:
+    """A generate run's figures: how many prompts it completed, and the first completion."""
     completions = trial_dir / "completions.jsonl"
     rows = completions.read_text().splitlines() if completions.is_file() else []
     first = json.loads(rows[0]) if rows else {}
@@ -110,7 +111,6 @@ class Demo:
     summary: str
     needs: tuple[str, ...]  # keys of PREPARE
     report: Callable[[Metrics], str] | None  # the figures of a training run, from its metrics.jsonl
-    stages: tuple[str, ...] = ()  # a staged run: its stages' names, in order (trials <run>_<stage>)
 
 
 DEMOS: dict[str, Demo] = {d.name: d for d in (
@@ -125,7 +125,7 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("rw", "rw-cpu-demo.yaml", "a reward model trained on preference pairs", ("tiny-model", "pairs"), _pairs),
     Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),
     Demo("stages", "sft-grpo-cpu-demo.yaml", "two stages: SFT, then GRPO from its model",
-         ("tiny-model", "sft", "digits"), _by_stage, stages=("sft", "grpo")),
+         ("tiny-model", "sft", "digits"), _by_stage),
     Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
          ("tiny-model", "prompts"), None),
 )}
@@ -136,6 +136,3 @@ def prepare(demo: Demo, directory: Path) -> None:
     for need in demo.needs:
         PREPARE[need](directory)
 
-
-def generate_report(trial_dir: Path) -> str:
-    return _generate(trial_dir)

@@ -35,7 +35,7 @@ def wait_until(done: Callable[[], bool], timeout_s: float, what: str, *,
         waited = clock() - started
         if waited >= timeout_s:
             _expire(on_expiry, what)
-            raise DeadlineExceeded(f"{what}: not done after {timeout_s:g} s (the communicator was aborted)")
+            raise _exceeded(what, timeout_s)
         sleep(min(pause, max(timeout_s - waited, 0.0)))
         pause = min(pause * 2, _LAST_POLL_S)
     return clock() - started
@@ -55,10 +55,17 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float, what: str, *,
 
     thread = threading.Thread(target=run, name=f"deadline: {what}", daemon=True)
     thread.start()
-    wait_until(lambda: not thread.is_alive(), timeout_s, what, on_expiry=on_expiry)
+    thread.join(timeout_s)
+    if thread.is_alive():
+        _expire(on_expiry, what)
+        raise _exceeded(what, timeout_s)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
+
+
+def _exceeded(what: str, timeout_s: float) -> DeadlineExceeded:
+    return DeadlineExceeded(f"{what}: not done after {timeout_s:g} s (the communicator was aborted)")
 
 
 def _expire(on_expiry: Callable[[], None] | None, what: str) -> None:
