@@ -65,8 +65,7 @@ class AcceptedKey:
 def split_areal_keys(data: dict[str, Any], origin: str, problems: Problems) -> tuple[dict[str, Any], list[FoundKey]]:
     """`data` without its AReaL-only keys, and those keys. A key under an AReaL-only section that AReaL does not
     have either, and an AReaL section rlkit names differently, go to `problems`."""
-    data = dict(data)
-    found = _rename_sections(data, origin, problems)
+    data, found = _rename_sections(data, origin, problems)
     kept = _split(data, ExperimentConfig, "", origin, found, problems)
     return kept, found
 
@@ -74,9 +73,11 @@ def split_areal_keys(data: dict[str, Any], origin: str, problems: Problems) -> t
 WHOLE_SECTION = "(the whole section)"  # the value a renamed section is listed with (its keys are judged as rlkit's)
 
 
-def _rename_sections(data: dict[str, Any], origin: str, problems: Problems) -> list[FoundKey]:
-    """Read each AReaL section rlkit names otherwise (AReaL-lite's `model:`, the trained model) as rlkit's section,
-    in place, its `${...}` references following it; both names given at once is an error naming both."""
+def _rename_sections(data: dict[str, Any], origin: str, problems: Problems
+                     ) -> tuple[dict[str, Any], list[FoundKey]]:
+    """`data` with each AReaL section rlkit names otherwise (AReaL-lite's `model:`, the trained model) under rlkit's
+    name, its `${...}` references following it (a new mapping; `data` is left as it is), and those renames; both
+    names given at once is an error naming both."""
     found = []
     for old, ours in RENAMED_SECTIONS.items():
         if not isinstance(data.get(old), dict):
@@ -85,13 +86,10 @@ def _rename_sections(data: dict[str, Any], origin: str, problems: Problems) -> l
             problems.add(f"'{old}' (AReaL's older name of '{ours}') and '{ours}' are both given ({origin})",
                          hint=f"move the keys of '{old}:' into '{ours}:'")
             continue
-        data[ours] = data.pop(old)
-        retargeted = _map_strings(data, _retarget(old, ours))
-        data.clear()
-        data.update(retargeted)
+        data = _map_strings({ours if k == old else k: v for k, v in data.items()}, _retarget(old, ours))
         found.append(FoundKey(old, WHOLE_SECTION, Rule(RENAMED, f"as {ours}: AReaL's older name of the section",
                                                        renamed_to=ours), origin))
-    return found
+    return data, found
 
 
 def _retarget(old: str, ours: str) -> Callable[[str], str]:
