@@ -2,9 +2,10 @@
 
 gloo (CPU): a TCPStore on the trainer's node, `PrefixStore(group_name)` and a `ProcessGroupGloo` of rank 0, as
 rlkit's gloo engine in the workers builds its end (rlkit.servers.vllm.gloo_engine). NCCL (GPUs): vLLM's own trainer
-helper (`nccl_common.trainer_init`), as vLLM's NCCL engine expects, its broadcasts on a stream of their own; not run
-here (no GPU). NCCL collectives have no timeout of their own, so every wait of both (the join, each broadcast) goes
-through the same deadline code (rlkit.servers.deadline: a completion test polled against the group's timeout, the
+helper (`nccl_common.trainer_init`), as vLLM's NCCL engine expects, its broadcasts on a stream of their own; run on
+one H200 with another real NCCL communicator in vLLM's place (bench/gpu_nccl_deadline.py), never with vLLM's. NCCL
+collectives have no timeout of their own, so every wait of both (the join, each broadcast) goes through the same
+deadline code (rlkit.servers.deadline: a completion test polled against the group's timeout, the
 communicator aborted on expiry), which the CPU tests exercise over gloo.
 
 How a bucket travels is the wire format of rlkit.servers.vllm.wire: packed into flat byte chunks on NCCL (vLLM's
@@ -14,6 +15,7 @@ default), tensor by tensor on gloo, every broadcast issued at once and then wait
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,15 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+# joins an NCCL group as its rank 0 from the rendezvous (master_address, master_port, world_size) and returns the
+# communicator: its `broadcast(tensor, src=, stream=)` and `destroy()` (an abort) are what the link uses
+NcclJoin = Callable[[dict[str, Any]], Any]
+
+
+def _vllm_trainer_init(rendezvous: dict[str, Any]) -> Any:
+    from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+    return trainer_init(rendezvous, rank=0)
 
 
 class _Gloo:
@@ -53,16 +64,20 @@ class _Gloo:
 
 
 class _Nccl:
-    def __init__(self, group: WeightGroup) -> None:
+    def __init__(self, group: WeightGroup, join: NcclJoin) -> None:
         import torch
-        from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
         self.timeout_s, self.what = group.timeout_s, f"NCCL broadcast group {group.group_name}"
         rendezvous = {"master_address": group.master_address, "master_port": group.master_port,
                       "world_size": group.world_size}
-        self.comm = call_with_deadline(lambda: trainer_init(rendezvous, rank=0), group.timeout_s,
-                                       f"joining {self.what} at {group.master_address}:{group.master_port}")
-        self.stream = torch.cuda.Stream()  # the broadcasts' own: polled by events, never a device-wide sync
+
+        def joined() -> tuple[Any, torch.cuda.Stream]:
+            # the broadcasts' own stream, polled by events; made within the deadline, since making a stream waits for
+            # the device's running kernels (3.0 s behind a 3 s kernel on an H200: bench/gpu_nccl_deadline.py)
+            return join(rendezvous), torch.cuda.Stream()
+
+        self.comm, self.stream = call_with_deadline(joined, group.timeout_s, f"joining {self.what} at "
+                                                    f"{group.master_address}:{group.master_port}")
 
     def start(self, tensor: torch.Tensor) -> Any:
         import torch
@@ -82,12 +97,15 @@ class _Nccl:
 
 
 class VllmWeightLink:
-    """Joins on construction (blocks until every worker joined, or raises after the group's timeout)."""
+    """Joins on construction (blocks until every worker joined, or raises after the group's timeout). `nccl_join`
+    makes the NCCL communicator: vLLM's trainer helper in a job; bench/gpu_nccl_deadline.py hands in another real
+    NCCL communicator, since the GPU machine it runs on has no vLLM."""
 
-    def __init__(self, group: WeightGroup, packed: bool | None = None) -> None:
+    def __init__(self, group: WeightGroup, packed: bool | None = None,
+                 nccl_join: NcclJoin = _vllm_trainer_init) -> None:
         # what broadcast.init_info told the workers (the same default there); tests and the bench set it
         self.packed = default_packed(group.backend) if packed is None else packed
-        self._end: _Gloo | _Nccl = _Gloo(group) if group.backend == "gloo" else _Nccl(group)
+        self._end: _Gloo | _Nccl = _Gloo(group) if group.backend == "gloo" else _Nccl(group, nccl_join)
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         """Issue every broadcast of the bucket at once (the workers post theirs at once too), then wait for each."""
