@@ -289,7 +289,7 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
     steps = [step for group, servers in enumerate(server_groups)
              for step in _server_steps(config, paths, python, servers, components[group], group,
                                        placement.slots[group])]
-    trainer_env = tuple(sorted(parse_env_vars("launcher.trainer_env_vars", launcher.trainer_env_vars).items()))
+    trainer_env = _trainer_env(config)
     last = components[work_group]
     steps.append(Step(
         name=job.name, role=last.role, het_group=work_group, nodes=last.nodes,
@@ -336,6 +336,17 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
         trainer_group=work_group,
         shared=shared,
     )
+
+
+def _trainer_env(config: ExperimentConfig) -> tuple[tuple[str, str], ...]:
+    """launcher.trainer_env_vars, and for a trainer that broadcasts weights CUDA_MODULE_LOADING=EAGER unless the
+    user set it: CUDA's default lazy loading loads a kernel at its first launch, which waits for the whole device, so
+    behind a stuck NCCL broadcast the host hangs before the link's deadline can fire (measured on an H200:
+    bench/gpu_nccl_deadline.py; NCCL's own guidance for kernels launched beside its collectives)."""
+    env = parse_env_vars("launcher.trainer_env_vars", config.launcher.trainer_env_vars)
+    if config.actor.weight_update_mode == "xccl":
+        env.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    return tuple(sorted(env.items()))
 
 
 def _checked_nodelist(nodelist: str, needed: int) -> str:

@@ -100,6 +100,23 @@ def test_grpo_layout_uses_separate_nodes_for_servers_and_trainer() -> None:
     assert bind.split(",") == ["/storage:/storage"]  # fileroot and name-resolve root lie under it
 
 
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["actor.weight_update_mode=xccl"], "EAGER"),
+    (["actor.weight_update_mode=xccl", "launcher.trainer_env_vars=CUDA_MODULE_LOADING=LAZY,A=1"], "LAZY"),
+    (["actor.weight_update_mode=disk"], None),
+])
+def test_a_broadcasting_trainer_loads_its_cuda_kernels_eagerly(overrides: list[str], expected: str | None) -> None:
+    """CUDA's lazy loading blocks the host behind a stuck NCCL broadcast, outside the link's deadline (measured on an
+    H200, bench/gpu_nccl_deadline.py): the trainer step of an xccl job loads eagerly unless the user says otherwise,
+    and the rendered script exports it to that step alone."""
+    plan = plan_of(load_config(CONFIGS / "grpo.yaml", [*PINNED, *overrides]))
+    trainer = dict(plan.steps[-1].env)
+    assert trainer.get("CUDA_MODULE_LOADING") == expected
+    assert all("CUDA_MODULE_LOADING" not in dict(step.env) for step in plan.steps[:-1])
+    if expected:
+        assert f"CUDA_MODULE_LOADING={expected}" in render_script(plan)
+
+
 def test_servers_spread_over_nodes_when_a_node_holds_one(generate_yaml: Path) -> None:
     plan = plan_of(load_config(generate_yaml))
     assert [c.role for c in plan.components] == [SERVER_ROLE, CLIENT_ROLE]
