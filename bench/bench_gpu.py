@@ -316,7 +316,7 @@ def numerics_and_checkpoints(model: Path, vocab: int, work: Path, device: Any, *
     ckpt = work / "ckpt"
     digests, save_s = timed(lambda: engine.save_sharded(ckpt), device)
     os.sync()
-    _, load_s = timed(lambda: engine.load_sharded(ckpt, 1), device)
+    _, load_s = timed(lambda: engine.load_sharded(ckpt, 1, digests), device)  # checksums checked as it reads
     flat = checkpoint_tensors(engine)
     floor = work / "floor.safetensors"
     started = time.perf_counter()

@@ -80,10 +80,11 @@ def main() -> int:
             recover.prune(root, keep_last=1)
             saves.append(time.monotonic() - started)
             started = time.monotonic()
-            found = recover.latest_valid(root)
+            found = recover.latest_valid(root, defer_rank_files=True)  # as the trainer's resume does
             assert found is not None and found[0] == step
             verified = time.monotonic()
-            engine.load_sharded(recover.shards_dir(found[1], "actor"), optimizer_steps=1)
+            engine.load_sharded(recover.shards_dir(found[1], "actor"), optimizer_steps=1,
+                                expected=recover.manifest_digests(found[1]))
             loads.append(time.monotonic() - started)
             checks.append(verified - started)
         save, load, check = statistics.median(saves), statistics.median(loads), statistics.median(checks)

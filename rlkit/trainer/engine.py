@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -256,32 +256,116 @@ class TrainEngine:
         return StateDictOptions(ignore_frozen_params=True, strict=not loading)
 
     def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
-        """Every rank writes its shards of the model and optimizer (torch.distributed.checkpoint); collective.
-        Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while writing."""
+        """Every rank writes its shards of the model and optimizer as one file (rlkit.trainer.rank_files), front to
+        back; collective. Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while
+        writing."""
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from rlkit.trainer.hashing_fs import hashing_writer
+        from rlkit.trainer import rank_files
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
-        writer, fs = hashing_writer(path)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), storage_writer=writer)
+        tensors, values = rank_files.flatten(model_sd, optim_sd)
+        path.mkdir(parents=True, exist_ok=True)
+        file = path / rank_files.rank_file_name(self.rank, self.world)
+        mine = {str(file): rank_files.write_rank_file(file, rank_files.pieces_of(tensors), values, rank=self.rank,
+                                                      world=self.world)}
         if not (dist.is_available() and dist.is_initialized()):
-            return fs.digests
+            return mine
         every: list[dict[str, tuple[int, str]] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, fs.digests)
+        dist.all_gather_object(every, mine)
         return {name: digest for rank in every if rank for name, digest in rank.items()}
 
-    def load_sharded(self, path: Path, optimizer_steps: int) -> None:
-        """Load what save_sharded wrote (any rank count that shards the same model); collective. A LoRA engine loads
-        its trainable parameters only, from an adapter-only checkpoint or from one that holds the whole model too
-        (written before recover checkpoints left the frozen base out)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    def load_sharded(self, path: Path, optimizer_steps: int,
+                     expected: Mapping[str, tuple[int, str]] | None = None) -> None:
+        """Load what save_sharded wrote; collective. With the world it was written by, each rank reads its own file
+        in one pass straight into its tensors, checking it against `expected` (size, xxh3-128 by path: the
+        manifest's, recover.manifest_digests) on the way; with another world, the rows each rank needs from every
+        file, checked whole first. DamagedCheckpoint on every rank when a file does not match (the weights then
+        hold some of its bytes: load another checkpoint). `expected` None: the caller has checked the files.
 
+        A checkpoint of older rlkit versions (torch.distributed.checkpoint; any world) loads through DCP, verified
+        by the caller (recover.latest_valid checks such files itself). A LoRA engine loads its trainable parameters
+        only, from an adapter-only checkpoint or from one that holds the whole model too."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from rlkit.trainer import rank_files
+
+        # before anything is read: get_state_dict creates the optimizer state that the files fill in place
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._checkpoint_options())
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+        if not rank_files.rank_files(path):
+            self._load_distcp(path, model_sd, optim_sd)
+        else:
+            tensors, _values = rank_files.flatten(model_sd, optim_sd)
+            self._set_values(_agreed(lambda: self._read_rank_files(path, tensors, expected)), optim_sd)
+        self.optimizer_steps = optimizer_steps
+
+    def _read_rank_files(self, path: Path, tensors: dict[str, Tensor],
+                         expected: Mapping[str, tuple[int, str]] | None) -> dict[str, Any]:
+        from rlkit.trainer import rank_files
+
+        targets = {piece.name: piece for piece in rank_files.pieces_of(tensors)}
+        own = path / rank_files.rank_file_name(self.rank, self.world)
+        if own.is_file():
+            try:
+                return rank_files.read_rank_file(own, targets, None if expected is None else expected.get(str(own),
+                                                                                                         (-1, "")))
+            except rank_files.LayoutChanged:
+                pass  # written for other shards: nothing read yet, gather the rows instead
+        return rank_files.gather_rows(path, targets, expected)
+
+    def _set_values(self, meta: Mapping[str, Any], optim_sd: dict[str, Any]) -> None:
+        """The optimizer's param groups (lr, betas, ...) and non-tensor state as saved; the tensors are in place."""
+        from rlkit.errors import StepError
+
+        saved = meta["param_groups"]
+        if [g["params"] for g in saved] != [g["params"] for g in optim_sd["param_groups"]]:
+            raise StepError("the recover checkpoint's optimizer param groups hold other parameters than this model's")
+        for live, group in zip(self.optimizer.param_groups, saved, strict=True):
+            for key, value in group.items():
+                if key != "params":
+                    live[key] = tuple(value) if isinstance(live.get(key), tuple) else value
+        for name, value in meta["optim_values"].items():
+            fqn, key = name.rsplit("/", 1)
+            optim_sd["state"][fqn][key] = value
+
+    def _load_distcp(self, path: Path, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
+        """A torch.distributed.checkpoint of older rlkit versions, in place (DCP refuses one that lacks a tensor)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
         set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=self._checkpoint_options(loading=True))
-        self.optimizer_steps = optimizer_steps
+
+
+def _agreed(read: Callable[[], T]) -> T:
+    """Run this rank's part of a load and agree on its outcome with every rank (a rank that failed alone would leave
+    the others waiting in their next collective): the first damage found raises DamagedCheckpoint everywhere, any
+    other failure StepError."""
+    import torch.distributed as dist
+
+    from rlkit.errors import StepError
+    from rlkit.trainer.rank_files import DamagedCheckpoint
+
+    result: T | None = None
+    problem: tuple[bool, str] | None = None
+    try:
+        result = read()
+    except DamagedCheckpoint as exc:
+        problem = (True, str(exc))
+    except (StepError, OSError, ValueError, KeyError, TypeError) as exc:
+        problem = (False, f"{type(exc).__name__}: {exc}")
+    problems = [problem]
+    if dist.is_available() and dist.is_initialized():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    found = [(rank, p) for rank, p in enumerate(problems) if p is not None]
+    damaged = [f"rank {rank}: {text}" for rank, (is_damage, text) in found if is_damage]
+    if damaged:
+        raise DamagedCheckpoint("; ".join(damaged))
+    if found:
+        raise StepError("the recover checkpoint cannot be loaded: "
+                        + "; ".join(f"rank {rank}: {text}" for rank, (_, text) in found))
+    assert result is not None
+    return result

@@ -28,6 +28,7 @@ from rlkit.trainer import recover
 from rlkit.trainer.dist import DistEnv, broadcast_object, init_distributed
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop_rank0 import LoopRank0
+from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trials.paths import TrialPaths
 
 EXPORTED = "actor"  # the engine whose weights the saver writes (the trained model of every job type)
@@ -108,12 +109,13 @@ class _StopRequests:
         print(f"rlkit train: got {signal.Signals(signum).name}: checkpoint after this step, then exit", flush=True)
 
 
-def resume_point(config: ExperimentConfig, paths: TrialPaths) -> tuple[int, str] | None:
-    """Rank 0: the checkpoint to resume from, by recover.mode; StepError for mode resume with none."""
+def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None = None) -> tuple[int, str] | None:
+    """Rank 0: the checkpoint to resume from (of a step before `below`: a newer one was damaged), by recover.mode;
+    StepError for mode resume with none. Its rank files' checksums are checked while they load."""
     mode = config.recover.mode
     if mode == "disabled" or (mode == "fault" and not failed_before()):
         return None  # before checksumming anything: nothing would be resumed
-    found = recover.latest_valid(recover.recover_root(paths.root))
+    found = recover.latest_valid(recover.recover_root(paths.root), defer_rank_files=True, below=below)
     if mode == "resume" and found is None:
         raise StepError(f"recover.mode is resume but {recover.recover_root(paths.root)} holds no valid checkpoint")
     return (found[0], str(found[1])) if found is not None else None
@@ -136,19 +138,39 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
 
 def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm, *,
                        announce: bool) -> recover.LoopState | None:
-    """Collective: the recover checkpoint recover.mode asks for, loaded into every engine (and the RNGs)."""
-    resume = broadcast_object(resume_point(config, paths) if announce else None)
-    if not isinstance(resume, tuple):
-        return None
-    step_done, directory = resume
+    """Collective: the recover checkpoint recover.mode asks for, loaded into every engine (and the RNGs). One whose
+    rank file turns out damaged while it loads is skipped as latest_valid skips one (a warning, the previous one);
+    with none left, StepError: the engines hold some of the damaged bytes, so the trial cannot start afresh either."""
+    damaged: str | None = None
+    below: int | None = None
+    while True:
+        resume = broadcast_object(resume_point(config, paths, below) if announce else None)
+        if not isinstance(resume, tuple):
+            if damaged is not None:
+                raise StepError(f"{damaged}, and no older recover checkpoint is valid; the engines hold part of it, "
+                                "so the trial cannot start afresh in this run: remove the damaged checkpoint (or set "
+                                "recover.mode=disabled) and resume")
+            return None
+        step_done, directory = resume
+        try:
+            return _load_checkpoint(Path(directory), step_done, algorithm, announce=announce)
+        except DamagedCheckpoint as exc:
+            damaged = f"recover checkpoint {directory} is damaged ({exc})"
+            below = step_done
+            if announce:
+                print(f"rlkit train: WARNING: {damaged}; using an older one", flush=True)
+
+
+def _load_checkpoint(directory: Path, step_done: int, algorithm: Algorithm, *, announce: bool) -> recover.LoopState:
     try:
-        state = recover.LoopState.from_json((Path(directory) / recover.STATE).read_text())
+        state = recover.LoopState.from_json((directory / recover.STATE).read_text())
     except (TypeError, ValueError) as exc:  # a checkpoint of rlkit before the training loop (one engine, no names)
         raise StepError(f"recover checkpoint {directory} has a {recover.STATE} this rlkit cannot read ({exc}); it "
                         "was written by an older rlkit: start a new trial (or set recover.mode=disabled)") from None
-    recover.check_engines(state, list(algorithm.engines), Path(directory))
+    recover.check_engines(state, list(algorithm.engines), directory)
+    expected = recover.manifest_digests(directory)
     for name, engine in algorithm.engines.items():
-        engine.load_sharded(recover.shards_dir(Path(directory), name), state.engines[name])
+        engine.load_sharded(recover.shards_dir(directory, name), state.engines[name], expected)
     recover.set_rng_state(state.rng)
     if announce:
         print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)

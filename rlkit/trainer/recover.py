@@ -2,8 +2,9 @@
 
 Layout under `<trial>/recover/`:
   step-00000012/            one checkpoint, complete (made current by the rename from its temp name)
-    model_optim/<engine>/   torch.distributed.checkpoint of each engine's sharded model and optimizer ("actor",
-                            "critic", ...; every rank writes)
+    model_optim/<engine>/   each engine's sharded model and optimizer ("actor", "critic", ...): one file per rank,
+                            rank-00000-of-00002.safetensors (rlkit.trainer.rank_files; a torch.distributed.checkpoint
+                            in checkpoints of older rlkit versions, which still load)
     trainer_state.json      step, each engine's LR-schedule position, RNG states, the algorithm's own state (GRPO:
                             weight version, data position)
     MANIFEST.json           written last: every file with its size and xxh3-128 checksum
@@ -14,9 +15,11 @@ A checkpoint counts only when its MANIFEST.json exists and every file matches it
 skipped with a warning and the previous one is used. The newest `keep_last` valid checkpoints are kept.
 
 Checksums are xxh3-128 (xxhash, ~17 GB/s, vs ~1 GB/s for sha256): they guard against torn or damaged files, not
-against an attacker (the trial directory is 0700). The shards' checksums are computed while they are written
-(`rlkit.trainer.hashing_fs`), the small files' when sealing. They are checked once, on the compute node, before a
-checkpoint is loaded; the login node (submit, resume, render) checks manifests and sizes only, so it never reads
+against an attacker (the trial directory is 0700). The rank files' checksums are computed while they are written
+(`rlkit.trainer.rank_files`), the small files' when sealing. They are checked once, on the compute node: the small
+files (and the shards of older versions) before a checkpoint is loaded, each rank file in the same pass that loads it
+(a damaged one makes the resume use the previous checkpoint, as a damaged file found before loading does); the login
+node (submit, resume, render) checks manifests and sizes only, so it never reads
 GBs and never needs xxhash. Manifests of older rlkit versions (sha256) still load, at sha256 speed.
 
 Reading the layout (finding, verifying checkpoints) is in rlkit.trials.recover_layout, which the login node imports
@@ -46,6 +49,7 @@ from rlkit.trials.recover_layout import checkpoint_dir as checkpoint_dir
 from rlkit.trials.recover_layout import checkpoints as checkpoints
 from rlkit.trials.recover_layout import file_checksum as file_checksum
 from rlkit.trials.recover_layout import latest_valid as latest_valid
+from rlkit.trials.recover_layout import manifest_digests as manifest_digests
 from rlkit.trials.recover_layout import recover_root as recover_root
 from rlkit.trials.recover_layout import temp_dir as temp_dir
 from rlkit.trials.recover_layout import verify as verify

@@ -25,6 +25,8 @@ _ASIDE = re.compile(r"^\.step-(\d{8})\.old$")  # rlkit.fsutil.replace_dir's name
 _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
 CHECKSUM = "xxh3_128"
 _LEGACY_CHECKSUM = "sha256"
+# a trainer rank's own file of its shards (rlkit.trainer.rank_files): its loader checks its xxh3-128 while reading it
+RANK_FILE = re.compile(r"^rank-(\d{5})-of-(\d{5})\.safetensors$")
 
 
 def recover_root(trial_dir: Path) -> Path:
@@ -69,10 +71,17 @@ def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
     return entries
 
 
-def verify(directory: Path, *, checksums: bool = True) -> str | None:
+def checked_while_loaded(entry: dict[str, Any]) -> bool:
+    """Whether a manifest entry is a rank file with an xxh3-128 checksum, which its loader verifies in the same pass
+    that reads it (one read instead of two; rlkit.trainer.rank_files)."""
+    return bool(RANK_FILE.match(Path(entry["path"]).name)) and isinstance(entry.get(CHECKSUM), str)
+
+
+def verify(directory: Path, *, checksums: bool = True, defer_rank_files: bool = False) -> str | None:
     """None when `directory` is a complete checkpoint; else what is wrong with it. Without `checksums` only the
     manifest, the files and their sizes are checked (cheap: the login node, pruning); with them every byte is read
-    (the compute node, once before loading)."""
+    (the compute node, once before loading). `defer_rank_files` leaves the rank files' checksums to their loader,
+    which must then be given `manifest_digests` (the trainer's resume)."""
     entries = _manifest_entries(directory)
     if isinstance(entries, str):
         return entries
@@ -85,10 +94,21 @@ def verify(directory: Path, *, checksums: bool = True) -> str | None:
     if not (directory / STATE).is_file():
         return f"{STATE} is missing"
     for entry in entries if checksums else []:
+        if defer_rank_files and checked_while_loaded(entry):
+            continue
         algorithm = CHECKSUM if isinstance(entry.get(CHECKSUM), str) else _LEGACY_CHECKSUM
         if file_checksum(directory / entry["path"], algorithm) != entry[algorithm]:
             return f"{entry['path']} does not match its {algorithm} checksum"
     return None
+
+
+def manifest_digests(directory: Path) -> dict[str, tuple[int, str]]:
+    """(size, xxh3-128) by path (as `directory / entry`, the form save_sharded returns) of every file of a checkpoint
+    whose manifest has an xxh3-128 for it; empty for a manifest that cannot be read (verify says why)."""
+    entries = _manifest_entries(directory)
+    if isinstance(entries, str):
+        return {}
+    return {str(directory / e["path"]): (e["size"], e[CHECKSUM]) for e in entries if isinstance(e.get(CHECKSUM), str)}
 
 
 def checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -103,11 +123,15 @@ def checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found.items(), reverse=True)
 
 
-def latest_valid(root: Path, *, warn: bool = True, checksums: bool = True) -> tuple[int, Path] | None:
-    """The newest checkpoint that verifies; damaged newer ones are skipped with a warning. The login node passes
-    `checksums=False` (manifest and sizes only); the trainer checks every checksum once, before it loads."""
+def latest_valid(root: Path, *, warn: bool = True, checksums: bool = True, defer_rank_files: bool = False,
+                 below: int | None = None) -> tuple[int, Path] | None:
+    """The newest checkpoint (of a step before `below`, if given) that verifies; damaged newer ones are skipped with a
+    warning. The login node passes `checksums=False` (manifest and sizes only); the trainer checks every checksum
+    once: before it loads, or for rank files while it loads them (`defer_rank_files`, see verify)."""
     for step, directory in checkpoints(root):
-        problem = verify(directory, checksums=checksums)
+        if below is not None and step >= below:
+            continue
+        problem = verify(directory, checksums=checksums, defer_rank_files=defer_rank_files)
         if problem is None:
             return step, directory
         if warn:

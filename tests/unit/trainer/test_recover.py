@@ -154,35 +154,60 @@ def test_a_malformed_manifest_is_a_damaged_checkpoint_not_a_crash(tmp_path: Path
     assert recover.latest_valid(tmp_path, warn=False) is None
 
 
-def test_shards_are_checksummed_while_written_and_seal_uses_those_digests(tmp_path: Path) -> None:
-    """A real torch.distributed.checkpoint save (one process, no group) through the hashing writer: the digests it
-    records are those of the files on disk, and seal puts them into the manifest without hashing the shards again."""
+def test_a_rank_file_is_checksummed_while_written_and_seal_uses_that_digest(tmp_path: Path) -> None:
+    """A rank file (rlkit.trainer.rank_files) written for one rank: the digest recorded while writing is that of the
+    file on disk, seal puts it into the manifest without hashing again, and the file is a safetensors file."""
     import torch
-    import torch.distributed.checkpoint as dcp
     import xxhash
+    from safetensors import safe_open
 
-    from rlkit.trainer.hashing_fs import hashing_writer
+    from rlkit.trainer import rank_files
 
     tmp = recover.temp_dir(tmp_path, 1)
-    shards = tmp / recover.SHARDS
-    state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(7), "step": 3}
-    writer, fs = hashing_writer(shards)
-    dcp.save(state, checkpoint_id=str(shards), storage_writer=writer)
-    written = sorted(p for p in shards.iterdir() if p.is_file())
-    assert {p.name for p in written} >= {".metadata", "__0_0.distcp"}
-    for path in written:
-        assert fs.digests[str(path)] == (path.stat().st_size, xxhash.xxh3_128(path.read_bytes()).hexdigest())
+    shards = recover.shards_dir(tmp, "actor")
+    shards.mkdir(parents=True)
+    tensors = {"model/w": torch.arange(300_000, dtype=torch.float32), "model/b": torch.ones(7, dtype=torch.bfloat16),
+               "optim/w/step": torch.tensor(3.0)}
+    shard = shards / rank_files.rank_file_name(0, 1)
+    written = rank_files.write_rank_file(shard, rank_files.pieces_of(tensors), {"param_groups": [], "optim_values": {}},
+                                         rank=0, world=1)
+    assert written == (shard.stat().st_size, xxhash.xxh3_128(shard.read_bytes()).hexdigest())
+    with safe_open(str(shard), "pt") as f:
+        assert set(f.keys()) == set(tensors) and torch.equal(f.get_tensor("model/w"), tensors["model/w"])
     (tmp / recover.STATE).write_text(recover.LoopState(step=1, engines={"actor": 1}).to_json())
-    shard = shards / "__0_0.distcp"
-    lying = {**fs.digests, str(shard): (shard.stat().st_size, "0" * 32)}  # proves seal takes the recorded digest
+    size = shard.stat().st_size
+    lying = {str(shard): (size, "0" * 32)}  # proves seal takes the recorded digest
     final = recover.checkpoint_dir(tmp_path, 1)
     recover.seal(tmp, final, lying)
+    relative = f"{recover.SHARDS}/actor/{shard.name}"
     entries = {e["path"]: e for e in json.loads((final / recover.MANIFEST).read_text())["files"]}
-    assert entries[f"{recover.SHARDS}/__0_0.distcp"][recover.CHECKSUM] == "0" * 32
-    assert "does not match" in str(recover.verify(final))  # and the load-time check reads the real bytes
-    loaded = {"w": torch.zeros(300_000), "b": torch.zeros(7), "step": 0}
-    dcp.load(loaded, checkpoint_id=str(final / recover.SHARDS))
-    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
+    assert entries[relative][recover.CHECKSUM] == "0" * 32
+    assert "does not match" in str(recover.verify(final))  # the check before loading reads the real bytes
+    assert recover.verify(final, defer_rank_files=True) is None  # ... unless the rank file's loader checks it
+    assert recover.manifest_digests(final)[str(final / relative)] == (size, "0" * 32)
+
+
+def test_rank_files_are_left_to_their_loader_for_checksums_but_not_for_sizes(tmp_path: Path) -> None:
+    final = _fake_checkpoint(tmp_path, 2)
+    rank_file = final / recover.SHARDS / "rank-00000-of-00001.safetensors"
+    rank_file.write_bytes(b"r" * 100)
+    manifest = json.loads((final / recover.MANIFEST).read_text())
+    manifest["files"].append({"path": str(rank_file.relative_to(final)), "size": 100, recover.CHECKSUM: "0" * 32})
+    (final / recover.MANIFEST).write_text(json.dumps(manifest))
+    assert recover.verify(final, defer_rank_files=True) is None
+    assert "rank-00000-of-00001.safetensors does not match" in str(recover.verify(final))
+    rank_file.write_bytes(b"r" * 99)
+    assert "has 99 bytes" in str(recover.verify(final, defer_rank_files=True))
+    (final / recover.SHARDS / "__0_0.distcp").write_bytes(b"y" * 1000)  # not a rank file: checked before loading
+    rank_file.write_bytes(b"r" * 100)
+    assert "__0_0.distcp does not match" in str(recover.verify(final, defer_rank_files=True))
+
+
+def test_latest_valid_below_a_step_skips_the_newer_ones(tmp_path: Path) -> None:
+    for step in (2, 4, 6):
+        _fake_checkpoint(tmp_path, step)
+    assert recover.latest_valid(tmp_path, below=6) == (4, recover.checkpoint_dir(tmp_path, 4))
+    assert recover.latest_valid(tmp_path, below=2) is None
 
 
 def test_an_empty_file_is_checksummed_too(tmp_path: Path) -> None:

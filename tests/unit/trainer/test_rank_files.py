@@ -1,0 +1,138 @@
+"""Recover checkpoints through the engine (save_sharded / load_sharded) on real gloo ranks with a tiny tied-head
+model: a round trip restores model and AdamW state bit for bit and the next step is the straight run's; a damaged
+rank file is refused on every rank; another world size gathers the rows it needs; a torch.distributed.checkpoint of
+older rlkit versions still loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from tests.helpers.gloo_ranks import run_ranks
+
+WORKER = r'''
+import json, shutil, sys
+from pathlib import Path
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.trainer.dist import init_distributed
+from rlkit.trainer.engine import TrainEngine
+from rlkit.trainer import rank_files
+from rlkit.trainer.rank_files import DamagedCheckpoint
+
+gathered = []  # loads that took the rows path, not the one-read path of a rank's own file
+gather_rows = rank_files.gather_rows
+rank_files.gather_rows = lambda *args: gathered.append(1) or gather_rows(*args)
+
+model_dir, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+env, device = init_distributed()
+config = ActorConfig(path=model_dir, dtype="float32", gradient_checkpointing=False, attn_impl="sdpa")
+config.optimizer.lr = 1e-2
+
+def build():
+    return TrainEngine(config, rank=env.rank, world=env.world_size, device=device, total_optimizer_steps=10)
+
+def loss_fn(model, ids):
+    return model(input_ids=ids, use_cache=False).logits.float().pow(2).mean(), 1
+
+def step(engine):
+    engine.optimizer_step([torch.tensor([[5, 6, 7, 8, 9]]) + env.rank], loss_fn, 1.0)
+
+def full_state(engine):
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+    state = {f"model/{k}": v for k, v in model_sd.items()}
+    state.update({f"optim/{p}/{k}": v for p, entry in optim_sd["state"].items() for k, v in entry.items()})
+    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone() for k, v in state.items()}
+    groups = [{k: v for k, v in g.items()} for g in optim_sd["param_groups"]]
+    return full, groups
+
+def same(a, b):
+    return a[1] == b[1] and set(a[0]) == set(b[0]) and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
+
+def damaged(engine, path, digests):
+    try:
+        engine.load_sharded(path, 2, digests)
+    except DamagedCheckpoint as exc:
+        return str(exc)
+    return None
+
+result = {}
+if mode == "save":
+    engine = build()
+    step(engine), step(engine)
+    digests = engine.save_sharded(out / "ckpt")
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out / "old"))  # the former format
+    saved = full_state(engine)
+    step(engine)
+    straight = full_state(engine)
+    resumed = build()
+    resumed.load_sharded(out / "ckpt", 2, digests)
+    result["round_trip"] = same(full_state(resumed), saved)
+    result["optimizer_steps"] = resumed.optimizer_steps
+    step(resumed)
+    result["next_step"] = same(full_state(resumed), straight)
+    old = build()
+    old.load_sharded(out / "old", 2)
+    result["old_format"] = same(full_state(old), saved)
+    if env.rank == 0:
+        torch.save(saved, out / "saved.pt")
+        json.dump(digests, open(out / "digests.json", "w"))
+        bad = out / "bad"
+        shutil.copytree(out / "ckpt", bad)
+        victim = sorted(bad.iterdir())[-1]  # the last rank's file, same size, one byte other
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    torch.distributed.barrier()
+    bad_digests = {str(out / "bad" / Path(k).name): v for k, v in digests.items()}
+    result["damaged"] = damaged(build(), out / "bad", bad_digests)
+else:  # another world than the one that saved
+    digests = {k: tuple(v) for k, v in json.load(open(out / "digests.json")).items()}
+    saved = torch.load(out / "saved.pt")
+    engine = build()
+    engine.load_sharded(out / "ckpt", 2, digests)
+    result["resharded"] = same(full_state(engine), saved)
+    bad_digests = {str(out / "bad" / Path(k).name): v for k, v in digests.items()}
+    result["damaged"] = damaged(build(), out / "bad", bad_digests)
+    old = build()
+    old.load_sharded(out / "old", 2)
+    result["old_format"] = same(full_state(old), saved)
+result["gathered"] = len(gathered)
+json.dump(result, open(out / f"{mode}-{env.rank}.json", "w"))
+torch.distributed.destroy_process_group()
+'''
+
+
+def _results(out: Path, mode: str, world: int) -> list[dict[str, object]]:
+    return [json.loads((out / f"{mode}-{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.mark.parametrize(("saving", "loading"), [(2, 1), (1, 2)], ids=["2-ranks-then-1", "1-rank-then-2"])
+def test_recover_checkpoint_round_trip_damage_reshard_and_old_format(tied_model_dir: Path, tmp_path: Path,
+                                                                      saving: int, loading: int) -> None:
+    run_ranks(saving, ["-c", WORKER, str(tied_model_dir), str(tmp_path), "save"])
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert files == [f"rank-{rank:05d}-of-{saving:05d}.safetensors" for rank in range(saving)]
+    for result in _results(tmp_path, "save", saving):
+        assert result["round_trip"] is True, "model + AdamW state must come back bit for bit"
+        assert result["optimizer_steps"] == 2
+        assert result["next_step"] is True, "the resumed run's next step must be the straight run's"
+        assert result["old_format"] is True, "a torch.distributed.checkpoint of older rlkit must still load"
+        damage = str(result["damaged"])
+        assert result["gathered"] == 0, "the same world reads each rank's own file in one pass"
+        assert f"rank {saving - 1}: rank-{saving - 1:05d}-of-{saving:05d}.safetensors does not match" in damage
+    run_ranks(loading, ["-c", WORKER, str(tied_model_dir), str(tmp_path), "reshard"])
+    for result in _results(tmp_path, "reshard", loading):
+        assert result["resharded"] is True, f"a checkpoint of {saving} ranks must load on {loading} bit for bit"
+        assert "does not match its xxh3_128 checksum" in str(result["damaged"])
+        assert result["old_format"] is True
+        assert result["gathered"] == 2
+    with safe_open(str(tmp_path / "ckpt" / files[0]), "pt") as f:
+        aliases = json.loads(f.metadata()["rlkit"])["aliases"]
+    assert aliases == {"model/lm_head.weight": "model/model.embed_tokens.weight"}  # the tied head written once
