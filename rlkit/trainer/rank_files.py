@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections import deque
+import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from io import FileIO
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any, BinaryIO
 
 import torch
@@ -60,12 +60,24 @@ def rank_files(directory: Path) -> list[Path]:
 
 @dataclass
 class Piece:
-    """One tensor as this rank holds it: its local part, and where that part sits in the whole tensor."""
+    """One tensor as this rank holds it: its local part, the whole tensor's shape and how it is split (`layout`,
+    empty for a plain tensor: the same layout on the same rank is the same piece)."""
 
     name: str
     local: Tensor
     global_shape: list[int]
-    global_offset: list[int]
+    layout: str
+    whole: Tensor  # the DTensor (or the plain tensor): where the piece's offset comes from
+
+    def global_offset(self) -> list[int]:
+        """Where the local part starts in the whole tensor, along each dimension."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        if not isinstance(self.whole, DTensor):
+            return [0] * self.whole.dim()
+        whole = self.whole
+        return list(compute_local_shape_and_global_offset(whole.shape, whole.device_mesh, whole.placements)[1])
 
 
 def flatten(model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -85,41 +97,54 @@ def flatten(model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any]) -> tuple[d
 def pieces_of(tensors: Mapping[str, Tensor]) -> list[Piece]:
     """This rank's part of every tensor (a DTensor's local shard, a plain tensor whole), sharing their storage."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     pieces = []
     for name, value in tensors.items():
         if isinstance(value, DTensor):
-            _shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh, value.placements)
-            pieces.append(Piece(name, value.to_local().detach(), list(value.shape), list(offset)))
+            layout = f"{value.placements}@{tuple(value.device_mesh.shape)}"
+            pieces.append(Piece(name, value.to_local().detach(), list(value.shape), layout, value))
         else:
-            pieces.append(Piece(name, value.detach(), list(value.shape), [0] * value.dim()))
+            pieces.append(Piece(name, value.detach(), list(value.shape), "", value))
     return pieces
 
 
 class _Hasher:
-    """xxh3-128 of a stream of buffers, hashed in order on a thread of its own, so that reading or writing the next
-    chunk overlaps hashing the last one. A buffer must not change until its future is done."""
+    """xxh3-128 of a stream of buffers, hashed in order on a thread of its own (xxhash releases the GIL), so that
+    reading or writing the next chunk overlaps hashing the last one. A buffer must not change until `wait` on the
+    ticket `feed` gave for it returns."""
 
     def __init__(self) -> None:
         self._digest = xxhash.xxh3_128()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlkit-xxh3")
-        self._pending: deque[Future[None]] = deque()
+        self._queue: SimpleQueue[memoryview | None] = SimpleQueue()
+        self._fed = 0
+        self._hashed = 0
+        self._progress = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="rlkit-xxh3", daemon=True)
+        self._thread.start()
 
-    def feed(self, data: memoryview) -> Future[None]:
-        future = self._pool.submit(self._digest.update, data)
-        self._pending.append(future)
-        while len(self._pending) > 256 or (self._pending and self._pending[0].done()):
-            self._pending.popleft().result()
-        return future
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._digest.update(data)
+            with self._progress:
+                self._hashed += 1
+                self._progress.notify_all()
+
+    def feed(self, data: memoryview) -> int:
+        self._queue.put(data)
+        self._fed += 1
+        return self._fed
+
+    def wait(self, ticket: int) -> None:
+        with self._progress:
+            self._progress.wait_for(lambda: self._hashed >= ticket)
 
     def hexdigest(self) -> str:
-        while self._pending:
-            self._pending.popleft().result()
+        self.wait(self._fed)
         return str(self._digest.hexdigest())
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._queue.put(None)
+        self._thread.join()
 
 
 def _bytes_of(tensor: Tensor) -> memoryview:
@@ -153,7 +178,7 @@ def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], 
         size += nbytes
         written.append(piece)
     meta = {"format": FORMAT, "rank": rank, "world": world, "aliases": aliases, **values,
-            "pieces": {p.name: [p.global_shape, p.global_offset] for p in pieces}}
+            "pieces": {p.name: [p.global_shape, p.layout, p.global_offset()] for p in pieces}}
     header["__metadata__"] = {"rlkit": json.dumps(meta)}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -195,13 +220,13 @@ class _Staging:
 
     def __init__(self, pinned: bool) -> None:
         self.slots = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=pinned) for _ in range(_STAGE_SLOTS)]
-        self.busy: list[tuple[Future[None], Any] | None] = [None] * _STAGE_SLOTS
+        self.busy: list[tuple[int, Any] | None] = [None] * _STAGE_SLOTS
         self.turn = 0
 
-    def take(self) -> tuple[int, Tensor]:
+    def take(self, hasher: _Hasher) -> tuple[int, Tensor]:
         slot, self.turn = self.turn, (self.turn + 1) % _STAGE_SLOTS
         if (busy := self.busy[slot]) is not None:
-            busy[0].result()
+            hasher.wait(busy[0])
             if busy[1] is not None:
                 busy[1].synchronize()
         return slot, self.slots[slot]
@@ -217,14 +242,15 @@ def _read_exact(f: FileIO, into: memoryview) -> None:
 
 
 def _check_layout(header: Mapping[str, Any], meta: Mapping[str, Any], targets: Mapping[str, Piece]) -> None:
-    """LayoutChanged unless every target is in the file with its local shape, dtype and place in the whole tensor."""
+    """LayoutChanged unless every target is in the file (this rank's, of the same world) with its local shape, dtype,
+    whole shape and layout: then its place in the whole tensor is the same too."""
     for name, piece in targets.items():
         source = name if name in header else meta["aliases"].get(name)
         entry = header.get(source) if source is not None else None
         if entry is None:
             raise LayoutChanged(f"{name} is not in the file")
         if (entry["dtype"] != _DTYPE_NAMES[piece.local.dtype] or entry["shape"] != list(piece.local.shape)
-                or meta["pieces"].get(name) != [piece.global_shape, piece.global_offset]):
+                or meta["pieces"].get(name, [])[:2] != [piece.global_shape, piece.layout]):
             raise LayoutChanged(f"{name} is sharded otherwise")
 
 
@@ -258,7 +284,7 @@ def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: tuple[int
                 whole = None if piece is None or on_device else torch.empty_like(piece.local).contiguous()
                 for at in range(0, end - start, CHUNK):
                     count = min(CHUNK, end - start - at)
-                    slot, buffer = stage.take()
+                    slot, buffer = stage.take(hasher)
                     part = _bytes_of(buffer)[:count]
                     _read_exact(f, part)
                     hashed = hasher.feed(part)
@@ -335,23 +361,23 @@ def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping
 def _rows(name: str, piece: Piece, sources: list[tuple[Path, int, dict[str, Any], dict[str, Any]]]
           ) -> list[tuple[Piece, Path, int, int, int]]:
     """Where this rank's rows of one tensor are: (piece, file, file position, byte in the piece, bytes)."""
-    shape, local = piece.global_shape, list(piece.local.shape)
-    if local[1:] != shape[1:] or any(piece.global_offset[1:]):
+    shape, local, offset = piece.global_shape, list(piece.local.shape), piece.global_offset()
+    if local[1:] != shape[1:] or any(offset[1:]):
         raise StepError(f"cannot reshard {name}: it is not split along its first dimension only")
     row = piece.local.element_size() * int(torch.Size(shape[1:]).numel())
-    begin = piece.global_offset[0] if shape else 0
+    begin = offset[0] if shape else 0
     end = begin + (local[0] if shape else 1)
     spans = []
     for path, data_start, header, meta in sources:
         source = name if name in header else meta["aliases"].get(name)
         if source not in header:
             continue
-        global_shape, offset = meta["pieces"][name]
+        global_shape, _layout, saved_offset = meta["pieces"][name]
         entry = header[source]
         if global_shape != shape or entry["dtype"] != _DTYPE_NAMES[piece.local.dtype]:
             raise StepError(f"{name} is {entry['dtype']} {global_shape} in {path.name}, "
                             f"{_DTYPE_NAMES[piece.local.dtype]} {shape} here")
-        first = offset[0] if shape else 0
+        first = saved_offset[0] if shape else 0
         spans.append((first, first + (entry["shape"][0] if shape else 1), path, data_start + entry["data_offsets"][0]))
     plan, cursor = [], begin
     for first, last, path, position in sorted(spans, key=lambda span: span[0]):
