@@ -168,7 +168,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPool | None]:
     """The scenarios of every selected background test, started at the session's start (tests/helpers/scenarios.py);
     nothing when none is selected (the unit tier)."""
-    from tests.helpers.scenarios import BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED, scenario_pool
+    from tests.helpers.scenarios import BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED, IDLE_WIDEN, scenario_pool
 
     modules: dict[str, Any] = {}
     for item in request.session.items:
@@ -177,7 +177,7 @@ def background_scenarios(request: pytest.FixtureRequest) -> Iterator[ScenarioPoo
     if not modules:
         yield None
         return
-    with scenario_pool(BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED) as pool:
+    with scenario_pool(BACKGROUND_SIDE_BY_SIDE, BACKGROUND_WIDENED, IDLE_WIDEN) as pool:
         for name, module in modules.items():
             selected = [item.originalname for item in request.session.items  # type: ignore[attr-defined]
                         if item.module is module]  # type: ignore[attr-defined]

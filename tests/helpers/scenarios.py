@@ -21,13 +21,15 @@ from contextlib import contextmanager
 from typing import Any
 
 SIDE_BY_SIDE = 2  # trials of the CPU demo's shape at once; measured in the issue note of the suite-time work
-# The session's background scenarios: one at a time while the foreground runs, so that they spread over the whole run
-# (two at a time from the start, measured in issue 27, kept both cores busy beside the first third of the suite,
-# then ended, and the rest left a third of the CPU idle for its last 17 minutes); two at a time once the foreground
-# is done (the first background test starts): one trial alone left about half of the two cores idle for the last 18
-# minutes of a 43-minute run (vmstat, session 17).
+# The session's background scenarios: one at a time at first, so that they spread over the whole run (two at a time
+# from the start, measured in issue 27, kept both cores busy beside the first third of the suite, then ended, and the
+# rest left a third of the CPU idle for its last 17 minutes); a second one as soon as the cores are idle for a while
+# (IDLE_WIDEN: the foreground's short tests and Slurm waits leave gaps), and two at a time once the foreground is done
+# (the first background test starts): one trial alone left about half of the two cores idle for the last 18 minutes of
+# a 43-minute run (vmstat, session 17).
 BACKGROUND_SIDE_BY_SIDE = 1
 BACKGROUND_WIDENED = 2
+IDLE_WIDEN = (0.35, 20.0)  # widen when over this fraction of the CPU was idle over this many seconds
 WALL_TIMES: dict[str, float] = {}  # every scenario of the session: the terminal summary prints them (conftest)
 
 
@@ -42,14 +44,37 @@ class ScenarioPool:
         self._extra = most - workers
         self._lock = threading.Lock()
         self._futures: dict[str, Future[Any]] = {}
+        self._closed = threading.Event()
         self.envs: dict[str, Any] = {}  # what each background module's start_background returned, by module name
 
-    def widen(self) -> None:
-        """Let the widened number run side by side from now on (idempotent)."""
+    def widen(self, by: int | None = None) -> None:
+        """Let `by` more (all of the widened number when None) run side by side from now on (idempotent)."""
         with self._lock:
-            extra, self._extra = self._extra, 0
+            extra = self._extra if by is None else min(by, self._extra)
+            self._extra -= extra
         for _ in range(extra):
             self._slots.release()
+
+    def widen_when_idle(self, idle_fraction: float, window_s: float,
+                        cpu_times: Callable[[], tuple[int, int]] | None = None) -> None:
+        """Widen by one each time over `idle_fraction` of the machine's CPU time was idle during the last `window_s`
+        seconds (`cpu_times`: all and idle so far; /proc/stat's by default), until the widened number runs: a
+        background thread that ends with the pool."""
+        read = cpu_times or _cpu_times
+
+        def watch() -> None:
+            before = read()
+            while not self._closed.wait(window_s):
+                now = read()
+                total, idle = now[0] - before[0], now[1] - before[1]
+                before = now
+                with self._lock:
+                    if self._extra == 0:
+                        return
+                if total > 0 and idle / total > idle_fraction:
+                    self.widen(by=1)
+
+        threading.Thread(target=watch, name="scenario pool: widen when idle", daemon=True).start()
 
     def start(self, name: str, scenario: Callable[[], Any]) -> None:
         def timed() -> Any:
@@ -68,12 +93,33 @@ class ScenarioPool:
 
     def close(self) -> None:
         """Drop the scenarios not started yet, wait for the running ones (each ends by its own timeouts)."""
+        self._closed.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
+def _cpu_times() -> tuple[int, int]:
+    """The machine's CPU time so far, all and idle (iowait counted idle), in clock ticks (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + fields[4]
+
+
+def start_used(pool: ScenarioPool, selected: list[str], uses: dict[str, tuple[str, ...]],
+               scenarios: dict[str, Callable[..., Any]], *args: Any) -> None:
+    """Start, in `pool`, the scenarios that the selected tests ride on (`uses`: test -> scenario names), each called
+    with `args`: running only some tests (-k) starts only their trials."""
+    wanted = {name for test in selected for name in uses[test]}
+    for name, scenario in scenarios.items():
+        if name in wanted:
+            pool.start(name, lambda scenario=scenario: scenario(*args))
+
+
 @contextmanager
-def scenario_pool(workers: int = SIDE_BY_SIDE, widened: int | None = None) -> Iterator[ScenarioPool]:
+def scenario_pool(workers: int = SIDE_BY_SIDE, widened: int | None = None,
+                  idle_widen: tuple[float, float] | None = None) -> Iterator[ScenarioPool]:
     pool = ScenarioPool(workers, widened)
+    if idle_widen is not None:
+        pool.widen_when_idle(*idle_widen)
     try:
         yield pool
     finally:

@@ -112,3 +112,56 @@ def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> N
         for name in ("a", "b", "c"):
             WALL_TIMES.pop(name, None)  # not the session's scenarios: kept out of its summary
     assert most[0] == 2
+
+
+def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -> None:
+    """The background pool takes a second scenario when the machine's CPU was idle enough over a window, one per
+    window, never beyond the widened number, and not while the CPU is busy (the CPU times handed in)."""
+    import threading
+
+    from tests.helpers.scenarios import WALL_TIMES, ScenarioPool
+
+    busy = threading.Event()
+    ticks = [0, 0]  # all, idle
+
+    def cpu_times() -> tuple[int, int]:
+        ticks[0] += 100
+        ticks[1] += 5 if busy.is_set() else 60
+        return ticks[0], ticks[1]
+
+    running, most, lock, release = [0], [0], threading.Lock(), threading.Event()
+
+    def scenario() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+
+    def wait_until_running(count: int) -> None:
+        for _ in range(200):
+            with lock:
+                if running[0] == count:
+                    return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"{running[0]} running, not {count}")
+
+    busy.set()
+    pool = ScenarioPool(1, 3)
+    try:
+        for name in ("w1", "w2", "w3", "w4"):
+            pool.start(name, scenario)
+        pool.widen_when_idle(0.35, 0.02, cpu_times)
+        wait_until_running(1)
+        threading.Event().wait(0.2)  # ten busy windows
+        assert most[0] == 1
+        busy.clear()
+        wait_until_running(3)  # idle windows: one more each, up to the widened number
+        threading.Event().wait(0.1)
+        assert most[0] == 3
+    finally:
+        release.set()
+        pool.close()
+        for name in ("w1", "w2", "w3", "w4"):
+            WALL_TIMES.pop(name, None)
