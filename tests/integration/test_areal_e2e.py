@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import REPO, run_rlkit
+from tests.helpers.scenarios import ScenarioPool, start_used
 from tests.helpers.slurm_helpers import wait_state
 
-pytestmark = [pytest.mark.slurm]
+# one trial in the session's background (tests/helpers/scenarios.py): these tests run last, waiting for it
+pytestmark = [pytest.mark.slurm, pytest.mark.background, pytest.mark.timeout(2700)]
 EXAMPLE = REPO / "tests" / "data" / "areal" / "current" / "gsm8k_grpo_cpu.yaml"
 TRAIN_ROWS, BATCH = 16, 16  # the example's train_dataset.batch_size: one step per epoch, one epoch
 SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=2",
@@ -40,8 +44,7 @@ def _gsm8k_rows(path: Path, first: int, n: int) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def areal_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def _areal_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     root = tmp_path_factory.mktemp("areal-e2e")
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)  # a private copy identifies this run's processes
@@ -51,15 +54,30 @@ def areal_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     site = [*SITE, f"actor.path={model}", f"cluster.fileroot={root}/fileroot",
             f"train_dataset.path={_gsm8k_rows(root / 'train.jsonl', 0, TRAIN_ROWS)}",
             f"valid_dataset.path={_gsm8k_rows(root / 'test.jsonl', 100, 8)}"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLKIT_HOME", str(root / "home"))
-        submitted = run_rlkit("submit", str(EXAMPLE), "type=grpo", *site)
-        assert submitted.returncode == 0, submitted.stderr
-        name = "gsm8k-grpo-cpu/trial0"
-        state = wait_state(name, timeout=900)
-        log = run_rlkit("logs", name, "--step", "grpo", "--lines", "400").stdout
+    env = {"RLKIT_HOME": str(root / "home")}  # not the process's environment: other trials run beside this one
+    submitted = run_rlkit("submit", str(EXAMPLE), "type=grpo", *site, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    name = "gsm8k-grpo-cpu/trial0"
+    state = wait_state(name, timeout=900, env=env)
+    log = run_rlkit("logs", name, "--step", "grpo", "--lines", "400", env=env).stdout
     return {"state": state, "log": log, "submit_err": submitted.stderr,
             "trial": root / "fileroot" / "gsm8k-grpo-cpu" / "trial0"}
+
+
+# the scenario each test asserts on (tests/unit/test_suite_structure.py checks the lists)
+SCENARIOS = {"areal": _areal_trial}
+USES = {"test_the_example_runs_to_completion_as_written": ("areal",),
+        "test_what_rlkit_made_of_the_file_is_recorded": ("areal",)}
+
+
+def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
+    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
+    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+
+
+@pytest.fixture
+def areal_run(background_scenarios: ScenarioPool) -> dict[str, object]:
+    return background_scenarios.result("areal")  # type: ignore[no-any-return]
 
 
 def test_the_example_runs_to_completion_as_written(areal_run: dict[str, object]) -> None:

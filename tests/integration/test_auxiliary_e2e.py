@@ -24,17 +24,20 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.scenarios import WALL_TIMES
+from tests.helpers.scenarios import ScenarioPool, start_used
 from tests.helpers.sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
 from tests.helpers.slurm_helpers import ACTIVE, assert_every_version_fingerprinted, wait_for, wait_state
 
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang]
+# one trial in the session's background (tests/helpers/scenarios.py): these tests run last, waiting for it
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.sglang, pytest.mark.background,
+              pytest.mark.timeout(2700)]
 STEPS = 5
 BATCH = 4 * 8  # prompts per step x samples per prompt (configs/grpo-cpu-demo.yaml)
 USER_CODE = Path(__file__).resolve().parents[1] / "user_code"
@@ -51,8 +54,7 @@ SGLANG_PUSH = ["pause_generation", "begin_weight_update", "update_weights_from_d
                "update_weight_version", "flush_cache"]
 
 
-@pytest.fixture(scope="module")
-def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def _judge_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     from rlkit.config.load import load_config
     from rlkit.tasks.digits import write_dataset
 
@@ -81,11 +83,29 @@ def judge_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
                 every=5)
     live_text = run_rlkit("status", name, env=env).stdout
     state = wait_state(name, timeout=900, env=env)
-    WALL_TIMES["grpo, SGLang policy + vLLM judge (3 components)"] = wall = time.monotonic() - began
+    wall = time.monotonic() - began
     print(f"auxiliary-model trial: {STEPS} steps, submit to {state} in {wall:.0f} s")
     logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": root / "fileroot" / experiment / "e2e_judge", "live": live, "judge": judge,
             "log": logs.stdout, "wall": wall, "live_text": live_text}
+
+
+# the scenario each test asserts on (tests/unit/test_suite_structure.py checks the lists)
+SCENARIOS = {"judge": _judge_trial}
+USES = {"test_three_components_ran_and_completed": ("judge",),
+        "test_the_judge_answered_every_completion_with_the_token": ("judge",),
+        "test_policy_and_judge_traffic_stay_apart": ("judge",),
+        "test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push": ("judge",)}
+
+
+def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
+    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
+    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+
+
+@pytest.fixture
+def judge_run(background_scenarios: ScenarioPool) -> dict[str, object]:
+    return background_scenarios.result("judge")  # type: ignore[no-any-return]
 
 
 def _live_detail(name: str, env: dict[str, str]) -> dict[str, object] | None:
