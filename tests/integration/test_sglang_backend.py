@@ -4,11 +4,11 @@ The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, 
 (scripts/sglang-env.sh), with a test-only one-function kernel shim (tests/sglang_cpu_shim: SGLang's CPU engine needs
 one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
 ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version
-with a request in flight, and the broadcast routes over a gloo group, for an untied and a tied-embedding model.
-What it cannot: SGLang's GPU kernels and NCCL.
-
-One server at a time: the module fixture is parametrized, so pytest runs every test on the untied server, stops it,
-then runs them on the tied one.
+with a request in flight, and the broadcast routes over a gloo group, on a tied-embedding model: the case where a
+reload can leave the output head stale (shared/NOTES.md). SGLang serves the untied tiny model in test_auxiliary_e2e's
+trial (a broadcast every step, fingerprinted) and in test_sglang_lora; a second server here, for the untied model's
+disk load alone (the same route and loader), would cost the suite about a minute of its two cores. What it cannot:
+SGLang's GPU kernels and NCCL.
 """
 
 from __future__ import annotations
@@ -42,15 +42,12 @@ TIMEOUT = 60.0
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="module", params=["untied", "tied"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           tiny_model_dir: Path, tied_model_dir: Path) -> Iterator[RunningSglang]:
-    """One real server per kind; pytest runs every test on the untied one, stops it, then on the tied one."""
-    kind = request.param
-    root = tmp_path_factory.mktemp(f"sglang_{kind}")
-    model = tiny_model_dir if kind == "untied" else tied_model_dir
-    with running_sglang(model, token=secrets.token_hex(24), workdir=root, python=sglang_python()) as running:
-        print(f"\n[sglang {kind}] server healthy {running.start_seconds:.1f} s after its start")
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tied_model_dir: Path) -> Iterator[RunningSglang]:
+    """One real server for the module, serving the tied model."""
+    root = tmp_path_factory.mktemp("sglang_tied")
+    with running_sglang(tied_model_dir, token=secrets.token_hex(24), workdir=root, python=sglang_python()) as running:
+        print(f"\n[sglang tied] server healthy {running.start_seconds:.1f} s after its start")
         yield running
 
 
@@ -132,7 +129,7 @@ def test_probe_logprobs_equal_transformers(served: RunningSglang) -> None:
     expected = trainer_probe_logprobs(load(served.model_dir), probe)
     first = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))
     again = run(served, lambda c: BACKEND.probe_logprobs(c, served.server, probe, TIMEOUT))  # prefix now cached
-    diff = check_fingerprint(first, expected, TOLERANCE, server_label="sglang untied")
+    diff = check_fingerprint(first, expected, TOLERANCE, server_label=f"sglang {kind_of(served)}")
     assert len(first) == len(probe) - 1
     assert again == first
     print(f"\n[sglang] probe of {len(probe)} tokens: mean |server - transformers| {diff:.2e}, "
