@@ -19,7 +19,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
   credentials: rlkit.rollout.agent_setup.hidden_from_code) are covered by an empty tmpfs (or /dev/null for a file).
 - privileges: PR_SET_NO_NEW_PRIVS, a fresh interpreter after the namespaces (no capabilities), `python -I`
   (no user site, no PYTHON* variables), a minimal environment (no inherited variables at all), /proc showing
-  the sandbox's processes only, a fresh scratch directory as cwd, removed afterwards; RLIMIT_FSIZE per file.
+  the sandbox's processes only, a fresh scratch directory as cwd, removed afterwards, and the only one the run
+  sees (it is mounted over the directory that holds every run's: concurrent runs of one user cannot read each
+  other's files); RLIMIT_FSIZE per file.
 - the code itself reaches the sandbox through memfds, never argv (which `ps` shows to every local user).
 
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
@@ -32,7 +34,7 @@ readable text on sockets and process creation (code using ctypes bypasses it; th
 
 Not covered: files outside the hidden paths stay readable as far as the code's user may read them (as `nobody`
 when rlkit runs as root, otherwise as the job's own user). Total scratch and memfd size is not capped (per file
-only); a non-root job's concurrent runs run as the same user and can read each other's scratch files.
+only). Without namespaces (best effort) concurrent runs, all of one user, can read each other's scratch files.
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
 `kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`) and the

@@ -8,8 +8,8 @@ code included) comes through an inherited memfd the header names, never argv: ar
   pid, mount, IPC and UTS namespaces, forks the guard, waits for it (killing it on the parent's SIGTERM), exits;
 - guard (pid 1 of the new pid namespace): dies with the supervisor (PR_SET_PDEATHSIG) and, as a namespace's init,
   takes every process of the namespace with it; mounts a private /proc, hides the paths it is given (secrets,
-  the trial, the data), makes every mount read-only but the scratch directory, forks the runner, reports how it
-  ended;
+  the trial, the data), makes every mount read-only but the scratch directory, which it also puts over the
+  directory that holds the other runs' scratch directories, forks the runner, reports how it ended;
 - runner: sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also drops the
   namespace capabilities) that installs the audit hook and runs the code (handed over in a memfd too).
 
@@ -132,6 +132,7 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
             failed.append(f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
             _report(status_fd, proc=failed[-1])
         sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []), spec["sockets"])
+        spec["env"].update(HOME=os.getcwd(), TMPDIR=os.getcwd())  # where the scratch directory is seen now
         if sealed:
             failed.append("; ".join(sealed))
             _report(status_fd, filesystem=failed[-1])
@@ -197,8 +198,10 @@ def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
 
 def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: list[str]) -> list[str]:
     """In the run's own mount namespace: cover each unix socket and each path of `hide` (a directory with an empty
-    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, and give the scratch directory
-    back its writes (a bind mount of its own). Returns what did not hold; the guard reports it."""
+    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, give the scratch directory back
+    its writes (a bind mount of its own), and put it over its parent, which holds every concurrent run's scratch
+    directory (all of the same user): the run sees its own files only, at the parent's path, its working directory.
+    Returns what did not hold; the guard reports it."""
     problems = []
     if len(sockets) > MAX_SOCKETS:
         problems.append(f"{len(sockets)} unix sockets on the node, more than the {MAX_SOCKETS} the code tool covers")
@@ -221,7 +224,10 @@ def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: 
     if (libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) != 0
             or _mount_setattr(libc, scratch, 0, _MountAttr(attr_clr=MOUNT_ATTR_RDONLY)) != 0):
         return [*problems, f"the scratch directory is not writable: {os.strerror(ctypes.get_errno())}"]
-    os.chdir(scratch)  # the new writable mount, not the read-only one the old working directory is on
+    others = os.path.dirname(scratch)
+    if libc.mount(scratch.encode(), others.encode(), None, MS_BIND, None) != 0:
+        return [*problems, f"other runs' scratch directories are not hidden: {os.strerror(ctypes.get_errno())}"]
+    os.chdir(others)  # the new writable mount, not the read-only one the old working directory is on
     return problems
 
 

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from rlkit.agent.code_tool import CodeLimits, CodeResult, run_python
 
 SECRET = "rlkit-attack-secret-5f1d"  # in the bait files and this process's environment; must never be printed
+CONCURRENT = "code-concurrent"  # a concurrent run's scratch directory, beside those of the attacks' runs
+NOBODY_ID = 65534  # the code's user and group when rlkit runs as root (Debian's nobody / nogroup)
 
 
 @dataclass
@@ -229,6 +231,9 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
         "kill a process of the job's user": ("escape", f"import os, signal\nos.kill({b.victim.pid}, signal.SIGKILL)",
                                              lambda r, bait: not r.ok and bait.victim.poll() is None, {}),
         # cross-run leakage
+        # (its random name is learnt as /proc/PID/cwd of a process of that run would tell it)
+        "read a concurrent run's scratch": ("leakage", f"print(open({str(b.root / 'scratch' / CONCURRENT)!r}"
+                                            " + '/notes.txt').read())", _all(_failed, _no_secret), {}),
         "leave a file for the next run": ("leakage", "open('left-behind', 'w').write('x')\nimport os\n"
                                           "print(os.getcwd())", lambda r, _b: r.ok, {}),
         # output forgery
@@ -236,6 +241,16 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
                                      "b'{\"exit\": 0}\\n')\n    except OSError: pass\nraise SystemExit(5)",
                                      lambda r, _b: r.error == "the program exited with status 5", {}),
     }
+
+
+def _concurrent_scratch(directory: Path) -> None:
+    """Another run's scratch directory beside the attacks' own, made as the code tool makes one (0700, owned by the
+    code's user: `nobody` under root, else this user) with a file the secret is in."""
+    directory.mkdir(mode=0o700)
+    (directory / "notes.txt").write_text(SECRET)
+    if os.geteuid() == 0:
+        for path in (directory, directory / "notes.txt"):
+            os.chown(path, NOBODY_ID, NOBODY_ID)
 
 
 def _left_behind(scratch_root: Path) -> bool:
@@ -249,6 +264,7 @@ def main() -> None:
     scratch_root = bait.root / "scratch"
     scratch_root.mkdir()
     scratch_root.chmod(0o711)
+    _concurrent_scratch(scratch_root / CONCURRENT)
     report: dict[str, dict[str, object]] = {}
     for name, (kind, code, check, limits) in attacks(bait).items():
         result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]
