@@ -15,6 +15,7 @@ import nox
 import nox.command
 
 nox.options.sessions = ["lint", "tests"]
+CLUSTER = "slurm or vllm or sglang"  # the markers of the cluster lane's tests (pyproject.toml lists them)
 
 
 @nox.session(venv_backend="none")
@@ -25,11 +26,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Every test. With no arguments, two pytest sessions side by side, one per lane: the cluster lane (the tests
-    marked `slurm`: trials on the dev cluster, with the background pool of scenarios, which takes a second trial
-    whenever the cores idle) and the local lane (everything else: the unit tier, then the tests of real servers,
-    gloo ranks and the CLI, one process at a time). Each lane keeps about one core busy; the pool fills the rest
-    (vmstat, session 19). The local lane's report follows the cluster lane's. With arguments
+    """Every test. With no arguments, two pytest sessions side by side, one per lane: the cluster lane (tests marked
+    slurm, vllm or sglang: trials on the dev cluster, with the background pool of scenarios, which takes a second
+    trial whenever the cores idle, and the tests of real servers) and the local lane (everything else: the unit
+    tier, then the integration tests of gloo ranks and trainers in this process's children). Each lane keeps about
+    one core busy; the pool fills the rest. The local lane's report follows the cluster lane's. With arguments
     (`bash scripts/test.sh tests/unit -x`), one session with them, as before."""
     # the 25 slowest tests, every run: where the suite's time goes (its budget: README, "Tests and their time budget")
     if session.posargs:
@@ -37,17 +38,17 @@ def tests(session: nox.Session) -> None:
         return
     with tempfile.TemporaryFile("w+") as local_log:
         local_lane = subprocess.Popen([sys.executable, "-m", "pytest", "-ra", "--durations=15", "-p",
-                                       "no:cacheprovider", "-m", "not slurm", "tests/unit", "tests/integration"],
+                                       "no:cacheprovider", "-m", f"not ({CLUSTER})", "tests/unit", "tests/integration"],
                                       stdout=local_log, stderr=subprocess.STDOUT, text=True)
         try:
-            session.run("python", "-m", "pytest", "-ra", "--durations=25", "-m", "slurm", "tests/integration")
+            session.run("python", "-m", "pytest", "-ra", "--durations=25", "-m", CLUSTER, "tests/integration")
             cluster_ok = True
         except nox.command.CommandFailed:
             cluster_ok = False
         finally:
             local_rc = local_lane.wait()
             local_log.seek(0)
-            print("\n==== the local lane (tests/unit, and tests/integration not marked slurm), run beside the cluster "
+            print(f"\n==== the local lane (tests/unit and tests/integration, not {CLUSTER}), run beside the cluster "
                   "lane ====\n" + local_log.read(), flush=True)
     if local_rc != 0:
         session.error(f"the local lane failed (pytest exit code {local_rc})")

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import run_rlkit
 
+pytestmark = pytest.mark.slurm  # the dev cluster's controller (squeue: nothing may change in Slurm)
+
 
 def _test_jobs() -> set[str]:
     """Ids of the jobs (any state) of the tests' experiment `test-exp`: other tests' trials may come and go."""

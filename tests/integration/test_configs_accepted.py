@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import CONFIGS, example_configs, run_rlkit
 
+pytestmark = pytest.mark.slurm  # the dev cluster's controller (sbatch --test-only)
+
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
 
 

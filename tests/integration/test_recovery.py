@@ -184,10 +184,12 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}",
                     *ONE_NODE)
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
-    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
-    status = run_rlkit("status", name, env=home).stdout
+    # the job id first: between the 8th step and the signal no CLI call, which on a loaded machine took long enough
+    # for the trainer to finish step 19 of 24 and leave the stop below nothing to stop
     job_id = str(status_row(name, home)["job_id"])
+    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
+    status = run_rlkit("status", name, env=home).stdout  # the mismatch warning of step CORRUPTED + 1 is on record
     # the requeue hold (cred_expire + 1 s), then the requeued run resumes and trains STOP_AFTER steps of its own
     requeued_from = int(wait_for(lambda: re.search(r"resuming after step (\d+) ", (trial / "logs" / "grpo.log")
                                                    .read_text()), "the requeued run's resume", timeout=900).group(1))

@@ -168,15 +168,17 @@ def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -
 
 
 def test_the_two_lanes_run_every_test() -> None:
-    """`nox -s tests` runs the cluster lane (`-m slurm tests/integration`) beside the local lane (`-m "not slurm"
-    tests/unit tests/integration`): a unit test marked slurm would be in neither."""
+    """`nox -s tests` runs the cluster lane (`-m "slurm or vllm or sglang" tests/integration`) beside the local lane
+    (the rest of tests/unit and tests/integration): a unit test with one of those markers would be in neither."""
     def uses_the_marker(path: Path) -> bool:
-        return any(isinstance(node, ast.Attribute) and node.attr == "slurm" and isinstance(node.value, ast.Attribute)
-                   and node.value.attr == "mark" for node in ast.walk(ast.parse(path.read_text())))
+        return any(isinstance(node, ast.Attribute) and node.attr in ("slurm", "vllm", "sglang")
+                   and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
+                   for node in ast.walk(ast.parse(path.read_text())))
 
     marked = [path.name for path in (REPO / "tests" / "unit").rglob("test_*.py") if uses_the_marker(path)]
     assert marked == [], marked
     assert uses_the_marker(REPO / "tests" / "integration" / "test_recovery.py")  # the check sees the marker
     noxfile = (REPO / "noxfile.py").read_text()
-    assert '"-m", "slurm", "tests/integration"' in noxfile
-    assert '"-m", "not slurm", "tests/unit", "tests/integration"' in noxfile
+    assert 'CLUSTER = "slurm or vllm or sglang"' in noxfile
+    assert '"-m", CLUSTER, "tests/integration"' in noxfile
+    assert '"-m", f"not ({CLUSTER})", "tests/unit", "tests/integration"' in noxfile
