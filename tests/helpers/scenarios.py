@@ -114,6 +114,17 @@ def start_used(pool: ScenarioPool, selected: list[str], uses: dict[str, tuple[st
             pool.start(name, lambda scenario=scenario: scenario(*args))
 
 
+def trial_starter(uses: dict[str, tuple[str, ...]], scenarios: dict[str, Callable[..., Any]]) -> Callable[
+        [ScenarioPool, list[str], Callable[[str], Any]], None]:
+    """The `start_background` of a module whose scenarios each take the session's tiny model and tmp_path_factory:
+    tests/conftest.py calls it before the session's first test, and the trials run beside the rest of the suite."""
+
+    def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
+        start_used(pool, selected, uses, scenarios, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+
+    return start_background
+
+
 @contextmanager
 def scenario_pool(workers: int = SIDE_BY_SIDE, widened: int | None = None,
                   idle_widen: tuple[float, float] | None = None) -> Iterator[ScenarioPool]:

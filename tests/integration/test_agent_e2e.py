@@ -23,14 +23,12 @@ from __future__ import annotations
 import os
 import signal
 import statistics
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.scenarios import ScenarioPool, start_used
+from tests.helpers.scenarios import ScenarioPool, trial_starter
 from tests.helpers.slurm_helpers import (
     assert_every_version_fingerprinted,
     processes_mentioning,
@@ -86,10 +84,7 @@ USES = {"test_the_tool_is_learned_through_multi_turn_episodes": ("agent",),
         "test_weights_went_by_broadcast_and_every_version_was_fingerprinted": ("agent",),
         "test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use": ("agent",)}
 
-
-def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
-    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
-    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+start_background = trial_starter(USES, SCENARIOS)
 
 
 @pytest.fixture

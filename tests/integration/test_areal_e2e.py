@@ -16,14 +16,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import REPO, run_rlkit
-from tests.helpers.scenarios import ScenarioPool, start_used
+from tests.helpers.scenarios import ScenarioPool, trial_starter
 from tests.helpers.slurm_helpers import wait_state
 
 # one trial in the session's background (tests/helpers/scenarios.py): these tests run last, waiting for it
@@ -69,10 +67,7 @@ SCENARIOS = {"areal": _areal_trial}
 USES = {"test_the_example_runs_to_completion_as_written": ("areal",),
         "test_what_rlkit_made_of_the_file_is_recorded": ("areal",)}
 
-
-def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
-    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
-    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+start_background = trial_starter(USES, SCENARIOS)
 
 
 @pytest.fixture

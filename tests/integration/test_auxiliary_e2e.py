@@ -24,14 +24,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.scenarios import ScenarioPool, start_used
+from tests.helpers.scenarios import ScenarioPool, trial_starter
 from tests.helpers.sglang_helpers import CPU_EXTRA_ARGS, SHIM, sglang_python
 from tests.helpers.slurm_helpers import ACTIVE, assert_every_version_fingerprinted, wait_for, wait_state
 
@@ -97,10 +96,7 @@ USES = {"test_three_components_ran_and_completed": ("judge",),
         "test_policy_and_judge_traffic_stay_apart": ("judge",),
         "test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push": ("judge",)}
 
-
-def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[[str], Any]) -> None:
-    """Called before the session's first test (tests/conftest.py): the trial runs beside the rest of the suite."""
-    start_used(pool, selected, USES, SCENARIOS, fixture("tiny_model_dir"), fixture("tmp_path_factory"))
+start_background = trial_starter(USES, SCENARIOS)
 
 
 @pytest.fixture

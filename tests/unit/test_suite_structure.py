@@ -32,6 +32,23 @@ def _literal(tree: ast.Module, name: str) -> object:
     raise AssertionError(f"no module-level {name}")
 
 
+class _Counted:
+    """A scenario that counts how many of its kind run at once, each until `release` is set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.running, self.most, self.lock, self.release = 0, 0, threading.Lock(), threading.Event()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+
+
 def test_every_background_test_names_the_scenarios_it_rides_on() -> None:
     modules = _background_modules()
     assert modules, "the recovery module runs in the background"
@@ -39,6 +56,8 @@ def test_every_background_test_names_the_scenarios_it_rides_on() -> None:
         tree = ast.parse(path.read_text())
         tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
         functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        functions |= {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+                      if isinstance(target, ast.Name)}  # start_background = trial_starter(USES, SCENARIOS)
         assert "start_background" in functions, path
         uses, scenarios = _literal(tree, "USES"), _literal(tree, "SCENARIOS")
         assert isinstance(uses, dict) and isinstance(scenarios, set)
@@ -77,41 +96,30 @@ def test_the_suite_prints_its_budget_and_warns_past_it(tmp_path: Path, seconds: 
 
 def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> None:
     """One scenario at a time beside the foreground; two once the first background test widens the pool."""
-    import threading
     import time
 
     from tests.helpers.scenarios import WALL_TIMES, ScenarioPool
 
-    running, most, lock = [0], [0], threading.Lock()
-    release = threading.Event()
-
-    def scenario() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        release.wait(10)
-        with lock:
-            running[0] -= 1
-
+    scenario = _Counted()
     pool = ScenarioPool(1, 2)
     try:
         for name in ("a", "b", "c"):
             pool.start(name, scenario)
         time.sleep(0.3)
-        assert most[0] == 1
+        assert scenario.most == 1
         pool.widen()
         pool.widen()  # idempotent
         time.sleep(0.3)
-        assert most[0] == 2 and running[0] == 2
-        release.set()
+        assert scenario.most == 2 and scenario.running == 2
+        scenario.release.set()
         for name in ("a", "b", "c"):
             pool.result(name, timeout=10)
     finally:
-        release.set()
+        scenario.release.set()
         pool.close()
         for name in ("a", "b", "c"):
             WALL_TIMES.pop(name, None)  # not the session's scenarios: kept out of its summary
-    assert most[0] == 2
+    assert scenario.most == 2
 
 
 def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -> None:
@@ -129,23 +137,15 @@ def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -
         ticks[1] += 5 if busy.is_set() else 60
         return ticks[0], ticks[1]
 
-    running, most, lock, release = [0], [0], threading.Lock(), threading.Event()
-
-    def scenario() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        release.wait(10)
-        with lock:
-            running[0] -= 1
+    scenario = _Counted()
 
     def wait_until_running(count: int) -> None:
         for _ in range(200):
-            with lock:
-                if running[0] == count:
+            with scenario.lock:
+                if scenario.running == count:
                     return
             threading.Event().wait(0.01)
-        raise AssertionError(f"{running[0]} running, not {count}")
+        raise AssertionError(f"{scenario.running} running, not {count}")
 
     busy.set()
     pool = ScenarioPool(1, 3)
@@ -155,13 +155,13 @@ def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -
         pool.widen_when_idle(0.35, 0.02, cpu_times)
         wait_until_running(1)
         threading.Event().wait(0.2)  # ten busy windows
-        assert most[0] == 1
+        assert scenario.most == 1
         busy.clear()
         wait_until_running(3)  # idle windows: one more each, up to the widened number
         threading.Event().wait(0.1)
-        assert most[0] == 3
+        assert scenario.most == 3
     finally:
-        release.set()
+        scenario.release.set()
         pool.close()
         for name in ("w1", "w2", "w3", "w4"):
             WALL_TIMES.pop(name, None)
