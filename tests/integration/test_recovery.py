@@ -49,7 +49,7 @@ CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agre
 EXPERIMENT = "demo-grpo"
 # the killtrainer trial (recover.freq_steps=4) carries two trainer deaths: mid-push of version MID_PUSH (resumed from
 # the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps
-KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
+KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 18, 7, 4, 10
 ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # both servers and both trainer ranks on one node
 # Trials whose faults are the trainer's, or all servers', run ONE server: each vLLM start costs ~40 CPU-s of the two
 # cores (two imports of vLLM: its API server and its engine process), a fifth of such a trial. Faults between servers
@@ -226,7 +226,7 @@ def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
     return trial, run_rlkit("status", name, env=home).stdout
 
 
-ALLGONE_STEPS = 24  # the kill lands at step 6 or 7: the rest is the retry's, which must go on from its checkpoint
+ALLGONE_STEPS = 14  # the kill lands at step 6 or 7: the rest is the retry's, which must go on from its checkpoint
 
 
 def _all_servers_gone(env: dict[str, object]) -> Path:
