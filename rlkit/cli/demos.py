@@ -105,7 +105,7 @@ def _prompts(directory: Path) -> None:
 
 
 PREPARE: dict[str, Callable[[Path], None]] = {
-    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "sft": _sft_rows,
+    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "sft-rows": _sft_rows,
     "pairs": _pair_rows, "prompts": _prompts, "press-held-out": _press_held_out,
 }
 
@@ -127,11 +127,11 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("ppo", "ppo-cpu-demo.yaml", "PPO with a critic", ("tiny-model", "digits"), _reward),
     Demo("lora", "grpo-lora-cpu-demo.yaml", "GRPO training LoRA adapters, served by vLLM's runtime LoRA",
          ("tiny-model-lora", "digits"), _reward),
-    Demo("sft", "sft-cpu-demo.yaml", "supervised fine-tuning on 2 trainer ranks", ("tiny-model", "sft"), _sft),
+    Demo("sft", "sft-cpu-demo.yaml", "supervised fine-tuning on 2 trainer ranks", ("tiny-model", "sft-rows"), _sft),
     Demo("rw", "rw-cpu-demo.yaml", "a reward model trained on preference pairs", ("tiny-model", "pairs"), _pairs),
     Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),
     Demo("stages", "sft-grpo-cpu-demo.yaml", "two stages: SFT, then GRPO from its model",
-         ("tiny-model", "sft", "digits"), _by_stage),
+         ("tiny-model", "sft-rows", "digits"), _by_stage),
     Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
          ("tiny-model", "prompts"), None),
     Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns",

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.scenarios import ScenarioPool
+from tests.helpers.scenarios import ScenarioPool, start_used
 from tests.helpers.slurm_helpers import (
     processes_mentioning,
     status_row,
@@ -314,12 +314,7 @@ def start_background(pool: ScenarioPool, selected: list[str], fixture: Callable[
     tests' scenarios start in the session's pool and run beside the rest of the suite; these tests run last. Returns
     the trials' environment."""
     env = _trial_env(fixture("tiny_model_dir"), fixture("tied_model_dir"), fixture("tmp_path_factory"))
-    wanted: set[str] = set()
-    for name in selected:
-        wanted.update(USES[name])
-    for name, scenario in SCENARIOS.items():
-        if name in wanted:
-            pool.start(name, lambda scenario=scenario: scenario(env))
+    start_used(pool, selected, USES, SCENARIOS, env)
     return env
 
 
