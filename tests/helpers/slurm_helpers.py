@@ -29,6 +29,14 @@ def _slurm_lists_active(job_id: str) -> bool:
     return out.returncode == 0 and any(state in SLURM_ACTIVE for state in out.stdout.split())
 
 
+def job_ids_named(prefix: str) -> set[str]:
+    """Ids of the jobs (any state) whose name starts with `prefix`: a test's own, while other tests' trials come and
+    go in the same queue."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %j"], capture_output=True, text=True,
+                         check=True).stdout
+    return {fields[0] for fields in map(str.split, out.splitlines()) if fields[1:2] and fields[1].startswith(prefix)}
+
+
 def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
                env: dict[str, str] | None = None) -> str:
     """Poll until the job is no longer active (or reaches one of `done`), as `rlkit status` reports it.

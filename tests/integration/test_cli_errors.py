@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rlkit
+from tests.helpers.slurm_helpers import job_ids_named
 
 pytestmark = pytest.mark.slurm  # the dev cluster's controller (squeue: nothing may change in Slurm)
 
 
 def _test_jobs() -> set[str]:
-    """Ids of the jobs (any state) of the tests' experiment `test-exp`: other tests' trials may come and go."""
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %j"], capture_output=True, text=True,
-                         check=True).stdout
-    return {fields[0] for fields in map(str.split, out.splitlines()) if fields[1:2] and
-            fields[1].startswith("test-exp_")}
+    """Ids of the jobs (any state) of the tests' experiment `test-exp`."""
+    return job_ids_named("test-exp_")
 
 
 def _assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rlkit
+from tests.helpers.slurm_helpers import job_ids_named
 
 pytestmark = pytest.mark.slurm
 
@@ -33,17 +34,10 @@ def test_on_cluster_build_runs_as_a_slurm_job_and_reports_the_nodes_missing_appt
     assert "JobName=rlkit-image-vllm" in state and "Partition=debug" in state, state
 
 
-def _image_jobs() -> set[str]:
-    """Ids of the image-build jobs (any state): the trials of other tests come and go beside this one."""
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i %j"], capture_output=True, text=True,
-                         check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["rlkit-image-vllm"]}
-
-
 def test_a_partition_that_does_not_exist_exits_2_before_submitting(tmp_path: Path) -> None:
-    before = _image_jobs()
+    before = job_ids_named("rlkit-image-")
     result = run_rlkit("image", "build", "vllm", "--on-cluster", "--partition", "nosuch", "--out",
                        str(tmp_path / "v.sif"), timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result
     assert "partition 'nosuch' does not exist" in result.stderr and "--partition one of: debug" in result.stderr
-    assert _image_jobs() <= before and not (tmp_path / ".rlkit-image-builds").exists()
+    assert job_ids_named("rlkit-image-") <= before and not (tmp_path / ".rlkit-image-builds").exists()
