@@ -15,6 +15,7 @@ import pytest
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
     from tests.helpers.scenarios import ScenarioPool
+    from tests.helpers.sglang_helpers import RunningSglang
     from tests.helpers.vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,6 +156,21 @@ def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
         yield slot
     finally:
         slot.close()
+
+
+@pytest.fixture(scope="session")
+def sglang_server(tmp_path_factory: pytest.TempPathFactory, tied_model_dir: Path) -> Iterator[RunningSglang]:
+    """The session's one real SGLang server (a start costs ~115 CPU-s here): the tied model, with LoRA on, for the
+    contract tests (tests/integration/test_sglang_backend.py) and then the adapter tests (test_sglang_lora.py)."""
+    import secrets
+
+    from tests.helpers.sglang_helpers import PIN_SHIM, lora_server_config, running_sglang, sglang_python
+
+    root = tmp_path_factory.mktemp("sglang_server")
+    with running_sglang(tied_model_dir, token=secrets.token_hex(24), workdir=root, python=sglang_python(),
+                        config=lora_server_config(tied_model_dir), shims=(PIN_SHIM,)) as running:
+        print(f"\n[sglang] server healthy {running.start_seconds:.1f} s after its start")
+        yield running
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

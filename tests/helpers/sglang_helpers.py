@@ -22,12 +22,14 @@ from rlkit.servers.backend import Server
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.sglang.backend import BACKEND
 from tests.conftest import REPO
+from tests.helpers.lora_served import TARGETS
 from tests.helpers.vllm_helpers import _tail, stop_group
 
 SHIM = REPO / "tests" / "sglang_cpu_shim"
 PIN_SHIM = REPO / "tests" / "sglang_cpu_pin_shim"  # SGLang's LoRA path pins host memory, which needs CUDA
 HOST = "127.0.0.1"
 HEALTH_TIMEOUT = 300.0
+LORA_RANK = 8
 CPU_EXTRA_ARGS: dict[str, object] = {  # what a CPU without GPUs needs (shared/NOTES.md)
     "device": "cpu",
     "disable_overlap_schedule": True,
@@ -55,6 +57,18 @@ def cpu_config(model_dir: Path) -> ExperimentConfig:
     return ExperimentConfig(experiment_name="sglang-test", trial_name="t1", allocation_mode="sglang:d1",
                             sglang=SGLangConfig(model_path=str(model_dir), dtype="float32",
                                                 extra_args=dict(CPU_EXTRA_ARGS)))
+
+
+def lora_server_config(model_dir: Path) -> ExperimentConfig:
+    """`cpu_config` with `actor.use_lora`: the backend adds `--enable-lora --max-lora-rank --lora-target-modules`
+    (and `--lora-backend torch_native` on this CPU). The session's one SGLang server (tests/conftest.py
+    `sglang_server`) is started from it: the contract tests run on it too, LoRA on or off changes none of them."""
+    config = cpu_config(model_dir)
+    config.experiment_name = "sglang-lora"
+    config.actor.path, config.actor.dtype = str(model_dir), "float32"
+    config.actor.use_lora, config.actor.lora_rank, config.actor.lora_alpha = True, LORA_RANK, 16
+    config.actor.target_modules = list(TARGETS)
+    return config
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,17 @@ The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, 
 one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
 ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version
 with a request in flight, and the broadcast routes over a gloo group, on a tied-embedding model: the case where a
-reload can leave the output head stale (shared/NOTES.md). SGLang serves the untied tiny model in test_auxiliary_e2e's
-trial (a broadcast every step, fingerprinted) and in test_sglang_lora; a second server here, for the untied model's
-disk load alone (the same route and loader), would cost the suite about a minute of its two cores. What it cannot:
-SGLang's GPU kernels and NCCL.
+reload can leave the output head stale (shared/NOTES.md). The server is the session's one SGLang server
+(tests/conftest.py `sglang_server`), started with LoRA on so test_sglang_lora's adapters run on it after these tests
+(a start costs ~115 CPU-s on this machine). SGLang serves the untied tiny model in test_auxiliary_e2e's trial (a
+broadcast every step, fingerprinted). What it cannot: SGLang's GPU kernels and NCCL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from rlkit.weights.fingerprint import check_fingerprint, trainer_probe_logprobs
 from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weights
 from rlkit.weights.xccl import XcclSender
 from tests.helpers.model_helpers import perturbed
-from tests.helpers.sglang_helpers import RunningSglang, running_sglang, sglang_python
+from tests.helpers.sglang_helpers import RunningSglang
 
 pytestmark = [pytest.mark.sglang]
 
@@ -43,12 +42,10 @@ T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, tied_model_dir: Path) -> Iterator[RunningSglang]:
-    """One real server for the module, serving the tied model."""
-    root = tmp_path_factory.mktemp("sglang_tied")
-    with running_sglang(tied_model_dir, token=secrets.token_hex(24), workdir=root, python=sglang_python()) as running:
-        print(f"\n[sglang tied] server healthy {running.start_seconds:.1f} s after its start")
-        yield running
+def served(sglang_server: RunningSglang) -> RunningSglang:
+    """The session's SGLang server (tests/conftest.py): the tied model, LoRA on (test_sglang_lora's adapters come
+    after these tests)."""
+    return sglang_server
 
 
 def kind_of(served: RunningSglang) -> str:

@@ -1,6 +1,7 @@
-"""LoRA adapters into a REAL SGLang 0.5.23 server on the CPU (one start for the module): the adapter transport
-(rlkit.weights.lora_disk) and the fan-out's version + fingerprint check THROUGH the adapter (rlkit.weights.fanout),
-as the trainer drives them, with peft on the trainer's side (rlkit.trainer.lora), then the adapter routes directly.
+"""LoRA adapters into a REAL SGLang 0.5.23 server on the CPU (the session's one SGLang server, tests/conftest.py
+`sglang_server`, serving the tied model): the adapter transport (rlkit.weights.lora_disk) and the fan-out's version +
+fingerprint check THROUGH the adapter (rlkit.weights.fanout), as the trainer drives them, with peft on the trainer's
+side (rlkit.trainer.lora), then the adapter routes directly.
 
 The server is started through `BACKEND.launch` of a config with `actor.use_lora` (`--enable-lora --max-lora-rank
 --lora-target-modules`, and `--lora-backend torch_native` since this machine has no CUDA), with the test-only kernel
@@ -15,17 +16,14 @@ model's to 1e-3 (float32 both sides) and differ from the base model's by far mor
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import torch
 
-from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.sglang.backend import BACKEND
 from rlkit.trainer.lora import iter_adapter_buckets
@@ -33,38 +31,28 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
-from tests.helpers.lora_served import TARGETS, LoraServed, background_loop, mean_abs, peft_model, probe_ids
-from tests.helpers.sglang_helpers import PIN_SHIM, cpu_config, running_sglang, sglang_python
+from tests.helpers.lora_served import LoraServed, background_loop, mean_abs, peft_model, probe_ids
+from tests.helpers.sglang_helpers import LORA_RANK, RunningSglang, lora_server_config
 
 pytestmark = [pytest.mark.sglang]
 
 TOLERANCE = 1e-3  # float32 server and trainer
 TIMEOUT = 60.0
-RANK = 8
-
-
-def lora_server_config(model_dir: Path) -> ExperimentConfig:
-    config = cpu_config(model_dir)
-    config.experiment_name = "sglang-lora"
-    config.actor.path, config.actor.dtype = str(model_dir), "float32"
-    config.actor.use_lora, config.actor.lora_rank, config.actor.lora_alpha = True, RANK, 16
-    config.actor.target_modules = list(TARGETS)
-    return config
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LoraServed]:
+def served(tmp_path_factory: pytest.TempPathFactory, sglang_server: RunningSglang) -> Iterator[LoraServed]:
+    """The session's SGLang server (tests/conftest.py), given its model's own weights back from disk first: the
+    contract tests of test_sglang_backend, which run on it before, leave others loaded."""
     root = tmp_path_factory.mktemp("sglang_lora")
-    config = lora_server_config(tiny_model_dir)
-    with background_loop() as loop, running_sglang(tiny_model_dir, token=secrets.token_hex(24), workdir=root,
-                                                   python=sglang_python(), config=config,
-                                                   shims=(PIN_SHIM,)) as running:
-        print(f"\n[sglang lora] server healthy {running.start_seconds:.1f} s after its start")
-        paths = TrialPaths(root / "trial")
-        transport = transport_for_actor(config.actor)(config, paths)
-        transport.start()
-        yield LoraServed(running.server, running.token, tiny_model_dir, config, paths, probe_ids(tiny_model_dir),
-                         loop, transport, TIMEOUT, running.argv)
+    config, paths = lora_server_config(sglang_server.model_dir), TrialPaths(root / "trial")
+    with background_loop() as loop:
+        served = LoraServed(sglang_server.server, sglang_server.token, sglang_server.model_dir, config, paths,
+                            probe_ids(sglang_server.model_dir), loop, transport_for_actor(config.actor)(config, paths),
+                            TIMEOUT, sglang_server.argv)
+        served.ask(lambda c: BACKEND.load_weights_from_disk(c, served.server, served.model_dir, 0, TIMEOUT))
+        served.transport.start()
+        yield served
 
 
 def publish(served: LoraServed, model: Any, version: int) -> fanout.Published:
@@ -87,7 +75,7 @@ def test_adapters_through_sglang_match_peft_and_unload(served: LoraServed) -> No
 
     started = time.monotonic()
     argv = served.argv
-    assert argv[argv.index("--max-lora-rank") + 1] == str(RANK) and "--enable-lora" in argv
+    assert argv[argv.index("--max-lora-rank") + 1] == str(LORA_RANK) and "--enable-lora" in argv
     for route in ("/load_lora_adapter", "/unload_lora_adapter"):  # the api key guards the adapter routes
         refused = httpx.post(f"{served.server.url}{route}", json={"lora_name": "x", "lora_path": "/tmp"},
                              trust_env=False)
