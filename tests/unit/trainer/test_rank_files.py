@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
+from rlkit.trainer.rank_files import Piece, gather_rows, rank_file_name, write_rank_file
 from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
@@ -113,9 +115,10 @@ def _results(out: Path, mode: str, world: int) -> list[dict[str, object]]:
     return [json.loads((out / f"{mode}-{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize(("saving", "loading"), [(2, 1), (1, 2)], ids=["2-ranks-then-1", "1-rank-then-2"])
-def test_recover_checkpoint_round_trip_damage_reshard_and_old_format(tied_model_dir: Path, tmp_path: Path,
-                                                                      saving: int, loading: int) -> None:
+def test_recover_checkpoint_round_trip_damage_reshard_and_old_format(tied_model_dir: Path, tmp_path: Path) -> None:
+    """Saved by 2 ranks, loaded by 2 (one read of each rank's file) then by 1 (the rows gathered): other worlds'
+    gathers are tested in this process below (a run of gloo ranks costs ~50 CPU-s here)."""
+    saving, loading = 2, 1
     run_ranks(saving, ["-c", WORKER, str(tied_model_dir), str(tmp_path), "save"])
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files == [f"rank-{rank:05d}-of-{saving:05d}.safetensors" for rank in range(saving)]
@@ -136,3 +139,52 @@ def test_recover_checkpoint_round_trip_damage_reshard_and_old_format(tied_model_
     with safe_open(str(tmp_path / "ckpt" / files[0]), "pt") as f:
         aliases = json.loads(f.metadata()["rlkit"])["aliases"]
     assert aliases == {"model/lm_head.weight": "model/model.embed_tokens.weight"}  # the tied head written once
+
+
+class _Shard(Piece):
+    """A dim-0 shard without a device mesh: rows `first`.. of the whole tensor (what FSDP2 gives each rank)."""
+
+    def __init__(self, name: str, whole: torch.Tensor, first: int, rows: int) -> None:
+        super().__init__(name, whole[first:first + rows].clone(), list(whole.shape), "Shard(dim=0)", whole)
+        self.first = first
+
+    def global_offset(self) -> list[int]:
+        return [self.first] + [0] * (self.whole.dim() - 1)
+
+
+def _write_world(directory: Path, tensors: dict[str, torch.Tensor], world: int) -> dict[str, tuple[int, str]]:
+    """Rank files of `world` ranks, each holding its even (FSDP2-style, last rank shorter) rows of every tensor."""
+    digests = {}
+    for rank in range(world):
+        pieces: list[Piece] = []
+        for name, whole in tensors.items():
+            if not whole.dim():  # a scalar (AdamW's step) is whole on every rank
+                pieces.append(Piece(name, whole.clone(), [], "", whole))
+                continue
+            per = -(-whole.shape[0] // world)
+            first = min(rank * per, whole.shape[0])
+            pieces.append(_Shard(name, whole, first, min(per, whole.shape[0] - first)))
+        path = directory / rank_file_name(rank, world)
+        digests[str(path)] = write_rank_file(path, pieces, {"param_groups": []}, rank=rank, world=world)
+    return digests
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(1, 2), (2, 3), (3, 2), (4, 1)])
+def test_rows_are_gathered_for_any_other_world(tmp_path: Path, saved: int, loaded: int) -> None:
+    """The gather path of a load on another world, in this process (the gloo test above takes 2 ranks then 1): each
+    loading rank's rows come from whichever saved files hold them, split anywhere, bit for bit."""
+    generator = torch.Generator().manual_seed(saved * 10 + loaded)
+    tensors = {"model/w": torch.randn(7, 3, generator=generator),
+               "optim/w/exp_avg": torch.randn(7, 3, generator=generator).to(torch.bfloat16),
+               "optim/w/step": torch.tensor(5.0)}
+    digests = _write_world(tmp_path, tensors, saved)
+    for rank in range(loaded):
+        per = -(-7 // loaded)
+        first = min(rank * per, 7)
+        targets = {name: _Shard(name, torch.zeros_like(whole), first, min(per, 7 - first)) if whole.dim()
+                   else Piece(name, torch.zeros_like(whole), [], "", torch.zeros_like(whole))
+                   for name, whole in tensors.items()}
+        gather_rows(tmp_path, targets, digests)
+        for name, whole in tensors.items():
+            expected = whole[first:first + targets[name].local.shape[0]] if whole.dim() else whole
+            assert torch.equal(targets[name].local, expected), (name, rank)
