@@ -104,7 +104,8 @@ class WeightGroup:
     """Where one server's workers join the trainer's weight-broadcast group (rlkit.weights.xccl).
 
     Trainer rank 0 is rank 0 of the group and hosts its TCPStore; the server's workers take ranks
-    `rank_offset .. rank_offset + tp - 1`.
+    `rank_offset .. rank_offset + tp - 1`. One group holds every server of a push: the servers differ only in
+    `rank_offset` (server i of the group: 1 + i * tp).
     """
 
     master_address: str
@@ -126,14 +127,16 @@ class TensorMeta:
 
 
 class WeightLink(Protocol):
-    """Trainer rank 0's end of one server's weight-broadcast group (`ServerBackend.open_weight_link`)."""
+    """Trainer rank 0's end of a weight-broadcast group (`ServerBackend.open_weight_link`)."""
+
+    copies: int  # how many copies of each byte rank 0 sends, whatever the number of servers (the bytes reported)
 
     def send(self, tensors: list[Tensor]) -> None:
         """Broadcast one bucket's tensors from rank 0, in order, as the engine's workers expect them; raises (within
         the group's timeout where the backend has one) if the group breaks."""
 
     def close(self) -> None:
-        """Leave the group (also a broken one); the next push forms a new group for the server."""
+        """Leave the group (also a broken one); the next push forms a new group for its servers."""
 
 
 class ServerBackend(ABC):

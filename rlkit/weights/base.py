@@ -102,6 +102,9 @@ class WeightTransport(ABC):
         self.config = config
         self.paths = paths
         self.timings: dict[str, float] = {}  # trainer-side seconds of the last push by phase ("gather", "write")
+        # bytes rank 0 sent toward the servers in the last push: the files written (disk), or what it put on the wire
+        # (xccl: one copy of the weights per group on a chain or NCCL, whatever the number of servers)
+        self.sent_bytes = 0
 
     def bucket_dtype(self) -> torch.dtype | None:
         """The dtype the buckets are cast to while gathered (None: the training dtype, as the model holds them)."""

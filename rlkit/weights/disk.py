@@ -56,6 +56,7 @@ class DiskTransport(WeightTransport):
         started = time.monotonic()
         hf_export.write_weights(state, Path(self.config.actor.path), out_dir, dtype=DTYPES[self.config.actor.dtype])
         self.timings["write"] = time.monotonic() - started
+        self.sent_bytes = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())  # one copy, read by all
         del state
 
         async def deliver() -> list[ServerOutcome]:

@@ -1,17 +1,33 @@
 """Weight sync by broadcast, trainer side (`actor.weight_update_mode: xccl`): trainer rank 0 sends the full weights,
-bucket by bucket, to every server's workers over a torch.distributed group (NCCL on GPUs, gloo on the CPU) while the
-servers' receive calls run (the server side: `ServerBackend.join_weight_group` .. `finish_weight_broadcast`).
+bucket by bucket, to every server's workers over ONE torch.distributed group holding every server of the push
+(NCCL on GPUs, gloo on the CPU) while the servers' receive calls run (the server side:
+`ServerBackend.join_weight_group` .. `finish_weight_broadcast`).
 
-One group per server, not one group with every server in it: a collective needs every member, so in a shared group
-one server that dies or stalls breaks or blocks the broadcast for all the others, and a restarted server cannot enter
-a group that exists (membership is fixed when a group forms): every server would have to re-join for each restart.
-With a group per server, a lost server fails only its own group, which is torn down; the next push forms a fresh one
-for its replacement and sends it everything. The cost: rank 0 sends the bytes once per server (N times the model on
-the trainer's link, where one group could use a tree or ring), and one TCPStore and port per server.
+Why one group: with a group per server, rank 0 sent every byte once per server (N copies of the model on the
+trainer's link: 480 GB per step for a 7B model and 32 servers). In one group rank 0 sends about one copy whatever N:
+NCCL pipelines its broadcast along a ring; on gloo, whose broadcast is a binomial tree (ceil(log2(world)) copies
+from the root), rlkit's vLLM engine makes the group a chain instead: rank 0 sends to the first server's first worker,
+each worker forwards to the next (rlkit.servers.vllm.relay). SGLang keeps its own broadcast (gloo: the tree). Ranks:
+trainer 0, then server i's workers at 1 + i * tp (the order of the servers given). `PushResult.trainer_bytes` counts
+what rank 0 put on the wire (`WeightLink.copies` per byte).
+
+What the per-server groups gave is kept by re-forming. A collective needs every member, and membership is fixed when
+a group forms, so: the group is re-formed (every server re-joins concurrently, under a new name) whenever the
+servers of a push differ from its members (one lost, restarted, added). When a shared group breaks (a join, or a
+bucket: a server died or stalled), rank 0 aborts its end, so the failure runs down the chain at once instead of at
+each rank's timeout, and waits for every server's call (each ends within `timeout_s`), which shows who missed the
+bucket; then each server of the broken group joins a group of its own and gets the bucket again if it missed it (the
+engine skips names it loaded already). A server that fails alone too is named with both errors and dropped from the
+push; the survivors finish the push in their own groups (N copies for the rest of that push only) and the next push
+forms one group again. A dead server fails fast (its connections reset); a stalled one within the timeouts. The
+fan-out then treats a named server as before: gone is lost (the run goes on; its restart joins the next push's group
+and gets the full version), alive is a failure.
 
 Only rank 0 runs this. The other ranks must still run the bucket iterator (`TrainEngine.iter_full_buckets`) to its
 end, because each bucket is all-gathered from every rank's shards; `XcclSender.push` exhausts it even when every
-server has failed. Every wait has a timeout: a join, a bucket, a finish that takes longer fails naming the server.
+server has failed. Every wait has a deadline: a join, a bucket, a finish that takes longer fails naming the server.
+Group names carry this trainer's random run id: a server that outlives a trainer (the in-job retry) still holds the
+old trainer's groups by name (SGLang keeps them until destroyed), and a new trainer's names must never match them.
 """
 
 from __future__ import annotations
@@ -21,13 +37,14 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, TensorMeta, WeightGroup, WeightLink
 from rlkit.servers.health import find_free_port
 from rlkit.weights.base import drain
+from rlkit.weights.xccl_group import HTTP_MARGIN_S, Group, Key, close_when_done, key, wait_for_all
 
 if TYPE_CHECKING:
     import httpx
@@ -36,7 +53,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _END = object()  # the bucket iterator is exhausted
-HTTP_MARGIN_S = 30.0  # a server's receive call answers after its own collective gave up (timeout_s): wait that long
 
 
 class BroadcastControl(Protocol):
@@ -57,27 +73,23 @@ class BroadcastControl(Protocol):
 
 
 @dataclass
-class _Member:
-    server: Server
-    group: WeightGroup
-    link: WeightLink
-
-
-@dataclass
 class PushResult:
     """What one push did: the servers that failed (by index, with the error naming them) and where the time went."""
 
     failed: dict[int, StepError] = field(default_factory=dict)
-    # join, begin, buckets (gather + send), finish; and within buckets, summed over buckets (and servers): gather
-    # (the all-gather of full tensors), trainer_send (rank 0's broadcast), server_receive (the receive call)
+    # join, begin, buckets (gather + send), finish; and within buckets, summed over buckets (and groups): gather
+    # (the all-gather of full tensors), trainer_send (rank 0's send), server_receive (the receive calls)
     seconds: dict[str, float] = field(default_factory=dict)
     buckets: int = 0
-    bytes_sent: int = 0  # per server
+    bytes_sent: int = 0  # one copy of the weights sent (what each server receives)
+    trainer_bytes: int = 0  # what rank 0 put on the wire: one copy per group and bucket on a chain or NCCL
+    groups: int = 0  # groups formed in this push (0: the last push's group was kept)
     began: set[int] = field(default_factory=set)  # servers whose weight update was opened (begin succeeded)
 
 
 class XcclSender:
-    """Trainer rank 0's broadcast groups, one per server, and the steps of a push.
+    """Trainer rank 0's weight group over every server and the steps of a push (the module docstring says why one
+    group and what happens when it breaks).
 
     `workers_per_server` is each server's tensor x pipeline parallel size (its ranks in the group); `host` is the
     address the servers reach this node at (`rlkit.slurm.jobenv.advertised_host()`); `skip` holds state-dict names the
@@ -86,7 +98,7 @@ class XcclSender:
     """
 
     def __init__(self, control: BroadcastControl, *, backend: str, host: str, timeout_s: float,
-                 workers_per_server: int = 1, skip: Collection[str] = ()) -> None:
+                 workers_per_server: int = 1, skip: Collection[str] = (), margin_s: float = HTTP_MARGIN_S) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"broadcast backend must be gloo or nccl, got {backend!r}")
         self.control = control
@@ -95,69 +107,81 @@ class XcclSender:
         self.timeout_s = timeout_s
         self.workers_per_server = workers_per_server
         self.skip = frozenset(skip)
-        self._members: dict[tuple[int, str], _Member] = {}
-        self._times: dict[str, float] = {}  # the current push's PushResult.seconds
+        self.margin_s = margin_s  # how long after its own timeout a server's call may still answer (tests shorten it)
+        self._groups: list[Group] = []  # one, except for the rest of a push after a shared group broke
+        self._result = PushResult()  # the current push's
         self._formed = 0
-        # a server that outlives a trainer (the in-job retry) still holds the old trainer's groups by name (SGLang
-        # keeps them until destroyed): a new trainer's names must never match them
-        self._run = secrets.token_hex(4)
+        self._run = secrets.token_hex(4)  # in every group name: see the module docstring
 
     # ---- groups ----
 
     def members(self) -> list[Server]:
-        """The servers that have a group now."""
-        return [member.server for member in self._members.values()]
+        """The servers that have a group now, in rank order."""
+        return [server for group in self._groups for server in group.servers]
 
     def joined(self, server: Server) -> bool:
-        return (server.index, server.address) in self._members
+        return any(key(server) in group.groups for group in self._groups)
 
     def forget(self, server: Server) -> None:
-        """Tear down the server's group (it failed, or was restarted): its next push forms a new one."""
-        member = self._members.pop((server.index, server.address), None)
-        if member is not None:
-            member.link.close()
+        """Tear down the group holding the server (it failed, or was restarted): the next push forms a new one,
+        with every server of that push."""
+        for group in [g for g in self._groups if key(server) in g.groups]:
+            self._drop(group)
 
     def close(self) -> None:
-        for member in list(self._members.values()):
-            self.forget(member.server)
+        for group in list(self._groups):
+            self._drop(group)
 
-    def _new_group(self, server: Server) -> WeightGroup:
+    def _drop(self, group: Group) -> None:
+        if group in self._groups:
+            self._groups.remove(group)
+        group.link.close()
+
+    def _layout(self, servers: list[Server]) -> tuple[WeightGroup, dict[Key, WeightGroup]]:
+        """A new group over `servers`: rank 0's view of it and each server's (its own rank_offset)."""
         self._formed += 1
-        return WeightGroup(master_address=self.host, master_port=find_free_port("0.0.0.0"), rank_offset=1,
-                           world_size=1 + self.workers_per_server,
-                           group_name=f"rlkit-weights-{self._run}-s{server.index}-g{self._formed}",
-                           backend=self.backend,
-                           timeout_s=self.timeout_s)
+        self._result.groups += 1
+        tp = self.workers_per_server
+        trainer = WeightGroup(master_address=self.host, master_port=find_free_port("0.0.0.0"), rank_offset=1,
+                              world_size=1 + len(servers) * tp,
+                              group_name=f"rlkit-weights-{self._run}-g{self._formed}", backend=self.backend,
+                              timeout_s=self.timeout_s)
+        return trainer, {key(s): replace(trainer, rank_offset=1 + i * tp) for i, s in enumerate(servers)}
 
     async def connect(self, client: httpx.AsyncClient, servers: Iterable[Server]) -> dict[int, StepError]:
-        """Form the group of every server that has none, concurrently; the failures, by server index."""
-        missing = [server for server in servers if not self.joined(server)]
-        joined = await asyncio.gather(*(self._join(client, server) for server in missing), return_exceptions=True)
-        results: list[StepError | None] = []
-        for server, outcome in zip(missing, joined, strict=True):
-            if isinstance(outcome, StepError) or outcome is None:
-                results.append(outcome)
-            elif isinstance(outcome, Exception):  # e.g. no free port: this server's join failed, not the push
-                results.append(StepError(f"{server.label}: joining a weight group failed: "
-                                         f"{type(outcome).__name__}: {outcome}"))
-            else:
-                raise outcome  # KeyboardInterrupt, CancelledError
-        return {server.index: error for server, error in zip(missing, results, strict=True) if error is not None}
+        """One group over exactly `servers`: kept if it is that already, else (re-)formed with every one of them;
+        the servers that could not join, by index (those that could are in groups of their own until the next
+        push: see the module docstring)."""
+        servers = list(servers)
+        if len(self._groups) == 1 and set(self._groups[0].groups) == {key(s) for s in servers}:
+            return {}
+        self.close()
+        if not servers:
+            return {}
+        failed = await self._form(client, servers)
+        if not failed or len(servers) == 1:
+            return failed
+        reasons = {s.index: failed.get(s.index) for s in servers}
+        alone = await asyncio.gather(*(self._form(client, [s]) for s in servers))
+        return {index: StepError(f"{reasons[index] or 'the shared group did not form'}\n  and alone: {error}")
+                for result in alone for index, error in result.items()}
 
-    async def _join(self, client: httpx.AsyncClient, server: Server) -> StepError | None:
-        group = self._new_group(server)
-        trainer = asyncio.create_task(asyncio.to_thread(self.control.open_weight_link, group))
-        remote = asyncio.create_task(self.control.join_weight_group(client, server, group,
-                                                                    self.timeout_s + HTTP_MARGIN_S))
-        error = await _both(trainer, remote, f"{server.label}: joining weight group {group.group_name} at "
-                            f"{group.master_address}:{group.master_port}", self.timeout_s,
-                            on_failure=lambda: _close_when_done(trainer))
-        if error is None:
-            self._members[(server.index, server.address)] = _Member(server, group, trainer.result())
-            return None
-        return StepError(f"{error}\n  fix: the server's workers must reach {group.master_address}:{group.master_port} "
-                         f"(this trainer node; RLKIT_ADVERTISE_HOST overrides the name) and run a {self.backend} "
-                         "weight-transfer engine (--weight-transfer-config)")
+    async def _form(self, client: httpx.AsyncClient, servers: list[Server]) -> dict[int, StepError]:
+        trainer, groups = self._layout(servers)
+        where = f"weight group {trainer.group_name} at {trainer.master_address}:{trainer.master_port}"
+        local = asyncio.create_task(asyncio.to_thread(self.control.open_weight_link, trainer))
+        remote = {key(s): asyncio.create_task(self.control.join_weight_group(
+            client, s, groups[key(s)], self.timeout_s + self.margin_s)) for s in servers}
+        outcome = await wait_for_all(local, remote, self.timeout_s, on_failure=lambda: close_when_done(local),
+                                     margin_s=self.margin_s)
+        if outcome.ok:
+            self._groups.append(Group(servers=servers, groups=groups, link=local.result(), name=trainer.group_name))
+            return {}
+        fix = (f"\n  fix: the server's workers must reach {trainer.master_address}:{trainer.master_port} (this trainer "
+               f"node; RLKIT_ADVERTISE_HOST overrides the name) and run a {self.backend} weight-transfer engine "
+               "(--weight-transfer-config)")
+        return {s.index: StepError(f"{s.label}: joining {where} ({len(servers)} servers) failed after "
+                                   f"{outcome.seconds:.1f} s ({outcome.reason(key(s))}){fix}") for s in servers}
 
     # ---- a push ----
 
@@ -173,29 +197,63 @@ class XcclSender:
 
     async def send_bucket(self, client: httpx.AsyncClient, servers: Iterable[Server],
                           bucket: Mapping[str, torch.Tensor]) -> dict[int, StepError]:
-        """Broadcast one bucket (name -> full tensor) to the servers, each receiving concurrently; the failures."""
+        """Send one bucket (name -> full tensor) through every group of `servers`; the servers that failed."""
         names = [name for name in bucket if name not in self.skip]
         if not names:
             return {}
+        wanted = {key(s) for s in servers}
+        failed: dict[int, StepError] = {}
+        for result in await asyncio.gather(*(self._send(client, group, bucket, names)
+                                             for group in list(self._groups) if set(group.groups) <= wanted)):
+            failed.update(result)
+        return failed
+
+    async def _send(self, client: httpx.AsyncClient, group: Group, bucket: Mapping[str, torch.Tensor],
+                    names: list[str]) -> dict[int, StepError]:
         metas = [TensorMeta(name, str(bucket[name].dtype).removeprefix("torch."), tuple(bucket[name].shape))
                  for name in names]
         tensors = [bucket[name] for name in names]
-        members = [self._members[(s.index, s.address)] for s in servers]
         size = sum(t.nbytes for t in tensors)
         what = f"a bucket of {len(names)} tensors ({size / 1e6:.1f} MB)"
+        start = time.perf_counter()
+        local = asyncio.create_task(asyncio.to_thread(group.link.send, tensors))
+        local.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
+        remote = {key(s): asyncio.create_task(self.control.receive_weight_bucket(
+            client, s, group.groups[key(s)], metas, self.timeout_s + self.margin_s)) for s in group.servers}
+        outcome = await wait_for_all(local, remote, self.timeout_s, on_failure=group.link.close,
+                                     margin_s=self.margin_s)
+        self._add_time("server_receive", time.perf_counter() - start)
+        if outcome.local_ok:
+            self._result.trainer_bytes += size * group.link.copies
+        if outcome.ok:
+            return {}
+        self._drop(group)
+        if len(group.servers) == 1:
+            server = group.servers[0]
+            return {server.index: StepError(
+                f"{server.label}: broadcasting {what} failed after {outcome.seconds:.1f} s "
+                f"({outcome.reason(key(server))}); its weight group is torn down and the next push forms a new one")}
+        # the shared group broke: each of its servers alone, the bucket again to those that missed it
+        logger.warning("weight group %s broke on %s (%s); its %d servers go on in groups of their own",
+                       group.name, what, "; ".join(f"{s.label}: {outcome.reason(key(s))}" for s in group.servers
+                                                   if not outcome.remote_ok(key(s))), len(group.servers))
 
-        async def one(member: _Member) -> StepError | None:
-            sender = asyncio.create_task(asyncio.to_thread(member.link.send, tensors))
-            receiver = asyncio.create_task(self.control.receive_weight_bucket(
-                client, member.server, member.group, metas, self.timeout_s + HTTP_MARGIN_S))
-            start = time.perf_counter()
-            sender.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
-            receiver.add_done_callback(lambda _: self._add_time("server_receive", time.perf_counter() - start))
-            return await _both(sender, receiver, f"{member.server.label}: broadcasting {what}", self.timeout_s,
-                               on_failure=lambda: self.forget(member.server))
+        async def alone(server: Server) -> dict[int, StepError]:
+            shared = (f"{server.label}: broadcasting {what} in {group.name} ({len(group.servers)} servers) failed "
+                      f"after {outcome.seconds:.1f} s ({outcome.reason(key(server))})")
+            joined = await self._form(client, [server])
+            if joined:
+                return {server.index: StepError(f"{shared}\n  and alone: {joined[server.index]}")}
+            if outcome.remote_ok(key(server)):
+                return {}
+            own = next(g for g in self._groups if g.servers == [server])
+            again = await self._send(client, own, bucket, names)
+            return {index: StepError(f"{shared}\n  and alone: {error}") for index, error in again.items()}
 
-        results = await asyncio.gather(*(one(member) for member in members))
-        return {m.server.index: e for m, e in zip(members, results, strict=True) if e is not None}
+        failed: dict[int, StepError] = {}
+        for result in await asyncio.gather(*(alone(server) for server in group.servers)):
+            failed.update(result)
+        return failed
 
     async def push(self, client: httpx.AsyncClient, servers: Iterable[Server],
                    buckets: Iterable[Mapping[str, torch.Tensor] | None], version: int) -> PushResult:
@@ -204,8 +262,7 @@ class XcclSender:
         `buckets` is rank 0's `iter_full_buckets`: it is run to its end whatever fails (the other ranks gather with it).
         The caller pauses the servers before and resets their prefix caches and resumes them after.
         """
-        result = PushResult()
-        self._times = result.seconds
+        result = self._result = PushResult()
         live = list(servers)
         iterator = iter(buckets)
         pending: asyncio.Future[object] | None = None
@@ -215,6 +272,9 @@ class XcclSender:
             start = time.perf_counter()
             live = self._settle(result, live, "begin", start, await self.begin(client, live))
             result.began = {server.index for server in live}
+            if {key(s) for s in self.members()} != {key(s) for s in live}:  # a begin failed: re-form without it
+                start = time.perf_counter()
+                live = self._settle(result, live, "rejoin", start, await self.connect(client, live))
             start = time.perf_counter()
             while True:
                 # the next bucket's all-gather runs in a worker thread: this event loop keeps serving other calls
@@ -244,17 +304,18 @@ class XcclSender:
         return result
 
     def _add_time(self, name: str, seconds: float) -> None:
-        self._times[name] = self._times.get(name, 0.0) + seconds
+        self._result.seconds[name] = self._result.seconds.get(name, 0.0) + seconds
 
     def _settle(self, result: PushResult, live: list[Server], phase: str, start: float | None,
                 failed: dict[int, StepError]) -> list[Server]:
-        """Record a phase's time and failures; the servers still going."""
+        """Record a phase's time and failures (their groups torn down); the servers still going."""
         if start is not None:
             result.seconds[phase] = time.perf_counter() - start
         for server in live:
             if server.index in failed:
                 result.failed[server.index] = failed[server.index]
-                self.forget(server)
+                if phase != "begin":  # a failed begin: the group is re-formed without the server right after
+                    self.forget(server)
         return [server for server in live if server.index not in failed]
 
     async def _each(self, servers: Iterable[Server], step: Callable[[Server], Awaitable[None]], what: str
@@ -265,43 +326,8 @@ class XcclSender:
             try:
                 await step(server)
             except Exception as exc:  # StepError naming the route; anything else is a failure of this server too
-                self.forget(server)
-                return StepError(f"{server.label}: {what} failed; its weight group is torn down: {exc}")
+                return StepError(f"{server.label}: {what} failed: {exc}")
             return None
 
         results = await asyncio.gather(*(one(server) for server in servers))
         return {s.index: e for s, e in zip(servers, results, strict=True) if e is not None}
-
-
-async def _both(local: asyncio.Task[Any], remote: asyncio.Task[None], what: str, timeout_s: float, *,
-                on_failure: Callable[[], None]) -> StepError | None:
-    """Wait for the trainer's side and the server's side of one collective step; the first failure wins.
-
-    On failure the group is torn down (`on_failure`), the server's call is cancelled, and the trainer's thread is
-    left to end at its own timeout (a thread blocked in a collective cannot be interrupted)."""
-    start = time.perf_counter()
-    done, pending = await asyncio.wait({local, remote}, timeout=timeout_s + 2 * HTTP_MARGIN_S,
-                                       return_when=asyncio.FIRST_EXCEPTION)
-    failed = [task for task in (remote, local) if task in done and task.exception() is not None]
-    if not failed and not pending:
-        return None
-    remote.cancel()
-    on_failure()
-    if failed:
-        failure = failed[0].exception()
-        side = "the server" if failed[0] is remote else "the trainer"
-        reason = f"{side}: {type(failure).__name__}: {failure}"
-    else:
-        reason = f"no answer after {time.perf_counter() - start:.0f} s"
-    return StepError(f"{what} failed after {time.perf_counter() - start:.1f} s ({reason}); its weight group is torn "
-                     "down and the next push forms a new one")
-
-
-def _close_when_done(trainer: asyncio.Task[WeightLink]) -> None:
-    """A join failed on the server's side: close the trainer's half once its rendezvous returns (or times out)."""
-    def close(task: asyncio.Task[WeightLink]) -> None:
-        if not task.cancelled() and task.exception() is None:
-            task.result().close()
-
-    trainer.add_done_callback(close)
-

@@ -1,12 +1,15 @@
-"""`actor.weight_update_mode: xccl`: every push goes from trainer rank 0 to each server's workers by broadcast
-(rlkit.weights.xccl.XcclSender: one group per server, NCCL on GPUs, gloo on the CPU), bucket by bucket as the FSDP
-ranks gather them (`weight_chunked_mem_mb`), nothing through the filesystem.
+"""`actor.weight_update_mode: xccl`: every push goes from trainer rank 0 to every server's workers by broadcast
+(rlkit.weights.xccl.XcclSender: one group over every server, NCCL on GPUs, a chain over gloo on the CPU, so rank 0
+sends one copy whatever the number of servers), bucket by bucket as the FSDP ranks gather them
+(`weight_chunked_mem_mb`), nothing through the filesystem.
 
-Per push, on rank 0: every server is paused -> groups are formed for servers that have none (a restarted server gets
-a fresh one) -> begin -> the buckets -> finish (sets the version) -> prefix-cache reset -> resume; the resume also
-after a failure. A server that fails is asked whether its process is still there: gone counts as lost (the fan-out
-goes on with the others, as in disk mode), alive as a failure naming it. The version and fingerprint checks after
-the push are the fan-out's (rlkit.weights.fanout), as for every transport.
+Per push, on rank 0: every server is paused -> the group is formed again if the paused servers are not its members
+(a server lost, restarted or added: all re-join) -> begin -> the buckets -> finish (sets the version) -> prefix-cache
+reset -> resume; the resume also after a failure. A server that fails (the sender names it and the others end the
+push without it) is asked whether its process is still there: gone counts as lost (the fan-out goes on with the
+others, as in disk mode; its restart joins the next push's group and gets the full version), alive as a failure
+naming it. The version and fingerprint checks after the push are the fan-out's (rlkit.weights.fanout), as for every
+transport.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class XcclTransport(WeightTransport):
             return None
         try:
             sender = self._sender_for(targets.servers)
-            for member in list(sender.members()):  # lost, or restarted under a new address: its group is dead
+            for member in list(sender.members()):  # lost, or restarted under a new address: the group is re-formed
                 if all((s.index, s.address) != (member.index, member.address) for s in targets.servers):
                     sender.forget(member)
             targets.begin_update()
@@ -86,6 +89,7 @@ class XcclTransport(WeightTransport):
             drain(buckets)  # then fail
             raise
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
+        self.sent_bytes = result.trainer_bytes
         return outcomes
 
     def close(self) -> None:

@@ -39,9 +39,10 @@ def test_init_info_is_what_vllms_nccl_engine_accepts_and_gloo_adds_its_fields() 
     nccl = init_info(group)
     assert NCCLWeightTransferInitInfo(**nccl).packed is True  # accepted as is by vLLM's own engine; packed on GPUs
     gloo = init_info(WeightGroup(**{**group.__dict__, "backend": "gloo"}))
-    assert set(gloo) - set(nccl) == {"group_name", "timeout_s"}
+    assert set(gloo) - set(nccl) == {"group_name", "timeout_s", "relay"}
     parsed = GlooWeightTransferInitInfo(**gloo)
-    assert (parsed.group_name, parsed.timeout_s, parsed.packed) == ("rlkit-weights-s0-g1", 60.0, False)
+    assert (parsed.group_name, parsed.timeout_s, parsed.packed, parsed.relay) == ("rlkit-weights-s0-g1", 60.0, False,
+                                                                                   True)
     assert GlooWeightTransferInitInfo(**init_info(group, packed=True)).packed is True
     with pytest.raises(TypeError):
         NCCLWeightTransferInitInfo(**gloo)  # why the gloo fields are only sent to gloo

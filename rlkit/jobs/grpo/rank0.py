@@ -143,6 +143,7 @@ class Rank0:
         self.last_metrics: dict[str, float] = {}
         self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
         self.write_s = 0.0
+        self.sent_mb = 0.0  # what rank 0 sent toward the servers in the last push (WeightTransport.sent_bytes)
         self.servers_lost = 0
         self.servers_gone = ""  # set when a weight push found no reachable server
         self._pending_error: BaseException | None = None
@@ -228,6 +229,7 @@ class Rank0:
         self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
                             for name in sorted({n for r in done for n in r.phases})}
         self.write_s = transport.timings.get("write", 0.0)
+        self.sent_mb = transport.sent_bytes / 1e6
         self._record(version, servers, published)
         # Only now admit groups: the pool must first learn each server's new adapter (LoRA, via mark_synced in
         # _record); a group admitted before would name the previous, already unloaded one.
@@ -293,6 +295,7 @@ class Rank0:
         metrics.update(self.mismatch_metrics)
         self.mismatch_metrics = {}
         metrics["timing/sync_write"] = self.write_s
+        metrics["weight_sync/trainer_sent_mb"] = self.sent_mb
         metrics.update({f"timing/sync_{name}": seconds for name, seconds in self.sync_phases.items()})
         metrics.update({
             "version": step, "epoch": (step * self.config.train_dataset.batch_size) / self.n_prompts,

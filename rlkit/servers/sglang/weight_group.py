@@ -8,7 +8,10 @@ wraps the store in `PrefixStore(group_name, ...)` and builds the group with torc
 which prefixes the keys again (`{group_name}/`, `{device}/`). A group built any other way (vLLM's
 StatelessProcessGroup, a bare ProcessGroupGloo) waits on other store keys and never forms. So this module builds the
 trainer's end the same way, with the same private torch helpers SGLang uses; workers receive with
-`torch.distributed.broadcast(tensor, src=0, group=...)` per tensor, in the order of the bucket's names.
+`torch.distributed.broadcast(tensor, src=0, group=...)` per tensor, in the order of the bucket's names. One group
+holds every SGLang server of a push (rlkit.weights.xccl), each server's workers at their own `rank_offset`, and
+SGLang's own broadcast serves them all: on NCCL the trainer sends about one copy, on gloo ceil(log2(world)) copies
+(gloo's binomial tree; no relay here, since the receiving side is SGLang's code, not rlkit's).
 
 Torch is imported inside the functions: config validation imports rlkit.servers without torch.
 """
@@ -16,6 +19,7 @@ Torch is imported inside the functions: config validation imports rlkit.servers 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -65,6 +69,9 @@ class SglangWeightLink:
 
     def __init__(self, group: WeightGroup) -> None:
         self._pg = open_trainer_group(group)
+        # rank 0's copies of each byte in SGLang's broadcast: NCCL pipelines it (about one); gloo's is a binomial
+        # tree, whose root sends one copy per level (measured: 3 at a world of 5)
+        self.copies = 1 if group.backend == "nccl" else max(1, math.ceil(math.log2(group.world_size)))
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         broadcast_bucket(self._pg, tensors)

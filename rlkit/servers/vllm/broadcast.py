@@ -7,8 +7,10 @@ when all workers are done, so the receive call must be in flight while the train
 - `POST /init_weight_transfer_engine {"init_info": {...}}`: the workers join the trainer's group (blocks until the
   trainer joins too). `init_info` is what vLLM's own NCCL trainer engine sends (`NCCLWeightTransferInitInfo`:
   master_address, master_port, rank_offset, world_size, packed, packed_buffer_size_bytes, packed_num_buffers); the
-  gloo engine (`rlkit.servers.vllm.gloo_engine`) takes the same fields plus `group_name` and `timeout_s`, which the
-  NCCL engine would refuse, so they are only sent for gloo.
+  gloo engine (`rlkit.servers.vllm.gloo_engine`) takes the same fields plus `group_name`, `timeout_s` and `relay`
+  (the group is a chain: `wire.default_relay`), which the NCCL engine would refuse, so they are only sent for gloo.
+  One group holds every server of a push (rlkit.weights.xccl): each server's workers join with their own
+  `rank_offset`.
 - `POST /start_weight_update` (no body): the workers set up vLLM's layerwise reload.
 - `POST /update_weights {"update_info": {"names", "dtype_names", "shapes"}}`: the workers receive those tensors, in
   that order, from group rank 0 and load them. Packed mode (set at the join) cuts them into flat byte chunks by
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import StepError
 from rlkit.servers.http import ServerUnreachable, answer_json, call
-from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, default_packed
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, default_packed, default_relay
 
 if TYPE_CHECKING:
     import httpx
@@ -47,7 +49,7 @@ def init_info(group: WeightGroup, packed: bool | None = None) -> dict[str, Any]:
         "packed_num_buffers": PACKED_NUM_BUFFERS,
     }
     if group.backend == "gloo":
-        info.update(group_name=group.group_name, timeout_s=group.timeout_s)
+        info.update(group_name=group.group_name, timeout_s=group.timeout_s, relay=default_relay(group.backend))
     return info
 
 

@@ -9,9 +9,13 @@ engine's (read in vLLM 0.32, `distributed/weight_transfer/nccl_engine.py`), so `
 - join: TCPStore client at (master_address, master_port), a PrefixStore(group_name), a ProcessGroupGloo with rank
   `rank_offset + worker rank`; every operation gives up after `timeout_s`. A new join (the trainer restarted or
   re-formed the group) replaces the old group instead of failing.
-- each `/update_weights` call: the listed tensors, broadcast by rank 0 in order, either packed (flat byte chunks cut
-  by `packed_chunks`, one collective per chunk) or one collective per tensor (rlkit's default on gloo:
-  `wire.default_packed` says why). All receives are posted at once, so loading overlaps receiving.
+- each `/update_weights` call: the listed tensors, sent by rank 0 in order, either packed (flat byte chunks cut
+  by `packed_chunks`) or tensor by tensor (rlkit's default on gloo: `wire.default_packed` says why). With `relay`
+  (rlkit's default on gloo: `wire.default_relay`) the group is a chain over every server of the push: each rank
+  receives from the previous one and forwards to the next (rlkit.servers.vllm.relay), so the trainer sends one copy
+  for all servers; without it, one gloo broadcast per buffer. All receives are posted at once, so loading overlaps
+  receiving. A tensor loaded already in this update is received (and forwarded) but not loaded again: the trainer
+  sends a failed bucket again to the servers that survive the failure.
 - start/finish: vLLM's layerwise reload, as the NCCL engine does; finish then repairs tied layers (the same repair as
   the disk path: `rlkit.servers.vllm.worker`, whose docstring says why the reload leaves a tied head stale).
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, cast
@@ -33,6 +37,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from rlkit.servers.vllm.relay import ChainReceiver
 from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, packed_chunks
 from rlkit.servers.vllm.worker import TiedMember, refresh_tied_groups, tied_parameter_groups
 
@@ -56,6 +61,7 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     packed: bool = False
     packed_buffer_size_bytes: int = PACKED_BUFFER_BYTES
     packed_num_buffers: int = PACKED_NUM_BUFFERS  # accepted for parity with NCCL; gloo has no streams to overlap
+    relay: bool = False  # a chain (rlkit.servers.vllm.relay) instead of gloo's broadcast: see wire.default_relay
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.world_size < 2 or self.rank_offset < 1 or self.packed_buffer_size_bytes <= 0:
@@ -84,6 +90,7 @@ class _Group:
     pg: dist.ProcessGroupGloo
     rank: int
     timeout: timedelta
+    world_size: int
     name: str = field(default="")
 
 
@@ -96,6 +103,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         super().__init__(config, vllm_config, device, model)
         self._group: _Group | None = None
         self._packed = False
+        self._relay = False
+        self._loaded: set[str] = set()  # the names loaded since the update started
         self._buffer_bytes = PACKED_BUFFER_BYTES
         self._tied: list[list[TiedMember]] = []
 
@@ -109,17 +118,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                               is_master=False, timeout=timeout)
         prefixed = dist.PrefixStore(init_info.group_name, store)
         pg = dist.ProcessGroupGloo(prefixed, rank, init_info.world_size, timeout)
-        self._group = _Group(store=store, pg=pg, rank=rank, timeout=timeout, name=init_info.group_name)
+        self._group = _Group(store=store, pg=pg, rank=rank, timeout=timeout, world_size=init_info.world_size,
+                             name=init_info.group_name)
         self._packed = init_info.packed
+        self._relay = init_info.relay
         self._buffer_bytes = init_info.packed_buffer_size_bytes
-        logger.info("rlkit gloo weight transfer: joined %s at %s:%d as rank %d of %d in %.2f s", init_info.group_name,
-                    init_info.master_address, init_info.master_port, rank, init_info.world_size,
-                    time.perf_counter() - start)
+        logger.info("rlkit gloo weight transfer: joined %s at %s:%d as rank %d of %d (%s) in %.2f s",
+                    init_info.group_name, init_info.master_address, init_info.master_port, rank, init_info.world_size,
+                    "relay" if self._relay else "broadcast", time.perf_counter() - start)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self._tied = tied_parameter_groups(self.model)  # by identity: before the reload replaces tensors by meta
+        self._loaded = set()
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
@@ -150,31 +162,58 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             buffers = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in zip(shapes, dtypes,
                                                                                                     strict=True)]
         start = time.perf_counter()
+        waited = loaded = 0.0
+        calls = 0
+        arrivals = self._arrivals(group, buffers)
+        try:
+            with disable_mtp_completeness_check():
+                while True:
+                    mark = time.perf_counter()
+                    batch = next(arrivals, None)
+                    waited += time.perf_counter() - mark
+                    if batch is None:
+                        break
+                    if update_info.discard:
+                        continue
+                    mark = time.perf_counter()
+                    # a name loaded already in this update is skipped: the trainer sends a failed bucket again
+                    # (rlkit.weights.xccl), and a layerwise reload must not count a layer's elements twice
+                    pairs = [pair for k in batch
+                             for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes, shapes)
+                             if pair[0] not in self._loaded]
+                    if pairs:
+                        load(pairs)
+                        self._loaded.update(name for name, _ in pairs)
+                        calls += 1
+                    loaded += time.perf_counter() - mark
+        except BaseException:
+            # a broken chain: drop this group now, so the ranks after this one fail at once, not at their timeout
+            self.shutdown()
+            raise
+        logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB (%s%s): %.3f s, of which waiting %.3f s, "
+                    "loading %.3f s in %d calls", len(sizes), sum(sizes) / 1e6,
+                    "packed" if self._packed else "per tensor", ", relayed" if self._relay else "",
+                    time.perf_counter() - start, waited, loaded, calls)
+
+    def _arrivals(self, group: _Group, buffers: list[torch.Tensor]) -> Iterator[list[int]]:
+        """The buffers' indices as they arrive, in batches (all that arrived while the last batch was loaded), so
+        loading overlaps receiving."""
+        if self._relay:  # received from the previous rank, forwarded to the next (rlkit.servers.vllm.relay)
+            yield from ChainReceiver(group.pg, group.rank, group.world_size, group.timeout,
+                                     group.name).receive(buffers)
+            return
         # Every receive is posted at once (gloo runs them in the background, matched to the trainer's sends by
         # order): while one buffer is loaded, the next ones keep arriving.
         works = [group.pg.broadcast(buffer, 0) for buffer in buffers]  # type: ignore[attr-defined]
-        waited = loaded = 0.0
-        calls = 0
-        with disable_mtp_completeness_check():
-            first = 0
-            while first < len(works):
-                mark = time.perf_counter()
-                _wait(group, works[first], buffers[first].nbytes)
-                last = first + 1
-                while last < len(works) and works[last].is_completed():  # load what has arrived in one call
-                    _wait(group, works[last], buffers[last].nbytes)  # raises if it completed with an error
-                    last += 1
-                waited += time.perf_counter() - mark
-                if not update_info.discard:
-                    mark = time.perf_counter()
-                    load([pair for k in range(first, last)
-                          for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes, shapes)])
-                    loaded += time.perf_counter() - mark
-                    calls += 1
-                first = last
-        logger.info("rlkit gloo weight transfer: %d tensors, %.1f MB (%s): %.3f s, of which waiting %.3f s, "
-                    "loading %.3f s in %d calls", len(sizes), sum(sizes) / 1e6,
-                    "packed" if self._packed else "per tensor", time.perf_counter() - start, waited, loaded, calls)
+        first = 0
+        while first < len(works):
+            _wait(group, works[first], buffers[first].nbytes)
+            last = first + 1
+            while last < len(works) and works[last].is_completed():  # load what has arrived in one call
+                _wait(group, works[last], buffers[last].nbytes)  # raises if it completed with an error
+                last += 1
+            yield list(range(first, last))
+            first = last
 
     def _unpack(self, chunk: list[int], buffer: torch.Tensor, names: list[str], sizes: list[int],
                 dtypes: list[torch.dtype], shapes: list[tuple[int, ...]]) -> list[tuple[str, torch.Tensor]]:

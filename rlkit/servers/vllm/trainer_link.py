@@ -9,19 +9,24 @@ deadline code (rlkit.servers.deadline: a completion test polled against the grou
 communicator aborted on expiry), which the CPU tests exercise over gloo.
 
 How a bucket travels is the wire format of rlkit.servers.vllm.wire: packed into flat byte chunks on NCCL (vLLM's
-default), tensor by tensor on gloo, every broadcast issued at once and then waited for.
+default), tensor by tensor on gloo, every send issued at once and then waited for. One group holds every server of
+a push (rlkit.weights.xccl): on NCCL rank 0 broadcasts (NCCL pipelines it, about one copy from the root); on gloo the
+group is a chain and rank 0 sends to rank 1 only (rlkit.servers.vllm.relay; gloo's own broadcast would send
+ceil(log2(world)) copies). `copies` says how many copies of each byte rank 0 sends.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rlkit.servers.backend import WeightGroup
 from rlkit.servers.deadline import call_with_deadline, wait_until
-from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, packed_chunks
+from rlkit.servers.vllm.relay import send_chain
+from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, default_packed, default_relay, packed_chunks
 
 if TYPE_CHECKING:
     import torch
@@ -39,15 +44,27 @@ def _vllm_trainer_init(rendezvous: dict[str, Any]) -> Any:
 
 
 class _Gloo:
-    def __init__(self, group: WeightGroup) -> None:
+    copies = 1  # the chain's rank 0 sends every byte once, to rank 1 only
+
+    def __init__(self, group: WeightGroup, relay: bool) -> None:
         import torch.distributed as dist
 
-        self.timeout_s, self.what = group.timeout_s, f"broadcast group {group.group_name}"
+        self.timeout_s, self.what = group.timeout_s, f"weight group {group.group_name}"
+        self.relay = relay
+        if not self.relay:  # gloo's broadcast: a binomial tree, whose root sends one copy per level
+            self.copies = max(1, math.ceil(math.log2(group.world_size)))
         self.timeout = timedelta(seconds=group.timeout_s)
         self.store = dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=True,
                                    timeout=self.timeout, wait_for_workers=False)
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, self.store), 0, group.world_size,
                                         self.timeout)
+
+    def send(self, payload: list[torch.Tensor]) -> None:
+        if self.relay:  # to rank 1 only; the servers forward it down the chain
+            send_chain(self.pg, payload, self.timeout_s, f"{self.what} to rank 1", on_expiry=self.close)
+            return
+        for handle in [self.start(tensor) for tensor in payload]:
+            self.wait(handle)
 
     def start(self, tensor: torch.Tensor) -> Any:
         return self.pg.broadcast(tensor, 0)  # type: ignore[attr-defined]  # the (tensor, root) overload: no stub
@@ -64,6 +81,8 @@ class _Gloo:
 
 
 class _Nccl:
+    copies = 1  # NCCL pipelines a broadcast along a ring or chain: the root sends about one copy
+
     def __init__(self, group: WeightGroup, join: NcclJoin) -> None:
         import torch
 
@@ -78,6 +97,10 @@ class _Nccl:
 
         self.comm, self.stream = call_with_deadline(joined, group.timeout_s, f"joining {self.what} at "
                                                     f"{group.master_address}:{group.master_port}")
+
+    def send(self, payload: list[torch.Tensor]) -> None:
+        for handle in [self.start(tensor) for tensor in payload]:
+            self.wait(handle)
 
     def start(self, tensor: torch.Tensor) -> Any:
         import torch
@@ -102,16 +125,16 @@ class VllmWeightLink:
     NCCL communicator, since the GPU machine it runs on has no vLLM."""
 
     def __init__(self, group: WeightGroup, packed: bool | None = None,
-                 nccl_join: NcclJoin = _vllm_trainer_init) -> None:
-        # what broadcast.init_info told the workers (the same default there); tests and the bench set it
+                 nccl_join: NcclJoin = _vllm_trainer_init, relay: bool | None = None) -> None:
+        # what broadcast.init_info told the workers (the same defaults there); tests and the bench set them
         self.packed = default_packed(group.backend) if packed is None else packed
-        self._end: _Gloo | _Nccl = _Gloo(group) if group.backend == "gloo" else _Nccl(group, nccl_join)
+        relay = default_relay(group.backend) if relay is None else relay
+        self._end: _Gloo | _Nccl = _Gloo(group, relay) if group.backend == "gloo" else _Nccl(group, nccl_join)
+        self.copies = self._end.copies
 
     def send(self, tensors: list[torch.Tensor]) -> None:
-        """Issue every broadcast of the bucket at once (the workers post theirs at once too), then wait for each."""
-        payload = _payload(tensors, self.packed)
-        for handle in [self._end.start(tensor) for tensor in payload]:
-            self._end.wait(handle)
+        """Issue every send of the bucket at once (the workers post theirs at once too), then wait for each."""
+        self._end.send(_payload(tensors, self.packed))
 
     def close(self) -> None:
         self._end.close()

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 # travels as one flat buffer (one collective). The trainer (rlkit.weights.xccl) cuts chunks with the same value.
 PACKED_BUFFER_BYTES = 1024**3
 PACKED_NUM_BUFFERS = 2  # vLLM's default; the NCCL consumer double-buffers on the GPU, gloo ignores it
+# The relay (gloo, rlkit.servers.vllm.relay) forwards each tensor in pieces of at most this many bytes, so the next
+# server receives a piece while this one still receives the rest: the chain's delay is a few pieces, not a tensor.
+RELAY_PIECE_BYTES = 4 << 20
 
 
 def packed_chunks(sizes: Sequence[int], buffer_bytes: int) -> list[range]:
@@ -39,3 +42,16 @@ def default_packed(backend: str) -> bool:
     (0.9 s for 440 MB, measured by bench/bench_xccl.py), more than the whole raw broadcast of those bytes.
     """
     return backend != "gloo"
+
+
+def relay_pieces(nbytes: int, piece_bytes: int = RELAY_PIECE_BYTES) -> list[tuple[int, int]]:
+    """The (start, end) byte ranges a buffer of `nbytes` travels in along a relay; sender and relays cut alike."""
+    return [(start, min(start + piece_bytes, nbytes)) for start in range(0, nbytes, piece_bytes)]
+
+
+def default_relay(backend: str) -> bool:
+    """Whether the group is a chain (each rank forwards to the next: rank 0 sends one copy whatever the number of
+    servers) or vLLM's native broadcast. gloo: a chain, since gloo's broadcast is a binomial tree whose root sends
+    ceil(log2(world)) copies (measured: 3 copies at a world of 5). NCCL: its own broadcast, which is pipelined
+    along a ring already (the root sends about one copy) and which vLLM's NCCL engine expects."""
+    return backend == "gloo"
