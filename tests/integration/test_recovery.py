@@ -290,6 +290,7 @@ SCENARIOS = {"killserver": _kill_server, "timelimit": _time_limit_then_stop_and_
 USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("killtrainer",),
         "test_trainer_dying_mid_weight_push_leaves_no_mixed_server": ("killtrainer",),
         "test_killed_server_is_restarted_and_rejoins_with_the_current_weights": ("killserver",),
+        "test_a_trial_slurm_has_forgotten_still_shows_how_it_ended": ("killserver",),
         "test_time_limit_warning_checkpoints_requeues_and_resumes": ("timelimit",),
         "test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server": ("timelimit",),
         "test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped": ("timelimit",),
@@ -616,3 +617,27 @@ def test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines(scen
     loss_last = sum(m["critic/value_loss"] for m in metrics[-3:]) / 3
     assert loss_last <= VALUE_LOSS_DROP * loss_first, f"value loss did not fall: {loss_first:.4g} -> {loss_last:.4g}"
     assert processes_mentioning(str(trial)) == []
+
+
+def test_a_trial_slurm_has_forgotten_still_shows_how_it_ended(scenarios: ScenarioPool,
+                                                              trial_env: dict[str, object]) -> None:
+    """Once the controller forgets a finished job (MinJobAge: 300 s on the dev cluster, which keeps no accounting,
+    as many sites keep none for users), `rlkit status` shows the end the job script recorded, never UNKNOWN, and no
+    step as running. The killserver trial, the first the session starts, ended (stopped: CANCELLED) long before this
+    test, the file's last, runs; run alone, it waits for the controller to forget the job."""
+    trial, _, _ = scenarios.result("killserver")
+    name, home = f"{EXPERIMENT}/killserver", _env(trial_env, "killserver")
+    job_id = str(json.loads((trial / "manifest.json").read_text())["job_id"])
+
+    def forgotten() -> bool:
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=False)
+        return shown.returncode != 0 and "Invalid job id" in shown.stderr
+
+    wait_for(forgotten, f"the controller to forget job {job_id} (MinJobAge)", timeout=900, every=10)
+    assert status_row(name, home)["state"] == "CANCELLED"
+    detail = run_rlkit("status", name, "--json", env=home)
+    assert detail.returncode == 0, detail.stderr
+    shown = json.loads(detail.stdout)
+    assert shown["row"]["state"] == "CANCELLED" and "Slurm no longer knows the job" in detail.stdout, shown
+    assert shown["trainer_status"] != "running" and not shown["servers"], shown
+    assert all(component[1] != "RUNNING" for component in shown["components"]), shown
