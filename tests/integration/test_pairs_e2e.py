@@ -1,6 +1,6 @@
 """Job types rw and dpo end to end on the real dev Slurm cluster: the CPU demo configs (configs/rw-cpu-demo.yaml,
-configs/dpo-cpu-demo.yaml, a 2-rank gloo FSDP trainer each, no servers) submitted through the real CLI side by side,
-on the digits preference pairs (rlkit/tasks/digits_pairs.py) with held-out pairs as valid_dataset.
+configs/dpo-cpu-demo.yaml, a 2-rank gloo FSDP trainer each, no servers) run by `rlkit demo rw` and `rlkit demo dpo`
+side by side, on the digits preference pairs (rlkit/tasks/digits_pairs.py) with held-out pairs as valid_dataset.
 
 Why the assertions cannot pass by chance.
 - rw: a reward model's held-out accuracy is the fraction of 64 held-out pairs (prompts never trained on) whose chosen
@@ -16,42 +16,49 @@ Why the assertions cannot pass by chance.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, run_rlkit
-from tests.helpers.slurm_helpers import wait_state
+from tests.conftest import run_rlkit
 
 pytestmark = [pytest.mark.slurm]
 JOBS = ("rw", "dpo")
 
 
 @pytest.fixture(scope="module")
-def pair_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    """Submit both demos at once (2 nodes each on the 4-node cluster), then wait for both."""
-    from rlkit.tasks.digits_pairs import write_pair_splits
+def pair_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    """`rlkit demo rw` and `rlkit demo dpo` side by side (2 nodes each on the 4-node cluster), as a user runs the
+    examples: each builds its model and pairs in its demo directory, submits, follows the job and prints its
+    figures. The command is what is under test here; the trials are the same configs with nothing overridden."""
+    import subprocess
+    import sys
 
     root = tmp_path_factory.mktemp("pairs-e2e")
-    model = root / "model"
-    shutil.copytree(tiny_model_dir, model)  # a private copy identifies this run's processes
-    train, held_out = write_pair_splits(root / "data")
+    demos: dict[str, subprocess.Popen[str]] = {}
+    for job in JOBS:
+        env = {**os.environ, "RLKIT_HOME": str(root / "home"), "RLKIT_DEMO_DIR": str(root / f"demo-{job}"),
+               "RLKIT_DEMO_TRIAL": "e2e", "RLKIT_FILEROOT": str(root / "fileroot")}
+        demos[job] = subprocess.Popen([sys.executable, "-m", "rlkit", "demo", job], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     runs: dict[str, dict[str, object]] = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLKIT_HOME", str(root / "home"))
-        for job in JOBS:
-            overrides = [f"actor.path={model}", f"train_dataset.path={train}", f"valid_dataset.path={held_out}",
-                         f"cluster.fileroot={root}/fileroot", "trial_name=e2e"]
-            submitted = run_rlkit("submit", str(CONFIGS / f"{job}-cpu-demo.yaml"), *overrides)
-            assert submitted.returncode == 0, submitted.stderr
-            runs[job] = {"trial": root / "fileroot" / f"demo-{job}" / "e2e", "name": f"demo-{job}/e2e"}
-        for run in runs.values():
-            run["state"] = wait_state(str(run["name"]), timeout=900)
-            run["log"] = run_rlkit("logs", str(run["name"]), "--lines", "300").stdout
-    for run in runs.values():
-        run.update(model=model, held_out=held_out)
+    for job, demo in demos.items():
+        output = demo.communicate(timeout=1200)[0]
+        name = f"demo-{job}/e2e"
+        logs = run_rlkit("logs", name, "--lines", "300", env={"RLKIT_HOME": str(root / "home")}).stdout
+        runs[job] = {"trial": root / "fileroot" / f"demo-{job}" / "e2e", "name": name, "rc": demo.returncode,
+                     "output": output, "log": output + logs, "model": root / f"demo-{job}" / "tiny-model",
+                     "held_out": root / f"demo-{job}" / "digits_pairs_heldout.jsonl"}
     return runs
+
+
+def _demo_succeeded(run: dict[str, object]) -> None:
+    """The demo command's own account: exit 0, the status it followed, the figures and where the results are."""
+    output = str(run["output"])
+    assert run["rc"] == 0, str(run["log"])[-4000:]
+    assert f"$ rlkit status {run['name']}" in output and "COMPLETED" in output, output
+    assert f"metrics per step in {run['trial']}/metrics.jsonl" in output, output
 
 
 def _metrics(trial: Path) -> list[dict[str, float]]:
@@ -80,7 +87,7 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, held_out: Path) -> f
 def test_rw_ranks_heldout_pairs_above_the_untrained_model(pair_runs: dict[str, dict[str, object]]) -> None:
     run = pair_runs["rw"]
     trial = Path(str(run["trial"]))
-    assert run["state"] == "COMPLETED", str(run["log"])[-4000:]
+    _demo_succeeded(run)
     metrics = _metrics(trial)
     assert [m["step"] for m in metrics] == list(range(1, 17))  # 256 pairs / 16 per step, one epoch
     assert all({"rw/loss", "rw/accuracy"} <= set(m) for m in metrics)
@@ -93,12 +100,15 @@ def test_rw_ranks_heldout_pairs_above_the_untrained_model(pair_runs: dict[str, d
     assert abs(_heldout_accuracy(final, final, held_out) - trained) < 1e-6  # reloads with its trained head
     progress = json.loads((trial / "progress.json").read_text())
     assert progress["status"] == "finished" and progress["eval"]["accuracy"] == trained
+    evals = [m["eval/accuracy"] for m in metrics if "eval/accuracy" in m]
+    shown = f"demo rw: {run['name']}: 16 steps; held-out accuracy {evals[0]:.3f} -> {trained:.3f}"
+    assert shown in str(run["output"]), run["output"]
 
 
 def test_dpo_raises_the_heldout_chosen_over_rejected_margin(pair_runs: dict[str, dict[str, object]]) -> None:
     run = pair_runs["dpo"]
     trial = Path(str(run["trial"]))
-    assert run["state"] == "COMPLETED", str(run["log"])[-4000:]
+    _demo_succeeded(run)
     metrics = _metrics(trial)
     assert [m["step"] for m in metrics] == list(range(1, 33))  # 16 steps per epoch, 2 epochs
     assert all({"dpo/loss", "dpo/reward_margin", "dpo/accuracy"} <= set(m) for m in metrics)
@@ -106,6 +116,8 @@ def test_dpo_raises_the_heldout_chosen_over_rejected_margin(pair_runs: dict[str,
     assert [m["step"] for m in evals] == [16, 32]
     assert evals[-1]["eval/reward_margin"] > 1.0 and evals[-1]["eval/accuracy"] >= 0.9, evals
     assert evals[-1]["eval/reward_margin"] > evals[0]["eval/reward_margin"] > 0, evals
+    margins = f"held-out reward margin {evals[0]['eval/reward_margin']:.3f} -> {evals[-1]['eval/reward_margin']:.3f}"
+    assert margins in str(run["output"]), run["output"]
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(trial / "checkpoints" / "final")  # the saver wrote a causal LM
