@@ -13,6 +13,10 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
   kernel exempts uid 0 from RLIMIT_NPROC), and the count is the one of its own new user namespace, so other
   users' and other runs' processes do not matter. Threads count too: the code runs single-threaded.
 - network: a new network namespace with only a loopback that is down; nothing outside is reachable.
+- sockets and the kernel's attack surface: a seccomp filter (the guard installs it after PR_SET_NO_NEW_PRIVS, so
+  with or without namespaces; the code inherits it) denies every socket (so no network and no local service, also
+  one bound after the run began), io_uring, ptrace, the mount, namespace and keyring calls, bpf, perf_event_open and
+  userfaultfd (rlkit.agent.sandbox_child.DENIED_SYSCALLS); under `required` a run without it never starts.
 - output: stdout and stderr share one pipe read by the parent; one byte past the cap stops the run.
 - files: in the run's own mount namespace every mount is read-only but the scratch directory, and the paths the
   caller hides (the rollout hides the trials, rlkit's home, the training data and the usual places of the user's
@@ -27,8 +31,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
 readable text on sockets and process creation (code using ctypes bypasses it; the kernel barriers then hold).
 
-- local services: every listening unix socket of the node's /proc/net/unix is covered with /dev/null in the run's
-  mount namespace (a read-only mount does not stop connect), abstract sockets stay in the old network namespace;
+- local services: every listening unix socket of the node's /proc/net/unix is also covered with /dev/null in the
+  run's mount namespace (a read-only mount does not stop connect), abstract sockets stay in the old network
+  namespace;
   the guard joins a fresh session keyring, so the trainer's keys (Kerberos/AFS tokens) and an earlier run's are out
   of reach.
 
@@ -362,7 +367,7 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
         notes.append(f"no namespaces ({why}): the network is blocked only by an audit hook (ctypes can bypass "
                      f"it), /proc shows the node's processes, and the code can read and write what the job's user "
                      f"can; enable unprivileged user namespaces on the nodes")
-    for fact in ("proc", "filesystem", "keyring"):
+    for fact in ("proc", "filesystem", "keyring", "seccomp"):
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes

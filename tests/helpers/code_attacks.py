@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,19 @@ class Bait:
     udp: socket.socket
     victim: subprocess.Popen[bytes]  # a process of the job's user (as the trainer would be)
     unix: socket.socket  # a listening unix socket anyone may connect to (mode 0777), as a careless service's
+    late: socket.socket  # the same, bound only once a run has begun (tests/helpers/code_attacks.bind_when_started)
+
+    @property
+    def late_path(self) -> Path:
+        return self.root / "late.sock"
+
+    def late_quiet(self) -> bool:
+        self.late.setblocking(False)
+        try:
+            self.late.accept()[0].close()
+            return False
+        except (BlockingIOError, OSError):  # OSError: never bound (a refused run)
+            return True
 
     @property
     def shm_file(self) -> Path:
@@ -98,7 +113,24 @@ def make_bait() -> Bait:
     (root / "service.sock").chmod(0o777)
     unix.listen(8)
     _add_session_key()
-    return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim, unix)
+    late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim, unix, late)
+
+
+def bind_when_started(bait: Bait, scratch_root: Path) -> threading.Thread:
+    """Bind and open the late socket as soon as a run's code has written `started` in its scratch directory: a
+    service that starts while the code runs, after the run's mount namespace was made."""
+    def bind() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(scratch_root.glob("*/started")):
+            time.sleep(0.01)
+        bait.late.bind(str(bait.late_path))
+        bait.late_path.chmod(0o777)
+        bait.late.listen(8)
+
+    thread = threading.Thread(target=bind, daemon=True)
+    thread.start()
+    return thread
 
 
 KEY_SPEC_SESSION_KEYRING = -3
@@ -195,6 +227,15 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
                                          f"a = struct.pack('H', socket.AF_UNIX) + {str(b.root / 'service.sock')!r}"
                                          ".encode() + bytes(1)\nprint(libc.connect(s.fileno(), a, len(a)), "
                                          "ctypes.get_errno())", lambda r, bait: bait.unix_quiet(), {}),
+        "a unix socket bound after the run began": ("network", CTYPES + "import time\nopen('started', 'w').close()\n"
+                                                    f"path = {str(b.late_path)!r}\nend = time.monotonic() + 30\n"
+                                                    "while not os.path.exists(path) and time.monotonic() < end:\n"
+                                                    "    time.sleep(0.01)\nprint('seen', os.path.exists(path))\n"
+                                                    "s = socket.socket(socket.AF_UNIX)\na = struct.pack('H', "
+                                                    "socket.AF_UNIX) + path.encode() + bytes(1)\n"
+                                                    "print(libc.connect(s.fileno(), a, len(a)), ctypes.get_errno())",
+                                                    lambda r, bait: "seen True" in r.output and bait.late_quiet(),
+                                                    {"wall_seconds": 60}),
         "a name lookup": ("network", "import socket\nprint(socket.getaddrinfo('pypi.org', 443))",
                           lambda r, _b: not r.ok and "pypi.org" not in r.output.replace("'pypi.org'", ""), {}),
         # resources
@@ -267,6 +308,8 @@ def main() -> None:
     _concurrent_scratch(scratch_root / CONCURRENT)
     report: dict[str, dict[str, object]] = {}
     for name, (kind, code, check, limits) in attacks(bait).items():
+        if name == "a unix socket bound after the run began":
+            bind_when_started(bait, scratch_root)
         result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]
                             scratch_root=scratch_root, hide=[str(bait.secret_dir), str(bait.secret_file)],
                             isolation=isolation)
