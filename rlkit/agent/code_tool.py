@@ -42,8 +42,9 @@ when rlkit runs as root, otherwise as the job's own user). Total scratch and mem
 only). Without namespaces (best effort) concurrent runs, all of one user, can read each other's scratch files.
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
-`kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`) and the
-mounts need mount_setattr (Linux >= 5.12). Fail closed by default (`isolation: required`): where the namespaces
+`kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`); the
+mounts are made read-only with one recursive mount_setattr (Linux >= 5.12), before 5.12 with a remount of each
+mount (keeping the flags a user namespace locks). Fail closed by default (`isolation: required`): where the namespaces
 cannot be created, /proc cannot be made private, a mount cannot be made read-only or a path cannot be hidden, the
 code is not run and the call is a tool error naming what did not hold; the trainer says at start what the node
 gives (rlkit.agent.python_tool.isolation_summary). With `isolation: best_effort` such a run goes on with

@@ -40,6 +40,10 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_REMOUNT, ENOSYS = 1, 32, 38
+# per-mount flags a remount inside a user namespace must keep (the kernel locks them): mountinfo's names
+REMOUNT_KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
+                "relatime": 1 << 21}
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # Linux >= 5.12, every arch
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 283}  # keyctl(2) has no libc wrapper
@@ -249,16 +253,44 @@ def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: 
             continue
         if done != 0:
             problems.append(f"{path} is not hidden: {os.strerror(ctypes.get_errno())}")
-    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) != 0:
+    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) == 0:
+        writable = libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) == 0 and _mount_setattr(
+            libc, scratch, 0, _MountAttr(attr_clr=MOUNT_ATTR_RDONLY)) == 0
+    elif ctypes.get_errno() == ENOSYS:  # a kernel before 5.12: every mount remounted on its own, as before it
+        failed = _remount_each(libc, read_only=True)
+        if failed:
+            return [*problems, f"the file system is not read-only: {failed}"]
+        writable = libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) == 0 and not _remount_each(
+            libc, read_only=False, only=scratch)
+    else:
         return [*problems, f"the file system is not read-only: {os.strerror(ctypes.get_errno())}"]
-    if (libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) != 0
-            or _mount_setattr(libc, scratch, 0, _MountAttr(attr_clr=MOUNT_ATTR_RDONLY)) != 0):
+    if not writable:
         return [*problems, f"the scratch directory is not writable: {os.strerror(ctypes.get_errno())}"]
     others = os.path.dirname(scratch)
     if libc.mount(scratch.encode(), others.encode(), None, MS_BIND, None) != 0:
         return [*problems, f"other runs' scratch directories are not hidden: {os.strerror(ctypes.get_errno())}"]
     os.chdir(others)  # the new writable mount, not the read-only one the old working directory is on
     return problems
+
+
+def _remount_each(libc: ctypes.CDLL, *, read_only: bool, only: str | None = None) -> str:
+    """Without mount_setattr: remount every mount of this namespace (or the top one at `only`) read-only or
+    writable, one mount(MS_REMOUNT | MS_BIND) each, keeping the flags a user namespace may not drop (nosuid,
+    nodev, noexec, the atime ones); '' when all held, else the first that did not."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        rows = [line.split() for line in f]
+    for row in rows:
+        point = row[4].encode().decode("unicode_escape").encode("latin-1")  # mountinfo escapes space as \040
+        if only is not None and point != only.encode():
+            continue
+        options = set(row[5].split(","))
+        flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if read_only else 0)
+        flags |= sum(flag for name, flag in REMOUNT_KEPT.items() if name in options)
+        if libc.mount(None, point, None, flags, None) != 0:
+            errno = ctypes.get_errno()
+            if os.path.lexists(point):  # not one removed meanwhile
+                return f"{point.decode(errors='replace')}: {os.strerror(errno)}"
+    return ""
 
 
 def run(spec: dict[str, Any]) -> None:
