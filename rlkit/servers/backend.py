@@ -237,9 +237,11 @@ class ServerBackend(ABC):
 
     @abstractmethod
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float) -> None:
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
         """Receive one bucket: returns when the server's workers received and loaded every tensor of `tensors`,
-        broadcast by trainer rank 0 in that order (concurrently with this call) over the joined group."""
+        broadcast by trainer rank 0 in that order (concurrently with this call) over the joined group. `push` names
+        the push (the same for all its buckets, also one sent again after a failure): an engine that skips tensors
+        it loaded already in the push (rlkit's gloo engine) tells a resumed push from a new one by it."""
 
     @abstractmethod
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,

@@ -66,7 +66,7 @@ class BroadcastControl(Protocol):
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None: ...
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float) -> None: ...
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None: ...
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None: ...
@@ -82,7 +82,8 @@ class PushResult:
     seconds: dict[str, float] = field(default_factory=dict)
     buckets: int = 0
     bytes_sent: int = 0  # one copy of the weights sent (what each server receives)
-    trainer_bytes: int = 0  # what rank 0 put on the wire: one copy per group and bucket on a chain or NCCL
+    # what rank 0 put on the wire in the sends that completed: per group and bucket, its size x WeightLink.copies
+    trainer_bytes: int = 0
     groups: int = 0  # groups formed in this push (0: the last push's group was kept)
     began: set[int] = field(default_factory=set)  # servers whose weight update was opened (begin succeeded)
 
@@ -111,6 +112,8 @@ class XcclSender:
         self._groups: list[Group] = []  # one, except for the rest of a push after a shared group broke
         self._result = PushResult()  # the current push's
         self._formed = 0
+        self._pushes = 0
+        self._push_id = ""  # the current push's name: every bucket carries it (BroadcastControl.receive_weight_bucket)
         self._run = secrets.token_hex(4)  # in every group name: see the module docstring
 
     # ---- groups ----
@@ -219,7 +222,8 @@ class XcclSender:
         local = asyncio.create_task(asyncio.to_thread(group.link.send, tensors))
         local.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
         remote = {key(s): asyncio.create_task(self.control.receive_weight_bucket(
-            client, s, group.groups[key(s)], metas, self.timeout_s + self.margin_s)) for s in group.servers}
+            client, s, group.groups[key(s)], metas, self.timeout_s + self.margin_s, push=self._push_id))
+            for s in group.servers}
         outcome = await wait_for_all(local, remote, self.timeout_s, on_failure=group.link.close,
                                      margin_s=self.margin_s)
         self._add_time("server_receive", time.perf_counter() - start)
@@ -238,21 +242,30 @@ class XcclSender:
                        group.name, what, "; ".join(f"{s.label}: {outcome.reason(key(s))}" for s in group.servers
                                                    if not outcome.remote_ok(key(s))), len(group.servers))
 
-        async def alone(server: Server) -> dict[int, StepError]:
+        async def alone(server: Server, fresh: httpx.AsyncClient) -> dict[int, StepError]:
             shared = (f"{server.label}: broadcasting {what} in {group.name} ({len(group.servers)} servers) failed "
                       f"after {outcome.seconds:.1f} s ({outcome.reason(key(server))})")
-            joined = await self._form(client, [server])
+            joined = await self._form(fresh, [server])
             if joined:
                 return {server.index: StepError(f"{shared}\n  and alone: {joined[server.index]}")}
             if outcome.remote_ok(key(server)):
                 return {}
+            try:  # vLLM ends the update when a bucket fails: open it again (the engine keeps what it loaded)
+                await self.control.begin_weight_broadcast(fresh, server, self.timeout_s)
+            except Exception as exc:  # an engine that kept its update open may refuse: the bucket itself tells
+                logger.info("%s: reopening the weight update before the bucket again: %s", server.label, exc)
             own = next(g for g in self._groups if g.servers == [server])
-            again = await self._send(client, own, bucket, names)
+            again = await self._send(fresh, own, bucket, names)
             return {index: StepError(f"{shared}\n  and alone: {error}") for index, error in again.items()}
 
+        import httpx
+
         failed: dict[int, StepError] = {}
-        for result in await asyncio.gather(*(alone(server) for server in group.servers)):
-            failed.update(result)
+        # on new connections: a server that answered the broken bucket with an error closes the one it answered on,
+        # and a request sent on it at once would fail as if the server were gone
+        async with httpx.AsyncClient(headers=client.headers, trust_env=False) as fresh:
+            for result in await asyncio.gather(*(alone(server, fresh) for server in group.servers)):
+                failed.update(result)
         return failed
 
     async def push(self, client: httpx.AsyncClient, servers: Iterable[Server],
@@ -263,6 +276,8 @@ class XcclSender:
         The caller pauses the servers before and resets their prefix caches and resumes them after.
         """
         result = self._result = PushResult()
+        self._pushes += 1
+        self._push_id = f"{self._run}-p{self._pushes}"
         live = list(servers)
         iterator = iter(buckets)
         pending: asyncio.Future[object] | None = None

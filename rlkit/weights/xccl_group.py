@@ -66,7 +66,8 @@ async def wait_for_all(local: asyncio.Task[Any], remote: dict[Key, asyncio.Task[
                        on_failure: Callable[[], None], margin_s: float = HTTP_MARGIN_S) -> Outcome:
     """Wait for rank 0's task and every server's call until all ended or `timeout_s` + 2 `margin_s` passed; at the first
     failure `on_failure` runs once (it aborts rank 0's end). Calls still running at the deadline are cancelled and
-    fail ("no answer"); rank 0's thread, blocked in C, is left to end at its own timeout."""
+    fail ("no answer"); rank 0's thread, blocked in C, is left to end at its own timeout, also once every server's
+    call has ended and one failed (a join whose server is gone: rank 0's rendezvous would wait its whole timeout)."""
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     deadline = loop.time() + timeout_s + 2 * margin_s
@@ -80,14 +81,18 @@ async def wait_for_all(local: asyncio.Task[Any], remote: dict[Key, asyncio.Task[
         if not aborted and any(_failure(task) for task in done):
             aborted = True
             on_failure()
+        if aborted and pending == {local}:
+            break  # every server's call has ended and one failed: rank 0's side cannot succeed; left to end alone
     if pending and not aborted:
         on_failure()
-    for task in pending:
+    for task in pending - {local}:
         task.cancel()
+    if local in pending:  # not cancelled: a join's close-when-done callback still runs when the thread returns
+        local.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved: nothing logged
     waited = time.perf_counter() - started
     outcome = Outcome(seconds=waited)
     if local in pending:
-        outcome.local = f"no answer after {waited:.0f} s"
+        outcome.local = f"not done after {waited:.1f} s (left to end at its own timeout)"
     elif (error := _failure(local)) is not None:
         outcome.local = error
     for server, task in remote.items():

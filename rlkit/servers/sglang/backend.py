@@ -236,12 +236,12 @@ class SglangBackend(ServerBackend):
         return SglangWeightLink(group)
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float) -> None:
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
         """`POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache": false}`
         (io_struct.UpdateWeightsFromDistributedReqInput): the worker receives each tensor by
         `torch.distributed.broadcast(src=0)` in this order, then `model.load_weights` (a tied head is the embedding
         module itself in SGLang's Qwen2, so it follows). The cache is flushed once, by `reset_prefix_cache`, not per
-        bucket."""
+        bucket. A bucket sent again after a failure is loaded again (a plain copy): `push` is not needed."""
         if not tensors:
             raise ValueError("an empty bucket")
         body = {"names": [t.name for t in tensors], "dtypes": [t.dtype for t in tensors],

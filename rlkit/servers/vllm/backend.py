@@ -206,8 +206,9 @@ class VllmBackend(ServerBackend):
         await broadcast.begin(client, server, timeout)
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float) -> None:
-        await broadcast.receive_bucket(client, server, tensors, timeout)
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
+        # only rlkit's gloo engine takes `push`; vLLM's NCCL engine refuses fields it does not know
+        await broadcast.receive_bucket(client, server, tensors, timeout, push=push if group.backend == "gloo" else None)
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None:

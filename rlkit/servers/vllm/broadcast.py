@@ -53,9 +53,13 @@ def init_info(group: WeightGroup, packed: bool | None = None) -> dict[str, Any]:
     return info
 
 
-def update_info(tensors: Sequence[TensorMeta]) -> dict[str, Any]:
-    return {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
-            "shapes": [list(t.shape) for t in tensors]}
+def update_info(tensors: Sequence[TensorMeta], push: str | None = None) -> dict[str, Any]:
+    """The `update_info` of `/update_weights`; `push` (rlkit's gloo engine only) names the push the bucket is of."""
+    info: dict[str, Any] = {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
+                            "shapes": [list(t.shape) for t in tensors]}
+    if push is not None:
+        info["push"] = push
+    return info
 
 
 def _hint(exc: StepError, server: Server) -> StepError:
@@ -97,12 +101,14 @@ async def begin(client: httpx.AsyncClient, server: Server, timeout: float) -> No
             raise _hint(first, server) from first
 
 
-async def receive_bucket(client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta], timeout: float) -> None:
-    """The workers receive `tensors` (broadcast by group rank 0 meanwhile, in this order) and load them."""
+async def receive_bucket(client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta], timeout: float, *,
+                         push: str | None = None) -> None:
+    """The workers receive `tensors` (sent by group rank 0 meanwhile, in this order) and load them; `push`: see
+    `update_info`."""
     size = sum(_nbytes(t) for t in tensors) / 1e6
     await call(client, server, "POST", "/update_weights",
                f"receiving a bucket of {len(tensors)} tensors ({size:.1f} MB)", timeout,
-               json={"update_info": update_info(tensors)})
+               json={"update_info": update_info(tensors, push)})
 
 
 async def finish(client: httpx.AsyncClient, server: Server, version: int, timeout: float) -> None:

@@ -77,6 +77,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     dtype_names: list[str]
     shapes: list[list[int]]
     discard: bool = False
+    push: str = ""  # the trainer's name for the push (rlkit.weights.xccl): which loads a resumed update keeps
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -104,7 +105,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._group: _Group | None = None
         self._packed = False
         self._relay = False
-        self._loaded: set[str] = set()  # the names loaded since the update started
+        self._open = False  # a layerwise reload is set up and not finalized
+        self._push = ""  # the push whose tensors the open update loaded
+        self._loaded: set[str] = set()  # the names loaded in it
         self._buffer_bytes = PACKED_BUFFER_BYTES
         self._tied: list[list[TiedMember]] = []
 
@@ -128,16 +131,29 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     "relay" if self._relay else "broadcast", time.perf_counter() - start)
 
     def start_weight_update(self) -> None:
+        """Set up vLLM's layerwise reload, unless an update is still open: vLLM ends its session when a bucket fails
+        (its worker's update_weights), and the trainer then starts it again to send that bucket once more. Setting
+        the reload up again would put the layers loaded so far back on meta and forget the partly loaded ones'
+        progress, so the open update is kept; the next bucket says whether it resumes it (the same push) or
+        replaces it (another push: a trainer that died mid-push), see `receive_weights`."""
+        if self._open:
+            logger.info("rlkit gloo weight transfer: an update of push %s is still open (%d tensors loaded): kept "
+                        "until the next bucket", self._push or "?", len(self._loaded))
+            return
+        self._begin()
+
+    def _begin(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self._tied = tied_parameter_groups(self.model)  # by identity: before the reload replaces tensors by meta
-        self._loaded = set()
         initialize_layerwise_reload(self.model)
+        self._open, self._push, self._loaded = True, "", set()
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
+        self._open, self._push, self._loaded = False, "", set()
         finalize_layerwise_reload(self.model, self.model_config)
         refreshed = refresh_tied_groups(self._tied)
         logger.info("rlkit gloo weight transfer: update finished in %.3f s (tied layers refreshed: %s)",
@@ -148,6 +164,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if group is None:
             raise RuntimeError("gloo weight transfer: no group joined; POST /init_weight_transfer_engine first")
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        if self._push and update_info.push != self._push:  # an update another push left open: closed, begun anew
+            logger.info("rlkit gloo weight transfer: closing the update push %s left open (%d tensors loaded) for "
+                        "push %s", self._push, len(self._loaded), update_info.push or "?")
+            self.finish_weight_update()
+            self._begin()
+        self._push = update_info.push
 
         dtypes = [_dtype(name) for name in update_info.dtype_names]
         shapes = [tuple(shape) for shape in update_info.shapes]
