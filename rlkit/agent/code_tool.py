@@ -23,9 +23,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
   credentials: rlkit.rollout.agent_setup.hidden_from_code) are covered by an empty tmpfs (or /dev/null for a file).
 - privileges: PR_SET_NO_NEW_PRIVS, a fresh interpreter after the namespaces (no capabilities), `python -I`
   (no user site, no PYTHON* variables), a minimal environment (no inherited variables at all), /proc showing
-  the sandbox's processes only, a fresh scratch directory as cwd, removed afterwards, and the only one the run
-  sees (it is mounted over the directory that holds every run's: concurrent runs of one user cannot read each
-  other's files); RLIMIT_FSIZE per file.
+  the sandbox's processes only, a fresh scratch directory as cwd: a tmpfs of `scratch_mb` (all the run's files
+  together), gone with the run, and the only one the run sees (it is mounted over the directory that holds every
+  run's: concurrent runs of one user cannot read each other's files); RLIMIT_FSIZE per file; no memfd at all.
 - the code itself reaches the sandbox through memfds, never argv (which `ps` shows to every local user).
 
 Best effort (a second layer or a readable message, not a barrier): an audit hook raises PermissionError with a
@@ -38,8 +38,9 @@ readable text on sockets and process creation (code using ctypes bypasses it; th
   of reach.
 
 Not covered: files outside the hidden paths stay readable as far as the code's user may read them (as `nobody`
-when rlkit runs as root, otherwise as the job's own user). Total scratch and memfd size is not capped (per file
-only). Without namespaces (best effort) concurrent runs, all of one user, can read each other's scratch files.
+when rlkit runs as root, otherwise as the job's own user). Without namespaces (best effort) the scratch directory
+is the host directory (its total is capped per file only) and concurrent runs, all of one user, can read each
+other's scratch files.
 
 Namespaces need unprivileged user namespaces (Linux >= 3.8, `user.max_user_namespaces` > 0; Debian's
 `kernel.unprivileged_userns_clone=1`; Ubuntu 24.04's `kernel.apparmor_restrict_unprivileged_userns=0`); the
@@ -86,6 +87,7 @@ class CodeLimits:
     memory_mb: int = 512  # heap of the code's process (RLIMIT_DATA)
     output_bytes: int = 8192  # stdout+stderr kept; more stops the run
     file_mb: int = 64  # largest file the code may write in its scratch directory
+    scratch_mb: int = 256  # all the files of one run together (its scratch directory is a tmpfs of this size)
     max_concurrent: int = 8  # runs at once per CodeTool (threads of its own executor)
 
 
@@ -96,6 +98,7 @@ LIMIT_BOUNDS: dict[str, tuple[float, float, str]] = {
     "memory_mb": (64, 65536, "MB"),
     "output_bytes": (256, 16 * 1024 * 1024, "bytes"),
     "file_mb": (1, 65536, "MB"),
+    "scratch_mb": (1, 65536, "MB"),
     "max_concurrent": (1, 256, ""),
 }
 
@@ -179,6 +182,7 @@ def run_python(
         spec = ChildSpec(
             python=interpreter, uid=uid, gid=gid, namespaces=namespaces, cpu_seconds=limits.cpu_seconds,
             memory_bytes=limits.memory_mb * 1024 * 1024, file_bytes=limits.file_mb * 1024 * 1024, code=code,
+            scratch_bytes=limits.scratch_mb * 1024 * 1024,
             env=_minimal_env(scratch), hide=_hideable(hide, interpreter, scratch, notes),
             required=isolation == "required",
         )
@@ -368,7 +372,7 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
         notes.append(f"no namespaces ({why}): the network is blocked only by an audit hook (ctypes can bypass "
                      f"it), /proc shows the node's processes, and the code can read and write what the job's user "
                      f"can; enable unprivileged user namespaces on the nodes")
-    for fact in ("proc", "filesystem", "keyring", "seccomp"):
+    for fact in ("idmap", "proc", "filesystem", "keyring", "seccomp"):
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes

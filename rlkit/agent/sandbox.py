@@ -37,6 +37,7 @@ class ChildSpec:
     code: str
     env: dict[str, str]
     hide: tuple[str, ...] = ()  # paths the code must not see (covered in its mount namespace)
+    scratch_bytes: int = 256 * 1024 * 1024  # the run's in-memory scratch directory (tmpfs) holds at most this
     required: bool = True  # isolation that does not hold refuses the run (rollout.agent.code_tool.isolation)
 
     def serialized(self, status_fd: int) -> str:
@@ -46,6 +47,7 @@ class ChildSpec:
                 "mode": "supervise", "python": self.python, "uid": self.uid, "gid": self.gid,
                 "namespaces": self.namespaces, "required": self.required, "cpu_seconds": self.cpu_seconds,
                 "memory_bytes": self.memory_bytes, "file_bytes": self.file_bytes, "code": self.code, "env": self.env,
+                "scratch_bytes": self.scratch_bytes,
                 "status_fd": status_fd, "hide": list(self.hide), "source": CHILD_SOURCE,
             },
             ensure_ascii=False,

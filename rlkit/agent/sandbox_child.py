@@ -51,18 +51,19 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 # Denied to the code by a seccomp filter (EPERM), with or without namespaces: every socket (none is needed to
 # compute; a socket is how code reaches the network, a unix socket bound after the run began, or an abstract one),
-# io_uring (whose operations bypass seccomp), and the calls of escapes and of reading other processes. x86_64 and
+# io_uring (whose operations bypass seccomp), memfd_create (memory no limit counts once it is written, not mapped),
+# and the calls of escapes and of reading other processes. x86_64 and
 # aarch64 (arch, then numbers; the new mount API 428-433, 442 is one table on every architecture).
 SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED_SYSCALLS = {
     "x86_64": {"socket": 41, "socketpair": 53, "ptrace": 101, "pivot_root": 155, "chroot": 161, "mount": 165,
                "umount2": 166, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
-               "perf_event_open": 298, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321,
-               "userfaultfd": 323},
+               "perf_event_open": 298, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
+               "memfd_create": 319, "bpf": 321, "userfaultfd": 323},
     "aarch64": {"umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51, "unshare": 97, "ptrace": 117,
                 "socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219,
-                "perf_event_open": 241, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "bpf": 280,
-                "userfaultfd": 282},
+                "perf_event_open": 241, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271,
+                "memfd_create": 279, "bpf": 280, "userfaultfd": 282},
 }
 DENIED_EVERYWHERE = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
                      "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
@@ -108,8 +109,10 @@ def supervise(spec: dict[str, Any]) -> None:
     if spec["namespaces"]:
         libc = _libc()
         flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        uid, gid = os.geteuid(), os.getegid()
         if libc.unshare(flags) == 0:
             entered = True
+            _map_own_ids(libc, uid, gid, status_fd)
         else:
             _report(status_fd, namespaces=f"unshare failed: {os.strerror(ctypes.get_errno())}")
     if spec["required"] and not entered:  # fail closed: the code never starts
@@ -126,6 +129,21 @@ def supervise(spec: dict[str, Any]) -> None:
     os.close(alive_r)
     os.close(status_fd)
     os._exit(_wait_for_guard(guard_pid))
+
+
+def _map_own_ids(libc: ctypes.CDLL, uid: int, gid: int, status_fd: int) -> None:
+    """Map this user (and group) to itself in the new user namespace, as `unshare --map-current-user` does: files
+    of a file system mounted inside it (the run's tmpfs scratch directory) need an owner the namespace can name.
+    A process that dropped root is not dumpable, which makes its /proc/self files root's: dumpable only for this."""
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+                f.write(line)
+    except OSError as exc:
+        _report(status_fd, idmap=f"own ids not mapped in the user namespace: {exc}")
+    finally:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _wait_for_guard(guard_pid: int) -> int:
@@ -156,7 +174,7 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         ) != 0:
             failed.append(f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
             _report(status_fd, proc=failed[-1])
-        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []), spec["sockets"])
+        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []), spec["sockets"], spec["scratch_bytes"])
         spec["env"].update(HOME=os.getcwd(), TMPDIR=os.getcwd())  # where the scratch directory is seen now
         if sealed:
             failed.append("; ".join(sealed))
@@ -171,6 +189,8 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     # the seccomp filter, last (it denies keyctl and mount): NO_NEW_PRIVS lets a process without capabilities (a
     # run without namespaces) install it; the runner and the code's exec inherit it
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    # the code's memfd, for the runner's exec, made before the filter denies memfd_create
+    spec["code_fd"] = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
     denied = _deny_syscalls(libc)
     if denied:
         _report(status_fd, seccomp=f"no seccomp filter ({denied}): sockets and io_uring are not denied")
@@ -230,12 +250,13 @@ def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
     return ""
 
 
-def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: list[str]) -> list[str]:
+def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: list[str],
+                     scratch_bytes: int) -> list[str]:
     """In the run's own mount namespace: cover each unix socket and each path of `hide` (a directory with an empty
-    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, give the scratch directory back
-    its writes (a bind mount of its own), and put it over its parent, which holds every concurrent run's scratch
-    directory (all of the same user): the run sees its own files only, at the parent's path, its working directory.
-    Returns what did not hold; the guard reports it."""
+    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, and mount the run's scratch
+    directory, a tmpfs of `scratch_bytes` (every file of the run together), over the directory that holds every
+    concurrent run's (all of the same user): the run sees its own files only, at that path, its working directory,
+    and they vanish with its mount namespace. Returns what did not hold; the guard reports it."""
     problems = []
     if len(sockets) > MAX_SOCKETS:
         problems.append(f"{len(sockets)} unix sockets on the node, more than the {MAX_SOCKETS} the code tool covers")
@@ -253,38 +274,32 @@ def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: 
             continue
         if done != 0:
             problems.append(f"{path} is not hidden: {os.strerror(ctypes.get_errno())}")
-    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) == 0:
-        writable = libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) == 0 and _mount_setattr(
-            libc, scratch, 0, _MountAttr(attr_clr=MOUNT_ATTR_RDONLY)) == 0
-    elif ctypes.get_errno() == ENOSYS:  # a kernel before 5.12: every mount remounted on its own, as before it
-        failed = _remount_each(libc, read_only=True)
+    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) != 0:
+        if ctypes.get_errno() != ENOSYS:
+            return [*problems, f"the file system is not read-only: {os.strerror(ctypes.get_errno())}"]
+        failed = _remount_each(libc)  # a kernel before 5.12: every mount remounted on its own, as before it
         if failed:
             return [*problems, f"the file system is not read-only: {failed}"]
-        writable = libc.mount(scratch.encode(), scratch.encode(), None, MS_BIND, None) == 0 and not _remount_each(
-            libc, read_only=False, only=scratch)
-    else:
-        return [*problems, f"the file system is not read-only: {os.strerror(ctypes.get_errno())}"]
-    if not writable:
-        return [*problems, f"the scratch directory is not writable: {os.strerror(ctypes.get_errno())}"]
     others = os.path.dirname(scratch)
-    if libc.mount(scratch.encode(), others.encode(), None, MS_BIND, None) != 0:
-        return [*problems, f"other runs' scratch directories are not hidden: {os.strerror(ctypes.get_errno())}"]
-    os.chdir(others)  # the new writable mount, not the read-only one the old working directory is on
+    options = f"size={scratch_bytes},mode=0700".encode()
+    if libc.mount(b"tmpfs", others.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        return [*problems, f"the scratch directory is not mounted: {os.strerror(ctypes.get_errno())}"]
+    os.chdir(others)  # the new, empty, writable tmpfs; the read-only host directories under it are not seen
+    if not os.access(".", os.W_OK):
+        return [*problems, "the scratch directory is not writable"]
     return problems
 
 
-def _remount_each(libc: ctypes.CDLL, *, read_only: bool, only: str | None = None) -> str:
-    """Without mount_setattr: remount every mount of this namespace (or the top one at `only`) read-only or
-    writable, one mount(MS_REMOUNT | MS_BIND) each, keeping the flags a user namespace may not drop (nosuid,
-    nodev, noexec, the atime ones); '' when all held, else the first that did not."""
+def _remount_each(libc: ctypes.CDLL) -> str:
+    """Without mount_setattr: remount every mount of this namespace read-only, one mount(MS_REMOUNT | MS_BIND) each,
+    keeping the flags a user namespace may not drop (nosuid, nodev, noexec, the atime ones); '' when all held,
+    else the first that did not."""
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         rows = [line.split() for line in f]
     for row in rows:
         point = row[4].encode().decode("unicode_escape").encode("latin-1")  # mountinfo escapes space as \040
-        if only is not None and point != only.encode():
-            continue
         options = set(row[5].split(","))
-        flags = MS_REMOUNT | MS_BIND | (MS_RDONLY if read_only else 0)
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         flags |= sum(flag for name, flag in REMOUNT_KEPT.items() if name in options)
         if libc.mount(None, point, None, flags, None) != 0:
             errno = ctypes.get_errno()
@@ -296,8 +311,7 @@ def _remount_each(libc: ctypes.CDLL, *, read_only: bool, only: str | None = None
 def run(spec: dict[str, Any]) -> None:
     """The runner: limits first, then a fresh interpreter for the code (no inherited capabilities or modules)."""
     memory = spec["memory_bytes"]
-    # before RLIMIT_FSIZE; inherited by the exec
-    code_fd = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
+    code_fd = spec["code_fd"]  # the guard's memfd (written before RLIMIT_FSIZE), inherited by the exec
     resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_seconds"], spec["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
     resource.setrlimit(resource.RLIMIT_AS, (memory + ADDRESS_HEADROOM, memory + ADDRESS_HEADROOM))

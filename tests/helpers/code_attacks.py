@@ -117,16 +117,28 @@ def make_bait() -> Bait:
     return Bait(root, secret_dir, secret_file, open_dir, open_file, tcp, udp, victim, unix, late)
 
 
-def bind_when_started(bait: Bait, scratch_root: Path) -> threading.Thread:
-    """Bind and open the late socket as soon as a run's code has written `started` in its scratch directory: a
-    service that starts while the code runs, after the run's mount namespace was made."""
+def bind_when_started(bait: Bait) -> threading.Thread:
+    """Bind and open the late socket as soon as a run's code is running (its interpreter, exec'd after the run's
+    mount namespace was sealed, shows `"mode": "code"` in its command line): a service that starts while the code
+    runs. (The code cannot tell us itself: it can write nowhere we can see.)"""
+    def running() -> bool:
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and b'"mode": "code"' in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+        return False
+
     def bind() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(scratch_root.glob("*/started")):
+        while time.monotonic() < deadline and not running():
             time.sleep(0.01)
-        bait.late.bind(str(bait.late_path))
-        bait.late_path.chmod(0o777)
+        staged = bait.late_path.with_suffix(".staged")  # listening before its path appears: no refused connect
+        bait.late.bind(str(staged))
+        staged.chmod(0o777)
         bait.late.listen(8)
+        staged.rename(bait.late_path)
 
     thread = threading.Thread(target=bind, daemon=True)
     thread.start()
@@ -227,7 +239,7 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
                                          f"a = struct.pack('H', socket.AF_UNIX) + {str(b.root / 'service.sock')!r}"
                                          ".encode() + bytes(1)\nprint(libc.connect(s.fileno(), a, len(a)), "
                                          "ctypes.get_errno())", lambda r, bait: bait.unix_quiet(), {}),
-        "a unix socket bound after the run began": ("network", CTYPES + "import time\nopen('started', 'w').close()\n"
+        "a unix socket bound after the run began": ("network", CTYPES + "import time\n"
                                                     f"path = {str(b.late_path)!r}\nend = time.monotonic() + 30\n"
                                                     "while not os.path.exists(path) and time.monotonic() < end:\n"
                                                     "    time.sleep(0.01)\nprint('seen', os.path.exists(path))\n"
@@ -258,6 +270,13 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
         "a mapped memfd bomb": ("resources", "import mmap, os\nfd = os.memfd_create('m')\nos.ftruncate(fd, 1 << 30)\n"
                                 "m = mmap.mmap(fd, 1 << 30)\nm[::4096] = b'x' * (1 << 18)\nprint('held')",
                                 lambda r, _b: not r.ok and "held" not in r.output, {"memory_mb": 128}),
+        "memfds written past the memory limit": ("resources", "import os\nfds = [os.memfd_create('m') for _ in "
+                                                 "range(200)]\nfor fd in fds:\n    os.write(fd, b'x' * (1 << 20))"
+                                                 "\nprint('held')", lambda r, _b: not r.ok and "held" not in r.output,
+                                                 {"file_mb": 1, "memory_mb": 64}),
+        "fill the scratch directory": ("resources", "n = 0\ntry:\n    for i in range(16):\n        open(f'f{i}', 'wb')"
+                                       ".write(b'x' * (1 << 20))\n        n += 1\nfinally:\n    print('files', n)",
+                                       lambda r, _b: "files 16" not in r.output, {"scratch_mb": 8, "file_mb": 2}),
         # escape
         "ptrace the parent": ("escape", CTYPES + "print(libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno())",
                               lambda r, _b: r.output.startswith("-1 "), {}),
@@ -309,7 +328,7 @@ def main() -> None:
     report: dict[str, dict[str, object]] = {}
     for name, (kind, code, check, limits) in attacks(bait).items():
         if name == "a unix socket bound after the run began":
-            bind_when_started(bait, scratch_root)
+            bind_when_started(bait)
         result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]
                             scratch_root=scratch_root, hide=[str(bait.secret_dir), str(bait.secret_file)],
                             isolation=isolation)

@@ -26,6 +26,8 @@ class CodeToolConfig:
     memory_mb: int = _f(512, "Heap of the code's process, in MB.")
     output_bytes: int = _f(8192, "Output kept (stdout and stderr); more stops the run.")
     file_mb: int = _f(64, "Largest file the code may write in its scratch directory, in MB.")
+    scratch_mb: int = _f(256, "All the files of one run together, in MB (its scratch directory is an in-memory "
+                              "tmpfs of this size where the node gives namespaces).")
     max_concurrent: int = _f(8, "Runs at once on the trainer's rank-0 node.")
     python: str = _f("", "Interpreter of the runs; empty: the trainer's (or /usr/bin/python3 when the sandbox user "
                          "cannot reach it).")

@@ -1,4 +1,4 @@
-"""38 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
+"""40 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
 and local IPC, resources, escape, cross-run leakage, output forgery), run three ways as HPC jobs meet them: as root
 (the code runs as `nobody`), as a non-root user (`setpriv`, the code runs as that user), and on a node without user
 namespaces (a user namespace of its own whose user.max_user_namespaces is 0: tests/helpers/no_userns.py), as root
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mapping users and set
 THROUGH_WITHOUT_NAMESPACES = {"read a hidden file", "list a hidden directory", "read a hidden single file",
                               "write outside the scratch directory", "append to the user's reward module",
                               "write through ctypes open", "leave a file in /dev/shm",
-                              "read a concurrent run's scratch"}
+                              "read a concurrent run's scratch", "fill the scratch directory"}
 # ... and for a non-root job also what the job's own user can do to its own processes
 THROUGH_WITHOUT_NAMESPACES_NON_ROOT = THROUGH_WITHOUT_NAMESPACES | {"scan every process environment",
                                                                     "kill a process of the job's user"}
