@@ -134,17 +134,25 @@ class _Zygote:
     def _start(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="rlkit-zygote-")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # libgomp reads it once, at torch's import
-        process = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(Path(self._dir) / "zygote.sock"),
-                                    ",".join(PRELOAD)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        log = Path(self._dir) / "zygote.log"  # the imports' warnings; stdout carries only "ready"
+        with log.open("w") as log_file:
+            process = subprocess.Popen([sys.executable, "-c", ZYGOTE, str(Path(self._dir) / "zygote.sock"),
+                                        ",".join(PRELOAD)], env=env, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=log_file, text=True)
         self._process = process
         atexit.register(self._stop, process)
         selector = selectors.DefaultSelector()
         assert process.stdout is not None
         selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(START_TIMEOUT) or process.stdout.readline().strip() != "ready":
+        deadline = time.monotonic() + START_TIMEOUT
+        line = "-"
+        while line and line.strip() != "ready":  # a library may print to stdout while it is imported
+            left = deadline - time.monotonic()
+            line = process.stdout.readline() if left > 0 and selector.select(left) else ""
+        if not line:
             process.kill()
-            raise RuntimeError(f"the rank zygote did not start:\n{process.communicate()[0][-3000:]}")
+            process.wait()
+            raise RuntimeError(f"the rank zygote did not start:\n{log.read_text()[-3000:]}")
 
     def _stop(self, process: subprocess.Popen[str]) -> None:
         if process.poll() is None:
