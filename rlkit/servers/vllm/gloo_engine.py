@@ -15,9 +15,12 @@ engine's (read in vLLM 0.32, `distributed/weight_transfer/nccl_engine.py`), so `
   receives from the previous one and forwards to the next (rlkit.servers.vllm.relay), so the trainer sends one copy
   for all servers; without it, one gloo broadcast per buffer. All receives are posted at once, so loading overlaps
   receiving. A tensor loaded already in this update is received (and forwarded) but not loaded again: the trainer
-  sends a failed bucket again to the servers that survive the failure.
+  sends a failed bucket again to the servers that survive the failure (rlkit.weights.xccl).
 - start/finish: vLLM's layerwise reload, as the NCCL engine does; finish then repairs tied layers (the same repair as
-  the disk path: `rlkit.servers.vllm.worker`, whose docstring says why the reload leaves a tied head stale).
+  the disk path: `rlkit.servers.vllm.worker`, whose docstring says why the reload leaves a tied head stale). vLLM ends
+  its update session when a bucket fails; the engine keeps its reload open until the next bucket, which resumes it
+  (the same push, named in every bucket's `push`) or closes it and begins anew (another push: a trainer that died
+  mid-push).
 """
 
 from __future__ import annotations
