@@ -283,6 +283,57 @@ def test_broadcast_to_a_server_that_never_joins_fails_naming_it_within_the_timeo
     print(f"\nnever-joining server failed after {elapsed:.1f} s: {message.splitlines()[0]}")
 
 
+class DiesMidBucket(VllmWireMode):
+    """The trainer's end of the group sends half of its `at`-th bucket, then breaks off (its connections dropped) as a
+    trainer process that dies there would."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.sends = at, 0
+
+    def open_weight_link(self, group: Any) -> Any:
+        link, control = super().open_weight_link(group), self
+
+        class Dying:
+            copies = link.copies
+
+            def send(self, tensors: list[torch.Tensor]) -> None:
+                control.sends += 1
+                if control.sends == control.at:
+                    link.send(tensors[: len(tensors) // 2])
+                    link.close()
+                    raise RuntimeError("the trainer died mid-bucket")
+                link.send(tensors)
+
+            def close(self) -> None:
+                link.close()
+
+        return Dying()
+
+
+def test_broadcast_after_a_trainer_that_died_mid_bucket(served: Served, vllm_slot: ServerSlot) -> None:
+    """The server's receive fails mid-bucket, so vLLM ends its update session while rlkit's engine keeps its
+    layerwise reload open (a survivor resumes it). The next trainer's push is another push: the engine must close
+    that update and begin anew, not resume it (it would skip the tensors the dead push loaded): the server then
+    serves the new trainer's weights."""
+    server = backend_server(served)
+    dying = XcclSender(DiesMidBucket(at=3), backend="gloo", host="127.0.0.1", timeout_s=XCCL_TIMEOUT,
+                       skip=tied_weight_aliases(served.model_dir))
+    try:
+        result = served.run(lambda c: dying.push(c, [server], buckets_of(perturbed(served.model_dir, seed=17)), 17))
+    finally:
+        dying.close()
+    assert list(result.failed) == [0] and "the trainer died mid-bucket" in str(result.failed[0]), result.failed
+    successor = sender_for(served)
+    try:
+        push_and_check(served, successor, seed=18, version=18)  # version and fingerprint of the new push
+    finally:
+        successor.close()
+    assert vllm_slot.current is not None
+    log = vllm_slot.current.server.log_path.read_text(errors="replace")
+    assert "left open" in log and "closing the update push" in log  # the replace path ran, not a fresh start
+
+
 def test_broadcast_to_a_server_killed_mid_push_fails_naming_it(served: Served, vllm_slot: ServerSlot) -> None:
     """Last test of the module for each server kind: it kills the shared server (and the slot forgets it)."""
     sender = sender_for(served)
