@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import run_rlkit
 from tests.helpers.slurm_helpers import job_ids_named
 
-pytestmark = pytest.mark.slurm  # the dev cluster's controller (squeue: nothing may change in Slurm)
+# the dev cluster's controller (squeue: nothing may change in Slurm; no job runs)
+pytestmark = [pytest.mark.slurm, pytest.mark.controller]
 
 
 def _test_jobs() -> set[str]:

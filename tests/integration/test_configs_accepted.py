@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import CONFIGS, example_configs, run_rlkit
 
-pytestmark = pytest.mark.slurm  # the dev cluster's controller (sbatch --test-only)
+# the dev cluster's controller (sbatch --test-only; no job runs)
+pytestmark = [pytest.mark.slurm, pytest.mark.controller]
 
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
 

@@ -27,7 +27,8 @@ from rlkit.errors import ConfigError
 from rlkit.launch.render import step_command
 from rlkit.launch.submit import Prepared, prepare_config
 
-pytestmark = pytest.mark.slurm  # the dev cluster's controller (sbatch)
+# the dev cluster's controller (sbatch; no job runs)
+pytestmark = [pytest.mark.slurm, pytest.mark.controller]
 
 MARK = "PWNED"
 BASH = shutil.which("bash") or "/bin/bash"  # by absolute path: the runs below have no PATH to search

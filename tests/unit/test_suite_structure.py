@@ -168,8 +168,9 @@ def test_the_scenario_pool_widens_by_one_per_idle_window_and_never_when_busy() -
 
 
 def test_the_two_lanes_run_every_test() -> None:
-    """`nox -s tests` runs the cluster lane (`-m "slurm or vllm or sglang" tests/integration`) beside the local lane
-    (the rest of tests/unit and tests/integration): a unit test with one of those markers would be in neither."""
+    """`nox -s tests` runs the cluster lane (`-m "(slurm or vllm or sglang) and not controller" tests/integration`)
+    beside the local lane (the rest of tests/unit and tests/integration, the controller-only CLI tests included): a
+    unit test with one of those markers would be in neither."""
     def uses_the_marker(path: Path) -> bool:
         return any(isinstance(node, ast.Attribute) and node.attr in ("slurm", "vllm", "sglang")
                    and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
@@ -179,6 +180,6 @@ def test_the_two_lanes_run_every_test() -> None:
     assert marked == [], marked
     assert uses_the_marker(REPO / "tests" / "integration" / "test_recovery.py")  # the check sees the marker
     noxfile = (REPO / "noxfile.py").read_text()
-    assert 'CLUSTER = "slurm or vllm or sglang"' in noxfile
+    assert 'CLUSTER = "(slurm or vllm or sglang) and not controller"' in noxfile
     assert '"-m", CLUSTER, "tests/integration"' in noxfile
     assert '"-m", f"not ({CLUSTER})", "tests/unit", "tests/integration"' in noxfile
