@@ -16,12 +16,14 @@ a group forms, so: the group is re-formed (every server re-joins concurrently, u
 servers of a push differ from its members (one lost, restarted, added). When a shared group breaks (a join, or a
 bucket: a server died or stalled), rank 0 aborts its end, so the failure runs down the chain at once instead of at
 each rank's timeout, and waits for every server's call (each ends within `timeout_s`), which shows who missed the
-bucket; then each server of the broken group joins a group of its own and gets the bucket again if it missed it (the
-engine skips names it loaded already). A server that fails alone too is named with both errors and dropped from the
-push; the survivors finish the push in their own groups (N copies for the rest of that push only) and the next push
-forms one group again. A dead server fails fast (its connections reset); a stalled one within the timeouts. The
-fan-out then treats a named server as before: gone is lost (the run goes on; its restart joins the next push's group
-and gets the full version), alive is a failure.
+bucket; a server whose call has not answered by then (stalled) is named and dropped at once; each other server of
+the broken group joins a group of its own and gets the bucket again if it missed it (the engine skips names it
+loaded already). A server that fails alone too is named with both errors and dropped from the push; the survivors
+finish the push in their own groups (N copies for the rest of that push only) and the next push forms one group
+again. A dead server fails fast (its connections reset); a stalled one at the step's deadline (`timeout_s` plus the
+margins, as with a group per server); a vLLM server alone resumes the update its failed bucket ended. The fan-out
+then treats a named server as before: gone is lost (the run goes on; its restart joins the next push's group and
+gets the full version), alive is a failure.
 
 Only rank 0 runs this. The other ranks must still run the bucket iterator (`TrainEngine.iter_full_buckets`) to its
 end, because each bucket is all-gathered from every rank's shards; `XcclSender.push` exhausts it even when every
@@ -245,6 +247,8 @@ class XcclSender:
         async def alone(server: Server, fresh: httpx.AsyncClient) -> dict[int, StepError]:
             shared = (f"{server.label}: broadcasting {what} in {group.name} ({len(group.servers)} servers) failed "
                       f"after {outcome.seconds:.1f} s ({outcome.reason(key(server))})")
+            if key(server) in outcome.silent:  # stalled: alone it would stall as long again; named now
+                return {server.index: StepError(f"{shared}; dropped from the push without a retry")}
             joined = await self._form(fresh, [server])
             if joined:
                 return {server.index: StepError(f"{shared}\n  and alone: {joined[server.index]}")}

@@ -42,6 +42,7 @@ class Outcome:
     seconds: float
     local: str | None = None  # rank 0's failure
     remote: dict[Key, str] = field(default_factory=dict)  # failed servers' failures
+    silent: set[Key] = field(default_factory=set)  # servers whose call had not answered by the deadline
 
     @property
     def ok(self) -> bool:
@@ -98,6 +99,7 @@ async def wait_for_all(local: asyncio.Task[Any], remote: dict[Key, asyncio.Task[
     for server, task in remote.items():
         if task in pending:
             outcome.remote[server] = f"the server: no answer after {waited:.0f} s"
+            outcome.silent.add(server)
         elif (error := _failure(task)) is not None:
             outcome.remote[server] = f"the server: {error}"
     return outcome

@@ -213,8 +213,9 @@ def test_one_group_over_every_server_sends_one_copy_and_is_kept_until_the_server
 
 def test_a_server_that_never_answers_is_named_within_its_timeout_and_the_others_get_the_bucket() -> None:
     """Server 0 (rank 1, the chain's first hop) joins and never receives: rank 0's send fails at its deadline, the
-    group is aborted, the servers behind it fail at once; alone, server 0 fails again and is named, server 1 gets
-    the bucket it missed and both buckets arrive."""
+    group is aborted and the server behind it fails at once; server 0's call never answers, so it is named and
+    dropped at the step's deadline (no lone retry: it would stall as long again), and server 1 gets the bucket it
+    missed alone, then the next one."""
     control = ThreadServers(silent={0})
     timeout, margin = 1.0, 0.5
     sender = XcclSender(control, backend="gloo", host="127.0.0.1", timeout_s=timeout, margin_s=margin)
@@ -229,8 +230,7 @@ def test_a_server_that_never_answers_is_named_within_its_timeout_and_the_others_
     assert list(result.failed) == [0], result.failed
     message = str(result.failed[0])
     assert "server 0 (127.0.0.1:9000)" in message and "broadcasting a bucket" in message, message
-    assert "and alone:" in message and "not done after 1 s" in message, message
-    # the shared group's step and the lone retry, each bounded by the timeout plus the margins
-    assert elapsed < 2 * (timeout + 2 * margin) + 5, f"took {elapsed:.1f} s"
+    assert "no answer" in message and "not done after 1 s" in message and "without a retry" in message, message
+    assert elapsed < timeout + 2 * margin + 5, f"took {elapsed:.1f} s"  # one step's deadline, then server 1 alone
     assert [torch.equal(a, weights["c"]) for a in control.received[1]] == [True]  # the last bucket, intact
     assert result.buckets == 2 and result.began == {0, 1}
