@@ -106,10 +106,11 @@ def test_a_begin_that_raises_fails_that_server_and_the_iterator_still_runs_to_it
 class ThreadServers(NoServerControl):
     """Servers whose single worker is a thread of this process: the join builds its end of the gloo group at the
     server's rank offset, a receive runs rlkit's relay (rlkit.servers.vllm.relay, as the vLLM gloo engine does).
-    A server in `silent` joins, then never answers a receive (its call hangs until cancelled)."""
+    A server in `silent` joins, then never answers a receive (its call hangs until cancelled); one in `never_join`
+    answers its join without joining."""
 
-    def __init__(self, silent: Collection[int] = ()) -> None:
-        self.silent = set(silent)
+    def __init__(self, silent: Collection[int] = (), never_join: Collection[int] = ()) -> None:
+        self.silent, self.never_join = set(silent), set(never_join)
         self.ends: dict[int, tuple[Any, Any, WeightGroup]] = {}  # server index -> (store, group, its WeightGroup)
         self.joins: list[tuple[int, WeightGroup]] = []
         self.received: dict[int, list[torch.Tensor]] = {}
@@ -133,6 +134,8 @@ class ThreadServers(NoServerControl):
                 old[1].abort()  # a re-join replaces the old group, as the engine does
 
         self.joins.append((server.index, group))
+        if server.index in self.never_join:  # answers as if joined, and never does
+            return
         await asyncio.to_thread(join)
 
     async def begin_weight_broadcast(self, *args: Any) -> None:
@@ -234,3 +237,27 @@ def test_a_server_that_never_answers_is_named_within_its_timeout_and_the_others_
     assert elapsed < timeout + 2 * margin + 5, f"took {elapsed:.1f} s"  # one step's deadline, then server 1 alone
     assert [torch.equal(a, weights["c"]) for a in control.received[1]] == [True]  # the last bucket, intact
     assert result.buckets == 2 and result.began == {0, 1}
+
+
+def test_a_server_that_never_joins_the_shared_group_is_named_and_the_others_join_alone() -> None:
+    """The shared group cannot form (rank 0's rendezvous and the joined servers' wait for the missing rank, each for
+    the timeout), and nothing says which server is missing: each server then joins alone, the one that never joins
+    fails there too and is named, the others get the whole push alone."""
+    control = ThreadServers(never_join={1})
+    timeout = 1.0
+    sender = XcclSender(control, backend="gloo", host="127.0.0.1", timeout_s=timeout, margin_s=0.5)
+    weights = model()
+    try:
+        started = time.monotonic()
+        result = asyncio.run(push(sender, servers(3), buckets_of(weights), 1))
+        elapsed = time.monotonic() - started
+    finally:
+        sender.close()
+        control.close()
+    assert list(result.failed) == [1], result.failed
+    message = str(result.failed[1])
+    assert "server 1 (127.0.0.1:9001): joining weight group" in message and "(3 servers)" in message, message
+    assert "and alone:" in message and "(1 servers)" in message, message
+    assert elapsed < 2 * (timeout + 2 * 0.5) + 5, f"took {elapsed:.1f} s"  # the shared join, then the lone ones
+    assert result.groups == 4 and result.trainer_bytes == 2 * result.bytes_sent  # two servers alone: two copies
+    assert all(torch.equal(control.received[i][0], weights["c"]) for i in (0, 2))
