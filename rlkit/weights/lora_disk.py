@@ -97,6 +97,7 @@ class LoraDiskTransport(WeightTransport):
         started = time.monotonic()
         write_adapter(tensors, self.config.actor, self.config.actor.path, out_dir)
         self.timings["write"] = time.monotonic() - started
+        self.sent_bytes = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())  # one copy, read by all
         name, prefix = adapter_name(self.config, version), adapter_prefix(self.config)
         reset_cache = self._first_push
 

@@ -138,6 +138,7 @@ def test_adapter_transport_loads_a_new_name_and_unloads_the_runs_older_ones(
     assert outcomes is not None and [o.sync.index for o in outcomes if o.sync] == [1, 2] and began == [1]
     written = version_dir(paths.weights, 3)
     assert sorted(p.name for p in written.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert transport.sent_bytes == sum(p.stat().st_size for p in written.iterdir())  # one copy, whatever the servers
     assert json.loads((written / "adapter_config.json").read_text())["target_modules"] == ["q_proj", "v_proj"]
     assert [s.adapter for s in servers] == ["test-exp-v3", "test-exp-v3"]
     assert set(apps["10.0.0.1:8000"].adapters) == {"test-exp-v3", "someone-elses"}  # only the run's own go

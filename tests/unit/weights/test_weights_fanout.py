@@ -213,6 +213,8 @@ def test_disk_push_writes_the_buckets_and_every_server_loads_them(
     on_disk = load_file(str(written / "model.safetensors"))
     assert sorted(on_disk) == names and torch.equal(on_disk[names[-1]], state[names[-1]] + 1.0)
     assert not stale.exists() and set(transport.timings) == {"gather", "write"}
+    # what rank 0 sent toward the servers: the files written, once for both servers
+    assert transport.sent_bytes == sum(f.stat().st_size for f in written.rglob("*") if f.is_file()) > 0
 
 
 def test_every_weight_update_mode_resolves_to_its_transport() -> None:
