@@ -46,7 +46,7 @@ from rlkit.errors import StepError
 from rlkit.servers.backend import Server, TensorMeta, WeightGroup, WeightLink
 from rlkit.servers.health import find_free_port
 from rlkit.weights.base import drain
-from rlkit.weights.xccl_group import HTTP_MARGIN_S, Group, Key, close_when_done, key, wait_for_all
+from rlkit.weights.xccl_group import HTTP_MARGIN_S, Group, Key, close_when_done, fresh_client, key, wait_for_all
 
 if TYPE_CHECKING:
     import httpx
@@ -163,15 +163,23 @@ class XcclSender:
         self.close()
         if not servers:
             return {}
-        failed = await self._form(client, servers)
+        failed, silent = await self._form(client, servers)
         if not failed or len(servers) == 1:
             return failed
-        reasons = {s.index: failed.get(s.index) for s in servers}
-        alone = await asyncio.gather(*(self._form(client, [s]) for s in servers))
-        return {index: StepError(f"{reasons[index] or 'the shared group did not form'}\n  and alone: {error}")
-                for result in alone for index, error in result.items()}
+        # which server kept the group from forming is not known: each joins alone, but one that did not answer
+        # (stalled) is named now, since alone it would stall as long again
+        named = {s.index: StepError(f"{failed[s.index]}; dropped from the push without a retry")
+                 for s in servers if key(s) in silent}
+        async with fresh_client(client) as fresh:
+            alone = await asyncio.gather(*(self._form(fresh, [s]) for s in servers if key(s) not in silent))
+        named.update({index: StepError(f"{failed[index]}\n  and alone: {error}")
+                      for result, _ in alone for index, error in result.items()})
+        return named
 
-    async def _form(self, client: httpx.AsyncClient, servers: list[Server]) -> dict[int, StepError]:
+    async def _form(self, client: httpx.AsyncClient, servers: list[Server]
+                    ) -> tuple[dict[int, StepError], set[Key]]:
+        """Form a group over `servers`: the failures by server (all of them, if any), and the servers whose call
+        did not answer by the deadline."""
         trainer, groups = self._layout(servers)
         where = f"weight group {trainer.group_name} at {trainer.master_address}:{trainer.master_port}"
         local = asyncio.create_task(asyncio.to_thread(self.control.open_weight_link, trainer))
@@ -181,12 +189,13 @@ class XcclSender:
                                      margin_s=self.margin_s)
         if outcome.ok:
             self._groups.append(Group(servers=servers, groups=groups, link=local.result(), name=trainer.group_name))
-            return {}
+            return {}, set()
         fix = (f"\n  fix: the server's workers must reach {trainer.master_address}:{trainer.master_port} (this trainer "
                f"node; RLKIT_ADVERTISE_HOST overrides the name) and run a {self.backend} weight-transfer engine "
                "(--weight-transfer-config)")
         return {s.index: StepError(f"{s.label}: joining {where} ({len(servers)} servers) failed after "
-                                   f"{outcome.seconds:.1f} s ({outcome.reason(key(s))}){fix}") for s in servers}
+                                   f"{outcome.seconds:.1f} s ({outcome.reason(key(s))}){fix}") for s in servers
+                }, outcome.silent
 
     # ---- a push ----
 
@@ -249,7 +258,7 @@ class XcclSender:
                       f"after {outcome.seconds:.1f} s ({outcome.reason(key(server))})")
             if key(server) in outcome.silent:  # stalled: alone it would stall as long again; named now
                 return {server.index: StepError(f"{shared}; dropped from the push without a retry")}
-            joined = await self._form(fresh, [server])
+            joined, _ = await self._form(fresh, [server])
             if joined:
                 return {server.index: StepError(f"{shared}\n  and alone: {joined[server.index]}")}
             if outcome.remote_ok(key(server)):
@@ -262,12 +271,8 @@ class XcclSender:
             again = await self._send(fresh, own, bucket, names)
             return {index: StepError(f"{shared}\n  and alone: {error}") for index, error in again.items()}
 
-        import httpx
-
         failed: dict[int, StepError] = {}
-        # on new connections: a server that answered the broken bucket with an error closes the one it answered on,
-        # and a request sent on it at once would fail as if the server were gone
-        async with httpx.AsyncClient(headers=client.headers, trust_env=False) as fresh:
+        async with fresh_client(client) as fresh:
             for result in await asyncio.gather(*(alone(server, fresh) for server in group.servers)):
                 failed.update(result)
         return failed

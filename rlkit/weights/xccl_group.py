@@ -13,9 +13,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.servers.backend import Server, WeightGroup, WeightLink
+
+if TYPE_CHECKING:
+    import httpx
 
 HTTP_MARGIN_S = 30.0  # a server's receive call answers after its own collective gave up (timeout_s): wait that long
 Key = tuple[int, str]  # a server by index and address: a restarted server under a new address is another member
@@ -122,3 +125,12 @@ def close_when_done(trainer: asyncio.Task[WeightLink]) -> None:
         close(trainer)
     else:
         trainer.add_done_callback(close)
+
+
+def fresh_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """A client like `client` (its headers: the trial's token) on new connections, for the calls that follow a
+    broken group: a server that answered the failure with an error closes the connection it answered on, and a
+    request sent on that connection at once fails as if the server were gone."""
+    import httpx
+
+    return httpx.AsyncClient(headers=client.headers, trust_env=False)
