@@ -161,16 +161,30 @@ def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
 @pytest.fixture(scope="session")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory, tied_model_dir: Path) -> Iterator[RunningSglang]:
     """The session's one real SGLang server (a start costs ~115 CPU-s here): the tied model, with LoRA on, for the
-    contract tests (tests/integration/test_sglang_backend.py) and then the adapter tests (test_sglang_lora.py)."""
+    contract tests (tests/integration/test_sglang_backend.py) and then the adapter tests (test_sglang_lora.py),
+    whose module stops it when done (`stop_sglang_server`): an idle server is no use to the rest of the session."""
+    import contextlib
     import secrets
 
     from tests.helpers.sglang_helpers import PIN_SHIM, lora_server_config, running_sglang, sglang_python
 
     root = tmp_path_factory.mktemp("sglang_server")
-    with running_sglang(tied_model_dir, token=secrets.token_hex(24), workdir=root, python=sglang_python(),
-                        config=lora_server_config(tied_model_dir), shims=(PIN_SHIM,)) as running:
+    with contextlib.ExitStack() as stack:
+        running = stack.enter_context(running_sglang(tied_model_dir, token=secrets.token_hex(24), workdir=root,
+                                                     python=sglang_python(),
+                                                     config=lora_server_config(tied_model_dir), shims=(PIN_SHIM,)))
         print(f"\n[sglang] server healthy {running.start_seconds:.1f} s after its start")
+        _SGLANG_STOPS.append(stack.close)
         yield running
+
+
+_SGLANG_STOPS: list[Any] = []
+
+
+def stop_sglang_server() -> None:
+    """Stop the session's SGLang server now (its last user is done); the session's teardown finds nothing left."""
+    while _SGLANG_STOPS:
+        _SGLANG_STOPS.pop()()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

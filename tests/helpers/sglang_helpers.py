@@ -34,6 +34,8 @@ CPU_EXTRA_ARGS: dict[str, object] = {  # what a CPU without GPUs needs (shared/N
     "device": "cpu",
     "disable_overlap_schedule": True,
     "max_total_tokens": 4096,
+    # SGLang's scheduler otherwise spins while idle: the session's server took 900 CPU-s of a suite run that way
+    "sleep_on_idle": True,
 }
 
 

@@ -62,8 +62,9 @@ def _judge_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     shutil.copytree(tiny_model_dir, model)
     shutil.copytree(tiny_model_dir, judge)
     data = write_dataset(root / "digits.jsonl")
-    # sleep_on_idle: SGLang's scheduler otherwise spins while idle, starving the trainer and the judge on 2 cores
-    extra_args = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {**CPU_EXTRA_ARGS, "sleep_on_idle": True}.items())
+    # CPU_EXTRA_ARGS has sleep_on_idle: SGLang's scheduler otherwise spins while idle, starving the trainer and the
+    # judge on 2 cores
+    extra_args = ", ".join(f"{k}: {json.dumps(v)}" for k, v in CPU_EXTRA_ARGS.items())
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
                  "trial_name=e2e_judge", f"total_train_steps={STEPS}", "allocation_mode=sglang:d1+fsdp:d2",
                  f"sglang.python={sglang_python()}", f"sglang.env_vars='SGLANG_USE_CPU_ENGINE=1,PYTHONPATH={SHIM}'",

@@ -31,6 +31,7 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.weights import fanout
 from rlkit.weights.base import transport_for_actor
 from rlkit.weights.fingerprint import trainer_probe_logprobs
+from tests.conftest import stop_sglang_server
 from tests.helpers.lora_served import LoraServed, background_loop, mean_abs, peft_model, probe_ids
 from tests.helpers.sglang_helpers import LORA_RANK, RunningSglang, lora_server_config
 
@@ -53,6 +54,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, sglang_server: RunningSglan
         served.ask(lambda c: BACKEND.load_weights_from_disk(c, served.server, served.model_dir, 0, TIMEOUT))
         served.transport.start()
         yield served
+    stop_sglang_server()  # this module is its last user
 
 
 def publish(served: LoraServed, model: Any, version: int) -> fanout.Published:
