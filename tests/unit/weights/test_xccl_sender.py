@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rlkit.servers.backend import Server, WeightGroup
 from rlkit.servers.vllm.relay import ChainReceiver
 from rlkit.servers.vllm.wire import default_packed
-from rlkit.weights.xccl import XcclSender
+from rlkit.weights.xccl import PushResult, XcclSender
 
 
 class NoServerControl:
@@ -221,15 +221,7 @@ def test_a_server_that_never_answers_is_named_within_its_timeout_and_the_others_
     missed alone, then the next one."""
     control = ThreadServers(silent={0})
     timeout, margin = 1.0, 0.5
-    sender = XcclSender(control, backend="gloo", host="127.0.0.1", timeout_s=timeout, margin_s=margin)
-    weights = model()
-    try:
-        started = time.monotonic()
-        result = asyncio.run(push(sender, servers(2), buckets_of(weights), 1))
-        elapsed = time.monotonic() - started
-    finally:
-        sender.close()
-        control.close()
+    result, elapsed, weights = _timed_push(control, 2, timeout, margin)
     assert list(result.failed) == [0], result.failed
     message = str(result.failed[0])
     assert "server 0 (127.0.0.1:9000)" in message and "broadcasting a bucket" in message, message
@@ -239,21 +231,27 @@ def test_a_server_that_never_answers_is_named_within_its_timeout_and_the_others_
     assert result.buckets == 2 and result.began == {0, 1}
 
 
+def _timed_push(control: ThreadServers, count: int, timeout: float, margin: float
+                ) -> tuple[PushResult, float, dict[str, torch.Tensor]]:
+    """One push of `model()` to `count` stand-in servers; its result, its seconds and the weights pushed."""
+    sender = XcclSender(control, backend="gloo", host="127.0.0.1", timeout_s=timeout, margin_s=margin)
+    weights = model()
+    try:
+        started = time.monotonic()
+        result = asyncio.run(push(sender, servers(count), buckets_of(weights), 1))
+        return result, time.monotonic() - started, weights
+    finally:
+        sender.close()
+        control.close()
+
+
 def test_a_server_that_never_joins_the_shared_group_is_named_and_the_others_join_alone() -> None:
     """The shared group cannot form (rank 0's rendezvous and the joined servers' wait for the missing rank, each for
     the timeout), and nothing says which server is missing: each server then joins alone, the one that never joins
     fails there too and is named, the others get the whole push alone."""
     control = ThreadServers(never_join={1})
     timeout = 1.0
-    sender = XcclSender(control, backend="gloo", host="127.0.0.1", timeout_s=timeout, margin_s=0.5)
-    weights = model()
-    try:
-        started = time.monotonic()
-        result = asyncio.run(push(sender, servers(3), buckets_of(weights), 1))
-        elapsed = time.monotonic() - started
-    finally:
-        sender.close()
-        control.close()
+    result, elapsed, weights = _timed_push(control, 3, timeout, 0.5)
     assert list(result.failed) == [1], result.failed
     message = str(result.failed[1])
     assert "server 1 (127.0.0.1:9001): joining weight group" in message and "(3 servers)" in message, message
