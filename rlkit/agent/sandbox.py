@@ -17,6 +17,7 @@ from typing import Any
 from rlkit.agent.sandbox_child import memfd_holding
 
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
+SECCOMP_SOURCE = (Path(__file__).parent / "sandbox_seccomp.py").read_text(encoding="utf-8")  # run by the guard
 MAX_SPEC_BYTES = 120_000  # the code and its settings: a sanity bound (model output, not a file upload)
 STATUS_CAP = 65_536
 STOP_GRACE_SECONDS = 2.0  # for the supervisor to kill and reap its guard before we SIGKILL everything
@@ -49,6 +50,7 @@ class ChildSpec:
                 "memory_bytes": self.memory_bytes, "file_bytes": self.file_bytes, "code": self.code, "env": self.env,
                 "scratch_bytes": self.scratch_bytes,
                 "status_fd": status_fd, "hide": list(self.hide), "source": CHILD_SOURCE,
+                "seccomp_source": SECCOMP_SOURCE,
             },
             ensure_ascii=False,
         )

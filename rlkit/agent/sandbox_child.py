@@ -11,8 +11,9 @@ code included) comes through an inherited memfd the header names, never argv: ar
   the trial, the data), makes every mount read-only but the scratch directory, which it also puts over the
   directory that holds the other runs' scratch directories, forks the runner, reports how it ended;
 - runner: inherits the guard's seccomp filter (no socket of any kind, no io_uring, none of the calls of escapes:
-  DENIED_SYSCALLS), sets the resource limits, forbids privilege gain, then execs a fresh interpreter (which also
-  drops the namespace capabilities) that installs the audit hook and runs the code (handed over in a memfd too).
+  sandbox_seccomp.DENIED_SYSCALLS), sets the resource limits, forbids privilege gain, then execs a fresh
+  interpreter (which also drops the namespace capabilities) that installs the audit hook and runs the code
+  (handed over in a memfd too).
 
 With `required` (rollout.agent.code_tool.isolation: required, the default) a run whose isolation does not hold
 (no namespaces, no private /proc, a mount that is not read-only, a path that cannot be hidden) never runs the code:
@@ -48,27 +49,6 @@ SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 283}  # keyctl(2) has no libc wrapper
 KEYCTL_JOIN_SESSION_KEYRING = 1
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-# Denied to the code by a seccomp filter (EPERM), with or without namespaces: every socket (none is needed to
-# compute; a socket is how code reaches the network, a unix socket bound after the run began, or an abstract one),
-# io_uring (whose operations bypass seccomp), memfd_create (memory no limit counts once it is written, not mapped),
-# and the calls of escapes and of reading other processes. x86_64 and
-# aarch64 (arch, then numbers; the new mount API 428-433, 442 is one table on every architecture).
-SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-DENIED_SYSCALLS = {
-    "x86_64": {"socket": 41, "socketpair": 53, "ptrace": 101, "pivot_root": 155, "chroot": 161, "mount": 165,
-               "umount2": 166, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
-               "perf_event_open": 298, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
-               "memfd_create": 319, "bpf": 321, "userfaultfd": 323},
-    "aarch64": {"umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51, "unshare": 97, "ptrace": 117,
-                "socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219,
-                "perf_event_open": 241, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271,
-                "memfd_create": 279, "bpf": 280, "userfaultfd": 282},
-}
-DENIED_EVERYWHERE = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-                     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-                     "mount_setattr": 442}
-X32_BIT = 0x40000000  # x86_64's x32 ABI numbers: denied whole
 MAX_SOCKETS = 4096  # unix sockets covered per run (a node with more is refused under `required`)
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
@@ -191,7 +171,9 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     # the code's memfd, for the runner's exec, made before the filter denies memfd_create
     spec["code_fd"] = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
-    denied = _deny_syscalls(libc)
+    seccomp: dict[str, Any] = {"__name__": "rlkit_sandbox_seccomp"}  # stdlib only, its text in the spec: no rlkit
+    exec(compile(spec["seccomp_source"], "sandbox_seccomp.py", "exec"), seccomp)  # import here (python -I, nobody)
+    denied = seccomp["deny_syscalls"](libc)
     if denied:
         _report(status_fd, seccomp=f"no seccomp filter ({denied}): sockets and io_uring are not denied")
         if spec["required"]:
@@ -329,35 +311,6 @@ def run(spec: dict[str, Any]) -> None:
     except OSError as exc:
         os.write(2, f"the code tool could not start {spec['python']}: {exc}\n".encode())
     os._exit(127)
-
-
-def _deny_syscalls(libc: ctypes.CDLL) -> str:
-    """Install the seccomp filter of DENIED_SYSCALLS (EPERM; a call from another architecture's ABI kills the
-    process); '' when installed, else why not. Unprivileged (after PR_SET_NO_NEW_PRIVS) and without namespaces."""
-    machine = os.uname().machine
-    if machine not in SECCOMP_ARCH:
-        return f"no syscall table for {machine}"
-    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, deny, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # RET_ALLOW, RET_ERRNO | EPERM, RET_KILL_PROCESS
-    numbers = sorted(set(DENIED_SYSCALLS[machine].values()) | set(DENIED_EVERYWHERE.values()))
-    checks = [(jge, X32_BIT)] if machine == "x86_64" else []
-    checks += [(jeq, number) for number in numbers]
-    program = [(ld_abs, 0, 0, 4), (jeq, 0, len(checks) + 3, SECCOMP_ARCH[machine]), (ld_abs, 0, 0, 0)]
-    for index, (op, value) in enumerate(checks):  # a match jumps to `deny`, right after the `allow` below
-        program.append((op, len(checks) - index, 0, value))
-    program += [(ret, 0, 0, allow), (ret, 0, 0, deny), (ret, 0, 0, kill)]
-
-    class SockFilter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
-
-    filters = (SockFilter * len(program))(*[SockFilter(*instruction) for instruction in program])
-    fprog = SockFprog(len(program), filters)
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        return os.strerror(ctypes.get_errno())
-    return ""
 
 
 def _audit(event: str, _args: tuple[Any, ...]) -> None:

@@ -10,19 +10,12 @@ from collections.abc import Sequence
 
 LAUNCHER = r"""
 import ctypes, os, sys
+from rlkit.agent.sandbox_seccomp import install_filter
 libc = ctypes.CDLL(None, use_errno=True)
 ENOSYS, SYS_MOUNT_SETATTR = 38, 442  # the same number on every architecture
 program = [(0x20, 0, 0, 0), (0x15, 0, 1, SYS_MOUNT_SETATTR), (0x06, 0, 0, 0x00050000 | ENOSYS),
            (0x06, 0, 0, 0x7FFF0000)]  # ld nr; jeq 442 ? errno(ENOSYS) : allow
-
-class SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-
-class SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
-
-filters = (SockFilter * len(program))(*[SockFilter(*i) for i in program])
-if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(SockFprog(len(program), filters)), 0, 0) != 0:
+if libc.prctl(38, 1, 0, 0, 0) != 0 or install_filter(libc, program):
     os.write(2, b"the seccomp filter could not be installed\n"); os._exit(92)
 os.execv(sys.argv[1], sys.argv[1:])
 """

@@ -19,8 +19,8 @@ os.environ["LEAKED"] = "1"
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)
 if sys.argv[1] == "sleep":
-    import time
-    time.sleep(600)
+    import signal
+    signal.pause()  # until killed
 raise SystemExit(int(sys.argv[1]) if sys.argv[1].isdigit() else 0)
 '''
 
