@@ -277,10 +277,10 @@ def test_keepalive_entry_expires_when_heartbeat_stops(nr: NfsNameResolve, tmp_pa
     nr.add("static", "forever")
     assert nr.get("servers/0") == "v"
     owner._stop_heartbeat()
-    stopped = time.time()
     poll_until(lambda: is_gone(nr, "servers/0"))
+    # not before the ttl ran out since the last heartbeat (measured from the record, not from `_stop_heartbeat`: on a
+    # loaded machine the heartbeat thread may have written its last beat well before it was told to stop)
     assert time.time() - read_record(nr, "servers/0")["heartbeat"] > TTL
-    assert time.time() - stopped > TTL - HEARTBEAT - 0.05  # not before the ttl ran out
     assert os.path.exists(nr.path_of("servers/0"))  # expired, not deregistered
     with pytest.raises(NameResolveTimeoutError, match="looks dead"):
         nr.wait("servers/0", timeout=0.1)
