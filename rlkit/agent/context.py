@@ -84,11 +84,20 @@ class EpisodeContext:
         self.reward_errors = 0
         self.reward_timeouts = 0
         self._seed = seed
+        self._sampled = 0  # turns sampled in this episode, over every restart (each turn's own seed)
         self._started = time.monotonic()
 
     @property
     def last_turn(self) -> Turn | None:
         return self.turns[-1] if self.turns else None
+
+    def restart(self, prompt_ids: Sequence[int], prompt_text: str) -> None:
+        """Begin the trajectory again from another prompt (the OpenAI endpoint's first call, or a call that rewrote
+        earlier turns): the turns so far are left out of the episode; tool counts stay."""
+        self.builder = TrajectoryBuilder(prompt_ids, self.services.limits, self.tokenizer,
+                                         vocab_size=self.services.vocab_size)
+        self.prompt_text = prompt_text
+        self.turns = []
 
     async def generate(self, **settings: Any) -> Turn | None:
         """Sample the next assistant turn; None when a limit ends the episode (it is then flagged truncated)."""
@@ -109,11 +118,12 @@ class EpisodeContext:
             raise StepError(f"ctx.generate(stop={stop!r}): give a string or a list of non-empty strings")
         params = dataclasses.replace(
             self.services.params, n=1, max_new_tokens=min(wanted, request.max_new_tokens), stop=list(stop),
-            seed=(self._seed * 1_000_003 + len(self.turns)) % 2**31)  # resumed runs sample the same turns
+            seed=(self._seed * 1_000_003 + self._sampled) % 2**31)  # resumed runs sample the same turns
         version = await self._settled_version()
         server, completion = await self._complete(list(request.request_ids), params)
         self.builder.add_sampled(request, completion.token_ids, completion.logprobs, version=version,
                                  finish_reason=completion.finish_reason)
+        self._sampled += 1
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         try:
             parsed = self.services.parser(text)

@@ -26,6 +26,11 @@ from rlkit.agent.trajectory import SampledSegment, Trajectory
 from rlkit.types import Sample
 
 
+class EpisodeDropped(Exception):
+    """An episode that cannot be trained on through no fault of rlkit's (an agent program that raised, hung or made
+    no call): its group is dropped and counted, and the run goes on (rlkit.rollout.groups)."""
+
+
 @dataclass
 class ToolTally:
     """Counts one episode's tool use as it goes (the registry counts per tool over all episodes)."""

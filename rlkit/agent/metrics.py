@@ -26,13 +26,16 @@ def episode_metrics(episode: Episode) -> dict[str, float]:
 
 
 def batch_metrics(episodes: Sequence[Episode], prefix: str = "agent/") -> dict[str, float]:
-    """Means over `episodes` (`agent/used_tools` is the tool-use rate, `agent/truncated` the truncation rate), plus
-    the masked fraction of all tokens and a count per truncation reason; {} for no episodes. `prefix`: `agent/` for
-    training batches, `eval/agent/` for the evaluator's episodes."""
+    """Means over `episodes` (`agent/used_tools` is the tool-use rate, `agent/truncated` the truncation rate) and of
+    the numbers each workflow adds (the OpenAI endpoint's `openai_calls`, `openai_segments`), plus the masked
+    fraction of all tokens and a count per truncation reason; {} for no episodes. `prefix`: `agent/` for training
+    batches, `eval/agent/` for the evaluator's episodes."""
     if not episodes:
         return {}
     rows = [episode_metrics(e) for e in episodes]
     out = {f"{prefix}{key}": statistics.fmean(r[key] for r in rows) for key in rows[0]}
+    for key in sorted({k for e in episodes for k in e.info}):  # the workflow's own numbers (ctx.finish(**info))
+        out[f"{prefix}{key}"] = statistics.fmean(e.info[key] for e in episodes if key in e.info)
     tokens = sum(r["trained_tokens"] + r["masked_tokens"] for r in rows)
     out[f"{prefix}masked_fraction"] = sum(r["masked_tokens"] for r in rows) / tokens if tokens else 0.0
     for episode in episodes:

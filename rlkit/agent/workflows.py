@@ -13,7 +13,7 @@ from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode
-from rlkit.config.schema.agent import TOOL_USE_WORKFLOW
+from rlkit.config.schema.agent import BUILTIN_WORKFLOWS, OPENAI_WORKFLOW, TOOL_USE_WORKFLOW, AgentConfig
 from rlkit.errors import ConfigError
 from rlkit.import_path import import_callable
 
@@ -30,14 +30,23 @@ async def tool_use(ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
     return ctx.finish(await ctx.reward())
 
 
-def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow") -> Workflow:
-    """The workflow `spec` names (the built-in tool_use, or the user's async function); ConfigError with the fix."""
+def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow", agent: AgentConfig | None = None,
+                     sampling: dict[str, float] | None = None, threads: int = 1) -> Workflow:
+    """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`; the
+    endpoint refuses calls that change `sampling`, gconfig's temperature, top_p and top_k; `threads`: episodes whose
+    program may run at once), or the user's async function. ConfigError with the fix."""
     spec = spec.strip()
     if spec == TOOL_USE_WORKFLOW:
         return tool_use
+    if spec == OPENAI_WORKFLOW:
+        from rlkit.agent.openai_workflow import OpenAIAgentWorkflow, resolve_program
+
+        program = resolve_program((agent or AgentConfig()).openai)
+        return OpenAIAgentWorkflow(program, sampling=sampling or {}, threads=threads)
     if ":" not in spec and "." not in spec:
-        raise ConfigError(f"{setting} '{spec}' is not a built-in workflow (choices: {TOOL_USE_WORKFLOW})",
-                          hint=f"use {TOOL_USE_WORKFLOW}, or a workflow of your own as {WORKFLOW_FORM}")
+        raise ConfigError(f"{setting} '{spec}' is not a built-in workflow (choices: {', '.join(BUILTIN_WORKFLOWS)})",
+                          hint=f"use {TOOL_USE_WORKFLOW}, {OPENAI_WORKFLOW}, or a workflow of your own as "
+                               f"{WORKFLOW_FORM}")
     fn = import_callable(spec, setting=setting, form=WORKFLOW_FORM, files=True)
     if not inspect.iscoroutinefunction(fn):
         raise ConfigError(f"{setting} '{spec}' is not an async function: the rollout awaits it on its event loop",

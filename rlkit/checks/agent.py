@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from rlkit.config.problems import Problems
-from rlkit.config.schema.agent import AgentConfig
+from rlkit.config.schema.agent import OPENAI_WORKFLOW, AgentConfig
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 
@@ -30,6 +30,7 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
     from rlkit.agent.workflows import resolve_workflow
 
     agent = config.rollout.agent
+    _validate_openai_fields(agent, problems)
     if not agent_in_use(agent):
         if agent.tools:
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
@@ -44,7 +45,7 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
                      hint=f"use it with type {users}, or remove rollout.agent")
         return
     with problems.check():
-        resolve_workflow(agent.workflow)
+        resolve_workflow(agent.workflow, agent=agent)
     with problems.check():
         resolve_tool_call_parser(agent.tool_call_parser)
     names: list[str] = []
@@ -65,6 +66,25 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
         problems.add(f"rollout.agent.max_tokens_per_turn ({per_turn}) exceeds gconfig.max_new_tokens "
                      f"({config.gconfig.max_new_tokens})", hint="lower it, or raise gconfig.max_new_tokens")
     _validate_eval_turns(config, problems)
+
+
+def _validate_openai_fields(agent: AgentConfig, problems: Problems) -> None:
+    """rollout.agent.openai only with workflow openai; with it, the agent program brings its own tools."""
+    if agent.workflow.strip() != OPENAI_WORKFLOW:
+        defaults = type(agent.openai)()
+        for f in fields(agent.openai):
+            if getattr(agent.openai, f.name) != getattr(defaults, f.name):
+                problems.add(f"rollout.agent.openai.{f.name} is set, but rollout.agent.workflow is not "
+                             f"{OPENAI_WORKFLOW}: it would be ignored",
+                             hint=f"set rollout.agent.workflow={OPENAI_WORKFLOW}, or remove rollout.agent.openai")
+        return
+    if agent.tools:
+        problems.add("rollout.agent.tools is set, but with workflow openai the agent program offers its tools in its "
+                     "calls and runs them itself: rlkit would never call these",
+                     hint="remove rollout.agent.tools (give the tools to your agent program)")
+    if agent.code_tool.enabled:
+        problems.add("rollout.agent.code_tool.enabled is set, but with workflow openai the agent program runs its own "
+                     "tools: rlkit's python tool would never be offered", hint="remove rollout.agent.code_tool")
 
 
 def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:

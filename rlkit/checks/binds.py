@@ -59,12 +59,17 @@ def parse_mounts(text: str) -> list[Bind]:
 
 def user_code_files(config: ExperimentConfig) -> list[tuple[str, str]]:
     """(field, file) of the user's code named by file path (/abs/path/file.py:function): rollout.agent's workflow,
-    tool-call parser and tools, which the trainer imports inside its container."""
+    tool-call parser, tools and agent program, which the trainer imports (or runs) inside its container."""
     agent = config.rollout.agent
     named = [("rollout.agent.workflow", agent.workflow), ("rollout.agent.tool_call_parser", agent.tool_call_parser),
-             *((f"rollout.agent.tools[{i}]", tool) for i, tool in enumerate(agent.tools))]
-    return [(field, spec.strip().rpartition(":")[0]) for field, spec in named
-            if spec.strip().startswith("/") and spec.strip().rpartition(":")[0].endswith(".py")]
+             *((f"rollout.agent.tools[{i}]", tool) for i, tool in enumerate(agent.tools)),
+             ("rollout.agent.openai.agent", agent.openai.agent)]
+    files = [(field, spec.strip().rpartition(":")[0]) for field, spec in named
+             if spec.strip().startswith("/") and spec.strip().rpartition(":")[0].endswith(".py")]
+    program = agent.openai.command[0] if agent.openai.command else ""
+    if isinstance(program, str) and program.startswith("/"):  # the agent command's own file
+        files.append(("rollout.agent.openai.command[0]", program))
+    return files
 
 
 def host_paths(config: ExperimentConfig) -> list[tuple[str, str]]:

@@ -87,6 +87,12 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
                                parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),
                                limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),
                                vocab_size=vocab_size(config.actor.path))
-    return EpisodeGroups(resolve_workflow(agent.workflow), services, n_samples=config.gconfig.n_samples,
+    params = services.params
+    sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+    # a sync agent program holds a thread for its whole episode: one per episode that may run at once (training's
+    # and the evaluator's); threads start only as episodes need them
+    threads = min(4096, 2 * config.rollout.max_concurrent_rollouts * config.gconfig.n_samples)
+    workflow = resolve_workflow(agent.workflow, agent=agent, sampling=sampling, threads=threads)
+    return EpisodeGroups(workflow, services, n_samples=config.gconfig.n_samples,
                          seed=config.seed, tool_schemas=tools.schemas(),
                          prompt_key=config.train_dataset.prompt_key)

@@ -62,6 +62,7 @@ class RolloutStats:
     reward_errors: int = 0
     reward_timeouts: int = 0
     request_failures: int = 0
+    dropped_episodes: int = 0  # episodes an agent program could not finish (their groups were sampled again)
     wait_s: float = 0.0
     per_server: dict[int, int] = field(default_factory=dict)
 
@@ -156,8 +157,11 @@ class RolloutController:
             try:
                 item = self._out.get(timeout=max(0.01, left))
             except queue.Empty:
+                dropped = self.stats.dropped_episodes
+                why = (f"{dropped} episodes were dropped meanwhile (the trainer's log says why)" if dropped else
+                       "are the servers generating? (rlkit logs TRIAL --step server-0)")
                 raise StepError(f"waited {timeout:.0f} s for {self.batch_size} rollout groups, got {len(groups)}; "
-                                f"are the servers generating? (rlkit logs TRIAL --step server-0)") from None
+                                f"{why}") from None
             if isinstance(item, BaseException):
                 raise item
             if self.version - item.version > self.max_offpolicyness:
@@ -308,6 +312,10 @@ class RolloutController:
         started = time.monotonic()
         try:
             sampled = await self.sampler.sample(self.pool, prompt, version, seq, self._settled)
+            if not sampled.samples:  # its episodes were dropped: another prompt takes its place
+                self.stats.dropped_episodes += sampled.dropped_episodes
+                self._started -= 1
+                return
             group = Group(prompt, sampled.samples, version, sampled.server, time.monotonic() - started, seq,
                           reward_errors=sampled.reward_errors, reward_timeouts=sampled.reward_timeouts,
                           episodes=sampled.episodes)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkit.agent.chat import render_prompt, template_takes_tools
 from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, SettledVersion
-from rlkit.agent.episode import Episode
+from rlkit.agent.episode import Episode, EpisodeDropped
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
 from rlkit.data.row_formats import rl_prompt
@@ -47,6 +47,7 @@ class SampledGroup:
     reward_errors: int = 0
     reward_timeouts: int = 0
     episodes: list[Episode] = field(default_factory=list)  # multi-turn only: turns, tools, masks (agent metrics)
+    dropped_episodes: int = 0  # episodes that could not be trained on: the group is dropped (no samples)
 
 
 class GroupSampler(Protocol):
@@ -113,6 +114,7 @@ class EpisodeGroups:
         self.tool_schemas, self.prompt_key = tool_schemas, prompt_key
         self._takes_tools = template_takes_tools(services.tokenizer) if tool_schemas else False
         self._prompts: dict[int, tuple[list[int], str]] = {}
+        self._dropped_groups = 0
 
     def first_prompt(self, prompt: Prompt) -> tuple[list[int], str]:
         """The episode's first prompt: the row's chat (or its text as a user turn; GSM8K's question as AReaL asks
@@ -127,6 +129,13 @@ class EpisodeGroups:
             text = render_prompt(self.services.tokenizer, messages, self.tool_schemas, takes_tools=self._takes_tools)
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]
+
+    def _say_dropped(self, prompt: Prompt, dropped: list[EpisodeDropped]) -> None:
+        """The first few dropped groups in the log, each with its first episode's reason, then every hundredth."""
+        self._dropped_groups += 1
+        if self._dropped_groups <= 5 or self._dropped_groups % 100 == 0:
+            print(f"rlkit train: {len(dropped)} of {self.n_samples} episodes of prompt {prompt.index} were dropped, "
+                  f"and their group with them ({self._dropped_groups} groups so far): {dropped[0]}", flush=True)
 
     def metrics(self) -> dict[str, float]:
         """Per tool: calls, errors, timeouts and seconds since the start (`tools/<name>/*`)."""
@@ -176,7 +185,17 @@ class EpisodeGroups:
         contexts = [EpisodeContext(self.services, complete=on_pool(servers[i]), settled_version=settled_version,
                                    row=prompt.row, prompt_ids=ids, prompt_text=prompt.text,
                                    seed=group_seed(self.seed, seq) * 1009 + i) for i in range(self.n_samples)]
-        episodes = await asyncio.gather(*(self.workflow(ctx, prompt.row) for ctx in contexts))
+        results = await asyncio.gather(*(self.workflow(ctx, prompt.row) for ctx in contexts), return_exceptions=True)
+        dropped = [r for r in results if isinstance(r, EpisodeDropped)]
+        failed = next((r for r in results if isinstance(r, BaseException) and not isinstance(r, EpisodeDropped)), None)
+        if failed is not None:
+            raise failed
+        if dropped:  # a group needs every sample: it goes, and the controller samples another prompt instead
+            self._say_dropped(prompt, dropped)
+            return SampledGroup([], -1, reward_errors=sum(c.reward_errors for c in contexts),
+                                reward_timeouts=sum(c.reward_timeouts for c in contexts),
+                                dropped_episodes=len(dropped))
+        episodes = [r for r in results if not isinstance(r, BaseException)]
         for episode in episodes:
             if not isinstance(episode, Episode):
                 raise StepError(f"the episode workflow returned {type(episode).__name__}, not an Episode: end it "

@@ -176,6 +176,9 @@ class Evaluator:
                 outcome.request_failures += 1
                 failures.append(f"{type(exc).__name__}: {exc}")
                 return
+            if sampled.dropped_episodes:  # an agent program's episodes that could not be finished
+                outcome.request_failures += 1
+                failures.append(f"{sampled.dropped_episodes} episodes dropped (the log above says why)")
             if at != version or not clean:
                 outcome.mismatched += len(sampled.samples)
                 return

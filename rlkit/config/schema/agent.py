@@ -14,6 +14,22 @@ from dataclasses import dataclass
 from rlkit.config.schema.fields import _f, _sub
 
 TOOL_USE_WORKFLOW = "tool_use"  # the built-in multi-turn loop: generate, call the tools asked for, repeat
+OPENAI_WORKFLOW = "openai"  # the user's agent program against rlkit's OpenAI-compatible endpoint (rollout.agent.openai)
+BUILTIN_WORKFLOWS = (TOOL_USE_WORKFLOW, OPENAI_WORKFLOW)
+
+
+@dataclass
+class OpenAIAgentConfig:
+    """The agent program of `workflow: openai` (rlkit.agent.openai_workflow): exactly one of agent and command."""
+
+    agent: str = _f("", "module.path:function or /abs/path/file.py:function, called once per episode as "
+                        "agent(base_url, row) (sync in a thread, or async) with the episode's OpenAI base URL; returns "
+                        "the episode's reward, or None to score the last reply with reward.fn.")
+    command: list[str] = _f([], "A command line run once per episode instead, with OPENAI_BASE_URL and OPENAI_API_KEY "
+                                "set to the episode's and the row as JSON on stdin; its last line of output is the "
+                                "reward (a number, or null for reward.fn); a non-zero exit drops the episode.")
+    timeout: float = _f(300.0, "Seconds one episode's program may run; past it the episode is dropped (its key "
+                               "revoked, a command's process group killed).", gt=0)
 
 
 @dataclass
@@ -43,8 +59,9 @@ class AgentConfig:
     """Multi-turn episodes: the workflow, its tools, and how long an episode may grow."""
 
     workflow: str = _f("", "Episode workflow: tool_use (built in: sample a turn, run the tool calls it makes, repeat "
-                           "until a turn calls none) or module.path:function / file.py:function, an async def "
-                           "episode(ctx, row) -> Episode; empty: single-turn rollouts.")
+                           "until a turn calls none), openai (your agent program, unmodified, against rlkit's "
+                           "OpenAI-compatible endpoint: rollout.agent.openai) or module.path:function / "
+                           "file.py:function, an async def episode(ctx, row) -> Episode; empty: single-turn rollouts.")
     tool_call_parser: str = _f("qwen", "How tool calls are read from a turn: qwen (Qwen2.5 / Hermes <tool_call> JSON, "
                                        "also called hermes) or module.path:function(text) -> ParsedTurn.")
     tools: list[str] = _f([], "Tools offered to the model, each module.path:function (sync or async, keyword "
@@ -56,6 +73,7 @@ class AgentConfig:
                                              "servers' context length.", ge=1)
     max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).", ge=1)
     code_tool: CodeToolConfig = _sub(CodeToolConfig, "The built-in sandboxed Python tool.")
+    openai: OpenAIAgentConfig = _sub(OpenAIAgentConfig, "The agent program of workflow openai.")
 
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768  # an episode's token limit when neither the config nor the model says one

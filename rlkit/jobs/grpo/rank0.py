@@ -301,6 +301,7 @@ class Rank0:
             "version": step, "epoch": (step * self.config.train_dataset.batch_size) / self.n_prompts,
             "rollout/samples_per_s": n_samples / elapsed, "rollout/tokens_per_s": n_tokens / elapsed,
             "rollout/dropped_stale_groups": rs.dropped_stale, "rollout/request_failures": rs.request_failures,
+            "rollout/dropped_episodes": rs.dropped_episodes,
             "rollout/dynamic_sampling_dropped": prepared.dropped_groups,
             "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
             "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),

@@ -1,0 +1,219 @@
+"""The agent endpoint: OpenAI's chat-completions API on trainer rank 0, one key per episode, one sampled turn a call.
+
+An unmodified agent program (the official `openai` client, or anything that speaks its API) is pointed at
+`base_url(key)`: `http://127.0.0.1:PORT/e/<key>/v1`. The key is the episode's own (random, given to that episode only;
+it may also come as `Authorization: Bearer <key>` on `/v1/...`): a call without a live key is refused before its body
+is read, so two concurrent episodes never see each other's turns and no other user of the node can sample.
+
+Each call is one turn of the episode's token-exact trajectory (rlkit.agent.trajectory). The first call's messages
+(with its tools) are rendered once by the model's chat template; a later call must repeat the conversation as it
+stands (the reply included, as rlkit gave it) and add only tool results or user messages, which are inserted as the
+template writes them and masked out of the loss, exactly as `ctx.insert_messages` does for rlkit's own workflows.
+A call that rewrites earlier turns starts a new trajectory from its messages (the episode trains on the last one) and
+is counted (`agent/openai_segments`); the conversation is never silently tokenized again. The turn itself is sampled
+by `ctx.generate`: the least-busy live server, no request during a weight push, tagged with its weight version.
+
+The server runs on the rollout controller's own event loop (uvicorn in a non-main thread installs no signal handlers,
+so the trainer's SIGTERM handling is untouched) and binds to the loopback only: agent programs run on this node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkit.agent.chat import render_prompt, template_takes_tools
+from rlkit.agent.context import EpisodeContext
+from rlkit.agent.openai_protocol import (
+    ChatRequest,
+    OpenAIError,
+    assistant_message,
+    completion_body,
+    continues,
+    models_body,
+    parse_request,
+    template_message,
+)
+
+MAX_BODY_BYTES = 16 << 20  # a conversation of a long episode is well under this; more is refused unread
+SERVED_MODEL = "policy"  # what /v1/models lists; any model name is accepted in a call (one model is served)
+
+
+@dataclass
+class AgentSession:
+    """One episode's side of the endpoint: its context, the conversation as the endpoint gave it, and its counts."""
+
+    key: str
+    ctx: EpisodeContext
+    takes_tools: bool
+    known: list[dict[str, Any]] | None = None  # the conversation so far (normalized), ending with the last reply
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    calls: int = 0
+    segments: int = 0  # trajectories started: 1, plus one per call that rewrote earlier turns
+    refused: int = 0  # calls answered with an error
+    failure: BaseException | None = None  # what failed on rlkit's side (a server pool error): the episode's error
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+    async def chat(self, request: ChatRequest) -> dict[str, Any]:
+        """One call, one turn (calls of one episode are taken one at a time, in arrival order)."""
+        async with self.lock:
+            if self.closed:
+                raise OpenAIError(401, "this episode has ended; its key is no longer valid", code="invalid_api_key",
+                                  kind="authentication_error")
+            self.calls += 1
+            if self.known is not None and request.tools == self.tools and continues(self.known, request.messages):
+                fits = self.ctx.insert_messages([template_message(m) for m in request.messages[len(self.known):]])
+            else:
+                fits = self._start(request)
+            settings: dict[str, Any] = {}
+            if request.max_tokens is not None:
+                settings["max_new_tokens"] = request.max_tokens
+            if request.stop is not None:
+                settings["stop"] = request.stop
+            turn = await self.ctx.generate(**settings) if fits else None
+            call_id = f"chatcmpl-{self.key[:8]}-{self.calls}"
+            prompt_tokens = self.ctx.builder.total_tokens - (len(turn.token_ids) if turn else 0)
+            if turn is None:  # a limit of the episode (turns, tokens): nothing more is sampled, as OpenAI's `length`
+                body = completion_body(None, "", "length", call_id=call_id, model=SERVED_MODEL,
+                                       prompt_tokens=prompt_tokens, completion_tokens=0)
+            else:
+                body = completion_body(turn.parsed if request.parse_tool_calls else None, turn.text,
+                                       "length" if turn.finish_reason == "length" else "stop", call_id=call_id,
+                                       model=SERVED_MODEL, prompt_tokens=prompt_tokens,
+                                       completion_tokens=len(turn.token_ids))
+            self.known = [*request.messages, assistant_message(body)]
+            self.tools = request.tools
+            return body
+
+    def _start(self, request: ChatRequest) -> bool:
+        """A new trajectory from the call's messages (the first call, or one that rewrote earlier turns)."""
+        tokenizer = self.ctx.tokenizer
+        text = render_prompt(tokenizer, [template_message(m) for m in request.messages], request.tools,
+                             takes_tools=self.takes_tools)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        limit = self.ctx.services.limits.max_total_tokens
+        if len(ids) >= limit:
+            raise OpenAIError(400, f"the conversation is {len(ids)} tokens once the chat template and the tools are "
+                                   f"added; an episode may hold {limit} (rollout.agent.engine_max_tokens or the "
+                                   "servers' context), leaving no room for a turn", param="messages",
+                              code="context_length_exceeded")
+        self.ctx.restart(ids, text)
+        self.segments += 1
+        return True
+
+
+class AgentEndpoint:
+    """The HTTP side (Starlette on uvicorn); `open` a session per episode, `close` it when its program ends."""
+
+    def __init__(self, sampling: dict[str, float]) -> None:
+        self.sampling = sampling  # gconfig's temperature, top_p, top_k: a call may not change them
+        self.sessions: dict[str, AgentSession] = {}
+        self.port = 0
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._takes_tools: dict[int, bool] = {}
+
+    async def start(self) -> None:
+        """Serve on 127.0.0.1 (a free port) from the running loop; returns once it accepts connections."""
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        routes = [Route(path, self._chat, methods=["POST"]) for path in ("/v1/chat/completions",
+                                                                          "/e/{key}/v1/chat/completions")]
+        routes += [Route(path, self._models, methods=["GET"]) for path in ("/v1/models", "/e/{key}/v1/models")]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+                raise RuntimeError("the agent endpoint stopped before it started")
+            await asyncio.sleep(0.01)
+        print(f"rlkit agent endpoint: serving the OpenAI chat-completions API on http://127.0.0.1:{self.port} "
+              "(one key per episode)", flush=True)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await asyncio.wait([self._task], timeout=5)
+
+    def open(self, ctx: EpisodeContext) -> AgentSession:
+        tokenizer = ctx.tokenizer
+        if id(tokenizer) not in self._takes_tools:
+            self._takes_tools[id(tokenizer)] = template_takes_tools(tokenizer)
+        session = AgentSession(secrets.token_urlsafe(24), ctx, self._takes_tools[id(tokenizer)])
+        self.sessions[session.key] = session
+        return session
+
+    def close(self, session: AgentSession) -> None:
+        session.closed = True
+        self.sessions.pop(session.key, None)
+
+    def base_url(self, session: AgentSession) -> str:
+        return f"http://127.0.0.1:{self.port}/e/{session.key}/v1"
+
+    def _session(self, request: Any) -> AgentSession:
+        key = request.path_params.get("key")
+        if key is None:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" else ""
+        session = self.sessions.get(key or "")
+        if session is None:
+            raise OpenAIError(401, "no live episode has this key: use the base URL (or key) your episode was given",
+                              code="invalid_api_key", kind="authentication_error")
+        return session
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            self._session(request)
+        except OpenAIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(models_body(SERVED_MODEL))
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        session: AgentSession | None = None
+        try:
+            session = self._session(request)
+            body = await _read_json(request)
+            return JSONResponse(await session.chat(parse_request(body, self.sampling)))
+        except OpenAIError as exc:
+            if session is not None:
+                session.refused += 1
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except Exception as exc:  # rlkit's side failed (servers, a trajectory check): the episode's error
+            assert session is not None
+            session.failure = session.failure or exc
+            error = OpenAIError(500, f"rlkit could not sample this turn: {type(exc).__name__}: {exc}",
+                                kind="server_error")
+            return JSONResponse(error.body(), status_code=500)
+
+
+async def _read_json(request: Any) -> Any:
+    """The body as JSON, refused unread past MAX_BODY_BYTES."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+        raise OpenAIError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise OpenAIError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(bytes(data))
+    except ValueError as exc:
+        raise OpenAIError(400, f"the request body is not JSON: {exc}") from None
