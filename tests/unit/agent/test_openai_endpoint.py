@@ -85,7 +85,7 @@ def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: An
     assert server.requests[1] == list(t.prompt_ids) + list(t.token_ids[:len(server.requests[1]) - len(t.prompt_ids)])
     assert sum(t.loss_mask) == sum(len(s.token_ids) for s in sampled), "only sampled tokens are trained"
     assert episode.info["openai_calls"] == 2 and episode.info["openai_segments"] == 1
-    assert episode.info["openai_refused"] == 0
+    assert episode.info["openai_refused"] == 0 and episode.tools.calls == 2, "the model's calls count as tool calls"
 
 
 def _async_agent_calls(calls: list[dict[str, Any]], results: list[Any]) -> Any:
