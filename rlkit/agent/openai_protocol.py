@@ -163,7 +163,7 @@ def parse_request(body: Any, gconfig: Mapping[str, float]) -> ChatRequest:
         raise _bad("the request body must be a JSON object")
     for name, why in REFUSED_PARAMETERS.items():
         value = body.get(name)
-        if value not in (None, False, 0, 0.0, {}) and not (name == "response_format" and isinstance(value, Mapping)
+        if value not in (None, False, 0, 0.0, {}, []) and not (name == "response_format" and isinstance(value, Mapping)
                                                           and value.get("type") == "text"):
             raise _bad(f"{name} is not served: {why}", name, "unsupported_parameter")
     for name in GCONFIG_PARAMETERS:

@@ -1,8 +1,8 @@
 """`rollout.agent.workflow: openai`: the user's agent program, unmodified, as an episode workflow.
 
-Each episode runs the program once (rollout.agent.openai): a Python function `agent(base_url, row)` (sync: in a
-thread of its own; async: on the rollout's loop) or a command line (with OPENAI_BASE_URL and OPENAI_API_KEY set to
-the episode's, the row as JSON on stdin and in RLKIT_EPISODE_ROW). Its chat calls go to the agent endpoint
+Each episode runs the program once (rollout.agent.openai): a Python function `agent(base_url, row)` (sync: in a daemon
+thread of its own; async: on the rollout's loop) or a command line (with OPENAI_BASE_URL and OPENAI_API_KEY set to the
+episode's, the row as JSON on stdin and in RLKIT_EPISODE_ROW). Its chat calls go to the agent endpoint
 (rlkit.agent.openai_endpoint) under a key that belongs to this episode only, and become the episode's token-exact
 trajectory. Its reward is what the function returns (the command's last line of output: a number), or, for None
 (`null`), reward.fn's score of the last reply.
@@ -23,8 +23,8 @@ import json
 import math
 import os
 import signal
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +65,8 @@ def resolve_program(settings: Any, *, setting: str = "rollout.agent.openai") -> 
 class OpenAIAgentWorkflow:
     """The episode workflow of `openai` (an `async def episode(ctx, row)` like any other; see the module)."""
 
-    def __init__(self, program: AgentProgram, *, sampling: dict[str, float], threads: int) -> None:
+    def __init__(self, program: AgentProgram, *, sampling: dict[str, float]) -> None:
         self.program, self.sampling = program, sampling
-        self._executor = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="rlkit-agent")
         self._endpoint: AgentEndpoint | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
@@ -112,9 +111,7 @@ class OpenAIAgentWorkflow:
             if inspect.iscoroutinefunction(program.function):
                 result = await asyncio.wait_for(program.function(base_url, row), program.timeout)
             else:
-                loop = asyncio.get_running_loop()
-                result = await asyncio.wait_for(loop.run_in_executor(self._executor, program.function, base_url, row),
-                                                program.timeout)
+                result = await asyncio.wait_for(_in_daemon_thread(program.function, base_url, row), program.timeout)
         except TimeoutError:
             raise EpisodeDropped(f"the agent program ran past rollout.agent.openai.timeout "
                                  f"({program.timeout:g} s)") from None
@@ -165,6 +162,33 @@ class OpenAIAgentWorkflow:
             raise EpisodeDropped(f"the agent command's last line {lines[-1][:80]!r} is not its reward (a number, or "
                                  "null for reward.fn)") from None
         return _reward_of(value, "printed")
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """`fn(*args)` in a thread of its own, its outcome as a future of the running loop. A daemon thread, not a pool's:
+    a program stuck past its timeout cannot be killed, and a pool's threads are joined at exit (the trainer would
+    hang there); a daemon thread ends with the process, or at the program's next call, which is refused."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # the episode timed out and stopped waiting
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as exc:  # handed to the episode, which drops itself
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the trainer is stopping)
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="rlkit-agent", daemon=True).start()
+    return future
 
 
 async def _read_capped(stream: asyncio.StreamReader) -> bytes:

@@ -31,10 +31,10 @@ async def tool_use(ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
 
 
 def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow", agent: AgentConfig | None = None,
-                     sampling: dict[str, float] | None = None, threads: int = 1) -> Workflow:
+                     sampling: dict[str, float] | None = None) -> Workflow:
     """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`; the
-    endpoint refuses calls that change `sampling`, gconfig's temperature, top_p and top_k; `threads`: episodes whose
-    program may run at once), or the user's async function. ConfigError with the fix."""
+    endpoint refuses calls that change `sampling`, gconfig's temperature, top_p and top_k), or the user's async
+    function. ConfigError with the fix."""
     spec = spec.strip()
     if spec == TOOL_USE_WORKFLOW:
         return tool_use
@@ -42,7 +42,7 @@ def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow", agen
         from rlkit.agent.openai_workflow import OpenAIAgentWorkflow, resolve_program
 
         program = resolve_program((agent or AgentConfig()).openai)
-        return OpenAIAgentWorkflow(program, sampling=sampling or {}, threads=threads)
+        return OpenAIAgentWorkflow(program, sampling=sampling or {})
     if ":" not in spec and "." not in spec:
         raise ConfigError(f"{setting} '{spec}' is not a built-in workflow (choices: {', '.join(BUILTIN_WORKFLOWS)})",
                           hint=f"use {TOOL_USE_WORKFLOW}, {OPENAI_WORKFLOW}, or a workflow of your own as "

@@ -89,10 +89,7 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
                                vocab_size=vocab_size(config.actor.path))
     params = services.params
     sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
-    # a sync agent program holds a thread for its whole episode: one per episode that may run at once (training's
-    # and the evaluator's); threads start only as episodes need them
-    threads = min(4096, 2 * config.rollout.max_concurrent_rollouts * config.gconfig.n_samples)
-    workflow = resolve_workflow(agent.workflow, agent=agent, sampling=sampling, threads=threads)
+    workflow = resolve_workflow(agent.workflow, agent=agent, sampling=sampling)
     return EpisodeGroups(workflow, services, n_samples=config.gconfig.n_samples,
                          seed=config.seed, tool_schemas=tools.schemas(),
                          prompt_key=config.train_dataset.prompt_key)

@@ -10,6 +10,8 @@ import asyncio
 import json
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,7 @@ def _context(tok: Any, server: Scripted, row: dict[str, Any] | None = None, *, m
 
 
 def _workflow(agent: Any = None, *, command: tuple[str, ...] = (), timeout: float = 30.0) -> OpenAIAgentWorkflow:
-    return OpenAIAgentWorkflow(AgentProgram(agent, command, timeout), sampling=SAMPLING, threads=8)
+    return OpenAIAgentWorkflow(AgentProgram(agent, command, timeout), sampling=SAMPLING)
 
 
 def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: Any) -> None:
@@ -206,6 +208,10 @@ def test_programs_that_fail_hang_or_return_no_reward_drop_their_episode(tok: Any
         await asyncio.sleep(60)
         return 1.0
 
+    def sleeps(base_url: str, row: dict[str, Any]) -> float:  # sync: in a thread nobody can kill
+        time.sleep(8)
+        return 1.0
+
     def silent(base_url: str, row: dict[str, Any]) -> float:
         return 1.0  # never called the model: nothing to train on
 
@@ -215,12 +221,17 @@ def test_programs_that_fail_hang_or_return_no_reward_drop_their_episode(tok: Any
 
     cases = [(_workflow(raises), "raised RuntimeError: the agent's own bug"),
              (_workflow(hangs, timeout=0.5), "ran past rollout.agent.openai.timeout (0.5 s)"),
+             (_workflow(sleeps, timeout=0.5), "ran past rollout.agent.openai.timeout (0.5 s)"),
              (_workflow(silent), "made no chat call"),
              (_workflow(says_yes), "returned 'yes', not its reward")]
     for workflow, says in cases:
         ctx = _context(tok, Scripted(tok, ["1", "2"]))
+        started = time.monotonic()
         with pytest.raises(EpisodeDropped, match=says.replace("(", r"\(").replace(")", r"\)")):
             asyncio.run(workflow(ctx, ctx.row))
+        assert time.monotonic() - started < 6, "a program past its timeout is not waited for"
+    stuck = [t for t in threading.enumerate() if t.name == "rlkit-agent"]
+    assert stuck and all(t.daemon for t in stuck), "the sleeping program's thread: a daemon, never joined at exit"
 
 
 def _command(tmp_path: Path, body: str) -> tuple[str, ...]:
