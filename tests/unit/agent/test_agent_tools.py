@@ -155,12 +155,15 @@ def huge() -> str:
 
 
 SECONDS = {"seconds": {"type": "number"}}
+TOOL_TIMEOUT = 0.5
 
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    tools = [make_tool(slow_sync, schema("slow_sync", SECONDS, ["seconds"]), timeout_s=0.2),
-             make_tool(slow_async, schema("slow_async", SECONDS, ["seconds"]), timeout_s=0.2),
+    # half a second: room enough for a thread to start and a quick call to answer on a loaded machine (0.2 s was
+    # not, in a suite run with 11 runnable processes on two cores)
+    tools = [make_tool(slow_sync, schema("slow_sync", SECONDS, ["seconds"]), timeout_s=TOOL_TIMEOUT),
+             make_tool(slow_async, schema("slow_async", SECONDS, ["seconds"]), timeout_s=TOOL_TIMEOUT),
              make_tool(boom, schema("boom", {"why": {"type": "string"}})),
              make_tool(huge, schema("huge", {}))]
     return ToolRegistry(tools, max_result_chars=300)
@@ -168,9 +171,9 @@ def registry() -> ToolRegistry:
 
 @pytest.mark.parametrize("name", ["slow_sync", "slow_async"])
 def test_a_tool_past_its_timeout_is_an_error_within_the_timeout(registry: ToolRegistry, name: str) -> None:
-    result = run(registry.call(name, {"seconds": 0.6 if name == "slow_sync" else 30}))
-    assert not result.ok and result.timed_out and result.content == f"error: tool '{name}' timed out after 0.2 s"
-    assert 0.2 <= result.seconds < 0.5  # the caller waited its timeout, not the tool (a sync one runs on, unseen)
+    result = run(registry.call(name, {"seconds": 1.5 if name == "slow_sync" else 30}))
+    assert not result.ok and result.timed_out and result.content == f"error: tool '{name}' timed out after 0.5 s"
+    assert 0.5 <= result.seconds < 1.2  # the caller waited its timeout, not the tool (a sync one runs on, unseen)
     assert registry.stats[name].timeouts == 1 and registry.stats[name].errors == 1
     assert run(registry.call(name, {"seconds": 0.01})).content == "late"
 
