@@ -37,6 +37,15 @@ def job_ids_named(prefix: str) -> set[str]:
     return {fields[0] for fields in map(str.split, out.splitlines()) if fields[1:2] and fields[1].startswith(prefix)}
 
 
+def job_ids_under(path: Path) -> set[str]:
+    """Ids of the jobs (any state) whose batch script lies under `path` (a test's tmp_path: its own jobs only, while
+    other tests' jobs of the same experiment come and go in the same queue)."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%o"], capture_output=True, text=True,
+                         check=True).stdout
+    root = str(path).rstrip("/") + "/"
+    return {job for job, _, script in (line.partition("|") for line in out.splitlines()) if script.startswith(root)}
+
+
 def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
                env: dict[str, str] | None = None) -> str:
     """Poll until the job is no longer active (or reaches one of `done`), as `rlkit status` reports it.

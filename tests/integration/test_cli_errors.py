@@ -10,17 +10,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rlkit
-from tests.helpers.slurm_helpers import job_ids_named
+from tests.helpers.slurm_helpers import job_ids_under
 
-# the dev cluster's controller (squeue: nothing may change in Slurm; no job runs). Not `controller`: its checks that
-# no job of `test-exp` appeared need the cluster lane, whose other tests submit such jobs one after the other; run
-# beside them (the local lane), a job of theirs ending or starting mid-test looked like one of ours (CI, stop 39)
+# the dev cluster's controller (squeue: nothing may change in Slurm; no job runs). Most of the module runs in the
+# cluster lane, the cases marked `controller` in the local lane (the lanes end together); either way a test looks only
+# for jobs of its own (scripts under its tmp_path: another test's job of `test-exp` ending mid-test looked like one of
+# ours when the check was by job name, CI stop 39)
 pytestmark = [pytest.mark.slurm]
 
 
-def _test_jobs() -> set[str]:
-    """Ids of the jobs (any state) of the tests' experiment `test-exp`."""
-    return job_ids_named("test-exp_")
+def _test_jobs(tmp_path: Path) -> set[str]:
+    """Ids of the jobs (any state) whose batch script is under the test's own tmp_path (its fileroot): the jobs a
+    refused submit of this test could have made, whatever other tests submit meanwhile."""
+    return job_ids_under(tmp_path)
 
 
 def _assert_refused(result: subprocess.CompletedProcess[str], says: str) -> None:
@@ -96,12 +98,12 @@ MISTAKES = [
 @pytest.mark.parametrize(("overrides", "says"), MISTAKES)
 def test_bad_submit_changes_nothing(generate_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
                                     says: str) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     # a password in the environment, so an etcd mistake is the only problem
     _assert_refused(run_rlkit("submit", str(generate_yaml), *overrides, env={"ETCDCTL_PASSWORD": "pw"}), says)
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 TRAINING_MISTAKES = [
@@ -140,20 +142,21 @@ TRAINING_MISTAKES = [
 
 
 @pytest.mark.slurm
+@pytest.mark.controller
 @pytest.mark.parametrize(("overrides", "says"), TRAINING_MISTAKES)
 def test_bad_training_config_changes_nothing(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path,
                                              overrides: list[str], says: str) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     _assert_refused(run_rlkit("submit", str(grpo_yaml), *overrides), says)
     assert not (tmp_path / "fileroot").exists(), "a refused submit must not write the trial directory"
     assert not rlkit_home.exists(), "a refused submit must not touch the trial index"
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 @pytest.mark.slurm
 def test_every_problem_is_listed_at_once(grpo_yaml: Path, rlkit_home: Path, tmp_path: Path) -> None:
     """Schema, value, site-file and training mistakes of one config come back together, one `error:` each."""
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(grpo_yaml), "cluster.n_node=3", "trial_name=.run", "launcher.slurm.time=soon",
                        "train_dataset.path=/no/train.jsonl", "actor.ppo_n_minibatches=5", "gconfig.temperature=0")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -165,7 +168,7 @@ def test_every_problem_is_listed_at_once(grpo_yaml: Path, rlkit_home: Path, tmp_
     assert result.stderr.count("error:") == 6, result.stderr
     assert "6 problems; nothing was written or submitted" in result.stderr
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 def test_control_characters_in_the_yaml_file_are_refused(generate_yaml: Path, rlkit_home: Path,
@@ -266,12 +269,12 @@ def test_force_moves_nothing_until_every_check_passed(generate_yaml: Path, grpo_
         (step / "trainer_state.json").write_text("{}")
         (step / "MANIFEST.json").write_text('{"files": []}')
         before = sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*"))
-    jobs = _test_jobs()
+    jobs = _test_jobs(tmp_path)
     yaml = generate_yaml if config == "generate" else grpo_yaml
     _assert_refused(run_rlkit("submit", str(yaml), *overrides, "--force"), says)
     assert sorted(str(p.relative_to(trial_dir)) for p in trial_dir.rglob("*")) == before, "nothing may move"
     assert (trial_dir / "config.yaml").read_text() == "kept: true\n"
-    assert _test_jobs() == jobs
+    assert _test_jobs(tmp_path) == jobs
 
 
 def test_xccl_refuses_a_container_network_the_servers_cannot_leave(grpo_yaml: Path, rlkit_home: Path,
@@ -321,7 +324,7 @@ SFT_MISTAKES = [
 @pytest.mark.parametrize(("overrides", "says"), SFT_MISTAKES)
 def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
                                         says: list[str]) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(sft_yaml), *overrides)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -330,7 +333,7 @@ def test_bad_sft_config_changes_nothing(sft_yaml: Path, rlkit_home: Path, tmp_pa
         assert "did you mean 'sft'?" in result.stderr
     assert len(errors) == len(says) and all(any(s in e for e in errors) for s in says), result.stderr
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 @pytest.fixture
@@ -364,10 +367,10 @@ PAIR_MISTAKES = [
 def test_bad_rw_and_dpo_configs_change_nothing(pairs_yaml: Path, rlkit_home: Path, tmp_path: Path, job: str,
                                                overrides: list[str], says: list[str]) -> None:
     assert run_rlkit("render", str(pairs_yaml), f"type={job}").returncode == 0, "the fixture itself is valid"
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(pairs_yaml), f"type={job}", *overrides)
     assert_refused_whole(result, says, tmp_path, rlkit_home)
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 @pytest.mark.slurm
@@ -384,7 +387,7 @@ def test_a_bad_multi_stage_config_is_refused_whole_and_changes_nothing(sft_yaml:
                          {**sft, "stage_name": "again", "actor": {"optimizer": {"lr": -1}}}]}
     path = tmp_path / "staged.yaml"
     path.write_text(yaml.safe_dump(staged))
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(path), "stages.warmup.seed=x", "stages.none.seed=1")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     for says in ("stages[1] has no stage_name", "stage gen is a generate job, which trains nothing to pass on",
@@ -393,7 +396,7 @@ def test_a_bad_multi_stage_config_is_refused_whole_and_changes_nothing(sft_yaml:
         assert says in result.stderr, (says, result.stderr)
     assert "5 problems; nothing was written or submitted" in result.stderr, result.stderr
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists()
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 def test_sft_renders_as_one_trainer_component(sft_yaml: Path) -> None:
@@ -426,13 +429,14 @@ PPO_MISTAKES = [
 
 
 @pytest.mark.slurm
+@pytest.mark.controller
 @pytest.mark.parametrize(("overrides", "says"), PPO_MISTAKES)
 def test_bad_ppo_config_changes_nothing(ppo_yaml: Path, rlkit_home: Path, tmp_path: Path, overrides: list[str],
                                         says: list[str]) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(ppo_yaml), *overrides)
     assert_refused_whole(result, says, tmp_path, rlkit_home)
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 @pytest.mark.slurm
@@ -467,6 +471,7 @@ LORA_MISTAKES = [
 
 
 @pytest.mark.slurm
+@pytest.mark.controller
 @pytest.mark.parametrize(("job", "overrides", "says"), LORA_MISTAKES)
 def test_bad_lora_configs_of_trainer_only_jobs_change_nothing(pairs_yaml: Path, sft_yaml: Path,
                                                               model_with_weights: Path, rlkit_home: Path,
@@ -478,7 +483,7 @@ def test_bad_lora_configs_of_trainer_only_jobs_change_nothing(pairs_yaml: Path, 
     valid = [f"type={job}", *LORA, "actor.lora_rank=600", "actor.weight_update_mode=xccl"]
     if job != "rw":
         assert run_rlkit("render", str(yaml), *valid).returncode == 0, "the LoRA fixture itself is valid"
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     result = run_rlkit("submit", str(yaml), f"type={job}", *overrides)
     assert_refused_whole(result, says, tmp_path, rlkit_home)
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before

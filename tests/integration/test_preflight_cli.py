@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slurm
 
 def test_a_layout_the_partition_cannot_hold_is_refused_with_every_mismatch(grpo_yaml: Path, rlkit_home: Path,
                                                                           tmp_path: Path) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     too_big = ["cluster.n_gpus_per_node=16", "allocation_mode=vllm:d1+fsdp:d16", "launcher.trainer_cpus_per_gpu=8",
                "launcher.inference_server_mem_per_gpu=900000", "train_dataset.batch_size=8"]
     result = run_rlkit("submit", str(grpo_yaml), *too_big, "trial_name=big")
@@ -31,12 +31,12 @@ def test_a_layout_the_partition_cannot_hold_is_refused_with_every_mismatch(grpo_
     # the same job without the preflight: Slurm's own answer, one line for all of it
     bare = run_rlkit("submit", str(grpo_yaml), *too_big, "trial_name=big", "--no-preflight")
     assert_refused_whole(bare, ["Requested node configuration is not available"], tmp_path, rlkit_home)
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
 
 
 def test_more_nodes_than_the_partition_has_and_an_unknown_partition(grpo_yaml: Path, rlkit_home: Path,
                                                                    tmp_path: Path) -> None:
-    before = _test_jobs()
+    before = _test_jobs(tmp_path)
     wide = run_rlkit("submit", str(grpo_yaml), "cluster.n_nodes=8", "allocation_mode=vllm:d1+fsdp:d6")
     assert_refused_whole(wide, ["the trainer component needs 6 nodes with 1 GPUs, 1 CPUs and 1000 MB each; partition "
                                 "debug has 4"], tmp_path, rlkit_home)
@@ -45,4 +45,4 @@ def test_more_nodes_than_the_partition_has_and_an_unknown_partition(grpo_yaml: P
     assert_refused_whole(unknown, ["launcher.slurm.partition=nosuch is not a partition of this cluster"], tmp_path,
                          rlkit_home)
     assert "use one of: debug" in unknown.stderr
-    assert _test_jobs() == before
+    assert _test_jobs(tmp_path) == before
