@@ -69,7 +69,8 @@ def test_hung_servers_cost_one_timeout_and_each_row_keeps_its_answer(tmp_path: P
         t0 = time.monotonic()
         servers, auxiliary = server_rows(nr, ["judge"], {"2": 7}, TIMEOUT_S)
         elapsed = time.monotonic() - t0
-    assert elapsed < 2 * TIMEOUT_S, f"{elapsed:.2f} s for 5 hung servers: asked one after another"
+    # asked side by side: about one timeout (asked one after another: five); room for a loaded machine's threads
+    assert elapsed < 3.5 * TIMEOUT_S, f"{elapsed:.2f} s for 5 hung servers: asked one after another"
     assert [(s.index, s.address, s.healthy) for s in servers] == [
         (0, hung[0], False), (1, hung[1], False), (2, alive, True), (3, hung[2], False), (4, hung[3], False)]
     assert servers[2].weight_version == 7 and servers[0].weight_version == 0  # the trainer's verified version wins

@@ -150,7 +150,7 @@ def test_an_address_file_that_is_empty_missing_or_not_an_address_is_no_address(t
     for path in (empty, hostile, half, tmp_path / "missing"):
         started = time.monotonic()
         assert read_published(str(path), 0.3) is None
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 3  # its 0.3 s, not a wait for a file that never comes
     assert not (tmp_path / "pwned").exists()
 
 
