@@ -3,7 +3,8 @@ refuses one started without the TokenGuard middleware and passes the guarded one
 the options rlkit.servers.vllm.flags lists.
 
 The unguarded server is asked for first, so the session's slot then starts the guarded "untied" server that
-test_vllm_guard and test_weight_sync reuse: one extra server start (~25 s), one server at a time.
+test_vllm_guard and test_weight_sync reuse; the unguarded one is parked idle (no CPU) until test_weight_sync's 2-server
+broadcast test takes it as the server it kills.
 """
 
 from __future__ import annotations
