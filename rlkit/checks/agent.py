@@ -6,7 +6,7 @@ the job waited in the queue. Torch-free.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema.agent import OPENAI_WORKFLOW, AgentConfig
@@ -49,9 +49,11 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
     with problems.check():
         resolve_tool_call_parser(agent.tool_call_parser)
     names: list[str] = []
+    schemas: list[dict[str, Any]] | None = None
     with problems.check():
-        names = [tool.name for tool in load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
-                                                  setting="rollout.agent.tools")]
+        tools = load_tools([ToolConfig(fn, timeout_s=agent.tool_timeout) for fn in agent.tools],
+                           setting="rollout.agent.tools")
+        names, schemas = [tool.name for tool in tools], [tool.schema() for tool in tools]
     if agent.code_tool.enabled and "python" in names:
         problems.add("rollout.agent.tools has a tool named `python` (its schema's name), and "
                      "rollout.agent.code_tool.enabled adds the built-in python tool",
@@ -66,6 +68,12 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
         problems.add(f"rollout.agent.max_tokens_per_turn ({per_turn}) exceeds gconfig.max_new_tokens "
                      f"({config.gconfig.max_new_tokens})", hint="lower it, or raise gconfig.max_new_tokens")
     _validate_eval_turns(config, problems)
+    if schemas is not None:
+        from rlkit.agent.python_tool import PYTHON_TOOL_SCHEMA
+        from rlkit.checks.agent_room import validate_turn_room
+
+        validate_turn_room(config, schemas + ([PYTHON_TOOL_SCHEMA] if agent.code_tool.enabled else []), problems,
+                           context)
 
 
 def _validate_openai_fields(agent: AgentConfig, problems: Problems) -> None:
