@@ -57,7 +57,7 @@ record "cluster up" "$t"
 cd "$repo"
 failed=0
 t=$SECONDS
-# lint (ruff + mypy: ~2 minutes of one core without mypy's cache, as in a fresh checkout) beside the tests, its
+# lint (ruff + mypy: ~50 CPU-s without mypy's cache, as in a fresh checkout) beside the tests, its
 # report after theirs: before them it kept the second core idle
 lint_log=$(mktemp)
 "$py" -m nox --no-venv -s lint >"$lint_log" 2>&1 &

@@ -46,9 +46,9 @@ def keep_requested_fork() -> bool:
         return True
 
     def check_and_update_config(cls: type, vllm_config: object) -> None:
-        original.__func__(cls, vllm_config)  # type: ignore[attr-defined]
+        original.__func__(cls, vllm_config)
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 
     check_and_update_config.__rlkit_keeps_fork__ = True  # type: ignore[attr-defined]
-    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
     return True
