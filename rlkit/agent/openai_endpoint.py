@@ -113,8 +113,7 @@ class AgentSession:
 class AgentEndpoint:
     """The HTTP side (Starlette on uvicorn); `open` a session per episode, `close` it when its program ends."""
 
-    def __init__(self, sampling: dict[str, float]) -> None:
-        self.sampling = sampling  # gconfig's temperature, top_p, top_k: a call may not change them
+    def __init__(self) -> None:
         self.sessions: dict[str, AgentSession] = {}
         self.port = 0
         self._server: Any = None
@@ -193,7 +192,9 @@ class AgentEndpoint:
         try:
             session = self._session(request)
             body = await _read_json(request)
-            return JSONResponse(await session.chat(parse_request(body, self.sampling)))
+            params = session.ctx.services.params  # gconfig's (eval_gconfig's for evaluation episodes)
+            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+            return JSONResponse(await session.chat(parse_request(body, sampling)))
         except OpenAIError as exc:
             if session is not None:
                 session.refused += 1

@@ -170,9 +170,9 @@ def parse_request(body: Any, gconfig: Mapping[str, float]) -> ChatRequest:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or abs(float(value) - float(gconfig[name])) > 1e-6):
-            raise _bad(f"{name}={value!r} differs from the run's gconfig.{name}={gconfig[name]}: the trainer's "
-                       "log-probs are taken at gconfig's sampling settings (leave it out, or set it to that value)",
-                       name, "unsupported_value")
+            raise _bad(f"{name}={value!r} differs from this episode's {name} {gconfig[name]} (gconfig's; "
+                       "eval_gconfig's in an evaluation): the trainer's log-probs are taken at those sampling "
+                       "settings (leave it out, or set it to that value)", name, "unsupported_value")
     n = body.get("n")
     if n not in (None, 1):
         raise _bad(f"n={n!r}: one call samples one turn of one episode (n must be 1)", "n", "unsupported_value")

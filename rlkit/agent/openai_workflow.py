@@ -65,8 +65,8 @@ def resolve_program(settings: Any, *, setting: str = "rollout.agent.openai") -> 
 class OpenAIAgentWorkflow:
     """The episode workflow of `openai` (an `async def episode(ctx, row)` like any other; see the module)."""
 
-    def __init__(self, program: AgentProgram, *, sampling: dict[str, float]) -> None:
-        self.program, self.sampling = program, sampling
+    def __init__(self, program: AgentProgram) -> None:
+        self.program = program
         self._endpoint: AgentEndpoint | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
@@ -79,7 +79,7 @@ class OpenAIAgentWorkflow:
         assert self._starting is not None
         async with self._starting:
             if self._endpoint is None:
-                endpoint = AgentEndpoint(self.sampling)
+                endpoint = AgentEndpoint()
                 await endpoint.start()
                 self._endpoint = endpoint
         return self._endpoint

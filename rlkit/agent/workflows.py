@@ -30,11 +30,10 @@ async def tool_use(ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
     return ctx.finish(await ctx.reward())
 
 
-def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow", agent: AgentConfig | None = None,
-                     sampling: dict[str, float] | None = None) -> Workflow:
-    """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`; the
-    endpoint refuses calls that change `sampling`, gconfig's temperature, top_p and top_k), or the user's async
-    function. ConfigError with the fix."""
+def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow",
+                     agent: AgentConfig | None = None) -> Workflow:
+    """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`), or
+    the user's async function. ConfigError with the fix."""
     spec = spec.strip()
     if spec == TOOL_USE_WORKFLOW:
         return tool_use
@@ -42,7 +41,7 @@ def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow", agen
         from rlkit.agent.openai_workflow import OpenAIAgentWorkflow, resolve_program
 
         program = resolve_program((agent or AgentConfig()).openai)
-        return OpenAIAgentWorkflow(program, sampling=sampling or {})
+        return OpenAIAgentWorkflow(program)
     if ":" not in spec and "." not in spec:
         raise ConfigError(f"{setting} '{spec}' is not a built-in workflow (choices: {', '.join(BUILTIN_WORKFLOWS)})",
                           hint=f"use {TOOL_USE_WORKFLOW}, {OPENAI_WORKFLOW}, or a workflow of your own as "

@@ -87,9 +87,7 @@ def episode_groups(config: ExperimentConfig, tokenizer: Any, reward: Any) -> Any
                                parser=resolve_tool_call_parser(agent.tool_call_parser), params=sampling_params(config),
                                limits=TrajectoryLimits(*agent_limits(config, servers_context(config, alloc))),
                                vocab_size=vocab_size(config.actor.path))
-    params = services.params
-    sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
-    workflow = resolve_workflow(agent.workflow, agent=agent, sampling=sampling)
+    workflow = resolve_workflow(agent.workflow, agent=agent)
     return EpisodeGroups(workflow, services, n_samples=config.gconfig.n_samples,
                          seed=config.seed, tool_schemas=tools.schemas(),
                          prompt_key=config.train_dataset.prompt_key)

@@ -32,8 +32,6 @@ from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-
 
 class Scripted:
     """Answers each request with the next scripted text (+ <|im_end|>), recording the ids it was sent."""
@@ -54,12 +52,14 @@ class Scripted:
         return 5
 
 
-def _context(tok: Any, server: Scripted, row: dict[str, Any] | None = None, *, max_turns: int = 3) -> EpisodeContext:
+def _context(tok: Any, server: Scripted, row: dict[str, Any] | None = None, *, max_turns: int = 3,
+             temperature: float = 1.0) -> EpisodeContext:
     async def score(prompt: str, answer: str, row: dict[str, Any]) -> RewardOutcome:
         return RewardOutcome(0.75 if "4" in answer else 0.0)
 
     services = EpisodeServices(score=score, tokenizer=tok, tools=ToolRegistry([]), parser=digits_press,
-                               params=SamplingParams(max_new_tokens=16), limits=TrajectoryLimits(max_turns, 400, 16))
+                               params=SamplingParams(max_new_tokens=16, temperature=temperature),
+                               limits=TrajectoryLimits(max_turns, 400, 16))
     # the rollout's first prompt is the row's; the endpoint replaces it with the agent's first call
     placeholder = tok.encode("placeholder", add_special_tokens=False)
     return EpisodeContext(services, complete=server.complete, settled_version=server.settled,
@@ -67,7 +67,7 @@ def _context(tok: Any, server: Scripted, row: dict[str, Any] | None = None, *, m
 
 
 def _workflow(agent: Any = None, *, command: tuple[str, ...] = (), timeout: float = 30.0) -> OpenAIAgentWorkflow:
-    return OpenAIAgentWorkflow(AgentProgram(agent, command, timeout), sampling=SAMPLING)
+    return OpenAIAgentWorkflow(AgentProgram(agent, command, timeout))
 
 
 def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: Any) -> None:
@@ -125,6 +125,17 @@ def test_calls_the_trainer_cannot_honour_get_openai_errors_and_the_rest_is_serve
     assert body["usage"]["completion_tokens"] == 2 and "tool_calls" not in body["choices"][0]["message"]
     assert len(server.requests) == 1 and episode.info["openai_refused"] == len(refused)
     assert episode.reward == 0.5 and episode.trajectory.turns == 1
+
+
+def test_a_call_is_held_to_its_own_episodes_sampling_settings(tok: Any) -> None:
+    """An evaluation episode samples at eval_gconfig's settings: the endpoint holds a call to those, not gconfig's."""
+    user = [{"role": "user", "content": "hi"}]
+    results: list[Any] = []
+    calls = [{"messages": user, "temperature": 1.0}, {"messages": user, "temperature": 0.7}]
+    ctx = _context(tok, Scripted(tok, ["a"]), temperature=0.7)
+    asyncio.run(_workflow(_async_agent_calls(calls, results))(ctx, ctx.row))
+    assert [status for status, _ in results] == [400, 200]
+    assert "differs from this episode's temperature 0.7" in results[0][1]["error"]["message"]
 
 
 def test_calls_without_the_episodes_key_are_refused_and_concurrent_episodes_never_mix(tok: Any) -> None:
