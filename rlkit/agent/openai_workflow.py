@@ -89,6 +89,10 @@ class OpenAIAgentWorkflow:
         session = endpoint.open(ctx)
         try:
             outcome = await self._run(endpoint.base_url(session), session.key, row)
+        except EpisodeDropped:
+            if session.failure is None:
+                raise
+            outcome = None  # the program failed because rlkit did: that is the error below, not the program's
         finally:
             endpoint.close(session)
         async with session.lock:  # a call the program left in flight ends before the trajectory is read

@@ -28,6 +28,7 @@ from rlkit.agent.press_door_agent import agent as press_agent
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.trajectory import InsertedSegment, SampledSegment, TrajectoryLimits
 from rlkit.config.load import load_config
+from rlkit.errors import StepError
 from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
@@ -243,6 +244,20 @@ def test_programs_that_fail_hang_or_return_no_reward_drop_their_episode(tok: Any
         assert time.monotonic() - started < 6, "a program past its timeout is not waited for"
     stuck = [t for t in threading.enumerate() if t.name == "rlkit-agent"]
     assert stuck and all(t.daemon for t in stuck), "the sleeping program's thread: a daemon, never joined at exit"
+
+
+def test_a_failure_on_rlkits_side_is_the_steps_error_not_a_dropped_episode(tok: Any) -> None:
+    """The servers failing (the pool's StepError after its retries) fails the step as in every rollout, even though the
+    program, answered with a 500, raised: dropping the group would sample other prompts against dead servers."""
+
+    class Down(Scripted):
+        async def complete(self, ids: list[int], params: SamplingParams) -> tuple[int, Completion]:
+            raise StepError("every server failed the request after 2 retries")
+
+    ctx = _context(tok, Down(tok, []))
+    with pytest.raises(StepError, match="could not be sampled: StepError: every server failed") as caught:
+        asyncio.run(_workflow(press_agent)(ctx, ctx.row))
+    assert not isinstance(caught.value, EpisodeDropped)
 
 
 def _command(tmp_path: Path, body: str) -> tuple[str, ...]:
