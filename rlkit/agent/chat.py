@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlkit.agent.tool_calls import tools_system_text
+from rlkit.data.row_formats import rl_prompt
 
 _MARKER = "\u2063rlkit-turn-end\u2063"  # assistant content that no template rewrites and no model writes
 _PROBE_TOOL = {"name": "rlkit_probe", "description": "probe", "parameters": {"type": "object", "properties": {}}}
@@ -57,6 +58,18 @@ def messages_with_tool_text(messages: Sequence[Mapping[str, Any]],
     else:
         out.insert(0, {"role": "system", "content": text})
     return out
+
+
+def episode_chat(row: Mapping[str, Any], prompt_key: str, fallback: str | None = None) -> list[dict[str, Any]] | None:
+    """The chat an episode starts from: the row's messages, or its prompt text as a user turn (GSM8K's question as
+    AReaL asks it); `fallback` (as a user turn) where the row has no prompt column, else None."""
+    try:
+        messages = rl_prompt(row, prompt_key)
+    except KeyError:
+        if fallback is None:
+            return None
+        messages = fallback
+    return messages if isinstance(messages, list) else [{"role": "user", "content": str(messages)}]
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]],

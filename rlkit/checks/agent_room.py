@@ -12,7 +12,6 @@ is not a local file, a tokenizer without tokenizer.json, the openai workflow (th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,10 @@ from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
 from rlkit.config.schema.agent import OPENAI_WORKFLOW
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
+from rlkit.data.dataset_rows import first_jsonl_rows
+from rlkit.errors import ConfigError
 
 ROWS_CHECKED = 64  # the first rows of the training set: their shortest first prompt must leave room for a turn
-
-
-def first_rows(path: str, count: int) -> list[dict[str, Any]]:
-    """Up to `count` JSON rows from the start of a local .jsonl file (or a directory's first one); [] otherwise."""
-    where = Path(path)
-    files = sorted(where.glob("*.jsonl")) if where.is_dir() else [where]
-    if not files or files[0].suffix != ".jsonl" or not files[0].is_file():
-        return []
-    rows: list[dict[str, Any]] = []
-    try:
-        with open(files[0]) as f:
-            for line in f:
-                if len(rows) >= count:
-                    break
-                if line.strip():
-                    row = json.loads(line)
-                    if isinstance(row, dict):
-                        rows.append(row)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return []  # the dataset checks say what is wrong with the file
-    return rows
 
 
 def _tokenizer(model: str) -> Any:
@@ -60,13 +40,16 @@ def validate_turn_room(config: ExperimentConfig, schemas: list[dict[str, Any]], 
                        context: int | None) -> None:
     """Refuse when not one of the first ROWS_CHECKED training prompts, rendered as the rollout renders an episode's
     first prompt with `schemas` (the tools offered), leaves room for a turn."""
-    from rlkit.agent.chat import render_prompt, template_takes_tools
-    from rlkit.data.row_formats import rl_prompt
+    from rlkit.agent.chat import episode_chat, render_prompt, template_takes_tools
 
     agent, dataset = config.rollout.agent, config.train_dataset
     if agent.workflow.strip() == OPENAI_WORKFLOW:
         return
-    rows = first_rows(dataset.path, ROWS_CHECKED)
+    try:
+        rows = [row for row in first_jsonl_rows("train_dataset.path", Path(dataset.path), ROWS_CHECKED) or []
+                if isinstance(row, dict)]
+    except ConfigError:
+        return  # the dataset checks say what is wrong with the file
     tokenizer = _tokenizer(config.tokenizer_path or config.actor.path) if rows else None
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
         return
@@ -74,12 +57,9 @@ def validate_turn_room(config: ExperimentConfig, schemas: list[dict[str, Any]], 
     takes_tools = template_takes_tools(tokenizer) if schemas else False
     shortest: int | None = None
     for row in rows:
-        try:
-            messages = rl_prompt(row, dataset.prompt_key)
-        except KeyError:
+        messages = episode_chat(row, dataset.prompt_key)
+        if messages is None:
             return  # the column checks name a missing prompt column
-        if not isinstance(messages, list):
-            messages = [{"role": "user", "content": str(messages)}]
         try:
             text = render_prompt(tokenizer, messages, schemas, takes_tools=takes_tools)
         except Exception:

@@ -1,4 +1,5 @@
-"""The first row of a dataset, read on the login node: enough to check that the columns a job reads exist."""
+"""The first rows of a dataset, read on the login node: enough to check that the columns a job reads exist (and,
+for agent runs, that an episode's first prompt leaves room for a turn: rlkit.checks.agent_room)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,38 @@ from typing import Any
 from rlkit.errors import ConfigError
 
 
-def first_jsonl_row(field: str, path: Path) -> dict[str, Any] | None:
-    """The first row of a .jsonl file or of the first .jsonl file of a directory (None for other formats: those are
-    checked in the job); ConfigError naming `field` for an unreadable, empty or non-JSON file."""
+def first_jsonl_rows(field: str, path: Path, count: int) -> list[Any] | None:
+    """Up to `count` rows (JSON values, one per non-blank line) from the start of a .jsonl file or of the first .jsonl
+    file of a directory (None for other formats: those are checked in the job); ConfigError naming `field` for an
+    unreadable, empty or non-JSON file."""
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or files[0].suffix != ".jsonl":
         return None
+    rows: list[Any] = []
     try:
         with open(files[0]) as f:
-            line = next((line for line in f if line.strip()), None)
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    where = f"line {number}" if rows else "the first line"
+                    raise ConfigError(f"{field}: {where} of {files[0]} is not JSON ({exc})",
+                                      hint="write one JSON object per line") from None
+                if len(rows) >= count:  # read no further than the rows asked for
+                    break
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{field}: {files[0]} cannot be read as text: "
                           f"{getattr(exc, 'strerror', None) or exc}", hint="give a .jsonl file you may read",
                           site=True) from None
-    if line is None:
+    if not rows:
         raise ConfigError(f"{field}: {files[0]} is empty", hint="give a file with at least one row")
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{field}: the first line of {files[0]} is not JSON ({exc})",
-                          hint="write one JSON object per line") from None
-    return row if isinstance(row, dict) else None
+    return rows
+
+
+def first_jsonl_row(field: str, path: Path) -> dict[str, Any] | None:
+    """The first row of a .jsonl file or of the first .jsonl file of a directory, if it is an object (see
+    first_jsonl_rows)."""
+    rows = first_jsonl_rows(field, path, 1)
+    return rows[0] if rows and isinstance(rows[0], dict) else None

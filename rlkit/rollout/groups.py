@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlkit.agent.chat import render_prompt, template_takes_tools
+from rlkit.agent.chat import episode_chat, render_prompt, template_takes_tools
 from rlkit.agent.context import Complete, EpisodeContext, EpisodeServices, SettledVersion
 from rlkit.agent.episode import Episode, EpisodeDropped
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
-from rlkit.data.row_formats import rl_prompt
 from rlkit.errors import FatalStepError, StepError
 from rlkit.rewards.runner import RewardRunner
 from rlkit.servers.backend import Completion, SamplingParams
@@ -120,12 +119,7 @@ class EpisodeGroups:
         """The episode's first prompt: the row's chat (or its text as a user turn; GSM8K's question as AReaL asks
         it) with the tools offered, through the chat template, tokenized once."""
         if prompt.index not in self._prompts:
-            try:
-                messages = rl_prompt(prompt.row, self.prompt_key)
-            except KeyError:
-                messages = prompt.text
-            if not isinstance(messages, list):
-                messages = [{"role": "user", "content": str(messages)}]
+            messages = episode_chat(prompt.row, self.prompt_key, fallback=prompt.text) or []
             text = render_prompt(self.services.tokenizer, messages, self.tool_schemas, takes_tools=self._takes_tools)
             self._prompts[prompt.index] = (self.services.tokenizer.encode(text, add_special_tokens=False), text)
         return self._prompts[prompt.index]
