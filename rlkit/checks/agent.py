@@ -5,10 +5,9 @@ the job waited in the queue. Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from rlkit.config.problems import Problems
+from rlkit.config.problems import Problems, refuse_inert_fields
 from rlkit.config.schema.agent import OPENAI_WORKFLOW, AgentConfig
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
@@ -79,12 +78,9 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
 def _validate_openai_fields(agent: AgentConfig, problems: Problems) -> None:
     """rollout.agent.openai only with workflow openai; with it, the agent program brings its own tools."""
     if agent.workflow.strip() != OPENAI_WORKFLOW:
-        defaults = type(agent.openai)()
-        for f in fields(agent.openai):
-            if getattr(agent.openai, f.name) != getattr(defaults, f.name):
-                problems.add(f"rollout.agent.openai.{f.name} is set, but rollout.agent.workflow is not "
-                             f"{OPENAI_WORKFLOW}: it would be ignored",
-                             hint=f"set rollout.agent.workflow={OPENAI_WORKFLOW}, or remove rollout.agent.openai")
+        refuse_inert_fields(problems, agent.openai, "rollout.agent.openai",
+                            because=f"rollout.agent.workflow is not {OPENAI_WORKFLOW}",
+                            hint=f"set rollout.agent.workflow={OPENAI_WORKFLOW}, or remove rollout.agent.openai")
         return
     if agent.tools:
         problems.add("rollout.agent.tools is set, but with workflow openai the agent program offers its tools in its "
@@ -115,12 +111,9 @@ def _validate_code_tool(config: ExperimentConfig, problems: Problems) -> None:
 
     settings = config.rollout.agent.code_tool
     if not settings.enabled:
-        defaults = type(settings)()
-        for f in fields(settings):
-            if getattr(settings, f.name) != getattr(defaults, f.name):
-                problems.add(f"rollout.agent.code_tool.{f.name} is set, but rollout.agent.code_tool.enabled is false: "
-                             "it would be ignored", hint="set rollout.agent.code_tool.enabled=true, or remove "
-                                                         f"rollout.agent.code_tool.{f.name}")
+        refuse_inert_fields(problems, settings, "rollout.agent.code_tool",
+                            because="rollout.agent.code_tool.enabled is false",
+                            hint="set rollout.agent.code_tool.enabled=true, or remove {field}")
         return
     for name, message, fix in code_limit_problems(limits_of(settings)):
         problems.add(f"rollout.agent.code_tool.{name} {message}", hint=fix)

@@ -27,7 +27,7 @@ from rlkit.checks.site_files import (
 )
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.model_config import model_positions
-from rlkit.config.problems import Problems
+from rlkit.config.problems import Problems, refuse_inert_fields
 from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import (
@@ -253,12 +253,10 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobTyp
 def _refuse_container_fields(slurm: SlurmConfig, problems: Problems) -> None:
     """container_type none runs steps on the bare host: an image, a bind or apptainer's own arguments would be
     ignored without a word, and the user would believe the run used them."""
-    defaults = SlurmConfig()
-    for name in ("trainer_image", "inference_server_image", "mount", "apptainer_args"):
-        if getattr(slurm, name) != getattr(defaults, name):
-            problems.add(f"launcher.slurm.{name} is set, but launcher.slurm.container_type is none (steps run on the "
-                         "bare host): it would be ignored",
-                         hint=f"remove launcher.slurm.{name}, or set launcher.slurm.container_type=apptainer")
+    refuse_inert_fields(problems, slurm, "launcher.slurm",
+                        because="launcher.slurm.container_type is none (steps run on the bare host)",
+                        hint="remove {field}, or set launcher.slurm.container_type=apptainer",
+                        names=("trainer_image", "inference_server_image", "mount", "apptainer_args"))
 
 
 def _is_option(word: str, option: str) -> bool:

@@ -7,8 +7,10 @@ error instead of stopping, so independent checks each get their say and dependen
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
+from typing import Any
 
 from rlkit.errors import ConfigError, ConfigErrors
 
@@ -57,6 +59,17 @@ class Problems:
 
 _MISSING_ENV = re.compile(r"Environment variable '([^']+)' not found")
 _MISSING_KEY = re.compile(r"Interpolation key '([^']+)' not found")
+
+
+def refuse_inert_fields(problems: Problems, section: Any, prefix: str, *, because: str, hint: str,
+                        names: Sequence[str] | None = None) -> None:
+    """Each field of the dataclass `section` (or only `names`) set away from its default, refused: under the setting
+    `because` names, rlkit would ignore it without a word. `hint` may name the field as {field}."""
+    defaults = type(section)()
+    for name in names if names is not None else [f.name for f in fields(section)]:
+        if getattr(section, name) != getattr(defaults, name):
+            problems.add(f"{prefix}.{name} is set, but {because}: it would be ignored",
+                         hint=hint.format(field=f"{prefix}.{name}"))
 
 
 def interpolation_fix(detail: str) -> str:
