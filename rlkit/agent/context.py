@@ -75,11 +75,8 @@ class EpisodeContext:
         self.services = services
         self._complete, self._settled_version = complete, settled_version
         self.row = row
-        self.prompt_text = prompt_text
         self.tokenizer = services.tokenizer
-        self.builder = TrajectoryBuilder(prompt_ids, services.limits, services.tokenizer,
-                                         vocab_size=services.vocab_size)
-        self.turns: list[Turn] = []
+        self.restart(prompt_ids, prompt_text)
         self.tally = ToolTally()
         self.reward_errors = 0
         self.reward_timeouts = 0
@@ -92,12 +89,13 @@ class EpisodeContext:
         return self.turns[-1] if self.turns else None
 
     def restart(self, prompt_ids: Sequence[int], prompt_text: str) -> None:
-        """Begin the trajectory again from another prompt (the OpenAI endpoint's first call, or a call that rewrote
-        earlier turns): the turns so far are left out of the episode; tool counts stay."""
+        """Begin the trajectory from `prompt_ids`: at the start, and again from another prompt (the OpenAI endpoint's
+        first call, or a call that rewrote earlier turns), the turns so far then left out of the episode; tool counts
+        stay."""
         self.builder = TrajectoryBuilder(prompt_ids, self.services.limits, self.tokenizer,
                                          vocab_size=self.services.vocab_size)
         self.prompt_text = prompt_text
-        self.turns = []
+        self.turns: list[Turn] = []
 
     async def generate(self, **settings: Any) -> Turn | None:
         """Sample the next assistant turn; None when a limit ends the episode (it is then flagged truncated)."""
