@@ -22,6 +22,7 @@ from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
 from tests.conftest import REPO
+from tests.helpers.scripted_server import ScriptedServer
 
 WORKFLOW_FILE = REPO / "tests" / "data" / "agent" / "press_workflow.py"
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
@@ -34,25 +35,6 @@ def add(a: int, b: int) -> int:
 add.tool_schema = {"name": "add", "description": "Add.",  # type: ignore[attr-defined]
                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                                   "required": ["a", "b"]}}
-
-
-class ScriptedServer:
-    """Answers each request with the next scripted text (tokenized by the test), recording what it was sent."""
-
-    def __init__(self, tok: Any, texts: list[str]) -> None:
-        self.tok, self.texts = tok, list(texts)
-        self.requests: list[tuple[list[int], SamplingParams]] = []
-        self.version = 3
-
-    async def complete(self, ids: list[int], params: SamplingParams) -> tuple[int, Completion]:
-        self.requests.append((ids, params))
-        text = self.texts.pop(0)
-        out = [*self.tok.encode(text, add_special_tokens=False), self.tok.convert_tokens_to_ids("<|im_end|>")]
-        out = out[:params.max_new_tokens]
-        return 7, Completion(text, out, [-0.5] * len(out), "stop" if len(out) < params.max_new_tokens else "length")
-
-    async def settled(self) -> int:
-        return self.version
 
 
 def _services(tok: Any, *, max_turns: int = 3, per_turn: int = 64, reward: float = 0.25) -> EpisodeServices:

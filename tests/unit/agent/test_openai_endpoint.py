@@ -32,28 +32,15 @@ from rlkit.errors import StepError
 from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
+from tests.helpers.scripted_server import ScriptedServer
 
 
-class Scripted:
-    """Answers each request with the next scripted text (+ <|im_end|>), recording the ids it was sent."""
-
-    def __init__(self, tok: Any, texts: list[str]) -> None:
-        self.tok, self.texts = tok, list(texts)
-        self.requests: list[list[int]] = []
-
-    async def complete(self, ids: list[int], params: SamplingParams) -> tuple[int, Completion]:
-        self.requests.append(list(ids))
-        text = self.texts.pop(0)
-        full = [*self.tok.encode(text, add_special_tokens=False), self.tok.convert_tokens_to_ids("<|im_end|>")]
-        out = full[:params.max_new_tokens]
-        return 0, Completion(text, out, [-0.25] * len(out), "length" if len(full) > len(out) else "stop")
-
-    @staticmethod
-    async def settled() -> int:
-        return 5
+def _scripted(tok: Any, texts: list[str]) -> ScriptedServer:
+    """The episode tests' scripted server, answering as server 0 at weight version 5 with log-prob -0.25."""
+    return ScriptedServer(tok, texts, index=0, logprob=-0.25, version=5)
 
 
-def _context(tok: Any, server: Scripted, row: dict[str, Any] | None = None, *, max_turns: int = 3,
+def _context(tok: Any, server: ScriptedServer, row: dict[str, Any] | None = None, *, max_turns: int = 3,
              temperature: float = 1.0) -> EpisodeContext:
     async def score(prompt: str, answer: str, row: dict[str, Any]) -> RewardOutcome:
         return RewardOutcome(0.75 if "4" in answer else 0.0)
@@ -72,7 +59,7 @@ def _workflow(agent: Any = None, *, command: tuple[str, ...] = (), timeout: floa
 
 
 def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: Any) -> None:
-    server = Scripted(tok, ["a 7", "8 b"])  # digits: both replies call `press` (the example's parser)
+    server = _scripted(tok, ["a 7", "8 b"])  # digits: both replies call `press` (the example's parser)
     ctx = _context(tok, server)
     episode = asyncio.run(_workflow(press_agent)(ctx, ctx.row))
     t = episode.trajectory
@@ -86,7 +73,8 @@ def test_an_unmodified_openai_client_agent_becomes_a_token_exact_episode(tok: An
                                                     for text in ("a 7", "8 b")]
     assert all(s.version == 5 and set(s.logprobs) == {-0.25} for s in sampled)
     assert len(inserted) == 1 and "the door is open" in inserted[0].text and "tool" in inserted[0].text
-    assert server.requests[1] == list(t.prompt_ids) + list(t.token_ids[:len(server.requests[1]) - len(t.prompt_ids)])
+    second = server.requests[1][0]
+    assert second == list(t.prompt_ids) + list(t.token_ids[:len(second) - len(t.prompt_ids)])
     assert sum(t.loss_mask) == sum(len(s.token_ids) for s in sampled), "only sampled tokens are trained"
     assert episode.info["openai_calls"] == 2 and episode.info["openai_segments"] == 1
     assert episode.info["openai_refused"] == 0 and episode.tools.calls == 2, "the model's calls count as tool calls"
@@ -116,7 +104,7 @@ def test_calls_the_trainer_cannot_honour_get_openai_errors_and_the_rest_is_serve
     calls = [{"model": "any", "messages": user, **extra} for extra, _ in refused]
     calls.append({"model": "any", "messages": user, "temperature": 1.0, "max_tokens": 2, "seed": 9})  # served
     results: list[Any] = []
-    server = Scripted(tok, ["x 1 2 3 4"])
+    server = _scripted(tok, ["x 1 2 3 4"])
     ctx = _context(tok, server)
     episode = asyncio.run(_workflow(_async_agent_calls(calls, results))(ctx, ctx.row))
     for (status, body), (_, param) in zip(results, refused, strict=False):
@@ -133,7 +121,7 @@ def test_a_call_is_held_to_its_own_episodes_sampling_settings(tok: Any) -> None:
     user = [{"role": "user", "content": "hi"}]
     results: list[Any] = []
     calls = [{"messages": user, "temperature": 1.0}, {"messages": user, "temperature": 0.7}]
-    ctx = _context(tok, Scripted(tok, ["a"]), temperature=0.7)
+    ctx = _context(tok, _scripted(tok, ["a"]), temperature=0.7)
     asyncio.run(_workflow(_async_agent_calls(calls, results))(ctx, ctx.row))
     assert [status for status, _ in results] == [400, 200]
     assert "differs from this episode's temperature 0.7" in results[0][1]["error"]["message"]
@@ -171,7 +159,7 @@ def test_calls_without_the_episodes_key_are_refused_and_concurrent_episodes_neve
             return 1.0
 
         workflow.program = AgentProgram(agent, (), 30.0)
-        server = Scripted(tok, ["a", "b", "c", "d"])
+        server = _scripted(tok, ["a", "b", "c", "d"])
         ctxs = [_context(tok, server, {"prompt": name}) for name in ("one", "two")]
         episodes = await asyncio.gather(*(workflow(c, c.row) for c in ctxs))
         # after its episode, a key is dead
@@ -201,7 +189,7 @@ def test_a_call_that_rewrites_earlier_turns_starts_a_new_segment_never_a_retoken
             results.append((await client.post(f"{base_url}/chat/completions", json={"messages": again})).json())
         return None  # reward.fn scores the last reply
 
-    server = Scripted(tok, ["one", "4 two"])
+    server = _scripted(tok, ["one", "4 two"])
     ctx = _context(tok, server)
     episode = asyncio.run(_workflow(agent)(ctx, ctx.row))
     t = episode.trajectory
@@ -237,7 +225,7 @@ def test_programs_that_fail_hang_or_return_no_reward_drop_their_episode(tok: Any
              (_workflow(silent), "made no chat call"),
              (_workflow(says_yes), "returned 'yes', not its reward")]
     for workflow, says in cases:
-        ctx = _context(tok, Scripted(tok, ["1", "2"]))
+        ctx = _context(tok, _scripted(tok, ["1", "2"]))
         started = time.monotonic()
         with pytest.raises(EpisodeDropped, match=says.replace("(", r"\(").replace(")", r"\)")):
             asyncio.run(workflow(ctx, ctx.row))
@@ -250,11 +238,11 @@ def test_a_failure_on_rlkits_side_is_the_steps_error_not_a_dropped_episode(tok: 
     """The servers failing (the pool's StepError after its retries) fails the step as in every rollout, even though the
     program, answered with a 500, raised: dropping the group would sample other prompts against dead servers."""
 
-    class Down(Scripted):
+    class Down(ScriptedServer):
         async def complete(self, ids: list[int], params: SamplingParams) -> tuple[int, Completion]:
             raise StepError("every server failed the request after 2 retries")
 
-    ctx = _context(tok, Down(tok, []))
+    ctx = _context(tok, Down(tok, [], index=0, logprob=-0.25, version=5))
     with pytest.raises(StepError, match="could not be sampled: StepError: every server failed") as caught:
         asyncio.run(_workflow(press_agent)(ctx, ctx.row))
     assert not isinstance(caught.value, EpisodeDropped)
@@ -277,7 +265,7 @@ def test_an_agent_command_gets_its_episodes_url_key_and_row_and_prints_its_rewar
         print("some output")
         print(json.dumps(0.25 if reply.choices[0].message.content == "x 9" else -1))
         """)
-    ctx = _context(tok, Scripted(tok, ["x 9"]))
+    ctx = _context(tok, _scripted(tok, ["x 9"]))
     episode = asyncio.run(_workflow(command=command)(ctx, ctx.row))
     assert episode.reward == 0.25 and episode.trajectory.turns == 1
     # the same program with the key taken off its base URL and given as the API key (bearer) works the same
@@ -289,20 +277,20 @@ def test_an_agent_command_gets_its_episodes_url_key_and_row_and_prints_its_rewar
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         print("null")
         """)
-    ctx = _context(tok, Scripted(tok, ["4"]))
+    ctx = _context(tok, _scripted(tok, ["4"]))
     assert asyncio.run(_workflow(command=bearer)(ctx, ctx.row)).reward == 0.75, "null: reward.fn's score"
 
 
 def test_a_failing_or_hanging_command_is_dropped_and_its_process_group_killed(tok: Any, tmp_path: Path) -> None:
     failing = _command(tmp_path, "import sys\nprint('bad things', file=sys.stderr)\nsys.exit(3)\n")
-    ctx = _context(tok, Scripted(tok, []))
+    ctx = _context(tok, _scripted(tok, []))
     with pytest.raises(EpisodeDropped, match="exited with code 3: bad things"):
         asyncio.run(_workflow(command=failing)(ctx, ctx.row))
     pid_file = tmp_path / "child.pid"
     hanging = (sys.executable, "-c", "import subprocess, sys, time\n"
                f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
                f"open({str(pid_file)!r}, 'w').write(str(child.pid))\ntime.sleep(120)\n")
-    ctx = _context(tok, Scripted(tok, []))
+    ctx = _context(tok, _scripted(tok, []))
     with pytest.raises(EpisodeDropped, match="process group was killed"):
         asyncio.run(_workflow(command=hanging, timeout=3.0)(ctx, ctx.row))
     child = int(pid_file.read_text())
@@ -322,7 +310,7 @@ def test_a_dropped_episode_drops_its_group_and_is_counted(tok: Any) -> None:
             raise ValueError("once")
         return press_agent(base_url, row)
 
-    server = Scripted(tok, ["1"] * 20)
+    server = _scripted(tok, ["1"] * 20)
     services = _context(tok, server).services
 
     class Pool:
