@@ -118,7 +118,7 @@ class AgentEndpoint:
         self.port = 0
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._takes_tools: dict[int, bool] = {}
+        self._takes_tools: bool | None = None  # whether the run's chat template renders tools=
 
     async def start(self) -> None:
         """Serve on 127.0.0.1 (a free port) from the running loop; returns once it accepts connections."""
@@ -151,10 +151,9 @@ class AgentEndpoint:
             await asyncio.wait([self._task], timeout=5)
 
     def open(self, ctx: EpisodeContext) -> AgentSession:
-        tokenizer = ctx.tokenizer
-        if id(tokenizer) not in self._takes_tools:
-            self._takes_tools[id(tokenizer)] = template_takes_tools(tokenizer)
-        session = AgentSession(secrets.token_urlsafe(24), ctx, self._takes_tools[id(tokenizer)])
+        if self._takes_tools is None:  # one tokenizer per run: asked once
+            self._takes_tools = template_takes_tools(ctx.tokenizer)
+        session = AgentSession(secrets.token_urlsafe(24), ctx, self._takes_tools)
         self.sessions[session.key] = session
         return session
 
