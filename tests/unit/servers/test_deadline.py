@@ -70,6 +70,7 @@ def test_a_gloo_push_to_a_peer_that_never_answers_fails_within_its_timeout(peer_
     group = WeightGroup(master_address="127.0.0.1", master_port=find_free_port(), rank_offset=1, world_size=2,
                         group_name="server-0", backend="gloo", timeout_s=1.0)
     received = torch.zeros(4)
+    peer_received = threading.Event()
     peer_done = threading.Event()
 
     def peer() -> None:  # a server's worker: joins, then posts its end of the broadcast, or never does
@@ -78,6 +79,7 @@ def test_a_gloo_push_to_a_peer_that_never_answers_fails_within_its_timeout(peer_
         pg = dist.ProcessGroupGloo(dist.PrefixStore(group.group_name, store), 1, 2, timedelta(seconds=30))
         if peer_posts:
             pg.broadcast(received, 0).wait()  # type: ignore[attr-defined]
+            peer_received.set()
         peer_done.wait(30)
 
     thread = threading.Thread(target=peer, daemon=True)
@@ -87,6 +89,8 @@ def test_a_gloo_push_to_a_peer_that_never_answers_fails_within_its_timeout(peer_
     try:
         if peer_posts:
             link.send([torch.arange(4.0)])
+            # the root's send completes once its bytes are out; the peer's copy lands a moment later
+            assert peer_received.wait(30)
             assert torch.equal(received, torch.arange(4.0))
         else:
             with pytest.raises(DeadlineExceeded, match=r"a broadcast of weight group server-0: not done after 1 s"):
