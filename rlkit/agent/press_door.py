@@ -1,4 +1,6 @@
-"""The CPU agent example's task (configs/grpo-agent-cpu-demo.yaml, `rlkit demo agent`): a door that only a tool opens.
+"""The CPU agent example's task (configs/grpo-agent-cpu-demo.yaml, `rlkit demo agent`, whose episodes are the agent
+program rlkit/agent/press_door_agent.py; `episode` below is the same task as a workflow against rlkit's context): a
+door that only a tool opens.
 
 A door opens after two presses of its button, and only the `press` tool presses it. An episode earns half a point
 per successful press, up to the two that open the door (and then ends: the door is open). No text the model could

@@ -134,10 +134,8 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
          ("tiny-model", "sft-rows", "digits"), _by_stage),
     Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
          ("tiny-model", "prompts"), None),
-    Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns",
-         ("tiny-model", "digits", "press-held-out"), _reward),
-    Demo("agent-openai", "grpo-agent-openai-cpu-demo.yaml", "the same, the episodes run by an unmodified agent "
-         "program (the openai client) against rlkit's OpenAI-compatible endpoint",
+    Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns, its "
+         "episodes run by an unmodified agent program (the openai client) against rlkit's OpenAI-compatible endpoint",
          ("tiny-model", "digits", "press-held-out"), _reward),
 )}
 

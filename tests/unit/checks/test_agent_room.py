@@ -12,7 +12,19 @@ from rlkit.config.load import load_config
 from rlkit.jobs.validate import validate
 from tests.conftest import CONFIGS, run_rlkit
 
-AGENT = CONFIGS / "grpo-agent-cpu-demo.yaml"
+EXAMPLE = CONFIGS / "grpo-agent-cpu-demo.yaml"  # its episodes are an OpenAI-client program's
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent example with the same task as a workflow against rlkit's context: the episodes' first prompts are
+    then rlkit's to render, which is what the check judges."""
+    text = EXAMPLE.read_text()
+    program = text[text.index("    workflow: openai"):text.index("    tool_call_parser:")]
+    config = tmp_path_factory.mktemp("agent-room") / "grpo-agent-native.yaml"
+    config.write_text(text.replace(program, "    workflow: rlkit.agent.press_door:episode\n"
+                                            "    tools: [rlkit.agent.press_door:press]\n"))
+    return config
 
 
 @pytest.fixture
@@ -30,25 +42,25 @@ def demo_dir(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     return directory
 
 
-def _room_problems(*overrides: str) -> list[str]:
-    return [str(e) for e in validate(load_config(AGENT, list(overrides))).problems.errors
+def _room_problems(config: Path, *overrides: str) -> list[str]:
+    return [str(e) for e in validate(load_config(config, list(overrides))).problems.errors
             if "no episode could start" in str(e)]
 
 
 def test_an_agent_config_whose_first_prompts_leave_no_room_is_refused_at_submit(demo_dir: Path, tmp_path: Path,
-                                                                                rlkit_home: Path) -> None:
-    result = run_rlkit("submit", str(AGENT), "vllm.max_model_len=128", env={**os.environ})
+                                                                                rlkit_home: Path, native: Path) -> None:
+    result = run_rlkit("submit", str(native), "vllm.max_model_len=128", env={**os.environ})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "no episode could start: the shortest of the first 16" in result.stderr, result.stderr
     assert "may hold 128 (the servers' context: vllm.max_model_len or sglang.context_length)" in result.stderr
     assert "fix: raise vllm.max_model_len" in result.stderr
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists(), "nothing written"
     # the example as written (max_model_len 512) leaves room; an episode limit of its own is named as the setting
-    assert _room_problems() == []
-    [problem] = _room_problems("rollout.agent.engine_max_tokens=100")
+    assert _room_problems(native) == []
+    [problem] = _room_problems(native, "rollout.agent.engine_max_tokens=100")
     assert "may hold 100 (rollout.agent.engine_max_tokens)" in problem
 
 
-def test_the_openai_workflow_is_not_judged_by_the_rows_its_program_may_not_send(demo_dir: Path) -> None:
-    assert _room_problems("vllm.max_model_len=128", "rollout.agent.workflow=openai", "rollout.agent.tools=[]",
-                          "rollout.agent.openai.agent=rlkit.agent.press_door_agent:agent") == []
+def test_the_openai_workflow_is_not_judged_by_the_rows_its_program_may_not_send(demo_dir: Path, native: Path) -> None:
+    assert _room_problems(native, "vllm.max_model_len=128") != [], "the same limit refuses rlkit's own workflow"
+    assert _room_problems(EXAMPLE, "vllm.max_model_len=128") == []
