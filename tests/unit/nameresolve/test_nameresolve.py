@@ -170,15 +170,15 @@ def test_bad_constructor_arguments(tmp_path: Path) -> None:
 def test_wait_returns_when_another_thread_adds_later(nr: NfsNameResolve, tmp_path: Path) -> None:
     writer = NfsNameResolve(tmp_path, "exp", "trial")
     timer = threading.Timer(0.3, writer.add, args=("servers/0", "http://h:1"))
+    start = time.monotonic()  # before the timer starts: the entry appears no sooner than 0.3 s after this
     timer.start()
     try:
-        start = time.monotonic()
         assert nr.wait("servers/0", timeout=20, poll=0.02) == "http://h:1"
         elapsed = time.monotonic() - start
     finally:
         timer.cancel()
         writer.close()
-    assert 0.2 <= elapsed < 10
+    assert 0.29 <= elapsed < 10
 
 
 def test_wait_timeout_message(nr: NfsNameResolve) -> None:
