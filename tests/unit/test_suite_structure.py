@@ -109,7 +109,10 @@ def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> N
         assert scenario.most == 1
         pool.widen()
         pool.widen()  # idempotent
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # the second scenario's thread starts when the machine lets it
+        while scenario.running < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # room for a wrongly started third
         assert scenario.most == 2 and scenario.running == 2
         scenario.release.set()
         for name in ("a", "b", "c"):

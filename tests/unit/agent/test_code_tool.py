@@ -323,7 +323,8 @@ def test_code_that_cannot_be_passed_on_is_a_result(scratch_root: Path, code: str
 def test_many_concurrent_runs_through_the_async_api_all_finish_at_most_max_concurrent_at_once(
     scratch_root: Path,
 ) -> None:
-    code = "import time\nstart = time.monotonic()\ntime.sleep(0.3)\nprint({i} ** 2, start, time.monotonic())"
+    # runs of 0.8 s: long beside a sandbox's start on a loaded machine, so that runs admitted together overlap
+    code = "import time\nstart = time.monotonic()\ntime.sleep(0.8)\nprint({i} ** 2, start, time.monotonic())"
 
     async def main() -> list[CodeResult]:
         tool = CodeTool(CodeLimits(max_concurrent=3), scratch_root)
