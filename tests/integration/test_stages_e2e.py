@@ -196,7 +196,8 @@ def test_stopping_a_run_cancels_the_waiting_stage_and_resume_continues_from_the_
                           f"stages.grpo.train_dataset.path={write_dataset(tmp_path / 'digits.jsonl')}",
                           f"cluster.fileroot={tmp_path}/fileroot", "trial_name=stopme",
                           "stats_logger.tensorboard.path=null", "stages.sft.total_train_epochs=100",
-                          "stages.sft.recover.freq_steps=4", env=env)
+                          "stages.sft.recover.freq_steps=4", "stages.sft.allocation_mode=fsdp:d1",  # one rank: stages
+                          env=env)                                      # are what this test is about, not ranks
     assert submitted.returncode == 0, submitted.stderr
     trials = tmp_path / "fileroot" / EXPERIMENT
     try:
