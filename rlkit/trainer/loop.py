@@ -58,6 +58,15 @@ class StepNotStarted(Exception):
     last finished step, so a retry loses nothing, and fails with this message."""
 
 
+class StepFailed(StepError):
+    """A step that did not start, with what the loop did before failing (`note`, e.g. the checkpoint it saved):
+    `Algorithm.abort` may fail with an error of its own instead, and keeps the note with it."""
+
+    def __init__(self, reason: str, note: str) -> None:
+        super().__init__(reason + note)
+        self.note = note
+
+
 class Algorithm(Protocol):
     """What the loop asks of an algorithm. Methods marked collective run on every rank in the same order."""
 
@@ -230,7 +239,7 @@ class Loop:
         try:
             result = self.algorithm.step(step)
         except StepNotStarted as exc:
-            raise StepError(str(exc) + self._save_before_failing(step - 1)) from None
+            raise StepFailed(str(exc), self._save_before_failing(step - 1)) from None
         books = self.books
         saves = broadcast_object(books.saves_due(step, self.algorithm.epoch(step)) if books is not None else None)
         assert isinstance(saves, list)

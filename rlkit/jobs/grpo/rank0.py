@@ -20,6 +20,7 @@ from rlkit.servers.pool import ServersUnreachable
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
 from rlkit.trainer.evaluator import Evaluator
+from rlkit.trainer.loop import StepFailed
 from rlkit.trainer.rl_math.advantage_batch import prepare_batch
 from rlkit.trainer.sampled_tokens import sampled_count
 from rlkit.trials.paths import TrialPaths
@@ -339,10 +340,17 @@ class Rank0:
               flush=True)
 
     def abort(self, exc: BaseException) -> None:
-        """Fails with the error rank 0 met while getting the batch (the other ranks only learnt that it failed)."""
+        """Fails with the error rank 0 met while getting the batch (the other ranks only learnt that it failed; its type
+        decides whether the job retries), with what the loop did before failing (the checkpoint it saved: with one
+        rank, no other rank's message says it)."""
         error = self._pending_error
         self.close()
         if error is not None and error is not exc:
+            note = exc.note if isinstance(exc, StepFailed) else ""
+            if note and isinstance(error, StepError):
+                error.args = (f"{error}{note}",)  # what `rlkit train` prints as the step's failure
+            elif note:
+                error.add_note(note.removeprefix("; "))
             raise error from exc
 
     def close(self) -> None:

@@ -8,8 +8,12 @@ import pytest
 
 from rlkit.config.load import config_from_mapping
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.errors import StepError
 from rlkit.jobs.grpo.algorithm import total_steps
-from rlkit.jobs.grpo.rank0 import weight_check_tolerance
+from rlkit.jobs.grpo.rank0 import Rank0, weight_check_tolerance
+from rlkit.servers.guard_check import GuardCheckFailed
+from rlkit.servers.pool import ServersUnreachable
+from rlkit.trainer.loop import StepFailed
 from rlkit.trainer.loop_rank0 import Saver
 
 BASE: dict[str, Any] = {"experiment_name": "exp", "trial_name": "t1", "type": "grpo",
@@ -112,3 +116,38 @@ def test_saver_any_save_resets_the_clock() -> None:
 def test_saver_off_never_saves() -> None:
     saver = Saver(freq_steps=None, freq_epochs=None, freq_secs=None, last_time=0.0)
     assert not any(saver.due(step, step, now=1e9) for step in range(1, 20))
+
+
+# --- Rank0.abort: rank 0's own error, with the checkpoint the loop saved before failing ----------------------------
+
+class _Stopped:
+    """The part of a Rank0 that abort reads: the error met while getting the batch, and close."""
+
+    def __init__(self, error: BaseException) -> None:
+        self._pending_error = error
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+NOTE = "; checkpointed step 7, the trainer's retry resumes from it"
+
+
+@pytest.mark.parametrize("kind", [ServersUnreachable, GuardCheckFailed])
+def test_a_one_rank_failure_keeps_its_own_type_and_says_which_checkpoint_was_saved(kind: type[StepError]) -> None:
+    """With one rank no other rank prints the shared message: rank 0's own error must carry the note, and keep the
+    type that decides the job's retry (a FatalStepError's exit code)."""
+    error = kind("no inference server accepts connections (4 attempts)")
+    rank0 = _Stopped(error)
+    with pytest.raises(kind) as raised:
+        Rank0.abort(rank0, StepFailed(str(error), NOTE))  # type: ignore[arg-type]
+    assert raised.value is error and raised.value.exit_code == kind.exit_code and rank0.closed
+    assert str(raised.value) == "no inference server accepts connections (4 attempts)" + NOTE
+
+
+def test_a_bug_on_rank_0_keeps_its_traceback_and_notes_the_checkpoint() -> None:
+    bug = KeyError("prompt")
+    with pytest.raises(KeyError) as raised:
+        Rank0.abort(_Stopped(bug), StepFailed("trainer rank 0 failed: KeyError: 'prompt'", NOTE))  # type: ignore[arg-type]
+    assert raised.value is bug and raised.value.__notes__ == [NOTE.removeprefix("; ")]
