@@ -352,7 +352,8 @@ def test_the_rollout_goes_on_after_each_kind_of_failure(scratch_root: Path) -> N
     }
 
     async def main() -> list[tuple[CodeResult, CodeResult]]:
-        tool = CodeTool(CodeLimits(wall_seconds=1.0, memory_mb=128, output_bytes=1024, max_concurrent=2),
+        # 3 s of wall time: a sandbox's start alone took over 1 s beside the suite's load (the good run failed)
+        tool = CodeTool(CodeLimits(wall_seconds=3.0, memory_mb=128, output_bytes=1024, max_concurrent=2),
                         scratch_root)
         try:
             pairs = []
