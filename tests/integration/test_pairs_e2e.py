@@ -1,12 +1,17 @@
-"""Job types rw and dpo end to end on the real dev Slurm cluster: the CPU demo configs (configs/rw-cpu-demo.yaml,
-configs/dpo-cpu-demo.yaml, a 2-rank gloo FSDP trainer each, no servers) run by `rlkit demo rw` and `rlkit demo dpo`
-side by side, on the digits preference pairs (rlkit/tasks/digits_pairs.py) with held-out pairs as valid_dataset.
+"""The trainer-only job types end to end on the real dev Slurm cluster: the CPU demo configs (configs/rw-cpu-demo.yaml,
+configs/dpo-cpu-demo.yaml, configs/sft-cpu-demo.yaml, a 2-rank gloo FSDP trainer each, no servers) run by `rlkit demo
+rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (sft once a pair job left its nodes), rw and dpo on the digits
+preference pairs (rlkit/tasks/digits_pairs.py) with held-out pairs as valid_dataset, sft on the digits SFT rows
+(rlkit/tasks/digits_sft.py) with held-out prompts.
 
 Why the assertions cannot pass by chance.
 - rw: a reward model's held-out accuracy is the fraction of 64 held-out pairs (prompts never trained on) whose chosen
   answer scores higher. The untrained model (the same backbone with its seeded fresh head) spreads over 0.05..0.78
   across head seeds (rlkit/tasks/digits_pairs.py); the test asks for >= 0.9 and more than the very same untrained
   model, which it scores itself. The saved model must reload with its head and score as the job's last eval said.
+- sft: the untrained model's loss is about ln 512 = 6.2 nats per target token (a uniform guess over the vocabulary);
+  the held-out loss must end below a third of it and fall from the first epoch's evaluation to the last (the config
+  says 6.2 -> 1.1), which a stalled run or one training on the wrong tokens cannot show.
 - dpo: the held-out implicit reward margin beta * ((policy - reference) chosen - (policy - reference) rejected) is
   exactly 0 before training (the policy is the reference). The test asks for > 1.0 at the end (beta 0.1: 10 nats
   of summed log-prob moved towards chosen answers of prompts never trained on), rising from the first epoch's end
@@ -24,14 +29,15 @@ import pytest
 from tests.conftest import run_rlkit
 
 pytestmark = [pytest.mark.slurm]
-JOBS = ("rw", "dpo")
+JOBS = ("rw", "dpo", "sft")
 
 
 @pytest.fixture(scope="module")
-def pair_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    """`rlkit demo rw` and `rlkit demo dpo` side by side (2 nodes each on the 4-node cluster), as a user runs the
-    examples: each builds its model and pairs in its demo directory, submits, follows the job and prints its
-    figures. The command is what is under test here; the trials are the same configs with nothing overridden."""
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    """`rlkit demo rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (2 nodes each on the 4-node cluster: sft's
+    job waits in Slurm for a free pair), as a user runs the examples: each builds its model and data in its demo
+    directory, submits, follows the job and prints its figures. The command is what is under test here; the trials
+    are the same configs with nothing overridden."""
     import subprocess
     import sys
 
@@ -84,8 +90,8 @@ def _heldout_accuracy(model_dir: Path, tokenizer_dir: Path, held_out: Path) -> f
     return stats["accuracy"]
 
 
-def test_rw_ranks_heldout_pairs_above_the_untrained_model(pair_runs: dict[str, dict[str, object]]) -> None:
-    run = pair_runs["rw"]
+def test_rw_ranks_heldout_pairs_above_the_untrained_model(demo_runs: dict[str, dict[str, object]]) -> None:
+    run = demo_runs["rw"]
     trial = Path(str(run["trial"]))
     _demo_succeeded(run)
     metrics = _metrics(trial)
@@ -105,8 +111,8 @@ def test_rw_ranks_heldout_pairs_above_the_untrained_model(pair_runs: dict[str, d
     assert shown in str(run["output"]), run["output"]
 
 
-def test_dpo_raises_the_heldout_chosen_over_rejected_margin(pair_runs: dict[str, dict[str, object]]) -> None:
-    run = pair_runs["dpo"]
+def test_dpo_raises_the_heldout_chosen_over_rejected_margin(demo_runs: dict[str, dict[str, object]]) -> None:
+    run = demo_runs["dpo"]
     trial = Path(str(run["trial"]))
     _demo_succeeded(run)
     metrics = _metrics(trial)
@@ -124,7 +130,7 @@ def test_dpo_raises_the_heldout_chosen_over_rejected_margin(pair_runs: dict[str,
 
 
 def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
-        pair_runs: dict[str, dict[str, object]], tmp_path: Path) -> None:
+        demo_runs: dict[str, dict[str, object]], tmp_path: Path) -> None:
     """`reward.fn: reward_model` on rw's checkpoints/final, through the RewardRunner a GRPO trainer uses: each
     held-out (prompt, answer) scores what the rw model gives that sequence, and chosen answers beat rejected ones as
     often as the job's last evaluation said. The submit-time check takes this directory and refuses the base model
@@ -141,7 +147,7 @@ def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
     from rlkit.rewards import resolve_reward_fn
     from rlkit.rewards.runner import RewardRunner
 
-    run = pair_runs["rw"]
+    run = demo_runs["rw"]
     final = Path(str(run["trial"])) / "checkpoints" / "final"
     rows = [json.loads(line) for line in Path(str(run["held_out"])).read_text().splitlines()]
     runner = RewardRunner(resolve_reward_fn("reward_model", "answer", str(final)), timeout=60, workers=1)
@@ -183,6 +189,18 @@ def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
     assert problems_for(final) == []
     assert "is not a reward model written by job type rw (no rlkit_value_head.json)" in problems_for(
         Path(str(run["model"])))[0]
-    dpo_final = Path(str(pair_runs["dpo"]["trial"])) / "checkpoints" / "final"
+    dpo_final = Path(str(demo_runs["dpo"]["trial"])) / "checkpoints" / "final"
     assert "is not a reward model written by job type rw" in problems_for(dpo_final)[0]
     assert "is not a directory" in problems_for(tmp_path / "nothing")[0]
+
+
+def test_sft_demo_learns_the_answer_format_on_held_out_prompts(demo_runs: dict[str, dict[str, object]]) -> None:
+    run = demo_runs["sft"]
+    _demo_succeeded(run)
+    metrics = _metrics(Path(str(run["trial"])))
+    assert [int(m["step"]) for m in metrics] == list(range(1, 49)), "3 epochs of 16 steps"
+    evals = [m["eval/loss"] for m in metrics if "eval/loss" in m]
+    untrained = metrics[0]["sft/loss"]
+    assert untrained > 5.0 and len(evals) >= 2, (untrained, evals)
+    assert evals[-1] < evals[0] and evals[-1] < untrained / 3, (untrained, evals)
+    assert f"held-out loss {evals[0]:.3f} -> {evals[-1]:.3f}" in str(run["output"]), run["output"]
