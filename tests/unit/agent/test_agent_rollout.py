@@ -172,7 +172,8 @@ def test_the_python_tool_runs_in_the_sandbox_and_a_runaway_program_is_a_message_
     from rlkit.config.schema.agent import CodeToolConfig
     from rlkit.rollout.agent_setup import code_tool_for
 
-    python = code_tool_for(CodeToolConfig(enabled=True, wall_seconds=2.0, cpu_seconds=2))
+    # 4 s of wall time: room for the good run's sandbox start on a loaded machine (over 1 s seen); the loop ends on CPU
+    python = code_tool_for(CodeToolConfig(enabled=True, wall_seconds=4.0, cpu_seconds=2))
     services = _services(tok)
     services = EpisodeServices(score=services.score, tokenizer=tok, tools=ToolRegistry([python]),
                                parser=parse_hermes, params=SamplingParams(max_new_tokens=200),
