@@ -99,6 +99,7 @@ def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> N
     import time
 
     from tests.helpers.scenarios import WALL_TIMES, ScenarioPool
+    from tests.helpers.slurm_helpers import wait_for
 
     scenario = _Counted()
     pool = ScenarioPool(1, 2)
@@ -109,9 +110,8 @@ def test_background_scenarios_run_one_at_a_time_until_the_pool_is_widened() -> N
         assert scenario.most == 1
         pool.widen()
         pool.widen()  # idempotent
-        deadline = time.monotonic() + 10  # the second scenario's thread starts when the machine lets it
-        while scenario.running < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # the second scenario's thread starts when the machine lets it
+        wait_for(lambda: scenario.running >= 2, "a second scenario", timeout=10, every=0.02)
         time.sleep(0.3)  # room for a wrongly started third
         assert scenario.most == 2 and scenario.running == 2
         scenario.release.set()

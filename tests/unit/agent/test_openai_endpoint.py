@@ -33,6 +33,7 @@ from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import Completion, SamplingParams
 from tests.helpers.scripted_server import ScriptedServer
+from tests.helpers.slurm_helpers import wait_for
 
 
 def _scripted(tok: Any, texts: list[str]) -> ScriptedServer:
@@ -302,10 +303,7 @@ def test_a_failing_or_hanging_command_is_dropped_and_its_process_group_killed(to
         except FileNotFoundError:
             return True
 
-    deadline = time.monotonic() + 10
-    while not gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone(), "the program's own child was killed too"
+    wait_for(gone, "the program's own child to be killed too", timeout=10, every=0.05)
 
 
 def test_a_dropped_episode_drops_its_group_and_is_counted(tok: Any) -> None:
