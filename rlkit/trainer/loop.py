@@ -63,7 +63,7 @@ class StepFailed(StepError):
     `Algorithm.abort` may fail with an error of its own instead, and keeps the note with it."""
 
     def __init__(self, reason: str, note: str) -> None:
-        super().__init__(reason + note)
+        super().__init__(f"{reason}; {note}" if note else reason)
         self.note = note
 
 
@@ -268,7 +268,7 @@ class Loop:
 
             os.kill(os.getpid(), signal.SIGKILL)
         if exit_code == EXIT_FAILING:
-            raise StepError(fail + self._save_before_failing(step))
+            raise StepFailed(fail, self._save_before_failing(step))
         return exit_code
 
     def _stop_for(self, exit_code: int) -> None:
@@ -308,11 +308,11 @@ class Loop:
 
     def _save_before_failing(self, step: int) -> str:
         """Collective: checkpoint the last finished step before a failure that is not the model's (no batch came), so
-        the in-job retry or `rlkit resume` loses nothing; returns what to add to the failure message."""
+        the in-job retry or `rlkit resume` loses nothing; returns what to say of it in the failure ("" for nothing)."""
         if step < 1 or self.config.recover.mode == "disabled":
             return ""
         try:
             self._save_recover(step)
         except Exception as exc:  # the failure being reported matters more; say that the checkpoint failed too
-            return f"; the checkpoint of step {step} failed too: {type(exc).__name__}: {exc}"
-        return f"; checkpointed step {step}, the trainer's retry resumes from it"
+            return f"the checkpoint of step {step} failed too: {type(exc).__name__}: {exc}"
+        return f"checkpointed step {step}, the trainer's retry resumes from it"

@@ -348,9 +348,9 @@ class Rank0:
         if error is not None and error is not exc:
             note = exc.note if isinstance(exc, StepFailed) else ""
             if note and isinstance(error, StepError):
-                error.args = (f"{error}{note}",)  # what `rlkit train` prints as the step's failure
+                error.args = (f"{error}; {note}",)  # what `rlkit train` prints as the step's failure
             elif note:
-                error.add_note(note.removeprefix("; "))
+                error.add_note(note)
             raise error from exc
 
     def close(self) -> None:

@@ -131,7 +131,7 @@ class _Stopped:
         self.closed = True
 
 
-NOTE = "; checkpointed step 7, the trainer's retry resumes from it"
+NOTE = "; checkpointed step 7, the trainer's retry resumes from it"  # as the failure message ends
 
 
 @pytest.mark.parametrize("kind", [ServersUnreachable, GuardCheckFailed])
@@ -141,7 +141,7 @@ def test_a_one_rank_failure_keeps_its_own_type_and_says_which_checkpoint_was_sav
     error = kind("no inference server accepts connections (4 attempts)")
     rank0 = _Stopped(error)
     with pytest.raises(kind) as raised:
-        Rank0.abort(rank0, StepFailed(str(error), NOTE))  # type: ignore[arg-type]
+        Rank0.abort(rank0, StepFailed(str(error), NOTE.removeprefix("; ")))  # type: ignore[arg-type]
     assert raised.value is error and raised.value.exit_code == kind.exit_code and rank0.closed
     assert str(raised.value) == "no inference server accepts connections (4 attempts)" + NOTE
 
@@ -149,5 +149,5 @@ def test_a_one_rank_failure_keeps_its_own_type_and_says_which_checkpoint_was_sav
 def test_a_bug_on_rank_0_keeps_its_traceback_and_notes_the_checkpoint() -> None:
     bug = KeyError("prompt")
     with pytest.raises(KeyError) as raised:
-        Rank0.abort(_Stopped(bug), StepFailed("trainer rank 0 failed: KeyError: 'prompt'", NOTE))  # type: ignore[arg-type]
+        Rank0.abort(_Stopped(bug), StepFailed("trainer rank 0 failed: KeyError: 'prompt'", NOTE.removeprefix("; ")))  # type: ignore[arg-type]
     assert raised.value is bug and raised.value.__notes__ == [NOTE.removeprefix("; ")]
