@@ -2,15 +2,16 @@
 
 Run: `python bench/bench_recover.py`. One trainer rank (gloo, CPU) with a ~110 M-parameter Qwen2 in float32 and
 AdamW states after one step (~1.3 GB in all):
-  save   engine.save_sharded (one rank file, rlkit.trainer.rank_files, written front to back with its xxh3-128
+  save   engine.save_sharded (one rank file, rlkit.trainer.rank_files, written front to back with its checksum
          computed on the way) + trainer state + manifest + fsync + rename
   load   latest_valid as the trainer's resume calls it (manifest, sizes, the small files' xxh3-128; the rank files'
          checksums left to their loader) + engine.load_sharded (the rank file read once straight into the model's
-         and optimizer's tensors while another thread hashes it, checked against the manifest)
-  floor  the same tensors written as one safetensors file with fsync, and every byte of it read back
+         and optimizer's tensors in 2 MiB blocks by one thread per core, each block hashed as it lands, the
+         blocks' checksum checked against the manifest)
+  floor  the same tensors written as one safetensors file with fsync, and every byte of it read back by one thread
 Goals (issues 9 and 31): save <= 1.3x the floor write, load <= 1.3x the floor read. Measured on a 2-core shared
-machine: save 0.83-0.95x, load 1.31-1.36x (torch.distributed.checkpoint before: 1.28x and 5.2x; its checksum pass
-alone was 0.67x the read). On 2 cores the hashing thread shares the machine with the read and with others' work.
+machine: save 0.83-1.03x, load 1.10-1.14x (one reading thread with a hashing thread behind it before: 1.31-1.55x;
+torch.distributed.checkpoint before that: 5.2x, its checksum pass alone 0.67x the read).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from floor_tensors import checkpoint_tensors  # noqa: E402
 
 from rlkit.models.tiny import build_tiny_model  # noqa: E402
 from rlkit.servers.health import find_free_port  # noqa: E402
+from rlkit.trainer import block_read  # noqa: E402
 
 
 def main() -> int:
@@ -95,7 +97,7 @@ def main() -> int:
         print(f"recover checkpoint, model + AdamW {size_mb:.0f} MB, median of 3: save {save:.2f} s vs floor write "
               f"{fw:.2f} s ({save / fw:.2f}x, goal <= 1.3x); load {load:.2f} s vs floor read {fr:.2f} s "
               f"({load / fr:.2f}x, goal <= 1.3x), of which latest_valid {check:.2f} s and the rank file's read with "
-              f"its xxh3 check {load - check:.2f} s", flush=True)
+              f"its checksum on {block_read.reader_threads()} threads {load - check:.2f} s", flush=True)
         torch.distributed.destroy_process_group()
     return 0
 

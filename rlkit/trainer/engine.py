@@ -23,6 +23,7 @@ from rlkit.models.source import build_causal_lm
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
+from rlkit.trials.recover_layout import FileDigest
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
@@ -255,9 +256,9 @@ class TrainEngine:
             return None
         return StateDictOptions(ignore_frozen_params=True, strict=not loading)
 
-    def save_sharded(self, path: Path) -> dict[str, tuple[int, str]]:
+    def save_sharded(self, path: Path) -> dict[str, FileDigest]:
         """Every rank writes its shards of the model and optimizer as one file (rlkit.trainer.rank_files), front to
-        back; collective. Returns, on every rank, the size and xxh3-128 of every file any rank wrote, computed while
+        back; collective. Returns, on every rank, the size and checksum of every file any rank wrote, computed while
         writing."""
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -272,14 +273,14 @@ class TrainEngine:
                                                       world=self.world)}
         if not (dist.is_available() and dist.is_initialized()):
             return mine
-        every: list[dict[str, tuple[int, str]] | None] = [None] * dist.get_world_size()
+        every: list[dict[str, FileDigest] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
-        return {name: digest for rank in every if rank for name, digest in rank.items()}
+        return {name: FileDigest(*digest) for rank in every if rank for name, digest in rank.items()}
 
     def load_sharded(self, path: Path, optimizer_steps: int,
-                     expected: Mapping[str, tuple[int, str]] | None = None) -> None:
+                     expected: Mapping[str, FileDigest] | None = None) -> None:
         """Load what save_sharded wrote; collective. With the world it was written by, each rank reads its own file
-        in one pass straight into its tensors, checking it against `expected` (size, xxh3-128 by path: the
+        in one pass straight into its tensors, checking it against `expected` (size and checksum by path: the
         manifest's, recover.manifest_digests) on the way; with another world, the rows each rank needs from every
         file, checked whole first. DamagedCheckpoint on every rank when a file does not match (the weights then
         hold some of its bytes: load another checkpoint). `expected` None: the caller has checked the files.
@@ -301,15 +302,16 @@ class TrainEngine:
         self.optimizer_steps = optimizer_steps
 
     def _read_rank_files(self, path: Path, tensors: dict[str, Tensor],
-                         expected: Mapping[str, tuple[int, str]] | None) -> dict[str, Any]:
+                         expected: Mapping[str, FileDigest] | None) -> dict[str, Any]:
         from rlkit.trainer import rank_files
 
         targets = {piece.name: piece for piece in rank_files.pieces_of(tensors)}
         own = path / rank_files.rank_file_name(self.rank, self.world)
         if own.is_file():
+            if expected is not None and str(own) not in expected:
+                raise rank_files.DamagedCheckpoint(f"{own.name} is not in the checkpoint's manifest")
             try:
-                return rank_files.read_rank_file(own, targets, None if expected is None else expected.get(str(own),
-                                                                                                         (-1, "")))
+                return rank_files.read_rank_file(own, targets, None if expected is None else expected[str(own)])
             except rank_files.LayoutChanged:
                 pass  # written for other shards: nothing read yet, gather the rows instead
         return rank_files.gather_rows(path, targets, expected)

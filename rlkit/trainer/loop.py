@@ -294,7 +294,7 @@ class Loop:
             shutil.rmtree(tmp, ignore_errors=True)
         dist.barrier()
         started = time.monotonic()
-        digests: dict[str, tuple[int, str]] = {}
+        digests: dict[str, recover.FileDigest] = {}
         for name, engine in self.algorithm.engines.items():  # checksummed while written, gathered from every rank
             digests.update(engine.save_sharded(recover.shards_dir(tmp, name)))
         dist.barrier()

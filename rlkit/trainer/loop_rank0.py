@@ -94,7 +94,7 @@ class LoopRank0:
         return due or requested is not None, requested
 
     def write_recover(self, tmp: Path, state: recover.LoopState, started: float,
-                      digests: dict[str, tuple[int, str]]) -> None:
+                      digests: dict[str, recover.FileDigest]) -> None:
         """After every rank wrote its shards into `tmp`: the loop state, manifest, rename, prune."""
         (tmp / recover.STATE).write_text(state.to_json())
         root = recover.recover_root(self.paths.root)

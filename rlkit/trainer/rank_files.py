@@ -1,11 +1,11 @@
 """Recover checkpoints as one file per trainer rank: the rank's local shards of its model and optimizer states.
 
 Why not torch.distributed.checkpoint: it plans, writes and loads item by item (~400 items for a 110 M model), which
-made a load 5x the time of reading its bytes. A rank file is written front to back in one pass, its xxh3-128 computed
-on the way; when the world and the sharding are those it was written with, the rank reads it back in one pass
-straight into its own tensors while another thread hashes what has arrived (xxhash releases the GIL), so the checksum
-costs no second read. A load with another world (or sharding along dim 0 that differs) takes the rows it needs from
-every file, after checking those files whole.
+made a load 5x the time of reading its bytes. A rank file is written front to back in one pass, its checksum computed
+on the way (on another thread: xxhash releases the GIL); when the world and the sharding are those it was written
+with, the rank reads it back in one pass straight into its own tensors, in 2 MiB blocks on every core it has, each
+block hashed as it lands (rlkit.trainer.block_read), so the checksum costs no second read. A load with another world
+(or sharding along dim 0 that differs) takes the rows it needs from every file, after checking those files whole.
 
 Format: safetensors (8-byte little-endian header length, JSON header, the tensors' bytes in order), so that
 safetensors.safe_open reads it; the header's `__metadata__["rlkit"]` (JSON) holds the rank, the world, each tensor's
@@ -30,11 +30,12 @@ import xxhash
 from torch import Tensor
 
 from rlkit.errors import StepError
-from rlkit.trials.recover_layout import RANK_FILE, file_checksum
+from rlkit.trainer import block_read
+from rlkit.trials import recover_layout
+from rlkit.trials.recover_layout import BLOCK_CHECKSUM, RANK_FILE, FileDigest, combine_blocks, file_checksum
 
 FORMAT = 1
-CHUNK = 2 << 20  # bytes per read: the hashing thread finds them still in the CPU's cache
-_STAGE_SLOTS = 4  # staging buffers in flight (a device target, or bytes nobody wants but the checksum)
+CHUNK = 2 << 20  # bytes per write: the hashing thread finds them still in the CPU's cache
 _MAX_HEADER = 64 << 20
 _DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -109,12 +110,14 @@ def pieces_of(tensors: Mapping[str, Tensor]) -> list[Piece]:
 
 
 class _Hasher:
-    """xxh3-128 of a stream of buffers, hashed in order on a thread of its own (xxhash releases the GIL), so that
-    reading or writing the next chunk overlaps hashing the last one. A buffer must not change until `wait` on the
-    ticket `feed` gave for it returns."""
+    """BLOCK_CHECKSUM of a stream of buffers, hashed in order on a thread of its own (xxhash releases the GIL), so
+    that writing the next chunk overlaps hashing the last one. A buffer must not change until `wait` on the ticket
+    `feed` gave for it returns."""
 
     def __init__(self) -> None:
-        self._digest = xxhash.xxh3_128()
+        self._block = xxhash.xxh3_128()
+        self._in_block = 0
+        self._blocks: list[bytes] = []
         self._queue: SimpleQueue[memoryview | None] = SimpleQueue()
         self._fed = 0
         self._hashed = 0
@@ -124,10 +127,21 @@ class _Hasher:
 
     def _run(self) -> None:
         while (data := self._queue.get()) is not None:
-            self._digest.update(data)
+            while data:
+                take = min(len(data), recover_layout.CHECKSUM_BLOCK - self._in_block)
+                self._block.update(data[:take])
+                self._in_block += take
+                data = data[take:]
+                if self._in_block == recover_layout.CHECKSUM_BLOCK:
+                    self._end_block()
             with self._progress:
                 self._hashed += 1
                 self._progress.notify_all()
+
+    def _end_block(self) -> None:
+        self._blocks.append(self._block.digest())
+        self._block.reset()
+        self._in_block = 0
 
     def feed(self, data: memoryview) -> int:
         self._queue.put(data)
@@ -139,8 +153,11 @@ class _Hasher:
             self._progress.wait_for(lambda: self._hashed >= ticket)
 
     def hexdigest(self) -> str:
+        """The digest of everything fed (call once, at the end)."""
         self.wait(self._fed)
-        return str(self._digest.hexdigest())
+        if self._in_block:
+            self._end_block()
+        return combine_blocks(self._blocks)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -158,9 +175,9 @@ def _write_all(f: BinaryIO, data: memoryview) -> None:
 
 
 def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], *, rank: int, world: int
-                    ) -> tuple[int, str]:
-    """Write this rank's pieces to `path` front to back and fsync; returns its size and xxh3-128. A piece sharing
-    another's storage (a tied head) is written once and recorded as an alias."""
+                    ) -> FileDigest:
+    """Write this rank's pieces to `path` front to back and fsync; returns its size and checksum (BLOCK_CHECKSUM). A
+    piece sharing another's storage (a tied head) is written once and recorded as an alias."""
     header: dict[str, Any] = {}
     aliases: dict[str, str] = {}
     first_of: dict[tuple[int, torch.dtype, tuple[int, ...]], str] = {}
@@ -195,7 +212,7 @@ def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], 
                     _write_all(f, data[start:start + CHUNK])
                     hasher.feed(data[start:start + CHUNK])
             os.fsync(f.fileno())
-        return 8 + len(raw) + size, hasher.hexdigest()
+        return FileDigest(8 + len(raw) + size, BLOCK_CHECKSUM, hasher.hexdigest())
     finally:
         hasher.close()
 
@@ -212,24 +229,6 @@ def read_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     if meta.get("format") != FORMAT:
         raise ValueError(f"rank file format {meta.get('format')!r}, this rlkit reads {FORMAT}")
     return prefix + raw, header, meta
-
-
-class _Staging:
-    """A few buffers that bytes go through on their way to a device tensor (pinned, for asynchronous copies) or to
-    nowhere (hashed only); a buffer is reused once its hash and its copy are done."""
-
-    def __init__(self, pinned: bool) -> None:
-        self.slots = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=pinned) for _ in range(_STAGE_SLOTS)]
-        self.busy: list[tuple[int, Any] | None] = [None] * _STAGE_SLOTS
-        self.turn = 0
-
-    def take(self, hasher: _Hasher) -> tuple[int, Tensor]:
-        slot, self.turn = self.turn, (self.turn + 1) % _STAGE_SLOTS
-        if (busy := self.busy[slot]) is not None:
-            hasher.wait(busy[0])
-            if busy[1] is not None:
-                busy[1].synchronize()
-        return slot, self.slots[slot]
 
 
 def _read_exact(f: FileIO, into: memoryview) -> None:
@@ -254,63 +253,67 @@ def _check_layout(header: Mapping[str, Any], meta: Mapping[str, Any], targets: M
             raise LayoutChanged(f"{name} is sharded otherwise")
 
 
-def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: tuple[int, str] | None) -> dict[str, Any]:
-    """Read this rank's own file straight into `targets` in one pass, checking it against `expected` (size, xxh3-128)
-    on the way; returns its metadata. LayoutChanged (before any target is written) when the file holds other shards;
-    DamagedCheckpoint when its bytes do not match (the targets then hold some of them)."""
-    hasher = _Hasher()
+def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: FileDigest | None) -> dict[str, Any]:
+    """Read this rank's own file straight into `targets` in one pass, checking it against `expected` on the way (a
+    whole-file checksum of older rlkit versions: before); returns its metadata. LayoutChanged (before any target is
+    written) when the file holds other shards; DamagedCheckpoint when its bytes do not match (the targets then hold
+    some of them)."""
+    with open(path, "rb", buffering=0) as f:
+        try:
+            raw, header, meta = read_header(f)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
+        size = os.fstat(f.fileno()).st_size
+    _check_layout(header, meta, targets)
+    spans, temporaries = _spans(path, header, len(raw), size, targets)
+    if expected is not None and expected.size != size:
+        raise DamagedCheckpoint(f"{path.name} has {size} bytes, its manifest says {expected.size}")
+    if expected is not None and expected.algorithm != BLOCK_CHECKSUM and (
+            file_checksum(path, expected.algorithm) != expected.digest):
+        raise DamagedCheckpoint(f"{path.name} does not match its {expected.algorithm} checksum")
     try:
-        with open(path, "rb", buffering=0) as f:
-            try:
-                raw, header, meta = read_header(f)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
-            hasher.feed(memoryview(raw))
-            _check_layout(header, meta, targets)
-            staging: dict[bool, _Staging] = {}
-            for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                start, end = entry["data_offsets"]
-                piece = targets.get(name)
-                direct = piece is not None and piece.local.device.type == "cpu" and piece.local.is_contiguous()
-                if piece is not None and direct:
-                    data = _bytes_of(piece.local)
-                    for at in range(0, end - start, CHUNK):
-                        part = data[at:at + CHUNK]
-                        _read_exact(f, part)
-                        hasher.feed(part)
-                    continue
-                on_device = piece is not None and piece.local.device.type == "cuda"
-                stage = staging.setdefault(on_device, _Staging(pinned=on_device))
-                whole = None if piece is None or on_device else torch.empty_like(piece.local).contiguous()
-                for at in range(0, end - start, CHUNK):
-                    count = min(CHUNK, end - start - at)
-                    slot, buffer = stage.take(hasher)
-                    part = _bytes_of(buffer)[:count]
-                    _read_exact(f, part)
-                    hashed = hasher.feed(part)
-                    copied = None
-                    if piece is not None and on_device:
-                        flat = piece.local.reshape(-1).view(torch.uint8)
-                        flat[at:at + count].copy_(buffer[:count], non_blocking=True)
-                        copied = torch.cuda.Event()
-                        copied.record()
-                    elif whole is not None:
-                        _bytes_of(whole)[at:at + count] = part
-                    stage.busy[slot] = (hashed, copied)
-                if piece is not None and whole is not None:
-                    piece.local.copy_(whole)
-            trailing = f.read(1)
-        if any(p.local.device.type == "cuda" for p in targets.values()):
-            torch.cuda.synchronize()
-        digest = hasher.hexdigest()
-    finally:
-        hasher.close()
-    if trailing:
-        raise DamagedCheckpoint(f"{path.name} has bytes after its last tensor")
-    if expected is not None and (path.stat().st_size, digest) != tuple(expected):
-        raise DamagedCheckpoint(f"{path.name} does not match its xxh3_128 checksum")
+        blocks = block_read.read_blocks(path, spans, recover_layout.CHECKSUM_BLOCK)
+    except EOFError:
+        raise DamagedCheckpoint(f"{path.name} ends early") from None
+    if expected is not None and expected.algorithm == BLOCK_CHECKSUM and combine_blocks(blocks) != expected.digest:
+        raise DamagedCheckpoint(f"{path.name} does not match its {BLOCK_CHECKSUM} checksum")
+    for piece, whole in temporaries:
+        piece.local.copy_(whole)
     _fill_aliases(targets, meta)
     return meta
+
+
+def _spans(path: Path, header: Mapping[str, Any], data_start: int, size: int, targets: Mapping[str, Piece]
+           ) -> tuple[list[block_read.Span], list[tuple[Piece, Tensor]]]:
+    """Where every byte of the file goes, in file order, and the (piece, contiguous temporary) pairs to copy after
+    the read for targets that are not contiguous. DamagedCheckpoint unless the tensors follow each other from the
+    header to the end of the file, each of its target's size."""
+    spans = [block_read.Span(0, data_start)]
+    temporaries: list[tuple[Piece, Tensor]] = []
+    at = data_start
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        start, end = (data_start + offset for offset in entry["data_offsets"])
+        piece = targets.get(name)
+        nbytes = None if piece is None else piece.local.numel() * piece.local.element_size()
+        if start != at or end < start or (nbytes is not None and end - start != nbytes):
+            raise DamagedCheckpoint(f"{path.name}: {name} is not where its header says")
+        at = end
+        if piece is None:
+            spans.append(block_read.Span(start, end))
+            continue
+        local = piece.local
+        if not local.is_contiguous():
+            local = torch.empty_like(piece.local, memory_format=torch.contiguous_format)
+            temporaries.append((piece, local))
+        flat = local.reshape(-1).view(torch.uint8)
+        if local.device.type == "cpu":
+            spans.append(block_read.Span(start, end, host=flat.numpy().data))
+        else:
+            spans.append(block_read.Span(start, end, device=flat))
+    if at != size:
+        raise DamagedCheckpoint(f"{path.name} has {size - at} bytes after its last tensor" if size > at
+                                else f"{path.name} ends early")
+    return spans, temporaries
 
 
 def _fill_aliases(targets: Mapping[str, Piece], meta: Mapping[str, Any]) -> None:
@@ -321,7 +324,7 @@ def _fill_aliases(targets: Mapping[str, Piece], meta: Mapping[str, Any]) -> None
             piece.local.copy_(source.local)
 
 
-def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping[str, tuple[int, str]] | None
+def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping[str, FileDigest] | None
                 ) -> dict[str, Any]:
     """Fill `targets` from the rank files of `directory` whatever world wrote them: each tensor is whole in a file
     (replicated) or split along dim 0 only (FSDP2's sharding). Every file read from is checked whole against
@@ -339,8 +342,11 @@ def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping
         raise StepError(f"{directory} holds no rank file")
     plan = [step for name, piece in targets.items() if piece.local.numel() for step in _rows(name, piece, sources)]
     for path in sorted({step[1] for step in plan}) if expected is not None else []:
-        if (path.stat().st_size, file_checksum(path)) != tuple(expected.get(str(path), ())):  # type: ignore[union-attr]
-            raise DamagedCheckpoint(f"{path.name} does not match its xxh3_128 checksum")
+        recorded = expected.get(str(path))  # type: ignore[union-attr]
+        if recorded is None:
+            raise DamagedCheckpoint(f"{path.name} is not in the checkpoint's manifest")
+        if (path.stat().st_size, file_checksum(path, recorded.algorithm)) != (recorded.size, recorded.digest):
+            raise DamagedCheckpoint(f"{path.name} does not match its {recorded.algorithm} checksum")
     for piece, path, position, at, count in plan:
         with open(path, "rb", buffering=0) as f:
             f.seek(position)

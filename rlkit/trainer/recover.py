@@ -7,7 +7,8 @@ Layout under `<trial>/recover/`:
                             in checkpoints of older rlkit versions, which still load)
     trainer_state.json      step, each engine's LR-schedule position, RNG states, the algorithm's own state (GRPO:
                             weight version, data position)
-    MANIFEST.json           written last: every file with its size and xxh3-128 checksum
+    MANIFEST.json           written last: every file with its size and checksum (xxh3-128; a rank file's over its
+                            2 MiB blocks' digests)
   .step-00000013.tmp/       a checkpoint being written (ignored, removed by the next save)
   .step-00000012.old/       a same-step checkpoint being replaced (used only if the crash left no step-00000012/)
 
@@ -16,8 +17,9 @@ skipped with a warning and the previous one is used. The newest `keep_last` vali
 
 Checksums are xxh3-128 (xxhash, ~17 GB/s, vs ~1 GB/s for sha256): they guard against torn or damaged files, not
 against an attacker (the trial directory is 0700). The rank files' checksums are computed while they are written
-(`rlkit.trainer.rank_files`), the small files' when sealing. They are checked once, on the compute node: the small
-files (and the shards of older versions) before a checkpoint is loaded, each rank file in the same pass that loads it
+(`rlkit.trainer.rank_files`, by blocks, so that a load reads and hashes blocks on every core), the small files' when
+sealing. They are checked once, on the compute node: the small files (and the shards of older versions) before a
+checkpoint is loaded, each rank file in the same pass that loads it
 (a damaged one makes the resume use the previous checkpoint, as a damaged file found before loading does); the login
 node (submit, resume, render) checks manifests and sizes only, so it never reads
 GBs and never needs xxhash. Manifests of older rlkit versions (sha256) still load, at sha256 speed.
@@ -41,10 +43,12 @@ from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
 from rlkit.trials.recover_layout import _ASIDE as _ASIDE
 from rlkit.trials.recover_layout import _TMP as _TMP
+from rlkit.trials.recover_layout import BLOCK_CHECKSUM as BLOCK_CHECKSUM
 from rlkit.trials.recover_layout import CHECKSUM as CHECKSUM
 from rlkit.trials.recover_layout import MANIFEST as MANIFEST
 from rlkit.trials.recover_layout import SHARDS as SHARDS
 from rlkit.trials.recover_layout import STATE as STATE
+from rlkit.trials.recover_layout import FileDigest as FileDigest
 from rlkit.trials.recover_layout import checkpoint_dir as checkpoint_dir
 from rlkit.trials.recover_layout import checkpoints as checkpoints
 from rlkit.trials.recover_layout import file_checksum as file_checksum
@@ -98,18 +102,19 @@ def expand_positions(prefix: int, extra: list[int]) -> set[int]:
     return set(range(prefix)) | set(extra)
 
 
-def seal(tmp: Path, final: Path, known: Mapping[str, tuple[int, str]] | None = None) -> None:
+def seal(tmp: Path, final: Path, known: Mapping[str, FileDigest] | None = None) -> None:
     """Checksum and fsync every file of `tmp`, write its manifest last, then make it `final`; a `final` that exists
-    (the same step saved again after a resume) is replaced by rename-aside, rename-in, delete. `known`: (size,
-    xxh3-128) by path of files checksummed while they were written (the shards); the rest is hashed here."""
+    (the same step saved again after a resume) is replaced by rename-aside, rename-in, delete. `known`: size and
+    checksum by path of files checksummed while they were written (the rank files); the rest is hashed here."""
     files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = []
     for path in files:
         fsync_path(path)
         size = path.stat().st_size
         written = (known or {}).get(str(path))
-        digest = written[1] if written is not None and written[0] == size else file_checksum(path)
-        entries.append({"path": str(path.relative_to(tmp)), "size": size, CHECKSUM: digest})
+        if written is None or written.size != size:
+            written = FileDigest(size, CHECKSUM, file_checksum(path))
+        entries.append({"path": str(path.relative_to(tmp)), "size": size, written.algorithm: written.digest})
     for directory in sorted({p.parent for p in files} | {tmp}):
         fsync_dir(directory)
     manifest = tmp / MANIFEST

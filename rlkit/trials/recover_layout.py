@@ -12,8 +12,9 @@ import logging
 import mmap
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,14 @@ SHARDS = "model_optim"
 _DIR = re.compile(r"^step-(\d{8})$")
 _ASIDE = re.compile(r"^\.step-(\d{8})\.old$")  # rlkit.fsutil.replace_dir's name for the replaced one
 _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
-CHECKSUM = "xxh3_128"
+CHECKSUM = "xxh3_128"  # of the whole file: the small files, and rank files of older rlkit versions
+# a rank file's: xxh3-128 over the 16-byte xxh3-128 digests of its consecutive 2 MiB blocks (the last one shorter), so
+# that its loader reads and hashes blocks on as many threads as it has cores and still checks one digest
+BLOCK_CHECKSUM = "xxh3_128_of_2mib_blocks"
+CHECKSUM_BLOCK = 2 << 20
 _LEGACY_CHECKSUM = "sha256"
-# a trainer rank's own file of its shards (rlkit.trainer.rank_files): its loader checks its xxh3-128 while reading it
+_ALGORITHMS = (BLOCK_CHECKSUM, CHECKSUM, _LEGACY_CHECKSUM)
+# a trainer rank's own file of its shards (rlkit.trainer.rank_files): its loader checks its checksum while reading it
 RANK_FILE = re.compile(r"^rank-(\d{5})-of-(\d{5})\.safetensors$")
 
 
@@ -37,21 +43,48 @@ def checkpoint_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
-def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
-    """The hex digest of a file (xxh3_128, or sha256 for manifests of older rlkit versions)."""
-    if algorithm == CHECKSUM:
-        import xxhash  # trainer extra; the login node never hashes
+class FileDigest(NamedTuple):
+    """A file's size and checksum as a manifest records them."""
 
-        digest: Any = xxhash.xxh3_128()
-    elif algorithm == _LEGACY_CHECKSUM:
-        digest = hashlib.sha256()
-    else:
+    size: int
+    algorithm: str
+    digest: str
+
+
+def combine_blocks(block_digests: Iterable[bytes]) -> str:
+    """BLOCK_CHECKSUM's hex digest from the xxh3-128 digests of a file's blocks, in file order."""
+    import xxhash  # trainer extra; the login node never hashes
+
+    return str(xxhash.xxh3_128_hexdigest(b"".join(block_digests)))
+
+
+def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
+    """The hex digest of a file by one of the manifest's algorithms (sha256: manifests of older rlkit versions)."""
+    if algorithm not in _ALGORITHMS:
         raise ValueError(f"unknown checksum {algorithm!r}")
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:  # mapped, not copied: the check costs about half a plain read
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
-    return str(digest.hexdigest())
+        if not os.fstat(f.fileno()).st_size:
+            return _digest(algorithm, memoryview(b""))
+        # mapped, not copied: the check costs about half a plain read
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as data:
+            return _digest(algorithm, data)
+
+
+def _digest(algorithm: str, data: memoryview) -> str:
+    if algorithm == _LEGACY_CHECKSUM:
+        return hashlib.sha256(data).hexdigest()
+    import xxhash
+
+    if algorithm == CHECKSUM:
+        return str(xxhash.xxh3_128_hexdigest(data))
+    return combine_blocks(xxhash.xxh3_128_digest(data[at:at + CHECKSUM_BLOCK])
+                          for at in range(0, len(data), CHECKSUM_BLOCK))
+
+
+def entry_digest(entry: dict[str, Any]) -> FileDigest:
+    """A (well-formed) manifest entry's size and checksum, by the first algorithm it has."""
+    algorithm = next(a for a in _ALGORITHMS if isinstance(entry.get(a), str))
+    return FileDigest(entry["size"], algorithm, entry[algorithm])
 
 
 def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
@@ -64,7 +97,7 @@ def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
         return f"{MANIFEST} has no list of files"
     for entry in entries:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("size"), int)
-                and any(isinstance(entry.get(a), str) for a in (CHECKSUM, _LEGACY_CHECKSUM))):
+                and any(isinstance(entry.get(a), str) for a in _ALGORITHMS)):
             return f"{MANIFEST} has a malformed entry: {str(entry)[:120]}"
         if ".." in Path(entry["path"]).parts or Path(entry["path"]).is_absolute():
             return f"{MANIFEST} names a file outside the checkpoint: {entry['path']}"
@@ -72,9 +105,9 @@ def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
 
 
 def checked_while_loaded(entry: dict[str, Any]) -> bool:
-    """Whether a manifest entry is a rank file with an xxh3-128 checksum, which its loader verifies in the same pass
-    that reads it (one read instead of two; rlkit.trainer.rank_files)."""
-    return bool(RANK_FILE.match(Path(entry["path"]).name)) and isinstance(entry.get(CHECKSUM), str)
+    """Whether a manifest entry is a rank file with an xxh3 checksum, which its loader verifies (rlkit.trainer.
+    rank_files: the block checksum in the same pass that reads it; the whole-file one of older versions first)."""
+    return bool(RANK_FILE.match(Path(entry["path"]).name)) and entry_digest(entry).algorithm != _LEGACY_CHECKSUM
 
 
 def verify(directory: Path, *, checksums: bool = True, defer_rank_files: bool = False) -> str | None:
@@ -96,19 +129,21 @@ def verify(directory: Path, *, checksums: bool = True, defer_rank_files: bool = 
     for entry in entries if checksums else []:
         if defer_rank_files and checked_while_loaded(entry):
             continue
-        algorithm = CHECKSUM if isinstance(entry.get(CHECKSUM), str) else _LEGACY_CHECKSUM
-        if file_checksum(directory / entry["path"], algorithm) != entry[algorithm]:
+        _size, algorithm, digest = entry_digest(entry)
+        if file_checksum(directory / entry["path"], algorithm) != digest:
             return f"{entry['path']} does not match its {algorithm} checksum"
     return None
 
 
-def manifest_digests(directory: Path) -> dict[str, tuple[int, str]]:
-    """(size, xxh3-128) by path (as `directory / entry`, the form save_sharded returns) of every file of a checkpoint
-    whose manifest has an xxh3-128 for it; empty for a manifest that cannot be read (verify says why)."""
+def manifest_digests(directory: Path) -> dict[str, FileDigest]:
+    """Size and checksum by path (as `directory / entry`, the form save_sharded returns) of every file of a
+    checkpoint whose manifest has an xxh3 checksum for it; empty for a manifest that cannot be read (verify says
+    why)."""
     entries = _manifest_entries(directory)
     if isinstance(entries, str):
         return {}
-    return {str(directory / e["path"]): (e["size"], e[CHECKSUM]) for e in entries if isinstance(e.get(CHECKSUM), str)}
+    digests = {str(directory / e["path"]): entry_digest(e) for e in entries}
+    return {path: digest for path, digest in digests.items() if digest.algorithm != _LEGACY_CHECKSUM}
 
 
 def checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from rlkit.trainer.rank_files import Piece, gather_rows, rank_file_name, write_rank_file
+from rlkit.trials.recover_layout import FileDigest
 from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
@@ -26,6 +27,7 @@ from rlkit.trainer.dist import init_distributed
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer import rank_files
 from rlkit.trainer.rank_files import DamagedCheckpoint
+from rlkit.trials.recover_layout import FileDigest
 
 gathered = []  # loads that took the rows path, not the one-read path of a rank's own file
 gather_rows = rank_files.gather_rows
@@ -95,7 +97,7 @@ if mode == "save":
     bad_digests = {str(out / "bad" / Path(k).name): v for k, v in digests.items()}
     result["damaged"] = damaged(build(), out / "bad", bad_digests)
 else:  # another world than the one that saved
-    digests = {k: tuple(v) for k, v in json.load(open(out / "digests.json")).items()}
+    digests = {k: FileDigest(*v) for k, v in json.load(open(out / "digests.json")).items()}
     saved = torch.load(out / "saved.pt")
     engine = build()
     engine.load_sharded(out / "ckpt", 2, digests)
@@ -133,7 +135,7 @@ def test_recover_checkpoint_round_trip_damage_reshard_and_old_format(tied_model_
     run_ranks(loading, ["-c", WORKER, str(tied_model_dir), str(tmp_path), "reshard"])
     for result in _results(tmp_path, "reshard", loading):
         assert result["resharded"] is True, f"a checkpoint of {saving} ranks must load on {loading} bit for bit"
-        assert "does not match its xxh3_128 checksum" in str(result["damaged"])
+        assert "does not match its xxh3_128_of_2mib_blocks checksum" in str(result["damaged"])
         assert result["old_format"] is True
         assert result["gathered"] == 2
     with safe_open(str(tmp_path / "ckpt" / files[0]), "pt") as f:
@@ -152,7 +154,7 @@ class _Shard(Piece):
         return [self.first] + [0] * (self.whole.dim() - 1)
 
 
-def _write_world(directory: Path, tensors: dict[str, torch.Tensor], world: int) -> dict[str, tuple[int, str]]:
+def _write_world(directory: Path, tensors: dict[str, torch.Tensor], world: int) -> dict[str, FileDigest]:
     """Rank files of `world` ranks, each holding its even (FSDP2-style, last rank shorter) rows of every tensor."""
     digests = {}
     for rank in range(world):

@@ -156,7 +156,8 @@ def test_a_malformed_manifest_is_a_damaged_checkpoint_not_a_crash(tmp_path: Path
 
 def test_a_rank_file_is_checksummed_while_written_and_seal_uses_that_digest(tmp_path: Path) -> None:
     """A rank file (rlkit.trainer.rank_files) written for one rank: the digest recorded while writing is that of the
-    file on disk, seal puts it into the manifest without hashing again, and the file is a safetensors file."""
+    file on disk (xxh3-128 over its 2 MiB blocks' xxh3-128 digests, computed here from the bytes), seal puts it into
+    the manifest without hashing again, and the file is a safetensors file."""
     import torch
     import xxhash
     from safetensors import safe_open
@@ -166,25 +167,31 @@ def test_a_rank_file_is_checksummed_while_written_and_seal_uses_that_digest(tmp_
     tmp = recover.temp_dir(tmp_path, 1)
     shards = recover.shards_dir(tmp, "actor")
     shards.mkdir(parents=True)
-    tensors = {"model/w": torch.arange(300_000, dtype=torch.float32), "model/b": torch.ones(7, dtype=torch.bfloat16),
+    tensors = {"model/w": torch.arange(1_300_000, dtype=torch.float32), "model/b": torch.ones(7, dtype=torch.bfloat16),
                "optim/w/step": torch.tensor(3.0)}
     shard = shards / rank_files.rank_file_name(0, 1)
     written = rank_files.write_rank_file(shard, rank_files.pieces_of(tensors), {"param_groups": [], "optim_values": {}},
                                          rank=0, world=1)
-    assert written == (shard.stat().st_size, xxhash.xxh3_128(shard.read_bytes()).hexdigest())
+    data = shard.read_bytes()
+    blocks = [xxhash.xxh3_128(data[at:at + (2 << 20)]).digest() for at in range(0, len(data), 2 << 20)]
+    assert len(blocks) == 3
+    assert written == (len(data), recover.BLOCK_CHECKSUM, xxhash.xxh3_128(b"".join(blocks)).hexdigest())
+    assert recover.file_checksum(shard, recover.BLOCK_CHECKSUM) == written.digest
     with safe_open(str(shard), "pt") as f:
         assert set(f.keys()) == set(tensors) and torch.equal(f.get_tensor("model/w"), tensors["model/w"])
     (tmp / recover.STATE).write_text(recover.LoopState(step=1, engines={"actor": 1}).to_json())
     size = shard.stat().st_size
-    lying = {str(shard): (size, "0" * 32)}  # proves seal takes the recorded digest
+    lying = {str(shard): recover.FileDigest(size, recover.BLOCK_CHECKSUM, "0" * 32)}  # seal takes the recorded one
     final = recover.checkpoint_dir(tmp_path, 1)
     recover.seal(tmp, final, lying)
     relative = f"{recover.SHARDS}/actor/{shard.name}"
     entries = {e["path"]: e for e in json.loads((final / recover.MANIFEST).read_text())["files"]}
-    assert entries[relative][recover.CHECKSUM] == "0" * 32
-    assert "does not match" in str(recover.verify(final))  # the check before loading reads the real bytes
+    assert entries[relative] == {"path": relative, "size": size, recover.BLOCK_CHECKSUM: "0" * 32}
+    assert entries[recover.STATE][recover.CHECKSUM] == xxhash.xxh3_128((tmp.parent / final.name / recover.STATE)
+                                                                       .read_bytes()).hexdigest()
+    assert "does not match its xxh3_128_of_2mib_blocks" in str(recover.verify(final))  # the check before loading
     assert recover.verify(final, defer_rank_files=True) is None  # ... unless the rank file's loader checks it
-    assert recover.manifest_digests(final)[str(final / relative)] == (size, "0" * 32)
+    assert recover.manifest_digests(final)[str(final / relative)] == (size, recover.BLOCK_CHECKSUM, "0" * 32)
 
 
 def test_rank_files_are_left_to_their_loader_for_checksums_but_not_for_sizes(tmp_path: Path) -> None:
