@@ -291,8 +291,14 @@ def _spans(path: Path, header: Mapping[str, Any], data_start: int, size: int, ta
     spans = [block_read.Span(0, data_start)]
     temporaries: list[tuple[Piece, Tensor]] = []
     at = data_start
-    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-        start, end = (data_start + offset for offset in entry["data_offsets"])
+    entries = []
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            raise DamagedCheckpoint(f"{path.name}: {name} has no data offsets")
+        entries.append((offsets[0], offsets[1], name))
+    for first, last, name in sorted(entries):
+        start, end = data_start + first, data_start + last
         piece = targets.get(name)
         nbytes = None if piece is None else piece.local.numel() * piece.local.element_size()
         if start != at or end < start or (nbytes is not None and end - start != nbytes):

@@ -6,6 +6,7 @@ rlkit versions) still loads, checked before anything is written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -111,10 +112,13 @@ def test_a_file_of_another_length_or_with_a_lying_header_is_refused_before_readi
             read_rank_file(path, targets, digest)
         assert not any(piece.local.any() for piece in targets.values()), "nothing may be written before the check"
     length = int.from_bytes(data[:8], "little")
-    header = data[8:8 + length].replace(b'"data_offsets":[0,', b'"data_offsets":[4,', 1)
-    path.write_bytes(data[:8] + header + data[8 + length:])
-    with pytest.raises(DamagedCheckpoint, match="is not where its header says"):
-        read_rank_file(path, _targets(tensors), None)
+    for lie, message in [([4, 2_800_008], "is not where its header says"), ([0.0, 2_800_004], "has no data offsets")]:
+        header = json.loads(data[8:8 + length])
+        header["model/a"]["data_offsets"] = lie
+        raw = json.dumps(header).encode()
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length:])
+        with pytest.raises(DamagedCheckpoint, match=message):
+            read_rank_file(path, _targets(tensors), None)
 
 
 def test_a_rank_file_of_an_older_version_is_checked_whole_before_it_is_read(
