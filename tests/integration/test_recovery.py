@@ -140,10 +140,11 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     return trial
 
 
-def _rejoined(trial: Path, killed_at: int) -> int | None:
-    """The first step after `killed_at` whose weights reached both servers again, once there is one."""
-    back = [m for m in _metrics(trial) if m["step"] > killed_at and m["weight_sync/servers_at_version"] == 2]
-    return int(back[0]["step"]) if back else None
+def _first_step(trial: Path, after: int, servers: Callable[[int], bool]) -> int | None:
+    """The first step after `after` whose weights reached a number of servers that `servers` accepts, once there is
+    one."""
+    steps = [m for m in _metrics(trial) if m["step"] > after and servers(m["weight_sync/servers_at_version"])]
+    return int(steps[0]["step"]) if steps else None
 
 
 def _kill_server(env: dict[str, object]) -> tuple[Path, int, int]:
@@ -158,9 +159,13 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int, int]:
     wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600)
     job_id = str(status_row(name, home)["job_id"])
     step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
-    killed_at = trained_steps(trial)
+    asked_at = trained_steps(trial)
     subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
-    rejoin = int(wait_for(lambda: _rejoined(trial, killed_at), "server 1 back at the current weights", timeout=900))
+    # the step in flight may still reach both servers before the kill lands: the loss counts from the first without
+    killed_at = int(wait_for(lambda: _first_step(trial, asked_at, lambda n: n < 2), "a step without server 1",
+                             timeout=300))
+    rejoin = int(wait_for(lambda: _first_step(trial, killed_at, lambda n: n == 2),
+                          "server 1 back at the current weights", timeout=900))
     wait_for(lambda: trained_steps(trial) >= rejoin + AFTER_REJOIN, f"{AFTER_REJOIN} steps with both servers",
              timeout=300)
     stopped = run_rlkit("stop", name, env=home)
