@@ -10,8 +10,8 @@ AdamW states after one step (~1.3 GB in all):
          blocks' checksum checked against the manifest)
   floor  the same tensors written as one safetensors file with fsync, and every byte of it read back by one thread
 Goals (issues 9 and 31): save <= 1.3x the floor write, load <= 1.3x the floor read. Measured on a 2-core shared
-machine: save 0.83-1.03x, load 1.10-1.14x (one reading thread with a hashing thread behind it before: 1.31-1.55x;
-torch.distributed.checkpoint before that: 5.2x, its checksum pass alone 0.67x the read).
+machine, four runs: save 0.83-1.08x, load 1.01-1.23x (one reading thread with a hashing thread behind it before:
+1.31-1.55x; torch.distributed.checkpoint before that: 5.2x, its checksum pass alone 0.67x the read).
 """
 
 from __future__ import annotations
