@@ -50,6 +50,7 @@ def read_blocks(path: Path, spans: list[Span], block: int, threads: int | None =
     workers = max(1, min(threads or reader_threads(), count))
     device = next((s.device.device for s in spans if s.device is not None), None)
     fd = os.open(path, os.O_RDONLY)
+    pool: list[threading.Thread] = []
     try:
         def work(first: int) -> None:
             try:
@@ -66,12 +67,16 @@ def read_blocks(path: Path, spans: list[Span], block: int, threads: int | None =
             except BaseException as exc:  # handed to the caller's thread
                 errors.append(exc)
 
-        pool = [threading.Thread(target=work, args=(k,), name=f"rlkit-read-{k}", daemon=True) for k in range(workers)]
-        for thread in pool:
-            thread.start()
+        for k in range(workers):
+            pool.append(threading.Thread(target=work, args=(k,), name=f"rlkit-read-{k}", daemon=True))
+            pool[-1].start()
         for thread in pool:
             thread.join()
     finally:
+        if any(thread.is_alive() for thread in pool):  # interrupted: stop them before their fd can be reused
+            errors.append(InterruptedError("the read was interrupted"))
+            for thread in pool:
+                thread.join()
         os.close(fd)
     if errors:
         raise errors[0]

@@ -303,7 +303,7 @@ class TrainEngine:
 
     def _read_rank_files(self, path: Path, tensors: dict[str, Tensor],
                          expected: Mapping[str, FileDigest] | None) -> dict[str, Any]:
-        from rlkit.trainer import rank_files
+        from rlkit.trainer import rank_files, rank_gather
 
         targets = {piece.name: piece for piece in rank_files.pieces_of(tensors)}
         own = path / rank_files.rank_file_name(self.rank, self.world)
@@ -314,7 +314,7 @@ class TrainEngine:
                 return rank_files.read_rank_file(own, targets, None if expected is None else expected[str(own)])
             except rank_files.LayoutChanged:
                 pass  # written for other shards: nothing read yet, gather the rows instead
-        return rank_files.gather_rows(path, targets, expected)
+        return rank_gather.gather_rows(path, targets, expected)
 
     def _set_values(self, meta: Mapping[str, Any], optim_sd: dict[str, Any]) -> None:
         """The optimizer's param groups (lr, betas, ...) and non-tensor state as saved; the tensors are in place."""
@@ -356,7 +356,7 @@ def _agreed(read: Callable[[], T]) -> T:
         result = read()
     except DamagedCheckpoint as exc:
         problem = (True, str(exc))
-    except (StepError, OSError, ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # whatever it is, every rank must hear of it rather than wait
         problem = (False, f"{type(exc).__name__}: {exc}")
     problems = [problem]
     if dist.is_available() and dist.is_initialized():

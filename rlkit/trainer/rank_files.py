@@ -5,7 +5,8 @@ made a load 5x the time of reading its bytes. A rank file is written front to ba
 on the way (on another thread: xxhash releases the GIL); when the world and the sharding are those it was written
 with, the rank reads it back in one pass straight into its own tensors, in 2 MiB blocks on every core it has, each
 block hashed as it lands (rlkit.trainer.block_read), so the checksum costs no second read. A load with another world
-(or sharding along dim 0 that differs) takes the rows it needs from every file, after checking those files whole.
+(or sharding along dim 0 that differs) takes the rows it needs from every file, after checking those files whole
+(rlkit.trainer.rank_gather).
 
 Format: safetensors (8-byte little-endian header length, JSON header, the tensors' bytes in order), so that
 safetensors.safe_open reads it; the header's `__metadata__["rlkit"]` (JSON) holds the rank, the world, each tensor's
@@ -37,7 +38,7 @@ from rlkit.trials.recover_layout import BLOCK_CHECKSUM, RANK_FILE, FileDigest, c
 FORMAT = 1
 CHUNK = 2 << 20  # bytes per write: the hashing thread finds them still in the CPU's cache
 _MAX_HEADER = 64 << 20
-_DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+DTYPE_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
                 torch.bool: "BOOL"}
 
@@ -164,7 +165,7 @@ class _Hasher:
         self._thread.join()
 
 
-def _bytes_of(tensor: Tensor) -> memoryview:
+def bytes_of(tensor: Tensor) -> memoryview:
     """A CPU, contiguous tensor's bytes, shared (writing into the view writes the tensor)."""
     return tensor.reshape(-1).view(torch.uint8).numpy().data
 
@@ -190,7 +191,7 @@ def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], 
             continue
         first_of.setdefault(key, piece.name)
         nbytes = piece.local.numel() * piece.local.element_size()
-        header[piece.name] = {"dtype": _DTYPE_NAMES[piece.local.dtype], "shape": list(piece.local.shape),
+        header[piece.name] = {"dtype": DTYPE_NAMES[piece.local.dtype], "shape": list(piece.local.shape),
                               "data_offsets": [size, size + nbytes]}
         size += nbytes
         written.append(piece)
@@ -207,7 +208,7 @@ def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], 
                 hasher.feed(memoryview(part))
             for piece in written:
                 host = piece.local.cpu().contiguous()  # the same tensor when it already is (no copy)
-                data = _bytes_of(host)
+                data = bytes_of(host)
                 for start in range(0, len(data), CHUNK):
                     _write_all(f, data[start:start + CHUNK])
                     hasher.feed(data[start:start + CHUNK])
@@ -225,13 +226,17 @@ def read_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
         raise ValueError(f"no safetensors header (length {length})")
     raw = f.read(length)
     header = json.loads(raw)
+    if not isinstance(header, dict) or not all(isinstance(entry, dict) for entry in header.values()):
+        raise ValueError("the header is not a table of tensors")
     meta = json.loads(header.pop("__metadata__")["rlkit"])
+    if not (isinstance(meta, dict) and isinstance(meta.get("aliases"), dict) and isinstance(meta.get("pieces"), dict)):
+        raise ValueError("its rlkit metadata has no aliases and pieces")
     if meta.get("format") != FORMAT:
         raise ValueError(f"rank file format {meta.get('format')!r}, this rlkit reads {FORMAT}")
     return prefix + raw, header, meta
 
 
-def _read_exact(f: FileIO, into: memoryview) -> None:
+def read_exact(f: FileIO, into: memoryview) -> None:
     got = 0
     while got < len(into):
         n = f.readinto(into[got:])
@@ -248,7 +253,7 @@ def _check_layout(header: Mapping[str, Any], meta: Mapping[str, Any], targets: M
         entry = header.get(source) if source is not None else None
         if entry is None:
             raise LayoutChanged(f"{name} is not in the file")
-        if (entry["dtype"] != _DTYPE_NAMES[piece.local.dtype] or entry["shape"] != list(piece.local.shape)
+        if (entry["dtype"] != DTYPE_NAMES[piece.local.dtype] or entry["shape"] != list(piece.local.shape)
                 or meta["pieces"].get(name, [])[:2] != [piece.global_shape, piece.layout]):
             raise LayoutChanged(f"{name} is sharded otherwise")
 
@@ -264,7 +269,10 @@ def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: FileDiges
         except (ValueError, KeyError, TypeError) as exc:
             raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
         size = os.fstat(f.fileno()).st_size
-    _check_layout(header, meta, targets)
+    try:
+        _check_layout(header, meta, targets)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DamagedCheckpoint(f"{path.name} has a malformed header ({type(exc).__name__}: {exc})") from None
     spans, temporaries = _spans(path, header, len(raw), size, targets)
     if expected is not None and expected.size != size:
         raise DamagedCheckpoint(f"{path.name} has {size} bytes, its manifest says {expected.size}")
@@ -279,7 +287,7 @@ def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: FileDiges
         raise DamagedCheckpoint(f"{path.name} does not match its {BLOCK_CHECKSUM} checksum")
     for piece, whole in temporaries:
         piece.local.copy_(whole)
-    _fill_aliases(targets, meta)
+    fill_aliases(targets, meta)
     return meta
 
 
@@ -322,81 +330,9 @@ def _spans(path: Path, header: Mapping[str, Any], data_start: int, size: int, ta
     return spans, temporaries
 
 
-def _fill_aliases(targets: Mapping[str, Piece], meta: Mapping[str, Any]) -> None:
+def fill_aliases(targets: Mapping[str, Piece], meta: Mapping[str, Any]) -> None:
     """A target saved as an alias of another: one storage here too (nothing to do), else a copy of it."""
     for name, original in meta["aliases"].items():
         piece, source = targets.get(name), targets.get(original)
         if piece is not None and source is not None and piece.local.data_ptr() != source.local.data_ptr():
             piece.local.copy_(source.local)
-
-
-def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping[str, FileDigest] | None
-                ) -> dict[str, Any]:
-    """Fill `targets` from the rank files of `directory` whatever world wrote them: each tensor is whole in a file
-    (replicated) or split along dim 0 only (FSDP2's sharding). Every file read from is checked whole against
-    `expected` first (DamagedCheckpoint); a tensor that cannot be put together is a StepError. Returns the metadata
-    (the same param groups in every file)."""
-    sources = []
-    for path in rank_files(directory):
-        with open(path, "rb") as f:
-            try:
-                raw, header, meta = read_header(f)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
-        sources.append((path, len(raw), header, meta))
-    if not sources:
-        raise StepError(f"{directory} holds no rank file")
-    plan = [step for name, piece in targets.items() if piece.local.numel() for step in _rows(name, piece, sources)]
-    for path in sorted({step[1] for step in plan}) if expected is not None else []:
-        recorded = expected.get(str(path))  # type: ignore[union-attr]
-        if recorded is None:
-            raise DamagedCheckpoint(f"{path.name} is not in the checkpoint's manifest")
-        if (path.stat().st_size, file_checksum(path, recorded.algorithm)) != (recorded.size, recorded.digest):
-            raise DamagedCheckpoint(f"{path.name} does not match its {recorded.algorithm} checksum")
-    for piece, path, position, at, count in plan:
-        with open(path, "rb", buffering=0) as f:
-            f.seek(position)
-            if piece.local.device.type == "cpu" and piece.local.is_contiguous():
-                _read_exact(f, _bytes_of(piece.local)[at:at + count])
-                continue
-            buffer = torch.empty(count, dtype=torch.uint8)
-            _read_exact(f, _bytes_of(buffer))
-            whole = piece.local.contiguous()
-            whole.reshape(-1).view(torch.uint8)[at:at + count].copy_(buffer)
-            if whole.data_ptr() != piece.local.data_ptr():
-                piece.local.copy_(whole)
-    meta = sources[0][3]
-    _fill_aliases(targets, meta)
-    return dict(meta)
-
-
-def _rows(name: str, piece: Piece, sources: list[tuple[Path, int, dict[str, Any], dict[str, Any]]]
-          ) -> list[tuple[Piece, Path, int, int, int]]:
-    """Where this rank's rows of one tensor are: (piece, file, file position, byte in the piece, bytes)."""
-    shape, local, offset = piece.global_shape, list(piece.local.shape), piece.global_offset()
-    if local[1:] != shape[1:] or any(offset[1:]):
-        raise StepError(f"cannot reshard {name}: it is not split along its first dimension only")
-    row = piece.local.element_size() * int(torch.Size(shape[1:]).numel())
-    begin = offset[0] if shape else 0
-    end = begin + (local[0] if shape else 1)
-    spans = []
-    for path, data_start, header, meta in sources:
-        source = name if name in header else meta["aliases"].get(name)
-        if source not in header:
-            continue
-        global_shape, _layout, saved_offset = meta["pieces"][name]
-        entry = header[source]
-        if global_shape != shape or entry["dtype"] != _DTYPE_NAMES[piece.local.dtype]:
-            raise StepError(f"{name} is {entry['dtype']} {global_shape} in {path.name}, "
-                            f"{_DTYPE_NAMES[piece.local.dtype]} {shape} here")
-        first = saved_offset[0] if shape else 0
-        spans.append((first, first + (entry["shape"][0] if shape else 1), path, data_start + entry["data_offsets"][0]))
-    plan, cursor = [], begin
-    for first, last, path, position in sorted(spans, key=lambda span: span[0]):
-        if first <= cursor < last:
-            stop = min(end, last)
-            plan.append((piece, path, position + (cursor - first) * row, (cursor - begin) * row, (stop - cursor) * row))
-            cursor = stop
-        if cursor == end:
-            return plan
-    raise StepError(f"the rank files hold rows {begin}..{end} of {name} only up to {cursor}")

@@ -1,14 +1,18 @@
 """A rank file read back in 2 MiB blocks on several threads (rlkit.trainer.block_read through
 rank_files.read_rank_file), in this process: every byte lands where it belongs across block and tensor boundaries,
 whatever the thread count and however short each preadv returns; the blocks' checksum is the one written; damage,
-a file of another length and a header that lies are refused; a rank file checked by a whole-file xxh3-128 (older
-rlkit versions) still loads, checked before anything is written."""
+a file of another length and a header that lies or is malformed are refused; a rank file checked by a whole-file
+xxh3-128 (older rlkit versions) still loads, checked before anything is written; an interrupted read stops its
+threads before it returns."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -132,3 +136,50 @@ def test_a_rank_file_of_an_older_version_is_checked_whole_before_it_is_read(
     with pytest.raises(DamagedCheckpoint, match="does not match its xxh3_128 checksum"):
         read_rank_file(path, targets, whole._replace(digest="0" * 32))
     assert not any(piece.local.any() for piece in targets.values())
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda h: h["__metadata__"].update(rlkit=json.dumps({**json.loads(h["__metadata__"]["rlkit"]), "aliases": []})),
+     "no readable header"),
+    (lambda h: h.update({"model/a": "F32"}), "no readable header"),
+    (lambda h: h["model/b"].pop("dtype"), "malformed header"),
+])
+def test_a_malformed_header_is_a_damaged_checkpoint_not_a_traceback(
+        written: tuple[Path, dict[str, torch.Tensor], FileDigest], damage: Any, message: str) -> None:
+    path, tensors, digest = written
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    damage(header)
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length:])
+    targets = _targets(tensors)
+    with pytest.raises(DamagedCheckpoint, match=message):
+        read_rank_file(path, targets, digest)
+    assert not any(piece.local.any() for piece in targets.values())
+
+
+def test_an_interrupted_read_stops_its_threads_before_closing_the_file(
+        written: tuple[Path, dict[str, torch.Tensor], FileDigest], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, tensors, digest = written
+    join = threading.Thread.join
+    interrupted: list[bool] = []
+
+    def interrupt_once(thread: threading.Thread, timeout: float | None = None) -> None:
+        if thread.name.startswith("rlkit-read-") and not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        join(thread, timeout)
+
+    preadv = os.preadv
+
+    def slow(fd: int, views: list[memoryview], offset: int) -> int:
+        time.sleep(0.05)  # the threads are still reading when the caller is interrupted
+        return preadv(fd, views, offset)
+
+    monkeypatch.setattr(block_read, "reader_threads", lambda: 2)
+    monkeypatch.setattr(os, "preadv", slow)
+    monkeypatch.setattr(threading.Thread, "join", interrupt_once)
+    with pytest.raises(KeyboardInterrupt):
+        read_rank_file(path, _targets(tensors), digest)
+    assert interrupted and not [t for t in threading.enumerate() if t.name.startswith("rlkit-read-")]

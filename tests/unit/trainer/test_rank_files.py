@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rlkit.trainer.rank_files import Piece, gather_rows, rank_file_name, write_rank_file
+from rlkit.errors import StepError
+from rlkit.trainer.rank_files import DamagedCheckpoint, Piece, rank_file_name, write_rank_file
+from rlkit.trainer.rank_gather import gather_rows
 from rlkit.trials.recover_layout import FileDigest
 from tests.helpers.gloo_ranks import run_ranks
 
@@ -25,13 +27,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.trainer.dist import init_distributed
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer import rank_files
+from rlkit.trainer import rank_gather
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trials.recover_layout import FileDigest
 
 gathered = []  # loads that took the rows path, not the one-read path of a rank's own file
-gather_rows = rank_files.gather_rows
-rank_files.gather_rows = lambda *args: gathered.append(1) or gather_rows(*args)
+gather_rows = rank_gather.gather_rows
+rank_gather.gather_rows = lambda *args: gathered.append(1) or gather_rows(*args)
 
 model_dir, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 env, device = init_distributed()
@@ -190,3 +192,23 @@ def test_rows_are_gathered_for_any_other_world(tmp_path: Path, saved: int, loade
         for name, whole in tensors.items():
             expected = whole[first:first + targets[name].local.shape[0]] if whole.dim() else whole
             assert torch.equal(targets[name].local, expected), (name, rank)
+
+
+def test_a_damaged_header_found_while_gathering_is_a_damaged_checkpoint(tmp_path: Path) -> None:
+    """The rows' plan reads every file's header before any file is checked whole: a header damaged into another dtype
+    must still make the load fall back to the previous checkpoint (DamagedCheckpoint), not stop it (StepError)."""
+    tensors = {"model/w": torch.randn(7, 3), "optim/w/step": torch.tensor(5.0)}
+    digests = _write_world(tmp_path, tensors, 2)
+    victim = tmp_path / rank_file_name(1, 2)
+    data = victim.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    header["model/w"]["dtype"] = "F16"
+    raw = json.dumps(header).encode()
+    victim.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + length:])
+    targets = {"model/w": _Shard("model/w", torch.zeros(7, 3), 0, 7),
+               "optim/w/step": Piece("optim/w/step", torch.zeros(()), [], "", torch.zeros(()))}
+    with pytest.raises(DamagedCheckpoint, match=r"rank-00001-of-00002\.safetensors does not match"):
+        gather_rows(tmp_path, targets, digests)
+    with pytest.raises(StepError, match="is F16"):  # checked already (no digests): the mismatch itself
+        gather_rows(tmp_path, targets, None)
