@@ -275,7 +275,7 @@ class TrainEngine:
             return mine
         every: list[dict[str, FileDigest] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
-        return {name: FileDigest(*digest) for rank in every if rank for name, digest in rank.items()}
+        return {name: digest for rank in every if rank for name, digest in rank.items()}
 
     def load_sharded(self, path: Path, optimizer_steps: int,
                      expected: Mapping[str, FileDigest] | None = None) -> None:
@@ -308,10 +308,9 @@ class TrainEngine:
         targets = {piece.name: piece for piece in rank_files.pieces_of(tensors)}
         own = path / rank_files.rank_file_name(self.rank, self.world)
         if own.is_file():
-            if expected is not None and str(own) not in expected:
-                raise rank_files.DamagedCheckpoint(f"{own.name} is not in the checkpoint's manifest")
+            digest = None if expected is None else rank_files.recorded(expected, own)
             try:
-                return rank_files.read_rank_file(own, targets, None if expected is None else expected[str(own)])
+                return rank_files.read_rank_file(own, targets, digest)
             except rank_files.LayoutChanged:
                 pass  # written for other shards: nothing read yet, gather the rows instead
         return rank_gather.gather_rows(path, targets, expected)

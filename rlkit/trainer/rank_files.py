@@ -218,8 +218,18 @@ def write_rank_file(path: Path, pieces: list[Piece], values: Mapping[str, Any], 
         hasher.close()
 
 
-def read_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
-    """The raw header bytes (with their length prefix), its tensor entries and its rlkit metadata."""
+def read_header(path: Path) -> tuple[int, dict[str, Any], dict[str, Any], int]:
+    """A rank file's header: where its data starts, its tensor entries, its rlkit metadata and the file's size.
+    DamagedCheckpoint when there is no such header."""
+    with open(path, "rb") as f:
+        try:
+            raw, header, meta = _parse_header(f)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
+        return len(raw), header, meta, os.fstat(f.fileno()).st_size
+
+
+def _parse_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     prefix = f.read(8)
     length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
     if not 0 < length <= _MAX_HEADER:
@@ -234,6 +244,13 @@ def read_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     if meta.get("format") != FORMAT:
         raise ValueError(f"rank file format {meta.get('format')!r}, this rlkit reads {FORMAT}")
     return prefix + raw, header, meta
+
+
+def recorded(expected: Mapping[str, FileDigest], path: Path) -> FileDigest:
+    """The manifest's size and checksum of `path`; DamagedCheckpoint for a rank file the manifest does not list."""
+    if (digest := expected.get(str(path))) is None:
+        raise DamagedCheckpoint(f"{path.name} is not in the checkpoint's manifest")
+    return digest
 
 
 def read_exact(f: FileIO, into: memoryview) -> None:
@@ -263,17 +280,12 @@ def read_rank_file(path: Path, targets: Mapping[str, Piece], expected: FileDiges
     whole-file checksum of older rlkit versions: before); returns its metadata. LayoutChanged (before any target is
     written) when the file holds other shards; DamagedCheckpoint when its bytes do not match (the targets then hold
     some of them)."""
-    with open(path, "rb", buffering=0) as f:
-        try:
-            raw, header, meta = read_header(f)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
-        size = os.fstat(f.fileno()).st_size
+    data_start, header, meta, size = read_header(path)
     try:
         _check_layout(header, meta, targets)
     except (KeyError, TypeError, AttributeError) as exc:
         raise DamagedCheckpoint(f"{path.name} has a malformed header ({type(exc).__name__}: {exc})") from None
-    spans, temporaries = _spans(path, header, len(raw), size, targets)
+    spans, temporaries = _spans(path, header, data_start, size, targets)
     if expected is not None and expected.size != size:
         raise DamagedCheckpoint(f"{path.name} has {size} bytes, its manifest says {expected.size}")
     if expected is not None and expected.algorithm != BLOCK_CHECKSUM and (
@@ -301,7 +313,7 @@ def _spans(path: Path, header: Mapping[str, Any], data_start: int, size: int, ta
     at = data_start
     entries = []
     for name, entry in header.items():
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
             raise DamagedCheckpoint(f"{path.name}: {name} has no data offsets")
         entries.append((offsets[0], offsets[1], name))

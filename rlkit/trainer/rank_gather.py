@@ -21,6 +21,7 @@ from rlkit.trainer.rank_files import (
     rank_files,
     read_exact,
     read_header,
+    recorded,
 )
 from rlkit.trials.recover_layout import FileDigest, file_checksum
 
@@ -65,22 +66,18 @@ def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping
 
 
 def _source(path: Path) -> _Source:
-    with open(path, "rb") as f:
-        try:
-            raw, header, meta = read_header(f)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DamagedCheckpoint(f"{path.name} has no readable header ({exc})") from None
-    return path, len(raw), header, meta
+    data_start, header, meta, _size = read_header(path)
+    return path, data_start, header, meta
 
 
 def _check_whole(paths: list[Path], expected: Mapping[str, FileDigest] | None) -> None:
     """DamagedCheckpoint unless every file matches its size and checksum in `expected` (None: checked already)."""
-    for path in paths if expected is not None else []:
-        recorded = expected.get(str(path))  # type: ignore[union-attr]
-        if recorded is None:
-            raise DamagedCheckpoint(f"{path.name} is not in the checkpoint's manifest")
-        if (path.stat().st_size, file_checksum(path, recorded.algorithm)) != (recorded.size, recorded.digest):
-            raise DamagedCheckpoint(f"{path.name} does not match its {recorded.algorithm} checksum")
+    if expected is None:
+        return
+    for path in paths:
+        digest = recorded(expected, path)
+        if (path.stat().st_size, file_checksum(path, digest.algorithm)) != (digest.size, digest.digest):
+            raise DamagedCheckpoint(f"{path.name} does not match its {digest.algorithm} checksum")
 
 
 def _rows(name: str, piece: Piece, sources: list[_Source]) -> list[tuple[Piece, Path, int, int, int]]:
