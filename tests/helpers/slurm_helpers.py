@@ -47,13 +47,13 @@ def job_ids_under(path: Path) -> set[str]:
 
 
 def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
-               env: dict[str, str] | None = None) -> str:
+               env: dict[str, str] | None = None, trial: Path | None = None) -> str:
     """Poll until the job is no longer active (or reaches one of `done`), as `rlkit status` reports it.
 
     `rlkit status` decides, but it is a Python start (~0.35 s of CPU): while Slurm lists the job active, `squeue`
     alone (a few ms) paces the wait, and `rlkit status` is asked again once it does not (a stage run's next job, a
     requeue's new attempt: the status row names the job to follow). Polled every 2 s, the test process's CLI calls
-    (mostly these) took 270 s of CPU in a run's first 20 minutes."""
+    (mostly these) took 270 s of CPU in a run's first 20 minutes. A timeout explains itself as wait_for's does."""
     deadline = time.monotonic() + timeout
     state = "unknown"
     while time.monotonic() < deadline:
@@ -65,19 +65,46 @@ def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
         job_id = str(row.get("job_id") or "")
         while not done and job_id.isdigit() and time.monotonic() < deadline and _slurm_lists_active(job_id):
             time.sleep(2)
-    raise AssertionError(f"{name} still {state} after {timeout} s")
+    raise AssertionError(f"{name} still {state} after {timeout} s\n{cluster_picture(trial)}")
 
 
-def wait_for(predicate, what: str, timeout: float = 300, every: float = 1.0):  # type: ignore[no-untyped-def]
+def wait_for(predicate, what: str, timeout: float = 300, every: float = 1.0,  # type: ignore[no-untyped-def]
+             trial: Path | None = None):
     """Poll `predicate` every `every` seconds until it returns a true value (returned). A predicate that starts a
-    Python process (`rlkit status`) takes every=5: the trial it waits for needs the CPU more than the poll."""
+    Python process (`rlkit status`) takes every=5: the trial it waits for needs the CPU more than the poll. On a
+    timeout the error carries the queue, the nodes and the end of `trial`'s logs: CI shows only that message."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{cluster_picture(trial)}")
+
+
+def _command_output(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({' '.join(argv[:2])}: {exc})"
+    return (done.stdout + done.stderr).strip()
+
+
+def cluster_picture(trial: Path | None = None, log_lines: int = 12) -> str:
+    """What a timed-out wait needs to be explained from CI's output alone: every job in the queue with its state and
+    pending reason, every node's state and drain reason, and the trial's live processes and the end of its logs."""
+    parts = ["squeue:\n" + _command_output(["squeue", "-h", "-t", "all", "-o", "%i %j %T %r %M %N"]),
+             "sinfo:\n" + _command_output(["sinfo", "-h", "-N", "-o", "%N %T %E"])]
+    if trial is not None:
+        parts.append("processes of the trial:\n" + "\n".join(processes_mentioning(str(trial))[:12]))
+    logs = sorted((trial / "logs").glob("*")) if trial is not None and (trial / "logs").is_dir() else []
+    for log in logs:
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-log_lines:]
+        except OSError as exc:
+            tail = [str(exc)]
+        parts.append(f"{log.name} (last {log_lines} lines):\n" + "\n".join(tail))
+    return "\n".join(parts)
 
 
 def processes_mentioning(text: str) -> list[str]:

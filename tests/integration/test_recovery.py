@@ -132,11 +132,12 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     trial = _submit(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
                     f"saver.freq_steps={SAVE_EVERY}",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@{MID_PUSH}")
-    wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600, trial=trial)
     assert "resuming after step" in (trial / "logs" / "grpo.log").read_text(), "the mid-push retry came first"
-    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
+    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0", trial=trial)
     os.kill(pid, signal.SIGKILL)
-    assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer")) == "COMPLETED"
+    assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer"),
+                      trial=trial) == "COMPLETED"
     return trial
 
 
@@ -156,21 +157,21 @@ def _kill_server(env: dict[str, object]) -> tuple[Path, int, int]:
     trial = _submit(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
                     "actor.weight_update_mode=xccl", f"actor.path={env['tied']}", *ONE_NODE)
     name, home = f"{EXPERIMENT}/killserver", _env(env, "killserver")
-    wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600, trial=trial)
     job_id = str(status_row(name, home)["job_id"])
-    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step")
+    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step", trial=trial)
     asked_at = trained_steps(trial)
     subprocess.run(["scancel", "--signal=KILL", step], check=True)  # every process of the step dies at once
     # the step in flight may still reach both servers before the kill lands: the loss counts from the first without
     killed_at = int(wait_for(lambda: _first_step(trial, asked_at, lambda n: n < 2), "a step without server 1",
-                             timeout=300))
+                             timeout=300, trial=trial))
     rejoin = int(wait_for(lambda: _first_step(trial, killed_at, lambda n: n == 2),
-                          "server 1 back at the current weights", timeout=900))
+                          "server 1 back at the current weights", timeout=900, trial=trial))
     wait_for(lambda: trained_steps(trial) >= rejoin + AFTER_REJOIN, f"{AFTER_REJOIN} steps with both servers",
-             timeout=300)
+             timeout=300, trial=trial)
     stopped = run_rlkit("stop", name, env=home)
     assert stopped.returncode == 0 and "the trainer checkpointed" in stopped.stdout, stopped.stdout + stopped.stderr
-    assert wait_state(name, timeout=120, env=home) == "CANCELLED"
+    assert wait_state(name, timeout=120, env=home, trial=trial) == "CANCELLED"
     wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
     return trial, killed_at, trained_steps(trial)
 
@@ -200,17 +201,19 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
     # the job id first: between the 8th step and the signal no CLI call, which on a loaded machine took long enough
     # for the trainer to finish step 19 of 24 and leave the stop below nothing to stop
     job_id = str(status_row(name, home)["job_id"])
-    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600)
+    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600, trial=trial)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
     status = run_rlkit("status", name, env=home).stdout  # the mismatch warning of step CORRUPTED + 1 is on record
     # the requeue hold (cred_expire + 1 s), then the requeued run resumes and trains STOP_AFTER steps of its own
     requeued_from = int(wait_for(lambda: re.search(r"resuming after step (\d+) ", (trial / "logs" / "grpo.log")
-                                                   .read_text()), "the requeued run's resume", timeout=900).group(1))
-    wait_for(lambda: trained_steps(trial) >= requeued_from + STOP_AFTER, "steps of the requeued run", timeout=600)
+                                                   .read_text()), "the requeued run's resume", timeout=900,
+                                 trial=trial).group(1))
+    wait_for(lambda: trained_steps(trial) >= requeued_from + STOP_AFTER, "steps of the requeued run", timeout=600,
+             trial=trial)
     stopped = run_rlkit("stop", name, env=home)
     assert stopped.returncode == 0, stopped.stderr
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
-    assert wait_state(name, timeout=120, env=home) == "CANCELLED"
+    assert wait_state(name, timeout=120, env=home, trial=trial) == "CANCELLED"
     # read now: Slurm forgets a finished job after MinJobAge (300 s), and the test may run later than that
     info = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
     wait_for(lambda: not processes_mentioning(str(trial)), "every step to end", timeout=90)
@@ -227,7 +230,7 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
     resumed = run_rlkit("resume", name, env=home)
     assert resumed.returncode == 0, resumed.stderr
     assert "(attempt 2)" in resumed.stdout
-    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return TimeLimitRun(trial, info, status, stop_step, previous)
 
 
@@ -235,7 +238,7 @@ def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
     trial = _submit(env, "crashloop", "total_train_steps=8",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", *ONE_RANK)
     name, home = f"{EXPERIMENT}/crashloop", _env(env, "crashloop")
-    assert wait_state(name, timeout=600, env=home) == "FAILED"
+    assert wait_state(name, timeout=600, env=home, trial=trial) == "FAILED"
     return trial, run_rlkit("status", name, env=home).stdout
 
 
@@ -247,10 +250,10 @@ def _all_servers_gone(env: dict[str, object]) -> Path:
     name, home = f"{EXPERIMENT}/allgone", _env(env, "allgone")
     job_id = str(status_row(name, home)["job_id"])
     # the server steps are looked up before training starts, so that the kill follows step 6 at once
-    steps = [wait_for(lambda: _step_id(job_id, "server-0"), "the server-0 step", timeout=600)]
-    wait_for(lambda: trained_steps(trial) >= 6, "6 trained steps", timeout=600)
+    steps = [wait_for(lambda: _step_id(job_id, "server-0"), "the server-0 step", timeout=600, trial=trial)]
+    wait_for(lambda: trained_steps(trial) >= 6, "6 trained steps", timeout=600, trial=trial)
     subprocess.run(["scancel", "--signal=KILL", *steps], check=True)
-    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return trial
 
 
@@ -260,11 +263,11 @@ def _rollout_fails_then_force(env: dict[str, object]) -> tuple[Path, str]:
     trial = _submit(env, "rolloutfails", "total_train_steps=8", "recover.freq_steps=1000", "saver.freq_steps=1",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=rollout_fails@5", *ONE_SERVER)
     name, home = f"{EXPERIMENT}/rolloutfails", _env(env, "rolloutfails")
-    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     forced = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *env["base"],  # type: ignore[misc]
                        "trial_name=rolloutfails", "total_train_steps=1", *ONE_SERVER, "--force", env=home)
     assert forced.returncode == 0, forced.stderr
-    assert wait_state(name, timeout=900, env=home) == "COMPLETED"
+    assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return trial, forced.stdout
 
 
@@ -277,7 +280,7 @@ def _ppo_killed(env: dict[str, object]) -> Path:
     trial = _submit(env, "ppokilled", f"total_train_steps={PPO_STEPS}", "recover.freq_steps=5",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_after_step@{PPO_KILLED_AFTER}",
                     *ONE_SERVER, job="ppo")
-    assert wait_state("demo-ppo/ppokilled", timeout=1500, env=_env(env, "ppokilled")) == "COMPLETED"
+    assert wait_state("demo-ppo/ppokilled", timeout=1500, env=_env(env, "ppokilled"), trial=trial) == "COMPLETED"
     return trial
 
 
