@@ -71,15 +71,28 @@ def wait_state(name: str, done: set[str] | None = None, timeout: float = 900,
 def wait_for(predicate, what: str, timeout: float = 300, every: float = 1.0,  # type: ignore[no-untyped-def]
              trial: Path | None = None):
     """Poll `predicate` every `every` seconds until it returns a true value (returned). A predicate that starts a
-    Python process (`rlkit status`) takes every=5: the trial it waits for needs the CPU more than the poll. On a
-    timeout the error carries the queue, the nodes and the end of `trial`'s logs: CI shows only that message."""
-    deadline = time.monotonic() + timeout
+    Python process (`rlkit status`) takes every=5: the trial it waits for needs the CPU more than the poll. With
+    `trial`, the wait ends as soon as the trial's job has ended (its script wrote job_end since the wait began), and
+    its error carries the queue, the nodes and the end of the trial's logs: CI shows only that message."""
+    began, deadline = time.time(), time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if trial is not None and _job_ended_since(trial, began):
+            if value := predicate():  # it may have come true just before the end
+                return value
+            raise AssertionError(f"the trial's job ended while waiting for {what}\n{cluster_picture(trial)}")
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{cluster_picture(trial)}")
+
+
+def _job_ended_since(trial: Path, since: float) -> bool:
+    """Whether the trial's batch script wrote its end record (job_end: not on a requeue) at or after `since`."""
+    try:
+        return (trial / "job_end").stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _command_output(argv: list[str]) -> str:

@@ -186,3 +186,35 @@ def test_the_two_lanes_run_every_test() -> None:
     assert 'CLUSTER = "(slurm or vllm or sglang) and not controller"' in noxfile
     assert '"-m", CLUSTER, "tests/integration"' in noxfile
     assert '"-m", f"not ({CLUSTER})", "tests/unit", "tests/integration"' in noxfile
+
+
+def test_a_wait_on_a_trial_ends_with_its_job_and_explains_itself(tmp_path: Path) -> None:
+    """A scenario waiting for steps of a job that has ended stops at once (not at its 600 s timeout, which is what a
+    failed run costs CI per wait), and every such error carries the trial's picture: the queue, the nodes, the
+    trial's processes and the end of each log (CI prints only the first failure's message)."""
+    import os
+    import threading
+    import time
+
+    from tests.helpers.slurm_helpers import wait_for
+
+    trial = tmp_path / "trial"
+    (trial / "logs").mkdir(parents=True)
+    (trial / "logs" / "grpo.log").write_text("".join(f"line {k}\n" for k in range(30)))
+    (trial / "job_end").write_text("an earlier attempt's end\n")
+    os.utime(trial / "job_end", (time.time() - 60, time.time() - 60))  # before the wait: not this job's end
+    soon = time.monotonic() + 0.3
+    assert wait_for(lambda: time.monotonic() > soon and "trained", "steps", timeout=5, every=0.05, trial=trial)
+    ended = threading.Timer(0.5, lambda: (trial / "job_end").write_text("1\nFAILED\n1\n0\n"))
+    ended.start()
+    began = time.monotonic()
+    with pytest.raises(AssertionError) as error:
+        wait_for(lambda: False, "10 trained steps", timeout=60, every=0.1, trial=trial)
+    ended.join()
+    assert time.monotonic() - began < 10
+    message = str(error.value)
+    assert message.startswith("the trial's job ended while waiting for 10 trained steps")
+    for part in ("squeue:", "sinfo:", "processes of the trial:", "grpo.log (last 12 lines):\nline 18\n"):
+        assert part in message
+    assert "line 17\n" not in message and message.endswith("line 29")
+    assert wait_for(lambda: 7, "a value", timeout=1, trial=trial) == 7  # a true predicate wins over an ended job
