@@ -103,6 +103,11 @@ def _command_output(argv: list[str]) -> str:
     return (done.stdout + done.stderr).strip()
 
 
+# what vLLM's and SGLang's processes print at exit about leaked nanobind objects (~30 lines): it would fill a log's
+# tail and hide the lines that explain the end ("engine core exited unexpectedly")
+_EXIT_NOISE = re.compile(r"nanobind: |See https://nanobind|\s+- (leaked |\.\.\. skipped remainder)")
+
+
 def cluster_picture(trial: Path | None = None, log_lines: int = 12) -> str:
     """What a timed-out wait needs to be explained from CI's output alone: every job in the queue with its state and
     pending reason, every node's state and drain reason, and the trial's live processes and the end of its logs."""
@@ -113,7 +118,8 @@ def cluster_picture(trial: Path | None = None, log_lines: int = 12) -> str:
     logs = sorted((trial / "logs").glob("*")) if trial is not None and (trial / "logs").is_dir() else []
     for log in logs:
         try:
-            tail = log.read_text(errors="replace").splitlines()[-log_lines:]
+            lines = log.read_text(errors="replace").splitlines()
+            tail = [line for line in lines if not _EXIT_NOISE.match(line)][-log_lines:]
         except OSError as exc:
             tail = [str(exc)]
         parts.append(f"{log.name} (last {log_lines} lines):\n" + "\n".join(tail))
