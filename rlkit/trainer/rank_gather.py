@@ -5,6 +5,7 @@ because the one-read path of an unchanged world (rlkit.trainer.rank_files.read_r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,12 @@ def gather_rows(directory: Path, targets: Mapping[str, Piece], expected: Mapping
         if isinstance(exc, StepError):
             raise
         raise DamagedCheckpoint(f"the rank files of {directory} have a malformed header ({exc!r})") from None
-    _check_whole(sorted({step[1] for step in plan}), expected)
-    for piece, path, position, at, count in plan:
-        with open(path, "rb", buffering=0) as f:
+    used = sorted({step[1] for step in plan})
+    _check_whole(used, expected)
+    with contextlib.ExitStack() as stack:  # each file opened once, not once per tensor it holds rows of
+        opened = {path: stack.enter_context(open(path, "rb", buffering=0)) for path in used}
+        for piece, path, position, at, count in plan:
+            f = opened[path]
             f.seek(position)
             if piece.local.device.type == "cpu" and piece.local.is_contiguous():
                 read_exact(f, bytes_of(piece.local)[at:at + count])
