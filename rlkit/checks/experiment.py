@@ -25,6 +25,7 @@ from rlkit.checks.site_files import (
     check_tokenizer_dir,
     check_writable_root,
 )
+from rlkit.checks.weight_delta import validate_weight_delta
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems, refuse_inert_fields
@@ -135,6 +136,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
             check_image_labels(config, allocation, problems)
     if job is not None:
         _validate_lora(config, job, job_types, allocation, problems)
+        validate_weight_delta(config, allocation, problems)
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
         job.validate(config, allocation, problems)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.servers.weight_delta import DeltaHeader
 
 
 LogprobMeaning = Literal["raw", "temperature", "logits"]
@@ -215,9 +216,12 @@ class ServerBackend(ABC):
 
     @abstractmethod
     async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
-                                     version: int, timeout: float) -> dict[str, Any]:
+                                     version: int, timeout: float, *, delta: DeltaHeader | None = None
+                                     ) -> dict[str, Any]:
         """While paused: load the Hugging Face checkpoint in `weights_dir` in place and set the reported version to
-        `version`. Returns what the server reported (JSON-able, for the log)."""
+        `version`. Returns what the server reported (JSON-able, for the log). `delta` (actor.weight_update_delta):
+        the push's header; `weights_dir` then holds a full checkpoint (kept by the server) or a delta against it
+        (rlkit.servers.weight_delta). A backend without a delta receive path raises StepError."""
 
     @abstractmethod
     async def join_weight_group(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
@@ -237,11 +241,13 @@ class ServerBackend(ABC):
 
     @abstractmethod
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "",
+                                    delta: DeltaHeader | None = None) -> None:
         """Receive one bucket: returns when the server's workers received and loaded every tensor of `tensors`,
         broadcast by trainer rank 0 in that order (concurrently with this call) over the joined group. `push` names
         the push (the same for all its buckets, also one sent again after a failure): an engine that skips tensors
-        it loaded already in the push (rlkit's gloo engine) tells a resumed push from a new one by it."""
+        it loaded already in the push (rlkit's gloo engine) tells a resumed push from a new one by it. `delta`: as
+        for `load_weights_from_disk`, the tensors being a bucket of the push in its wire format."""
 
     @abstractmethod
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,

@@ -69,7 +69,7 @@ def tied_weight_aliases(model_dir: Path) -> dict[str, str]:
     return {"lm_head.weight": "model.embed_tokens.weight"}
 
 
-def _resolve_ties(tensors: dict[str, torch.Tensor], aliases: Mapping[str, str]) -> dict[str, torch.Tensor]:
+def resolve_ties(tensors: dict[str, torch.Tensor], aliases: Mapping[str, str]) -> dict[str, torch.Tensor]:
     """Drop tied alias keys (as `save_pretrained` does), after checking that they still equal their canonical key."""
     import torch
 
@@ -172,7 +172,7 @@ def write_weights(
         raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: give the directory of the model being trained")
-    tensors = _own_storage(_resolve_ties(_prepare(state_dict, dtype), tied_weight_aliases(model_dir)))
+    tensors = _own_storage(resolve_ties(_prepare(state_dict, dtype), tied_weight_aliases(model_dir)))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:

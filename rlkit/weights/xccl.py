@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     import httpx
     import torch
 
+    from rlkit.servers.weight_delta import DeltaHeader
+
 logger = logging.getLogger(__name__)
 
 _END = object()  # the bucket iterator is exhausted
@@ -68,7 +70,8 @@ class BroadcastControl(Protocol):
     async def begin_weight_broadcast(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None: ...
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None: ...
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "",
+                                    delta: DeltaHeader | None = None) -> None: ...
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None: ...
@@ -116,6 +119,7 @@ class XcclSender:
         self._formed = 0
         self._pushes = 0
         self._push_id = ""  # the current push's name: every bucket carries it (BroadcastControl.receive_weight_bucket)
+        self._delta: DeltaHeader | None = None  # the current push's delta header, carried by every bucket too
         self._run = secrets.token_hex(4)  # in every group name: see the module docstring
 
     # ---- groups ----
@@ -233,8 +237,8 @@ class XcclSender:
         local = asyncio.create_task(asyncio.to_thread(group.link.send, tensors))
         local.add_done_callback(lambda _: self._add_time("trainer_send", time.perf_counter() - start))
         remote = {key(s): asyncio.create_task(self.control.receive_weight_bucket(
-            client, s, group.groups[key(s)], metas, self.timeout_s + self.margin_s, push=self._push_id))
-            for s in group.servers}
+            client, s, group.groups[key(s)], metas, self.timeout_s + self.margin_s, push=self._push_id,
+            delta=self._delta)) for s in group.servers}
         outcome = await wait_for_all(local, remote, self.timeout_s, on_failure=group.link.close,
                                      margin_s=self.margin_s)
         self._add_time("server_receive", time.perf_counter() - start)
@@ -278,13 +282,16 @@ class XcclSender:
         return failed
 
     async def push(self, client: httpx.AsyncClient, servers: Iterable[Server],
-                   buckets: Iterable[Mapping[str, torch.Tensor] | None], version: int) -> PushResult:
+                   buckets: Iterable[Mapping[str, torch.Tensor] | None], version: int, *,
+                   delta: DeltaHeader | None = None) -> PushResult:
         """Join where needed, begin, send every bucket, finish, on every server still going; the servers that failed.
 
         `buckets` is rank 0's `iter_full_buckets`: it is run to its end whatever fails (the other ranks gather with it).
-        The caller pauses the servers before and resets their prefix caches and resumes them after.
+        The caller pauses the servers before and resets their prefix caches and resumes them after. `delta`: the
+        push's header in a run with deltas (its buckets then in the wire format of rlkit.servers.weight_delta).
         """
         result = self._result = PushResult()
+        self._delta = delta
         self._pushes += 1
         self._push_id = f"{self._run}-p{self._pushes}"
         live = list(servers)

@@ -9,7 +9,8 @@ reset -> resume; the resume also after a failure. A server that fails (the sende
 push without it) is asked whether its process is still there: gone counts as lost (the fan-out goes on with the
 others, as in disk mode; its restart joins the next push's group and gets the full version), alive as a failure
 naming it. The version and fingerprint checks after the push are the fan-out's (rlkit.weights.fanout), as for every
-transport.
+transport. With `actor.weight_update_delta` (gloo only: vLLM's NCCL engine takes whole tensors) the buckets go out in
+the delta wire format (rlkit.weights.delta), a delta whenever every server of the push holds the last push.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ if TYPE_CHECKING:
     import torch
 
     from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.servers.weight_delta import DeltaHeader
     from rlkit.trials.paths import TrialPaths
+    from rlkit.weights.delta import DeltaEncoder
 
 # Every part of a push has its own timeout (actor.weight_update_timeout); this only bounds the whole wait on rank 0
 # should a part not honour its own.
@@ -57,6 +60,7 @@ class XcclTransport(WeightTransport):
         super().__init__(config, paths)
         self.bucket_bytes = self.config.actor.weight_chunked_mem_mb << 20
         self._sender: XcclSender | None = None
+        self._encoder: DeltaEncoder | None = None  # rank 0, a run with deltas
 
     def bucket_dtype(self) -> torch.dtype | None:
         from rlkit.models.dtypes import DTYPES
@@ -66,6 +70,11 @@ class XcclTransport(WeightTransport):
     def start(self) -> None:
         print(f"rlkit train: weights reach the servers by broadcast (xccl over {group_backend()}) in buckets of "
               f"{self.config.actor.weight_chunked_mem_mb} MiB", flush=True)
+        if self.config.actor.weight_update_delta and group_backend() != "gloo":
+            raise StepError("actor.weight_update_delta with weight_update_mode xccl: on GPUs vLLM's NCCL engine "
+                            "receives, and it loads whole tensors only (deltas are applied by rlkit's gloo engine, "
+                            "CPU servers)\n  fix: set actor.weight_update_mode: disk for delta pushes on GPUs, or "
+                            "actor.weight_update_delta: false")
 
     def push(self, buckets: Buckets, version: int, targets: PushTargets | None) -> list[ServerOutcome] | None:
         if targets is None:
@@ -79,18 +88,34 @@ class XcclTransport(WeightTransport):
                 if all((s.index, s.address) != (member.index, member.address) for s in targets.servers):
                     sender.forget(member)
             targets.begin_update()
+            sent, delta = self._delta_encoded(buckets, targets.servers)
 
             async def run() -> tuple[list[ServerOutcome], PushResult]:
                 async with targets.open_client() as client:
-                    return await push_all(client, sender, targets.servers, buckets, version, targets.timeout)
+                    return await push_all(client, sender, targets.servers, sent, version, targets.timeout,
+                                          delta=delta)
 
             outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
         except BaseException:
-            drain(buckets)  # then fail
+            drain(buckets)  # then fail (the gathered buckets, also where the encoding stopped half way)
             raise
+        if self._encoder is not None:
+            self._encoder.settle(outcomes)
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
         self.sent_bytes = result.trainer_bytes
         return outcomes
+
+    def _delta_encoded(self, buckets: Buckets, servers: list[Server]) -> tuple[Buckets, DeltaHeader | None]:
+        """The buckets as they go out and the push's delta header: as gathered in a run without deltas."""
+        if not self.config.actor.weight_update_delta:
+            return buckets, None
+        if self._encoder is None:
+            from rlkit.weights.delta import DeltaEncoder
+            from rlkit.weights.hf_export import tied_weight_aliases
+
+            self._encoder = DeltaEncoder(self.bucket_dtype(), skip=tied_weight_aliases(Path(self.config.actor.path)))
+        header = self._encoder.header(servers)
+        return self._encoder.encoded(buckets), header
 
     def close(self) -> None:
         if self._sender is not None:
@@ -120,8 +145,10 @@ def group_backend() -> str:
 
 
 async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[Server], buckets: Buckets,
-                   version: int, timeout: float) -> tuple[list[ServerOutcome], PushResult]:
-    """Pause every server, broadcast `version` to those paused, then reset and resume each; one outcome per server."""
+                   version: int, timeout: float, *, delta: DeltaHeader | None = None
+                   ) -> tuple[list[ServerOutcome], PushResult]:
+    """Pause every server, broadcast `version` to those paused, then reset and resume each; one outcome per server.
+    `delta`: the push's header in a run with deltas (`buckets` then in its wire format)."""
     syncs = {s.index: ServerSync(index=s.index, address=s.address, version=version) for s in servers}
     started = time.monotonic()
     paused = await asyncio.gather(*(timed(syncs[s.index].phases, "pause",
@@ -131,7 +158,7 @@ async def push_all(client: httpx.AsyncClient, sender: XcclSender, servers: list[
                                         if isinstance(e, BaseException)}
     going = [s for s in servers if s.index not in errors]
     try:
-        result = await sender.push(client, going, buckets, version)
+        result = await sender.push(client, going, buckets, version, delta=delta)
     except Exception as exc:  # the push drained the buckets; every server it had is failed, then settled (resumed)
         result = PushResult(failed={s.index: StepError(f"{s.label}: the weight push failed: {type(exc).__name__}: "
                                                        f"{exc}") for s in going})

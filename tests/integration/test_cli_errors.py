@@ -138,6 +138,11 @@ TRAINING_MISTAKES = [
                  "adapters go to the servers by disk only", id="lora-by-broadcast"),
     pytest.param(["actor.use_lora=true", "actor.target_modules=[q_proj]", "actor.lora_rank=600"],
                  "above the largest rank vLLM serves", id="lora-rank-too-large"),
+    # delta pushes (rlkit.checks.weight_delta)
+    pytest.param(["allocation_mode=sglang:d1+fsdp:d2", "actor.weight_update_delta=true"],
+                 "only vLLM servers apply deltas", id="delta-to-sglang"),
+    pytest.param(["actor.use_lora=true", "actor.target_modules=[q_proj]", "actor.weight_update_delta=true"],
+                 "never the weights a delta applies to", id="delta-with-lora"),
 ]
 
 

@@ -92,6 +92,11 @@ class ActorConfig:
         "disk", "How new weights reach the servers. Choices: disk (a Hugging Face checkpoint on the shared filesystem "
         "that every server reloads), xccl (broadcast from trainer rank 0 to every server's workers: NCCL on GPUs, "
         "gloo on the CPU).")
+    weight_update_delta: bool = _f(
+        False, "Send only the elements that changed since the last push (flat indices and values) when that is "
+        "smaller, to vLLM servers by disk or (CPU servers) broadcast: worth it for bfloat16 weights at RL learning "
+        "rates (15x fewer bytes measured at lr 1e-6), not in float32. Costs one copy of the weights in host memory "
+        "on trainer rank 0 and in every server worker; a restarted or failed server gets a full push.")
     weight_chunked_mem_mb: int = _f(
         1024, "xccl: full tensors are gathered and broadcast in buckets of about this many MiB, which bounds the "
         "trainer's extra memory during a push.", ge=1)

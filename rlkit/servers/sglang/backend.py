@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import httpx
 
     from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.servers.weight_delta import DeltaHeader
 
 # Variables of the inherited environment that would change what the routes below mean.
 _UNSET_ENV = (
@@ -196,12 +197,14 @@ class SglangBackend(ServerBackend):
         await call(client, server, "POST", "/continue_generation", "resume", timeout, json={})
 
     async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
-                                     version: int, timeout: float) -> dict[str, Any]:
+                                     version: int, timeout: float, *, delta: DeltaHeader | None = None
+                                     ) -> dict[str, Any]:
         """`POST /update_weights_from_disk {"model_path", "weight_version", "flush_cache": true,
         "abort_all_requests": false}` (io_struct.UpdateWeightFromDiskReqInput). While paused the tokenizer manager
         runs it at once (TokenizerManager.update_weights_from_disk skips its writer lock when `is_pause`); the
         scheduler loads in place (DefaultModelLoader), sets the version and flushes the cache, and answers
         `success: false` (HTTP 400) if the flush was refused, so a load never leaves old KV silently."""
+        _no_delta(server, delta)
         weights_dir = Path(weights_dir).absolute()  # the server resolves relative paths against its own cwd
         body = {"model_path": str(weights_dir), "weight_version": str(version), "flush_cache": True,
                 "abort_all_requests": False}
@@ -236,12 +239,14 @@ class SglangBackend(ServerBackend):
         return SglangWeightLink(group)
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "",
+                                    delta: DeltaHeader | None = None) -> None:
         """`POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", "flush_cache": false}`
         (io_struct.UpdateWeightsFromDistributedReqInput): the worker receives each tensor by
         `torch.distributed.broadcast(src=0)` in this order, then `model.load_weights` (a tied head is the embedding
         module itself in SGLang's Qwen2, so it follows). The cache is flushed once, by `reset_prefix_cache`, not per
         bucket. A bucket sent again after a failure is loaded again (a plain copy): `push` is not needed."""
+        _no_delta(server, delta)
         if not tensors:
             raise ValueError("an empty bucket")
         body = {"names": [t.name for t in tensors], "dtypes": [t.dtype for t in tensors],
@@ -331,6 +336,14 @@ def _completion(result: Any, server: Server) -> Completion:
         raise ValueError(f"{server.label}: output_token_logprobs do not match output_ids")
     return Completion(text=result.get("text", ""), token_ids=token_ids, logprobs=[float(e[0]) for e in entries],
                       finish_reason=reason)
+
+
+def _no_delta(server: Server, delta: DeltaHeader | None) -> None:
+    """SGLang loads pushes through its own routes, which take whole tensors: a delta push cannot reach it (refused
+    at submit by rlkit.checks.weight_delta; this guards the API)."""
+    if delta is not None:
+        raise StepError(f"{server.label}: SGLang takes whole weights only; actor.weight_update_delta needs vLLM "
+                        "servers\n  fix: set actor.weight_update_delta: false, or serve with vLLM")
 
 
 BACKEND = SglangBackend()

@@ -49,6 +49,7 @@ from rlkit.servers.vllm.command import (
 
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.servers.weight_delta import DeltaHeader
 
 
 _LOGPROB_MODES: dict[str, LogprobMeaning] = {"raw_logprobs": "raw", "processed_logprobs": "temperature",
@@ -169,17 +170,24 @@ class VllmBackend(ServerBackend):
         await call(client, server, "POST", "/resume", "resume", timeout)
 
     async def load_weights_from_disk(self, client: httpx.AsyncClient, server: Server, weights_dir: Path,
-                                     version: int, timeout: float) -> dict[str, Any]:
+                                     version: int, timeout: float, *, delta: DeltaHeader | None = None
+                                     ) -> dict[str, Any]:
         """`rlkit_reload_weights` (vLLM's in-place reload plus the tied-embedding repair) on every worker, then the
         version. Returns `{"workers": [per-rank report], "seconds": {"reload": s, "set_version": s}}`."""
         started = time.monotonic()
-        body = {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(weights_dir)}, "timeout": timeout}
+        kwargs: dict[str, Any] = {"weights_path": str(weights_dir)}
+        if delta is not None:
+            kwargs["delta"] = delta.as_json()
+        body = {"method": RELOAD_METHOD, "kwargs": kwargs, "timeout": timeout}
         try:
             response = await call(client, server, "POST", "/collective_rpc", f"the weight reload from {weights_dir}",
                                   timeout, json=body)
         except ServerUnreachable:
             raise  # the process is gone mid-reload: the caller counts it as lost, not as misconfigured
         except StepError as exc:
+            if delta is not None and "a delta push" in str(exc):  # the worker's copy is not the delta's base
+                raise StepError(f"{exc}\n  (rlkit's trainer sends a full push to a server it does not know to "
+                                "hold its last push: this one lost its copy, e.g. restarted in place)") from exc
             raise StepError(f"{exc}\n  fix: the server must run with --worker-extension-cls {WORKER_EXTENSION} "
                             "(rlkit.servers.vllm.command.vllm_command adds it) and be able to read the "
                             "directory") from exc
@@ -206,9 +214,17 @@ class VllmBackend(ServerBackend):
         await broadcast.begin(client, server, timeout)
 
     async def receive_weight_bucket(self, client: httpx.AsyncClient, server: Server, group: WeightGroup,
-                                    tensors: list[TensorMeta], timeout: float, *, push: str = "") -> None:
-        # only rlkit's gloo engine takes `push`; vLLM's NCCL engine refuses fields it does not know
-        await broadcast.receive_bucket(client, server, tensors, timeout, push=push if group.backend == "gloo" else None)
+                                    tensors: list[TensorMeta], timeout: float, *, push: str = "",
+                                    delta: DeltaHeader | None = None) -> None:
+        # only rlkit's gloo engine takes `push` and `delta`; vLLM's NCCL engine refuses fields it does not know
+        if group.backend != "gloo":
+            if delta is not None:
+                raise StepError(f"{server.label}: a delta push by broadcast needs rlkit's gloo engine (CPU servers); "
+                                "vLLM's NCCL engine loads whole tensors only\n  fix: set "
+                                "actor.weight_update_mode: disk for delta pushes on GPUs")
+            await broadcast.receive_bucket(client, server, tensors, timeout)
+            return
+        await broadcast.receive_bucket(client, server, tensors, timeout, push=push, delta=delta)
 
     async def finish_weight_broadcast(self, client: httpx.AsyncClient, server: Server, version: int,
                                       timeout: float) -> None:

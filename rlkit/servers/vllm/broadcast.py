@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import httpx
 
     from rlkit.servers.backend import Server, TensorMeta, WeightGroup
+    from rlkit.servers.weight_delta import DeltaHeader
 
 
 def init_info(group: WeightGroup, packed: bool | None = None) -> dict[str, Any]:
@@ -53,12 +54,16 @@ def init_info(group: WeightGroup, packed: bool | None = None) -> dict[str, Any]:
     return info
 
 
-def update_info(tensors: Sequence[TensorMeta], push: str | None = None) -> dict[str, Any]:
-    """The `update_info` of `/update_weights`; `push` (rlkit's gloo engine only) names the push the bucket is of."""
+def update_info(tensors: Sequence[TensorMeta], push: str | None = None, delta: DeltaHeader | None = None
+                ) -> dict[str, Any]:
+    """The `update_info` of `/update_weights`; `push` (rlkit's gloo engine only) names the push the bucket is of,
+    `delta` (gloo engine only) is the header of a push in a run with deltas (rlkit.servers.weight_delta)."""
     info: dict[str, Any] = {"names": [t.name for t in tensors], "dtype_names": [t.dtype for t in tensors],
                             "shapes": [list(t.shape) for t in tensors]}
     if push is not None:
         info["push"] = push
+    if delta is not None:
+        info["delta"] = delta.as_json()
     return info
 
 
@@ -102,13 +107,13 @@ async def begin(client: httpx.AsyncClient, server: Server, timeout: float) -> No
 
 
 async def receive_bucket(client: httpx.AsyncClient, server: Server, tensors: list[TensorMeta], timeout: float, *,
-                         push: str | None = None) -> None:
-    """The workers receive `tensors` (sent by group rank 0 meanwhile, in this order) and load them; `push`: see
-    `update_info`."""
+                         push: str | None = None, delta: DeltaHeader | None = None) -> None:
+    """The workers receive `tensors` (sent by group rank 0 meanwhile, in this order) and load them; `push`,
+    `delta`: see `update_info`."""
     size = sum(_nbytes(t) for t in tensors) / 1e6
     await call(client, server, "POST", "/update_weights",
                f"receiving a bucket of {len(tensors)} tensors ({size:.1f} MB)", timeout,
-               json={"update_info": update_info(tensors, push)})
+               json={"update_info": update_info(tensors, push, delta)})
 
 
 async def finish(client: httpx.AsyncClient, server: Server, version: int, timeout: float) -> None:

@@ -21,6 +21,9 @@ engine's (read in vLLM 0.32, `distributed/weight_transfer/nccl_engine.py`), so `
   its update session when a bucket fails; the engine keeps its reload open until the next bucket, which resumes it
   (the same push, named in every bucket's `push`) or closes it and begins anew (another push: a trainer that died
   mid-push).
+- a run with deltas (`actor.weight_update_delta`): each bucket names its push's header (`delta`); the engine keeps a
+  copy of the pushed weights, applies each delta to it and loads the whole tensors it completes
+  (rlkit.servers.weight_delta; the trainer's finish makes the copy that push's).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +46,7 @@ from vllm.distributed.weight_transfer.base import (
 from rlkit.servers.vllm.relay import ChainReceiver
 from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, packed_chunks
 from rlkit.servers.vllm.worker import TiedMember, refresh_tied_groups, tied_parameter_groups
+from rlkit.servers.weight_delta import DeltaBase, DeltaHeader
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -81,6 +85,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     shapes: list[list[int]]
     discard: bool = False
     push: str = ""  # the trainer's name for the push (rlkit.weights.xccl): which loads a resumed update keeps
+    delta: dict[str, Any] | None = None  # a push of a run with deltas: its DeltaHeader (rlkit.servers.weight_delta)
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -113,6 +118,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._loaded: set[str] = set()  # the names loaded in it
         self._buffer_bytes = PACKED_BUFFER_BYTES
         self._tied: list[list[TiedMember]] = []
+        self._delta: DeltaBase | None = None  # the copy deltas apply to, kept once a push of a run with deltas came
+        self._delta_push = ""  # the push that copy is being updated by
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         self.shutdown()  # a re-join (restarted trainer, re-formed group) replaces the old group
@@ -153,6 +160,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self._open, self._push, self._loaded = True, "", set()
 
     def finish_weight_update(self) -> None:
+        """The trainer's finish (every bucket of the push loaded): a run with deltas keeps the copy as that push's."""
+        if self._delta is not None and self._delta_push:
+            self._delta.commit()
+            self._delta_push = ""
+        self._finalize()
+
+    def _finalize(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
@@ -171,9 +185,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if self._push and update_info.push != self._push:  # an update another push left open: closed, begun anew
             logger.info("rlkit gloo weight transfer: closing the update push %s left open (%d tensors loaded) for "
                         "push %s", self._push, len(self._loaded), update_info.push or "?")
-            self.finish_weight_update()
+            self._finalize()  # not the trainer's finish: the copy a delta needs stays of no push
             self._begin()
         self._push = update_info.push
+        header = None if update_info.delta is None else DeltaHeader.from_json(update_info.delta)
+        if header is not None and self._delta_push != update_info.push:  # the push's first bucket
+            self._delta = self._delta or DeltaBase()
+            self._delta.begin(header)  # refuses a delta whose base this copy is not
+            self._delta_push = update_info.push
 
         dtypes = [_dtype(name) for name in update_info.dtype_names]
         shapes = [tuple(shape) for shape in update_info.shapes]
@@ -204,9 +223,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     mark = time.perf_counter()
                     # a name loaded already in this update is skipped: the trainer sends a failed bucket again
                     # (rlkit.weights.xccl), and a layerwise reload must not count a layer's elements twice
-                    pairs = [pair for k in batch
-                             for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes, shapes)
-                             if pair[0] not in self._loaded]
+                    arrived = [pair for k in batch
+                               for pair in self._unpack(chunks[k], buffers[k], update_info.names, sizes, dtypes,
+                                                        shapes)]
+                    if header is not None and self._delta is not None:  # deltas applied to the copy: whole tensors
+                        arrived = self._delta.take(arrived)
+                    pairs = [pair for pair in arrived if pair[0] not in self._loaded]
                     if pairs:
                         load(pairs)
                         self._loaded.update(name for name, _ in pairs)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -122,15 +123,21 @@ class WeightSyncExtension:
     rank: int
     reload_weights: Callable[..., None]
 
-    def rlkit_reload_weights(self, weights_path: str) -> dict[str, Any]:
+    def rlkit_reload_weights(self, weights_path: str, delta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reload the weights in place from the HF checkpoint directory `weights_path`, then refresh tied layers.
+
+        `delta` (a run with `actor.weight_update_delta`: rlkit.servers.weight_delta.DeltaHeader as JSON): the
+        worker reads the push itself, a full checkpoint or a delta against the copy it keeps, and loads the copy.
 
         Returns (per worker, JSON-able) the rank, the tied parameter groups found, the modules re-processed and the
         time taken.
         """
         start = time.perf_counter()
         groups = tied_parameter_groups(self.model_runner.get_model())
-        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        if delta is None:
+            self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        else:
+            _reload_delta(self, Path(weights_path), delta)
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
@@ -142,3 +149,19 @@ class WeightSyncExtension:
             "refreshed": refreshed,
             "seconds": round(time.perf_counter() - start, 4),
         }
+
+
+def _reload_delta(worker: WeightSyncExtension, weights_path: Path, delta: dict[str, Any]) -> None:
+    """A push of a run with deltas: read it, apply it to the copy this worker keeps (made at its first such push,
+    held on the worker object), and reload the whole copy in place."""
+    from rlkit.servers.weight_delta import DeltaBase, DeltaHeader, read_push
+
+    header = DeltaHeader.from_json(delta)
+    base: DeltaBase = worker.__dict__.setdefault("_rlkit_delta_base", DeltaBase())
+    base.begin(header)
+    complete = dict(base.take(read_push(weights_path, header)))
+    missing = sorted(set(base.tensors) - set(complete))
+    if missing:  # every push carries every tensor (whole or delta): a missing one means a partial push
+        raise ValueError(f"push {header.id} in {weights_path} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    worker.reload_weights(weights_iterator=iter(complete.items()), is_checkpoint_format=True)
+    base.commit()

@@ -145,7 +145,7 @@ class ThreadServers(NoServerControl):
         pass
 
     async def receive_weight_bucket(self, client: Any, server: Server, group: WeightGroup, tensors: list[Any],
-                                    timeout: float, *, push: str = "") -> None:
+                                    timeout: float, *, push: str = "", delta: Any = None) -> None:
         if server.index in self.silent:
             await self.hang.wait()
         _, pg, joined = self.ends[server.index]

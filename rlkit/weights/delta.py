@@ -1,0 +1,109 @@
+"""Delta pushes, trainer side (`actor.weight_update_delta`; the wire format and the receivers' copy:
+rlkit.servers.weight_delta): trainer rank 0 keeps what it last pushed (the wire dtype, on the CPU: one model's
+bytes) and which servers confirmed it, and makes each push a delta against it when every server of the push holds
+it, else a full push (the first push of a trainer, a server restarted, added or failed last time).
+
+Used by both transports: disk writes a delta as one file (`write_delta`), broadcast sends the encoded buckets.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlkit.fsutil import fsync_dir, fsync_path
+from rlkit.servers.backend import Server
+from rlkit.servers.weight_delta import DELTA_FILE, DeltaHeader, encode
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlkit.weights.base import ServerOutcome
+
+
+def _key(server: Server) -> tuple[int, str]:
+    return server.index, server.address  # a restarted server comes back under a new address
+
+
+class DeltaEncoder:
+    """Rank 0's last push and its holders. Per push: `header(servers)` -> `encode_bucket` for every bucket ->
+    `complete()` -> `settle(outcomes)`."""
+
+    def __init__(self, dtype: torch.dtype | None, skip: Iterable[str] = ()) -> None:
+        self.dtype = dtype  # the wire dtype (None: as gathered)
+        self.skip = frozenset(skip)  # tied aliases: never sent, the servers tie them
+        self._run = secrets.token_hex(4)  # a restarted trainer's ids never match an earlier one's
+        self._pushes = 0
+        self._last: dict[str, torch.Tensor] = {}
+        self._last_id: str | None = None
+        self._holders: set[tuple[int, str]] = set()
+        self._current: DeltaHeader | None = None
+
+    def header(self, servers: Sequence[Server]) -> DeltaHeader:
+        """The next push's header: a delta against the last push when every one of `servers` holds it, else full."""
+        self._pushes += 1
+        holds = self._last_id is not None and bool(servers) and all(_key(s) in self._holders for s in servers)
+        self._current = DeltaHeader(f"{self._run}-p{self._pushes}", self._last_id if holds else None)
+        self._last_id, self._holders = None, set()  # the copy changes from now on: of no push until complete()
+        return self._current
+
+    def encode_bucket(self, bucket: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The bucket as it travels in the current push (whole tensors in a full push); the copy takes its tensors."""
+        if self._current is None:
+            raise RuntimeError("DeltaEncoder.header() first")
+        delta = self._current.base is not None
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in bucket.items():
+            if name in self.skip:
+                continue
+            new = tensor.detach().to("cpu", self.dtype).contiguous()
+            if new.data_ptr() == tensor.data_ptr():  # the trainer's own storage: it changes at the next step
+                new = new.clone()
+            out.update(encode(name, new, self._last.get(name)) if delta else {name: new})
+            self._last[name] = new
+        return out
+
+    def encoded(self, buckets: Iterable[Mapping[str, torch.Tensor] | None]) -> Iterator[dict[str, torch.Tensor] | None]:
+        """`encode_bucket` over a bucket iterator (None passes through); `complete()` when it ends."""
+        for bucket in buckets:
+            yield None if bucket is None else self.encode_bucket(bucket)
+        self.complete()
+
+    def complete(self) -> None:
+        """Every tensor of the current push went through `encode_bucket`: the copy is of that push."""
+        assert self._current is not None
+        self._last_id = self._current.id
+
+    def settle(self, outcomes: Iterable[ServerOutcome]) -> None:
+        """The servers the push reached hold it (a delta may go to them next)."""
+        if self._last_id is not None:
+            self._holders = {_key(o.server) for o in outcomes if o.sync is not None}
+
+
+def write_delta(tensors: Mapping[str, torch.Tensor], out_dir: Path, header: DeltaHeader) -> Path:
+    """A delta push by disk: `out_dir/rlkit-delta.safetensors` (its header in the file's metadata), written into a
+    temporary directory beside `out_dir`, fsynced, then renamed to `out_dir` in one step (no server sees a part)."""
+    from safetensors.torch import save_file
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        path = tmp / DELTA_FILE
+        save_file(dict(tensors), str(path), metadata={"id": header.id, "base": header.base or ""})
+        path.chmod(0o644)  # servers may run as another user on the shared filesystem
+        fsync_path(path)
+        tmp.chmod(0o755)
+        fsync_dir(tmp)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(out_dir.parent)
+    return out_dir
