@@ -8,6 +8,8 @@ version's, as float32 (the CPU demo's wire dtype) and as bfloat16 (the GPU confi
   sparse      bytes of a (4-byte index, value) list of the changed elements, / the full model's bytes
   xor+zlib    bytes of zlib level 1 over the XOR of the two versions' bits, / the full model's bytes (and zlib's
               speed on one core: a compressor slower than the link costs more than it saves)
+  rlkit push  bytes of the push rlkit sends with `actor.weight_update_delta` (rlkit.weights.delta.DeltaEncoder: per
+              tensor the (index, value) list, or the whole tensor where that is not smaller), / the full model's bytes
 A delta pays where `sparse` or `xor+zlib` is well below 1; the full push costs 1. Prints one line per (lr, dtype)
 with the median over the steps; asserts nothing.
 
@@ -58,6 +60,27 @@ def compare(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], dty
     return changed / total, changed * (4 + width) / full, xor_bytes / full, full / 1e6 / zlib_seconds
 
 
+class PushMeter:
+    """rlkit's own encoder for one wire dtype, pushing every version to one server that always holds the last."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        from rlkit.servers.backend import Server
+        from rlkit.weights.delta import DeltaEncoder
+
+        self.encoder, self.itemsize = DeltaEncoder(dtype), dtype.itemsize
+        self.servers = [Server(index=0, address="bench:0", model="m", backend="vllm")]
+
+    def push(self, state: dict[str, torch.Tensor]) -> float:
+        """The push's bytes / the full model's bytes in the wire dtype."""
+        from rlkit.weights.base import ServerOutcome, ServerSync
+
+        self.encoder.header(self.servers)
+        sent = sum(t.nbytes for t in self.encoder.encode_bucket(state).values())
+        self.encoder.complete()
+        self.encoder.settle([ServerOutcome(self.servers[0], sync=ServerSync(index=0, address="bench:0", version=0))])
+        return sent / sum(t.numel() * self.itemsize for t in state.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -77,25 +100,30 @@ def main() -> None:
         logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)), 1
 
-    print(f"{'lr':>8} {'dtype':>9} {'changed':>8} {'sparse':>8} {'xor+zlib':>9} {'zlib MB/s':>10}  "
-          f"(medians over {args.steps} steps)")
+    print(f"{'lr':>8} {'dtype':>9} {'changed':>8} {'sparse':>8} {'xor+zlib':>9} {'zlib MB/s':>10} {'rlkit push':>11}"
+          f"  (medians over {args.steps} steps)")
     for lr in args.lr:
         config = ActorConfig(path=str(model_dir), dtype="float32", gradient_checkpointing=False, attn_impl="sdpa")
         config.optimizer.lr = lr
         engine = TrainEngine(config, rank=env.rank, world=env.world_size, device=device,
                              total_optimizer_steps=args.steps)
-        rows: dict[str, list[tuple[float, float, float, float]]] = {"float32": [], "bfloat16": []}
+        rows: dict[str, list[tuple[float, float, float, float, float]]] = {"float32": [], "bfloat16": []}
         previous = weights(engine)
+        meters = {"float32": PushMeter(torch.float32), "bfloat16": PushMeter(torch.bfloat16)}
+        for meter in meters.values():
+            meter.push(previous)  # the first push is full
         for _ in range(args.steps):
             batch = torch.randint(0, 500, (4, 32), generator=generator)
             engine.optimizer_step([batch], loss_fn, 1.0)
             current = weights(engine)
             for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-                rows[name].append(compare(previous, current, dtype))
+                rows[name].append((*compare(previous, current, dtype), meters[name].push(current)))
             previous = current
         for name, figures in rows.items():
-            changed, sparse, packed, speed = (statistics.median(column) for column in zip(*figures, strict=True))
-            print(f"{lr:>8.0e} {name:>9} {changed:>8.1%} {sparse:>8.3f} {packed:>9.3f} {speed:>10.0f}", flush=True)
+            changed, sparse, packed, speed, pushed = (statistics.median(column) for column in zip(*figures,
+                                                                                                 strict=True))
+            print(f"{lr:>8.0e} {name:>9} {changed:>8.1%} {sparse:>8.3f} {packed:>9.3f} {speed:>10.0f} {pushed:>11.3f}",
+                  flush=True)
     torch.distributed.destroy_process_group()
 
 
