@@ -85,6 +85,12 @@ class DeltaEncoder:
             self._holders = {_key(o.server) for o in outcomes if o.sync is not None}
 
 
+def describe(header: DeltaHeader, version: int, sent_bytes: int) -> str:
+    """The trainer log's line for a push of a run with deltas."""
+    kind = f"a delta against push {header.base}" if header.base else "a full push (the servers keep a copy)"
+    return f"rlkit train: weight version {version} went out as {kind}: push {header.id}, {sent_bytes / 1e6:.3f} MB"
+
+
 def write_delta(tensors: Mapping[str, torch.Tensor], out_dir: Path, header: DeltaHeader) -> Path:
     """A delta push by disk: `out_dir/rlkit-delta.safetensors` (its header in the file's metadata), written into a
     temporary directory beside `out_dir`, fsynced, then renamed to `out_dir` in one step (no server sees a part)."""

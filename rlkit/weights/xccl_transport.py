@@ -99,10 +99,13 @@ class XcclTransport(WeightTransport):
         except BaseException:
             drain(buckets)  # then fail (the gathered buckets, also where the encoding stopped half way)
             raise
-        if self._encoder is not None:
-            self._encoder.settle(outcomes)
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
         self.sent_bytes = result.trainer_bytes
+        if self._encoder is not None and delta is not None:
+            from rlkit.weights.delta import describe
+
+            self._encoder.settle(outcomes)
+            print(describe(delta, version, self.sent_bytes), flush=True)
         return outcomes
 
     def _delta_encoded(self, buckets: Buckets, servers: list[Server]) -> tuple[Buckets, DeltaHeader | None]:

@@ -25,6 +25,7 @@ episodes of an evaluation (worst-case standard error 0.5 / sqrt(32) = 0.09 again
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 from pathlib import Path
@@ -66,6 +67,7 @@ def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         f"actor.path={model}", f"train_dataset.path={data}", f"valid_dataset.path={valid}",
         f"cluster.fileroot={root}/fileroot", "trial_name=agent", f"total_train_steps={STEPS}",
         "recover.freq_steps=5", "saver.freq_steps=null",
+        "actor.weight_update_delta=true",  # delta pushes over the broadcast, across the trainer's kill and retry
     ]
     env = {"RLKIT_HOME": str(root / "home")}
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-agent-cpu-demo.yaml"), *overrides, env=env)
@@ -148,6 +150,16 @@ def test_weights_went_by_broadcast_and_every_version_was_fingerprinted(agent_run
     assert not (trial / "weights").exists() or not any((trial / "weights").iterdir())
     assert_every_version_fingerprinted(log, [0], STEPS)
     assert all(m["weight_sync/servers_at_version"] == 1 for m in _metrics(trial))
+    # actor.weight_update_delta: each trainer run's first push is full (the killed run's pushes are not the retry's
+    # to build on), every later one a delta against the push before it (float32 at this learning rate moves every
+    # element, so its tensors travel whole: the chain of pushes is what is checked here; the bytes saved, where
+    # elements stay put, in test_weight_delta_push)
+    pushes = re.findall(r"weight version (\d+) went out as (a full push|a delta against push \S+)[^:]*: push (\S+),",
+                        log)
+    assert [kind for _, kind, _ in pushes].count("a full push") == 2, pushes
+    assert len(pushes) >= STEPS and pushes[0][1] == "a full push", pushes
+    for (_, kind, _), (_, _, before) in zip(pushes[1:], pushes, strict=False):
+        assert kind in ("a full push", f"a delta against push {before}"), pushes
 
 
 def test_evaluation_runs_the_training_episodes_and_scores_the_learned_tool_use(agent_run: dict[str, object]) -> None:
