@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -42,3 +44,31 @@ def replace_dir(new: Path, final: Path) -> None:
     os.rename(new, final)
     fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_dir(out_dir: Path, fill: Callable[[Path], object], *, replace: bool = False,
+              then: Callable[[Path], object] | None = None) -> Path:
+    """Write directory `out_dir` in one step: `fill(tmp)` writes its files into a temporary directory beside it; each
+    file is made readable by all (0644; the directory 0755: servers may run as another user on the shared filesystem)
+    and fsynced, `then(tmp)` adds files that keep their own permissions, and the directory is renamed to `out_dir`
+    (with `replace`, replacing an existing one: `replace_dir`). A failure leaves no temporary directory behind."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        fill(tmp)
+        for item in tmp.iterdir():
+            item.chmod(0o644)
+            fsync_path(item)
+        if then is not None:
+            then(tmp)
+        tmp.chmod(0o755)
+        fsync_dir(tmp)
+        if replace:
+            replace_dir(tmp, out_dir)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(out_dir.parent)
+    return out_dir

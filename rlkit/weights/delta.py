@@ -8,15 +8,12 @@ Used by both transports: disk writes a delta as one file (`write_delta`), broadc
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlkit.fsutil import fsync_dir, fsync_path
+from rlkit.fsutil import write_dir
 from rlkit.servers.backend import Server
 from rlkit.servers.weight_delta import DELTA_FILE, DeltaHeader, encode
 
@@ -92,24 +89,14 @@ def describe(header: DeltaHeader, version: int, sent_bytes: int) -> str:
 
 
 def write_delta(tensors: Mapping[str, torch.Tensor], out_dir: Path, header: DeltaHeader) -> Path:
-    """A delta push by disk: `out_dir/rlkit-delta.safetensors` (its header in the file's metadata), written into a
-    temporary directory beside `out_dir`, fsynced, then renamed to `out_dir` in one step (no server sees a part)."""
+    """A delta push by disk: `out_dir/rlkit-delta.safetensors` (its header in the file's metadata), written as
+    `write_weights` writes a version (`rlkit.fsutil.write_dir`: no server sees a part of it)."""
     from safetensors.torch import save_file
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        path = tmp / DELTA_FILE
-        save_file(dict(tensors), str(path), metadata={"id": header.id, "base": header.base or ""})
-        path.chmod(0o644)  # servers may run as another user on the shared filesystem
-        fsync_path(path)
-        tmp.chmod(0o755)
-        fsync_dir(tmp)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out_dir.parent)
-    return out_dir
+
+    def fill(tmp: Path) -> None:
+        save_file(dict(tensors), str(tmp / DELTA_FILE), metadata={"id": header.id, "base": header.base or ""})
+
+    return write_dir(out_dir, fill)

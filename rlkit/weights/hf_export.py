@@ -6,15 +6,13 @@ version. torch and safetensors are imported inside the functions that need them 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
+from rlkit.fsutil import write_dir
 from rlkit.models.tiny import MARKER as TINY_MARKER
 
 if TYPE_CHECKING:
@@ -173,9 +171,8 @@ def write_weights(
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: give the directory of the model being trained")
     tensors = _own_storage(resolve_ties(_prepare(state_dict, dtype), tied_weight_aliases(model_dir)))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         for item in sorted(model_dir.iterdir()):
             if not item.is_file() or item.name.startswith(".") or item.name in _SKIP_FILES:
                 continue
@@ -205,22 +202,9 @@ def write_weights(
                 weight_map.update(dict.fromkeys(shard, name))
             index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}
             (tmp / WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        for item in tmp.iterdir():
-            item.chmod(0o644)  # servers may run as another user on the shared filesystem
-            fsync_path(item)
-        if also_write is not None:
-            also_write(tmp)  # its files land with the weights, in the same rename
-        tmp.chmod(0o755)
-        fsync_dir(tmp)
-        if replace:
-            replace_dir(tmp, out_dir)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out_dir.parent)
-    return out_dir
+
+    # `also_write`'s files land with the weights, in the same rename
+    return write_dir(out_dir, fill, replace=replace, then=also_write)
 
 
 def remove_old_versions(weights_root: Path, keep: set[int]) -> list[Path]:
