@@ -71,8 +71,7 @@ def encode(name: str, new: torch.Tensor, old: torch.Tensor | None) -> dict[str, 
         return {name: new}
     index_dtype = torch.int32 if new.numel() < 2**31 else torch.int64
     changed = torch.nonzero(_bits(new) != _bits(old)).reshape(-1)
-    index_size = torch.empty((), dtype=index_dtype).element_size()
-    if changed.numel() * (index_size + new.element_size()) >= new.numel() * new.element_size():
+    if changed.numel() * (index_dtype.itemsize + new.element_size()) >= new.numel() * new.element_size():
         return {name: new}
     if changed.numel() == 0:
         changed = torch.zeros(1, dtype=torch.int64)
@@ -91,11 +90,11 @@ def read_push(directory: Path, header: DeltaHeader) -> list[tuple[str, torch.Ten
             raise FileNotFoundError(f"{directory} holds no safetensors file: not a checkpoint")
         return [pair for path in files for pair in load_file(path).items()]
     path = directory / DELTA_FILE
-    with safe_open(str(path), "pt") as opened:
+    with safe_open(str(path), "pt") as opened:  # one open: its header, then its tensors
         written = (opened.metadata() or {}).get("id")
-    if written != header.id:
-        raise ValueError(f"{path} is push {written!r}, not the announced {header.id}")
-    return list(load_file(path).items())
+        if written != header.id:
+            raise ValueError(f"{path} is push {written!r}, not the announced {header.id}")
+        return [(name, opened.get_tensor(name)) for name in opened.keys()]  # noqa: SIM118 - safe_open: no __iter__
 
 
 class DeltaBase:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rlkit.fsutil import write_dir
 from rlkit.servers.backend import Server
 from rlkit.servers.weight_delta import DELTA_FILE, DeltaHeader, encode
+from rlkit.weights.xccl_group import Key, key
 
 if TYPE_CHECKING:
     import torch
@@ -23,13 +24,10 @@ if TYPE_CHECKING:
     from rlkit.weights.base import ServerOutcome
 
 
-def _key(server: Server) -> tuple[int, str]:
-    return server.index, server.address  # a restarted server comes back under a new address
-
-
 class DeltaEncoder:
     """Rank 0's last push and its holders. Per push: `header(servers)` -> `encode_bucket` for every bucket ->
-    `complete()` -> `settle(outcomes)`."""
+    `complete()` -> `settle(outcomes)` (-> `describe` for the log). Servers are known by index and address, as the
+    broadcast groups know them (a restarted server comes back under a new address)."""
 
     def __init__(self, dtype: torch.dtype | None, skip: Iterable[str] = ()) -> None:
         self.dtype = dtype  # the wire dtype (None: as gathered)
@@ -38,13 +36,13 @@ class DeltaEncoder:
         self._pushes = 0
         self._last: dict[str, torch.Tensor] = {}
         self._last_id: str | None = None
-        self._holders: set[tuple[int, str]] = set()
+        self._holders: set[Key] = set()
         self._current: DeltaHeader | None = None
 
     def header(self, servers: Sequence[Server]) -> DeltaHeader:
         """The next push's header: a delta against the last push when every one of `servers` holds it, else full."""
         self._pushes += 1
-        holds = self._last_id is not None and bool(servers) and all(_key(s) in self._holders for s in servers)
+        holds = self._last_id is not None and bool(servers) and all(key(s) in self._holders for s in servers)
         self._current = DeltaHeader(f"{self._run}-p{self._pushes}", self._last_id if holds else None)
         self._last_id, self._holders = None, set()  # the copy changes from now on: of no push until complete()
         return self._current
@@ -79,13 +77,15 @@ class DeltaEncoder:
     def settle(self, outcomes: Iterable[ServerOutcome]) -> None:
         """The servers the push reached hold it (a delta may go to them next)."""
         if self._last_id is not None:
-            self._holders = {_key(o.server) for o in outcomes if o.sync is not None}
+            self._holders = {key(o.server) for o in outcomes if o.sync is not None}
 
-
-def describe(header: DeltaHeader, version: int, sent_bytes: int) -> str:
-    """The trainer log's line for a push of a run with deltas."""
-    kind = f"a delta against push {header.base}" if header.base else "a full push (the servers keep a copy)"
-    return f"rlkit train: weight version {version} went out as {kind}: push {header.id}, {sent_bytes / 1e6:.3f} MB"
+    def describe(self, version: int, sent_bytes: int) -> str:
+        """The trainer log's line for the current push."""
+        header = self._current
+        assert header is not None
+        kind = f"a delta against push {header.base}" if header.base else "a full push (the servers keep a copy)"
+        return (f"rlkit train: weight version {version} went out as {kind}: push {header.id}, "
+                f"{sent_bytes / 1e6:.3f} MB")
 
 
 def write_delta(tensors: Mapping[str, torch.Tensor], out_dir: Path, header: DeltaHeader) -> Path:

@@ -77,11 +77,9 @@ class DiskTransport(WeightTransport):
                 return await deliver_all(client, targets.servers, out_dir, version, targets.timeout, delta=delta)
 
         outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
-        if self._encoder is not None and delta is not None:
-            from rlkit.weights.delta import describe
-
+        if self._encoder is not None:  # a run with deltas
             self._encoder.settle(outcomes)
-            print(describe(delta, version, self.sent_bytes), flush=True)
+            print(self._encoder.describe(version, self.sent_bytes), flush=True)
         hf_export.remove_old_versions(self.paths.weights, keep={version})
         return outcomes
 

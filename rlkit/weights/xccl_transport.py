@@ -101,11 +101,9 @@ class XcclTransport(WeightTransport):
             raise
         self.timings = {"gather": result.seconds.get("gather", 0.0)}
         self.sent_bytes = result.trainer_bytes
-        if self._encoder is not None and delta is not None:
-            from rlkit.weights.delta import describe
-
+        if self._encoder is not None:  # a run with deltas
             self._encoder.settle(outcomes)
-            print(describe(delta, version, self.sent_bytes), flush=True)
+            print(self._encoder.describe(version, self.sent_bytes), flush=True)
         return outcomes
 
     def _delta_encoded(self, buckets: Buckets, servers: list[Server]) -> tuple[Buckets, DeltaHeader | None]:

@@ -39,19 +39,27 @@ class LoraServed:
     argv: list[str] = field(default_factory=list)  # the server's command line, where the test started it
 
     def targets(self) -> PushTargets:
-        token = self.token
-        return PushTargets(servers=[self.server], timeout=self.timeout,
-                           submit=lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop),
-                           open_client=lambda: server_client(token))
+        return loop_targets(self.loop, self.server, self.token, self.timeout)
 
     def ask(self, make: Any) -> Any:
-        """`make(client)` run on the loop; its own requests carry their timeouts, this wait is a backstop."""
+        return ask_on(self.loop, self.token, make, self.timeout)
 
-        async def main() -> Any:
-            async with server_client(self.token) as client:
-                return await make(client)
 
-        return asyncio.run_coroutine_threadsafe(main(), self.loop).result(timeout=2 * self.timeout)
+def loop_targets(loop: asyncio.AbstractEventLoop, server: Server, token: str, timeout: float) -> PushTargets:
+    """A push's targets as trainer rank 0 has them: one server, requests run on the controller's `loop`."""
+    return PushTargets(servers=[server], timeout=timeout,
+                       submit=lambda coro: asyncio.run_coroutine_threadsafe(coro, loop),
+                       open_client=lambda: server_client(token))
+
+
+def ask_on(loop: asyncio.AbstractEventLoop, token: str, make: Any, timeout: float) -> Any:
+    """`make(client)` run on `loop`; its own requests carry their timeouts, this wait (2 x `timeout`) is a backstop."""
+
+    async def main() -> Any:
+        async with server_client(token) as client:
+            return await make(client)
+
+    return asyncio.run_coroutine_threadsafe(main(), loop).result(timeout=2 * timeout)
 
 
 @contextmanager

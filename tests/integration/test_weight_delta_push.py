@@ -27,14 +27,13 @@ import torch
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, backend_for
-from rlkit.servers.http import server_client
 from rlkit.servers.weight_delta import DELTA_FILE, DeltaHeader
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trials.paths import TrialPaths
-from rlkit.weights.base import PushTargets, WeightTransport, transport_for
+from rlkit.weights.base import WeightTransport, transport_for
 from rlkit.weights.fingerprint import check_fingerprint, probe_logprobs, trainer_probe_logprobs
 from rlkit.weights.hf_export import version_dir
-from tests.helpers.lora_served import background_loop, probe_ids
+from tests.helpers.lora_served import ask_on, background_loop, loop_targets, probe_ids
 from tests.helpers.model_helpers import perturbed
 from tests.helpers.sync_helpers import read_weight_version, sync_server
 from tests.helpers.vllm_helpers import ServerSlot
@@ -67,19 +66,12 @@ class Pusher:
     def push(self, model: Any, version: int) -> None:
         buckets = TrainEngine.iter_full_buckets(SimpleNamespace(model=model),  # type: ignore[arg-type]
                                                 self.transport.bucket_bytes, torch.float32)
-        targets = PushTargets(servers=[self.server], timeout=TIMEOUT,
-                              submit=lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop),
-                              open_client=lambda: server_client(self.token))
-        outcomes = self.transport.push(buckets, version, targets)
+        outcomes = self.transport.push(buckets, version, loop_targets(self.loop, self.server, self.token, TIMEOUT))
         assert outcomes is not None and outcomes[0].sync is not None, outcomes
         self.last, self.pushed_at = model, time.monotonic()
 
     def ask(self, make: Any) -> Any:
-        async def main() -> Any:
-            async with server_client(self.token) as client:
-                return await make(client)
-
-        return asyncio.run_coroutine_threadsafe(main(), self.loop).result(timeout=2 * TIMEOUT)
+        return ask_on(self.loop, self.token, make, TIMEOUT)
 
     def serves(self, model: Any, version: int, *, not_like: Any) -> float:
         """The server reports `version` and serves `model`'s weights, far from `not_like`'s."""
