@@ -51,7 +51,10 @@ def write_dir(out_dir: Path, fill: Callable[[Path], object], *, replace: bool = 
     """Write directory `out_dir` in one step: `fill(tmp)` writes its files into a temporary directory beside it; each
     file is made readable by all (0644; the directory 0755: servers may run as another user on the shared filesystem)
     and fsynced, `then(tmp)` adds files that keep their own permissions, and the directory is renamed to `out_dir`
-    (with `replace`, replacing an existing one: `replace_dir`). A failure leaves no temporary directory behind."""
+    (with `replace`, replacing an existing one: `replace_dir`; without it an existing `out_dir` is a
+    `FileExistsError`: a weight version is written once). A failure leaves no temporary directory behind."""
+    if out_dir.exists() and not replace:
+        raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:

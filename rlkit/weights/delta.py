@@ -93,9 +93,6 @@ def write_delta(tensors: Mapping[str, torch.Tensor], out_dir: Path, header: Delt
     `write_weights` writes a version (`rlkit.fsutil.write_dir`: no server sees a part of it)."""
     from safetensors.torch import save_file
 
-    if out_dir.exists():
-        raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
-
     def fill(tmp: Path) -> None:
         save_file(dict(tensors), str(tmp / DELTA_FILE), metadata={"id": header.id, "base": header.base or ""})
 

@@ -166,8 +166,6 @@ def write_weights(
     from safetensors.torch import save_file
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    if out_dir.exists() and not replace:
-        raise FileExistsError(f"{out_dir} already exists: weight versions are written once (remove it first)")
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json: give the directory of the model being trained")
     tensors = _own_storage(resolve_ties(_prepare(state_dict, dtype), tied_weight_aliases(model_dir)))
