@@ -3,11 +3,13 @@ job (train and client run the in-job step the trial's job type names, rlkit.jobs
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-import click
 import typer
 
 from rlkit.cli.console import console
@@ -24,6 +26,9 @@ app.add_typer(image_app, name="image")
 app.command("doctor")(doctor)
 err = console(stderr=True)
 out = console()
+# click's usage errors as the installed typer raises them: click's own up to typer 0.2x, typer's vendored copy
+# (typer._click) since typer 0.29, which no longer depends on click; typer.BadParameter is one of them in both
+_USAGE_ERROR: type[Exception] = importlib.import_module(typer.BadParameter.__module__).UsageError
 
 CONFIG_ARG = typer.Argument(..., help="Experiment YAML file.", show_default=False)
 OVERRIDES_ARG = typer.Argument(None, help="Overrides as key.path=value, e.g. cluster.n_nodes=4.", show_default=False)
@@ -279,10 +284,10 @@ def main() -> None:
         if len(problems) > 1:
             err.print(f"{len(problems)} problems; nothing was written or submitted", highlight=False)
         _exit(exc.exit_code)
-    except click.exceptions.UsageError as exc:
-        exc.show()
+    except _USAGE_ERROR as exc:
+        _usage_error(exc)
         _exit(2)
-    except click.exceptions.Abort:
+    except typer.Abort:
         _exit(130)
     except (SlurmError, StepError) as exc:
         err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
@@ -295,6 +300,24 @@ def main() -> None:
                   "(`rlkit resume` for a trial): a retry would fill it again, so none is made", highlight=False)
         _exit(NO_RETRY_EXIT)
     _exit(rc if isinstance(rc, int) else 0)
+
+
+def _usage_error(exc: Exception) -> None:
+    """A mistyped command, an unknown option, a missing argument or a bad value: one error line (click's own words,
+    its "did you mean" included) and where the usage is, as rlkit's other errors print."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `rlkit` or `rlkit image` alone: the help is the message
+        err.print(exc.format_message(), highlight=False, markup=False)  # type: ignore[attr-defined]
+        return
+    command = ctx.command_path if ctx is not None else "rlkit"
+    message = exc.format_message()  # type: ignore[attr-defined]
+    typo = re.match(r"No such command '(.+?)'", message)
+    if typo and "did you mean" not in message.lower() and ctx is not None:  # click 8.1 names no close command
+        close = difflib.get_close_matches(typo.group(1), ctx.command.list_commands(ctx), n=1)
+        message += f" Did you mean '{close[0]}'?" if close else ""
+    err.print("[bold red]error:[/bold red] ", end="", highlight=False)
+    err.print(message, highlight=False, markup=False)
+    err.print(f"  [bold]fix:[/bold] `{command} --help` shows the usage", highlight=False)
 
 
 def _exit(code: int) -> NoReturn:

@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 # import name -> the declared distribution that provides it (directly, or as that distribution's own dependency)
 PROVIDED_BY = {
-    "typer": "typer", "click": "typer", "rich": "rich", "omegaconf": "omegaconf", "httpx": "httpx", "yaml": "pyyaml",
+    "typer": "typer", "rich": "rich", "omegaconf": "omegaconf", "httpx": "httpx", "yaml": "pyyaml",
     "torch": "torch", "transformers": "transformers", "tokenizers": "transformers", "safetensors": "safetensors",
     "datasets": "datasets", "xxhash": "xxhash", "swanlab": "swanlab", "wandb": "wandb", "math_verify": "math-verify",
     "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub", "submitit": "submitit",
