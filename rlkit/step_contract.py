@@ -11,6 +11,7 @@ from __future__ import annotations
 
 STATUS_REQUEUE = "requeue"  # checkpointed on Slurm's time-limit warning (USR1): the script requeues the job
 STATUS_STOPPED = "stopped"  # checkpointed on `rlkit stop` (USR2): the script ends the job
+STATUS_FINISHED = "finished"  # progress.json's once the trainer has trained its last step (`rlkit stop` waits then)
 
 EXIT_REQUEUE = 75  # the trainer's decision on USR1 (sysexits EX_TEMPFAIL); also the script's exit when out of requeues
 EXIT_STOPPED = 76  # the trainer's decision on USR2

@@ -87,13 +87,20 @@ def signal_steps(job: str, signal_name: str) -> None:
         raise SlurmError(f"scancel --signal={signal_name} {job} failed: {proc.stderr.strip()}")
 
 
-def step_ids(job_id: str, name: str) -> list[str]:
-    """The ids (`JOB.STEP`) of the job's running steps called `name` (srun --job-name), from squeue."""
-    proc = _run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"])
-    if proc.returncode != 0:
-        return []
-    return [parts[0] for parts in (line.split(maxsplit=1) for line in proc.stdout.splitlines())
-            if len(parts) == 2 and parts[1].strip() == name]
+def step_ids(job_id: str, name: str, *, tries: int = 3) -> list[str]:
+    """The ids (`JOB.STEP`) of the job's running steps called `name` (srun --job-name), from squeue. A busy
+    controller's failed answer (a socket time-out) is asked again, `tries` times a second apart, then raised: an
+    empty list means no such step runs, never that squeue could not tell."""
+    argv = ["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"]
+    for attempt in range(tries):
+        proc = _run(argv)
+        if proc.returncode == 0:
+            return [parts[0] for parts in (line.split(maxsplit=1) for line in proc.stdout.splitlines())
+                    if len(parts) == 2 and parts[1].strip() == name]
+        if attempt + 1 < tries:
+            time.sleep(1.0)
+    raise SlurmError(f"squeue could not list the steps of job {job_id} ({tries} tries): "
+                     f"{(proc.stderr or proc.stdout).strip()}")
 
 
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:

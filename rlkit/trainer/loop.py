@@ -23,7 +23,14 @@ import torch.distributed as dist
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError, disk_full
 from rlkit.slurm.faults import failed_before, fault_point
-from rlkit.step_contract import EXIT_FAILING, EXIT_REQUEUE, EXIT_STOPPED, STATUS_REQUEUE, STATUS_STOPPED
+from rlkit.step_contract import (
+    EXIT_FAILING,
+    EXIT_REQUEUE,
+    EXIT_STOPPED,
+    STATUS_FINISHED,
+    STATUS_REQUEUE,
+    STATUS_STOPPED,
+)
 from rlkit.trainer import recover
 from rlkit.trainer.dist import DistEnv, broadcast_object, init_distributed
 from rlkit.trainer.engine import TrainEngine
@@ -219,7 +226,7 @@ class Loop:
                     break
             else:
                 if self.books is not None:
-                    self.books.progress(self.steps, "finished", algorithm.progress())
+                    self.books.progress(self.steps, STATUS_FINISHED, algorithm.progress())
                     self.books.logger.close()
                     algorithm.finish()
         except BaseException as exc:

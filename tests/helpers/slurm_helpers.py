@@ -164,6 +164,17 @@ def trainer_rank0_pid(trial: Path) -> int | None:
     return None
 
 
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` waits, undelivered, for process `pid` (a stopped process keeps what it is sent pending):
+    the process-wide (ShdPnd) or thread (SigPnd) mask of /proc/PID/status."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = re.findall(r"^(?:ShdPnd|SigPnd):\s*([0-9a-f]+)$", status, re.M)
+    return any(int(mask, 16) >> (signum - 1) & 1 for mask in masks)
+
+
 def assert_every_version_fingerprinted(trainer_log: str, servers: list[int], last_version: int) -> None:
     """The trainer log shows every weight version from 0 to `last_version` read back from exactly `servers` and
     within the fingerprint tolerance of the demo configs (1e-3: float32 on both sides)."""

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ from tests.conftest import CONFIGS, run_rlkit
 from tests.helpers.scenarios import ScenarioPool, start_used
 from tests.helpers.slurm_helpers import (
     processes_mentioning,
+    signal_pending,
     status_row,
     trained_steps,
     trainer_rank0_pid,
@@ -210,7 +212,7 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
                                  trial=trial).group(1))
     wait_for(lambda: trained_steps(trial) >= requeued_from + STOP_AFTER, "steps of the requeued run", timeout=600,
              trial=trial)
-    stopped = run_rlkit("stop", name, env=home)
+    stopped = _stop_while_held(trial, name, home)
     assert stopped.returncode == 0, stopped.stderr
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
     assert wait_state(name, timeout=120, env=home, trial=trial) == "CANCELLED"
@@ -232,6 +234,25 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
     assert "(attempt 2)" in resumed.stdout
     assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return TimeLimitRun(trial, info, status, stop_step, previous)
+
+
+def _stop_while_held(trial: Path, name: str, home: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`rlkit stop` while the (one-rank) trainer is held by SIGSTOP, released once the stop's USR2 waits for it: on
+    a busy machine the requeued run otherwise trained its last steps while the CLI started, and the stop found the
+    trainer's step ended (the suite beside a busy core failed here). The trainer then checkpoints the step it was
+    in, as a trainer that was never held would."""
+    pid = trainer_rank0_pid(trial)
+    assert pid is not None, "no trainer rank 0 to hold"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopping = subprocess.Popen([sys.executable, "-m", "rlkit", "stop", name], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env={**os.environ, **home})
+        wait_for(lambda: signal_pending(pid, signal.SIGUSR2) or stopping.poll() is not None,
+                 "the stop's USR2 to reach the held trainer", timeout=300, every=0.2, trial=trial)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    out, err = stopping.communicate(timeout=600)
+    return subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)
 
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:

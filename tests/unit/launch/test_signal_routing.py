@@ -5,6 +5,7 @@ squeue's listing and signalled by step id. Slurm's commands are stubs here that 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.errors import SlurmError
 from rlkit.launch import slurm
 from rlkit.launch.render import supervisor_body
-from rlkit.launch.stop import _signal_trainer
+from rlkit.launch.stop import _checkpoint_first, _signal_trainer
+from rlkit.step_contract import STATUS_FINISHED
+from rlkit.trials.paths import TrialPaths
 
 LISTING = "1.0 server-0\n1.1 server-1\n1.2 grpo\n1.extern extern\n"  # squeue --steps --format='%i %j'
 
@@ -44,9 +48,16 @@ def test_step_ids_are_the_steps_of_that_name(tmp_path: Path, monkeypatch: pytest
     assert calls.read_text().splitlines()[0] == "squeue --noheader --steps --jobs=1 --format=%i %j"
 
 
-def test_step_ids_are_none_when_squeue_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stub_slurm(tmp_path, monkeypatch, squeue_exit=1)
-    assert slurm.step_ids("1", "grpo") == []
+def test_a_failed_squeue_is_asked_again_then_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy controller's time-out is no answer: "no trainer step" must never stand for "squeue could not tell"."""
+    calls = stub_slurm(tmp_path, monkeypatch, squeue_exit=1)
+    with pytest.raises(SlurmError, match="could not list the steps of job 1"):
+        slurm.step_ids("1", "grpo", tries=2)
+    assert calls.read_text().count("squeue") == 2
+    stub_flaky = tmp_path / "bin" / "squeue"  # fails once, then answers
+    stub_flaky.write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\n[ -e {tmp_path}/once ] && exec cat '
+                          f'{tmp_path}/listing.txt\ntouch {tmp_path}/once; exit 1\n')
+    assert slurm.step_ids("1", "grpo", tries=2) == ["1.2"]
 
 
 def test_stop_signals_a_heterogeneous_job_s_last_component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,12 +74,67 @@ def test_stop_signals_a_packed_job_s_trainer_step_by_id(tmp_path: Path, monkeypa
     assert sent == ["scancel --signal=USR2 1.2"], "never the job (its servers' steps) nor a server step"
 
 
-def test_stop_says_so_when_no_trainer_step_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Between restarts squeue lists no trainer step: nobody is signalled, and stop cancels at once instead of
-    waiting out its timeout for a checkpoint that cannot come."""
-    calls = stub_slurm(tmp_path, monkeypatch, squeue_exit=1)
+def test_no_trainer_step_listed_is_no_signal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = stub_slurm(tmp_path, monkeypatch)
+    (tmp_path / "listing.txt").write_text("1.0 server-0\n1.extern extern\n")
     assert not _signal_trainer("1", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), "grpo")
     assert not [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
+
+
+def _stop_between_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, status: str, trainer_after: int,
+                           job_ends_after: int, timeout: float = 30) -> tuple[list[str], list[str]]:
+    """`_checkpoint_first` of a packed job whose squeue lists the trainer step from its `trainer_after`-th call on
+    (0: never), whose trainer writes status "stopped" when it gets USR2, and which Slurm reports ended from its
+    `job_ends_after`-th poll on (0: never). Returns what stop said and the scancel calls."""
+    calls = stub_slurm(tmp_path, monkeypatch)
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    paths = TrialPaths(trial)
+    paths.progress.write_text(json.dumps({"status": status, "step": 9}))
+    listing = tmp_path / "listing.txt"
+    with_trainer = LISTING.replace("1.2 grpo\n", "") if trainer_after == 0 else LISTING
+    (tmp_path / "bin" / "squeue").write_text(
+        f'#!/bin/sh\necho "squeue $*" >> {calls}\nn=$(grep -c squeue {calls})\n'
+        f'if [ "$n" -ge {max(trainer_after, 1)} ]; then printf "%s" "{with_trainer}"; '
+        f'else grep -v grpo {listing}; fi\n')
+    (tmp_path / "bin" / "scancel").write_text(
+        f'#!/bin/sh\necho "scancel $*" >> {calls}\n'
+        f'echo \'{{"status": "stopped", "step": 10}}\' > {paths.progress}\n')
+    polls = iter(range(1, 10_000))
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: slurm.JobInfo(
+        job_id, "COMPLETED" if 0 < job_ends_after <= next(polls) else "RUNNING"))
+    said: list[str] = []
+    _checkpoint_first("1", "exp/t", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), paths, "grpo",
+                      timeout, said.append)
+    return said, [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
+
+
+def test_stop_between_restarts_waits_for_the_next_trainer_step_and_signals_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine the stop came while the supervisor restarted the trainer step: cancelling then lost every
+    step since the last checkpoint. The next trainer step is waited for, signalled, and checkpoints."""
+    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status="running", trainer_after=3,
+                                            job_ends_after=0)
+    assert scancels == ["scancel --signal=USR2 1.2"]
+    assert "between restarts" in said[0] and "waiting up to 30 s" in said[0]
+    assert said[-1] == "the trainer checkpointed; rlkit resume continues from there"
+
+
+def test_stop_after_the_last_step_waits_for_the_job_to_end_by_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status=STATUS_FINISHED, trainer_after=0,
+                                            job_ends_after=3)
+    assert scancels == [], "no signal to a trainer that has ended"
+    assert said == ["the trainer of exp/t has finished its last step; waiting for the job to end by itself (up to "
+                    "30 s)"]
+
+
+def test_stop_cancels_when_no_trainer_step_comes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job ended without a new trainer step (a crash loop the supervisor gave up on): no wait to the timeout."""
+    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status="failed: StepError", trainer_after=0,
+                                            job_ends_after=2)
+    assert scancels == []
+    assert said[-1] == "no trainer step started; cancelling (resume uses the last checkpoint)"
 
 
 # ---- the job script's time-limit USR1 (the real supervisor template, run by bash) ------------------------------------
