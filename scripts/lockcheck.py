@@ -8,6 +8,7 @@ import argparse
 import importlib.metadata
 import re
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,8 +42,12 @@ def read_absent(path: Path) -> list[str]:
 
 
 def installed() -> dict[str, str]:
-    """{normalized name: version} of this interpreter's installed distributions."""
-    return {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions() if d.metadata["Name"]}
+    """{normalized name: version} of what pip installed into this interpreter's environment: its site-packages
+    only, not all of sys.path (setuptools puts its vendored packaging 24.2, platformdirs and typing-extensions there
+    once imported, and a test process that had imported it read those as installed)."""
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)
+            if d.metadata["Name"]}
 
 
 def differences(lock: dict[str, str], have: dict[str, str], absent: Sequence[str] = ()) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +43,18 @@ def test_the_dev_environment_is_exactly_the_lock() -> None:
     lock = LOCKS / "dev.txt"
     found = lockcheck.differences(lockcheck.read_lock(lock), lockcheck.installed(), lockcheck.read_absent(lock))
     assert found == [], f"{sys.prefix} is not scripts/locks/dev.txt (bash scripts/dev-env.sh installs it): {found}"
+
+
+def test_what_is_installed_is_the_venv_s_not_a_vendored_copy_on_sys_path() -> None:
+    """setuptools puts its _vendor folder (packaging 24.2, platformdirs, typing-extensions) on sys.path once
+    pkg_resources is imported; a suite process that had imported it read those as installed (suite beside a busy
+    core, the first run of the lock)."""
+    probe = ("import sys, warnings; warnings.simplefilter('ignore'); import pkg_resources; "
+             "assert any('_vendor' in p for p in sys.path); "
+             f"sys.path.insert(0, {str(REPO / 'scripts')!r}); import lockcheck; "
+             "print(lockcheck.installed()['packaging'])")
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == lockcheck.read_lock(LOCKS / "dev.txt")["packaging"]
 
 
 def test_the_dev_lock_lies_within_pyproject_ranges() -> None:
