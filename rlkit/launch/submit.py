@@ -24,6 +24,7 @@ from rlkit.launch.hub import NotInHubCache, has_hub_ids, resolve_hub_ids
 from rlkit.launch.plan import JobPlan, plan_job
 from rlkit.launch.preflight import preflight as site_preflight
 from rlkit.launch.render import render_script
+from rlkit.trials.lock import trial_lock
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import (
     TrialRecord,
@@ -152,36 +153,51 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     `<trial>/attempt-<N>/` (recover.mode=auto can then never resume the old run); a resume (kind "resume") keeps
     them, it continues that run. `after_ok`: a job this one waits for (rlkit.launch.slurm.sbatch)."""
     config, paths = prepared.config, prepared.paths
-    job = job_type_for(config.type)
-    existed = paths.root.exists()
-    if paths.config.exists():
-        if not force:
-            raise UserError(f"trial {config.experiment_name}/{config.trial_name} already exists at {paths.root}",
-                            hint="pick a new trial_name, or pass --force to submit over it")
-        for record in list_trials():
-            if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
-                raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
-                                hint=f"stop it first: rlkit stop {record.name}")
-        if kind == "submit" and job.resumable and config.recover.mode == "resume":
-            raise UserError("--force starts a new run (the previous one moves to attempt-N/), so recover.mode=resume "
-                            "would have nothing to resume",
-                            hint=f"to continue the trial: rlkit resume {config.experiment_name}/{config.trial_name}")
+    _refuse_over_existing(config, paths, force=force, kind=kind)
     slurm.sbatch_test_only(prepared.script)
-    if before_write is not None:
-        before_write()
-    archived = archive_run(paths) if force and kind == "submit" else None
-    try:
-        prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
-        job_id = slurm.sbatch(str(paths.script), after_ok=after_ok)
-    except (SlurmError, OSError) as exc:
-        if not existed:
-            shutil.rmtree(paths.root, ignore_errors=True)
-        elif archived is not None:
-            restore_run(paths, archived)
-        if isinstance(exc, OSError):
-            raise UserError(f"cannot write the trial directory {paths.root}: {exc.strerror or exc}",
-                            hint="check the filesystem of cluster.fileroot (space, permissions)") from None
-        raise
+    with trial_lock(paths.root):  # the checks again, then write, submit and record, as one (rlkit.trials.lock)
+        _refuse_over_existing(config, paths, force=force, kind=kind)
+        if before_write is not None:
+            before_write()
+        existed = paths.root.exists()
+        archived = archive_run(paths) if force and kind == "submit" else None
+        try:
+            prepare_trial_dir(paths, config_yaml=to_yaml(config), script=prepared.script)
+            job_id = slurm.sbatch(str(paths.script), after_ok=after_ok)
+        except (SlurmError, OSError) as exc:
+            if not existed:
+                shutil.rmtree(paths.root, ignore_errors=True)
+            elif archived is not None:
+                restore_run(paths, archived)
+            if isinstance(exc, OSError):
+                raise UserError(f"cannot write the trial directory {paths.root}: {exc.strerror or exc}",
+                                hint="check the filesystem of cluster.fileroot (space, permissions)") from None
+            raise
+        record = _record(prepared, job_id, kind=kind, after_ok=after_ok)
+    return Submitted(record, archived)
+
+
+def _refuse_over_existing(config: ExperimentConfig, paths: TrialPaths, *, force: bool, kind: str) -> None:
+    """An existing trial is submitted over only with `force` (resume passes it) and never while a job of it is in
+    Slurm: the one that is, by its index record, is named."""
+    if not paths.config.exists():
+        return
+    if not force:
+        raise UserError(f"trial {config.experiment_name}/{config.trial_name} already exists at {paths.root}",
+                        hint="pick a new trial_name, or pass --force to submit over it")
+    for record in list_trials():
+        if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
+            raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
+                            hint=f"stop it first: rlkit stop {record.name}")
+    if kind == "submit" and job_type_for(config.type).resumable and config.recover.mode == "resume":
+        raise UserError("--force starts a new run (the previous one moves to attempt-N/), so recover.mode=resume "
+                        "would have nothing to resume",
+                        hint=f"to continue the trial: rlkit resume {config.experiment_name}/{config.trial_name}")
+
+
+def _record(prepared: Prepared, job_id: str, *, kind: str, after_ok: str) -> TrialRecord:
+    """The submitted job in the trial's manifest and the per-user index."""
+    config, paths = prepared.config, prepared.paths
     slurm_cfg = config.launcher.slurm
     images = {"inference_server": slurm_cfg.inference_server_image, "trainer": slurm_cfg.trainer_image}
     write_manifest(paths, job_id=job_id, images=images if slurm_cfg.container_type == "apptainer" else {},
@@ -189,4 +205,4 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
                    areal_keys=[key.to_dict() for key in prepared.areal_keys] or None)
     record = TrialRecord(config.experiment_name, config.trial_name, str(paths.root), job_id, time.time())
     record_trial(record)
-    return Submitted(record, archived)
+    return record
