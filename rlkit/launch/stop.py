@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rlkit.config.load import load_config
+from rlkit.errors import SlurmError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED
@@ -15,8 +16,11 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import find_trial, read_json_dict
 
 
-def _trainer_status(paths: TrialPaths) -> str:
-    return str(read_json_dict(paths.progress).get("status", ""))
+def _trainer_progress(paths: TrialPaths) -> tuple[str, float]:
+    """The trainer's status in progress.json and when it wrote it."""
+    progress = read_json_dict(paths.progress)
+    updated = progress.get("updated", 0.0)
+    return str(progress.get("status", "")), float(updated) if isinstance(updated, int | float) else 0.0
 
 
 def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> bool:
@@ -37,45 +41,65 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     record = find_trial(spec)
     paths = TrialPaths(Path(record.trial_dir))
     info = slurm.job_info(record.job_id)
+    cancel = True
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
         job = job_type_for(config.type)
         if job.resumable and config.recover.mode != "disabled":
-            _checkpoint_first(record.job_id, record.name, info, paths, job.name, timeout, say)
-    slurm.scancel(record.job_id)
+            cancel = _checkpoint_first(record.job_id, record.name, info, paths, job.name, timeout, say)
+    if cancel:
+        slurm.scancel(record.job_id)
     return record.name
 
 
 def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialPaths, step_name: str,
-                      timeout: float, say: Callable[[str], None]) -> None:
-    """USR2 to the trainer, then wait (up to `timeout` in all) for its checkpoint. A trainer that has finished its
-    last step leaves a job that ends by itself: waited for, not cut short in its final writes. No trainer step
-    between two (a restart, on a busy machine seconds apart): the next one is waited for and signalled, since
-    cancelling then would lose every step since the last checkpoint."""
+                      timeout: float, say: Callable[[str], None]) -> bool:
+    """USR2 to the trainer, then wait (up to `timeout` in all) for its checkpoint; returns whether the job must
+    still be cancelled. A trainer that has finished its last step (before the signal or after it) leaves a job that
+    ends by itself: waited for, never cut short in its final writes. Only a status written after the signal counts:
+    the one of the attempt before is still on disk until the trainer's first step."""
     deadline = time.monotonic() + timeout
-    signalled = _signal_trainer(job_id, info, step_name)
-    if not signalled and _trainer_status(paths) == STATUS_FINISHED:
-        say(f"the trainer of {name} has finished its last step; waiting for the job to end by itself (up to "
-            f"{timeout:.0f} s)")
-        _wait(job_id, deadline, lambda: False)
-        return
+    before, written = _trainer_progress(paths)
+    try:
+        signalled = _signal_trainer(job_id, info, step_name)
+    except SlurmError as exc:
+        say(f"{exc}; cancelling without a checkpoint (resume uses the last checkpoint)")
+        return True
+    if not signalled and before == STATUS_FINISHED:
+        return _wait_for_the_end(job_id, name, deadline, say)
     if not signalled:
-        say(f"no trainer step of {name} is running now (between restarts?); waiting up to {timeout:.0f} s for the "
-            "next one to checkpoint it (--now cancels at once)")
-        signalled = _wait(job_id, deadline, lambda: _signal_trainer(job_id, info, step_name))
-        if not signalled:
-            say("no trainer step started; cancelling (resume uses the last checkpoint)")
-            return
+        say("no trainer step is running now (between restarts?); cancelling at once (resume uses the last "
+            "checkpoint)")
+        return True
     say(f"asked the trainer of {name} to checkpoint after its current step (up to {timeout:.0f} s; --now skips "
         "this)")
-    _wait(job_id, deadline, lambda: _trainer_status(paths) in (STATUS_STOPPED, STATUS_FINISHED))
-    status = _trainer_status(paths)
+
+    def answered() -> bool:
+        status, updated = _trainer_progress(paths)
+        return updated > written and status in (STATUS_STOPPED, STATUS_FINISHED)
+
+    _wait(job_id, deadline, answered)
+    status = _trainer_progress(paths)[0] if answered() else ""
     if status == STATUS_STOPPED:
         say("the trainer checkpointed; rlkit resume continues from there")
-    elif status == STATUS_FINISHED:
-        say("the trainer finished its last step before it could stop; the trial is complete")
-    else:
-        say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")
+        return True
+    if status == STATUS_FINISHED:
+        say("the trainer finished its last step before it could stop")
+        return _wait_for_the_end(job_id, name, deadline, say)
+    say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")
+    return True
+
+
+def _wait_for_the_end(job_id: str, name: str, deadline: float, say: Callable[[str], None]) -> bool:
+    """The trainer has trained its last step: its job ends by itself (final model, loggers); wait for that, and cancel
+    only past the deadline."""
+    say(f"the trainer of {name} has finished its last step; waiting for the job to end by itself")
+    _wait(job_id, deadline, lambda: False)
+    if not slurm.job_info(job_id).active:
+        say("the job ended by itself; the trial is complete")
+        return False
+    say("the job did not end before the deadline; cancelling it")
+    return True
 
 
 def _wait(job_id: str, deadline: float, done: Callable[[], bool]) -> bool:

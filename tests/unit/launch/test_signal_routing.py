@@ -18,7 +18,7 @@ from rlkit.errors import SlurmError
 from rlkit.launch import slurm
 from rlkit.launch.render import supervisor_body
 from rlkit.launch.stop import _checkpoint_first, _signal_trainer
-from rlkit.step_contract import STATUS_FINISHED
+from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED
 from rlkit.trials.paths import TrialPaths
 
 LISTING = "1.0 server-0\n1.1 server-1\n1.2 grpo\n1.extern extern\n"  # squeue --steps --format='%i %j'
@@ -81,60 +81,80 @@ def test_no_trainer_step_listed_is_no_signal(tmp_path: Path, monkeypatch: pytest
     assert not [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
 
 
-def _stop_between_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, status: str, trainer_after: int,
-                           job_ends_after: int, timeout: float = 30) -> tuple[list[str], list[str]]:
-    """`_checkpoint_first` of a packed job whose squeue lists the trainer step from its `trainer_after`-th call on
-    (0: never), whose trainer writes status "stopped" when it gets USR2, and which Slurm reports ended from its
-    `job_ends_after`-th poll on (0: never). Returns what stop said and the scancel calls."""
-    calls = stub_slurm(tmp_path, monkeypatch)
+def _stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, progress: dict[str, object], listed: bool,
+          answer: str = "", job_ends_after: int = 0, timeout: float = 30,
+          squeue_exit: int = 0) -> tuple[bool, list[str], list[str]]:
+    """`_checkpoint_first` of a packed job whose squeue lists the trainer step when `listed`, whose trainer writes
+    status `answer` (now) when it gets USR2 ("": it never answers), and which Slurm reports ended from its
+    `job_ends_after`-th poll on (0: never). Returns whether stop must still cancel, what it said and the scancels."""
+    calls = stub_slurm(tmp_path, monkeypatch, squeue_exit=squeue_exit)
     trial = tmp_path / "trial"
     trial.mkdir()
     paths = TrialPaths(trial)
-    paths.progress.write_text(json.dumps({"status": status, "step": 9}))
-    listing = tmp_path / "listing.txt"
-    with_trainer = LISTING.replace("1.2 grpo\n", "") if trainer_after == 0 else LISTING
-    (tmp_path / "bin" / "squeue").write_text(
-        f'#!/bin/sh\necho "squeue $*" >> {calls}\nn=$(grep -c squeue {calls})\n'
-        f'if [ "$n" -ge {max(trainer_after, 1)} ]; then printf "%s" "{with_trainer}"; '
-        f'else grep -v grpo {listing}; fi\n')
+    paths.progress.write_text(json.dumps(progress))
+    if not listed:
+        (tmp_path / "listing.txt").write_text(LISTING.replace("1.2 grpo\n", ""))
+    written = json.dumps({"status": answer, "step": 10, "updated": time.time() + 3600})
     (tmp_path / "bin" / "scancel").write_text(
-        f'#!/bin/sh\necho "scancel $*" >> {calls}\n'
-        f'echo \'{{"status": "stopped", "step": 10}}\' > {paths.progress}\n')
+        f"#!/bin/sh\necho \"scancel $*\" >> {calls}\n" + (f"echo '{written}' > {paths.progress}\n" if answer else ""))
     polls = iter(range(1, 10_000))
     monkeypatch.setattr(slurm, "job_info", lambda job_id: slurm.JobInfo(
         job_id, "COMPLETED" if 0 < job_ends_after <= next(polls) else "RUNNING"))
     said: list[str] = []
-    _checkpoint_first("1", "exp/t", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), paths, "grpo",
-                      timeout, said.append)
-    return said, [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
+    cancel = _checkpoint_first("1", "exp/t", slurm.JobInfo("1", "RUNNING", component_job_ids=("1",)), paths, "grpo",
+                               timeout, said.append)
+    return cancel, said, [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
 
 
-def test_stop_between_restarts_waits_for_the_next_trainer_step_and_signals_it(
+RUNNING = {"status": "running", "step": 9, "updated": 100.0}
+
+
+def test_stop_waits_for_the_checkpoint_the_trainer_writes_after_the_signal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a busy machine the stop came while the supervisor restarted the trainer step: cancelling then lost every
-    step since the last checkpoint. The next trainer step is waited for, signalled, and checkpoints."""
-    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status="running", trainer_after=3,
-                                            job_ends_after=0)
-    assert scancels == ["scancel --signal=USR2 1.2"]
-    assert "between restarts" in said[0] and "waiting up to 30 s" in said[0]
+    cancel, said, scancels = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, answer=STATUS_STOPPED)
+    assert scancels == ["scancel --signal=USR2 1.2"] and cancel
     assert said[-1] == "the trainer checkpointed; rlkit resume continues from there"
+
+
+def test_a_stopped_status_of_the_attempt_before_is_no_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a resume progress.json still says "stopped" (the last attempt's) until the first step ends: stop
+    must not read it as this trainer's checkpoint and cancel it mid-step."""
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress={**RUNNING, "status": STATUS_STOPPED}, listed=True,
+                            timeout=2)
+    assert cancel and said[-1] == "no checkpoint within 2 s; cancelling anyway (resume uses the last checkpoint)"
+
+
+def test_a_trainer_that_finishes_its_last_step_is_left_to_end_its_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal came during the last step: the job writes its final model and ends COMPLETED, not CANCELLED."""
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, answer=STATUS_FINISHED,
+                            job_ends_after=3)
+    assert not cancel, said
+    assert said[-1] == "the job ended by itself; the trial is complete"
 
 
 def test_stop_after_the_last_step_waits_for_the_job_to_end_by_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status=STATUS_FINISHED, trainer_after=0,
-                                            job_ends_after=3)
-    assert scancels == [], "no signal to a trainer that has ended"
-    assert said == ["the trainer of exp/t has finished its last step; waiting for the job to end by itself (up to "
-                    "30 s)"]
+    cancel, said, scancels = _stop(tmp_path, monkeypatch, progress={**RUNNING, "status": STATUS_FINISHED},
+                                   listed=False, job_ends_after=3)
+    assert scancels == [] and not cancel, "no signal to a trainer that has ended, no cancel of its job"
+    assert said == ["the trainer of exp/t has finished its last step; waiting for the job to end by itself",
+                    "the job ended by itself; the trial is complete"]
 
 
-def test_stop_cancels_when_no_trainer_step_comes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The job ended without a new trainer step (a crash loop the supervisor gave up on): no wait to the timeout."""
-    said, scancels = _stop_between_restarts(tmp_path, monkeypatch, status="failed: StepError", trainer_after=0,
-                                            job_ends_after=2)
-    assert scancels == []
-    assert said[-1] == "no trainer step started; cancelling (resume uses the last checkpoint)"
+def test_stop_between_restarts_cancels_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No trainer step to checkpoint (the supervisor restarts it): nobody can answer, so no wait for a timeout."""
+    cancel, said, scancels = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=False)
+    assert scancels == [] and cancel
+    assert said == ["no trainer step is running now (between restarts?); cancelling at once (resume uses the last "
+                    "checkpoint)"]
+
+
+def test_stop_when_squeue_cannot_answer_cancels_without_a_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm.time, "sleep", lambda _: None)  # squeue's tries a second apart
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, squeue_exit=1)
+    assert cancel and "could not list the steps of job 1" in said[0] and "cancelling without a checkpoint" in said[0]
 
 
 # ---- the job script's time-limit USR1 (the real supervisor template, run by bash) ------------------------------------
