@@ -44,7 +44,8 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",
                         hint="submit it again with --force")
-    submitted = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done))
+    submitted = submit(prepared, force=True, kind="resume", before_write=lambda: archive_logs(paths, done),
+                       replaces_job=record.job_id)
     return submitted.record, done + 1
 
 

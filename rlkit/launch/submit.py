@@ -145,18 +145,24 @@ class Submitted:
 
 
 def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
-           before_write: Callable[[], object] | None = None, after_ok: str = "") -> Submitted:
+           before_write: Callable[[], object] | None = None, after_ok: str = "",
+           replaces_job: str = "") -> Submitted:
     """Check with the controller, write the trial directory, submit, and record the trial. `before_write` runs once
     every check passed, before anything is written (resume moves the previous attempt's logs there).
 
     `force` over an existing trial: a plain submit is a NEW run, so the previous run's files move to
     `<trial>/attempt-<N>/` (recover.mode=auto can then never resume the old run); a resume (kind "resume") keeps
-    them, it continues that run. `after_ok`: a job this one waits for (rlkit.launch.slurm.sbatch)."""
+    them, it continues that run. `after_ok`: a job this one waits for (rlkit.launch.slurm.sbatch). `replaces_job`:
+    the job the caller found ended (resume); another one in the index by the time the lock is held was submitted
+    meanwhile, and this submit is refused naming it (a controller too busy to say whether it runs cannot let a
+    second one through)."""
     config, paths = prepared.config, prepared.paths
     _refuse_over_existing(config, paths, force=force, kind=kind)
     slurm.sbatch_test_only(prepared.script)
     with trial_lock(paths.root):  # the checks again, then write, submit and record, as one (rlkit.trials.lock)
         _refuse_over_existing(config, paths, force=force, kind=kind)
+        if replaces_job:
+            _refuse_if_submitted_meanwhile(paths, replaces_job)
         if before_write is not None:
             before_write()
         existed = paths.root.exists()
@@ -173,8 +179,21 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
                 raise UserError(f"cannot write the trial directory {paths.root}: {exc.strerror or exc}",
                                 hint="check the filesystem of cluster.fileroot (space, permissions)") from None
             raise
-        record = _record(prepared, job_id, kind=kind, after_ok=after_ok)
+        try:
+            record = _record(prepared, job_id, kind=kind, after_ok=after_ok)
+        except OSError as exc:  # a job nobody can find would run beside the next submit of the trial
+            slurm.scancel(job_id)
+            raise UserError(f"submitted job {job_id}, then could not record it ({exc.strerror or exc}); cancelled it",
+                            hint="check the filesystems of cluster.fileroot and RLKIT_HOME, then submit again"
+                            ) from None
     return Submitted(record, archived)
+
+
+def _refuse_if_submitted_meanwhile(paths: TrialPaths, replaces_job: str) -> None:
+    for record in list_trials():
+        if record.trial_dir == str(paths.root) and record.job_id != replaces_job:
+            raise UserError(f"trial {record.name} was submitted again meanwhile, as job {record.job_id}",
+                            hint=f"follow that one: rlkit status {record.name}")
 
 
 def _refuse_over_existing(config: ExperimentConfig, paths: TrialPaths, *, force: bool, kind: str) -> None:

@@ -5,6 +5,7 @@ the job that won. Two jobs on one trial directory lost steps of metrics and chec
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -39,9 +40,13 @@ def trial_lock(trial_dir: Path, *, wait_s: float = WAIT_S) -> Iterator[None]:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):  # ENOLCK: no lock service (NFS without lockd)
+                    raise UserError(f"cannot lock {path} to submit {trial_dir}: {exc.strerror or exc}",
+                                    hint="the filesystem of RLKIT_HOME must support fcntl locks (NFS: lockd or "
+                                    "NFSv4); or point RLKIT_HOME at one that does") from None
                 if time.monotonic() >= deadline:
-                    raise UserError(f"another rlkit command has been submitting {trial_dir} for {wait_s:.0f} s",
+                    raise UserError(f"waited {wait_s:.0f} s for another rlkit command submitting {trial_dir}",
                                     hint="wait for it to end, then look at `rlkit status`") from None
                 time.sleep(0.2)
         yield

@@ -35,7 +35,7 @@ def test_a_second_holder_waits_for_the_first_then_gets_the_lock(tmp_path: Path,
         while not held.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert held.exists(), "the other process never took the lock"
-        with pytest.raises(UserError, match="another rlkit command has been submitting"), \
+        with pytest.raises(UserError, match="waited 0 s for another rlkit command submitting"), \
                 trial_lock(trial, wait_s=0.5):
             pass
         with trial_lock(tmp_path / "exp" / "t2", wait_s=0.5):  # another trial's lock is another lock
@@ -50,3 +50,20 @@ def test_a_second_holder_waits_for_the_first_then_gets_the_lock(tmp_path: Path,
         holder.wait(timeout=60)
     assert lock_path(trial).is_file(), "the lock file stays: removing it would let two holders in"
     assert lock_path(trial) != lock_path(tmp_path / "exp" / "t2")
+
+
+def test_a_resume_whose_trial_was_submitted_meanwhile_is_refused_naming_that_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the lock a resume holds the job it found ended; another in the index won the race, whatever a busy
+    controller says of its state (scontrol failing reads as UNKNOWN, which is not active)."""
+    from rlkit.launch.submit import _refuse_if_submitted_meanwhile
+    from rlkit.trials.paths import TrialPaths
+    from rlkit.trials.records import TrialRecord, record_trial
+
+    monkeypatch.setenv("RLKIT_HOME", str(tmp_path / "home"))
+    paths = TrialPaths(tmp_path / "exp" / "t1")
+    record_trial(TrialRecord("exp", "t1", str(paths.root), "280", time.time()))
+    _refuse_if_submitted_meanwhile(paths, "280")  # the same job: nobody came between
+    record_trial(TrialRecord("exp", "t1", str(paths.root), "282", time.time()))
+    with pytest.raises(UserError, match="exp/t1 was submitted again meanwhile, as job 282"):
+        _refuse_if_submitted_meanwhile(paths, "280")
