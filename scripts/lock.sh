@@ -17,7 +17,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 py=$work/venv/bin/python
-"$py" -m pip install -q -U pip >"$work/log" 2>&1
+if ! "$py" -m pip install -q -U pip >"$work/log" 2>&1; then
+  cp "$work/log" "$repo/scripts/locks/$which.failed.log"
+  echo "lock: upgrading pip failed; see scripts/locks/$which.failed.log" >&2
+  exit 1
+fi
 echo "lock: resolving ${want[*]} in a fresh venv (a few minutes)" >&2
 if ! "$py" -m pip install "${want[@]}" >>"$work/log" 2>&1; then
   cp "$work/log" "$repo/scripts/locks/$which.failed.log"
