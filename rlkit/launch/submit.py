@@ -189,9 +189,14 @@ def submit(prepared: Prepared, *, force: bool = False, kind: str = "submit",
     return Submitted(record, archived)
 
 
+def _records_of(paths: TrialPaths) -> list[TrialRecord]:
+    """The index records of the trial at `paths` (the user's other trials left out)."""
+    return [record for record in list_trials() if record.trial_dir == str(paths.root)]
+
+
 def _refuse_if_submitted_meanwhile(paths: TrialPaths, replaces_job: str) -> None:
-    for record in list_trials():
-        if record.trial_dir == str(paths.root) and record.job_id != replaces_job:
+    for record in _records_of(paths):
+        if record.job_id != replaces_job:
             raise UserError(f"trial {record.name} was submitted again meanwhile, as job {record.job_id}",
                             hint=f"follow that one: rlkit status {record.name}")
 
@@ -204,8 +209,8 @@ def _refuse_over_existing(config: ExperimentConfig, paths: TrialPaths, *, force:
     if not force:
         raise UserError(f"trial {config.experiment_name}/{config.trial_name} already exists at {paths.root}",
                         hint="pick a new trial_name, or pass --force to submit over it")
-    for record in list_trials():
-        if record.trial_dir == str(paths.root) and slurm.job_info(record.job_id).active:
+    for record in _records_of(paths):
+        if slurm.job_info(record.job_id).active:
             raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                             hint=f"stop it first: rlkit stop {record.name}")
     if kind == "submit" and job_type_for(config.type).resumable and config.recover.mode == "resume":
