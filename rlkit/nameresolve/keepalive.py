@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.nameresolve.records import dumps, parse, read_raw, token, unlink_quiet, write_tmp
+from rlkit.nameresolve.records import dumps, make_private_dirs, parse, read_raw, token, unlink_quiet, write_tmp
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,14 @@ class Keepalive:
     deregister the entries when the instance is garbage-collected or the interpreter exits.
     """
 
-    def __init__(self, directory: str, interval: float) -> None:
+    def __init__(self, record_root: str, directory: str, interval: float) -> None:
+        self.record_root = record_root
         self.directory = directory
         self.interval = interval
         self.lock = threading.RLock()  # held by every write that touches an owned key
         self.owned: dict[str, Owned] = {}
         self.closed = False
+        self.rewritten = 0  # entries found removed and written again (by `_refresh`)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,24 +58,41 @@ class Keepalive:
 
     def _refresh(self, key: str, owned: Owned) -> None:
         rec = dict(owned.record, heartbeat=time.time())
-        tmp: str | None = write_tmp(self.directory, owned.stem, dumps(rec))
+        raw = read_raw(owned.path)
+        if raw is None:  # removed (a scratch cleaner, a quota script, `rm -rf`): the owner is alive, so write it again
+            self._rewrite(key, owned, rec)
+            return
+        if token(parse(raw)) != token(owned.record):
+            del self.owned[key]
+            log.warning("name-resolve entry %r in %s was replaced by another owner; stopping its heartbeat", key,
+                        self.directory)
+            return
+        tmp = write_tmp(self.directory, owned.stem, dumps(rec))
         try:
-            current = parse(read_raw(owned.path))
-            if token(current) != token(owned.record):
-                del self.owned[key]
-                log.warning(
-                    "name-resolve entry %r in %s was deleted or replaced by another owner; stopping its heartbeat",
-                    key,
-                    self.directory,
-                )
-                return
-            assert tmp is not None
             os.replace(tmp, owned.path)
-            tmp = None
-            owned.record = rec
+        except OSError:
+            unlink_quiet(tmp)
+            raise
+        owned.record = rec
+
+    def _rewrite(self, key: str, owned: Owned, rec: dict[str, Any]) -> None:
+        """Create the owned entry again (its directory too) unless another owner created it meanwhile."""
+        make_private_dirs(self.record_root, self.directory)
+        tmp = write_tmp(self.directory, owned.stem, dumps(rec))
+        try:
+            os.link(tmp, owned.path)  # create-if-absent: never clobbers an entry someone else has just made
+        except FileExistsError:
+            if os.stat(tmp).st_nlink < 2:  # not ours (NFS: a lost reply to our own link leaves st_nlink at 2)
+                del self.owned[key]
+                log.warning("name-resolve entry %r in %s was replaced by another owner; stopping its heartbeat",
+                            key, self.directory)
+                return
         finally:
-            if tmp is not None:
-                unlink_quiet(tmp)
+            unlink_quiet(tmp)
+        owned.record = rec
+        self.rewritten += 1
+        log.warning("name-resolve entry %r in %s had been removed by something else; written again", key,
+                    self.directory)
 
     def stop_thread(self) -> None:
         """Stop heartbeating without touching the entries (what a dead owner looks like to readers)."""

@@ -21,8 +21,10 @@ as gone once ``reader_now - heartbeat > ttl``. Why inside the record and not the
 * Clock skew: the heartbeat is the owner node's wall clock compared with the reader node's. We ASSUME the nodes
   of one Slurm cluster are NTP-synchronised to well under ``ttl - heartbeat_interval`` (25 s with the defaults);
   a node whose clock runs that far behind would have its entries look dead, one that far ahead look alive longer.
-* A heartbeat only refreshes a record that still carries this owner's token, so it never resurrects an entry
-  someone else deleted or took over; a SIGKILLed or hung owner simply stops refreshing and its entry expires.
+* A heartbeat only refreshes a record that still carries this owner's token, so it never takes back an entry
+  another owner took over; a SIGKILLed or hung owner simply stops refreshing and its entry expires. An entry that
+  is gone altogether (a scratch cleaner or a quota script removed the file or the directory) while its owner lives
+  is written again by the next heartbeat, directory included, without clobbering one created meanwhile.
 
 New files become visible to other nodes when their NFS client revalidates the directory (at the latest after
 ``acdirmax``, 60 s by default; ``open()`` of a known name revalidates at once); ``wait`` polls, so it only sees
@@ -110,7 +112,7 @@ class NfsNameResolve(NameResolve):
         self.record_root = os.path.abspath(os.fspath(record_root))
         self.directory = os.path.join(self.record_root, *parts)
         self._hostname = socket.gethostname()
-        self._ka = Keepalive(self.directory, self.heartbeat_interval)
+        self._ka = Keepalive(self.record_root, self.directory, self.heartbeat_interval)
         self._finalizer = weakref.finalize(self, self._ka.shutdown)
 
     def _trusted_directory(self) -> bool:

@@ -32,11 +32,18 @@ from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.servers.backend import SamplingParams, Server
-from rlkit.servers.pool import ServerPool, discover_servers, wait_for_servers
+from rlkit.servers.pool import (
+    ServerPool,
+    discover_servers,
+    wait_for_any_server,
+    wait_for_servers,
+    why_servers_vanished,
+)
 from rlkit.types import Sample
 
 T = TypeVar("T")
 LIVENESS_POLL_S = 5.0
+RECORD_HEAL_WAIT_S = 30.0  # the default name-resolve ttl: a removed record is back after one heartbeat (5 s)
 
 
 @dataclass
@@ -210,6 +217,15 @@ class RolloutController:
     def live_servers(self) -> list[Server]:
         """Every server registered and heart-beating now (verified or not)."""
         return discover_servers(self.nr)
+
+    def wait_for_a_server(self) -> list[Server]:
+        """The live servers once one is registered, waiting as long as a removed record takes to be written again
+        (its owner's next heartbeat, well within the record's ttl); [] when none came."""
+        return wait_for_any_server(self.nr, RECORD_HEAL_WAIT_S)
+
+    def why_servers_vanished(self) -> str:
+        """Each server that held the weights: its record and whether it answers (for a no-server failure)."""
+        return why_servers_vanished(self.nr, dict(self.verified))
 
     def mark_synced(self, servers: list[Server]) -> None:
         """These servers now hold the current weights: requests may go to them (and only to them)."""

@@ -17,7 +17,7 @@ from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
-from rlkit.servers.health import answers_health
+from rlkit.servers.health import answers_health, probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 
 
@@ -47,6 +47,30 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
                             f"{nr.describe_location()}; registered: {seen}. Check their step logs "
                             f"(rlkit logs TRIAL --step {step})")
         time.sleep(poll)
+
+
+def wait_for_any_server(nr: NameResolve, timeout: float, poll: float = 1.0) -> list[Server]:
+    """The live servers, waiting up to `timeout` seconds for one to appear (an entry removed by something else is
+    written again by its owner's next heartbeat); [] when none came."""
+    deadline = time.monotonic() + timeout
+    while not (servers := discover_servers(nr)) and time.monotonic() < deadline:
+        time.sleep(poll)
+    return servers
+
+
+def why_servers_vanished(nr: NameResolve, known: dict[int, str]) -> str:
+    """What became of each server that was registered (index -> address): its name-resolve record as name resolve
+    sees it now, and whether the server itself still answers /health (a record can vanish while its server lives)."""
+    if not known:
+        return "no server had registered yet"
+    indices = sorted(known)
+    answers = probe_health([known[i] for i in indices], timeout=5.0)
+    parts = []
+    for index, healthy in zip(indices, answers, strict=True):
+        alive = "answers /health" if healthy else "does not answer /health"
+        parts.append(f"server {index} ({known[index]}, {alive}): {nr.describe_entry(server_key(index))}: "
+                     f"{nr.diagnose(server_key(index))}")
+    return "; ".join(parts)
 
 
 class ServersUnreachable(StepError):

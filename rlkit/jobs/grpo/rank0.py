@@ -216,10 +216,10 @@ class Rank0:
         # a running evaluation ends at the version it began with (bounded by rollout.request_timeout)
         self.eval_wait_s = self.evaluator.wait_before_push() if self.evaluator is not None else 0.0
         try:
-            servers = self.controller.live_servers()
+            servers = self.controller.live_servers() or self.controller.wait_for_a_server()
             if not servers:
-                raise StepError(f"no live inference server to push weight version {version} to; see the server-N "
-                                "logs")
+                raise StepError(f"no live inference server to push weight version {version} to; "
+                                f"{self.controller.why_servers_vanished()}; see the server-N logs")
         except BaseException:
             drain(buckets)  # the other ranks are in the gathers behind the iterator: finish them, then fail
             raise

@@ -248,17 +248,15 @@ def test_list_subtree_filters_stale_entries(nr: NfsNameResolve, tmp_path: Path) 
     owner.close()
 
 
-def test_list_subtree_1000_entries_is_fast(nr: NfsNameResolve) -> None:
+def test_list_subtree_1000_entries(nr: NfsNameResolve) -> None:
+    """Every one of 1,000 entries, and none of a sibling prefix (its speed, against a bare-scandir floor, is
+    bench/bench_nameresolve.py's: a time limit here failed on a loaded machine)."""
     for i in range(1000):
         nr.add(f"servers/{i}", json.dumps({"address": f"10.0.{i // 256}.{i % 256}:8000"}))
     nr.add("serversX", "no")
-    timings = []
-    for _ in range(5):
-        start = time.perf_counter()
-        got = nr.list_subtree("servers")
-        timings.append(time.perf_counter() - start)
-    assert len(got) == 1000
-    assert min(timings) < 0.25  # goal is < 50 ms (see bench/bench_nameresolve.py); generous for loaded CI
+    got = nr.list_subtree("servers")
+    assert len(got) == 1000 and "serversX" not in got
+    assert json.loads(got["servers/999"])["address"] == "10.0.3.231:8000"
 
 
 # -- keepalive / heartbeat -------------------------------------------------------------------------------------------
@@ -360,14 +358,34 @@ def test_close_does_not_delete_an_entry_taken_over_by_another_owner(nr: NfsNameR
     assert nr.get("servers/0") == "new"
 
 
-def test_heartbeat_does_not_resurrect_entry_deleted_by_someone_else(nr: NfsNameResolve, tmp_path: Path) -> None:
+def test_heartbeat_writes_again_an_entry_something_else_removed(nr: NfsNameResolve, tmp_path: Path) -> None:
+    """A scratch cleaner removing the record file, then the whole record directory, while its owner lives: the next
+    heartbeat writes the entry again (same owner token) and keeps heart-beating it."""
     owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=TTL, heartbeat_interval=HEARTBEAT)
     owner.add("servers/0", "v", keepalive=True)
-    nr.delete("servers/0")
-    poll_until(lambda: "servers/0" not in owner._ka.owned)  # the heartbeat noticed and let go
-    assert is_gone(nr, "servers/0")
-    assert not os.path.exists(nr.path_of("servers/0"))
+    first = read_record(nr, "servers/0")
+    os.unlink(nr.path_of("servers/0"))
+    poll_until(lambda: os.path.exists(nr.path_of("servers/0")))
+    assert nr.get("servers/0") == "v" and owner._ka.rewritten == 1
+    shutil.rmtree(nr.directory)
+    poll_until(lambda: os.path.exists(nr.path_of("servers/0")))
+    assert stat.S_IMODE(os.stat(nr.directory).st_mode) == 0o700
+    again = read_record(nr, "servers/0")
+    assert again["owner"]["token"] == first["owner"]["token"] and owner._ka.rewritten == 2
+    poll_until(lambda: read_record(nr, "servers/0")["heartbeat"] > again["heartbeat"])  # still heart-beating
     owner.close()
+    assert not os.path.exists(nr.path_of("servers/0"))
+
+
+def test_heartbeat_lets_go_of_an_entry_another_owner_took(nr: NfsNameResolve, tmp_path: Path) -> None:
+    owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=TTL, heartbeat_interval=HEARTBEAT)
+    owner.add("servers/0", "v", keepalive=True)
+    nr.add("servers/0", "theirs", replace=True)
+    poll_until(lambda: "servers/0" not in owner._ka.owned)  # the heartbeat noticed and let go
+    time.sleep(3 * HEARTBEAT)
+    assert nr.get("servers/0") == "theirs" and owner._ka.rewritten == 0
+    owner.close()
+    assert nr.get("servers/0") == "theirs"
 
 
 def test_stale_entry_is_taken_over_without_replace(nr: NfsNameResolve, tmp_path: Path) -> None:
