@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from rlkit.cli.console import console
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
 from rlkit.errors import NO_RETRY_EXIT, SlurmError, StepError, UserError, disk_full, each_error
+from rlkit.step_contract import no_retry_mark
 
 if TYPE_CHECKING:
     from rlkit.config.areal.accept import AcceptedKey
@@ -321,7 +323,11 @@ def _usage_error(exc: Exception) -> None:
 
 
 def _exit(code: int) -> NoReturn:
-    """sys.exit, except in a trainer rank (`rlkit train`), which must skip interpreter teardown (see end_process)."""
+    """sys.exit, except in a trainer rank (`rlkit train`), which must skip interpreter teardown (see end_process). In a
+    Slurm step, the no-retry code is also said in the step's log (step_contract.no_retry_mark)."""
+    mark = no_retry_mark(os.environ) if code == NO_RETRY_EXIT else None
+    if mark is not None:
+        print(mark, file=sys.stderr, flush=True)
     dist = sys.modules.get("rlkit.trainer.dist")
     if dist is not None and dist.joined_a_process_group():
         dist.end_process(code)

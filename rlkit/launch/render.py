@@ -22,6 +22,7 @@ from rlkit.step_contract import (
     EXIT_REQUEUE,
     JOB_END,
     NO_RETRY_EXIT,
+    NO_RETRY_MARK,
     NODE_CHECK_ADDRESS_MARK,
     NODE_CHECK_STEP,
     STATUS_REQUEUE,
@@ -191,7 +192,8 @@ def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group
     component and NODE_CHECKS) where @NODE_CHECKS@ stands."""
     return _fill(supervisor_template(), {
         "TRIAL_DIR": shlex.quote(trial_dir), "ATTEMPT": str(attempt), "RETRIES": str(retries),
-        "NO_RETRY_EXIT": str(NO_RETRY_EXIT), "EXIT_REQUEUE": str(EXIT_REQUEUE),
+        "NO_RETRY_EXIT": str(NO_RETRY_EXIT),
+        "NO_RETRY_MARK": shlex.quote(NO_RETRY_MARK), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
         "STEP_STATE": shlex.quote(STEP_STATE), "JOB_END": shlex.quote(JOB_END), "TRAINER_GROUP": str(trainer_group),
         "PACKED": str(int(packed)), "STEPS": "\n".join(steps),

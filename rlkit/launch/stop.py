@@ -11,7 +11,7 @@ from rlkit.config.load import load_config
 from rlkit.errors import SlurmError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
-from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED
+from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED, STOP_ANSWER_S
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import find_trial, read_json_dict
 
@@ -21,6 +21,14 @@ def _trainer_progress(paths: TrialPaths) -> tuple[str, float]:
     progress = read_json_dict(paths.progress)
     updated = progress.get("updated", 0.0)
     return str(progress.get("status", "")), float(updated) if isinstance(updated, int | float) else 0.0
+
+
+def _stop_ack(paths: TrialPaths) -> str:
+    """What the trainer's rank 0 last wrote when a stop signal reached it ("" for nothing yet)."""
+    try:
+        return paths.stop_ack.read_text(errors="replace")[:200]
+    except OSError:
+        return ""
 
 
 def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> bool:
@@ -60,6 +68,7 @@ def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialP
     the one of the attempt before is still on disk until the trainer's first step."""
     deadline = time.monotonic() + timeout
     before, written = _trainer_progress(paths)
+    ack_before = _stop_ack(paths)
     try:
         signalled = _signal_trainer(job_id, info, step_name)
     except SlurmError as exc:
@@ -78,6 +87,12 @@ def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialP
         status, updated = _trainer_progress(paths)
         return updated > written and status in (STATUS_STOPPED, STATUS_FINISHED)
 
+    heard = _wait(job_id, min(deadline, time.monotonic() + STOP_ANSWER_S),
+                  lambda: _stop_ack(paths) != ack_before or answered())
+    if not heard and slurm.job_info(job_id).active:
+        say(f"the trainer did not answer the signal within {STOP_ANSWER_S:.0f} s (a rank hung, stopped, or waiting in "
+            "a collective for one that is); cancelling without a new checkpoint (resume uses the last one)")
+        return True
     _wait(job_id, deadline, answered)
     status = _trainer_progress(paths)[0] if answered() else ""
     if status == STATUS_STOPPED:

@@ -13,6 +13,7 @@ echo "rlkit: job $SLURM_JOB_ID on $(hostname)"
 export RLKIT_ATTEMPT=@ATTEMPT@  # 1 for rlkit submit, one more per rlkit resume
 RETRIES=@RETRIES@  # restarts of a failed trainer or server step, and self-requeues
 NO_RETRY_EXIT=@NO_RETRY_EXIT@  # a step's exit code for a failure a restart cannot fix
+NO_RETRY_MARK=@NO_RETRY_MARK@  # the line a step's process prints in its log as it exits with NO_RETRY_EXIT
 EXIT_REQUEUE=@EXIT_REQUEUE@  # the trainer checkpointed for a requeue; also this script's exit when out of requeues
 STATUS_REQUEUE=@STATUS_REQUEUE@  # the trainer's status after it checkpointed on the time-limit warning
 STATUS_STOPPED=@STATUS_STOPPED@  # the trainer's status after it checkpointed on `rlkit stop`
@@ -67,6 +68,12 @@ restart_step() {  # restart_step INDEX: the same step again, in this allocation
   "${FNS[$i]}" &
   PIDS[i]=$!
   echo "rlkit: restarted step ${NAMES[$i]} (retry ${RESTARTS[$i]} of $RETRIES, pid $!)"
+}
+
+no_retry_logged() {  # no_retry_logged INDEX: a process of this run of the step exited with NO_RETRY_EXIT, whatever
+  # code srun reports (srun gives the highest of its tasks': a rank it killed after another's 78 reports 143)
+  grep -a -q -F -x "$NO_RETRY_MARK $SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}.${RESTARTS[$1]}" \
+    "logs/${NAMES[$1]}.log" 2>/dev/null
 }
 
 trainer_status() {  # the trainer's status (running, finished, requeue, stopped, failed: ...), from its step_state
@@ -211,6 +218,10 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         END_STATE=CANCELLED
         scancel "$SLURM_JOB_ID"
         return 0
+      fi
+      if [ "$rc" -ne 0 ] && [ "$rc" -ne "$NO_RETRY_EXIT" ] && no_retry_logged "$i"; then
+        echo "rlkit: step $name: srun reports exit code $rc, but one of its processes exited with $NO_RETRY_EXIT"
+        rc=$NO_RETRY_EXIT
       fi
       if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
         full=$(grep -a -m1 -o 'the disk is full.*' "logs/$name.log" 2>/dev/null)

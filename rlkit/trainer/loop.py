@@ -9,6 +9,8 @@ its metrics.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import time
@@ -32,11 +34,12 @@ from rlkit.step_contract import (
     STATUS_STOPPED,
 )
 from rlkit.trainer import recover
-from rlkit.trainer.dist import DistEnv, broadcast_object, init_distributed
+from rlkit.trainer.dist import DistEnv, broadcast_object, dist_env_from, init_distributed
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trials.paths import TrialPaths
+from rlkit.trials.records import write_atomic
 
 EXPORTED = "actor"  # the engine whose weights the saver writes (the trained model of every job type)
 
@@ -113,16 +116,23 @@ class Algorithm(Protocol):
 
 
 class _StopRequests:
-    """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step."""
+    """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step.
+    On rank 0 (`ack` set) the handler also rewrites the stop_ack file at once: `rlkit stop` learns that the trainer
+    can answer (a hung or stopped rank 0 never runs the handler, and is then cancelled without a wait)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ack: Path | None) -> None:
         self.requested: int | None = None
+        self.ack = ack
         signal.signal(signal.SIGUSR1, self._handler)
         signal.signal(signal.SIGUSR2, self._handler)
 
     def _handler(self, signum: int, _frame: object) -> None:
         self.requested = EXIT_REQUEUE if signum == signal.SIGUSR1 else EXIT_STOPPED
-        print(f"rlkit train: got {signal.Signals(signum).name}: checkpoint after this step, then exit", flush=True)
+        name = signal.Signals(signum).name
+        print(f"rlkit train: got {name}: checkpoint after this step, then exit", flush=True)
+        if self.ack is not None:
+            with contextlib.suppress(OSError):  # the checkpoint still comes; only the early answer is lost
+                write_atomic(self.ack, f"{name} {os.getpid()} {time.time()!r}\n")
 
 
 def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None = None) -> tuple[int, str] | None:
@@ -144,8 +154,8 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
-    stop = _StopRequests()
     paths = TrialPaths(Path(trial_dir))
+    stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
     env, device = init_distributed(name_resolve_for(config))
     algorithm = build(LoopContext(config, paths, env, device))
     resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
@@ -271,8 +281,6 @@ class Loop:
         if save:
             self._save_recover(step)
         if fault_point("die_after_step", step):  # tests: a crash between checkpoints
-            import os
-
             os.kill(os.getpid(), signal.SIGKILL)
         if exit_code == EXIT_FAILING:
             raise StepFailed(fail, self._save_before_failing(step))

@@ -16,6 +16,7 @@ import pytest
 
 from rlkit.errors import SlurmError
 from rlkit.launch import slurm
+from rlkit.launch import stop as stop_module
 from rlkit.launch.render import supervisor_body
 from rlkit.launch.stop import _checkpoint_first, _signal_trainer
 from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED
@@ -82,11 +83,12 @@ def test_no_trainer_step_listed_is_no_signal(tmp_path: Path, monkeypatch: pytest
 
 
 def _stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, progress: dict[str, object], listed: bool,
-          answer: str = "", job_ends_after: int = 0, timeout: float = 30,
+          answer: str = "", ack: bool = False, job_ends_after: int = 0, timeout: float = 30,
           squeue_exit: int = 0) -> tuple[bool, list[str], list[str]]:
     """`_checkpoint_first` of a packed job whose squeue lists the trainer step when `listed`, whose trainer writes
-    status `answer` (now) when it gets USR2 ("": it never answers), and which Slurm reports ended from its
-    `job_ends_after`-th poll on (0: never). Returns whether stop must still cancel, what it said and the scancels."""
+    status `answer` (now) when it gets USR2 ("": it never answers) and, with `ack`, its stop_ack (its handler ran),
+    and which Slurm reports ended from its `job_ends_after`-th poll on (0: never). Returns whether stop must still
+    cancel, what it said and the scancels."""
     calls = stub_slurm(tmp_path, monkeypatch, squeue_exit=squeue_exit)
     trial = tmp_path / "trial"
     trial.mkdir()
@@ -95,8 +97,10 @@ def _stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, progress: dict[str
     if not listed:
         (tmp_path / "listing.txt").write_text(LISTING.replace("1.2 grpo\n", ""))
     written = json.dumps({"status": answer, "step": 10, "updated": time.time() + 3600})
+    paths.stop_ack.write_text("SIGUSR2 41 100.0\n")  # the attempt before's
     (tmp_path / "bin" / "scancel").write_text(
-        f"#!/bin/sh\necho \"scancel $*\" >> {calls}\n" + (f"echo '{written}' > {paths.progress}\n" if answer else ""))
+        f"#!/bin/sh\necho \"scancel $*\" >> {calls}\n" + (f"echo '{written}' > {paths.progress}\n" if answer else "")
+        + (f"echo 'SIGUSR2 42 200.0' > {paths.stop_ack}\n" if ack else ""))
     polls = iter(range(1, 10_000))
     monkeypatch.setattr(slurm, "job_info", lambda job_id: slurm.JobInfo(
         job_id, "COMPLETED" if 0 < job_ends_after <= next(polls) else "RUNNING"))
@@ -120,8 +124,28 @@ def test_a_stopped_status_of_the_attempt_before_is_no_answer(tmp_path: Path, mon
     """Right after a resume progress.json still says "stopped" (the last attempt's) until the first step ends: stop
     must not read it as this trainer's checkpoint and cancel it mid-step."""
     cancel, said, _ = _stop(tmp_path, monkeypatch, progress={**RUNNING, "status": STATUS_STOPPED}, listed=True,
-                            timeout=2)
+                            ack=True, timeout=2)
     assert cancel and said[-1] == "no checkpoint within 2 s; cancelling anyway (resume uses the last checkpoint)"
+
+
+def test_a_trainer_that_cannot_answer_is_cancelled_without_waiting_for_the_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stop_ack after the signal (rank 0 stopped, hung, or in a collective with a hung rank): cancelled once the
+    answer's deadline passed, not after the checkpoint's; the stop_ack of an attempt before is no answer."""
+    monkeypatch.setattr(stop_module, "STOP_ANSWER_S", 1.0)
+    started = time.monotonic()
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, timeout=60)
+    assert cancel and time.monotonic() - started < 30
+    assert said[-1].startswith("the trainer did not answer the signal within 1 s (a rank hung, stopped"), said
+
+
+def test_a_trainer_that_answered_is_waited_for_past_the_answer_s_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stop_module, "STOP_ANSWER_S", 1.0)
+    started = time.monotonic()
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, ack=True, timeout=3)
+    assert cancel and time.monotonic() - started >= 2.5
+    assert said[-1] == "no checkpoint within 3 s; cancelling anyway (resume uses the last checkpoint)"
 
 
 def test_a_trainer_that_finishes_its_last_step_is_left_to_end_its_job(
@@ -209,3 +233,59 @@ def test_time_limit_usr1_reaches_a_packed_job_s_trainer_step_only(tmp_path: Path
 def test_time_limit_usr1_reaches_a_heterogeneous_job_s_trainer_component(tmp_path: Path) -> None:
     calls = run_time_limit(tmp_path, packed=False)
     assert calls == ["scancel --ctld --signal=USR1 2"], calls
+
+
+# ---- the no-retry code reaches the batch script (the real supervisor template, run by bash) ------------------------
+
+
+def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2) -> tuple[int, str]:
+    """The supervisor with one trainer step whose command is `trainer` (bash, in the trial directory; its output is
+    the step's log as srun --output makes it) and `retries` restarts; returns the script's exit code and output."""
+    (tmp_path / "logs").mkdir()
+    body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=retries, trainer_group=0, packed=True, steps=[
+        "STOP_GRACE=1", f"cmd_grpo() {{ {{ {trainer}; }} >> logs/grpo.log 2>&1; }}",
+        "component_policy 0 trainer 1 on-failure 1", "start_step grpo 0 cmd_grpo",
+    ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
+    stubs = 'scancel() { :; }\nsqueue() { :; }\n'
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    run = subprocess.run(["bash", "-c", stubs + body], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_a_rank_s_no_retry_exit_is_honoured_when_srun_reports_another_rank_s_signal(tmp_path: Path) -> None:
+    """Rank 0 exits 78 (a mistake a restart cannot fix) and srun kills rank 1, so srun reports 143: the step's log
+    holds rank 0's mark for this very run, so the job fails with 78 at once, without a restart."""
+    from rlkit.step_contract import NO_RETRY_EXIT, no_retry_mark
+
+    mark = no_retry_mark({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"})
+    assert mark is not None
+    rc, out = run_failing_trainer(tmp_path, f"echo 'rlkit train: a refused config'; echo '{mark}' >&2; exit 143")
+    assert rc == NO_RETRY_EXIT, out
+    assert "srun reports exit code 143, but one of its processes exited with 78" in out
+    assert "not retrying" in out and "restarted step" not in out
+
+
+def test_a_no_retry_mark_of_an_earlier_run_of_the_step_does_not_count(tmp_path: Path) -> None:
+    """The log is appended to across runs: a mark of the job's first run (requeue 0) or of another restart does not
+    make this run's plain failure a no-retry one; the step is restarted as usual."""
+    from rlkit.step_contract import no_retry_mark
+
+    old = [no_retry_mark({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "0"}),
+           no_retry_mark({"SLURM_JOB_ID": "6", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"}),
+           no_retry_mark({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1",
+                          "RLKIT_STEP_RETRY": "2"})]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "grpo.log").write_text("".join(f"{line}\n" for line in old))
+    (tmp_path / "logs").rename(tmp_path / "logs.keep")
+    rc, out = run_failing_trainer(tmp_path, "cat logs.keep/grpo.log >> logs/grpo.log; exit 143", retries=1)
+    assert rc == 143, out
+    assert "restarted step grpo (retry 1 of 1" in out and "processes exited with 78" not in out
+    assert "step grpo failed with exit code 143; stopping the other steps" in out  # out of restarts
+
+
+def test_the_mark_is_printed_only_inside_a_slurm_step() -> None:
+    from rlkit.step_contract import no_retry_mark
+
+    assert no_retry_mark({"SLURM_JOB_ID": "7"}) is None  # the batch script or a login node: no step
+    assert no_retry_mark({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}) == "rlkit: no-retry exit of run 7.0.0"
