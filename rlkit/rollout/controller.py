@@ -25,12 +25,15 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import httpx
+
 from rlkit.agent.episode import Episode
 from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
+from rlkit.rollout.silence import SilenceWatch, probe
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.pool import (
     ServerPool,
@@ -105,7 +108,8 @@ class RolloutController:
                  params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
                  batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
                  request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
-                 start_version: int = 0, consumed: Iterable[int] = (), sampler: GroupSampler | None = None) -> None:
+                 server_silence_timeout: float = 30.0, start_version: int = 0, consumed: Iterable[int] = (),
+                 sampler: GroupSampler | None = None) -> None:
         if not prompts:
             raise StepError("the training set is empty")
         self.nr = name_resolve
@@ -118,6 +122,8 @@ class RolloutController:
         self.request_timeout = request_timeout
         self.request_retries = request_retries
         self.setup_timeout = setup_timeout
+        self.silence = SilenceWatch(server_silence_timeout)
+        self._probe_client: httpx.AsyncClient | None = None
         self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
         # how a prompt becomes a group: one request (the default) or multi-turn episodes (rollout.agent.workflow)
         self.sampler: GroupSampler = sampler or SingleTurnGroups(params, reward, decode, seed)
@@ -195,6 +201,7 @@ class RolloutController:
             hook(version)
         self.version = version
         self._updating = False
+        self._call_soon(self.silence.pause)
         self._call_soon(self._admit_more)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -215,8 +222,9 @@ class RolloutController:
             raise StepError(f"an operation on the servers took longer than {timeout:.0f} s") from None
 
     def live_servers(self) -> list[Server]:
-        """Every server registered and heart-beating now (verified or not)."""
-        return discover_servers(self.nr)
+        """Every server registered and heart-beating now (verified or not), except those silent now."""
+        silent = set(self.silence.silent)
+        return [s for s in discover_servers(self.nr) if s.index not in silent]
 
     def wait_for_a_server(self) -> list[Server]:
         """The live servers once one is registered, waiting as long as a removed record takes to be written again
@@ -254,6 +262,8 @@ class RolloutController:
                     task.cancel()
                 if self.pool is not None:
                     await self.pool.aclose()
+                if self._probe_client is not None:
+                    await self._probe_client.aclose()
             with contextlib.suppress(Exception):  # best effort at shutdown
                 asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -349,16 +359,33 @@ class RolloutController:
             self._admit_more()
 
     async def _watch_servers(self) -> None:
-        """Follow name resolve: servers that stop heart-beating leave the pool, restarted ones join."""
+        """Follow name resolve: servers that stop heart-beating leave the pool, restarted ones join; ask each one
+        GET /health, and take one that stays silent out of the pool (rlkit.rollout.silence)."""
         while not self._stopping:
             await asyncio.sleep(LIVENESS_POLL_S)
             try:
                 live = await asyncio.to_thread(discover_servers, self.nr)
             except Exception:
                 continue
-            usable = [dataclasses.replace(s, adapter=self.adapters.get(s.index))
-                      for s in live if self.verified.get(s.index) == s.address]
+            if not self._updating:
+                await self._listen(live)
+            usable = [dataclasses.replace(s, adapter=self.adapters.get(s.index)) for s in live
+                      if self.verified.get(s.index) == s.address and s.index not in self.silence.silent]
             self.pending = [s for s in live if self.verified.get(s.index) != s.address]
             if self.pool is not None and usable:
                 self.pool.set_servers(usable)
                 self.servers = self.pool.servers
+
+    async def _listen(self, live: list[Server]) -> None:
+        if self._probe_client is None:
+            self._probe_client = httpx.AsyncClient(trust_env=False)
+        fell, back = self.silence.update(await probe(self._probe_client, live))
+        addresses = {s.index: s.address for s in live}
+        for index in fell:
+            moved = self.pool.drop(index) if self.pool is not None else 0
+            print(f"rlkit train: server {index} ({addresses[index]}) has not answered /health for "
+                  f"{self.silence.timeout:g} s (rollout.server_silence_timeout): {moved} requests in flight go to "
+                  "the other servers; weight pushes skip it until it answers again", flush=True)
+        for index in back:
+            print(f"rlkit train: server {index} ({addresses[index]}) answers again; it takes requests once it "
+                  "holds the current weights", flush=True)

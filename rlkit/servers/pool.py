@@ -77,6 +77,10 @@ class ServersUnreachable(StepError):
     """No inference server accepts connections: every one of them is gone (or going)."""
 
 
+class ServerSilent(Exception):
+    """A request cancelled because its server stopped answering /health (ServerPool.drop); sent elsewhere."""
+
+
 class ServerPool:
     """Sends completion requests to the least-busy live server, with retries on another server."""
 
@@ -87,6 +91,7 @@ class ServerPool:
         self.servers = servers
         self.retries = retries
         self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
+        self._calls: dict[int, set[asyncio.Future[list[Completion]]]] = {}  # server index -> its requests in flight
         self._limit = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
                                          headers={"Authorization": f"Bearer {token}"},
@@ -105,6 +110,18 @@ class ServerPool:
             updated.append(s)
         if updated:
             self.servers = updated
+
+    def drop(self, index: int) -> int:
+        """Take server `index` out of the pool and cancel its requests in flight, which `complete` sends to the other
+        servers at once (a server that stopped answering would hold them until rollout.request_timeout); returns
+        how many were cancelled. The last server is kept: there is nowhere else to send its requests."""
+        if not any(s.index != index for s in self.servers):
+            return 0
+        self.servers = [s for s in self.servers if s.index != index]
+        calls = self._calls.pop(index, set())
+        for call in calls:
+            call.cancel()
+        return len(calls)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -128,8 +145,18 @@ class ServerPool:
                 tried.add(server.index)
                 backend = backend_for(server.backend)
                 server.in_flight += 1
+                call = asyncio.ensure_future(backend.complete(self._client, server, prompt_ids, params))
+                self._calls.setdefault(server.index, set()).add(call)
                 try:
-                    return server, await backend.complete(self._client, server, prompt_ids, params)
+                    return server, await call
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if not call.cancelled() or (task is not None and task.cancelling()):
+                        raise  # the rollout itself is cancelled, not this server's call
+                    server.failures += 1
+                    self.rerouted += 1
+                    last_error = ServerSilent(f"server {server.index} ({server.address}) stopped answering")
+                    errors.append(last_error)
                 except (httpx.HTTPError, KeyError, ValueError) as exc:
                     server.failures += 1
                     self.rerouted += 1
@@ -140,7 +167,8 @@ class ServerPool:
                         self.servers = [s for s in self.servers if s is not server]
                 finally:
                     server.in_flight -= 1
-            if all(isinstance(e, SERVER_GONE_ERRORS) for e in errors):
+                    self._calls.get(server.index, set()).discard(call)
+            if all(isinstance(e, (*SERVER_GONE_ERRORS, ServerSilent)) for e in errors):
                 raise ServersUnreachable(f"no inference server accepts connections ({self.retries + 1} attempts, "
                                          f"last: {type(last_error).__name__}: {last_error})")
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "

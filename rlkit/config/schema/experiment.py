@@ -199,6 +199,9 @@ class RolloutConfig:
     request_timeout: float = _f(3600.0, "Seconds one request may take.", gt=0)
     request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).", ge=0)
     setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.", gt=0)
+    server_silence_timeout: float = _f(30.0, "Seconds a server may leave GET /health unanswered (outside weight "
+                                       "updates; probed every 5 s) before its in-flight requests go to the other "
+                                       "servers and weight pushes skip it until it answers again.", ge=5)
     agent: AgentConfig = _sub(AgentConfig, "Multi-turn, tool-using episodes (empty workflow: single-turn rollouts).")
 
 
@@ -246,6 +249,10 @@ class RecoverConfig:
     retries: int = _f(3, "Times a failed trainer step is restarted in the allocation, and times the job requeues "
                       "itself at its time limit.", ge=0)
     keep_last: int = _f(2, "Valid checkpoints kept (older ones are removed).", ge=1)
+    rank_silence_timeout: float = _f(120.0, "Seconds a trainer rank may go without a heartbeat (a thread of its "
+                                     "process, every few seconds: a stopped or frozen process, a node in trouble) "
+                                     "before the other ranks end the step naming it, and the job restarts it from the "
+                                     "last checkpoint (recover.retries).", ge=10)
     time_limit_warning: int = _f(300, "Seconds before the time limit at which Slurm warns the job (USR1) so the "
                                  "trainer checkpoints and the job requeues itself.")
 

@@ -127,7 +127,8 @@ class Rank0:
             batch_size=config.train_dataset.batch_size, max_offpolicyness=offpolicy,
             max_concurrent=config.rollout.max_concurrent_rollouts, queue_size=config.rollout.queue_size,
             request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
-            setup_timeout=config.rollout.setup_timeout, seed=config.seed, shuffle=config.train_dataset.shuffle,
+            setup_timeout=config.rollout.setup_timeout, server_silence_timeout=config.rollout.server_silence_timeout,
+            seed=config.seed, shuffle=config.train_dataset.shuffle,
             start_version=self.version, consumed=self.consumed, sampler=sampler)
         self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
         self.tolerance = weight_check_tolerance(config)
@@ -145,7 +146,7 @@ class Rank0:
         self.sync_phases: dict[str, float] = {}  # slowest server's seconds per sync phase (pause, reload, ...)
         self.write_s = 0.0
         self.sent_mb = 0.0  # what rank 0 sent toward the servers in the last push (WeightTransport.sent_bytes)
-        self.servers_lost = 0
+        self.servers_lost: set[int] = set()
         self.servers_gone = ""  # set when a weight push found no reachable server
         self._pending_error: BaseException | None = None
         self._groups: list[Group] = []
@@ -259,7 +260,7 @@ class Rank0:
         results = {r.index: (r.version, r.fingerprint or 0.0) for r in published.synced}
         lost = published.lost
         self.controller.mark_synced([s for s in servers if s.index in results])
-        self.servers_lost = len(lost)
+        self.servers_lost = {s.index for s in lost}
         if lost:
             print(f"rlkit train: servers {sorted(s.index for s in lost)} are unreachable; going on with "
                   f"{sorted(results)} (a restarted server gets the weights before any request)", flush=True)
@@ -307,7 +308,7 @@ class Rank0:
             "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
             "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
             "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
-            "servers/unreachable": self.servers_lost,
+            "servers/unreachable": len(self.servers_lost | self.controller.silence.silent),
             "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
         })

@@ -89,3 +89,57 @@ def test_a_preferred_server_gets_the_request_until_it_fails() -> None:
     assert isinstance(result, Server) and result.address == "a:1", "the retry goes elsewhere"
     _, result = _complete({"a:1": _answer}, prefer=5)
     assert isinstance(result, Server) and result.address == "a:1", "a server no longer in the pool is no preference"
+
+
+def test_a_dropped_server_s_request_in_flight_goes_to_another_server_at_once() -> None:
+    """Server a takes the request and never answers (a stopped process: the connection is accepted, no reply comes);
+    dropping it (the controller found it silent) cancels that call, and the request is answered by b, counted as
+    rerouted, long before the request's timeout."""
+    servers = [Server(index=0, address="a:1", model="/m", backend="vllm"),
+               Server(index=1, address="b:1", model="/m", backend="vllm")]
+    pool = ServerPool(servers, "token", timeout=60.0, retries=3, max_in_flight=4)
+    arrived = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.netloc == b"a:1":
+            arrived.set()
+            await asyncio.sleep(3600)
+        return _answer(request)
+
+    async def main() -> tuple[Server, float]:
+        await pool.aclose()
+        pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        request = asyncio.ensure_future(pool.complete([1, 2], SamplingParams(n=1, max_new_tokens=4), prefer=0))
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert pool.drop(0) == 1 and [s.index for s in pool.servers] == [1]
+        server, _ = await asyncio.wait_for(request, 5)
+        await pool.aclose()
+        return server, loop.time() - started
+
+    server, took = asyncio.run(main())
+    assert server.address == "b:1" and pool.rerouted == 1 and took < 5
+
+
+def test_the_last_server_is_not_dropped_and_a_cancelled_rollout_stays_cancelled() -> None:
+    servers = [Server(index=0, address="a:1", model="/m", backend="vllm")]
+    pool = ServerPool(servers, "token", timeout=60.0, retries=3, max_in_flight=4)
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        return _answer(request)
+
+    async def main() -> None:
+        await pool.aclose()
+        pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        request = asyncio.ensure_future(pool.complete([1], SamplingParams(n=1, max_new_tokens=4)))
+        await asyncio.sleep(0.1)
+        assert pool.drop(0) == 0 and len(pool.servers) == 1  # nowhere else to send its requests
+        request.cancel()  # the rollout itself is cancelled (the controller stops): no retry, no reroute
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await pool.aclose()
+
+    asyncio.run(main())
+    assert pool.rerouted == 0
