@@ -53,8 +53,8 @@ __all__ = [
     "server_key",
 ]
 
-def name_resolve_for(config: ExperimentConfig) -> NameResolve:
-    """The name-resolve store of a trial, as its config says."""
+def name_resolve_for(config: ExperimentConfig, **kw: Any) -> NameResolve:
+    """The name-resolve store of a trial, as its config says; `kw` (ttl, heartbeat_interval) goes to the class."""
     from rlkit.trials.paths import TrialPaths
 
     nr = config.cluster.name_resolve
@@ -67,7 +67,7 @@ def name_resolve_for(config: ExperimentConfig) -> NameResolve:
                 "password": os.environ.get("ETCDCTL_PASSWORD", "") if nr.etcd3_user else ""}
     return make_name_resolve(nr.type, trial_dir=trial_dir, nfs_record_root=nr.nfs_record_root,
                              etcd3_addr=nr.etcd3_addr, experiment=config.experiment_name, trial=config.trial_name,
-                             **etcd)
+                             **etcd, **kw)
 
 
 def make_name_resolve(

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError, disk_full
 from rlkit.slurm.faults import failed_before, fault_point
+from rlkit.slurm.jobenv import JobEnv
 from rlkit.step_contract import (
     EXIT_FAILING,
     EXIT_REQUEUE,
@@ -38,6 +39,7 @@ from rlkit.trainer.dist import DistEnv, broadcast_object, dist_env_from, init_di
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trainer.rank_files import DamagedCheckpoint
+from rlkit.trainer.rank_watch import RankWatch
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import write_atomic
 
@@ -157,9 +159,28 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
     paths = TrialPaths(Path(trial_dir))
     stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
     env, device = init_distributed(name_resolve_for(config))
-    algorithm = build(LoopContext(config, paths, env, device))
-    resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
-    Loop(config, paths, algorithm, resumed, rank0=env.rank == 0, stop=stop).run()
+    watch = _rank_watch(config, env)
+    watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
+    try:
+        algorithm = build(LoopContext(config, paths, env, device))
+        resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
+    except BaseException:
+        watch.stop()
+        raise
+    Loop(config, paths, algorithm, resumed, rank0=env.rank == 0, stop=stop, watch=watch).run()
+
+
+def _rank_watch(config: ExperimentConfig, env: DistEnv) -> RankWatch:
+    """This rank's heartbeat entry and its watch over the others' (rlkit.trainer.rank_watch), in the trial's name
+    resolve with the silence timeout as the entries' lifetime."""
+    from rlkit.nameresolve import name_resolve_for
+
+    timeout = config.recover.rank_silence_timeout
+    interval = min(5.0, timeout / 4)
+    job = JobEnv.from_environ(os.environ)
+    run = f"{job.job_id}.{job.step_id}.{job.restart_count}" if job.in_step else f"{env.master_addr}:{env.master_port}"
+    return RankWatch(name_resolve_for(config, ttl=timeout, heartbeat_interval=interval), env.rank, env.world_size,
+                     run, timeout, heartbeat_interval=interval)
 
 
 def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm, *,
@@ -207,7 +228,8 @@ class Loop:
     """The step loop around one algorithm on this rank (`rank0`: this rank keeps metrics, progress, checkpoints)."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm,
-                 resumed: recover.LoopState | None, *, rank0: bool, stop: _StopRequests) -> None:
+                 resumed: recover.LoopState | None, *, rank0: bool, stop: _StopRequests,
+                 watch: RankWatch | None = None) -> None:
         self.config, self.paths, self.algorithm = config, paths, algorithm
         self.steps = algorithm.total_steps
         self.first_step = resumed.step + 1 if resumed is not None else 1
@@ -216,30 +238,40 @@ class Loop:
         self.done = self.first_step - 1  # the last finished step
         self.books: LoopRank0 | None = None
         self.stop = stop
+        self.watch = watch
 
     def run(self) -> None:
         algorithm, stop = self.algorithm, self.stop
         try:
             if self.rank0:
-                self.books = LoopRank0(self.config, self.paths, self.steps,
-                                       self.resumed.step if self.resumed is not None else None)
+                books = self.books = LoopRank0(self.config, self.paths, self.steps,
+                                               self.resumed.step if self.resumed is not None else None)
+                if self.watch is not None:  # a silent rank is named in progress.json, for `rlkit status`
+                    self.watch.on_silent = lambda message: books.progress(self.done, f"failed: {message}",
+                                                                          self._fields())
             algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
             if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
                 self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))
             for step in range(self.first_step, self.steps + 1):
                 exit_code = self._one_step(step, stop)
                 if exit_code is not None:
+                    if self.watch is not None:
+                        self.watch.finish()
                     self._stop_for(exit_code)
                     dist.barrier()
                     # Every rank exits 0 (a non-zero rank would make srun kill the others); progress.json tells the
                     # batch script whether to requeue the job or to end it.
                     break
             else:
+                if self.watch is not None:
+                    self.watch.finish()
                 if self.books is not None:
                     self.books.progress(self.steps, STATUS_FINISHED, algorithm.progress())
                     self.books.logger.close()
                     algorithm.finish()
         except BaseException as exc:
+            if self.watch is not None:
+                self.watch.stop()
             if self.books is not None:
                 self.books.progress(self.done, f"failed: {disk_full(exc) or type(exc).__name__}", self._fields())
                 self.books.logger.close()
