@@ -35,6 +35,7 @@ from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.rollout.silence import SilenceWatch, probe
 from rlkit.servers.backend import SamplingParams, Server
+from rlkit.servers.http import ServerUnreachable
 from rlkit.servers.pool import (
     ServerPool,
     discover_servers,
@@ -124,6 +125,7 @@ class RolloutController:
         self.setup_timeout = setup_timeout
         self.silence = SilenceWatch(server_silence_timeout)
         self._probe_client: httpx.AsyncClient | None = None
+        self._push_calls: dict[int, set[asyncio.Future[Any]]] = {}  # server index -> its parts of a push under way
         self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
         # how a prompt becomes a group: one request (the default) or multi-turn episodes (rollout.agent.workflow)
         self.sampler: GroupSampler = sampler or SingleTurnGroups(params, reward, decode, seed)
@@ -201,7 +203,6 @@ class RolloutController:
             hook(version)
         self.version = version
         self._updating = False
-        self._call_soon(self.silence.pause)
         self._call_soon(self._admit_more)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -230,6 +231,28 @@ class RolloutController:
         """The live servers once one is registered, waiting as long as a removed record takes to be written again
         (its owner's next heartbeat, well within the record's ttl); [] when none came."""
         return wait_for_any_server(self.nr, RECORD_HEAL_WAIT_S)
+
+    async def guard_push(self, server: Server, call: Awaitable[T]) -> T:
+        """One server's part of a weight push (PushTargets.guard), cancelled when the server is found silent:
+        ServerUnreachable then, so the push goes on without it instead of waiting out actor.weight_update_timeout."""
+        gone = f"{server.label}: has not answered /health for {self.silence.timeout:g} s " \
+               "(rollout.server_silence_timeout); left out of this push"
+        if server.index in self.silence.silent:
+            close = getattr(call, "close", None)
+            if close is not None:
+                close()  # never started: no "was never awaited" warning
+            raise ServerUnreachable(gone)
+        task = asyncio.ensure_future(call)
+        self._push_calls.setdefault(server.index, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and current.cancelling()):
+                raise
+            raise ServerUnreachable(gone) from None
+        finally:
+            self._push_calls.get(server.index, set()).discard(task)
 
     def why_servers_vanished(self) -> str:
         """Each server that held the weights: its record and whether it answers (for a no-server failure)."""
@@ -367,8 +390,7 @@ class RolloutController:
                 live = await asyncio.to_thread(discover_servers, self.nr)
             except Exception:
                 continue
-            if not self._updating:
-                await self._listen(live)
+            await self._listen(live)
             usable = [dataclasses.replace(s, adapter=self.adapters.get(s.index)) for s in live
                       if self.verified.get(s.index) == s.address and s.index not in self.silence.silent]
             self.pending = [s for s in live if self.verified.get(s.index) != s.address]
@@ -383,6 +405,8 @@ class RolloutController:
         addresses = {s.index: s.address for s in live}
         for index in fell:
             moved = self.pool.drop(index) if self.pool is not None else 0
+            for call in self._push_calls.pop(index, set()):
+                call.cancel()
             print(f"rlkit train: server {index} ({addresses[index]}) has not answered /health for "
                   f"{self.silence.timeout:g} s (rollout.server_silence_timeout): {moved} requests in flight go to "
                   "the other servers; weight pushes skip it until it answers again", flush=True)

@@ -1,8 +1,10 @@
 """Which inference servers have stopped answering: a server whose process is stopped or frozen keeps its name-resolve
 record (its step's own process heart-beats it) and accepts connections, so only asking it tells. The rollout
-controller asks every server GET /health each LIVENESS_POLL_S; one that has not answered for
-rollout.server_silence_timeout seconds (weight updates excluded: a server may be busy loading) is silent: its requests
-in flight go to the other servers and pushes skip it until it answers again.
+controller asks every server GET /health each LIVENESS_POLL_S (vLLM and SGLang answer it from their HTTP process,
+also while the engine loads weights); one that has not answered for rollout.server_silence_timeout seconds is
+silent: its requests in flight go to the other servers, its part of a push under way is dropped, and pushes skip it
+until it answers again. What this sees is the server's front process: an engine process frozen behind a live HTTP
+process is left to the requests' own timeouts.
 """
 
 from __future__ import annotations
@@ -27,11 +29,6 @@ class SilenceWatch:
         self.last_answer: dict[int, float] = {}
         self.silent: set[int] = set()
         self.silenced = 0  # times a server was found silent, over the run
-
-    def pause(self) -> None:
-        """A weight update ends: its time counts for nobody (the servers were loading weights, not hung)."""
-        now = time.monotonic()
-        self.last_answer = dict.fromkeys(self.last_answer, now)
 
     def update(self, answers: dict[int, bool], now: float | None = None) -> tuple[list[int], list[int]]:
         """Record one round of probes (index -> answered); returns (servers silent from now on, servers back)."""

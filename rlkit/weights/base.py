@@ -14,6 +14,7 @@ transport (the names are actor.weight_update_mode's, rlkit.config.schema.actor.W
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import importlib
 import logging
@@ -79,6 +80,9 @@ class PushTargets:
     # called once before the first server is touched (after the gather when the transport gathers first): the
     # rollout controller stops admitting groups while the weights change
     begin_update: Callable[[], None] = lambda: None
+    # runs one server's part of the push until it ends, or until the server is found silent (the rollout
+    # controller's watch): ServerUnreachable then, so the push goes on without it instead of waiting out `timeout`
+    guard: Callable[[Server, Awaitable[Any]], Awaitable[Any]] = lambda server, call: call
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the controller's loop and wait at most `timeout` s for it (StepError after that)."""
@@ -183,8 +187,8 @@ async def resume_after(client: httpx.AsyncClient, backend: ServerBackend, server
                        failure: BaseException) -> BaseException:
     """After `failure` on `server`: resume it, unless its process is gone (a live server must never stay paused,
     even holding part of new weights); returns what to report: `failure`, with the resume's own failure added."""
-    if isinstance(failure, ServerUnreachable):
-        return failure  # nothing to resume
+    if isinstance(failure, ServerUnreachable | asyncio.CancelledError):
+        return failure  # nothing to resume (a silent server's next push pauses, loads and resumes it)
     try:
         await backend.resume(client, server, timeout)
     except StepError as resume_error:

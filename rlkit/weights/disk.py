@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlkit.servers.backend import Server, backend_for
 from rlkit.weights.base import (
@@ -74,7 +74,8 @@ class DiskTransport(WeightTransport):
                 if die_mid_push_first(targets.servers, version):  # tests: one server updated, then the trainer dies
                     await deliver_one(client, targets.servers[0], out_dir, version, targets.timeout, delta=delta)
                     die_now()
-                return await deliver_all(client, targets.servers, out_dir, version, targets.timeout, delta=delta)
+                return await deliver_all(client, targets.servers, out_dir, version, targets.timeout, delta=delta,
+                                         guard=targets.guard)
 
         outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
         if self._encoder is not None:  # a run with deltas
@@ -133,9 +134,12 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, weights_dir: Pa
 
 
 async def deliver_all(client: httpx.AsyncClient, servers: Sequence[Server], weights_dir: Path, version: int,
-                      timeout: float, *, delta: DeltaHeader | None = None) -> list[ServerOutcome]:
-    """`deliver_one` on every server at once; every server is tried (and resumed) whatever the others do."""
-    results = await asyncio.gather(*(deliver_one(client, s, weights_dir, version, timeout, delta=delta)
+                      timeout: float, *, delta: DeltaHeader | None = None,
+                      guard: Callable[[Server, Awaitable[Any]], Awaitable[Any]] = lambda server, call: call
+                      ) -> list[ServerOutcome]:
+    """`deliver_one` on every server at once; every server is tried (and resumed) whatever the others do. `guard`:
+    PushTargets.guard (a server found silent meanwhile is left out)."""
+    results = await asyncio.gather(*(guard(s, deliver_one(client, s, weights_dir, version, timeout, delta=delta))
                                      for s in servers), return_exceptions=True)
     return [outcome_of(server, result) for server, result in zip(servers, results, strict=True)]
 

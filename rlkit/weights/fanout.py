@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, backend_for
@@ -60,7 +60,7 @@ def publish(transport: WeightTransport, buckets: Buckets, version: int, targets:
 
     async def check() -> list[ServerOutcome]:
         async with targets.open_client() as client:
-            return await check_all(client, outcomes, version, targets.timeout, probe)
+            return await check_all(client, outcomes, version, targets.timeout, probe, guard=targets.guard)
 
     return settle(targets.run(check(), timeout=2 * targets.timeout + 60), version, tolerate_lost=True)
 
@@ -95,15 +95,18 @@ async def check_server(client: httpx.AsyncClient, server: Server, sync: ServerSy
 
 
 async def check_all(client: httpx.AsyncClient, outcomes: Sequence[ServerOutcome], version: int | None,
-                    timeout: float, probe: Probe | None) -> list[ServerOutcome]:
-    """`check_server` on every synced server at once; the others' outcomes are kept as they are."""
+                    timeout: float, probe: Probe | None,
+                    guard: Callable[[Server, Awaitable[Any]], Awaitable[Any]] = lambda server, call: call
+                    ) -> list[ServerOutcome]:
+    """`check_server` on every synced server at once (each under `guard`: PushTargets.guard); the others' outcomes
+    are kept as they are."""
 
     async def one(outcome: ServerOutcome) -> ServerOutcome:
         if outcome.sync is None:
             return outcome
         try:
-            return ServerOutcome(outcome.server, sync=await check_server(client, outcome.server, outcome.sync,
-                                                                           version, timeout, probe))
+            return ServerOutcome(outcome.server, sync=await guard(outcome.server, check_server(
+                client, outcome.server, outcome.sync, version, timeout, probe)))
         except Exception as exc:
             return outcome_of(outcome.server, exc)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlkit.servers.backend import Server, backend_for
 from rlkit.weights.base import (
@@ -108,7 +108,7 @@ class LoraDiskTransport(WeightTransport):
                                       reset_cache=reset_cache)
                     die_now()
                 return await deliver_all(client, targets.servers, out_dir, name, prefix, version, targets.timeout,
-                                         reset_cache=reset_cache)
+                                         reset_cache=reset_cache, guard=targets.guard)
 
         outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
         self._first_push = False
@@ -149,10 +149,14 @@ async def deliver_one(client: httpx.AsyncClient, server: Server, adapter_dir: Pa
 
 
 async def deliver_all(client: httpx.AsyncClient, servers: Sequence[Server], adapter_dir: Path, name: str,
-                      prefix: str, version: int, timeout: float, *, reset_cache: bool = False) -> list[ServerOutcome]:
-    """`deliver_one` on every server at once; every server is tried whatever the others do."""
-    results = await asyncio.gather(*(deliver_one(client, s, adapter_dir, name, prefix, version, timeout,
-                                                 reset_cache=reset_cache) for s in servers), return_exceptions=True)
+                      prefix: str, version: int, timeout: float, *, reset_cache: bool = False,
+                      guard: Callable[[Server, Awaitable[Any]], Awaitable[Any]] = lambda server, call: call
+                      ) -> list[ServerOutcome]:
+    """`deliver_one` on every server at once; every server is tried whatever the others do. `guard`:
+    PushTargets.guard (a server found silent meanwhile is left out)."""
+    results = await asyncio.gather(*(guard(s, deliver_one(client, s, adapter_dir, name, prefix, version, timeout,
+                                                          reset_cache=reset_cache)) for s in servers),
+                                   return_exceptions=True)
     return [outcome_of(server, result) for server, result in zip(servers, results, strict=True)]
 
 

@@ -254,7 +254,7 @@ class Rank0:
         token = self.token
         return PushTargets(servers=servers, timeout=self.config.actor.weight_update_timeout,
                            submit=self.controller.submit, open_client=lambda: server_client(token),
-                           begin_update=self.controller.begin_update)
+                           begin_update=self.controller.begin_update, guard=self.controller.guard_push)
 
     def _record(self, version: int, servers: list[Any], published: Published) -> None:
         results = {r.index: (r.version, r.fingerprint or 0.0) for r in published.synced}

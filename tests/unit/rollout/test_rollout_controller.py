@@ -398,3 +398,26 @@ def test_requests_follow_each_servers_adapter_also_across_liveness_rounds(
     wait_for(lambda: len(rounds) >= 3)  # several watcher rounds replaced the pool's servers
     settle(ctrl)
     assert rounds[:3] == [["exp-v1"]] * 3 and [s.adapter for s in ctrl.pool.servers] == ["exp-v1"]
+
+
+def test_a_server_that_stops_answering_health_is_left_out_of_the_push_under_way(
+        make: Callable[..., RolloutController], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The watcher asks the server GET /health (the stand-in's address answers nothing, as a stopped server): past
+    the silence timeout the server's part of the push under way is cancelled and reported unreachable (the fan-out
+    goes on without it), a push begun while it is silent leaves it out at once, and pushes skip it."""
+    from rlkit.servers.http import ServerUnreachable
+
+    monkeypatch.setattr("rlkit.rollout.controller.LIVENESS_POLL_S", 0.05)
+    ctrl = make(max_offpolicyness=0)
+    ctrl.silence.timeout = 0.3
+    server = ctrl.start()[0]
+    started = time.monotonic()
+    push = ctrl.submit(ctrl.guard_push(server, asyncio.sleep(3600)))  # e.g. a reload the server never answers
+    with pytest.raises(ServerUnreachable, match=r"has not answered /health for 0.3 s .*left out of this push"):
+        push.result(timeout=10)
+    assert time.monotonic() - started < 10 and ctrl.silence.silent == {0}
+    with pytest.raises(ServerUnreachable):
+        ctrl.submit(ctrl.guard_push(server, asyncio.sleep(3600))).result(timeout=5)
+    assert ctrl.live_servers() == []  # registered, heart-beating, but silent: no push goes to it
+    assert f"server 0 ({SERVER_ADDRESS}) has not answered /health for 0.3 s" in capsys.readouterr().out
