@@ -149,8 +149,8 @@ def trained_steps(trial: Path) -> int:
         return 0
 
 
-def trainer_rank0_pid(trial: Path) -> int | None:
-    """The python process of trainer rank 0 of this trial (not its srun)."""
+def trainer_rank0_pid(trial: Path, rank: int = 0) -> int | None:
+    """The python process of trainer rank `rank` (0 unless given) of this trial (not its srun)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -159,7 +159,8 @@ def trainer_rank0_pid(trial: Path) -> int | None:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"train" in cmd and str(trial).encode() in cmd and b"SLURM_PROCID=0" in environ and b"srun" not in cmd[0]:
+        if (b"train" in cmd and str(trial).encode() in cmd and f"SLURM_PROCID={rank}".encode() in environ
+                and b"srun" not in cmd[0]):
             return int(proc.name)
     return None
 
