@@ -56,7 +56,10 @@ class RankWatch:
         """This rank's loop ended normally: its entry says so (and no longer needs a heartbeat); watching stops."""
         self._stop.set()
         if self._thread is not None:
-            self.nr.add(rank_key(self.rank), self._entry(True), replace=True, keepalive=False)
+            try:
+                self.nr.add(rank_key(self.rank), self._entry(True), replace=True, keepalive=False)
+            except Exception as exc:  # the run's end matters more; a watcher may then take this exit for silence
+                print(f"rlkit train: rank {self.rank}: could not mark its name-resolve entry done: {exc}", flush=True)
 
     def stop(self) -> None:
         """Stop watching (the step is failing anyway: its exit, not a silent rank, is what happened)."""
