@@ -27,6 +27,7 @@ STOP_ANSWER_S = 60.0
 # ended once Slurm has forgotten its job (MinJobAge) and no sacct answers. Not written when the job is requeued.
 JOB_END = "job_end"
 JOB_END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+JOB_LOCK = "job.lock"  # in the trial directory: held (flock) by the job script that runs the trial, and naming it
 
 NODE_CHECK_STEP = "node-check"  # step 0 of every job (rlkit.steps.node_check; log: logs/node-check.log)
 NODE_CHECK_ADDRESS_MARK = "rlkit-node-check-address"  # starts the line step 0's listener prints for the batch script

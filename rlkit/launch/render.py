@@ -21,6 +21,7 @@ from rlkit.launch.plan import Component, JobPlan, Step
 from rlkit.step_contract import (
     EXIT_REQUEUE,
     JOB_END,
+    JOB_LOCK,
     NO_RETRY_EXIT,
     NO_RETRY_MARK,
     NODE_CHECK_ADDRESS_MARK,
@@ -195,7 +196,7 @@ def supervisor_body(*, trial_dir: str, attempt: int, retries: int, trainer_group
         "NO_RETRY_EXIT": str(NO_RETRY_EXIT),
         "NO_RETRY_MARK": shlex.quote(NO_RETRY_MARK), "EXIT_REQUEUE": str(EXIT_REQUEUE),
         "STATUS_REQUEUE": shlex.quote(STATUS_REQUEUE), "STATUS_STOPPED": shlex.quote(STATUS_STOPPED),
-        "STEP_STATE": shlex.quote(STEP_STATE), "JOB_END": shlex.quote(JOB_END), "TRAINER_GROUP": str(trainer_group),
+        "STEP_STATE": shlex.quote(STEP_STATE), "JOB_END": shlex.quote(JOB_END), "JOB_LOCK": shlex.quote(JOB_LOCK), "TRAINER_GROUP": str(trainer_group),
         "PACKED": str(int(packed)), "STEPS": "\n".join(steps),
         "NODE_CHECKS": "\n".join(node_checks),
         "NODE_CHECK_ADDRESS_MARK": shlex.quote(NODE_CHECK_ADDRESS_MARK),

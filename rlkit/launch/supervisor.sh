@@ -25,6 +25,18 @@ PACKED=@PACKED@  # 1: one allocation whose steps share nodes (signals go to the 
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
 NODE_CHECK_ADDRESS_MARK=@NODE_CHECK_ADDRESS_MARK@  # starts the line where the node check's listener gives its address
 
+# One job at a time on a trial: this script holds the trial's job lock (flock, kept by NFS across nodes) until it
+# exits, and a second job of the trial (a resume racing a requeue, a submit from a login node whose lock is not
+# shared) waits for it a while, then exits before touching anything (no job_end, no step, no record).
+TRIAL_LOCK_WAIT=${RLKIT_TRIAL_LOCK_WAIT:-120}  # seconds: a stopped job's steps may take STOP_GRACE and more to end
+exec 9>>@JOB_LOCK@
+if ! flock -w "$TRIAL_LOCK_WAIT" 9; then
+  echo "rlkit: another job of this trial holds it ($(cat @JOB_LOCK@ 2>/dev/null || echo unknown)) after" \
+    "$TRIAL_LOCK_WAIT s; this job exits without touching the trial"
+  exit "$NO_RETRY_EXIT"
+fi
+echo "job $SLURM_JOB_ID on $(hostname) since $(date -u +%FT%TZ)" >@JOB_LOCK@
+
 STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()

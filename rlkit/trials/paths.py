@@ -6,12 +6,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkit.step_contract import JOB_END, STEP_STATE, STOP_ACK
+from rlkit.step_contract import JOB_END, JOB_LOCK, STEP_STATE, STOP_ACK
 
 # What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
-                            "weights", "checkpoints", "progress.json", STEP_STATE, STOP_ACK, JOB_END, "recover",
-                            "name_resolve", "swanlab", "tensorboard", "wandb"})
+                            "weights", "checkpoints", "progress.json", STEP_STATE, STOP_ACK, JOB_END, JOB_LOCK,
+                            "recover", "name_resolve", "swanlab", "tensorboard", "wandb"})
 # where `submit --force` keeps a previous run (rlkit.trials.records.archive_run)
 ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 

@@ -238,7 +238,8 @@ def test_time_limit_usr1_reaches_a_heterogeneous_job_s_trainer_component(tmp_pat
 # ---- the no-retry code reaches the batch script (the real supervisor template, run by bash) ------------------------
 
 
-def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2) -> tuple[int, str]:
+def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2,
+                        env_extra: dict[str, str] | None = None) -> tuple[int, str]:
     """The supervisor with one trainer step whose command is `trainer` (bash, in the trial directory; its output is
     the step's log as srun --output makes it) and `retries` restarts; returns the script's exit code and output."""
     (tmp_path / "logs").mkdir()
@@ -247,7 +248,7 @@ def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2) -> tu
         "component_policy 0 trainer 1 on-failure 1", "start_step grpo 0 cmd_grpo",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
     stubs = 'scancel() { :; }\nsqueue() { :; }\n'
-    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
     run = subprocess.run(["bash", "-c", stubs + body], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60, check=False)
     return run.returncode, run.stdout + run.stderr
@@ -289,3 +290,28 @@ def test_the_mark_is_printed_only_inside_a_slurm_step() -> None:
 
     assert no_retry_mark({"SLURM_JOB_ID": "7"}) is None  # the batch script or a login node: no step
     assert no_retry_mark({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}) == "rlkit: no-retry exit of run 7.0.0"
+
+
+def test_a_second_job_of_the_trial_exits_before_touching_it(tmp_path: Path) -> None:
+    """Another job script holds the trial's job lock (flock on job.lock, naming it): this one waits
+    RLKIT_TRIAL_LOCK_WAIT, then exits 78 naming the holder, and writes nothing: no step started, no job_end, the
+    holder's name left as it was."""
+    import fcntl
+
+    from rlkit.step_contract import JOB_END, JOB_LOCK, NO_RETRY_EXIT
+
+    lock = tmp_path / JOB_LOCK
+    lock.write_text("job 6 on node1 since 2026-11-29T00:00:00Z\n")
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rc, out = run_failing_trainer(tmp_path, "touch trainer-ran; exit 0", env_extra={"RLKIT_TRIAL_LOCK_WAIT": "1"})
+    assert rc == NO_RETRY_EXIT, out
+    assert "another job of this trial holds it (job 6 on node1 since" in out and "without touching the trial" in out
+    assert not (tmp_path / "trainer-ran").exists() and not (tmp_path / JOB_END).exists()
+    assert lock.read_text().startswith("job 6 on node1")
+
+
+def test_the_job_lock_names_the_job_that_holds_it(tmp_path: Path) -> None:
+    rc, out = run_failing_trainer(tmp_path, "cat job.lock > seen; exit 0")
+    assert rc == 0, out
+    assert (tmp_path / "seen").read_text().startswith("job 7 on ")
