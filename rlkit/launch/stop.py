@@ -85,7 +85,7 @@ def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialP
 
     def answered() -> bool:
         status, updated = _trainer_progress(paths)
-        return updated > written and status in (STATUS_STOPPED, STATUS_FINISHED)
+        return updated > written and (status in (STATUS_STOPPED, STATUS_FINISHED) or status.startswith("failed"))
 
     heard = _wait(job_id, min(deadline, time.monotonic() + STOP_ANSWER_S),
                   lambda: _stop_ack(paths) != ack_before or answered())
@@ -101,6 +101,9 @@ def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialP
     if status == STATUS_FINISHED:
         say("the trainer finished its last step before it could stop")
         return _wait_for_the_end(job_id, name, deadline, say)
+    if status.startswith("failed"):
+        say(f"the trainer {status} before it could checkpoint; cancelling (resume uses the last checkpoint)")
+        return True
     say(f"no checkpoint within {timeout:.0f} s; cancelling anyway (resume uses the last checkpoint)")
     return True
 

@@ -30,10 +30,23 @@ NODE_CHECK_ADDRESS_MARK=@NODE_CHECK_ADDRESS_MARK@  # starts the line where the n
 # shared) waits for it a while, then exits before touching anything (no job_end, no step, no record).
 TRIAL_LOCK_WAIT=${RLKIT_TRIAL_LOCK_WAIT:-120}  # seconds: a stopped job's steps may take STOP_GRACE and more to end
 exec 9>>@JOB_LOCK@
-if ! flock -w "$TRIAL_LOCK_WAIT" 9; then
-  echo "rlkit: another job of this trial holds it ($(cat @JOB_LOCK@ 2>/dev/null || echo unknown)) after" \
-    "$TRIAL_LOCK_WAIT s; this job exits without touching the trial"
-  exit "$NO_RETRY_EXIT"
+flock -w "$TRIAL_LOCK_WAIT" 9
+LOCK_RC=$?
+if [ "$LOCK_RC" -eq 1 ]; then  # still held after the wait
+  HOLDER=""
+  read -r _ HOLDER _ <@JOB_LOCK@ 2>/dev/null
+  HOLDER_STATE=$(squeue --noheader --jobs="${HOLDER:-0}" --format=%T 2>&1)
+  if [ "${HOLDER:-}" = "$SLURM_JOB_ID" ] || [[ $HOLDER_STATE == *"Invalid job id"* ]]; then
+    # this job's own earlier run, or a job Slurm no longer knows: a lock a failed node's NFS client left behind
+    echo "rlkit: the trial's job lock is still held for job ${HOLDER:-?}, which is this job's earlier run or gone" \
+      "from Slurm; going on"
+  else
+    echo "rlkit: another job of this trial holds it ($(cat @JOB_LOCK@ 2>/dev/null || echo unknown)) after" \
+      "$TRIAL_LOCK_WAIT s; this job exits without touching the trial"
+    exit "$NO_RETRY_EXIT"
+  fi
+elif [ "$LOCK_RC" -ne 0 ]; then
+  echo "rlkit: the trial's job lock cannot be taken on this filesystem (flock exit $LOCK_RC); going on without it"
 fi
 echo "job $SLURM_JOB_ID on $(hostname) since $(date -u +%FT%TZ)" >@JOB_LOCK@
 
@@ -84,7 +97,8 @@ restart_step() {  # restart_step INDEX: the same step again, in this allocation
 
 no_retry_logged() {  # no_retry_logged INDEX: a process of this run of the step exited with NO_RETRY_EXIT, whatever
   # code srun reports (srun gives the highest of its tasks': a rank it killed after another's 78 reports 143)
-  grep -a -q -F -x "$NO_RETRY_MARK $SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}.${RESTARTS[$1]}" \
+  # (the mark ends its line; what comes before it on the line may be another process's unfinished output)
+  grep -a -q -- "$NO_RETRY_MARK $SLURM_JOB_ID\.${SLURM_RESTART_COUNT:-0}\.${RESTARTS[$1]}\$" \
     "logs/${NAMES[$1]}.log" 2>/dev/null
 }
 

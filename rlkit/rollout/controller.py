@@ -25,17 +25,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
-
 from rlkit.agent.episode import Episode
 from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
-from rlkit.rollout.silence import SilenceWatch, probe
+from rlkit.rollout.silence import ServerWatch
 from rlkit.servers.backend import SamplingParams, Server
-from rlkit.servers.http import ServerUnreachable
 from rlkit.servers.pool import (
     ServerPool,
     discover_servers,
@@ -123,9 +120,8 @@ class RolloutController:
         self.request_timeout = request_timeout
         self.request_retries = request_retries
         self.setup_timeout = setup_timeout
-        self.silence = SilenceWatch(server_silence_timeout)
-        self._probe_client: httpx.AsyncClient | None = None
-        self._push_calls: dict[int, set[asyncio.Future[Any]]] = {}  # server index -> its parts of a push under way
+        self.watch = ServerWatch(server_silence_timeout)
+        self.silence = self.watch.silence
         self._stream = resumed_stream(prompts, seed=seed, shuffle=shuffle, consumed=consumed)
         # how a prompt becomes a group: one request (the default) or multi-turn episodes (rollout.agent.workflow)
         self.sampler: GroupSampler = sampler or SingleTurnGroups(params, reward, decode, seed)
@@ -228,31 +224,15 @@ class RolloutController:
         return [s for s in discover_servers(self.nr) if s.index not in silent]
 
     def wait_for_a_server(self) -> list[Server]:
-        """The live servers once one is registered, waiting as long as a removed record takes to be written again
-        (its owner's next heartbeat, well within the record's ttl); [] when none came."""
-        return wait_for_any_server(self.nr, RECORD_HEAL_WAIT_S)
+        """The live servers (silent ones left out) once one is registered, waiting as long as a removed record takes
+        to be written again (its owner's next heartbeat, well within the record's ttl); [] when none came."""
+        silent = set(self.silence.silent)
+        return [s for s in wait_for_any_server(self.nr, RECORD_HEAL_WAIT_S) if s.index not in silent]
 
     async def guard_push(self, server: Server, call: Awaitable[T]) -> T:
-        """One server's part of a weight push (PushTargets.guard), cancelled when the server is found silent:
-        ServerUnreachable then, so the push goes on without it instead of waiting out actor.weight_update_timeout."""
-        gone = f"{server.label}: has not answered /health for {self.silence.timeout:g} s " \
-               "(rollout.server_silence_timeout); left out of this push"
-        if server.index in self.silence.silent:
-            close = getattr(call, "close", None)
-            if close is not None:
-                close()  # never started: no "was never awaited" warning
-            raise ServerUnreachable(gone)
-        task = asyncio.ensure_future(call)
-        self._push_calls.setdefault(server.index, set()).add(task)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not task.cancelled() or (current is not None and current.cancelling()):
-                raise
-            raise ServerUnreachable(gone) from None
-        finally:
-            self._push_calls.get(server.index, set()).discard(task)
+        """One server's part of a weight push (PushTargets.guard): ServerUnreachable once the server is found silent
+        (rlkit.rollout.silence.ServerWatch.guard)."""
+        return await self.watch.guard(server, call)
 
     def why_servers_vanished(self) -> str:
         """Each server that held the weights: its record and whether it answers (for a no-server failure)."""
@@ -285,8 +265,7 @@ class RolloutController:
                     task.cancel()
                 if self.pool is not None:
                     await self.pool.aclose()
-                if self._probe_client is not None:
-                    await self._probe_client.aclose()
+                await self.watch.aclose()
             with contextlib.suppress(Exception):  # best effort at shutdown
                 asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -390,26 +369,13 @@ class RolloutController:
                 live = await asyncio.to_thread(discover_servers, self.nr)
             except Exception:
                 continue
-            await self._listen(live)
+            try:
+                await self.watch.listen(live, self.pool)
+            except Exception as exc:  # the watch must outlive one bad round (a closed client, an odd answer)
+                print(f"rlkit train: the server watch skipped a round: {type(exc).__name__}: {exc}", flush=True)
             usable = [dataclasses.replace(s, adapter=self.adapters.get(s.index)) for s in live
                       if self.verified.get(s.index) == s.address and s.index not in self.silence.silent]
             self.pending = [s for s in live if self.verified.get(s.index) != s.address]
             if self.pool is not None and usable:
                 self.pool.set_servers(usable)
                 self.servers = self.pool.servers
-
-    async def _listen(self, live: list[Server]) -> None:
-        if self._probe_client is None:
-            self._probe_client = httpx.AsyncClient(trust_env=False)
-        fell, back = self.silence.update(await probe(self._probe_client, live))
-        addresses = {s.index: s.address for s in live}
-        for index in fell:
-            moved = self.pool.drop(index) if self.pool is not None else 0
-            for call in self._push_calls.pop(index, set()):
-                call.cancel()
-            print(f"rlkit train: server {index} ({addresses[index]}) has not answered /health for "
-                  f"{self.silence.timeout:g} s (rollout.server_silence_timeout): {moved} requests in flight go to "
-                  "the other servers; weight pushes skip it until it answers again", flush=True)
-        for index in back:
-            print(f"rlkit train: server {index} ({addresses[index]}) answers again; it takes requests once it "
-                  "holds the current weights", flush=True)

@@ -1,7 +1,7 @@
 """Which inference servers have stopped answering: a server whose process is stopped or frozen keeps its name-resolve
 record (its step's own process heart-beats it) and accepts connections, so only asking it tells. The rollout
-controller asks every server GET /health each LIVENESS_POLL_S (vLLM and SGLang answer it from their HTTP process,
-also while the engine loads weights); one that has not answered for rollout.server_silence_timeout seconds is
+controller asks every server GET /health each LIVENESS_POLL_S (vLLM answers it from its HTTP process, also while
+the engine loads weights; SGLang too, as rlkit starts it: rlkit.servers.sglang.backend); one that has not answered for rollout.server_silence_timeout seconds is
 silent: its requests in flight go to the other servers, its part of a push under way is dropped, and pushes skip it
 until it answers again. What this sees is the server's front process: an engine process frozen behind a live HTTP
 process is left to the requests' own timeouts.
@@ -10,15 +10,18 @@ process is left to the requests' own timeouts.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import httpx
 
 from rlkit.servers.backend import Server
+from rlkit.servers.http import ServerUnreachable
+from rlkit.servers.pool import ServerPool
 
-log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
 class SilenceWatch:
@@ -29,6 +32,14 @@ class SilenceWatch:
         self.last_answer: dict[int, float] = {}
         self.silent: set[int] = set()
         self.silenced = 0  # times a server was found silent, over the run
+
+    def mark_silent(self, index: int) -> bool:
+        """Server `index` is silent now whatever its answers (its record vanished); True when it was not before."""
+        if index in self.silent:
+            return False
+        self.silent.add(index)
+        self.silenced += 1
+        return True
 
     def update(self, answers: dict[int, bool], now: float | None = None) -> tuple[list[int], list[int]]:
         """Record one round of probes (index -> answered); returns (servers silent from now on, servers back)."""
@@ -61,3 +72,68 @@ async def probe(client: httpx.AsyncClient, servers: list[Server]) -> dict[int, b
 
     results = await asyncio.gather(*(one(s) for s in servers))
     return {s.index: ok for s, ok in zip(servers, results, strict=True)}
+
+
+class ServerWatch:
+    """The rollout controller's watch over its servers (on the controller's event loop): each round probes them,
+    takes the ones found silent out of the pool (their requests in flight go elsewhere) and out of any push under
+    way (`guard`), and says so in the trainer's log."""
+
+    def __init__(self, timeout: float) -> None:
+        self.silence = SilenceWatch(timeout)
+        self._client: httpx.AsyncClient | None = None
+        self._push_calls: dict[int, set[asyncio.Future[Any]]] = {}  # server index -> its parts of a push under way
+        self._left_out: set[asyncio.Future[Any]] = set()  # push parts cancelled because their server went silent
+
+    async def listen(self, live: list[Server], pool: ServerPool | None) -> None:
+        """One round over the servers registered now (`live`) and those of `pool`."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
+        fell, back = self.silence.update(await probe(self._client, live))
+        addresses = {s.index: s.address for s in live}
+        why = {index: f"has not answered /health for {self.silence.timeout:g} s (rollout.server_silence_timeout)"
+               for index in fell}
+        # A server of the pool whose record has expired: its step stopped heart-beating (frozen, or its node cut
+        # off), which the record's ttl tells no sooner than the silence timeout would: silent now, not at its
+        # requests' timeout.
+        for server in list(pool.servers if pool is not None else []):
+            if server.index not in addresses and self.silence.mark_silent(server.index):
+                fell.append(server.index)
+                addresses[server.index] = server.address
+                why[server.index] = "lost its name-resolve record (its step stopped heart-beating)"
+        for index in fell:
+            moved = pool.drop(index) if pool is not None else 0
+            for call in self._push_calls.pop(index, set()):
+                self._left_out.add(call)
+                call.cancel()
+            print(f"rlkit train: server {index} ({addresses[index]}) {why[index]}: {moved} requests in flight go "
+                  "to the other servers; weight pushes skip it until it answers again", flush=True)
+        for index in back:
+            print(f"rlkit train: server {index} ({addresses[index]}) answers again; it takes requests once it "
+                  "holds the current weights", flush=True)
+
+    async def guard(self, server: Server, call: Awaitable[T]) -> T:
+        """Run one server's part of a weight push until it ends or the server is found silent: ServerUnreachable
+        then, so the push goes on without it instead of waiting out actor.weight_update_timeout."""
+        gone = (f"{server.label}: has not answered /health for {self.silence.timeout:g} s "
+                "(rollout.server_silence_timeout); left out of this push")
+        if server.index in self.silence.silent:
+            close = getattr(call, "close", None)
+            if close is not None:
+                close()  # never started: no "was never awaited" warning
+            raise ServerUnreachable(gone)
+        task = asyncio.ensure_future(call)
+        self._push_calls.setdefault(server.index, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task not in self._left_out:
+                raise  # the push itself is cancelled (its timeout, the end of the run)
+            raise ServerUnreachable(gone) from None
+        finally:
+            self._push_calls.get(server.index, set()).discard(task)
+            self._left_out.discard(task)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

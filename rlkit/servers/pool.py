@@ -92,6 +92,7 @@ class ServerPool:
         self.retries = retries
         self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
         self._calls: dict[int, set[asyncio.Future[list[Completion]]]] = {}  # server index -> its requests in flight
+        self._dropped: set[asyncio.Future[list[Completion]]] = set()  # cancelled by `drop`: to send elsewhere
         self._limit = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
                                          headers={"Authorization": f"Bearer {token}"},
@@ -120,6 +121,7 @@ class ServerPool:
         self.servers = [s for s in self.servers if s.index != index]
         calls = self._calls.pop(index, set())
         for call in calls:
+            self._dropped.add(call)
             call.cancel()
         return len(calls)
 
@@ -150,9 +152,9 @@ class ServerPool:
                 try:
                     return server, await call
                 except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if not call.cancelled() or (task is not None and task.cancelling()):
+                    if call not in self._dropped:
                         raise  # the rollout itself is cancelled, not this server's call
+                    self._dropped.discard(call)
                     server.failures += 1
                     self.rerouted += 1
                     last_error = ServerSilent(f"server {server.index} ({server.address}) stopped answering")

@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ class TrialRecord:
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Write `text` to a temp file beside `path`, fsync, rename over `path` (readers see old or new, never half)."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")  # two threads may write one file
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib
 import logging
 import os
@@ -187,8 +188,12 @@ async def resume_after(client: httpx.AsyncClient, backend: ServerBackend, server
                        failure: BaseException) -> BaseException:
     """After `failure` on `server`: resume it, unless its process is gone (a live server must never stay paused,
     even holding part of new weights); returns what to report: `failure`, with the resume's own failure added."""
-    if isinstance(failure, ServerUnreachable | asyncio.CancelledError):
-        return failure  # nothing to resume (a silent server's next push pauses, loads and resumes it)
+    if isinstance(failure, ServerUnreachable):
+        return failure  # nothing to resume
+    if isinstance(failure, asyncio.CancelledError):  # a silent server's part, or the push itself, was cancelled
+        with contextlib.suppress(Exception):  # never wait on a frozen server; its next push resumes it anyway
+            await asyncio.wait_for(backend.resume(client, server, timeout), CANCELLED_RESUME_S)
+        return failure
     try:
         await backend.resume(client, server, timeout)
     except StepError as resume_error:
@@ -197,6 +202,9 @@ async def resume_after(client: httpx.AsyncClient, backend: ServerBackend, server
                              f"{resume_error}")
         logger.error("%s (after %s: %s)", resume_error, type(failure).__name__, failure)
     return failure
+
+
+CANCELLED_RESUME_S = 5.0  # how long a cancelled delivery tries to resume its server before giving up
 
 
 def drain(buckets: Iterable[object]) -> None:

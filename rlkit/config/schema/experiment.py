@@ -199,9 +199,9 @@ class RolloutConfig:
     request_timeout: float = _f(3600.0, "Seconds one request may take.", gt=0)
     request_retries: int = _f(3, "Retries of a failed request (on another server when one is left).", ge=0)
     setup_timeout: float = _f(1200.0, "Seconds to wait for the servers to register before giving up.", gt=0)
-    server_silence_timeout: float = _f(30.0, "Seconds a server may leave GET /health unanswered (probed every 5 s) "
-                                       "before its in-flight requests go to the other servers, its part of a weight "
-                                       "push is dropped, and pushes skip it until it answers again.", ge=5)
+    server_silence_timeout: float = _f(30.0, "Seconds a server may leave GET /health unanswered (probed every 5 to "
+                                       "10 s) before its in-flight requests go to the other servers, its part of a "
+                                       "weight push is dropped, and pushes skip it until it answers again.", ge=5)
     agent: AgentConfig = _sub(AgentConfig, "Multi-turn, tool-using episodes (empty workflow: single-turn rollouts).")
 
 

@@ -56,6 +56,10 @@ _UNSET_ENV = (
     "SGLANG_RETURN_ORIGINAL_LOGPROB",  # completion log-probs without the temperature (layers/sampler.py)
     "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES",  # lets request headers change sampling (http_server.py)
 )
+# Set for every SGLang server: GET /health answers from the HTTP process (503 while starting, 200 once up) instead of
+# generating a token, which waits while the server is paused for a weight update and would make the rollout
+# controller take a server loading weights for a silent one (rlkit.rollout.silence).
+_LAUNCH_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
 
 
 class SglangBackend(ServerBackend):
@@ -67,7 +71,7 @@ class SglangBackend(ServerBackend):
     guard_probe = "/v1/models"  # "normal" auth level: SGLang's api-key middleware answers 401 without the key
     guard_hint = "did SGLang read --api-key from rlkit's --config file?"
     adapter_cache_by_name = False  # each adapter load gets a fresh lora_id, the radix cache's key (sglang.lora)
-    launch_env_names = _UNSET_ENV
+    launch_env_names = (*_UNSET_ENV, *_LAUNCH_ENV)
 
     # ---- config side ----
 
@@ -118,7 +122,7 @@ class SglangBackend(ServerBackend):
                               tensor_parallel_size=tp, key_file=str(key_file), extra=extra)
         if config.actor.use_lora:  # adapters loaded at run time (rlkit.servers.sglang.lora)
             argv += lora.lora_flags(config.actor.lora_rank, config.actor.target_modules, config.sglang.extra_args)
-        return ServerLaunch(argv=argv, env={}, unset_env=_UNSET_ENV)
+        return ServerLaunch(argv=argv, env=dict(_LAUNCH_ENV), unset_env=_UNSET_ENV)
 
     # ---- requests ----
 

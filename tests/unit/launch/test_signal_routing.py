@@ -139,6 +139,17 @@ def test_a_trainer_that_cannot_answer_is_cancelled_without_waiting_for_the_check
     assert said[-1].startswith("the trainer did not answer the signal within 1 s (a rank hung, stopped"), said
 
 
+def test_a_trainer_that_fails_after_the_signal_is_cancelled_without_waiting_out_the_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It answered, then failed (e.g. a rank watch found another rank silent): nothing will checkpoint now."""
+    failed = "failed: trainer rank 1 (pid 9 on node4) silent for more than 120 s"
+    started = time.monotonic()
+    cancel, said, _ = _stop(tmp_path, monkeypatch, progress=RUNNING, listed=True, answer=failed, ack=True,
+                            timeout=60)
+    assert cancel and time.monotonic() - started < 30
+    assert said[-1] == f"the trainer {failed} before it could checkpoint; cancelling (resume uses the last checkpoint)"
+
+
 def test_a_trainer_that_answered_is_waited_for_past_the_answer_s_deadline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stop_module, "STOP_ANSWER_S", 1.0)
@@ -238,8 +249,8 @@ def test_time_limit_usr1_reaches_a_heterogeneous_job_s_trainer_component(tmp_pat
 # ---- the no-retry code reaches the batch script (the real supervisor template, run by bash) ------------------------
 
 
-def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2,
-                        env_extra: dict[str, str] | None = None) -> tuple[int, str]:
+def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2, env_extra: dict[str, str] | None = None,
+                        squeue: str = ":") -> tuple[int, str]:
     """The supervisor with one trainer step whose command is `trainer` (bash, in the trial directory; its output is
     the step's log as srun --output makes it) and `retries` restarts; returns the script's exit code and output."""
     (tmp_path / "logs").mkdir()
@@ -247,7 +258,7 @@ def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2,
         "STOP_GRACE=1", f"cmd_grpo() {{ {{ {trainer}; }} >> logs/grpo.log 2>&1; }}",
         "component_policy 0 trainer 1 on-failure 1", "start_step grpo 0 cmd_grpo",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
-    stubs = 'scancel() { :; }\nsqueue() { :; }\n'
+    stubs = f'scancel() {{ :; }}\nsqueue() {{ {squeue}; }}\n'
     env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
     run = subprocess.run(["bash", "-c", stubs + body], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60, check=False)
@@ -304,7 +315,8 @@ def test_a_second_job_of_the_trial_exits_before_touching_it(tmp_path: Path) -> N
     lock.write_text("job 6 on node1 since 2026-11-29T00:00:00Z\n")
     with lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        rc, out = run_failing_trainer(tmp_path, "touch trainer-ran; exit 0", env_extra={"RLKIT_TRIAL_LOCK_WAIT": "1"})
+        rc, out = run_failing_trainer(tmp_path, "touch trainer-ran; exit 0", env_extra={"RLKIT_TRIAL_LOCK_WAIT": "1"},
+                                      squeue="echo RUNNING")
     assert rc == NO_RETRY_EXIT, out
     assert "another job of this trial holds it (job 6 on node1 since" in out and "without touching the trial" in out
     assert not (tmp_path / "trainer-ran").exists() and not (tmp_path / JOB_END).exists()
@@ -315,3 +327,25 @@ def test_the_job_lock_names_the_job_that_holds_it(tmp_path: Path) -> None:
     rc, out = run_failing_trainer(tmp_path, "cat job.lock > seen; exit 0")
     assert rc == 0, out
     assert (tmp_path / "seen").read_text().startswith("job 7 on ")
+
+
+@pytest.mark.parametrize("holder, squeue", [
+    ("7", "echo RUNNING"),  # this very job's earlier run (requeued after its node failed)
+    ("6", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; return 1"),  # a job Slurm has forgotten
+])
+def test_a_lock_left_by_a_failed_node_does_not_stop_the_job(tmp_path: Path, holder: str, squeue: str) -> None:
+    """flock on NFS: a dead node's client can leave the lock held; when it names this job or a job Slurm no longer
+    knows, the job goes on (and says so) instead of failing a requeue that nothing else holds."""
+    import fcntl
+
+    from rlkit.step_contract import JOB_LOCK
+
+    lock = tmp_path / JOB_LOCK
+    lock.write_text(f"job {holder} on node1 since 2026-11-29T00:00:00Z\n")
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rc, out = run_failing_trainer(tmp_path, "touch trainer-ran; exit 0", env_extra={"RLKIT_TRIAL_LOCK_WAIT": "1"},
+                                      squeue=squeue)
+    assert rc == 0, out
+    assert f"still held for job {holder}, which is this job's earlier run or gone from Slurm; going on" in out
+    assert (tmp_path / "trainer-ran").exists()
