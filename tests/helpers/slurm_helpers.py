@@ -141,6 +141,32 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def server_step_pids(trial: Path, index: int) -> list[int]:
+    """Every process of the trial's server `index`: its `rlkit serve` process (not the srun that started it) and
+    everything under it (the engine's API server, its engine process), found through /proc."""
+    parents: dict[int, int] = {}
+    roots = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        args = [arg for arg in cmd if arg]
+        if (b"serve" in args and str(trial).encode() in args and args[-2:] == [b"--index", str(index).encode()]
+                and b"srun" not in args[0]):
+            roots.append(int(proc.name))
+    found = set(roots)
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        if not more:
+            return sorted(found)
+        found |= more
+
+
 def trained_steps(trial: Path) -> int:
     """The last step the trial's trainer reported in progress.json (0 before the first)."""
     try:

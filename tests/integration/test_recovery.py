@@ -34,6 +34,7 @@ from tests.conftest import CONFIGS, run_rlkit
 from tests.helpers.scenarios import ScenarioPool, start_used
 from tests.helpers.slurm_helpers import (
     processes_mentioning,
+    server_step_pids,
     signal_pending,
     status_row,
     trained_steps,
@@ -139,7 +140,6 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
                     f"saver.freq_steps={SAVE_EVERY}", f"rollout.server_silence_timeout={SERVER_SILENCE}",
                     f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@{MID_PUSH}")
     log = trial / "logs" / "grpo.log"
-    job_id = str(status_row(f"{EXPERIMENT}/killtrainer", _env(env, "killtrainer"))["job_id"])
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600, trial=trial)
     assert "resuming after step" in log.read_text(), "the mid-push retry came first"
     pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0", trial=trial)
@@ -148,10 +148,12 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     # past the steps the kill's retry redoes (compared with their first try by a test below): server 1 stopped
     wait_for(lambda: log.read_text().count("resuming after step") >= 2 and trained_steps(trial) >= killed_at + 2,
              "2 steps past the kill", timeout=600, trial=trial)
-    step = wait_for(lambda: _step_id(job_id, "server-1"), "the server-1 step", trial=trial)
-    # every process of the step (rlkit serve, vLLM's API server and engine under it), through Slurm as a node
-    # in trouble would freeze them: the step's heartbeat stops too
-    subprocess.run(["scancel", "--signal=STOP", step], check=True)
+    # every process of the step (rlkit serve, vLLM's API server and engine under it), as a node in trouble would
+    # freeze them: the step's heartbeat stops too (Slurm refuses `scancel --signal=STOP`)
+    pids = wait_for(lambda: server_step_pids(trial, 1), "server 1's processes", trial=trial)
+    assert len(pids) >= 2, pids
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         wait_for(lambda: "server 1 (" in log.read_text() and "has not answered /health" in log.read_text(),
                  "the trainer to find server 1 silent", timeout=120, trial=trial)
@@ -159,7 +161,8 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
         wait_for(lambda: trained_steps(trial) >= held_at + SERVER_HELD_STEPS, "steps without server 1",
                  timeout=300, trial=trial)
     finally:
-        subprocess.run(["scancel", "--signal=CONT", step], check=True)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
     assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=_env(env, "killtrainer"),
                       trial=trial) == "COMPLETED"
     return trial
