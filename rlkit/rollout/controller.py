@@ -36,7 +36,6 @@ from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.pool import (
     ServerPool,
     discover_servers,
-    wait_for_any_server,
     wait_for_servers,
     why_servers_vanished,
 )
@@ -226,8 +225,10 @@ class RolloutController:
     def wait_for_a_server(self) -> list[Server]:
         """The live servers (silent ones left out) once one is registered, waiting as long as a removed record takes
         to be written again (its owner's next heartbeat, well within the record's ttl); [] when none came."""
-        silent = set(self.silence.silent)
-        return [s for s in wait_for_any_server(self.nr, RECORD_HEAL_WAIT_S) if s.index not in silent]
+        deadline = time.monotonic() + RECORD_HEAL_WAIT_S
+        while not (servers := self.live_servers()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        return servers
 
     async def guard_push(self, server: Server, call: Awaitable[T]) -> T:
         """One server's part of a weight push (PushTargets.guard): ServerUnreachable once the server is found silent

@@ -1,10 +1,12 @@
-"""Which inference servers have stopped answering: a server whose process is stopped or frozen keeps its name-resolve
-record (its step's own process heart-beats it) and accepts connections, so only asking it tells. The rollout
-controller asks every server GET /health each LIVENESS_POLL_S (vLLM answers it from its HTTP process, also while
-the engine loads weights; SGLang too, as rlkit starts it: rlkit.servers.sglang.backend); one that has not answered for rollout.server_silence_timeout seconds is
-silent: its requests in flight go to the other servers, its part of a push under way is dropped, and pushes skip it
-until it answers again. What this sees is the server's front process: an engine process frozen behind a live HTTP
-process is left to the requests' own timeouts.
+"""Which inference servers have stopped answering: a server whose process is stopped or frozen may keep its
+name-resolve record (its step's own process heart-beats it) and accepts connections, so only asking it tells. The
+rollout controller asks every server it has seen GET /health each LIVENESS_POLL_S, at its latest address, also once
+its record has expired (a frozen step stops heart-beating too) or while a removed record is being written again
+(vLLM answers /health from its HTTP process, also while the engine loads weights; SGLang too, as rlkit starts it:
+rlkit.servers.sglang.backend). One that has not answered for rollout.server_silence_timeout seconds is silent: its
+requests in flight go to the other servers, its part of a push under way is dropped, and pushes skip it until it
+answers again. What this sees is the server's front process: an engine process frozen behind a live HTTP process is
+left to the requests' own timeouts.
 """
 
 from __future__ import annotations
@@ -33,14 +35,6 @@ class SilenceWatch:
         self.silent: set[int] = set()
         self.silenced = 0  # times a server was found silent, over the run
 
-    def mark_silent(self, index: int) -> bool:
-        """Server `index` is silent now whatever its answers (its record vanished); True when it was not before."""
-        if index in self.silent:
-            return False
-        self.silent.add(index)
-        self.silenced += 1
-        return True
-
     def update(self, answers: dict[int, bool], now: float | None = None) -> tuple[list[int], list[int]]:
         """Record one round of probes (index -> answered); returns (servers silent from now on, servers back)."""
         now = time.monotonic() if now is None else now
@@ -60,18 +54,20 @@ class SilenceWatch:
         return fell, back
 
 
-async def probe(client: httpx.AsyncClient, servers: list[Server]) -> dict[int, bool]:
-    """GET /health of every server at once: index -> answered 200 within PROBE_TIMEOUT_S."""
+async def probe(client: httpx.AsyncClient, addresses: dict[int, str]) -> dict[int, bool]:
+    """GET /health at every address (server index -> host:port) at once: index -> answered 200 within
+    PROBE_TIMEOUT_S."""
 
-    async def one(server: Server) -> bool:
+    async def one(address: str) -> bool:
         try:
-            response = await client.get(f"http://{server.address}/health", timeout=PROBE_TIMEOUT_S)
+            response = await client.get(f"http://{address}/health", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         return response.status_code == 200
 
-    results = await asyncio.gather(*(one(s) for s in servers))
-    return {s.index: ok for s, ok in zip(servers, results, strict=True)}
+    indices = sorted(addresses)
+    results = await asyncio.gather(*(one(addresses[i]) for i in indices))
+    return dict(zip(indices, results, strict=True))
 
 
 class ServerWatch:
@@ -82,6 +78,7 @@ class ServerWatch:
     def __init__(self, timeout: float) -> None:
         self.silence = SilenceWatch(timeout)
         self._client: httpx.AsyncClient | None = None
+        self.known: dict[int, str] = {}  # every server seen: index -> its latest address
         self._push_calls: dict[int, set[asyncio.Future[Any]]] = {}  # server index -> its parts of a push under way
         self._left_out: set[asyncio.Future[Any]] = set()  # push parts cancelled because their server went silent
 
@@ -89,25 +86,19 @@ class ServerWatch:
         """One round over the servers registered now (`live`) and those of `pool`."""
         if self._client is None:
             self._client = httpx.AsyncClient(trust_env=False)
-        fell, back = self.silence.update(await probe(self._client, live))
-        addresses = {s.index: s.address for s in live}
-        why = {index: f"has not answered /health for {self.silence.timeout:g} s (rollout.server_silence_timeout)"
-               for index in fell}
-        # A server of the pool whose record has expired: its step stopped heart-beating (frozen, or its node cut
-        # off), which the record's ttl tells no sooner than the silence timeout would: silent now, not at its
-        # requests' timeout.
-        for server in list(pool.servers if pool is not None else []):
-            if server.index not in addresses and self.silence.mark_silent(server.index):
-                fell.append(server.index)
-                addresses[server.index] = server.address
-                why[server.index] = "lost its name-resolve record (its step stopped heart-beating)"
+        for server in pool.servers if pool is not None else []:
+            self.known.setdefault(server.index, server.address)
+        self.known.update({s.index: s.address for s in live})  # a restarted server: its new address
+        addresses = dict(self.known)
+        fell, back = self.silence.update(await probe(self._client, addresses))
         for index in fell:
             moved = pool.drop(index) if pool is not None else 0
             for call in self._push_calls.pop(index, set()):
                 self._left_out.add(call)
                 call.cancel()
-            print(f"rlkit train: server {index} ({addresses[index]}) {why[index]}: {moved} requests in flight go "
-                  "to the other servers; weight pushes skip it until it answers again", flush=True)
+            print(f"rlkit train: server {index} ({addresses[index]}) has not answered /health for "
+                  f"{self.silence.timeout:g} s (rollout.server_silence_timeout): {moved} requests in flight go to the "
+                  "other servers; weight pushes skip it until it answers again", flush=True)
         for index in back:
             print(f"rlkit train: server {index} ({addresses[index]}) answers again; it takes requests once it "
                   "holds the current weights", flush=True)

@@ -49,15 +49,6 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
         time.sleep(poll)
 
 
-def wait_for_any_server(nr: NameResolve, timeout: float, poll: float = 1.0) -> list[Server]:
-    """The live servers, waiting up to `timeout` seconds for one to appear (an entry removed by something else is
-    written again by its owner's next heartbeat); [] when none came."""
-    deadline = time.monotonic() + timeout
-    while not (servers := discover_servers(nr)) and time.monotonic() < deadline:
-        time.sleep(poll)
-    return servers
-
-
 def why_servers_vanished(nr: NameResolve, known: dict[int, str]) -> str:
     """What became of each server that was registered (index -> address): its name-resolve record as name resolve
     sees it now, and whether the server itself still answers /health (a record can vanish while its server lives)."""

@@ -22,3 +22,49 @@ def test_a_server_first_seen_silent_gets_the_whole_timeout() -> None:
     assert watch.update({2: False}, now=100.0) == ([], [])  # a restarted server, not answering yet
     assert watch.update({2: False}, now=109.0) == ([], [])
     assert watch.update({2: False}, now=111.0) == ([2], [])
+
+
+def test_servers_are_asked_at_their_last_address_after_their_records_vanish() -> None:
+    """A scratch cleaner removed both records (the listing is empty for a while): server 0 still answers at its
+    address and stays in service; server 1's address answers nothing (a frozen step whose record then expired) and
+    is found silent once the timeout passed."""
+    import asyncio
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rlkit.rollout.silence import ServerWatch
+    from rlkit.servers.backend import Server
+    from rlkit.servers.pool import ServerPool
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    servers = [Server(index=0, address=f"127.0.0.1:{httpd.server_address[1]}", model="m", backend="vllm"),
+               Server(index=1, address="127.0.0.1:9", model="m", backend="vllm")]
+    watch = ServerWatch(timeout=0.5)
+
+    async def rounds() -> list[str]:
+        pool = ServerPool(list(servers), "token", timeout=5.0, retries=1, max_in_flight=2)
+        await watch.listen(servers, pool)  # both registered
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            await watch.listen([], pool)  # no record listed any more
+            await asyncio.sleep(0.1)
+        await pool.aclose()
+        await watch.aclose()
+        return [s.address for s in pool.servers]
+
+    try:
+        left = asyncio.run(rounds())
+    finally:
+        httpd.shutdown()
+    assert watch.silence.silent == {1}
+    assert left == [servers[0].address]  # server 1 dropped from the pool, server 0 kept
