@@ -175,7 +175,7 @@ def trained_steps(trial: Path) -> int:
         return 0
 
 
-def trainer_rank0_pid(trial: Path, rank: int = 0) -> int | None:
+def trainer_rank_pid(trial: Path, rank: int = 0) -> int | None:
     """The python process of trainer rank `rank` (0 unless given) of this trial (not its srun)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():

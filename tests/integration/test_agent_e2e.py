@@ -38,7 +38,7 @@ from tests.helpers.slurm_helpers import (
     assert_every_version_fingerprinted,
     processes_mentioning,
     trained_steps,
-    trainer_rank0_pid,
+    trainer_rank_pid,
     wait_for,
     wait_state,
 )
@@ -74,7 +74,7 @@ def _agent_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     assert submitted.returncode == 0, submitted.stderr
     trial = root / "fileroot" / "demo-agent" / "agent"
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=900)
-    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0")
+    pid = wait_for(lambda: trainer_rank_pid(trial), "trainer rank 0")
     killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
     state = wait_state("demo-agent/agent", timeout=1500, env=env)

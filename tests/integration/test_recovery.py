@@ -38,7 +38,7 @@ from tests.helpers.slurm_helpers import (
     signal_pending,
     status_row,
     trained_steps,
-    trainer_rank0_pid,
+    trainer_rank_pid,
     wait_for,
     wait_state,
 )
@@ -142,7 +142,7 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     log = trial / "logs" / "grpo.log"
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600, trial=trial)
     assert "resuming after step" in log.read_text(), "the mid-push retry came first"
-    pid = wait_for(lambda: trainer_rank0_pid(trial), "trainer rank 0", trial=trial)
+    pid = wait_for(lambda: trainer_rank_pid(trial), "trainer rank 0", trial=trial)
     killed_at = trained_steps(trial)
     os.kill(pid, signal.SIGKILL)
     # past the steps the kill's retry redoes (compared with their first try by a test below): server 1 stopped
@@ -264,7 +264,7 @@ def _stop_while_held(trial: Path, name: str, home: dict[str, str]) -> subprocess
     a busy machine the requeued run otherwise trained its last steps while the CLI started, and the stop found the
     trainer's step ended (the suite beside a busy core failed here). The trainer then checkpoints the step it was
     in, as a trainer that was never held would."""
-    pid = trainer_rank0_pid(trial)
+    pid = trainer_rank_pid(trial)
     assert pid is not None, "no trainer rank 0 to hold"
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -353,7 +353,7 @@ def _ppo_killed(env: dict[str, object]) -> Path:
     wait_for(lambda: "resuming after step" in (trial / "logs" / "ppo.log").read_text()
              and trained_steps(trial) >= PPO_HELD_AFTER, f"{PPO_HELD_AFTER} steps after the retry", timeout=900,
              trial=trial)
-    rank1 = wait_for(lambda: trainer_rank0_pid(trial, rank=1), "trainer rank 1", trial=trial)
+    rank1 = wait_for(lambda: trainer_rank_pid(trial, rank=1), "trainer rank 1", trial=trial)
     os.kill(rank1, signal.SIGSTOP)  # srun's SIGKILL ends it when the step is ended
     assert wait_state("demo-ppo/ppokilled", timeout=1500, env=_env(env, "ppokilled"), trial=trial) == "COMPLETED"
     return trial
