@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from rlkit.cli.console import console
+from rlkit.cli.docs_cmd import docs_app
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
 from rlkit.errors import NO_RETRY_EXIT, SlurmError, StepError, UserError, disk_full, each_error
@@ -26,6 +27,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 app.add_typer(image_app, name="image")
 app.command("doctor")(doctor)
+app.add_typer(docs_app, name="docs")
 err = console(stderr=True)
 out = console()
 # click's usage errors as the installed typer raises them: click's own up to typer 0.2x, typer's vendored copy
@@ -261,6 +263,18 @@ def demo(name: str = typer.Argument("grpo", help="Which CPU example (rlkit demo 
     rc = demo_main(["--list"] if listed else [name])
     if rc:
         raise typer.Exit(rc)
+
+
+@app.command()
+def explain(key: str = typer.Argument(..., help="A config key (actor.eps_clip), a section (actor.mb_spec), a bare "
+                                      "field name (mb_spec) or another system's key (data.train_batch_size).")
+            ) -> None:
+    """What a config key or section does: help, type, default, range, its names in AReaL, verl, Trinity-RFT,
+    cosmos-rl and ChatLearn, and the job types that read it."""
+    from rlkit.cli.explain import explain_lines
+
+    for line in explain_lines(key):
+        typer.echo(line)
 
 
 @app.command("tiny-model")

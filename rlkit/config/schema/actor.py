@@ -30,13 +30,14 @@ class OptimizerConfig:
     """The trainer's optimizer and learning-rate schedule."""
 
     type: str = _f("adam", "Optimizer. Choices: adam (AdamW), sgd.")
-    lr: float = _f(2e-5, "Peak learning rate.", gt=0)
-    weight_decay: float = _f(0.05, "Weight decay.", ge=0)
+    lr: float = _f(2e-5, "Peak learning rate (reached after the warmup).", gt=0)
+    weight_decay: float = _f(0.05, "Weight decay coefficient (adam: AdamW's decoupled decay).", ge=0)
     beta1: float = _f(0.9, "Adam beta1.", ge=0, lt=1)
     beta2: float = _f(0.95, "Adam beta2.", ge=0, lt=1)
     eps: float = _f(1e-5, "Adam epsilon.", gt=0)
     lr_scheduler_type: str = _f("constant", "Schedule after warmup. Choices: constant, linear, cosine.")
-    warmup_steps_proportion: float = _f(0.001, "Fraction of the total steps spent warming up linearly.", ge=0, le=1)
+    warmup_steps_proportion: float = _f(0.001, "Fraction of the total training steps spent warming the learning "
+                                               "rate up linearly.", ge=0, le=1)
     min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of lr (linear and cosine).", ge=0, le=1)
     gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this; 0 disables clipping.", ge=0)
 
@@ -86,8 +87,9 @@ class ActorConfig:
     init_from_scratch: bool = _f(False, "Start from random weights in actor.path's architecture (one fixed seed: "
                                         "every rank alike); sft and rw only.")
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
-    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
-    optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer.")
+    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
+                                                   "update).")
+    optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and learning-rate schedule.")
     weight_update_mode: str = _f(
         "disk", "How new weights reach the servers. Choices: disk (a Hugging Face checkpoint on the shared filesystem "
         "that every server reloads), xccl (broadcast from trainer rank 0 to every server's workers: NCCL on GPUs, "
@@ -122,8 +124,9 @@ class ActorConfig:
     reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.", gt=0)
     reward_norm: NormConfig | None = _f(None, "Normalise sequence rewards (after the clip); null: off.")
     overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
-    overlong_tokens: int | None = _f(None, "Length of the soft-penalty zone before max_new_tokens.", ge=1)
-    overlong_penalty_factor: float | None = _f(None, "Largest penalty, reached at max_new_tokens.", ge=0)
+    overlong_tokens: int | None = _f(None, "Tokens of the soft-penalty zone that ends at gconfig.max_new_tokens.", ge=1)
+    overlong_penalty_factor: float | None = _f(None, "Largest penalty (subtracted from the reward), reached at "
+                                               "gconfig.max_new_tokens.", ge=0)
     mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the actor's loss (a critic "
                                      "still trains on them, to their returns, unless critic.mask_no_eos_with_zero).")
     kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
@@ -136,7 +139,7 @@ class ActorConfig:
     log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.", gt=0)
     seq_log_ratio_clamp: float | None = _f(10.0, "GSPO: clamp the sequence log-ratio to at most this before exp; "
                                            "null: off.", gt=0)
-    discount: float = _f(1.0, "Discount factor of the returns.", ge=0, le=1)
+    discount: float = _f(1.0, "Discount factor of the returns, per token.", ge=0, le=1)
     gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).", ge=0, le=1)
     adv_norm: NormConfig | None = _f(None, "Normalise the per-token advantages (token-weighted); null: off.")
     importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")

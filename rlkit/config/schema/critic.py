@@ -29,7 +29,8 @@ class CriticConfig:
     gradient_checkpointing: bool = _f(True, "Recompute activations in backward to save memory.")
     disable_dropout: bool = _f(False, "Build the critic with every dropout of its config.json at 0.")
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
-    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "Micro-batching.")
+    mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
+                                                   "update).")
     optimizer: OptimizerConfig = field(
         default_factory=_critic_optimizer, metadata={"help": "Optimizer of the critic (its own learning rate and "
                                                              "schedule)."})

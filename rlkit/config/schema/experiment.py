@@ -74,7 +74,7 @@ class ClusterConfig:
                             "login node; compute nodes never download); empty: <fileroot>/hub-cache.")
     n_nodes: int = _f(1, "Number of nodes the job may use in total.", ge=1)
     n_gpus_per_node: int = _f(8, "GPUs per node (physical).", ge=1)
-    name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve store.")
+    name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Where the job's steps find each other (nfs or etcd3).")
 
 
 @dataclass
@@ -116,7 +116,7 @@ class LauncherConfig:
     )
     server_startup_timeout: float = _f(900.0, "Seconds a server may take to become healthy before its step fails.",
                                        gt=0)
-    slurm: SlurmConfig = _sub(SlurmConfig, "Slurm settings.")
+    slurm: SlurmConfig = _sub(SlurmConfig, "The Slurm request: partition, account, time, nodes, containers.")
 
 
 @dataclass
@@ -162,7 +162,8 @@ class DatasetConfig:
     path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
-    batch_size: int = _f(1, "Rows per batch.", ge=1)
+    batch_size: int = _f(1, "Rows per batch; train_dataset: rows per training step (grpo, ppo: prompts, "
+                                   "each sampled gconfig.n_samples times).", ge=1)
     shuffle: bool = _f(True, "Shuffle rows each epoch.")
     max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
                                       "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.", ge=1)
@@ -267,37 +268,43 @@ class ExperimentConfig:
     allocation_mode: str = _f(
         MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
     )
-    seed: int = _f(1, "Random seed.")
+    seed: int = _f(1, "Random seed of the trainer (data order, initialisation).")
     tokenizer_path: str = _f("", "Tokenizer directory; empty: the model's.")
     auxiliary_models: list[AuxiliaryModelConfig] = _f(
         [], "Extra models served beside the policy for reward functions (e.g. an LLM judge), each its own server "
             "group in the job, reached with rlkit.rewards.auxiliary.auxiliary_model(name) (grpo, ppo).")
-    cluster: ClusterConfig = _sub(ClusterConfig, "Cluster.")
-    launcher: LauncherConfig = _sub(LauncherConfig, "Launcher.")
-    vllm: VllmConfig = _sub(VllmConfig, "vLLM servers.")
-    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang servers.")
-    actor: ActorConfig = _sub(ActorConfig, "Policy model.")
+    cluster: ClusterConfig = _sub(ClusterConfig, "The cluster: shared file root, nodes, GPUs per node, name resolving.")
+    launcher: LauncherConfig = _sub(
+        LauncherConfig, "CPUs, memory and environment of each role's steps, and the Slurm request.")
+    vllm: VllmConfig = _sub(VllmConfig, "vLLM servers (the vllm part of allocation_mode).")
+    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang servers (the sglang part of allocation_mode).")
+    actor: ActorConfig = _sub(ActorConfig, "The trained model: weights, optimizer, micro-batching, PPO/GRPO loss, "
+                                                  "LoRA, weight updates.")
     critic: CriticConfig = _sub(CriticConfig, "Value model (job type ppo).")
     ref: RefConfig = _sub(RefConfig, "Frozen reference model of the KL terms (grpo, ppo) and of dpo.")
-    gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling.")
-    rollout: RolloutConfig = _sub(RolloutConfig, "Client-server traffic.")
+    gconfig: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling of every request (rollouts, "
+                                                                                 "generate).")
+    rollout: RolloutConfig = _sub(RolloutConfig, "Requests to the servers: concurrency, staleness, timeouts, "
+                                                  "multi-turn agent episodes.")
     generate: GenerateConfig = _sub(GenerateConfig, "Job type generate.")
     rw: RWConfig = _sub(RWConfig, "Job type rw (reward model on chosen/rejected pairs).")
     dpo: DPOConfig = _sub(DPOConfig, "Job type dpo (chosen/rejected pairs against a frozen reference).")
     train_dataset: DatasetConfig = _sub(
         DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
     valid_dataset: DatasetConfig = _sub(
-        DatasetConfig, "Validation rows (the evaluator of grpo; sft, rw, dpo at epoch ends); empty path: none.")
+        DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
     total_train_epochs: int = _f(1, "Passes over the training set.", ge=1)
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.", ge=1)
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")
-    saver: SaverConfig = _sub(SaverConfig, "Model saving.")
-    evaluator: EvaluatorConfig = _sub(EvaluatorConfig, "Evaluation on valid_dataset during training (grpo).")
+    saver: SaverConfig = _sub(SaverConfig, "When Hugging Face models are saved (trial's checkpoints/).")
+    evaluator: EvaluatorConfig = _sub(EvaluatorConfig, "Evaluation on valid_dataset during training (grpo, ppo).")
     eval_gconfig: EvalGenerationConfig = _sub(EvalGenerationConfig, "Sampling of evaluations (None fields: gconfig).")
-    recover: RecoverConfig = _sub(RecoverConfig, "Recovery.")
-    stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Metrics.")
+    recover: RecoverConfig = _sub(RecoverConfig, "Recover checkpoints, retries of failed steps, requeues at the "
+                                                  "time limit.")
+    stats_logger: StatsLoggerConfig = _sub(StatsLoggerConfig, "Where metrics go besides metrics.jsonl: "
+                                                               "TensorBoard, W&B, SwanLab.")
 
 
 def agent_limits(config: ExperimentConfig, context: int | None) -> tuple[int, int, int]:

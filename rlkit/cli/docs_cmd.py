@@ -1,0 +1,70 @@
+"""`rlkit docs generate`: writes (or, with --check, compares) the generated pages of the docs site: the configuration
+reference from the schema, the CLI reference from the Typer app and the key maps of the other seeds. One list of
+pages (`generated_pages`), so the unit test and the command cannot disagree about what is generated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from rlkit.cli.console import console
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from typer._click import Command
+
+docs_app = typer.Typer(no_args_is_help=True, help="The documentation site's generated pages (docs/).")
+out = console()
+REGENERATE = "rlkit docs generate"  # the command that makes the pages current, as failure messages name it
+
+
+def default_root() -> Path:
+    """The docs/ directory of the checkout rlkit is imported from (an editable install's repository)."""
+    return Path(__file__).resolve().parents[2] / "docs"
+
+
+def generated_pages(cli: Command) -> dict[str, str]:
+    """{file relative to docs/: text} of every generated page; `cli`: the whole `rlkit` command (its reference)."""
+    from rlkit.cli.cli_reference import CLI_PAGE, render_cli
+    from rlkit.cli.config_reference import render_pages
+    from rlkit.cli.key_maps import render_key_maps
+
+    return {**render_pages(), CLI_PAGE: render_cli(cli), **render_key_maps()}
+
+
+def stale_pages(root: Path, cli: Command) -> list[str]:
+    """The generated pages that are missing under `root` or differ from what the code generates now."""
+    return [name for name, text in generated_pages(cli).items()
+            if not (root / name).is_file() or (root / name).read_text() != text]
+
+
+ROOT_OPT = typer.Option(None, "--root", help="The docs/ directory to write into; default: the checkout's docs/.",
+                        show_default=False)
+CHECK_OPT = typer.Option(False, "--check", help="Write nothing; exit 1 naming every page that is not current.")
+
+
+@docs_app.command()
+def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHECK_OPT) -> None:
+    """Write the configuration reference, the CLI reference and the seeds' key maps under docs/."""
+    cli = ctx.find_root().command  # the whole `rlkit` app, of which this command is one
+    root = root or default_root()
+    if not root.is_dir():
+        raise UserError(f"no docs directory at {root}", hint="pass the checkout's docs/ directory with --root")
+    if check:
+        stale = stale_pages(root, cli)
+        for name in stale:
+            out.print(f"not current: {root / name}", highlight=False)
+        if stale:
+            out.print(f"{len(stale)} generated pages are not current; run `{REGENERATE}`", highlight=False)
+            raise typer.Exit(1)
+        out.print(f"every generated page under {root} is current", highlight=False)
+        return
+    pages = generated_pages(cli)
+    for name, text in pages.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+    out.print(f"wrote {len(pages)} generated pages under {root}", highlight=False)

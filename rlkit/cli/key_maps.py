@@ -1,0 +1,321 @@
+"""The common knobs of the other systems rlkit's users come from (verl, Trinity-RFT, cosmos-rl, ChatLearn), each
+mapped to rlkit's key, or with why rlkit has none. Kept as data: a unit test holds every rlkit key here to the schema
+(a renamed field fails it), `rlkit explain` shows these names, and `rlkit docs generate` renders the "coming from"
+pages from them. AReaL's names come from rlkit.config.areal (rlkit reads AReaL configs directly)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KeyMap:
+    """One of their keys: `ours` is rlkit's dotted key ("" when rlkit has none); `note` says how the two differ, or
+    why rlkit has no such key."""
+
+    their: str
+    ours: str
+    note: str = ""
+
+
+def _m(their: str, ours: str, note: str = "") -> KeyMap:
+    return KeyMap(their, ours, note)
+
+
+VERL = (
+    _m("actor_rollout_ref.model.path", "actor.path"),
+    _m("actor_rollout_ref.model.enable_gradient_checkpointing", "actor.gradient_checkpointing"),
+    _m("actor_rollout_ref.model.lora_rank", "actor.lora_rank", "verl turns LoRA on with a rank > 0; rlkit with "
+       "actor.use_lora: true"),
+    _m("actor_rollout_ref.model.lora_alpha", "actor.lora_alpha"),
+    _m("actor_rollout_ref.model.target_modules", "actor.target_modules"),
+    _m("actor_rollout_ref.actor.optim.lr", "actor.optimizer.lr"),
+    _m("actor_rollout_ref.actor.optim.weight_decay", "actor.optimizer.weight_decay"),
+    _m("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optimizer.warmup_steps_proportion"),
+    _m("actor_rollout_ref.actor.optim.warmup_style", "actor.optimizer.lr_scheduler_type"),
+    _m("actor_rollout_ref.actor.optim.min_lr_ratio", "actor.optimizer.min_lr_ratio"),
+    _m("actor_rollout_ref.actor.grad_clip", "actor.optimizer.gradient_clipping"),
+    _m("actor_rollout_ref.actor.ppo_mini_batch_size", "actor.ppo_n_minibatches", "verl gives the size of a "
+       "minibatch, rlkit the number of minibatches (optimizer steps) per training step"),
+    _m("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.mb_spec.n_mbs", "rlkit sets the number of "
+       "micro-batches, or a token budget per micro-batch (actor.mb_spec.max_tokens_per_mb)"),
+    _m("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
+    _m("actor_rollout_ref.actor.ppo_epochs", "", "rlkit makes one pass over a training step's batch"),
+    _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
+    _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
+    _m("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher"),
+    _m("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip"),
+    _m("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),
+    _m("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef"),
+    _m("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
+       "(verl's kl, mse, low_var_kl)"),
+    _m("actor_rollout_ref.actor.entropy_coeff", "", "rlkit has no entropy bonus"),
+    _m("actor_rollout_ref.actor.loss_agg_mode", "", "rlkit's policy loss is a mean over the minibatch's tokens"),
+    _m("actor_rollout_ref.rollout.name", "allocation_mode", "the engine is the first part of allocation_mode "
+       "(vllm:... or sglang:...)"),
+    _m("actor_rollout_ref.rollout.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. "
+       "vllm:d2t4"),
+    _m("actor_rollout_ref.rollout.n", "gconfig.n_samples"),
+    _m("actor_rollout_ref.rollout.temperature", "gconfig.temperature"),
+    _m("actor_rollout_ref.rollout.top_p", "gconfig.top_p"),
+    _m("actor_rollout_ref.rollout.top_k", "gconfig.top_k"),
+    _m("actor_rollout_ref.rollout.gpu_memory_utilization", "vllm.gpu_memory_utilization", "sglang: "
+       "sglang.mem_fraction_static"),
+    _m("actor_rollout_ref.rollout.enforce_eager", "vllm.enforce_eager"),
+    _m("actor_rollout_ref.rollout.max_num_seqs", "vllm.max_num_seqs"),
+    _m("actor_rollout_ref.ref.fsdp_config.param_offload", "", "rlkit offloads nothing"),
+    _m("critic.model.path", "critic.path"),
+    _m("critic.optim.lr", "critic.optimizer.lr"),
+    _m("critic.cliprange_value", "critic.eps_clip"),
+    _m("algorithm.adv_estimator", "type", "grpo: type grpo; gae: type ppo (a critic)"),
+    _m("algorithm.gamma", "actor.discount"),
+    _m("algorithm.lam", "actor.gae_lambda"),
+    _m("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),
+    _m("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "a fixed coefficient (no adaptive controller)"),
+    _m("algorithm.kl_penalty", "actor.kl_estimator", "rlkit names the estimators k1, k2, k3"),
+    _m("algorithm.norm_adv_by_std_in_grpo", "actor.reward_norm.std_level", "group: divide by the group's std; "
+       "null: do not (Dr. GRPO)"),
+    _m("data.train_files", "train_dataset.path"),
+    _m("data.val_files", "valid_dataset.path"),
+    _m("data.train_batch_size", "train_dataset.batch_size", "prompts per training step, as in verl"),
+    _m("data.prompt_key", "train_dataset.prompt_key"),
+    _m("data.max_prompt_length", "train_dataset.max_length", "rlkit drops longer prompts (counted in the trainer "
+       "log) instead of truncating them"),
+    _m("data.max_response_length", "gconfig.max_new_tokens"),
+    _m("data.shuffle", "train_dataset.shuffle"),
+    _m("custom_reward_function.path", "reward.fn", "rlkit names file and function in one value: "
+       "/path/file.py:function or module.path:function"),
+    _m("trainer.project_name", "experiment_name"),
+    _m("trainer.experiment_name", "trial_name"),
+    _m("trainer.nnodes", "cluster.n_nodes"),
+    _m("trainer.n_gpus_per_node", "cluster.n_gpus_per_node"),
+    _m("trainer.total_epochs", "total_train_epochs"),
+    _m("trainer.total_training_steps", "total_train_steps"),
+    _m("trainer.save_freq", "recover.freq_steps", "recover checkpoints (resume); Hugging Face models for use: "
+       "saver.freq_steps"),
+    _m("trainer.resume_mode", "recover.mode"),
+    _m("trainer.max_actor_ckpt_to_keep", "recover.keep_last"),
+    _m("trainer.test_freq", "evaluator.freq_steps"),
+    _m("trainer.val_before_train", "evaluator.eval_on_startup"),
+    _m("trainer.default_local_dir", "cluster.fileroot", "rlkit puts every trial under <fileroot>/<experiment>/"
+       "<trial>"),
+    _m("trainer.logger", "stats_logger.wandb.mode", "each sink has its own section: stats_logger.wandb, "
+       "stats_logger.tensorboard, stats_logger.swanlab; metrics.jsonl is always written"),
+)
+
+TRINITY = (
+    _m("project", "experiment_name"),
+    _m("name", "trial_name"),
+    _m("checkpoint_root_dir", "cluster.fileroot"),
+    _m("continue_from_checkpoint", "recover.mode", "auto resumes when a valid checkpoint exists"),
+    _m("mode", "", "rlkit runs the servers and the trainer of one job together (Trinity-RFT's both); explore "
+       "alone is job type generate"),
+    _m("algorithm.algorithm_type", "type", "grpo, ppo, dpo and sft are job types of rlkit"),
+    _m("algorithm.repeat_times", "gconfig.n_samples"),
+    _m("algorithm.optimizer.lr", "actor.optimizer.lr"),
+    _m("algorithm.optimizer.lr_scheduler_type", "actor.optimizer.lr_scheduler_type"),
+    _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "on when actor.kl_ctl > 0"),
+    _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "on when actor.kl_loss_coef > 0"),
+    _m("algorithm.entropy_loss_fn", "", "rlkit has no entropy bonus"),
+    _m("monitor.monitor_type", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
+    _m("model.model_path", "actor.path"),
+    _m("model.critic_model_path", "critic.path", "empty: actor.path, as in Trinity-RFT"),
+    _m("model.max_model_len", "vllm.max_model_len", "sglang: sglang.context_length"),
+    _m("model.max_response_tokens", "gconfig.max_new_tokens"),
+    _m("model.min_response_tokens", "gconfig.min_new_tokens"),
+    _m("model.max_prompt_tokens", "train_dataset.max_length", "rlkit drops longer prompts instead of truncating "
+       "them"),
+    _m("model.custom_chat_template", "sft.chat_template", "sft only"),
+    _m("model.lora_configs", "actor.use_lora", "one adapter: actor.lora_rank, actor.lora_alpha, "
+       "actor.target_modules"),
+    _m("cluster.node_num", "cluster.n_nodes"),
+    _m("cluster.gpu_per_node", "cluster.n_gpus_per_node"),
+    _m("buffer.batch_size", "train_dataset.batch_size", "prompts per training step"),
+    _m("buffer.total_epochs", "total_train_epochs"),
+    _m("buffer.total_steps", "total_train_steps"),
+    _m("buffer.explorer_input.taskset.path", "train_dataset.path"),
+    _m("buffer.explorer_input.taskset.split", "train_dataset.split"),
+    _m("buffer.explorer_input.taskset.format.prompt_key", "train_dataset.prompt_key"),
+    _m("buffer.explorer_input.taskset.rollout_args.temperature", "gconfig.temperature"),
+    _m("buffer.explorer_input.eval_tasksets", "valid_dataset.path", "one evaluation set"),
+    _m("buffer.explorer_input.default_reward_fn_type", "reward.fn"),
+    _m("buffer.explorer_input.default_workflow_type", "rollout.agent.workflow", "empty: single-turn rollouts"),
+    _m("buffer.trainer_input.experience_buffer.format.prompt_type", "sft.prompt_type"),
+    _m("buffer.trainer_input.experience_buffer.format.prompt_key", "sft.prompt_key"),
+    _m("buffer.trainer_input.experience_buffer.format.response_key", "sft.response_key"),
+    _m("buffer.trainer_input.experience_buffer.format.messages_key", "sft.messages_key"),
+    _m("buffer.trainer_input.experience_buffer.format.system_prompt", "sft.system_prompt"),
+    _m("buffer.trainer_input.experience_buffer.format.chosen_key", "dpo.chosen_key", "rw: rw.chosen_key"),
+    _m("buffer.trainer_input.experience_buffer.format.rejected_key", "dpo.rejected_key", "rw: rw.rejected_key"),
+    _m("buffer.trainer_input.experience_buffer.format.enable_concatenated_multi_turn",
+       "sft.enable_concatenated_multi_turn"),
+    _m("explorer.rollout_model.engine_type", "allocation_mode", "the engine is the first part of allocation_mode"),
+    _m("explorer.rollout_model.engine_num", "allocation_mode", "d of the server part, e.g. vllm:d4"),
+    _m("explorer.rollout_model.tensor_parallel_size", "allocation_mode", "t of the server part, e.g. vllm:d2t2"),
+    _m("explorer.auxiliary_models", "auxiliary_models", "the same entry keys, plus name and backend"),
+    _m("explorer.eval_interval", "evaluator.freq_steps"),
+    _m("explorer.eval_on_startup", "evaluator.eval_on_startup"),
+    _m("synchronizer.sync_method", "actor.weight_update_mode", "nccl: xccl; checkpoint: disk"),
+    _m("synchronizer.sync_interval", "", "rlkit pushes the weights after every training step"),
+    _m("synchronizer.sync_offset", "rollout.max_head_offpolicyness", "rlkit bounds how many weight versions a "
+       "sample may lag instead"),
+    _m("synchronizer.sync_timeout", "actor.weight_update_timeout"),
+    _m("trainer.save_interval", "saver.freq_steps", "Hugging Face models; recover checkpoints: recover.freq_steps"),
+    _m("trainer.max_checkpoints_to_keep", "recover.keep_last"),
+    _m("trainer.grad_clip", "actor.optimizer.gradient_clipping"),
+    _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
+    _m("trainer.ulysses_sequence_parallel_size", "", "rlkit has no sequence parallelism yet"),
+)
+
+COSMOS = (
+    _m("mode", "", "rlkit always runs servers and trainer on GPUs of their own (disaggregated)"),
+    _m("train.optm_lr", "actor.optimizer.lr"),
+    _m("train.optm_weight_decay", "actor.optimizer.weight_decay"),
+    _m("train.optm_betas", "actor.optimizer.beta1", "two keys: actor.optimizer.beta1 and beta2"),
+    _m("train.optm_warmup_steps", "actor.optimizer.warmup_steps_proportion", "rlkit gives a fraction of the "
+       "total steps"),
+    _m("train.optm_decay_type", "actor.optimizer.lr_scheduler_type"),
+    _m("train.optm_min_lr_factor", "actor.optimizer.min_lr_ratio"),
+    _m("train.optm_grad_norm_clip", "actor.optimizer.gradient_clipping"),
+    _m("train.param_dtype", "actor.dtype"),
+    _m("train.epoch", "total_train_epochs"),
+    _m("train.max_num_steps", "total_train_steps"),
+    _m("train.output_dir", "cluster.fileroot"),
+    _m("train.seed", "seed"),
+    _m("train.resume", "recover.mode"),
+    _m("train.ckpt.save_freq", "recover.freq_steps"),
+    _m("train.ckpt.max_keep", "recover.keep_last"),
+    _m("train.ckpt.export_safetensors", "saver.freq_steps", "rlkit saves Hugging Face models (safetensors) at "
+       "the saver's triggers"),
+    _m("train.train_policy.dataset.name", "train_dataset.path", "a local file or directory, or a hub id"),
+    _m("train.train_policy.dataset.split", "train_dataset.split"),
+    _m("train.train_policy.prompt_column_name", "train_dataset.prompt_key"),
+    _m("train.train_policy.epsilon_low", "actor.eps_clip"),
+    _m("train.train_policy.epsilon_high", "actor.eps_clip_higher"),
+    _m("train.train_policy.kl_beta", "actor.kl_loss_coef"),
+    _m("train.train_policy.mini_batch", "actor.ppo_n_minibatches", "cosmos-rl gives a size, rlkit a count"),
+    _m("train.train_policy.max_token_len_per_mini_batch", "actor.mb_spec.max_tokens_per_mb"),
+    _m("train.train_policy.allowed_outdated_steps", "rollout.max_head_offpolicyness"),
+    _m("train.train_policy.use_decoupled_loss", "actor.use_decoupled_loss"),
+    _m("train.train_policy.behav_imp_weight_cap", "actor.behav_imp_weight_cap"),
+    _m("train.train_policy.entropy_coeff", "", "rlkit has no entropy bonus"),
+    _m("policy.model_name_or_path", "actor.path"),
+    _m("policy.model_max_length", "vllm.max_model_len"),
+    _m("policy.model_gradient_checkpointing", "actor.gradient_checkpointing"),
+    _m("policy.parallelism.dp_shard_size", "allocation_mode", "d of the trainer part, e.g. fsdp:d8"),
+    _m("policy.parallelism.tp_size", "", "rlkit's trainer shards with FSDP only (no tensor parallelism)"),
+    _m("policy.lora.r", "actor.lora_rank", "and actor.use_lora: true"),
+    _m("policy.lora.lora_alpha", "actor.lora_alpha"),
+    _m("policy.lora.target_modules", "actor.target_modules"),
+    _m("rollout.parallelism.tp_size", "allocation_mode", "t of the server part, e.g. vllm:d2t4"),
+    _m("rollout.n_generation", "gconfig.n_samples"),
+    _m("rollout.max_response_length", "gconfig.max_new_tokens"),
+    _m("rollout.gpu_memory_utilization", "vllm.gpu_memory_utilization"),
+    _m("rollout.enforce_eager", "vllm.enforce_eager"),
+    _m("rollout.seed", "vllm.seed"),
+    _m("rollout.sampling_config.temperature", "gconfig.temperature"),
+    _m("rollout.sampling_config.top_p", "gconfig.top_p"),
+    _m("rollout.sampling_config.top_k", "gconfig.top_k"),
+    _m("logging.logger", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
+    _m("logging.project_name", "stats_logger.wandb.project"),
+    _m("logging.experiment_name", "trial_name"),
+    _m("validation.enable", "evaluator.freq_steps", "evaluation is on when a trigger is set"),
+    _m("validation.freq", "evaluator.freq_steps"),
+    _m("validation.val_before_train", "evaluator.eval_on_startup"),
+    _m("validation.temperature", "eval_gconfig.temperature"),
+    _m("validation.n_generation", "eval_gconfig.n_samples"),
+    _m("validation.max_response_length", "eval_gconfig.max_new_tokens"),
+)
+
+CHATLEARN = (
+    _m("runtime_args.exp_name", "experiment_name"),
+    _m("runtime_args.output_dir", "cluster.fileroot"),
+    _m("runtime_args.train_backend", "allocation_mode", "the trainer part is fsdp:..."),
+    _m("runtime_args.rollout_backend", "allocation_mode", "the server part: vllm:... or sglang:..."),
+    _m("runtime_args.colocation", "", "rlkit runs servers and trainer on GPUs of their own"),
+    _m("runtime_args.data_path", "train_dataset.path"),
+    _m("runtime_args.eval_data_path", "valid_dataset.path"),
+    _m("runtime_args.num_episode", "total_train_steps", "one training step is one episode"),
+    _m("runtime_args.sample_per_episode", "train_dataset.batch_size", "rlkit counts prompts; samples per step are "
+       "batch_size x gconfig.n_samples"),
+    _m("runtime_args.train_global_batch_size", "actor.ppo_n_minibatches", "rlkit gives the number of minibatches "
+       "(sample_per_episode / train_global_batch_size)"),
+    _m("runtime_args.save_episode_interval", "saver.freq_steps"),
+    _m("runtime_args.eval_episode_interval", "evaluator.freq_steps"),
+    _m("runtime_args.enable_eval_before_training", "evaluator.eval_on_startup"),
+    _m("runtime_args.data_shuffle", "train_dataset.shuffle"),
+    _m("runtime_args.log_args_dict.enable_wandb", "stats_logger.wandb.mode", "online or offline to turn it on"),
+    _m("runtime_args.log_args_dict.wandb_project", "stats_logger.wandb.project"),
+    _m("models.policy.load", "actor.path", "the servers load actor.path too (vllm.model overrides)"),
+    _m("models.policy.num_inference_per_prompt", "gconfig.n_samples"),
+    _m("models.policy.seq_length", "gconfig.max_new_tokens"),
+    _m("models.policy.temperature", "gconfig.temperature"),
+    _m("models.policy.top_p", "gconfig.top_p"),
+    _m("models.policy.eval_temperature", "eval_gconfig.temperature"),
+    _m("models.policy.eval_top_p", "eval_gconfig.top_p"),
+    _m("models.policy.eval_top_k", "eval_gconfig.top_k"),
+    _m("models.policy.gpu_memory_utilization", "vllm.gpu_memory_utilization"),
+    _m("models.policy.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. vllm:d2t4"),
+    _m("models.policy_trainer.load", "actor.path"),
+    _m("models.policy_trainer.optimizer.lr", "actor.optimizer.lr"),
+    _m("models.policy_trainer.optimizer.clip_grad", "actor.optimizer.gradient_clipping"),
+    _m("models.policy_trainer.neg_clip_ratio", "actor.eps_clip"),
+    _m("models.policy_trainer.pos_clip_ratio", "actor.eps_clip_higher"),
+    _m("models.policy_trainer.kl_coef", "actor.kl_loss_coef"),
+    _m("models.policy_trainer.entropy_coef", "", "rlkit has no entropy bonus"),
+    _m("models.policy_trainer.gradient_checkpointing", "actor.gradient_checkpointing"),
+    _m("models.policy_trainer.use_group_sequence_policy", "actor.importance_sampling_level", "sequence: GSPO"),
+    _m("models.policy_trainer.train_micro_batch_size", "actor.mb_spec.n_mbs", "rlkit sets the number of "
+       "micro-batches, or a token budget (actor.mb_spec.max_tokens_per_mb)"),
+    _m("models.policy_trainer.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb"),
+    _m("models.policy_trainer.tensor_model_parallel_size", "", "rlkit's trainer shards with FSDP only"),
+    _m("models.ref_policy.load", "ref.path", "empty: actor.path"),
+)
+
+# {system: (its keys, the page's slug, what a user of it should know first)}
+SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
+    "verl": (VERL, "verl", "verl describes a job as one Hydra config run by Ray on the nodes you give it; rlkit "
+             "describes it as one YAML that becomes one Slurm job. verl's `actor_rollout_ref` splits into rlkit's "
+             "`actor`, `ref` and the server sections (`vllm`, `sglang`), and the GPU split of trainer and servers "
+             "is one string, `allocation_mode` (e.g. `vllm:d2t2+fsdp:d4`)."),
+    "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
+                    "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
+                    "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "
+                    "sections."),
+    "cosmos-rl": (COSMOS, "cosmos-rl", "cosmos-rl's policy and rollout replicas are rlkit's trainer and servers; "
+                  "their GPU counts and parallelism become `allocation_mode`. rlkit's trainer shards with FSDP only: "
+                  "no tensor, pipeline or context parallelism in training."),
+    "ChatLearn": (CHATLEARN, "chatlearn", "ChatLearn's `runtime_args` are rlkit's top-level fields and datasets; its "
+                  "`models.policy` is the servers and sampling, `models.policy_trainer` is `actor`. An episode is "
+                  "one training step."),
+}
+
+
+def their_names(path: str) -> list[tuple[str, str, str]]:
+    """[(system, their key, note)] of every key of the other systems that maps to rlkit's `path`."""
+    return [(system, entry.their, entry.note) for system, (entries, _, _) in SEEDS.items() for entry in entries
+            if entry.ours == path]
+
+
+def render_key_maps() -> dict[str, str]:
+    """{file relative to docs/: text} of the "coming from" page of each system."""
+    from rlkit.cli.config_reference import GENERATED, cell, page_of
+
+    pages = {}
+    for system, (entries, slug, intro) in SEEDS.items():
+        lines = [f"# Coming from {system}", "", GENERATED.replace("rlkit/config/schema", "rlkit/cli/key_maps.py"), "",
+                 intro, "", f"Their common keys and rlkit's (`rlkit explain KEY` prints the {system} name too). "
+                 "Where rlkit has no such key, the last column says why.", "",
+                 f"| {system} | rlkit | Notes |", "|---|---|---|"]
+        for entry in entries:
+            ours = f"[`{entry.ours}`](../{page_of(entry.ours)})" if entry.ours else "—"
+            lines.append(f"| `{entry.their}` | {ours} | {cell(entry.note)} |")
+        pages[f"coming-from/{slug}.md"] = "\n".join(lines) + "\n"
+    return pages
+
+
+def unknown_keys(entries: tuple[KeyMap, ...]) -> list[str]:
+    """The rlkit keys of `entries` that the schema does not have (a field renamed since the map was written)."""
+    from rlkit.cli.schema_docs import schema_docs
+
+    return [entry.ours for entry in entries if entry.ours and entry.ours not in schema_docs()]
