@@ -46,11 +46,12 @@ def _third_party_imports() -> dict[str, set[str]]:
 
 
 def _declared() -> set[str]:
-    """The runtime distributions of pyproject.toml (dependencies and every extra but dev), names normalized."""
+    """The runtime distributions of pyproject.toml (dependencies and every extra but the tools' dev and docs), names
+    normalized."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     specs = list(project["dependencies"])
     for extra, extra_specs in project["optional-dependencies"].items():
-        if extra != "dev":
+        if extra not in ("dev", "docs"):
             specs += extra_specs
     return {re.split(r"[<>=!~ \[;]", spec, maxsplit=1)[0].lower().replace("_", "-") for spec in specs}
 
