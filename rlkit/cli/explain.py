@@ -44,8 +44,9 @@ def _field_lines(doc: FieldDoc) -> list[str]:
         names = [their for sys_name, their, _ in their_names(doc.path) if sys_name == system]
         if names:
             lines.append(f"  {system}: {', '.join(names)}")
-    readers = ", ".join(doc.job_types) if doc.job_types else "every job (no job type claims its section)"
-    lines.append(f"  read by job types: {readers}")
+    readers = ", ".join(doc.job_types) if doc.job_types else "every job (no job type claims it)"
+    where = f"its section ({doc.path.split('.')[0]})" if "." in doc.path else "a top-level field"
+    lines.append(f"  {where}, read by job types: {readers}")
     lines.append(f"  reference: docs/{page_of(doc.path)}")
     return lines
 

@@ -22,7 +22,7 @@ def test_a_field_says_its_help_type_default_range_and_other_names() -> None:
     text = "\n".join(rest)
     for says in ("Clip range of the policy ratio", "AReaL: the same name",
                  "verl: actor_rollout_ref.actor.clip_ratio", "cosmos-rl: train.train_policy.epsilon_low",
-                 "ChatLearn: models.policy_trainer.neg_clip_ratio", "read by job types: grpo, ppo",
+                 "ChatLearn: models.policy_trainer.neg_clip_ratio", "its section (actor), read by job types: grpo, ppo",
                  "reference: docs/reference/config/actor.md"):
         assert says in text, (says, text)
 
