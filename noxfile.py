@@ -42,7 +42,8 @@ def tests(session: nox.Session) -> None:
     tier, then the integration tests of gloo ranks and trainers in this process's children). Each lane keeps about
     one core busy; the pool fills the rest. The local lane's report follows the cluster lane's. With arguments
     (`bash scripts/test.sh tests/unit -x`), one session with them, as before."""
-    # the 25 slowest tests, every run: where the suite's time goes (its budget: README, "Tests and their time budget")
+    # the 25 slowest tests, every run: where the suite's time goes (its budget: docs/development/suite.md,
+    # "Tests and their time budget")
     if session.posargs:
         session.run("python", "-m", "pytest", "-ra", "--durations=25", *session.posargs)
         return

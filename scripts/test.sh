@@ -28,7 +28,7 @@ report() {  # the phase times and the budget line; runs on every exit, failed ru
   echo "suite: $minutes min (budget $budget_min)"
   if [ "$minutes" -gt "$budget_min" ]; then
     echo "WARNING: the suite took $minutes min, over its budget of $budget_min min; see the slowest tests above" \
-      "and README 'Tests and their time budget'"
+      "and docs/development/suite.md, 'Tests and their time budget'"
   fi
 }
 trap report EXIT

@@ -1,9 +1,10 @@
 """Delta weight pushes (`actor.weight_update_delta`): the wire format the trainer (rlkit.weights.delta) and the
 servers' receive paths share, and the copy of the weights a receiver keeps to apply a delta to.
 
-Why: at RL learning rates most bfloat16 elements do not change from one step to the next (README: 2.2% at lr 1e-6,
-measured by bench/bench_delta.py), so a push can carry only the changed elements, 15x fewer bytes on the disk or the
-wire. Applying them needs the previous version in the checkpoint's layout (Hugging Face names, whole tensors), which
+Why: at RL learning rates most bfloat16 elements do not change from one step to the next (2.2% at lr 1e-6,
+measured by bench/bench_delta.py, docs/development/benchmarks.md), so a push can carry only the changed elements,
+15x fewer bytes on the disk or the wire.
+Applying them needs the previous version in the checkpoint's layout (Hugging Face names, whole tensors), which
 an engine does not hold (vLLM keeps its weights fused and sharded), so each receiving worker keeps a host-memory copy
 of the last version it loaded (`DeltaBase`; one model's bytes in the wire dtype), filled by every push of a run that
 uses deltas, full or not. The engine then loads whole tensors as in a full push: a delta saves bytes, not loading.

@@ -109,7 +109,7 @@ def check_code_tool(settings: tuple[str, ...], report: NodeReport) -> None:
         report.add("code tool", False, f"{result.error}"[:400],
                    "enable unprivileged user namespaces on the nodes (user.max_user_namespaces > 0; Debian: "
                    "kernel.unprivileged_userns_clone=1), or set rollout.agent.code_tool.isolation=best_effort to "
-                   "run the model's code with what holds (README, the code tool's table)")
+                   "run the model's code with what holds (docs/guides/code-tool.md, its table)")
 
 
 def first_server_node(roles: tuple[str, ...]) -> int | None:

@@ -1,4 +1,5 @@
-"""The structure that keeps the README test command within its budget (README "Tests and their time budget"):
+"""The structure that keeps the README test command within its budget (docs/development/suite.md, "Tests and their
+time budget"):
 background modules say which scenario every test rides on, the background tests run after everything else, and
 scripts/test.sh holds the 30-minute budget line. Checked here, in the fast tier, rather than found out in a full run."""
 

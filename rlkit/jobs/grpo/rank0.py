@@ -47,7 +47,8 @@ def weight_check_tolerance(config: ExperimentConfig) -> float:
     """actor.weight_check_tolerance, or its default for the two sides' dtypes: 1e-3 when both compute in float32;
     0.1 when both compute in the same 16-bit dtype; 0.3 when they differ, since a bf16 trainer's forward and a float32
     server loading the same bf16 export differed by 0.095-0.098 on average over 256 probe tokens on an H200
-    (bench/bench_gpu.py, README 'What runs here'), too close to 0.1 for a check that must not stop a healthy run."""
+    (bench/bench_gpu.py, docs/development/benchmarks.md), too close to 0.1 for a check that must not stop a healthy
+    run."""
     if config.actor.weight_check_tolerance is not None:
         return config.actor.weight_check_tolerance
     serving, training = _serving_dtype(config), config.actor.dtype

@@ -6,7 +6,7 @@ and as a non-root user. Each way runs the attacks in one process of its own with
 
 With isolation required (the default) every attack is denied or a tool error and leaves nothing behind where the
 node can isolate, and where it cannot, no attack's code ever starts. With best_effort on such a node, exactly the
-attacks the README's table lists get through."""
+attacks the table of docs/guides/code-tool.md lists get through."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ PROBE = [str(Path("/usr/bin/python3")), str(REPO / "tests" / "helpers" / "code_a
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mapping users and setpriv need root (CI runs as root)")
 
-# best_effort on a node without user namespaces: what gets through (README "The code tool", its table)
+# best_effort on a node without user namespaces: what gets through (docs/guides/code-tool.md, its table)
 # (no socket through ctypes: the seccomp filter denies creating any socket, with or without namespaces)
 THROUGH_WITHOUT_NAMESPACES = {"read a hidden file", "list a hidden directory", "read a hidden single file",
                               "write outside the scratch directory", "append to the user's reward module",

@@ -122,7 +122,8 @@ def test_submit_names_every_number_out_of_range_at_once(tmp_path: Any) -> None:
                                                "empty"),
 ])
 def test_a_field_that_would_be_ignored_is_refused(tmp_path: Any, overrides: list[str], says: str) -> None:
-    """The README's promise: a field rlkit would ignore under another setting is refused, not silently dropped."""
+    """docs/guides/validation.md's promise: a field rlkit would ignore under another setting is refused, not
+    silently dropped."""
     from rlkit.jobs.validate import validate
 
     config = config_from_mapping({**BASE, "cluster": {"fileroot": str(tmp_path)}}, overrides)
