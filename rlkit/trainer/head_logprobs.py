@@ -13,7 +13,8 @@ root module's parameter group, gathered by the root's forward hooks and held for
 forward would meet a sharded DTensor. The head module's own forward is what runs per chunk (a LoRA-wrapped head, a
 head tied to the input embedding are both just the module), and its result is the forward's output, so FSDP's
 backward hooks see it. Models that transform the logits after the head (Gemma's soft-capping, Cohere's logit_scale,
-Granite's logits_scaling) take the full path: the swapped head would skip that transform.
+Granite's logits_scaling) take the full path: the swapped head would skip that transform; so does a model that
+names no output head (get_output_embeddings: a model factory's own model).
 """
 
 from __future__ import annotations
@@ -74,20 +75,16 @@ def chunked_logprobs(head: Head, hidden: Tensor, targets: Tensor, *, temperature
     return logp, torch.cat(entropies).view(batch, length) if with_entropy else None
 
 
-def output_head(model: nn.Module) -> nn.Module:
-    """The module that turns the final hidden states into logits (through a peft wrapper too)."""
-    head = model.get_output_embeddings()  # type: ignore[operator]
-    if not isinstance(head, nn.Module):
-        raise TypeError(f"{type(model).__name__} has no output head (get_output_embeddings() gave {head!r})")
-    return head
-
-
-def transforms_logits_after_head(model: nn.Module) -> bool:
-    """Whether the model's forward changes the head's logits before returning them (then only the full path is
-    right)."""
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The module that turns the final hidden states into logits (through a peft wrapper too); None for a model
+    that names none (a model factory's own model) or whose forward changes the head's logits before returning them:
+    only the full path is right for those."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     config = getattr(model, "config", None)
-    return any(getattr(config, key, unset) not in (unset, None)
-               for key, unset in _POST_HEAD_TRANSFORMS.items())
+    if any(getattr(config, key, unset) not in (unset, None) for key, unset in _POST_HEAD_TRANSFORMS.items()):
+        return None
+    return head if isinstance(head, nn.Module) else None
 
 
 @contextlib.contextmanager
@@ -111,7 +108,8 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
     """[B, L-1] float32 log-probs of each next token of `input_ids` under `model` (logits / temperature), and [B, L-1]
     entropies (no gradient) when asked: chunked through the output head when `chunk_tokens` > 0 (see the module
     docstring), else from the full logits."""
-    if chunk_tokens <= 0 or transforms_logits_after_head(model):
+    head = output_head(model) if chunk_tokens > 0 else None
+    if head is None:
         out: Any = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         logp = next_token_logprobs(out.logits, input_ids, temperature)
         if not with_entropy:
@@ -126,7 +124,7 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
         entropies.append(entropy)
         return logp[..., None]  # the forward's "logits" [B, L-1, 1]: its output, so FSDP's backward hooks see it
 
-    with _head_computing(output_head(model), compute):
+    with _head_computing(head, compute):
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     if len(entropies) != 1:
         raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(entropies)} times")
