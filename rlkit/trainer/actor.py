@@ -65,7 +65,7 @@ class PPOActor:
         with adapter_off(model) if reference and self.ref is None else contextlib.nullcontext(model):
             return compute_logprobs(model, samples, pad_id=self.pad_id, device=self.engine.device,
                                     temperature=self.temperature if temperature is None else temperature,
-                                    mb_spec=self.config.mb_spec)
+                                    mb_spec=self.config.mb_spec, chunk_tokens=self.config.logprob_chunk_tokens)
 
     def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
                     temperature: float | None = None) -> dict[int, list[float]]:
@@ -93,7 +93,8 @@ class PPOActor:
         def loss_fn(model: nn.Module, group_idx: list[int]) -> tuple[Tensor, int]:
             mb = pack(group_of(samples, group_idx), self.pad_id,
                       mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
-            logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True)
+            logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
+                                           chunk_tokens=cfg.logprob_chunk_tokens)
             old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
             loss, stats = ppo_actor_loss(
                 logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,

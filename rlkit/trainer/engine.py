@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from rlkit.config.schema.actor import ActorConfig, OptimizerConfig
+from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS, ActorConfig, OptimizerConfig
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.source import build_causal_lm
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum
-from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
+from rlkit.trainer.head_logprobs import model_token_logprobs
 from rlkit.trials.recover_layout import FileDigest
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
@@ -124,16 +124,12 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Modu
     return model
 
 
-def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
-                   ) -> tuple[Tensor, Tensor | None]:
-    """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies."""
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    logp = next_token_logprobs(out.logits, mb.input_ids, temperature)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
-    return logp, entropy
+def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[Tensor, Tensor | None]:
+    """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies (no
+    gradient); through the output head `chunk_tokens` at a time (rlkit.trainer.head_logprobs; 0: full logits)."""
+    return model_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                                chunk_tokens=chunk_tokens, with_entropy=with_entropy)
 
 
 class TrainEngine:

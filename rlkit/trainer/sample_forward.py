@@ -38,14 +38,15 @@ def group_of(samples: Sequence[Sample], group_idx: list[int]) -> list[Sample]:
 
 @torch.no_grad()
 def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int, device: torch.device,
-                     temperature: float, mb_spec: MicroBatchSpec) -> list[list[float]]:
-    """Per-sample completion-token log-probs under `model` at `temperature`; collective."""
+                     temperature: float, mb_spec: MicroBatchSpec, chunk_tokens: int) -> list[list[float]]:
+    """Per-sample completion-token log-probs under `model` at `temperature` (the head `chunk_tokens` at a time);
+    collective."""
     model.eval()
     out: list[list[float]] = []
     for group_idx in micro_batches_idx(samples, list(range(len(samples))), mb_spec):
         group = group_of(samples, group_idx)
         mb = pack(group, pad_id).to(device)
-        logp, _ = token_logprobs(model, mb, temperature)
+        logp, _ = token_logprobs(model, mb, temperature, chunk_tokens=chunk_tokens)
         for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
             if i >= 0:  # fillers only kept the ranks in step
                 start = len(s.prompt_ids) - 1

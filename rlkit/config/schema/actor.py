@@ -15,6 +15,9 @@ from rlkit.config.schema.fields import _f, _sub
 # is keyed by it, submit-time validation offers it).
 WeightUpdateMode = Literal["disk", "xccl"]
 WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
+# actor.logprob_chunk_tokens' default, also what a log-prob function uses when its caller has no config: big enough
+# for a GPU's matmul to run at speed, small enough that a chunk's float32 logits of a 152k vocabulary are ~0.6 GB
+LOGPROB_CHUNK_TOKENS = 1024
 
 
 @dataclass
@@ -89,6 +92,11 @@ class ActorConfig:
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
                                                    "update).")
+    logprob_chunk_tokens: int = _f(
+        LOGPROB_CHUNK_TOKENS, "Token log-probs (grpo, ppo's actor, sft, dpo, the reference) go through the output "
+        "head this many tokens at a time, each chunk's logits freed and recomputed in backward, so the head's memory "
+        "is chunk x vocabulary instead of tokens x vocabulary (~0.6 GB of float32 logits per 1k tokens of a 152k "
+        "vocabulary); 0: the model's full logits at once.", ge=0)
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and learning-rate schedule.")
     weight_update_mode: str = _f(
         "disk", "How new weights reach the servers. Choices: disk (a Hugging Face checkpoint on the shared filesystem "

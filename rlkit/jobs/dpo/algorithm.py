@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.pairs.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.jobs.pairs.losses import ReferenceLogps, by_pair, dpo_loss
@@ -41,13 +42,14 @@ def run_dpo(trial_dir: Path, config: ExperimentConfig) -> None:
     run_training(trial_dir, config, DPOTraining)
 
 
-def fill_missing(reference: nn.Module, mbs: list[PairMicroBatch], cache: ReferenceLogps) -> None:
+def fill_missing(reference: nn.Module, mbs: list[PairMicroBatch], cache: ReferenceLogps, *,
+                 chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> None:
     """Collective: the reference log-probs of every pair of `mbs` that some rank lacks, then shared by all ranks."""
     missing = sorted({i for mb in mbs if not mb.dummy for i in cache.missing(mb.batch.indices)})
     if not all_reduce_max(int(bool(missing))):
         return
     for mb in mbs:  # the same number of reference forwards on every rank
-        fill_reference(reference, mb.batch, cache)
+        fill_reference(reference, mb.batch, cache, chunk_tokens=chunk_tokens)
     chosen, rejected = cache.get(missing) if missing else (torch.zeros(0), torch.zeros(0))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (missing, chosen.tolist(), rejected.tolist()))
@@ -78,8 +80,9 @@ class DPOTraining(OfflineAlgorithm):
         mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
         mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
         with self._reference() as reference:
-            fill_missing(reference, mbs, self.cache)
-        loss = CountedLoss(DPOLoss(self.cache, beta=dpo.beta, label_smoothing=dpo.label_smoothing))
+            fill_missing(reference, mbs, self.cache, chunk_tokens=self.config.actor.logprob_chunk_tokens)
+        loss = CountedLoss(DPOLoss(self.cache, beta=dpo.beta, label_smoothing=dpo.label_smoothing,
+                                   chunk_tokens=self.config.actor.logprob_chunk_tokens))
         stats = self.engine.optimizer_step(mbs, loss, len(mine))
         return step_metrics(loss, METRICS, stats)
 
@@ -90,12 +93,12 @@ class DPOTraining(OfflineAlgorithm):
         mbs = micro_batches(rank_share(data.valid, self.rank, self.world), self.config.actor.mb_spec, data.pad_id,
                             data.valid[0], self.device)
         with self._reference() as reference:
-            fill_missing(reference, mbs, self.valid_cache)
+            fill_missing(reference, mbs, self.valid_cache, chunk_tokens=self.config.actor.logprob_chunk_tokens)
         model.eval()
         means = WeightedMeans()
         for mb in mbs:
             batch = mb.batch
-            chosen, rejected = by_pair(answer_logps(model, batch))
+            chosen, rejected = by_pair(answer_logps(model, batch, chunk_tokens=self.config.actor.logprob_chunk_tokens))
             ref_chosen, ref_rejected = self.valid_cache.get(batch.indices, self.device)
             _, stats = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=dpo.beta,
                                 label_smoothing=dpo.label_smoothing)

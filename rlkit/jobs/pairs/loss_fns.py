@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.jobs.pairs.batch import PairBatch
 from rlkit.jobs.pairs.losses import ReferenceLogps, answer_logp_sums, by_pair, dpo_loss, rw_pairwise_loss
 from rlkit.models.value_model import last_token_scores, token_values
-from rlkit.trainer.rl_math.losses import next_token_logprobs
+from rlkit.trainer.head_logprobs import model_token_logprobs
 
 LossOut = tuple[Tensor, int, dict[str, float]]
 
@@ -33,17 +34,19 @@ def rw_loss_fn(model: nn.Module, batch: PairBatch) -> LossOut:
     return loss, batch.n_pairs, _floats(stats)
 
 
-def answer_logps(model: nn.Module, batch: PairBatch) -> Tensor:
-    """[2B] summed log-probs (temperature 1) of each sequence's answer tokens under a causal LM."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    return answer_logp_sums(next_token_logprobs(logits, batch.input_ids), batch.loss_mask)
+def answer_logps(model: nn.Module, batch: PairBatch, *, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> Tensor:
+    """[2B] summed log-probs (temperature 1) of each sequence's answer tokens under a causal LM (its output head
+    `chunk_tokens` at a time, 0: full logits)."""
+    logp, _ = model_token_logprobs(model, batch.input_ids, batch.attention_mask, chunk_tokens=chunk_tokens)
+    return answer_logp_sums(logp, batch.loss_mask)
 
 
 @torch.no_grad()
-def fill_reference(reference: nn.Module, batch: PairBatch, cache: ReferenceLogps) -> None:
+def fill_reference(reference: nn.Module, batch: PairBatch, cache: ReferenceLogps, *,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> None:
     """Compute the frozen reference's answer log-probs of the batch's pairs into `cache` (collective, see above)."""
     reference.eval()
-    cache.put(batch.indices, *by_pair(answer_logps(reference, batch)))
+    cache.put(batch.indices, *by_pair(answer_logps(reference, batch, chunk_tokens=chunk_tokens)))
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,11 @@ class DPOLoss:
     cache: ReferenceLogps
     beta: float
     label_smoothing: float = 0.0
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS  # actor.logprob_chunk_tokens
 
     def __call__(self, model: nn.Module, batch: PairBatch) -> LossOut:
         ref_chosen, ref_rejected = self.cache.get(batch.indices, batch.input_ids.device)
-        chosen, rejected = by_pair(answer_logps(model, batch))
+        chosen, rejected = by_pair(answer_logps(model, batch, chunk_tokens=self.chunk_tokens))
         loss, stats = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=self.beta,
                                label_smoothing=self.label_smoothing, reduction="sum")
         return loss, batch.n_pairs, _floats(stats)

@@ -106,7 +106,7 @@ class SFT:
         sums = dict.fromkeys(SUMS, 0.0)  # this rank's
 
         def loss_fn(model: Any, mb: SFTMicroBatch) -> tuple[Any, int]:
-            nll_sum, n_tokens, stats = sft_loss_fn(model, mb)
+            nll_sum, n_tokens, stats = sft_loss_fn(model, mb, chunk_tokens=self.config.actor.logprob_chunk_tokens)
             for key in SUMS:
                 sums[key] += stats[key]
             return nll_sum / max(1, n_tokens), n_tokens  # the engine weighs a mean by its units
@@ -134,7 +134,8 @@ class SFT:
         micro, _, _ = self._micro_batches(examples, list(range(len(examples))))
         self.engine.model.eval()
         try:
-            parts = [eval_nll(self.engine.model, mb) for mb in micro]
+            chunk = self.config.actor.logprob_chunk_tokens
+            parts = [eval_nll(self.engine.model, mb, chunk_tokens=chunk) for mb in micro]
         finally:
             self.engine.model.train()
         reduced = all_reduce_sum([sum(p[key] for p in parts) for key in SUMS])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.jobs.sft.data import SFTExample
-from rlkit.trainer.rl_math.losses import next_token_logprobs
+from rlkit.trainer.head_logprobs import model_token_logprobs
 
 SUMS = ("nll_sum", "tokens", "ppl_sum", "seqs")  # what the loss functions return, summed over micro-batches and ranks
 _MAX_NLL = 700.0  # exp() of more overflows a float
@@ -72,12 +72,13 @@ def sequence_ppl(logp: Tensor, loss_mask: Tensor) -> tuple[float, int]:
     return float(per_row.sum()), int(rows.sum())
 
 
-def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int, dict[str, float]]:
-    """The training loop's loss function for sft: forward `mb`, return (NLL sum, target tokens, the `SUMS` to sum
-    over micro-batches and ranks). The sum is differentiable; for a dummy micro-batch it is a zero that still
-    depends on every parameter, so backward runs the same collectives on every rank."""
-    out: Any = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    logp = next_token_logprobs(out.logits, mb.input_ids)
+def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch, *, chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+                ) -> tuple[Tensor, int, dict[str, float]]:
+    """The training loop's loss function for sft: forward `mb` (the output head `chunk_tokens` at a time, 0: full
+    logits), return (NLL sum, target tokens, the `SUMS` to sum over micro-batches and ranks). The sum is
+    differentiable; for a dummy micro-batch it is a zero that still depends on every parameter, so backward runs the
+    same collectives on every rank."""
+    logp, _ = model_token_logprobs(model, mb.input_ids, mb.attention_mask, chunk_tokens=chunk_tokens)
     loss_sum, n_tokens = sft_nll(logp, mb.loss_mask)
     ppl_sum, seqs = sequence_ppl(logp, mb.loss_mask)
     return loss_sum, n_tokens, {"nll_sum": float(loss_sum.detach()), "tokens": float(n_tokens),
@@ -85,9 +86,10 @@ def sft_loss_fn(model: torch.nn.Module, mb: SFTMicroBatch) -> tuple[Tensor, int,
 
 
 @torch.no_grad()
-def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch) -> dict[str, float]:
+def eval_nll(model: torch.nn.Module, mb: SFTMicroBatch, *, chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+             ) -> dict[str, float]:
     """The `SUMS` of one validation micro-batch, without gradients; all-reduce, then sft_metrics."""
-    return sft_loss_fn(model, mb)[2]
+    return sft_loss_fn(model, mb, chunk_tokens=chunk_tokens)[2]
 
 
 def sft_metrics(sums: Mapping[str, float], *, prefix: str = "sft") -> dict[str, float]:

@@ -1,0 +1,132 @@
+"""Token log-probs (and entropies) of a causal LM without its full [B, L, V] logits (issue 46, part 3).
+
+The full path (`chunk_tokens` 0) takes the model's logits and makes a float32 copy and a float32 log_softmax of them:
+three tensors of tokens x vocabulary, ~24 GB for 16k tokens of Qwen's 152k vocabulary in bf16, plus the entropy's.
+The chunked path runs the same model forward, with its output head swapped for the length of that one call: the head
+then receives the final hidden states [B, L, H] and, for every `chunk_tokens` positions, computes float32 logits /
+temperature, the next token's log-prob (and the entropy where asked), and frees the logits. Each chunk runs under
+non-reentrant torch.utils.checkpoint, so backward recomputes one chunk's logits at a time: the head's peak memory
+is O(chunk x V), not O(tokens x V).
+
+Why inside the forward rather than on hidden states taken out of it: under FSDP2 the head's weight belongs to the
+root module's parameter group, gathered by the root's forward hooks (and by its pre-backward hook, which fires on the
+forward's outputs); a head called after the forward could meet a sharded DTensor. The head module's own forward is
+what runs per chunk (a LoRA-wrapped head, a head tied to the input embedding are both just the module; hooks
+registered on the head module itself are not run, none of rlkit's are), and the chunks' log-probs are the forward's
+output, so FSDP's backward hooks see them. Models that transform the logits after the head (Gemma's soft-capping,
+Cohere's logit_scale, Granite's logits_scaling) take the full path: the swapped head would skip that transform; so
+does a model that names no output head (get_output_embeddings: a model factory's own model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
+from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
+
+Head = Callable[[Tensor], Tensor]  # hidden states [N, H] -> logits [N, V]
+
+# config.json keys of a transform applied to the logits after the head, with the value that means "no transform"
+_POST_HEAD_TRANSFORMS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+
+def _chunk(head: Head, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+           ) -> tuple[Tensor, Tensor]:
+    """One chunk: float32 log-probs of `targets` [N] under head(hidden [N, H]) / temperature, and entropies (an empty
+    tensor when not asked; without gradient, as the full path's). Last in the chunk so that the checkpoint's
+    recompute in backward stops before it."""
+    logits = head(hidden).float()
+    if temperature != 1.0:  # x / 1.0 is x: one [N, V] tensor fewer
+        logits = logits / temperature
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if not with_entropy:
+        return logp, logp.new_empty(0)
+    with torch.no_grad():
+        return logp, entropy_from_logits(logits.detach())
+
+
+def chunked_logprobs(head: Head, hidden: Tensor, targets: Tensor, *, temperature: float = 1.0, chunk_tokens: int,
+                     with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """([B, T] float32 log-probs of targets [B, T], [B, T] entropies or None) where position t of hidden [B, T, H]
+    predicts targets[:, t]: through `head` `chunk_tokens` positions at a time, each chunk's logits freed after use
+    and recomputed in backward."""
+    if chunk_tokens < 1:
+        raise ValueError(f"a chunk needs at least one token, got {chunk_tokens}")
+    batch, length, width = hidden.shape
+    flat_hidden, flat_targets = hidden.reshape(batch * length, width), targets.reshape(batch * length)
+    logps: list[Tensor] = []
+    entropies: list[Tensor] = []
+    for start in range(0, batch * length, chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        args = (head, flat_hidden[part], flat_targets[part], temperature, with_entropy)
+        logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    if not logps:  # no positions at all: still [B, 0]
+        empty = hidden.new_zeros((batch, 0), dtype=torch.float32)
+        return empty, empty if with_entropy else None
+    logp = torch.cat(logps).view(batch, length)
+    return logp, torch.cat(entropies).view(batch, length) if with_entropy else None
+
+
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The module that turns the final hidden states into logits (through a peft wrapper too); None for a model
+    that names none (a model factory's own model) or whose forward changes the head's logits before returning them:
+    only the full path is right for those."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    config = getattr(model, "config", None)
+    if any(getattr(config, key, unset) not in (unset, None) for key, unset in _POST_HEAD_TRANSFORMS.items()):
+        return None
+    return head if isinstance(head, nn.Module) else None
+
+
+@contextlib.contextmanager
+def _head_computing(head: nn.Module, compute: Callable[[Head, Tensor], Tensor]) -> Iterator[None]:
+    """For the duration of the block, calling `head` returns compute(head's own forward, hidden states)."""
+    had_own = "forward" in head.__dict__  # an instance-level forward (accelerate's hooks) is restored as it was
+    own = head.forward
+    head.forward = lambda hidden: compute(own, hidden)
+    try:
+        yield
+    finally:
+        if had_own:
+            head.forward = own
+        else:
+            del head.forward
+
+
+def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
+                         temperature: float = 1.0, chunk_tokens: int = LOGPROB_CHUNK_TOKENS, with_entropy: bool = False
+                         ) -> tuple[Tensor, Tensor | None]:
+    """[B, L-1] float32 log-probs of each next token of `input_ids` under `model` (logits / temperature), and [B, L-1]
+    entropies (no gradient) when asked: chunked through the output head when `chunk_tokens` > 0 (see the module
+    docstring), else from the full logits."""
+    head = output_head(model) if chunk_tokens > 0 else None
+    if head is None:
+        out: Any = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        logp = next_token_logprobs(out.logits, input_ids, temperature)
+        if not with_entropy:
+            return logp, None
+        with torch.no_grad():
+            return logp, entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
+    entropies: list[Tensor | None] = []
+
+    def compute(own_head: Head, hidden: Tensor) -> Tensor:
+        logp, entropy = chunked_logprobs(own_head, hidden[:, :-1], input_ids[:, 1:], temperature=temperature,
+                                         chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+        entropies.append(entropy)
+        return logp[..., None]  # the forward's "logits" [B, L-1, 1]: its output, so FSDP's backward hooks see it
+
+    with _head_computing(head, compute):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    if len(entropies) != 1:
+        raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(entropies)} times")
+    return out.logits[..., 0], entropies[0]
