@@ -16,7 +16,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 - sockets and the kernel's attack surface: a seccomp filter (the guard installs it after PR_SET_NO_NEW_PRIVS, so
   with or without namespaces; the code inherits it) denies every socket (so no network and no local service, also
   one bound after the run began), io_uring, ptrace, the mount, namespace and keyring calls, bpf, perf_event_open and
-  userfaultfd (rlkit.agent.sandbox_seccomp.DENIED_SYSCALLS); under `required` a run without it never starts.
+  userfaultfd, and the kernel objects no limit counts and the channels to host objects (System V IPC, memfd_secret,
+  xattrs, locks, inotify, TIOCSTI: rlkit.agent.sandbox_seccomp's docstring); under `required` a run without it
+  never starts. Landlock and a minimal /dev close host FIFOs, device nodes and ptys (rlkit.agent.sandbox_mounts).
 - output: stdout and stderr share one pipe read by the parent; one byte past the cap stops the run.
 - files: in the run's own mount namespace every mount is read-only but the scratch directory, and the paths the
   caller hides (the rollout hides the trials, rlkit's home, the training data and the usual places of the user's
