@@ -16,7 +16,9 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
 - sockets and the kernel's attack surface: a seccomp filter (the guard installs it after PR_SET_NO_NEW_PRIVS, so
   with or without namespaces; the code inherits it) denies every socket (so no network and no local service, also
   one bound after the run began), io_uring, ptrace, the mount, namespace and keyring calls, bpf, perf_event_open and
-  userfaultfd (rlkit.agent.sandbox_seccomp.DENIED_SYSCALLS); under `required` a run without it never starts.
+  userfaultfd, and the kernel objects no limit counts and the channels to host objects (System V IPC, memfd_secret,
+  xattrs, locks, inotify, TIOCSTI: rlkit.agent.sandbox_seccomp's docstring); under `required` a run without it
+  never starts. Landlock and a minimal /dev close host FIFOs, device nodes and ptys (rlkit.agent.sandbox_mounts).
 - output: stdout and stderr share one pipe read by the parent; one byte past the cap stops the run.
 - files: in the run's own mount namespace every mount is read-only but the scratch directory, and the paths the
   caller hides (the rollout hides the trials, rlkit's home, the training data and the usual places of the user's
@@ -72,6 +74,7 @@ from pathlib import Path
 
 from rlkit.agent.sandbox import ChildRun, ChildSpec, fits_in_argument, run_child
 from rlkit.agent.sandbox_child import MEMORY_EXIT
+from rlkit.agent.sandbox_paths import CannotHide, hidden_paths, needed_by_run
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 ISOLATION_LEVELS = ("required", "best_effort")  # rollout.agent.code_tool.isolation
@@ -154,7 +157,8 @@ def run_python(
     """Run `code` in the sandbox and describe how it went. `python` defaults to this interpreter (or, when the
     code runs as `nobody` and cannot reach it, /usr/bin/python3); `namespaces=False` is for nodes known to lack
     them and for tests of the fallback layer. `hide`: paths the code must not see (secrets, the trial directory,
-    the training data); one that holds the interpreter or the scratch root is left visible and noted.
+    the training data), relative ones too; one that holds the interpreter's prefix or the scratch root is hidden
+    around them (rlkit.agent.sandbox_paths); one that cannot be is a tool error under "required", a note else.
     `isolation`: "required" (a run whose namespaces, private /proc, read-only mounts or hidden paths do not hold
     is refused before the code starts: a tool error) or "best_effort" (it runs with what holds; notes say what)."""
     if isolation not in ISOLATION_LEVELS:
@@ -176,6 +180,12 @@ def run_python(
     except OSError as exc:
         return _failed(f"the code tool could not create a scratch directory in {scratch_root}: {exc}")
     try:
+        covered = hidden_paths(hide, needed_by_run(interpreter, scratch),
+                               None if isolation == "required" else notes)
+    except CannotHide as exc:  # required: nothing runs
+        _remove_tree(scratch)
+        return _failed(refusal_text(str(exc)))
+    try:
         if uid is not None and not _reachable_by_others(scratch.parent):
             return _failed(f"the code tool's scratch root {scratch_root} is not reachable by user {uid}; use a "
                            f"directory every user can traverse (mode 711), e.g. /tmp/rlkit-code-tool")
@@ -183,7 +193,7 @@ def run_python(
             python=interpreter, uid=uid, gid=gid, namespaces=namespaces, cpu_seconds=limits.cpu_seconds,
             memory_bytes=limits.memory_mb * 1024 * 1024, file_bytes=limits.file_mb * 1024 * 1024, code=code,
             scratch_bytes=limits.scratch_mb * 1024 * 1024,
-            env=_minimal_env(scratch), hide=_hideable(hide, interpreter, scratch, notes),
+            env=_minimal_env(scratch), hide=covered,
             required=isolation == "required",
         )
         if not fits_in_argument(spec):
@@ -215,18 +225,6 @@ class CodeTool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-
-
-def _hideable(hide: Sequence[str], interpreter: str, scratch: Path, notes: list[str]) -> tuple[str, ...]:
-    """The paths of `hide` that may be covered: not the interpreter's nor the scratch directory's own ancestors."""
-    needed = [os.path.realpath(interpreter), str(scratch)]
-    kept = []
-    for path in dict.fromkeys(os.path.normpath(p) for p in hide if p.startswith("/") and p != "/"):
-        if any(n == path or n.startswith(path.rstrip("/") + "/") for n in needed):
-            notes.append(f"{path} stays visible: it holds the code tool's interpreter or scratch directory")
-        else:
-            kept.append(path)
-    return tuple(kept)
 
 
 def _is_clean_text(code: object) -> bool:
@@ -313,7 +311,8 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Wa
 def _describe(run: ChildRun, limits: CodeLimits, namespaces: bool, notes: list[str]) -> CodeResult:
     """Turn the parent's and the guard's view of a run into a result with a readable error."""
     notes.extend(_isolation_notes(run.facts, namespaces))
-    isolated = namespaces and run.facts.get("namespaces") == "ok" and not {"proc", "filesystem"} & set(run.facts)
+    isolated = namespaces and run.facts.get("namespaces") == "ok" and not {"proc", "filesystem", "seccomp"} & set(
+        run.facts)
     refused = run.facts.get("refused")
     if refused is not None:
         return CodeResult(ok=False, output="", error=refusal_text(str(refused)), seconds=round(run.seconds, 3),
@@ -369,10 +368,11 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
     notes = []
     if not namespaces or facts.get("namespaces") != "ok":
         why = "turned off" if not namespaces else str(facts.get("namespaces", "not reported"))[:200]
-        notes.append(f"no namespaces ({why}): the network is blocked only by an audit hook (ctypes can bypass "
-                     f"it), /proc shows the node's processes, and the code can read and write what the job's user "
-                     f"can; enable unprivileged user namespaces on the nodes")
-    for fact in ("idmap", "proc", "filesystem", "keyring", "seccomp"):
+        notes.append(f"no namespaces ({why}): /proc shows the node's processes, hidden paths are readable, the "
+                     f"scratch directory is the host's (capped per file only, seen by concurrent runs), and the code "
+                     f"can read what the job's user can and write it too unless Landlock holds; enable unprivileged "
+                     f"user namespaces on the nodes")
+    for fact in ("idmap", "proc", "filesystem", "keyring", "landlock", "seccomp"):
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes

@@ -17,7 +17,8 @@ from typing import Any
 from rlkit.agent.sandbox_child import memfd_holding
 
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
-SECCOMP_SOURCE = (Path(__file__).parent / "sandbox_seccomp.py").read_text(encoding="utf-8")  # run by the guard
+GUARD_SOURCES = {name: (Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8")  # run by the guard
+                 for name in ("sandbox_seccomp", "sandbox_mounts")}
 MAX_SPEC_BYTES = 120_000  # the code and its settings: a sanity bound (model output, not a file upload)
 STATUS_CAP = 65_536
 STOP_GRACE_SECONDS = 2.0  # for the supervisor to kill and reap its guard before we SIGKILL everything
@@ -50,7 +51,7 @@ class ChildSpec:
                 "memory_bytes": self.memory_bytes, "file_bytes": self.file_bytes, "code": self.code, "env": self.env,
                 "scratch_bytes": self.scratch_bytes,
                 "status_fd": status_fd, "hide": list(self.hide), "source": CHILD_SOURCE,
-                "seccomp_source": SECCOMP_SOURCE,
+                "sources": GUARD_SOURCES,
             },
             ensure_ascii=False,
         )

@@ -40,16 +40,10 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-MS_RDONLY, MS_REMOUNT, ENOSYS = 1, 32, 38
-# per-mount flags a remount inside a user namespace must keep (the kernel locks them): mountinfo's names
-REMOUNT_KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
-                "relatime": 1 << 21}
-SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # Linux >= 5.12, every arch
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 283}  # keyctl(2) has no libc wrapper
 KEYCTL_JOIN_SESSION_KEYRING = 1
-MAX_SOCKETS = 4096  # unix sockets covered per run (a node with more is refused under `required`)
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGCHLD}
 MEMORY_EXIT = 3  # the runner's exit status when a MemoryError ended the code
@@ -85,7 +79,7 @@ def supervise(spec: dict[str, Any]) -> None:
         os.setresgid(spec["gid"], spec["gid"], spec["gid"])
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
     entered = False
-    spec["sockets"] = _unix_socket_paths()  # read in the job's network namespace, before leaving it
+    spec["sockets"] = _module(spec, "sandbox_mounts")["unix_socket_paths"]()  # in the job's network namespace
     if spec["namespaces"]:
         libc = _libc()
         flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
@@ -109,6 +103,16 @@ def supervise(spec: dict[str, Any]) -> None:
     os.close(alive_r)
     os.close(status_fd)
     os._exit(_wait_for_guard(guard_pid))
+
+
+def _module(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """One of rlkit.agent.sandbox.GUARD_SOURCES, executed from the spec's text (stdlib only; `python -I` as
+    `nobody` cannot import rlkit), once per process."""
+    loaded: dict[str, dict[str, Any]] = spec.setdefault("loaded", {})
+    if name not in loaded:
+        loaded[name] = {"__name__": f"rlkit_{name}"}
+        exec(compile(spec["sources"][name], f"{name}.py", "exec"), loaded[name])  # our own module's text
+    return loaded[name]
 
 
 def _map_own_ids(libc: ctypes.CDLL, uid: int, gid: int, status_fd: int) -> None:
@@ -154,7 +158,8 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         ) != 0:
             failed.append(f"private /proc not mounted: {os.strerror(ctypes.get_errno())}")
             _report(status_fd, proc=failed[-1])
-        sealed = _seal_filesystem(libc, os.getcwd(), spec.get("hide", []), spec["sockets"], spec["scratch_bytes"])
+        sealed = _module(spec, "sandbox_mounts")["seal_filesystem"](
+            libc, os.getcwd(), spec.get("hide", []), spec["sockets"], spec["scratch_bytes"])
         spec["env"].update(HOME=os.getcwd(), TMPDIR=os.getcwd())  # where the scratch directory is seen now
         if sealed:
             failed.append("; ".join(sealed))
@@ -171,9 +176,11 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     # the code's memfd, for the runner's exec, made before the filter denies memfd_create
     spec["code_fd"] = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
-    seccomp: dict[str, Any] = {"__name__": "rlkit_sandbox_seccomp"}  # stdlib only, its text in the spec: no rlkit
-    exec(compile(spec["seccomp_source"], "sandbox_seccomp.py", "exec"), seccomp)  # import here (python -I, nobody)
-    denied = seccomp["deny_syscalls"](libc)
+    landlock = _module(spec, "sandbox_mounts")["restrict_writes"](libc, os.getcwd())
+    if landlock:  # a read-only mount still lets FIFOs and device nodes be opened for writing: noted, not refused
+        _report(status_fd, landlock=f"{landlock}: host FIFOs and device nodes the code's user may write stay "
+                                    "writable" + ("" if entered else "; so does the whole file system"))
+    denied = _module(spec, "sandbox_seccomp")["deny_syscalls"](libc)
     if denied:
         _report(status_fd, seccomp=f"no seccomp filter ({denied}): sockets and io_uring are not denied")
         if spec["required"]:
@@ -195,29 +202,6 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     os._exit(0)
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]
-
-
-def _mount_setattr(libc: ctypes.CDLL, path: str, flags: int, attr: _MountAttr) -> int:
-    return int(libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), path.encode(),
-                            ctypes.c_uint(flags), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))))
-
-
-def _unix_socket_paths() -> list[str]:
-    """The file-system paths of the unix sockets listening in this network namespace (/proc/net/unix): a read-only
-    mount does not stop connect(2), and a new network namespace hides only abstract sockets, so each one is covered
-    with /dev/null in the run's mount namespace (the MUNGE socket, a 0777 socket of another user's service, ...)."""
-    try:
-        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
-            rows = f.read().splitlines()[1:]
-    except OSError:
-        return []
-    paths = {fields[7] for fields in (row.split() for row in rows) if len(fields) >= 8 and fields[7].startswith("/")}
-    return sorted(paths)
-
-
 def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
     """Join a new, empty session keyring (the trainer's holds Kerberos/AFS tokens and whatever an earlier run put
     there); '' when done or when the kernel has no keys, else why not."""
@@ -229,64 +213,6 @@ def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
     if libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
         errno = ctypes.get_errno()
         return "" if errno == 38 else f"session keyring not replaced: {os.strerror(errno)}"  # 38: ENOSYS, no keys
-    return ""
-
-
-def _seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: list[str],
-                     scratch_bytes: int) -> list[str]:
-    """In the run's own mount namespace: cover each unix socket and each path of `hide` (a directory with an empty
-    read-only tmpfs, a file or socket with /dev/null), make every mount read-only, and mount the run's scratch
-    directory, a tmpfs of `scratch_bytes` (every file of the run together), over the directory that holds every
-    concurrent run's (all of the same user): the run sees its own files only, at that path, its working directory,
-    and they vanish with its mount namespace. Returns what did not hold; the guard reports it."""
-    problems = []
-    if len(sockets) > MAX_SOCKETS:
-        problems.append(f"{len(sockets)} unix sockets on the node, more than the {MAX_SOCKETS} the code tool covers")
-    for path in sockets[:MAX_SOCKETS]:  # before the directories: a socket under a hidden directory is gone anyway
-        if os.path.lexists(path) and libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None) != 0:
-            errno = ctypes.get_errno()
-            if os.path.lexists(path):  # not a race with its removal
-                problems.append(f"unix socket {path} is not covered: {os.strerror(errno)}")
-    for path in hide:
-        if os.path.isdir(path):
-            done = libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=0500")
-        elif os.path.lexists(path):
-            done = libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None)
-        else:
-            continue
-        if done != 0:
-            problems.append(f"{path} is not hidden: {os.strerror(ctypes.get_errno())}")
-    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) != 0:
-        if ctypes.get_errno() != ENOSYS:
-            return [*problems, f"the file system is not read-only: {os.strerror(ctypes.get_errno())}"]
-        failed = _remount_each(libc)  # a kernel before 5.12: every mount remounted on its own, as before it
-        if failed:
-            return [*problems, f"the file system is not read-only: {failed}"]
-    others = os.path.dirname(scratch)
-    options = f"size={scratch_bytes},mode=0700".encode()
-    if libc.mount(b"tmpfs", others.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
-        return [*problems, f"the scratch directory is not mounted: {os.strerror(ctypes.get_errno())}"]
-    os.chdir(others)  # the new, empty, writable tmpfs; the read-only host directories under it are not seen
-    if not os.access(".", os.W_OK):
-        return [*problems, "the scratch directory is not writable"]
-    return problems
-
-
-def _remount_each(libc: ctypes.CDLL) -> str:
-    """Without mount_setattr: remount every mount of this namespace read-only, one mount(MS_REMOUNT | MS_BIND) each,
-    keeping the flags a user namespace may not drop (nosuid, nodev, noexec, the atime ones); '' when all held,
-    else the first that did not."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        rows = [line.split() for line in f]
-    for row in rows:
-        point = row[4].encode().decode("unicode_escape").encode("latin-1")  # mountinfo escapes space as \040
-        options = set(row[5].split(","))
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        flags |= sum(flag for name, flag in REMOUNT_KEPT.items() if name in options)
-        if libc.mount(None, point, None, flags, None) != 0:
-            errno = ctypes.get_errno()
-            if os.path.lexists(point):  # not one removed meanwhile
-                return f"{point.decode(errors='replace')}: {os.strerror(errno)}"
     return ""
 
 
@@ -304,6 +230,7 @@ def run(spec: dict[str, Any]) -> None:
     libc = _libc()
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # for runs without a pid namespace (best effort)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.setsid()  # a process group of its own: kill(0, ...) reaches the code only, never the guard or supervisor
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
     code_spec = json.dumps({"mode": "code", "fd": code_fd})
     try:

@@ -18,23 +18,28 @@ def sampled_budget(config: ExperimentConfig) -> int:
     return turns * per_turn
 
 
-HOME_SECRETS = (".ssh", ".netrc", ".config", ".cache/huggingface", ".aws", ".docker", ".git-credentials", ".gnupg",
-                ".kube", ".pypirc")  # where credentials of the job's user usually are
+# where credentials of the job's user usually are (README "The code tool"): SSH and GPG keys; W&B's API key
+# (.netrc), its settings and most tools' (.config); Hugging Face's token (old and new place) and cache; Kaggle, AWS,
+# Azure, Google Cloud, Docker, Kubernetes, PyPI and git credentials; shell and REPL histories (keys typed in)
+HOME_SECRETS = (".ssh", ".gnupg", ".netrc", ".config", ".cache/huggingface", ".huggingface", ".kaggle", ".aws",
+                ".azure", ".docker", ".kube", ".pypirc", ".git-credentials", ".bash_history", ".zsh_history",
+                ".sh_history", ".history", ".python_history", ".local/share/fish", ".psql_history",
+                ".mysql_history", ".sqlite_history", ".lesshst", ".viminfo")
 
 
 def hidden_from_code(config: ExperimentConfig) -> list[str]:
     """What the code tool's runs must not see: the trials (tokens, checkpoints), rlkit's home, the training and
-    validation data (answers a policy could learn to read), and the usual places of the user's credentials."""
-    import os
+    validation data (answers a policy could learn to read: relative paths and link targets resolved, a Hugging
+    Face cache's whole repository), and the usual places of the user's credentials."""
     from pathlib import Path
 
+    from rlkit.agent.sandbox_paths import dataset_paths
     from rlkit.trials.records import rlkit_home
 
     home = Path.home()
     paths = [config.cluster.fileroot, str(rlkit_home()), *(str(home / name) for name in HOME_SECRETS)]
     for dataset in (config.train_dataset.path, config.valid_dataset.path):
-        if dataset.startswith("/"):
-            paths.append(os.path.dirname(dataset) if os.path.isfile(dataset) else dataset)
+        paths.extend(dataset_paths(dataset))
     return paths
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rlkit.agent.code_tool import CodeLimits, CodeResult, run_python
+from tests.helpers.code_attacks_kernel import kernel_attacks, make_host_bait
 
 SECRET = "rlkit-attack-secret-5f1d"  # in the bait files and this process's environment; must never be printed
 CONCURRENT = "code-concurrent"  # a concurrent run's scratch directory, beside those of the attacks' runs
@@ -325,8 +326,9 @@ def main() -> None:
     scratch_root.mkdir()
     scratch_root.chmod(0o711)
     _concurrent_scratch(scratch_root / CONCURRENT)
+    host = make_host_bait(bait.root)
     report: dict[str, dict[str, object]] = {}
-    for name, (kind, code, check, limits) in attacks(bait).items():
+    for name, (kind, code, check, limits) in {**attacks(bait), **kernel_attacks(host, bait.root)}.items():
         if name == "a unix socket bound after the run began":
             bind_when_started(bait)
         result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]
@@ -340,6 +342,7 @@ def main() -> None:
                         "why": (result.error or result.output)[-200:], "notes": list(result.notes)}
     bait.victim.kill()
     bait.victim.wait()
+    host.close()
     bait.shm_file.unlink(missing_ok=True)  # what a best-effort run left
     shutil.rmtree(bait.root, ignore_errors=True)
     print(json.dumps(report))
