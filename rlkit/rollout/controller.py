@@ -8,9 +8,9 @@ Staleness. Weight version v means v weight updates have reached the servers. A g
 `started_groups < (v + max_head_offpolicyness + 1) * batch_size` (with a push every k steps after an offset o:
 `(o + (v + max_head_offpolicyness + 1) * k) * batch_size`, rlkit.rollout.sync_schedule), so a group is at most
 max_head_offpolicyness versions older than the weights being trained when it is consumed; 0 gives synchronous
-on-policy GRPO (the next batch starts only once the new weights are on the servers). Groups that are older anyway (e.g. after a resync)
-are dropped at consumption and counted. While the trainer updates the servers' weights no group is admitted, so a
-group's version tag is the version of the weights it was sampled with.
+on-policy GRPO (the next batch starts only once the new weights are on the servers). Groups that are older anyway
+(e.g. after a resync) are dropped at consumption and counted. While the trainer updates the servers' weights no
+group is admitted, so a group's version tag is the version of the weights it was sampled with.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, TypeVar
 from rlkit.agent.episode import Episode
 from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
-from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.nameresolve.base import NameResolve
 from rlkit.rewards.runner import RewardRunner
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.rollout.silence import ServerWatch
+from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.pool import (
     ServerPool,

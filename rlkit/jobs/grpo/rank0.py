@@ -330,7 +330,8 @@ class Rank0:
 
     def summary(self, metrics: dict[str, float]) -> str:
         return (f"reward {metrics['reward/mean']:.3f} staleness {metrics['staleness/mean']:.2f} servers at "
-                f"v{int(metrics['weight_sync/version'])} (fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, "
+                f"v{int(metrics['weight_sync/version'])} "
+                f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, "
                 f"rollout logprob mismatch {metrics.get(mismatch.METRIC + '_mean', float('nan')):.2e})")
 
     def state(self, step: int) -> dict[str, Any]:
