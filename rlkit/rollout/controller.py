@@ -30,7 +30,7 @@ from rlkit.agent.episode import Episode
 from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
-from rlkit.rewards.runner import RewardRunner
+from rlkit.rewards.mix import RewardScorer
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.rollout.silence import ServerWatch
 from rlkit.rollout.sync_schedule import SyncSchedule
@@ -104,7 +104,7 @@ class RolloutController:
     """Keeps up to max_concurrent_rollouts groups in flight across the live servers; see the module docstring."""
 
     def __init__(self, *, name_resolve: NameResolve, expected_servers: int, token: str, prompts: list[Prompt],
-                 params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
+                 params: SamplingParams, reward: RewardScorer, decode: Callable[[list[int]], str],
                  batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
                  request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
                  server_silence_timeout: float = 30.0, start_version: int = 0, consumed: Iterable[int] = (),

@@ -226,6 +226,10 @@ class RewardConfig:
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
                                 "checkpoints/final directory); completions are scored by it on trainer rank 0.")
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
+    fns: dict[str, float] = _f({}, "A weighted mix instead of fn: {function: weight}, each function as fn names one "
+                               "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "
+                               "mean, errors and timeouts are logged as reward/fn/<name>/*; empty: fn alone.")
+    timeouts: dict[str, float] = _f({}, "Per function of fns: seconds one call may take (missing: timeout).")
 
 
 @dataclass

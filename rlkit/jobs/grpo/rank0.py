@@ -88,16 +88,25 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
     return out
 
 
+def _reward_mix_metrics(reward: Any, names: list[str], groups: list[Group]) -> dict[str, float]:
+    """reward.fns: each function's mean over the batch's samples, its errors and timeouts of the step."""
+    from rlkit.rewards.mix import RewardMix, part_means
+
+    if not isinstance(reward, RewardMix):
+        return {}
+    out = part_means([s.info for g in groups for s in g.samples], names)
+    out.update(reward.step_counts())
+    return out
+
+
 class Rank0:
     """What only trainer rank 0 does: rollouts, weight sync, the step's metrics."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
                  steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
-        from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.auxiliary import trial_environment
-        from rlkit.rewards.model_reward import REWARD_MODEL
-        from rlkit.rewards.runner import RewardRunner
+        from rlkit.rewards.mix import reward_scorer, term_names
         from rlkit.servers.sampling import sampling_params
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
@@ -109,11 +118,9 @@ class Rank0:
         if config.gconfig.greedy:  # refused at submit (rlkit.checks.sampling): a group must sample
             raise StepError("gconfig.greedy is true: GRPO/PPO rollouts must sample (set gconfig.greedy=false, or use "
                             "eval_gconfig.greedy for evaluation)")
-        reward = config.reward
-        # a reward model is loaded in every worker: one worker, one copy of it
-        self.reward = RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path),
-                                   reward.timeout, workers=1 if reward.fn.strip() == REWARD_MODEL else 4,
-                                   env=trial_environment(paths.root))  # auxiliary models are found from it
+        # reward.fn, or the weighted mix of reward.fns; auxiliary models are found from the trial's environment
+        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root))
+        self.reward_terms = term_names(config.reward)
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
         self.schedule = schedule_for(config.actor)  # versions count pushes (rlkit.rollout.sync_schedule)
         self.version = int(resumed["version"]) if resumed is not None else 0
@@ -299,6 +306,7 @@ class Rank0:
         metrics.update(self.controller.sampler.metrics())  # multi-turn: per tool calls, errors, timeouts, seconds
         metrics.update(train_stats)
         metrics.update(timing)
+        metrics.update(_reward_mix_metrics(self.reward, self.reward_terms, groups))
         metrics.update(self.mismatch_metrics)
         self.mismatch_metrics = {}
         if not self.pushed:  # no push this step: nothing was written or sent
