@@ -21,6 +21,7 @@ from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
 from rlkit.config.schema.ref import RefConfig
+from rlkit.config.schema.rl_mix import MixConfig, OPMDConfig
 from rlkit.config.schema.sft import SFTConfig
 from rlkit.config.schema.stats_logger import StatsLoggerConfig
 
@@ -292,7 +293,12 @@ class ExperimentConfig:
         DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo; sft, rw, dpo at epoch ends); empty path: none.")
-    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd).")
+    expert_dataset: DatasetConfig = _sub(
+        DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
+        "per step, their SFT loss weighted by mix.mu; empty path: no mix.")
+    mix: MixConfig = _sub(MixConfig, "SFT+RL mix: the weight of the expert rows' loss.")
+    opmd: OPMDConfig = _sub(OPMDConfig, "Job type opmd: tau and the group baseline.")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
     total_train_epochs: int = _f(1, "Passes over the training set.", ge=1)
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.", ge=1)

@@ -24,6 +24,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.expert import ExpertRows
 from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rollout.groups import Prompt
@@ -35,6 +36,7 @@ from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
 from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.trainer.rl_math.advantage_batch import token_advantages
+from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
 
@@ -117,6 +119,11 @@ class GRPO:
         self.transport: WeightTransport | None = None
         self.mismatch_t: float | None = None
         self.schedule = schedule_for(actor)
+        self.expert = ExpertRows(config, tokenizer) if config.expert_dataset.path else None  # SFT+RL mix
+        self.expert_batch: ExpertBatch | None = None
+        if self.expert is not None and self.rank0:
+            print(f"rlkit train: SFT+RL mix: {len(self.expert.samples)} expert rows ({self.expert.dropped} over "
+                  f"max_length), {self.expert.batch_size} per step, mu {self.expert.mu:g}", flush=True)
 
     def start(self, resumed: dict[str, Any] | None) -> None:
         """Collective: the servers are checked (resuming: first given the resumed weights), rollouts may begin."""
@@ -150,6 +157,7 @@ class GRPO:
         if isinstance(shared, str):  # no batch (every server gone, or rank 0 failed): all ranks stop
             raise StepNotStarted(shared)
         samples: list[Sample] = shared  # type: ignore[assignment]
+        self.expert_batch = self.expert.batch(step) if self.expert is not None else None
         t_got = time.monotonic()
         if samples:
             old = actor.logprobs_at(samples) if actor.config.recompute_logprob else None
@@ -190,7 +198,7 @@ class GRPO:
         """Collective: the batch's advantages, then the actor's PPO steps; returns their metrics. The hook job type
         ppo overrides to add its critic (rlkit.jobs.ppo.algorithm)."""
         adv_stats = set_token_advantages(self.actor.config, samples, old, ref)
-        train_stats = self.actor.train_step(samples, old, ref)
+        train_stats = self.actor.train_step(samples, old, ref, expert=self.expert_batch)
         train_stats.update(adv_stats)
         return train_stats
 

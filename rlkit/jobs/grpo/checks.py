@@ -40,6 +40,9 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     _validate_weight_update(config, problems)
     with problems.check():
         _validate_dataset(config)
+    if config.expert_dataset.path:  # the SFT+RL mix's rows (rlkit.jobs.grpo.expert)
+        with problems.check():
+            check_dataset_file("expert_dataset.path", config.expert_dataset.path)
     from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
 
     reward = config.reward

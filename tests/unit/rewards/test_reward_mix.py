@@ -86,5 +86,5 @@ def test_weighted_sum_parts_counts_and_a_timeout_in_one_function(module: str) ->
 
 
 def test_a_timeout_for_a_function_not_in_the_mix_is_refused() -> None:
-    with pytest.raises(ConfigError, match="reward.timeouts names math"):
+    with pytest.raises(ConfigError, match=r"reward\.timeouts names math"):
         RewardMix(RewardConfig(fns={"exact_match": 1.0}, timeouts={"math": 3.0}))
