@@ -22,7 +22,7 @@ from rlkit.errors import ConfigError
 
 MODEL_FIELDS = ("actor.path", "tokenizer_path", "critic.path", "ref.path", "dpo.ref_path",
                 "reward.reward_model_path", "vllm.model", "sglang.model_path")
-DATA_FIELDS = ("train_dataset.path", "valid_dataset.path", "generate.dataset.path")
+DATA_FIELDS = ("train_dataset.path", "valid_dataset.path", "expert_dataset.path", "generate.dataset.path")
 _MOUNT_FIELD = "launcher.slurm.mount"
 
 

@@ -120,6 +120,9 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
     _validate_launcher(config, problems, job)
     validate_min_new_tokens(config, problems)
     validate_greedy(config, problems, trains_on_rollouts=job is not None and job.needs_servers and job.trainer)
+    if config.expert_dataset.path and job is not None and "expert_dataset" not in job.sections:
+        problems.add(f"expert_dataset.path is set but job type {job.name} mixes no expert rows into RL steps",
+                     hint="remove expert_dataset, or use grpo, ppo or opmd (the SFT+RL mix)")
     if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
         problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
                      "would be ignored", hint="remove valid_dataset")

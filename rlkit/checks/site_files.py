@@ -127,7 +127,7 @@ def check_writable_root(field: str, trial_dir: Path) -> None:
 
 # Fields that name files on the shared filesystem. Steps run from `/` on other nodes, so a relative path written in
 # the YAML (or on the command line) means "relative to where `rlkit submit` ran" and is made absolute there.
-_LOCAL_FILE_FIELDS = ("train_dataset.path", "valid_dataset.path", "generate.dataset.path",
+_LOCAL_FILE_FIELDS = ("train_dataset.path", "valid_dataset.path", "expert_dataset.path", "generate.dataset.path",
                       "launcher.slurm.trainer_image", "launcher.slurm.inference_server_image",
                       "stats_logger.tensorboard.path", "stats_logger.swanlab.logdir")
 # Fields that hold a local directory only when written as one (./x, ../x, /x); `org/name` is a hub id.

@@ -132,6 +132,10 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),
     Demo("stages", "sft-grpo-cpu-demo.yaml", "two stages: SFT, then GRPO from its model",
          ("tiny-model", "sft-rows", "digits"), _by_stage),
+    Demo("opmd", "opmd-cpu-demo.yaml", "OPMD (Trinity-RFT's online policy mirror descent) on the GRPO demo's task",
+         ("tiny-model", "digits"), _reward),
+    Demo("mix", "grpo-mix-cpu-demo.yaml", "GRPO with an SFT+RL mix of expert rows, a weight push every 4 steps and a "
+         "weighted two-function reward", ("tiny-model", "digits", "sft-rows"), _reward),
     Demo("generate", "generate-cpu-demo.yaml", "completions of a prompt file by 2 vLLM servers",
          ("tiny-model", "prompts"), None),
     Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns, its "

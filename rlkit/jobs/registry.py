@@ -8,11 +8,12 @@ from rlkit.jobs.dpo.job import DPO
 from rlkit.jobs.generate.job import GENERATE
 from rlkit.jobs.grpo.job import GRPO
 from rlkit.jobs.job_types import JobTypes
+from rlkit.jobs.opmd.job import OPMD
 from rlkit.jobs.ppo.job import PPO
 from rlkit.jobs.rw.job import RW
 from rlkit.jobs.sft.job import SFT
 
-REGISTRY = JobTypes((GENERATE, GRPO, PPO, SFT, RW, DPO))
+REGISTRY = JobTypes((GENERATE, GRPO, PPO, OPMD, SFT, RW, DPO))
 JOB_TYPES: tuple[str, ...] = REGISTRY.names
 
 

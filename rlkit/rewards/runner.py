@@ -33,11 +33,14 @@ _MAX_ERROR_CHARS = 500
 
 @dataclass(frozen=True)
 class RewardOutcome:
-    """One scored completion: `value` is 0.0 whenever `error` is set; `timed_out` marks a call past the limit."""
+    """One scored completion: `value` is 0.0 whenever `error` is set (a mix of functions, rlkit.rewards.mix: the
+    weighted sum with the failed ones at 0.0); `timed_out` marks a call past the limit; `parts`: a mix's functions'
+    own values, by name."""
 
     value: float
     error: str | None = None
     timed_out: bool = False
+    parts: tuple[tuple[str, float], ...] = ()
 
 
 def _short(text: str, limit: int = _MAX_ERROR_CHARS) -> str:

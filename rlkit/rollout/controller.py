@@ -5,11 +5,12 @@ It runs its own asyncio loop in a background thread of trainer rank 0. Each prom
 group goes to a queue the trainer reads with `get_batch`.
 
 Staleness. Weight version v means v weight updates have reached the servers. A group is admitted only while
-`started_groups < (v + max_head_offpolicyness + 1) * batch_size`, so a group is at most max_head_offpolicyness
-versions older than the weights being trained when it is consumed; 0 gives synchronous on-policy GRPO (the next
-batch starts only once the new weights are on the servers). Groups that are older anyway (e.g. after a resync)
-are dropped at consumption and counted. While the trainer updates the servers' weights no group is admitted, so a
-group's version tag is the version of the weights it was sampled with.
+`started_groups < (v + max_head_offpolicyness + 1) * batch_size` (with a push every k steps after an offset o:
+`(o + (v + max_head_offpolicyness + 1) * k) * batch_size`, rlkit.rollout.sync_schedule), so a group is at most
+max_head_offpolicyness versions older than the weights being trained when it is consumed; 0 gives synchronous
+on-policy GRPO (the next batch starts only once the new weights are on the servers). Groups that are older anyway
+(e.g. after a resync) are dropped at consumption and counted. While the trainer updates the servers' weights no
+group is admitted, so a group's version tag is the version of the weights it was sampled with.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from rlkit.agent.episode import Episode
 from rlkit.data.files import epoch_order
 from rlkit.errors import StepError
 from rlkit.nameresolve.base import NameResolve
-from rlkit.rewards.runner import RewardRunner
+from rlkit.rewards.mix import RewardScorer
 from rlkit.rollout.groups import GroupSampler, Prompt, SampledGroup, SingleTurnGroups
 from rlkit.rollout.silence import ServerWatch
+from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.servers.backend import SamplingParams, Server
 from rlkit.servers.pool import (
     ServerPool,
@@ -102,11 +104,12 @@ class RolloutController:
     """Keeps up to max_concurrent_rollouts groups in flight across the live servers; see the module docstring."""
 
     def __init__(self, *, name_resolve: NameResolve, expected_servers: int, token: str, prompts: list[Prompt],
-                 params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
+                 params: SamplingParams, reward: RewardScorer, decode: Callable[[list[int]], str],
                  batch_size: int, max_offpolicyness: int, max_concurrent: int, queue_size: int | None,
                  request_timeout: float, request_retries: int, setup_timeout: float, seed: int, shuffle: bool,
                  server_silence_timeout: float = 30.0, start_version: int = 0, consumed: Iterable[int] = (),
-                 sampler: GroupSampler | None = None) -> None:
+                 sampler: GroupSampler | None = None, schedule: SyncSchedule | None = None,
+                 steps_done: int | None = None) -> None:
         if not prompts:
             raise StepError("the training set is empty")
         self.nr = name_resolve
@@ -125,8 +128,10 @@ class RolloutController:
         # how a prompt becomes a group: one request (the default) or multi-turn episodes (rollout.agent.workflow)
         self.sampler: GroupSampler = sampler or SingleTurnGroups(params, reward, decode, seed)
         self.version = start_version
-        # Admission counts groups relative to the resume point, so a resumed run starts generating at once.
-        self._base_version = start_version
+        # Admission counts groups relative to the resume point (the step resumed after; without a schedule, one
+        # push per step, it is the version), so a resumed run starts generating at once.
+        self.schedule = schedule or SyncSchedule()
+        self._steps_done = start_version if steps_done is None else steps_done
         self._started = 0
         self.epoch = 0
         self._updating = False
@@ -318,7 +323,8 @@ class RolloutController:
             return False
         if self._out.qsize() + self._in_flight >= self.queue_size:
             return False
-        limit = (self.version - self._base_version + self.max_offpolicyness + 1) * self.batch_size
+        batches = self.schedule.admission_batches(self.version, self.max_offpolicyness, self._steps_done)
+        limit = batches * self.batch_size
         return self._started < limit
 
     def _replace_dropped(self) -> None:

@@ -19,7 +19,7 @@ from rlkit.agent.episode import Episode, EpisodeDropped
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.workflows import Workflow
 from rlkit.errors import FatalStepError, StepError
-from rlkit.rewards.runner import RewardRunner
+from rlkit.rewards.mix import RewardScorer
 from rlkit.servers.backend import Completion, SamplingParams
 from rlkit.types import Sample
 
@@ -80,7 +80,7 @@ def group_seed(seed: int, seq: int, n: int = 1) -> int:
 class SingleTurnGroups:
     """One request for `params.n` completions of the prompt, each scored by reward.fn as it arrives."""
 
-    def __init__(self, params: SamplingParams, reward: RewardRunner, decode: Callable[[list[int]], str],
+    def __init__(self, params: SamplingParams, reward: RewardScorer, decode: Callable[[list[int]], str],
                  seed: int) -> None:
         self.params, self.reward, self.decode, self.seed = params, reward, decode, seed
 
@@ -101,7 +101,8 @@ class SingleTurnGroups:
                                           for c in completions))
         samples = [
             Sample(prompt_ids=prompt.ids, completion_ids=c.token_ids, behav_logp=c.logprobs, reward=o.value,
-                   version=version, finished=c.finish_reason == "stop", group=prompt.index, server=server.index)
+                   version=version, finished=c.finish_reason == "stop", group=prompt.index, server=server.index,
+                   info={f"reward/{name}": value for name, value in o.parts})  # a mix's functions (rewards.mix)
             for c, o in zip(completions, outcomes, strict=True)
         ]
         return SampledGroup(samples, server.index,

@@ -22,6 +22,13 @@ def digits_reward(prompt: str, completion: str, row: dict[str, Any]) -> float:
     return sum(c in "0123456789" for c in chars) / len(chars)
 
 
+def brevity_reward(prompt: str, completion: str, row: dict[str, Any]) -> float:
+    """1.0 for an answer of at most 3 non-space characters, falling linearly to 0.0 at 8 (a sum of two digits needs
+    at most 3): the second function of configs/grpo-mix-cpu-demo.yaml's weighted reward mix."""
+    n = sum(not c.isspace() for c in completion)
+    return max(0.0, min(1.0, (8 - n) / 5))
+
+
 def write_dataset(path: Path, count: int = 256, seed: int = 0) -> Path:
     """`count` prompts "Q: a+b= A:" with their answers, as jsonl (prompt, answer)."""
     rng = random.Random(seed)

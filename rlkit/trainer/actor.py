@@ -8,7 +8,7 @@ reward penalty, applied before the advantages in rlkit.trainer.rl_math.advantage
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -22,10 +22,13 @@ from rlkit.trainer.reference import adapter_off, frozen_reference
 from rlkit.trainer.rl_math.kl import kl_estimate
 from rlkit.trainer.rl_math.losses import ppo_actor_loss
 from rlkit.trainer.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
+from rlkit.trainer.sft_mix import ExpertBatch, mixed_minibatch_steps
 from rlkit.types import Sample
 
 _WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
              "behav_filtered_fraction")
+# (logp, old_logp, advantages, loss_mask) -> (token-mean loss, stats): a job type's own policy loss (opmd)
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
 _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
 
 
@@ -76,12 +79,15 @@ class PPOActor:
         return dict(zip(mine, values, strict=False))
 
     def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
-                   ref_logp: dict[int, list[float]] | None) -> dict[str, float]:
+                   ref_logp: dict[int, list[float]] | None, *, policy_loss: PolicyLoss | None = None,
+                   expert: ExpertBatch | None = None) -> dict[str, float]:
         """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
         returns statistics averaged over all ranks' tokens.
 
         `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
         servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
+        `policy_loss` replaces the clipped surrogate (job type opmd); `expert` mixes the SFT loss of expert rows
+        into every optimizer step (rlkit.trainer.sft_mix).
         """
         cfg = self.config
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
@@ -96,13 +102,16 @@ class PPOActor:
             logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
                                            chunk_tokens=cfg.logprob_chunk_tokens)
             old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
-            loss, stats = ppo_actor_loss(
-                logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
-                eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
-                importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
-                behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
-                rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
-                seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
+            if policy_loss is not None:
+                loss, stats = policy_loss(logp, old, mb.advantages, mb.loss_mask)
+            else:
+                loss, stats = ppo_actor_loss(
+                    logp, old, mb.advantages, mb.loss_mask, eps_clip=cfg.eps_clip,
+                    eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
+                    importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
+                    behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+                    rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
+                    seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
             mask = mb.loss_mask
             n_tok = int(mask.sum())
             kl_mean = torch.zeros((), device=self.engine.device)
@@ -121,13 +130,20 @@ class PPOActor:
                 for key in _WEIGHTED:
                     if key in stats:
                         sums[key] += float(stats[key]) * n_tok
-                max_ratio[0] = max(max_ratio[0], float(stats["importance_weight_max"]))
+                max_ratio[0] = max(max_ratio[0], float(stats.get("importance_weight_max", 0.0)))
                 for key in ("log_ratio_clamped", "seq_log_ratio_clamped"):
                     counts[key] += float(stats.get(key, 0.0))
             return loss, n_tok
 
-        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), cfg.mb_spec, loss_fn,
-                                        mask_truncated=cfg.mask_no_eos_with_zero)
+        mix: dict[str, float] = {}
+        if expert is not None:
+            grad_norm, lr, mix = mixed_minibatch_steps(
+                self.engine, samples, self.local_indices(len(samples)), expert,
+                self.local_indices(len(expert.samples)), mb_spec=cfg.mb_spec, rl_loss=loss_fn, pad_id=self.pad_id,
+                chunk_tokens=cfg.logprob_chunk_tokens, mask_truncated=cfg.mask_no_eos_with_zero)
+        else:
+            grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), cfg.mb_spec,
+                                            loss_fn, mask_truncated=cfg.mask_no_eos_with_zero)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
@@ -138,4 +154,5 @@ class PPOActor:
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
         totals["actor/grad_norm"] = grad_norm
         totals["actor/lr"] = lr
+        totals.update(mix)
         return totals

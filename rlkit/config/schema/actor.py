@@ -113,6 +113,13 @@ class ActorConfig:
     weight_update_timeout: float = _f(
         600.0, "Seconds any one part of a weight push may take (a server's reload, joining the broadcast group, one "
         "bucket); a server that takes longer is named and the push fails instead of hanging.", gt=0)
+    weight_update_interval: int = _f(
+        1, "Push the weights to the servers after every k-th step (Trinity-RFT's synchronizer.sync_interval); the "
+        "servers' weight version and rollout.max_head_offpolicyness count pushes, not steps, and every push is "
+        "fingerprint-checked (grpo, ppo, opmd).", ge=1)
+    weight_update_offset: int = _f(
+        0, "Steps trained before the first push, on batches the servers generate ahead with the starting weights "
+        "(Trinity-RFT's synchronizer.sync_offset); then a push every weight_update_interval steps.", ge=0)
     weight_check_tolerance: float | None = _f(
         None, "Largest mean |logprob difference| between a server and the trainer on the probe sequence after a "
         "weight update; None: 1e-3 when servers and trainer both compute in float32, 0.1 when both in the same 16-bit "

@@ -21,6 +21,7 @@ from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
 from rlkit.config.schema.ref import RefConfig
+from rlkit.config.schema.rl_mix import MixConfig, OPMDConfig
 from rlkit.config.schema.sft import SFTConfig
 from rlkit.config.schema.stats_logger import StatsLoggerConfig
 
@@ -227,6 +228,10 @@ class RewardConfig:
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
                                 "checkpoints/final directory); completions are scored by it on trainer rank 0.")
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
+    fns: dict[str, float] = _f({}, "A weighted mix instead of fn: {function: weight}, each function as fn names one "
+                               "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "
+                               "mean, errors and timeouts are logged as reward/fn/<name>/*; empty: fn alone.")
+    timeouts: dict[str, float] = _f({}, "Per function of fns: seconds one call may take (missing: timeout).")
 
 
 @dataclass
@@ -293,7 +298,12 @@ class ExperimentConfig:
         DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
-    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo).")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd).")
+    expert_dataset: DatasetConfig = _sub(
+        DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
+        "per step, their SFT loss weighted by mix.mu; empty path: no mix.")
+    mix: MixConfig = _sub(MixConfig, "SFT+RL mix: the weight of the expert rows' loss.")
+    opmd: OPMDConfig = _sub(OPMDConfig, "Job type opmd: tau and the group baseline.")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
     total_train_epochs: int = _f(1, "Passes over the training set.", ge=1)
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.", ge=1)

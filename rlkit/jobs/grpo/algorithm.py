@@ -24,9 +24,11 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.expert import ExpertRows
 from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rollout.groups import Prompt
+from rlkit.rollout.sync_schedule import schedule_for
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.dist import broadcast_object, gather_per_sample
@@ -34,6 +36,7 @@ from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
 from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.trainer.rl_math.advantage_batch import token_advantages
+from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
 
@@ -115,6 +118,12 @@ class GRPO:
         self.trainer: Rank0 | None = None
         self.transport: WeightTransport | None = None
         self.mismatch_t: float | None = None
+        self.schedule = schedule_for(actor)
+        self.expert = ExpertRows(config, tokenizer) if config.expert_dataset.path else None  # SFT+RL mix
+        self.expert_batch: ExpertBatch | None = None
+        if self.expert is not None and self.rank0:
+            print(f"rlkit train: SFT+RL mix: {len(self.expert.samples)} expert rows ({self.expert.dropped} over "
+                  f"max_length), {self.expert.batch_size} per step, mu {self.expert.mu:g}", flush=True)
 
     def start(self, resumed: dict[str, Any] | None) -> None:
         """Collective: the servers are checked (resuming: first given the resumed weights), rollouts may begin."""
@@ -138,8 +147,9 @@ class GRPO:
                                               on_startup=config.evaluator.eval_on_startup and resumed is None)
 
     def step(self, step: int) -> StepResult:
-        """Collective: a batch (rank 0, broadcast), its log-probs, the PPO steps, the push of weight version `step`."""
-        trainer, transport, actor = self.trainer, self.transport, self.actor
+        """Collective: a batch (rank 0, broadcast), its log-probs, the PPO steps and, when the schedule says so
+        (actor.weight_update_interval), the push of the next weight version."""
+        trainer, transport, actor, schedule = self.trainer, self.transport, self.actor, self.schedule
         assert transport is not None
         t0 = time.monotonic()
         batch = trainer.next_batch() if trainer is not None else None
@@ -147,14 +157,18 @@ class GRPO:
         if isinstance(shared, str):  # no batch (every server gone, or rank 0 failed): all ranks stop
             raise StepNotStarted(shared)
         samples: list[Sample] = shared  # type: ignore[assignment]
+        self.expert_batch = self.expert.batch(step) if self.expert is not None else None
         t_got = time.monotonic()
         if samples:
             old = actor.logprobs_at(samples) if actor.config.recompute_logprob else None
             t_check = time.monotonic()
-            if self.mismatch_t is not None:  # samples of version step - 1 were generated with the weights held now
-                per_server = step_mismatch(actor, samples, old, version=step - 1, temperature=self.mismatch_t)
+            # the servers hold the trainer's weights only when the previous step pushed them (or none was trained):
+            # samples of that version were then generated with the weights held now
+            if self.mismatch_t is not None and (step == 1 or schedule.pushes_at(step - 1)):
+                version = schedule.pushes_after(step - 1)
+                per_server = step_mismatch(actor, samples, old, version=version, temperature=self.mismatch_t)
                 if trainer is not None and per_server is not None:
-                    trainer.note_mismatch(per_server, step - 1)
+                    trainer.note_mismatch(per_server, version)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
             train_stats = self.train_batch(samples, old, ref)
@@ -165,10 +179,14 @@ class GRPO:
             noisy_from = actor.engine.full_state_dict()  # collective
             if trainer is not None:
                 trainer.controller.before_admit = lambda v, t=trainer, s=noisy_from: corrupt_server(t, s, v)
-        _check_weights(actor.engine, trainer, transport, self.probe, version=step, push=True, tolerate_all_gone=True)
+        pushed = schedule.pushes_at(step)
+        if pushed:
+            _check_weights(actor.engine, trainer, transport, self.probe, version=schedule.pushes_after(step),
+                           push=True, tolerate_all_gone=True)
         if trainer is None:
             return StepResult()
-        gathered = transport.timings.get("gather", 0.0)
+        trainer.pushed = pushed
+        gathered = transport.timings.get("gather", 0.0) if pushed else 0.0
         metrics = trainer.step_metrics(step, train_stats, timing={
             "timing/generate_wait": t_got - t0, "timing/train": t_trained - t_got, "timing/logprob_mismatch": t_check,
             "timing/gather_weights": gathered, "timing/weight_sync": time.monotonic() - t_trained - gathered})
@@ -180,7 +198,7 @@ class GRPO:
         """Collective: the batch's advantages, then the actor's PPO steps; returns their metrics. The hook job type
         ppo overrides to add its critic (rlkit.jobs.ppo.algorithm)."""
         adv_stats = set_token_advantages(self.actor.config, samples, old, ref)
-        train_stats = self.actor.train_step(samples, old, ref)
+        train_stats = self.actor.train_step(samples, old, ref, expert=self.expert_batch)
         train_stats.update(adv_stats)
         return train_stats
 

@@ -40,10 +40,17 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     _validate_weight_update(config, problems)
     with problems.check():
         _validate_dataset(config)
+    if config.expert_dataset.path:  # the SFT+RL mix's rows (rlkit.jobs.grpo.expert)
+        with problems.check():
+            check_dataset_file("expert_dataset.path", config.expert_dataset.path)
     from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
 
-    with problems.check():
-        resolve_reward_fn(config.reward.fn, config.reward.answer_key, config.reward.reward_model_path)
+    reward = config.reward
+    for spec in reward.fns or [reward.fn]:  # reward.fns: a weighted mix (rlkit.rewards.mix), each checked alike
+        with problems.check():
+            resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
+    if reward.fns:
+        _validate_reward_mix(config, problems)
     validate_reward_model(config, problems)
     if g.temperature == 0:  # below 0 is refused by its range (rlkit.config.ranges)
         problems.add(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",
@@ -56,6 +63,22 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
                      "per step", hint=f"remove rollout.consumer_batch_size or set it to {ds.batch_size}")
 
 
+def _validate_reward_mix(config: ExperimentConfig, problems: Problems) -> None:
+    """reward.fns' names are distinct and reward.timeouts names only its functions."""
+    from rlkit.rewards.mix import term_names
+
+    reward = config.reward
+    with problems.check():
+        term_names(reward)
+    for spec in sorted(set(reward.timeouts) - set(reward.fns)):
+        problems.add(f"reward.timeouts names '{spec}', which reward.fns does not list",
+                     hint="key reward.timeouts by the same function specs as reward.fns")
+    for spec, seconds in reward.timeouts.items():
+        if seconds <= 0:
+            problems.add(f"reward.timeouts['{spec}'] is {seconds}: a call needs a positive time limit",
+                         hint=f"e.g. {reward.timeout:g}")
+
+
 def _validate_dataset(config: ExperimentConfig) -> None:
     ds = config.train_dataset
     if not ds.path:
@@ -65,8 +88,10 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     if row is not None and ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
                           hint="set train_dataset.prompt_key to the prompt column")
-    if row is not None and config.reward.fn in ("math", "exact_match") and config.reward.answer_key not in row:
-        raise ConfigError(f"reward.fn {config.reward.fn} needs the answer column '{config.reward.answer_key}', "
+    fns = list(config.reward.fns) or [config.reward.fn]
+    needs_answer = [f for f in fns if f in ("math", "exact_match")]
+    if row is not None and needs_answer and config.reward.answer_key not in row:
+        raise ConfigError(f"reward.fn {needs_answer[0]} needs the answer column '{config.reward.answer_key}', "
                           f"which the dataset rows do not have (columns: {', '.join(row)})",
                           hint="set reward.answer_key to the reference-answer column")
 

@@ -16,6 +16,7 @@ from rlkit.errors import StepError
 from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.controller import Group, RolloutController
 from rlkit.rollout.groups import Prompt
+from rlkit.rollout.sync_schedule import schedule_for
 from rlkit.servers.pool import ServersUnreachable
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
@@ -88,16 +89,25 @@ def _rollout_metrics(groups: list[Group], version: int, prepared_raw: list[float
     return out
 
 
+def _reward_mix_metrics(reward: Any, names: list[str], groups: list[Group]) -> dict[str, float]:
+    """reward.fns: each function's mean over the batch's samples, its errors and timeouts of the step."""
+    from rlkit.rewards.mix import RewardMix, part_means
+
+    if not isinstance(reward, RewardMix):
+        return {}
+    out = part_means([s.info for g in groups for s in g.samples], names)
+    out.update(reward.step_counts())
+    return out
+
+
 class Rank0:
     """What only trainer rank 0 does: rollouts, weight sync, the step's metrics."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, tokenizer: Any, prompts: list[Prompt],
                  steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
-        from rlkit.rewards import resolve_reward_fn
         from rlkit.rewards.auxiliary import trial_environment
-        from rlkit.rewards.model_reward import REWARD_MODEL
-        from rlkit.rewards.runner import RewardRunner
+        from rlkit.rewards.mix import reward_scorer, term_names
         from rlkit.servers.sampling import sampling_params
 
         self.config, self.paths, self.tokenizer, self.steps = config, paths, tokenizer, steps
@@ -109,13 +119,14 @@ class Rank0:
         if config.gconfig.greedy:  # refused at submit (rlkit.checks.sampling): a group must sample
             raise StepError("gconfig.greedy is true: GRPO/PPO rollouts must sample (set gconfig.greedy=false, or use "
                             "eval_gconfig.greedy for evaluation)")
-        reward = config.reward
-        # a reward model is loaded in every worker: one worker, one copy of it
-        self.reward = RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path),
-                                   reward.timeout, workers=1 if reward.fn.strip() == REWARD_MODEL else 4,
-                                   env=trial_environment(paths.root))  # auxiliary models are found from it
+        # reward.fn, or the weighted mix of reward.fns; auxiliary models are found from the trial's environment
+        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root))
+        self.reward_terms = term_names(config.reward)
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
+        self.schedule = schedule_for(config.actor)  # versions count pushes (rlkit.rollout.sync_schedule)
         self.version = int(resumed["version"]) if resumed is not None else 0
+        steps_done = int(resumed.get("step", self.version)) if resumed is not None else 0
+        self.pushed = True  # whether the last step pushed (step_metrics)
         self.consumed = (recover.expand_positions(resumed["consumed_prefix"], resumed["consumed_extra"])
                          if resumed is not None else set())
         sampler = episode_groups(config, tokenizer, self.reward)
@@ -130,7 +141,8 @@ class Rank0:
             request_timeout=config.rollout.request_timeout, request_retries=config.rollout.request_retries,
             setup_timeout=config.rollout.setup_timeout, server_silence_timeout=config.rollout.server_silence_timeout,
             seed=config.seed, shuffle=config.train_dataset.shuffle,
-            start_version=self.version, consumed=self.consumed, sampler=sampler)
+            start_version=self.version, consumed=self.consumed, sampler=sampler, schedule=self.schedule,
+            steps_done=steps_done)
         self.controller.begin_update()  # no request before the servers are checked (and, resuming, updated)
         self.tolerance = weight_check_tolerance(config)
         self.mismatch_warn = logprob_mismatch_warn(config)
@@ -290,13 +302,16 @@ class Rank0:
         elapsed = max(1e-9, time.monotonic() - self._step_started)
         n_samples = sum(len(g.samples) for g in groups)
         n_tokens = sum(sampled_count(s) for g in groups for s in g.samples)  # generated, not inserted
-        metrics = _rollout_metrics(groups, step - 1, prepared.raw_rewards)
+        metrics = _rollout_metrics(groups, self.schedule.pushes_after(step - 1), prepared.raw_rewards)
         metrics.update(batch_metrics([e for g in groups for e in g.episodes]))  # multi-turn episodes only
         metrics.update(self.controller.sampler.metrics())  # multi-turn: per tool calls, errors, timeouts, seconds
         metrics.update(train_stats)
         metrics.update(timing)
+        metrics.update(_reward_mix_metrics(self.reward, self.reward_terms, groups))
         metrics.update(self.mismatch_metrics)
         self.mismatch_metrics = {}
+        if not self.pushed:  # no push this step: nothing was written or sent
+            self.write_s, self.sent_mb, self.sync_phases = 0.0, 0.0, {}
         metrics["timing/sync_write"] = self.write_s
         metrics["weight_sync/trainer_sent_mb"] = self.sent_mb
         metrics.update({f"timing/sync_{name}": seconds for name, seconds in self.sync_phases.items()})
@@ -308,7 +323,9 @@ class Rank0:
             "rollout/dynamic_sampling_dropped": prepared.dropped_groups,
             "reward/errors": rs.reward_errors, "reward/timeouts": rs.reward_timeouts,
             "weight_sync/fingerprint_max_diff": max(self.last_fingerprint.values(), default=0.0),
-            "weight_sync/servers_at_version": sum(v == step for v in self.server_versions.values()),
+            "weight_sync/servers_at_version": sum(v == self.version for v in self.server_versions.values()),
+            "weight_sync/version": self.version, "weight_sync/pushed": float(self.pushed),
+            "weight_sync/server_version_min": min(self.server_versions.values(), default=0),
             "servers/unreachable": len(self.servers_lost | self.controller.silence.silent),
             "data/seq_min": min(g.seq for g in groups), "data/seq_max": max(g.seq for g in groups),
             "rollout/rerouted_requests": self.controller.pool.rerouted if self.controller.pool else 0,
@@ -322,14 +339,16 @@ class Rank0:
 
     def summary(self, metrics: dict[str, float]) -> str:
         return (f"reward {metrics['reward/mean']:.3f} staleness {metrics['staleness/mean']:.2f} servers at "
-                f"v{int(metrics['version'])} (fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, "
+                f"v{int(metrics['weight_sync/version'])} "
+                f"(fingerprint diff {metrics['weight_sync/fingerprint_max_diff']:.2e}, "
                 f"rollout logprob mismatch {metrics.get(mismatch.METRIC + '_mean', float('nan')):.2e})")
 
     def state(self, step: int) -> dict[str, Any]:
-        """What a resumed Rank0 continues from after `step`: the weight version (`step`: a resumed trainer pushes it
-        first) and the prompt-stream positions trained on."""
+        """What a resumed Rank0 continues from after `step`: the weight version (the pushes so far: a resumed trainer
+        pushes its weights as that version first), the step and the prompt-stream positions trained on."""
         prefix, extra = recover.compress_positions(self.consumed)
-        return {"version": step, "consumed_prefix": prefix, "consumed_extra": extra}
+        return {"version": self.schedule.pushes_after(step), "step": step, "consumed_prefix": prefix,
+                "consumed_extra": extra}
 
     def progress(self) -> dict[str, Any]:
         """GRPO's fields of progress.json (`rlkit status`)."""

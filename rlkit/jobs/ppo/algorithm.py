@@ -46,7 +46,7 @@ class PPO(GRPO):
         adv_stats, returns = advantages_and_returns(samples, gather_per_sample(old) if kl_reward else None,
                                                     gather_per_sample(ref) if kl_reward else None, self.actor.config,
                                                     values)
-        stats = self.actor.train_step(samples, old, ref)
+        stats = self.actor.train_step(samples, old, ref, expert=self.expert_batch)
         stats.update({f"actor/{k}": v for k, v in adv_stats.items()})
         stats.update(self.critic.train_step(samples, values, returns))
         stats.update(batch_means(samples, values, returns))

@@ -282,7 +282,7 @@ def test_a_missing_type_names_the_types_the_config_fits(model: Path) -> None:
     data = _grpo(model)
     del data["type"]
     problems, _, _ = _compose(data, require_type=True)
-    assert [e.hint for e in problems.errors] == ["set type=grpo or type=ppo"]
+    assert [e.hint for e in problems.errors] == ["set type=grpo or type=ppo or type=opmd"]
     problems, _, _ = _compose(data, ["type=grpo"], require_type=True)
     assert problems.ok()
     sft = {**data, "train_dataset": {"path": "/d.jsonl", "type": "sft"}, "allocation_mode": "fsdp:d1"}

@@ -77,7 +77,7 @@ def test_facts_of_some_fields() -> None:
     assert docs["critic.path"].job_types == ("ppo",)
     assert docs["dpo.beta"].job_types == ("dpo",)
     assert "generate" in docs["vllm.max_num_seqs"].job_types and "sft" not in docs["vllm.max_num_seqs"].job_types
-    assert docs["ref.path"].job_types == ("grpo", "ppo", "dpo")
+    assert docs["ref.path"].job_types == ("grpo", "ppo", "opmd", "dpo")
     assert docs["cluster.fileroot"].job_types == ()
 
 
@@ -87,3 +87,10 @@ def test_every_top_level_section_has_a_page() -> None:
     assert all(f"reference/config/{section}.md" in pages for section in sections)
     index = pages["reference/config/index.md"]
     assert all(f"({section}.md)" in index for section in sections)
+
+
+def test_every_generated_page_is_in_the_site_navigation() -> None:
+    """mkdocs.yml's nav is written by hand: a new config section's page must be added to it, or the site hides it."""
+    nav = (REPO / "mkdocs.yml").read_text()
+    missing = sorted(name for name in render_pages() if f": {name}\n" not in nav)
+    assert not missing, f"add these pages to mkdocs.yml's nav (Reference): {missing}"

@@ -30,7 +30,7 @@ def test_a_name_like_none_gets_the_list_without_a_guess() -> None:
 
 
 def test_registry_holds_every_job_type() -> None:
-    assert set(JOB_TYPES) == {"generate", "grpo", "ppo", "sft", "rw", "dpo"}
+    assert set(JOB_TYPES) == {"generate", "grpo", "ppo", "opmd", "sft", "rw", "dpo"}
     assert [job.name for job in registered_job_types()] == list(JOB_TYPES)
 
 
@@ -40,8 +40,8 @@ def test_the_job_type_facts_checks_ask_are_those_the_names_used_to_stand_for() -
     def having(fact: str) -> set[str]:
         return {job.name for job in registered_job_types() if getattr(job, fact)}
 
-    assert having("trains_on_rollouts") == {"grpo", "ppo"}
-    assert having("kl_terms") == {"grpo", "ppo"}
+    assert having("trains_on_rollouts") == {"grpo", "ppo", "opmd"}
+    assert having("kl_terms") == {"grpo", "ppo", "opmd"}
     assert having("random_start") == {"sft", "rw"}
     assert having("always_reference") == {"dpo"}
     assert having("trains_value_model") == {"rw"}
@@ -119,6 +119,6 @@ def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate
 
 
 def test_lora_job_types_and_rw_says_why_it_has_none() -> None:
-    """sft, dpo, grpo and ppo train adapters; rw refuses with its own reason (a value head trained whole)."""
-    assert {job.name for job in registered_job_types() if job.lora} == {"grpo", "ppo", "sft", "dpo"}
+    """sft, dpo, grpo, ppo and opmd train adapters; rw refuses with its own reason (a value head trained whole)."""
+    assert {job.name for job in registered_job_types() if job.lora} == {"grpo", "ppo", "opmd", "sft", "dpo"}
     assert "value head" in job_type_for("rw").no_lora
