@@ -4,7 +4,9 @@ to save (saver and recover), the recover checkpoint's rank-0 part, the saver's H
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.slurm.faults import fault_point
 from rlkit.step_contract import EXIT_FAILING, EXIT_STOPPED, step_state_text
 from rlkit.trainer import recover
 from rlkit.trials.paths import TrialPaths
@@ -96,6 +99,8 @@ class LoopRank0:
     def write_recover(self, tmp: Path, state: recover.LoopState, started: float,
                       digests: dict[str, recover.FileDigest]) -> None:
         """After every rank wrote its shards into `tmp`: the loop state, manifest, rename, prune."""
+        if fault_point("disk_full", state.step):  # tests: the disk fills up under rank 0 while the others wait
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / recover.STATE))
         (tmp / recover.STATE).write_text(state.to_json())
         root = recover.recover_root(self.paths.root)
         final = recover.checkpoint_dir(root, state.step)

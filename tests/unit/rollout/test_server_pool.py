@@ -3,7 +3,7 @@ pool with no server left raises ServersUnreachable (the trainer then checkpoints
 live server's errors stay ordinary request failures.
 
 The servers are STAND-INS: an httpx.MockTransport answering vLLM's /v1/completions shape or failing as told; no
-vLLM runs here (the real server loss is in tests/integration/test_recovery.py).
+vLLM runs here (the real server loss is in tests/integration/test_recovery.py and test_recovery_retries.py).
 """
 
 from __future__ import annotations
