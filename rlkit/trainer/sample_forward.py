@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import MicroBatchSpec
-from rlkit.trainer.batch import MicroBatch, dummy_like, pack, split_micro_batches
-from rlkit.trainer.dist import all_reduce_max
+from rlkit.trainer.batch import MicroBatch, common_count, dummy_like, micro_batch_groups, pack
 from rlkit.trainer.engine import TrainEngine, token_logprobs
 from rlkit.trainer.sampled_tokens import sampled_count
 from rlkit.types import Sample
@@ -23,9 +22,8 @@ from rlkit.types import Sample
 def micro_batches_idx(sub: Sequence[Sample], idx: list[int], mb_spec: MicroBatchSpec) -> list[list[int]]:
     """Micro-batches of sample indices (-1: a dummy), the same count on every rank; collective."""
     pos = {id(s): i for s, i in zip(sub, idx, strict=True)}
-    mbs = split_micro_batches(sub, max_tokens=mb_spec.max_tokens_per_mb, min_count=mb_spec.n_mbs)
-    out = [[pos[id(s)] for s in mb] for mb in mbs]
-    count = all_reduce_max(len(out))
+    out = [[pos[id(s)] for s in mb] for mb in micro_batch_groups(sub, mb_spec)]
+    count = common_count(len(out), mb_spec)
     while len(out) < count:
         out.append([-1])
     return out
