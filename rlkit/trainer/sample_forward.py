@@ -40,7 +40,7 @@ def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int
     """Per-sample completion-token log-probs under `model` at `temperature` (the head `chunk_tokens` at a time);
     collective."""
     model.eval()
-    out: list[list[float]] = []
+    out: dict[int, list[float]] = {}  # by index: packed micro-batches group the samples by tokens, not in order
     for group_idx in micro_batches_idx(samples, list(range(len(samples))), mb_spec):
         group = group_of(samples, group_idx)
         mb = pack(group, pad_id).to(device)
@@ -48,8 +48,8 @@ def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int
         for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
             if i >= 0:  # fillers only kept the ranks in step
                 start = len(s.prompt_ids) - 1
-                out.append(logp[row, start : start + len(s.completion_ids)].float().cpu().tolist())
-    return out
+                out[i] = logp[row, start : start + len(s.completion_ids)].float().cpu().tolist()
+    return [out[i] for i in range(len(samples))]
 
 
 def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[float]]) -> Tensor:
