@@ -9,12 +9,13 @@ non-reentrant torch.utils.checkpoint, so backward recomputes one chunk's logits 
 is O(chunk x V), not O(tokens x V).
 
 Why inside the forward rather than on hidden states taken out of it: under FSDP2 the head's weight belongs to the
-root module's parameter group, gathered by the root's forward hooks and held for backward; a head called after the
-forward would meet a sharded DTensor. The head module's own forward is what runs per chunk (a LoRA-wrapped head, a
-head tied to the input embedding are both just the module), and its result is the forward's output, so FSDP's
-backward hooks see it. Models that transform the logits after the head (Gemma's soft-capping, Cohere's logit_scale,
-Granite's logits_scaling) take the full path: the swapped head would skip that transform; so does a model that
-names no output head (get_output_embeddings: a model factory's own model).
+root module's parameter group, gathered by the root's forward hooks (and by its pre-backward hook, which fires on the
+forward's outputs); a head called after the forward could meet a sharded DTensor. The head module's own forward is
+what runs per chunk (a LoRA-wrapped head, a head tied to the input embedding are both just the module; hooks
+registered on the head module itself are not run, none of rlkit's are), and the chunks' log-probs are the forward's
+output, so FSDP's backward hooks see them. Models that transform the logits after the head (Gemma's soft-capping,
+Cohere's logit_scale, Granite's logits_scaling) take the full path: the swapped head would skip that transform; so
+does a model that names no output head (get_output_embeddings: a model factory's own model).
 """
 
 from __future__ import annotations
