@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlkit.checks.site_files import check_model_dir, check_tokenizer_dir
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import OptimizerConfig
+from rlkit.config.schema.actor import PACKING_ALGORITHMS, OptimizerConfig
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.stats_logger import validate_stats_logger
 
@@ -16,6 +16,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")
 CHOICES = {
     "actor.dtype": DTYPES,
     "recover.mode": ("disabled", "auto", "fault", "resume"),
+    "actor.mb_spec.packing_algorithm": PACKING_ALGORITHMS,
 }
 
 

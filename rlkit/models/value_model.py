@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from rlkit.models.packing import PackedRows, packed_forward
 from rlkit.models.source import SCRATCH_SEED, model_config
 
 HEAD_SEED = 0
@@ -67,9 +69,13 @@ def init_head(model: nn.Module, seed: int) -> None:
 
 
 def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, L] float32: the head's output at every token (right-padded batch; padding positions are meaningless)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return out.logits.squeeze(-1).float()
+    """[B, L] float32: the head's output at every token (right-padded batch; padding positions are meaningless). The
+    rows run packed into one when the model packs (rlkit.models.packing), the values come back padded."""
+    def read(out: Any, rows: PackedRows | None) -> Tensor:
+        values = out.logits.squeeze(-1).float()
+        return values if rows is None else rows.unpack(values)
+
+    return packed_forward(model, input_ids, attention_mask, read)
 
 
 def last_token_scores(values: Tensor, last_index: Tensor) -> Tensor:

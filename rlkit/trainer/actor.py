@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig, kl_terms_on
 from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
+from rlkit.models.packing import set_packing
 from rlkit.trainer.batch import dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
@@ -52,11 +53,14 @@ class PPOActor:
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
         load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
         model = frozen_reference(load, device) if kl_terms_on(config) and loads_a_copy(config, load) else None
+        if model is not None:
+            set_packing(model, config.mb_spec.packing)
         return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model)
 
-    def local_indices(self, n: int) -> list[list[int]]:
-        """Per minibatch (ppo_n_minibatches), this rank's indices of a global batch of `n` samples."""
-        return local_indices(n, self.config.ppo_n_minibatches, self.engine.rank, self.engine.world)
+    def local_indices(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Per minibatch (ppo_n_minibatches), this rank's indices of the global batch `samples`, balanced by tokens."""
+        return local_indices(len(samples), self.config.ppo_n_minibatches, self.engine.rank, self.engine.world,
+                             lengths=[s.length for s in samples], algorithm=self.config.mb_spec.packing_algorithm)
 
     def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,
                          temperature: float | None = None) -> list[list[float]]:
@@ -73,7 +77,7 @@ class PPOActor:
     def logprobs_at(self, samples: Sequence[Sample], *, reference: bool = False,
                     temperature: float | None = None) -> dict[int, list[float]]:
         """compute_logprobs for this rank's samples of a global batch, keyed by global index; collective."""
-        mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
+        mine = sorted(i for part in self.local_indices(samples) for i in part)
         values = self.compute_logprobs([samples[i] for i in mine] or [dummy_like(samples[0])], reference=reference,
                                        temperature=temperature)
         return dict(zip(mine, values, strict=False))
@@ -138,12 +142,12 @@ class PPOActor:
         mix: dict[str, float] = {}
         if expert is not None:
             grad_norm, lr, mix = mixed_minibatch_steps(
-                self.engine, samples, self.local_indices(len(samples)), expert,
-                self.local_indices(len(expert.samples)), mb_spec=cfg.mb_spec, rl_loss=loss_fn, pad_id=self.pad_id,
-                chunk_tokens=cfg.logprob_chunk_tokens, mask_truncated=cfg.mask_no_eos_with_zero)
+                self.engine, samples, self.local_indices(samples), expert, self.local_indices(expert.samples),
+                mb_spec=cfg.mb_spec, rl_loss=loss_fn, pad_id=self.pad_id, chunk_tokens=cfg.logprob_chunk_tokens,
+                mask_truncated=cfg.mask_no_eos_with_zero)
         else:
-            grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), cfg.mb_spec,
-                                            loss_fn, mask_truncated=cfg.mask_no_eos_with_zero)
+            grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), cfg.mb_spec, loss_fn,
+                                            mask_truncated=cfg.mask_no_eos_with_zero)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}

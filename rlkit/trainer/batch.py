@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from rlkit.config.schema.actor import MicroBatchSpec
+from rlkit.trainer.bins import packed_micro_batches, rank_shares
 from rlkit.trainer.sampled_tokens import sampled_mask
 from rlkit.types import Sample
 
@@ -106,10 +108,37 @@ def dummy_like(sample: Sample) -> Sample:
                   sample.group, 0.0, dummy=True)
 
 
-def local_indices(n: int, n_minibatches: int, rank: int, world: int) -> list[list[int]]:
+def local_indices(n: int, n_minibatches: int, rank: int, world: int, *, lengths: Sequence[int] | None = None,
+                  algorithm: str = "ffd") -> list[list[int]]:
     """Per minibatch, the indices of a global batch of `n` samples this rank trains on.
 
-    Minibatch k is every n_minibatches-th sample from k; each minibatch is then dealt out over the ranks.
-    The minibatches are therefore the same whatever the number of ranks.
+    Minibatch k is every n_minibatches-th sample from k, the same whatever the number of ranks. Its samples are
+    dealt over the ranks by tokens when their `lengths` are given (rlkit.trainer.bins.rank_shares: every rank within
+    a few percent of the mean), else every world-th.
     """
-    return [list(range(k, n, n_minibatches))[rank::world] for k in range(n_minibatches)]
+    minibatches = [list(range(k, n, n_minibatches)) for k in range(n_minibatches)]
+    if lengths is None:
+        return [mb[rank::world] for mb in minibatches]
+    return [[mb[j] for j in rank_shares([lengths[i] for i in mb], world, algorithm=algorithm)[rank]]
+            for mb in minibatches]
+
+
+def micro_batch_groups(items: Sequence[T], spec: MicroBatchSpec, *,
+                       length: Callable[[T], int] = _sample_length) -> list[list[T]]:
+    """This rank's items in micro-batches as `spec` says: packed ones balanced by real tokens (rlkit.trainer.bins;
+    `length`: the tokens an item adds), or with `packing` off today's padded split (split_micro_batches)."""
+    if not spec.packing:
+        return split_micro_batches(items, max_tokens=spec.max_tokens_per_mb, min_count=spec.n_mbs, length=length)
+    bins = packed_micro_batches([length(x) for x in items], max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs,
+                                divisor=spec.n_mbs_divisor, algorithm=spec.packing_algorithm)
+    return [[items[i] for i in b] for b in bins]
+
+
+def common_count(local: int, spec: MicroBatchSpec) -> int:
+    """Collective: the micro-batch count every rank runs (the largest of any rank, rounded up to n_mbs_divisor when
+    packing); a rank with fewer runs dummies."""
+    from rlkit.trainer.dist import all_reduce_max
+
+    count = all_reduce_max(local)
+    step = spec.n_mbs_divisor if spec.packing else 1
+    return -(-count // step) * step

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS, ActorConfig, OptimizerConfig
 from rlkit.models.dtypes import DTYPES
+from rlkit.models.packing import set_packing
 from rlkit.models.source import build_causal_lm
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum
@@ -140,6 +141,7 @@ class TrainEngine:
         self.config = config
         self.rank, self.world, self.device = rank, world, device
         self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
+        set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
+from rlkit.models.packing import PackedRows, pack_rows, packs
 from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
 
 Head = Callable[[Tensor], Tensor]  # hidden states [N, H] -> logits [N, V]
@@ -108,25 +109,40 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
                          ) -> tuple[Tensor, Tensor | None]:
     """[B, L-1] float32 log-probs of each next token of `input_ids` under `model` (logits / temperature), and [B, L-1]
     entropies (no gradient) when asked: chunked through the output head when `chunk_tokens` > 0 (see the module
-    docstring), else from the full logits."""
+    docstring), else from the full logits. The rows run packed into one (rlkit.models.packing) when the model packs;
+    the results are in the padded layout either way (0 at padding)."""
+    rows = pack_rows(input_ids, attention_mask) if packs(model) else None
+    ids = rows.input_ids if rows is not None else input_ids
+    kwargs: dict[str, Any] = ({"position_ids": rows.position_ids, "attention_mask": None} if rows is not None
+                              else {"attention_mask": attention_mask})
     head = output_head(model) if chunk_tokens > 0 else None
     if head is None:
-        out: Any = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        logp = next_token_logprobs(out.logits, input_ids, temperature)
-        if not with_entropy:
-            return logp, None
-        with torch.no_grad():
-            return logp, entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
+        out: Any = model(input_ids=ids, use_cache=False, **kwargs)
+        logp = next_token_logprobs(out.logits, ids, temperature)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(out.logits[:, :-1].detach().float() / temperature)
+        return _padded(rows, logp), _padded(rows, entropy)
     entropies: list[Tensor | None] = []
 
     def compute(own_head: Head, hidden: Tensor) -> Tensor:
-        logp, entropy = chunked_logprobs(own_head, hidden[:, :-1], input_ids[:, 1:], temperature=temperature,
+        logp, entropy = chunked_logprobs(own_head, hidden[:, :-1], ids[:, 1:], temperature=temperature,
                                          chunk_tokens=chunk_tokens, with_entropy=with_entropy)
         entropies.append(entropy)
         return logp[..., None]  # the forward's "logits" [B, L-1, 1]: its output, so FSDP's backward hooks see it
 
     with _head_computing(head, compute):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = model(input_ids=ids, use_cache=False, **kwargs)
     if len(entropies) != 1:
         raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(entropies)} times")
-    return out.logits[..., 0], entropies[0]
+    return _padded(rows, out.logits[..., 0]), _padded(rows, entropies[0])
+
+
+@overload
+def _padded(rows: PackedRows | None, values: Tensor) -> Tensor: ...
+@overload
+def _padded(rows: PackedRows | None, values: None) -> None: ...
+def _padded(rows: PackedRows | None, values: Tensor | None) -> Tensor | None:
+    """Next-token values [B, L-1] from a packed forward's [1, N-1] (as they are from a padded one)."""
+    return values if rows is None or values is None else rows.unpack_next(values)

@@ -112,9 +112,10 @@ def check_same_data(digest: str, what: str) -> None:
                         "the same files")
 
 
-def same_count(parts: list[T], dummy: T) -> tuple[list[T], int]:
-    """Collective: `parts` padded with `dummy` to the largest count of any rank, and how many are real."""
-    count = all_reduce_max(len(parts))
+def same_count(parts: list[T], dummy: T, *, divisor: int = 1) -> tuple[list[T], int]:
+    """Collective: `parts` padded with `dummy` to the largest count of any rank (rounded up to a multiple of
+    `divisor`), and how many are real."""
+    count = -(-all_reduce_max(len(parts)) // divisor) * divisor
     return parts + [dummy] * (count - len(parts)), len(parts)
 
 

@@ -15,6 +15,7 @@ from rlkit.config.reference import reference_load, separate_reference
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.models.dtypes import DTYPES
+from rlkit.models.packing import set_packing
 from rlkit.trainer.engine import load_causal_lm, shard_model
 
 
@@ -32,7 +33,9 @@ def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module
     trained model); collective (FSDP)."""
     if not separate_reference(config):
         return None
-    return frozen_reference(reference_load(config), device)
+    model = frozen_reference(reference_load(config), device)
+    set_packing(model, config.actor.mb_spec.packing)
+    return model
 
 
 @contextlib.contextmanager

@@ -13,8 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import MicroBatchSpec
-from rlkit.trainer.batch import MicroBatch, dummy_like, pack, split_micro_batches
-from rlkit.trainer.dist import all_reduce_max
+from rlkit.trainer.batch import MicroBatch, common_count, dummy_like, micro_batch_groups, pack
 from rlkit.trainer.engine import TrainEngine, token_logprobs
 from rlkit.trainer.sampled_tokens import sampled_count
 from rlkit.types import Sample
@@ -23,9 +22,8 @@ from rlkit.types import Sample
 def micro_batches_idx(sub: Sequence[Sample], idx: list[int], mb_spec: MicroBatchSpec) -> list[list[int]]:
     """Micro-batches of sample indices (-1: a dummy), the same count on every rank; collective."""
     pos = {id(s): i for s, i in zip(sub, idx, strict=True)}
-    mbs = split_micro_batches(sub, max_tokens=mb_spec.max_tokens_per_mb, min_count=mb_spec.n_mbs)
-    out = [[pos[id(s)] for s in mb] for mb in mbs]
-    count = all_reduce_max(len(out))
+    out = [[pos[id(s)] for s in mb] for mb in micro_batch_groups(sub, mb_spec)]
+    count = common_count(len(out), mb_spec)
     while len(out) < count:
         out.append([-1])
     return out
@@ -42,7 +40,7 @@ def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int
     """Per-sample completion-token log-probs under `model` at `temperature` (the head `chunk_tokens` at a time);
     collective."""
     model.eval()
-    out: list[list[float]] = []
+    out: dict[int, list[float]] = {}  # by index: packed micro-batches group the samples by tokens, not in order
     for group_idx in micro_batches_idx(samples, list(range(len(samples))), mb_spec):
         group = group_of(samples, group_idx)
         mb = pack(group, pad_id).to(device)
@@ -50,8 +48,8 @@ def compute_logprobs(model: nn.Module, samples: Sequence[Sample], *, pad_id: int
         for row, (i, s) in enumerate(zip(group_idx, group, strict=True)):
             if i >= 0:  # fillers only kept the ranks in step
                 start = len(s.prompt_ids) - 1
-                out.append(logp[row, start : start + len(s.completion_ids)].float().cpu().tolist())
-    return out
+                out[i] = logp[row, start : start + len(s.completion_ids)].float().cpu().tolist()
+    return [out[i] for i in range(len(samples))]
 
 
 def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[float]]) -> Tensor:

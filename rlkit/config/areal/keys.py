@@ -90,9 +90,6 @@ MB_SPEC: dict[str, Rule] = {
     # which sequences share a micro-batch changes memory and speed only.
     "granularity": inert("which sequences share a micro-batch: rlkit never splits a pair (rw, dpo), and its losses "
                          "are means over the whole minibatch, so the grouping changes memory, not the update"),
-    "n_mbs_divisor": off("rounding the micro-batch count", 1),
-    "packing_algorithm": inert("how sequences are packed into micro-batches; rlkit's loss weights every token the "
-                               "same whatever the packing"),
 }
 
 OPTIMIZER: dict[str, Rule] = {

@@ -18,14 +18,28 @@ WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
 # actor.logprob_chunk_tokens' default, also what a log-prob function uses when its caller has no config: big enough
 # for a GPU's matmul to run at speed, small enough that a chunk's float32 logits of a 152k vocabulary are ~0.6 GB
 LOGPROB_CHUNK_TOKENS = 1024
+# mb_spec.packing_algorithm's values (AReaL's names; rlkit.trainer.bins implements them)
+PACKING_ALGORITHMS = ("ffd", "kk")
 
 
 @dataclass
 class MicroBatchSpec:
     """How a minibatch is split into micro-batches for forward/backward."""
 
-    n_mbs: int = _f(1, "Fewest micro-batches per minibatch.", ge=1)
-    max_tokens_per_mb: int | None = _f(None, "Most tokens per micro-batch (more micro-batches when needed).", ge=1)
+    n_mbs: int = _f(1, "Fewest micro-batches per minibatch (per rank); with max_tokens_per_mb, more when needed.",
+                    ge=1)
+    max_tokens_per_mb: int | None = _f(
+        None, "Most tokens per micro-batch (more micro-batches when needed): real tokens when packing, rows x the "
+        "longest row when not; a sequence longer than this gets a micro-batch of its own.", ge=1)
+    n_mbs_divisor: int = _f(1, "Packing: the number of micro-batches is rounded up to a multiple of this.", ge=1)
+    packing_algorithm: str = _f(
+        "ffd", "Packing: how sequences are balanced over micro-batches and trainer ranks by tokens. Choices: ffd "
+        "(longest first into the lightest bin), kk (Karmarkar-Karp: better balance on skewed lengths).")
+    packing: bool = _f(
+        True, "Run each micro-batch's sequences concatenated into one row without padding (position_ids restart at "
+        "each sequence, attention never crosses one; the same results as padded rows), balanced by tokens over "
+        "micro-batches and ranks; false: right-padded rows in their order. A model whose attention cannot take "
+        "packed rows runs padded, said in the trainer log.")
 
 
 @dataclass

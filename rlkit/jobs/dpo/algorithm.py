@@ -24,13 +24,14 @@ from torch import nn
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.pairs.batch import pair_share
 from rlkit.jobs.pairs.loss_fns import DPOLoss, answer_logps, fill_reference
 from rlkit.jobs.pairs.losses import ReferenceLogps, by_pair, dpo_loss
-from rlkit.jobs.pairs.steps import CountedLoss, PairData, PairMicroBatch, local_pairs, micro_batches, step_metrics
+from rlkit.jobs.pairs.steps import CountedLoss, PairData, PairMicroBatch, micro_batches, step_metrics
 from rlkit.trainer.dist import all_reduce_max
 from rlkit.trainer.engine import TrainEngine, actor_model_factory
 from rlkit.trainer.loop import LoopContext, run_training
-from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
+from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans
 from rlkit.trainer.reference import adapter_off, reference_model
 
 METRICS = {"loss": "loss", "rewards/margin": "reward_margin", "rewards/accuracy": "accuracy",
@@ -77,7 +78,8 @@ class DPOTraining(OfflineAlgorithm):
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
         data, dpo = self.data, self.config.dpo
-        mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
+        mine = pair_share(data.train, rows, self.rank, self.world,
+                          algorithm=self.config.actor.mb_spec.packing_algorithm)
         mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
         with self._reference() as reference:
             fill_missing(reference, mbs, self.cache, chunk_tokens=self.config.actor.logprob_chunk_tokens)
@@ -90,8 +92,9 @@ class DPOTraining(OfflineAlgorithm):
     def evaluate(self) -> dict[str, float]:
         """The implicit rewards of this rank's share of the held-out pairs; accuracy and margin over all of them."""
         data, model, dpo = self.data, self.engine.model, self.config.dpo
-        mbs = micro_batches(rank_share(data.valid, self.rank, self.world), self.config.actor.mb_spec, data.pad_id,
-                            data.valid[0], self.device)
+        spec = self.config.actor.mb_spec
+        mine = pair_share(data.valid, range(len(data.valid)), self.rank, self.world, algorithm=spec.packing_algorithm)
+        mbs = micro_batches(mine, spec, data.pad_id, data.valid[0], self.device)
         with self._reference() as reference:
             fill_missing(reference, mbs, self.valid_cache, chunk_tokens=self.config.actor.logprob_chunk_tokens)
         model.eval()

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlkit.config.schema.actor import MicroBatchSpec
 from rlkit.jobs.pairs.data import Pair
-from rlkit.trainer.batch import split_micro_batches
+from rlkit.trainer.batch import micro_batch_groups, split_micro_batches
+from rlkit.trainer.bins import rank_shares
 
 
 @dataclass
@@ -54,7 +56,24 @@ def pack_pairs(pairs: Sequence[Pair], pad_id: int) -> PairBatch:
     return PairBatch(input_ids, attention_mask, loss_mask, last_index, [pair.index for pair in pairs])
 
 
-def split_pairs(pairs: Sequence[Pair], *, max_tokens: int | None, min_count: int = 1) -> list[list[Pair]]:
+def split_pairs(pairs: Sequence[Pair], *, max_tokens: int | None, min_count: int = 1,
+                spec: MicroBatchSpec | None = None) -> list[list[Pair]]:
     """At least `min_count` micro-batches (fewer when there are fewer pairs) of consecutive pairs, each at most
-    `max_tokens` padded tokens (2 x pairs x longest sequence); a pair larger than that gets one of its own."""
+    `max_tokens` padded tokens (2 x pairs x longest sequence); a pair larger than that gets one of its own. With a
+    packing `spec`: its micro-batches of whole pairs, balanced by real tokens (rlkit.trainer.batch.micro_batch_groups;
+    its max_tokens_per_mb and n_mbs then replace the arguments)."""
+    if spec is not None and spec.packing:
+        return micro_batch_groups(pairs, spec, length=pair_tokens)
     return split_micro_batches(pairs, max_tokens=max_tokens, min_count=min_count, length=lambda p: 2 * p.length)
+
+
+def pair_tokens(pair: Pair) -> int:
+    """The real tokens a pair adds to a packed micro-batch: its chosen and rejected sequences."""
+    return sum(len(pair.sequence(side)[0]) for side in ("chosen", "rejected"))
+
+
+def pair_share(pairs: Sequence[Pair], rows: Sequence[int], rank: int, world: int, *, algorithm: str = "ffd"
+               ) -> list[Pair]:
+    """This rank's pairs of a step's `rows`, the rows dealt over the ranks by tokens (rlkit.trainer.bins)."""
+    share = rank_shares([pair_tokens(pairs[i]) for i in rows], world, algorithm=algorithm)[rank]
+    return [pairs[rows[j]] for j in share]

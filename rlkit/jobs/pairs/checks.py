@@ -13,6 +13,7 @@ from typing import Any
 from rlkit.checks.site_files import check_chat_template, check_dataset_file, check_model_dir
 from rlkit.checks.trainer import DTYPES, validate_optimizer, validate_trainer
 from rlkit.config.problems import Problems
+from rlkit.config.schema.actor import PACKING_ALGORITHMS
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.pairs import DPO_LOSS_TYPES, PairDataConfig
 from rlkit.data.dataset_rows import first_jsonl_row
@@ -66,6 +67,9 @@ def validate_critic(config: ExperimentConfig, problems: Problems) -> None:
                      "its rollout-time value before the loss stops pulling it", hint="e.g. critic.eps_clip=0.5 "
                                                                                     "(AReaL's default)")
     validate_optimizer("critic.optimizer", critic.optimizer, problems)
+    if critic.mb_spec.packing_algorithm not in PACKING_ALGORITHMS:
+        problems.add(f"critic.mb_spec.packing_algorithm '{critic.mb_spec.packing_algorithm}' is not one of: "
+                     f"{', '.join(PACKING_ALGORITHMS)}", hint="e.g. critic.mb_spec.packing_algorithm=ffd")
     sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
     if critic.ppo_n_minibatches >= 1 and sequences % critic.ppo_n_minibatches:
         problems.add(f"a batch of {sequences} sequences (train_dataset.batch_size x actor.group_size) does not split "

@@ -59,8 +59,9 @@ def micro_batches(pairs: Sequence[Pair], spec: MicroBatchSpec, pad_id: int, fill
     """Collective: this rank's `pairs` in micro-batches (mb_spec), padded with dummies of `filler` to the largest
     count of any rank."""
     real = [PairMicroBatch(pack_pairs(part, pad_id).to(device))
-            for part in split_pairs(pairs, max_tokens=spec.max_tokens_per_mb, min_count=spec.n_mbs)]
-    padded, _ = same_count(real, PairMicroBatch(pack_pairs([filler], pad_id).to(device), dummy=True))
+            for part in split_pairs(pairs, max_tokens=spec.max_tokens_per_mb, min_count=spec.n_mbs, spec=spec)]
+    padded, _ = same_count(real, PairMicroBatch(pack_pairs([filler], pad_id).to(device), dummy=True),
+                           divisor=spec.n_mbs_divisor if spec.packing else 1)
     return padded
 
 

@@ -75,14 +75,16 @@ class PPOCritic:
                              total_optimizer_steps=total_optimizer_steps, model_factory=value_head_model)
         return cls(config, engine, eps_clip=critic.eps_clip, pad_id=pad_id)
 
-    def local_indices(self, n: int) -> list[list[int]]:
-        return local_indices(n, self.config.ppo_n_minibatches, self.engine.rank, self.engine.world)
+    def local_indices(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Per minibatch, this rank's indices of the global batch `samples`, balanced by tokens."""
+        return local_indices(len(samples), self.config.ppo_n_minibatches, self.engine.rank, self.engine.world,
+                             lengths=[s.length for s in samples], algorithm=self.config.mb_spec.packing_algorithm)
 
     @torch.no_grad()
     def values_at(self, samples: Sequence[Sample]) -> dict[int, list[float]]:
         """This rank's share of the batch: each sample's value of the state before every completion token, keyed by
         global index; collective (every rank runs as many micro-batches)."""
-        mine = sorted(i for part in self.local_indices(len(samples)) for i in part)
+        mine = sorted(i for part in self.local_indices(samples) for i in part)
         sub = [samples[i] for i in mine] or [dummy_like(samples[0])]
         model = self.engine.model
         model.eval()
@@ -115,7 +117,7 @@ class PPOCritic:
             sums["tokens"] += n_tok
             return total / max(1, n_tok), n_tok  # the engine takes the token mean and weighs it by n_tok
 
-        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(len(samples)), self.config.mb_spec,
+        grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), self.config.mb_spec,
                                         loss_fn, mask_truncated=mask_truncated)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))

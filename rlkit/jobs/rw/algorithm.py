@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.jobs.pairs.batch import pair_share
 from rlkit.jobs.pairs.loss_fns import rw_loss_fn
 from rlkit.jobs.pairs.losses import by_pair, rw_pairwise_loss
-from rlkit.jobs.pairs.steps import CountedLoss, PairData, local_pairs, micro_batches, step_metrics
+from rlkit.jobs.pairs.steps import CountedLoss, PairData, micro_batches, step_metrics
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.value_model import last_token_scores, token_values
 from rlkit.trainer.engine import TrainEngine, value_head_model
 from rlkit.trainer.loop import LoopContext, run_training
-from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans, rank_share
+from rlkit.trainer.offline_epochs import OfflineAlgorithm, WeightedMeans
 from rlkit.trainer.value_model import save_value_model
 
 METRICS = {"loss": "loss", "accuracy": "accuracy", "margin": "reward_margin", "chosen_score": "chosen_score",
@@ -49,7 +50,8 @@ class RewardModelTraining(OfflineAlgorithm):
 
     def train_on(self, rows: list[int], step: int) -> dict[str, float]:
         data = self.data
-        mine = local_pairs(data.train, rank_share(rows, self.rank, self.world))
+        mine = pair_share(data.train, rows, self.rank, self.world,
+                          algorithm=self.config.actor.mb_spec.packing_algorithm)
         mbs = micro_batches(mine, self.config.actor.mb_spec, data.pad_id, data.train[0], self.device)
         loss = CountedLoss(rw_loss_fn)
         stats = self.engine.optimizer_step(mbs, loss, len(mine))
@@ -61,7 +63,8 @@ class RewardModelTraining(OfflineAlgorithm):
         data, model = self.data, self.engine.model
         model.eval()
         means = WeightedMeans()
-        pairs = rank_share(data.valid, self.rank, self.world)
+        pairs = pair_share(data.valid, range(len(data.valid)), self.rank, self.world,
+                           algorithm=self.config.actor.mb_spec.packing_algorithm)
         for mb in micro_batches(pairs, self.config.actor.mb_spec, data.pad_id, data.valid[0], self.device):
             batch = mb.batch
             scores = last_token_scores(token_values(model, batch.input_ids, batch.attention_mask), batch.last_index)

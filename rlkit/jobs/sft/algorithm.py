@@ -78,11 +78,11 @@ class SFT:
               + (f"{len(v.examples)} rows ({v.dropped} dropped)" if v is not None else "none"), flush=True)
 
     def _micro_batches(self, examples: list[SFTExample], batch: list[int]) -> tuple[list[SFTMicroBatch], int, int]:
-        """This rank's padded micro-batches of `batch` (dummies appended so every rank runs as many), its target
-        tokens and its dummies."""
+        """This rank's micro-batches of `batch` (packed in the forward unless mb_spec.packing is off; dummies
+        appended so every rank runs as many), its target tokens and its dummies."""
         spec = self.config.actor.mb_spec
         mbs, n_dummies = rank_micro_batches(batch, [e.length for e in examples], rank=self.rank, world=self.world,
-                                            max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs)
+                                            max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs, spec=spec)
         micro = [collate([examples[i] for i in mb], self.pad_id).to(self.device) for mb in mbs]
         if n_dummies:
             dummy = collate([examples[batch[0]]], self.pad_id, dummy=True).to(self.device)

@@ -20,9 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.config.schema.actor import MicroBatchSpec
 from rlkit.config.schema.sft import SFTConfig
 from rlkit.data.row_formats import sft_columns
 from rlkit.errors import StepError
+from rlkit.trainer.bins import packed_micro_batches
 
 
 @dataclass(frozen=True)
@@ -240,14 +242,27 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], *, max_tokens:
 
 
 def rank_micro_batches(batch: Sequence[int], lengths: Sequence[int], *, rank: int, world: int,
-                       max_tokens: int | None, n_mbs: int = 1) -> tuple[list[list[int]], int]:
+                       max_tokens: int | None, n_mbs: int = 1, spec: MicroBatchSpec | None = None
+                       ) -> tuple[list[list[int]], int]:
     """This rank's micro-batches of one global batch, and how many dummy micro-batches it must add so that every
     rank runs the same number (FSDP's collectives pair up). Every rank holds the whole dataset, so each computes
-    every rank's split itself: no collective is needed to agree on the count."""
-    per_rank = [micro_batches(share, lengths, max_tokens=max_tokens, n_mbs=n_mbs)
-                for share in rank_share(batch, lengths, world)]
+    every rank's split itself: no collective is needed to agree on the count. With a packing `spec` the micro-batches
+    are packed ones, balanced by real tokens (its max_tokens_per_mb and n_mbs then replace the arguments)."""
+    if spec is not None and spec.packing:
+        per_rank = [_packed(share, lengths, spec) for share in rank_share(batch, lengths, world)]
+        count = -(-max(len(mbs) for mbs in per_rank) // spec.n_mbs_divisor) * spec.n_mbs_divisor
+    else:
+        per_rank = [micro_batches(share, lengths, max_tokens=max_tokens, n_mbs=n_mbs)
+                    for share in rank_share(batch, lengths, world)]
+        count = max(len(mbs) for mbs in per_rank)
     mine = per_rank[rank]
-    return mine, max(len(mbs) for mbs in per_rank) - len(mine)
+    return mine, count - len(mine)
+
+
+def _packed(share: Sequence[int], lengths: Sequence[int], spec: MicroBatchSpec) -> list[list[int]]:
+    bins = packed_micro_batches([lengths[i] for i in share], max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs,
+                                divisor=spec.n_mbs_divisor, algorithm=spec.packing_algorithm)
+    return [[share[j] for j in b] for b in bins]
 
 
 def load_sft_dataset(path: str, tokenizer: Any, sft: SFTConfig, *, max_length: int | None) -> SFTDataset:

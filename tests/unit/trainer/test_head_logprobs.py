@@ -20,6 +20,7 @@ from rlkit.jobs.pairs.data import Pair
 from rlkit.jobs.pairs.loss_fns import answer_logps
 from rlkit.jobs.sft.data import SFTExample
 from rlkit.jobs.sft.loss import collate, sft_loss_fn
+from rlkit.models.packing import set_packing
 from rlkit.trainer.engine import load_causal_lm
 from rlkit.trainer.head_logprobs import chunked_logprobs, model_token_logprobs, output_head
 from rlkit.trainer.lora import wrap_lora
@@ -132,6 +133,7 @@ class HeadSpy:
 
 def test_the_head_sees_one_chunk_at_a_time_in_forward_and_backward(tiny_model_dir: Path) -> None:
     model = _causal_lm(tiny_model_dir)
+    set_packing(model, False)  # the padded rows' 36 positions (packed: tests/unit/trainer/test_packed_forward.py)
     head = head_of(model)
     spy = HeadSpy(head)
     head.forward = spy
@@ -174,6 +176,7 @@ def test_the_head_is_restored_when_the_forward_fails(tiny_model_dir: Path) -> No
 
 def test_a_model_that_changes_the_logits_after_its_head_takes_the_full_path(tiny_model_dir: Path) -> None:
     model = copy.deepcopy(_causal_lm(tiny_model_dir))
+    set_packing(model, False)  # the head then sees the padded rows: 3 x 13
     head = head_of(model)
     model.config.final_logit_softcapping = 30.0  # Gemma's: applied by the model's forward after the head
     assert output_head(model) is None
@@ -199,6 +202,7 @@ def test_chunked_logprobs_of_a_plain_head_match_log_softmax() -> None:
 
 def test_sft_and_dpo_losses_take_the_chunked_path(tiny_model_dir: Path) -> None:
     model = _causal_lm(tiny_model_dir)
+    set_packing(model, False)  # the padded rows' 36 positions (packed: tests/unit/trainer/test_packed_forward.py)
     head = head_of(model)
     spy = HeadSpy(head)
     head.forward = spy
