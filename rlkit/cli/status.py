@@ -177,7 +177,7 @@ def trial_detail(spec: str) -> TrialDetail:
     detail.attempts = [str(a.get("job_id")) for a in attempts(paths)]
     detail.cluster = str(read_manifest(paths).get("cluster_name", ""))
     progress = read_progress(paths)
-    detail.trainer_status = str(progress.get("status", ""))
+    detail.trainer_status = trainer_status(str(progress.get("status", "")), active=info.active, state=info.state)
     detail.mismatch_warning = str(progress.get("logprob_mismatch_warning") or "")
     detail.last_eval = _last_eval(progress)
     detail.epochs = _epochs(progress, paths.metrics)
@@ -190,6 +190,14 @@ def trial_detail(spec: str) -> TrialDetail:
         detail.failed_step = step
         detail.failed_step_tail = tail(paths.step_log(step), 20)
     return detail
+
+
+def trainer_status(written: str, *, active: bool, state: str) -> str:
+    """The trainer's status as progress.json has it, except "running" once the job has ended: a trainer cancelled
+    while it could not answer (frozen, killed) never wrote its last status, and must not look alive."""
+    if written == "running" and not active:
+        return f"was running when the job ended ({state or 'ended'})"
+    return written
 
 
 def _last_eval(progress: dict[str, Any]) -> str:

@@ -104,7 +104,8 @@ def _modes(engines: list[TrainEngine], configs: list[ActorConfig], run: Callable
         for engine in engines:
             set_packing(engine.model, packed)
         out["packed" if packed else "padded"] = run()
-    out["packed"]["probed"] = all(packs(engine.model) for engine in engines)  # the packed run really packed
+        if packed:  # the packed run really packed (asked before the padded run turns packing off)
+            out["packed"]["probed"] = all(packs(engine.model) for engine in engines)
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rlkit.cli.status import TrialDetail, TrialRow, _epochs, _last_eval, print_detail
+from rlkit.cli.status import TrialDetail, TrialRow, _epochs, _last_eval, print_detail, trainer_status
 
 PROGRESS = {"status": "running", "step": 12, "total_steps": 16, "epoch": 1, "total_epochs": 2,
             "eval": {"accuracy": 0.9375, "reward_margin": 1.25}}
@@ -43,3 +43,11 @@ def test_detail_prints_epoch_loss_and_eval(tmp_path: Path) -> None:
     print_detail(Console(file=out, width=200), detail)
     text = out.getvalue()
     assert "epoch 1/2  loss 0.1250" in text and "last eval: accuracy 0.938  reward_margin 1.250" in text, text
+
+
+def test_a_trainer_still_running_in_its_records_after_the_job_ended_is_not_shown_running() -> None:
+    """`rlkit stop` on a frozen trainer cancels the job with progress.json still saying "running" (the killserver
+    trial found status showing a running trainer of a job Slurm had forgotten)."""
+    assert trainer_status("running", active=False, state="CANCELLED") == "was running when the job ended (CANCELLED)"
+    assert trainer_status("running", active=True, state="RUNNING") == "running"
+    assert trainer_status("stopped", active=False, state="CANCELLED") == "stopped"
