@@ -13,9 +13,10 @@ from rlkit.slurm.jobenv import JobEnv
 
 def fault_point(name: str, version: int) -> bool:
     """Fault injection for the recovery tests: RLKIT_FAULT_INJECT=<name>@<version> fires once, in the first attempt
-    and the first run of the step only (never set in normal use; `die_at_start` fires every time)."""
-    spec = os.environ.get("RLKIT_FAULT_INJECT", "")
-    return bool(spec) and spec == f"{name}@{version}" and not failed_before()
+    and the first run of the step only (never set in normal use; `die_at_start` fires every time). Several faults of
+    one trial are joined by '+' (the config's env list is comma-separated): corrupt_server_weights@3+die_mid_push@7."""
+    specs = os.environ.get("RLKIT_FAULT_INJECT", "").split("+")
+    return f"{name}@{version}" in specs and not failed_before()
 
 
 def failed_before() -> bool:

@@ -21,9 +21,11 @@ import re
 import shutil
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from tests.conftest import run_rlkit
 from tests.helpers.recovery import (
     EXPERIMENT,
     ONE_SERVER,
@@ -49,6 +51,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytes
 # the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps; then
 # server 1 stopped (every process of its step) until SERVER_HELD_STEPS steps were trained without it
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
+CORRUPTED = 3  # the weight version server 1 serves perturbed (corrupt_server_weights@3), before the mid-push death
+CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agree far closer (measured: ~1e-6)
 SERVER_SILENCE, SERVER_HELD_STEPS = 5, 2  # rollout.server_silence_timeout of the trial
 # its saver checkpoints: the mid-push retry (resumed from step 4) saves step 6 a second time, over the first attempt's
 SAVE_EVERY = 3
@@ -64,16 +68,30 @@ def _last_before_kill(log: str) -> int:
 
 
 
-def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
-    """Two in-allocation trainer retries in one trial (one config, the disk transport that die_mid_push has): the
-    trainer first dies mid-push of version MID_PUSH (fault point, first run only), the retry resumes from step
+class KillTrainerRun(NamedTuple):
+    """What the killtrainer trial left for its tests."""
+
+    trial: Path
+    status: str  # `rlkit status` once the step trained on server 1's perturbed samples was done
+
+
+def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> KillTrainerRun:
+    """Two in-allocation trainer retries in one trial (one config, the disk transport that die_mid_push has), after a
+    server serving other weights: right after the push of version CORRUPTED, server 1 silently serves perturbed
+    weights until the next push (fault point corrupt_server_weights); then the
+    trainer dies mid-push of version MID_PUSH (fault point, first run only), the retry resumes from step
     MID_PUSH_RESUME; once that retry has trained KILL_AFTER steps, trainer rank 0 is SIGKILLed from outside. Once the
     kill's retry has trained two steps past it, every process of server 1's step is stopped (SIGSTOP through Slurm)
     until SERVER_HELD_STEPS steps were trained without it, then continued."""
     trial = submit_trial(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
                     f"saver.freq_steps={SAVE_EVERY}", f"rollout.server_silence_timeout={SERVER_SILENCE}",
-                    f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_mid_push@{MID_PUSH}")
+                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
+                    f"RLKIT_FAULT_INJECT=corrupt_server_weights@{CORRUPTED}+die_mid_push@{MID_PUSH}")
+    name, home = f"{EXPERIMENT}/killtrainer", trial_home(env, "killtrainer")
     log = trial / "logs" / "grpo.log"
+    wait_for(lambda: trained_steps(trial) >= CORRUPTED + 1, "the step after the perturbed push", timeout=600,
+             trial=trial)
+    status = run_rlkit("status", name, env=home).stdout  # the mismatch warning of step CORRUPTED + 1 is on record
     wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600, trial=trial)
     assert "resuming after step" in log.read_text(), "the mid-push retry came first"
     pid = wait_for(lambda: trainer_rank_pid(trial), "trainer rank 0", trial=trial)
@@ -97,9 +115,8 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> Path:
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
-    assert wait_state(f"{EXPERIMENT}/killtrainer", timeout=900, env=trial_home(env, "killtrainer"),
-                      trial=trial) == "COMPLETED"
-    return trial
+    assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
+    return KillTrainerRun(trial, status)
 
 
 
@@ -135,6 +152,7 @@ USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("kill
         "test_trainer_dying_mid_weight_push_leaves_no_mixed_server": ("killtrainer",),
         "test_the_retries_redo_their_lost_steps_exactly": ("killtrainer",),
         "test_a_stopped_server_loses_its_requests_to_the_other_and_rejoins": ("killtrainer",),
+        "test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server": ("killtrainer",),
         "test_a_silent_rank_is_named_and_removed_records_are_written_again": ("ppokilled",),
         "test_ppo_with_a_critic_learns_and_a_killed_trainer_resumes_both_engines": ("ppokilled",)}
 start_background = recovery_starter(USES, SCENARIOS)
@@ -145,12 +163,17 @@ def scenarios(background_scenarios: ScenarioPool) -> ScenarioPool:
     return background_scenarios
 
 
+@pytest.fixture
+def trial_env(background_scenarios: ScenarioPool) -> dict[str, object]:
+    return background_scenarios.envs[__name__]  # type: ignore[no-any-return]
+
+
 # ---- the tests: each waits for its scenario, then asserts on what it left ----
 
 def test_killed_trainer_is_retried_in_the_allocation_and_continues(scenarios: ScenarioPool) -> None:
     """The kill from outside is the trial's second trainer death (the first: the mid-push test's): its own restart,
     its own resume (the last one) and its own redone steps (after that resume)."""
-    trial = scenarios.result("killtrainer")
+    trial = scenarios.result("killtrainer").trial
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     restarts = re.findall(r"step grpo failed with exit code \d+ at trained step (\d+); restarting it", batch_log)
     assert len(restarts) == 2 and int(restarts[1]) >= KILL_AFTER, restarts
@@ -175,7 +198,7 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: Scenari
     ever serves a mix; the retried trainer un-pauses them, gives both the checkpoint's weights (version and
     fingerprint checked on each), and the following pushes succeed. The killtrainer trial carries it: its first
     trainer death, before the kill from outside."""
-    trial = scenarios.result("killtrainer")
+    trial = scenarios.result("killtrainer").trial
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "step grpo failed" in batch_log and "restarted step grpo" in batch_log
     trainer_log = (trial / "logs" / "grpo.log").read_text()
@@ -201,7 +224,7 @@ def test_the_retries_redo_their_lost_steps_exactly(scenarios: ScenarioPool) -> N
     retries show.)"""
     from rlkit.trainer.stats_logger import read_metrics
 
-    trial = scenarios.result("killtrainer")
+    trial = scenarios.result("killtrainer").trial
     trainer_log = (trial / "logs" / "grpo.log").read_text()
     assert len(re.findall(r"rlkit train: saved \S*/checkpoints/step6\n", trainer_log)) == 2
     saved = sorted(int(p.name.removeprefix("step")) for p in (trial / "checkpoints").glob("step*"))
@@ -225,7 +248,7 @@ def test_a_stopped_server_loses_its_requests_to_the_other_and_rejoins(scenarios:
     trainer names it, its requests in flight go to server 0 (or its part of the push under way is dropped), training
     goes on with server 0 alone (the scenario waits for SERVER_HELD_STEPS such steps), the metrics count it
     unreachable, and once continued it answers again and holds the current weights at the end."""
-    trial = scenarios.result("killtrainer")
+    trial = scenarios.result("killtrainer").trial
     log = (trial / "logs" / "grpo.log").read_text()
     found = re.search(rf"server 1 \((\S+)\) has not answered /health for {SERVER_SILENCE} s "
                       r"\(rollout.server_silence_timeout\): (\d+) requests in flight go to the other servers", log)
@@ -239,6 +262,35 @@ def test_a_stopped_server_loses_its_requests_to_the_other_and_rejoins(scenarios:
     assert metrics[-1]["weight_sync/servers_at_version"] == 2, "server 1 did not rejoin"
     assert_continuous_and_right_data(trial, KILLTRAINER_STEPS)
 
+
+
+def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_server(
+        scenarios: ScenarioPool, trial_env: dict[str, object]) -> None:
+    """Server 1 serves perturbed weights at version CORRUPTED (fault point corrupt_server_weights, the killtrainer
+    trial's first fault; it still reports the version, and the push's fingerprint had passed before): the next step's
+    mismatch jumps for server 1 only, the trainer's warning names server 1 and the version, and `rlkit status` shows
+    it; the next push repairs it, and the trainer's retries keep the warning for status."""
+    from rlkit.trainer.mismatch import METRIC
+
+    run = scenarios.result("killtrainer")
+    trial, status = run.trial, run.status
+    metrics = {int(m["step"]): m for m in trial_metrics(trial)}
+    hit = metrics[CORRUPTED + 1]  # trained on the samples of version CORRUPTED
+    assert hit[f"{METRIC}_tokens/server1"] > 0 and hit[f"{METRIC}_tokens/server0"] > 0
+    assert hit[f"{METRIC}_mean/server1"] > 1e-2, hit  # the default actor.logprob_mismatch_warn for float32
+    assert hit[f"{METRIC}_mean/server0"] < CLEAN_MISMATCH, hit
+    for step, m in metrics.items():  # every other step: the servers serve the trainer's weights
+        assert m[f"{METRIC}_tokens"] > 0, step
+        if step != CORRUPTED + 1:
+            assert m[f"{METRIC}_mean"] < CLEAN_MISMATCH and m[f"{METRIC}_max"] < 100 * CLEAN_MISMATCH, (step, m)
+    trainer_log = (trial / "logs" / "grpo.log").read_text()  # every run of the step: the fault's and the retries
+    warned = re.findall(r"rlkit train: (server \d+ \(\S+\) log-probs differ from the trainer's by .* at version \d+) ",
+                        trainer_log)
+    assert len(warned) == 1 and warned[0].startswith("server 1 (") and f"at version {CORRUPTED}" in warned[0], warned
+    assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(status.split()), status
+    # the later runs (the two retries) keep the warning for `rlkit status` after the job ended
+    final = run_rlkit("status", f"{EXPERIMENT}/killtrainer", env=trial_home(trial_env, "killtrainer")).stdout
+    assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(final.split()), final
 
 
 def test_a_silent_rank_is_named_and_removed_records_are_written_again(scenarios: ScenarioPool) -> None:
