@@ -110,10 +110,16 @@ TRINITY = (
     _m("continue_from_checkpoint", "recover.mode", "auto resumes when a valid checkpoint exists"),
     _m("mode", "", "rlkit runs the servers and the trainer of one job together (Trinity-RFT's both); explore "
        "alone is job type generate"),
-    _m("algorithm.algorithm_type", "type", "grpo, ppo, dpo and sft are job types of rlkit"),
+    _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
+       "ppo, opmd) with expert_dataset and mix.mu"),
     _m("algorithm.repeat_times", "gconfig.n_samples"),
     _m("algorithm.optimizer.lr", "actor.optimizer.lr"),
     _m("algorithm.optimizer.lr_scheduler_type", "actor.optimizer.lr_scheduler_type"),
+    _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
+    _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
+    _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),
+    _m("algorithm.sample_strategy_args.expert_data_ratio", "expert_dataset.batch_size", "rlkit takes a number of "
+       "expert rows per step beside the RL batch, not a share of it"),
     _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "on when actor.kl_ctl > 0"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "on when actor.kl_loss_coef > 0"),
     _m("algorithm.entropy_loss_fn", "", "rlkit has no entropy bonus"),
@@ -138,7 +144,10 @@ TRINITY = (
     _m("buffer.explorer_input.taskset.format.prompt_key", "train_dataset.prompt_key"),
     _m("buffer.explorer_input.taskset.rollout_args.temperature", "gconfig.temperature"),
     _m("buffer.explorer_input.eval_tasksets", "valid_dataset.path", "one evaluation set"),
-    _m("buffer.explorer_input.default_reward_fn_type", "reward.fn"),
+    _m("buffer.explorer_input.default_reward_fn_type", "reward.fn", "Trinity-RFT's registered reward names are "
+       "not rlkit's; several weighted: reward.fns"),
+    _m("buffer.trainer_input.auxiliary_buffers.sft_dataset.path", "expert_dataset.path", "mix's expert rows, in "
+       "the sft section's row format"),
     _m("buffer.explorer_input.default_workflow_type", "rollout.agent.workflow", "empty: single-turn rollouts"),
     _m("buffer.trainer_input.experience_buffer.format.prompt_type", "sft.prompt_type"),
     _m("buffer.trainer_input.experience_buffer.format.prompt_key", "sft.prompt_key"),
@@ -155,11 +164,13 @@ TRINITY = (
     _m("explorer.auxiliary_models", "auxiliary_models", "the same entry keys, plus name and backend"),
     _m("explorer.eval_interval", "evaluator.freq_steps"),
     _m("explorer.eval_on_startup", "evaluator.eval_on_startup"),
-    _m("synchronizer.sync_method", "actor.weight_update_mode", "nccl: xccl; checkpoint: disk"),
-    _m("synchronizer.sync_interval", "", "rlkit pushes the weights after every training step"),
-    _m("synchronizer.sync_offset", "rollout.max_head_offpolicyness", "rlkit bounds how many weight versions a "
-       "sample may lag instead"),
+    _m("synchronizer.sync_method", "actor.weight_update_mode", "nccl: xccl; checkpoint, memory: disk"),
+    _m("synchronizer.sync_interval", "actor.weight_update_interval"),
+    _m("synchronizer.sync_offset", "actor.weight_update_offset"),
     _m("synchronizer.sync_timeout", "actor.weight_update_timeout"),
+    _m("synchronizer.sync_style", "", "fixed is what rlkit does; explorer_driven and trainer_driven are not built "
+       "(rlkit migrate refuses them)"),
+    _m("trainer.total_steps", "total_train_steps"),
     _m("trainer.save_interval", "saver.freq_steps", "Hugging Face models; recover checkpoints: recover.freq_steps"),
     _m("trainer.max_checkpoints_to_keep", "recover.keep_last"),
     _m("trainer.grad_clip", "actor.optimizer.gradient_clipping"),

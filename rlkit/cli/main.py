@@ -152,17 +152,19 @@ def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
 
 @app.command()
 def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> None:
-    """Print the rlkit config an AReaL config file becomes (overrides such as type=grpo merged in), every AReaL key
-    rlkit has no field for listed in its header with what became of it. Checked as render checks."""
+    """Print the rlkit config an AReaL or Trinity-RFT config file becomes (overrides such as type=grpo merged in),
+    every key rlkit has no field for listed in its header with what became of it. Checked as render checks."""
     from rlkit.config.areal.migrate import migrate as migrate_file
+    from rlkit.config.trinity import as_rlkit_file
     from rlkit.jobs import REGISTRY
     from rlkit.launch.submit import prepare
 
-    text, _ = migrate_file(config, overrides or [], REGISTRY)
-    # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
-    # refuse here what render would refuse, before the user keeps the file
-    warnings = prepare(config, overrides or [], dry_run=True).warnings
-    sys.stdout.write(text)
+    with as_rlkit_file(config) as (source, trinity_header):
+        text, _ = migrate_file(source, overrides or [], REGISTRY)
+        # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
+        # refuse here what render would refuse, before the user keeps the file
+        warnings = prepare(source, overrides or [], dry_run=True).warnings
+    sys.stdout.write(trinity_header + text)
     for warning in warnings:
         err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
 

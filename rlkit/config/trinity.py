@@ -1,0 +1,267 @@
+"""Trinity-RFT's configs read by `rlkit migrate`: its keys moved to rlkit's, every key rlkit has no field for listed
+with what became of it, the keys whose meaning rlkit has not built refused (exit 2) naming why.
+
+A file is Trinity-RFT's when one of its top-level sections is Trinity-RFT's own (`synchronizer`, `explorer`, `buffer`,
+`algorithm`: no rlkit or AReaL section has these names). The mapping written here then goes through AReaL's path
+(rlkit.config.areal.migrate) like any rlkit file, so render's checks judge the result. Key names follow Trinity-RFT's
+configuration guide (../shared/seeds/trinity-rft-config-guide.md); rlkit/cli/key_maps.py's TRINITY table documents
+the same names (a unit test holds the two together).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkit.config.areal.names import AREAL_KEYS
+from rlkit.config.areal.rules import show
+from rlkit.config.load import read_yaml
+from rlkit.config.problems import Problems
+from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.errors import ConfigError
+
+TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
+
+_AUX = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
+_WARMUP = "buffer.trainer_input.sft_warmup_dataset"  # older Trinity-RFT releases' name of the expert data
+
+# Trinity-RFT key -> rlkit key, the value unchanged
+RENAMES: dict[str, str] = {
+    "project": "experiment_name",
+    "name": "trial_name",
+    "checkpoint_root_dir": "cluster.fileroot",
+    "algorithm.repeat_times": "gconfig.n_samples",
+    "algorithm.optimizer.lr": "actor.optimizer.lr",
+    "algorithm.optimizer.lr_scheduler_type": "actor.optimizer.lr_scheduler_type",
+    "algorithm.advantage_fn_args.tau": "opmd.tau",
+    "algorithm.policy_loss_fn_args.tau": "opmd.tau",
+    "algorithm.advantage_fn_args.opmd_baseline": "opmd.opmd_baseline",
+    "algorithm.policy_loss_fn_args.mu": "mix.mu",
+    "model.model_path": "actor.path",
+    "model.max_model_len": "vllm.max_model_len",
+    "model.max_response_tokens": "gconfig.max_new_tokens",
+    "model.min_response_tokens": "gconfig.min_new_tokens",
+    "cluster.node_num": "cluster.n_nodes",
+    "cluster.gpu_per_node": "cluster.n_gpus_per_node",
+    "buffer.batch_size": "train_dataset.batch_size",
+    "buffer.total_epochs": "total_train_epochs",
+    "buffer.total_steps": "total_train_steps",
+    "buffer.explorer_input.taskset.path": "train_dataset.path",
+    "buffer.explorer_input.taskset.split": "train_dataset.split",
+    "buffer.explorer_input.taskset.format.prompt_key": "train_dataset.prompt_key",
+    "buffer.explorer_input.taskset.rollout_args.temperature": "gconfig.temperature",
+    f"{_AUX}.path": "expert_dataset.path",
+    f"{_AUX}.format.prompt_key": "sft.prompt_key",
+    f"{_AUX}.format.response_key": "sft.response_key",
+    f"{_WARMUP}.path": "expert_dataset.path",
+    "synchronizer.sync_interval": "actor.weight_update_interval",
+    "synchronizer.sync_offset": "actor.weight_update_offset",
+    "synchronizer.sync_timeout": "actor.weight_update_timeout",
+    "explorer.eval_interval": "evaluator.freq_steps",
+    "explorer.eval_on_startup": "evaluator.eval_on_startup",
+    "trainer.total_steps": "total_train_steps",
+    "trainer.save_interval": "saver.freq_steps",
+    "trainer.max_checkpoints_to_keep": "recover.keep_last",
+    "trainer.grad_clip": "actor.optimizer.gradient_clipping",
+    "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
+}
+
+# algorithm_type -> rlkit's job type (mix: grpo plus the expert rows' SFT loss, rlkit's expert_dataset and mix.mu)
+JOB_TYPES = {"grpo": "grpo", "ppo": "ppo", "opmd": "opmd", "sft": "sft", "dpo": "dpo", "mix": "grpo"}
+SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
+
+# why a Trinity-RFT key is left out, for the keys whose reason is worth more than "no such key"
+_WHY: dict[str, str] = {
+    "algorithm.entropy_loss_fn": "rlkit has no entropy bonus",
+    "algorithm.sample_strategy": "rlkit reads a step's samples in the order they were generated",
+    "algorithm.advantage_fn": "set by the job type",
+    "algorithm.policy_loss_fn": "set by the job type",
+    "algorithm.kl_penalty_fn": "rlkit names the estimator actor.kl_estimator, on when actor.kl_ctl > 0",
+    "algorithm.kl_loss_fn": "rlkit names it actor.kl_loss_type, on when actor.kl_loss_coef > 0",
+    "algorithm.sample_strategy_args.expert_data_ratio": "rlkit takes expert_dataset.batch_size expert rows per "
+                                                        "step beside the RL batch: set that",
+    "buffer.explorer_input.default_reward_fn_type": "Trinity-RFT's registered reward names are not rlkit's: set "
+                                                    "reward.fn (or reward.fns, weighted)",
+    "buffer.explorer_input.taskset.default_reward_fn_type": "Trinity-RFT's registered reward names are not "
+                                                            "rlkit's: set reward.fn (or reward.fns, weighted)",
+    "buffer.explorer_input.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent is set",
+    "buffer.explorer_input.taskset.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent "
+                                                           "is set",
+    "buffer.explorer_input.eval_tasksets": "rlkit evaluates one set: give its path as valid_dataset.path",
+    "buffer.trainer_input.experience_buffer": "rlkit's samples go from the servers to the trainer in memory",
+    "synchronizer.sync_style": "fixed: a push every actor.weight_update_interval steps is what rlkit does",
+    "mode": "both: rlkit runs the servers and the trainer in one job",
+    "trainer.ulysses_sequence_parallel_size": "rlkit has no sequence parallelism yet",
+    "monitor.monitor_type": "each sink has its own section under stats_logger",
+}
+_NOT_BUILT = ("not built: rlkit pushes weights on the trainer's fixed schedule (actor.weight_update_interval, "
+              "actor.weight_update_offset); the explorer and trainer cannot trigger a push")
+
+
+@dataclass(frozen=True)
+class TrinityKey:
+    """One Trinity-RFT key of the file and what became of it (for the migrated file's header)."""
+
+    key: str
+    value: Any
+    fate: str
+
+
+def is_trinity(data: dict[str, Any]) -> bool:
+    """Whether a file's mapping is Trinity-RFT's: one of its top-level sections is Trinity-RFT's own."""
+    return any(section in data for section in TRINITY_SECTIONS)
+
+
+def check_known(data: dict[str, Any], source: str) -> None:
+    """Refuse a file that is neither rlkit's (or AReaL's) nor Trinity-RFT's: none of its top-level keys is known, so
+    listing each as unknown would bury the point."""
+    known = {f.name for f in dataclasses.fields(ExperimentConfig)} | set(AREAL_KEYS[""].split())
+    if data and not is_trinity(data) and not known & set(data):
+        raise ConfigError(f"{source} is neither an rlkit (AReaL) config nor a Trinity-RFT config: none of its "
+                          f"top-level keys ({', '.join(sorted(map(str, data))[:8])}) is one of theirs",
+                          hint="rlkit migrate reads AReaL and Trinity-RFT configs (Trinity-RFT's have "
+                               f"{', '.join(TRINITY_SECTIONS)} sections)")
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{path}.")
+        else:
+            yield path, value
+
+
+def _put(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[last] = value
+
+
+def trinity_to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:
+    """The rlkit mapping of a Trinity-RFT file and the fate of each of its keys; ConfigErrors naming every key whose
+    meaning rlkit has not built."""
+    leaves = dict(_leaves(copy.deepcopy(data)))
+    problems = Problems()
+    out: dict[str, Any] = {}
+    fates: list[TrinityKey] = []
+
+    def moved(key: str, to: str, value: Any, how: str = "") -> None:
+        _put(out, to, value)
+        fates.append(TrinityKey(key, leaves[key], f"moved to {to}{how}"))
+
+    for key, value in leaves.items():
+        if key in RENAMES:
+            moved(key, RENAMES[key], value)
+        elif key == "algorithm.algorithm_type":
+            if value not in JOB_TYPES:
+                problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type",
+                             hint=f"rlkit has {', '.join(sorted(JOB_TYPES))}")
+                continue
+            moved(key, "type", JOB_TYPES[value], f" as {JOB_TYPES[value]}" + (
+                " (the SFT loss of expert_dataset weighted by mix.mu)" if value == "mix" else ""))
+        elif key == "synchronizer.sync_method":
+            if value not in SYNC_METHODS:
+                problems.add(f"synchronizer.sync_method '{value}' ({source}) has no rlkit weight_update_mode",
+                             hint="nccl becomes xccl, checkpoint or memory becomes disk")
+                continue
+            moved(key, "actor.weight_update_mode", SYNC_METHODS[value], f" as {SYNC_METHODS[value]}")
+        elif key == "synchronizer.sync_style" and value not in (None, "fixed"):
+            problems.add(f"synchronizer.sync_style '{value}' ({source}) is {_NOT_BUILT}",
+                         hint="use sync_style: fixed (or leave it out)")
+        elif key == "mode" and value not in (None, "both"):
+            problems.add(f"mode '{value}' ({source}): rlkit runs the servers and the trainer in one job (both)",
+                         hint="a generation-only job is rlkit's job type generate; leave mode out")
+        elif key == "continue_from_checkpoint":
+            mode = "auto" if value else "disabled"
+            moved(key, "recover.mode", mode, f" as {mode}")
+        elif key == "model.critic_model_path" and leaves.get("algorithm.algorithm_type") == "ppo":
+            moved(key, "critic.path", value)
+        elif key == "buffer.explorer_input.eval_tasksets" and isinstance(value, list) and len(value) == 1 \
+                and isinstance(value[0], dict) and value[0].get("path"):
+            moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set)")
+        elif key.startswith("explorer.rollout_model."):
+            continue  # judged with the cluster below
+        else:
+            fates.append(TrinityKey(key, value, f"left out ({_WHY.get(key, 'rlkit has no such key')})"))
+    _allocation(leaves, out, fates, problems, source)
+    if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
+        problems.add(f"algorithm_type mix ({source}) needs its expert data",
+                     hint=f"set {_AUX}.path (rlkit's expert_dataset.path)")
+    problems.raise_if_any()
+    return out, fates
+
+
+def _get(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _allocation(leaves: dict[str, Any], out: dict[str, Any], fates: list[TrinityKey], problems: Problems,
+                source: str) -> None:
+    """allocation_mode from the explorer's rollout engines and the cluster: Trinity-RFT's explorer takes
+    engine_num x tensor_parallel_size GPUs, its trainer the rest."""
+    prefix = "explorer.rollout_model."
+    keys = [k for k in leaves if k.startswith(prefix)]
+    engine = leaves.get(f"{prefix}engine_type", "vllm")
+    if engine not in ("vllm", "vllm_async"):
+        problems.add(f"{prefix}engine_type '{engine}' ({source}): rlkit's Trinity-RFT reading knows vLLM engines",
+                     hint="set allocation_mode yourself (vllm:... or sglang:...) and leave engine_type out")
+        return
+    n, t = leaves.get(f"{prefix}engine_num"), leaves.get(f"{prefix}tensor_parallel_size", 1)
+    nodes, gpus = leaves.get("cluster.node_num"), leaves.get("cluster.gpu_per_node")
+    sizes = [v for v in (n, t, nodes, gpus) if isinstance(v, int) and not isinstance(v, bool)]
+    if len(sizes) == 4:  # numbers, not ${...} references rlkit cannot resolve here
+        n, t, nodes, gpus = sizes
+        trainer = nodes * gpus - n * t
+        if trainer < 1:
+            problems.add(f"explorer.rollout_model ({source}): {n} engines of {t} GPUs leave the trainer none of "
+                         f"the cluster's {nodes * gpus}", hint="lower engine_num or raise cluster.node_num")
+            return
+        mode = f"vllm:d{n}" + (f"t{t}" if t != 1 else "") + f"+fsdp:d{trainer}"
+        _put(out, "allocation_mode", mode)
+        fates.extend(TrinityKey(k, leaves[k], f"read into allocation_mode {mode}") for k in keys
+                     if k.rsplit(".", 1)[1] in ("engine_type", "engine_num", "tensor_parallel_size"))
+        keys = [k for k in keys if k.rsplit(".", 1)[1] not in ("engine_type", "engine_num", "tensor_parallel_size")]
+    fates.extend(TrinityKey(k, leaves[k], "left out (set allocation_mode, e.g. vllm:d2t2+fsdp:d4)"
+                            if k.rsplit(".", 1)[1] in ("engine_num", "tensor_parallel_size", "engine_type")
+                            else "left out (rlkit has no such key)") for k in keys)
+
+
+def header(path: Path, fates: list[TrinityKey]) -> str:
+    """The header lines naming every Trinity-RFT key of the file and what became of it."""
+    lines = [f"# Trinity-RFT config {path.name} read by `rlkit migrate`; its keys and what became of each:"]
+    for item in sorted(fates, key=lambda f: f.key):
+        value = show(item.value)
+        value = value if len(value) <= 60 else value[:57] + "..."
+        lines.append(f"#   {item.key}: {value}  -> {item.fate}")
+    return "\n".join(line.replace("\n", " ") for line in lines) + "\n"
+
+
+@contextmanager
+def as_rlkit_file(path: Path) -> Iterator[tuple[Path, str]]:
+    """The file `rlkit migrate` reads for `path` and the header its output starts with: `path` itself and '' for an
+    rlkit (AReaL) file; for a Trinity-RFT file, its rlkit mapping written to a file of the same name in a temporary
+    directory (render's checks read a file) and the header of its Trinity-RFT keys."""
+    data = read_yaml(path)
+    check_known(data, f"'{path}'")
+    if not is_trinity(data):
+        yield path, ""
+        return
+    mapping, fates = trinity_to_rlkit(data, f"in {path}")
+    with tempfile.TemporaryDirectory(prefix="rlkit-trinity-") as tmp:
+        converted = Path(tmp) / path.name
+        converted.write_text(yaml.safe_dump(mapping, sort_keys=False))
+        yield converted, header(path, fates)
