@@ -106,8 +106,9 @@ def check_same_vocabulary(field: str, path: str, config: ExperimentConfig) -> No
                                "is then actor.path)")
 
 
-def _first_difference(one: str, other: str) -> str:
-    """The first difference of the two directories' token tables ('' when equal or not both readable here)."""
+def _first_difference(one: str, other: str, label: str = "the reference") -> str:
+    """The first difference of the two directories' token tables ('' when equal or not both readable here);
+    `label` names `one` in the message."""
     for name in ("tokenizer.json", "vocab.json"):
         a, b = _read(one, name), _read(other, name)
         if a is None or b is None:
@@ -119,10 +120,16 @@ def _first_difference(one: str, other: str) -> str:
             return ""
         for token_id in sorted(set(ta) | set(tb)):
             if ta.get(token_id) != tb.get(token_id):
-                return (f"token id {token_id} is {ta.get(token_id, 'absent')!r} in {name} of the reference, "
+                return (f"token id {token_id} is {ta.get(token_id, 'absent')!r} in {name} of {label}, "
                         f"{tb.get(token_id, 'absent')!r} in the job's")
         return ""
     return ""
+
+
+def tokenizer_difference(one: str, other: str, label: str) -> str:
+    """The first difference of the token tables of the directories `one` (called `label`) and `other`; '' when they
+    are equal or not both readable here (rlkit.jobs.distill.checks: the teacher's tokenizer)."""
+    return _first_difference(one, other, label)
 
 
 def _read(directory: str, name: str) -> bytes | None:
