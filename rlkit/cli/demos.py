@@ -112,8 +112,9 @@ def _prompts(directory: Path) -> None:
 
 
 PREPARE: dict[str, Callable[[Path], None]] = {
-    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "digits-teacher": _digits_teacher, "sft-rows": _sft_rows,
-    "pairs": _pair_rows, "prompts": _prompts, "press-held-out": _press_held_out,
+    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits,
+    "digits-teacher": _digits_teacher, "sft-rows": _sft_rows, "pairs": _pair_rows, "prompts": _prompts,
+    "press-held-out": _press_held_out,
 }
 
 

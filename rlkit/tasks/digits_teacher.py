@@ -43,7 +43,7 @@ def build_digits_teacher(out_dir: str | Path, student_dir: str | Path, *, steps:
         ids, labels = [], []
         for row in chunk:
             prompt = tokenizer.encode(row["prompt"], add_special_tokens=False)
-            target = tokenizer.encode(row["response"], add_special_tokens=False) + [eos]
+            target = [*tokenizer.encode(row["response"], add_special_tokens=False), eos]
             ids.append(prompt + target)
             labels.append([-100] * len(prompt) + target)
         width = max(len(x) for x in ids)

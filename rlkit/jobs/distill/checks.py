@@ -5,7 +5,7 @@ each naming its fix. Torch-free.
 
 from __future__ import annotations
 
-from rlkit.checks.reference import tokenizer_difference
+from rlkit.checks.token_tables import first_difference
 from rlkit.config.model_config import vocab_size
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import entry_field
@@ -44,7 +44,7 @@ def _check_teacher(config: ExperimentConfig, index: int, problems: Problems) -> 
     tokenizer_field, tokenizer = (("tokenizer_path", config.tokenizer_path) if config.tokenizer_path else
                                   ("actor.path", config.actor.path))
     if entry.model_path and tokenizer:
-        differs = tokenizer_difference(entry.model_path, tokenizer, "the teacher")
+        differs = first_difference(entry.model_path, tokenizer, "the teacher")
         theirs, ours = vocab_size(entry.model_path), vocab_size(config.actor.path)
         if not differs and theirs is not None and ours is not None and theirs != ours:
             differs = f"vocab_size {theirs} in the teacher's config.json, {ours} in the student's"

@@ -166,9 +166,9 @@ def test_areals_distillation_keys_map_or_are_refused_with_the_reason(tmp_path: P
     d = config_from_mapping(mapping, []).distill
     assert (d.coef, d.rl_coef, d.topk, d.add_tail, d.is_clip) == (0.5, 0.0, 5, False, 2.0)
     mapping["actor"]["self_distillation"]["teacher_update_rate"] = 0.05
-    with pytest.raises(ConfigError, match="self-distillation teacher .*EMA of the student.* is not built"):
+    with pytest.raises(ConfigError, match=r"self-distillation teacher .*EMA of the student.* is not built"):
         config_from_mapping(mapping, [])
     del mapping["actor"]["self_distillation"]["teacher_update_rate"]
     mapping["teacher"]["path"] = str(tmp_path / "elsewhere")  # not the served teacher's model
-    with pytest.raises(ConfigError, match="teacher.path"):
+    with pytest.raises(ConfigError, match=r"teacher\.path"):
         config_from_mapping(mapping, [])
