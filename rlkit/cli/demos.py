@@ -27,6 +27,13 @@ def _reward(metrics: Metrics) -> str:
             f"of the last 3 steps {_mean(last):.3f}")
 
 
+def _distill(metrics: Metrics) -> str:
+    """The logged reward (never trained on) and the per-token reverse KL to the teacher, first and last 3 steps."""
+    kl = [float(m["distill/reverse_kl"]) for m in metrics if "distill/reverse_kl" in m]
+    shown = f"; reverse KL to the teacher {_mean(kl[:3]):.3f} -> {_mean(kl[-3:]):.3f} nats/token" if kl else ""
+    return _reward(metrics) + shown
+
+
 def _evals(metrics: Metrics, key: str) -> list[float]:
     return [float(m[key]) for m in metrics if key in m]
 
@@ -136,7 +143,7 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("lora", "grpo-lora-cpu-demo.yaml", "GRPO training LoRA adapters, served by vLLM's runtime LoRA",
          ("tiny-model-lora", "digits"), _reward),
     Demo("distill", "distill-cpu-demo.yaml", "on-policy distillation: the student learns the reverse KL to a teacher "
-         "served as an auxiliary model, without a reward", ("tiny-model", "digits", "digits-teacher"), _reward),
+         "served as an auxiliary model, without a reward", ("tiny-model", "digits", "digits-teacher"), _distill),
     Demo("sft", "sft-cpu-demo.yaml", "supervised fine-tuning on 2 trainer ranks", ("tiny-model", "sft-rows"), _sft),
     Demo("rw", "rw-cpu-demo.yaml", "a reward model trained on preference pairs", ("tiny-model", "pairs"), _pairs),
     Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),
