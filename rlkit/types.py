@@ -25,6 +25,10 @@ class Sample:
     # inserted; only tokens with loss_mask 1 are trained. None: every completion token was sampled (single turn).
     loss_mask: list[int] | None = None
     token_versions: list[int] | None = None  # weight version per completion token (-1: inserted); None: version
+    # Job type distill: the teacher's log-prob of each completion token, and (distill.topk) its top-k
+    # (token id, log-prob) pairs at each completion position (rlkit.rollout.teacher).
+    teacher_logp: list[float] | None = None
+    teacher_topk: list[list[tuple[int, float]]] | None = None
 
     @property
     def length(self) -> int:

@@ -11,13 +11,12 @@ an empty ref.path keeps the base without the adapter as the reference.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlkit.checks.site_files import check_model_dir
+from rlkit.checks.token_tables import first_difference
 from rlkit.checks.trainer import DTYPES
-from rlkit.config.model_config import is_local_path, vocab_size
+from rlkit.config.model_config import vocab_size
 from rlkit.config.problems import Problems
 from rlkit.config.reference import OWN_REFERENCE, own_reference, reference_field, reference_path
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from rlkit.jobs.job_types import JobTypes
 
 ATTN_IMPLS = ("flash_attention_2", "sdpa", "eager")
-_TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)
 
 
 def validate_reference(config: ExperimentConfig, job: JobType, job_types: JobTypes, problems: Problems) -> None:
@@ -97,63 +95,10 @@ def check_same_vocabulary(field: str, path: str, config: ExperimentConfig) -> No
                                f"from), or leave {field} empty (the reference is then actor.path)")
     tokenizer, tokenizer_field = ((config.tokenizer_path, "tokenizer_path") if config.tokenizer_path else
                                   (actor_path, "actor.path"))
-    differs = _first_difference(path, tokenizer)
+    differs = first_difference(path, tokenizer)
     if differs:
         raise ConfigError(f"{field}: the tokenizer of the reference model '{path}' differs from the job's "
                           f"({tokenizer_field} '{tokenizer}'): {differs}, so the reference would score the "
                           "actor's token ids as other tokens",
                           hint=f"use a reference with the actor's tokenizer, or leave {field} empty (the reference "
                                "is then actor.path)")
-
-
-def _first_difference(one: str, other: str) -> str:
-    """The first difference of the two directories' token tables ('' when equal or not both readable here)."""
-    for name in ("tokenizer.json", "vocab.json"):
-        a, b = _read(one, name), _read(other, name)
-        if a is None or b is None:
-            continue
-        if a == b:
-            return ""
-        ta, tb = _token_table(name, a), _token_table(name, b)
-        if ta is None or tb is None:
-            return ""
-        for token_id in sorted(set(ta) | set(tb)):
-            if ta.get(token_id) != tb.get(token_id):
-                return (f"token id {token_id} is {ta.get(token_id, 'absent')!r} in {name} of the reference, "
-                        f"{tb.get(token_id, 'absent')!r} in the job's")
-        return ""
-    return ""
-
-
-def _read(directory: str, name: str) -> bytes | None:
-    path = Path(directory) / name
-    try:
-        if not is_local_path(directory) or not path.is_file() or path.stat().st_size > _TOKENIZER_LIMIT:
-            return None
-        return path.read_bytes()
-    except OSError:
-        return None
-
-
-def _token_table(name: str, data: bytes) -> dict[int, str] | None:
-    """Token id -> token of a tokenizer.json (its model's vocabulary and added tokens) or a vocab.json; None when
-    the file is not one rlkit can read."""
-    try:
-        parsed: Any = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    table: dict[int, str] = {}
-    model = parsed.get("model")
-    vocab = (model.get("vocab") if isinstance(model, dict) else None) if name == "tokenizer.json" else parsed
-    if isinstance(vocab, dict):
-        table.update({i: str(t) for t, i in vocab.items() if isinstance(i, int)})
-    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...] by id
-        table.update({i: str(item[0]) for i, item in enumerate(vocab) if isinstance(item, list) and item})
-    else:
-        return None
-    for added in parsed.get("added_tokens", []) if name == "tokenizer.json" else []:
-        if isinstance(added, dict) and isinstance(added.get("id"), int):
-            table[added["id"]] = str(added.get("content"))
-    return table

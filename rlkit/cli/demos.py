@@ -27,6 +27,13 @@ def _reward(metrics: Metrics) -> str:
             f"of the last 3 steps {_mean(last):.3f}")
 
 
+def _distill(metrics: Metrics) -> str:
+    """The logged reward (never trained on) and the per-token reverse KL to the teacher, first and last 3 steps."""
+    kl = [float(m["distill/reverse_kl"]) for m in metrics if "distill/reverse_kl" in m]
+    shown = f"; reverse KL to the teacher {_mean(kl[:3]):.3f} -> {_mean(kl[-3:]):.3f} nats/token" if kl else ""
+    return _reward(metrics) + shown
+
+
 def _evals(metrics: Metrics, key: str) -> list[float]:
     return [float(m[key]) for m in metrics if key in m]
 
@@ -80,6 +87,13 @@ def _digits(directory: Path) -> None:
     write_dataset(directory / "digits.jsonl")
 
 
+def _digits_teacher(directory: Path) -> None:
+    from rlkit.models.tiny import build_tiny_model
+    from rlkit.tasks.digits_teacher import build_digits_teacher
+
+    build_digits_teacher(directory / "digits-teacher", build_tiny_model(directory / "tiny-model"))
+
+
 def _sft_rows(directory: Path) -> None:
     from rlkit.tasks.digits_sft import write_sft_dataset
 
@@ -105,8 +119,9 @@ def _prompts(directory: Path) -> None:
 
 
 PREPARE: dict[str, Callable[[Path], None]] = {
-    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits, "sft-rows": _sft_rows,
-    "pairs": _pair_rows, "prompts": _prompts, "press-held-out": _press_held_out,
+    "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits,
+    "digits-teacher": _digits_teacher, "sft-rows": _sft_rows, "pairs": _pair_rows, "prompts": _prompts,
+    "press-held-out": _press_held_out,
 }
 
 
@@ -127,6 +142,8 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("ppo", "ppo-cpu-demo.yaml", "PPO with a critic", ("tiny-model", "digits"), _reward),
     Demo("lora", "grpo-lora-cpu-demo.yaml", "GRPO training LoRA adapters, served by vLLM's runtime LoRA",
          ("tiny-model-lora", "digits"), _reward),
+    Demo("distill", "distill-cpu-demo.yaml", "on-policy distillation: the student learns the reverse KL to a teacher "
+         "served as an auxiliary model, without a reward", ("tiny-model", "digits", "digits-teacher"), _distill),
     Demo("sft", "sft-cpu-demo.yaml", "supervised fine-tuning on 2 trainer ranks", ("tiny-model", "sft-rows"), _sft),
     Demo("rw", "rw-cpu-demo.yaml", "a reward model trained on preference pairs", ("tiny-model", "pairs"), _pairs),
     Demo("dpo", "dpo-cpu-demo.yaml", "DPO against a frozen reference", ("tiny-model", "pairs"), _pairs),

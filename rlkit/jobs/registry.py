@@ -4,6 +4,7 @@ JobType and its checks) plus one line here."""
 from __future__ import annotations
 
 from rlkit.jobs.base import JobType
+from rlkit.jobs.distill.job import DISTILL
 from rlkit.jobs.dpo.job import DPO
 from rlkit.jobs.generate.job import GENERATE
 from rlkit.jobs.grpo.job import GRPO
@@ -13,7 +14,7 @@ from rlkit.jobs.ppo.job import PPO
 from rlkit.jobs.rw.job import RW
 from rlkit.jobs.sft.job import SFT
 
-REGISTRY = JobTypes((GENERATE, GRPO, PPO, OPMD, SFT, RW, DPO))
+REGISTRY = JobTypes((GENERATE, GRPO, PPO, OPMD, SFT, RW, DPO, DISTILL))
 JOB_TYPES: tuple[str, ...] = REGISTRY.names
 
 

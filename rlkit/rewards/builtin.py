@@ -116,4 +116,14 @@ def make_exact_match_reward(answer_key: str) -> partial[float]:
     return partial(exact_match_reward, answer_key=answer_key)
 
 
-BUILTINS = {"math": make_math_reward, "exact_match": make_exact_match_reward}
+def no_reward(prompt: str, completion: str, row: dict[str, Any]) -> float:
+    """0.0 for everything: a run whose loss needs no reward (job type distill with distill.rl_coef 0)."""
+    return 0.0
+
+
+def make_no_reward(answer_key: str) -> partial[float]:
+    """`no_reward` (it reads no answer column)."""
+    return partial(no_reward)
+
+
+BUILTINS = {"math": make_math_reward, "exact_match": make_exact_match_reward, "none": make_no_reward}

@@ -77,6 +77,16 @@ class Completion:
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class TokenScores:
+    """A model's scores of a given token sequence (a teacher's, job type distill): the raw log-prob of each token
+    from position `start` on given the ones before it, and at each of those positions its `topk` most likely
+    (token id, log-prob) pairs, most likely first (empty lists when none were asked for)."""
+
+    logprobs: list[float]
+    topk: list[list[tuple[int, float]]]
+
+
 @dataclass
 class SamplingParams:
     """The sampling settings of a request (gconfig)."""
@@ -205,6 +215,14 @@ class ServerBackend(ABC):
     async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
                              timeout: float) -> list[float]:
         """The raw log-prob of each probe token given the ones before it (`len(probe_ids) - 1` values)."""
+
+    async def score_tokens(self, client: httpx.AsyncClient, server: Server, sequences: list[list[int]],
+                           starts: list[int], topk: int, timeout: float) -> list[TokenScores]:
+        """One request scoring several token sequences with the server's prompt-logprob route: per sequence, the
+        log-probs of its tokens from `starts[i]` on (`start >= 1`) and, with `topk`, the top-k per position. Errors
+        as for `probe_logprobs`."""
+        raise NotImplementedError(f"the {self.name} backend does not score token sequences (a distillation teacher "
+                                  "needs vLLM or SGLang servers)")
 
     @abstractmethod
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 from rlkit.config.schema.actor import ActorConfig, kl_terms_on
 from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
 from rlkit.models.packing import set_packing
-from rlkit.trainer.batch import dummy_like, local_indices, pack
+from rlkit.trainer.batch import MicroBatch, dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
 from rlkit.trainer.reference import adapter_off, frozen_reference
@@ -33,6 +34,16 @@ PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, 
 _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
 
 
+class ExtraLoss(Protocol):
+    """A term added to the actor's loss of each micro-batch (job type distill's top-k forward KL): its value (a mean
+    over the micro-batch's loss-mask tokens) and its statistics (per-token means, named `names`)."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, model: nn.Module, mb: MicroBatch, group_idx: list[int], logp: Tensor
+                 ) -> tuple[Tensor, dict[str, float]]: ...
+
+
 class PPOActor:
     """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`; with
     LoRA and no other reference model none: the reference is the trained model with its adapter switched off, which
@@ -43,6 +54,7 @@ class PPOActor:
         self.config, self.engine, self.ref = config, engine, ref
         self.pad_id, self.temperature = pad_id, temperature
         self.has_reference = ref is not None or (config.use_lora and kl_terms_on(config))
+        self.extra_loss: ExtraLoss | None = None  # set by an algorithm for its next train_step
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
@@ -97,6 +109,8 @@ class PPOActor:
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
                 "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0}
         counts = dict.fromkeys(_COUNTED, 0.0)
+        extra = self.extra_loss
+        extra_sums = dict.fromkeys(extra.names if extra is not None else (), 0.0)
         max_ratio = [0.0]
         decoupled = cfg.use_decoupled_loss and old_logp is not None
 
@@ -125,6 +139,11 @@ class PPOActor:
                 kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
                 loss = loss + cfg.kl_loss_coef * kl_mean
                 counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
+            if extra is not None:
+                term, term_stats = extra(model, mb, group_idx, logp)
+                loss = loss + term
+                for key in extra_sums:
+                    extra_sums[key] += term_stats.get(key, 0.0) * n_tok
             if n_tok:
                 sums["loss"] += float(loss.detach()) * n_tok
                 sums["kl"] += float(kl_mean) * n_tok
@@ -156,6 +175,9 @@ class PPOActor:
             totals.pop("actor/behav_filtered_fraction")
         totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
+        if extra_sums:
+            totals.update({k: v / tokens for k, v in zip(extra_sums, all_reduce_sum(list(extra_sums.values())),
+                                                           strict=True)})
         totals["actor/grad_norm"] = grad_norm
         totals["actor/lr"] = lr
         totals.update(mix)

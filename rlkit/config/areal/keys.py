@@ -134,6 +134,46 @@ ENGINE: dict[str, Rule] = {
     "workers_ready_timeout": AREAL_RPC,
 }
 
+def _teacher_served(value: object, c: ExperimentConfig) -> bool:
+    """AReaL's teacher.path names the model of rlkit's teacher: the auxiliary_models entry distill.teacher."""
+    return any(e.name == c.distill.teacher and e.model_path == value for e in c.auxiliary_models)
+
+
+_SERVED_TEACHER = ("serve the teacher as an auxiliary_models entry ({name: teacher, model_path: ...}) and set type: "
+                   "distill (distill.teacher names the entry)")
+# AReaL's `teacher` section (on-policy distillation in its PPO trainer): rlkit's job type distill.
+TEACHER: dict[str, Rule] = {
+    "engine_type": same("rlkit's teacher is served (AReaL's 'rollout' engine: an auxiliary_models entry scored "
+                        "through its prompt-logprob route)", lambda v, c: v == "rollout",
+                        fix="remove it; a teacher in the trainer ('train') is not built: " + _SERVED_TEACHER,
+                        expected=lambda c: "rollout"),
+    "rollout": off("the teacher's own inference-engine section", None,
+                   fix="remove it: the teacher's servers are its auxiliary_models entry (engine_num, "
+                       "tensor_parallel_size, backend, max_model_len) with the vllm/sglang section's settings"),
+    "train": off("a trained-engine teacher", None, fix="remove it: " + _SERVED_TEACHER),
+    "path": same("the model of the auxiliary_models entry distill.teacher", _teacher_served, fix=_SERVED_TEACHER),
+    "offload": off("offloading the teacher between steps", False),
+    "rl_loss_weight": renamed("distill.rl_coef", "rlkit keeps distillation's settings in the distill section"),
+    "distill_loss_weight": renamed("distill.coef", "rlkit keeps distillation's settings in the distill section"),
+}
+
+_SELF_TEACHER = same(
+    "the student's own teacher", lambda v, c: False,
+    refused="AReaL's self-distillation teacher (an EMA of the student, re-prompted with a successful attempt or "
+            "feedback: SDPO) is not built; rlkit's teacher is another model, served, scoring the student's own "
+            "prompt and completion", fix="remove it: " + _SERVED_TEACHER)
+# AReaL's actor.self_distillation: the loss knobs fit rlkit's distill section; its teacher does not.
+SELF_DISTILLATION: dict[str, Rule] = {
+    "distillation_topk": renamed("distill.topk", "the top-k forward KL of job type distill"),
+    "distillation_add_tail": renamed("distill.add_tail", "the top-k term's tail bucket"),
+    "is_clip": renamed("distill.is_clip", "the top-k term's importance-weight bound"),
+    **dict.fromkeys(("full_logit_distillation", "alpha", "success_reward_threshold", "teacher_regularization",
+                     "teacher_update_rate", "max_reprompt_len", "reprompt_truncation", "dont_reprompt_on_self_success",
+                     "remove_thinking_from_demonstration", "reprompt_template", "solution_template",
+                     "feedback_template", "include_environment_feedback", "environment_feedback_only_without_solution"),
+                    _SELF_TEACHER),
+}
+
 ACTOR: dict[str, Rule] = {
     **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "init_from_scratch")},  # fields
     "is_critic": per_job(lambda job: same(
@@ -160,6 +200,8 @@ ACTOR: dict[str, Rule] = {
     "beta": renamed("dpo.beta", "rlkit keeps DPO's settings in the dpo section"),
     "loss_type": renamed("dpo.loss_type", "rlkit keeps DPO's settings in the dpo section"),
     "behave_imp_weight_cap": renamed("actor.behav_imp_weight_cap", "AReaL's name until 2026-03"),
+    "self_distillation": section("AReaL's self-distillation (SDPO); its loss knobs map to the distill section",
+                                 SELF_DISTILLATION),
     "behave_imp_weight_mode": same("tokens whose behaviour importance weight exceeds the cap are masked (AReaL's "
                                    "token_mask)", lambda v, c: v == "token_mask",
                                    fix="remove it, or set actor.rejection_sampling (level, action) for the other "
@@ -214,7 +256,7 @@ TOP: dict[str, Rule] = {
         }),
     }),
     "memory_profiler": off("the memory profiler", None),
-    "teacher": off("on-policy distillation from a teacher", None),
+    "teacher": section("on-policy distillation from a teacher: rlkit's job type distill", TEACHER),
     "beta": renamed("dpo.beta", "rlkit keeps DPO's settings in the dpo section"),
     "loss_type": renamed("dpo.loss_type", "rlkit keeps DPO's settings in the dpo section"),
 }

@@ -17,6 +17,7 @@ from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.agent import DEFAULT_MAX_TOTAL_TOKENS, AgentConfig
 from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.critic import CriticConfig
+from rlkit.config.schema.distill import DistillConfig
 from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
@@ -221,7 +222,8 @@ class GenerateConfig:
 class RewardConfig:
     """How completions are scored."""
 
-    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, reward_model (a trained "
+    fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, none (0 for every "
+                 "completion: job type distill without a reward), reward_model (a trained "
                  "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
                  "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
@@ -277,7 +279,8 @@ class ExperimentConfig:
     tokenizer_path: str = _f("", "Tokenizer directory; empty: the model's.")
     auxiliary_models: list[AuxiliaryModelConfig] = _f(
         [], "Extra models served beside the policy for reward functions (e.g. an LLM judge), each its own server "
-            "group in the job, reached with rlkit.rewards.auxiliary.auxiliary_model(name) (grpo, ppo).")
+            "group in the job, reached with rlkit.rewards.auxiliary.auxiliary_model(name) (grpo, ppo); the teacher "
+            "of job type distill (distill.teacher).")
     cluster: ClusterConfig = _sub(ClusterConfig, "The cluster: shared file root, nodes, GPUs per node, name resolving.")
     launcher: LauncherConfig = _sub(
         LauncherConfig, "CPUs, memory and environment of each role's steps, and the Slurm request.")
@@ -298,13 +301,15 @@ class ExperimentConfig:
         DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
-    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd).")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd, distill).")
     expert_dataset: DatasetConfig = _sub(
         DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
         "per step, their SFT loss weighted by mix.mu; empty path: no mix.")
     mix: MixConfig = _sub(MixConfig, "SFT+RL mix: the weight of the expert rows' loss.")
     opmd: OPMDConfig = _sub(OPMDConfig, "Job type opmd: tau and the group baseline.")
     sft: SFTConfig = _sub(SFTConfig, "Job type sft: the dataset's row format.")
+    distill: DistillConfig = _sub(DistillConfig, "Job type distill: on-policy distillation from a teacher served as "
+                                  "an auxiliary model.")
     total_train_epochs: int = _f(1, "Passes over the training set.", ge=1)
     total_train_steps: int | None = _f(None, "Stop after this many steps; None: run the epochs.", ge=1)
     async_training: bool = _f(True, "Generate the next batches while training (false: synchronous GRPO).")

@@ -88,7 +88,10 @@ def run_grpo(trial_dir: Path, config: ExperimentConfig) -> None:
 
 
 class GRPO:
-    """The GRPO algorithm on one rank (the loop's `Algorithm`): rank 0 also holds the rollouts (`trainer`)."""
+    """The GRPO algorithm on one rank (the loop's `Algorithm`): rank 0 also holds the rollouts (`trainer`).
+    `rank0_class`: what rank 0 runs (job type distill adds the teacher's scores to each batch)."""
+
+    rank0_class: type[Rank0] = Rank0
 
     def __init__(self, ctx: LoopContext) -> None:
         """Collective: tokenizer, prompts (rank 0), the number of steps, the actor, the fingerprint probe."""
@@ -133,7 +136,7 @@ class GRPO:
             raise StepError("fault injected: die_at_start")
         self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
         if self.rank0:
-            self.trainer = Rank0(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)
+            self.trainer = self.rank0_class(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)
             self.trainer.start(transport)
         if resumed is not None:  # fresh servers hold actor.path: give them the resumed weights before any request
             _check_weights(self.actor.engine, self.trainer, transport, self.probe, version=int(resumed["version"]),

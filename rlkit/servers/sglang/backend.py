@@ -37,6 +37,7 @@ from rlkit.servers.backend import (
     ServerBackend,
     ServerLaunch,
     TensorMeta,
+    TokenScores,
     WeightGroup,
     WeightLink,
 )
@@ -188,6 +189,17 @@ class SglangBackend(ServerBackend):
             raise StepError(f"{server.label}: {what} do not cover the {len(probe_ids) - 1} probe tokens: "
                             f"{response.text[:500]}")
         return [float(v) for v in values]
+
+    async def score_tokens(self, client: httpx.AsyncClient, server: Server, sequences: list[list[int]],
+                           starts: list[int], topk: int, timeout: float) -> list[TokenScores]:
+        """`/generate` with `logprob_start_len: 0` and `top_logprobs_num`, a batch of input_ids in one request
+        (rlkit.servers.scoring)."""
+        from rlkit.servers import scoring
+
+        what = f"scoring {len(sequences)} sequences"
+        response = await call(client, server, "POST", "/generate", what, timeout,
+                              json=scoring.sglang_body(sequences, topk, _adapter_field(server)))
+        return scoring.sglang_scores(answer_json(response, server, what), server, sequences, starts, topk)
 
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`POST /pause_generation {"mode": "retract"}` (io_struct.PauseGenerationReqInput; Scheduler.pause_generation):

@@ -28,6 +28,7 @@ from rlkit.servers.backend import (
     ServerBackend,
     ServerLaunch,
     TensorMeta,
+    TokenScores,
     WeightGroup,
     WeightLink,
 )
@@ -161,6 +162,16 @@ class VllmBackend(ServerBackend):
             raise StepError(f"{server.label}: {what} do not cover the {len(probe_ids) - 1} probe tokens: "
                             f"{response.text[:500]}")
         return [float(v) for v in values]
+
+    async def score_tokens(self, client: httpx.AsyncClient, server: Server, sequences: list[list[int]],
+                           starts: list[int], topk: int, timeout: float) -> list[TokenScores]:
+        """`prompt_logprobs` on `/v1/completions`, all sequences in one request (rlkit.servers.scoring)."""
+        from rlkit.servers import scoring
+
+        what = f"scoring {len(sequences)} sequences"
+        response = await call(client, server, "POST", "/v1/completions", what, timeout,
+                              json=scoring.vllm_body(server, sequences, topk))
+        return scoring.vllm_scores(answer_json(response, server, what), server, sequences, starts, topk)
 
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`mode=keep`: requests in flight are frozen, not dropped."""

@@ -44,6 +44,9 @@ def test_a_demos_config_renders_from_what_its_preparation_built(name: str, demo_
 def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
     rewards = [{"reward/mean": r} for r in (0.0, 0.1, 0.2, 0.5, 0.9, 1.0)]
     assert DEMOS["grpo"].report(rewards).endswith("first 3 steps 0.100, of the last 3 steps 0.800")  # type: ignore[misc]
+    distilled = [{**r, "distill/reverse_kl": k} for r, k in zip(rewards, (7.0, 6.5, 6.0, 2.0, 1.0, 0.6), strict=True)]
+    assert DEMOS["distill"].report(distilled).endswith(  # type: ignore[misc]
+        "of the last 3 steps 0.800; reverse KL to the teacher 6.500 -> 1.200 nats/token")
     sft = [{"sft/loss": 3.0}, {"sft/loss": 1.0, "eval/loss": 1.5}, {"sft/loss": 0.5, "eval/loss": 0.7}]
     assert "training loss 3.000 -> 0.500; held-out loss 1.500 -> 0.700" in DEMOS["sft"].report(sft)  # type: ignore[misc]
     pairs = [{"eval/accuracy": 0.5, "eval/reward_margin": 0.0}, {"eval/accuracy": 1.0, "eval/reward_margin": 2.0}]

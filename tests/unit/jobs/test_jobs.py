@@ -30,7 +30,7 @@ def test_a_name_like_none_gets_the_list_without_a_guess() -> None:
 
 
 def test_registry_holds_every_job_type() -> None:
-    assert set(JOB_TYPES) == {"generate", "grpo", "ppo", "opmd", "sft", "rw", "dpo"}
+    assert set(JOB_TYPES) == {"generate", "grpo", "ppo", "opmd", "sft", "rw", "dpo", "distill"}
     assert [job.name for job in registered_job_types()] == list(JOB_TYPES)
 
 
@@ -40,8 +40,8 @@ def test_the_job_type_facts_checks_ask_are_those_the_names_used_to_stand_for() -
     def having(fact: str) -> set[str]:
         return {job.name for job in registered_job_types() if getattr(job, fact)}
 
-    assert having("trains_on_rollouts") == {"grpo", "ppo", "opmd"}
-    assert having("kl_terms") == {"grpo", "ppo", "opmd"}
+    assert having("trains_on_rollouts") == {"grpo", "ppo", "opmd", "distill"}
+    assert having("kl_terms") == {"grpo", "ppo", "opmd", "distill"}
     assert having("random_start") == {"sft", "rw"}
     assert having("always_reference") == {"dpo"}
     assert having("trains_value_model") == {"rw"}

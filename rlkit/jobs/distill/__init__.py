@@ -1,0 +1,1 @@
+"""Job type distill: on-policy distillation from a teacher served as an auxiliary model."""
