@@ -77,7 +77,7 @@ def test_facts_of_some_fields() -> None:
     assert docs["critic.path"].job_types == ("ppo",)
     assert docs["dpo.beta"].job_types == ("dpo",)
     assert "generate" in docs["vllm.max_num_seqs"].job_types and "sft" not in docs["vllm.max_num_seqs"].job_types
-    assert docs["ref.path"].job_types == ("grpo", "ppo", "opmd", "dpo")
+    assert docs["ref.path"].job_types == ("grpo", "ppo", "opmd", "dpo", "distill")
     assert docs["cluster.fileroot"].job_types == ()
 
 
