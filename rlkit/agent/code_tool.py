@@ -311,8 +311,8 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Wa
 def _describe(run: ChildRun, limits: CodeLimits, namespaces: bool, notes: list[str]) -> CodeResult:
     """Turn the parent's and the guard's view of a run into a result with a readable error."""
     notes.extend(_isolation_notes(run.facts, namespaces))
-    isolated = namespaces and run.facts.get("namespaces") == "ok" and not {"proc", "filesystem", "seccomp"} & set(
-        run.facts)
+    isolated = namespaces and run.facts.get("namespaces") == "ok" and not {
+        "proc", "filesystem", "seccomp", "opens"} & set(run.facts)
     refused = run.facts.get("refused")
     if refused is not None:
         return CodeResult(ok=False, output="", error=refusal_text(str(refused)), seconds=round(run.seconds, 3),
@@ -372,7 +372,7 @@ def _isolation_notes(facts: dict[str, object], namespaces: bool) -> list[str]:
                      f"scratch directory is the host's (capped per file only, seen by concurrent runs), and the code "
                      f"can read what the job's user can and write it too unless Landlock holds; enable unprivileged "
                      f"user namespaces on the nodes")
-    for fact in ("idmap", "proc", "filesystem", "keyring", "landlock", "seccomp"):
+    for fact in ("idmap", "proc", "filesystem", "keyring", "landlock", "opens", "seccomp"):
         if fact in facts:
             notes.append(str(facts[fact])[:400])
     return notes

@@ -18,7 +18,7 @@ from rlkit.agent.sandbox_child import memfd_holding
 
 CHILD_SOURCE = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
 GUARD_SOURCES = {name: (Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8")  # run by the guard
-                 for name in ("sandbox_seccomp", "sandbox_mounts")}
+                 for name in ("sandbox_seccomp", "sandbox_mounts", "sandbox_opens")}
 MAX_SPEC_BYTES = 120_000  # the code and its settings: a sanity bound (model output, not a file upload)
 STATUS_CAP = 65_536
 STOP_GRACE_SECONDS = 2.0  # for the supervisor to kill and reap its guard before we SIGKILL everything

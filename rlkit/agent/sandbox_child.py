@@ -177,20 +177,34 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     # the code's memfd, for the runner's exec, made before the filter denies memfd_create
     spec["code_fd"] = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
     landlock = _module(spec, "sandbox_mounts")["restrict_writes"](libc, os.getcwd())
-    if landlock:  # a read-only mount still lets FIFOs and device nodes be opened for writing: noted, not refused
-        _report(status_fd, landlock=f"{landlock}: host FIFOs and device nodes the code's user may write stay "
-                                    "writable" + ("" if entered else "; so does the whole file system"))
-    denied = _module(spec, "sandbox_seccomp")["deny_syscalls"](libc)
+    seccomp, opens = _module(spec, "sandbox_seccomp"), _module(spec, "sandbox_opens")
+    # without Landlock the guard checks the code's opens for writing (sandbox_opens), where the kernel lets it
+    unchecked = opens["notification_works"](libc, seccomp["install_with_listener"]) if landlock else ""
+    denied, listener = seccomp["deny_syscalls"](libc, supervise_opens=bool(landlock) and not unchecked)
     if denied:
         _report(status_fd, seccomp=f"no seccomp filter ({denied}): sockets and io_uring are not denied")
         if spec["required"]:
             _report(status_fd, refused=f"no seccomp filter: {denied}")
             os._exit(0)
+    if landlock:
+        unchecked = unchecked or ("" if listener is not None else "no seccomp listener")
+        note = _without_landlock(landlock, entered, unchecked)
+        if note:  # "opens": a hole in a run with namespaces (not isolated); "landlock": one of the best-effort kind
+            _report(status_fd, **{"opens" if entered else "landlock": note})
+        if unchecked and entered and spec["required"]:
+            _report(status_fd, refused=f"{landlock}; {unchecked}: host FIFOs the code's user may write would stay "
+                                       "writable")
+            os._exit(0)
     runner_pid = os.fork()
     if runner_pid == 0:
         os.close(status_fd)
         os.close(alive_r)
+        if listener is not None:
+            os.close(listener)
         run(spec)
+    if listener is not None:
+        _module(spec, "sandbox_opens")["answer_opens"](libc, listener, runner_pid,
+                                                       seccomp["OPENS"].get(os.uname().machine, {}))
     _, status, usage = os.wait4(runner_pid, 0)
     _report(
         status_fd,
@@ -200,6 +214,17 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
         cpu_seconds=usage.ru_utime + usage.ru_stime,
     )
     os._exit(0)
+
+
+def _without_landlock(why: str, entered: bool, unchecked: str) -> str:
+    """The note of a run without Landlock ('' when nothing is left open): what its own mount namespace (read-only,
+    nodev) and the guard's check of opens for writing (sandbox_opens) still hold."""
+    if not unchecked:
+        return "" if entered else f"{why}: the whole file system is writable as the job's user may write it (but " \
+                                  "not host FIFOs and device nodes: the guard checks each open for writing)"
+    return f"{why}; {unchecked}: host FIFOs " + ("the code's user may write stay writable (device nodes do not: "
+                                                "the mounts are nodev)" if entered else
+                                                "and device nodes stay writable, and so does the whole file system")
 
 
 def _fresh_session_keyring(libc: ctypes.CDLL) -> str:
@@ -231,6 +256,11 @@ def run(spec: dict[str, Any]) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # for runs without a pid namespace (best effort)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.setsid()  # a process group of its own: kill(0, ...) reaches the code only, never the guard or supervisor
+    signals = _module(spec, "sandbox_seccomp")["limit_signals"](libc, os.getpid())  # and nothing else's
+    if signals:
+        os.write(2, f"the code tool could not limit the code's signals: {signals}\n".encode())
+        if spec["required"]:
+            os._exit(127)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead of killing
     code_spec = json.dumps({"mode": "code", "fd": code_fd})
     try:

@@ -8,13 +8,18 @@ Why each step:
 - /dev replaced by a minimal one (null, zero, full, random, urandom and the fd links): no /dev/ptmx or /dev/pts
   (ptys two runs could talk through, the user's terminals), no /dev/shm or /dev/mqueue, no GPU or other device
   node of the host;
-- every mount read-only (one recursive mount_setattr, or before Linux 5.12 a remount of each mount);
+- every mount read-only and nodev but the device nodes of the minimal /dev (one recursive mount_setattr, or
+  before Linux 5.12 a remount of each mount): a read-only mount does not stop writes into a device node, nodev
+  does (a host device node outside /dev, e.g. a 0666 copy of a GPU's or a pty's);
 - the scratch directory: a tmpfs of `scratch_bytes` and at most one inode per INODE_BYTES of it (empty files and
   directories are kernel memory its byte cap does not count), over the directory of every run's scratch;
 - Landlock (Linux >= 5.13, where the kernel enables it): opening for writing, creating, removing and truncating
   only beneath the scratch directory and on /dev/null, /dev/zero, /dev/full. A read-only mount does not stop
-  writes into FIFOs and device nodes (a 0666 FIFO of another user, the user's own), Landlock does; without
-  namespaces (best_effort) it is the only thing that keeps the host file system read-only.
+  writes into FIFOs (a 0666 FIFO of another user, the user's own), Landlock does (without it, the guard checks
+  each open for writing: sandbox_opens.py); without namespaces (best_effort) it is the only thing that keeps the
+  host file system read-only. From ABI 6 (Linux 6.12) it also scopes signals and abstract unix sockets to the
+  run: no signal to a process outside it (the job user's own, without a pid namespace), a second layer under the
+  seccomp filter's limit on kill(2).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ ENOSYS = 38
 # per-mount flags a remount inside a user namespace must keep (the kernel locks them): mountinfo's names
 REMOUNT_KEPT = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
                 "relatime": 1 << 21}
-SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1  # Linux >= 5.12, every arch
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE = 442, -100, 0x8000  # Linux >= 5.12, every arch
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NODEV = 0x1, 0x4
 MAX_SOCKETS = 4096  # unix sockets covered per run (a node with more is refused under `required`)
 INODE_BYTES = 16 * 1024  # the scratch tmpfs has one inode per this many bytes of its size (at least MIN_INODES)
 MIN_INODES = 1024
@@ -41,6 +47,7 @@ LANDLOCK_RULE_PATH_BENEATH, LANDLOCK_CREATE_RULESET_VERSION = 1, 1
 WRITE_FILE, TRUNCATE = 1 << 1, 1 << 14
 WRITE_RIGHTS_ABI1 = WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # remove, make char/dir/reg/sock/fifo/...
 REFER = 1 << 13
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
 
 def scratch_inodes(scratch_bytes: int) -> int:
@@ -100,12 +107,17 @@ def seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: l
     dev = _minimal_dev(libc)
     if dev:
         problems.append(dev)
-    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY)) != 0:
+    devices = [f"/dev/{name}" for name in DEV_NODES]
+    if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV)) != 0:
         if ctypes.get_errno() != ENOSYS:
             return [*problems, f"the file system is not read-only: {_errno_text()}"]
-        failed = _remount_each(libc)  # a kernel before 5.12: every mount remounted on its own, as before it
+        failed = _remount_each(libc, devices)  # a kernel before 5.12: every mount remounted on its own
         if failed:
             return [*problems, f"the file system is not read-only: {failed}"]
+    else:
+        for device in devices if not dev else ():  # the minimal /dev's nodes are devices again
+            if _mount_setattr(libc, device, 0, _MountAttr(attr_clr=MOUNT_ATTR_NODEV)) != 0:
+                problems.append(f"{device} is not usable: {_errno_text()}")
     others = os.path.dirname(scratch)
     options = f"size={scratch_bytes},nr_inodes={scratch_inodes(scratch_bytes)},mode=0700".encode()
     if libc.mount(b"tmpfs", others.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
@@ -138,16 +150,16 @@ def _minimal_dev(libc: ctypes.CDLL) -> str:
     return ""
 
 
-def _remount_each(libc: ctypes.CDLL) -> str:
-    """Without mount_setattr: remount every mount of this namespace read-only, one mount(MS_REMOUNT | MS_BIND) each,
-    keeping the flags a user namespace may not drop (nosuid, nodev, noexec, the atime ones); '' when all held,
-    else the first that did not."""
+def _remount_each(libc: ctypes.CDLL, devices: list[str]) -> str:
+    """Without mount_setattr: remount every mount of this namespace read-only and nodev (but `devices`), one
+    mount(MS_REMOUNT | MS_BIND) each, keeping the flags a user namespace may not drop (nosuid, nodev, noexec, the
+    atime ones); '' when all held, else the first that did not."""
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         rows = [line.split() for line in f]
     for row in rows:
         point = row[4].encode().decode("unicode_escape").encode("latin-1")  # mountinfo escapes space as \040
         options = set(row[5].split(","))
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | (0 if point.decode(errors="replace") in devices else MS_NODEV)
         flags |= sum(flag for name, flag in REMOUNT_KEPT.items() if name in options)
         if libc.mount(None, point, None, flags, None) != 0:
             errno = ctypes.get_errno()
@@ -157,7 +169,8 @@ def _remount_each(libc: ctypes.CDLL) -> str:
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -167,15 +180,16 @@ class _PathBeneath(ctypes.Structure):
 
 def restrict_writes(libc: ctypes.CDLL, scratch: str) -> str:
     """Landlock: writes (open for writing, create, remove, rename across, truncate) only beneath `scratch` and on
-    WRITABLE_DEVICES, for this process and what it starts; '' when in force, else why not. Needs
-    PR_SET_NO_NEW_PRIVS first."""
+    WRITABLE_DEVICES, and from ABI 6 signals and abstract unix sockets only within, for this process and what it
+    starts; '' when in force, else why not. Needs PR_SET_NO_NEW_PRIVS first."""
     create, add, restrict = (ctypes.c_long(number) for number in SYS_LANDLOCK)
     abi = int(libc.syscall(create, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION)))
     if abi < 1:
         return f"no Landlock on this kernel ({_errno_text()})"
     rights = WRITE_RIGHTS_ABI1 | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
-    attr = _RulesetAttr(rights)
-    ruleset = int(libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))
+    attr = _RulesetAttr(rights, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = ctypes.sizeof(attr) if abi >= 6 else ctypes.sizeof(ctypes.c_uint64)  # older ABIs: the first field only
+    ruleset = int(libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)))
     if ruleset < 0:
         return f"no Landlock ruleset: {_errno_text()}"
     try:
