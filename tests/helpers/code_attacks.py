@@ -328,7 +328,8 @@ def main() -> None:
     _concurrent_scratch(scratch_root / CONCURRENT)
     host = make_host_bait(bait.root)
     report: dict[str, dict[str, object]] = {}
-    for name, (kind, code, check, limits) in {**attacks(bait), **kernel_attacks(host, bait.root)}.items():
+    every = {**attacks(bait), **kernel_attacks(host, bait.root, bait.victim.pid)}
+    for name, (kind, code, check, limits) in every.items():
         if name == "a unix socket bound after the run began":
             bind_when_started(bait)
         result = run_python(f"# rlkit-attack-{name}\n{code}", limits=CodeLimits(**limits),  # type: ignore[arg-type]

@@ -1,13 +1,19 @@
 """The code tool's attacks on kernel objects its limits do not count and on host objects shared between runs
 (issue 47), for tests/helpers/code_attacks.py: System V IPC, POSIX message queues, memfd_secret, the scratch's
-inodes and xattrs, a host FIFO, ptys and the user's terminal (write and TIOCSTI), file locks on host files,
-inotify on host directories, kill(0). Each attack says through its output what it got; the bait (a 0666 FIFO with
-a reader, a pty pair standing for the user's terminal, a lock file) is looked at from outside afterwards."""
+inodes and xattrs, a host FIFO, a host device node, ptys and the user's terminal (write and TIOCSTI), file locks on
+host files, inotify on host directories, kill(0), signals to the job user's other processes by every call that
+sends one. Each attack says through its output what it got; the bait (a 0666 FIFO with a reader, a pty pair
+standing for the user's terminal, a lock file) is looked at from outside afterwards.
+
+The host device node (a 0666 copy of /dev/urandom outside /dev, as a site's copy of a GPU's node would be) needs
+CAP_MKNOD, which a non-root probe lacks: the test makes it and names it in RLKIT_ATTACK_DEVICE; run by hand as
+root, the probe makes its own."""
 
 from __future__ import annotations
 
 import os
 import pty
+import stat
 import tty
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +33,8 @@ class HostBait:
     master: int
     slave: int  # raw mode, so that pushed input is readable at once
     lock_file: Path  # 0644
+    device: Path  # a 0666 character device outside /dev (urandom's numbers: writing it harms nothing)
+    own_device: bool  # made by this probe: removed by close()
 
     def nothing_from(self, fd: int) -> bool:
         try:
@@ -37,6 +45,8 @@ class HostBait:
     def close(self) -> None:
         for fd in (self.fifo_reader, self.master, self.slave):
             os.close(fd)
+        if self.own_device:
+            self.device.unlink(missing_ok=True)
 
 
 def make_host_bait(root: Path) -> HostBait:
@@ -51,7 +61,14 @@ def make_host_bait(root: Path) -> HostBait:
     lock_file = root / "job.lock"
     lock_file.write_text("")
     lock_file.chmod(0o644)
-    return HostBait(fifo, reader, Path(os.ttyname(slave)), master, slave, lock_file)
+    named = os.environ.get("RLKIT_ATTACK_DEVICE")
+    device = Path(named) if named else root / "urandom"
+    if not named:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 9))
+        device.chmod(0o666)
+    if not stat.S_ISCHR(device.stat().st_mode):
+        raise ValueError(f"{device} is not a character device")
+    return HostBait(fifo, reader, Path(os.ttyname(slave)), master, slave, lock_file, device, not named)
 
 
 def _count(label: str, call: str, undo: str = "") -> str:
@@ -61,7 +78,31 @@ def _count(label: str, call: str, undo: str = "") -> str:
                      + (f"for i in got:\n    {undo}\n" if undo else ""))
 
 
-def kernel_attacks(b: HostBait, root: Path) -> dict[str, tuple[str, str, Callable[[Any, Any], bool],
+# every call that sends a signal, aimed at a process of the job's user outside the run (signal 0: permission
+# checked, nothing delivered), and SIGIO redirected to it (F_SETOWN); each success prints "sent"
+SIGNALS = CTYPES + """import fcntl, signal
+v = {victim}
+calls = {{"kill": lambda: libc.kill(v, 0), "kill(-1)": lambda: libc.kill(-1, 0),
+         "kill(-pgid)": lambda: libc.kill(-os.getpgid(v), 0) if os.path.exists(f'/proc/{{v}}') else -1,
+         "tkill": lambda: libc.syscall(200, v, 0), "tgkill": lambda: libc.syscall(234, v, v, 0),
+         "rt_sigqueueinfo": lambda: libc.syscall(129, v, 0, ctypes.create_string_buffer(128)),
+         "rt_tgsigqueueinfo": lambda: libc.syscall(297, v, v, 0, ctypes.create_string_buffer(128)),
+         "pidfd_send_signal": lambda: libc.syscall(424, libc.syscall(434, v, 0), 0, None, 0),
+         "pidfd of /proc": lambda: libc.syscall(424, os.open(f'/proc/{{v}}', os.O_RDONLY), 0, None, 0),
+         "F_SETOWN": lambda: fcntl.fcntl(os.pipe()[0], fcntl.F_SETOWN, v)}}
+for name, call in calls.items():
+    try:
+        got = call()
+    except OSError as exc:
+        got = -exc.errno
+    print("sent" if got == 0 else "not sent", name, got, ctypes.get_errno())
+"""
+
+
+SIGNAL_CALLS = 10
+
+
+def kernel_attacks(b: HostBait, root: Path, victim: int) -> dict[str, tuple[str, str, Callable[[Any, Any], bool],
                                                                dict[str, float]]]:
     """name -> (class, code, check of the result and the bait afterwards, limits), as code_attacks.attacks."""
     none_of = lambda label: lambda r, _b: f"{label} 0" in r.output  # noqa: E731
@@ -85,6 +126,10 @@ def kernel_attacks(b: HostBait, root: Path) -> dict[str, tuple[str, str, Callabl
         "user xattrs in the scratch": ("kernel objects", "import os\nopen('f', 'w').close()\nn = 0\ntry:\n"
                                        "    for i in range(64):\n        os.setxattr('f', f'user.x{i}', b'x' * 60000)"
                                        "\n        n += 1\nfinally:\n    print('xattrs', n)", none_of("xattrs"), {}),
+        "write into a host device node": ("host objects", f"import os\nfd = os.open({str(b.device)!r}, os.O_WRONLY)\n"
+                                          "print('opened', fd)", lambda r, _b: "opened" not in r.output, {}),
+        "signal the job user's process every way": ("escape", SIGNALS.format(victim=victim),
+                                                    _none_sent, {}),
         "write into a host FIFO": ("host objects", f"import os\nfd = os.open({str(b.fifo)!r}, os.O_WRONLY | "
                                    "os.O_NONBLOCK)\nos.write(fd, b'from the code')",
                                    lambda r, bait: b.nothing_from(b.fifo_reader), {}),
@@ -105,6 +150,11 @@ def kernel_attacks(b: HostBait, root: Path) -> dict[str, tuple[str, str, Callabl
         "kill its own process group": ("escape", "import os, signal\nos.kill(0, signal.SIGTERM)",
                                        lambda r, _b: r.error == "the program was killed by signal 15", {}),
     }
+
+
+def _none_sent(result: Any, _bait: Any) -> bool:
+    """Every call of SIGNALS reported, none of them sent."""
+    return [line.startswith("not sent ") for line in result.output.splitlines()] == [True] * SIGNAL_CALLS
 
 
 def _number(output: str, label: str) -> int:

@@ -4,7 +4,9 @@ PR_SET_NO_NEW_PRIVS first, which also keeps setuid programs from gaining any).
 
 - before Linux 5.12 (run_without_mount_setattr): no mount_setattr(2) and no Landlock (5.13): ENOSYS;
 - mount() refused (run_with_mount_refused), as under a container runtime's or a site's seccomp profile: mount(2)
-  and mount_setattr(2) answer EPERM while user namespaces can still be made."""
+  and mount_setattr(2) answer EPERM while user namespaces can still be made;
+- before Linux 5.0 (run_without_user_notification, RHEL 8's 4.18): as before 5.12, and seccomp(2) answers EINVAL
+  (no SECCOMP_FILTER_FLAG_NEW_LISTENER), so the guard cannot check the code's opens for writing."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-ENOSYS, EPERM = 38, 1
+ENOSYS, EPERM, EINVAL = 38, 1, 22
 SYS_MOUNT = {"x86_64": 165, "aarch64": 40}
+SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+OLD_KERNEL = [(442, ENOSYS), (444, ENOSYS), (445, ENOSYS), (446, ENOSYS)]  # mount_setattr, Landlock
 LAUNCHER = r"""
 import ctypes, json, os, sys
 from rlkit.agent.sandbox_seccomp import install_filter
@@ -37,7 +41,15 @@ def _run_failing(calls: list[tuple[int, int]], argv: Sequence[str], timeout: flo
 
 def run_without_mount_setattr(argv: Sequence[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """`argv` (its first item an absolute path) on a kernel without mount_setattr nor Landlock, as the caller."""
-    return _run_failing([(442, ENOSYS), (444, ENOSYS), (445, ENOSYS), (446, ENOSYS)], argv, timeout)
+    return _run_failing(OLD_KERNEL, argv, timeout)
+
+
+def run_without_user_notification(argv: Sequence[str], *, timeout: float = 120.0,
+                                  ) -> subprocess.CompletedProcess[str]:
+    """`argv` as on a kernel before 5.0: no mount_setattr, no Landlock, no seccomp listener, as the caller."""
+    import os
+
+    return _run_failing([*OLD_KERNEL, (SYS_SECCOMP[os.uname().machine], EINVAL)], argv, timeout)
 
 
 def run_with_mount_refused(argv: Sequence[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -1,9 +1,10 @@
-"""53 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
+"""55 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
 and local IPC, resources, escape, cross-run leakage, output forgery; code_attacks_kernel.py: kernel objects no limit
-counts and host objects shared between runs), run the ways HPC jobs meet them: as root (the code runs as `nobody`),
-as a non-root user (`setpriv`, the code runs as that user), on a node without user namespaces (a user namespace
-of its own whose user.max_user_namespaces is 0: tests/helpers/no_userns.py), on a kernel before 5.12 and on a node
-that refuses mount() (tests/helpers/old_kernel.py), as root and as a non-root user. Each way runs the attacks in one
+counts, host objects shared between runs, signals to the job user's processes), run the ways HPC jobs meet them:
+as root (the code runs as `nobody`), as a non-root user (`setpriv`, the code runs as that user), on a node
+without user namespaces (a user namespace of its own whose user.max_user_namespaces is 0:
+tests/helpers/no_userns.py), on a kernel before 5.12 and on a node that refuses mount() (tests/helpers/old_kernel.py),
+as root and as a non-root user. Each way runs the attacks in one
 process of its own with /usr/bin/python3, as a node would.
 
 With isolation required (the default) every attack is denied or a tool error and leaves nothing behind where the
@@ -14,7 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,23 @@ PROBE = [str(Path("/usr/bin/python3")), str(REPO / "tests" / "helpers" / "code_a
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mapping users and setpriv need root (CI runs as root)")
 
+
+@pytest.fixture(autouse=True, scope="module")
+def host_device() -> Iterator[Path]:
+    """A 0666 character device outside /dev (urandom's numbers) for the attack "write into a host device node",
+    made here because a probe without CAP_MKNOD (non-root, or root in a user namespace) cannot make one; named to
+    every probe through RLKIT_ATTACK_DEVICE."""
+    directory = Path(tempfile.mkdtemp(prefix="rlkit-attack-device-"))
+    directory.chmod(0o755)
+    device = directory / "urandom"
+    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 9))
+    device.chmod(0o666)
+    os.environ["RLKIT_ATTACK_DEVICE"] = str(device)
+    try:
+        yield device
+    finally:
+        del os.environ["RLKIT_ATTACK_DEVICE"]
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _landlock() -> bool:
@@ -41,16 +63,13 @@ def _landlock() -> bool:
 THROUGH_WITHOUT_NAMESPACES = {"read a hidden file", "list a hidden directory", "read a hidden single file",
                               "read a concurrent run's scratch", "fill the scratch directory",
                               "fill the scratch with empty files"}
-# ... and on a kernel without Landlock (before 5.13, or not enabled), every write the job's user could make
+# ... and on a kernel without Landlock (before 5.13, or not enabled), every write the job's user could make but
+# into FIFOs and device nodes (the guard checks each open for writing: rlkit/agent/sandbox_opens.py)
 WRITES_WITHOUT_LANDLOCK = {"write outside the scratch directory", "append to the user's reward module",
-                           "write through ctypes open", "leave a file in /dev/shm", "write into a host FIFO",
-                           "a pty pair between runs"}
-# ... and for a non-root job also what the job's own user can do to its own processes (and, without Landlock,
-# which scopes /proc access to the run, read their environments and write to the user's terminals)
-THROUGH_WITHOUT_NAMESPACES_NON_ROOT = THROUGH_WITHOUT_NAMESPACES | {"kill a process of the job's user"}
-NON_ROOT_WITHOUT_LANDLOCK = {"scan every process environment", "the user's terminal"}
-# a kernel before 5.12 has no Landlock either: host FIFOs (and device nodes outside /dev) stay writable, noted
-THROUGH_ON_AN_OLD_KERNEL = {"write into a host FIFO"}
+                           "write through ctypes open", "leave a file in /dev/shm"}
+# ... and for a non-root job, without Landlock (which scopes /proc access to the run), the environments of the
+# job user's processes; no signal reaches them (the seccomp filter lets the code signal itself only)
+NON_ROOT_WITHOUT_LANDLOCK = {"scan every process environment"}
 
 
 def _report(completed: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
@@ -85,12 +104,12 @@ def test_every_attack_is_denied_where_the_node_can_isolate(user: int | None) -> 
 @pytest.mark.parametrize("user", [None, NOBODY], ids=["root", "non-root"])
 def test_a_kernel_without_mount_setattr_remounts_each_mount_and_still_holds(user: int | None) -> None:
     """Linux before 5.12 has no mount_setattr(2) nor Landlock (here: a seccomp filter answers ENOSYS): the guard
-    remounts every mount read-only one by one instead, and every attack is held as on a newer kernel, nothing
-    refused, but a host FIFO: without Landlock it stays writable, and every run's notes say so."""
+    remounts every mount read-only and nodev one by one instead, checks each open for writing (host FIFOs and
+    device nodes refused), and every attack is held as on a newer kernel, nothing refused, nothing noted."""
     report = _run("required", user=user, namespaces=True, old_kernel=True)
     assert not [name for name, r in report.items() if r["refused"]], report
-    assert {name for name, r in report.items() if not r["held"]} == THROUGH_ON_AN_OLD_KERNEL, report
-    assert all(len(r["notes"]) == 1 and "no Landlock" in str(r["notes"]) for r in report.values()), report
+    assert [name for name, r in report.items() if not r["held"]] == [], report
+    assert not [name for name, r in report.items() if r["notes"]], report
 
 
 @pytest.mark.parametrize("user", [None, NOBODY], ids=["root", "non-root"])
@@ -110,12 +129,12 @@ def test_without_user_namespaces_no_attack_code_ever_starts(user: int | None) ->
     assert all("no namespaces (they could not be created)" in str(r["why"]) for r in report.values())
 
 
-@pytest.mark.parametrize(("user", "through"), [(None, THROUGH_WITHOUT_NAMESPACES),
-                                               (NOBODY, THROUGH_WITHOUT_NAMESPACES_NON_ROOT)],
-                         ids=["root", "non-root"])
-def test_best_effort_without_user_namespaces_lets_through_exactly_what_the_readme_says(
-        user: int | None, through: set[str]) -> None:
+@pytest.mark.parametrize("user", [None, NOBODY], ids=["root", "non-root"])
+def test_best_effort_without_user_namespaces_lets_through_exactly_what_the_readme_says(user: int | None) -> None:
+    """Root and non-root alike: what the job's user may read, its scratch beside concurrent runs'; never a signal
+    to the job user's processes (the non-root job's own: seccomp, and Landlock's signal scope from ABI 6)."""
     report = _run("best_effort", user=user, namespaces=False)
+    through = THROUGH_WITHOUT_NAMESPACES
     if not _landlock():
         through = through | WRITES_WITHOUT_LANDLOCK | (NON_ROOT_WITHOUT_LANDLOCK if user is not None else set())
     assert {name for name, r in report.items() if not r["held"]} == through

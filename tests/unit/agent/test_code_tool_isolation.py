@@ -1,12 +1,17 @@
 """Issue 47's isolation that must hold beyond the attack suite: "required" hides what must be hidden (a directory
 that holds the interpreter or the scratch root is hidden around them, datasets after links, relative paths and a
-Hugging Face cache's layout) or refuses the run; and a run's memory, every path it can take tried at once, stays
-within the bound the README states: memory_mb + 256 MiB of address space, the scratch's bytes and inodes, pipes."""
+Hugging Face cache's layout) or refuses the run; a run's memory, every path it can take tried at once, stays
+within the bound the README states: memory_mb + 256 MiB of address space, the scratch's bytes and inodes, pipes,
+and the negative dentries its CPU limit lets it make; without Landlock, host FIFOs are refused where the guard can
+check opens and a refusal (required) or a note (best_effort) where it cannot; Landlock's signal scope."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +21,8 @@ import pytest
 from rlkit.agent.code_tool import CodeLimits, run_python
 from rlkit.agent.sandbox_mounts import scratch_inodes
 from rlkit.agent.sandbox_paths import dataset_paths
+from tests.conftest import REPO
+from tests.helpers.old_kernel import run_without_user_notification
 
 SECRET = "rlkit-isolation-secret-8c2e"
 MIB = 1 << 20
@@ -148,8 +155,25 @@ take('shared', shared, 16 * M, 40)
 take('scratch files', lambda: open('f%d' % len(held), 'wb').write(b'x' * M) and held.append(None), M, 64)
 take('scratch inodes', lambda: open('e%d' % len(held), 'w').close() or held.append(None), 1024, 5000)
 take('pipes', pipe, 65536, 200)
-print(json.dumps(got))
+print(json.dumps(got), flush=True)
+import signal  # last: negative dentries (lookups of names that do not exist) until the CPU limit's SIGXCPU
+n = 0
+def stop(*_):
+    print(json.dumps({'negative dentries': n}), flush=True)
+    os._exit(0)
+signal.signal(signal.SIGXCPU, stop)
+name = '/usr/' + 'n' * 240 + '%x'  # on the host's file system (a tmpfs keeps none); the longest names
+while True:
+    try:
+        os.stat(name % n)
+    except OSError:
+        pass
+    n += 1
 """
+# negative dentries: no limit of the run counts them (kernel slab, reclaimable); its CPU limit bounds how many:
+# measured here 155k lookups per CPU second from Python, 390k from a C loop (448 B each for a 210-byte name)
+MAX_LOOKUPS_PER_CPU_SECOND = 1_000_000
+DENTRY_BYTES = 192 + 512  # the dentry and the slab of a name of up to 255 bytes
 
 
 def test_every_memory_path_at_once_stays_within_the_stated_bound() -> None:
@@ -157,18 +181,95 @@ def test_every_memory_path_at_once_stays_within_the_stated_bound() -> None:
     queues, memfds, memfd_secret, user xattrs, scratch files and empty files, pipes) and says what it got; the
     total stays within memory_mb + 256 MiB (RLIMIT_AS) + scratch_mb (bytes) + its inodes (one per 16 KiB of
     scratch_mb, at least 1024, at ~1 KiB of kernel memory each) + 16 MiB (pipes within RLIMIT_NOFILE at 64 KiB
-    each), and the paths outside every limit got nothing."""
+    each), and the paths outside every limit got nothing. Then it makes negative dentries until its CPU limit
+    stops it: at most cpu_seconds x MAX_LOOKUPS_PER_CPU_SECOND x DENTRY_BYTES more."""
     root = Path(tempfile.mkdtemp(prefix="rlkit-bound-"))
     root.chmod(0o711)
     try:
-        limits = CodeLimits(memory_mb=64, scratch_mb=8, file_mb=8, wall_seconds=60, cpu_seconds=60)
+        limits = CodeLimits(memory_mb=64, scratch_mb=8, file_mb=8, wall_seconds=60, cpu_seconds=3)
         result = run_python(BOMB, limits=limits, scratch_root=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    got = json.loads(result.output.strip().splitlines()[-1])
+    *_, line, last = result.output.strip().splitlines()
+    got, lookups = json.loads(line), json.loads(last)["negative dentries"]
+    assert result.ok and 0 < lookups <= limits.cpu_seconds * MAX_LOOKUPS_PER_CPU_SECOND, (lookups, result)
     assert {name: got[name] for name in ("sysv shm", "memfd_secret", "memfd", "sysv msg", "xattrs")} == dict.fromkeys(
         ("sysv shm", "memfd_secret", "memfd", "sysv msg", "xattrs"), 0), got
     inodes = scratch_inodes(8 * MIB) * 1024
     assert 0 < got["scratch inodes"] <= inodes, got
     bound = (64 + 256 + 8 + 16) * MIB + inodes
     assert got["heap"] > 0 and got["scratch files"] > 0 and sum(got.values()) <= bound, (sum(got.values()) / MIB, got)
+
+
+NO_LISTENER = r"""
+import json, os, shutil, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from rlkit.agent.code_tool import CodeLimits, run_python
+root = Path(tempfile.mkdtemp(prefix="rlkit-fifo-"))
+root.chmod(0o755)
+(root / "scratch").mkdir()
+(root / "scratch").chmod(0o711)
+fifo = root / "fifo"
+os.mkfifo(fifo)
+fifo.chmod(0o666)
+reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+out = {}
+for isolation in ("required", "best_effort"):
+    r = run_python(f"import os\nos.write(os.open({str(fifo)!r}, os.O_WRONLY | os.O_NONBLOCK), b'x')",
+                   limits=CodeLimits(), scratch_root=root / "scratch", isolation=isolation)
+    try:
+        got = os.read(reader, 16).decode()
+    except BlockingIOError:
+        got = ""
+    out[isolation] = {"error": r.error, "notes": list(r.notes), "isolated": r.isolated, "fifo": got}
+os.close(reader)
+shutil.rmtree(root)
+print(json.dumps(out))
+"""
+
+
+def test_without_landlock_or_a_seccomp_listener_required_refuses_and_best_effort_says_fifos_stay_writable() -> None:
+    """A kernel before 5.0 (RHEL 8's 4.18: no Landlock, no seccomp listener for the guard to check opens): the
+    mounts still hold (read-only, nodev) but a host FIFO the code's user may write would not, so `required`
+    refuses the run, naming why, and `best_effort` runs it and says so in its notes (the write gets through)."""
+    completed = run_without_user_notification(["/usr/bin/python3", "-c", NO_LISTENER, str(REPO)], timeout=60)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    required, best_effort = out["required"], out["best_effort"]
+    assert str(required["error"]).startswith("the code was not run") and "host FIFOs" in required["error"], out
+    assert required["fifo"] == "", out
+    assert best_effort["fifo"] == "x" and not best_effort["isolated"], out
+    assert any("host FIFOs the code's user may write stay writable" in note for note in best_effort["notes"]), out
+
+
+SCOPED = r"""
+import ctypes, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from rlkit.agent.sandbox_mounts import restrict_writes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+why = restrict_writes(libc, tempfile.mkdtemp())
+os.kill(os.getpid(), 0)
+try:
+    os.kill(int(sys.argv[2]), 0)
+    print("signalled", why)
+except PermissionError:
+    print("refused", why)
+"""
+
+
+def test_landlock_abi_6_scopes_signals_to_the_run() -> None:
+    """The guard's Landlock domain alone (no seccomp filter), as root even: from ABI 6 no signal leaves it, to a
+    sleeper of the same user outside the run; the process still signals itself."""
+    abi = int(ctypes.CDLL(None).syscall(444, None, 0, 1))
+    sleeper = subprocess.Popen(["/bin/sleep", "30"])
+    try:
+        completed = subprocess.run([sys.executable, "-c", SCOPED, str(REPO), str(sleeper.pid)], capture_output=True,
+                                   text=True, timeout=30, check=False)
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split()[0] == ("refused" if abi >= 6 else "signalled"), (abi, completed.stdout)
