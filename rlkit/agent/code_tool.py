@@ -18,7 +18,10 @@ Hard barriers (the kernel enforces them; the tests check each one on this machin
   one bound after the run began), io_uring, ptrace, the mount, namespace and keyring calls, bpf, perf_event_open and
   userfaultfd, and the kernel objects no limit counts and the channels to host objects (System V IPC, memfd_secret,
   xattrs, locks, inotify, TIOCSTI: rlkit.agent.sandbox_seccomp's docstring); under `required` a run without it
-  never starts. Landlock and a minimal /dev close host FIFOs, device nodes and ptys (rlkit.agent.sandbox_mounts).
+  never starts. Landlock and a minimal /dev close host FIFOs, device nodes and ptys (rlkit.agent.sandbox_mounts);
+  without Landlock, nodev mounts and the guard's check of each open for writing do (rlkit.agent.sandbox_opens).
+- signals: the code can signal only itself and its own process group (a second seccomp filter; Landlock ABI 6's
+  signal scope too), also without a pid namespace, where the job user's other processes are the same user's.
 - output: stdout and stderr share one pipe read by the parent; one byte past the cap stops the run.
 - files: in the run's own mount namespace every mount is read-only but the scratch directory, and the paths the
   caller hides (the rollout hides the trials, rlkit's home, the training data and the usual places of the user's

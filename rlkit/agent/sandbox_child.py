@@ -177,9 +177,10 @@ def guard(spec: dict[str, Any], status_fd: int, alive_r: int, entered: bool) -> 
     # the code's memfd, for the runner's exec, made before the filter denies memfd_create
     spec["code_fd"] = memfd_holding("rlkit-code", spec["code"].encode("utf-8"), inheritable=True)
     landlock = _module(spec, "sandbox_mounts")["restrict_writes"](libc, os.getcwd())
-    seccomp, opens = _module(spec, "sandbox_seccomp"), _module(spec, "sandbox_opens")
+    seccomp = _module(spec, "sandbox_seccomp")
     # without Landlock the guard checks the code's opens for writing (sandbox_opens), where the kernel lets it
-    unchecked = opens["notification_works"](libc, seccomp["install_with_listener"]) if landlock else ""
+    unchecked = _module(spec, "sandbox_opens")["notification_works"](libc, seccomp["install_with_listener"]) \
+        if landlock else ""
     denied, listener = seccomp["deny_syscalls"](libc, supervise_opens=bool(landlock) and not unchecked)
     if denied:
         _report(status_fd, seccomp=f"no seccomp filter ({denied}): sockets and io_uring are not denied")
