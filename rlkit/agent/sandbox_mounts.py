@@ -87,6 +87,7 @@ def seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: l
     scratch files only, at the scratch directory's parent, its working directory, and they vanish with its mount
     namespace. Returns what did not hold; the guard reports it."""
     problems = []
+    nulls = []  # the paths covered with /dev/null: readable as empty files (nodev would make them unopenable)
     if len(sockets) > MAX_SOCKETS:
         problems.append(f"{len(sockets)} unix sockets on the node, more than the {MAX_SOCKETS} the code tool covers")
     for path in sockets[:MAX_SOCKETS]:  # before the directories: a socket under a hidden directory is gone anyway
@@ -94,12 +95,15 @@ def seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: l
             errno = ctypes.get_errno()
             if os.path.lexists(path):  # not a race with its removal
                 problems.append(f"unix socket {path} is not covered: {os.strerror(errno)}")
+        elif os.path.lexists(path):
+            nulls.append(path)
     for path in hide:
         if os.path.isdir(path):
             done = libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                               b"size=4k,mode=0500")
         elif os.path.lexists(path):
             done = libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None)
+            nulls.append(path)
         else:
             continue
         if done != 0:
@@ -111,13 +115,15 @@ def seal_filesystem(libc: ctypes.CDLL, scratch: str, hide: list[str], sockets: l
     if _mount_setattr(libc, "/", AT_RECURSIVE, _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV)) != 0:
         if ctypes.get_errno() != ENOSYS:
             return [*problems, f"the file system is not read-only: {_errno_text()}"]
-        failed = _remount_each(libc, devices)  # a kernel before 5.12: every mount remounted on its own
+        failed = _remount_each(libc, devices + nulls)  # a kernel before 5.12: every mount remounted on its own
         if failed:
             return [*problems, f"the file system is not read-only: {failed}"]
     else:
         for device in devices if not dev else ():  # the minimal /dev's nodes are devices again
             if _mount_setattr(libc, device, 0, _MountAttr(attr_clr=MOUNT_ATTR_NODEV)) != 0:
                 problems.append(f"{device} is not usable: {_errno_text()}")
+        for path in nulls:  # where this fails (a cover under a hidden directory), the cover stays unopenable
+            _mount_setattr(libc, path, 0, _MountAttr(attr_clr=MOUNT_ATTR_NODEV))
     others = os.path.dirname(scratch)
     options = f"size={scratch_bytes},nr_inodes={scratch_inodes(scratch_bytes)},mode=0700".encode()
     if libc.mount(b"tmpfs", others.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
