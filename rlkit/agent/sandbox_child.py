@@ -9,15 +9,17 @@ code included) comes through an inherited memfd the header names, never argv: ar
 - guard (pid 1 of the new pid namespace): dies with the supervisor (PR_SET_PDEATHSIG) and, as a namespace's init,
   takes every process of the namespace with it; mounts a private /proc, hides the paths it is given (secrets,
   the trial, the data), makes every mount read-only but the scratch directory, which it also puts over the
-  directory that holds the other runs' scratch directories, forks the runner, reports how it ended;
+  directory that holds the other runs' scratch directories, forks the runner, reports how it ended; without
+  Landlock it also answers the runner's opens for writing (sandbox_opens) until the runner exits;
 - runner: inherits the guard's seccomp filter (no socket of any kind, no io_uring, none of the calls of escapes:
-  sandbox_seccomp.DENIED_SYSCALLS), sets the resource limits, forbids privilege gain, then execs a fresh
+  sandbox_seccomp.DENIED_SYSCALLS), sets the resource limits, forbids privilege gain, takes a session of its own
+  and adds a filter that lets it signal only itself (sandbox_seccomp.limit_signals), then execs a fresh
   interpreter (which also drops the namespace capabilities) that installs the audit hook and runs the code
   (handed over in a memfd too).
 
 With `required` (rollout.agent.code_tool.isolation: required, the default) a run whose isolation does not hold
-(no namespaces, no private /proc, a mount that is not read-only, a path that cannot be hidden) never runs the code:
-the supervisor or the guard reports `refused` and exits.
+(no namespaces, no private /proc, a mount that is not read-only, a path that cannot be hidden, neither Landlock nor
+the guard's check of opens) never runs the code: the supervisor or the guard reports `refused` and exits.
 
 The guard writes one JSON line per fact to the status fd; the runner never holds that fd, so code cannot forge it.
 """
