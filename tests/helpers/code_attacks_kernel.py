@@ -133,6 +133,15 @@ def kernel_attacks(b: HostBait, root: Path, victim: int) -> dict[str, tuple[str,
         "write into a host FIFO": ("host objects", f"import os\nfd = os.open({str(b.fifo)!r}, os.O_WRONLY | "
                                    "os.O_NONBLOCK)\nos.write(fd, b'from the code')",
                                    lambda r, bait: b.nothing_from(b.fifo_reader), {}),
+        # the FIFO reached through a link the guard would follow as itself: /proc/self/fd/N names the guard's fd N
+        "reopen a host FIFO through /proc/self": ("host objects", f"import os\nfd = os.dup2(os.open({str(b.fifo)!r}, "
+                                                  "os.O_PATH), 50)\nos.symlink('/proc/self/fd/50', 'link')\n"
+                                                  "for p in ('/proc/self/fd/50', '/dev/fd/50', 'link', "
+                                                  "'/proc/thread-self/fd/50'):\n    try:\n        os.write(os.open("
+                                                  "p, os.O_WRONLY | os.O_NONBLOCK), b'x')\n        print('wrote', p)\n"
+                                                  "    except OSError:\n        pass",
+                                                  lambda r, bait: "wrote" not in r.output
+                                                  and b.nothing_from(b.fifo_reader), {}),
         "a pty pair between runs": ("host objects", "import os\nfd = os.open('/dev/ptmx', os.O_RDWR)\n"
                                     "print('pty', fd)", lambda r, _b: not r.ok and "pty" not in r.output, {}),
         "the user's terminal": ("host objects", CTYPES + "import fcntl, termios\ntry:\n    os.setsid()\n"

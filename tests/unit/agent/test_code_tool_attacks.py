@@ -1,4 +1,4 @@
-"""55 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
+"""56 model-code attacks on the code tool (tests/helpers/code_attacks.py: secrets, writes and persistence, network
 and local IPC, resources, escape, cross-run leakage, output forgery; code_attacks_kernel.py: kernel objects no limit
 counts, host objects shared between runs, signals to the job user's processes), run the ways HPC jobs meet them:
 as root (the code runs as `nobody`), as a non-root user (`setpriv`, the code runs as that user), on a node
