@@ -186,7 +186,7 @@ def test_every_memory_path_at_once_stays_within_the_stated_bound() -> None:
     root = Path(tempfile.mkdtemp(prefix="rlkit-bound-"))
     root.chmod(0o711)
     try:
-        limits = CodeLimits(memory_mb=64, scratch_mb=8, file_mb=8, wall_seconds=60, cpu_seconds=3)
+        limits = CodeLimits(memory_mb=64, scratch_mb=8, file_mb=8, wall_seconds=60, cpu_seconds=2)
         result = run_python(BOMB, limits=limits, scratch_root=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
