@@ -106,10 +106,13 @@ def check_code_tool(settings: tuple[str, ...], report: NodeReport) -> None:
     elif result.ok:
         report.add("code tool", True, f"runs with partial isolation (isolation: best_effort){notes}")
     else:
+        needs = ("a kernel with Landlock enabled (Linux >= 5.13, `landlock` in the lsm= boot list) or Linux >= 5.5 "
+                 "(the seccomp listener)" if "host FIFOs" in f"{result.error}" else
+                 "unprivileged user namespaces on the nodes (user.max_user_namespaces > 0; Debian: "
+                 "kernel.unprivileged_userns_clone=1)")
         report.add("code tool", False, f"{result.error}"[:400],
-                   "enable unprivileged user namespaces on the nodes (user.max_user_namespaces > 0; Debian: "
-                   "kernel.unprivileged_userns_clone=1), or set rollout.agent.code_tool.isolation=best_effort to "
-                   "run the model's code with what holds (docs/guides/code-tool.md, its table)")
+                   f"enable {needs}, or set rollout.agent.code_tool.isolation=best_effort to run the model's code "
+                   "with what holds (docs/guides/code-tool.md, its table)")
 
 
 def first_server_node(roles: tuple[str, ...]) -> int | None:

@@ -182,3 +182,9 @@ def test_the_code_tool_check_passes_where_the_node_isolates_and_fails_with_the_f
     [[ok, detail, fix]] = json.loads(without.stdout)
     assert not ok and "no namespaces (they could not be created)" in detail, detail
     assert "user.max_user_namespaces" in fix and "isolation=best_effort" in fix, fix
+    from tests.helpers.old_kernel import run_without_user_notification  # before 5.0: nothing checks host FIFOs
+
+    old = run_without_user_notification([sys.executable, "-c", CODE_TOOL_CHECK])
+    assert old.returncode == 0, old.stderr
+    [[ok, detail, fix]] = json.loads(old.stdout)
+    assert not ok and "host FIFOs" in detail and "Landlock" in fix and "isolation=best_effort" in fix, (detail, fix)
