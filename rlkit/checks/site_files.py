@@ -17,6 +17,7 @@ from typing import TypeVar
 from rlkit.config.model_config import is_local_path
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
+from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.errors import ConfigError
 from rlkit.images.labels import is_image_uri
 
@@ -142,6 +143,6 @@ def make_paths_absolute(config: object, cwd: str) -> None:
         value = get_field(config, dotted)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
             continue
-        if (dotted in models and not is_local_path(value)) or is_hub_id(value):
+        if (dotted in models and not is_local_path(value)) or is_hub_id(value) or names_reasoning_gym(value):
             continue
         set_field(config, dotted, os.path.normpath(os.path.join(cwd, value)))

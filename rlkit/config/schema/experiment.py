@@ -21,6 +21,7 @@ from rlkit.config.schema.distill import DistillConfig
 from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
+from rlkit.config.schema.reasoning_gym import ReasoningGymConfig
 from rlkit.config.schema.ref import RefConfig
 from rlkit.config.schema.rl_mix import MixConfig, OPMDConfig
 from rlkit.config.schema.sft import SFTConfig
@@ -302,6 +303,8 @@ class ExperimentConfig:
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd, distill).")
+    reasoning_gym: ReasoningGymConfig = _sub(ReasoningGymConfig, "reasoning-gym's tasks as the dataset "
+                                             "(train_dataset.path reasoning-gym): tasks and weights, size, seeds.")
     expert_dataset: DatasetConfig = _sub(
         DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
         "per step, their SFT loss weighted by mix.mu; empty path: no mix.")

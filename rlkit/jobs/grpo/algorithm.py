@@ -21,6 +21,7 @@ from rlkit.config.reference import reference_load
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row, rl_prompt
 from rlkit.errors import StepError
@@ -30,6 +31,7 @@ from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
 from rlkit.slurm.faults import fault_point
+from rlkit.tasks.reasoning_gym import generate_rows
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.dist import broadcast_object, gather_per_sample
 from rlkit.trainer.engine import TrainEngine
@@ -56,7 +58,10 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_da
     """The prompts of dataset `name` (train_dataset or valid_dataset), tokenized; rows longer than its max_length
     are dropped."""
     ds = getattr(config, name)
-    rows = load_rows(ds.path)
+    if names_reasoning_gym(ds.path):  # generated here (rlkit.tasks.reasoning_gym)
+        rows = generate_rows(config.reasoning_gym, ds.path, valid=name == "valid_dataset")
+    else:
+        rows = load_rows(ds.path)
     if rows and ds.prompt_key not in rows[0] and not is_gsm8k_row(rows[0], ds.prompt_key):
         raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
                         f"set {name}.prompt_key")
