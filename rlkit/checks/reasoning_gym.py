@@ -12,7 +12,13 @@ import difflib
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.reasoning_gym import DATASET_SOURCE, names_reasoning_gym, path_task, task_weights
+from rlkit.config.schema.reasoning_gym import (
+    DATASET_SOURCE,
+    names_reasoning_gym,
+    path_task,
+    seed_span,
+    task_weights,
+)
 from rlkit.tasks.reasoning_gym_names import COMPOSITE, NO_SYSTEM_PROMPT, SYSTEM_PROMPTS, TASKS, VERSION
 
 REWARD = "reasoning_gym"  # the built-in reward that scores these rows (rlkit.rewards.reasoning_gym)
@@ -79,10 +85,24 @@ def validate_reasoning_gym(config: ExperimentConfig, problems: Problems) -> None
     if section.system_prompt != NO_SYSTEM_PROMPT and section.system_prompt not in SYSTEM_PROMPTS:
         problems.add(f"reasoning_gym.system_prompt '{section.system_prompt}' is not one of reasoning-gym's",
                      hint=f"choose one of {', '.join((*SYSTEM_PROMPTS, NO_SYSTEM_PROMPT))}")
+    if len(paths) == 2:
+        _check_held_out(config, problems)
     if "train_dataset" in paths and section.size < config.train_dataset.batch_size:
         problems.add(f"reasoning_gym.size {section.size} is smaller than train_dataset.batch_size "
                      f"{config.train_dataset.batch_size}: not one training step",
                      hint=f"set reasoning_gym.size to at least {config.train_dataset.batch_size}")
+
+
+def _check_held_out(config: ExperimentConfig, problems: Problems) -> None:
+    """valid_dataset's rows are none of train_dataset's: their seed spans do not meet (reasoning-gym's row i of seed
+    s is row i + 1 of seed s - 1)."""
+    section = config.reasoning_gym
+    train = seed_span(section.seed, section.size, len(task_weights(section, config.train_dataset.path)))
+    valid = seed_span(section.valid_seed, section.valid_size, len(task_weights(section, config.valid_dataset.path)))
+    if train.start < valid.stop and valid.start < train.stop:
+        problems.add(f"reasoning_gym.valid_seed {section.valid_seed} is within {len(train)} of seed {section.seed}: "
+                     "reasoning-gym draws row i from seed + i, so valid_dataset would repeat training rows",
+                     hint=f"set reasoning_gym.valid_seed to at least {train.stop} (the default is 1000000)")
 
 
 def _validate_task_config(config: ExperimentConfig, tasks: list[str], problems: Problems) -> None:

@@ -50,3 +50,11 @@ def generate_rows(section: ReasoningGymConfig, path: str, *, valid: bool) -> lis
              "answer": entry["answer"], "metadata": entry["metadata"],
              TASK_KEY: entry["metadata"]["source_dataset"],
              CONFIG_KEY: configs.get(entry["metadata"]["source_dataset"], {})} for entry in entries]
+
+
+def rows_summary(rows: list[dict[str, Any]]) -> str:
+    """How many rows of each task a generated dataset holds, for the job's log: `basic_arithmetic 130, chain_sum 2`."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[TASK_KEY]] = counts.get(row[TASK_KEY], 0) + 1
+    return ", ".join(f"{task} {n}" for task, n in sorted(counts.items()))

@@ -162,7 +162,9 @@ class SGLangConfig:
 class DatasetConfig:
     """A local dataset (jsonl or parquet)."""
 
-    path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
+    path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them; reasoning-gym or "
+                       "reasoning-gym:<task>: rows generated in the job (grpo, ppo, opmd, distill; the reasoning_gym "
+                       "section).")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
     batch_size: int = _f(1, "Rows per batch; train_dataset: rows per training step (grpo, ppo: prompts, "
@@ -224,7 +226,8 @@ class RewardConfig:
     """How completions are scored."""
 
     fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, none (0 for every "
-                 "completion: job type distill without a reward), reward_model (a trained "
+                 "completion: job type distill without a reward), reasoning_gym (the task's own score_answer, for "
+                 "rows of train_dataset.path reasoning-gym), reward_model (a trained "
                  "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
                  "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")

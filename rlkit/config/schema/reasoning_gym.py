@@ -26,6 +26,12 @@ def path_task(path: str) -> str:
     return path.partition(":")[2].strip()
 
 
+def seed_span(seed: int, size: int, tasks: int) -> range:
+    """The generator seeds a dataset's rows draw on: reasoning-gym's composite gives task j the seed seed + j + 1
+    and draws row i (and its task choice) from seed + i, so rows of two spans that intersect can repeat."""
+    return range(seed, seed + size + tasks + 1)
+
+
 def task_weights(section: ReasoningGymConfig, path: str) -> dict[str, float]:
     """The tasks to mix and their weights: the path's one task (weight 1), else reasoning_gym.tasks."""
     task = path_task(path)
@@ -44,7 +50,8 @@ class ReasoningGymConfig:
     size: int = _f(1000, "Rows generated for train_dataset.", ge=1)
     seed: int = _f(1, "Seed of train_dataset's rows.")
     valid_size: int = _f(100, "Rows generated for valid_dataset (path reasoning-gym).", ge=1)
-    valid_seed: int = _f(2, "Seed of valid_dataset's rows: another seed than `seed` gives held-out rows.")
+    valid_seed: int = _f(1_000_000, "Seed of valid_dataset's rows. reasoning-gym draws row i from seed + i, so "
+                                    "seeds closer than the sizes share rows: refused at submit.")
     system_prompt: str = _f("default", "reasoning-gym's SYSTEM_PROMPTS entry sent as the system message (default, "
                                        "DeepSeekZero, simple, direct, chain_of_draft; each asks for the answer in "
                                        "<answer></answer> tags), or none: the question alone.")
