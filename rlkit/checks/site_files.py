@@ -101,7 +101,12 @@ def check_chat_template(field: str, value: str, why: str) -> None:
 
 @_os_errors_named
 def check_dataset_file(field: str, value: str) -> None:
-    """A dataset must be a local .jsonl/.json/.parquet file or a directory of them."""
+    """A dataset must be a local .jsonl/.json/.parquet file or a directory of them (reasoning-gym's generated rows
+    are checked by rlkit.checks.reasoning_gym where a job type reads them)."""
+    if names_reasoning_gym(value):
+        raise ConfigError(f"{field}: '{value}': reasoning-gym rows are generated only as the prompts of grpo, ppo, "
+                          "opmd and distill (train_dataset, valid_dataset)", hint=f"give {field} a .jsonl or .parquet "
+                          "file (rows exported from reasoning-gym, for instance)")
     if is_hub_id(value):
         return  # a hub id not fetched (render, or before submit's download): rlkit.launch.hub reports it
     path = Path(value)

@@ -79,6 +79,14 @@ def test_the_cli_refuses_an_unknown_task_with_exit_2_and_writes_nothing(tmp_path
     assert not (tmp_path / "fileroot").exists() and not (tmp_path / "home").exists()
 
 
+def test_a_job_type_that_reads_files_only_names_the_source_it_cannot_take() -> None:
+    from rlkit.checks.site_files import check_dataset_file
+    from rlkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="generated only as the prompts of grpo, ppo, opmd and distill"):
+        check_dataset_file("generate.dataset.path", "reasoning-gym:gcd")
+
+
 def test_the_format_reward_credits_the_tag_and_progress_towards_it() -> None:
     assert answer_tag_reward("", "x <answer> 12 </answer>", {}) == 1.0
     assert answer_tag_reward("", "<answer> </answer>", {}) == 0.5  # the tag, but nothing in it
