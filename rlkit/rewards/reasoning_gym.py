@@ -67,13 +67,13 @@ def answer_tag_reward(prompt: str, completion: str, row: dict[str, Any]) -> floa
     return 0.5 * longest / len(_OPEN)
 
 
-def task_metrics(groups: Iterable[Any]) -> dict[str, float]:
-    """reward/task/<task>/mean: each reasoning-gym task's mean score over a batch's groups (rlkit.rollout.controller's
-    Group: its prompt's row names the task). The task's own score where reward.fns blends it with others, else the
-    sample's reward."""
+def task_metrics(scored: Iterable[tuple[Any, Iterable[Any]]], prefix: str = "reward") -> dict[str, float]:
+    """<prefix>/task/<task>/mean: each reasoning-gym task's mean score over (row, samples) pairs, a batch's groups or
+    an evaluation's prompts (rows of other sources have no task and are left out). The task's own score where
+    reward.fns blends it with others, else the sample's reward."""
     by_task: dict[str, list[float]] = {}
-    for group in groups:
-        task = group.prompt.row.get(TASK_KEY) if isinstance(group.prompt.row, dict) else None
+    for row, samples in scored:
+        task = row.get(TASK_KEY) if isinstance(row, dict) else None
         if isinstance(task, str):
-            by_task.setdefault(task, []).extend(float(s.info.get(SCORE_INFO, s.reward)) for s in group.samples)
-    return {f"reward/task/{task}/mean": sum(v) / len(v) for task, v in sorted(by_task.items()) if v}
+            by_task.setdefault(task, []).extend(float(s.info.get(SCORE_INFO, s.reward)) for s in samples)
+    return {f"{prefix}/task/{task}/mean": sum(v) / len(v) for task, v in sorted(by_task.items()) if v}

@@ -309,7 +309,7 @@ class Rank0:
         metrics.update(train_stats)
         metrics.update(timing)
         metrics.update(_reward_mix_metrics(self.reward, self.reward_terms, groups))
-        metrics.update(task_metrics(groups))  # reasoning-gym rows: each task's mean score
+        metrics.update(task_metrics((g.prompt.row, g.samples) for g in groups))  # reasoning-gym: per task
         metrics.update(self.mismatch_metrics)
         self.mismatch_metrics = {}
         if not self.pushed:  # no push this step: nothing was written or sent

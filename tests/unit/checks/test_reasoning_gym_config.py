@@ -95,14 +95,15 @@ def test_the_format_reward_credits_the_tag_and_progress_towards_it() -> None:
 
 
 def test_task_metrics_read_the_tasks_own_score() -> None:
-    def group(row: dict[str, object], *samples: tuple[float, dict[str, float]]) -> SimpleNamespace:
-        return SimpleNamespace(prompt=SimpleNamespace(row=row),
-                               samples=[SimpleNamespace(reward=r, info=info) for r, info in samples])
+    def sample(reward: float, info: dict[str, float]) -> SimpleNamespace:
+        return SimpleNamespace(reward=reward, info=info)
 
-    groups = [group({"task": "gcd"}, (1.5, {"reward/reasoning_gym": 1.0}), (0.5, {"reward/reasoning_gym": 0.0})),
-              group({"task": "lcm"}, (0.25, {}), (0.75, {})),  # a single reward.fn: the sample's reward
-              group({"prompt": "not generated"}, (1.0, {}))]
-    assert task_metrics(groups) == {"reward/task/gcd/mean": 0.5, "reward/task/lcm/mean": 0.5}
+    own = "reward/reasoning_gym"  # the task's own term of a reward.fns mix
+    scored = [({"task": "gcd"}, [sample(1.5, {own: 1.0}), sample(0.5, {own: 0.0})]),
+              ({"task": "lcm"}, [sample(0.25, {}), sample(0.75, {})]),  # a single reward.fn: the sample's reward
+              ({"prompt": "not generated"}, [sample(1.0, {})])]
+    assert task_metrics(scored) == {"reward/task/gcd/mean": 0.5, "reward/task/lcm/mean": 0.5}
+    assert task_metrics(scored[:1], prefix="eval") == {"eval/task/gcd/mean": 0.5}  # the evaluator's
 
 
 def test_the_reward_runs_in_the_reward_workers_on_generated_rows() -> None:
