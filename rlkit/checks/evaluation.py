@@ -14,6 +14,7 @@ from rlkit.checks.site_files import check_dataset_file
 from rlkit.config.problems import Problems
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_rows import first_jsonl_row
 from rlkit.data.row_formats import is_gsm8k_row
 from rlkit.errors import ConfigError
@@ -50,6 +51,8 @@ def _validate_sampling(config: ExperimentConfig, problems: Problems) -> None:
 def _validate_columns(config: ExperimentConfig) -> None:
     """The validation rows hold the prompt column and, for a built-in reward, the answer column."""
     ds = config.valid_dataset
+    if names_reasoning_gym(ds.path):
+        return  # generated in the job: rlkit.checks.reasoning_gym
     check_dataset_file("valid_dataset.path", ds.path)
     row = first_jsonl_row("valid_dataset.path", Path(ds.path))
     if row is None:

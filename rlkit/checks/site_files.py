@@ -17,6 +17,7 @@ from typing import TypeVar
 from rlkit.config.model_config import is_local_path
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
+from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.errors import ConfigError
 from rlkit.images.labels import is_image_uri
 
@@ -100,7 +101,12 @@ def check_chat_template(field: str, value: str, why: str) -> None:
 
 @_os_errors_named
 def check_dataset_file(field: str, value: str) -> None:
-    """A dataset must be a local .jsonl/.json/.parquet file or a directory of them."""
+    """A dataset must be a local .jsonl/.json/.parquet file or a directory of them (reasoning-gym's generated rows
+    are checked by rlkit.checks.reasoning_gym where a job type reads them)."""
+    if names_reasoning_gym(value):
+        raise ConfigError(f"{field}: '{value}': reasoning-gym rows are generated only as the prompts of grpo, ppo, "
+                          "opmd and distill (train_dataset, valid_dataset)", hint=f"give {field} a .jsonl or .parquet "
+                          "file (rows exported from reasoning-gym, for instance)")
     if is_hub_id(value):
         return  # a hub id not fetched (render, or before submit's download): rlkit.launch.hub reports it
     path = Path(value)
@@ -142,6 +148,6 @@ def make_paths_absolute(config: object, cwd: str) -> None:
         value = get_field(config, dotted)
         if not isinstance(value, str) or not value or value.startswith(("/", "~")) or is_image_uri(value):
             continue
-        if (dotted in models and not is_local_path(value)) or is_hub_id(value):
+        if (dotted in models and not is_local_path(value)) or is_hub_id(value) or names_reasoning_gym(value):
             continue
         set_field(config, dotted, os.path.normpath(os.path.join(cwd, value)))

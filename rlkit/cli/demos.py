@@ -34,6 +34,14 @@ def _distill(metrics: Metrics) -> str:
     return _reward(metrics) + shown
 
 
+def _tasks(metrics: Metrics) -> str:
+    """The reward, and each reasoning-gym task's own mean score (reward/task/<task>/mean), first and last 3 steps."""
+    tasks = sorted({k for m in metrics for k in m if k.startswith("reward/task/")})
+    shown = [f"{k.split('/')[2]} {_mean(_evals(metrics, k)[:3]):.3f} -> {_mean(_evals(metrics, k)[-3:]):.3f}"
+             for k in tasks]
+    return _reward(metrics) + (f"; task scores {', '.join(shown)}" if shown else "")
+
+
 def _evals(metrics: Metrics, key: str) -> list[float]:
     return [float(m[key]) for m in metrics if key in m]
 
@@ -158,6 +166,9 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns, its "
          "episodes run by an unmodified agent program (the openai client) against rlkit's OpenAI-compatible endpoint",
          ("tiny-model", "digits", "press-held-out"), _reward),
+    Demo("rgym", "grpo-rgym-cpu-demo.yaml", "GRPO on two reasoning-gym tasks by name, mixed, scored by their own "
+         "score_answer (a format reward blended in: the random tiny model scores 0 on the tasks)", ("tiny-model",),
+         _tasks),
 )}
 
 

@@ -126,4 +126,12 @@ def make_no_reward(answer_key: str) -> partial[float]:
     return partial(no_reward)
 
 
-BUILTINS = {"math": make_math_reward, "exact_match": make_exact_match_reward, "none": make_no_reward}
+def make_reasoning_gym(answer_key: str) -> partial[float]:
+    """The reasoning-gym task's own score (rlkit.rewards.reasoning_gym; imported here only when named)."""
+    from rlkit.rewards.reasoning_gym import make_reasoning_gym_reward
+
+    return make_reasoning_gym_reward(answer_key)
+
+
+BUILTINS = {"math": make_math_reward, "exact_match": make_exact_match_reward, "none": make_no_reward,
+            "reasoning_gym": make_reasoning_gym}

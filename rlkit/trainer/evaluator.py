@@ -24,16 +24,19 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlkit.agent.episode import Episode
 from rlkit.agent.metrics import batch_metrics
 from rlkit.config.schema.evaluation import EvaluatorConfig
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.rewards.reasoning_gym import task_metrics
 from rlkit.rollout.controller import RolloutController
 from rlkit.rollout.groups import GroupSampler, Prompt
 from rlkit.servers.backend import SamplingParams
 from rlkit.servers.sampling import sampling_params
 from rlkit.trainer.loop_rank0 import Saver
+from rlkit.types import Sample
 
 
 def eval_sampling(config: ExperimentConfig) -> SamplingParams:
@@ -81,6 +84,7 @@ class EvalOutcome:
     reward_errors: int = 0
     seconds: float = 0.0
     episodes: list[Episode] = field(default_factory=list)  # rollout.agent: the episodes of `rewards`
+    scored: list[tuple[dict[str, Any], list[Sample]]] = field(default_factory=list)  # each prompt's row and samples
 
     @property
     def reward(self) -> float:
@@ -90,7 +94,7 @@ class EvalOutcome:
         return {"eval/reward": self.reward, "eval/n": len(self.rewards), "eval/version": self.version,
                 "eval/version_mismatches": self.mismatched, "eval/request_failures": self.request_failures,
                 "eval/reward_errors": self.reward_errors, "eval/seconds": self.seconds,
-                **batch_metrics(self.episodes, prefix="eval/agent/")}
+                **batch_metrics(self.episodes, prefix="eval/agent/"), **task_metrics(self.scored, prefix="eval")}
 
 
 class Evaluator:
@@ -183,6 +187,7 @@ class Evaluator:
                 outcome.mismatched += len(sampled.samples)
                 return
             outcome.rewards.extend(s.reward for s in sampled.samples)
+            outcome.scored.append((prompt.row, sampled.samples))
             outcome.reward_errors += sampled.reward_errors + sampled.reward_timeouts
             outcome.episodes.extend(sampled.episodes)
 

@@ -43,8 +43,14 @@ def site_standins(tmp_path: Path) -> list[str]:
 
 
 def _for(config: Path, standins: list[str]) -> list[str]:
-    """The stand-ins a config takes: no images for a CPU example (container_type none refuses them as ignored)."""
-    if example_configs(config)[0].launcher.slurm.container_type == "apptainer":
+    """The stand-ins a config takes: no images for a CPU example (container_type none refuses them as ignored), no
+    dataset file where the rows are generated in the job (train_dataset.path reasoning-gym)."""
+    from rlkit.config.schema.reasoning_gym import names_reasoning_gym
+
+    example = example_configs(config)[0]
+    if names_reasoning_gym(example.train_dataset.path):
+        standins = [o for o in standins if not o.startswith("train_dataset.path=")]
+    if example.launcher.slurm.container_type == "apptainer":
         return standins
     return [o for o in standins if not o.startswith(("launcher.slurm.trainer_image=",
                                                      "launcher.slurm.inference_server_image="))]

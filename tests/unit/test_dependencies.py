@@ -17,7 +17,7 @@ PROVIDED_BY = {
     "torch": "torch", "transformers": "transformers", "tokenizers": "transformers", "safetensors": "safetensors",
     "datasets": "datasets", "xxhash": "xxhash", "swanlab": "swanlab", "wandb": "wandb", "math_verify": "math-verify",
     "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub", "submitit": "submitit",
-    "starlette": "starlette", "uvicorn": "uvicorn", "openai": "openai",
+    "starlette": "starlette", "uvicorn": "uvicorn", "openai": "openai", "reasoning_gym": "reasoning-gym",
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {

@@ -21,6 +21,7 @@ from rlkit.config.schema.distill import DistillConfig
 from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
 from rlkit.config.schema.fields import _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
+from rlkit.config.schema.reasoning_gym import ReasoningGymConfig
 from rlkit.config.schema.ref import RefConfig
 from rlkit.config.schema.rl_mix import MixConfig, OPMDConfig
 from rlkit.config.schema.sft import SFTConfig
@@ -161,7 +162,9 @@ class SGLangConfig:
 class DatasetConfig:
     """A local dataset (jsonl or parquet)."""
 
-    path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them.")
+    path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them; reasoning-gym or "
+                       "reasoning-gym:<task>: rows generated in the job (grpo, ppo, opmd, distill; the reasoning_gym "
+                       "section).")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
     batch_size: int = _f(1, "Rows per batch; train_dataset: rows per training step (grpo, ppo: prompts, "
@@ -223,7 +226,8 @@ class RewardConfig:
     """How completions are scored."""
 
     fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, none (0 for every "
-                 "completion: job type distill without a reward), reward_model (a trained "
+                 "completion: job type distill without a reward), reasoning_gym (the task's own score_answer, for "
+                 "rows of train_dataset.path reasoning-gym), reward_model (a trained "
                  "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
                  "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
@@ -302,6 +306,8 @@ class ExperimentConfig:
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
     reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd, distill).")
+    reasoning_gym: ReasoningGymConfig = _sub(ReasoningGymConfig, "reasoning-gym's tasks as the dataset "
+                                             "(train_dataset.path reasoning-gym): tasks and weights, size, seeds.")
     expert_dataset: DatasetConfig = _sub(
         DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
         "per step, their SFT loss weighted by mix.mu; empty path: no mix.")

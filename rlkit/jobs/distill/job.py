@@ -33,7 +33,7 @@ DISTILL = JobType(
                          "learns the reverse KL to the teacher",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.distill.algorithm:run_distill",
     sections=("actor", "distill", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
-              "evaluator", "eval_gconfig"),
+              "evaluator", "eval_gconfig", "reasoning_gym"),
     prompt_dataset="train_dataset", validate=_validate_distill, passes_on="policy", auxiliary=True, kl_terms=True,
     own_section="distill",  # no `rows`: rl rows alone say grpo or ppo; the distill section says distill
     no_lora="distillation trains the full model (LoRA adapters with a teacher are not built yet)",

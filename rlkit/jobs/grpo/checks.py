@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from rlkit.checks.algo import validate_algorithm
+from rlkit.checks.reasoning_gym import validate_reasoning_gym
 from rlkit.checks.reward_model import validate_reward_model
 from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
@@ -19,6 +20,7 @@ from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
+from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_rows import first_jsonl_row
 from rlkit.data.row_formats import is_gsm8k_row
 from rlkit.errors import ConfigError
@@ -40,6 +42,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     _validate_weight_update(config, problems)
     with problems.check():
         _validate_dataset(config)
+    validate_reasoning_gym(config, problems)
     if config.expert_dataset.path:  # the SFT+RL mix's rows (rlkit.jobs.grpo.expert)
         with problems.check():
             check_dataset_file("expert_dataset.path", config.expert_dataset.path)
@@ -83,6 +86,8 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     ds = config.train_dataset
     if not ds.path:
         raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
+    if names_reasoning_gym(ds.path):
+        return  # generated in the job: rlkit.checks.reasoning_gym
     check_dataset_file("train_dataset.path", ds.path)
     row = first_jsonl_row("train_dataset.path", Path(ds.path))
     if row is not None and ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):

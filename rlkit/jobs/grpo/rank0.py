@@ -13,6 +13,7 @@ from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
+from rlkit.rewards.reasoning_gym import task_metrics
 from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.controller import Group, RolloutController
 from rlkit.rollout.groups import Prompt
@@ -308,6 +309,7 @@ class Rank0:
         metrics.update(train_stats)
         metrics.update(timing)
         metrics.update(_reward_mix_metrics(self.reward, self.reward_terms, groups))
+        metrics.update(task_metrics((g.prompt.row, g.samples) for g in groups))  # reasoning-gym: per task
         metrics.update(self.mismatch_metrics)
         self.mismatch_metrics = {}
         if not self.pushed:  # no push this step: nothing was written or sent

@@ -52,6 +52,8 @@ def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
     pairs = [{"eval/accuracy": 0.5, "eval/reward_margin": 0.0}, {"eval/accuracy": 1.0, "eval/reward_margin": 2.0}]
     assert "accuracy 0.500 -> 1.000, held-out reward margin 0.000 -> 2.000" in DEMOS["dpo"].report(pairs)  # type: ignore[misc]
     assert DEMOS["stages"].report(sft).startswith("3 steps; training loss")  # type: ignore[misc]
+    tasks = [{**r, "reward/task/chain_sum/mean": r["reward/mean"] / 2} for r in rewards]
+    assert DEMOS["rgym"].report(tasks).endswith("last 3 steps 0.800; task scores chain_sum 0.050 -> 0.400")  # type: ignore[misc]
     (tmp_path / "completions.jsonl").write_text(json.dumps({"prompt": "1+1=", "completions": [{"text": "2"}]}) + "\n")
     assert generate_report(tmp_path).endswith("the first: '1+1=' -> '2'")
 
