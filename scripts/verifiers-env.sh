@@ -53,6 +53,7 @@ if [ ! -f "$wheels/.complete" ]; then
     echo "verifiers-env: pip download of ${program_deps[*]} failed; see $log" >&2
     exit 1
   fi
+  mkdir -p "$wheels/empty-index"  # uv's default index for offline runs (rlkit.agent.verifiers_workflow.offline_uv)
   touch "$wheels/.complete"
 fi
 echo "$py"
