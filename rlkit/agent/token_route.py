@@ -13,13 +13,12 @@ masked, as given; any other call starts a new trajectory from its ids (counted, 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from rlkit.agent.context import EpisodeContext
 from rlkit.agent.openai_protocol import OpenAIError
-
-if TYPE_CHECKING:
-    from rlkit.agent.openai_endpoint import AgentSession
 
 GCONFIG_SETTINGS = ("temperature", "top_p", "top_k")  # a call may repeat them, never change them
 IGNORED_SETTINGS = ("logprobs", "skip_special_tokens", "detokenize", "seed")  # log-probs always come back; ids only
@@ -33,6 +32,17 @@ class TokenRequest:
     token_ids: list[int]
     max_tokens: int | None
     stop_token_ids: list[int]
+
+
+class EpisodeSession(Protocol):
+    """What the route needs of an endpoint session (rlkit.agent.openai_endpoint.AgentSession)."""
+
+    key: str
+    ctx: EpisodeContext
+    calls: int
+    segments: int
+    lock: asyncio.Lock
+    closed: bool
 
 
 def _bad(message: str, param: str | None = None) -> OpenAIError:
@@ -83,7 +93,7 @@ def parse_token_request(body: Any, gconfig: dict[str, float | int], stop_ids: se
     return TokenRequest(list(ids), max_tokens, list(stops))
 
 
-async def generate_tokens(session: AgentSession, request: TokenRequest) -> dict[str, Any]:
+async def generate_tokens(session: EpisodeSession, request: TokenRequest) -> dict[str, Any]:
     """One call, one sampled turn of `session`'s episode (calls of one episode are taken one at a time)."""
     async with session.lock:
         if session.closed:
