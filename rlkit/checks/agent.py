@@ -37,6 +37,8 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
     agent = config.rollout.agent
     _validate_openai_fields(agent, problems)
     _validate_verifiers_fields(agent, problems)
+    if agent.workflow.strip() == VERIFIERS_WORKFLOW:
+        _validate_verifiers_rows(config, problems)
     if not agent_in_use(agent):
         if agent.tools:
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
@@ -122,6 +124,29 @@ def _validate_verifiers_fields(agent: AgentConfig, problems: Problems) -> None:
         if used:
             problems.add(f"{setting} is set, but with workflow verifiers the environment brings its own tools: rlkit "
                          "would never offer these", hint=f"remove {setting}")
+
+
+def _validate_verifiers_rows(config: ExperimentConfig, problems: Problems) -> None:
+    """Every one of the first training rows names its task by index (`task`), or no episode of it could start."""
+    from pathlib import Path
+
+    from rlkit.agent.verifiers_workflow import TASK_FIELD
+    from rlkit.data.dataset_rows import first_jsonl_rows
+    from rlkit.errors import ConfigError
+
+    path = config.train_dataset.path
+    try:
+        rows = first_jsonl_rows("train_dataset.path", Path(path), 64) or []
+    except ConfigError:
+        return  # the dataset checks say what is wrong with the file
+    bad = [number for number, row in enumerate(rows, 1)
+           if not isinstance(row, dict) or isinstance(row.get(TASK_FIELD), bool)
+           or not isinstance(row.get(TASK_FIELD), int) or row[TASK_FIELD] < 0]
+    if bad:
+        problems.add(f"{path}: rows {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} have no "
+                     f"'{TASK_FIELD}': with workflow verifiers each row names the task it plays by its index in the "
+                     "taskset", hint=f'write rows such as {{"prompt": "...", "{TASK_FIELD}": 0}} (the prompt the model '
+                                     "sees is the one verifiers renders for the task)")
 
 
 def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:

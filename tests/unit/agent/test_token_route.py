@@ -6,6 +6,7 @@ token-exact trajectory, and what is refused at submit."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,7 @@ def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_y
 
     text = problems("rollout.agent.workflow=verifiers")
     assert "rollout.agent.verifiers.environment is empty" in text
+    assert "rows 1, 2, 3, 4, 5 ... have no 'task': with workflow verifiers each row names the task" in text
     text = problems("rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset",
                     "rollout.agent.verifiers.harness=claude_code", "rollout.agent.verifiers.runtime=prime",
                     "rollout.agent.tools=[rlkit.agent.press_door:press]")
@@ -112,4 +114,6 @@ def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_y
         assert says in text, text
     assert "rollout.agent.verifiers.environment is set, but rollout.agent.workflow is not verifiers" in problems(
         "rollout.agent.workflow=tool_use", "rollout.agent.verifiers.environment=my_taskset")
+    data = grpo_yaml.parent / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "p", "answer": "a", "task": i}) + "\n" for i in range(16)))
     assert problems("rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset") == ""
