@@ -1,8 +1,9 @@
 """`rollout.agent.workflow: verifiers`: a verifiers environment's episodes, trained token-exact.
 
-rlkit never imports verifiers (it pins openai<3; the dev venv holds openai 3): each episode runs
-rlkit/agent/verifiers_program.py under the verifiers venv's interpreter (scripts/verifiers-env.sh), which calls
-`Env.run_episode` with verifiers' train client pointed at this episode's key on rlkit's agent endpoint. The client
+rlkit never imports verifiers (it pins openai<3; the dev venv holds openai 3): the run's verifiers program
+(rlkit.agent.verifiers_worker, under the verifiers venv's interpreter: scripts/verifiers-env.sh) calls
+`Env.run_episode` for each episode with verifiers' train client pointed at this episode's key on rlkit's agent
+endpoint. The client
 renders its turns itself and posts token ids to the token-level route (rlkit.agent.token_route), where each turn is
 sampled like every rollout turn and recorded as the episode's trajectory. The row names the task: `task`, its index
 in the taskset (rollout.agent.verifiers.environment).
@@ -11,28 +12,24 @@ rlkit trains on its own recording (the server's ids, behaviour log-probs and wei
 the trace verifiers returns: the trained branch's token ids must equal the trajectory's, token for token, and its
 `sampled_mask` must mark exactly the tokens rlkit sampled; any difference is a TrajectoryMismatch, never trained on.
 The reward is the trace's (verifiers' weighted sum of its @reward functions). An episode verifiers reports as not ok
-(a harness or scoring error), a program that fails or runs past the timeout, or an episode of more than one trace
-(a multi-agent env) is dropped with its reason, like an agent program's (rlkit.agent.openai_workflow).
+(a harness or scoring error), one the program fails or that runs past the timeout, or one of more than one trace (a
+multi-agent env) is dropped with its reason, like an agent program's (rlkit.agent.openai_workflow).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode, EpisodeDropped
 from rlkit.agent.openai_endpoint import AgentEndpoint
 from rlkit.agent.trajectory import SampledSegment, TrajectoryMismatch
+from rlkit.agent.verifiers_worker import VerifiersWorker
 from rlkit.errors import ConfigError, StepError
 
-PROGRAM = Path(__file__).with_name("verifiers_program.py")
 DEFAULT_PYTHON = "~/.cache/rlkit-verifiers/venv/bin/python"
 TASK_FIELD = "task"  # the row's index of its task in the taskset
 
@@ -72,12 +69,14 @@ class VerifiersWorkflow:
         self._endpoint: AgentEndpoint | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
+        self._worker: VerifiersWorker | None = None
 
     async def endpoint(self) -> AgentEndpoint:
-        """The endpoint on the running loop, started by the first episode."""
+        """The endpoint on the running loop, started by the first episode (with the loop's verifiers program)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop, self._endpoint, self._starting = loop, None, asyncio.Lock()
+            self._worker = VerifiersWorker(self.environment.python)
         assert self._starting is not None
         async with self._starting:
             if self._endpoint is None:
@@ -94,7 +93,7 @@ class VerifiersWorkflow:
         endpoint = await self.endpoint()
         session = endpoint.open(ctx)
         try:
-            result = await self._run(endpoint.base_url(session), session.key, ctx, task)
+            result = await self._run(endpoint.base_url(session), ctx, task)
         finally:
             endpoint.close(session)
         async with session.lock:  # a call the program left in flight ends before the trajectory is read
@@ -114,58 +113,20 @@ class VerifiersWorkflow:
         return ctx.finish(float(traces[0]["reward"]), verifiers_calls=float(session.calls),
                           verifiers_segments=float(session.segments))
 
-    async def _run(self, base_url: str, key: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
+    async def _run(self, base_url: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
         env = self.environment
-        params = ctx.services.params
+        assert self._worker is not None
         spec = {"environment": env.environment, "args": env.args, "harness": env.harness, "runtime": env.runtime,
                 "task": task, "base_url": base_url, "tokenizer": str(ctx.tokenizer.name_or_path),
-                "temperature": params.temperature, "max_tokens": ctx.builder.limits.max_tokens_per_turn}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                env.python, str(PROGRAM), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=program_env(env.python, key), start_new_session=True)
-        except OSError as exc:
-            raise EpisodeDropped(f"the verifiers program could not start under {env.python}: {exc} (install the venv "
-                                 "with scripts/verifiers-env.sh)") from exc
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(json.dumps(spec).encode()), env.timeout)
-        except TimeoutError:
-            raise EpisodeDropped(f"the verifiers episode ran past rollout.agent.verifiers.timeout ({env.timeout:g} s); "
-                                 "its process group was killed") from None
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
-        if proc.returncode != 0 or not lines:
-            tail = " | ".join(err.decode(errors="replace").strip().splitlines()[-3:])
-            raise EpisodeDropped(f"the verifiers program exited with code {proc.returncode}: {tail}")
-        try:
-            result = json.loads(lines[-1])
-        except ValueError:
-            raise EpisodeDropped(f"the verifiers program's last line {lines[-1][:80]!r} is not its result") from None
-        if not isinstance(result, dict):
-            raise EpisodeDropped("the verifiers program's result is not a JSON object")
-        return result
+                "temperature": ctx.services.params.temperature, "max_tokens": ctx.builder.limits.max_tokens_per_turn}
+        return await self._worker.episode(spec, env.timeout)
 
-
-def program_env(python: str, key: str) -> dict[str, str]:
-    """The program's environment: the venv's bin first on PATH (verifiers finds the venv's `uv` there instead of
-    downloading one from astral.sh), the offline uv settings, and the episode's key for its train client."""
-    path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, **offline_uv(python), "RLKIT_EPISODE_KEY": key}
-
-
-def offline_uv(python: str) -> dict[str, str]:
-    """uv settings that make verifiers' `uv sync --script` (its harness's chat program) install from the wheelhouse
-    scripts/verifiers-env.sh put beside the venv, with no network: find-links there, an empty default index (uv has no
-    variable for --no-index) and no Python downloads. Nothing when there is no wheelhouse."""
-    wheels = Path(python).parent.parent.parent / "wheelhouse"
-    if not (wheels / ".complete").is_file():
-        return {}
-    return {"UV_FIND_LINKS": str(wheels), "UV_DEFAULT_INDEX": (wheels / "empty-index").as_uri(),
-            "UV_PYTHON_DOWNLOADS": "never"}
+    async def stop(self) -> None:
+        """End the verifiers program and the endpoint of the running loop (the program also ends with the trainer)."""
+        if self._worker is not None:
+            await self._worker.stop()
+        if self._endpoint is not None:
+            await self._endpoint.stop()
 
 
 def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:

@@ -128,10 +128,18 @@ def test_a_verifiers_episode_trains_on_the_tokens_the_server_sampled(vllm_slot: 
     server = RealServer(shared.server.url, shared.token, str(shared.model_dir))
     workflow = VerifiersWorkflow(_environment(verifiers_python))
 
-    task = 2
-    episodes = [asyncio.run(workflow(_context(tok, server, {"task": task}), {"task": task}))]
-    assert len(server.completions) == 1, "one sampled turn (the null harness's single chat call)"
-    for episode, completion in zip(episodes, server.completions, strict=True):
+    async def two_episodes() -> list[Any]:  # at once, in the run's one verifiers program
+        try:
+            return list(await asyncio.gather(*(workflow(_context(tok, server, {"task": task}), {"task": task})
+                                               for task in (1, 2))))
+        finally:
+            await workflow.stop()
+
+    episodes = asyncio.run(two_episodes())
+    assert len(server.completions) == 2, "one sampled turn an episode (the null harness's single chat call)"
+    for episode, task in zip(episodes, (1, 2), strict=True):  # gather keeps the order; the server's may differ
+        [completion] = [c for c in server.completions
+                        if c.token_ids == list(episode.trajectory.segments[0].token_ids)]
         t = episode.trajectory
         sampled = [s for s in t.segments if isinstance(s, SampledSegment)]
         assert [list(s.token_ids) for s in sampled] == [completion.token_ids], "trained = sampled, token for token"
@@ -151,9 +159,13 @@ def test_an_episode_of_a_missing_task_is_dropped_with_the_reason(vllm_slot: Serv
     server = RealServer(shared.server.url, shared.token, str(shared.model_dir))
 
     async def run(environment: VerifiersEnvironment, row: dict[str, Any]) -> Any:
-        return await VerifiersWorkflow(environment)(_context(tok, server, row), row)
+        workflow = VerifiersWorkflow(environment)
+        try:
+            return await workflow(_context(tok, server, row), row)
+        finally:
+            await workflow.stop()
 
-    with pytest.raises(EpisodeDropped, match="task 9 is not in taskset 'rlkit_test_sums' \\(3 tasks\\)"):
+    with pytest.raises(EpisodeDropped, match="LookupError: task 9 is not in taskset 'rlkit_test_sums'"):
         asyncio.run(run(_environment(verifiers_python), {"task": 9}))
     with pytest.raises(EpisodeDropped, match="needs the task's index"):
         asyncio.run(run(_environment(verifiers_python), {"prompt": "no task"}))
