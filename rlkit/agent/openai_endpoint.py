@@ -13,6 +13,9 @@ A call that rewrites earlier turns starts a new trajectory from its messages (th
 is counted (`agent/openai_segments`); the conversation is never silently tokenized again. The turn itself is sampled
 by `ctx.generate`: the least-busy live server, no request during a weight push, tagged with its weight version.
 
+The same key also serves the token-level route verifiers' train client calls, `/e/<key>/inference/v1/generate`
+(rlkit.agent.token_route): token ids in and out, the turns joined into the same kind of trajectory.
+
 The server runs on the rollout controller's own event loop (uvicorn in a non-main thread installs no signal handlers,
 so the trainer's SIGTERM handling is untouched) and binds to the loopback only: agent programs run on this node.
 """

@@ -19,6 +19,7 @@ multi-agent env) is dropped with its reason, like an agent program's (rlkit.agen
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +111,10 @@ class VerifiersWorkflow:
         if session.segments == 0 or ctx.builder.turns == 0:
             raise EpisodeDropped("the verifiers episode made no call to the token route that was answered")
         check_branch(ctx, traces[0]["branches"][-1])
-        return ctx.finish(float(traces[0]["reward"]), verifiers_calls=float(session.calls),
+        reward = traces[0].get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise EpisodeDropped(f"the verifiers trace's reward is {reward!r}, not a finite number")
+        return ctx.finish(float(reward), verifiers_calls=float(session.calls),
                           verifiers_segments=float(session.segments))
 
     async def _run(self, base_url: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
@@ -130,7 +134,8 @@ class VerifiersWorkflow:
 
 
 def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:
-    """The trace's trained branch is the trajectory rlkit recorded, token for token; TrajectoryMismatch if not."""
+    """The trace's trained branch is the trajectory rlkit recorded: the same ids token for token, `sampled_mask` on
+    exactly the sampled ones, the server's log-probs on them; TrajectoryMismatch if not."""
     builder = ctx.builder
     ids = list(builder.context_ids())
     if list(branch.get("token_ids") or []) != ids:
@@ -141,3 +146,7 @@ def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:
         sampled += [isinstance(segment, SampledSegment)] * len(segment.token_ids)
     if [bool(m) for m in branch.get("sampled_mask") or []] != sampled:
         raise TrajectoryMismatch("the verifiers trace's sampled_mask does not mark exactly the tokens rlkit sampled")
+    logprobs = [lp for segment in builder.segments if isinstance(segment, SampledSegment) for lp in segment.logprobs]
+    theirs = [lp for lp, m in zip(branch.get("logprobs") or [], sampled, strict=False) if m]
+    if theirs != logprobs:
+        raise TrajectoryMismatch("the verifiers trace's log-probs differ from the ones the server returned")

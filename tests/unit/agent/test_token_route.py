@@ -19,7 +19,8 @@ from rlkit.agent.openai_protocol import OpenAIError
 from rlkit.agent.press_door import digits_press
 from rlkit.agent.token_route import parse_token_request
 from rlkit.agent.tools import ToolRegistry
-from rlkit.agent.trajectory import InsertedSegment, SampledSegment, TrajectoryLimits
+from rlkit.agent.trajectory import InsertedSegment, SampledSegment, TrajectoryLimits, TrajectoryMismatch
+from rlkit.agent.verifiers_workflow import check_branch
 from rlkit.config.load import load_config
 from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
@@ -96,6 +97,17 @@ def test_calls_that_continue_the_trajectory_join_it_and_others_start_a_new_one(t
         assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in segment.token_ids]
         assert {e["logprob"] for e in choice["logprobs"]["content"]} == {-0.5}
     assert server.requests[1][0] == prompt + list(t.segments[0].token_ids) + glue
+
+    # what verifiers' trace of this episode holds, and the check that it is what rlkit will train on
+    ids = list(ctx.builder.context_ids())
+    mask = [False] * len(prompt) + [isinstance(s, SampledSegment) for s in t.segments for _ in s.token_ids]
+    logprobs = [-0.5 if m else 0.0 for m in mask]
+    check_branch(ctx, {"token_ids": ids, "sampled_mask": mask, "logprobs": logprobs})
+    for tampered, says in (({"token_ids": [*ids[:-1], ids[-1] + 1]}, "branch"),
+                           ({"sampled_mask": [True, *mask[1:]]}, "sampled_mask"),
+                           ({"logprobs": [*logprobs[:-1], -0.25]}, "log-probs")):
+        with pytest.raises(TrajectoryMismatch, match=says):
+            check_branch(ctx, {"token_ids": ids, "sampled_mask": mask, "logprobs": logprobs, **tampered})
 
 
 def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_yaml: Path) -> None:
