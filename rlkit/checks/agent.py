@@ -134,19 +134,22 @@ def _validate_verifiers_rows(config: ExperimentConfig, problems: Problems) -> No
     from rlkit.data.dataset_rows import first_jsonl_rows
     from rlkit.errors import ConfigError
 
-    path = config.train_dataset.path
-    try:
-        rows = first_jsonl_rows("train_dataset.path", Path(path), 64) or []
-    except ConfigError:
-        return  # the dataset checks say what is wrong with the file
-    bad = [number for number, row in enumerate(rows, 1)
-           if not isinstance(row, dict) or isinstance(row.get(TASK_FIELD), bool)
-           or not isinstance(row.get(TASK_FIELD), int) or row[TASK_FIELD] < 0]
-    if bad:
-        problems.add(f"{path}: rows {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} have no "
-                     f"'{TASK_FIELD}': with workflow verifiers each row names the task it plays by its index in the "
-                     "taskset", hint=f'write rows such as {{"prompt": "...", "{TASK_FIELD}": 0}} (the prompt the model '
-                                     "sees is the one verifiers renders for the task)")
+    datasets = [("train_dataset.path", config.train_dataset.path)]
+    if evaluation_enabled(config.evaluator) and config.valid_dataset.path:  # the evaluator plays episodes too
+        datasets.append(("valid_dataset.path", config.valid_dataset.path))
+    for setting, path in datasets:
+        try:
+            rows = first_jsonl_rows(setting, Path(path), 64) or []
+        except ConfigError:
+            continue  # the dataset checks say what is wrong with the file
+        bad = [number for number, row in enumerate(rows, 1)
+               if not isinstance(row, dict) or isinstance(row.get(TASK_FIELD), bool)
+               or not isinstance(row.get(TASK_FIELD), int) or row[TASK_FIELD] < 0]
+        if bad:
+            problems.add(f"{setting} {path}: rows {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} "
+                         f"have no '{TASK_FIELD}': with workflow verifiers each row names the task it plays by its "
+                         "index in the taskset", hint=f'write rows such as {{"prompt": "...", "{TASK_FIELD}": 0}} '
+                                                      "(the prompt the model sees is the one verifiers renders)")
 
 
 def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:

@@ -129,3 +129,8 @@ def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_y
     data = grpo_yaml.parent / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": "p", "answer": "a", "task": i}) + "\n" for i in range(16)))
     assert problems("rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset") == ""
+    held_out = grpo_yaml.parent / "valid.jsonl"
+    held_out.write_text(json.dumps({"prompt": "p", "answer": "a"}) + "\n")
+    assert "valid_dataset.path " + str(held_out) + ": rows 1 have no 'task'" in problems(
+        "rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset",
+        "evaluator.freq_steps=1", f"valid_dataset.path={held_out}"), "the evaluator plays episodes of its rows too"
