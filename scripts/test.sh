@@ -51,6 +51,13 @@ export RLKIT_SGLANG_PYTHON
 record sglang "$t"
 
 t=$SECONDS
+# verifiers 0.4.0 in its own venv (~600 MB, ~3-4 min cold, ~0.3 s warm): tests/integration/test_verifiers_workflow.py
+# runs its episodes with it (rlkit.agent.verifiers_workflow reads RLKIT_VERIFIERS_PYTHON)
+RLKIT_VERIFIERS_PYTHON=$(bash "$repo/scripts/verifiers-env.sh" | tail -n 1)
+export RLKIT_VERIFIERS_PYTHON
+record verifiers "$t"
+
+t=$SECONDS
 # mkdocs-material in its own small venv (seconds cold, ~0.1 s warm): the lint session builds the docs site with it
 bash "$repo/scripts/docs-env.sh" >/dev/null
 record docs "$t"

@@ -13,6 +13,9 @@ A call that rewrites earlier turns starts a new trajectory from its messages (th
 is counted (`agent/openai_segments`); the conversation is never silently tokenized again. The turn itself is sampled
 by `ctx.generate`: the least-busy live server, no request during a weight push, tagged with its weight version.
 
+The same key also serves the token-level route verifiers' train client calls, `/e/<key>/inference/v1/generate`
+(rlkit.agent.token_route): token ids in and out, the turns joined into the same kind of trajectory.
+
 The server runs on the rollout controller's own event loop (uvicorn in a non-main thread installs no signal handlers,
 so the trainer's SIGTERM handling is untouched) and binds to the loopback only: agent programs run on this node.
 """
@@ -38,6 +41,7 @@ from rlkit.agent.openai_protocol import (
     parse_request,
     template_message,
 )
+from rlkit.agent.token_route import generate_tokens, parse_token_request
 
 MAX_BODY_BYTES = 16 << 20  # a conversation of a long episode is well under this; more is refused unread
 SERVED_MODEL = "policy"  # what /v1/models lists; any model name is accepted in a call (one model is served)
@@ -129,6 +133,8 @@ class AgentEndpoint:
         routes = [Route(path, self._chat, methods=["POST"]) for path in ("/v1/chat/completions",
                                                                           "/e/{key}/v1/chat/completions")]
         routes += [Route(path, self._models, methods=["GET"]) for path in ("/v1/models", "/e/{key}/v1/models")]
+        routes += [Route(path, self._tokens, methods=["POST"]) for path in ("/inference/v1/generate",
+                                                                            "/e/{key}/inference/v1/generate")]
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -185,6 +191,21 @@ class AgentEndpoint:
         return JSONResponse(models_body(SERVED_MODEL))
 
     async def _chat(self, request: Any) -> Any:
+        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+            return await session.chat(parse_request(body, sampling))
+
+        return await self._serve(request, call)
+
+    async def _tokens(self, request: Any) -> Any:
+        """The token-level route verifiers' train client calls (rlkit.agent.token_route)."""
+        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+            eos = session.ctx.tokenizer.eos_token_id
+            return await generate_tokens(session, parse_token_request(body, sampling, {eos} if eos is not None
+                                                                      else set()))
+
+        return await self._serve(request, call)
+
+    async def _serve(self, request: Any, call: Any) -> Any:
         from starlette.responses import JSONResponse
 
         session: AgentSession | None = None
@@ -193,7 +214,7 @@ class AgentEndpoint:
             body = await _read_json(request)
             params = session.ctx.services.params  # gconfig's (eval_gconfig's for evaluation episodes)
             sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
-            return JSONResponse(await session.chat(parse_request(body, sampling)))
+            return JSONResponse(await call(session, body, sampling))
         except OpenAIError as exc:
             if session is not None:
                 session.refused += 1

@@ -214,7 +214,16 @@ class TrajectoryBuilder:
             raise TrajectoryMismatch(f"turn {self._pending.turn}: text inserted while its request is in flight")
         if not text:
             return True
-        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.add_inserted_ids(self.tokenizer.encode(text, add_special_tokens=False), text)
+
+    def add_inserted_ids(self, token_ids: Sequence[int], text: str) -> bool:
+        """Append ids a client tokenized itself (the token-level route: verifiers renders its own turns), masked;
+        False (nothing appended, flagged truncated) when they would pass max_total_tokens."""
+        if self._pending is not None:
+            raise TrajectoryMismatch(f"turn {self._pending.turn}: tokens inserted while its request is in flight")
+        ids = tuple(token_ids)
+        if not ids:
+            return True
         if self.total_tokens + len(ids) > self.limits.max_total_tokens:
             self.truncate(MAX_TOTAL_TOKENS)
             return False

@@ -13,7 +13,13 @@ from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode
-from rlkit.config.schema.agent import BUILTIN_WORKFLOWS, OPENAI_WORKFLOW, TOOL_USE_WORKFLOW, AgentConfig
+from rlkit.config.schema.agent import (
+    BUILTIN_WORKFLOWS,
+    OPENAI_WORKFLOW,
+    TOOL_USE_WORKFLOW,
+    VERIFIERS_WORKFLOW,
+    AgentConfig,
+)
 from rlkit.errors import ConfigError
 from rlkit.import_path import import_callable
 
@@ -32,8 +38,9 @@ async def tool_use(ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
 
 def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow",
                      agent: AgentConfig | None = None) -> Workflow:
-    """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`), or
-    the user's async function. ConfigError with the fix."""
+    """The workflow `spec` names: the built-in tool_use, the built-in openai (its program from `agent.openai`), the
+    built-in verifiers (its environment from `agent.verifiers`), or the user's async function. ConfigError with the
+    fix."""
     spec = spec.strip()
     if spec == TOOL_USE_WORKFLOW:
         return tool_use
@@ -42,6 +49,10 @@ def resolve_workflow(spec: str, *, setting: str = "rollout.agent.workflow",
 
         program = resolve_program((agent or AgentConfig()).openai)
         return OpenAIAgentWorkflow(program)
+    if spec == VERIFIERS_WORKFLOW:
+        from rlkit.agent.verifiers_workflow import VerifiersWorkflow, resolve_environment
+
+        return VerifiersWorkflow(resolve_environment((agent or AgentConfig()).verifiers))
     if ":" not in spec and "." not in spec:
         raise ConfigError(f"{setting} '{spec}' is not a built-in workflow (choices: {', '.join(BUILTIN_WORKFLOWS)})",
                           hint=f"use {TOOL_USE_WORKFLOW}, {OPENAI_WORKFLOW}, or a workflow of your own as "

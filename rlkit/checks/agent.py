@@ -8,7 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlkit.config.problems import Problems, refuse_inert_fields
-from rlkit.config.schema.agent import OPENAI_WORKFLOW, AgentConfig
+from rlkit.config.schema.agent import (
+    OFFLINE_HARNESSES,
+    OFFLINE_RUNTIMES,
+    OPENAI_WORKFLOW,
+    VERIFIERS_WORKFLOW,
+    AgentConfig,
+)
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 
@@ -30,6 +36,9 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
 
     agent = config.rollout.agent
     _validate_openai_fields(agent, problems)
+    _validate_verifiers_fields(agent, problems)
+    if agent.workflow.strip() == VERIFIERS_WORKFLOW:
+        _validate_verifiers_rows(config, problems)
     if not agent_in_use(agent):
         if agent.tools:
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "
@@ -89,6 +98,58 @@ def _validate_openai_fields(agent: AgentConfig, problems: Problems) -> None:
     if agent.code_tool.enabled:
         problems.add("rollout.agent.code_tool.enabled is set, but with workflow openai the agent program runs its own "
                      "tools: rlkit's python tool would never be offered", hint="remove rollout.agent.code_tool")
+
+
+def _validate_verifiers_fields(agent: AgentConfig, problems: Problems) -> None:
+    """rollout.agent.verifiers only with workflow verifiers; with it, only the parts of verifiers that run with no
+    network (checked with verifiers 0.4.0: docs/guides/verifiers.md), and no rlkit tools (the environment has its)."""
+    settings = agent.verifiers
+    if agent.workflow.strip() != VERIFIERS_WORKFLOW:
+        refuse_inert_fields(problems, settings, "rollout.agent.verifiers",
+                            because=f"rollout.agent.workflow is not {VERIFIERS_WORKFLOW}",
+                            hint=f"set rollout.agent.workflow={VERIFIERS_WORKFLOW}, or remove rollout.agent.verifiers")
+        return
+    if settings.harness not in OFFLINE_HARNESSES:
+        problems.add(f"rollout.agent.verifiers.harness={settings.harness!r}: verifiers' other harnesses install agent "
+                     "CLIs or run model-written code, bootstrapped from the network (uv, npm), which compute nodes "
+                     "often cannot reach; rlkit runs only the ones checked to run offline",
+                     hint=f"use harness {' or '.join(OFFLINE_HARNESSES)} (its plain chat program)")
+    if settings.runtime not in OFFLINE_RUNTIMES:
+        problems.add(f"rollout.agent.verifiers.runtime={settings.runtime!r}: prime, modal and e2b are remote sandboxes "
+                     "that reach the trainer through a Prime tunnel (network and a Prime login), docker and "
+                     "apptainer pull the task's image: none runs on an offline compute node",
+                     hint=f"use runtime {' or '.join(OFFLINE_RUNTIMES)} (the harness runs on the trainer's node)")
+    for setting, used in (("rollout.agent.tools", bool(agent.tools)),
+                          ("rollout.agent.code_tool.enabled", agent.code_tool.enabled)):
+        if used:
+            problems.add(f"{setting} is set, but with workflow verifiers the environment brings its own tools: rlkit "
+                         "would never offer these", hint=f"remove {setting}")
+
+
+def _validate_verifiers_rows(config: ExperimentConfig, problems: Problems) -> None:
+    """Every one of the first training rows names its task by index (`task`), or no episode of it could start."""
+    from pathlib import Path
+
+    from rlkit.agent.verifiers_workflow import TASK_FIELD
+    from rlkit.data.dataset_rows import first_jsonl_rows
+    from rlkit.errors import ConfigError
+
+    datasets = [("train_dataset.path", config.train_dataset.path)]
+    if evaluation_enabled(config.evaluator) and config.valid_dataset.path:  # the evaluator plays episodes too
+        datasets.append(("valid_dataset.path", config.valid_dataset.path))
+    for setting, path in datasets:
+        try:
+            rows = first_jsonl_rows(setting, Path(path), 64) or []
+        except ConfigError:
+            continue  # the dataset checks say what is wrong with the file
+        bad = [number for number, row in enumerate(rows, 1)
+               if not isinstance(row, dict) or isinstance(row.get(TASK_FIELD), bool)
+               or not isinstance(row.get(TASK_FIELD), int) or row[TASK_FIELD] < 0]
+        if bad:
+            problems.add(f"{setting} {path}: rows {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''} "
+                         f"have no '{TASK_FIELD}': with workflow verifiers each row names the task it plays by its "
+                         "index in the taskset", hint=f'write rows such as {{"prompt": "...", "{TASK_FIELD}": 0}} '
+                                                      "(the prompt the model sees is the one verifiers renders)")
 
 
 def _validate_eval_turns(config: ExperimentConfig, problems: Problems) -> None:

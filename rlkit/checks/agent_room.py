@@ -7,7 +7,8 @@ does; this check does the same on the login node over the first rows of the trai
 agent example run with the servers' default context of 128 tokens fails at submit with the fix, not after the job
 started. It reads the model's own tokenizer with transformers' fast tokenizer class (the Rust tokenizer and the chat
 template; no torch, ~2.5 CPU-s, only for agent configs) and is skipped where it cannot judge: a model or dataset that
-is not a local file, a tokenizer without tokenizer.json, the openai workflow (the agent program writes its prompts).
+is not a local file, a tokenizer without tokenizer.json, the openai and verifiers workflows (the agent
+program or the environment writes its prompts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
-from rlkit.config.schema.agent import OPENAI_WORKFLOW
+from rlkit.config.schema.agent import OPENAI_WORKFLOW, VERIFIERS_WORKFLOW
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
 from rlkit.data.dataset_rows import first_jsonl_rows
 from rlkit.errors import ConfigError
@@ -43,7 +44,7 @@ def validate_turn_room(config: ExperimentConfig, schemas: list[dict[str, Any]], 
     from rlkit.agent.chat import episode_chat, render_prompt, template_takes_tools
 
     agent, dataset = config.rollout.agent, config.train_dataset
-    if agent.workflow.strip() == OPENAI_WORKFLOW:
+    if agent.workflow.strip() in (OPENAI_WORKFLOW, VERIFIERS_WORKFLOW):
         return
     try:
         rows = [row for row in first_jsonl_rows("train_dataset.path", Path(dataset.path), ROWS_CHECKED) or []

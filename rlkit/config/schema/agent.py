@@ -10,12 +10,16 @@ masked out of the loss). `tool_call_parser` keeps AReaL's name and its default `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlkit.config.schema.fields import _f, _sub
 
 TOOL_USE_WORKFLOW = "tool_use"  # the built-in multi-turn loop: generate, call the tools asked for, repeat
 OPENAI_WORKFLOW = "openai"  # the user's agent program against rlkit's OpenAI-compatible endpoint (rollout.agent.openai)
-BUILTIN_WORKFLOWS = (TOOL_USE_WORKFLOW, OPENAI_WORKFLOW)
+VERIFIERS_WORKFLOW = "verifiers"  # a verifiers environment's episodes through the token-level route (.verifiers)
+BUILTIN_WORKFLOWS = (TOOL_USE_WORKFLOW, OPENAI_WORKFLOW, VERIFIERS_WORKFLOW)
+OFFLINE_HARNESSES = ("null",)  # verifiers harnesses checked to run with no network (its plain chat program)
+OFFLINE_RUNTIMES = ("subprocess",)  # the others are remote sandboxes (prime, modal, e2b) or container images
 
 
 @dataclass
@@ -30,6 +34,23 @@ class OpenAIAgentConfig:
                                 "reward (a number, or null for reward.fn); a non-zero exit drops the episode.")
     timeout: float = _f(300.0, "Seconds one episode's program may run; past it the episode is dropped (its key "
                                "revoked, a command's process group killed).", gt=0)
+
+
+@dataclass
+class VerifiersAgentConfig:
+    """The environment of `workflow: verifiers` (rlkit.agent.verifiers_workflow), run by verifiers in its own venv."""
+
+    environment: str = _f("", "The verifiers taskset id: a module importable in the verifiers venv that exports its "
+                              "Taskset (what verifiers' --env.taskset.id names); one agent plays it.")
+    args: dict[str, Any] = _f({}, "The taskset's config fields (verifiers' --env.taskset.*), passed as given.")
+    harness: str = _f("null", "The verifiers harness that plays a task: null (its plain chat program) is the one that "
+                              "runs with no network; the others install agent CLIs or run code and are refused.")
+    runtime: str = _f("subprocess", "Where the harness runs: subprocess (on the trainer's node). prime, modal and e2b "
+                                    "are remote sandboxes reached through a Prime tunnel (network and a Prime login); "
+                                    "docker and apptainer pull images: refused.")
+    python: str = _f("", "The verifiers venv's interpreter; empty: $RLKIT_VERIFIERS_PYTHON, else "
+                         "~/.cache/rlkit-verifiers/venv/bin/python (scripts/verifiers-env.sh installs it).")
+    timeout: float = _f(300.0, "Seconds one episode may run; past it the episode is dropped.", gt=0)
 
 
 @dataclass
@@ -60,7 +81,8 @@ class AgentConfig:
 
     workflow: str = _f("", "Episode workflow: tool_use (built in: sample a turn, run the tool calls it makes, repeat "
                            "until a turn calls none), openai (your agent program, unmodified, against rlkit's "
-                           "OpenAI-compatible endpoint: rollout.agent.openai) or module.path:function / "
+                           "OpenAI-compatible endpoint: rollout.agent.openai), verifiers (a verifiers environment: "
+                           "rollout.agent.verifiers) or module.path:function / "
                            "file.py:function, an async def episode(ctx, row) -> Episode; empty: single-turn rollouts.")
     tool_call_parser: str = _f("qwen", "How tool calls are read from a turn: qwen (Qwen2.5 / Hermes <tool_call> JSON, "
                                        "also called hermes) or module.path:function(text) -> ParsedTurn.")
@@ -74,6 +96,7 @@ class AgentConfig:
     max_tool_result_chars: int = _f(4000, "A tool result longer than this is cut (the model is told).", ge=1)
     code_tool: CodeToolConfig = _sub(CodeToolConfig, "The built-in sandboxed Python tool.")
     openai: OpenAIAgentConfig = _sub(OpenAIAgentConfig, "The agent program of workflow openai.")
+    verifiers: VerifiersAgentConfig = _sub(VerifiersAgentConfig, "The verifiers environment of workflow verifiers.")
 
 
 DEFAULT_MAX_TOTAL_TOKENS = 32768  # an episode's token limit when neither the config nor the model says one

@@ -1,0 +1,130 @@
+"""The run's verifiers program (rlkit/agent/verifiers_program.py), started once and fed one episode per line.
+
+One process for the run, not one per episode: importing verifiers and loading an environment costs ~10 CPU-s, more
+than an episode of a small model. Episodes run concurrently in it; each line written is answered by a line with the
+same id. When the program exits, every episode waiting on it is dropped with its last lines of stderr, and the next
+episode starts it again. It is started in a process group of its own and exits when its stdin closes (the trainer
+stopped); `stop` ends it (the group) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from rlkit.agent.episode import EpisodeDropped
+
+PROGRAM = Path(__file__).with_name("verifiers_program.py")
+STDERR_LINES = 20  # of the program's stderr kept, for the reason of a drop
+
+
+def program_env(python: str) -> dict[str, str]:
+    """The program's environment: the venv's bin first on PATH (verifiers finds the venv's `uv` there instead of
+    downloading one from astral.sh) and the offline uv settings."""
+    path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, **offline_uv(python)}
+
+
+def offline_uv(python: str) -> dict[str, str]:
+    """uv settings that make verifiers' `uv sync --script` (its harness's chat program) install from the wheelhouse
+    scripts/verifiers-env.sh put beside the venv, with no network: find-links there, an empty default index (uv has no
+    variable for --no-index) and no Python downloads. Nothing when there is no wheelhouse."""
+    wheels = Path(python).parent.parent.parent / "wheelhouse"
+    if not (wheels / ".complete").is_file():
+        return {}
+    return {"UV_FIND_LINKS": str(wheels), "UV_DEFAULT_INDEX": (wheels / "empty-index").as_uri(),
+            "UV_PYTHON_DOWNLOADS": "never"}
+
+
+class VerifiersWorker:
+    """The program for one event loop; `episode(spec, timeout)` returns its result or raises EpisodeDropped."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self._proc: asyncio.subprocess.Process | None = None
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count()
+        self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
+        self._starting = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _started(self) -> asyncio.subprocess.Process:
+        async with self._starting:
+            if self._proc is None or self._proc.returncode is not None:
+                try:
+                    self._proc = await asyncio.create_subprocess_exec(
+                        self.python, str(PROGRAM), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE, env=program_env(self.python), start_new_session=True,
+                        limit=1 << 26)
+                except OSError as exc:
+                    raise EpisodeDropped(f"the verifiers program could not start under {self.python}: {exc} (install "
+                                         "the venv with scripts/verifiers-env.sh)") from exc
+                proc = self._proc
+                self._tasks = [asyncio.create_task(self._read(proc)), asyncio.create_task(self._drain(proc))]
+            return self._proc
+
+    async def episode(self, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        proc = await self._started()
+        number = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[number] = future
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps({**spec, "id": number}).encode() + b"\n")
+            await proc.stdin.drain()
+            return await asyncio.wait_for(future, timeout)
+        except (BrokenPipeError, ConnectionResetError):
+            raise EpisodeDropped(f"the verifiers program exited: {self._said()}") from None
+        except TimeoutError:
+            raise EpisodeDropped(f"the verifiers episode ran past rollout.agent.verifiers.timeout ({timeout:g} s)") \
+                from None
+        finally:
+            self._waiting.pop(number, None)
+
+    def _said(self) -> str:
+        return " | ".join(list(self._stderr)[-3:]) or "no output"
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue  # not a reply (a library printing to stdout)
+            number = reply.get("id") if isinstance(reply, dict) else None
+            future = self._waiting.get(number) if isinstance(number, int) else None
+            if future is None or future.done():
+                continue  # an episode that timed out meanwhile
+            if "error" in reply:
+                future.set_exception(EpisodeDropped(f"the verifiers episode failed: {reply['error']}"))
+            else:
+                future.set_result(reply.get("result") or {})
+        await proc.wait()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(EpisodeDropped(f"the verifiers program exited with code {proc.returncode}: "
+                                                    f"{self._said()}"))
+
+    async def _drain(self, proc: asyncio.subprocess.Process) -> None:
+        """Read stderr as it comes (a full pipe would stop the program), keeping its last lines."""
+        assert proc.stderr is not None
+        while line := await proc.stderr.readline():
+            if line.strip():
+                self._stderr.append(line.decode(errors="replace").strip()[:300])
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

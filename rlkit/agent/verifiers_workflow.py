@@ -1,0 +1,152 @@
+"""`rollout.agent.workflow: verifiers`: a verifiers environment's episodes, trained token-exact.
+
+rlkit never imports verifiers (it pins openai<3; the dev venv holds openai 3): the run's verifiers program
+(rlkit.agent.verifiers_worker, under the verifiers venv's interpreter: scripts/verifiers-env.sh) calls
+`Env.run_episode` for each episode with verifiers' train client pointed at this episode's key on rlkit's agent
+endpoint. The client
+renders its turns itself and posts token ids to the token-level route (rlkit.agent.token_route), where each turn is
+sampled like every rollout turn and recorded as the episode's trajectory. The row names the task: `task`, its index
+in the taskset (rollout.agent.verifiers.environment).
+
+rlkit trains on its own recording (the server's ids, behaviour log-probs and weight versions) and checks it against
+the trace verifiers returns: the trained branch's token ids must equal the trajectory's, token for token, and its
+`sampled_mask` must mark exactly the tokens rlkit sampled; any difference is a TrajectoryMismatch, never trained on.
+The reward is the trace's (verifiers' weighted sum of its @reward functions). An episode verifiers reports as not ok
+(a harness or scoring error), one the program fails or that runs past the timeout, or one of more than one trace (a
+multi-agent env) is dropped with its reason, like an agent program's (rlkit.agent.openai_workflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.agent.context import EpisodeContext
+from rlkit.agent.episode import Episode, EpisodeDropped
+from rlkit.agent.openai_endpoint import AgentEndpoint
+from rlkit.agent.trajectory import SampledSegment, TrajectoryMismatch
+from rlkit.agent.verifiers_worker import VerifiersWorker
+from rlkit.errors import ConfigError, StepError
+
+DEFAULT_PYTHON = "~/.cache/rlkit-verifiers/venv/bin/python"
+TASK_FIELD = "task"  # the row's index of its task in the taskset
+
+
+@dataclass(frozen=True)
+class VerifiersEnvironment:
+    """What every episode of the run hands the program (rollout.agent.verifiers), resolved once."""
+
+    python: str
+    environment: str
+    args: dict[str, Any]
+    harness: str
+    runtime: str
+    timeout: float
+
+
+def verifiers_python(configured: str) -> str:
+    """The verifiers venv's interpreter: the setting, else $RLKIT_VERIFIERS_PYTHON, else the default venv."""
+    return os.path.expanduser(configured.strip() or os.environ.get("RLKIT_VERIFIERS_PYTHON", "") or DEFAULT_PYTHON)
+
+
+def resolve_environment(settings: Any) -> VerifiersEnvironment:
+    """rollout.agent.verifiers as a VerifiersEnvironment; ConfigError (with the fix) when it names no environment."""
+    if not settings.environment.strip():
+        raise ConfigError("rollout.agent.verifiers.environment is empty: workflow verifiers needs the taskset to play",
+                          hint="set rollout.agent.verifiers.environment=<taskset module importable in the verifiers "
+                               "venv>")
+    return VerifiersEnvironment(verifiers_python(settings.python), settings.environment.strip(), dict(settings.args),
+                                settings.harness, settings.runtime, float(settings.timeout))
+
+
+class VerifiersWorkflow:
+    """The episode workflow of `verifiers` (an `async def episode(ctx, row)` like any other; see the module)."""
+
+    def __init__(self, environment: VerifiersEnvironment) -> None:
+        self.environment = environment
+        self._endpoint: AgentEndpoint | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Lock | None = None
+        self._worker: VerifiersWorker | None = None
+
+    async def endpoint(self) -> AgentEndpoint:
+        """The endpoint on the running loop, started by the first episode (with the loop's verifiers program)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._endpoint, self._starting = loop, None, asyncio.Lock()
+            self._worker = VerifiersWorker(self.environment.python)
+        assert self._starting is not None
+        async with self._starting:
+            if self._endpoint is None:
+                endpoint = AgentEndpoint()
+                await endpoint.start()
+                self._endpoint = endpoint
+        return self._endpoint
+
+    async def __call__(self, ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
+        task = row.get(TASK_FIELD)
+        if isinstance(task, bool) or not isinstance(task, int) or task < 0:
+            raise EpisodeDropped(f"the row's {TASK_FIELD!r} is {task!r}: workflow verifiers needs the task's index in "
+                                 "the taskset (a non-negative integer)")
+        endpoint = await self.endpoint()
+        session = endpoint.open(ctx)
+        try:
+            result = await self._run(endpoint.base_url(session), ctx, task)
+        finally:
+            endpoint.close(session)
+        async with session.lock:  # a call the program left in flight ends before the trajectory is read
+            pass
+        if session.failure is not None:
+            raise StepError(f"a verifiers episode's turn could not be sampled: {type(session.failure).__name__}: "
+                            f"{session.failure}") from session.failure
+        if not result.get("ok"):
+            raise EpisodeDropped(f"verifiers reports the episode as failed: {'; '.join(result.get('errors') or [])}")
+        traces = result.get("traces") or []
+        if len(traces) != 1 or not traces[0].get("branches"):
+            raise EpisodeDropped(f"the episode has {len(traces)} traces: workflow verifiers trains one agent's trace "
+                                 "with a trainable branch")
+        if session.segments == 0 or ctx.builder.turns == 0:
+            raise EpisodeDropped("the verifiers episode made no call to the token route that was answered")
+        check_branch(ctx, traces[0]["branches"][-1])
+        reward = traces[0].get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise EpisodeDropped(f"the verifiers trace's reward is {reward!r}, not a finite number")
+        return ctx.finish(float(reward), verifiers_calls=float(session.calls),
+                          verifiers_segments=float(session.segments))
+
+    async def _run(self, base_url: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
+        env = self.environment
+        assert self._worker is not None
+        spec = {"environment": env.environment, "args": env.args, "harness": env.harness, "runtime": env.runtime,
+                "task": task, "base_url": base_url, "tokenizer": str(ctx.tokenizer.name_or_path),
+                "temperature": ctx.services.params.temperature, "max_tokens": ctx.builder.limits.max_tokens_per_turn}
+        return await self._worker.episode(spec, env.timeout)
+
+    async def stop(self) -> None:
+        """End the verifiers program and the endpoint of the running loop (the program also ends with the trainer)."""
+        if self._worker is not None:
+            await self._worker.stop()
+        if self._endpoint is not None:
+            await self._endpoint.stop()
+
+
+def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:
+    """The trace's trained branch is the trajectory rlkit recorded: the same ids token for token, `sampled_mask` on
+    exactly the sampled ones, the server's log-probs on them; TrajectoryMismatch if not."""
+    builder = ctx.builder
+    ids = list(builder.context_ids())
+    if list(branch.get("token_ids") or []) != ids:
+        raise TrajectoryMismatch(f"the verifiers trace's branch ({len(branch.get('token_ids') or [])} tokens) is not "
+                                 f"the trajectory rlkit sampled ({len(ids)} tokens)")
+    sampled = [False] * len(builder.prompt_ids)
+    for segment in builder.segments:
+        sampled += [isinstance(segment, SampledSegment)] * len(segment.token_ids)
+    if [bool(m) for m in branch.get("sampled_mask") or []] != sampled:
+        raise TrajectoryMismatch("the verifiers trace's sampled_mask does not mark exactly the tokens rlkit sampled")
+    logprobs = [lp for segment in builder.segments if isinstance(segment, SampledSegment) for lp in segment.logprobs]
+    theirs = [lp for lp, m in zip(branch.get("logprobs") or [], sampled, strict=False) if m]
+    if theirs != logprobs:
+        raise TrajectoryMismatch("the verifiers trace's log-probs differ from the ones the server returned")
