@@ -43,6 +43,18 @@ class MicroBatchSpec:
 
 
 @dataclass
+class FsdpConfig:
+    """How the trainer's ranks share the model beyond FSDP's sharding (AReaL's `actor.fsdp`)."""
+
+    ulysses_sp_size: int = _f(
+        1, "Ulysses sequence parallelism: groups of this many trainer ranks share each packed sequence, each rank "
+        "holding 1/sp of its tokens, attention heads exchanged by all-to-all, so one rank's memory carries 1/sp of "
+        "the sequence; the data-parallel degree is ranks / sp. Needs packing (mb_spec.packing), attention and KV "
+        "heads divisible by it (or KV heads dividing it), a supported model family (Qwen2/3, Llama, Mistral) and "
+        "grpo or sft; 1: off.", ge=1, le=64)
+
+
+@dataclass
 class OptimizerConfig:
     """The trainer's optimizer and learning-rate schedule."""
 
@@ -106,6 +118,7 @@ class ActorConfig:
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
                                                    "update).")
+    fsdp: FsdpConfig = _sub(FsdpConfig, "Sharing the model over the trainer ranks (sequence parallelism).")
     logprob_chunk_tokens: int = _f(
         LOGPROB_CHUNK_TOKENS, "Token log-probs (grpo, ppo's actor, sft, dpo, the reference) go through the output "
         "head this many tokens at a time, each chunk's logits freed and recomputed in backward, so the head's memory "
