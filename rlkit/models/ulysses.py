@@ -5,8 +5,9 @@ heads/sp of the heads.
 Why through transformers' attention registry: a model built with `attn_implementation="rlkit_ulysses"` calls
 `ulysses_attention` from every attention layer with its query, key and value after the rotary embedding (computed
 from each rank's own slice of `position_ids`), so no model code is patched and every model family whose attention
-layers go through ALL_ATTENTION_FUNCTIONS is covered; `PATCHED_MODEL_TYPES` names those checked here (submit
-refuses others). Outside a sequence-parallel forward (a padded batch, the packing probe, the weight fingerprint) the
+layers go through ALL_ATTENTION_FUNCTIONS alike is covered; rlkit.config.schema.actor.ULYSSES_MODEL_TYPES names
+those checked (submit refuses others). Outside a sequence-parallel forward (a padded batch, the packing probe, the
+weight fingerprint) the
 same implementation is torch's sdpa, as transformers runs it.
 
 Inside, each sample of the packed row (found from the whole row's `position_ids`, restarting at 0) runs torch's sdpa
@@ -32,10 +33,6 @@ from rlkit.models.packing import PackedRows
 ATTENTION = "rlkit_ulysses"
 KEYWORD = "rlkit_ulysses"  # the forward keyword that carries a RowSlice to every attention call
 _FLAG = "_rlkit_ulysses"  # on a model object: its packed forwards run sequence parallel
-# config.json model_type values whose attention layers call ALL_ATTENTION_FUNCTIONS with (q, k, v) after the rotary
-# embedding in [batch, heads, tokens, head_dim] and take back [batch, tokens, heads, head_dim] (checked: Qwen2 and
-# the Llama-style families built the same way in transformers 5.19)
-PATCHED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 _in_forward = False  # a sequence-parallel forward is building its masks: none is needed
 
 

@@ -18,6 +18,10 @@ WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
 # actor.logprob_chunk_tokens' default, also what a log-prob function uses when its caller has no config: big enough
 # for a GPU's matmul to run at speed, small enough that a chunk's float32 logits of a 152k vocabulary are ~0.6 GB
 LOGPROB_CHUNK_TOKENS = 1024
+# config.json model_type values whose attention rlkit.models.ulysses serves (actor.fsdp.ulysses_sp_size > 1): their
+# attention layers call transformers' ALL_ATTENTION_FUNCTIONS with (q, k, v) after the rotary embedding, [batch, heads,
+# tokens, head_dim], and take back [batch, tokens, heads, head_dim] (each checked: tests/unit/trainer/test_ulysses.py)
+ULYSSES_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 # mb_spec.packing_algorithm's values (AReaL's names; rlkit.trainer.bins implements them)
 PACKING_ALGORITHMS = ("ffd", "kk")
 

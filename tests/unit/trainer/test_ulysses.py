@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from rlkit.config.schema.actor import ULYSSES_MODEL_TYPES
 from tests.helpers.gloo_ranks import run_ranks
-from tests.unit.trainer.test_packed_steps import assert_same
+from tests.unit.trainer.test_packed_steps import TOLERANCE, assert_same, relative
 
 WORKER = "import sys\nfrom tests.helpers.ulysses_steps import main\nmain(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
 JOBS = ["grpo", "grpo_checkpointed_full_logits", "sft"]
@@ -39,3 +40,14 @@ def test_sp2_step_equals_one_rank(steps: dict[int, dict[str, Any]], job: str) ->
     assert steps[2][job]["packed"]["probed"], f"{job}: the model did not take packed rows"
     assert_same(steps[2][job]["packed"], steps[1][job]["packed"], f"{job}: sp=2 on 2 ranks vs 1 rank")
     assert_same(steps[2][job]["padded"], steps[1][job]["packed"], f"{job}: padded rows (no split) under sp=2")
+
+
+@pytest.mark.parametrize("family", ULYSSES_MODEL_TYPES)
+def test_every_served_family_splits_exactly(steps: dict[int, dict[str, Any]], family: str) -> None:
+    """A random tiny model of each family submit accepts (4 heads, 2 KV heads): sp=2's packed log-probs and
+    gradients are one rank's."""
+    got, want = steps[2]["families"][family], steps[1]["families"][family]
+    assert float((got["logp"] - want["logp"]).abs().max()) <= TOLERANCE * float(want["logp"].abs().max())
+    for name, grad in want["grads"].items():
+        error = relative(got["grads"][name], grad, 1e-2 * max(float(g.abs().max()) for g in want["grads"].values()))
+        assert error <= TOLERANCE, f"{family}: gradient of {name} differs by {error:.3g}"
