@@ -143,8 +143,12 @@ class TrainEngine:
         self.rank, self.world, self.device = rank, world, device
         self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
-        if init_sequence_parallel(config.fsdp.ulysses_sp_size) is not None:
+        layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)
+        if layout is not None:
             ulysses.enable(self.model)  # its packed rows split over the sp group (rlkit.models.ulysses)
+            if rank == 0:
+                print(f"rlkit train: Ulysses sequence parallelism: {world} ranks in sp groups of {layout.size} "
+                      f"(data-parallel degree {layout.data_world})", flush=True)
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0
