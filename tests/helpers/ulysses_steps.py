@@ -44,10 +44,10 @@ def main(model_dir: str, out: str, sp: int) -> None:
         return dataclasses.replace(copy.deepcopy(base), **changes)
 
     results: dict[str, Any] = {
-        "grpo": _actor(cfg(), env, device, samples),
-        "grpo_checkpointed_full_logits": _actor(cfg(gradient_checkpointing=True, logprob_chunk_tokens=0), env,
-                                                device, samples),
-        "sft": _sft(cfg(), env, device, examples),
+        "grpo": _actor(cfg(), env, device, samples),  # chunked log-probs
+        # full logits, and gradient checkpointing: its recompute in backward runs the all-to-all again
+        "sft_checkpointed_full_logits": _sft(cfg(gradient_checkpointing=True, logprob_chunk_tokens=0), env, device,
+                                             examples),
     }
     results["sliced_rows"] = sliced[0]
     results["families"] = families(sp)
