@@ -142,6 +142,8 @@ def ulysses_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     size = piece.size
+    if query.shape[1] % size or (key.shape[1] % size and size % key.shape[1]):  # submit refuses these
+        raise ValueError(f"{query.shape[1]} attention / {key.shape[1]} KV heads do not split over {size} sp ranks")
     if key.shape[1] % size:  # fewer KV heads than sp: each repeated so that every rank gets its own
         key = key.repeat_interleave(size // key.shape[1], dim=1)
         value = value.repeat_interleave(size // value.shape[1], dim=1)
