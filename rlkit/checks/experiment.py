@@ -19,6 +19,7 @@ from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
 from rlkit.checks.reference import validate_reference
 from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens
+from rlkit.checks.sequence_parallel import validate_sequence_parallel
 from rlkit.checks.site_files import (
     check_image,
     check_model_dir,
@@ -142,6 +143,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         validate_weight_delta(config, allocation, problems)
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
+        validate_sequence_parallel(config, job.name, allocation, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)

@@ -40,6 +40,8 @@ VERL = (
     _m("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.mb_spec.n_mbs", "rlkit sets the number of "
        "micro-batches, or a token budget per micro-batch (actor.mb_spec.max_tokens_per_mb)"),
     _m("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
+    _m("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
+       "packed rows of grpo, opmd and sft"),
     _m("actor_rollout_ref.actor.ppo_epochs", "", "rlkit makes one pass over a training step's batch"),
     _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
@@ -175,7 +177,8 @@ TRINITY = (
     _m("trainer.max_checkpoints_to_keep", "recover.keep_last"),
     _m("trainer.grad_clip", "actor.optimizer.gradient_clipping"),
     _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
-    _m("trainer.ulysses_sequence_parallel_size", "", "rlkit has no sequence parallelism yet"),
+    _m("trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the packed rows of "
+       "grpo, opmd and sft"),
 )
 
 COSMOS = (
@@ -280,6 +283,8 @@ CHATLEARN = (
        "micro-batches, or a token budget (actor.mb_spec.max_tokens_per_mb)"),
     _m("models.policy_trainer.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb"),
     _m("models.policy_trainer.tensor_model_parallel_size", "", "rlkit's trainer shards with FSDP only"),
+    _m("models.policy_trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
+       "packed rows of grpo, opmd and sft"),
     _m("models.ref_policy.load", "ref.path", "empty: actor.path"),
 )
 
@@ -295,7 +300,8 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
                     "sections."),
     "cosmos-rl": (COSMOS, "cosmos-rl", "cosmos-rl's policy and rollout replicas are rlkit's trainer and servers; "
                   "their GPU counts and parallelism become `allocation_mode`. rlkit's trainer shards with FSDP only: "
-                  "no tensor, pipeline or context parallelism in training."),
+                  "no tensor or pipeline parallelism in training; a long sequence splits over ranks by Ulysses "
+                  "(actor.fsdp.ulysses_sp_size), not by cosmos-rl's context parallelism."),
     "ChatLearn": (CHATLEARN, "chatlearn", "ChatLearn's `runtime_args` are rlkit's top-level fields and datasets; its "
                   "`models.policy` is the servers and sampling, `models.policy_trainer` is `actor`. An episode is "
                   "one training step."),

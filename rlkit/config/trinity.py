@@ -72,6 +72,7 @@ RENAMES: dict[str, str] = {
     "trainer.max_checkpoints_to_keep": "recover.keep_last",
     "trainer.grad_clip": "actor.optimizer.gradient_clipping",
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
+    "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
 }
 
 # algorithm_type -> rlkit's job type (mix: grpo plus the expert rows' SFT loss, rlkit's expert_dataset and mix.mu)
@@ -99,7 +100,6 @@ _WHY: dict[str, str] = {
     "buffer.trainer_input.experience_buffer": "rlkit's samples go from the servers to the trainer in memory",
     "synchronizer.sync_style": "fixed: a push every actor.weight_update_interval steps is what rlkit does",
     "mode": "both: rlkit runs the servers and the trainer in one job",
-    "trainer.ulysses_sequence_parallel_size": "rlkit has no sequence parallelism yet",
     "monitor.monitor_type": "each sink has its own section under stats_logger",
 }
 _NOT_BUILT = ("not built: rlkit pushes weights on the trainer's fixed schedule (actor.weight_update_interval, "

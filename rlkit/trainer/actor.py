@@ -71,7 +71,8 @@ class PPOActor:
 
     def local_indices(self, samples: Sequence[Sample]) -> list[list[int]]:
         """Per minibatch (ppo_n_minibatches), this rank's indices of the global batch `samples`, balanced by tokens."""
-        return local_indices(len(samples), self.config.ppo_n_minibatches, self.engine.rank, self.engine.world,
+        rank, world = self.engine.data_rank_world  # under sequence parallelism, the sp group's share
+        return local_indices(len(samples), self.config.ppo_n_minibatches, rank, world,
                              lengths=[s.length for s in samples], algorithm=self.config.mb_spec.packing_algorithm)
 
     def compute_logprobs(self, samples: Sequence[Sample], *, reference: bool = False,

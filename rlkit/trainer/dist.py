@@ -26,6 +26,7 @@ from rlkit.nameresolve.servers import check_address
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 
 _joined = False  # set once this process joins a process group
+_sp: SequenceParallel | None = None  # the Ulysses layout, once an engine with ulysses_sp_size > 1 asked for it
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,54 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = 1800.0) -
     return env, device
 
 
+@dataclass(frozen=True)
+class SequenceParallel:
+    """The 2-D layout FSDP x SP (issue 46, part 4): ranks [k*sp, (k+1)*sp) form sequence-parallel group k, which
+    shares its samples (every rank of it holds the same micro-batches, each rank a slice of every packed row); the
+    data-parallel degree is world / sp. FSDP still shards over every rank."""
+
+    size: int
+    group: dist.ProcessGroup  # this rank's sp group (the all-to-all of attention, the gather of log-probs)
+    local_rank: int  # this rank's place in its sp group: which slice of a packed row it holds
+    data_rank: int  # which share of a batch this rank's group trains
+    data_world: int  # how many shares: world / sp
+
+
+def init_sequence_parallel(size: int) -> SequenceParallel | None:
+    """This process's sp layout for `size` (None for 1: nothing changes); collective on first use (the device mesh
+    creates every group on every rank). One size per process: every engine's samples are dealt the same way."""
+    global _sp
+    if size <= 1:
+        if _sp is not None:
+            raise RuntimeError(f"this trainer already runs ulysses_sp_size={_sp.size}; another model asks for 1")
+        return None
+    if _sp is not None:
+        if _sp.size != size:
+            raise RuntimeError(f"this trainer already runs ulysses_sp_size={_sp.size}; another model asks for {size}")
+        return _sp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world % size:
+        raise RuntimeError(f"ulysses_sp_size={size} does not divide the trainer's {world} ranks")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (world // size, size), mesh_dim_names=("dp", "sp"))
+    _sp = SequenceParallel(size, mesh["sp"].get_group(), mesh["sp"].get_local_rank(), mesh["dp"].get_local_rank(),
+                           world // size)
+    return _sp
+
+
+def sequence_parallel() -> SequenceParallel | None:
+    """The sp layout when sequence parallelism is on, else None."""
+    return _sp
+
+
+def data_rank_world(rank: int, world: int) -> tuple[int, int]:
+    """(which share, how many shares) of a batch this rank trains: its sp group's under sequence parallelism (the
+    ranks of a group hold the same samples), else (rank, world)."""
+    return (rank, world) if _sp is None else (_sp.data_rank, _sp.data_world)
+
+
 def joined_a_process_group() -> bool:
     """Whether this process ever joined a torch.distributed process group (it then ends with `end_process`)."""
     return _joined
@@ -139,10 +188,14 @@ def all_reduce_max(value: int) -> int:
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sums over the ranks of per-share values (tokens, loss sums): under sequence parallelism every rank of an sp
+    group holds the same share, so each share is counted once (divided by sp: exact for the power-of-two sizes)."""
     t = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if _sp is not None:
+        t = t / _sp.size
     return [float(x) for x in t.tolist()]
 
 

@@ -18,11 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS, ActorConfig, OptimizerConfig
+from rlkit.models import ulysses
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
 from rlkit.models.source import build_causal_lm
 from rlkit.trainer.batch import MicroBatch
-from rlkit.trainer.dist import all_reduce_sum
+from rlkit.trainer.dist import all_reduce_sum, data_rank_world, init_sequence_parallel
 from rlkit.trainer.head_logprobs import model_token_logprobs
 from rlkit.trials.recover_layout import FileDigest
 
@@ -142,9 +143,20 @@ class TrainEngine:
         self.rank, self.world, self.device = rank, world, device
         self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
+        layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)
+        if layout is not None:
+            ulysses.enable(self.model)  # its packed rows split over the sp group (rlkit.models.ulysses)
+            if rank == 0:
+                print(f"rlkit train: Ulysses sequence parallelism: {world} ranks in sp groups of {layout.size} "
+                      f"(data-parallel degree {layout.data_world})", flush=True)
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0
+
+    @property
+    def data_rank_world(self) -> tuple[int, int]:
+        """(which share, how many shares) of a batch this rank trains: its sp group's under sequence parallelism."""
+        return data_rank_world(self.rank, self.world)
 
     def _make_optimizer(self, cfg: OptimizerConfig) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -161,7 +173,9 @@ class TrainEngine:
         `loss_fn(model, mb)` runs the forward and returns the loss averaged over its units (tokens, pairs, ...) and
         their count. Each loss is weighted so that the gradient is the mean over the units of every rank
         (`local_units` of this rank, summed over ranks here): FSDP averages gradients over ranks, hence the factor
-        `world`. Then clipping, the LR of the schedule, the step. Returns the gradient norm and the LR.
+        `world`; under sequence parallelism the ranks of an sp group hold the same units, counted once
+        (all_reduce_sum), and their gradients add up to the group's one. Then clipping, the LR of the schedule, the
+        step. Returns the gradient norm and the LR.
         """
         self.model.train()
         global_units = all_reduce_sum([float(local_units)])[0]

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
+from rlkit.models import ulysses
 from rlkit.models.packing import PackedRows, pack_rows, packs
 from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
 
@@ -111,6 +112,9 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
     entropies (no gradient) when asked: chunked through the output head when `chunk_tokens` > 0 (see the module
     docstring), else from the full logits. The rows run packed into one (rlkit.models.packing) when the model packs;
     the results are in the padded layout either way (0 at padding)."""
+    if ulysses.enabled(model):
+        return _sequence_parallel_logprobs(model, input_ids, attention_mask, temperature=temperature,
+                                           chunk_tokens=chunk_tokens, with_entropy=with_entropy)
     rows = pack_rows(input_ids, attention_mask) if packs(model) else None
     ids = rows.input_ids if rows is not None else input_ids
     kwargs: dict[str, Any] = ({"position_ids": rows.position_ids, "attention_mask": None} if rows is not None
@@ -137,6 +141,47 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
     if len(entropies) != 1:
         raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(entropies)} times")
     return _padded(rows, out.logits[..., 0]), _padded(rows, entropies[0])
+
+
+def _sequence_parallel_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
+                                temperature: float, chunk_tokens: int, with_entropy: bool
+                                ) -> tuple[Tensor, Tensor | None]:
+    """model_token_logprobs under Ulysses sequence parallelism (rlkit.models.ulysses), the same results on every rank
+    of the sp group: a packed row is split, each rank runs its slice and the log-probs are gathered; rows that run
+    padded run whole on every rank of the group, their gradient shared (1/sp each: FSDP adds the group's up)."""
+    from rlkit.trainer.dist import sequence_parallel
+
+    layout = sequence_parallel()
+    if layout is None:
+        raise RuntimeError("a model runs sequence parallel but this trainer has no sp group")
+    rows = pack_rows(input_ids, attention_mask) if packs(model) else None
+    if rows is None:
+        with ulysses.unsplit(model):
+            logp, entropy = model_token_logprobs(model, input_ids, attention_mask, temperature=temperature,
+                                                 chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+        return ulysses.shared_gradient(logp, layout.size), entropy
+    piece = ulysses.slice_row(rows, layout.group, layout.size, layout.local_rank)
+    inputs: dict[str, Any] = {"input_ids": piece.input_ids, "position_ids": piece.position_ids, "use_cache": False,
+                              ulysses.KEYWORD: piece}
+    head = output_head(model) if chunk_tokens > 0 else None
+    entropies: list[Tensor | None] = []
+    with ulysses.sequence_parallel_forward():
+        if head is None:
+            logits = model(**inputs).logits.float() / temperature
+            logp = logits.log_softmax(-1).gather(-1, piece.targets[..., None]).squeeze(-1)
+            with torch.no_grad():
+                entropies.append(entropy_from_logits(logits.detach()) if with_entropy else None)
+        else:
+            def compute(own_head: Head, hidden: Tensor) -> Tensor:
+                logp, entropy = chunked_logprobs(own_head, hidden, piece.targets, temperature=temperature,
+                                                 chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+                entropies.append(entropy)
+                return logp[..., None]
+
+            with _head_computing(head, compute):
+                logp = model(**inputs).logits[..., 0]
+    entropy = entropies[0]
+    return rows.unpack_next(piece.gather(logp)), None if entropy is None else rows.unpack_next(piece.gather(entropy))
 
 
 @overload

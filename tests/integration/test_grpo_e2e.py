@@ -53,7 +53,9 @@ EVAL_PROMPTS = 8
 # stale) in test_recovery's killserver trial, and an SGLang server in test_auxiliary_e2e's, fingerprinted every push.
 # mode -> (demo config, overrides, the model's build options: None for a copy of the session's tiny model)
 MODES: dict[str, tuple[str, list[str], dict[str, object] | None]] = {
-    "disk": ("grpo-one-node-cpu-demo.yaml", ["actor.weight_update_mode=disk"], None),  # one shared node
+    # one shared node; its two trainer ranks are one Ulysses group (issue 46 part 4: each packed row split over them,
+    # data-parallel degree 1): the same demo must learn, every push fingerprinted, with sequence parallelism on
+    "disk": ("grpo-one-node-cpu-demo.yaml", ["actor.weight_update_mode=disk", "actor.fsdp.ulysses_sp_size=2"], None),
     # LoRA cannot train the output head: the demo model's head is scaled up (rlkit.models.tiny, head_scale). One
     # server: what LoRA changes is the adapter path to a server, which one shows as well as two (a vLLM start costs
     # ~20 CPU-s of the suite's two cores); disk keeps two, to every one of which each push must reach
@@ -153,6 +155,14 @@ def test_job_completes_and_reward_rises(grpo_run: dict[str, object]) -> None:
     # asynchronous: after the first step, batches were sampled while the previous step trained (max 1 behind)
     assert max(m["staleness/max"] for m in metrics) == 1
     assert metrics[0]["staleness/max"] == 0
+
+
+def test_the_disk_run_trained_with_sequence_parallelism(grpo_run: dict[str, object]) -> None:
+    """Its trainer said so (rlkit.trainer.engine, rank 0), and it learned above (test_job_completes_and_reward_rises);
+    the LoRA run trains data-parallel."""
+    log = (Path(str(grpo_run["trial"])) / "logs" / "grpo.log").read_text()
+    said = "rlkit train: Ulysses sequence parallelism: 2 ranks in sp groups of 2 (data-parallel degree 1)"
+    assert (said in log) == (grpo_run["mode"] == "disk"), log[-3000:]
 
 
 def test_every_server_reported_each_version_and_passed_the_fingerprint(grpo_run: dict[str, object]) -> None:

@@ -175,7 +175,8 @@ SELF_DISTILLATION: dict[str, Rule] = {
 }
 
 ACTOR: dict[str, Rule] = {
-    **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "init_from_scratch")},  # fields
+    # fields of rlkit's actor (actor.fsdp's AReaL-only keys: TABLES["actor.fsdp"])
+    **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "init_from_scratch", "fsdp")},
     "is_critic": per_job(lambda job: same(
         "the trained model of rw is a scalar-head model, of every other job type a causal LM",
         lambda v, c: v is _value_model(job), fix="remove it (rlkit decides it from type)",
@@ -210,6 +211,8 @@ ACTOR: dict[str, Rule] = {
 
 CRITIC: dict[str, Rule] = {
     **{key: rule for key, rule in ENGINE.items() if key != "disable_dropout"},  # a field of rlkit's critic
+    "fsdp": section("FSDP engine settings", {**FSDP, "ulysses_sp_size": off("sequence parallelism of the critic",
+                                                                          1)}),
     "is_critic": same("rlkit's critic is a value model", lambda v, c: v is True, fix="remove it",
                       expected=lambda c: True),
     "temperature": inert("a value model has no sampling temperature"),
@@ -228,6 +231,8 @@ REF: dict[str, Rule] = {
     **{f.name: _FROZEN for f in dataclasses.fields(ActorConfig) if f.name not in _REF_FIELDS},
     **{key: _FROZEN for key in ACTOR if key not in ENGINE},  # AReaL's PPO knobs, read for the actor only
     **ENGINE,
+    "fsdp": section("FSDP engine settings", {**FSDP, "ulysses_sp_size": inert(
+        "the reference's forwards run whole on every trainer rank; actor.fsdp.ulysses_sp_size splits the actor's")}),
     "use_lora": off("LoRA on the reference", False),
     "disable_dropout": inert("the reference runs in eval mode (no dropout either way)"),
     "is_critic": off("a critic as reference", False),
@@ -364,6 +369,7 @@ TABLES: dict[str, dict[str, Rule]] = {
     "critic": CRITIC,
     "ref": REF,
     "actor.mb_spec": MB_SPEC,
+    "actor.fsdp": FSDP,
     "critic.mb_spec": MB_SPEC,
     "actor.optimizer": OPTIMIZER,
     "critic.optimizer": OPTIMIZER,

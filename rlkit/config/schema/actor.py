@@ -18,6 +18,10 @@ WEIGHT_UPDATE_MODES: tuple[WeightUpdateMode, ...] = get_args(WeightUpdateMode)
 # actor.logprob_chunk_tokens' default, also what a log-prob function uses when its caller has no config: big enough
 # for a GPU's matmul to run at speed, small enough that a chunk's float32 logits of a 152k vocabulary are ~0.6 GB
 LOGPROB_CHUNK_TOKENS = 1024
+# config.json model_type values whose attention rlkit.models.ulysses serves (actor.fsdp.ulysses_sp_size > 1): their
+# attention layers call transformers' ALL_ATTENTION_FUNCTIONS with (q, k, v) after the rotary embedding, [batch, heads,
+# tokens, head_dim], and take back [batch, tokens, heads, head_dim] (each checked: tests/unit/trainer/test_ulysses.py)
+ULYSSES_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 # mb_spec.packing_algorithm's values (AReaL's names; rlkit.trainer.bins implements them)
 PACKING_ALGORITHMS = ("ffd", "kk")
 
@@ -40,6 +44,18 @@ class MicroBatchSpec:
         "each sequence, attention never crosses one; the same results as padded rows), balanced by tokens over "
         "micro-batches and ranks; false: right-padded rows in their order. A model whose attention cannot take "
         "packed rows runs padded, said in the trainer log.")
+
+
+@dataclass
+class FsdpConfig:
+    """How the trainer's ranks share the model beyond FSDP's sharding (AReaL's `actor.fsdp`)."""
+
+    ulysses_sp_size: int = _f(
+        1, "Ulysses sequence parallelism: groups of this many trainer ranks share each packed sequence, each rank "
+        "holding 1/sp of its tokens, attention heads exchanged by all-to-all, so one rank's memory carries 1/sp of "
+        "the sequence; the data-parallel degree is ranks / sp. Needs packing (mb_spec.packing), attention and KV "
+        "heads divisible by it (or KV heads dividing it), a supported model family (Qwen2/3, Llama, Mistral) and "
+        "grpo or sft; 1: off.", ge=1, le=64)
 
 
 @dataclass
@@ -106,6 +122,7 @@ class ActorConfig:
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
                                                    "update).")
+    fsdp: FsdpConfig = _sub(FsdpConfig, "Sharing the model over the trainer ranks (sequence parallelism).")
     logprob_chunk_tokens: int = _f(
         LOGPROB_CHUNK_TOKENS, "Token log-probs (grpo, ppo's actor, sft, dpo, the reference) go through the output "
         "head this many tokens at a time, each chunk's logits freed and recomputed in backward, so the head's memory "

@@ -81,7 +81,8 @@ class SFT:
         """This rank's micro-batches of `batch` (packed in the forward unless mb_spec.packing is off; dummies
         appended so every rank runs as many), its target tokens and its dummies."""
         spec = self.config.actor.mb_spec
-        mbs, n_dummies = rank_micro_batches(batch, [e.length for e in examples], rank=self.rank, world=self.world,
+        rank, world = self.engine.data_rank_world  # under sequence parallelism, the sp group's share
+        mbs, n_dummies = rank_micro_batches(batch, [e.length for e in examples], rank=rank, world=world,
                                             max_tokens=spec.max_tokens_per_mb, n_mbs=spec.n_mbs, spec=spec)
         micro = [collate([examples[i] for i in mb], self.pad_id).to(self.device) for mb in mbs]
         if n_dummies:

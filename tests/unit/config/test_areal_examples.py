@@ -38,6 +38,7 @@ CASES = {
     "current/hhrlhf_dpo": [],
     "colon_style/gsm8k_grpo": ["type=grpo"],
     "dot_style/gsm8k_grpo": ["type=grpo"],
+    "lite/gsm8k_grpo": ["type=grpo"],  # 2025-09: actor.fsdp.ulysses_sp_size and ref.fsdp.ulysses_sp_size
 }
 
 

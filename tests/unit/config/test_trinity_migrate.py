@@ -82,8 +82,9 @@ def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
     assert (config.recover.mode, config.saver.freq_steps, config.cluster.fileroot) == ("auto", 100, "/tmp/rlkit-ckpt")
     assert "#   synchronizer.sync_method: nccl  -> moved to actor.weight_update_mode as xccl" in header
     assert "#   algorithm.entropy_loss_fn: default  -> left out (rlkit has no entropy bonus)" in header
+    assert config.actor.fsdp.ulysses_sp_size == 1 and "trainer.ulysses_sequence_parallel_size: 1  -> " in header
     for left_out in ("buffer.explorer_input.default_reward_fn_type", "buffer.trainer_input.experience_buffer.name",
-                     "trainer.ulysses_sequence_parallel_size", "synchronizer.sync_style", "mode"):
+                     "synchronizer.sync_style", "mode"):
         assert f"#   {left_out}: " in header and "left out (" in header.split(f"#   {left_out}: ")[1].split("\n")[0]
 
 
