@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,8 +74,6 @@ RENAMES: dict[str, str] = {
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
 }
 
-# algorithm_type -> rlkit's job type (mix: grpo plus the expert rows' SFT loss, rlkit's expert_dataset and mix.mu)
-JOB_TYPES = {"grpo": "grpo", "ppo": "ppo", "opmd": "opmd", "sft": "sft", "dpo": "dpo", "mix": "grpo"}
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
 
 # why a Trinity-RFT key is left out, for the keys whose reason is worth more than "no such key"
@@ -147,9 +145,11 @@ def _put(tree: dict[str, Any], key: str, value: Any) -> None:
     tree[last] = value
 
 
-def trinity_to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:
+def trinity_to_rlkit(data: dict[str, Any], source: str,
+                     algorithms: Mapping[str, str]) -> tuple[dict[str, Any], list[TrinityKey]]:
     """The rlkit mapping of a Trinity-RFT file and the fate of each of its keys; ConfigErrors naming every key whose
-    meaning rlkit has not built."""
+    meaning rlkit has not built. `algorithms`: Trinity-RFT's algorithm_type -> rlkit's job type, from the job types'
+    records (rlkit.jobs.REGISTRY.trinity_algorithms; config does not import the jobs)."""
     leaves = dict(_leaves(copy.deepcopy(data)))
     problems = Problems()
     out: dict[str, Any] = {}
@@ -163,11 +163,11 @@ def trinity_to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any],
         if key in RENAMES:
             moved(key, RENAMES[key], value)
         elif key == "algorithm.algorithm_type":
-            if value not in JOB_TYPES:
+            if value not in algorithms:
                 problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type",
-                             hint=f"rlkit has {', '.join(sorted(JOB_TYPES))}")
+                             hint=f"rlkit has {', '.join(sorted(algorithms))}")
                 continue
-            moved(key, "type", JOB_TYPES[value], f" as {JOB_TYPES[value]}" + (
+            moved(key, "type", algorithms[value], f" as {algorithms[value]}" + (
                 " (the SFT loss of expert_dataset weighted by mix.mu)" if value == "mix" else ""))
         elif key == "synchronizer.sync_method":
             if value not in SYNC_METHODS:
@@ -251,16 +251,17 @@ def header(path: Path, fates: list[TrinityKey]) -> str:
 
 
 @contextmanager
-def as_rlkit_file(path: Path) -> Iterator[tuple[Path, str]]:
+def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[Path, str]]:
     """The file `rlkit migrate` reads for `path` and the header its output starts with: `path` itself and '' for an
     rlkit (AReaL) file; for a Trinity-RFT file, its rlkit mapping written to a file of the same name in a temporary
-    directory (render's checks read a file) and the header of its Trinity-RFT keys."""
+    directory (render's checks read a file) and the header of its Trinity-RFT keys. `algorithms`: as for
+    trinity_to_rlkit."""
     data = read_yaml(path)
     check_known(data, f"'{path}'")
     if not is_trinity(data):
         yield path, ""
         return
-    mapping, fates = trinity_to_rlkit(data, f"in {path}")
+    mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
     with tempfile.TemporaryDirectory(prefix="rlkit-trinity-") as tmp:
         converted = Path(tmp) / path.name
         converted.write_text(yaml.safe_dump(mapping, sort_keys=False))

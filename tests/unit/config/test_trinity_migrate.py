@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rlkit.cli.key_maps import TRINITY
-from rlkit.config.trinity import RENAMES, SYNC_METHODS, as_rlkit_file, trinity_to_rlkit
+from rlkit.config.trinity import RENAMES, SYNC_METHODS, TrinityKey, as_rlkit_file, trinity_to_rlkit
 from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
@@ -56,6 +56,11 @@ def _trinity(**changes: Any) -> dict[str, Any]:
     return data
 
 
+def _to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:
+    """trinity_to_rlkit with the registered job types' Trinity-RFT names, as `rlkit migrate` calls it."""
+    return trinity_to_rlkit(data, source, REGISTRY.trinity_algorithms)
+
+
 def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
     path = tmp_path / "trinity.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -65,7 +70,7 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
 def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
     from rlkit.config.areal.migrate import migrate
 
-    with as_rlkit_file(_write(tmp_path, _trinity())) as (source, header):
+    with as_rlkit_file(_write(tmp_path, _trinity()), REGISTRY.trinity_algorithms) as (source, header):
         text, _ = migrate(source, SITE, REGISTRY)
     clean = tmp_path / "clean.yaml"
     clean.write_text(header + text)
@@ -89,14 +94,14 @@ def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
 
 def test_mix_is_grpo_with_the_expert_rows() -> None:
     aux = "buffer.trainer_input.auxiliary_buffers"
-    mapping, fates = trinity_to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix", "algorithm.advantage_fn_args":
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix", "algorithm.advantage_fn_args":
                                                   None, "algorithm.policy_loss_fn_args": {"mu": 0.2},
                                                   f"{aux}.sft_dataset": {"path": "/tmp/sft.jsonl",
                                                                          "format": {"response_key": "answer"}}}), "t")
     assert mapping["type"] == "grpo" and mapping["mix"] == {"mu": 0.2}
     assert mapping["expert_dataset"] == {"path": "/tmp/sft.jsonl"} and mapping["sft"] == {"response_key": "answer"}
     with pytest.raises(ConfigError, match=r"algorithm_type mix .* needs its expert data"):
-        trinity_to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix"}), "t")
+        _to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix"}), "t")
     assert not [f for f in fates if f.fate.startswith("left out") and f.key.startswith("algorithm.policy")]
 
 
@@ -110,11 +115,20 @@ def test_mix_is_grpo_with_the_expert_rows() -> None:
 ])
 def test_what_rlkit_has_not_built_is_refused_naming_why(changes: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
-        trinity_to_rlkit(_trinity(**changes), "t")
+        _to_rlkit(_trinity(**changes), "t")
+
+
+def test_every_algorithm_type_of_the_guide_is_a_job_types_trinity_name() -> None:
+    """The job types' records carry Trinity-RFT's names (rlkit.jobs.base.JobType.trinity): each algorithm_type the
+    guide lists becomes the job type whose record names it, mix becoming grpo."""
+    for algorithm in ("ppo", "grpo", "opmd", "dpo", "sft", "mix"):
+        owner = [job.name for job in REGISTRY if algorithm in job.trinity]
+        assert len(owner) == 1, (algorithm, owner)
+        assert REGISTRY.trinity_algorithms[algorithm] == owner[0] == ("grpo" if algorithm == "mix" else algorithm)
 
 
 def test_checkpoint_sync_is_a_disk_push() -> None:
-    mapping, _ = trinity_to_rlkit(_trinity(**{"synchronizer.sync_method": "checkpoint"}), "t")
+    mapping, _ = _to_rlkit(_trinity(**{"synchronizer.sync_method": "checkpoint"}), "t")
     assert mapping["actor"]["weight_update_mode"] == "disk"
 
 
