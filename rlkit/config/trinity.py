@@ -171,14 +171,14 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
         if key in RENAMES:
             moved(key, RENAMES[key], value)
         elif key == "algorithm.algorithm_type":
-            if value not in algorithms:
+            if not isinstance(value, str) or value not in algorithms:
                 problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type",
                              hint=f"rlkit has {', '.join(sorted(algorithms))}")
                 continue
             moved(key, "type", algorithms[value], f" as {algorithms[value]}" + (
                 " (the SFT loss of expert_dataset weighted by mix.mu)" if value == "mix" else ""))
         elif key == "synchronizer.sync_method":
-            if value not in SYNC_METHODS:
+            if not isinstance(value, str) or value not in SYNC_METHODS:
                 problems.add(f"synchronizer.sync_method '{value}' ({source}) has no rlkit weight_update_mode",
                              hint="nccl becomes xccl, checkpoint or memory becomes disk")
                 continue

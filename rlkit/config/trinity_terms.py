@@ -90,7 +90,7 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
             for key in arg_keys:
                 left(key, f"{term.fn} is none")
             continue
-        if fn not in KL_ESTIMATORS:
+        if not isinstance(fn, str) or fn not in KL_ESTIMATORS:  # a list or mapping is hostile, not a name
             why = KL_NOT_BUILT.get(str(fn), "not one of Trinity-RFT's KL functions rlkit knows")
             problems.add(f"{term.fn} '{fn}' ({source}): {why}",
                          hint=f"use one of {', '.join(KL_ESTIMATORS)} (rlkit's {term.estimator}) or none")
@@ -101,7 +101,7 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
             continue
         clamp = " (k3 clamped to [-10, 10]: rlkit's actor.kl_clamp default)" if fn == "low_var_kl" else ""
         default = "" if f"{args}kl_coef" in leaves else f"; {term.coef} {TRINITY_KL_COEF}, Trinity-RFT's default"
-        moved(term.fn, term.estimator, KL_ESTIMATORS[str(fn)], f" as {KL_ESTIMATORS[str(fn)]}{clamp}{default}")
+        moved(term.fn, term.estimator, KL_ESTIMATORS[fn], f" as {KL_ESTIMATORS[fn]}{clamp}{default}")
         if f"{args}kl_coef" in leaves:
             moved(f"{args}kl_coef", term.coef, coef, "")
         else:
@@ -120,7 +120,7 @@ def reward_fn(leaves: dict[str, Any], moved: Moved, left: Left) -> set[str]:
         name = leaves[key]
         if rank > 0:
             left(key, f"{present[0]} wins, as in Trinity-RFT")
-        elif name in REWARD_FNS:
+        elif isinstance(name, str) and name in REWARD_FNS:
             moved(key, "reward.fn", REWARD_FNS[name], f" as {REWARD_FNS[name]} (the last \\boxed{{}} or number, "
                                                       "checked with math-verify against reward.answer_key)")
         else:

@@ -181,6 +181,8 @@ def test_kl_functions_become_rlkit_estimators_with_their_coefficients() -> None:
     ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "target_kl": 0.1,
                                                                         "horizon": 100}}, r"adaptive .* not built"),
     ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"kl_coef": "lots"}}, r"kl_coef 'lots'"),
+    ({"algorithm.kl_loss_fn": ["k3"]}, r"kl_loss_fn '\['k3'\]'"),  # hostile shapes are named, not a TypeError
+    ({"algorithm.algorithm_type": ["grpo"]}, r"algorithm_type '\['grpo'\]' .* has no rlkit job type"),
 ])
 def test_kl_functions_rlkit_lacks_are_refused(changes: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -188,8 +190,9 @@ def test_kl_functions_rlkit_lacks_are_refused(changes: dict[str, Any], says: str
 
 
 @pytest.mark.parametrize("name, fn", [("accuracy_reward", "math"), ("math_boxed_reward", "math"),
-                                      ("countdown_reward", None), ("math_reward", None), ("my_reward", None)])
-def test_reward_function_names_map_to_a_builtin_or_are_named_as_left_out(name: str, fn: str | None) -> None:
+                                      ("countdown_reward", None), ("math_reward", None), ("my_reward", None),
+                                      (["accuracy_reward"], None)])
+def test_reward_function_names_map_to_a_builtin_or_are_named_as_left_out(name: Any, fn: str | None) -> None:
     mapping, fates = _to_rlkit(_trinity(**{"buffer.explorer_input.default_reward_fn_type": name,
                                            "buffer.explorer_input.taskset.format.response_key": "solution"}), "t")
     said = {f.key: f.fate for f in fates}["buffer.explorer_input.default_reward_fn_type"]
