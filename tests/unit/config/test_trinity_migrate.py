@@ -142,6 +142,11 @@ def test_on_the_command_line(tmp_path: Path) -> None:
     done = run_rlkit("migrate", str(neither))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "neither an rlkit (AReaL) config nor a Trinity-RFT config" in done.stderr
+    unresolved = run_rlkit("migrate", str(_write(tmp_path, _trinity(**{"model.model_path":
+                                                                        "${oc.env:RLKIT_TEST_SURELY_UNSET}"}))), *SITE)
+    assert unresolved.returncode == 2 and "Traceback" not in unresolved.stderr, unresolved.stderr
+    assert "model.model_path: '${oc.env:RLKIT_TEST_SURELY_UNSET}'" in unresolved.stderr
+    assert "export RLKIT_TEST_SURELY_UNSET" in unresolved.stderr
 
 
 def test_the_key_map_page_says_what_migrate_does() -> None:
