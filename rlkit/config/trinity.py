@@ -5,7 +5,9 @@ A file is Trinity-RFT's when one of its top-level sections is Trinity-RFT's own 
 `algorithm`: no rlkit or AReaL section has these names). The mapping written here then goes through AReaL's path
 (rlkit.config.areal.migrate) like any rlkit file, so render's checks judge the result. Key names follow Trinity-RFT's
 configuration guide (../shared/seeds/trinity-rft-config-guide.md); rlkit/cli/key_maps.py's TRINITY table documents
-the same names (a unit test holds the two together).
+the same names (a unit test holds the two together). The file's `${...}` references are resolved first
+(rlkit.config.trinity_refs: they name Trinity-RFT's keys); its KL functions, reward names and expert-data ratio are
+judged in rlkit.config.trinity_terms.
 """
 
 from __future__ import annotations
