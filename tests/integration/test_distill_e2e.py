@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytes
 # (0.8 in an in-process replay after 30, its reverse KL down to 0.2): the weaker teacher is vaguer on the prefixes it
 # never saw. At 2 optimizer steps a training step the student of the 80-step teacher stopped at 0.84-0.92 after 24
 # steps; at the demo's 8 with its cosine learning rate (configs/distill-cpu-demo.yaml says why) its training reward
-# holds 0.9-1.0 from step 9 on; its final model sampled 0.94-0.99 after 16 steps (four runs), 0.99 after 20.
+# holds 0.9-1.0 from step 9 on; its final model sampled 0.94-0.99 after 16 steps (four runs), 0.97-0.99 after 20 (two).
 STEPS = 20
 TEACHER_STEPS = 80
 EVAL_PROMPTS, EVAL_SAMPLES = 16, 8
@@ -111,7 +111,7 @@ def test_the_student_reaches_the_teachers_reward_without_a_reward_fn(distill_run
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(m.get("reward/mean", 0.0) == 0.0 for m in metrics)  # reward.fn none: the trial never saw the reward
     assert rewards["student_before"] < 0.1 and rewards["teacher"] > 0.9, rewards
-    # the teacher's reward, within the noise of 128 samples (measured: the student and the teacher both 0.99)
+    # the teacher's reward, within the noise of 128 samples (measured: the student 0.97 and 0.99, the teacher 0.99)
     assert rewards["student_after"] >= rewards["teacher"] - 0.05, rewards
 
 
