@@ -120,10 +120,13 @@ TRINITY = (
     _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
     _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
     _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),
-    _m("algorithm.sample_strategy_args.expert_data_ratio", "expert_dataset.batch_size", "rlkit takes a number of "
-       "expert rows per step beside the RL batch, not a share of it"),
-    _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "on when actor.kl_ctl > 0"),
-    _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "on when actor.kl_loss_coef > 0"),
+    _m("algorithm.sample_strategy_args.expert_data_ratio", "expert_dataset.batch_size", "ceil(ratio x "
+       "buffer.batch_size x repeat_times) expert rows per step, read beside the RL batch (Trinity-RFT takes them "
+       "out of it)"),
+    _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "k1, k2, k3 (low_var_kl: k3); kl_penalty_fn_args.kl_coef "
+       "(default 0.001) is actor.kl_ctl; abs, corrected_k3 and adaptive are refused"),
+    _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
+       "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.entropy_loss_fn", "", "rlkit has no entropy bonus"),
     _m("monitor.monitor_type", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
     _m("model.model_path", "actor.path"),
@@ -144,10 +147,11 @@ TRINITY = (
     _m("buffer.explorer_input.taskset.path", "train_dataset.path"),
     _m("buffer.explorer_input.taskset.split", "train_dataset.split"),
     _m("buffer.explorer_input.taskset.format.prompt_key", "train_dataset.prompt_key"),
+    _m("buffer.explorer_input.taskset.format.response_key", "reward.answer_key", "the truth the reward checks"),
     _m("buffer.explorer_input.taskset.rollout_args.temperature", "gconfig.temperature"),
     _m("buffer.explorer_input.eval_tasksets", "valid_dataset.path", "one evaluation set"),
-    _m("buffer.explorer_input.default_reward_fn_type", "reward.fn", "Trinity-RFT's registered reward names are "
-       "not rlkit's; several weighted: reward.fns"),
+    _m("buffer.explorer_input.default_reward_fn_type", "reward.fn", "accuracy_reward and math_boxed_reward are "
+       "rlkit's math; the others have no built-in (several weighted: reward.fns)"),
     _m("buffer.trainer_input.auxiliary_buffers.sft_dataset.path", "expert_dataset.path", "mix's expert rows, in "
        "the sft section's row format"),
     _m("buffer.explorer_input.default_workflow_type", "rollout.agent.workflow", "empty: single-turn rollouts"),

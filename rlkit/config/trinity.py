@@ -5,7 +5,9 @@ A file is Trinity-RFT's when one of its top-level sections is Trinity-RFT's own 
 `algorithm`: no rlkit or AReaL section has these names). The mapping written here then goes through AReaL's path
 (rlkit.config.areal.migrate) like any rlkit file, so render's checks judge the result. Key names follow Trinity-RFT's
 configuration guide (../shared/seeds/trinity-rft-config-guide.md); rlkit/cli/key_maps.py's TRINITY table documents
-the same names (a unit test holds the two together).
+the same names (a unit test holds the two together). The file's `${...}` references are resolved first
+(rlkit.config.trinity_refs: they name Trinity-RFT's keys); its KL functions, reward names and expert-data ratio are
+judged in rlkit.config.trinity_terms.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ from rlkit.config.areal.rules import show
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.trinity_refs import resolve_references
+from rlkit.config.trinity_terms import expert_ratio, kl_terms, reward_fn
 from rlkit.errors import ConfigError
 
 TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
@@ -57,6 +61,7 @@ RENAMES: dict[str, str] = {
     "buffer.explorer_input.taskset.path": "train_dataset.path",
     "buffer.explorer_input.taskset.split": "train_dataset.split",
     "buffer.explorer_input.taskset.format.prompt_key": "train_dataset.prompt_key",
+    "buffer.explorer_input.taskset.format.response_key": "reward.answer_key",  # the truth the reward checks against
     "buffer.explorer_input.taskset.rollout_args.temperature": "gconfig.temperature",
     f"{_AUX}.path": "expert_dataset.path",
     f"{_AUX}.format.prompt_key": "sft.prompt_key",
@@ -75,8 +80,6 @@ RENAMES: dict[str, str] = {
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
 }
 
-# algorithm_type -> rlkit's job type (mix: grpo plus the expert rows' SFT loss, rlkit's expert_dataset and mix.mu)
-JOB_TYPES = {"grpo": "grpo", "ppo": "ppo", "opmd": "opmd", "sft": "sft", "dpo": "dpo", "mix": "grpo"}
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
 
 # why a Trinity-RFT key is left out, for the keys whose reason is worth more than "no such key"
@@ -85,14 +88,6 @@ _WHY: dict[str, str] = {
     "algorithm.sample_strategy": "rlkit reads a step's samples in the order they were generated",
     "algorithm.advantage_fn": "set by the job type",
     "algorithm.policy_loss_fn": "set by the job type",
-    "algorithm.kl_penalty_fn": "rlkit names the estimator actor.kl_estimator, on when actor.kl_ctl > 0",
-    "algorithm.kl_loss_fn": "rlkit names it actor.kl_loss_type, on when actor.kl_loss_coef > 0",
-    "algorithm.sample_strategy_args.expert_data_ratio": "rlkit takes expert_dataset.batch_size expert rows per "
-                                                        "step beside the RL batch: set that",
-    "buffer.explorer_input.default_reward_fn_type": "Trinity-RFT's registered reward names are not rlkit's: set "
-                                                    "reward.fn (or reward.fns, weighted)",
-    "buffer.explorer_input.taskset.default_reward_fn_type": "Trinity-RFT's registered reward names are not "
-                                                            "rlkit's: set reward.fn (or reward.fns, weighted)",
     "buffer.explorer_input.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent is set",
     "buffer.explorer_input.taskset.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent "
                                                            "is set",
@@ -147,30 +142,45 @@ def _put(tree: dict[str, Any], key: str, value: Any) -> None:
     tree[last] = value
 
 
-def trinity_to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:
+def trinity_to_rlkit(data: dict[str, Any], source: str,
+                     algorithms: Mapping[str, str]) -> tuple[dict[str, Any], list[TrinityKey]]:
     """The rlkit mapping of a Trinity-RFT file and the fate of each of its keys; ConfigErrors naming every key whose
-    meaning rlkit has not built."""
-    leaves = dict(_leaves(copy.deepcopy(data)))
+    meaning rlkit has not built. `algorithms`: Trinity-RFT's algorithm_type -> rlkit's job type, from the job types'
+    records (rlkit.jobs.REGISTRY.trinity_algorithms; config does not import the jobs)."""
+    resolved, references = resolve_references(copy.deepcopy(data), source)
+    leaves = dict(_leaves(resolved))
     problems = Problems()
     out: dict[str, Any] = {}
     fates: list[TrinityKey] = []
 
+    def fate(key: str, value: Any, what: str) -> None:
+        fates.append(TrinityKey(key, value, what + (f" (resolved from {references[key]})" if key in references
+                                                    else "")))
+
     def moved(key: str, to: str, value: Any, how: str = "") -> None:
         _put(out, to, value)
-        fates.append(TrinityKey(key, leaves[key], f"moved to {to}{how}"))
+        fate(key, leaves[key], f"moved to {to}{how}")
 
+    def left(key: str, why: str) -> None:
+        fate(key, leaves[key], f"left out ({why})")
+
+    expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
+    judged = kl_terms(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
+        | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data)
     for key, value in leaves.items():
+        if key in judged:
+            continue
         if key in RENAMES:
             moved(key, RENAMES[key], value)
         elif key == "algorithm.algorithm_type":
-            if value not in JOB_TYPES:
+            if not isinstance(value, str) or value not in algorithms:
                 problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type",
-                             hint=f"rlkit has {', '.join(sorted(JOB_TYPES))}")
+                             hint=f"rlkit has {', '.join(sorted(algorithms))}")
                 continue
-            moved(key, "type", JOB_TYPES[value], f" as {JOB_TYPES[value]}" + (
+            moved(key, "type", algorithms[value], f" as {algorithms[value]}" + (
                 " (the SFT loss of expert_dataset weighted by mix.mu)" if value == "mix" else ""))
         elif key == "synchronizer.sync_method":
-            if value not in SYNC_METHODS:
+            if not isinstance(value, str) or value not in SYNC_METHODS:
                 problems.add(f"synchronizer.sync_method '{value}' ({source}) has no rlkit weight_update_mode",
                              hint="nccl becomes xccl, checkpoint or memory becomes disk")
                 continue
@@ -192,7 +202,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any],
         elif key.startswith("explorer.rollout_model."):
             continue  # judged with the cluster below
         else:
-            fates.append(TrinityKey(key, value, f"left out ({_WHY.get(key, 'rlkit has no such key')})"))
+            left(key, _WHY.get(key, "rlkit has no such key"))
     _allocation(leaves, out, fates, problems, source)
     if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
         problems.add(f"algorithm_type mix ({source}) needs its expert data",
@@ -223,7 +233,7 @@ def _allocation(leaves: dict[str, Any], out: dict[str, Any], fates: list[Trinity
     n, t = leaves.get(f"{prefix}engine_num"), leaves.get(f"{prefix}tensor_parallel_size", 1)
     nodes, gpus = leaves.get("cluster.node_num"), leaves.get("cluster.gpu_per_node")
     sizes = [v for v in (n, t, nodes, gpus) if isinstance(v, int) and not isinstance(v, bool)]
-    if len(sizes) == 4:  # numbers, not ${...} references rlkit cannot resolve here
+    if len(sizes) == 4:  # numbers (references are resolved before)
         n, t, nodes, gpus = sizes
         trainer = nodes * gpus - n * t
         if trainer < 1:
@@ -251,16 +261,17 @@ def header(path: Path, fates: list[TrinityKey]) -> str:
 
 
 @contextmanager
-def as_rlkit_file(path: Path) -> Iterator[tuple[Path, str]]:
+def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[Path, str]]:
     """The file `rlkit migrate` reads for `path` and the header its output starts with: `path` itself and '' for an
     rlkit (AReaL) file; for a Trinity-RFT file, its rlkit mapping written to a file of the same name in a temporary
-    directory (render's checks read a file) and the header of its Trinity-RFT keys."""
+    directory (render's checks read a file) and the header of its Trinity-RFT keys. `algorithms`: as for
+    trinity_to_rlkit."""
     data = read_yaml(path)
     check_known(data, f"'{path}'")
     if not is_trinity(data):
         yield path, ""
         return
-    mapping, fates = trinity_to_rlkit(data, f"in {path}")
+    mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
     with tempfile.TemporaryDirectory(prefix="rlkit-trinity-") as tmp:
         converted = Path(tmp) / path.name
         converted.write_text(yaml.safe_dump(mapping, sort_keys=False))

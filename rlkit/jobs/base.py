@@ -44,7 +44,8 @@ class JobType:
     `always_reference`: its loss needs a frozen reference whatever the KL knobs say (dpo). `own_section`: the
     section only this job type reads, so a config setting it (without `type`) is likely of this type. `rows`: the
     train_dataset.type of the rows it trains on ("" when it trains on none); a type its rows name alone is taken for
-    a config without `type`."""
+    a config without `type`. `trinity`: the Trinity-RFT `algorithm_type` names `rlkit migrate` turns into this job
+    type (required, so a new job type says whether Trinity-RFT has it; () when it has none)."""
 
     name: str
     help: str
@@ -52,6 +53,7 @@ class JobType:
     trainer: bool
     resumable: bool
     step: str
+    trinity: tuple[str, ...]
     sections: tuple[str, ...] = ()
     prompt_dataset: str = ""
     lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise

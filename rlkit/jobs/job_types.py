@@ -14,13 +14,17 @@ from rlkit.jobs.type_guess import job_type_of
 
 
 class JobTypes:
-    """The registered job types, in their order."""
+    """The registered job types, in their order; `trinity_algorithms`: Trinity-RFT's algorithm_type -> the job
+    type `rlkit migrate` makes of it (rlkit.config.trinity is handed this mapping, config never imports jobs)."""
 
     def __init__(self, jobs: tuple[JobType, ...]) -> None:
         self.all = jobs
         self.names = tuple(job.name for job in jobs)
         self._by_name = {job.name: job for job in jobs}
         assert len(self._by_name) == len(jobs), "two job types share a name"
+        self.trinity_algorithms = {algorithm: job.name for job in jobs for algorithm in job.trinity}
+        assert len(self.trinity_algorithms) == sum(len(job.trinity) for job in jobs), \
+            "two job types claim one Trinity-RFT algorithm_type"
 
     def __iter__(self) -> Iterator[JobType]:
         return iter(self.all)

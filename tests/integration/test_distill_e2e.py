@@ -29,9 +29,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytes
 # teacher's build, 8 s on an idle one). The teacher's own sampled reward is 0.49 after 10 fine-tuning steps, 0.93 after
 # 20, 0.98 after 40 and 0.99 after 80; but a student of the 40-step teacher stalled at 0.71 after 20 steps of a trial
 # (0.8 in an in-process replay after 30, its reverse KL down to 0.2): the weaker teacher is vaguer on the prefixes it
-# never saw. Of the 80-step one the replay's student held 0.92-1.0 from step 15 on; 24 steps leave room for the
-# trial's one step of staleness.
-STEPS = 24
+# never saw. At 2 optimizer steps a training step the student of the 80-step teacher stopped at 0.84-0.92 after 24
+# steps; at the demo's 8 with its cosine learning rate (configs/distill-cpu-demo.yaml says why) its training reward
+# holds 0.9-1.0 from step 9 on; its final model sampled 0.94-0.99 after 16 steps (four runs), 0.97-0.99 after 20 (two).
+STEPS = 20
 TEACHER_STEPS = 80
 EVAL_PROMPTS, EVAL_SAMPLES = 16, 8
 
@@ -110,20 +111,19 @@ def test_the_student_reaches_the_teachers_reward_without_a_reward_fn(distill_run
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(m.get("reward/mean", 0.0) == 0.0 for m in metrics)  # reward.fn none: the trial never saw the reward
     assert rewards["student_before"] < 0.1 and rewards["teacher"] > 0.9, rewards
-    # Close to the teacher, not at it, after 24 steps (measured): the final student 0.836 on these 128 samples, 0.85
-    # and 0.89 on 512 (two seeds), its step-20 checkpoint 0.90 and 0.92; the teacher 0.99 (the 40-step teacher's
-    # student: 0.71 after 20 steps)
-    assert rewards["student_after"] > 0.75 and rewards["student_after"] >= rewards["teacher"] - 0.2, rewards
+    # the teacher's reward, within the noise of 128 samples (measured: the student 0.97 and 0.99, the teacher 0.99)
+    assert rewards["student_after"] >= rewards["teacher"] - 0.05, rewards
 
 
 def test_its_reverse_kl_to_the_teacher_falls(distill_run: dict[str, Any]) -> None:
+    # against the first step's, whose samples come from the untrained student (the student learns fast enough that
+    # the second and third steps' are already much closer)
     kl = [m["distill/reverse_kl"] for m in distill_run["metrics"]]
-    first, last = statistics.fmean(kl[:3]), statistics.fmean(kl[-3:])
-    assert first > 5.0 and last < first / 3, kl  # per sampled token, in nats
+    assert kl[0] > 5.0 and statistics.fmean(kl[-3:]) < kl[0] / 5, kl  # per sampled token, in nats
     teacher = [m["distill/teacher_logp"] for m in distill_run["metrics"]]
-    assert statistics.fmean(teacher[-3:]) > statistics.fmean(teacher[:3]) + 3.0, teacher  # samples the teacher likes
+    assert statistics.fmean(teacher[-3:]) > teacher[0] + 3.0, teacher  # samples the teacher likes
     topk = [m["distill/topk_forward_kl"] for m in distill_run["metrics"]]
-    assert statistics.fmean(topk[-3:]) < statistics.fmean(topk[:3]) / 2, topk
+    assert statistics.fmean(topk[-3:]) < topk[0] / 2, topk
 
 
 def test_every_token_is_scored_and_every_push_fingerprinted(distill_run: dict[str, Any]) -> None:

@@ -3,12 +3,13 @@
 The server is started through `BACKEND.launch` (argv, 0600 `--config` key file, environment) from SGLang's own venv
 (scripts/sglang-env.sh), with a test-only one-function kernel shim (tests/sglang_cpu_shim: SGLang's CPU engine needs
 one kernel that PyPI's CUDA-only sgl-kernel lacks). What this proves for real: the token guard, `/generate` with token
-ids and log-probs (n > 1), the fingerprint probe, pause (retract) -> load from disk -> cache flush -> resume -> version
-with a request in flight, and the broadcast routes over a gloo group, on a tied-embedding model: the case where a
-reload can leave the output head stale (shared/NOTES.md). The server is the session's one SGLang server
-(tests/conftest.py `sglang_server`), started with LoRA on so test_sglang_lora's adapters run on it after these tests
-(a start costs ~115 CPU-s on this machine). SGLang serves the untied tiny model in test_auxiliary_e2e's trial (a
-broadcast every step, fingerprinted). What it cannot: SGLang's GPU kernels and NCCL.
+ids and log-probs (n > 1), the distillation teacher's scoring route (prompt log-probs and top-k), the fingerprint
+probe, pause (retract) -> load from disk -> cache flush -> resume -> version with a request in flight, and the
+broadcast routes over a gloo group, on a tied-embedding model: the case where a reload can leave the output head stale
+(shared/NOTES.md). The server is the session's one SGLang server (tests/conftest.py `sglang_server`), started with
+LoRA on so test_sglang_lora's adapters run on it after these tests (a start costs ~115 CPU-s on this machine). SGLang
+serves the untied tiny model in test_auxiliary_e2e's trial (a broadcast every step, fingerprinted). What it cannot:
+SGLang's GPU kernels and NCCL.
 """
 
 from __future__ import annotations
@@ -100,6 +101,24 @@ def test_guard_refuses_requests_without_the_token(served: RunningSglang) -> None
     cmdline = Path(f"/proc/{served.process.pid}/cmdline").read_bytes()
     assert served.token.encode() not in cmdline and str(served.key_file).encode() in cmdline
 
+
+
+def test_score_tokens_are_the_models_log_probs(served: RunningSglang) -> None:
+    """The distillation teacher's scoring route (rlkit.servers.scoring: `/generate` with `logprob_start_len: 0` and
+    `top_logprobs_num`) as SGLang answers it: every completion token's log-prob and the top-5 per position equal
+    transformers' for the same float32 model, for a batch of prompts of different lengths, and again once SGLang's
+    radix cache holds their prefixes."""
+    from tests.helpers.scoring_reference import TOPK, assert_matches, text_samples
+
+    samples = text_samples(served.model_dir)
+    sequences, starts = [s.prompt_ids + s.completion_ids for s in samples], [len(s.prompt_ids) for s in samples]
+    first = run(served, lambda c: BACKEND.score_tokens(c, served.server, sequences, starts, TOPK, TIMEOUT))
+    again = run(served, lambda c: BACKEND.score_tokens(c, served.server, sequences, starts, TOPK, TIMEOUT))
+    worst = max(assert_matches(scores, sample, served.model_dir) for scores, sample in zip(first, samples,
+                                                                                          strict=True))
+    for cached, sample in zip(again, samples, strict=True):
+        assert_matches(cached, sample, served.model_dir)
+    print(f"\n[sglang] {len(samples)} completions scored: max |server - transformers| log-prob {worst:.2e}")
 
 def test_complete_returns_n_samples_with_the_models_logprobs(served: RunningSglang) -> None:
     prompt = probe_ids(served.model_dir)[:8]

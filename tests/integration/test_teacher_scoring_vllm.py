@@ -9,24 +9,17 @@ guard, in batches of sequences of different lengths.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import torch
 
 from rlkit.rollout.teacher import TeacherScorer
 from rlkit.servers.backend import Server, TokenScores
 from rlkit.servers.http import server_client
 from rlkit.servers.vllm.backend import BACKEND
 from rlkit.types import Sample
+from tests.helpers.scoring_reference import TOPK, assert_matches, text_samples
 from tests.helpers.vllm_helpers import ServerSlot, SharedServer
 
 pytestmark = [pytest.mark.vllm]
-
-TOPK = 5
-TOLERANCE = 1e-3  # float32 on both sides; the tiny model's log-probs are about -6
-TEXTS = [("Q: 12+7= A:", " 19"), ("Q: 3+40= A:", " 43 and more"), ("Q: 0+0= A:", "x")]
 
 
 @pytest.fixture(scope="module")
@@ -36,45 +29,13 @@ def shared(vllm_slot: ServerSlot) -> SharedServer:
 
 
 @pytest.fixture(scope="module")
-def samples(shared: SharedServer) -> Iterator[list[Sample]]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(shared.model_dir)
-    out = []
-    for i, (prompt, completion) in enumerate(TEXTS):
-        prompt_ids = tok.encode(prompt)
-        completion_ids = [*tok.encode(completion, add_special_tokens=False), tok.eos_token_id]
-        out.append(Sample(prompt_ids, completion_ids, [0.0] * len(completion_ids), 0.0, 0, True, i))
-    yield out
-
-
-def reference(model_dir: Path, sample: Sample) -> tuple[list[float], list[list[tuple[int, float]]]]:
-    """transformers' log-prob of each completion token and the top-k at each completion position."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
-    rows = logp[len(sample.prompt_ids) - 1:]
-    own = rows.gather(-1, torch.tensor(sample.completion_ids)[:, None])[:, 0].tolist()
-    values, tokens = rows.topk(TOPK, dim=-1)
-    return own, [list(zip(t.tolist(), v.tolist(), strict=True)) for t, v in zip(tokens, values, strict=True)]
+def samples(shared: SharedServer) -> list[Sample]:
+    return text_samples(shared.model_dir)
 
 
 def server_of(shared: SharedServer) -> Server:
     return Server(index=0, address=shared.server.url.removeprefix("http://"), model=str(shared.model_dir),
                   backend="vllm")
-
-
-def assert_matches(scores: TokenScores, sample: Sample, model_dir: Path) -> None:
-    own, tops = reference(model_dir, sample)
-    assert len(scores.logprobs) == len(sample.completion_ids)
-    assert scores.logprobs == pytest.approx(own, abs=TOLERANCE)
-    assert len(scores.topk) == len(tops)
-    for got, want in zip(scores.topk, tops, strict=True):
-        assert [t for t, _ in got] == [t for t, _ in want]  # the same tokens, most likely first
-        assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=TOLERANCE)
 
 
 def test_score_tokens_are_the_models_log_probs(shared: SharedServer, samples: list[Sample]) -> None:

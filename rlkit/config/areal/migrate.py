@@ -57,8 +57,9 @@ def _floats(value: Any) -> Any:
 
 def _header(path: Path, found: list[FoundKey], accepted: list[AcceptedKey]) -> str:
     reasons = {item.key: f"{item.kind}: {item.why}" for item in accepted}
-    lines = [f"# rlkit config written by `rlkit migrate` from {path.name}.",
-             "# The AReaL keys of that file rlkit has no field for, and what became of each:"]
+    lines = [f"# rlkit config written by `rlkit migrate` from {path.name}."]
+    if found or "type" in reasons:  # no heading over an empty list (a Trinity-RFT file's mapping has no AReaL key)
+        lines.append("# The AReaL keys of that file rlkit has no field for, and what became of each:")
     for item in sorted(found, key=lambda f: f.key):
         value = show(item.value)
         if len(value) > _SHOWN_VALUE:

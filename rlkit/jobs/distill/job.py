@@ -31,7 +31,7 @@ def _validate_distill(config: ExperimentConfig, allocation: Allocation | None, p
 DISTILL = JobType(
     name="distill", help="on-policy distillation: servers sample, a teacher server scores every token, the trainer "
                          "learns the reverse KL to the teacher",
-    needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.distill.algorithm:run_distill",
+    needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.distill.algorithm:run_distill", trinity=(),
     sections=("actor", "distill", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "reasoning_gym"),
     prompt_dataset="train_dataset", validate=_validate_distill, passes_on="policy", auxiliary=True, kl_terms=True,

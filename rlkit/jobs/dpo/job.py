@@ -22,7 +22,7 @@ def _validate_dpo(config: ExperimentConfig, allocation: Allocation | None, probl
 
 DPO = JobType(
     name="dpo", help="DPO on chosen/rejected pairs against a frozen reference (trainer only, no servers)",
-    needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.dpo.algorithm:run_dpo",
+    needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.dpo.algorithm:run_dpo", trinity=("dpo",),
     sections=("actor", "dpo", "train_dataset", "valid_dataset", "saver", "recover"),
     lora=True, validate=_validate_dpo, passes_on="policy", always_reference=True, own_section="dpo",
     rows="dpo",

@@ -36,7 +36,7 @@ def _validate_generate(config: ExperimentConfig, allocation: Allocation | None, 
 
 GENERATE = JobType(
     name="generate", help="batch generation: complete a dataset's prompts on the servers",
-    needs_servers=True, trainer=False, resumable=False, step="rlkit.jobs.generate.step:run_generate",
+    needs_servers=True, trainer=False, resumable=False, step="rlkit.jobs.generate.step:run_generate", trinity=(),
     sections=("generate", "gconfig", "rollout"), prompt_dataset="generate.dataset", validate=_validate_generate,
     own_section="generate",
 )

@@ -21,7 +21,7 @@ def _validate_rw(config: ExperimentConfig, allocation: Allocation | None, proble
 
 RW = JobType(
     name="rw", help="reward model on chosen/rejected pairs (trainer only, no servers)",
-    needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.rw.algorithm:run_rw",
+    needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.rw.algorithm:run_rw", trinity=(),
     sections=("actor", "rw", "train_dataset", "valid_dataset", "saver", "recover"),
     validate=_validate_rw, passes_on="reward_model", own_section="rw", rows="rw",
     no_lora=("trains a reward model: a scalar value head on the backbone, trained with every weight, which a LoRA "

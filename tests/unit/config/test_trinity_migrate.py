@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rlkit.cli.key_maps import TRINITY
-from rlkit.config.trinity import RENAMES, SYNC_METHODS, as_rlkit_file, trinity_to_rlkit
+from rlkit.config.trinity import RENAMES, SYNC_METHODS, TrinityKey, as_rlkit_file, trinity_to_rlkit
 from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
@@ -56,6 +56,11 @@ def _trinity(**changes: Any) -> dict[str, Any]:
     return data
 
 
+def _to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:
+    """trinity_to_rlkit with the registered job types' Trinity-RFT names, as `rlkit migrate` calls it."""
+    return trinity_to_rlkit(data, source, REGISTRY.trinity_algorithms)
+
+
 def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
     path = tmp_path / "trinity.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -65,7 +70,7 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
 def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
     from rlkit.config.areal.migrate import migrate
 
-    with as_rlkit_file(_write(tmp_path, _trinity())) as (source, header):
+    with as_rlkit_file(_write(tmp_path, _trinity()), REGISTRY.trinity_algorithms) as (source, header):
         text, _ = migrate(source, SITE, REGISTRY)
     clean = tmp_path / "clean.yaml"
     clean.write_text(header + text)
@@ -90,14 +95,14 @@ def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
 
 def test_mix_is_grpo_with_the_expert_rows() -> None:
     aux = "buffer.trainer_input.auxiliary_buffers"
-    mapping, fates = trinity_to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix", "algorithm.advantage_fn_args":
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix", "algorithm.advantage_fn_args":
                                                   None, "algorithm.policy_loss_fn_args": {"mu": 0.2},
                                                   f"{aux}.sft_dataset": {"path": "/tmp/sft.jsonl",
                                                                          "format": {"response_key": "answer"}}}), "t")
     assert mapping["type"] == "grpo" and mapping["mix"] == {"mu": 0.2}
     assert mapping["expert_dataset"] == {"path": "/tmp/sft.jsonl"} and mapping["sft"] == {"response_key": "answer"}
     with pytest.raises(ConfigError, match=r"algorithm_type mix .* needs its expert data"):
-        trinity_to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix"}), "t")
+        _to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix"}), "t")
     assert not [f for f in fates if f.fate.startswith("left out") and f.key.startswith("algorithm.policy")]
 
 
@@ -111,11 +116,20 @@ def test_mix_is_grpo_with_the_expert_rows() -> None:
 ])
 def test_what_rlkit_has_not_built_is_refused_naming_why(changes: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
-        trinity_to_rlkit(_trinity(**changes), "t")
+        _to_rlkit(_trinity(**changes), "t")
+
+
+def test_every_algorithm_type_of_the_guide_is_a_job_types_trinity_name() -> None:
+    """The job types' records carry Trinity-RFT's names (rlkit.jobs.base.JobType.trinity): each algorithm_type the
+    guide lists becomes the job type whose record names it, mix becoming grpo."""
+    for algorithm in ("ppo", "grpo", "opmd", "dpo", "sft", "mix"):
+        owner = [job.name for job in REGISTRY if algorithm in job.trinity]
+        assert len(owner) == 1, (algorithm, owner)
+        assert REGISTRY.trinity_algorithms[algorithm] == owner[0] == ("grpo" if algorithm == "mix" else algorithm)
 
 
 def test_checkpoint_sync_is_a_disk_push() -> None:
-    mapping, _ = trinity_to_rlkit(_trinity(**{"synchronizer.sync_method": "checkpoint"}), "t")
+    mapping, _ = _to_rlkit(_trinity(**{"synchronizer.sync_method": "checkpoint"}), "t")
     assert mapping["actor"]["weight_update_mode"] == "disk"
 
 
@@ -129,6 +143,11 @@ def test_on_the_command_line(tmp_path: Path) -> None:
     done = run_rlkit("migrate", str(neither))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "neither an rlkit (AReaL) config nor a Trinity-RFT config" in done.stderr
+    unresolved = run_rlkit("migrate", str(_write(tmp_path, _trinity(**{"model.model_path":
+                                                                        "${oc.env:RLKIT_TEST_SURELY_UNSET}"}))), *SITE)
+    assert unresolved.returncode == 2 and "Traceback" not in unresolved.stderr, unresolved.stderr
+    assert "model.model_path: '${oc.env:RLKIT_TEST_SURELY_UNSET}'" in unresolved.stderr
+    assert "export RLKIT_TEST_SURELY_UNSET" in unresolved.stderr
 
 
 def test_the_key_map_page_says_what_migrate_does() -> None:
@@ -142,3 +161,101 @@ def test_the_key_map_page_says_what_migrate_does() -> None:
     for their, ours in documented.items():
         if their.startswith("synchronizer.") and ours:
             assert their in RENAMES or their == "synchronizer.sync_method", their
+
+
+def test_kl_functions_become_rlkit_estimators_with_their_coefficients() -> None:
+    """Trinity-RFT's KL_FN names: k1/k2/k3 keep their name, low_var_kl is k3 (clamped at 10, rlkit's kl_clamp
+    default); kl_coef is the coefficient, Trinity-RFT's 0.001 when the file names a function without one."""
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None,
+                                           "algorithm.kl_penalty_fn": "low_var_kl",
+                                           "algorithm.kl_penalty_fn_args": {"kl_coef": 0.05, "adaptive": False},
+                                           "algorithm.kl_loss_fn": "k2"}), "t")
+    assert (mapping["actor"]["kl_estimator"], mapping["actor"]["kl_ctl"]) == ("k3", 0.05)
+    assert (mapping["actor"]["kl_loss_type"], mapping["actor"]["kl_loss_coef"]) == ("k2", 0.001)
+    said = {f.key: f.fate for f in fates}
+    assert "clamped" in said["algorithm.kl_penalty_fn"] and "0.001, Trinity-RFT's default" in \
+        said["algorithm.kl_loss_fn"]
+    assert said["algorithm.kl_penalty_fn_args.adaptive"].startswith("left out (")
+    off, fates = _to_rlkit(_trinity(**{"algorithm.kl_loss_fn": "none"}), "t")
+    assert "kl_loss_coef" not in off["actor"] and "kl_loss_type" not in off["actor"]
+    assert {f.key: f.fate for f in fates}["algorithm.kl_loss_fn"].startswith("left out (none")
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"algorithm.kl_loss_fn": "abs"}, r"kl_loss_fn 'abs' .* not one of rlkit's estimators"),
+    ({"algorithm.kl_penalty_fn": "corrected_k3"}, r"kl_penalty_fn 'corrected_k3' .* pi/pi_old"),
+    ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "target_kl": 0.1,
+                                                                        "horizon": 100}}, r"adaptive .* not built"),
+    ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"kl_coef": "lots"}}, r"kl_coef 'lots'"),
+    ({"algorithm.kl_loss_fn": ["k3"]}, r"kl_loss_fn '\['k3'\]'"),  # hostile shapes are named, not a TypeError
+    ({"algorithm.algorithm_type": ["grpo"]}, r"algorithm_type '\['grpo'\]' .* has no rlkit job type"),
+])
+def test_kl_functions_rlkit_lacks_are_refused(changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        _to_rlkit(_trinity(**changes), "t")
+
+
+@pytest.mark.parametrize("name, fn", [("accuracy_reward", "math"), ("math_boxed_reward", "math"),
+                                      ("countdown_reward", None), ("math_reward", None), ("my_reward", None),
+                                      (["accuracy_reward"], None)])
+def test_reward_function_names_map_to_a_builtin_or_are_named_as_left_out(name: Any, fn: str | None) -> None:
+    mapping, fates = _to_rlkit(_trinity(**{"buffer.explorer_input.default_reward_fn_type": name,
+                                           "buffer.explorer_input.taskset.format.response_key": "solution"}), "t")
+    said = {f.key: f.fate for f in fates}["buffer.explorer_input.default_reward_fn_type"]
+    assert mapping["reward"].get("fn") == fn and mapping["reward"]["answer_key"] == "solution"
+    assert said.startswith("moved to reward.fn as math") if fn else (said.startswith("left out (") and len(said) > 30)
+    # the taskset's own reward function wins over the explorer input's, as in Trinity-RFT
+    mapping, fates = _to_rlkit(_trinity(**{"buffer.explorer_input.taskset.default_reward_fn_type": "accuracy_reward",
+                                           "buffer.explorer_input.default_reward_fn_type": name}), "t")
+    assert mapping["reward"]["fn"] == "math"
+    assert "taskset.default_reward_fn_type wins" in {f.key: f.fate for f in fates}[
+        "buffer.explorer_input.default_reward_fn_type"]
+
+
+def test_expert_data_ratio_is_the_expert_rows_per_step() -> None:
+    """Trinity-RFT's mix sample strategy reads ceil(ratio x batch_size x repeat_times) expert experiences a step:
+    16 prompts x 8 samples x 0.3 -> 39 rows, rlkit's expert_dataset.batch_size (mix.mu is the loss weight)."""
+    mix = {"algorithm.algorithm_type": "mix", "algorithm.advantage_fn_args": None,
+           "buffer.trainer_input.auxiliary_buffers.sft_dataset": {"path": "/tmp/sft.jsonl"},
+           "algorithm.sample_strategy_args": {"expert_data_ratio": 0.3}}
+    mapping, fates = _to_rlkit(_trinity(**mix), "t")
+    assert mapping["expert_dataset"] == {"path": "/tmp/sft.jsonl", "batch_size": 39} and "mix" not in mapping
+    mapping, _ = _to_rlkit(_trinity(**mix, **{"buffer.train_batch_size": 10}), "t")
+    assert mapping["expert_dataset"]["batch_size"] == 3
+    _, fates = _to_rlkit(_trinity(**{"algorithm.sample_strategy_args": {"expert_data_ratio": 0.3}}), "t")
+    assert "no expert data" in {f.key: f.fate for f in fates}["algorithm.sample_strategy_args.expert_data_ratio"]
+    with pytest.raises(ConfigError, match=r"expert_data_ratio 1.5 .* not a fraction"):
+        _to_rlkit(_trinity(**{**mix, "algorithm.sample_strategy_args": {"expert_data_ratio": 1.5}}), "t")
+
+
+def test_references_are_resolved_as_trinity_resolves_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """${key} and ${oc.env:VAR,default} are resolved before the keys move (an environment variable's text typed as
+    its value); the header names the reference each value came from."""
+    monkeypatch.setenv("RLKIT_TEST_MODEL", "/models/qwen")
+    monkeypatch.setenv("RLKIT_TEST_ENGINES", "2")
+    mapping, fates = _to_rlkit(_trinity(**{"model.model_path": "${oc.env:RLKIT_TEST_MODEL}",
+                                           "model.critic_model_path": "${model.model_path}",
+                                           "algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": None,
+                                           "explorer.rollout_model.engine_num": "${oc.env:RLKIT_TEST_ENGINES}",
+                                           "checkpoint_root_dir": "${oc.env:RLKIT_TEST_UNSET_ROOT,/tmp/ckpt}"}), "t")
+    assert (mapping["actor"]["path"], mapping["critic"]["path"]) == ("/models/qwen", "/models/qwen")
+    assert mapping["allocation_mode"] == "vllm:d2t2+fsdp:d4" and mapping["cluster"]["fileroot"] == "/tmp/ckpt"
+    assert "(resolved from ${model.model_path})" in {f.key: f.fate for f in fates}["model.critic_model_path"]
+
+
+def test_references_that_cannot_be_resolved_are_each_named() -> None:
+    with pytest.raises(ConfigError) as refused:
+        _to_rlkit(_trinity(**{"model.model_path": "${oc.env:RLKIT_TEST_SURELY_UNSET}",
+                              "buffer.explorer_input.taskset.path": "${buffer.no_such_key}"}), "t")
+    said = str(refused.value) + str(refused.value.hint)
+    assert "model.model_path: '${oc.env:RLKIT_TEST_SURELY_UNSET}'" in said
+    assert "buffer.explorer_input.taskset.path: '${buffer.no_such_key}'" in said
+
+
+def test_a_trinity_migration_prints_no_empty_areal_heading(tmp_path: Path) -> None:
+    """The AReaL heading is written only over AReaL keys: a Trinity-RFT file's mapping has none."""
+    from rlkit.config.areal.migrate import migrate
+
+    with as_rlkit_file(_write(tmp_path, _trinity()), REGISTRY.trinity_algorithms) as (source, _):
+        text, _ = migrate(source, SITE, REGISTRY)
+    assert "AReaL keys" not in text and text.startswith("# rlkit config written by `rlkit migrate` from")

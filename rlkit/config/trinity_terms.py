@@ -1,0 +1,158 @@
+"""Trinity-RFT's KL functions, reward-function names and expert-data ratio as rlkit keys, for `rlkit migrate`
+(rlkit.config.trinity): each is moved where rlkit has the same meaning, left out naming the reason where the file
+still runs without it, and refused naming why where dropping it would change what the run learns.
+
+Trinity-RFT's names come from its registries: KL_FN (trinity/algorithm/kl_fn/kl_fn.py: none, k1, k2, k3, low_var_kl,
+abs, corrected_k3; `kl_coef` defaults to 0.001), REWARD_FUNCTIONS (trinity/common/rewards) and the mix sample
+strategy (trinity/algorithm/sample_strategy: `ceil(expert_data_ratio x read batch)` of each batch's experiences are
+expert rows, the read batch being `buffer.train_batch_size`, by default `batch_size x repeat_times`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.config.problems import Problems
+
+# Trinity-RFT KL function -> rlkit's estimator (rlkit.trainer.rl_math.kl: k1 = log r, k2 = (log r)^2 / 2,
+# k3 = exp(-log r) - 1 + log r, the same formulas); low_var_kl is k3 clamped to [-10, 10], rlkit's default kl_clamp
+KL_ESTIMATORS = {"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"}
+KL_NOT_BUILT = {
+    "abs": "|log p - log p_ref| is not one of rlkit's estimators (k1, k2, k3)",
+    "corrected_k3": "k3 weighted by the clamped ratio pi/pi_old: rlkit's k3 has no such weight",
+}
+TRINITY_KL_COEF = 0.001  # Trinity-RFT's KLFn default kl_coef
+
+
+@dataclass(frozen=True)
+class KLTerm:
+    """One of Trinity-RFT's two KL terms and the rlkit keys of the same term."""
+
+    fn: str
+    estimator: str
+    coef: str
+
+
+KL_TERMS = (KLTerm("algorithm.kl_penalty_fn", "actor.kl_estimator", "actor.kl_ctl"),
+            KLTerm("algorithm.kl_loss_fn", "actor.kl_loss_type", "actor.kl_loss_coef"))
+
+# Trinity-RFT reward function -> rlkit's built-in of the same meaning
+REWARD_FNS = {
+    "accuracy_reward": "math",  # the answer checked with math-verify against the truth column
+    "math_boxed_reward": "math",  # the last \boxed{} against the truth (its format score is off unless with_think)
+}
+REWARD_LEFT_OUT = {
+    "math_reward": "its accuracy part is rlkit's math, its <think>/<answer> format score has no rlkit built-in: "
+                   "set reward.fn: math, or reward.fns with a format function of your own",
+    "format_reward": "a format regex rlkit has no built-in of: write it as a module:function reward",
+    "countdown_reward": "the Countdown game's checker: rlkit has no built-in of it",
+    "math_dapo_reward": "DAPO's +1/-1 score with its own length penalty: rlkit's math scores 1/0 (its overlong "
+                        "penalty: actor.overlong_reward_penalty)",
+    "rm_gallery_reward": "RM-Gallery's models are not rlkit's: a reward model trained by job type rw is "
+                         "reward.fn: reward_model",
+}
+REWARD_KEYS = ("buffer.explorer_input.taskset.default_reward_fn_type",  # the taskset's own wins, as in Trinity-RFT
+               "buffer.explorer_input.default_reward_fn_type", "buffer.default_reward_fn_type")
+RATIO = "algorithm.sample_strategy_args.expert_data_ratio"
+
+Moved = Callable[[str, str, Any, str], None]  # (Trinity-RFT key, rlkit key, value, how): moved, its fate recorded
+Left = Callable[[str, str], None]  # (Trinity-RFT key, why): left out, its fate recorded
+Put = Callable[[str, Any], None]  # (rlkit key, value): written, no fate of its own (another key's fate says it)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,
+             source: str) -> set[str]:
+    """Move the KL functions and their kl_coef; refuse the functions and the adaptive controller rlkit lacks.
+    Returns the keys judged here."""
+    judged: set[str] = set()
+    for term in KL_TERMS:
+        args = f"{term.fn}_args."
+        arg_keys = [k for k in leaves if k.startswith(args)]
+        judged |= {term.fn, *arg_keys}
+        fn = leaves.get(term.fn)
+        if leaves.get(f"{args}adaptive") is True:
+            problems.add(f"{args}adaptive ({source}): rlkit's {term.coef} is a fixed coefficient; the adaptive KL "
+                         "controller (target_kl, horizon) is not built", hint="set adaptive: false (or leave it out)")
+        if term.fn not in leaves:
+            for key in arg_keys:
+                left(key, f"its function is algorithm_type's default in Trinity-RFT: name {term.fn} to have "
+                          f"{term.coef} set")
+            continue
+        if fn in (None, "none"):
+            left(term.fn, f"none: rlkit's term is off unless {term.coef} > 0")
+            for key in arg_keys:
+                left(key, f"{term.fn} is none")
+            continue
+        if not isinstance(fn, str) or fn not in KL_ESTIMATORS:  # a list or mapping is hostile, not a name
+            why = KL_NOT_BUILT.get(str(fn), "not one of Trinity-RFT's KL functions rlkit knows")
+            problems.add(f"{term.fn} '{fn}' ({source}): {why}",
+                         hint=f"use one of {', '.join(KL_ESTIMATORS)} (rlkit's {term.estimator}) or none")
+            continue
+        coef = leaves.get(f"{args}kl_coef", TRINITY_KL_COEF)
+        if not _number(coef) or coef < 0:
+            problems.add(f"{args}kl_coef {coef!r} ({source}) is not a number >= 0", hint="e.g. kl_coef: 0.001")
+            continue
+        clamp = " (k3 clamped to [-10, 10]: rlkit's actor.kl_clamp default)" if fn == "low_var_kl" else ""
+        default = "" if f"{args}kl_coef" in leaves else f"; {term.coef} {TRINITY_KL_COEF}, Trinity-RFT's default"
+        moved(term.fn, term.estimator, KL_ESTIMATORS[fn], f" as {KL_ESTIMATORS[fn]}{clamp}{default}")
+        if f"{args}kl_coef" in leaves:
+            moved(f"{args}kl_coef", term.coef, coef, "")
+        else:
+            put(term.coef, coef)  # Trinity-RFT's default coefficient: the file's term is on there
+        for key in arg_keys:
+            if key != f"{args}kl_coef":
+                left(key, "rlkit's KL coefficient is fixed (no adaptive controller)")
+    return judged
+
+
+def reward_fn(leaves: dict[str, Any], moved: Moved, left: Left) -> set[str]:
+    """Move the reward function Trinity-RFT would use (the taskset's, else the explorer input's, else the
+    buffer's) to reward.fn where rlkit has a built-in of its meaning; name the others as left out with why."""
+    present = [k for k in REWARD_KEYS if k in leaves]
+    for rank, key in enumerate(present):
+        name = leaves[key]
+        if rank > 0:
+            left(key, f"{present[0]} wins, as in Trinity-RFT")
+        elif isinstance(name, str) and name in REWARD_FNS:
+            moved(key, "reward.fn", REWARD_FNS[name], f" as {REWARD_FNS[name]} (the last \\boxed{{}} or number, "
+                                                      "checked with math-verify against reward.answer_key)")
+        else:
+            left(key, REWARD_LEFT_OUT.get(str(name), "not a Trinity-RFT reward rlkit has a built-in of: set "
+                                                     "reward.fn (or reward.fns, weighted)"))
+    return set(present)
+
+
+def expert_ratio(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, source: str,
+                 has_expert_data: bool) -> set[str]:
+    """expert_data_ratio as rlkit's expert rows per step: Trinity-RFT's mix takes ceil(ratio x read batch) of
+    each batch's experiences from the expert data, rlkit reads expert_dataset.batch_size rows beside the RL batch."""
+    if RATIO not in leaves:
+        return set()
+    ratio = leaves[RATIO]
+    if not _number(ratio) or not 0 <= ratio <= 1:
+        problems.add(f"{RATIO} {ratio!r} ({source}) is not a fraction in [0, 1]", hint="e.g. expert_data_ratio: 0.5")
+        return {RATIO}
+    read = leaves.get("buffer.train_batch_size")
+    if read is None:
+        batch, repeat = leaves.get("buffer.batch_size"), leaves.get("algorithm.repeat_times", 1)
+        read = batch * repeat if _number(batch) and _number(repeat) else None
+    if not has_expert_data:
+        left(RATIO, "there is no expert data (buffer.trainer_input.auxiliary_buffers.sft_dataset)")
+    elif ratio == 0:
+        left(RATIO, "0: no expert rows; leave expert_dataset out for no mix")
+    elif not _number(read):
+        left(RATIO, "the batch it is a fraction of (buffer.batch_size x algorithm.repeat_times) is not a number: "
+                    "set expert_dataset.batch_size")
+    else:
+        rows = math.ceil(ratio * read)
+        moved(RATIO, "expert_dataset.batch_size", rows,
+              f" as {rows} rows (ceil({ratio} x {read} experiences per step); Trinity-RFT takes them out of its "
+              "read batch, rlkit reads them beside train_dataset.batch_size prompts)")
+    return {RATIO}
