@@ -113,6 +113,14 @@ def test_what_rlkit_has_not_built_is_refused_naming_why(changes: dict[str, Any],
         trinity_to_rlkit(_trinity(**changes), "t")
 
 
+def test_dynamic_batch_size_is_packing() -> None:
+    for value in (False, True):
+        mapping, fates = trinity_to_rlkit(_trinity(**{"trainer.use_dynamic_bsz": value,
+                                                      "trainer.max_token_len_per_gpu": 16384}), "t")
+        assert mapping["actor"]["mb_spec"] == {"packing": value, "max_tokens_per_mb": 16384}
+        assert not [f for f in fates if f.key == "trainer.use_dynamic_bsz" and f.fate.startswith("left out")]
+
+
 def test_checkpoint_sync_is_a_disk_push() -> None:
     mapping, _ = trinity_to_rlkit(_trinity(**{"synchronizer.sync_method": "checkpoint"}), "t")
     assert mapping["actor"]["weight_update_mode"] == "disk"
