@@ -6,9 +6,9 @@ rank), with actor.mb_spec.packing on and off; the padded run is the floor, measu
 with the packed one. Lengths follow issue 46's reasoning-like distribution, lognormal with median ~1.8k tokens capped
 at 16k, scaled down by --scale (default 16: median ~112, cap 1024) with max_tokens_per_mb scaled alike (32768 / 16),
 so the shape of the distribution, and so the padding, is the real one's. The model is a narrow random Qwen2 (hidden
-256, 2 layers, float32), whose linear layers dominate as a real model's do at these lengths; CPU attention is sdpa
-with the packed block-diagonal mask (dense over a micro-batch's tokens, which flash-attention's varlen kernels on a
-GPU are not: the GPU's gain should be at least this one).
+256, 2 layers, float32), whose linear layers dominate as a real model's do at these lengths; CPU attention is sdpa,
+which packs through rlkit.models.packed_attention (the padded batch's attention, no dense mask; flash-attention's
+varlen kernels on a GPU skip the padding in attention too: the GPU's gain should be at least this one).
 
 Run: `PYTHONPATH=. python bench/bench_packing.py [--samples 64] [--scale 16] [--repeats 3]`; writes
 bench/results/cpu-packing.json.

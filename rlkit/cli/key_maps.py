@@ -42,6 +42,7 @@ VERL = (
     _m("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
        "packed rows of grpo, opmd and sft"),
+    _m("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
     _m("actor_rollout_ref.actor.ppo_epochs", "", "rlkit makes one pass over a training step's batch"),
     _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
@@ -179,6 +180,8 @@ TRINITY = (
     _m("trainer.total_steps", "total_train_steps"),
     _m("trainer.save_interval", "saver.freq_steps", "Hugging Face models; recover checkpoints: recover.freq_steps"),
     _m("trainer.max_checkpoints_to_keep", "recover.keep_last"),
+    _m("trainer.use_dynamic_bsz", "actor.mb_spec.packing", "Trinity-RFT's (verl's) splicing of shorter samples "
+       "into token-budgeted batches: rlkit's packing, on by default, its budget actor.mb_spec.max_tokens_per_mb"),
     _m("trainer.grad_clip", "actor.optimizer.gradient_clipping"),
     _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the packed rows of "
@@ -213,6 +216,8 @@ COSMOS = (
     _m("train.train_policy.kl_beta", "actor.kl_loss_coef"),
     _m("train.train_policy.mini_batch", "actor.ppo_n_minibatches", "cosmos-rl gives a size, rlkit a count"),
     _m("train.train_policy.max_token_len_per_mini_batch", "actor.mb_spec.max_tokens_per_mb"),
+    _m("train.sequence_packing", "actor.mb_spec.packing", "cosmos-rl's default is false, rlkit's true; a model "
+       "whose attention cannot take packed rows runs padded, said in the trainer log"),
     _m("train.train_policy.allowed_outdated_steps", "rollout.max_head_offpolicyness"),
     _m("train.train_policy.use_decoupled_loss", "actor.use_decoupled_loss"),
     _m("train.train_policy.behav_imp_weight_cap", "actor.behav_imp_weight_cap"),
@@ -285,11 +290,17 @@ CHATLEARN = (
     _m("models.policy_trainer.use_group_sequence_policy", "actor.importance_sampling_level", "sequence: GSPO"),
     _m("models.policy_trainer.train_micro_batch_size", "actor.mb_spec.n_mbs", "rlkit sets the number of "
        "micro-batches, or a token budget (actor.mb_spec.max_tokens_per_mb)"),
+    _m("models.policy_trainer.packing", "actor.mb_spec.packing", "ChatLearn's default is false, rlkit's true; "
+       "with packing, ChatLearn ignores train_micro_batch_size, rlkit takes actor.mb_spec.n_mbs as the fewest "
+       "micro-batches"),
     _m("models.policy_trainer.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb"),
     _m("models.policy_trainer.tensor_model_parallel_size", "", "rlkit's trainer shards with FSDP only"),
     _m("models.policy_trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
        "packed rows of grpo, opmd and sft"),
     _m("models.ref_policy.load", "ref.path", "empty: actor.path"),
+    _m("models.ref_policy.packing", "actor.mb_spec.packing", "the reference's forwards pack as the actor's do"),
+    _m("models.ref_policy.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb", "the reference's micro-batches "
+       "are the actor's"),
 )
 
 # {system: (its keys, the page's slug, what a user of it should know first)}

@@ -75,6 +75,7 @@ RENAMES: dict[str, str] = {
     "trainer.total_steps": "total_train_steps",
     "trainer.save_interval": "saver.freq_steps",
     "trainer.max_checkpoints_to_keep": "recover.keep_last",
+    "trainer.use_dynamic_bsz": "actor.mb_spec.packing",
     "trainer.grad_clip": "actor.optimizer.gradient_clipping",
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",

@@ -13,10 +13,17 @@ per-sample slices downstream are the padded path's. A model whose forward does n
 by a probe on its first packed forward: a row packed after another must give the outputs it gives alone) runs
 padded, said once in the log. Pure torch; no distributed state (the probe is one more forward, run by every rank in
 the same order as the forward that triggers it).
+
+Where packing pays (said once in the log): flash-attention's varlen kernels and flex attention's block mask cost
+nothing for packing, so those always pack; sdpa packs through rlkit.models.packed_attention (no dense mask: the
+attention of the padded batch, the linear layers of the real tokens only); any other attention (eager, sdpa with
+sliding windows) would attend over one dense [N, N] mask, so each micro-batch packs only when the cost model
+(`dense_packing_pays`) says it is cheaper. A micro-batch without padding runs as it is, except with flash-attention.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,9 @@ from torch import Tensor, nn
 
 _SETTING = "_rlkit_packing"  # on the model object: True/False as configured (absent: on)
 _PROBED = "_rlkit_packing_works"  # the probe's verdict, once per model object
+_PATH = "_rlkit_packing_path"  # how its packed forwards attend: one of the _PATHS keys
+_SAID = "_rlkit_packing_said"  # the cost model's verdicts already said in the log
+_FREE_PACKING = ("flash_attention", "flex_attention")  # attention implementations whose packing needs no dense mask
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ def _probe(model: nn.Module) -> bool:
     model.eval()
     try:
         with torch.no_grad():
-            packed = model(input_ids=packed_ids, position_ids=positions, use_cache=False).logits[0, len(first):]
+            packed = forward_packed(model, packed_ids, positions).logits[0, len(first):]
             alone = model(input_ids=packed_ids[:, len(first):], use_cache=False).logits[0]
     except TypeError:  # a forward that takes no position_ids
         return False
@@ -92,18 +102,99 @@ def _probe(model: nn.Module) -> bool:
 
 
 def packs(model: nn.Module) -> bool:
-    """Whether `model`'s next forward packs: configured on and the model honours packed position_ids (probed on the
-    first call; a model that does not is said once in the log and runs padded from then on)."""
+    """Whether `model`'s forwards may pack: configured on and the model honours packed position_ids (probed on the
+    first call; a model that does not is said once in the log and runs padded from then on). Which micro-batches do
+    is `rows_for`'s call."""
     if not getattr(model, _SETTING, True):
         return False
     verdict = getattr(model, _PROBED, None)
     if verdict is None:
+        path = _choose_path(model)
         verdict = _probe(model)
         setattr(model, _PROBED, verdict)
-        if not verdict and _is_rank0():
-            print(f"rlkit train: {type(model).__name__}'s attention does not keep packed sequences apart "
-                  "(position_ids); its micro-batches run padded", flush=True)
+        if _is_rank0():
+            name = type(model).__name__
+            print(f"rlkit train: {name} packs micro-batches: {_PATHS[path]}" if verdict else
+                  f"rlkit train: {name}'s attention does not keep packed sequences apart (position_ids); its "
+                  "micro-batches run padded", flush=True)
     return bool(verdict)
+
+
+_PATHS = {
+    "free": "its attention takes packed rows without a mask (flash-attention varlen or flex attention)",
+    "sdpa": "sdpa attends over the padded layout without a dense mask, the linear layers see only real tokens "
+            "(rlkit.models.packed_attention)",
+    "sp": "Ulysses attention splits each packed row over the sequence-parallel group (rlkit.models.ulysses)",
+    "cost": "its attention would need one dense mask over each packed row, so a micro-batch packs only where that "
+            "costs less than padding (the cost model in rlkit.models.packing)",
+}
+
+
+def _attention_name(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+
+
+def _choose_path(model: nn.Module) -> str:
+    """How `model` attends over packed rows (a _PATHS key), installing the packed sdpa attention where it fits."""
+    from rlkit.models.packed_attention import install
+    from rlkit.models.ulysses import ATTENTION as ULYSSES
+
+    if any(kind in _attention_name(model) for kind in _FREE_PACKING):
+        path = "free"
+    elif _attention_name(model) == ULYSSES:
+        path = "sp"  # its packed rows are split by rlkit.trainer.head_logprobs, not judged by the cost model
+    else:
+        path = "sdpa" if install(model) else "cost"
+    setattr(model, _PATH, path)
+    return path
+
+
+def dense_packing_pays(model: nn.Module, lengths: list[int]) -> bool:
+    """Whether one packed row of sequences of `lengths`, attended over one dense mask, costs less than their padded
+    rows. In multiply-adds: the linear layers and the head ~2 x parameters per token (N packed against B x Lmax
+    padded); per layer and (query, key) pair, attention's two matmuls 4 x hidden plus ~256 per head for the
+    materialised scores' mask, softmax and their backward (N^2 packed against B x Lmax^2). The 256 is this CPU's:
+    eager attention over 16 sequences of 2.2k tokens in all, longest 429, on the tiny model ran 1.2x slower packed,
+    where counting the matmuls alone called packing 1.6x cheaper."""
+    config = getattr(model, "config", None)
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not (isinstance(hidden, int) and isinstance(layers, int) and isinstance(heads, int)):
+        return False  # nothing to weigh: padded, today's path
+    per_token = 2 * sum(p.numel() for p in model.parameters())
+    per_pair = layers * (4 * hidden + 256 * heads)
+    tokens, rows, longest = sum(lengths), len(lengths), max(lengths)
+    packed = tokens * per_token + per_pair * tokens ** 2
+    padded = rows * longest * per_token + per_pair * rows * longest ** 2
+    return packed <= padded
+
+
+def rows_for(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None) -> PackedRows | None:
+    """The packed rows of a micro-batch when `model` packs it (see the module docstring), else None: padded."""
+    rows = pack_rows(input_ids, attention_mask) if packs(model) else None
+    if rows is not None and bool(rows.valid.all()) and getattr(model, _PATH, "free") != "free":
+        return None  # no padding to save: today's padded path, without the re-layout
+    if rows is None or getattr(model, _PATH, "free") != "cost":
+        return rows
+    lengths = rows.valid.sum(dim=1).tolist()
+    pays = dense_packing_pays(model, lengths)
+    said: set[bool] = getattr(model, _SAID, set())
+    if pays not in said and _is_rank0():
+        print(f"rlkit train: a micro-batch of {len(lengths)} sequences ({sum(lengths)} tokens, the longest "
+              f"{max(lengths)}) runs {'packed' if pays else 'padded'}: the cost model finds it cheaper "
+              f"({_attention_name(model)} attention; said once)", flush=True)
+        setattr(model, _SAID, said | {pays})
+    return rows if pays else None
+
+
+def forward_packed(model: nn.Module, input_ids: Tensor, position_ids: Tensor, **kwargs: Any) -> Any:
+    """model's forward over one packed row: no attention mask, no cache (the module docstring's trap), and the
+    packed sdpa attention's bookkeeping where the model has it."""
+    from rlkit.models.packed_attention import packed_call
+
+    call = packed_call(position_ids) if getattr(model, _PATH, None) == "sdpa" else contextlib.nullcontext()
+    with call:
+        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False, **kwargs)
 
 
 def _is_rank0() -> bool:
@@ -116,8 +207,7 @@ def packed_forward(model: nn.Module, input_ids: Tensor, attention_mask: Tensor |
                    read: Callable[[Any, PackedRows | None], Tensor]) -> Tensor:
     """read(model output, rows) of a forward over the batch: packed when `model` packs and the mask is right padding
     (rows given), padded otherwise (rows None). Never with a cache (see the module docstring)."""
-    rows = pack_rows(input_ids, attention_mask) if packs(model) else None
+    rows = rows_for(model, input_ids, attention_mask)
     if rows is None:
         return read(model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False), None)
-    out = model(input_ids=rows.input_ids, position_ids=rows.position_ids, attention_mask=None, use_cache=False)
-    return read(out, rows)
+    return read(forward_packed(model, rows.input_ids, rows.position_ids), rows)

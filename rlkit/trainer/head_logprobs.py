@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.models import ulysses
-from rlkit.models.packing import PackedRows, pack_rows, packs
+from rlkit.models.packing import PackedRows, forward_packed, pack_rows, packs, rows_for
 from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
 
 Head = Callable[[Tensor], Tensor]  # hidden states [N, H] -> logits [N, V]
@@ -115,13 +115,17 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
     if ulysses.enabled(model):
         return _sequence_parallel_logprobs(model, input_ids, attention_mask, temperature=temperature,
                                            chunk_tokens=chunk_tokens, with_entropy=with_entropy)
-    rows = pack_rows(input_ids, attention_mask) if packs(model) else None
+    rows = rows_for(model, input_ids, attention_mask)
     ids = rows.input_ids if rows is not None else input_ids
-    kwargs: dict[str, Any] = ({"position_ids": rows.position_ids, "attention_mask": None} if rows is not None
-                              else {"attention_mask": attention_mask})
+
+    def forward() -> Any:
+        if rows is not None:
+            return forward_packed(model, rows.input_ids, rows.position_ids)
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
     head = output_head(model) if chunk_tokens > 0 else None
     if head is None:
-        out: Any = model(input_ids=ids, use_cache=False, **kwargs)
+        out: Any = forward()
         logp = next_token_logprobs(out.logits, ids, temperature)
         entropy = None
         if with_entropy:
@@ -134,10 +138,13 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
         logp, entropy = chunked_logprobs(own_head, hidden[:, :-1], ids[:, 1:], temperature=temperature,
                                          chunk_tokens=chunk_tokens, with_entropy=with_entropy)
         entropies.append(entropy)
-        return logp[..., None]  # the forward's "logits" [B, L-1, 1]: its output, so FSDP's backward hooks see it
+        # the forward's "logits" [B, L-1, 1]: its output, so FSDP's backward hooks see it. A copy, not a view of
+        # logp: FSDP2 warns at every forward of a root module that returns a view (an in-place op on it would drop
+        # the pre-backward hook); the copy is B x L floats, nothing next to one chunk's logits
+        return logp[..., None].clone()
 
     with _head_computing(head, compute):
-        out = model(input_ids=ids, use_cache=False, **kwargs)
+        out = forward()
     if len(entropies) != 1:
         raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(entropies)} times")
     return _padded(rows, out.logits[..., 0]), _padded(rows, entropies[0])

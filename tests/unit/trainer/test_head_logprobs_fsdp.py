@@ -1,7 +1,8 @@
 """Chunked log-probs under FSDP2 on two real gloo ranks: the head's weight is sharded between forwards and gathered
 by the root module's hooks, so the chunks must run inside the model's forward and backward. Through the engine's own
 model (rlkit.trainer.engine.TrainEngine, gradient checkpointing on as by default), the log-probs, entropies and the
-full gradient of every parameter equal the full-logits path's within 1e-5, for a tied head and a LoRA model."""
+full gradient of every parameter equal the full-logits path's within 1e-5, for a tied head and a LoRA model; and
+neither path's forward makes FSDP2 warn that the root module returned a view tensor."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
-import json, sys
+import json, sys, warnings
 import torch
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.trainer.dist import init_distributed
@@ -45,12 +46,15 @@ def run(chunk):
 def relative(got, want):
     return float((got - want).abs().max() / want.abs().max())
 
-full, chunked = run(0), run(4)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    full, chunked = run(0), run(4)
+views = [str(w.message)[:80] for w in caught if "returned a view tensor" in str(w.message)]
 sharded = sum(hasattr(p, "full_tensor") for p in model.parameters())
 errors = {"logp": relative(chunked[0], full[0]), "entropy": relative(chunked[1], full[1]),
           "grads": max(relative(chunked[2][n], g) for n, g in full[2].items())}
 print("RESULT " + json.dumps({"errors": errors, "grads": sorted(full[2]) == sorted(chunked[2]) and len(full[2]),
-                              "sharded": sharded}), flush=True)
+                              "sharded": sharded, "view_warnings": views}), flush=True)
 '''
 
 
@@ -64,5 +68,6 @@ def test_chunked_equals_full_under_fsdp2_on_two_ranks(mode: str, tiny_model_dir:
         result = json.loads(line.removeprefix("RESULT "))
         assert result["sharded"] > 0, f"rank {rank}: no parameter was an FSDP2 DTensor"
         assert result["grads"] > (0 if mode == "lora" else 20), f"rank {rank}: gradients missing or different sets"
+        assert result["view_warnings"] == [], f"rank {rank}: FSDP2 warned of a view output: {result['view_warnings']}"
         for what, error in result["errors"].items():
             assert error <= 1e-5, f"rank {rank}, {mode}: {what} differ by {error:.3g} (relative)"
