@@ -35,6 +35,8 @@ _SETTING = "_rlkit_packing"  # on the model object: True/False as configured (ab
 _PROBED = "_rlkit_packing_works"  # the probe's verdict, once per model object
 _PATH = "_rlkit_packing_path"  # how its packed forwards attend: one of the _PATHS keys
 _SAID = "_rlkit_packing_said"  # the cost model's verdicts already said in the log
+# The attention rlkit.models.ulysses registers (named here: that module imports this one)
+SEQUENCE_PARALLEL_ATTENTION = "rlkit_ulysses"
 _FREE_PACKING = ("flash_attention", "flex_attention")  # attention implementations whose packing needs no dense mask
 
 
@@ -137,11 +139,10 @@ def _attention_name(model: nn.Module) -> str:
 def _choose_path(model: nn.Module) -> str:
     """How `model` attends over packed rows (a _PATHS key), installing the packed sdpa attention where it fits."""
     from rlkit.models.packed_attention import install
-    from rlkit.models.ulysses import ATTENTION as ULYSSES
 
     if any(kind in _attention_name(model) for kind in _FREE_PACKING):
         path = "free"
-    elif _attention_name(model) == ULYSSES:
+    elif _attention_name(model) == SEQUENCE_PARALLEL_ATTENTION:
         path = "sp"  # its packed rows are split by rlkit.trainer.head_logprobs, not judged by the cost model
     else:
         path = "sdpa" if install(model) else "cost"

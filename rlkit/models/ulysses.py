@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlkit.models.packing import PackedRows
+from rlkit.models.packing import SEQUENCE_PARALLEL_ATTENTION, PackedRows
 
-ATTENTION = "rlkit_ulysses"
+ATTENTION = SEQUENCE_PARALLEL_ATTENTION
 KEYWORD = "rlkit_ulysses"  # the forward keyword that carries a RowSlice to every attention call
 _FLAG = "_rlkit_ulysses"  # on a model object: its packed forwards run sequence parallel
 _in_forward = False  # a sequence-parallel forward is building its masks: none is needed
