@@ -112,6 +112,13 @@ def _press_held_out(directory: Path) -> None:
     write_held_out(directory / "press-held-out.jsonl")
 
 
+def _verifiers_tasks(directory: Path) -> None:
+    """The tasks of configs/grpo-verifiers-cpu-demo.yaml: each row names a task of the rlkit_sums taskset by index."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "verifiers-tasks.jsonl").write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "task": i})
+                                                             + "\n" for i in range(8)))
+
+
 def _prompts(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "id": i}) + "\n"
@@ -121,7 +128,7 @@ def _prompts(directory: Path) -> None:
 PREPARE: dict[str, Callable[[Path], None]] = {
     "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits,
     "digits-teacher": _digits_teacher, "sft-rows": _sft_rows, "pairs": _pair_rows, "prompts": _prompts,
-    "press-held-out": _press_held_out,
+    "press-held-out": _press_held_out, "verifiers-tasks": _verifiers_tasks,
 }
 
 
@@ -158,6 +165,9 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("agent", "grpo-agent-cpu-demo.yaml", "multi-turn GRPO: the model learns to call a tool in two turns, its "
          "episodes run by an unmodified agent program (the openai client) against rlkit's OpenAI-compatible endpoint",
          ("tiny-model", "digits", "press-held-out"), _reward),
+    Demo("verifiers", "grpo-verifiers-cpu-demo.yaml", "GRPO on a verifiers environment's episodes (its own venv: "
+         "bash scripts/verifiers-env.sh), trained token-exactly with the trace's reward",
+         ("tiny-model", "verifiers-tasks"), _reward),
 )}
 
 
