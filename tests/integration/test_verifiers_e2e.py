@@ -6,7 +6,7 @@ verifiers' train client posting token ids to rlkit's token route. The rollout co
 trainer trains on them and pushes weights back; every episode's recording is compared with verifiers' trace token for
 token before it is trained on (rlkit.agent.verifiers_workflow.check_branch), and its reward is the trace's.
 
-Short on purpose (STEPS steps of 2 tasks x 4 episodes): the single episode's details (the prompt verifiers rendered,
+Short on purpose (STEPS steps of 1 task x 4 episodes): the single episode's details (the prompt verifiers rendered,
 the server's log-probs, the reward against the taskset's own score, a dropped task) are
 tests/integration/test_verifiers_workflow.py's; this trial shows that the run trains through the workflow.
 """
@@ -40,7 +40,8 @@ def _verifiers_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         if need != "tiny-model":
             PREPARE[need](root)
     env = {"RLKIT_HOME": str(root / "home"), "RLKIT_DEMO_DIR": str(root), "RLKIT_DEMO_TRIAL": "verifiers"}
-    overrides = [f"cluster.fileroot={root}/fileroot", f"total_train_steps={STEPS}", "saver.freq_steps=null"]
+    overrides = [f"cluster.fileroot={root}/fileroot", f"total_train_steps={STEPS}", "saver.freq_steps=null",
+                 "train_dataset.batch_size=1"]  # one task x 4 episodes a step: each episode starts a chat program
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-verifiers-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
     state = wait_state("demo-verifiers/verifiers", timeout=1200, env=env)
