@@ -22,14 +22,17 @@ from typing import Any
 from rlkit.agent.episode import EpisodeDropped
 
 PROGRAM = Path(__file__).with_name("verifiers_program.py")
+TASKSETS = Path(__file__).with_name("verifiers_tasksets")  # rlkit's example tasksets, for the verifiers venv only
 STDERR_LINES = 20  # of the program's stderr kept, for the reason of a drop
 
 
 def program_env(python: str) -> dict[str, str]:
     """The program's environment: the venv's bin first on PATH (verifiers finds the venv's `uv` there instead of
-    downloading one from astral.sh) and the offline uv settings."""
+    downloading one from astral.sh), rlkit's example tasksets last on PYTHONPATH (the user's come first) and the
+    offline uv settings."""
     path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, **offline_uv(python)}
+    pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH", ""), str(TASKSETS)]))
+    return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, **offline_uv(python)}
 
 
 def offline_uv(python: str) -> dict[str, str]:

@@ -110,12 +110,12 @@ class VerifiersWorkflow:
                                  "with a trainable branch")
         if session.segments == 0 or ctx.builder.turns == 0:
             raise EpisodeDropped("the verifiers episode made no call to the token route that was answered")
-        check_branch(ctx, traces[0]["branches"][-1])
+        checked = check_branch(ctx, traces[0]["branches"][-1])
         reward = traces[0].get("reward")
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise EpisodeDropped(f"the verifiers trace's reward is {reward!r}, not a finite number")
         return ctx.finish(float(reward), verifiers_calls=float(session.calls),
-                          verifiers_segments=float(session.segments))
+                          verifiers_segments=float(session.segments), verifiers_checked_tokens=float(checked))
 
     async def _run(self, base_url: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
         env = self.environment
@@ -133,9 +133,11 @@ class VerifiersWorkflow:
             await self._endpoint.stop()
 
 
-def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:
+def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> int:
     """The trace's trained branch is the trajectory rlkit recorded: the same ids token for token, `sampled_mask` on
-    exactly the sampled ones, the server's log-probs on them; TrajectoryMismatch if not."""
+    exactly the sampled ones, the server's log-probs on them; TrajectoryMismatch if not. Returns how many sampled
+    tokens it compared (`agent/verifiers_checked_tokens`: equal to `agent/trained_tokens` when every trained token
+    was checked)."""
     builder = ctx.builder
     ids = list(builder.context_ids())
     if list(branch.get("token_ids") or []) != ids:
@@ -150,3 +152,4 @@ def check_branch(ctx: EpisodeContext, branch: dict[str, Any]) -> None:
     theirs = [lp for lp, m in zip(branch.get("logprobs") or [], sampled, strict=False) if m]
     if theirs != logprobs:
         raise TrajectoryMismatch("the verifiers trace's log-probs differ from the ones the server returned")
+    return len(logprobs)

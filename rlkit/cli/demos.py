@@ -120,6 +120,13 @@ def _press_held_out(directory: Path) -> None:
     write_held_out(directory / "press-held-out.jsonl")
 
 
+def _verifiers_tasks(directory: Path) -> None:
+    """The tasks of configs/grpo-verifiers-cpu-demo.yaml: each row names a task of the rlkit_sums taskset by index."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "verifiers-tasks.jsonl").write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "task": i})
+                                                             + "\n" for i in range(8)))
+
+
 def _prompts(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "id": i}) + "\n"
@@ -129,7 +136,7 @@ def _prompts(directory: Path) -> None:
 PREPARE: dict[str, Callable[[Path], None]] = {
     "tiny-model": _tiny_model, "tiny-model-lora": _tiny_model_lora, "digits": _digits,
     "digits-teacher": _digits_teacher, "sft-rows": _sft_rows, "pairs": _pair_rows, "prompts": _prompts,
-    "press-held-out": _press_held_out,
+    "press-held-out": _press_held_out, "verifiers-tasks": _verifiers_tasks,
 }
 
 
@@ -169,6 +176,9 @@ DEMOS: dict[str, Demo] = {d.name: d for d in (
     Demo("rgym", "grpo-rgym-cpu-demo.yaml", "GRPO on two reasoning-gym tasks by name, mixed, scored by their own "
          "score_answer (a format reward blended in: the random tiny model scores 0 on the tasks)", ("tiny-model",),
          _tasks),
+    Demo("verifiers", "grpo-verifiers-cpu-demo.yaml", "GRPO on a verifiers environment's episodes (its own venv: "
+         "bash scripts/verifiers-env.sh), trained token-exactly with the trace's reward",
+         ("tiny-model", "verifiers-tasks"), _reward),
 )}
 
 

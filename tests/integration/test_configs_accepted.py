@@ -31,6 +31,7 @@ def site_standins(tmp_path: Path) -> list[str]:
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "problem": "1+1=", "answer": "2", "response": " 2",
                                 "chosen": " 2", "rejected": " b",  # the pair job types' columns
+                                "task": 0,  # workflow verifiers: the task's index in the taskset
                                 "messages": [{"role": "user", "content": "1+1="},
                                              {"role": "assistant", "content": "2"}]}) + "\n")
     images = []

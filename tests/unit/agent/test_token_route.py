@@ -127,8 +127,10 @@ def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_y
     assert "rollout.agent.verifiers.environment is set, but rollout.agent.workflow is not verifiers" in problems(
         "rollout.agent.workflow=tool_use", "rollout.agent.verifiers.environment=my_taskset")
     data = grpo_yaml.parent / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": "p", "answer": "a", "task": i}) + "\n" for i in range(16)))
-    assert problems("rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset") == ""
+    data.write_text("".join(json.dumps({"prompt": "p", "task": i}) + "\n" for i in range(16)))
+    assert problems("rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset",
+                    "reward.fn=math") == "", "the trace scores the episode: reward.fn math needs no answer column"
+    assert "reward.fn math needs the answer column 'answer'" in problems("reward.fn=math"), "the others' rows need it"
     held_out = grpo_yaml.parent / "valid.jsonl"
     held_out.write_text(json.dumps({"prompt": "p", "answer": "a"}) + "\n")
     assert "valid_dataset.path " + str(held_out) + ": rows 1 have no 'task'" in problems(

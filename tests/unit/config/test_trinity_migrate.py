@@ -130,8 +130,8 @@ def test_every_algorithm_type_of_the_guide_is_a_job_types_trinity_name() -> None
 
 def test_dynamic_batch_size_is_packing() -> None:
     for value in (False, True):
-        mapping, fates = trinity_to_rlkit(_trinity(**{"trainer.use_dynamic_bsz": value,
-                                                      "trainer.max_token_len_per_gpu": 16384}), "t")
+        mapping, fates = _to_rlkit(_trinity(**{"trainer.use_dynamic_bsz": value,
+                                               "trainer.max_token_len_per_gpu": 16384}), "t")
         assert mapping["actor"]["mb_spec"] == {"packing": value, "max_tokens_per_mb": 16384}
         assert not [f for f in fates if f.key == "trainer.use_dynamic_bsz" and f.fate.startswith("left out")]
 
