@@ -18,6 +18,7 @@ PROVIDED_BY = {
     "datasets": "datasets", "xxhash": "xxhash", "swanlab": "swanlab", "wandb": "wandb", "math_verify": "math-verify",
     "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub", "submitit": "submitit",
     "starlette": "starlette", "uvicorn": "uvicorn", "openai": "openai", "reasoning_gym": "reasoning-gym",
+    "verifiers": "verifiers",
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {

@@ -120,7 +120,7 @@ def test_an_empty_prompt_s_first_token_is_no_target_and_the_step_loss_is_the_mea
     assert (empty.input_ids, empty.loss_mask, empty.n_targets) == ([1, 2, 3, 6], [0, 1, 1, 1], 3)
     rows = [empty, plaintext_example("ab", "c", CharTokenizer(), apply_chat_template=False)]
     owner = SimpleNamespace(config=SimpleNamespace(actor=ActorConfig()), rank=0, world=1, pad_id=0,
-                            device=torch.device("cpu"))
+                            device=torch.device("cpu"), engine=SimpleNamespace(data_rank_world=(0, 1)))
     micro, step_tokens, _ = SFT._micro_batches(owner, rows, [0, 1])  # type: ignore[arg-type]
     model = Bigram()
     step_loss = 0.0
