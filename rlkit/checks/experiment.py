@@ -143,7 +143,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         validate_weight_delta(config, allocation, problems)
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
-        validate_sequence_parallel(config, job.name, allocation, problems)
+        validate_sequence_parallel(config, job, job_types, allocation, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)

@@ -9,7 +9,7 @@ trainer's ranks, and a job type whose every trained forward goes through the spl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.config.allocation import Allocation
 from rlkit.config.model_config import read_model_config
@@ -17,20 +17,24 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import ULYSSES_MODEL_TYPES
 from rlkit.config.schema.experiment import ExperimentConfig
 
+if TYPE_CHECKING:
+    from rlkit.jobs.base import JobType
+    from rlkit.jobs.job_types import JobTypes
+
 FIELD = "actor.fsdp.ulysses_sp_size"
-JOB_TYPES = ("grpo", "opmd", "sft")  # their trained forwards all run through the split (rlkit.trainer.head_logprobs)
 MODEL_TYPES = ULYSSES_MODEL_TYPES
 
 
-def validate_sequence_parallel(config: ExperimentConfig, job: str, allocation: Allocation | None,
-                               problems: Problems) -> None:
+def validate_sequence_parallel(config: ExperimentConfig, job: JobType, job_types: JobTypes,
+                               allocation: Allocation | None, problems: Problems) -> None:
     """Add every problem of actor.fsdp.ulysses_sp_size > 1 for job type `job` to `problems` (nothing for 1)."""
     sp = config.actor.fsdp.ulysses_sp_size
     if sp <= 1:  # below 1: its range's
         return
-    if job not in JOB_TYPES:
-        problems.add(f"{FIELD}={sp} with job type {job}: its trainer does not split sequences yet (Ulysses runs in "
-                     f"{', '.join(JOB_TYPES)})", hint=f"set {FIELD}=1")
+    if not job.sequence_parallel:
+        splitting = ", ".join(other.name for other in job_types if other.sequence_parallel)
+        problems.add(f"{FIELD}={sp} with job type {job.name}: its trainer does not split sequences yet (Ulysses "
+                     f"runs in {splitting})", hint=f"set {FIELD}=1")
     if not config.actor.mb_spec.packing:
         problems.add(f"{FIELD}={sp} needs packed micro-batches (only a packed row is split over the sp ranks), but "
                      "actor.mb_spec.packing is false", hint=f"set actor.mb_spec.packing=true or {FIELD}=1")

@@ -45,7 +45,9 @@ class JobType:
     section only this job type reads, so a config setting it (without `type`) is likely of this type. `rows`: the
     train_dataset.type of the rows it trains on ("" when it trains on none); a type its rows name alone is taken for
     a config without `type`. `trinity`: the Trinity-RFT `algorithm_type` names `rlkit migrate` turns into this job
-    type (required, so a new job type says whether Trinity-RFT has it; () when it has none)."""
+    type (required, so a new job type says whether Trinity-RFT has it; () when it has none). `sequence_parallel`:
+    every forward its trainer trains through runs the Ulysses split (rlkit.trainer.head_logprobs), so
+    actor.fsdp.ulysses_sp_size > 1 is allowed."""
 
     name: str
     help: str
@@ -64,6 +66,7 @@ class JobType:
     always_reference: bool = False
     own_section: str = ""
     rows: str = ""
+    sequence_parallel: bool = False
     validate: Validator = field(default=_no_checks, compare=False)
 
     @property

@@ -36,6 +36,7 @@ def _validate_opmd(config: ExperimentConfig, allocation: Allocation | None, prob
 OPMD = JobType(
     name="opmd", help="online policy mirror descent (Trinity-RFT's opmd): group-baseline advantages, no ratio clip",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.opmd.algorithm:run_opmd", trinity=("opmd",),
+    sequence_parallel=True,
     sections=("actor", "opmd", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_opmd, passes_on="policy", auxiliary=True,

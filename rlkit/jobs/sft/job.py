@@ -26,6 +26,7 @@ def _validate_sft(config: ExperimentConfig, allocation: Allocation | None, probl
 SFT = JobType(
     name="sft", help="supervised fine-tuning on prompt/completion data (trainer only, no servers)",
     needs_servers=False, trainer=True, resumable=True, step="rlkit.jobs.sft.algorithm:run_sft", trinity=("sft",),
+    sequence_parallel=True,
     sections=("actor", "sft", "train_dataset", "valid_dataset", "saver", "recover"),
     lora=True, validate=_validate_sft, passes_on="policy", own_section="sft", rows="sft",
 )

@@ -13,6 +13,7 @@ from rlkit.checks.sequence_parallel import validate_sequence_parallel
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
+from rlkit.jobs import REGISTRY
 from tests.conftest import CONFIGS, run_rlkit
 
 
@@ -27,7 +28,7 @@ def _problems(model: Path, *overrides: str, job: str = "grpo", allocation: str =
                "actor": {"path": str(model)}}
     config = config_from_mapping(mapping, list(overrides))
     problems = Problems()
-    validate_sequence_parallel(config, job, parse_allocation(allocation), problems)
+    validate_sequence_parallel(config, REGISTRY.named(job), REGISTRY, parse_allocation(allocation), problems)
     return [" ".join(str(e).split()) for e in problems.errors]  # the message and its fix on one line
 
 
