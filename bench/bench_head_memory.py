@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -33,20 +32,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from process_memory import peak_rss_bytes, rss_bytes  # noqa: E402  (bench/, this script's own folder)
+
 VOCAB = 151936  # Qwen2.5's
 HIDDEN = 64
 FULL_TENSORS = 7  # [T, V] float32 tensors alive at the full path's peak, to judge whether it fits (measured 6.5-6.8)
 GB = 1024**3
-
-
-def rss_bytes() -> int:
-    """Resident memory now (/proc/self/statm)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def child(variant: str, tokens: int, chunk: int) -> dict[str, Any]:
