@@ -241,3 +241,31 @@ async def _read_json(request: Any) -> Any:
         return json.loads(bytes(data))
     except ValueError as exc:
         raise OpenAIError(400, f"the request body is not JSON: {exc}") from None
+
+
+class EndpointPerLoop:
+    """A workflow's AgentEndpoint, one per running event loop, started by the loop's first episode: each trainer run
+    gets its own rollout loop, and an endpoint (a server on its loop) cannot serve another. The workflows of agent
+    programs (rlkit.agent.openai_workflow, rlkit.agent.verifiers_workflow) hold theirs through this."""
+
+    def __init__(self) -> None:
+        self._endpoint: AgentEndpoint | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Lock | None = None
+
+    def _new_loop(self) -> None:
+        """Called when a new loop starts its first episode: what else lives as long as the loop's endpoint."""
+
+    async def endpoint(self) -> AgentEndpoint:
+        """The endpoint on the running loop, started by the first episode."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._endpoint, self._starting = loop, None, asyncio.Lock()
+            self._new_loop()
+        assert self._starting is not None
+        async with self._starting:
+            if self._endpoint is None:
+                endpoint = AgentEndpoint()
+                await endpoint.start()
+                self._endpoint = endpoint
+        return self._endpoint

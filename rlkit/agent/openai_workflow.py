@@ -30,7 +30,7 @@ from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode, EpisodeDropped
-from rlkit.agent.openai_endpoint import AgentEndpoint
+from rlkit.agent.openai_endpoint import EndpointPerLoop
 from rlkit.errors import ConfigError, StepError
 from rlkit.import_path import import_callable
 
@@ -62,27 +62,12 @@ def resolve_program(settings: Any, *, setting: str = "rollout.agent.openai") -> 
     return AgentProgram(function, tuple(command), float(settings.timeout))
 
 
-class OpenAIAgentWorkflow:
+class OpenAIAgentWorkflow(EndpointPerLoop):
     """The episode workflow of `openai` (an `async def episode(ctx, row)` like any other; see the module)."""
 
     def __init__(self, program: AgentProgram) -> None:
+        super().__init__()
         self.program = program
-        self._endpoint: AgentEndpoint | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._starting: asyncio.Lock | None = None
-
-    async def endpoint(self) -> AgentEndpoint:
-        """The endpoint on the running loop, started by the first episode."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop, self._endpoint, self._starting = loop, None, asyncio.Lock()
-        assert self._starting is not None
-        async with self._starting:
-            if self._endpoint is None:
-                endpoint = AgentEndpoint()
-                await endpoint.start()
-                self._endpoint = endpoint
-        return self._endpoint
 
     async def __call__(self, ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
         endpoint = await self.endpoint()

@@ -18,7 +18,6 @@ multi-agent env) is dropped with its reason, like an agent program's (rlkit.agen
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode, EpisodeDropped
-from rlkit.agent.openai_endpoint import AgentEndpoint
+from rlkit.agent.openai_endpoint import EndpointPerLoop
 from rlkit.agent.trajectory import SampledSegment, TrajectoryMismatch
 from rlkit.agent.verifiers_worker import VerifiersWorker
 from rlkit.errors import ConfigError, StepError
@@ -62,29 +61,17 @@ def resolve_environment(settings: Any) -> VerifiersEnvironment:
                                 settings.harness, settings.runtime, float(settings.timeout))
 
 
-class VerifiersWorkflow:
+class VerifiersWorkflow(EndpointPerLoop):
     """The episode workflow of `verifiers` (an `async def episode(ctx, row)` like any other; see the module)."""
 
     def __init__(self, environment: VerifiersEnvironment) -> None:
+        super().__init__()
         self.environment = environment
-        self._endpoint: AgentEndpoint | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._starting: asyncio.Lock | None = None
         self._worker: VerifiersWorker | None = None
 
-    async def endpoint(self) -> AgentEndpoint:
-        """The endpoint on the running loop, started by the first episode (with the loop's verifiers program)."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            self._loop, self._endpoint, self._starting = loop, None, asyncio.Lock()
-            self._worker = VerifiersWorker(self.environment.python)
-        assert self._starting is not None
-        async with self._starting:
-            if self._endpoint is None:
-                endpoint = AgentEndpoint()
-                await endpoint.start()
-                self._endpoint = endpoint
-        return self._endpoint
+    def _new_loop(self) -> None:
+        """Each loop's endpoint has the loop's own verifiers program."""
+        self._worker = VerifiersWorker(self.environment.python)
 
     async def __call__(self, ctx: EpisodeContext, row: dict[str, Any]) -> Episode:
         task = row.get(TASK_FIELD)
