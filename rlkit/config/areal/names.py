@@ -71,9 +71,9 @@ AREAL_KEYS: dict[str, str] = {
         "type lr weight_decay beta1 beta2 eps min_lr_ratio lr_scheduler_type warmup_steps_proportion offload "
         "initial_loss_scale min_loss_scale loss_scale_window hysteresis gradient_clipping"
     ),
-    "actor.fsdp": (
+    "actor.fsdp": (  # ulysses_sp_size: in AReaL's examples/lite files of 2025-09 (tests/data/areal/lite)
         "wrap_policy offload_params memory_efficient_load per_layer_optim_step optim_step_prefetch_layers "
-        "shard_vision_across_sp"
+        "shard_vision_across_sp ulysses_sp_size"
     ),
     "actor.reward_norm": "mean_level mean_leave1out std_level std_unbiased eps group_size",
     "actor.rejection_sampling": "level action metric agg upper lower",
