@@ -43,8 +43,9 @@ class VerifiersAgentConfig:
     environment: str = _f("", "The verifiers taskset id: a module importable in the verifiers venv that exports its "
                               "Taskset (what verifiers' --env.taskset.id names); one agent plays it.")
     args: dict[str, Any] = _f({}, "The taskset's config fields (verifiers' --env.taskset.*), passed as given.")
-    harness: str = _f("null", "The verifiers harness that plays a task: null (its plain chat program) is the one that "
-                              "runs with no network; the others install agent CLIs or run code and are refused.")
+    harness: str = _f("null", "The verifiers harness that plays a task: null (its plain chat program; verifiers' name, "
+                              "so quote it in YAML, \"null\", or leave the key out) is the one that runs with no "
+                              "network; the others install agent CLIs or run code and are refused.")
     runtime: str = _f("subprocess", "Where the harness runs: subprocess (on the trainer's node). prime, modal and e2b "
                                     "are remote sandboxes reached through a Prime tunnel (network and a Prime login); "
                                     "docker and apptainer pull images: refused.")
