@@ -34,6 +34,7 @@ from process_memory import peak_rss_bytes, rss_bytes  # noqa: E402  (bench/, thi
 SHAPE = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2}
 MIB = 1024**2
+WARM_UP_TOKENS = 64
 
 
 def child(sp: int, tokens: int) -> dict[str, Any]:
@@ -55,6 +56,12 @@ def child(sp: int, tokens: int) -> dict[str, Any]:
     set_packing(model, True)
     if init_sequence_parallel(sp) is not None:
         ulysses.enable(model)
+    # a warm-up step on a short row first: the one-time costs of a first step (gloo's buffers for the all-to-all and
+    # the gather, lazily built kernels and autograd functions) are the same at any L, like the weights, and a
+    # trainer pays them once per run; the measured step is the second, as in every step of a real run after the first
+    warm = torch.randint(0, SHAPE["vocab_size"], (1, WARM_UP_TOKENS), generator=torch.Generator().manual_seed(2))
+    model_token_logprobs(model, warm, torch.ones_like(warm), with_entropy=True)[0].sum().backward()
+    model.zero_grad(set_to_none=True)
     ids = torch.randint(0, SHAPE["vocab_size"], (1, tokens), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     before = rss_bytes()
