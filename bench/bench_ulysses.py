@@ -35,6 +35,7 @@ SHAPE = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512, "num_
          "num_attention_heads": 4, "num_key_value_heads": 2}
 MIB = 1024**2
 WARM_UP_TOKENS = 64
+MMAP_THRESHOLD = 0  # --mmap-threshold: 0 leaves glibc's dynamic threshold
 
 
 def child(sp: int, tokens: int) -> dict[str, Any]:
@@ -84,6 +85,8 @@ def run(sp: int, tokens: int) -> dict[str, Any]:
     for rank in range(sp):
         env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": str(rank), "WORLD_SIZE": str(sp),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        if MMAP_THRESHOLD:  # glibc: blocks this large are mmapped and unmapped when freed, never kept in the heap
+            env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
         procs.append(subprocess.Popen([sys.executable, __file__, "--child", str(sp), str(tokens)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     ranks = []
@@ -126,12 +129,19 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=2048)
     parser.add_argument("--resolution", type=int, default=256)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cpu-ulysses.json")
+    parser.add_argument("--mmap-threshold", type=int, default=0,
+                        help="run the ranks with glibc's MALLOC_MMAP_THRESHOLD_ fixed at this many bytes, so that "
+                        "freed tensors leave the resident set at once and the peak follows the live tensors (as a "
+                        "GPU's allocated memory does); 0: glibc's default, which keeps freed blocks below a growing "
+                        "threshold in its heap")
     parser.add_argument("--child", nargs=2, metavar=("SP", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(int(args.child[0]), int(args.child[1]))))
         return 0
 
+    global MMAP_THRESHOLD
+    MMAP_THRESHOLD = args.mmap_threshold
     cap = args.cap_mib * MIB
     longest: dict[int, int] = {}
     runs: dict[str, Any] = {}
@@ -146,7 +156,7 @@ def main() -> int:
 
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
               "transformers": transformers.__version__, "model": SHAPE, "dtype": "float32",
-              "cap_mib_per_rank": args.cap_mib, "resolution_tokens": args.resolution,
+              "cap_mib_per_rank": args.cap_mib, "malloc_mmap_threshold": args.mmap_threshold or "glibc default", "resolution_tokens": args.resolution,
               "longest_tokens": {"sp1": longest[1], "sp2": longest[2]}, "sp2_over_sp1": round(ratio, 3),
               "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
