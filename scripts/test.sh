@@ -51,8 +51,8 @@ export RLKIT_SGLANG_PYTHON
 record sglang "$t"
 
 t=$SECONDS
-# verifiers 0.4.0 in its own venv (~600 MB, ~3-4 min cold, ~0.3 s warm): tests/integration/test_verifiers_workflow.py
-# and the trial test_verifiers_e2e.py run their episodes with it (rlkit.agent.verifiers_workflow reads RLKIT_VERIFIERS_PYTHON)
+# verifiers 0.4.0 in its own venv (~600 MB, ~3-4 min cold, ~0.3 s warm): the trial tests/integration/test_verifiers_e2e.py
+# runs its episodes with it (rlkit.agent.verifiers_workflow reads RLKIT_VERIFIERS_PYTHON)
 RLKIT_VERIFIERS_PYTHON=$(bash "$repo/scripts/verifiers-env.sh" | tail -n 1)
 export RLKIT_VERIFIERS_PYTHON
 record verifiers "$t"

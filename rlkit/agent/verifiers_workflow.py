@@ -14,10 +14,15 @@ the trace verifiers returns: the trained branch's token ids must equal the traje
 The reward is the trace's (verifiers' weighted sum of its @reward functions). An episode verifiers reports as not ok
 (a harness or scoring error), one the program fails or that runs past the timeout, or one of more than one trace (a
 multi-agent env) is dropped with its reason, like an agent program's (rlkit.agent.openai_workflow).
+
+The run's first episodes, and every one whose check fails, are written to the trainer's log in full, one JSON line
+each (`rlkit verifiers: episode ...`): the prompt verifiers rendered, the reply, the sample rlkit trains on and the
+trace beside it, the reward. It is what to read first when an environment's episodes or rewards look wrong.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -32,6 +37,8 @@ from rlkit.errors import ConfigError, StepError
 
 DEFAULT_PYTHON = "~/.cache/rlkit-verifiers/venv/bin/python"
 TASK_FIELD = "task"  # the row's index of its task in the taskset
+SHOWN_EPISODES = 3  # the run's first episodes written to the log in full (and every one whose check fails)
+EPISODE_RECORD = "rlkit verifiers: episode"  # how those log lines start
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class VerifiersWorkflow(EndpointPerLoop):
         super().__init__()
         self.environment = environment
         self._worker: VerifiersWorker | None = None
+        self._shown = 0  # episodes written to the log in full (_show)
 
     def _new_loop(self) -> None:
         """Each loop's endpoint has the loop's own verifiers program."""
@@ -97,12 +105,32 @@ class VerifiersWorkflow(EndpointPerLoop):
                                  "with a trainable branch")
         if session.segments == 0 or ctx.builder.turns == 0:
             raise EpisodeDropped("the verifiers episode made no call to the token route that was answered")
-        checked = check_branch(ctx, traces[0]["branches"][-1])
         reward = traces[0].get("reward")
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise EpisodeDropped(f"the verifiers trace's reward is {reward!r}, not a finite number")
-        return ctx.finish(float(reward), verifiers_calls=float(session.calls),
-                          verifiers_segments=float(session.segments), verifiers_checked_tokens=float(checked))
+        episode = ctx.finish(float(reward), verifiers_calls=float(session.calls),
+                             verifiers_segments=float(session.segments))
+        branch = traces[0]["branches"][-1]
+        try:
+            episode.info["verifiers_checked_tokens"] = float(check_branch(ctx, branch))
+        except TrajectoryMismatch:
+            self._show(ctx, task, episode, branch, "its trace does not match what rlkit sampled")
+            raise
+        if self._shown < SHOWN_EPISODES:
+            self._show(ctx, task, episode, branch, f"one of the run's first {SHOWN_EPISODES}")
+        return episode
+
+    def _show(self, ctx: EpisodeContext, task: int, episode: Episode, branch: dict[str, Any], why: str) -> None:
+        """The episode in full in the trainer's log, as a JSON line: what verifiers rendered, what rlkit trains on
+        (the sample: prompt, completion, loss mask, the server's log-probs) and verifiers' trace beside it."""
+        self._shown += 1
+        sample = episode.to_sample(group=-1)
+        record = {"task": task, "prompt": ctx.tokenizer.decode(sample.prompt_ids),
+                  "reply": ctx.tokenizer.decode(sample.completion_ids, skip_special_tokens=True),
+                  "reward": episode.reward, "prompt_ids": sample.prompt_ids, "completion_ids": sample.completion_ids,
+                  "loss_mask": sample.loss_mask, "behav_logp": sample.behav_logp,
+                  "trace": {key: branch.get(key) for key in ("token_ids", "sampled_mask", "logprobs")}}
+        print(f"{EPISODE_RECORD} ({why}): {json.dumps(record)}", flush=True)
 
     async def _run(self, base_url: str, ctx: EpisodeContext, task: int) -> dict[str, Any]:
         env = self.environment

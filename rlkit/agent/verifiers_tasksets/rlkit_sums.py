@@ -12,6 +12,12 @@ import verifiers.v1 as vf
 __all__ = ["SumsTaskset"]
 
 
+def _reply(trace: vf.Trace) -> str:
+    """The last message's text; an empty reply (the model ended its turn at once) is "", not verifiers' None, whose
+    str() "None" would have scored 4 characters."""
+    return str(trace.last_message.content or "")
+
+
 class SumsData(vf.TaskData):
     answer: str = ""
 
@@ -19,11 +25,11 @@ class SumsData(vf.TaskData):
 class SumsTask(vf.Task[SumsData]):
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
-        return float(self.data.answer in str(trace.last_message.content))
+        return float(self.data.answer in _reply(trace))
 
     @vf.reward(weight=0.01)
     async def length(self, trace: vf.Trace) -> float:
-        return float(len(str(trace.last_message.content)))
+        return float(len(_reply(trace)))
 
 
 class SumsConfig(vf.TasksetConfig):

