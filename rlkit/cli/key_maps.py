@@ -41,7 +41,8 @@ VERL = (
        "micro-batches, or a token budget per micro-batch (actor.mb_spec.max_tokens_per_mb)"),
     _m("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
-       "packed rows of grpo, opmd and sft"),
+       "packed rows of grpo, opmd, sft and ppo"),
+    _m("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sp_size", "ppo: must equal the actor's"),
     _m("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
     _m("actor_rollout_ref.actor.ppo_epochs", "", "rlkit makes one pass over a training step's batch"),
     _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
@@ -185,7 +186,7 @@ TRINITY = (
     _m("trainer.grad_clip", "actor.optimizer.gradient_clipping"),
     _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the packed rows of "
-       "grpo, opmd and sft"),
+       "grpo, opmd, sft and ppo (ppo: set critic.fsdp.ulysses_sp_size alike)"),
 )
 
 COSMOS = (
@@ -296,7 +297,7 @@ CHATLEARN = (
     _m("models.policy_trainer.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb"),
     _m("models.policy_trainer.tensor_model_parallel_size", "", "rlkit's trainer shards with FSDP only"),
     _m("models.policy_trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
-       "packed rows of grpo, opmd and sft"),
+       "packed rows of grpo, opmd, sft and ppo"),
     _m("models.ref_policy.load", "ref.path", "empty: actor.path"),
     _m("models.ref_policy.packing", "actor.mb_spec.packing", "the reference's forwards pack as the actor's do"),
     _m("models.ref_policy.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb", "the reference's micro-batches "

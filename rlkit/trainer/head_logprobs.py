@@ -150,12 +150,11 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
     return _padded(rows, out.logits[..., 0]), _padded(rows, entropies[0])
 
 
-def _sequence_parallel_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
-                                temperature: float, chunk_tokens: int, with_entropy: bool
-                                ) -> tuple[Tensor, Tensor | None]:
-    """model_token_logprobs under Ulysses sequence parallelism (rlkit.models.ulysses), the same results on every rank
-    of the sp group: a packed row is split, each rank runs its slice and the log-probs are gathered; rows that run
-    padded run whole on every rank of the group, their gradient shared (1/sp each: FSDP adds the group's up)."""
+def sequence_parallel_split(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None
+                            ) -> tuple[int, PackedRows | None, ulysses.RowSlice | None]:
+    """(sp size, the batch's packed row, this rank's slice of it) for a model running sequence parallel; the row and
+    slice are None when the batch runs padded: whole on every rank of the group, its results then need
+    ulysses.shared_gradient (1/sp of the gradient each: FSDP adds the group's up)."""
     from rlkit.trainer.dist import sequence_parallel
 
     layout = sequence_parallel()
@@ -163,30 +162,46 @@ def _sequence_parallel_logprobs(model: nn.Module, input_ids: Tensor, attention_m
         raise RuntimeError("a model runs sequence parallel but this trainer has no sp group")
     rows = pack_rows(input_ids, attention_mask) if packs(model) else None
     if rows is None:
+        return layout.size, None, None
+    return layout.size, rows, ulysses.slice_row(rows, layout.group, layout.size, layout.local_rank)
+
+
+def split_forward(model: nn.Module, piece: ulysses.RowSlice) -> Any:
+    """model's forward over this rank's slice of a packed row; its attention sees the whole row (rlkit.models.ulysses).
+    """
+    with ulysses.sequence_parallel_forward():
+        return model(input_ids=piece.input_ids, position_ids=piece.position_ids, use_cache=False,
+                     **{ulysses.KEYWORD: piece})
+
+
+def _sequence_parallel_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
+                                temperature: float, chunk_tokens: int, with_entropy: bool
+                                ) -> tuple[Tensor, Tensor | None]:
+    """model_token_logprobs under Ulysses sequence parallelism (rlkit.models.ulysses), the same results on every rank
+    of the sp group: a packed row is split, each rank runs its slice and the log-probs are gathered; rows that run
+    padded run whole on every rank of the group, their gradient shared."""
+    size, rows, piece = sequence_parallel_split(model, input_ids, attention_mask)
+    if rows is None or piece is None:
         with ulysses.unsplit(model):
             logp, entropy = model_token_logprobs(model, input_ids, attention_mask, temperature=temperature,
                                                  chunk_tokens=chunk_tokens, with_entropy=with_entropy)
-        return ulysses.shared_gradient(logp, layout.size), entropy
-    piece = ulysses.slice_row(rows, layout.group, layout.size, layout.local_rank)
-    inputs: dict[str, Any] = {"input_ids": piece.input_ids, "position_ids": piece.position_ids, "use_cache": False,
-                              ulysses.KEYWORD: piece}
+        return ulysses.shared_gradient(logp, size), entropy
     head = output_head(model) if chunk_tokens > 0 else None
     entropies: list[Tensor | None] = []
-    with ulysses.sequence_parallel_forward():
-        if head is None:
-            logits = model(**inputs).logits.float() / temperature
-            logp = logits.log_softmax(-1).gather(-1, piece.targets[..., None]).squeeze(-1)
-            with torch.no_grad():
-                entropies.append(entropy_from_logits(logits.detach()) if with_entropy else None)
-        else:
-            def compute(own_head: Head, hidden: Tensor) -> Tensor:
-                logp, entropy = chunked_logprobs(own_head, hidden, piece.targets, temperature=temperature,
-                                                 chunk_tokens=chunk_tokens, with_entropy=with_entropy)
-                entropies.append(entropy)
-                return logp[..., None]
+    if head is None:
+        logits = split_forward(model, piece).logits.float() / temperature
+        logp = logits.log_softmax(-1).gather(-1, piece.targets[..., None]).squeeze(-1)
+        with torch.no_grad():
+            entropies.append(entropy_from_logits(logits.detach()) if with_entropy else None)
+    else:
+        def compute(own_head: Head, hidden: Tensor) -> Tensor:
+            logp, entropy = chunked_logprobs(own_head, hidden, piece.targets, temperature=temperature,
+                                             chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+            entropies.append(entropy)
+            return logp[..., None]
 
-            with _head_computing(head, compute):
-                logp = model(**inputs).logits[..., 0]
+        with _head_computing(head, compute):
+            logp = split_forward(model, piece).logits[..., 0]
     entropy = entropies[0]
     return rows.unpack_next(piece.gather(logp)), None if entropy is None else rows.unpack_next(piece.gather(entropy))
 

@@ -142,7 +142,8 @@ def _gathered(mine: dict[str, Any]) -> dict[str, Any]:
 def _critic(actor_cfg: ActorConfig, env: Any, device: torch.device, samples: list[Sample]
             ) -> dict[str, dict[str, Any]]:
     critic_cfg = CriticConfig(path=actor_cfg.path, dtype="float32", attn_impl="sdpa", disable_dropout=True,
-                              ppo_n_minibatches=2, mb_spec=MicroBatchSpec(**SPEC))
+                              ppo_n_minibatches=2, mb_spec=MicroBatchSpec(**SPEC),
+                              fsdp=dataclasses.replace(actor_cfg.fsdp))  # one sp size per process, as submit asks
     critic = PPOCritic.build(critic_cfg, actor_cfg, rank=env.rank, world=env.world_size, device=device, pad_id=0,
                              total_optimizer_steps=1)
     returns = [[0.1 * (j % 5) - 0.2 for j in range(len(s.completion_ids))] for s in samples]

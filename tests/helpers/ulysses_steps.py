@@ -1,5 +1,6 @@
-"""One grpo step and one sft step through their real code (tests/helpers/packed_steps.py's runners) with
-`actor.fsdp.ulysses_sp_size` = argv's sp, on each gloo rank (tests/unit/trainer/test_ulysses.py). Rank 0 saves the
+"""One grpo step, one ppo critic step (its engine in the same process as the actor's, as in ppo's trainer) and one sft
+step through their real code (tests/helpers/packed_steps.py's runners) with `actor.fsdp.ulysses_sp_size` (and
+`critic.fsdp.ulysses_sp_size`) = argv's sp, on each gloo rank (tests/unit/trainer/test_ulysses.py). Rank 0 saves the
 results, and how many packed rows ran sequence parallel on it (so a run that silently fell back proves nothing)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from rlkit.config.schema.actor import ActorConfig, FsdpConfig, MicroBatchSpec
 from rlkit.models import ulysses
 from rlkit.trainer.dist import init_distributed
-from tests.helpers.packed_steps import SPEC, _actor, _examples, _pairs, _samples, _sft
+from tests.helpers.packed_steps import SPEC, _actor, _critic, _examples, _pairs, _samples, _sft
 
 sliced = [0]
 
@@ -44,7 +45,8 @@ def main(model_dir: str, out: str, sp: int) -> None:
         return dataclasses.replace(copy.deepcopy(base), **changes)
 
     results: dict[str, Any] = {
-        "grpo": _actor(cfg(), env, device, samples),  # chunked log-probs
+        "grpo": _actor(cfg(), env, device, samples),  # chunked log-probs; ppo's actor step is this one
+        "ppo_critic": _critic(cfg(), env, device, samples),  # values split and gathered as the log-probs are
         # full logits, and gradient checkpointing: its recompute in backward runs the all-to-all again
         "sft_checkpointed_full_logits": _sft(cfg(gradient_checkpointing=True, logprob_chunk_tokens=0), env, device,
                                              examples),

@@ -210,9 +210,8 @@ ACTOR: dict[str, Rule] = {
 }
 
 CRITIC: dict[str, Rule] = {
-    **{key: rule for key, rule in ENGINE.items() if key != "disable_dropout"},  # a field of rlkit's critic
-    "fsdp": section("FSDP engine settings", {**FSDP, "ulysses_sp_size": off("sequence parallelism of the critic",
-                                                                          1)}),
+    # fields of rlkit's critic (critic.fsdp's AReaL-only keys: TABLES["critic.fsdp"])
+    **{key: rule for key, rule in ENGINE.items() if key not in ("disable_dropout", "fsdp")},
     "is_critic": same("rlkit's critic is a value model", lambda v, c: v is True, fix="remove it",
                       expected=lambda c: True),
     "temperature": inert("a value model has no sampling temperature"),
@@ -370,6 +369,7 @@ TABLES: dict[str, dict[str, Rule]] = {
     "ref": REF,
     "actor.mb_spec": MB_SPEC,
     "actor.fsdp": FSDP,
+    "critic.fsdp": FSDP,
     "critic.mb_spec": MB_SPEC,
     "actor.optimizer": OPTIMIZER,
     "critic.optimizer": OPTIMIZER,

@@ -75,6 +75,10 @@ AREAL_KEYS: dict[str, str] = {
         "wrap_policy offload_params memory_efficient_load per_layer_optim_step optim_step_prefetch_layers "
         "shard_vision_across_sp ulysses_sp_size"
     ),
+    "critic.fsdp": (  # AReaL's critic has the actor's engine config, fsdp section included
+        "wrap_policy offload_params memory_efficient_load per_layer_optim_step optim_step_prefetch_layers "
+        "shard_vision_across_sp ulysses_sp_size"
+    ),
     "actor.reward_norm": "mean_level mean_leave1out std_level std_unbiased eps group_size",
     "actor.rejection_sampling": "level action metric agg upper lower",
     "gconfig": (

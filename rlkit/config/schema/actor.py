@@ -55,7 +55,7 @@ class FsdpConfig:
         "holding 1/sp of its tokens, attention heads exchanged by all-to-all, so one rank's memory carries 1/sp of "
         "the sequence; the data-parallel degree is ranks / sp. Needs packing (mb_spec.packing), attention and KV "
         "heads divisible by it (or KV heads dividing it), a supported model family (Qwen2/3, Llama, Mistral) and "
-        "grpo, opmd or sft; 1: off.", ge=1, le=64)
+        "grpo, opmd, sft or ppo (whose critic.fsdp.ulysses_sp_size must be the same); 1: off.", ge=1, le=64)
 
 
 @dataclass

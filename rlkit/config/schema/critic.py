@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlkit.config.schema.actor import MicroBatchSpec, OptimizerConfig
+from rlkit.config.schema.actor import FsdpConfig, MicroBatchSpec, OptimizerConfig
 from rlkit.config.schema.fields import _f, _sub
 
 
@@ -31,6 +31,9 @@ class CriticConfig:
     attn_impl: str = _f("flash_attention_2", "Attention kernel; falls back to sdpa when flash-attn is not installed.")
     mb_spec: MicroBatchSpec = _sub(MicroBatchSpec, "How a minibatch is split into micro-batches (memory, not the "
                                                    "update).")
+    fsdp: FsdpConfig = _sub(FsdpConfig, "How the trainer's ranks share the critic (AReaL's critic has its own fsdp "
+                                        "section); its ulysses_sp_size must equal actor.fsdp.ulysses_sp_size: one "
+                                        "trainer process runs both models over the same sequence split.")
     optimizer: OptimizerConfig = field(
         default_factory=_critic_optimizer, metadata={"help": "Optimizer of the critic (its own learning rate and "
                                                              "schedule)."})

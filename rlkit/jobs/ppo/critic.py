@@ -16,10 +16,12 @@ from torch import Tensor, nn
 
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.schema.critic import CriticConfig
+from rlkit.models import ulysses
 from rlkit.models.value_model import token_values
 from rlkit.trainer.batch import dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, value_head_model
+from rlkit.trainer.head_logprobs import sequence_parallel_split, split_forward
 from rlkit.trainer.rl_math.value_loss import ppo_value_loss
 from rlkit.trainer.sample_forward import aligned, group_of, micro_batches_idx, minibatch_steps
 from rlkit.trainer.sampled_tokens import sampled_mask
@@ -30,8 +32,19 @@ _SUMMED = ("loss", "clip_fraction", "value", "return")  # token means of ppo_val
 
 def state_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """[B, L-1] the critic's value of the state before each next token, aligned with rlkit.trainer.batch's per-token
-    tensors (position p: the value of tokens 0..p, from which token p+1 is sampled). The final token is no state."""
-    return token_values(model, input_ids, attention_mask)[:, :-1]
+    tensors (position p: the value of tokens 0..p, from which token p+1 is sampled); 0 where no token follows (a
+    row's final token is no state). Under Ulysses sequence parallelism (rlkit.models.ulysses) a packed row is split
+    as the actor's is and the values gathered the same way, each rank's gradient to its own slice; padded rows run
+    whole on every rank of the sp group, their gradient shared."""
+    if not ulysses.enabled(model):
+        values = token_values(model, input_ids, attention_mask)[:, :-1]
+        return torch.where(attention_mask[:, 1:].bool(), values, 0.0)
+    size, rows, piece = sequence_parallel_split(model, input_ids, attention_mask)
+    if rows is None or piece is None:
+        with ulysses.unsplit(model):
+            return ulysses.shared_gradient(state_values(model, input_ids, attention_mask), size)
+    values = split_forward(model, piece).logits.squeeze(-1).float()  # [1, N/sp]: the value at each token
+    return rows.unpack_next(piece.gather(values))  # positions that predict a next token of their row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +63,11 @@ class CriticLoss:
 
 def critic_engine_config(critic: CriticConfig, actor: ActorConfig) -> ActorConfig:
     """The engine's view of the critic: the actor's section with the critic's model, dtype, optimizer and batching
-    (the engine reads path, dtype, attn_impl, gradient_checkpointing and optimizer)."""
+    (the engine reads path, dtype, attn_impl, gradient_checkpointing, fsdp and optimizer)."""
     return dataclasses.replace(
         actor, path=critic.path or actor.path, dtype=critic.dtype, attn_impl=critic.attn_impl,
         gradient_checkpointing=critic.gradient_checkpointing, mb_spec=critic.mb_spec, optimizer=critic.optimizer,
+        fsdp=critic.fsdp,
         ppo_n_minibatches=critic.ppo_n_minibatches, use_lora=False,  # the critic trains its whole model
         disable_dropout=critic.disable_dropout, init_from_scratch=False,
         mask_no_eos_with_zero=critic.mask_no_eos_with_zero)  # its own, as AReaL's PPOCritic has its own
@@ -77,7 +91,8 @@ class PPOCritic:
 
     def local_indices(self, samples: Sequence[Sample]) -> list[list[int]]:
         """Per minibatch, this rank's indices of the global batch `samples`, balanced by tokens."""
-        return local_indices(len(samples), self.config.ppo_n_minibatches, self.engine.rank, self.engine.world,
+        rank, world = self.engine.data_rank_world  # under sequence parallelism, the sp group's share
+        return local_indices(len(samples), self.config.ppo_n_minibatches, rank, world,
                              lengths=[s.length for s in samples], algorithm=self.config.mb_spec.packing_algorithm)
 
     @torch.no_grad()

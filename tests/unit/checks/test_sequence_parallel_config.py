@@ -45,16 +45,42 @@ def test_heads_that_divide_or_kv_heads_that_repeat_are_accepted(tmp_path: Path, 
 
 def test_every_problem_is_named_at_once(tmp_path: Path) -> None:
     model = _model(tmp_path / "m", model_type="gemma", num_attention_heads=6, num_key_value_heads=6)
-    found = _problems(model, "actor.fsdp.ulysses_sp_size=4", "actor.mb_spec.packing=false", job="ppo",
-                      allocation="vllm:d1+fsdp:d6")
+    found = _problems(model, "actor.fsdp.ulysses_sp_size=4", "actor.mb_spec.packing=false", job="dpo",
+                      allocation="fsdp:d6")
     assert len(found) == 6, found
-    assert "job type ppo: its trainer does not split sequences yet" in found[0] and "set actor.fsdp.ulysses_sp_size=1" \
-        in found[0]
+    assert "job type dpo: its trainer does not split sequences yet" in found[0] and "set actor.fsdp.ulysses_sp_size=1" \
+        in found[0] and "ppo" in found[0]
     assert "needs packed micro-batches" in found[1] and "fix: set actor.mb_spec.packing=true" in found[1]
     assert "does not divide the trainer's 6 GPUs" in found[2] and "use a multiple of 4 trainer GPUs" in found[2]
     assert "a 'gemma' model, whose attention rlkit's Ulysses does not serve" in found[3]
     assert "does not divide the model's 6 attention heads" in found[4]
     assert "the model's 6 KV heads: neither divides the other" in found[5]
+
+
+def test_ppo_splits_when_the_critic_names_the_actors_sp_size(tmp_path: Path) -> None:
+    model = _model(tmp_path / "m", model_type="qwen2", num_attention_heads=4, num_key_value_heads=2)
+    both = ("actor.fsdp.ulysses_sp_size=2", "critic.fsdp.ulysses_sp_size=2")
+    assert _problems(model, *both, job="ppo") == []
+    [problem] = _problems(model, *both, "critic.mb_spec.packing=false", job="ppo")
+    assert "critic.fsdp.ulysses_sp_size=2 needs packed micro-batches for the critic" in problem
+    assert "fix: set critic.mb_spec.packing=true" in problem
+
+
+@pytest.mark.parametrize(("actor", "critic"), [(2, 1), (1, 2), (4, 2)])
+def test_ppo_refuses_a_critic_sp_size_other_than_the_actors(tmp_path: Path, actor: int, critic: int) -> None:
+    model = _model(tmp_path / "m", model_type="qwen2", num_attention_heads=4, num_key_value_heads=4)
+    [problem] = _problems(model, f"actor.fsdp.ulysses_sp_size={actor}", f"critic.fsdp.ulysses_sp_size={critic}",
+                          job="ppo", allocation="vllm:d1+fsdp:d4")
+    assert f"critic.fsdp.ulysses_sp_size={critic} differs from actor.fsdp.ulysses_sp_size={actor}" in problem
+    assert f"fix: set critic.fsdp.ulysses_sp_size={actor}" in problem
+
+
+def test_ppo_checks_a_critic_model_of_its_own(tmp_path: Path) -> None:
+    actor = _model(tmp_path / "actor", model_type="qwen2", num_attention_heads=4, num_key_value_heads=2)
+    critic = _model(tmp_path / "critic", model_type="gemma", num_attention_heads=4, num_key_value_heads=2)
+    [problem] = _problems(actor, "actor.fsdp.ulysses_sp_size=2", "critic.fsdp.ulysses_sp_size=2",
+                          f"critic.path={critic}", job="ppo")
+    assert "critic.path is a 'gemma' model, whose attention rlkit's Ulysses does not serve" in problem
 
 
 def test_kv_heads_that_neither_divide_nor_repeat_are_refused(tmp_path: Path) -> None:
@@ -84,4 +110,18 @@ def test_the_submit_refuses_with_exit_2_and_writes_nothing(tiny_model_dir: Path,
                  "actor.fsdp.ulysses_sp_size=4 does not divide the model's 2 attention heads",
                  "needs packed micro-batches"):
         assert said in " ".join(result.stderr.split()), result.stderr
+    assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists(), "nothing written"
+
+
+def test_ppo_submit_refuses_a_critic_left_at_sp_1(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> None:
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "tiny-model").symlink_to(tiny_model_dir)
+    (demo / "digits.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo), "RLKIT_FILEROOT": str(tmp_path / "fileroot")}
+    result = run_rlkit("submit", str(CONFIGS / "ppo-cpu-demo.yaml"), "actor.fsdp.ulysses_sp_size=2", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "critic.fsdp.ulysses_sp_size=1 differs from actor.fsdp.ulysses_sp_size=2" in said, result.stderr
+    assert "set critic.fsdp.ulysses_sp_size=2" in said, result.stderr
     assert not (tmp_path / "fileroot").exists() and not rlkit_home.exists(), "nothing written"
