@@ -156,7 +156,8 @@ def main() -> int:
 
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
               "transformers": transformers.__version__, "model": SHAPE, "dtype": "float32",
-              "cap_mib_per_rank": args.cap_mib, "malloc_mmap_threshold": args.mmap_threshold or "glibc default", "resolution_tokens": args.resolution,
+              "cap_mib_per_rank": args.cap_mib,
+              "malloc_mmap_threshold": args.mmap_threshold or "glibc default", "resolution_tokens": args.resolution,
               "longest_tokens": {"sp1": longest[1], "sp2": longest[2]}, "sp2_over_sp1": round(ratio, 3),
               "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
