@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 START_TIMEOUT = 180.0
@@ -176,7 +177,7 @@ class ForkedProcess:
     """One child forked by `zygote`, read like a `subprocess.Popen` with text pipes: stdout and stderr apart when
     `split_stderr`, else stderr into stdout (communicate's second value is then None)."""
 
-    def __init__(self, zygote: Zygote, request: dict[str, object], *, split_stderr: bool) -> None:
+    def __init__(self, zygote: Zygote, request: Mapping[str, object], *, split_stderr: bool) -> None:
         pipes = [os.pipe() for _ in range(2 if split_stderr else 1)]
         self._outs = [read_end for read_end, _ in pipes]
         self._chunks: dict[int, list[bytes]] = {fd: [] for fd in self._outs}

@@ -48,6 +48,7 @@ def test_a_forked_module_runs_as_python_dash_m(args: list[str], probe_zygote: Zy
     forked = ForkedProcess(probe_zygote, {"module": "probe_cli", "args": args, "env": env, "cwd": str(tmp_path)},
                            split_stderr=True)
     stdout, stderr = forked.communicate(timeout=60)
+    assert stderr is not None
     assert (forked.returncode, stdout, stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert f"argv {args} prog probe_cli.py cwd {tmp_path} mine a b main __main__ path0 True" in stdout
     assert "atexit ran" in stdout and stderr.startswith("to stderr")
