@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.helpers.cli_zygote import run_cli
 
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
@@ -121,10 +122,11 @@ def example_configs(path: Path, overrides: list[str] | None = None) -> list[Expe
     return [stage.config for stage in stages if stage.config is not None]
 
 
-def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the real `rlkit` CLI in a subprocess (as a user would)."""
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, check=False)
+def run_rlkit(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+              fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real `rlkit` CLI as `python -m rlkit` would (as a user would), forked from the session's CLI zygote
+    (tests/helpers/cli_zygote.py: the imports done once); `fresh` for a test that must see a new interpreter start."""
+    return run_cli(list(args), {**os.environ, **(env or {})}, timeout, fresh=fresh)
 
 
 @pytest.fixture(scope="session")
