@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.helpers.cli_zygote import run_cli
-
-if TYPE_CHECKING:
-    from rlkit.config.schema.experiment import ExperimentConfig
-    from tests.helpers.scenarios import ScenarioPool
-    from tests.helpers.sglang_helpers import RunningSglang
-    from tests.helpers.vllm_helpers import ServerSlot
-
 # One OpenMP thread for torch in the test processes, set before any test imports torch (libgomp reads it once, at
 # torch's import): the suite keeps both cores busy with its two lanes, the trials and the servers, and a second torch
 # thread there mostly spin-waits for the first (tests/unit/trainer/test_head_logprobs.py with test_packed_attention.py
 # took 81 CPU-s on two threads and 16 on one, beside the rest of the suite). Subprocesses inherit it; the CPU
 # examples set it for their trainers and servers themselves (launcher.*_env_vars).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from tests.helpers.cli_zygote import run_cli  # after the thread setting: its zygote inherits it
+
+if TYPE_CHECKING:
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from tests.helpers.scenarios import ScenarioPool
+    from tests.helpers.sglang_helpers import RunningSglang
+    from tests.helpers.vllm_helpers import ServerSlot
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
