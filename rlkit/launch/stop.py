@@ -15,6 +15,8 @@ from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED, STOP_ANSWER_S
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import find_trial, read_json_dict
 
+END_WAIT_S = 60.0  # after scancel: how long a stop waits for Slurm to end the job
+
 
 def _trainer_progress(paths: TrialPaths) -> tuple[str, float]:
     """The trainer's status in progress.json and when it wrote it."""
@@ -57,7 +59,21 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
             cancel = _checkpoint_first(record.job_id, record.name, info, paths, job.name, timeout, say)
     if cancel:
         slurm.scancel(record.job_id)
+        _wait_until_gone(record.job_id, say)
     return record.name
+
+
+def _wait_until_gone(job_id: str, say: Callable[[str], None]) -> None:
+    """After scancel, until Slurm no longer lists the job active (COMPLETING while its steps are torn down): a
+    `rlkit status` or `rlkit resume` right after the stop then sees the job ended, and a resume cannot run beside the
+    old job's last processes. Bounded: a node slow to clean up is said, not waited for."""
+    deadline = time.monotonic() + END_WAIT_S
+    while slurm.job_info(job_id).active:
+        if time.monotonic() >= deadline:
+            say(f"Slurm still lists job {job_id} as ending after {END_WAIT_S:.0f} s; it ends by itself (rlkit status "
+                "shows when)")
+            return
+        time.sleep(0.5)
 
 
 def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialPaths, step_name: str,
