@@ -67,13 +67,10 @@ def _wait_until_gone(job_id: str, say: Callable[[str], None]) -> None:
     """After scancel, until Slurm no longer lists the job active (COMPLETING while its steps are torn down): a
     `rlkit status` or `rlkit resume` right after the stop then sees the job ended, and a resume cannot run beside the
     old job's last processes. Bounded: a node slow to clean up is said, not waited for."""
-    deadline = time.monotonic() + END_WAIT_S
-    while slurm.job_info(job_id).active:
-        if time.monotonic() >= deadline:
-            say(f"Slurm still lists job {job_id} as ending after {END_WAIT_S:.0f} s; it ends by itself (rlkit status "
-                "shows when)")
-            return
-        time.sleep(0.5)
+    _wait(job_id, time.monotonic() + END_WAIT_S, lambda: False)
+    if slurm.job_info(job_id).active:
+        say(f"Slurm still lists job {job_id} as ending after {END_WAIT_S:.0f} s; it ends by itself (rlkit status "
+            "shows when)")
 
 
 def _checkpoint_first(job_id: str, name: str, info: slurm.JobInfo, paths: TrialPaths, step_name: str,

@@ -39,13 +39,17 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float, *,
             fresh: bool = False) -> subprocess.CompletedProcess[str]:
     """`python -m rlkit ARGS` with `env`: forked from the zygote unless `fresh` or the fork would differ."""
     argv = [sys.executable, "-m", "rlkit", *args]
-    if fresh or not forkable(env):
+
+    def started() -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+    if fresh or not forkable(env):
+        return started()
     request = {"module": "rlkit", "args": list(args), "env": env, "cwd": os.getcwd()}
     try:
         child = ForkedProcess(ZYGOTE_PROCESS, request, split_stderr=True)
     except RuntimeError:  # the zygote did not start (its log is in the message): a real interpreter still can
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        return started()
     try:
         stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:

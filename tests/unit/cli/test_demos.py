@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,35 +14,6 @@ from rlkit.cli.demos import DEMOS, PREPARE, generate_report, prepare
 from tests.conftest import CONFIGS, run_rlkit
 
 CPU_EXAMPLES = sorted(p.name for p in CONFIGS.glob("*-cpu-demo.yaml"))
-
-# `rlkit render CONFIG cluster.fileroot=DIR` for each (name, config, dir) of argv[1], through the CLI's own entry
-# point (rlkit.cli.main.main, what `python -m rlkit` runs) with stdout and stderr caught per render; prints
-# name -> [exit status, stderr]. Python's warnings registries are cleared before each render, so that a warning
-# shown for one demo is shown again for the next, as in a process of its own.
-RENDER_EACH = """
-import contextlib, io, json, sys, traceback, warnings
-from rlkit.cli.main import main
-results = {}
-for name, config, fileroot in json.loads(sys.argv[1]):
-    for module in list(sys.modules.values()):
-        registry = getattr(module, "__warningregistry__", None)
-        if isinstance(registry, dict):
-            registry.clear()
-    warnings.onceregistry.clear()
-    sys.argv = ["rlkit", "render", config, f"cluster.fileroot={fileroot}"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main()
-            status = 0
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-    results[name] = [status, err.getvalue()]
-print(json.dumps(results))
-"""
 
 
 def test_every_cpu_example_is_a_demo() -> None:
@@ -60,30 +29,16 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def renders(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int | str]]:
-    """Every demo's config rendered from what its preparation built, all in one `python` process: a render's own
-    work is small beside the imports (~1.5 CPU-s a process), which this pays once instead of once per demo."""
-    roots = tmp_path_factory.mktemp("fileroots")
-    batch = [(name, str(CONFIGS / demo.config), str(roots / name)) for name, demo in DEMOS.items()]
-    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
-    done = subprocess.run([sys.executable, "-c", RENDER_EACH, json.dumps(batch)], capture_output=True, text=True,
-                          timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results: dict[str, list[int | str]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return results
-
-
 @pytest.mark.parametrize("name", list(DEMOS))
-def test_a_demos_config_renders_from_what_its_preparation_built(name: str, demo_dir: Path,
-                                                                 renders: dict[str, list[int | str]]) -> None:
+def test_a_demos_config_renders_from_what_its_preparation_built(name: str, demo_dir: Path, tmp_path: Path) -> None:
     demo = DEMOS[name]
     before = {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()}
     prepare(demo, demo_dir)  # idempotent: a second preparation leaves the same files
     assert {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()} == before
-    status, stderr = renders[name]
-    assert status == 0, stderr
-    assert "warning" not in str(stderr), stderr  # no model, dataset or image missing
+    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
+    rendered = run_rlkit("render", str(CONFIGS / demo.config), f"cluster.fileroot={tmp_path}", env=env)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "warning" not in rendered.stderr, rendered.stderr  # no model, dataset or image missing
 
 
 def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
