@@ -16,6 +16,7 @@ from typing import Any
 
 from rlkit.config.problems import Problems
 from rlkit.config.schema.fields import Range
+from rlkit.config.schema.walk import type_hints
 
 
 def _number(value: float) -> str:
@@ -67,7 +68,7 @@ def ranged_fields(node: Any, prefix: str = "") -> Iterator[Ranged]:
     """Every field with a declared range, in sections and lists of sections too."""
     if not dataclasses.is_dataclass(node) or isinstance(node, type):
         return
-    hints = typing.get_type_hints(type(node))
+    hints = type_hints(type(node))
     for f in dataclasses.fields(node):
         path = f"{prefix}.{f.name}" if prefix else f.name
         value = getattr(node, f.name)
