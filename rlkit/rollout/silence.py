@@ -21,6 +21,7 @@ import httpx
 from rlkit.servers.backend import Server
 from rlkit.servers.http import ServerUnreachable
 from rlkit.servers.pool import ServerPool
+from rlkit.servers.tls import shared_tls
 
 PROBE_TIMEOUT_S = 5.0
 T = TypeVar("T")
@@ -85,7 +86,7 @@ class ServerWatch:
     async def listen(self, live: list[Server], pool: ServerPool | None) -> None:
         """One round over the servers registered now (`live`) and those of `pool`."""
         if self._client is None:
-            self._client = httpx.AsyncClient(trust_env=False)
+            self._client = httpx.AsyncClient(trust_env=False, verify=shared_tls())
         for server in pool.servers if pool is not None else []:
             self.known.setdefault(server.index, server.address)
         self.known.update({s.index: s.address for s in live})  # a restarted server: its new address

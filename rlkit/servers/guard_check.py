@@ -14,6 +14,7 @@ import httpx
 
 from rlkit.errors import FatalStepError
 from rlkit.servers.backend import ServerBackend
+from rlkit.servers.tls import shared_tls
 
 
 class GuardCheckFailed(FatalStepError):
@@ -28,7 +29,7 @@ def prove_guard(base_url: str, backend: ServerBackend, token: str, *, timeout: f
     base = base_url.rstrip("/")
     probe = backend.guard_probe
     url = f"{base}{probe}"
-    with httpx.Client(trust_env=False, timeout=timeout) as client:
+    with httpx.Client(trust_env=False, timeout=timeout, verify=shared_tls()) as client:
         bare = _get(client, url, "without the token")
         if bare != 401:
             raise GuardCheckFailed(

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from rlkit.errors import StepError
+from rlkit.servers.tls import shared_tls
 
 
 class ServerNotHealthy(StepError):
@@ -30,7 +31,8 @@ def answers_health(address: str, timeout: float = 5.0) -> bool:
     """One `GET http://{address}/health`: True when it answers 200 (a name-resolve record can outlive its server's
     process by the record's ttl, so liveness is asked of the server itself). Proxy variables are ignored."""
     try:
-        return httpx.get(f"http://{address}/health", timeout=timeout, trust_env=False).status_code == 200
+        answer = httpx.get(f"http://{address}/health", timeout=timeout, trust_env=False, verify=shared_tls())
+        return answer.status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -54,7 +56,7 @@ def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | N
     health = f"{base}/health"
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    with httpx.Client(trust_env=False) as client:
+    with httpx.Client(trust_env=False, verify=shared_tls()) as client:
         while True:
             if process is not None and (code := process.poll()) is not None:
                 raise ServerNotHealthy(

@@ -13,6 +13,7 @@ import httpx
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
+from rlkit.servers.tls import shared_tls
 
 T = TypeVar("T")
 
@@ -30,6 +31,7 @@ def server_client(token: str, *, max_connections: int = 32) -> httpx.AsyncClient
     return httpx.AsyncClient(
         headers={"Authorization": f"Bearer {token}"},
         trust_env=False,
+        verify=shared_tls(),
         limits=httpx.Limits(max_connections=max_connections),
     )
 

@@ -19,6 +19,7 @@ from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
 from rlkit.servers.health import answers_health, probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
+from rlkit.servers.tls import shared_tls
 
 
 def discover_servers(nr: NameResolve, auxiliary: str = "") -> list[Server]:
@@ -86,7 +87,7 @@ class ServerPool:
         self._dropped: set[asyncio.Future[list[Completion]]] = set()  # cancelled by `drop`: to send elsewhere
         self._limit = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
-                                         headers={"Authorization": f"Bearer {token}"},
+                                         verify=shared_tls(), headers={"Authorization": f"Bearer {token}"},
                                          limits=httpx.Limits(max_connections=max_in_flight + len(servers)))
 
     def set_servers(self, live: list[Server]) -> None:

@@ -133,4 +133,6 @@ def fresh_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
     request sent on that connection at once fails as if the server were gone."""
     import httpx
 
-    return httpx.AsyncClient(headers=client.headers, trust_env=False)
+    from rlkit.servers.tls import shared_tls
+
+    return httpx.AsyncClient(headers=client.headers, trust_env=False, verify=shared_tls())
