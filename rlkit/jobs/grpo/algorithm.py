@@ -12,7 +12,6 @@ fingerprint check (rlkit.weights.fanout). The loop then logs, saves and checkpoi
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -138,8 +137,6 @@ class GRPO:
         """Collective: the servers are checked (resuming: first given the resumed weights), rollouts may begin."""
         config = self.config
         self.mismatch_t = mismatch_temperature(config, announce=self.rank0)
-        if os.environ.get("RLKIT_FAULT_INJECT") == "die_at_start":  # tests: a trainer that can never make progress
-            raise StepError("fault injected: die_at_start")
         self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
         if self.rank0:
             self.trainer = self.rank0_class(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit.slurm.faults import fault_point
+from rlkit.slurm.faults import fault_every_time, fault_point
 
 
 def test_several_faults_joined_by_plus_each_fire_at_their_version_in_the_first_run_only(
@@ -19,6 +19,17 @@ def test_several_faults_joined_by_plus_each_fire_at_their_version_in_the_first_r
     assert not fault_point("die_mid_push", 7)
 
 
+def test_die_at_start_fires_in_every_run_alone_or_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash-loop fault: every retry and attempt dies again (that is what makes it a crash loop)."""
+    monkeypatch.setenv("RLKIT_FAULT_INJECT", "disk_full@2+die_at_start")
+    monkeypatch.setenv("RLKIT_STEP_RETRY", "1")
+    monkeypatch.setenv("RLKIT_ATTEMPT", "2")
+    assert fault_every_time("die_at_start") and not fault_point("disk_full", 2)
+    assert not fault_every_time("die_at_star") and not fault_every_time("disk_full")
+    monkeypatch.setenv("RLKIT_FAULT_INJECT", "die_at_start")
+    assert fault_every_time("die_at_start")
+
+
 def test_no_fault_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLKIT_FAULT_INJECT", raising=False)
-    assert not fault_point("die_mid_push", 7)
+    assert not fault_point("die_mid_push", 7) and not fault_every_time("die_at_start")
