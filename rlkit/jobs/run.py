@@ -6,8 +6,9 @@ import importlib
 from pathlib import Path
 
 from rlkit.config.load import load_config
-from rlkit.errors import FatalStepError
+from rlkit.errors import FatalStepError, StepError
 from rlkit.jobs.registry import job_type_for
+from rlkit.slurm.faults import fault_every_time
 from rlkit.slurm.jobenv import JobEnv
 from rlkit.trials.paths import TrialPaths
 
@@ -24,5 +25,7 @@ def run_job_step(trial_dir: Path, *, trainer: bool) -> None:
     env = JobEnv.from_environ()
     if env.local_rank == 0:  # one line per node of the step
         print(env.slice_line(job.name), flush=True)
+    if fault_every_time("die_at_start"):  # tests: a step of any job type that can never make progress (a crash loop),
+        raise StepError("fault injected: die_at_start")  # before its job type's imports: ~1 CPU-s a run, not ~20
     module, _, function = job.step.partition(":")
     getattr(importlib.import_module(module), function)(trial_dir, config)

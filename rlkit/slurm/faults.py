@@ -1,8 +1,8 @@
 """Fault injection for the recovery tests (RLKIT_FAULT_INJECT), and whether this trial failed before.
 
-Never set in normal use; each point names where a test makes the trainer fail (rlkit/trainer/loop.py,
-rlkit/trainer/loop_rank0.py, rlkit/weights/base.py, rlkit/jobs/grpo/). Here, below the trainer and the weight
-transports, so both can name one.
+Never set in normal use; each point names where a test makes the trainer fail (rlkit/jobs/run.py,
+rlkit/trainer/loop.py, rlkit/trainer/loop_rank0.py, rlkit/weights/base.py, rlkit/jobs/grpo/). Here, below the trainer
+and the weight transports, so both can name one.
 """
 
 from __future__ import annotations

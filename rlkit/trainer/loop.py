@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError, disk_full
-from rlkit.slurm.faults import failed_before, fault_every_time, fault_point
+from rlkit.slurm.faults import failed_before, fault_point
 from rlkit.slurm.jobenv import JobEnv
 from rlkit.step_contract import (
     EXIT_FAILING,
@@ -276,8 +276,6 @@ class Loop:
                 if self.watch is not None:  # a silent rank is named in progress.json, for `rlkit status`
                     self.watch.on_silent = lambda message: books.progress(self.done, f"failed: {message}",
                                                                           self._fields())
-            if fault_every_time("die_at_start"):  # tests: a trainer of any job type that can never make progress
-                raise StepError("fault injected: die_at_start")
             algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
             if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
                 self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))

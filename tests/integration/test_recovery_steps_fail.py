@@ -4,8 +4,9 @@ crash loop, not retried again), a full disk (the no-retry exit, whatever code sr
 `submit --force` over a finished trial.
 
 The crash loop and the full disk are the trainer's and the batch script's, the same for every job type (the fault
-points are in rlkit/trainer/loop.py and loop_rank0.py): their trials are sft jobs (configs/sft-cpu-demo.yaml), which
-start no inference server, so they cost no vLLM start (~25 CPU-s each) and no server's node slice.
+points are in rlkit/jobs/run.py and rlkit/trainer/loop_rank0.py): their trials are sft jobs
+(configs/sft-cpu-demo.yaml), which start no inference server, so they cost no vLLM start (~25 CPU-s each) and no
+server's node slice.
 
 How the recovery scenarios run and share trials: tests/helpers/recovery.py.
 """
@@ -48,8 +49,8 @@ SFT_EXPERIMENT = "demo-sft"  # configs/sft-cpu-demo.yaml's experiment_name: the 
 # ---- the scenarios: submit, inject the fault, wait for the end state (side by side: tests/helpers/scenarios.py) ----
 
 def _crash_loop(env: dict[str, object]) -> tuple[Path, str]:
-    """An sft trial of one rank whose trainer dies at the start of every run (fault point die_at_start in the
-    training loop). Returns the trial and `rlkit status` once it failed."""
+    """An sft trial of one rank whose trainer dies at the start of every run (fault point die_at_start, as the step
+    starts, before its job type's imports). Returns the trial and `rlkit status` once it failed."""
     trial = submit_trial(env, "crashloop", "total_train_steps=8", "allocation_mode=fsdp:d1",
                          "launcher.trainer_env_vars=OMP_NUM_THREADS=1,RLKIT_FAULT_INJECT=die_at_start", job="sft")
     name, home = f"{SFT_EXPERIMENT}/crashloop", trial_home(env, "crashloop")

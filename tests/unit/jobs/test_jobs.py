@@ -105,6 +105,24 @@ def test_a_script_whose_command_does_not_match_the_job_type_is_refused(generate_
         run_job_step(trial, trainer=True)
 
 
+def test_die_at_start_fails_every_run_of_any_job_type_as_it_starts(generate_yaml: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash-loop test's fault (RLKIT_FAULT_INJECT=die_at_start) fires in the dispatcher, in a retry too, so the
+    trial it runs in needs no particular job type (tests/integration/test_recovery_steps_fail.py runs an sft one)."""
+    from rlkit.config.load import load_config, to_yaml
+    from rlkit.errors import FatalStepError, StepError
+    from rlkit.jobs.run import run_job_step
+
+    trial = tmp_path / "trial"
+    trial.mkdir()
+    (trial / "config.yaml").write_text(to_yaml(load_config(generate_yaml)))
+    monkeypatch.setenv("RLKIT_FAULT_INJECT", "die_at_start")
+    monkeypatch.setenv("RLKIT_STEP_RETRY", "2")
+    with pytest.raises(StepError, match=r"^fault injected: die_at_start$") as failed:
+        run_job_step(trial, trainer=False)
+    assert not isinstance(failed.value, FatalStepError), "a crash loop is retried once, not failed at once"
+
+
 @pytest.mark.parametrize("name", [job.name for job in registered_job_types() if not job.lora])
 def test_use_lora_is_refused_where_the_job_type_does_not_train_adapters(generate_yaml: Path, name: str) -> None:
     """A set actor.use_lora must never be silently ignored: job types without LoRA training refuse it by name."""
