@@ -66,6 +66,8 @@ def _demo_succeeded(run: dict[str, object]) -> None:
     """The demo command's own account: exit 0, the status it followed, the figures and where the results are."""
     output = str(run["output"])
     assert run["rc"] == 0, str(run["log"])[-4000:]
+    assert f"-cpu-demo.yaml {' '.join(ONE_RANK)}\n" in output, output  # the overrides reached `rlkit submit`
+    assert "\nallocation_mode: fsdp:d1\n" in (Path(str(run["trial"])) / "config.yaml").read_text()  # and the job
     assert f"$ rlkit status {run['name']}" in output and "COMPLETED" in output, output
     assert f"metrics per step in {run['trial']}/metrics.jsonl" in output, output
 
