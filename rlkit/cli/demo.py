@@ -1,7 +1,8 @@
 """`rlkit demo [NAME]` (and `bash scripts/demo.sh [NAME]`): one CPU example on the dev cluster, end to end, as a user
 would run it: builds what it reads (rlkit.cli.demos), submits its config, follows the job, then shows the status,
 the figures it is judged by (reward, loss, accuracy or margin; completions for generate), and where the metrics and
-the trained model are. `--list` names the examples; grpo is the default.
+the trained model are. `--list` names the examples; grpo is the default. Overrides after the name
+(`rlkit demo sft allocation_mode=fsdp:d1`) go to `rlkit submit` as they are: the same example on a smaller layout.
 """
 
 from __future__ import annotations
@@ -69,14 +70,15 @@ def _figures(demo: Demo, trial_dir: Path) -> str:
     return demo.report(metrics) if metrics else f"no metrics in {metrics_path}"
 
 
-def run(demo: Demo) -> int:
+def run(demo: Demo, overrides: list[str] | None = None) -> int:
     demo_dir = Path(os.environ.setdefault("RLKIT_DEMO_DIR", "/tmp/rlkit-demo"))
     trial = os.environ.setdefault("RLKIT_DEMO_TRIAL", time.strftime("run_%Y%m%d_%H%M%S"))
     print(f"demo {demo.name}: {demo.summary}; preparing {', '.join(demo.needs)} in {demo_dir}", flush=True)
     prepare(demo, demo_dir)
     config = REPO / "configs" / demo.config
-    print(f"$ rlkit submit {config.relative_to(REPO)}", flush=True)
-    submitted = rlkit("submit", str(config))
+    overrides = overrides or []
+    print(f"$ rlkit submit {' '.join([str(config.relative_to(REPO)), *overrides])}", flush=True)
+    submitted = rlkit("submit", str(config), *overrides)
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:
         return submitted.returncode
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="rlkit demo", description=__doc__)
     parser.add_argument("name", nargs="?", default="grpo", help=f"one of: {', '.join(DEMOS)} (default grpo)")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides for `rlkit submit`")
     parser.add_argument("--list", action="store_true", help="name every example and what it shows")
     args = parser.parse_args(argv)
     if args.list:
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.name not in DEMOS:
         print(f"error: no demo {args.name!r}\n  fix: one of {', '.join(DEMOS)} (rlkit demo --list)", file=sys.stderr)
         return 2
-    return run(DEMOS[args.name])
+    return run(DEMOS[args.name], args.overrides)
 
 
 if __name__ == "__main__":

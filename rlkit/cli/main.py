@@ -257,12 +257,13 @@ def train(trial_dir: Path = typer.Option(..., help="Trial directory.")) -> None:
 
 @app.command()
 def demo(name: str = typer.Argument("grpo", help="Which CPU example (rlkit demo --list names them)."),
+         overrides: list[str] = OVERRIDES_ARG,
          listed: bool = typer.Option(False, "--list", help="Name every example and what it shows.")) -> None:
-    """Run one CPU example on the dev cluster end to end: build what it reads, submit it, follow it, show its
-    figures and where its metrics and model are."""
+    """Run one CPU example on the dev cluster end to end: build what it reads, submit it (with the overrides),
+    follow it, show its figures and where its metrics and model are."""
     from rlkit.cli.demo import main as demo_main
 
-    rc = demo_main(["--list"] if listed else [name])
+    rc = demo_main(["--list"] if listed else [name, *(overrides or [])])
     if rc:
         raise typer.Exit(rc)
 

