@@ -1,5 +1,5 @@
 """Trinity-RFT's algorithms and schedules end to end on the dev cluster (issue 49), two trials of the CPU demos in
-the session's background (one server and one trainer rank each):
+the session's background (one server each):
 
 - "mix": configs/grpo-mix-cpu-demo.yaml, GRPO carrying three things at once: the SFT+RL mix (8 expert rows per step,
   mix.mu 0.1), a weight push every 4 steps (actor.weight_update_interval; versions and the staleness bound count
@@ -55,10 +55,10 @@ def _trial(name: str, config: str, tiny_model_dir: Path, tmp_path_factory: pytes
 
 
 # Servers and ranks only where they are under test (a vLLM start costs ~40 CPU-s of the suite's two cores, a rank's
-# ~15): one server each (a push every 4 steps reaches one as it would two) and one trainer rank each: no assertion
-# here is between ranks (the mix's and OPMD's figures are the whole batch's; one rank takes all of it)
+# ~15): one server each (a push every 4 steps reaches one as it would two), two ranks for the mix (its RL and SFT
+# losses are each averaged over every rank's tokens), one for OPMD (its loss is per token, nothing between ranks)
 def _mix_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _trial("mix", "grpo-mix-cpu-demo.yaml", tiny_model_dir, tmp_path_factory, "allocation_mode=vllm:d1+fsdp:d1")
+    return _trial("mix", "grpo-mix-cpu-demo.yaml", tiny_model_dir, tmp_path_factory, "allocation_mode=vllm:d1+fsdp:d2")
 
 
 def _opmd_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
