@@ -30,7 +30,7 @@ from tests.helpers.scenarios import ScenarioPool, start_used
 
 BATCH = 4  # train_dataset.batch_size of the demo config
 EXPERIMENT = "demo-grpo"
-ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # both servers and both trainer ranks on one node
+ONE_NODE = ("cluster.n_nodes=1", "cluster.n_gpus_per_node=4")  # packed: every step on its own GPU slice of one node
 # Trials whose faults are the trainer's, or all servers', run ONE server: each vLLM start costs ~40 CPU-s of the two
 # cores (two imports of vLLM: its API server and its engine process), a fifth of such a trial. Faults between servers
 # (a killed server, one serving other weights, a push that dies between servers) keep two.
@@ -90,6 +90,31 @@ def assert_continuous_and_right_data(trial: Path, steps: int, batch: int = BATCH
     for m in metrics:
         k = int(m["step"])
         assert (m["data/seq_min"], m["data/seq_max"]) == ((k - 1) * batch, k * batch - 1), f"step {k} data"
+
+
+def assert_continuous_and_right_sft_rows(trial: Path, steps: int) -> list[dict[str, float]]:
+    """sft's "right data": every step once, in order, each in its epoch and on the rows its step number gives
+    (the seeded order of rlkit.trainer.offline_epochs), seen through their target-token count (two batches may
+    share one, a shifted run's sequence of counts does not match). Returns the metrics."""
+    from transformers import AutoTokenizer
+
+    from rlkit.config.load import load_config
+    from rlkit.config.schema.sft import sft_row_limit
+    from rlkit.jobs.sft.data import load_sft_dataset
+    from rlkit.trainer.offline_epochs import EpochSchedule
+
+    config = load_config(trial / "config.yaml")
+    data = config.train_dataset
+    rows = load_sft_dataset(data.path, AutoTokenizer.from_pretrained(config.actor.path), config.sft,
+                            max_length=sft_row_limit(data.max_length, config.actor.mb_spec.max_tokens_per_mb)).examples
+    schedule = EpochSchedule.of(config, len(rows))
+    metrics = trial_metrics(trial)
+    assert [int(m["step"]) for m in metrics] == list(range(1, steps + 1)), "steps must be unique and continuous"
+    for m in metrics:
+        k = int(m["step"])
+        assert m["sft/epoch"] == (k - 1) // schedule.steps_per_epoch + 1, f"step {k} epoch"
+        assert m["sft/tokens"] == sum(rows[i].n_targets for i in schedule.rows(k)), f"step {k} rows"
+    return metrics
 
 
 def running_step_id(job_id: str, step_name: str) -> str | None:

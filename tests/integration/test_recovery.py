@@ -2,9 +2,13 @@
 allocation, the time limit's requeue, `rlkit stop` (answered by a trainer, and on a frozen one), two resumes at
 once and a damaged checkpoint, a trial Slurm has forgotten. The trainer's own deaths and
 silences: test_recovery_retries.py; steps that fail for good or lose their servers: test_recovery_steps_fail.py.
-The killserver and timelimit trials run on ONE node (ONE_NODE: a packed placement, servers and trainer ranks each on
-their own slice of one node's GPUs): a server restarts on its slice, and Slurm's time-limit warning and `rlkit stop`
-reach the trainer's step by its step id, never the servers'.
+The killserver trial runs on ONE node (ONE_NODE: a packed placement, each step on its own slice of one node's GPUs):
+a server restarts on its slice, and `rlkit stop` reaches the trainer's step by its step id. It trains on one rank:
+nothing in it is between ranks (recover.freq_steps=100, its trainer never dies). The timelimit trial is an sft job
+(configs/sft-cpu-demo.yaml, one rank): its faults are the job's and the trainer's, the same for every job type, and
+an sft trial starts no vLLM server (~25 CPU-s per run, and it runs three times). A job of one component is never
+packed: the time-limit warning goes to the job's steps, its trainer's alone; the packed route (the trainer's step by
+its id, the servers' spared) is not under test here.
 
 How the recovery scenarios run and share trials: tests/helpers/recovery.py.
 """
@@ -29,8 +33,8 @@ from tests.conftest import CONFIGS, run_rlkit
 from tests.helpers.recovery import (
     EXPERIMENT,
     ONE_NODE,
-    ONE_RANK,
     assert_continuous_and_right_data,
+    assert_continuous_and_right_sft_rows,
     recovery_starter,
     running_step_id,
     submit_trial,
@@ -50,7 +54,11 @@ from tests.helpers.slurm_helpers import (
 
 # a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
-TIMELIMIT_STEPS, STOP_AFTER = 18, 2  # the timelimit trial: requeued after step 8, stopped 2 steps after that
+# the timelimit trial (sft: 16 steps per epoch, ~0.2 CPU-s each): its trainer is held at step 8 or a little later for
+# the time limit's warning, and held again STOP_AFTER steps into the requeued run for the stop (measured: requeued
+# after step 9, stopped after step 12); 32 steps (two epochs) leave the requeued run room to be stopped before its end
+TIMELIMIT_STEPS, STOP_AFTER = 32, 2
+SFT_EXPERIMENT = "demo-sft"  # configs/sft-cpu-demo.yaml's experiment_name: the timelimit trial's
 AFTER_REJOIN = 3  # the killserver trial's steps with both servers after the restarted one rejoined, then stopped
 
 
@@ -65,7 +73,7 @@ def _first_step(trial: Path, after: int, servers: Callable[[int], bool]) -> int 
 
 
 class KillServerRun(NamedTuple):
-    """What the killserver trial left for its three tests."""
+    """What the killserver trial left for its three tests (one trainer rank, two servers)."""
 
     trial: Path
     killed_at: int  # the first step trained without server 1
@@ -82,7 +90,8 @@ def _kill_server(env: dict[str, object]) -> KillServerRun:
     AFTER_REJOIN steps after the restarted server got its first push: the steps past that prove nothing more and
     were a third of the trial's CPU."""
     trial = submit_trial(env, "killserver", "total_train_epochs=3", "total_train_steps=150", "recover.freq_steps=100",
-                    "actor.weight_update_mode=xccl", f"actor.path={env['tied']}", *ONE_NODE)
+                    "actor.weight_update_mode=xccl", f"actor.path={env['tied']}", "allocation_mode=vllm:d2+fsdp:d1",
+                    *ONE_NODE)
     name, home = f"{EXPERIMENT}/killserver", trial_home(env, "killserver")
     wait_for(lambda: trained_steps(trial) >= 3, "3 trained steps", timeout=600, trial=trial)
     job_id = str(status_row(name, home)["job_id"])
@@ -130,26 +139,25 @@ class TimeLimitRun(NamedTuple):
 
 
 def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
-    """One trial (one server, one rank: its faults are the job's), two faults at different steps
+    """One sft trial (one rank, no server: its faults are the job's), two faults at different steps
     (recover.freq_steps=100: no periodic checkpoint):
-    - the time limit: after 8 steps Slurm's USR1 to the batch script; the trainer checkpoints, the job requeues;
+    - the time limit: after 8 steps Slurm's USR1 to the batch script, the trainer held until the warning reaches it;
+      the trainer checkpoints, the job requeues;
     - stop and resume: once the requeued run has trained STOP_AFTER steps of its own, `rlkit stop` (it checkpoints
       the last step), the newest checkpoint damaged, `rlkit resume`: the resume skips it and uses the previous one,
       the time limit's."""
     trial = submit_trial(env, "timelimit", f"total_train_steps={TIMELIMIT_STEPS}", "recover.freq_steps=100",
-                    *ONE_RANK, *ONE_NODE)
-    name, home = f"{EXPERIMENT}/timelimit", trial_home(env, "timelimit")
-    # the job id first: between the 8th step and the signal no CLI call, which on a loaded machine took long enough
-    # for the trainer to finish step 19 of 24 and leave the stop below nothing to stop
+                         "allocation_mode=fsdp:d1", job="sft")
+    name, home = f"{SFT_EXPERIMENT}/timelimit", trial_home(env, "timelimit")
     job_id = str(status_row(name, home)["job_id"])
-    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600, trial=trial)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)  # what --signal=B:USR1@T sends
+    wait_for(lambda: trained_steps(trial) >= 8, "8 trained steps", timeout=600, every=0.2, trial=trial)
+    _time_limit_while_held(trial, job_id)
     # the requeue hold (cred_expire + 1 s), then the requeued run resumes and trains STOP_AFTER steps of its own
-    requeued_from = int(wait_for(lambda: re.search(r"resuming after step (\d+) ", (trial / "logs" / "grpo.log")
+    requeued_from = int(wait_for(lambda: re.search(r"resuming after step (\d+) ", (trial / "logs" / "sft.log")
                                                    .read_text()), "the requeued run's resume", timeout=900,
                                  trial=trial).group(1))
     wait_for(lambda: trained_steps(trial) >= requeued_from + STOP_AFTER, "steps of the requeued run", timeout=600,
-             trial=trial)
+             every=0.2, trial=trial)
     stopped = _stop_while_held(trial, name, home)
     assert stopped.returncode == 0, stopped.stderr
     assert "the trainer checkpointed" in stopped.stdout, stopped.stdout
@@ -170,6 +178,22 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
     _resume_twice_at_once(name, home)
     assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return TimeLimitRun(trial, info, stop_step, previous)
+
+
+def _time_limit_while_held(trial: Path, job_id: str) -> None:
+    """Slurm's time-limit warning (what --signal=B:USR1@T sends the batch script) while the trainer is held by
+    SIGSTOP, released once the script's USR1 to the trainer's step waits for it: an sft step takes a fraction of a
+    second, and the trainer would otherwise train on (or finish) while the warning travels. It then checkpoints the
+    step it was in, as a trainer that was never held would."""
+    pid = trainer_rank_pid(trial)
+    assert pid is not None, "no trainer rank 0 to hold"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+        wait_for(lambda: signal_pending(pid, signal.SIGUSR1), "the warning's USR1 to reach the held trainer",
+                 timeout=300, every=0.2, trial=trial)
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def _stop_while_held(trial: Path, name: str, home: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -281,14 +305,16 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: Scenario
     run = scenarios.result("timelimit")
     trial = run.trial
     assert "Restarts=1" in run.info
-    assert "PACKED=1" in (trial / "job.sbatch").read_text(), "one node: USR1 went to the trainer's step by its id"
+    script = (trial / "job.sbatch").read_text()
+    assert "PACKED=0" in script and "#SBATCH hetjob" not in script, "one component: USR1 goes to the job's steps"
     batch_log = next((trial / "logs" / "attempt-1").glob("slurm-*.out")).read_text()
     assert "time limit near (USR1)" in batch_log and "requeueing the job (requeue 1 of 3)" in batch_log
-    trainer_log = (trial / "logs" / "attempt-1" / "grpo.log").read_text()
+    trainer_log = (trial / "logs" / "attempt-1" / "sft.log").read_text()
+    assert "got SIGUSR1: checkpoint after this step" in trainer_log, "the warning never reached the trainer"
     saved = re.search(r"recover checkpoint of step (\d+)", trainer_log)
     assert saved, "no checkpoint on the warning (freq_steps=100 never triggers one)"
     assert f"resuming after step {saved.group(1)} " in trainer_log
-    assert_continuous_and_right_data(trial, TIMELIMIT_STEPS)  # not a single step lost
+    assert_continuous_and_right_sft_rows(trial, TIMELIMIT_STEPS)  # not a single step lost
     # not a single step redone by the requeue: the discarded metrics are exactly the steps after the warning's
     # checkpoint up to the stop, each once (the stop test's resume from it, its newer checkpoint damaged)
     from rlkit.trainer.stats_logger import read_metrics
@@ -300,15 +326,22 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(scenarios: Scenario
 
 def test_stop_checkpoints_then_resume_continues_and_a_damaged_checkpoint_is_skipped(
         scenarios: ScenarioPool) -> None:
-    """The timelimit trial carries it: stopped in its requeued run, resumed as attempt 2."""
+    """The timelimit trial carries it: stopped in its requeued run, resumed as attempt 2. The steps the resume redid
+    (after the previous checkpoint, up to the stop) trained from the same weights and optimizer state on the same
+    rows as the discarded ones: the same loss, to the bit."""
     run = scenarios.result("timelimit")
     trial, previous = run.trial, run.previous
-    trainer_log = (trial / "logs" / "grpo.log").read_text()
+    trainer_log = (trial / "logs" / "sft.log").read_text()
     assert "is damaged" in trainer_log and f"resuming after step {previous} " in trainer_log
-    assert (trial / "logs" / "attempt-1" / "grpo.log").is_file(), "the first attempt's logs must be kept"
+    assert (trial / "logs" / "attempt-1" / "sft.log").is_file(), "the first attempt's logs must be kept"
     manifest = json.loads((trial / "manifest.json").read_text())
     assert [a["kind"] for a in manifest["attempts"]] == ["submit", "resume"]
-    assert_continuous_and_right_data(trial, TIMELIMIT_STEPS)
+    metrics = assert_continuous_and_right_sft_rows(trial, TIMELIMIT_STEPS)
+    from rlkit.trainer.stats_logger import read_metrics
+
+    redone = {int(m["step"]): m["sft/loss"] for m in metrics if previous < m["step"] <= run.stop_step}
+    discarded = {int(m["step"]): m["sft/loss"] for m in read_metrics(trial / "metrics.discarded.jsonl")}
+    assert redone and redone == discarded, (redone, discarded)
     assert processes_mentioning(str(trial)) == []
 
 
