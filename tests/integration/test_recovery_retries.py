@@ -42,10 +42,12 @@ from tests.helpers.slurm_helpers import (
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
 # the killtrainer trial (recover.freq_steps=4) carries one trainer death: rank 0 dies mid-push of version MID_PUSH
 # (srun ends rank 1 and the job retries both, resumed from the step-MID_PUSH_RESUME checkpoint); once the retry has
-# trained STOP_AFTER steps (past the steps it redoes), server 1 is stopped (every process of its step) until
-# SERVER_HELD_STEPS steps were trained without it; the trial ends a few steps after it is continued
-KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME = 16, 7, 4
-STOP_AFTER = MID_PUSH + 2
+# trained STOP_AFTER steps (past the steps it redoes and the one that died), server 1 is stopped (every process of its
+# step) until SERVER_HELD_STEPS steps were trained without it. The steps left after it is continued must outlast its
+# rejoining (a /health probe of PROBE_TIMEOUT_S, then the next push): with 16 steps an idle machine ended the trial
+# (~0.7 s a step) before server 1 answered again
+KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME = 18, 7, 4
+STOP_AFTER = MID_PUSH
 CORRUPTED = 3  # the weight version server 1 serves perturbed (corrupt_server_weights@3), before the mid-push death
 CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agree far closer (measured: ~1e-6)
 SERVER_SILENCE, SERVER_HELD_STEPS = 5, 2  # rollout.server_silence_timeout of the trial
@@ -76,8 +78,8 @@ def _mid_push_death_then_a_stopped_server(env: dict[str, object]) -> KillTrainer
     silently serves perturbed weights until the next push (fault point corrupt_server_weights); then trainer rank 0
     dies mid-push of version MID_PUSH (fault point, first run only) and the retry resumes from step MID_PUSH_RESUME.
     Once the retry has trained STOP_AFTER steps (past the steps it redoes, compared with their first try by a test
-    below), every process of server 1's step is stopped (SIGSTOP) until SERVER_HELD_STEPS steps were trained without
-    it, then continued."""
+    below, and the one that died), every process of server 1's step is stopped (SIGSTOP) until SERVER_HELD_STEPS
+    steps were trained without it, then continued."""
     trial = submit_trial(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
                     f"saver.freq_steps={SAVE_EVERY}", f"rollout.server_silence_timeout={SERVER_SILENCE}",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
