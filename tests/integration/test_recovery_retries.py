@@ -1,7 +1,8 @@
 """Fault injection on the real dev cluster, the trainer's deaths and silences, each retried inside the allocation
-from its last checkpoint: a death mid-push, a SIGKILL from outside, a frozen server whose requests go to the other,
-a trainer rank frozen for good (named after recover.rank_silence_timeout), the trial's name-resolve records removed;
-the redone steps reproduce their first try. The PPO trial (actor and critic) also carries PPO's learning test.
+from its last checkpoint: a death mid-push, a frozen server whose requests go to the other, a trainer rank frozen for
+good (named after recover.rank_silence_timeout), the trial's name-resolve records removed; the redone steps reproduce
+their first try. The PPO trial (actor and critic) also carries PPO's learning test. (A trainer SIGKILLed from outside
+and its retry: tests/integration/test_agent_e2e.py's trial.)
 
 How the recovery scenarios run and share trials: tests/helpers/recovery.py.
 """
@@ -39,10 +40,14 @@ from tests.helpers.slurm_helpers import (
 
 # a test waits for its own scenario, which may have queued behind others in the pool: a longer per-test limit
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytest.mark.timeout(2700)]
-# the killtrainer trial (recover.freq_steps=4) carries two trainer deaths: mid-push of version MID_PUSH (resumed from
-# the step-MID_PUSH_RESUME checkpoint), then a SIGKILL from outside once the retry has trained KILL_AFTER steps; then
-# server 1 stopped (every process of its step) until SERVER_HELD_STEPS steps were trained without it
-KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME, KILL_AFTER = 24, 7, 4, 10
+# the killtrainer trial (recover.freq_steps=4) carries one trainer death: rank 0 dies mid-push of version MID_PUSH
+# (srun ends rank 1 and the job retries both, resumed from the step-MID_PUSH_RESUME checkpoint); once the retry has
+# trained STOP_AFTER steps (past the steps it redoes and the one that died), server 1 is stopped (every process of its
+# step) until SERVER_HELD_STEPS steps were trained without it. The steps left after it is continued must outlast its
+# rejoining (a /health probe of PROBE_TIMEOUT_S, then the next push): with 16 steps an idle machine ended the trial
+# (~0.7 s a step) before server 1 answered again
+KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME = 18, 7, 4
+STOP_AFTER = MID_PUSH
 CORRUPTED = 3  # the weight version server 1 serves perturbed (corrupt_server_weights@3), before the mid-push death
 CLEAN_MISMATCH = 1e-3  # float32 servers and trainer: the rollout log-probs agree far closer (measured: ~1e-6)
 SERVER_SILENCE, SERVER_HELD_STEPS = 5, 2  # rollout.server_silence_timeout of the trial
@@ -52,9 +57,9 @@ SAVE_EVERY = 3
 
 # ---- the scenarios: submit, inject the fault, wait for the end state (side by side: tests/helpers/scenarios.py) ----
 
-def _last_before_kill(log: str) -> int:
-    """The last step the killed trainer printed: between the mid-push retry's resume and the kill's resume."""
-    before = log.rsplit("resuming after step", 1)[0].split("resuming after step", 1)[1]
+def _last_before_retry(log: str) -> int:
+    """The last step the trainer that died mid-push printed: before the retry's resume."""
+    before = log.split("resuming after step", 1)[0]
     steps = [int(m) for m in re.findall(r"rlkit train: step (\d+)/", before)]
     return max(steps, default=0)
 
@@ -67,14 +72,14 @@ class KillTrainerRun(NamedTuple):
     status: str  # `rlkit status` once the step trained on server 1's perturbed samples was done
 
 
-def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> KillTrainerRun:
-    """Two in-allocation trainer retries in one trial (one config, the disk transport that die_mid_push has), after a
-    server serving other weights: right after the push of version CORRUPTED, server 1 silently serves perturbed
-    weights until the next push (fault point corrupt_server_weights); then the
-    trainer dies mid-push of version MID_PUSH (fault point, first run only), the retry resumes from step
-    MID_PUSH_RESUME; once that retry has trained KILL_AFTER steps, trainer rank 0 is SIGKILLed from outside. Once the
-    kill's retry has trained two steps past it, every process of server 1's step is stopped (SIGSTOP through Slurm)
-    until SERVER_HELD_STEPS steps were trained without it, then continued."""
+def _mid_push_death_then_a_stopped_server(env: dict[str, object]) -> KillTrainerRun:
+    """A trainer retry inside the allocation and a frozen server in one trial (one config, the disk transport that
+    die_mid_push has), after a server serving other weights: right after the push of version CORRUPTED, server 1
+    silently serves perturbed weights until the next push (fault point corrupt_server_weights); then trainer rank 0
+    dies mid-push of version MID_PUSH (fault point, first run only) and the retry resumes from step MID_PUSH_RESUME.
+    Once the retry has trained STOP_AFTER steps (past the steps it redoes, compared with their first try by a test
+    below, and the one that died), every process of server 1's step is stopped (SIGSTOP) until SERVER_HELD_STEPS
+    steps were trained without it, then continued."""
     trial = submit_trial(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
                     f"saver.freq_steps={SAVE_EVERY}", f"rollout.server_silence_timeout={SERVER_SILENCE}",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
@@ -84,14 +89,8 @@ def _kill_trainer_after_a_mid_push_death(env: dict[str, object]) -> KillTrainerR
     wait_for(lambda: trained_steps(trial) >= CORRUPTED + 1, "the step after the perturbed push", timeout=600,
              trial=trial)
     status = run_rlkit("status", name, env=home).stdout  # the mismatch warning of step CORRUPTED + 1 is on record
-    wait_for(lambda: trained_steps(trial) >= KILL_AFTER, f"{KILL_AFTER} trained steps", timeout=600, trial=trial)
-    assert "resuming after step" in log.read_text(), "the mid-push retry came first"
-    pid = wait_for(lambda: trainer_rank_pid(trial), "trainer rank 0", trial=trial)
-    killed_at = trained_steps(trial)
-    os.kill(pid, signal.SIGKILL)
-    # past the steps the kill's retry redoes (compared with their first try by a test below): server 1 stopped
-    wait_for(lambda: log.read_text().count("resuming after step") >= 2 and trained_steps(trial) >= killed_at + 2,
-             "2 steps past the kill", timeout=600, trial=trial)
+    wait_for(lambda: "resuming after step" in log.read_text() and trained_steps(trial) >= STOP_AFTER,
+             f"the mid-push retry to train {STOP_AFTER} steps", timeout=600, trial=trial)
     # every process of the step (rlkit serve, vLLM's API server and engine under it), as a node in trouble would
     # freeze them: the step's heartbeat stops too (Slurm refuses `scancel --signal=STOP`)
     pids = wait_for(lambda: server_step_pids(trial, 1), "server 1's processes", trial=trial)
@@ -139,7 +138,7 @@ def _ppo_killed(env: dict[str, object]) -> Path:
 
 
 
-SCENARIOS = {"ppokilled": _ppo_killed, "killtrainer": _kill_trainer_after_a_mid_push_death}
+SCENARIOS = {"ppokilled": _ppo_killed, "killtrainer": _mid_push_death_then_a_stopped_server}
 USES = {"test_killed_trainer_is_retried_in_the_allocation_and_continues": ("killtrainer",),
         "test_trainer_dying_mid_weight_push_leaves_no_mixed_server": ("killtrainer",),
         "test_the_retries_redo_their_lost_steps_exactly": ("killtrainer",),
@@ -163,24 +162,24 @@ def trial_env(background_scenarios: ScenarioPool) -> dict[str, object]:
 # ---- the tests: each waits for its scenario, then asserts on what it left ----
 
 def test_killed_trainer_is_retried_in_the_allocation_and_continues(scenarios: ScenarioPool) -> None:
-    """The kill from outside is the trial's second trainer death (the first: the mid-push test's): its own restart,
-    its own resume (the last one) and its own redone steps (after that resume)."""
+    """The trainer's death mid-push (rank 0 SIGKILLs itself; srun ends rank 1): the job restarts the step once, at
+    the step the dead trainer last printed, the retry resumes once (from its checkpoint), the steps after it are
+    redone with their first metrics kept aside, and the trial completes with every step once and nothing left
+    running."""
     trial = scenarios.result("killtrainer").trial
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     restarts = re.findall(r"step grpo failed with exit code \d+ at trained step (\d+); restarting it", batch_log)
-    assert len(restarts) == 2 and int(restarts[1]) >= KILL_AFTER, restarts
     trainer_log = (trial / "logs" / "grpo.log").read_text()
+    last = _last_before_retry(trainer_log)
+    assert len(restarts) == 1 and int(restarts[0]) == last and MID_PUSH_RESUME < last <= MID_PUSH, (restarts, last)
     resumes = re.findall(r"resuming after step (\d+)", trainer_log)
-    assert len(resumes) == 2, resumes
-    resumed = int(resumes[-1])
-    assert resumed % 4 == 0 and resumed >= 8
+    assert resumes == [str(MID_PUSH_RESUME)], resumes
     assert_continuous_and_right_data(trial, KILLTRAINER_STEPS)
-    # the steps between the checkpoint and the kill were redone, their first metrics kept aside
-    discarded = trial / "metrics.discarded.jsonl"
+    # the steps between the checkpoint and the death were redone, their first metrics kept aside
     from rlkit.trainer.stats_logger import read_metrics
 
-    redone = [m["step"] for m in (read_metrics(discarded) if discarded.is_file() else []) if m["step"] > resumed]
-    assert redone or resumed == _last_before_kill(trainer_log)
+    redone = sorted(int(m["step"]) for m in read_metrics(trial / "metrics.discarded.jsonl"))
+    assert redone == list(range(MID_PUSH_RESUME + 1, last + 1)), (redone, last)
     assert processes_mentioning(str(trial)) == []
 
 
@@ -189,7 +188,7 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: Scenari
     point RLKIT_FAULT_INJECT, first attempt only). Each server swaps whole weight directories while paused, so neither
     ever serves a mix; the retried trainer un-pauses them, gives both the checkpoint's weights (version and
     fingerprint checked on each), and the following pushes succeed. The killtrainer trial carries it: its first
-    trainer death, before the kill from outside."""
+    trainer death."""
     trial = scenarios.result("killtrainer").trial
     batch_log = next((trial / "logs").glob("slurm-*.out")).read_text()
     assert "step grpo failed" in batch_log and "restarted step grpo" in batch_log
@@ -198,7 +197,7 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: Scenari
     assert after, f"the retried trainer must resume from the step-{MID_PUSH_RESUME} checkpoint"
     assert f"servers [0, 1] at weight version {MID_PUSH}," not in before, "the killed push must not have completed"
     for version in range(MID_PUSH_RESUME, KILLTRAINER_STEPS + 1):  # (server 1 is left out while it is stopped)
-        both = r"\[0, 1\]" if version <= KILL_AFTER else r"\[0(?:, 1)?\]"
+        both = r"\[0, 1\]" if version < STOP_AFTER else r"\[0(?:, 1)?\]"
         assert re.search(rf"servers {both} at weight version {version}, fingerprint", after), version
     assert_continuous_and_right_data(trial, KILLTRAINER_STEPS)
     assert processes_mentioning(str(trial)) == []
@@ -206,14 +205,13 @@ def test_trainer_dying_mid_weight_push_leaves_no_mixed_server(scenarios: Scenari
 
 
 def test_the_retries_redo_their_lost_steps_exactly(scenarios: ScenarioPool) -> None:
-    """Both retries of the killtrainer trial redo the steps after their checkpoint (the mid-push one from step 4, the
-    kill's from its last checkpoint): requests are seeded by their prompt-stream position, so each redone step must
-    reproduce its first attempt's (kept in metrics.discarded.jsonl): the same rewards (the same samples), and the
-    same loss and gradient norm within 1e-4 (computed on the weights each step starts from: the first redone step's
-    on the checkpoint's, the next on those the resumed optimizer made). The mid-push retry saves step 6
-    (saver.freq_steps=3) a second time, over the saver checkpoint its first attempt wrote: replaced, not a
-    FileExistsError. (The suite's own trial for this, a run killed after step 9, cost a trial for what these
-    retries show.)"""
+    """The mid-push retry of the killtrainer trial redoes the steps after its checkpoint (from step 4), and only
+    those: requests are seeded by their prompt-stream position, so each redone step must reproduce its first
+    attempt's (kept in metrics.discarded.jsonl): the same rewards (the same samples), and the same loss and gradient
+    norm within 1e-4 (computed on the weights each step starts from: the first redone step's on the checkpoint's, the
+    next on those the resumed optimizer made). The retry saves step 6 (saver.freq_steps=3) a second time, over the
+    saver checkpoint its first attempt wrote: replaced, not a FileExistsError. (The suite's own trial for this, a run
+    killed after step 9, cost a trial for what this retry shows.)"""
     from rlkit.trainer.stats_logger import read_metrics
 
     trial = scenarios.result("killtrainer").trial
@@ -224,7 +222,8 @@ def test_the_retries_redo_their_lost_steps_exactly(scenarios: ScenarioPool) -> N
     assert (trial / "checkpoints" / "final").is_dir()
     metrics = {int(m["step"]): m for m in trial_metrics(trial)}
     first_try = read_metrics(trial / "metrics.discarded.jsonl")
-    assert {MID_PUSH_RESUME + 1, MID_PUSH_RESUME + 2} <= {int(m["step"]) for m in first_try}, "the mid-push retry's"
+    redone = {int(m["step"]) for m in first_try}
+    assert {MID_PUSH_RESUME + 1, MID_PUSH_RESUME + 2} <= redone <= set(range(MID_PUSH_RESUME + 1, MID_PUSH + 1)), redone
     for before in first_try:
         m = metrics[int(before["step"])]
         assert m["reward/mean"] == pytest.approx(before["reward/mean"], abs=1e-6), m["step"]
@@ -261,7 +260,7 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
     """Server 1 serves perturbed weights at version CORRUPTED (fault point corrupt_server_weights, the killtrainer
     trial's first fault; it still reports the version, and the push's fingerprint had passed before): the next step's
     mismatch jumps for server 1 only, the trainer's warning names server 1 and the version, and `rlkit status` shows
-    it; the next push repairs it, and the trainer's retries keep the warning for status."""
+    it; the next push repairs it, and the trainer's retry keeps the warning for status."""
     from rlkit.trainer.mismatch import METRIC
 
     run = scenarios.result("killtrainer")
@@ -280,7 +279,7 @@ def test_a_server_serving_other_weights_shows_in_the_logprob_mismatch_of_that_se
                         trainer_log)
     assert len(warned) == 1 and warned[0].startswith("server 1 (") and f"at version {CORRUPTED}" in warned[0], warned
     assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(status.split()), status
-    # the later runs (the two retries) keep the warning for `rlkit status` after the job ended
+    # the later run (the mid-push retry) keeps the warning for `rlkit status` after the job ended
     final = run_rlkit("status", f"{EXPERIMENT}/killtrainer", env=trial_home(trial_env, "killtrainer")).stdout
     assert f"last log-prob mismatch warning: {warned[0]}" in " ".join(final.split()), final
 
