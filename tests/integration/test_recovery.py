@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -181,17 +181,24 @@ def _time_limit_then_stop_and_resume(env: dict[str, object]) -> TimeLimitRun:
 
 
 def _time_limit_while_held(trial: Path, job_id: str) -> None:
-    """Slurm's time-limit warning (what --signal=B:USR1@T sends the batch script) while the trainer is held by
-    SIGSTOP, released once the script's USR1 to the trainer's step waits for it: an sft step takes a fraction of a
-    second, and the trainer would otherwise train on (or finish) while the warning travels. It then checkpoints the
-    step it was in, as a trainer that was never held would."""
+    """Slurm's time-limit warning (what --signal=B:USR1@T sends the batch script) while the trainer is held: an sft
+    step takes a fraction of a second, and the trainer would otherwise train on (or finish) while the warning
+    travels. It then checkpoints the step it was in, as a trainer that was never held would."""
+    with _trainer_held(trial) as pid:
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+        wait_for(lambda: signal_pending(pid, signal.SIGUSR1), "the warning's USR1 to reach the held trainer",
+                 timeout=300, every=0.2, trial=trial)
+
+
+@contextlib.contextmanager
+def _trainer_held(trial: Path) -> Iterator[int]:
+    """Trainer rank 0 stopped (SIGSTOP) for the block, continued after it: a signal sent meanwhile stays pending until
+    the block has seen it arrive. Yields its pid."""
     pid = trainer_rank_pid(trial)
     assert pid is not None, "no trainer rank 0 to hold"
     os.kill(pid, signal.SIGSTOP)
     try:
-        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-        wait_for(lambda: signal_pending(pid, signal.SIGUSR1), "the warning's USR1 to reach the held trainer",
-                 timeout=300, every=0.2, trial=trial)
+        yield pid
     finally:
         os.kill(pid, signal.SIGCONT)
 
@@ -201,16 +208,11 @@ def _stop_while_held(trial: Path, name: str, home: dict[str, str]) -> subprocess
     a busy machine the requeued run otherwise trained its last steps while the CLI started, and the stop found the
     trainer's step ended (the suite beside a busy core failed here). The trainer then checkpoints the step it was
     in, as a trainer that was never held would."""
-    pid = trainer_rank_pid(trial)
-    assert pid is not None, "no trainer rank 0 to hold"
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with _trainer_held(trial) as pid:
         stopping = subprocess.Popen([sys.executable, "-m", "rlkit", "stop", name], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **home})
         wait_for(lambda: signal_pending(pid, signal.SIGUSR2) or stopping.poll() is not None,
                  "the stop's USR2 to reach the held trainer", timeout=300, every=0.2, trial=trial)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     out, err = stopping.communicate(timeout=600)
     return subprocess.CompletedProcess(stopping.args, stopping.returncode, out, err)
 
