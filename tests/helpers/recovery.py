@@ -52,13 +52,11 @@ def make_trial_env(tiny_model_dir: Path, tied_model_dir: Path,
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)
     data = write_dataset(root / "digits.jsonl")
-    base = [f"actor.path={model}", f"train_dataset.path={data}", f"cluster.fileroot={root}/fileroot",
-            "async_training=false", "saver.freq_steps=null", "stats_logger.swanlab.mode=disabled",
-            "stats_logger.tensorboard.path=null"]
+    common = [f"actor.path={model}", f"cluster.fileroot={root}/fileroot", "stats_logger.swanlab.mode=disabled",
+              "stats_logger.tensorboard.path=null"]
+    base = [*common, f"train_dataset.path={data}", "async_training=false", "saver.freq_steps=null"]
     sft_train, sft_valid = write_sft_dataset(root)
-    sft_base = [f"actor.path={model}", f"train_dataset.path={sft_train}", f"valid_dataset.path={sft_valid}",
-                f"cluster.fileroot={root}/fileroot", "saver.freq_epochs=null", "stats_logger.swanlab.mode=disabled",
-                "stats_logger.tensorboard.path=null"]
+    sft_base = [*common, f"train_dataset.path={sft_train}", f"valid_dataset.path={sft_valid}", "saver.freq_epochs=null"]
     return {"model": model, "tied": tied_model_dir, "base": base, "sft_base": sft_base, "root": root / "fileroot",
             "homes": root / "homes"}
 
