@@ -75,6 +75,9 @@ def stop_group(process: subprocess.Popen[bytes], *, grace: float = 30.0) -> None
         process.wait(timeout=30)
 
 
+# The CPU demo configs' KV cache (configs/grpo-cpu-demo.yaml says why): 64 MiB instead of the 1 GiB of
+# VLLM_CPU_KVCACHE_SPACE=1, which every start zeroes.
+CPU_KV_CACHE = {"kv_cache_memory_bytes": "64M"}
 # As the CPU demo configs start their servers (configs/grpo-cpu-demo.yaml says why): the model worker inside the engine
 # process, that process forked from the API server (kept by rlkit's vLLM plugin), one torch thread.
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "fork",
@@ -99,7 +102,7 @@ def running_vllm(
 
     The server gets `--max-model-len 256 --dtype <dtype>`, `--enforce-eager` unless `eager` is false (no
     torch.compile warm-up: about half the start time; bench/bench_vllm_start.py), the token guard middleware and
-    rlkit's worker extension (both from `vllm_command`), `VLLM_SERVER_DEV_MODE=1`, `VLLM_CPU_KVCACHE_SPACE=1`,
+    rlkit's worker extension (both from `vllm_command`), CPU_KV_CACHE, `VLLM_SERVER_DEV_MODE=1`,
     CPU_SERVER_ENV and the token in its environment (never on argv); stdout and stderr go to `log_path`.
     `guard=False` leaves the TokenGuard middleware out: an open server, to show that rlkit's guard check refuses it.
     """
@@ -111,7 +114,7 @@ def running_vllm(
         port=port,
         served_model_name=None,
         tensor_parallel_size=1,
-        extra={"max_model_len": 256, "dtype": dtype, "enforce_eager": eager},
+        extra={"max_model_len": 256, "dtype": dtype, "enforce_eager": eager, **CPU_KV_CACHE},
     )
     if not guard:
         at = cmd.index(GUARD_MIDDLEWARE)
@@ -119,8 +122,8 @@ def running_vllm(
     cmd += list(extra_args)
     env = dict(os.environ)
     env.pop("VLLM_API_KEY", None)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override CPU_KV_CACHE
     env.update(vllm_env(token))
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env.update(CPU_SERVER_ENV)
     env.update(extra_env or {})
     url = f"http://{HOST}:{port}"
