@@ -26,14 +26,17 @@ def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _row(name: str) -> dict[str, object] | None:
-    listed = rlkit("status", "--json")
-    rows = json.loads(listed.stdout) if listed.returncode == 0 else []
+    """The trial's row of `rlkit status --json`, read in this process: a new `rlkit status` every poll cost ~1 CPU-s
+    of imports on the login node each time; the rows themselves are a few Slurm queries and files."""
+    from rlkit.cli import status
+
+    rows = [json.loads(json.dumps(row.to_dict(), default=str)) for row in status.all_trials()]
     return next((r for r in rows if r["name"] == name), None)
 
 
 def wait_for(name: str, timeout: float, *, every: float = 10.0) -> tuple[str, dict[str, object] | None]:
-    """Poll `rlkit status --json` until the trial's job has ended; print progress lines meanwhile. Its last state and
-    status row (None: never listed)."""
+    """Poll the trials' status rows (as `rlkit status --json` gives them) until the trial's job has ended; print
+    progress lines meanwhile. Its last state and status row (None: never listed)."""
     deadline = time.monotonic() + timeout
     state, last, row = "PENDING", "", None
     while time.monotonic() < deadline:
