@@ -25,7 +25,8 @@ PRELOAD = ("rlkit.cli.main", "typer._adapters", "typer._click.decorators", "type
            "rlkit.cli.status", "rlkit.cli.explain", "rlkit.launch.stages", "rlkit.rewards", "rlkit.agent.workflows",
            "rlkit.agent.tools", "rlkit.jobs.grpo.checks", "rlkit.checks.lora", "rlkit.checks.evaluation",
            "rlkit.servers.extra_args", "rlkit.servers.cuda_probe", "rlkit.servers.http", "rlkit.servers.vllm.backend",
-           "rlkit.servers.vllm.command", "rlkit.servers.vllm.wire", "rlkit.tasks.digits")
+           "rlkit.servers.vllm.command", "rlkit.servers.vllm.wire", "rlkit.tasks.digits",
+           "tests.helpers.cli_warmup")  # last: a first call's one-time work, done before the forks (its docstring)
 
 # read once, at the interpreter's start or a preloaded module's import (rich.console, typer.rich_utils)
 START_VARIABLES = frozenset({"LANG", "LC_ALL", "LC_CTYPE", "TERM", "COLORTERM", "COLUMNS", "LINES", "NO_COLOR",
