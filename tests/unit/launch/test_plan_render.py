@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +18,10 @@ from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command
 from tests.conftest import CONFIGS, REPO, example_configs
 from tests.helpers.planning import plan_of
+
+if TYPE_CHECKING:
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.launch.plan import JobPlan
 
 GOLDEN = REPO / "tests" / "golden"
 # Fixed values so the golden scripts do not depend on this machine.
@@ -52,13 +58,19 @@ GOLDEN_CASES["grpo-12-4"] = ("grpo", ["allocation_mode=vllm:d12+fsdp:d4"])
 PACKED_GOLDENS = {"grpo-12-4", "grpo-one-node", "grpo-one-node-cpu-demo"}
 
 
+@functools.cache
+def _golden_plans(name: str) -> tuple[tuple[ExperimentConfig, JobPlan], ...]:
+    """Each config of a golden case with its plan, loaded once for the two tests below (they only read them)."""
+    source, overrides = GOLDEN_CASES[name]
+    return tuple((config, plan_of(config)) for config in example_configs(CONFIGS / f"{source}.yaml",
+                                                                          [*PINNED, *overrides]))
+
+
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_golden_cases_keep_their_placement(name: str) -> None:
     """Packed placement changed no existing example: every other golden is still a heterogeneous job (or a
     one-component job), each component on whole nodes of its own."""
-    source, overrides = GOLDEN_CASES[name]
-    for config in example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides]):
-        plan = plan_of(config)
+    for _config, plan in _golden_plans(name):
         assert plan.packed == (name in PACKED_GOLDENS)
         if not plan.packed:
             assert plan.requests == plan.components and all(s.het_group < len(plan.components) for s in plan.steps)
@@ -67,9 +79,8 @@ def test_golden_cases_keep_their_placement(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_rendered_scripts_match_golden(name: str) -> None:
     """Golden files; regenerate after an intended change with RLKIT_UPDATE_GOLDEN=1 and review the diff."""
-    source, overrides = GOLDEN_CASES[name]
-    configs = example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])
-    scripts = [render_script(plan_of(config)) for config in configs]
+    configs = [config for config, _plan in _golden_plans(name)]
+    scripts = [render_script(plan) for _config, plan in _golden_plans(name)]
     for script in scripts:
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     script = "".join(f"# ---- trial {c.trial_name}\n{s}" for c, s in zip(configs, scripts, strict=True)) \
