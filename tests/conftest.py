@@ -37,13 +37,18 @@ def rlkit_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-@pytest.fixture
-def fake_model(tmp_path: Path) -> Path:
-    """A directory that looks like a HF model to the login-node checks (config.json only; never served)."""
-    model = tmp_path / "model"
+def write_fake_model(root: Path) -> Path:
+    """A directory under `root` that looks like a HF model to the login-node checks (config.json only; never
+    served)."""
+    model = root / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     return model
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> Path:
+    return write_fake_model(tmp_path)
 
 
 @pytest.fixture
@@ -72,7 +77,12 @@ generate: {{dataset: {{path: {data}}}}}
 
 @pytest.fixture
 def grpo_yaml(tmp_path: Path, fake_model: Path) -> Path:
-    """A valid grpo config (container_type none, 1 server + 2 trainer ranks) with its dataset, under tmp_path."""
+    return write_grpo_yaml(tmp_path, fake_model)
+
+
+def write_grpo_yaml(tmp_path: Path, fake_model: Path) -> Path:
+    """A valid grpo config (container_type none, 1 server + 2 trainer ranks) with its dataset, under tmp_path
+    (a module's tests that only read the config share one: tests/integration/test_weird_values.py)."""
     (fake_model / "tokenizer.json").write_text("{}")
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(16)))

@@ -8,17 +8,29 @@ of the one allocation whose steps share nodes: configs/grpo-one-node*.yaml).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import CONFIGS, example_configs, run_rlkit
 
+if TYPE_CHECKING:
+    from rlkit.config.schema.experiment import ExperimentConfig
+
 # the dev cluster's controller (sbatch --test-only; no job runs)
 pytestmark = [pytest.mark.slurm, pytest.mark.controller]
 
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
+
+
+@functools.cache
+def _loaded(example: Path) -> tuple[ExperimentConfig, ...]:
+    """The configs an example submits (tests.conftest.example_configs), loaded once for the module: its tests only
+    read them, and each loaded every example again (~5 CPU-s a test)."""
+    return tuple(example_configs(example))
 
 
 @pytest.fixture
@@ -48,7 +60,7 @@ def _for(config: Path, standins: list[str]) -> list[str]:
     dataset file where the rows are generated in the job (train_dataset.path reasoning-gym)."""
     from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 
-    example = example_configs(config)[0]
+    example = _loaded(config)[0]
     if names_reasoning_gym(example.train_dataset.path):
         standins = [o for o in standins if not o.startswith("train_dataset.path=")]
     if example.launcher.slurm.container_type == "apptainer":
@@ -58,7 +70,7 @@ def _for(config: Path, standins: list[str]) -> list[str]:
 
 
 def test_there_are_gpu_and_cpu_examples() -> None:
-    kinds = {c.launcher.slurm.container_type for path in EXAMPLES for c in example_configs(path)}
+    kinds = {c.launcher.slurm.container_type for path in EXAMPLES for c in _loaded(path)}
     assert kinds == {"apptainer", "none"}
     assert (CONFIGS / "grpo.yaml") in EXAMPLES
 
@@ -70,7 +82,7 @@ def test_cpu_examples_start_servers_eager_gpu_examples_compiled() -> None:
     from rlkit.servers.backend import backend_for
     from rlkit.steps.serve import server_launch
 
-    for path, config in ((example, c) for example in EXAMPLES for c in example_configs(example)):
+    for path, config in ((example, c) for example in EXAMPLES for c in _loaded(example)):
         if not job_type_for(config.type).needs_servers:
             continue  # a trainer-only example (sft) starts no server
         argv = server_launch(config, backend_for("vllm"), 1, 8000, token="t", secret_dir=Path("/nonexistent"),
@@ -91,7 +103,7 @@ def test_controller_accepts_rendered_script(config: Path, site_standins: list[st
     result = run_rlkit("render", str(config), *_for(config, site_standins), *held_out, "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict
-    if example_configs(config)[0].launcher.slurm.container_type == "apptainer":
+    if _loaded(config)[0].launcher.slurm.container_type == "apptainer":
         assert "apptainer exec --pwd / --nv --bind" in result.stdout
     assert not rlkit_home.exists()
 
@@ -154,6 +166,6 @@ def _held_out(example: Path, data: str) -> list[str]:
     from rlkit.launch.stages import compose_stages, has_stages
 
     if not has_stages(example):
-        return [f"valid_dataset.path={data}"] if example_configs(example)[0].valid_dataset.path else []
+        return [f"valid_dataset.path={data}"] if _loaded(example)[0].valid_dataset.path else []
     return [f"stages.{stage.name}.valid_dataset.path={data}" for stage in compose_stages(example, [], Problems())
             if stage.config is not None and stage.config.valid_dataset.path]

@@ -26,6 +26,7 @@ from rlkit.config.schema.experiment import ExperimentConfig, set_field
 from rlkit.errors import ConfigError
 from rlkit.launch.render import step_command
 from rlkit.launch.submit import Prepared, prepare_config
+from tests.conftest import write_fake_model, write_grpo_yaml
 
 # the dev cluster's controller (sbatch; no job runs)
 pytestmark = [pytest.mark.slurm, pytest.mark.controller]
@@ -100,11 +101,14 @@ def _run_without_programs(script: str, workdir: Path) -> None:
                    capture_output=True, timeout=60, check=False)
 
 
-@pytest.fixture
-def base_config(grpo_yaml: Path, tmp_path: Path) -> ExperimentConfig:
+@pytest.fixture(scope="module")
+def loaded_base_config(tmp_path_factory: pytest.TempPathFactory) -> ExperimentConfig:
     """A grpo job in Apptainer images with etcd over TLS, env vars and mounts: every field the planner can put into
-    the script is in play (sbatch options, srun/apptainer arguments, binds, environment, step argv)."""
-    pem = tmp_path / "etcd"
+    the script is in play (sbatch options, srun/apptainer arguments, binds, environment, step argv). Loaded once
+    for the module (a load was ~30% of its CPU); tests get copies (`base_config`)."""
+    root = tmp_path_factory.mktemp("weird-values")
+    grpo_yaml = write_grpo_yaml(root, write_fake_model(root))
+    pem = root / "etcd"
     pem.mkdir()
     for name in ("ca.pem", "client.pem", "client-key.pem"):
         (pem / name).write_text("not a real certificate")
@@ -118,6 +122,12 @@ def base_config(grpo_yaml: Path, tmp_path: Path) -> ExperimentConfig:
         f"cluster.name_resolve.etcd3_cacert={pem / 'ca.pem'}", f"cluster.name_resolve.etcd3_cert={pem / 'client.pem'}",
         f"cluster.name_resolve.etcd3_key={pem / 'client-key.pem'}",
     ])
+
+
+@pytest.fixture
+def base_config(loaded_base_config: ExperimentConfig) -> ExperimentConfig:
+    """The module's config, copied: a test may change it (test_sbatch_reads_weird_values_back_literally does)."""
+    return copy.deepcopy(loaded_base_config)
 
 
 def test_the_schema_lists_the_fields_that_reach_the_script() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +18,10 @@ from rlkit.launch.plan import CLIENT_ROLE, SERVER_ROLE, TRAINER_ROLE
 from rlkit.launch.render import render_script, step_command
 from tests.conftest import CONFIGS, REPO, example_configs
 from tests.helpers.planning import plan_of
+
+if TYPE_CHECKING:
+    from rlkit.config.schema.experiment import ExperimentConfig
+    from rlkit.launch.plan import JobPlan
 
 GOLDEN = REPO / "tests" / "golden"
 # Fixed values so the golden scripts do not depend on this machine.
@@ -52,13 +58,19 @@ GOLDEN_CASES["grpo-12-4"] = ("grpo", ["allocation_mode=vllm:d12+fsdp:d4"])
 PACKED_GOLDENS = {"grpo-12-4", "grpo-one-node", "grpo-one-node-cpu-demo"}
 
 
+@functools.cache
+def _golden_plans(name: str) -> tuple[tuple[ExperimentConfig, JobPlan], ...]:
+    """Each config of a golden case with its plan, loaded once for the two tests below (they only read them)."""
+    source, overrides = GOLDEN_CASES[name]
+    return tuple((config, plan_of(config)) for config in example_configs(CONFIGS / f"{source}.yaml",
+                                                                          [*PINNED, *overrides]))
+
+
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_golden_cases_keep_their_placement(name: str) -> None:
     """Packed placement changed no existing example: every other golden is still a heterogeneous job (or a
     one-component job), each component on whole nodes of its own."""
-    source, overrides = GOLDEN_CASES[name]
-    for config in example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides]):
-        plan = plan_of(config)
+    for _config, plan in _golden_plans(name):
         assert plan.packed == (name in PACKED_GOLDENS)
         if not plan.packed:
             assert plan.requests == plan.components and all(s.het_group < len(plan.components) for s in plan.steps)
@@ -67,9 +79,8 @@ def test_golden_cases_keep_their_placement(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
 def test_rendered_scripts_match_golden(name: str) -> None:
     """Golden files; regenerate after an intended change with RLKIT_UPDATE_GOLDEN=1 and review the diff."""
-    source, overrides = GOLDEN_CASES[name]
-    configs = example_configs(CONFIGS / f"{source}.yaml", [*PINNED, *overrides])
-    scripts = [render_script(plan_of(config)) for config in configs]
+    configs = [config for config, _plan in _golden_plans(name)]
+    scripts = [render_script(plan) for _config, plan in _golden_plans(name)]
     for script in scripts:
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     script = "".join(f"# ---- trial {c.trial_name}\n{s}" for c, s in zip(configs, scripts, strict=True)) \
@@ -322,21 +333,28 @@ def test_supervisor_and_trainer_share_the_contract(tmp_path: Path) -> None:
     assert read_back() == ["-1"] and not (tmp_path / "pwned").exists()
 
 
-def test_shellcheck_passes_on_the_template_and_every_rendered_script() -> None:
+def test_shellcheck_passes_on_the_template_and_every_rendered_script(tmp_path: Path) -> None:
     """The supervisor template, every golden script (each stage of a multi-stage one on its own) and the repository's
     own shell scripts are clean under shellcheck (installed by scripts/dev-env.sh; a missing shellcheck fails this
-    test, never skips it)."""
+    test, never skips it). The goldens are checked as one union with the template (tests/helpers/shellcheck_union.py:
+    each distinct rendered line once, in its place; 18 -> ~4 CPU-s), a finding named by golden and line."""
     from rlkit.launch.render import SUPERVISOR_TEMPLATE
+    from tests.helpers.shellcheck_union import union_of
 
     repo = REPO
-    shell_files = [repo / "rlkit" / "launch" / SUPERVISOR_TEMPLATE, *repo.glob("scripts/*.sh"),
-                   *repo.glob("slurm/*.sh")]
-    scripts = {str(path.relative_to(repo)): path.read_text() for path in shell_files}
+    template = repo / "rlkit" / "launch" / SUPERVISOR_TEMPLATE
+    shell_files = [template, *repo.glob("scripts/*.sh"), *repo.glob("slurm/*.sh")]
+    goldens = {}
     for golden in sorted(GOLDEN.glob("*.sbatch")):
         for index, part in enumerate(golden.read_text().split("#!/bin/bash\n")[1:]):
-            scripts[f"{golden.name}[{index}]"] = "#!/bin/bash\n" + part
-    assert len(scripts) > len(list(GOLDEN.glob("*.sbatch"))) + 3
-    for name, text in scripts.items():
-        run = subprocess.run(["shellcheck", "--shell=bash", "-"], input=text, capture_output=True, text=True,
-                             check=False)
-        assert run.returncode == 0, f"{name}:\n{run.stdout}{run.stderr}"
+            goldens[f"{golden.name}[{index}]"] = "#!/bin/bash\n" + part
+    assert len(goldens) >= len(list(GOLDEN.glob("*.sbatch"))) > 3
+    union = union_of(template.read_text(), goldens)
+    for name, text in goldens.items():  # every rendered line is in the union, in its script's order
+        lines = iter(union.lines)
+        assert all(line in lines for line in text.splitlines()), name
+    rendered = tmp_path / "goldens-with-the-template.sh"
+    rendered.write_text(union.text)
+    run = subprocess.run(["shellcheck", "--shell=bash", "--format=gcc", *map(str, shell_files), str(rendered)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, f"{union.explain(run.stdout, str(rendered))}\n{run.stderr}"
