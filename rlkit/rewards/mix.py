@@ -62,7 +62,8 @@ class RewardMix:
         for name, (spec, weight) in zip(term_names(reward), reward.fns.items(), strict=True):
             fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
             timeout = float(reward.timeouts.get(spec, reward.timeout))
-            runner = RewardRunner(fn, timeout, workers=1 if spec.strip() == REWARD_MODEL else 4, env=env)
+            workers = 1 if spec.strip() == REWARD_MODEL else reward.num_workers
+            runner = RewardRunner(fn, timeout, workers=workers, env=env)
             self.terms.append(_Term(name, float(weight), runner))
 
     @property
@@ -116,6 +117,6 @@ def reward_scorer(reward: RewardConfig, *, env: dict[str, str] | None = None) ->
     """What scores the rollouts: the mix of reward.fns when set, else the one reward.fn."""
     if reward.fns:
         return RewardMix(reward, env=env)
-    workers = 1 if reward.fn.strip() == REWARD_MODEL else 4  # a reward model is loaded in every worker
+    workers = 1 if reward.fn.strip() == REWARD_MODEL else reward.num_workers  # a reward model: loaded in each
     return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path), reward.timeout,
                         workers=workers, env=env)

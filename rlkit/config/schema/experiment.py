@@ -238,6 +238,9 @@ class RewardConfig:
                                "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "
                                "mean, errors and timeouts are logged as reward/fn/<name>/*; empty: fn alone.")
     timeouts: dict[str, float] = _f({}, "Per function of fns: seconds one call may take (missing: timeout).")
+    num_workers: int = _f(4, "Processes that call a reward function (each of fns its own), started as calls need "
+                             "them; each imports the function and runs its warmup() once. reward_model: always one.",
+                          ge=1)
 
 
 @dataclass

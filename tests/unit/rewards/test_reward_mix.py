@@ -16,6 +16,7 @@ from rlkit.rewards.runner import RewardOutcome, RewardRunner
 
 MODULE = "rlkit_test_mix_rewards"
 SOURCE = '''
+import os
 import time
 
 
@@ -27,6 +28,11 @@ def slow(prompt, completion, row):
     if completion == "slow":
         time.sleep(30)
     return 2.0
+
+
+def worker_pid(prompt, completion, row):
+    time.sleep(0.2)  # calls overlap: each busy worker makes the next call wait or start another
+    return float(os.getpid())
 '''
 
 
@@ -88,3 +94,28 @@ def test_weighted_sum_parts_counts_and_a_timeout_in_one_function(module: str) ->
 def test_a_timeout_for_a_function_not_in_the_mix_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"reward\.timeouts names math"):
         RewardMix(RewardConfig(fns={"exact_match": 1.0}, timeouts={"math": 3.0}))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_num_workers_bounds_the_processes_of_each_function(module: str, workers: int) -> None:
+    """reward.num_workers: six overlapping calls of each function of a mix run in at most that many processes
+    (the function returns its worker's pid), and in exactly that many when the calls overlap."""
+    reward = RewardConfig(fns={f"{module}:worker_pid": 1.0, f"{module}:length": 0.0}, num_workers=workers)
+    mix = reward_scorer(reward)
+    assert isinstance(mix, RewardMix)
+
+    async def six() -> list[RewardOutcome]:
+        return list(await asyncio.gather(*(mix.score("Q", "x", {}) for _ in range(6))))
+
+    try:
+        outcomes = asyncio.run(asyncio.wait_for(six(), 120))
+        assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+        assert len({dict(o.parts)["worker_pid"] for o in outcomes}) == workers
+        assert all(term.runner.workers == workers for term in mix.terms)
+    finally:
+        mix.close()
+    single = reward_scorer(RewardConfig(fn="exact_match", num_workers=workers))
+    try:
+        assert isinstance(single, RewardRunner) and single.workers == workers
+    finally:
+        single.close()
