@@ -83,7 +83,7 @@ def _rollout_fails_then_force(env: dict[str, object]) -> tuple[Path, str]:
     name, home = f"{EXPERIMENT}/rolloutfails", trial_home(env, "rolloutfails")
     assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     forced = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *env["base"],  # type: ignore[misc]
-                       "trial_name=rolloutfails", "total_train_steps=1", *ONE_SERVER, "--force", env=home)
+                       "trial_name=rolloutfails", "total_train_steps=1", *ONE_RANK, "--force", env=home)
     assert forced.returncode == 0, forced.stderr
     assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return trial, forced.stdout
