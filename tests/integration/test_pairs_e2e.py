@@ -36,17 +36,22 @@ ONE_RANK = ("allocation_mode=fsdp:d1",)
 
 
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+def demo_runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, dict[str, object]]:
     """`rlkit demo rw`, `rlkit demo dpo` and `rlkit demo sft` side by side (one rank each: all three fit at once),
-    as a user runs the examples: each builds its model and data in its demo directory, submits, follows the job and
-    prints its figures. The command is what is under test here; the trials are the same configs with only the
-    allocation overridden (ONE_RANK), through the command's own overrides."""
+    as a user runs the examples: each prepares its model and data in its demo directory, submits, follows the job
+    and prints its figures. The command is what is under test here; the trials are the same configs with only the
+    allocation overridden (ONE_RANK), through the command's own overrides. Each demo directory starts with a copy of
+    the session's tiny model, the one the demo builds (the same parameters), which the demo reuses as a second run of
+    it would: building it costs each demo process ~10 CPU-s of torch and transformers imports, and the build is
+    tested where it is the subject (tests/unit/cli/test_demos.py, from an empty directory)."""
+    import shutil
     import subprocess
     import sys
 
     root = tmp_path_factory.mktemp("pairs-e2e")
     demos: dict[str, subprocess.Popen[str]] = {}
     for job in JOBS:
+        shutil.copytree(tiny_model_dir, root / f"demo-{job}" / "tiny-model")
         env = {**os.environ, "RLKIT_HOME": str(root / "home"), "RLKIT_DEMO_DIR": str(root / f"demo-{job}"),
                "RLKIT_DEMO_TRIAL": "e2e", "RLKIT_FILEROOT": str(root / "fileroot")}
         demos[job] = subprocess.Popen([sys.executable, "-m", "rlkit", "demo", job, *ONE_RANK], env=env, text=True,
