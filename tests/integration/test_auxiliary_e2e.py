@@ -75,13 +75,17 @@ def _judge_trial(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
                  "actor.weight_update_mode=xccl",
                  f"auxiliary_models=[{{name: judge, model_path: {judge}}}]",
                  "reward.fn=judge_reward:digits_with_judge", "reward.timeout=60"]
-    env = {"RLKIT_HOME": str(root / "home"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(USER_CODE), os.environ.get("PYTHONPATH", "")]))}
+    home = {"RLKIT_HOME": str(root / "home")}
+    # the reward's module on PYTHONPATH at submit, which the job inherits; the status and logs calls below run
+    # without it, as a user's would, so that they fork from the CLI zygote (a PYTHONPATH of their own makes each a
+    # new interpreter: ~1.5 CPU-s per status poll)
+    env = {**home, "PYTHONPATH": os.pathsep.join(filter(None, [str(USER_CODE), os.environ.get("PYTHONPATH", "")]))}
     experiment = load_config(CONFIGS / "grpo-cpu-demo.yaml").experiment_name
     name = f"{experiment}/e2e_judge"
     began = time.monotonic()
     submitted = run_rlkit("submit", str(CONFIGS / "grpo-cpu-demo.yaml"), *overrides, env=env)
     assert submitted.returncode == 0, submitted.stderr
+    env = home
     live = wait_for(lambda: _live_detail(name, env), "rlkit status to show the policy server and the judge", 600,
                 every=5)
     live_text = run_rlkit("status", name, env=env).stdout
