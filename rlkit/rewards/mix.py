@@ -62,8 +62,7 @@ class RewardMix:
         for name, (spec, weight) in zip(term_names(reward), reward.fns.items(), strict=True):
             fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
             timeout = float(reward.timeouts.get(spec, reward.timeout))
-            workers = 1 if spec.strip() == REWARD_MODEL else reward.num_workers
-            runner = RewardRunner(fn, timeout, workers=workers, env=env)
+            runner = RewardRunner(fn, timeout, workers=_workers(spec, reward), env=env)
             self.terms.append(_Term(name, float(weight), runner))
 
     @property
@@ -117,6 +116,11 @@ def reward_scorer(reward: RewardConfig, *, env: dict[str, str] | None = None) ->
     """What scores the rollouts: the mix of reward.fns when set, else the one reward.fn."""
     if reward.fns:
         return RewardMix(reward, env=env)
-    workers = 1 if reward.fn.strip() == REWARD_MODEL else reward.num_workers  # a reward model: loaded in each
     return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path), reward.timeout,
-                        workers=workers, env=env)
+                        workers=_workers(reward.fn, reward), env=env)
+
+
+def _workers(spec: str, reward: RewardConfig) -> int:
+    """Worker processes for the function `spec` names: reward.num_workers, but one for a reward model (each worker
+    would load the model)."""
+    return 1 if spec.strip() == REWARD_MODEL else reward.num_workers
