@@ -38,8 +38,8 @@ def _row(name: str) -> dict[str, object] | None:
 
 
 def wait_for(name: str, timeout: float, *, every: float = 5.0) -> tuple[str, dict[str, object] | None]:
-    """Poll `rlkit status --json` until the trial's job has ended; print progress lines meanwhile. Its last state and
-    status row (None: never listed)."""
+    """Poll the trial's status row (`_row`: what `rlkit status --json` shows) until its job has ended; print progress
+    lines meanwhile. Its last state and status row (None: never listed)."""
     deadline = time.monotonic() + timeout
     state, last, row = "PENDING", "", None
     while time.monotonic() < deadline:
