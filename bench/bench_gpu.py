@@ -15,12 +15,18 @@ network on the GPU machine), saved once as a bf16 HF directory that every engine
      bf16 HF export loaded as a server loads it, the spread actor.weight_check_tolerance must allow
   4. checkpoints: engine.save_sharded / load_sharded (model + AdamW states) against the floor of writing (fsync)
      and reading the same bytes as one safetensors file; the HF export's bytes and time
+  5. real sequence lengths (the checklist's next item 1, issue 46 part 6; `--only long` runs it alone): the same
+     step at 8k and 32k tokens a sequence, packed with the head's log-probs in chunks (the actor's defaults), with
+     and without gradient checkpointing, against the 1k/4k figures of 2; then the same 8k step with the full
+     logits (actor.logprob_chunk_tokens=0) for the head's share of the peak; `--shape qwen2.5-3b` / `qwen2.5-7b`
+     are the checklist's bigger models on one GPU
 Writes DIR/gpu.json and prints one line per figure. A step that fails (out of memory, say) is recorded, not fatal.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -44,6 +50,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                          tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    # the checklist's "bigger model on one GPU" (config.json shapes of the released checkpoints)
+    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                       tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                       tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=8192, tie_word_embeddings=True),
 }
@@ -84,19 +97,26 @@ def write_model(out: Path, shape: dict[str, Any], device: Any) -> tuple[Path, in
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():  # at init's std 0.02 every logit is near 0 and the fingerprint compares near-uniform rows
         model.get_input_embeddings().weight.mul_(HEAD_SCALE)
+        if not shape.get("tie_word_embeddings", True):  # an untied head (7B) scaled alike
+            model.get_output_embeddings().weight.mul_(HEAD_SCALE)
     n_params = sum(p.numel() for p in model.parameters())  # a tied head counts once
     model.save_pretrained(out)
     del model
     return out, n_params
 
 
-def actor_config(path: Path, *, gc_on: bool = False, lora: bool = False, mb_tokens: int = 8192) -> Any:
+def actor_config(path: Path, *, gc_on: bool = False, lora: bool = False, mb_tokens: int = 8192,
+                 chunk_tokens: int | None = None) -> Any:
+    """The bench's actor; `chunk_tokens` None keeps actor.logprob_chunk_tokens' default, 0 is the full logits."""
     from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, OptimizerConfig
 
-    return ActorConfig(path=str(path), dtype="bfloat16", attn_impl="sdpa", gradient_checkpointing=gc_on,
-                       group_size=2, ppo_n_minibatches=1, mb_spec=MicroBatchSpec(max_tokens_per_mb=mb_tokens),
-                       optimizer=OptimizerConfig(lr=1e-6, warmup_steps_proportion=0.0), use_lora=lora,
-                       lora_rank=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    config = ActorConfig(path=str(path), dtype="bfloat16", attn_impl="sdpa", gradient_checkpointing=gc_on,
+                         group_size=2, ppo_n_minibatches=1, mb_spec=MicroBatchSpec(max_tokens_per_mb=mb_tokens),
+                         optimizer=OptimizerConfig(lr=1e-6, warmup_steps_proportion=0.0), use_lora=lora,
+                         lora_rank=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    if chunk_tokens is not None:
+        config.logprob_chunk_tokens = chunk_tokens
+    return config
 
 
 def samples(n: int, prompt: int, completion: int, vocab: int, seed: int) -> list[Any]:
@@ -237,35 +257,55 @@ def algorithm_steps(model: Path, vocab: int, length: int, device: Any) -> dict[s
 
 
 def throughput(model: Path, vocab: int, n_params: int, peak_tflops: float, lengths: list[int], tokens: int,
-               device: Any) -> dict[str, Any]:
-    """Item 2: the grpo actor's step on `tokens` tokens per step (a quarter prompt), after one warm-up step."""
+               device: Any, *, gc_modes: tuple[bool, ...] = (False, True), chunk_tokens: int | None = None,
+               tag: str = "") -> dict[str, Any]:
+    """Items 2 and 5: the grpo actor's step on `tokens` tokens per step (a quarter prompt), after one warm-up step;
+    its peak is the measured step's alone. A micro-batch holds `tokens` up to 8k, or one sequence when longer."""
     from rlkit.trainer.actor import PPOActor
 
     results: dict[str, Any] = {}
-    for gc_on in (False, True):
+    for gc_on in gc_modes:
         free(device)
-        actor = PPOActor.build(actor_config(model, gc_on=gc_on, mb_tokens=min(tokens, 8192)), rank=0, world=1,
-                               device=device, pad_id=PAD, temperature=1.0, total_optimizer_steps=100)
+        config = actor_config(model, gc_on=gc_on, mb_tokens=max(min(tokens, 8192), max(lengths)),
+                              chunk_tokens=chunk_tokens)
+        actor = PPOActor.build(config, rank=0, world=1, device=device, pad_id=PAD, temperature=1.0,
+                               total_optimizer_steps=100)
         for length in lengths:
-            key = f"seq{length}_gc{int(gc_on)}"
-            n = max(2, tokens // length)
+            key = f"seq{length}_gc{int(gc_on)}{tag}"
+            n = max(1, tokens // length)
             try:
-                grpo_step(actor, samples(n, length // 4, length - length // 4, vocab, 4))  # warm-up
-                free_peak = peak_gb(device)
+                grpo_step(actor, samples(max(2, n), length // 4, length - length // 4, vocab, 4))  # warm-up
                 batch = samples(n, length // 4, length - length // 4, vocab, 5)
                 old = actor.logprobs_at(batch)
                 for i, s in enumerate(batch):
                     s.behav_logp = old[i]
-                _, seconds = timed(lambda a=actor, b=batch, o=old: a.train_step(b, o, None), device)
+                free(device)
+                _, seconds = timed(functools.partial(actor.train_step, batch, old, None), device)
                 rate = n * length / seconds
                 results[key] = {"sequences": n, "tokens": n * length, "train_step_s": round(seconds, 3),
                                 "tokens_per_s": round(rate),
                                 "mfu": round(6 * n_params * rate / (peak_tflops * 1e12), 4),
-                                "peak_gb": free_peak}
+                                "peak_gb": peak_gb(device), "logprob_chunk_tokens": config.logprob_chunk_tokens,
+                                "packing": config.mb_spec.packing}
             except Exception as e:
                 results[key] = {"error": f"{type(e).__name__}: {e}"[:1000]}
             print(f"throughput {key}: {json.dumps(results[key])}", flush=True)
+            free(device)
         del actor
+    return results
+
+
+def long_sequences(model: Path, vocab: int, n_params: int, peak_tflops: float, tiny: bool,
+                   device: Any) -> dict[str, Any]:
+    """Item 5: 8k and 32k tokens a sequence (tiny: 1k and 4k), 32k tokens a step, packed and chunked, with and
+    without checkpointing; then the shorter length with the full logits, checkpointing on (the head's share)."""
+    lengths, tokens = ([1024, 4096], 4096) if tiny else ([8192, 32768], 32768)
+    results = throughput(model, vocab, n_params, peak_tflops, lengths, tokens, device)
+    results.update(throughput(model, vocab, n_params, peak_tflops, lengths[:1], tokens, device, gc_modes=(True,),
+                              chunk_tokens=0, tag="_full_logits"))
+    chunked, full = results.get(f"seq{lengths[0]}_gc1", {}), results.get(f"seq{lengths[0]}_gc1_full_logits", {})
+    if chunked.get("peak_gb") and full.get("peak_gb"):
+        results["full_over_chunked_peak"] = round(full["peak_gb"] / chunked["peak_gb"], 3)
     return results
 
 
@@ -343,8 +383,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["steps", "throughput", "numerics", "checkpoint"])
+    sections = ["steps", "throughput", "numerics", "checkpoint", "long"]
+    parser.add_argument("--skip", nargs="*", default=[], choices=sections)
+    parser.add_argument("--only", nargs="*", default=[], choices=sections,
+                        help="run these sections alone (the others skipped)")
     args = parser.parse_args()
+    if args.only:
+        args.skip = [name for name in sections if name not in args.only]
     import torch
     import transformers
 
@@ -384,6 +429,8 @@ def main() -> int:
         section("throughput", lambda: throughput(model, vocab, n_params, report["bf16_matmul_tflops"],
                                                  [256, 1024] if tiny else [1024, 4096], 1024 if tiny else 16384,
                                                  device))
+    if "long" not in args.skip:
+        section("long", lambda: long_sequences(model, vocab, n_params, report["bf16_matmul_tflops"], tiny, device))
     if "numerics" not in args.skip:
         section("numerics", lambda: numerics_and_checkpoints(model, vocab, work, device,
                                                             skip_checkpoint="checkpoint" in args.skip))
