@@ -267,6 +267,6 @@ def _packed(share: Sequence[int], lengths: Sequence[int], spec: MicroBatchSpec) 
 
 def load_sft_dataset(path: str, tokenizer: Any, sft: SFTConfig, *, max_length: int | None) -> SFTDataset:
     """A local sft dataset (jsonl/json/parquet file or directory), tokenized; rows that do not fit are StepErrors."""
-    from rlkit.data.files import load_rows  # imports `datasets` only when a dataset is read
+    from rlkit.data.files import load_rows
 
     return tokenize_rows(load_rows(path), tokenizer, sft, max_length=max_length, source=path)

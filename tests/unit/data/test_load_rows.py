@@ -1,0 +1,90 @@
+"""A job's dataset rows (rlkit.data.files.load_rows): JSON and JSON Lines read as written, every row with every
+column, a clear error naming the file and line, and never a cache entry in the user's ~/.cache/huggingface (on a
+cluster that is NFS, where `datasets`' file locks fail or hang)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlkit.data.files import load_rows
+from rlkit.errors import StepError
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _jsonl(path: Path, rows: list[object], *, prefix: str = "") -> Path:
+    path.write_text(prefix + "\n".join(json.dumps(r) for r in rows) + "\n\n")
+    return path
+
+
+def test_json_lines_are_read_as_written_and_every_row_gets_every_column(tmp_path: Path) -> None:
+    rows = [{"prompt": "1+1=", "answer": 2, "meta": {"a": 1}},
+            {"prompt": "0.5+1=", "answer": 1.5, "meta": {"b": [1, 2]}},
+            {"prompt": "x", "extra": None, "answer": "three"}]
+    got = load_rows(_jsonl(tmp_path / "d.jsonl", rows, prefix="\ufeff"))  # a byte-order mark first
+    assert got == [{"prompt": "1+1=", "answer": 2, "meta": {"a": 1}, "extra": None},
+                   {"prompt": "0.5+1=", "answer": 1.5, "meta": {"b": [1, 2]}, "extra": None},
+                   {"prompt": "x", "answer": "three", "meta": None, "extra": None}]
+    assert isinstance(got[0]["answer"], int), "an integer answer stays an integer (its text is '2', not '2.0')"
+    assert list(got[2]) == ["prompt", "answer", "meta", "extra"], "columns in the order first seen"
+
+
+def test_a_json_list_and_a_directory_of_shards(tmp_path: Path) -> None:
+    (tmp_path / "list.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}]))
+    (tmp_path / "texts.json").write_text(json.dumps(["one", "two"]))
+    assert load_rows(tmp_path / "list.json") == [{"prompt": "a"}, {"prompt": "b"}]
+    assert load_rows(tmp_path / "texts.json") == [{"text": "one"}, {"text": "two"}]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _jsonl(shards / "part-1.jsonl", [{"prompt": "second"}])
+    _jsonl(shards / "part-0.jsonl", [{"prompt": "first"}])
+    assert [r["prompt"] for r in load_rows(shards)] == ["first", "second"], "shards in name order"
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('{"prompt": "a"}\n\n{"prompt": \n', "line 3 is not JSON"),
+    ('{"prompt": "a"}\n[1, 2]\n', "line 2 is a list, not a JSON object"),
+    ('[{"prompt": "a"}, 3]', "item 1 of its list is a int"),
+    ('[{"prompt": "a"}', "is not valid JSON"),
+])
+def test_a_broken_file_is_named_with_its_line(tmp_path: Path, content: str, says: str) -> None:
+    bad = tmp_path / ("bad.json" if content.startswith("[") else "bad.jsonl")
+    bad.write_text(content)
+    with pytest.raises(StepError, match=says) as raised:
+        load_rows(bad)
+    assert str(bad) in str(raised.value)
+    bad.write_bytes(b'{"prompt": "\xff"}\n')
+    with pytest.raises(StepError, match="cannot be read as UTF-8 text"):
+        load_rows(bad)
+
+
+def test_parquet_leaves_nothing_in_the_huggingface_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    hf_cache, scratch = tmp_path / "hf-datasets-cache", tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_cache)  # where load_dataset caches by default
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    pq.write_table(pa.table({"prompt": ["a", "b"], "answer": [1, 2]}), tmp_path / "d.parquet")
+    assert load_rows(tmp_path / "d.parquet") == [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
+    assert not hf_cache.exists(), "the user's datasets cache is not touched"
+    assert list(scratch.iterdir()) == [], "the temporary cache is removed"
+
+
+def test_json_lines_do_not_import_datasets(tmp_path: Path) -> None:
+    """The trainer's rank 0 reads a .jsonl without paying for `datasets` and pandas (~1-2 CPU-s at every start)."""
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a"}])
+    code = ("import sys; from rlkit.data.files import load_rows; "
+            f"assert load_rows({str(data)!r}) == [{{'prompt': 'a'}}]; print('datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert out.stdout.strip() == "False"
