@@ -8,8 +8,9 @@ is `actor.fsdp.ulysses_sp_size=2` (two gloo ranks, rlkit.models.ulysses: each ho
 all-to-all). Each (sp, L) runs in fresh processes; a rank's cost is its peak resident memory (ru_maxrss) over its
 resident memory just before the step, and a run's is its largest rank's. The floor is sp=1 measured in the same run.
 For each sp the length grows (doubling from --start, then bisection to --resolution tokens) to the longest L whose
-cost stays within --cap-mib. Weights and optimizer are not part of it (replicated, no FSDP: the narrow model's are
-a few MB, the same at any L and sp).
+cost stays within --cap-mib. A length's cost is the median of --repeat runs: the same length's peak moves by up to
+10% from run to run (glibc's heap), and one lucky run would otherwise decide the bisection. Weights and optimizer
+are not part of it (replicated, no FSDP: the narrow model's are a few MB, the same at any L and sp).
 
 Run: `PYTHONPATH=. python bench/bench_ulysses.py [--cap-mib 256]`; writes bench/results/cpu-ulysses.json.
 """
@@ -36,6 +37,7 @@ SHAPE = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512, "num_
 MIB = 1024**2
 WARM_UP_TOKENS = 64
 MMAP_THRESHOLD = 0  # --mmap-threshold: 0 leaves glibc's dynamic threshold
+REPEAT = 3  # --repeat: runs per length, the median decides
 
 
 def child(sp: int, tokens: int) -> dict[str, Any]:
@@ -104,9 +106,12 @@ def longest_within(sp: int, cap: int, start: int, resolution: int) -> tuple[int,
     runs: dict[int, dict[str, Any]] = {}
 
     def fits(tokens: int) -> bool:
-        runs[tokens] = run(sp, tokens)
-        print(f"  sp={sp} {tokens:7d} tokens: {runs[tokens]['bytes'] / MIB:7.1f} MiB per rank "
-              f"({runs[tokens]['seconds']:.1f} s)", flush=True)
+        repeats = [run(sp, tokens) for _ in range(REPEAT)]
+        costs = sorted(r["bytes"] for r in repeats)
+        runs[tokens] = {"bytes": costs[len(costs) // 2], "seconds": max(r["seconds"] for r in repeats),
+                        "repeats": repeats}
+        print(f"  sp={sp} {tokens:7d} tokens: {runs[tokens]['bytes'] / MIB:7.1f} MiB per rank, the median of "
+              f"{', '.join(f'{c / MIB:.1f}' for c in costs)} ({runs[tokens]['seconds']:.1f} s)", flush=True)
         return bool(runs[tokens]["bytes"] <= cap)
 
     low, high = 0, start
@@ -134,14 +139,15 @@ def main() -> int:
                         "freed tensors leave the resident set at once and the peak follows the live tensors (as a "
                         "GPU's allocated memory does); 0: glibc's default, which keeps freed blocks below a growing "
                         "threshold in its heap")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per length; their median peak decides")
     parser.add_argument("--child", nargs=2, metavar=("SP", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(int(args.child[0]), int(args.child[1]))))
         return 0
 
-    global MMAP_THRESHOLD
-    MMAP_THRESHOLD = args.mmap_threshold
+    global MMAP_THRESHOLD, REPEAT
+    MMAP_THRESHOLD, REPEAT = args.mmap_threshold, max(1, args.repeat)
     cap = args.cap_mib * MIB
     longest: dict[int, int] = {}
     runs: dict[str, Any] = {}
@@ -158,6 +164,7 @@ def main() -> int:
               "transformers": transformers.__version__, "model": SHAPE, "dtype": "float32",
               "cap_mib_per_rank": args.cap_mib,
               "malloc_mmap_threshold": args.mmap_threshold or "glibc default", "resolution_tokens": args.resolution,
+              "runs_per_length": REPEAT,
               "longest_tokens": {"sp1": longest[1], "sp2": longest[2]}, "sp2_over_sp1": round(ratio, 3),
               "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
