@@ -26,8 +26,6 @@ Writes DIR/gpu.json and prints one line per figure. A step that fails (out of me
 from __future__ import annotations
 
 import argparse
-import functools
-import gc
 import json
 import os
 import shutil
@@ -43,6 +41,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is imported: no progress bars
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from gpu_steps import PAD, actor_config, free, grpo_step, peak_gb, samples, sync, timed  # noqa: E402  (bench/)
+from gpu_throughput import long_sequences, throughput  # noqa: E402
+
 HEAD_SCALE = 5.0  # the random embedding (tied head) times this: peaked next-token distributions like a trained LM's
 
 # Qwen2.5-1.5B's config.json shapes (tied embeddings); tiny: the same architecture small enough for the CPU
@@ -60,14 +62,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=8192, tie_word_embeddings=True),
 }
-PAD = 0
-
-
-def sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def matmul_tflops(device: Any, n: int) -> float:
@@ -103,66 +97,6 @@ def write_model(out: Path, shape: dict[str, Any], device: Any) -> tuple[Path, in
     model.save_pretrained(out)
     del model
     return out, n_params
-
-
-def actor_config(path: Path, *, gc_on: bool = False, lora: bool = False, mb_tokens: int = 8192,
-                 chunk_tokens: int | None = None) -> Any:
-    """The bench's actor; `chunk_tokens` None keeps actor.logprob_chunk_tokens' default, 0 is the full logits."""
-    from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, OptimizerConfig
-
-    config = ActorConfig(path=str(path), dtype="bfloat16", attn_impl="sdpa", gradient_checkpointing=gc_on,
-                         group_size=2, ppo_n_minibatches=1, mb_spec=MicroBatchSpec(max_tokens_per_mb=mb_tokens),
-                         optimizer=OptimizerConfig(lr=1e-6, warmup_steps_proportion=0.0), use_lora=lora,
-                         lora_rank=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    if chunk_tokens is not None:
-        config.logprob_chunk_tokens = chunk_tokens
-    return config
-
-
-def samples(n: int, prompt: int, completion: int, vocab: int, seed: int) -> list[Any]:
-    """`n` random GRPO samples in groups of 2 with advantages +-1 (behaviour log-probs filled in later)."""
-    import torch
-
-    from rlkit.types import Sample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        ids = torch.randint(1, vocab, (prompt + completion,), generator=g).tolist()
-        out.append(Sample(ids[:prompt], ids[prompt:], [0.0] * completion, float(i % 2), 0, True, i // 2,
-                          advantage=1.0 if i % 2 else -1.0))
-    return out
-
-
-def grpo_step(actor: Any, batch: list[Any]) -> dict[str, float]:
-    """The loop's order: the proximal log-probs recomputed (they stand in for the servers' too), then the update."""
-    old = actor.logprobs_at(batch)
-    for i, s in enumerate(batch):
-        s.behav_logp = old[i]
-    return dict(actor.train_step(batch, old, None))
-
-
-def free(device: Any) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_gb(device: Any) -> float | None:
-    import torch
-
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
-def timed(fn: Callable[[], Any], device: Any) -> tuple[Any, float]:
-    sync(device)
-    started = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - started
 
 
 def algorithm_steps(model: Path, vocab: int, length: int, device: Any) -> dict[str, Any]:
@@ -256,59 +190,6 @@ def algorithm_steps(model: Path, vocab: int, length: int, device: Any) -> dict[s
     return results
 
 
-def throughput(model: Path, vocab: int, n_params: int, peak_tflops: float, lengths: list[int], tokens: int,
-               device: Any, *, gc_modes: tuple[bool, ...] = (False, True), chunk_tokens: int | None = None,
-               tag: str = "") -> dict[str, Any]:
-    """Items 2 and 5: the grpo actor's step on `tokens` tokens per step (a quarter prompt), after one warm-up step;
-    its peak is the measured step's alone. A micro-batch holds `tokens` up to 8k, or one sequence when longer."""
-    from rlkit.trainer.actor import PPOActor
-
-    results: dict[str, Any] = {}
-    for gc_on in gc_modes:
-        free(device)
-        config = actor_config(model, gc_on=gc_on, mb_tokens=max(min(tokens, 8192), max(lengths)),
-                              chunk_tokens=chunk_tokens)
-        actor = PPOActor.build(config, rank=0, world=1, device=device, pad_id=PAD, temperature=1.0,
-                               total_optimizer_steps=100)
-        for length in lengths:
-            key = f"seq{length}_gc{int(gc_on)}{tag}"
-            n = max(1, tokens // length)
-            try:
-                grpo_step(actor, samples(max(2, n), length // 4, length - length // 4, vocab, 4))  # warm-up
-                batch = samples(n, length // 4, length - length // 4, vocab, 5)
-                old = actor.logprobs_at(batch)
-                for i, s in enumerate(batch):
-                    s.behav_logp = old[i]
-                free(device)
-                _, seconds = timed(functools.partial(actor.train_step, batch, old, None), device)
-                rate = n * length / seconds
-                results[key] = {"sequences": n, "tokens": n * length, "train_step_s": round(seconds, 3),
-                                "tokens_per_s": round(rate),
-                                "mfu": round(6 * n_params * rate / (peak_tflops * 1e12), 4),
-                                "peak_gb": peak_gb(device), "logprob_chunk_tokens": config.logprob_chunk_tokens,
-                                "packing": config.mb_spec.packing}
-            except Exception as e:
-                results[key] = {"error": f"{type(e).__name__}: {e}"[:1000]}
-            print(f"throughput {key}: {json.dumps(results[key])}", flush=True)
-            free(device)
-        del actor
-    return results
-
-
-def long_sequences(model: Path, vocab: int, n_params: int, peak_tflops: float, tiny: bool,
-                   device: Any) -> dict[str, Any]:
-    """Item 5: 8k and 32k tokens a sequence (tiny: 1k and 4k), 32k tokens a step, packed and chunked, with and
-    without checkpointing; then the shorter length with the full logits, checkpointing on (the head's share)."""
-    lengths, tokens = ([1024, 4096], 4096) if tiny else ([8192, 32768], 32768)
-    results = throughput(model, vocab, n_params, peak_tflops, lengths, tokens, device)
-    results.update(throughput(model, vocab, n_params, peak_tflops, lengths[:1], tokens, device, gc_modes=(True,),
-                              chunk_tokens=0, tag="_full_logits"))
-    chunked, full = results.get(f"seq{lengths[0]}_gc1", {}), results.get(f"seq{lengths[0]}_gc1_full_logits", {})
-    if chunked.get("peak_gb") and full.get("peak_gb"):
-        results["full_over_chunked_peak"] = round(full["peak_gb"] / chunked["peak_gb"], 3)
-    return results
-
-
 def numerics_and_checkpoints(model: Path, vocab: int, work: Path, device: Any, *, skip_checkpoint: bool = False
                              ) -> dict[str, Any]:
     """Items 3 and 4 on one engine after one grpo step."""
@@ -371,7 +252,7 @@ def numerics_and_checkpoints(model: Path, vocab: int, work: Path, device: Any, *
     floor_r = time.perf_counter() - started
     floor.unlink()
     shutil.rmtree(ckpt)
-    ckpt_bytes = sum(size for size, _ in digests.values())
+    ckpt_bytes = sum(d.size for d in digests.values())
     out["checkpoint"] = {"bytes": ckpt_bytes, "save_s": round(save_s, 2), "load_s": round(load_s, 2),
                          "floor_write_s": round(floor_w, 2), "floor_read_s": round(floor_r, 2),
                          "save_over_floor": round(save_s / floor_w, 2), "load_over_floor": round(load_s / floor_r, 2)}
