@@ -43,7 +43,7 @@ def _json_rows(file: Path) -> list[dict[str, Any]]:
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # nesting deeper than Python's stack: not a row
             raise StepError(f"dataset file {file} is not valid JSON: {exc}") from None
         rows = [{"text": item} if isinstance(item, str) else item for item in items]
         wrong = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
@@ -57,7 +57,7 @@ def _json_rows(file: Path) -> list[dict[str, Any]]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise StepError(f"dataset file {file}: line {number} is not JSON ({exc}); write one JSON object per line "
                             "(or a .json file holding one list of objects)") from None
         if not isinstance(row, dict):

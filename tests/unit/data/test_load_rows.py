@@ -55,6 +55,7 @@ def test_a_json_list_and_a_directory_of_shards(tmp_path: Path) -> None:
     ('{"prompt": "a"}\n[1, 2]\n', "line 2 is a list, not a JSON object"),
     ('[{"prompt": "a"}, 3]', "item 1 of its list is a int"),
     ('[{"prompt": "a"}', "is not valid JSON"),
+    ('{"prompt": "a"}\n' + "[" * 100_000 + "]" * 100_000 + "\n", "line 2 is not JSON"),
 ])
 def test_a_broken_file_is_named_with_its_line(tmp_path: Path, content: str, says: str) -> None:
     bad = tmp_path / ("bad.json" if content.startswith("[") else "bad.jsonl")
