@@ -9,10 +9,10 @@ without safetensors (a hub id, .bin weights, a stand-in) gives None: nothing to 
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
+from rlkit import untrusted_json
 from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
 
@@ -28,7 +28,7 @@ def _header_names(path: Path) -> list[str]:
         (size,) = struct.unpack("<Q", raw)
         if size > _HEADER_LIMIT:
             raise ValueError(f"a safetensors header of {size} bytes")
-        header = json.loads(f.read(size))
+        header = untrusted_json.loads(f.read(size))
     if not isinstance(header, dict):
         raise ValueError("a safetensors header that is not a JSON object")
     return [str(name) for name in header if name != "__metadata__"]
@@ -42,7 +42,7 @@ def tensor_names(model_dir: str) -> list[str] | None:
     try:
         index = root / _INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map")
+            weight_map = untrusted_json.loads(index.read_text()).get("weight_map")
             return [str(name) for name in weight_map] if isinstance(weight_map, dict) else None
         files = sorted(f for f in root.glob("*.safetensors") if f.is_file())  # regular files: a FIFO would block
         if not files:

@@ -4,10 +4,10 @@ a reward of 0 for every completion (RewardRunner scores a failing call 0)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.checks.site_files import TOKENIZER_FILES
 from rlkit.config.model_config import VALUE_HEAD_NOTE
 from rlkit.config.problems import Problems
@@ -21,7 +21,7 @@ def _json(path: Path) -> dict[str, Any]:
     try:
         if not path.is_file():
             return {}
-        data = json.loads(path.read_text())
+        data = untrusted_json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

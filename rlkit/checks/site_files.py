@@ -7,13 +7,13 @@ often on a laptop or a login node without the site's files) prints the script an
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from rlkit import untrusted_json
 from rlkit.config.model_config import is_local_path
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
@@ -90,7 +90,7 @@ def check_chat_template(field: str, value: str, why: str) -> None:
     if any((directory / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
         return
     try:
-        settings = json.loads((directory / "tokenizer_config.json").read_text())
+        settings = untrusted_json.loads((directory / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         settings = {}
     if not (isinstance(settings, dict) and settings.get("chat_template")):

@@ -5,10 +5,10 @@ token ids as the same tokens. Torch-free, and importing nothing of rlkit.jobs (t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.config.model_config import is_local_path
 
 _TOKENIZER_LIMIT = 64 * 2**20  # a tokenizer file larger than this is not compared (the vocab_size check stays)
@@ -48,7 +48,7 @@ def _token_table(name: str, data: bytes) -> dict[int, str] | None:
     """Token id -> token of a tokenizer.json (its model's vocabulary and added tokens) or a vocab.json; None when
     the file is not one rlkit can read."""
     try:
-        parsed: Any = json.loads(data)
+        parsed: Any = untrusted_json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(parsed, dict):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from rlkit import untrusted_json
 from rlkit.cli.status_slices import StepSlice, run_started, step_slices
 from rlkit.errors import UserError
 from rlkit.launch import slurm
@@ -235,7 +236,7 @@ def _last_loss(metrics: Path) -> float | None:
         return None
     for line in reversed(lines):
         try:
-            record = json.loads(line)
+            record = untrusted_json.loads(line)
         except ValueError:
             continue  # a line being written, or cut by the seek
         if isinstance(record, dict):

@@ -3,9 +3,10 @@ beside a value model's weights."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from rlkit import untrusted_json
 
 
 def is_local_path(value: str) -> bool:
@@ -41,7 +42,7 @@ def read_model_config(model_dir: str) -> dict[str, Any] | None:
     try:
         if not path.is_file() or path.stat().st_size > _CONFIG_LIMIT:
             return None
-        config = json.loads(path.read_text())
+        config = untrusted_json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return config if isinstance(config, dict) else None

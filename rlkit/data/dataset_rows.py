@@ -3,10 +3,10 @@ for agent runs, that an episode's first prompt leaves room for a turn: rlkit.che
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.errors import ConfigError
 
 
@@ -24,8 +24,8 @@ def first_jsonl_rows(field: str, path: Path, count: int) -> list[Any] | None:
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
+                    rows.append(untrusted_json.loads(line))
+                except ValueError as exc:
                     where = f"line {number}" if rows else "the first line"
                     raise ConfigError(f"{field}: {where} of {files[0]} is not JSON ({exc})",
                                       hint="write one JSON object per line") from None

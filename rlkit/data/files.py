@@ -3,12 +3,12 @@ prompt tokenization."""
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.errors import StepError
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -42,8 +42,8 @@ def _json_rows(file: Path) -> list[dict[str, Any]]:
                         f"{getattr(exc, 'strerror', None) or exc}") from None
     if text.lstrip().startswith("["):
         try:
-            items = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:  # nesting deeper than Python's stack: not a row
+            items = untrusted_json.loads(text)
+        except ValueError as exc:  # not JSON, or nested deeper than Python's stack (rlkit.untrusted_json)
             raise StepError(f"dataset file {file} is not valid JSON: {exc}") from None
         rows = [{"text": item} if isinstance(item, str) else item for item in items]
         wrong = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
@@ -56,8 +56,8 @@ def _json_rows(file: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            row = untrusted_json.loads(line)
+        except ValueError as exc:
             raise StepError(f"dataset file {file}: line {number} is not JSON ({exc}); write one JSON object per line "
                             "(or a .json file holding one list of objects)") from None
         if not isinstance(row, dict):

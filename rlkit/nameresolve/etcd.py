@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from rlkit import untrusted_json
 from rlkit.nameresolve.base import (
     NameEntryExistsError,
     NameEntryNotFoundError,
@@ -123,7 +124,7 @@ class _Gateway:
                                    + hint)
         # /v3/lease/keepalive is a stream: one {"result": ...} object per line
         text = resp.text.strip().splitlines()[0] if path.endswith("keepalive") else resp.text
-        data = json.loads(text) if text else {}
+        data = untrusted_json.loads(text) if text else {}
         return data.get("result", data) if isinstance(data, dict) else {}
 
 
@@ -244,7 +245,7 @@ class Etcd3NameResolve(NameResolve):
     @staticmethod
     def _value(raw: str) -> str:
         try:
-            rec = json.loads(raw)
+            rec = untrusted_json.loads(raw)
         except ValueError:
             return raw  # written by another tool (etcdctl put): the raw value
         return rec["value"] if isinstance(rec, dict) and isinstance(rec.get("value"), str) else raw

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from rlkit import untrusted_json
+
 log = logging.getLogger(__name__)
 
 RECORD_SUFFIX = ".rec"
@@ -151,7 +153,7 @@ def record_problem(raw: RawRecord) -> tuple[dict[str, Any] | None, str]:
     if raw.problem:
         return None, raw.problem
     try:
-        rec = json.loads(raw.data)
+        rec = untrusted_json.loads(raw.data)
     except ValueError:
         return None, "it is not a JSON record"
     if not isinstance(rec, dict) or not isinstance(rec.get("value"), str):

@@ -9,11 +9,11 @@ is skipped with one warning naming it and why, never a crash (name resolve is sh
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.records import warn_once
 
@@ -83,7 +83,7 @@ class ServerRecord:
 def parse_server_record(value: str) -> ServerRecord:
     """The server record in ``value``; ValueError saying what is wrong with it."""
     try:
-        entry = json.loads(value)
+        entry = untrusted_json.loads(value)
     except ValueError:
         raise ValueError("it is not JSON") from None
     if not isinstance(entry, dict):

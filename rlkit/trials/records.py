@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit import __version__
+from rlkit import __version__, untrusted_json
 from rlkit.errors import UserError
 from rlkit.trials.paths import ATTEMPT_DIR, TrialPaths
 
@@ -129,7 +129,7 @@ def _image_facts(image: str) -> dict[str, object]:
 def read_json_dict(path: Path) -> dict[str, Any]:
     """A JSON object from a file, or {} when the file is missing, unreadable or not an object."""
     try:
-        data = json.loads(path.read_text())
+        data = untrusted_json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -217,7 +217,7 @@ def list_trials() -> list[TrialRecord]:
     records = []
     for path in (rlkit_home() / "trials").glob("*/*.json"):
         try:
-            records.append(TrialRecord(**json.loads(path.read_text())))
+            records.append(TrialRecord(**untrusted_json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
             continue
     return sorted(records, key=lambda r: r.submitted_at, reverse=True)

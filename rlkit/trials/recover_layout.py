@@ -7,7 +7,6 @@ The login node reads it (`recover.mode=resume` needs a checkpoint, checked at su
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import mmap
 import os
@@ -15,6 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from rlkit import untrusted_json
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def entry_digest(entry: dict[str, Any]) -> FileDigest:
 def _manifest_entries(directory: Path) -> list[dict[str, Any]] | str:
     """The manifest's file entries, or what is wrong with the manifest (it is read as untrusted input)."""
     try:
-        entries = json.loads((directory / MANIFEST).read_text())["files"]
+        entries = untrusted_json.loads((directory / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"no readable {MANIFEST} ({type(exc).__name__})"
     if not isinstance(entries, list):

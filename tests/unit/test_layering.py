@@ -1,7 +1,8 @@
 """The layering of rlkit's packages, read from the import graph (`ast`, lazy imports inside functions included): no
-import cycle, packages import only lower layers (a few listed exceptions), config imports nothing of rlkit but errors;
-and the login-node side stays light: config, checks, launch, the jobs' records and checks and `rlkit status` never
-pull in torch, vLLM, transformers or the trainer (rlkit.trainer and the jobs' algorithm modules)."""
+import cycle, packages import only lower layers (a few listed exceptions), config imports nothing of rlkit but errors
+(and untrusted_json); and the login-node side stays light: config, checks, launch, the jobs' records and checks and
+`rlkit status` never pull in torch, vLLM, transformers or the trainer (rlkit.trainer and the jobs' algorithm
+modules)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_rlkit_status_imports_no_heavy_package_nor_the_trainer(rlkit_home: Path)
 # rlkit's packages, lowest layer first: a package imports only packages of lower layers (and its own modules); the
 # packages of one layer are peers that do not import each other
 LAYER = {
-    "leaves": 0,  # rlkit/__init__.py, errors, step_contract, fsutil, import_path, types
+    "leaves": 0,  # rlkit/__init__.py, errors, step_contract, fsutil, import_path, types, untrusted_json
     "slurm": 1,
     "config": 2,
     "data": 3, "images": 3, "models": 3, "tasks": 3,
@@ -124,7 +125,8 @@ LAYER = {
 }
 # the modules directly in rlkit/ and their layer's name: the leaves, and `python -m rlkit` (the CLI's entry point)
 ROOT_MODULES = {"rlkit": "leaves", "rlkit.errors": "leaves", "rlkit.step_contract": "leaves", "rlkit.fsutil": "leaves",
-                "rlkit.import_path": "leaves", "rlkit.types": "leaves", "rlkit.__main__": "cli"}
+                "rlkit.import_path": "leaves", "rlkit.types": "leaves", "rlkit.untrusted_json": "leaves",
+                "rlkit.__main__": "cli"}
 # the runtime imports allowed to go up a layer: (importer module, imported module) -> why; at most MAX_UPWARD
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 MAX_UPWARD = 4
@@ -305,9 +307,11 @@ def test_every_allowed_upward_import_still_exists_and_they_are_few() -> None:
 
 
 def test_config_imports_nothing_of_rlkit_but_errors() -> None:
-    """config is the torch-free leaf everything reads: at run time it needs only rlkit.errors."""
+    """config is the torch-free leaf everything reads: at run time it needs only rlkit.errors (and
+    rlkit.untrusted_json, json.loads for the model directories it reads)."""
     outside = [_where([edge]) for edge in _imports() if _package(edge.importer) == "config" and not edge.type_only
-               and _package(edge.imported) != "config" and edge.imported != "rlkit.errors"]
+               and _package(edge.imported) != "config"
+               and edge.imported not in ("rlkit.errors", "rlkit.untrusted_json")]
     assert not outside, "config imports other rlkit modules at run time:\n" + "\n".join(outside)
 
 
