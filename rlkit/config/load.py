@@ -110,7 +110,8 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         try:
             value = load_yaml(text) if text else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(exc, 'problem', exc)})",
+            shown = item if len(item) <= 120 else f"{item[:100]}... ({len(item)} characters)"
+            raise ConfigError(f"override '{shown}': the value is not valid YAML ({getattr(exc, 'problem', exc)})",
                               hint="quote it: key='value with: colons'") from None
         node = tree
         for part in parts[:-1]:

@@ -19,6 +19,7 @@ _PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 _PLAIN_FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][-+]?[0-9]+)?"
                           r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _PLAIN_BOOL = {"true": True, "false": False}
+MAX_DEPTH = 64  # nesting levels of a config value: rlkit's deepest section is a few; a file deeper is not a config
 
 
 class TextFaithfulLoader(yaml.SafeLoader):
@@ -46,5 +47,30 @@ TextFaithfulLoader.add_constructor("tag:yaml.org,2002:bool", _bool)
 
 
 def load_yaml(text: str) -> Any:
-    """Parse YAML text with the rules above (raises yaml.YAMLError on a syntax error)."""
-    return yaml.load(text, Loader=TextFaithfulLoader)  # a SafeLoader: no arbitrary objects
+    """Parse YAML text with the rules above (raises yaml.YAMLError on a syntax error, and on nesting deeper than
+    MAX_DEPTH: PyYAML's parser, OmegaConf and the schema checks all recurse, and "[[[[..." a few thousand deep
+    would end in a RecursionError traceback instead of a message)."""
+    try:
+        data = yaml.load(text, Loader=TextFaithfulLoader)  # a SafeLoader: no arbitrary objects
+    except RecursionError:
+        raise yaml.YAMLError(f"it is nested deeper than Python's parser follows (a config is at most {MAX_DEPTH} "
+                             "levels deep)") from None
+    if _depth(data) > MAX_DEPTH:
+        raise yaml.YAMLError(f"it is nested more than {MAX_DEPTH} levels deep (an rlkit config has a few)")
+    return data
+
+
+def _depth(data: Any) -> int:
+    """How many mappings and lists deep `data` goes (walked without recursion; a YAML alias counts where it is used,
+    and a value reached again through an alias is not walked twice)."""
+    deepest, todo, seen = 0, [(data, 1)], set()
+    while todo:
+        node, depth = todo.pop()
+        if not isinstance(node, (dict, list)) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest

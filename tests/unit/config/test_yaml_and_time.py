@@ -47,6 +47,30 @@ def test_overrides_read_like_the_file() -> None:
         parse_overrides(["a=[unclosed"])
 
 
+def test_nesting_past_a_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    """PyYAML's parser, OmegaConf and the checks recurse: "[[[[..." thousands deep ended in a RecursionError."""
+    import yaml
+
+    from rlkit.config.load import read_yaml
+    from rlkit.config.yaml_text import MAX_DEPTH
+
+    deepest = load_yaml("a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))["a"]  # the mapping and 63 lists
+    for _ in range(MAX_DEPTH - 2):
+        deepest = deepest[0]
+    assert deepest == []
+    with pytest.raises(yaml.YAMLError, match=f"more than {MAX_DEPTH} levels"):
+        load_yaml("a: " + "[" * MAX_DEPTH + "]" * MAX_DEPTH)
+    shared = "x: &x [[1]]\n" + "".join(f"k{i}: *x\n" for i in range(1000))  # an alias counts where it is used
+    assert len(load_yaml(shared)) == 1001
+    for deep in ("a: " + "[" * 5000 + "]" * 5000, "".join(" " * i + f"k{i}:\n" for i in range(3000))):
+        path = tmp_path / "deep.yaml"
+        path.write_text(deep)
+        with pytest.raises(ConfigError, match="is not valid YAML: it is nested deeper than"):
+            read_yaml(path)
+    with pytest.raises(ConfigError, match=r"characters\)': the value is not valid YAML \(it is nested deeper"):
+        parse_overrides(["actor.path=" + "[" * 5000 + "]" * 5000])
+
+
 def test_unquoted_time_and_digit_names_reach_the_script_as_written(generate_yaml: Path, tmp_path: Path) -> None:
     text = generate_yaml.read_text().replace("trial_name: t1", "trial_name: 0123")
     path = tmp_path / "traps.yaml"
