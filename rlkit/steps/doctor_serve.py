@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
     from rlkit.servers.guard_check import prove_guard
     from rlkit.servers.health import find_free_port, wait_healthy
     from rlkit.servers.log_redact import popen_redacted
+    from rlkit.servers.scratch import EngineScratch
     from rlkit.steps.serve import launch_env, server_launch
 
     started = time.monotonic()
@@ -41,7 +42,8 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # refused extra_args: reported, nothing started
             print(json.dumps({"ok": False, "error": str(exc)}), flush=True)
             return 1
-        proc, output = popen_redacted(launch.argv, [token], sink=sink, env=launch_env(launch))
+        scratch = EngineScratch.create("engine", parent=secret_dir)  # removed with secret_dir
+        proc, output = popen_redacted(launch.argv, [token], sink=sink, env=launch_env(launch, scratch))
         try:
             wait_healthy(f"http://127.0.0.1:{port}", timeout, process=proc)
             prove_guard(f"http://127.0.0.1:{port}", backend, token)

@@ -39,6 +39,7 @@ from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import find_free_port, wait_healthy
 from rlkit.servers.log_redact import popen_redacted
+from rlkit.servers.scratch import EngineScratch
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_token
@@ -70,9 +71,10 @@ def server_launch(config: ExperimentConfig, backend: ServerBackend, tp: int, por
     return dataclasses.replace(launch, env={**engine_env(config, backend), **launch.env})
 
 
-def launch_env(launch: ServerLaunch) -> dict[str, str]:
-    """This process's environment with the launch's additions and without the variables it unsets."""
-    env = {**os.environ, **launch.env}
+def launch_env(launch: ServerLaunch, scratch: EngineScratch | None = None) -> dict[str, str]:
+    """This process's environment with the engine's scratch directory (rlkit.servers.scratch), the launch's
+    additions (a TMPDIR of `<backend>.env_vars` wins) and without the variables it unsets."""
+    env = {**os.environ, **(scratch.env if scratch else {}), **launch.env}
     for name in launch.unset_env:
         env.pop(name, None)
     return env
@@ -116,8 +118,9 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     secret_dir = paths.token.parent / f"auxiliary-{auxiliary}" if auxiliary else paths.token.parent
     secret_dir.mkdir(mode=0o700, exist_ok=True)
     launch = server_launch(config, backend, tp, port, token=token, secret_dir=secret_dir, index=index)
-    argv, env = launch.argv, launch_env(launch)
     slurm = JobEnv.from_environ()
+    scratch = EngineScratch.create(f"serve-{slurm.job_id or 'local'}-{server_key(index, auxiliary)}")
+    argv, env = launch.argv, launch_env(launch, scratch)
     node = slurm.node_name
     key = server_key(index, auxiliary)
     print(slurm.slice_line(server_step_name(index, auxiliary or "")), flush=True)
@@ -125,7 +128,11 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     print(f"rlkit serve: {what} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
           flush=True)
     # the server's output reaches our log only through the copy, the token blanked (engines print their arguments)
-    proc, output = popen_redacted(argv, [token], env=env, preexec_fn=_die_with_parent)
+    try:
+        proc, output = popen_redacted(argv, [token], env=env, preexec_fn=_die_with_parent)
+    except BaseException:
+        scratch.remove()
+        raise
     stopping = False
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -150,7 +157,7 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
         }
         nr.add(key, json.dumps(entry), replace=True, keepalive=True)
         print(f"rlkit serve: {what} healthy and guarded after {time.monotonic() - started:.1f} s; registered "
-              f"{key}", flush=True)
+              f"{key}; its temporary files in {scratch.path} ({scratch.entries()} entries)", flush=True)
         rc = proc.wait()
     except BaseException:
         if stopping:
@@ -162,6 +169,7 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
         nr.close()
         _reap(proc)
         output.join(LAST_OUTPUT_TIMEOUT)
+        print(f"rlkit serve: removed {scratch.path} ({scratch.remove()} entries left in it)", flush=True)
     if stopping:
         return 0
     print(f"rlkit serve: {what} exited with code {rc}", flush=True)

@@ -20,6 +20,7 @@ import pytest
 from rlkit.config.schema.experiment import ExperimentConfig, SGLangConfig
 from rlkit.servers.backend import Server
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
+from rlkit.servers.scratch import EngineScratch
 from rlkit.servers.sglang.backend import BACKEND
 from tests.conftest import REPO
 from tests.helpers.lora_served import TARGETS
@@ -101,6 +102,8 @@ def running_sglang(model_dir: Path, *, token: str, workdir: Path, python: str, t
     env.update(launch.env)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, shims), str(SHIM), env.get("PYTHONPATH", "")]))
+    scratch = EngineScratch.create("test-sglang", parent=str(workdir))  # its sockets, as the serve step does
+    env.update(scratch.env)
     log = workdir / f"sglang-{model_dir.name}.log"
     url = f"http://{HOST}:{port}"
     started = time.monotonic()
@@ -118,3 +121,4 @@ def running_sglang(model_dir: Path, *, token: str, workdir: Path, python: str, t
                             start_seconds=time.monotonic() - started)
     finally:
         stop_group(process)
+        scratch.remove()

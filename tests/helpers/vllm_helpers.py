@@ -17,6 +17,7 @@ import httpx
 
 from rlkit.servers.backend import Server, WeightGroup, WeightLink
 from rlkit.servers.health import ServerNotHealthy, wait_healthy
+from rlkit.servers.scratch import EngineScratch
 from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.backend import VllmBackend
 from rlkit.servers.vllm.command import GUARD_MIDDLEWARE, LORA_ENV, lora_flags, vllm_command, vllm_env
@@ -125,12 +126,19 @@ def running_vllm(
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override CPU_KV_CACHE
     env.update(vllm_env(token))
     env.update(CPU_SERVER_ENV)
+    scratch = EngineScratch.create("test-vllm")  # its sockets and rendezvous file, as the serve step does
+    env.update(scratch.env)
     env.update(extra_env or {})
     url = f"http://{HOST}:{port}"
-    with log.open("ab") as log_file:
-        process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    try:
+        with log.open("ab") as log_file:
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True
+            )
+    except BaseException:
+        scratch.remove()
+        raise
     try:
         try:
             wait_healthy(url, timeout, process=process)
@@ -139,6 +147,7 @@ def running_vllm(
         yield RunningServer(url=url, process=process, log_path=log)
     finally:
         stop_group(process)
+        scratch.remove()
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,8 @@ def test_the_sglang_policy_server_ran_as_a_job_step_and_took_every_push(judge_ru
     server_log = (trial / "logs" / "server-0.log").read_text(errors="replace")
     assert "rlkit serve: server 0 (sglang, tp=1)" in server_log
     assert "healthy and guarded" in server_log and "registered servers/0" in server_log
+    scratch = re.search(r"its temporary files in (\S+) \((\d+) entries\)", server_log)  # SGLang's sockets
+    assert scratch and int(scratch.group(2)) >= 1 and f"removed {scratch.group(1)} (" in server_log
     token = (trial / "secret" / "token").read_text().strip()
     assert token not in server_log
     pushes = WEIGHT_REQUESTS.findall(server_log)

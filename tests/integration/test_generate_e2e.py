@@ -61,6 +61,11 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
 
     nodes = [re.search(r"on node (\S+)", (trial / "logs" / f"server-{i}.log").read_text()) for i in (0, 1)]
     assert all(nodes) and nodes[0].group(1) != nodes[1].group(1), "servers must run on different nodes"  # type: ignore[union-attr]
+    for i in (0, 1):  # vLLM's sockets and rendezvous file went to the server's own directory, removed after
+        server_log = (trial / "logs" / f"server-{i}.log").read_text()
+        scratch = re.search(r"its temporary files in (\S+) \((\d+) entries\)", server_log)
+        assert scratch and int(scratch.group(2)) >= 1, server_log[-3000:]
+        assert f"removed {scratch.group(1)} (" in server_log and not Path(scratch.group(1)).exists()
 
     # the trial is recorded, private, and its token is in no log
     manifest = json.loads((trial / "manifest.json").read_text())

@@ -1,0 +1,60 @@
+"""A temporary directory of its own for each inference engine process, removed when its step ends.
+
+Why: vLLM and SGLang put their inter-process sockets and rendezvous files in the temporary directory (ZeroMQ
+`ipc://<tmp>/<uuid>` sockets, vLLM's `vllm_dist_<uuid>` file store) and leave them behind when the engine is stopped:
+a few files a start, thousands in a shared node's /tmp after some days of jobs (4,228 on this machine). With TMPDIR
+pointed at a private directory that the serve step removes, nothing is left. torch's compile cache would follow
+TMPDIR (it defaults to <tmp>/torchinductor_<user>), so it is pinned where it was, and a compiled engine still
+reuses it from one job to the next.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@dataclass
+class EngineScratch:
+    """The engine's temporary directory (mode 0700) and the variables that send its temporary files there."""
+
+    path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, label: str, *, parent: str | None = None, environ: Mapping[str, str] | None = None
+               ) -> EngineScratch:
+        """A new directory in `parent` (default: this process's temporary directory, a job's TMPDIR on many
+        sites)."""
+        environ = os.environ if environ is None else environ
+        env = {} if INDUCTOR_CACHE in environ else {INDUCTOR_CACHE: _torch_default_cache_dir()}
+        path = Path(tempfile.mkdtemp(prefix=f"rlkit-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-", dir=parent))
+        env["TMPDIR"] = str(path)
+        return cls(path, env)
+
+    def entries(self) -> int:
+        """How many files and directories the engine has in it now."""
+        return sum(len(dirs) + len(files) for _, dirs, files in os.walk(self.path))
+
+    def remove(self) -> int:
+        """Remove the directory and what the engine left in it; returns how many entries that was."""
+        left = self.entries()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return left
+
+
+def _torch_default_cache_dir() -> str:
+    """Where torch puts its compile cache without TORCHINDUCTOR_CACHE_DIR (torch._inductor's rule, torch-free)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))

@@ -1,0 +1,48 @@
+"""Each engine's temporary directory of its own (rlkit.servers.scratch): vLLM's and SGLang's sockets and rendezvous
+files go there instead of the node's /tmp and go with it; torch's compile cache stays where torch puts it. That the
+real engines write there is checked in the trials' server logs (tests/integration/test_generate_e2e.py: vLLM,
+test_auxiliary_e2e.py: SGLang)."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rlkit.servers.backend import ServerLaunch
+from rlkit.servers.scratch import INDUCTOR_CACHE, EngineScratch
+from rlkit.steps.serve import launch_env
+
+
+def test_a_private_directory_that_the_engines_temporary_files_follow(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE, raising=False)
+    torch_default = default_cache_dir()  # torch's own rule, before TMPDIR moves
+    scratch = EngineScratch.create("serve-7-servers/0")
+    assert scratch.path.parent == tmp_path and scratch.path.name.startswith("rlkit-serve-7-servers_0-")
+    assert stat.S_IMODE(scratch.path.stat().st_mode) == 0o700
+    assert scratch.env == {"TMPDIR": str(scratch.path), INDUCTOR_CACHE: torch_default}
+    env = launch_env(ServerLaunch(["engine"], {"A": "1"}), scratch)
+    engine_tmp = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"], env=env,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    assert engine_tmp == str(scratch.path), "the engine's tempfile calls land in the scratch directory"
+    (scratch.path / "ipc-socket").touch()
+    (scratch.path / "sub").mkdir()
+    (scratch.path / "sub" / "vllm_dist_x").touch()
+    assert scratch.entries() == 3
+    assert scratch.remove() == 3 and not scratch.path.exists()
+
+
+def test_a_users_own_settings_win(tmp_path: Path) -> None:
+    scratch = EngineScratch.create("x", parent=str(tmp_path), environ={INDUCTOR_CACHE: "/fast/cache"})
+    assert INDUCTOR_CACHE not in scratch.env, "a cache directory the user set is left to them"
+    env = launch_env(ServerLaunch(["engine"], {"TMPDIR": "/node/scratch"}), scratch)  # vllm.env_vars TMPDIR=...
+    assert env["TMPDIR"] == "/node/scratch"
+    scratch.remove()
