@@ -18,6 +18,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -153,7 +154,7 @@ class Zygote:
                                         ",".join(self.preload)], env=self.env, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=log_file, text=True)
         self._process = process
-        atexit.register(self._stop, process)
+        atexit.register(self._stop, process, self._dir)
         selector = selectors.DefaultSelector()
         assert process.stdout is not None
         selector.register(process.stdout, selectors.EVENT_READ)
@@ -167,10 +168,11 @@ class Zygote:
             process.wait()
             raise RuntimeError(f"the {self.name} zygote did not start:\n{log.read_text()[-3000:]}")
 
-    def _stop(self, process: subprocess.Popen[str]) -> None:
+    def _stop(self, process: subprocess.Popen[str], directory: str) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+        shutil.rmtree(directory, ignore_errors=True)  # its socket and log
 
 
 class ForkedProcess:
