@@ -36,8 +36,8 @@ from rlkit.config.job_facts import JobTypeLookup
 from rlkit.config.problems import Problems, interpolation_fix
 from rlkit.config.schema.auxiliary import check_entries
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.walk import schema_paths, section_type
-from rlkit.config.yaml_text import load_yaml
+from rlkit.config.schema.walk import container_kind, schema_paths, section_type
+from rlkit.config.yaml_text import MAX_DEPTH, load_yaml, nesting
 from rlkit.errors import ConfigError
 
 
@@ -107,8 +107,13 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         parts = key.split(".")
         if "=" not in item or not all(parts):
             raise ConfigError(f"override '{item}' is not of the form key.path=value", hint="e.g. cluster.n_nodes=4")
+        if len(parts) > MAX_DEPTH:
+            raise ConfigError(f"override key '{key[:100]}...' is {len(parts)} levels deep (an rlkit key has a few)",
+                              hint="e.g. cluster.n_nodes=4")
         try:
             value = load_yaml(text) if text else ""
+            if len(parts) + (nesting(value) or 0) > MAX_DEPTH:
+                raise yaml.YAMLError(f"its key and value are nested more than {MAX_DEPTH} levels deep")
         except yaml.YAMLError as exc:
             shown = item if len(item) <= 120 else f"{item[:100]}... ({len(item)} characters)"
             raise ConfigError(f"override '{shown}': the value is not valid YAML ({getattr(exc, 'problem', exc)})",
@@ -126,6 +131,22 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"cannot parse overrides {overrides}: {str(exc).splitlines()[0]}") from None
 
 
+_EXAMPLE = {"mapping": "{key: value}", "list": "[a, b]"}
+
+
+def _check_container(data: dict[str, Any], cls: type, name: str, prefix: str, origin: str,
+                     problems: Problems) -> None:
+    """A field typed as a mapping given a list, or as a list given a mapping: reported and dropped (OmegaConf's
+    merge raised a bare TypeError for it, naming no field)."""
+    kind, value = container_kind(cls, name), data[name]
+    given = "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else None
+    if kind is None or given is None or kind == given:
+        return
+    problems.add(f"wrong type for '{prefix}{name}' ({origin}): a {kind} is expected, not a {given}",
+                 hint=f"write it as {prefix}{name}={_EXAMPLE[kind]}")
+    del data[name]
+
+
 _WHOLE_REFERENCE = re.compile(r"\$\{[A-Za-z_][\w.]*\}")
 
 
@@ -137,6 +158,8 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str, problems: Pr
         return
     for f in dataclasses.fields(cls):
         section = section_type(cls, f.name)
+        if section is None and f.name in data:
+            _check_container(data, cls, f.name, prefix, origin, problems)
         if section is None or f.name not in data:
             continue
         value = data[f.name]

@@ -19,7 +19,8 @@ _PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 _PLAIN_FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][-+]?[0-9]+)?"
                           r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _PLAIN_BOOL = {"true": True, "false": False}
-MAX_DEPTH = 64  # nesting levels of a config value: rlkit's deepest section is a few; a file deeper is not a config
+MAX_DEPTH = 32  # nesting levels of a config: rlkit's deepest section is a few; OmegaConf's merge recursion
+# fails near 80
 
 
 class TextFaithfulLoader(yaml.SafeLoader):
@@ -55,22 +56,40 @@ def load_yaml(text: str) -> Any:
     except RecursionError:
         raise yaml.YAMLError(f"it is nested deeper than Python's parser follows (a config is at most {MAX_DEPTH} "
                              "levels deep)") from None
-    if _depth(data) > MAX_DEPTH:
+    depth = nesting(data)
+    if depth is None:
+        raise yaml.YAMLError("a value refers to itself through an alias (&name ... *name inside itself)")
+    if depth > MAX_DEPTH:
         raise yaml.YAMLError(f"it is nested more than {MAX_DEPTH} levels deep (an rlkit config has a few)")
     return data
 
 
-def _depth(data: Any) -> int:
-    """How many mappings and lists deep `data` goes (walked without recursion; a YAML alias counts where it is used,
-    and a value reached again through an alias is not walked twice)."""
-    deepest, todo, seen = 0, [(data, 1)], set()
-    while todo:
-        node, depth = todo.pop()
-        if not isinstance(node, (dict, list)) or id(node) in seen:
-            continue
-        seen.add(id(node))
-        deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
-            break
-        todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
+def nesting(data: Any) -> int | None:
+    """How many mappings and lists deep `data` goes, counting no deeper than MAX_DEPTH + 1 (a value shared through
+    YAML aliases is measured once); None when a value contains itself (`a: &a [*a]`), which every later walk of the
+    config would follow forever."""
+    heights: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def height(node: Any, level: int) -> int:
+        if not isinstance(node, (dict, list)):
+            return 0
+        if id(node) in open_ids:
+            raise _Cycle
+        if level > MAX_DEPTH:
+            return 1
+        if id(node) not in heights:
+            open_ids.add(id(node))
+            children = node.values() if isinstance(node, dict) else node
+            heights[id(node)] = 1 + max((height(child, level + 1) for child in children), default=0)
+            open_ids.discard(id(node))
+        return heights[id(node)]
+
+    try:
+        return height(data, 1)
+    except _Cycle:
+        return None
+
+
+class _Cycle(Exception):
+    """A value reached again inside itself."""

@@ -68,6 +68,9 @@ class Placement:
         return self.kind == PACKED
 
 
+PLACE_AT_MOST = 65_536  # GPUs: a layout over this that cannot fit cluster.n_nodes is refused without being placed
+
+
 def _unit_problem(demand: Demand, gpn: int) -> ConfigError | None:
     """A unit that fits no node, or a block over one node that cannot fill whole nodes: no placement helps."""
     if unit_unplaceable(demand.unit_gpus, gpn) is Misfit.NO_GPU or demand.units < 1:  # validation names it too
@@ -118,10 +121,14 @@ def _packed(demands: list[Demand], gpn: int) -> Placement:
     """First fit: blocks first, from node 0 (a block over one node takes whole nodes), then units, biggest first."""
     free: list[int] = []
     slots: dict[tuple[int, int], Slot] = {}
+    full = 0  # free[:full] are nodes with no GPU left: skipped, so that thousands of units place in linear time
 
     def first_fit(gpus: int) -> int:
-        for node, left in enumerate(free):
-            if left >= gpus:
+        nonlocal full
+        while full < len(free) and free[full] == 0:
+            full += 1
+        for node in range(full, len(free)):
+            if free[node] >= gpus:
                 free[node] -= gpus
                 return node
         free.append(gpn - gpus)
@@ -163,7 +170,7 @@ def _refusal(demands: list[Demand], packed: Placement, n_nodes: int, gpn: int, w
         for slot in slots:
             for node in range(slot.first_node, slot.first_node + slot.nodes):
                 use[node] -= slot.gpus_per_node
-    per_node = ", ".join(f"{gpn - left}" for left in use)
+    per_node = ", ".join(f"{gpn - left}" for left in use[:16]) + (f", ... ({len(use)} nodes)" if len(use) > 16 else "")
     return ConfigError(
         f"{what} needs {packed.nodes} nodes of {cluster_gpus(gpn)} ({parts} GPUs, placed {per_node} per node) "
         f"but cluster.n_nodes is {n_nodes}",
@@ -182,6 +189,13 @@ def choose_placement(demands: list[Demand], n_nodes: int, gpn: int, *, what: str
     problems = [p for p in (_unit_problem(d, gpn) for d in demands if d.unit_gpus or not d.block) if p is not None]
     if problems:
         raise problems[0] if len(problems) == 1 else ConfigErrors(problems)
+    needed = sum(d.gpus for d in demands)
+    if needed > max(n_nodes * gpn, PLACE_AT_MOST):  # said before placing: a d999999999 would not place in memory
+        raise ConfigError(
+            f"{what} needs {needed:,} GPUs but the cluster has {n_nodes} nodes of {cluster_gpus(gpn)} "
+            f"({n_nodes * gpn:,} GPUs)",
+            hint=f"set cluster.n_nodes={-(-needed // gpn)} or use fewer GPUs",
+        )
     packed = _packed(demands, gpn)
     whole = _heterogeneous(demands, gpn)
     if whole is not None and whole.nodes <= n_nodes and _gpu_nodes(packed, demands) >= _gpu_nodes(whole, demands):

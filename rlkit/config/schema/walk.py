@@ -42,3 +42,16 @@ def section_type(cls: type, name: str) -> type | None:
 
 def field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def container_kind(cls: type, name: str) -> str | None:
+    """"mapping" or "list" for a leaf field typed as a dict or a list (Optional too), else None."""
+    hint = type_hints(cls)[name]
+    for candidate in (hint, *typing.get_args(hint)):
+        origin = typing.get_origin(candidate) or candidate
+        if origin is dict:
+            return "mapping"
+        if origin is list:
+            return "list"
+    return None

@@ -54,7 +54,7 @@ def test_nesting_past_a_config_is_a_clear_error_not_a_traceback(tmp_path: Path) 
     from rlkit.config.load import read_yaml
     from rlkit.config.yaml_text import MAX_DEPTH
 
-    deepest = load_yaml("a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))["a"]  # the mapping and 63 lists
+    deepest = load_yaml("a: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))["a"]  # the mapping and 31 lists
     for _ in range(MAX_DEPTH - 2):
         deepest = deepest[0]
     assert deepest == []
@@ -69,6 +69,26 @@ def test_nesting_past_a_config_is_a_clear_error_not_a_traceback(tmp_path: Path) 
             read_yaml(path)
     with pytest.raises(ConfigError, match=r"characters\)': the value is not valid YAML \(it is nested deeper"):
         parse_overrides(["actor.path=" + "[" * 5000 + "]" * 5000])
+    with pytest.raises(ConfigError, match="levels deep"):
+        parse_overrides(["a." * 100 + "b=1"])  # OmegaConf recursed past Python's stack on a key of 100 parts
+    with pytest.raises(ConfigError, match=f"key and value are nested more than {MAX_DEPTH}"):
+        parse_overrides(["a." * 20 + "b=" + "[" * 20 + "]" * 20])
+    for looped in ("a: &a [*a]\n", "seed: 1\nactor: &a {path: *a}\n"):  # a value inside itself
+        with pytest.raises(yaml.YAMLError, match="refers to itself through an alias"):
+            load_yaml(looped)
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("vllm.extra_args=[1]", "wrong type for 'vllm.extra_args' (in a command-line override): a mapping is expected, "
+                            "not a list"),
+    ("gconfig.stop={a: 1}", "wrong type for 'gconfig.stop' (in a command-line override): a list is expected, not a "
+                            "mapping"),
+])
+def test_a_list_for_a_mapping_field_is_named(grpo_yaml: Path, override: str, says: str) -> None:
+    """OmegaConf's merge raised a bare TypeError ("Cannot merge incompatible container types") for these."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(grpo_yaml, [override])
+    assert says in str(raised.value)
 
 
 def test_unquoted_time_and_digit_names_reach_the_script_as_written(generate_yaml: Path, tmp_path: Path) -> None:

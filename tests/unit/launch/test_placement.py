@@ -96,6 +96,11 @@ def test_layouts_are_placed_by_the_one_rule(name: str) -> None:
     (["allocation_mode=sglang:d4+fsdp:d8", "cluster.n_nodes=1"],
      "needs 2 nodes of 8 GPUs (4 server + 8 trainer GPUs, placed 8, 4 per node) but cluster.n_nodes is 1",
      "set cluster.n_nodes=2 or use fewer GPUs"),
+    (["allocation_mode=vllm:d40+fsdp:d8", "cluster.n_nodes=1", "cluster.n_gpus_per_node=2"],  # 24 nodes: 16 shown
+     "(40 server + 8 trainer GPUs, placed 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, ... (24 nodes) per node)",
+     "set cluster.n_nodes=24"),
+    (["allocation_mode=vllm:d2+fsdp:d999999999992"],  # refused before placing: its list alone would not fit in memory
+     "needs 999,999,999,994 GPUs but the cluster has 2 nodes of 8 GPUs (16 GPUs)", "set cluster.n_nodes=125000000000"),
 ])
 def test_a_layout_that_fits_no_placement_is_refused_with_its_fix(overrides: list[str], says: str, hint: str) -> None:
     with pytest.raises(ConfigError) as info:
