@@ -76,9 +76,18 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
     return ConfigError(f"invalid configuration at '{key}' ({origin}): {str(exc).splitlines()[0]}")
 
 
+CONFIG_FILE_LIMIT = 16 * 2**20  # bytes: an experiment file is a few KB
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping from a file, or raise ConfigError saying what is wrong with it."""
     try:
+        if path.exists() and not path.is_file():  # a FIFO would block forever, /dev/zero read without end
+            raise ConfigError(f"config file '{path}' is not a regular file", hint="give the path of an experiment "
+                              "YAML file")
+        if path.exists() and path.stat().st_size > CONFIG_FILE_LIMIT:
+            raise ConfigError(f"config file '{path}' is larger than {CONFIG_FILE_LIMIT // 2**20} MiB",
+                              hint="give the path of an experiment YAML file")
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file '{path}' does not exist", hint="give the path of an experiment YAML file") \

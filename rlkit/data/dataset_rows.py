@@ -9,6 +9,8 @@ from typing import Any
 from rlkit import untrusted_json
 from rlkit.errors import ConfigError
 
+LINE_LIMIT = 64 * 2**20  # characters: a row longer than this is no prompt (a file of one endless line, /dev/zero)
+
 
 def first_jsonl_rows(field: str, path: Path, count: int) -> list[Any] | None:
     """Up to `count` rows (JSON values, one per non-blank line) from the start of a .jsonl file or of the first .jsonl
@@ -17,10 +19,15 @@ def first_jsonl_rows(field: str, path: Path, count: int) -> list[Any] | None:
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or files[0].suffix != ".jsonl":
         return None
+    if files[0].exists() and not files[0].is_file():  # a FIFO would block the submit, /dev/zero never end
+        raise ConfigError(f"{field}: {files[0]} is not a regular file", hint="give a .jsonl file")
     rows: list[Any] = []
     try:
         with open(files[0]) as f:
-            for number, line in enumerate(f, 1):
+            for number, line in enumerate(iter(lambda: f.readline(LINE_LIMIT + 1), ""), 1):
+                if len(line) > LINE_LIMIT:
+                    raise ConfigError(f"{field}: line {number} of {files[0]} is longer than "
+                                      f"{LINE_LIMIT // 2**20} MiB", hint="write one JSON object per line")
                 if not line.strip():
                     continue
                 try:

@@ -27,6 +27,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     formats = {SUFFIX_FORMAT.get(f.suffix) for f in files}
     if len(formats) != 1 or None in formats:
         raise StepError(f"dataset {path}: mixed or unknown file types {sorted(f.suffix for f in files)}")
+    special = [f for f in files if not f.is_file()]  # a FIFO would block the job forever; a device never end
+    if special:
+        raise StepError(f"dataset {path}: {special[0]} is not a regular file")
     if formats == {"parquet"}:
         return _parquet_rows(files)
     return _same_columns([row for file in files for row in _json_rows(file)])

@@ -89,3 +89,28 @@ def test_json_lines_do_not_import_datasets(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
     assert out.stdout.strip() == "False"
+
+
+def test_a_fifo_or_device_is_refused_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FIFO blocked the submit (and the job) forever; /dev/zero was read without end."""
+    from rlkit.config.load import read_yaml
+    from rlkit.data import dataset_rows
+    from rlkit.errors import ConfigError
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.jsonl"
+    zero.symlink_to("/dev/zero")
+    for special in (fifo, zero):
+        with pytest.raises(StepError, match="is not a regular file"):
+            load_rows(special)
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            dataset_rows.first_jsonl_rows("train_dataset.path", special, 1)
+        config = special.with_suffix(".yaml")
+        config.symlink_to(special)
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            read_yaml(config)
+    long = _jsonl(tmp_path / "long.jsonl", [{"prompt": "x" * 100}])
+    monkeypatch.setattr(dataset_rows, "LINE_LIMIT", 64)
+    with pytest.raises(ConfigError, match=r"line 1 of .* is longer than"):
+        dataset_rows.first_jsonl_rows("train_dataset.path", long, 1)
