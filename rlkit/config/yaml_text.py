@@ -24,7 +24,20 @@ MAX_DEPTH = 32  # nesting levels of a config: rlkit's deepest section is a few; 
 
 
 class TextFaithfulLoader(yaml.SafeLoader):
-    """SafeLoader that turns only plain decimal numbers and true/false into non-strings."""
+    """SafeLoader that turns only plain decimal numbers and true/false into non-strings, and refuses a key written
+    twice in one mapping (PyYAML keeps the last silently: a second `actor:` section would drop the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[str, yaml.Mark] = {}
+        for key_node, _ in node.value:  # as written: keys a `<<: *base` merge brings in may be overridden
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if key_node.value in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key '{key_node.value}' is written twice in one mapping (first at line "
+                    f"{first[key_node.value].line + 1}); only the last would count", key_node.start_mark)
+            first[key_node.value] = key_node.start_mark
+        return super().construct_mapping(node, deep)
 
 
 def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:

@@ -78,6 +78,18 @@ def test_nesting_past_a_config_is_a_clear_error_not_a_traceback(tmp_path: Path) 
             load_yaml(looped)
 
 
+def test_a_key_written_twice_is_refused_and_a_merge_may_override(tmp_path: Path) -> None:
+    """PyYAML kept the last of two `actor:` sections silently, dropping everything the first set."""
+    from rlkit.config.load import read_yaml
+
+    config = tmp_path / "twice.yaml"
+    config.write_text("actor:\n  path: /m\nseed: 1\nactor:\n  dtype: float32\n")
+    with pytest.raises(ConfigError, match=r"at line 4, column 1: the key 'actor' is written twice in one mapping "
+                                          r"\(first at line 1\)"):
+        read_yaml(config)
+    assert load_yaml("base: &b {x: 1, y: 2}\nactor: {<<: *b, x: 3}\n")["actor"] == {"x": 3, "y": 2}
+
+
 @pytest.mark.parametrize(("override", "says"), [
     ("vllm.extra_args=[1]", "wrong type for 'vllm.extra_args' (in a command-line override): a mapping is expected, "
                             "not a list"),
