@@ -30,7 +30,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_terms import expert_ratio, kl_terms, reward_fn
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, ConfigErrors
 
 TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
 
@@ -276,4 +276,15 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[P
     with tempfile.TemporaryDirectory(prefix="rlkit-trinity-") as tmp:
         converted = Path(tmp) / path.name
         converted.write_text(yaml.safe_dump(mapping, sort_keys=False))
-        yield converted, header(path, fates)
+        try:
+            yield converted, header(path, fates)
+        except ConfigError as exc:  # a message names the user's file, not the temporary one gone with this block
+            raise _naming(exc, str(converted), str(path)) from None
+
+
+def _naming(exc: ConfigError, temporary: str, user_file: str) -> ConfigError:
+    """`exc` with `temporary` replaced by `user_file` in its message and hint (each error of a ConfigErrors)."""
+    if isinstance(exc, ConfigErrors):
+        return ConfigErrors([_naming(error, temporary, user_file) for error in exc.errors])
+    return ConfigError(exc.message.replace(temporary, user_file),
+                       hint=exc.hint.replace(temporary, user_file) if exc.hint else None, site=exc.site)

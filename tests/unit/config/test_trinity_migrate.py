@@ -141,6 +141,18 @@ def test_checkpoint_sync_is_a_disk_push() -> None:
     assert mapping["actor"]["weight_update_mode"] == "disk"
 
 
+def test_a_problem_names_the_users_file_not_the_temporary_mapping(tmp_path: Path) -> None:
+    """migrate reads the Trinity file's rlkit mapping from a temporary file, gone once migrate ends: "add it to
+    /tmp/rlkit-trinity-.../trinity.yaml" told the user nothing."""
+    from rlkit.errors import ConfigError, ConfigErrors
+
+    user_file = _write(tmp_path, _trinity())
+    with pytest.raises(ConfigErrors) as raised, as_rlkit_file(user_file, REGISTRY.trinity_algorithms) as (source, _):
+        assert source != user_file
+        raise ConfigErrors([ConfigError("required field 'x' is not set", hint=f"add it to {source}")])
+    assert str(raised.value) == f"required field 'x' is not set\n  fix: add it to {user_file}"
+
+
 def test_on_the_command_line(tmp_path: Path) -> None:
     refused = run_rlkit("migrate", str(_write(tmp_path, _trinity(**{"synchronizer.sync_style": "trainer_driven"}))),
                         *SITE)
