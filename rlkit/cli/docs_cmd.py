@@ -55,11 +55,11 @@ def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHE
     if check:
         stale = stale_pages(root, cli)
         for name in stale:
-            out.print(f"not current: {root / name}", highlight=False)
+            out.print(f"not current: {root / name}", markup=False)
         if stale:
-            out.print(f"{len(stale)} generated pages are not current; run `{REGENERATE}`", highlight=False)
+            out.print(f"{len(stale)} generated pages are not current; run `{REGENERATE}`", markup=False)
             raise typer.Exit(1)
-        out.print(f"every generated page under {root} is current", highlight=False)
+        out.print(f"every generated page under {root} is current", markup=False)
         return
     pages = generated_pages(cli)
     for name, text in pages.items():
@@ -67,4 +67,4 @@ def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHE
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
-    out.print(f"wrote {len(pages)} generated pages under {root}", highlight=False)
+    out.print(f"wrote {len(pages)} generated pages under {root}", markup=False)

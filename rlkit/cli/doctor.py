@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from rlkit.cli.console import console
+from rlkit.cli.console import TITLE, console, literal
 
 _out = console()
 
@@ -20,13 +21,13 @@ def doctor(config: Path = typer.Argument(..., help="Experiment YAML file.", show
     from rlkit.launch.submit import prepare
 
     prepared = prepare(config, overrides or [], preflight=True)
-    run = run_doctor(prepared, say=_out.print)
-    table = Table("check", "nodes", "result", "detail", "fix", title=f"rlkit doctor: job {run.job_id}")
+    run = run_doctor(prepared, say=lambda text: _out.print(text, markup=False))
+    table = Table("check", "nodes", "result", "detail", "fix", title=literal(f"rlkit doctor: job {run.job_id}", TITLE))
     for name, nodes, ok, detail, fix in summary_rows(run.checks):
-        table.add_row(name, nodes, "ok" if ok else "[red]FAILED[/red]", detail, fix)
+        table.add_row(literal(name), literal(nodes), "ok" if ok else "[red]FAILED[/red]", literal(detail), literal(fix))
     _out.print(table)
     failed = sorted({c.name for c in run.checks if not c.ok})
     if failed:
-        _out.print(f"[red]failed:[/red] {', '.join(failed)}")
+        _out.print(f"[red]failed:[/red] {escape(', '.join(failed))}")
         raise typer.Exit(1)
     _out.print("[green]all checks passed[/green]")

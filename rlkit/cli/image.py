@@ -7,11 +7,16 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from rlkit.cli.console import console
+from rlkit.cli.console import TITLE, console, literal
 from rlkit.errors import UserError
 
 image_app = typer.Typer(no_args_is_help=True, help="Build rlkit's Apptainer images and check built ones.")
 _out = console()
+
+
+def _say(text: str) -> None:
+    """A line of paths, labels and build output, printed as written (no rich markup read in it)."""
+    _out.print(text, markup=False)
 
 
 @image_app.command("build")
@@ -32,12 +37,12 @@ def build(role: str = typer.Argument(..., help="trainer, vllm or sglang (contain
         raise UserError(f"--time {time_min} / --cpus {cpus}: both must be at least 1", hint="e.g. --time 120 --cpus 8")
     root, target, argv = plan_build(role, out, repo, force=force)
     if on_cluster:
-        job_id = build_on_cluster(argv, root, partition=partition, time_min=time_min, cpus=cpus, say=_out.print)
-        _out.print(f"image built in Slurm job {job_id}: {target}")
+        job_id = build_on_cluster(argv, root, partition=partition, time_min=time_min, cpus=cpus, say=_say)
+        _say(f"image built in Slurm job {job_id}: {target}")
     else:
         build_here(argv, root)
-        _out.print(f"image built: {target}")
-    _out.print(f"check it with:  rlkit image check {target}")
+        _say(f"image built: {target}")
+    _say(f"check it with:  rlkit image check {target}")
 
 
 @image_app.command("check")
@@ -47,18 +52,18 @@ def check(path: Path = typer.Argument(..., help="A built image (.sif)."),
     from rlkit.launch.images import check_image
 
     report = check_image(path.expanduser(), digest=sha256)
-    table = Table("label", "value", title=str(path))
+    table = Table("label", "value", title=literal(path, TITLE))
     for key, value in sorted(report.labels.items()):
-        table.add_row(key, value)
+        table.add_row(literal(key), literal(value))
     if report.labels:
         _out.print(table)
     if report.sha256:
-        _out.print(f"sha256 {report.sha256}")
+        _say(f"sha256 {report.sha256}")
         _record_sha256(path.expanduser(), report.sha256)
     if report.problems:
         raise UserError(f"image {path} is not usable by this rlkit:\n  " + "\n  ".join(report.problems),
                         hint="rebuild it with `rlkit image build ROLE` from this checkout")
-    _out.print(f"image {path}: usable ({report.labels.get('org.rlkit.role')})")
+    _say(f"image {path}: usable ({report.labels.get('org.rlkit.role')})")
 
 
 def _record_sha256(image: Path, digest: str) -> None:
@@ -70,4 +75,4 @@ def _record_sha256(image: Path, digest: str) -> None:
         sha256_record(image).write_text(f"{digest}  {image.name}\n")
     except OSError:
         return
-    _out.print(f"recorded in {sha256_record(image)} (submits record it in the trial's manifest)")
+    _say(f"recorded in {sha256_record(image)} (submits record it in the trial's manifest)")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
+from rich.markup import escape
 
 from rlkit.cli.console import console
 from rlkit.cli.docs_cmd import docs_app
@@ -68,10 +69,10 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     record = submitted.record
     if submitted.archived is not None:
         out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
-                  f"{submitted.archived}")
-    out.print(f"submitted [bold]{record.name}[/bold] as Slurm job {record.job_id}")
-    out.print(f"  trial directory: {record.trial_dir}")
-    out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow")
+                  f"{submitted.archived}", markup=False)
+    out.print(f"submitted [bold]{escape(record.name)}[/bold] as Slurm job {escape(str(record.job_id))}")
+    out.print(f"  trial directory: {record.trial_dir}", markup=False)
+    out.print(f"  follow it with:  rlkit status {record.name}   |   rlkit logs {record.name} --follow", markup=False)
 
 
 def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: bool) -> None:
@@ -79,11 +80,11 @@ def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: b
 
     plans, _ = prepare_stages(config, overrides, preflight=preflight)
     run = submit_stages(plans, force=force)
-    out.print(f"submitted [bold]{run.name}[/bold]: {len(run.stages)} stages, each after the one before")
+    out.print(f"submitted [bold]{escape(run.name)}[/bold]: {len(run.stages)} stages, each after the one before")
     for plan in plans:
         out.print(f"  stage {plan.record.name} ({plan.record.type}): trial {plan.record.trial}  "
-                  f"{plan.prepared.paths.root}")
-    out.print(f"  follow it with:  rlkit status {run.name}")
+                  f"{plan.prepared.paths.root}", markup=False)
+    out.print(f"  follow it with:  rlkit status {run.name}", markup=False)
 
 
 @app.command()
@@ -130,13 +131,13 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
         warnings, scripts = list(prepared.warnings), [prepared.script]
         _areal_notice(prepared.areal_keys)
     for warning in warnings:
-        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+        warn(warning.message)
     if warnings:
         err.print(f"  {len(warnings)} site file(s) missing here: `rlkit submit` refuses this config until "
-                  "they exist (render --strict refuses it too)", highlight=False)
+                  "they exist (render --strict refuses it too)", markup=False)
     if test_only:
         for script in scripts:
-            err.print(slurm.sbatch_test_only(script))
+            err.print(slurm.sbatch_test_only(script), markup=False)
 
 
 def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
@@ -145,9 +146,9 @@ def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
 
     lines = notice_lines(keys)
     if lines:
-        err.print(f"[bold cyan]notice:[/bold cyan] {lines[0]}", highlight=False)
+        err.print(f"[bold cyan]notice:[/bold cyan] {escape(lines[0])}")
         for line in lines[1:]:
-            err.print(line, highlight=False, markup=False)
+            err.print(line, markup=False)
 
 
 @app.command()
@@ -166,7 +167,12 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
         warnings = prepare(source, overrides or [], dry_run=True).warnings
     sys.stdout.write(trinity_header + text)
     for warning in warnings:
-        err.print(f"[bold yellow]warning:[/bold yellow] {warning.message}", highlight=False)
+        warn(warning.message)
+
+
+def warn(message: str) -> None:
+    """One warning on stderr; its text (config values, paths) printed as written, never read as rich markup."""
+    err.print(f"[bold yellow]warning:[/bold yellow] {escape(message)}")
 
 
 @app.command()
@@ -212,10 +218,10 @@ def stop(trial: str = TRIAL_ARG,
 
     run = find_stage_run(trial)
     if run is not None:
-        stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text))
+        stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text, markup=False))
         return
-    name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text))
-    out.print(f"cancelled the Slurm job of {name}")
+    name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text, markup=False))
+    out.print(f"cancelled the Slurm job of {name}", markup=False)
 
 
 @app.command()
@@ -287,7 +293,7 @@ def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the 
     """Build a tiny tokenizer + Qwen2 model locally (no downloads) for tests and demos."""
     from rlkit.models.tiny import build_tiny_model
 
-    out.print(f"tiny model at {build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)}")
+    out.print(f"tiny model at {build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)}", markup=False)
 
 
 def main() -> None:
@@ -297,11 +303,11 @@ def main() -> None:
     except UserError as exc:
         problems = each_error(exc)
         for problem in problems:
-            err.print(f"[bold red]error:[/bold red] {problem.message}", highlight=False)
+            err.print(f"[bold red]error:[/bold red] {escape(problem.message)}")
             if problem.hint:
-                err.print(f"  [bold]fix:[/bold] {problem.hint}", highlight=False)
+                err.print(f"  [bold]fix:[/bold] {escape(problem.hint)}")
         if len(problems) > 1:
-            err.print(f"{len(problems)} problems; nothing was written or submitted", highlight=False)
+            err.print(f"{len(problems)} problems; nothing was written or submitted")
         _exit(exc.exit_code)
     except _USAGE_ERROR as exc:
         _usage_error(exc)
@@ -309,14 +315,14 @@ def main() -> None:
     except typer.Abort:
         _exit(130)
     except (SlurmError, StepError) as exc:
-        err.print(f"[bold red]failed:[/bold red] {exc}", highlight=False)
+        err.print(f"[bold red]failed:[/bold red] {escape(str(exc))}")
         _exit(exc.exit_code)
     except Exception as exc:
         full = disk_full(exc)
         if full is None:
             raise
-        err.print(f"[bold red]failed:[/bold red] {full}; free space there (or raise the quota) and run it again "
-                  "(`rlkit resume` for a trial): a retry would fill it again, so none is made", highlight=False)
+        err.print(f"[bold red]failed:[/bold red] {escape(full)}; free space there (or raise the quota) and run it "
+                  "again (`rlkit resume` for a trial): a retry would fill it again, so none is made")
         _exit(NO_RETRY_EXIT)
     _exit(rc if isinstance(rc, int) else 0)
 
@@ -326,7 +332,7 @@ def _usage_error(exc: Exception) -> None:
     its "did you mean" included) and where the usage is, as rlkit's other errors print."""
     ctx = getattr(exc, "ctx", None)
     if type(exc).__name__ == "NoArgsIsHelpError":  # `rlkit` or `rlkit image` alone: the help is the message
-        err.print(exc.format_message(), highlight=False, markup=False)  # type: ignore[attr-defined]
+        err.print(exc.format_message(), markup=False)  # type: ignore[attr-defined]
         return
     command = ctx.command_path if ctx is not None else "rlkit"
     message = exc.format_message()  # type: ignore[attr-defined]
@@ -334,9 +340,8 @@ def _usage_error(exc: Exception) -> None:
     if typo and "did you mean" not in message.lower() and ctx is not None:  # click 8.1 names no close command
         close = difflib.get_close_matches(typo.group(1), ctx.command.list_commands(ctx), n=1)
         message += f" Did you mean '{close[0]}'?" if close else ""
-    err.print("[bold red]error:[/bold red] ", end="", highlight=False)
-    err.print(message, highlight=False, markup=False)
-    err.print(f"  [bold]fix:[/bold] `{command} --help` shows the usage", highlight=False)
+    err.print(f"[bold red]error:[/bold red] {escape(message)}")
+    err.print(f"  [bold]fix:[/bold] `{escape(command)} --help` shows the usage")
 
 
 def _exit(code: int) -> NoReturn:

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlkit import untrusted_json
+from rlkit.cli.console import literal
 from rlkit.cli.status_slices import StepSlice, run_started, step_slices
 from rlkit.errors import UserError
 from rlkit.launch import slurm
@@ -118,8 +120,9 @@ def trials_table(rows: list[TrialRow]) -> Table:
         table.add_column(column, no_wrap=True)
     for r in rows:
         style = {"RUNNING": "green", "COMPLETED": "cyan", "FAILED": "red", "PENDING": "yellow"}.get(r.state, "")
-        table.add_row(r.name, r.job_id, f"[{style}]{r.state}[/{style}]" if style else r.state, r.elapsed, r.nodes,
-                      r.submitted, r.step, r.reward)
+        # job-written values (progress.json, the index, sacct) are shown as written, never read as rich markup
+        table.add_row(*map(literal, (r.name, r.job_id)), literal(r.state, style),
+                      *map(literal, (r.elapsed, r.nodes, r.submitted, r.step, r.reward)))
     return table
 
 
@@ -247,13 +250,17 @@ def _last_loss(metrics: Path) -> float | None:
 
 
 def print_detail(console: Console, d: TrialDetail) -> None:
-    console.print(f"[bold]{d.row.name}[/bold]  job {d.row.job_id}  [bold]{d.row.state}[/bold]"
-                  + (f"  reason {d.reason}" if d.reason and d.reason != "None" else "")
-                  + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}")
-    console.print(f"  trial directory: {d.row.trial_dir}" + (f"  cluster {d.cluster}" if d.cluster else ""))
+    """Every value here is read from files and commands others write: printed literally (rich.markup.escape,
+    markup=False, Text), never as rich markup; only rlkit's own bold and red are styled."""
+    name, job_id, state = (escape(str(value)) for value in (d.row.name, d.row.job_id, d.row.state))
+    console.print(f"[bold]{name}[/bold]  job {job_id}  [bold]{state}[/bold]"
+                  + escape((f"  reason {d.reason}" if d.reason and d.reason != "None" else "")
+                           + (f"  exit {d.exit_code}" if d.exit_code else "") + f"  elapsed {d.row.elapsed}"))
+    console.print(f"  trial directory: {d.row.trial_dir}" + (f"  cluster {d.cluster}" if d.cluster else ""),
+                  markup=False)
     if d.row.step:
         console.print(f"  training step {d.row.step}" + (f"  reward {d.row.reward}" if d.row.reward else "")
-                      + (f"  trainer {d.trainer_status}" if d.trainer_status else ""))
+                      + (f"  trainer {d.trainer_status}" if d.trainer_status else ""), markup=False)
     if d.epochs:
         console.print(f"  {d.epochs}", markup=False, highlight=False)
     if d.last_eval:
@@ -262,9 +269,9 @@ def print_detail(console: Console, d: TrialDetail) -> None:
         console.print(f"  last log-prob mismatch warning: {d.mismatch_warning}", style="yellow", markup=False,
                       highlight=False)
     if len(d.attempts) > 1:
-        console.print(f"  attempt {len(d.attempts)} (jobs {', '.join(d.attempts)})")
+        console.print(f"  attempt {len(d.attempts)} (jobs {', '.join(d.attempts)})", markup=False)
     for comp_id, state, nodes in d.components:
-        console.print(f"  component {comp_id}: {state} on {nodes}")
+        console.print(f"  component {comp_id}: {state} on {nodes}", markup=False)
     for piece in d.slices:
         console.print(f"  {piece.text()}", markup=False, highlight=False)
     if d.servers:
@@ -272,18 +279,19 @@ def print_detail(console: Console, d: TrialDetail) -> None:
         for column in ("index", "address", "node", "health", "weight version"):
             table.add_column(column)
         for s in d.servers:
-            table.add_row(str(s.index), s.address, s.node, "ok" if s.healthy else "[red]down[/red]",
-                          str(s.weight_version))
+            table.add_row(str(s.index), literal(s.address), literal(s.node), "ok" if s.healthy else "[red]down[/red]",
+                          literal(s.weight_version))
         console.print(table)
     if d.auxiliary_servers:
         table = Table(title="auxiliary servers")
         for column in ("model", "index", "address", "node", "health"):
             table.add_column(column)
         for a in d.auxiliary_servers:
-            table.add_row(a.model, str(a.index), a.address, a.node, "ok" if a.healthy else "[red]down[/red]")
+            table.add_row(literal(a.model), str(a.index), literal(a.address), literal(a.node),
+                          "ok" if a.healthy else "[red]down[/red]")
         console.print(table)
     if d.failed_step:
-        console.print(f"[red]step {d.failed_step} failed[/red]; its last log lines:")
+        console.print(f"[red]step {escape(str(d.failed_step))} failed[/red]; its last log lines:")
         for line in d.failed_step_tail:
             console.print(f"  {line}", markup=False, highlight=False)
 

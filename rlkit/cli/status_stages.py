@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from rlkit.cli.console import TITLE, literal
 from rlkit.cli.status import read_progress
 from rlkit.launch import slurm
 from rlkit.trials.records import attempts
@@ -56,10 +57,11 @@ def run_detail(run: StagedRun) -> RunDetail:
 
 
 def run_table(detail: RunDetail) -> Table:
-    table = Table(title=f"{detail.name}: {len(detail.stages)} stage(s)"
-                        + (f", now at stage {detail.current}" if detail.current else ", all finished"))
+    table = Table(title=literal(f"{detail.name}: {len(detail.stages)} stage(s)"
+                                + (f", now at stage {detail.current}" if detail.current else ", all finished"), TITLE))
     for column in ("stage", "type", "trial", "job", "state", "progress", "final model"):
         table.add_column(column, no_wrap=True)
     for r in detail.stages:
-        table.add_row(r.stage, r.type, r.trial, r.job_id, r.state, r.progress, "yes" if r.final else "no")
+        table.add_row(*map(literal, (r.stage, r.type, r.trial, r.job_id, r.state, r.progress)),
+                      "yes" if r.final else "no")
     return table
