@@ -39,7 +39,7 @@ def _module_from_file(path_text: str, spec: str, setting: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses and pickling inside the file look their module up here
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a file that calls sys.exit() as it runs must not end rlkit with its code
         del sys.modules[name]
         raise ConfigError(f"{setting} '{spec}': running {path} raised {type(exc).__name__}: {exc}",
                           hint=f"fix the error in {path}") from exc
@@ -68,7 +68,7 @@ def import_callable(spec: str, *, setting: str, form: str, files: bool = False) 
         raise ConfigError(f"{setting} '{spec}': cannot import module '{module_name}': {exc}",
                           hint=f"check the module name, and that '{module_name}' is installed or its directory is on "
                                "PYTHONPATH, both here and in the job") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a module that calls sys.exit() as it is imported
         raise ConfigError(f"{setting} '{spec}': importing module '{module_name}' raised "
                           f"{type(exc).__name__}: {exc}", hint=f"fix the error in module '{module_name}'") from exc
     return _attribute(module, module_name, attr, spec, setting, form)

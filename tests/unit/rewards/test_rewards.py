@@ -339,3 +339,15 @@ def test_runner_rejects_bad_arguments() -> None:
         RewardRunner(math_reward, 0)
     with pytest.raises(ValueError, match="workers"):
         RewardRunner(math_reward, 1.0, workers=0)
+
+
+def test_a_reward_module_that_exits_as_it_is_imported_is_a_config_error(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module calling sys.exit(7) at import made `rlkit render` exit 7 with no message."""
+    from rlkit.import_path import import_callable
+
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(7)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in ("exits_on_import:score", f"{tmp_path / 'exits_on_import.py'}:score"):
+        with pytest.raises(ConfigError, match="raised SystemExit: 7"):
+            import_callable(spec, setting="reward.fn", form="module:function", files=True)
