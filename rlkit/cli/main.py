@@ -293,7 +293,16 @@ def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the 
     """Build a tiny tokenizer + Qwen2 model locally (no downloads) for tests and demos."""
     from rlkit.models.tiny import build_tiny_model
 
-    out.print(f"tiny model at {build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)}", markup=False)
+    fix = "give a new or existing directory you may write, e.g. /tmp/rlkit-demo/tiny-model"
+    if not str(out_dir).strip() or (out_dir.exists() and not out_dir.is_dir()):
+        raise UserError(f"tiny-model: '{out_dir}' is not a directory to write into", hint=fix)
+    if not 0 <= seed < 2**32:
+        raise UserError(f"tiny-model: --seed {seed} is out of range", hint="give a seed from 0 to 4294967295")
+    try:
+        built = build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)
+    except OSError as exc:
+        raise UserError(f"tiny-model: cannot write '{out_dir}': {exc.strerror or exc}", hint=fix) from None
+    out.print(f"tiny model at {built}", markup=False)
 
 
 def main() -> None:
