@@ -36,8 +36,15 @@ def generated_pages(cli: Command) -> dict[str, str]:
 
 def stale_pages(root: Path, cli: Command) -> list[str]:
     """The generated pages that are missing under `root` or differ from what the code generates now."""
-    return [name for name, text in generated_pages(cli).items()
-            if not (root / name).is_file() or (root / name).read_text() != text]
+    return [name for name, text in generated_pages(cli).items() if _current_text(root / name) != text]
+
+
+def _current_text(path: Path) -> str | None:
+    """The page's text as it is on disk; None for a page that is missing or not readable text (rewritten)."""
+    try:
+        return path.read_text() if path.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 ROOT_OPT = typer.Option(None, "--root", help="The docs/ directory to write into; default: the checkout's docs/.",
@@ -64,7 +71,11 @@ def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHE
     pages = generated_pages(cli)
     for name, text in pages.items():
         path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if _current_text(path) != text:
+                path.write_text(text)
+        except OSError as exc:  # a directory or a dangling link where a page goes, a read-only tree
+            raise UserError(f"cannot write {path}: {exc.strerror or exc}",
+                            hint="remove what is in the way, or pass another --root") from None
     out.print(f"wrote {len(pages)} generated pages under {root}", markup=False)

@@ -14,6 +14,7 @@ from rlkit.cli.docs_cmd import REGENERATE, generated_pages, stale_pages
 from rlkit.cli.main import app
 from rlkit.cli.schema_docs import NOT_IN_AREAL, schema_docs
 from rlkit.config.schema.walk import schema_paths
+from rlkit.errors import UserError
 from tests.conftest import REPO
 
 DOCS = REPO / "docs"
@@ -60,6 +61,13 @@ def test_a_changed_help_text_makes_the_pages_stale(tmp_path: Path) -> None:
     assert runner.invoke(app, ["docs", "generate", "--root", str(root)]).exit_code == 0
     assert stale_pages(root, CLI) == []
     assert actor.read_text() == generated_pages(CLI)["reference/config/actor.md"]
+    (root / "reference" / "cli.md").write_bytes(b"\xff\xfe not text")  # stale, not a UnicodeDecodeError
+    assert stale_pages(root, CLI) == ["reference/cli.md"]
+    (root / "reference" / "cli.md").unlink()
+    (root / "reference" / "cli.md").mkdir()  # in the way of a page: exit 2 naming it, not IsADirectoryError
+    blocked = runner.invoke(app, ["docs", "generate", "--root", str(root)])
+    assert blocked.exit_code != 0 and isinstance(blocked.exception, UserError), blocked.output
+    assert "cannot write" in str(blocked.exception) and "cli.md" in str(blocked.exception)
 
 
 def test_facts_of_some_fields() -> None:
