@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from rlkit.config.problems import Problems
@@ -83,8 +83,42 @@ def ranged_fields(node: Any, prefix: str = "") -> Iterator[Ranged]:
             yield from ranged_fields(value, path)
 
 
+INT_LIMIT = 2**63  # an int field holds what a 64-bit integer holds (Slurm, torch and numpy take no more)
+
+
+def numbers(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every number of the config (bools aside), in sections and lists of sections and of numbers too."""
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        return
+    for f in dataclasses.fields(node):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        value = getattr(node, f.name)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            where = path if i is None else f"{path}[{i}]"
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                yield where, item
+            else:
+                yield from numbers(item, where)
+
+
+def check_finite(config: Any, problems: Problems, *, reported: Collection[str] = ()) -> None:
+    """Every number is finite (no field means infinity), and every whole one fits in 64 bits: 1e20 samples or an
+    infinite learning rate is a typo, which would otherwise fail in the job, after the queue wait. `reported`:
+    paths already refused (by their range), not named twice."""
+    for path, value in numbers(config):
+        if path in reported:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.add(f"{path} must be a finite number (got {value})", hint=f"give {path} a finite value")
+        elif isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+            problems.add(f"{path} is too large (got {value})", hint=f"give {path} a value below 2**63")
+
+
 def check_ranges(config: Any, problems: Problems) -> None:
-    """Every number with a declared range lies in it (None where the field takes null; NaN never)."""
+    """Every number with a declared range lies in it (None where the field takes null; NaN never), and every number
+    is finite (check_finite)."""
+    reported: set[str] = set()
     for path, value, rng, default, whole, nullable in ranged_fields(config):
         if value is None:
             continue
@@ -98,3 +132,5 @@ def check_ranges(config: Any, problems: Problems) -> None:
         hint = f"e.g. {path}={_number(good)}" if good is not None else f"a value {describe(rng)}"
         problems.add(f"{path} must be {describe(rng)}{null} (got {value})",
                      hint=hint + (f", or {path}=null" if nullable else ""))
+        reported.add(path)
+    check_finite(config, problems, reported=reported)

@@ -146,3 +146,17 @@ def test_stop_strings_may_hold_a_newline_where_no_other_string_may() -> None:
     config.launcher.slurm.qos = "a\nb"
     check_strings(config, problems)
     assert [str(e).split(" holds")[0] for e in problems.errors] == ["launcher.slurm.qos"]
+
+
+def test_every_number_is_finite_and_fits_64_bits_ranged_or_not() -> None:
+    """An infinite learning rate or 2**70 of anything is a typo that failed in the job; a NaN or an infinity a range
+    refuses is named once, by its range."""
+    config = _config()
+    config.actor.optimizer.lr = math.inf  # a range with no upper bound: inf holds it
+    config.seed = 2**70  # no declared range
+    config.rollout.request_timeout = math.nan  # ranged: its range names it
+    problems = Problems()
+    check_ranges(config, problems)
+    assert sorted(str(e).splitlines()[0] for e in problems.errors) == [
+        "actor.optimizer.lr must be a finite number (got inf)", "rollout.request_timeout must be positive (got nan)",
+        "seed is too large (got 1180591620717411303424)"]
