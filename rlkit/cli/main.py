@@ -215,7 +215,8 @@ def stop(trial: str = TRIAL_ARG,
         stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text))
         return
     name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text))
-    out.print(f"cancelled the Slurm job of {name}")
+    if name is not None:
+        out.print(f"cancelled the Slurm job of {name}")
 
 
 @app.command()

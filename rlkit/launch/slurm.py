@@ -31,6 +31,8 @@ class JobInfo:
     components: tuple[tuple[str, str, str], ...] = ()  # (component id, state, nodes)
     # each component's own job id (`<id>+<k>` addresses the whole job in scancel; this id only component k)
     component_job_ids: tuple[str, ...] = ()
+    name: str = ""  # JobName and StdOut (%j expanded), as the controller has them: what tells whose job it is
+    stdout: str = ""
 
     @property
     def active(self) -> bool:
@@ -132,6 +134,7 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
         exit_code=leader.get("ExitCode", ""), elapsed=leader.get("RunTime", ""),
         nodes=",".join(c[2] for c in components if c[2] and c[2] != "(null)"), components=components,
         component_job_ids=tuple(r.get("JobId", job_id) for r in records),
+        name=leader.get("JobName", ""), stdout=leader.get("StdOut", ""),
     )
 
 
