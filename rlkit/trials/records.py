@@ -236,7 +236,7 @@ def record_problem(data: object) -> str | None:
     if missing := [f for f in fields if f not in data]:
         return f"missing field(s) {', '.join(missing)}"
     if bad := [f for f in fields[:4] if not isinstance(data[f], str) or not data[f]]:
-        return f"{', '.join(bad)} must be non-empty strings"
+        return " and ".join(f"{field} must be a non-empty string (got {data[field]!r:.40})" for field in bad)
     if not SLURM_JOB_ID.fullmatch(data["job_id"]):
         return f"job_id {data['job_id']!r} is not a Slurm job id"
     stamp = data["submitted_at"]
