@@ -339,10 +339,10 @@ def find_stage_run(spec: str) -> StagedRun | None:
 def stop_run(run: StagedRun, *, now: bool, timeout: float, say: Callable[[str], None]) -> list[str]:
     """Stop a run: the stages still waiting are cancelled first (so none starts from a model not finished), then the
     running one stops as `rlkit stop` stops a trial (checkpoint first). Returns the stages stopped."""
-    from rlkit.launch.stop import is_trials_active_job, stop_trial
+    from rlkit.launch.stop import stop_trial
 
     active = [(stage, job) for stage in run.stages if (job := _last_job(stage))
-              and is_trials_active_job(slurm.job_info(job), run.experiment, stage.trial, stage.paths)]
+              and slurm.is_trials_active_job(slurm.job_info(job), run.experiment, stage.trial, stage.trial_dir)]
     if not active:
         raise UserError(f"no stage of {run.name} is in Slurm", hint=f"rlkit status {run.name} shows how it ended")
     for stage, job in reversed(active):

@@ -52,7 +52,7 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     record = find_trial(spec)
     paths = TrialPaths(Path(record.trial_dir))
     info = slurm.job_info(record.job_id)
-    if not is_trials_active_job(info, record.experiment, record.trial, paths):
+    if not slurm.is_trials_active_job(info, record.experiment, record.trial, record.trial_dir):
         say(f"the job of {record.name} (Slurm job {record.job_id}) has already ended; nothing to cancel")
         return None
     cancel = True
@@ -66,16 +66,6 @@ def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], Non
     slurm.scancel(record.job_id)
     _wait_until_gone(record.job_id, say)
     return record.name
-
-
-def is_trials_active_job(info: slurm.JobInfo, experiment: str, trial: str, paths: TrialPaths) -> bool:
-    """Whether Slurm still runs (or holds pending) the job the trial submitted: active, named as submit names it
-    (rlkit.launch.plan) and writing its batch log into the trial's logs/. Slurm reuses job ids (a wrapped MaxJobId, a
-    controller whose state was reset), so the recorded id alone may be a later, unrelated job of the user."""
-    expected_log = str(paths.batch_log).replace("%j", info.job_id)
-    # scontrol's one-line records split on spaces: a log path with one is compared up to it
-    return (info.active and info.name == f"{experiment}_{trial}"
-            and info.stdout == (expected_log.split() or [""])[0])
 
 
 def _wait_until_gone(job_id: str, say: Callable[[str], None]) -> None:

@@ -114,3 +114,23 @@ def test_stop_cancels_the_trial_s_running_job(rlkit_home: Path, tmp_path: Path,
     info = slurm.JobInfo("41", "PENDING", name="exp_t", stdout=f"{tmp_path / 'trial'}/logs/slurm-41.out")
     cancelled, _, scancels = _stop_with(rlkit_home, tmp_path, monkeypatch, info)
     assert cancelled == "exp/t" and scancels == ["scancel 41"]
+
+
+def test_submit_force_is_refused_only_while_slurm_runs_the_trial_s_own_job(
+        generate_yaml: Path, rlkit_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded id taken by a later, unrelated job no longer holds the trial (its stop says the job ended)."""
+    from rlkit.config.load import load_config
+    from rlkit.launch.submit import _refuse_over_existing
+
+    config = load_config(generate_yaml)
+    paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
+    paths.root.mkdir(parents=True)
+    paths.config.write_text("")
+    write_record(rlkit_home, "t1", experiment="test-exp", job_id="41", trial_dir=str(paths.root))
+    own = slurm.JobInfo("41", "RUNNING", name="test-exp_t1", stdout=f"{paths.logs}/slurm-41.out")
+    monkeypatch.setattr(slurm, "job_info", lambda job_id, trial_dir=None: own)
+    with pytest.raises(UserError, match="still has job 41 in Slurm"):
+        _refuse_over_existing(config, paths, force=True, kind="submit")
+    monkeypatch.setattr(slurm, "job_info", lambda job_id, trial_dir=None: slurm.JobInfo(
+        "41", "RUNNING", name="someone_else", stdout="/home/u/slurm-41.out"))
+    _refuse_over_existing(config, paths, force=True, kind="submit")
