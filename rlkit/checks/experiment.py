@@ -55,7 +55,12 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
 # Options rlkit sets on every step itself: a user's copy would undo the safe working directory.
-_RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",)}
+_RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",),
+               "sbatch_additional_args": ("--job-name", "-J", "--output", "-o")}
+_WHY_RLKIT_SETS = {  # what the option rlkit sets itself is for
+    "sbatch_additional_args": "rlkit stop, resume and submit --force know the trial's job by its name and batch "
+                              "log, since Slurm reuses job ids"}
+_WHY_DIRECTORY = "steps run from a directory nobody else can write, so nothing is imported from the trial directory"
 MAX_NAME_LENGTH = 64  # experiment and trial names: directory names, Slurm job names, squeue columns
 
 
@@ -241,8 +246,8 @@ def _validate_launcher(config: ExperimentConfig, problems: Problems, job: JobTyp
             continue
         for word in words:
             if any(_is_option(word, option) for option in _RLKIT_SETS.get(name, ())):
-                problems.add(f"launcher.slurm.{name}: rlkit sets {word.split('=', 1)[0]} itself (steps run from a "
-                             "directory nobody else can write, so nothing is imported from the trial directory)",
+                problems.add(f"launcher.slurm.{name}: rlkit sets {word.split('=', 1)[0]} itself "
+                             f"({_WHY_RLKIT_SETS.get(name, _WHY_DIRECTORY)})",
                              hint=f"remove {word} from launcher.slurm.{name}")
     if slurm.container_type not in CONTAINER_TYPES:
         problems.add(f"launcher.slurm.container_type '{slurm.container_type}' is not supported",

@@ -221,7 +221,8 @@ def stop(trial: str = TRIAL_ARG,
         stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text, markup=False))
         return
     name = stop_trial(trial, now=now, timeout=timeout, say=lambda text: out.print(text, markup=False))
-    out.print(f"cancelled the Slurm job of {name}", markup=False)
+    if name is not None:
+        out.print(f"cancelled the Slurm job of {name}", markup=False)
 
 
 @app.command()

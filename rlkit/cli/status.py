@@ -103,10 +103,16 @@ def read_progress(paths: TrialPaths) -> dict[str, Any]:
 def _row(record: TrialRecord, info: slurm.JobInfo) -> TrialRow:
     submitted = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.submitted_at))
     progress = read_progress(TrialPaths(Path(record.trial_dir)))
-    step = f"{progress['step']}/{progress['total_steps']}" if "step" in progress else ""
+    step = f"{_known_count(progress.get('step'))}/{_known_count(progress.get('total_steps'))}" \
+        if "step" in progress else ""
     reward = f"{progress['reward']:.3f}" if isinstance(progress.get("reward"), (int, float)) else ""
     return TrialRow(record.name, record.job_id, info.state, info.elapsed, info.nodes, submitted, record.trial_dir,
                     step, reward)
+
+
+def _known_count(value: object) -> str:
+    """A step count of progress.json as shown, "?" when it is missing or not a count (the file is untrusted)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else "?"
 
 
 def all_trials() -> list[TrialRow]:
@@ -133,7 +139,8 @@ def _servers(paths: TrialPaths) -> tuple[list[ServerRow], list[AuxiliaryServerRo
 
     config = load_config(paths.config)
     nr = name_resolve_for(config)
-    verified = read_progress(paths).get("servers", {})  # versions the trainer read back and fingerprinted
+    verified = read_progress(paths).get("servers")  # versions the trainer read back and fingerprinted
+    verified = verified if isinstance(verified, dict) else {}
     try:
         return server_rows(nr, [entry.name for entry in config.auxiliary_models], verified, HEALTH_TIMEOUT_S)
     finally:
@@ -303,9 +310,9 @@ def print_json(data: Any) -> None:
 def _log_path(paths: TrialPaths, record: TrialRecord, step: str | None) -> Path:
     if step is None:
         return Path(str(paths.batch_log).replace("%j", record.job_id))
+    steps = sorted(p.stem for p in paths.logs.glob("*.log"))
     path = paths.step_log(step)
-    if not path.is_file():
-        steps = sorted(p.stem for p in paths.logs.glob("*.log"))
+    if step not in steps or not path.is_file():  # by name: never a path built from --step (too long, or ../)
         raise UserError(f"trial {record.name} has no log for step '{step}'",
                         hint=f"steps with logs: {', '.join(steps) or 'none yet (is the job still pending?)'}")
     return path

@@ -33,7 +33,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
         raise UserError(f"trial {record.name} has no config at {paths.config}", hint="submit it again instead")
     stand_in = _stage_model_stand_in(record.trial_dir)
     info = slurm.job_info(record.job_id)
-    if info.active:
+    if slurm.is_trials_active_job(info, record.experiment, record.trial, record.trial_dir):
         raise UserError(f"trial {record.name} is still {info.state} as job {record.job_id}",
                         hint=f"it resumes by itself after a failure; to restart it anyway: rlkit stop {record.name}")
     done = len(attempts(paths)) or 1

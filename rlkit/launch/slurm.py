@@ -31,6 +31,8 @@ class JobInfo:
     components: tuple[tuple[str, str, str], ...] = ()  # (component id, state, nodes)
     # each component's own job id (`<id>+<k>` addresses the whole job in scancel; this id only component k)
     component_job_ids: tuple[str, ...] = ()
+    name: str = ""  # JobName and StdOut (%j expanded), as the controller has them: what tells whose job it is
+    stdout: str = ""
 
     @property
     def active(self) -> bool:
@@ -132,6 +134,7 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
         exit_code=leader.get("ExitCode", ""), elapsed=leader.get("RunTime", ""),
         nodes=",".join(c[2] for c in components if c[2] and c[2] != "(null)"), components=components,
         component_job_ids=tuple(r.get("JobId", job_id) for r in records),
+        name=leader.get("JobName", ""), stdout=leader.get("StdOut", ""),
     )
 
 
@@ -158,3 +161,15 @@ def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
             return JobInfo(job_id=job_id, state=end.state, exit_code=f"{end.exit_code}:0",
                            reason=f"ended {ended}; Slurm no longer knows the job, the state is its script's record")
     return JobInfo(job_id=job_id, state="UNKNOWN", reason="the controller no longer knows the job and sacct is off")
+
+
+def is_trials_active_job(info: JobInfo, experiment: str, trial: str, trial_dir: str | Path) -> bool:
+    """Whether Slurm still runs (or holds pending) the job the trial submitted: active, named as submit names it
+    (rlkit.launch.plan) and writing its batch log into the trial's logs/. Slurm reuses job ids (a wrapped MaxJobId, a
+    controller whose state was reset), so the recorded id alone may be a later, unrelated job of the user."""
+    from rlkit.trials.paths import TrialPaths
+
+    expected_log = str(TrialPaths(Path(trial_dir)).batch_log).replace("%j", info.job_id)
+    # scontrol's one-line records split on spaces: a log path with one is compared up to it
+    return (info.active and info.name == f"{experiment}_{trial}"
+            and info.stdout == (expected_log.split() or [""])[0])

@@ -30,7 +30,7 @@ from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
 from rlkit.trials.paths import TrialPaths
-from rlkit.trials.records import attempts, find_trial
+from rlkit.trials.records import SLURM_JOB_ID, attempts, find_trial
 from rlkit.trials.recover_layout import latest_valid, recover_root
 from rlkit.trials.stage_runs import StagedRun, StageRecord, find_run, record_run
 
@@ -274,8 +274,10 @@ def submit_stages(plans: list[StagePlan], *, force: bool = False) -> StagedRun:
 
 
 def _last_job(stage: StageRecord) -> str:
+    """The stage's last job id from its manifest; "" for none, or for one that is not a Slurm job id (argv)."""
     found = attempts(stage.paths)
-    return str(found[-1].get("job_id")) if found else ""
+    job_id = str(found[-1].get("job_id")) if found else ""
+    return job_id if SLURM_JOB_ID.fullmatch(job_id) else ""
 
 
 def resume_run(run: StagedRun, overrides: list[str]) -> list[tuple[StageRecord, str, str]]:
@@ -339,7 +341,8 @@ def stop_run(run: StagedRun, *, now: bool, timeout: float, say: Callable[[str], 
     running one stops as `rlkit stop` stops a trial (checkpoint first). Returns the stages stopped."""
     from rlkit.launch.stop import stop_trial
 
-    active = [(stage, job) for stage in run.stages if (job := _last_job(stage)) and slurm.job_info(job).active]
+    active = [(stage, job) for stage in run.stages if (job := _last_job(stage))
+              and slurm.is_trials_active_job(slurm.job_info(job), run.experiment, stage.trial, stage.trial_dir)]
     if not active:
         raise UserError(f"no stage of {run.name} is in Slurm", hint=f"rlkit status {run.name} shows how it ended")
     for stage, job in reversed(active):

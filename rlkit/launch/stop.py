@@ -46,20 +46,25 @@ def _signal_trainer(job_id: str, info: slurm.JobInfo, step_name: str) -> bool:
     return bool(step_ids)
 
 
-def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str:
-    """Stop the trial's job; returns its record name. With a checkpoint first unless `now` or not applicable."""
+def stop_trial(spec: str, *, now: bool, timeout: float, say: Callable[[str], None]) -> str | None:
+    """Stop the trial's job, with a checkpoint first unless `now` or not applicable; returns its record name, or None
+    when nothing was cancelled (the job had ended, or ended by itself while the trainer finished)."""
     record = find_trial(spec)
     paths = TrialPaths(Path(record.trial_dir))
     info = slurm.job_info(record.job_id)
+    if not slurm.is_trials_active_job(info, record.experiment, record.trial, record.trial_dir):
+        say(f"the job of {record.name} (Slurm job {record.job_id}) has already ended; nothing to cancel")
+        return None
     cancel = True
     if not now and info.state == "RUNNING" and paths.config.is_file():
         config = load_config(paths.config)
         job = job_type_for(config.type)
         if job.resumable and config.recover.mode != "disabled":
             cancel = _checkpoint_first(record.job_id, record.name, info, paths, job.name, timeout, say)
-    if cancel:
-        slurm.scancel(record.job_id)
-        _wait_until_gone(record.job_id, say)
+    if not cancel:
+        return None
+    slurm.scancel(record.job_id)
+    _wait_until_gone(record.job_id, say)
     return record.name
 
 

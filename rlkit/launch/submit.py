@@ -210,7 +210,8 @@ def _refuse_over_existing(config: ExperimentConfig, paths: TrialPaths, *, force:
         raise UserError(f"trial {config.experiment_name}/{config.trial_name} already exists at {paths.root}",
                         hint="pick a new trial_name, or pass --force to submit over it")
     for record in _records_of(paths):
-        if slurm.job_info(record.job_id).active:
+        if slurm.is_trials_active_job(slurm.job_info(record.job_id), record.experiment, record.trial,
+                                      record.trial_dir):
             raise UserError(f"trial {record.name} still has job {record.job_id} in Slurm",
                             hint=f"stop it first: rlkit stop {record.name}")
     if kind == "submit" and job_type_for(config.type).resumable and config.recover.mode == "resume":

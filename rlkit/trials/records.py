@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -212,14 +214,50 @@ def record_trial(record: TrialRecord) -> None:
     write_atomic(index / f"{record.trial}.json", json.dumps(asdict(record)) + "\n")
 
 
+# a Slurm job id as sbatch prints it: digits, optionally `_<task>` or `+<het component>`; it goes into scancel's and
+# scontrol's argv, so nothing else (a leading '-' would be read as an option)
+SLURM_JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
+_LATEST_TIME = 253402300799.0  # 9999-12-31: time.localtime/strftime take every stamp up to it
+
+
+def skip_record(path: Path, why: str) -> None:
+    """A record of the per-user index that cannot be used: one warning line naming it, then it is left out."""
+    sys.stderr.write(f"rlkit: warning: skipping the record {path}: {why}\n")
+
+
+def record_problem(data: object) -> str | None:
+    """What makes an index entry unusable (a field missing, of the wrong type, a job id that is not Slurm's, a time
+    no clock can show), or None for a good one: the index is a file anybody with the account can edit by hand."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    fields = ("experiment", "trial", "trial_dir", "job_id", "submitted_at")
+    if unknown := sorted(set(data) - set(fields)):
+        return f"unknown field(s) {', '.join(map(str, unknown))}"
+    if missing := [f for f in fields if f not in data]:
+        return f"missing field(s) {', '.join(missing)}"
+    if bad := [f for f in fields[:4] if not isinstance(data[f], str) or not data[f]]:
+        return " and ".join(f"{field} must be a non-empty string (got {data[field]!r:.40})" for field in bad)
+    if not SLURM_JOB_ID.fullmatch(data["job_id"]):
+        return f"job_id {data['job_id']!r} is not a Slurm job id"
+    stamp = data["submitted_at"]
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp <= _LATEST_TIME:
+        return f"submitted_at {stamp!r} is not a time (seconds since 1970)"
+    return None
+
+
 def list_trials() -> list[TrialRecord]:
-    """All trials of this user, newest first."""
+    """All trials of this user, newest first; a record that cannot be read or used is skipped with a warning."""
     records = []
-    for path in (rlkit_home() / "trials").glob("*/*.json"):
+    for path in sorted((rlkit_home() / "trials").glob("*/*.json")):
         try:
-            records.append(TrialRecord(**untrusted_json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
+            data = untrusted_json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            skip_record(path, f"unreadable ({exc})")
             continue
+        if (problem := record_problem(data)) is not None:
+            skip_record(path, problem)
+            continue
+        records.append(TrialRecord(**{**data, "submitted_at": float(data["submitted_at"])}))
     return sorted(records, key=lambda r: r.submitted_at, reverse=True)
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 from rlkit.trials.paths import TrialPaths
-from rlkit.trials.records import read_json_dict, rlkit_home, write_atomic
+from rlkit.trials.records import read_json_dict, rlkit_home, skip_record, write_atomic
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # experiment and trial names (rlkit.checks.experiment.check_name)
 
@@ -64,12 +64,22 @@ def record_run(run: StagedRun) -> None:
 
 
 def _read(path: Path) -> StagedRun | None:
+    """The run recorded in `path`; None when there is none, and (with a warning) when the record is not one rlkit
+    wrote: a stage whose fields are not strings (a hand-edited file) is never used as a trial directory."""
+    if not path.is_file():
+        return None
     data = read_json_dict(path)
     try:
         stages = tuple(StageRecord(**s) for s in data["stages"])
-        return StagedRun(str(data["experiment"]), str(data["trial"]), stages, float(data["submitted_at"]))
+        run = StagedRun(str(data["experiment"]), str(data["trial"]), stages, float(data["submitted_at"]))
     except (KeyError, TypeError, ValueError):
+        skip_record(path, "not a record of a run of stages")
         return None
+    if not stages or any(not isinstance(value, str) for stage in stages for value in astuple(stage)) \
+            or any(not stage.trial_dir for stage in stages):
+        skip_record(path, "a stage's fields must be strings (trial_dir non-empty)")
+        return None
+    return run
 
 
 def find_run(spec: str) -> StagedRun | None:

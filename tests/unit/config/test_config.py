@@ -86,6 +86,10 @@ def test_invalid_yaml_says_where(tmp_path: Path) -> None:
         ("actor.path=/nonexistent/model", "is not a model directory"),
         ("launcher.client_mem=0", "launcher.client_mem must be at least 1"),
         ("launcher.srun_additional_args='--x \"unclosed'", None),
+        ("launcher.slurm.sbatch_additional_args=--job-name=mine", "rlkit sets --job-name itself (rlkit stop, resume"),
+        ("launcher.slurm.sbatch_additional_args='--mail-type=END -o /tmp/x.out'", "rlkit sets -o itself"),
+        ("launcher.slurm.sbatch_additional_args=--outp=/tmp/x.out", "rlkit sets --outp itself"),
+        ("launcher.slurm.srun_additional_args=--chdir=/x", "rlkit sets --chdir itself (steps run from a directory"),
     ],
 )
 def test_validation_errors(generate_yaml: Path, override: str, says: str | None) -> None:
