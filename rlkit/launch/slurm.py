@@ -145,12 +145,13 @@ def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
     if proc.returncode == 0 and proc.stdout.strip():
         return job_info_from_records(job_id, parse_scontrol_records(proc.stdout))
     if shutil.which("sacct"):
-        acct = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList"])
-        lines = [line.split("|") for line in acct.stdout.splitlines() if line.strip()] if acct.returncode == 0 else []
-        if lines:
+        acct = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList,JobName"])
+        lines = [line.split("|", 5) for line in acct.stdout.splitlines() if line.strip()] \
+            if acct.returncode == 0 else []
+        if lines and len(lines[0]) == 6:
             first = lines[0]
             return JobInfo(job_id=job_id, state=first[1].split()[0], exit_code=first[2], elapsed=first[3],
-                           nodes=first[4])
+                           nodes=first[4], name=first[5])
     if trial_dir is not None:
         from rlkit.trials.paths import TrialPaths
         from rlkit.trials.records import read_job_end
@@ -164,12 +165,15 @@ def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
 
 
 def is_trials_active_job(info: JobInfo, experiment: str, trial: str, trial_dir: str | Path) -> bool:
-    """Whether Slurm still runs (or holds pending) the job the trial submitted: active, named as submit names it
-    (rlkit.launch.plan) and writing its batch log into the trial's logs/. Slurm reuses job ids (a wrapped MaxJobId, a
-    controller whose state was reset), so the recorded id alone may be a later, unrelated job of the user."""
+    """Whether Slurm still runs (or holds pending) the job the trial submitted: active, and not known to be another
+    job: named as submit names it (rlkit.launch.plan) and writing its batch log into the trial's logs/, where Slurm
+    said either. Slurm reuses job ids (a wrapped MaxJobId, a controller whose state was reset), so the recorded id
+    alone may be a later, unrelated job of the user; but a name or log Slurm did not give (sacct answering for a busy
+    controller) counts as the trial's: a resume refused beside a job that may be the trial's is safer than two jobs
+    writing one trial."""
     from rlkit.trials.paths import TrialPaths
 
     expected_log = str(TrialPaths(Path(trial_dir)).batch_log).replace("%j", info.job_id)
     # scontrol's one-line records split on spaces: a log path with one is compared up to it
-    return (info.active and info.name == f"{experiment}_{trial}"
-            and info.stdout == (expected_log.split() or [""])[0])
+    return (info.active and info.name in ("", f"{experiment}_{trial}")
+            and info.stdout in ("", (expected_log.split() or [""])[0]))

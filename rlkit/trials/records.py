@@ -131,6 +131,8 @@ def _image_facts(image: str) -> dict[str, object]:
 def read_json_dict(path: Path) -> dict[str, Any]:
     """A JSON object from a file, or {} when the file is missing, unreadable or not an object."""
     try:
+        if not path.is_file():  # missing, or a FIFO that would block the reader
+            return {}
         data = untrusted_json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
@@ -249,6 +251,9 @@ def list_trials() -> list[TrialRecord]:
     """All trials of this user, newest first; a record that cannot be read or used is skipped with a warning."""
     records = []
     for path in sorted((rlkit_home() / "trials").glob("*/*.json")):
+        if not path.is_file():  # a FIFO would block `rlkit status` for good
+            skip_record(path, "not a regular file")
+            continue
         try:
             data = untrusted_json.loads(path.read_text())
         except (OSError, ValueError) as exc:

@@ -46,12 +46,14 @@ def field_names(cls: type) -> set[str]:
 
 @functools.cache
 def container_kind(cls: type, name: str) -> str | None:
-    """"mapping" or "list" for a leaf field typed as a dict or a list (Optional too), else None."""
+    """"mapping" or "list" for a leaf field typed as a dict or a list (Optional too), else None; None too for a
+    list of sections (auxiliary_models, stages), which its own entries check names in its own words."""
     hint = type_hints(cls)[name]
     for candidate in (hint, *typing.get_args(hint)):
         origin = typing.get_origin(candidate) or candidate
         if origin is dict:
             return "mapping"
         if origin is list:
-            return "list"
+            items = typing.get_args(candidate)
+            return None if items and dataclasses.is_dataclass(items[0]) else "list"
     return None

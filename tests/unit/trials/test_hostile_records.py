@@ -40,6 +40,17 @@ def test_a_record_of_the_wrong_types_is_skipped_with_a_warning(
     assert len(warnings) == 1 and str(bad) in warnings[0], warnings
 
 
+def test_a_fifo_in_the_index_or_as_progress_is_skipped_not_read(
+        rlkit_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A FIFO blocked `rlkit status` for good."""
+    write_record(rlkit_home, "good", trial_dir=str(tmp_path))
+    os.mkfifo(rlkit_home / "trials" / "exp" / "fifo.json")
+    os.mkfifo(tmp_path / "progress.json")
+    assert [r.trial for r in list_trials()] == ["good"]
+    assert "fifo.json: not a regular file" in capsys.readouterr().err
+    assert _row(list_trials()[0], slurm.JobInfo("12", "RUNNING")).step == ""
+
+
 def test_slurm_job_ids_of_every_shape_are_kept(rlkit_home: Path) -> None:
     for trial, job_id in (("plain", "7"), ("task", "7_3"), ("het", "7+1")):
         write_record(rlkit_home, trial, job_id=job_id, submitted_at=1)
@@ -109,9 +120,14 @@ def test_stop_cancels_nothing_once_the_trial_s_job_has_ended(
     assert said == ["the job of exp/t (Slurm job 41) has already ended; nothing to cancel"]
 
 
-def test_stop_cancels_the_trial_s_running_job(rlkit_home: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    info = slurm.JobInfo("41", "PENDING", name="exp_t", stdout=f"{tmp_path / 'trial'}/logs/slurm-41.out")
+@pytest.mark.parametrize("name, log", [
+    ("exp_t", "{trial}/logs/slurm-41.out"),
+    ("", ""),  # sacct answering for a busy controller gives no batch log (older sacct no name): counted as the trial's
+    ("exp_t", ""),
+])
+def test_stop_cancels_the_trial_s_running_job(rlkit_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              name: str, log: str) -> None:
+    info = slurm.JobInfo("41", "PENDING", name=name, stdout=log.format(trial=tmp_path / "trial"))
     cancelled, _, scancels = _stop_with(rlkit_home, tmp_path, monkeypatch, info)
     assert cancelled == "exp/t" and scancels == ["scancel 41"]
 
@@ -129,6 +145,10 @@ def test_submit_force_is_refused_only_while_slurm_runs_the_trial_s_own_job(
     write_record(rlkit_home, "t1", experiment="test-exp", job_id="41", trial_dir=str(paths.root))
     own = slurm.JobInfo("41", "RUNNING", name="test-exp_t1", stdout=f"{paths.logs}/slurm-41.out")
     monkeypatch.setattr(slurm, "job_info", lambda job_id, trial_dir=None: own)
+    with pytest.raises(UserError, match="still has job 41 in Slurm"):
+        _refuse_over_existing(config, paths, force=True, kind="submit")
+    unnamed = slurm.JobInfo("41", "RUNNING")  # Slurm said neither name nor log: it may be the trial's, refused
+    monkeypatch.setattr(slurm, "job_info", lambda job_id, trial_dir=None: unnamed)
     with pytest.raises(UserError, match="still has job 41 in Slurm"):
         _refuse_over_existing(config, paths, force=True, kind="submit")
     monkeypatch.setattr(slurm, "job_info", lambda job_id, trial_dir=None: slurm.JobInfo(
