@@ -179,7 +179,8 @@ def test_a_huge_output_is_truncated_at_the_cap_quickly_with_bounded_parent_memor
     assert result.killed_by == "output"
     assert result.error == "output truncated at 4096 bytes; the program was stopped"
     assert result.output == "x" * 4096
-    assert result.seconds < 2
+    # stopped at the cap, long before the wall-clock limit (under 1 s idle; 2.5 s once with the whole suite on 2 cores)
+    assert result.seconds < CodeLimits().wall_seconds / 2
     assert peak < 4 << 20  # the parent kept the cap, not the flood
 
 

@@ -262,18 +262,22 @@ def test_list_subtree_1000_entries(nr: NfsNameResolve) -> None:
 # -- keepalive / heartbeat -------------------------------------------------------------------------------------------
 
 
-def test_keepalive_entry_stays_live_while_heartbeating(nr: NfsNameResolve, tmp_path: Path) -> None:
-    owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=TTL, heartbeat_interval=HEARTBEAT)
+def test_keepalive_entry_stays_live_while_heartbeating(tmp_path: Path) -> None:
+    # a ttl of 15 heartbeats, not 5: with the whole suite on two cores, the heartbeat thread once went 0.5 s unrun
+    ttl = 15 * HEARTBEAT
+    owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=ttl, heartbeat_interval=HEARTBEAT)
+    reader = NfsNameResolve(tmp_path, "exp", "trial", ttl=ttl, heartbeat_interval=HEARTBEAT)
     owner.add("servers/0", "alive", keepalive=True)
-    first = read_record(nr, "servers/0")["heartbeat"]
+    first = read_record(reader, "servers/0")["heartbeat"]
     start = time.monotonic()
-    while time.monotonic() - start < 3 * TTL:  # well past one ttl: only the heartbeat keeps it live
-        assert nr.get("servers/0") == "alive"
-        time.sleep(0.02)
-    rec = read_record(nr, "servers/0")
-    assert rec["heartbeat"] > first + TTL
+    while time.monotonic() - start < 2 * ttl:  # past one ttl: only the heartbeat keeps it live
+        assert reader.get("servers/0") == "alive"
+        time.sleep(0.05)
+    rec = read_record(reader, "servers/0")
+    assert rec["heartbeat"] > first + ttl
     assert rec["owner"]["pid"] == os.getpid() and rec["keepalive"] is True
     owner.close()
+    reader.close()
 
 
 def test_keepalive_entry_expires_when_heartbeat_stops(nr: NfsNameResolve, tmp_path: Path) -> None:
