@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import functools
 import re
+import stat
 from pathlib import Path
 from typing import Any, cast
 
@@ -82,10 +83,11 @@ CONFIG_FILE_LIMIT = 16 * 2**20  # bytes: an experiment file is a few KB
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping from a file, or raise ConfigError saying what is wrong with it."""
     try:
-        if path.exists() and not path.is_file():  # a FIFO would block forever, /dev/zero read without end
+        info = path.stat()  # once: a missing file is FileNotFoundError below
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block forever, /dev/zero read without end
             raise ConfigError(f"config file '{path}' is not a regular file", hint="give the path of an experiment "
                               "YAML file")
-        if path.exists() and path.stat().st_size > CONFIG_FILE_LIMIT:
+        if info.st_size > CONFIG_FILE_LIMIT:
             raise ConfigError(f"config file '{path}' is larger than {CONFIG_FILE_LIMIT // 2**20} MiB",
                               hint="give the path of an experiment YAML file")
         text = path.read_text()

@@ -119,10 +119,10 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     secret_dir.mkdir(mode=0o700, exist_ok=True)
     launch = server_launch(config, backend, tp, port, token=token, secret_dir=secret_dir, index=index)
     slurm = JobEnv.from_environ()
-    scratch = EngineScratch.create(f"serve-{slurm.job_id or 'local'}-{server_key(index, auxiliary)}")
+    key = server_key(index, auxiliary)
+    scratch = EngineScratch.create(f"serve-{slurm.job_id or 'local'}-{key}")
     argv, env = launch.argv, launch_env(launch, scratch)
     node = slurm.node_name
-    key = server_key(index, auxiliary)
     print(slurm.slice_line(server_step_name(index, auxiliary or "")), flush=True)
     what = f"auxiliary server {auxiliary}/{index}" if auxiliary else f"server {index}"
     print(f"rlkit serve: {what} ({backend.name}, tp={tp}) on node {node} at {advertised_host()}:{port}",
