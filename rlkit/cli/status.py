@@ -116,8 +116,13 @@ def _known_count(value: object) -> str:
 
 
 def all_trials() -> list[TrialRow]:
-    """Every trial of this user with its Slurm state, newest first."""
-    return [_row(r, slurm.job_info(r.job_id, r.trial_dir)) for r in list_trials()]
+    """Every trial of this user with its job's state, newest first."""
+    return [_row(r, trial_job(r)) for r in list_trials()]
+
+
+def trial_job(record: TrialRecord) -> slurm.JobInfo:
+    """The state of the trial's job, never of a later job Slurm gave its id to (slurm.trials_job_info)."""
+    return slurm.trials_job_info(record.job_id, record.experiment, record.trial, record.trial_dir)
 
 
 def trials_table(rows: list[TrialRow]) -> Table:
@@ -180,7 +185,7 @@ def tail(path: Path, lines: int) -> list[str]:
 def trial_detail(spec: str) -> TrialDetail:
     """Slurm state, components, live servers and, for a failed job, the failed step's last log lines."""
     record = find_trial(spec)
-    info = slurm.job_info(record.job_id, record.trial_dir)
+    info = trial_job(record)
     paths = TrialPaths(Path(record.trial_dir))
     detail = TrialDetail(_row(record, info), info.reason, info.exit_code, list(info.components))
     from rlkit.trials.records import attempts, read_manifest
@@ -337,6 +342,6 @@ def show_logs(spec: str, *, step: str | None, follow: bool, lines: int) -> None:
             sys.stdout.flush()
         if time.monotonic() - last_check > 5:
             last_check = time.monotonic()
-            if not slurm.job_info(record.job_id).active:
+            if not trial_job(record).active:  # a later job given its id may run on
                 return
         time.sleep(0.5)

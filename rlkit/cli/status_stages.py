@@ -48,7 +48,8 @@ def run_detail(run: StagedRun) -> RunDetail:
     for stage in run.stages:
         found = attempts(stage.paths)
         job_id = str(found[-1].get("job_id")) if found else ""
-        state = slurm.job_info(job_id, stage.trial_dir).state if job_id else "NOT SUBMITTED"
+        state = slurm.trials_job_info(job_id, run.experiment, stage.trial, stage.trial_dir).state if job_id \
+            else "NOT SUBMITTED"
         progress = read_progress(stage.paths)
         text = f"step {progress['step']}/{progress['total_steps']}" if "step" in progress else ""
         rows.append(StageRow(stage.name, stage.type, stage.trial, job_id, state, text, stage.finished(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlkit.errors import SlurmError, UserError
@@ -105,18 +105,30 @@ def step_ids(job_id: str, name: str, *, tries: int = 3) -> list[str]:
                      f"{(proc.stderr or proc.stdout).strip()}")
 
 
+# Fields `scontrol show job` (without -o) prints alone on their line: there a value with spaces (a path under a
+# fileroot holding one) is whole, where the one-line form (-o) cannot tell it from the next Key=Value pair
+WHOLE_LINE_KEYS = frozenset({"Command", "WorkDir", "StdErr", "StdIn", "StdOut"})
+
+
 def parse_scontrol_records(text: str) -> list[dict[str, str]]:
-    """`scontrol show job -o` output: one record per line of space-separated Key=Value pairs."""
-    records = []
+    """`scontrol show ...` records of either form: one-line (-o), one record per line of space-separated Key=Value
+    pairs; or the default, a record's first line unindented and the rest indented, where a WHOLE_LINE_KEYS value is
+    the rest of its line, spaces and all. A record starts at each unindented line."""
+    records: list[dict[str, str]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        record: dict[str, str] = {}
+        if not line[0].isspace() or not records:
+            records.append({})
+        record = records[-1]
+        key, sep, value = line.lstrip().partition("=")
+        if sep and key in WHOLE_LINE_KEYS and line[0].isspace():
+            record[key] = value
+            continue
         for token in line.split():
             key, sep, value = token.partition("=")
             if sep:
                 record[key] = value
-        records.append(record)
     return records
 
 
@@ -140,40 +152,77 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
 
 def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
     """The job's state from the controller; from sacct when the controller forgot it; else from the end record the
-    job's script wrote in `trial_dir` as it exited; else state UNKNOWN."""
-    proc = _run(["scontrol", "show", "job", "-o", job_id])
+    job's script wrote in `trial_dir` as it exited; else state UNKNOWN. Whose job the id names now is not checked
+    here (trials_job_info does)."""
+    proc = _run(["scontrol", "show", "job", job_id])  # not -o: its StdOut would be cut at a space (WHOLE_LINE_KEYS)
     if proc.returncode == 0 and proc.stdout.strip():
         return job_info_from_records(job_id, parse_scontrol_records(proc.stdout))
-    if shutil.which("sacct"):
-        acct = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Elapsed,NodeList,JobName"])
-        lines = [line.split("|", 5) for line in acct.stdout.splitlines() if line.strip()] \
-            if acct.returncode == 0 else []
-        if lines and len(lines[0]) == 6:
-            first = lines[0]
-            return JobInfo(job_id=job_id, state=first[1].split()[0], exit_code=first[2], elapsed=first[3],
-                           nodes=first[4], name=first[5])
-    if trial_dir is not None:
-        from rlkit.trials.paths import TrialPaths
-        from rlkit.trials.records import read_job_end
-
-        end = read_job_end(TrialPaths(Path(trial_dir)), job_id)
-        if end is not None:
-            ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(end.ended_at))
-            return JobInfo(job_id=job_id, state=end.state, exit_code=f"{end.exit_code}:0",
-                           reason=f"ended {ended}; Slurm no longer knows the job, the state is its script's record")
+    if accounted := _sacct_records(job_id):
+        return accounted[0]
+    if trial_dir is not None and (end := _script_end(job_id, trial_dir)) is not None:
+        return replace(end, reason=f"{end.reason}; Slurm no longer knows the job, the state is its script's record")
     return JobInfo(job_id=job_id, state="UNKNOWN", reason="the controller no longer knows the job and sacct is off")
+
+
+def _sacct_records(job_id: str, *, duplicates: bool = False) -> list[JobInfo]:
+    """sacct's records of the job (-X: the allocation, one per het component): the newest job that had the id, or
+    with `duplicates` every one (Slurm reuses ids; `sacct -j` alone lists the most recent). [] without accounting."""
+    if not shutil.which("sacct"):
+        return []
+    acct = _run(["sacct", "-n", "-X", "-P", *(["--duplicates"] if duplicates else []), "-j", job_id,
+                 "-o", "JobID,State,ExitCode,Elapsed,NodeList,JobName"])
+    if acct.returncode != 0:
+        return []
+    fields = [line.split("|", 5) for line in acct.stdout.splitlines() if line.strip()]
+    return [JobInfo(job_id=job_id, state=(f[1].split() or ["UNKNOWN"])[0], exit_code=f[2], elapsed=f[3],
+                    nodes=f[4], name=f[5]) for f in fields if len(f) == 6]
+
+
+def _script_end(job_id: str, trial_dir: str | Path) -> JobInfo | None:
+    """The state the job's script recorded in the trial directory as it exited (rlkit.step_contract.JOB_END)."""
+    from rlkit.trials.paths import TrialPaths
+    from rlkit.trials.records import read_job_end
+
+    end = read_job_end(TrialPaths(Path(trial_dir)), job_id)
+    if end is None:
+        return None
+    ended = time.strftime("%Y-%m-%d %H:%M", time.localtime(end.ended_at))
+    return JobInfo(job_id=job_id, state=end.state, exit_code=f"{end.exit_code}:0", reason=f"ended {ended}")
+
+
+def trials_job_info(job_id: str, experiment: str, trial: str, trial_dir: str | Path) -> JobInfo:
+    """The state of the job the trial submitted as `job_id`, never of another job that has the id now (Slurm reuses
+    ids: a wrapped MaxJobId, a controller whose state was reset). When Slurm's answer is another job's
+    (is_trials_job), the trial's job has ended (a controller gives an id to one job at a time, and sacct -j answers
+    with the newest), and its state is accounting's record of it (sacct --duplicates, by name), else its script's end
+    record, else UNKNOWN; the reason says the id is another job's now."""
+    info = job_info(job_id, trial_dir)
+    if is_trials_job(info, experiment, trial, trial_dir):
+        return info
+    taken = f"Slurm's job {job_id} is another job now ({info.name or info.stdout})"
+    # an active record of the trial's job beside a later job of its id is stale (a controller reset): not used
+    own = [r for r in _sacct_records(job_id, duplicates=True) if r.name == f"{experiment}_{trial}" and not r.active]
+    if own:
+        return replace(own[0], reason=f"{taken}; the state is accounting's record of the trial's job")
+    if (end := _script_end(job_id, trial_dir)) is not None:
+        return replace(end, reason=f"{taken}; the trial's job {end.reason}, the state is its script's record")
+    return JobInfo(job_id=job_id, state="UNKNOWN",
+                   reason=f"{taken}; the trial's job has ended and left no record of its state")
+
+
+def is_trials_job(info: JobInfo, experiment: str, trial: str, trial_dir: str | Path) -> bool:
+    """Whether Slurm's answer for the trial's recorded job id may be the trial's job: not known to be another job,
+    named as submit names it (rlkit.launch.plan) and writing its batch log into the trial's logs/, where Slurm said
+    either. A name or log Slurm did not give (sacct answering for a busy controller, the script's end record) counts
+    as the trial's."""
+    from rlkit.trials.paths import TrialPaths
+
+    expected_log = str(TrialPaths(Path(trial_dir)).batch_log).replace("%j", info.job_id)
+    return info.name in ("", f"{experiment}_{trial}") and info.stdout in ("", expected_log)
 
 
 def is_trials_active_job(info: JobInfo, experiment: str, trial: str, trial_dir: str | Path) -> bool:
     """Whether Slurm still runs (or holds pending) the job the trial submitted: active, and not known to be another
-    job: named as submit names it (rlkit.launch.plan) and writing its batch log into the trial's logs/, where Slurm
-    said either. Slurm reuses job ids (a wrapped MaxJobId, a controller whose state was reset), so the recorded id
-    alone may be a later, unrelated job of the user; but a name or log Slurm did not give (sacct answering for a busy
-    controller) counts as the trial's: a resume refused beside a job that may be the trial's is safer than two jobs
-    writing one trial."""
-    from rlkit.trials.paths import TrialPaths
-
-    expected_log = str(TrialPaths(Path(trial_dir)).batch_log).replace("%j", info.job_id)
-    # scontrol's one-line records split on spaces: a log path with one is compared up to it
-    return (info.active and info.name in ("", f"{experiment}_{trial}")
-            and info.stdout in ("", (expected_log.split() or [""])[0]))
+    job (is_trials_job), for Slurm reuses job ids and the recorded id alone may be a later, unrelated job of the user.
+    A job that may be the trial's counts: a resume refused beside it is safer than two jobs writing one trial."""
+    return info.active and is_trials_job(info, experiment, trial, trial_dir)
