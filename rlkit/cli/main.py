@@ -228,7 +228,7 @@ def stop(trial: str = TRIAL_ARG,
 @app.command()
 def logs(trial: str = TRIAL_ARG,
          step: str = typer.Option(None, "--step", help="Step name (server-0, generate, ...); default: batch log."),
-         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until interrupted."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Print new lines until the job ends."),
          lines: int = typer.Option(40, "--lines", "-n", help="How many last lines to show first.")) -> None:
     """Print the last lines of a step's log (or the batch script's), optionally following it."""
     from rlkit.cli import status as st
