@@ -13,7 +13,7 @@ import pytest
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
 from rlkit.config.ranges import check_ranges, describe, ranged_fields
-from rlkit.config.schema.experiment import set_field
+from rlkit.config.schema.experiment import get_field, set_field
 from rlkit.config.schema.fields import Range
 
 BASE = {"experiment_name": "e", "trial_name": "t", "type": "grpo", "allocation_mode": "vllm:d1+fsdp:d1",
@@ -153,10 +153,29 @@ def test_every_number_is_finite_and_fits_64_bits_ranged_or_not() -> None:
     refuses is named once, by its range."""
     config = _config()
     config.actor.optimizer.lr = math.inf  # a range with no upper bound: inf holds it
-    config.seed = 2**70  # no declared range
+    config.gconfig.top_k = 2**70  # no declared range
     config.rollout.request_timeout = math.nan  # ranged: its range names it
     problems = Problems()
     check_ranges(config, problems)
     assert sorted(str(e).splitlines()[0] for e in problems.errors) == [
-        "actor.optimizer.lr must be a finite number (got inf)", "rollout.request_timeout must be positive (got nan)",
-        "seed is too large (got 1180591620717411303424)"]
+        "actor.optimizer.lr must be a finite number (got inf)",
+        "gconfig.top_k is too large (got 1180591620717411303424)", "rollout.request_timeout must be positive (got nan)"]
+
+
+SEEDS = ("seed", "vllm.seed", "sglang.random_seed", "reasoning_gym.seed", "reasoning_gym.valid_seed")
+
+
+@pytest.mark.parametrize("path", SEEDS)
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_a_seed_is_what_numpy_accepts(path: str, bad: int) -> None:
+    """numpy's np.random.seed (which vLLM and SGLang call with their seed at start) takes 0 .. 2**32-1 only, and
+    default_rng no negative seed: a seed outside failed the servers' start in the job; the range refuses it."""
+    config = _config()
+    set_field(config, path, bad)
+    problems = Problems()
+    check_ranges(config, problems)
+    assert [str(e) for e in problems.errors] == [f"{path} must be between 0 and 4294967295 (got {bad})\n"
+                                                 f"  fix: e.g. {path}={get_field(_config(), path)}"]
+    set_field(config, path, 2**32 - 1)
+    check_ranges(config, edge := Problems())
+    assert edge.ok(), [str(e) for e in edge.errors]
