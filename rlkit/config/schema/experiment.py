@@ -236,7 +236,8 @@ class RewardConfig:
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
     fns: dict[str, float] = _f({}, "A weighted mix instead of fn: {function: weight}, each function as fn names one "
                                "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "
-                               "mean, errors and timeouts are logged as reward/fn/<name>/*; empty: fn alone.")
+                               "mean, errors and timeouts are logged as reward/fn/<name>/*; a negative weight makes "
+                               "a penalty (as TRL's reward_weights), 0 logs the function only; empty: fn alone.")
     timeouts: dict[str, float] = _f({}, "Per function of fns: seconds one call may take (missing: timeout).")
     num_workers: int = _f(4, "Processes that call a reward function (each of fns its own), started as calls need "
                              "them; each imports the function and runs its warmup() once. reward_model: always one.",

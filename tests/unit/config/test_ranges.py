@@ -179,3 +179,30 @@ def test_a_seed_is_what_numpy_accepts(path: str, bad: int) -> None:
     set_field(config, path, 2**32 - 1)
     check_ranges(config, edge := Problems())
     assert edge.ok(), [str(e) for e in edge.errors]
+
+
+def test_the_numbers_of_a_name_to_number_mapping_are_finite_too() -> None:
+    """reward.fns' weights and reward.timeouts' seconds are numbers of the schema ({name: number}): a NaN weight made
+    every reward NaN in the job. A negative weight is a penalty (TRL's reward_weights take one too): accepted. A
+    mapping passed on as given (vllm.extra_args) is its tool's to judge."""
+    config = _config()
+    config.reward.fns = {"math": math.nan, "exact_match": -1.0}
+    config.reward.timeouts = {"math": math.inf}
+    config.vllm.extra_args = {"some_flag": math.nan}
+    problems = Problems()
+    check_ranges(config, problems)
+    assert [str(e) for e in problems.errors] == [
+        "reward.fns['math'] must be a finite number (got nan)\n  fix: give reward.fns['math'] a finite value",
+        "reward.timeouts['math'] must be a finite number (got inf)\n  fix: give reward.timeouts['math'] a finite value"]
+
+
+def test_a_nan_task_weight_is_named_once(tmp_path: Any) -> None:
+    from rlkit.jobs.validate import validate
+
+    config = config_from_mapping({**BASE, "cluster": {"fileroot": str(tmp_path)}},
+                                 ["train_dataset.path=reasoning-gym", "reward.fn=reasoning_gym",
+                                  "reasoning_gym.tasks={basic_arithmetic: nan, leg_counting: -1}"])
+    text = "\n".join(str(e) for e in validate(config).problems.errors)
+    assert text.count("reasoning_gym.tasks['basic_arithmetic']") == 2, text  # the message and its fix line
+    assert "reasoning_gym.tasks['basic_arithmetic'] must be a finite number (got nan)" in text
+    assert "reasoning_gym.tasks['leg_counting'] has weight -1.0: a task's weight must be positive" in text
