@@ -18,7 +18,7 @@ from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
 from rlkit.checks.reference import validate_reference
-from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens
+from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens, validate_stop
 from rlkit.checks.sequence_parallel import validate_sequence_parallel
 from rlkit.checks.site_files import (
     check_image,
@@ -125,6 +125,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
     _validate_cluster(config, problems)
     _validate_launcher(config, problems, job)
     validate_min_new_tokens(config, problems)
+    validate_stop(config, problems)
     validate_greedy(config, problems, trains_on_rollouts=job is not None and job.needs_servers and job.trainer)
     if config.expert_dataset.path and job is not None and "expert_dataset" not in job.sections:
         problems.add(f"expert_dataset.path is set but job type {job.name} mixes no expert rows into RL steps",

@@ -78,7 +78,7 @@ def validate_reasoning_gym(config: ExperimentConfig, problems: Problems) -> None
                               f"{field}.path={DATASET_SOURCE}:basic_arithmetic")
     _check_task_names("reasoning_gym.tasks", [str(k) for k in section.tasks], problems)
     for name, weight in section.tasks.items():
-        if not weight > 0:
+        if weight <= 0:  # NaN and infinity: refused by rlkit.config.ranges.check_finite, named once
             problems.add(f"reasoning_gym.tasks['{name}'] has weight {weight}: a task's weight must be positive",
                          hint="e.g. 1.0, or remove the task")
     _validate_task_config(config, [*{t for p in paths.values() for t in task_weights(section, p)}], problems)

@@ -1,5 +1,6 @@
 """Submit-time checks of the sampling fields: the minimum completion length (`gconfig.min_new_tokens`,
-`eval_gconfig.min_new_tokens`) and greedy decoding (`gconfig.greedy`, `eval_gconfig.greedy`).
+`eval_gconfig.min_new_tokens`), greedy decoding (`gconfig.greedy`, `eval_gconfig.greedy`) and the stop strings
+(`gconfig.stop`, `eval_gconfig.stop`).
 
 The servers are told them per request (vLLM's `min_tokens`, SGLang's `min_new_tokens`; greedy as temperature 0,
 rlkit.servers.sampling): a value they would refuse, or one above the request's `max_new_tokens`, would fail every
@@ -124,3 +125,15 @@ def validate_eval_greedy(config: ExperimentConfig, problems: Problems) -> None:
     problems.add(f"the evaluation {took}, with {count}: greedy decoding gives one completion per prompt, the same "
                  "every time (and vLLM refuses n > 1 when greedy)",
                  hint="set eval_gconfig.n_samples=1, or eval_gconfig.greedy=false to sample")
+
+
+def validate_stop(config: ExperimentConfig, problems: Problems) -> None:
+    """gconfig.stop and eval_gconfig.stop hold non-empty strings: vLLM refuses every request whose stop list holds
+    an empty one ("stop cannot contain an empty string"), and one matches anywhere. A list or mapping as an item is
+    refused when the config is read (rlkit.config.load)."""
+    for name, stops in (("gconfig.stop", config.gconfig.stop), ("eval_gconfig.stop", config.eval_gconfig.stop)):
+        for i, stop in enumerate(stops or []):
+            if not isinstance(stop, str) or not stop:
+                problems.add(f"{name}[{i}] is {stop!r}: a stop string must be a non-empty string",
+                             hint=f"remove it from {name}, or write the text that ends a completion, e.g. "
+                                  f"{name}=[\"</answer>\"]")

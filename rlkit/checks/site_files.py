@@ -18,6 +18,7 @@ from rlkit.config.model_config import is_local_path
 from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
+from rlkit.data.dataset_rows import check_parquet_files
 from rlkit.errors import ConfigError
 from rlkit.images.labels import is_image_uri
 
@@ -115,6 +116,7 @@ def check_dataset_file(field: str, value: str) -> None:
                           site=True)
     if path.is_file() and path.suffix not in DATASET_SUFFIXES:
         raise ConfigError(f"{field}: '{value}' is not a .jsonl or .parquet file")
+    check_parquet_files(field, path)  # a .jsonl file's first rows are read by the job types' own checks
 
 
 @_os_errors_named

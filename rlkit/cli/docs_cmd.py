@@ -53,24 +53,27 @@ CHECK_OPT = typer.Option(False, "--check", help="Write nothing; exit 1 naming ev
 
 
 @docs_app.command()
-def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHECK_OPT) -> None:
+def generate(ctx: typer.Context, root: str | None = ROOT_OPT, check: bool = CHECK_OPT) -> None:
     """Write the configuration reference, the CLI reference and the seeds' key maps under docs/."""
     cli = ctx.find_root().command  # the whole `rlkit` app, of which this command is one
-    root = root or default_root()
-    if not root.is_dir():
-        raise UserError(f"no docs directory at {root}", hint="pass the checkout's docs/ directory with --root")
+    if root is not None and not root.strip():  # a str, not a Path: typer turns '' into Path('.')
+        raise UserError(f"--root {root!r} is empty, which would write the pages into the current directory",
+                        hint="pass the checkout's docs/ directory, e.g. --root docs, or leave --root out")
+    docs = Path(root) if root is not None else default_root()
+    if not docs.is_dir():
+        raise UserError(f"no docs directory at {docs}", hint="pass the checkout's docs/ directory with --root")
     if check:
-        stale = stale_pages(root, cli)
+        stale = stale_pages(docs, cli)
         for name in stale:
-            out.print(f"not current: {root / name}", markup=False)
+            out.print(f"not current: {docs / name}", markup=False)
         if stale:
             out.print(f"{len(stale)} generated pages are not current; run `{REGENERATE}`", markup=False)
             raise typer.Exit(1)
-        out.print(f"every generated page under {root} is current", markup=False)
+        out.print(f"every generated page under {docs} is current", markup=False)
         return
     pages = generated_pages(cli)
     for name, text in pages.items():
-        path = root / name
+        path = docs / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if _current_text(path) != text:
@@ -78,4 +81,4 @@ def generate(ctx: typer.Context, root: Path | None = ROOT_OPT, check: bool = CHE
         except OSError as exc:  # a directory or a dangling link where a page goes, a read-only tree
             raise UserError(f"cannot write {path}: {exc.strerror or exc}",
                             hint="remove what is in the way, or pass another --root") from None
-    out.print(f"wrote {len(pages)} generated pages under {root}", markup=False)
+    out.print(f"wrote {len(pages)} generated pages under {docs}", markup=False)

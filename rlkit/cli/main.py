@@ -288,19 +288,23 @@ def explain(key: str = typer.Argument(..., help="A config key (actor.eps_clip), 
 
 
 @app.command("tiny-model")
-def tiny_model(out_dir: Path = typer.Argument(..., help="Directory to write the model into."),
+def tiny_model(out_dir: str = typer.Argument(..., help="Directory to write the model into."),
                tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),
                seed: int = typer.Option(0, help="Initialisation seed.")) -> None:
     """Build a tiny tokenizer + Qwen2 model locally (no downloads) for tests and demos."""
     from rlkit.models.tiny import build_tiny_model
 
     fix = "give a new or existing directory you may write, e.g. /tmp/rlkit-demo/tiny-model"
-    if not str(out_dir).strip() or (out_dir.exists() and not out_dir.is_dir()):
+    if not out_dir.strip():  # a str, not a Path: typer turns '' into Path('.'), the current directory
+        raise UserError(f"tiny-model: the directory {out_dir!r} is empty, which would write the model into the "
+                        "current directory", hint=fix)
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
         raise UserError(f"tiny-model: '{out_dir}' is not a directory to write into", hint=fix)
     if not 0 <= seed < 2**32:
         raise UserError(f"tiny-model: --seed {seed} is out of range", hint="give a seed from 0 to 4294967295")
     try:
-        built = build_tiny_model(out_dir, tie_word_embeddings=tied, seed=seed)
+        built = build_tiny_model(target, tie_word_embeddings=tied, seed=seed)
     except OSError as exc:
         raise UserError(f"tiny-model: cannot write '{out_dir}': {exc.strerror or exc}", hint=fix) from None
     out.print(f"tiny model at {built}", markup=False)

@@ -87,8 +87,9 @@ def _range(bounds: Range | None) -> str:
     """`>= 1`, `> 0 and <= 1`: the bounds rlkit.config.ranges enforces."""
     if bounds is None:
         return ""
-    parts = [f"{op} {value:g}" for op, value in ((">=", bounds.ge), (">", bounds.gt), ("<=", bounds.le),
-                                                  ("<", bounds.lt)) if value is not None]
+    parts = [f"{op} {int(value) if float(value).is_integer() else format(value, 'g')}"  # 2**32-1 in full
+             for op, value in ((">=", bounds.ge), (">", bounds.gt), ("<=", bounds.le), ("<", bounds.lt))
+             if value is not None]
     return " and ".join(parts)
 
 

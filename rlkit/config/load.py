@@ -147,10 +147,19 @@ _EXAMPLE = {"mapping": "{key: value}", "list": "[a, b]"}
 
 def _check_container(data: dict[str, Any], cls: type, name: str, prefix: str, origin: str,
                      problems: Problems) -> None:
-    """A field typed as a mapping given a list, or as a list given a mapping: reported and dropped (OmegaConf's
-    merge raised a bare TypeError for it, naming no field)."""
+    """A field typed as a mapping given a list, or as a list given a mapping, or a list of strings holding a list or
+    a mapping: reported and dropped (OmegaConf's merge raised a bare TypeError for the first two, naming no field,
+    and let the third through to the checks)."""
     kind, value = container_kind(cls, name), data[name]
     given = "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else None
+    if kind == given == "list":  # of strings (a list of sections is no "list"): OmegaConf let [[1]] or [{a: 1}] in
+        inner = next(((i, v) for i, v in enumerate(value) if isinstance(v, (dict, list))), None)
+        if inner is not None:
+            problems.add(f"wrong type for '{prefix}{name}[{inner[0]}]' ({origin}): a string is expected, not a "
+                         f"{'mapping' if isinstance(inner[1], dict) else 'list'} ({inner[1]!r})",
+                         hint=f"give {prefix}{name} as a list of strings, e.g. {prefix}{name}=[a, b]")
+            del data[name]
+        return
     if kind is None or given is None or kind == given:
         return
     problems.add(f"wrong type for '{prefix}{name}' ({origin}): a {kind} is expected, not a {given}",

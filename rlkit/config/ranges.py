@@ -86,14 +86,26 @@ def ranged_fields(node: Any, prefix: str = "") -> Iterator[Ranged]:
 INT_LIMIT = 2**63  # an int field holds what a 64-bit integer holds (Slurm, torch and numpy take no more)
 
 
+def _holds_numbers(cls: type, name: str) -> bool:
+    """A mapping field whose values the schema types as numbers (reward.fns' weights, reasoning_gym.tasks'), not a
+    mapping passed on as given (vllm.extra_args, rollout.agent.verifiers.args: their tool judges those)."""
+    for hint in (type_hints(cls)[name], *typing.get_args(type_hints(cls)[name])):
+        if typing.get_origin(hint) is dict and typing.get_args(hint)[1:] in ((float,), (int,)):
+            return True
+    return False
+
+
 def numbers(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """Every number of the config (bools aside), in sections and lists of sections and of numbers too."""
+    """Every number of the config (bools aside), in sections and lists of sections and of numbers too, and in the
+    mappings the schema types as {name: number} (as `reward.fns['math']`)."""
     if not dataclasses.is_dataclass(node) or isinstance(node, type):
         return
     for f in dataclasses.fields(node):
         path = f"{prefix}.{f.name}" if prefix else f.name
         value = getattr(node, f.name)
-        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        items: Any = enumerate(value) if isinstance(value, list) else [(None, value)]
+        if isinstance(value, dict) and _holds_numbers(type(node), f.name):
+            items = ((f"'{key}'", item) for key, item in value.items())
         for i, item in items:
             where = path if i is None else f"{path}[{i}]"
             if isinstance(item, (int, float)) and not isinstance(item, bool):

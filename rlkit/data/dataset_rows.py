@@ -1,8 +1,10 @@
 """The first rows of a dataset, read on the login node: enough to check that the columns a job reads exist (and,
-for agent runs, that an episode's first prompt leaves room for a turn: rlkit.checks.agent_room)."""
+for agent runs, that an episode's first prompt leaves room for a turn: rlkit.checks.agent_room); and that a Parquet
+dataset is whole Parquet."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +54,48 @@ def first_jsonl_row(field: str, path: Path) -> dict[str, Any] | None:
     first_jsonl_rows)."""
     rows = first_jsonl_rows(field, path, 1)
     return rows[0] if rows and isinstance(rows[0], dict) else None
+
+
+PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it; the 4 bytes before the end give the footer's length
+_PARQUET_FIX = "write it again (pyarrow, pandas or datasets' to_parquet), or copy it again if a copy was cut short"
+
+
+def check_parquet_files(field: str, path: Path) -> None:
+    """Every .parquet file of a dataset (a file, or those of a directory) is whole Parquet, its footer (the schema
+    and where each column lies) readable; ConfigError naming `field` otherwise. A file of other bytes, or one cut
+    short by a copy, failed only in the job, after the queue wait. Reads the ends of each file only: the login node
+    needs neither `datasets` nor pyarrow (the job reads rows through them; pyarrow, when here, parses the footer)."""
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+    for file in files:
+        if not file.is_file():  # a FIFO would block the submit
+            raise ConfigError(f"{field}: {file} is not a regular file", hint="give a .parquet file")
+        try:
+            with open(file, "rb") as f:
+                size = f.seek(0, 2)
+                f.seek(0)
+                head = f.read(4)
+                f.seek(max(size - 8, 0))
+                tail = f.read(8)
+        except OSError as exc:
+            raise ConfigError(f"{field}: {file} cannot be read: {exc.strerror or exc}",
+                              hint="give a .parquet file you may read", site=True) from None
+        if head != PARQUET_MAGIC:
+            raise ConfigError(f"{field}: {file} is not a Parquet file (it does not start with Parquet's "
+                              f"{PARQUET_MAGIC.decode()} marker)", hint=_PARQUET_FIX)
+        if size < 12 or tail[4:] != PARQUET_MAGIC or struct.unpack("<I", tail[:4])[0] > size - 12:
+            raise ConfigError(f"{field}: {file} is cut short or damaged (its {size} bytes do not end with a "
+                              f"Parquet footer)", hint=_PARQUET_FIX)
+        _parse_footer(field, file)
+
+
+def _parse_footer(field: str, file: Path) -> None:
+    """The footer parsed by pyarrow, the reader `datasets` uses, when it is installed here."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return
+    try:
+        pq.read_metadata(file)
+    except Exception as exc:  # pyarrow's ArrowInvalid/OSError for a damaged footer: its words, not a traceback
+        raise ConfigError(f"{field}: {file} cannot be read as Parquet: {str(exc).strip()}",
+                          hint=_PARQUET_FIX) from None

@@ -19,7 +19,7 @@ from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.critic import CriticConfig
 from rlkit.config.schema.distill import DistillConfig
 from rlkit.config.schema.evaluation import EvalGenerationConfig, EvaluatorConfig
-from rlkit.config.schema.fields import _f, _sub
+from rlkit.config.schema.fields import SEED_MAX, _f, _sub
 from rlkit.config.schema.pairs import DPOConfig, RWConfig
 from rlkit.config.schema.reasoning_gym import ReasoningGymConfig
 from rlkit.config.schema.ref import RefConfig
@@ -127,7 +127,7 @@ class VllmConfig:
     """vLLM server arguments (`python -m vllm.entrypoints.openai.api_server`)."""
 
     model: str = _f("", "Model the servers load; empty: actor.path.")
-    seed: int = _f(1, "Sampling seed of the server.")
+    seed: int = _f(1, "Sampling seed of the server.", ge=0, le=SEED_MAX)
     dtype: str = _f("bfloat16", "Weights and activation dtype.")
     max_model_len: int | None = _f(None, "Context length (prompt + completion); None: the model's own.", ge=1)
     gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.", gt=0, le=1)
@@ -146,7 +146,7 @@ class SGLangConfig:
     """SGLang server arguments (`python -m sglang.launch_server`)."""
 
     model_path: str = _f("", "Model the servers load; empty: actor.path.")
-    random_seed: int = _f(1, "Sampling seed of the server.")
+    random_seed: int = _f(1, "Sampling seed of the server.", ge=0, le=SEED_MAX)
     dtype: str = _f("bfloat16", "Weights and activation dtype.")
     context_length: int | None = _f(None, "Context length; None: the model's own.", ge=1)
     mem_fraction_static: float = _f(0.9, "Fraction of GPU memory for weights and KV cache.", gt=0, le=1)
@@ -236,7 +236,8 @@ class RewardConfig:
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
     fns: dict[str, float] = _f({}, "A weighted mix instead of fn: {function: weight}, each function as fn names one "
                                "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "
-                               "mean, errors and timeouts are logged as reward/fn/<name>/*; empty: fn alone.")
+                               "mean, errors and timeouts are logged as reward/fn/<name>/*; a negative weight makes "
+                               "a penalty (as TRL's reward_weights), 0 logs the function only; empty: fn alone.")
     timeouts: dict[str, float] = _f({}, "Per function of fns: seconds one call may take (missing: timeout).")
     num_workers: int = _f(4, "Processes that call a reward function (each of fns its own), started as calls need "
                              "them; each imports the function and runs its warmup() once. reward_model: always one.",
@@ -282,7 +283,7 @@ class ExperimentConfig:
     allocation_mode: str = _f(
         MISSING, "GPU layout, e.g. vllm:d2t2+fsdp:d4 (d data-parallel, t tensor-parallel, + separate GPUs)."
     )
-    seed: int = _f(1, "Random seed of the trainer (data order, initialisation).")
+    seed: int = _f(1, "Random seed of the trainer (data order, initialisation).", ge=0, le=SEED_MAX)
     tokenizer_path: str = _f("", "Tokenizer directory; empty: the model's.")
     auxiliary_models: list[AuxiliaryModelConfig] = _f(
         [], "Extra models served beside the policy for reward functions (e.g. an LLM judge), each its own server "

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# A seed's range: what every library rlkit hands one to accepts. numpy's legacy seeding (np.random.seed, which vLLM
+# and SGLang call with their --seed at start) refuses anything outside it, default_rng any negative one.
+SEED_MAX = 2**32 - 1
+
 
 @dataclass(frozen=True)
 class Range:

@@ -20,3 +20,14 @@ def test_a_path_or_seed_it_cannot_use_is_refused(args: list[str], says: str, tmp
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert says in result.stderr and "fix:" in result.stderr
     assert not (tmp_path / "model").exists(), "a refused build leaves no directory"
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_directory_is_refused_not_read_as_the_current_one(empty: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """typer reads '' as Path('.'): `rlkit tiny-model ''` built the model into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    result = run_rlkit("tiny-model", empty)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"tiny-model: the directory {empty!r} is empty" in result.stderr and "fix:" in result.stderr
+    assert list(tmp_path.iterdir()) == []

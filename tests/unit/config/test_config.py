@@ -45,6 +45,11 @@ def test_resolved_yaml_round_trips(generate_yaml: Path, tmp_path: Path) -> None:
         ("trial_name=${cluster.no_such_key}", "cannot resolve 'trial_name'",
          "'cluster.no_such_key' is no key of this config: set it, or write the value in place"),
         ("notakeyvalue", "is not of the form key.path=value", "cluster.n_nodes=4"),
+        ("gconfig.stop=[[1]]", "wrong type for 'gconfig.stop[0]' (in a command-line override): a string is expected, "
+                               "not a list ([1])", "give gconfig.stop as a list of strings, e.g. gconfig.stop=[a, b]"),
+        ("eval_gconfig.stop=[a,{x: 1}]", "wrong type for 'eval_gconfig.stop[1]' (in a command-line override): a "
+                                         "string is expected, not a mapping ({'x': 1})", "eval_gconfig.stop=[a, b]"),
+        ("rollout.agent.tools=[{a: 1}]", "wrong type for 'rollout.agent.tools[0]'", "a list of strings"),
     ],
 )
 def test_bad_overrides_name_the_field(generate_yaml: Path, override: str, message: str, hint: str | None) -> None:
@@ -53,6 +58,13 @@ def test_bad_overrides_name_the_field(generate_yaml: Path, override: str, messag
     assert message in info.value.message
     if hint:
         assert info.value.hint and hint in info.value.hint
+
+
+def test_a_list_in_a_list_of_strings_is_refused_in_the_file_too(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("experiment_name: e\ntrial_name: t\nallocation_mode: vllm:d1\ngconfig:\n  stop: [x, [1]]\n")
+    with pytest.raises(ConfigError, match=rf"wrong type for 'gconfig.stop\[1\]' \(in {path}\): a string is expected"):
+        load_config(path)
 
 
 def test_missing_required_field(tmp_path: Path) -> None:
@@ -90,6 +102,8 @@ def test_invalid_yaml_says_where(tmp_path: Path) -> None:
         ("launcher.slurm.sbatch_additional_args='--mail-type=END -o /tmp/x.out'", "rlkit sets -o itself"),
         ("launcher.slurm.sbatch_additional_args=--outp=/tmp/x.out", "rlkit sets --outp itself"),
         ("launcher.slurm.srun_additional_args=--chdir=/x", "rlkit sets --chdir itself (steps run from a directory"),
+        ("gconfig.stop=[a,'']", "gconfig.stop[1] is '': a stop string must be a non-empty string"),
+        ("eval_gconfig.stop=['']", "eval_gconfig.stop[0] is '': a stop string must be a non-empty string"),
     ],
 )
 def test_validation_errors(generate_yaml: Path, override: str, says: str | None) -> None:

@@ -13,7 +13,7 @@ import pytest
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
 from rlkit.config.ranges import check_ranges, describe, ranged_fields
-from rlkit.config.schema.experiment import set_field
+from rlkit.config.schema.experiment import get_field, set_field
 from rlkit.config.schema.fields import Range
 
 BASE = {"experiment_name": "e", "trial_name": "t", "type": "grpo", "allocation_mode": "vllm:d1+fsdp:d1",
@@ -153,10 +153,56 @@ def test_every_number_is_finite_and_fits_64_bits_ranged_or_not() -> None:
     refuses is named once, by its range."""
     config = _config()
     config.actor.optimizer.lr = math.inf  # a range with no upper bound: inf holds it
-    config.seed = 2**70  # no declared range
+    config.gconfig.top_k = 2**70  # no declared range
     config.rollout.request_timeout = math.nan  # ranged: its range names it
     problems = Problems()
     check_ranges(config, problems)
     assert sorted(str(e).splitlines()[0] for e in problems.errors) == [
-        "actor.optimizer.lr must be a finite number (got inf)", "rollout.request_timeout must be positive (got nan)",
-        "seed is too large (got 1180591620717411303424)"]
+        "actor.optimizer.lr must be a finite number (got inf)",
+        "gconfig.top_k is too large (got 1180591620717411303424)", "rollout.request_timeout must be positive (got nan)"]
+
+
+SEEDS = ("seed", "vllm.seed", "sglang.random_seed", "reasoning_gym.seed", "reasoning_gym.valid_seed")
+
+
+@pytest.mark.parametrize("path", SEEDS)
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_a_seed_is_what_numpy_accepts(path: str, bad: int) -> None:
+    """numpy's np.random.seed (which vLLM and SGLang call with their seed at start) takes 0 .. 2**32-1 only, and
+    default_rng no negative seed: a seed outside failed the servers' start in the job; the range refuses it."""
+    config = _config()
+    set_field(config, path, bad)
+    problems = Problems()
+    check_ranges(config, problems)
+    assert [str(e) for e in problems.errors] == [f"{path} must be between 0 and 4294967295 (got {bad})\n"
+                                                 f"  fix: e.g. {path}={get_field(_config(), path)}"]
+    set_field(config, path, 2**32 - 1)
+    check_ranges(config, edge := Problems())
+    assert edge.ok(), [str(e) for e in edge.errors]
+
+
+def test_the_numbers_of_a_name_to_number_mapping_are_finite_too() -> None:
+    """reward.fns' weights and reward.timeouts' seconds are numbers of the schema ({name: number}): a NaN weight made
+    every reward NaN in the job. A negative weight is a penalty (TRL's reward_weights take one too): accepted. A
+    mapping passed on as given (vllm.extra_args) is its tool's to judge."""
+    config = _config()
+    config.reward.fns = {"math": math.nan, "exact_match": -1.0}
+    config.reward.timeouts = {"math": math.inf}
+    config.vllm.extra_args = {"some_flag": math.nan}
+    problems = Problems()
+    check_ranges(config, problems)
+    assert [str(e) for e in problems.errors] == [
+        "reward.fns['math'] must be a finite number (got nan)\n  fix: give reward.fns['math'] a finite value",
+        "reward.timeouts['math'] must be a finite number (got inf)\n  fix: give reward.timeouts['math'] a finite value"]
+
+
+def test_a_nan_task_weight_is_named_once(tmp_path: Any) -> None:
+    from rlkit.jobs.validate import validate
+
+    config = config_from_mapping({**BASE, "cluster": {"fileroot": str(tmp_path)}},
+                                 ["train_dataset.path=reasoning-gym", "reward.fn=reasoning_gym",
+                                  "reasoning_gym.tasks={basic_arithmetic: nan, leg_counting: -1}"])
+    text = "\n".join(str(e) for e in validate(config).problems.errors)
+    assert text.count("reasoning_gym.tasks['basic_arithmetic']") == 2, text  # the message and its fix line
+    assert "reasoning_gym.tasks['basic_arithmetic'] must be a finite number (got nan)" in text
+    assert "reasoning_gym.tasks['leg_counting'] has weight -1.0: a task's weight must be positive" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -114,3 +115,44 @@ def test_a_fifo_or_device_is_refused_not_read(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(dataset_rows, "LINE_LIMIT", 64)
     with pytest.raises(ConfigError, match=r"line 1 of .* is longer than"):
         dataset_rows.first_jsonl_rows("train_dataset.path", long, 1)
+
+
+@pytest.mark.parametrize("pyarrow_here", [True, False])
+def test_a_corrupt_or_cut_parquet_file_is_refused_at_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           pyarrow_here: bool) -> None:
+    """Parquet was never read at submit, so a file of other bytes or one cut short by a copy failed in the job
+    (pyarrow: "Parquet magic bytes not found"), after the queue wait. Now it is named like an unreadable .jsonl,
+    with or without pyarrow on the login node (rlkit's own dependencies lack it)."""
+    from rlkit.checks.site_files import check_dataset_file
+    from rlkit.errors import ConfigError
+
+    if not pyarrow_here:
+        monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import pyarrow.parquet` raises ImportError
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"prompt": [f"{i} + {i} =" for i in range(500)], "answer": [str(2 * i) for i in
+                                                                                        range(500)]}), good)
+    check_dataset_file("train_dataset.path", str(good))
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    whole = good.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole[:len(whole) // 2])
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "0.parquet").write_bytes(whole)
+    (shards / "1.parquet").write_bytes(whole[:len(whole) // 2])
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    for path, says in ((garbage, "is not a Parquet file (it does not start with Parquet's PAR1 marker)"),
+                       (cut, f"is cut short or damaged (its {len(whole) // 2} bytes do not end with a Parquet footer)"),
+                       (shards, "1.parquet is cut short or damaged"), (fifo, "is not a regular file")):
+        with pytest.raises(ConfigError) as info:
+            check_dataset_file("train_dataset.path", str(path))
+        assert info.value.message.startswith(f"train_dataset.path: {path}") and says in info.value.message
+        assert info.value.hint and not info.value.site  # the file is here and broken: render refuses it too
+    footer = struct.unpack("<I", whole[-8:-4])[0]
+    scrambled = tmp_path / "footer.parquet"
+    scrambled.write_bytes(whole[:-8 - footer] + bytes(footer) + whole[-8:])
+    if pyarrow_here:
+        with pytest.raises(ConfigError, match=r"footer\.parquet cannot be read as Parquet: "):
+            check_dataset_file("train_dataset.path", str(scrambled))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import typer.main
 from typer.testing import CliRunner
 
@@ -15,7 +16,7 @@ from rlkit.cli.main import app
 from rlkit.cli.schema_docs import NOT_IN_AREAL, schema_docs
 from rlkit.config.schema.walk import schema_paths
 from rlkit.errors import UserError
-from tests.conftest import REPO
+from tests.conftest import REPO, run_rlkit
 
 DOCS = REPO / "docs"
 CLI = typer.main.get_command(app)
@@ -68,6 +69,17 @@ def test_a_changed_help_text_makes_the_pages_stale(tmp_path: Path) -> None:
     blocked = runner.invoke(app, ["docs", "generate", "--root", str(root)])
     assert blocked.exit_code != 0 and isinstance(blocked.exception, UserError), blocked.output
     assert "cannot write" in str(blocked.exception) and "cli.md" in str(blocked.exception)
+
+
+def test_an_empty_root_is_refused_not_read_as_the_current_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """typer reads `--root ''` as Path('.'): the pages were written into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    result = run_rlkit("docs", "generate", "--root", "")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--root '' is empty, which would write the pages into the current directory" in result.stderr
+    assert "fix: pass the checkout's docs/ directory" in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_facts_of_some_fields() -> None:
