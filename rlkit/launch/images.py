@@ -49,6 +49,9 @@ def plan_build(role: str, out: Path | None, repo: Path | None, *, force: bool) -
     if not (root / "containers" / f"{role}.def").is_file():
         raise UserError(f"{root}/containers/{role}.def is missing", hint="restore it from the rlkit repository")
     target = (out if out is not None else Path(f"rlkit-{role}.sif")).expanduser().absolute()
+    if target.is_dir():  # `--out ''` is the current directory; --force would have apptainer build over it
+        raise UserError(f"--out {target} is a directory, not an image file",
+                        hint=f"name the image file, e.g. --out {target / f'rlkit-{role}.sif'}")
     if target.exists() and not force:
         raise UserError(f"{target} exists", hint="pass --force to replace it, or --out ANOTHER_PATH")
     if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):

@@ -105,6 +105,9 @@ def test_build_is_checked_before_anything_runs(tmp_path: Path) -> None:
         with pytest.raises(UserError, match=message):
             plan_build(*args, force=False)  # type: ignore[arg-type]
     assert repo_root(None) == REPO
+    # `--out ''` arrives as the current directory: with --force, apptainer would have built over it
+    with pytest.raises(UserError, match="is a directory, not an image file"):
+        plan_build("vllm", tmp_path, None, force=True)
 
 
 def test_build_without_apptainer_exits_2_with_the_fix(tmp_path: Path) -> None:
