@@ -76,6 +76,10 @@ def _validate_reward_mix(config: ExperimentConfig, problems: Problems) -> None:
     for spec in sorted(set(reward.timeouts) - set(reward.fns)):
         problems.add(f"reward.timeouts names '{spec}', which reward.fns does not list",
                      hint="key reward.timeouts by the same function specs as reward.fns")
+    if reward.fns and not any(reward.fns.values()):
+        problems.add(f"every weight of reward.fns is 0 ({', '.join(reward.fns)}): every reward would be 0, so "
+                     "there would be nothing to learn from", hint="give the scoring function a non-zero weight, e.g. "
+                     f"reward.fns={{{next(iter(reward.fns))}: 1.0}}")
     for spec, seconds in reward.timeouts.items():
         if seconds <= 0:
             problems.add(f"reward.timeouts['{spec}'] is {seconds}: a call needs a positive time limit",

@@ -206,3 +206,18 @@ def test_a_nan_task_weight_is_named_once(tmp_path: Any) -> None:
     assert text.count("reasoning_gym.tasks['basic_arithmetic']") == 2, text  # the message and its fix line
     assert "reasoning_gym.tasks['basic_arithmetic'] must be a finite number (got nan)" in text
     assert "reasoning_gym.tasks['leg_counting'] has weight -1.0: a task's weight must be positive" in text
+
+
+def test_a_reward_mix_whose_every_weight_is_zero_is_refused(tmp_path: Any) -> None:
+    """Every reward 0: nothing to learn from, found only after a whole job. One non-zero weight is enough."""
+    from rlkit.jobs.validate import validate
+
+    def errors(fns: str) -> str:
+        config = config_from_mapping({**BASE, "cluster": {"fileroot": str(tmp_path)}},
+                                     ["train_dataset.path=reasoning-gym", "reasoning_gym.tasks={leg_counting: 1}",
+                                      f"reward.fns={fns}"])
+        return "\n".join(str(e) for e in validate(config).problems.errors)
+
+    refused = errors("{reasoning_gym: 0, exact_match: 0}")
+    assert "every weight of reward.fns is 0 (reasoning_gym, exact_match)" in refused
+    assert "every weight of reward.fns" not in errors("{reasoning_gym: 1, exact_match: 0}")
