@@ -116,6 +116,15 @@ def check_dataset_file(field: str, value: str) -> None:
                           site=True)
     if path.is_file() and path.suffix not in DATASET_SUFFIXES:
         raise ConfigError(f"{field}: '{value}' is not a .jsonl or .parquet file")
+    if path.is_dir():  # the job reads every file of these types in it (rlkit.data.files), of one type only
+        kinds = {"parquet" if p.suffix == ".parquet" else "json"
+                 for p in path.iterdir() if p.suffix in DATASET_SUFFIXES}
+        if not kinds:
+            raise ConfigError(f"{field}: the directory '{value}' holds no .jsonl, .json or .parquet file",
+                              hint="give a directory of dataset files, or the path of one file", site=True)
+        if len(kinds) > 1:
+            raise ConfigError(f"{field}: the directory '{value}' mixes JSON and Parquet files",
+                              hint="keep the files of one format in it, or give one file")
     check_parquet_files(field, path)  # a .jsonl file's first rows are read by the job types' own checks
 
 

@@ -156,3 +156,20 @@ def test_a_corrupt_or_cut_parquet_file_is_refused_at_submit(tmp_path: Path, monk
     if pyarrow_here:
         with pytest.raises(ConfigError, match=r"footer\.parquet cannot be read as Parquet: "):
             check_dataset_file("train_dataset.path", str(scrambled))
+
+
+def test_a_dataset_directory_without_data_files_or_with_two_formats_is_refused_at_submit(tmp_path: Path) -> None:
+    """The job refused both (rlkit.data.files.load_rows), after the queue wait; submit names them now."""
+    from rlkit.checks.site_files import check_dataset_file
+    from rlkit.errors import ConfigError
+
+    (tmp_path / "README.md").write_text("rows elsewhere")
+    with pytest.raises(ConfigError, match=r"holds no \.jsonl, \.json or \.parquet file") as info:
+        check_dataset_file("train_dataset.path", str(tmp_path))
+    assert info.value.site  # rows may be copied in on the cluster: render warns, submit refuses
+    (tmp_path / "a.jsonl").write_text('{"prompt": "1 + 1 ="}\n')
+    (tmp_path / "b.json").write_text('[{"prompt": "2 + 2 ="}]')
+    check_dataset_file("train_dataset.path", str(tmp_path))  # JSON Lines and JSON read alike
+    pq.write_table(pa.table({"prompt": ["3 + 3 ="]}), tmp_path / "c.parquet")
+    with pytest.raises(ConfigError, match="mixes JSON and Parquet files"):
+        check_dataset_file("train_dataset.path", str(tmp_path))
