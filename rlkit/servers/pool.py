@@ -17,6 +17,7 @@ from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
+from rlkit.servers.completion_check import check_completions
 from rlkit.servers.health import answers_health, probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 from rlkit.servers.tls import shared_tls
@@ -82,6 +83,7 @@ class ServerPool:
             raise StepError("no inference servers to send requests to")
         self.servers = servers
         self.retries = retries
+        self.timeout = timeout
         self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
         self._calls: dict[int, set[asyncio.Future[list[Completion]]]] = {}  # server index -> its requests in flight
         self._dropped: set[asyncio.Future[list[Completion]]] = set()  # cancelled by `drop`: to send elsewhere
@@ -142,7 +144,10 @@ class ServerPool:
                 call = asyncio.ensure_future(backend.complete(self._client, server, prompt_ids, params))
                 self._calls.setdefault(server.index, set()).add(call)
                 try:
-                    return server, await call
+                    # the whole answer within the timeout: httpx's read timeout alone is per chunk, so a server
+                    # trickling bytes would hold the request forever
+                    completions = await asyncio.wait_for(call, self.timeout)
+                    return server, check_completions(server, completions, params)
                 except asyncio.CancelledError:
                     if call not in self._dropped:
                         raise  # the rollout itself is cancelled, not this server's call
@@ -150,6 +155,12 @@ class ServerPool:
                     server.failures += 1
                     self.rerouted += 1
                     last_error = ServerSilent(f"server {server.index} ({server.address}) stopped answering")
+                    errors.append(last_error)
+                except TimeoutError:
+                    server.failures += 1
+                    self.rerouted += 1
+                    last_error = TimeoutError(f"{server.label} sent no complete answer within {self.timeout:g} s "
+                                              "(rollout.request_timeout)")
                     errors.append(last_error)
                 except (httpx.HTTPError, KeyError, ValueError) as exc:
                     server.failures += 1

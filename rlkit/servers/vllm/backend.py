@@ -136,12 +136,16 @@ class VllmBackend(ServerBackend):
             body["seed"] = params.seed
         response = await client.post(f"{server.url}/v1/completions", json=body)
         response.raise_for_status()
-        return [
-            Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
-                       logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
-                       finish_reason=choice.get("finish_reason") or "")
-            for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
-        ]
+        try:
+            return [
+                Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
+                           logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
+                           finish_reason=choice.get("finish_reason") or "")
+                for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
+            ]
+        except (TypeError, AttributeError, IndexError) as exc:  # an answer of another shape: the pool retries
+            raise ValueError(f"{server.label}: /v1/completions answered {response.text[:300]!r} "
+                             f"({type(exc).__name__}: {exc})") from exc
 
     async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
                              timeout: float) -> list[float]:
