@@ -1,0 +1,95 @@
+"""Calls an agent program gets wrong must be its error (an OpenAI-style 4xx it can read), never the rollout's: a
+failure recorded on the session (`session.failure`) stops the whole training step (rlkit.agent.openai_workflow).
+Before, JSON nested past Python's stack, a conversation the model's chat template refuses (Mistral's and Gemma's
+templates raise on roles they do not take) and a token id outside the vocabulary were each answered 500 and
+recorded as rlkit's failure, so one buggy agent call ended the step.
+
+A real uvicorn endpoint on the test's loop with the tiny tokenizer; the server is scripted (never reached here)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from rlkit.agent.context import EpisodeContext, EpisodeServices
+from rlkit.agent.openai_endpoint import AgentEndpoint
+from rlkit.agent.press_door import digits_press
+from rlkit.agent.tools import ToolRegistry
+from rlkit.agent.trajectory import TrajectoryLimits
+from rlkit.rewards.runner import RewardOutcome
+from rlkit.servers.backend import SamplingParams
+from tests.helpers.scripted_server import ScriptedServer
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+# a template that refuses two user turns in a row, as Mistral's and Llama 2's do
+ALTERNATING = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+               "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+               "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+               "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def _call(tok: Any, route: str, body: bytes) -> tuple[int, str, BaseException | None]:
+    """(status, body text, the session's recorded failure) of one call to a fresh episode's `route`."""
+    async def score(prompt: str, answer: str, row: dict[str, Any]) -> RewardOutcome:
+        return RewardOutcome(0.0)
+
+    services = EpisodeServices(score=score, tokenizer=tok, tools=ToolRegistry([]), parser=digits_press,
+                               params=SamplingParams(max_new_tokens=16), limits=TrajectoryLimits(3, 400, 16),
+                               vocab_size=len(tok))
+    server = ScriptedServer(tok, ["7"])
+    ctx = EpisodeContext(services, complete=server.complete, settled_version=server.settled, row={},
+                         prompt_ids=tok.encode("x", add_special_tokens=False), prompt_text="", seed=1)
+
+    async def main() -> tuple[int, str, BaseException | None]:
+        endpoint = AgentEndpoint()
+        await endpoint.start()
+        session = endpoint.open(ctx)
+        base = endpoint.base_url(session)
+        url = base + "/chat/completions" if route == "chat" else base.removesuffix("/v1") + "/inference/v1/generate"
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                response = await client.post(url, content=body, headers={"content-type": "application/json"})
+            return response.status_code, response.text, session.failure
+        finally:
+            endpoint.close(session)
+            await endpoint.stop()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("route", ["chat", "tokens"])
+def test_json_nested_past_the_stack_is_a_400(tok: Any, route: str) -> None:
+    status, text, failure = _call(tok, route, b'{"messages": ' + DEEP + b"}")
+    assert (status, failure) == (400, None), text
+    assert "nested deeper" in text
+
+
+def test_tool_call_arguments_nested_past_the_stack_are_kept_as_text(tok: Any) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    body = ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": '
+            f'[{{"function": {{"name": "f", "arguments": "{deep}"}}}}]}}, {{"role": "user", "content": "go"}}]}}')
+    status, text, failure = _call(tok, "chat", body.encode())
+    assert failure is None and status == 200, text
+
+
+def test_a_conversation_the_chat_template_refuses_is_a_400(tok: Any) -> None:
+    saved = tok.chat_template
+    tok.chat_template = ALTERNATING
+    try:
+        status, text, failure = _call(tok, "chat", b'{"messages": [{"role": "user", "content": "a"}, '
+                                                   b'{"role": "user", "content": "b"}]}')
+    finally:
+        tok.chat_template = saved
+    assert (status, failure) == (400, None), text
+    assert "the model's chat template refuses these messages: Conversation roles must alternate" in text
+
+
+@pytest.mark.parametrize(("ids", "says"), [(b"[1000000]", "token_ids holds 1000000, not a token id of this model"),
+                                          (b"[1180591620717411303424]", "integers from 0 below 2**31")])
+def test_a_token_id_outside_the_vocabulary_is_a_400(tok: Any, ids: bytes, says: str) -> None:
+    status, text, failure = _call(tok, "tokens", b'{"token_ids": ' + ids + b"}")
+    assert (status, failure) == (400, None), text
+    assert says in text
