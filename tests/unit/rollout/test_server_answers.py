@@ -10,6 +10,7 @@ The servers are httpx.MockTransport stand-ins answering vLLM's /v1/completions a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,10 +34,10 @@ def _vllm(choice: dict[str, Any] | None = None, body: Any = None) -> Handler:
     return lambda request: httpx.Response(200, content=json.dumps(answer).encode())
 
 
-def _sample(handlers: dict[str, Handler], *, backend: str = "vllm", timeout: float = 5.0,
-            retries: int = 1) -> tuple[ServerPool, Server | Exception, list[Completion]]:
+def _sample(handlers: dict[str, Handler], *, backend: str = "vllm", timeout: float = 5.0, retries: int = 1,
+            retry_delay: float = 0.0) -> tuple[ServerPool, Server | Exception, list[Completion]]:
     servers = [Server(index=i, address=a, model="/m", backend=backend) for i, a in enumerate(handlers)]
-    pool = ServerPool(servers, "token", timeout=timeout, retries=retries, max_in_flight=4)
+    pool = ServerPool(servers, "token", timeout=timeout, retries=retries, max_in_flight=4, retry_delay=retry_delay)
 
     async def main() -> tuple[Server | Exception, list[Completion]]:
         await pool.aclose()
@@ -109,3 +110,22 @@ def test_a_body_that_never_ends_is_cut_at_the_request_timeout() -> None:
     _, error, _ = _sample({"a:1": lambda request: httpx.Response(200, content=trickle())}, timeout=0.5, retries=0)
     assert isinstance(error, StepError) and "no complete answer within 0.5 s" in str(error), error
     assert time.monotonic() - started < 10
+
+
+def test_retries_on_a_server_that_failed_back_off_and_the_error_carries_its_answer() -> None:
+    """A burst of 503s (an overloaded or restarting server) is waited out, 0.1, 0.2, 0.4 s here, not hammered in
+    a few milliseconds into a failed step; when it lasts, the error quotes the server's answer (vLLM says why)."""
+    arrivals: list[float] = []
+
+    def storm(request: httpx.Request) -> httpx.Response:
+        arrivals.append(time.monotonic())
+        if len(arrivals) <= 3:
+            return httpx.Response(503, text="engine is sleeping")
+        return _vllm()(request)
+
+    _, server, completions = _sample({"a:1": storm}, retries=3, retry_delay=0.1)
+    assert isinstance(server, Server) and completions[0].token_ids == [7, 8], server
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert [round(g, 1) >= want for g, want in zip(gaps, (0.1, 0.2, 0.4), strict=True)] == [True] * 3, gaps
+    _, error, _ = _sample({"a:1": lambda request: httpx.Response(400, text="prompt is too long")}, retries=1)
+    assert isinstance(error, StepError) and "it answered 'prompt is too long'" in str(error), error
