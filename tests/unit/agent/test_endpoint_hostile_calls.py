@@ -9,13 +9,17 @@ A real uvicorn endpoint on the test's loop with the tiny tokenizer; the server i
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from rlkit.agent.context import EpisodeContext, EpisodeServices
+from rlkit.agent.episode import EpisodeDropped
 from rlkit.agent.openai_endpoint import AgentEndpoint
+from rlkit.agent.openai_workflow import AgentProgram, OpenAIAgentWorkflow
 from rlkit.agent.press_door import digits_press
 from rlkit.agent.tools import ToolRegistry
 from rlkit.agent.trajectory import TrajectoryLimits
@@ -31,8 +35,7 @@ ALTERNATING = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.inde
                "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
-def _call(tok: Any, route: str, body: bytes) -> tuple[int, str, BaseException | None]:
-    """(status, body text, the session's recorded failure) of one call to a fresh episode's `route`."""
+def _context(tok: Any) -> EpisodeContext:
     async def score(prompt: str, answer: str, row: dict[str, Any]) -> RewardOutcome:
         return RewardOutcome(0.0)
 
@@ -40,8 +43,13 @@ def _call(tok: Any, route: str, body: bytes) -> tuple[int, str, BaseException | 
                                params=SamplingParams(max_new_tokens=16), limits=TrajectoryLimits(3, 400, 16),
                                vocab_size=len(tok))
     server = ScriptedServer(tok, ["7"])
-    ctx = EpisodeContext(services, complete=server.complete, settled_version=server.settled, row={},
-                         prompt_ids=tok.encode("x", add_special_tokens=False), prompt_text="", seed=1)
+    return EpisodeContext(services, complete=server.complete, settled_version=server.settled, row={"prompt": "q"},
+                          prompt_ids=tok.encode("x", add_special_tokens=False), prompt_text="", seed=1)
+
+
+def _call(tok: Any, route: str, body: bytes) -> tuple[int, str, BaseException | None]:
+    """(status, body text, the session's recorded failure) of one call to a fresh episode's `route`."""
+    ctx = _context(tok)
 
     async def main() -> tuple[int, str, BaseException | None]:
         endpoint = AgentEndpoint()
@@ -93,3 +101,13 @@ def test_a_token_id_outside_the_vocabulary_is_a_400(tok: Any, ids: bytes, says: 
     status, text, failure = _call(tok, "tokens", b'{"token_ids": ' + ids + b"}")
     assert (status, failure) == (400, None), text
     assert says in text
+
+
+def test_an_agent_command_whose_last_line_is_nested_past_the_stack_is_dropped(tok: Any, tmp_path: Path) -> None:
+    """The line is not a reward: the episode is dropped with that reason (a RecursionError failed the step)."""
+    script = tmp_path / "agent.py"
+    script.write_text("import sys\nsys.stdin.readline()\nprint('[' * 100000 + ']' * 100000)\n")
+    ctx = _context(tok)
+    workflow = OpenAIAgentWorkflow(AgentProgram(None, (sys.executable, str(script)), 30.0))
+    with pytest.raises(EpisodeDropped, match=r"last line '\[\[\[.*is not its reward"):
+        asyncio.run(workflow(ctx, ctx.row))
