@@ -42,6 +42,7 @@ from rlkit.agent.openai_protocol import (
     template_message,
 )
 from rlkit.agent.token_route import generate_tokens, parse_token_request
+from rlkit.agent.trajectory import encode_within
 
 MAX_BODY_BYTES = 16 << 20  # a conversation of a long episode is well under this; more is refused unread
 SERVED_MODEL = "policy"  # what /v1/models lists; any model name is accepted in a call (one model is served)
@@ -109,12 +110,12 @@ class AgentSession:
         tokenizer = self.ctx.tokenizer
         text = render_prompt(tokenizer, [template_message(m) for m in request.messages], request.tools,
                              takes_tools=self.takes_tools)
-        ids = tokenizer.encode(text, add_special_tokens=False)
         limit = self.ctx.services.limits.max_total_tokens
-        if len(ids) >= limit:
-            raise OpenAIError(400, f"the conversation is {len(ids)} tokens once the chat template and the tools are "
-                                   f"added; an episode may hold {limit} (rollout.agent.engine_max_tokens or the "
-                                   "servers' context), leaving no room for a turn", param="messages",
+        ids = encode_within(tokenizer, text, limit - 1)
+        if ids is None:
+            raise OpenAIError(400, f"the conversation is more than {limit - 1} tokens once the chat template and the "
+                                   f"tools are added; an episode may hold {limit} (rollout.agent.engine_max_tokens or "
+                                   "the servers' context), leaving no room for a turn", param="messages",
                               code="context_length_exceeded")
         self.ctx.restart(ids, text)
         self.segments += 1

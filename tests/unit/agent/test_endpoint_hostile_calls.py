@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rlkit.agent.openai_endpoint import AgentEndpoint
 from rlkit.agent.openai_workflow import AgentProgram, OpenAIAgentWorkflow
 from rlkit.agent.press_door import digits_press
 from rlkit.agent.tools import ToolRegistry
-from rlkit.agent.trajectory import TrajectoryLimits
+from rlkit.agent.trajectory import TrajectoryBuilder, TrajectoryLimits, encode_within
 from rlkit.rewards.runner import RewardOutcome
 from rlkit.servers.backend import SamplingParams
 from tests.helpers.scripted_server import ScriptedServer
@@ -111,3 +112,36 @@ def test_an_agent_command_whose_last_line_is_nested_past_the_stack_is_dropped(to
     workflow = OpenAIAgentWorkflow(AgentProgram(None, (sys.executable, str(script)), 30.0))
     with pytest.raises(EpisodeDropped, match=r"last line '\[\[\[.*is not its reward"):
         asyncio.run(workflow(ctx, ctx.row))
+
+
+class _Counting:
+    """The tokenizer, counting the characters it was asked to encode."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.chars = tok, 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.chars += len(text)
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
+
+
+def test_a_text_far_past_the_limit_is_refused_without_tokenizing_it_whole(tok: Any) -> None:
+    """16 MB of an agent's conversation took 18 s to tokenize on the rollout's event loop, which answered nothing
+    else meanwhile; a prefix shows it cannot fit."""
+    counting = _Counting(tok)
+    huge = "hello world " * 200_000
+    assert encode_within(counting, huge, 400) is None and counting.chars < 10_000
+    small = "hello world " * 20
+    assert encode_within(counting, small, 400) == tok.encode(small, add_special_tokens=False)
+    assert encode_within(counting, small, 5) is None
+    builder = TrajectoryBuilder(tok.encode("x", add_special_tokens=False), TrajectoryLimits(3, 400, 16), counting)
+    counting.chars = 0
+    assert builder.add_inserted(huge) is False and builder.truncated and counting.chars < 10_000
+
+
+def test_a_conversation_far_past_the_limit_is_a_400_at_once(tok: Any) -> None:
+    body = b'{"messages": [{"role": "user", "content": "' + b"hello world " * 1_000_000 + b'"}]}'
+    started = time.monotonic()
+    status, text, failure = _call(tok, "chat", body)
+    assert (status, failure) == (400, None) and "the conversation is more than 399 tokens" in text, text
+    assert time.monotonic() - started < 8
