@@ -23,12 +23,12 @@ so the trainer's SIGTERM handling is untouched) and binds to the loopback only: 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.agent.chat import render_prompt, template_takes_tools
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.openai_protocol import (
@@ -42,6 +42,7 @@ from rlkit.agent.openai_protocol import (
     template_message,
 )
 from rlkit.agent.token_route import generate_tokens, parse_token_request
+from rlkit.agent.trajectory import encode_within
 
 MAX_BODY_BYTES = 16 << 20  # a conversation of a long episode is well under this; more is refused unread
 SERVED_MODEL = "policy"  # what /v1/models lists; any model name is accepted in a call (one model is served)
@@ -65,15 +66,22 @@ class AgentSession:
 
     async def chat(self, request: ChatRequest) -> dict[str, Any]:
         """One call, one turn (calls of one episode are taken one at a time, in arrival order)."""
+        from jinja2 import TemplateError  # what apply_chat_template raises (transformers' dependency)
+
         async with self.lock:
             if self.closed:
                 raise OpenAIError(401, "this episode has ended; its key is no longer valid", code="invalid_api_key",
                                   kind="authentication_error")
             self.calls += 1
-            if self.known is not None and request.tools == self.tools and continues(self.known, request.messages):
-                fits = self.ctx.insert_messages([template_message(m) for m in request.messages[len(self.known):]])
-            else:
-                fits = self._start(request)
+            try:
+                if self.known is not None and request.tools == self.tools and continues(self.known,
+                                                                                         request.messages):
+                    fits = self.ctx.insert_messages([template_message(m) for m in request.messages[len(self.known):]])
+                else:
+                    fits = self._start(request)
+            except TemplateError as exc:  # the agent's conversation, not rlkit, is at fault: a 400, not the step's
+                raise OpenAIError(400, f"the model's chat template refuses these messages: {exc}",
+                                  param="messages", code="invalid_messages") from None
             settings: dict[str, Any] = {}
             if request.max_tokens is not None:
                 settings["max_new_tokens"] = request.max_tokens
@@ -102,12 +110,12 @@ class AgentSession:
         tokenizer = self.ctx.tokenizer
         text = render_prompt(tokenizer, [template_message(m) for m in request.messages], request.tools,
                              takes_tools=self.takes_tools)
-        ids = tokenizer.encode(text, add_special_tokens=False)
         limit = self.ctx.services.limits.max_total_tokens
-        if len(ids) >= limit:
-            raise OpenAIError(400, f"the conversation is {len(ids)} tokens once the chat template and the tools are "
-                                   f"added; an episode may hold {limit} (rollout.agent.engine_max_tokens or the "
-                                   "servers' context), leaving no room for a turn", param="messages",
+        ids = encode_within(tokenizer, text, limit - 1)
+        if ids is None:
+            raise OpenAIError(400, f"the conversation is more than {limit - 1} tokens once the chat template and the "
+                                   f"tools are added; an episode may hold {limit} (rollout.agent.engine_max_tokens or "
+                                   "the servers' context), leaving no room for a turn", param="messages",
                               code="context_length_exceeded")
         self.ctx.restart(ids, text)
         self.segments += 1
@@ -238,7 +246,7 @@ async def _read_json(request: Any) -> Any:
         if len(data) > MAX_BODY_BYTES:
             raise OpenAIError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
     try:
-        return json.loads(bytes(data))
+        return untrusted_json.loads(bytes(data))
     except ValueError as exc:
         raise OpenAIError(400, f"the request body is not JSON: {exc}") from None
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.agent.tool_calls import ParsedTurn
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -83,7 +84,7 @@ def _text_of(content: Any, where: str) -> str:
 def _arguments(raw: Any, where: str) -> Any:
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
+            return untrusted_json.loads(raw)  # "[[[[..." deeper than the stack is text, not a RecursionError
         except ValueError:
             return raw  # compared as written
     return raw

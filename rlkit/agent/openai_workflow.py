@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.agent.context import EpisodeContext
 from rlkit.agent.episode import Episode, EpisodeDropped
 from rlkit.agent.openai_endpoint import EndpointPerLoop
@@ -146,7 +147,7 @@ class OpenAIAgentWorkflow(EndpointPerLoop):
         if not lines:
             return None
         try:
-            value = json.loads(lines[-1])
+            value = untrusted_json.loads(lines[-1])  # "[[[[..." is not a reward, not a RecursionError
         except ValueError:
             raise EpisodeDropped(f"the agent command's last line {lines[-1][:80]!r} is not its reward (a number, or "
                                  "null for reward.fn)") from None

@@ -65,8 +65,8 @@ def parse_token_request(body: Any, gconfig: dict[str, float | int], stop_ids: se
     if body.get("stream"):
         raise _bad("rlkit's token route does not stream", param="stream")
     ids = body.get("token_ids")
-    if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
-        raise _bad("token_ids must be a non-empty list of token ids (non-negative integers)", param="token_ids")
+    if not isinstance(ids, list) or not ids or not all(_is_int(i) and 0 <= i < 2**31 for i in ids):
+        raise _bad("token_ids must be a non-empty list of token ids (integers from 0 below 2**31)", param="token_ids")
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         raise _bad("sampling_params must be an object", param="sampling_params")
@@ -101,6 +101,10 @@ async def generate_tokens(session: EpisodeSession, request: TokenRequest) -> dic
                               kind="authentication_error")
         session.calls += 1
         ctx = session.ctx
+        vocab = ctx.services.vocab_size
+        if vocab is not None and max(request.token_ids) >= vocab:  # a server would refuse it: the caller's error
+            raise _bad(f"token_ids holds {max(request.token_ids)}, not a token id of this model (vocabulary of "
+                       f"{vocab})", param="token_ids")
         context = list(ctx.builder.context_ids()) if session.segments else []
         if context and request.token_ids[:len(context)] == context:
             tail = request.token_ids[len(context):]

@@ -34,6 +34,21 @@ INSERTED_VERSION = -1  # weight version of inserted tokens (no policy produced t
 MAX_TURNS, MAX_TOTAL_TOKENS, MAX_TOKENS_PER_TURN = "max_turns", "max_total_tokens", "max_tokens_per_turn"
 
 
+_PROBE_CHARS_PER_TOKEN, _PROBE_MARGIN = 16, 64
+
+
+def encode_within(tokenizer: Any, text: str, limit: int) -> list[int] | None:
+    """`text`'s token ids, or None when there are more than `limit`. A text far past the limit is found so from a
+    prefix, not tokenized whole: an agent's 16 MB conversation took 18 s to tokenize on the rollout's event loop,
+    which answered nothing else meanwhile (other episodes, the servers' health probes). A prefix's count differs
+    from its share of the whole's only at the cut, by far less than the margin."""
+    probe = max(0, limit) * _PROBE_CHARS_PER_TOKEN + _PROBE_MARGIN
+    if len(text) > probe and len(tokenizer.encode(text[:probe], add_special_tokens=False)) > limit + _PROBE_MARGIN:
+        return None
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    return ids if len(ids) <= limit else None
+
+
 class TrajectoryMismatch(StepError):
     """The tokens of a trajectory differ from what a server was sent or returned: training on them would train on
     tokens no policy sampled. A bug in the workflow or the client, never something to skip."""
@@ -214,7 +229,11 @@ class TrajectoryBuilder:
             raise TrajectoryMismatch(f"turn {self._pending.turn}: text inserted while its request is in flight")
         if not text:
             return True
-        return self.add_inserted_ids(self.tokenizer.encode(text, add_special_tokens=False), text)
+        ids = encode_within(self.tokenizer, text, self.limits.max_total_tokens - self.total_tokens)
+        if ids is None:
+            self.truncate(MAX_TOTAL_TOKENS)
+            return False
+        return self.add_inserted_ids(ids, text)
 
     def add_inserted_ids(self, token_ids: Sequence[int], text: str) -> bool:
         """Append ids a client tokenized itself (the token-level route: verifiers renders its own turns), masked;

@@ -19,6 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.agent.episode import EpisodeDropped
 
 PROGRAM = Path(__file__).with_name("verifiers_program.py")
@@ -96,9 +97,16 @@ class VerifiersWorker:
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        while line := await proc.stdout.readline():
+        while True:
             try:
-                reply = json.loads(line)
+                line = await proc.stdout.readline()
+            except ValueError:  # a line past the stream's limit (dropped by readline): not a reply
+                continue
+            if not line:
+                break
+            try:
+                # a library printing "[[[[..." must not end this reader (every episode would then wait its timeout)
+                reply = untrusted_json.loads(line)
             except ValueError:
                 continue  # not a reply (a library printing to stdout)
             number = reply.get("id") if isinstance(reply, dict) else None
@@ -118,7 +126,14 @@ class VerifiersWorker:
     async def _drain(self, proc: asyncio.subprocess.Process) -> None:
         """Read stderr as it comes (a full pipe would stop the program), keeping its last lines."""
         assert proc.stderr is not None
-        while line := await proc.stderr.readline():
+        while True:
+            try:
+                line = await proc.stderr.readline()
+            except ValueError:  # a line past the stream's limit: kept short, and the pipe goes on being read
+                self._stderr.append("(a line too long to keep)")
+                continue
+            if not line:
+                break
             if line.strip():
                 self._stderr.append(line.decode(errors="replace").strip()[:300])
 

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import stat
 import threading
@@ -158,9 +159,11 @@ def record_problem(raw: RawRecord) -> tuple[dict[str, Any] | None, str]:
         return None, "it is not a JSON record"
     if not isinstance(rec, dict) or not isinstance(rec.get("value"), str):
         return None, "it has no string 'value'"
-    if rec.get("keepalive") and (isinstance(rec.get("heartbeat"), bool)
-                                 or not isinstance(rec.get("heartbeat"), (int, float))):
-        return None, "it is a keepalive record without a numeric 'heartbeat'"
+    heartbeat = rec.get("heartbeat")
+    if rec.get("keepalive") and (isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float))
+                                 or not math.isfinite(heartbeat)):
+        # Infinity would keep a dead owner's entry live for good, NaN make a live one look dead without a word
+        return None, "it is a keepalive record without a finite numeric 'heartbeat'"
     return rec, ""
 
 

@@ -68,6 +68,13 @@ def check_address(address: object) -> str:
     return address
 
 
+def http_url(address: str) -> str:
+    """`http://host:port` of a checked address; a bare IPv6 host (`fd00::5:8000`, as $RLKIT_ADVERTISE_HOST may give
+    it) is bracketed, which a URL needs (unbracketed, every request failed with httpx's InvalidURL)."""
+    host, _, port = address.rpartition(":")
+    return f"http://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"http://{address}"
+
+
 @dataclass(frozen=True)
 class ServerRecord:
     """One registered inference server, as read from name resolve and checked."""

@@ -29,6 +29,7 @@ from typing import Any
 
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 _MAX_ERROR_CHARS = 500
+_SAID_FAILURES = 3  # failed calls whose error is printed before only every hundredth is
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class RewardOutcome:
 
 def _short(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _name(fn: Any) -> str:
+    """The reward function as the config names it (module:function), for the log."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"the reward function {module}:{name}" if module and name else "the reward function"
 
 
 def _describe(exc: BaseException) -> str:
@@ -194,7 +201,18 @@ class RewardRunner:
             self.timeouts += 1
         elif outcome.error is not None:
             self.errors += 1
+        if outcome.error is not None:
+            self._say_failed(outcome.error)
         return outcome
+
+    def _say_failed(self, error: str) -> None:
+        """The first few failed calls in the log with their error, then every hundredth: the counts alone (metrics
+        reward/errors, reward/timeouts) leave a user whose function raises on every row with rewards of 0.0 and no
+        reason."""
+        failed = self.errors + self.timeouts
+        if failed <= _SAID_FAILURES or failed % 100 == 0:
+            print(f"rlkit reward: {_name(self.fn)} failed on {failed} of {self.calls} calls so far, each scored 0.0; "
+                  f"this one: {error}", flush=True)
 
     async def _score(self, prompt: str, completion: str, row: dict[str, Any]) -> RewardOutcome:
         try:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from rlkit.nameresolve.servers import http_url
 from rlkit.servers.backend import Server
 from rlkit.servers.http import ServerUnreachable
 from rlkit.servers.pool import ServerPool
@@ -61,7 +62,7 @@ async def probe(client: httpx.AsyncClient, addresses: dict[int, str]) -> dict[in
 
     async def one(address: str) -> bool:
         try:
-            response = await client.get(f"http://{address}/health", timeout=PROBE_TIMEOUT_S)
+            response = await client.get(f"{http_url(address)}/health", timeout=PROBE_TIMEOUT_S)
         except httpx.HTTPError:
             return False
         return response.status_code == 200

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from rlkit.config.allocation import SERVER_BACKENDS, Allocation
 from rlkit.config.model_config import model_positions
+from rlkit.nameresolve.servers import http_url
 
 if TYPE_CHECKING:
     import httpx
@@ -60,7 +61,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return http_url(self.address)
 
     @property
     def label(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from rlkit.errors import StepError
+from rlkit.nameresolve.servers import http_url
 from rlkit.servers.tls import shared_tls
 
 
@@ -31,7 +32,7 @@ def answers_health(address: str, timeout: float = 5.0) -> bool:
     """One `GET http://{address}/health`: True when it answers 200 (a name-resolve record can outlive its server's
     process by the record's ttl, so liveness is asked of the server itself). Proxy variables are ignored."""
     try:
-        answer = httpx.get(f"http://{address}/health", timeout=timeout, trust_env=False, verify=shared_tls())
+        answer = httpx.get(f"{http_url(address)}/health", timeout=timeout, trust_env=False, verify=shared_tls())
         return answer.status_code == 200
     except httpx.HTTPError:
         return False

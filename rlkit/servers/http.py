@@ -76,6 +76,15 @@ def answer_json(response: httpx.Response, server: Server, what: str) -> Any:
         raise StepError(f"{server.label}: {what} did not answer JSON: {response.text[:300]!r}") from exc
 
 
+def answer_object(response: httpx.Response, server: Server, what: str) -> dict[str, Any]:
+    """The answer as a JSON object; StepError naming the server otherwise (a list or a string from a foreign or
+    broken server would make the caller's `.get` an AttributeError)."""
+    answer = answer_json(response, server, what)
+    if not isinstance(answer, dict):
+        raise StepError(f"{server.label}: {what} did not answer a JSON object: {response.text[:300]!r}")
+    return answer
+
+
 async def timed(phases: dict[str, float], name: str, step: Awaitable[T]) -> T:
     start = time.monotonic()
     try:

@@ -17,9 +17,12 @@ from rlkit.nameresolve import read_servers, server_key
 from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
+from rlkit.servers.completion_check import check_completions
 from rlkit.servers.health import answers_health, probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 from rlkit.servers.tls import shared_tls
+
+RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.5, 8.0  # a request's retries on servers that already failed it wait 0.5, 1, 2..
 
 
 def discover_servers(nr: NameResolve, auxiliary: str = "") -> list[Server]:
@@ -77,11 +80,13 @@ class ServerPool:
     """Sends completion requests to the least-busy live server, with retries on another server."""
 
     def __init__(self, servers: list[Server], token: str, *, timeout: float, retries: int,
-                 max_in_flight: int) -> None:
+                 max_in_flight: int, retry_delay: float = RETRY_DELAY_S) -> None:
         if not servers:
             raise StepError("no inference servers to send requests to")
         self.servers = servers
         self.retries = retries
+        self.timeout = timeout
+        self.retry_delay = retry_delay  # before a server that already failed the request is asked again: doubling
         self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
         self._calls: dict[int, set[asyncio.Future[list[Completion]]]] = {}  # server index -> its requests in flight
         self._dropped: set[asyncio.Future[list[Completion]]] = set()  # cancelled by `drop`: to send elsewhere
@@ -134,15 +139,22 @@ class ServerPool:
             tried: set[int] = set()
             last_error: Exception | None = None
             errors: list[Exception] = []
+            delay = self.retry_delay
             for _attempt in range(self.retries + 1):
                 server = self._pick(tried, prefer)
+                if server.index in tried:  # every server failed it: a burst of 503s or a restart may be passing
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, MAX_RETRY_DELAY_S)
                 tried.add(server.index)
                 backend = backend_for(server.backend)
                 server.in_flight += 1
                 call = asyncio.ensure_future(backend.complete(self._client, server, prompt_ids, params))
                 self._calls.setdefault(server.index, set()).add(call)
                 try:
-                    return server, await call
+                    # the whole answer within the timeout: httpx's read timeout alone is per chunk, so a server
+                    # trickling bytes would hold the request forever
+                    completions = await asyncio.wait_for(call, self.timeout)
+                    return server, check_completions(server, completions, params)
                 except asyncio.CancelledError:
                     if call not in self._dropped:
                         raise  # the rollout itself is cancelled, not this server's call
@@ -150,6 +162,12 @@ class ServerPool:
                     server.failures += 1
                     self.rerouted += 1
                     last_error = ServerSilent(f"server {server.index} ({server.address}) stopped answering")
+                    errors.append(last_error)
+                except TimeoutError:
+                    server.failures += 1
+                    self.rerouted += 1
+                    last_error = TimeoutError(f"{server.label} sent no complete answer within {self.timeout:g} s "
+                                              "(rollout.request_timeout)")
                     errors.append(last_error)
                 except (httpx.HTTPError, KeyError, ValueError) as exc:
                     server.failures += 1
@@ -165,5 +183,7 @@ class ServerPool:
             if all(isinstance(e, (*SERVER_GONE_ERRORS, ServerSilent)) for e in errors):
                 raise ServersUnreachable(f"no inference server accepts connections ({self.retries + 1} attempts, "
                                          f"last: {type(last_error).__name__}: {last_error})")
+            answer = (f"; it answered {last_error.response.text[:300]!r}"
+                      if isinstance(last_error, httpx.HTTPStatusError) else "")  # vLLM says why it refused
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "
-                            f"{type(last_error).__name__}: {last_error}")
+                            f"{type(last_error).__name__}: {last_error}{answer}")

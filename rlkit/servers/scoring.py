@@ -13,10 +13,13 @@ position of `[[logprob, id, null], ...]` (the first entry null).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server, TokenScores
+
+_LOGPROB_SLACK = 1e-3  # a log-softmax is <= 0; a little above is float rounding of a certain token
 
 
 def vllm_body(server: Server, sequences: list[list[int]], topk: int) -> dict[str, Any]:
@@ -40,19 +43,36 @@ def vllm_scores(answer: Any, server: Server, sequences: list[list[int]], starts:
         if not isinstance(entries, list) or len(entries) != len(seq):
             raise StepError(f"{server.label}: prompt_logprobs cover {len(entries) if isinstance(entries, list) else 0}"
                             f" of {len(seq)} tokens")
-        logprobs, tops = [], []
-        for position in range(start, len(seq)):
-            entry = entries[position] or {}
-            own = entry.get(str(seq[position]))
-            if own is None:
-                raise StepError(f"{server.label}: no log-prob of token {seq[position]} at position {position}")
-            logprobs.append(float(own["logprob"]))
-            if topk:
-                ranked = sorted(((int(v["rank"]), int(k), float(v["logprob"])) for k, v in entry.items()
-                                 if int(v["rank"]) <= topk), key=lambda r: r[0])
-                tops.append(_exactly(topk, [(token, lp) for _, token, lp in ranked], server, position))
-        out.append(TokenScores(logprobs, tops))
+        try:
+            out.append(_vllm_sequence(entries, seq, start, topk, server))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # an entry of another shape
+            raise StepError(f"{server.label}: the scoring answer has a malformed prompt_logprobs entry "
+                            f"({type(exc).__name__}: {exc})") from exc
     return out
+
+
+def _vllm_sequence(entries: list[Any], seq: list[int], start: int, topk: int, server: Server) -> TokenScores:
+    logprobs, tops = [], []
+    for position in range(start, len(seq)):
+        entry = entries[position] or {}
+        own = entry.get(str(seq[position]))
+        if own is None:
+            raise StepError(f"{server.label}: no log-prob of token {seq[position]} at position {position}")
+        logprobs.append(_logprob(own["logprob"], server, position))
+        if topk:
+            ranked = sorted(((int(v["rank"]), int(k), _logprob(v["logprob"], server, position))
+                             for k, v in entry.items() if int(v["rank"]) <= topk), key=lambda r: r[0])
+            tops.append(_exactly(topk, [(token, lp) for _, token, lp in ranked], server, position))
+    return TokenScores(logprobs, tops)
+
+
+def _logprob(value: Any, server: Server, position: int) -> float:
+    """`value` as a log-prob; StepError for NaN, infinity or a positive one (a teacher in fp16 that overflowed):
+    the distillation loss would turn NaN without an error."""
+    result = float(value)
+    if not (math.isfinite(result) and result <= _LOGPROB_SLACK):
+        raise StepError(f"{server.label}: the log-prob {result} at position {position} is not a finite number <= 0")
+    return result
 
 
 def sglang_body(sequences: list[list[int]], topk: int, extra: dict[str, str]) -> dict[str, Any]:
@@ -85,9 +105,18 @@ def sglang_scores(answer: Any, server: Server, sequences: list[list[int]], start
             if len(tops_all) != len(seq):
                 raise StepError(f"{server.label}: input_top_logprobs cover {len(tops_all)} of {len(seq)} tokens")
             for position in range(start, len(seq)):
-                pairs = sorted(((int(e[1]), float(e[0])) for e in tops_all[position] or []), key=lambda p: -p[1])
+                try:
+                    pairs = sorted(((int(e[1]), _logprob(e[0], server, position)) for e in tops_all[position] or []),
+                                   key=lambda p: -p[1])
+                except (KeyError, TypeError, IndexError, ValueError) as exc:
+                    raise StepError(f"{server.label}: the scoring answer has a malformed input_top_logprobs entry "
+                                    f"at position {position} ({type(exc).__name__}: {exc})") from exc
                 tops.append(_exactly(topk, pairs, server, position))
-        out.append(TokenScores([float(v) for v in values[start:]], tops))
+        try:
+            logprobs = [_logprob(v, server, start + i) for i, v in enumerate(values[start:])]
+        except (TypeError, ValueError) as exc:
+            raise StepError(f"{server.label}: the scoring answer has a malformed log-prob ({exc})") from exc
+        out.append(TokenScores(logprobs, tops))
     return out
 
 

@@ -201,6 +201,12 @@ class TrainEngine:
                                               else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if not math.isfinite(float(norm)):  # every rank holds the same all-reduced norm, so all of them skip
+            self.optimizer.zero_grad(set_to_none=True)  # clipping by a NaN norm made every gradient NaN
+            if self.rank == 0:
+                print(f"rlkit train: WARNING: the gradient norm is {float(norm)}: this optimizer step is skipped, "
+                      "the weights and optimizer state stay as they were (a NaN or infinite loss)", flush=True)
+            return float(norm)
         factor = lr_multiplier(self.optimizer_steps, self.total_optimizer_steps,
                                warmup_proportion=cfg.warmup_steps_proportion, schedule=cfg.lr_scheduler_type,
                                min_lr_ratio=cfg.min_lr_ratio)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.slurm.faults import fault_point
 from rlkit.step_contract import EXIT_FAILING, EXIT_STOPPED, step_state_text
@@ -46,11 +47,15 @@ def drop_metrics_after(path: Path, step: int) -> None:
         return
     kept: list[str] = []
     dropped: list[str] = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            record_step = json.loads(line).get("step", 0)
+            record = untrusted_json.loads(line)
         except ValueError:
             continue  # a line cut by the crash
+        record_step = record.get("step", 0) if isinstance(record, dict) else None
+        if isinstance(record_step, bool) or not isinstance(record_step, int | float):
+            dropped.append(line)  # not a record of a step (a damaged or foreign line): kept aside, never a traceback
+            continue
         (kept if record_step <= step else dropped).append(line)
     if dropped:
         with open(path.with_name("metrics.discarded.jsonl"), "a") as f:

@@ -165,7 +165,11 @@ class SglangBackend(ServerBackend):
         results = answer if isinstance(answer, list) else [answer]
         if len(results) != n:
             raise ValueError(f"{server.label}: /generate answered {len(results)} results for n={n}")
-        return [_completion(result, server) for result in results]
+        try:
+            return [_completion(result, server) for result in results]
+        except (TypeError, AttributeError, IndexError) as exc:  # an answer of another shape: the pool retries
+            raise ValueError(f"{server.label}: /generate answered {response.text[:300]!r} "
+                             f"({type(exc).__name__}: {exc})") from exc
 
     async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
                              timeout: float) -> list[float]:

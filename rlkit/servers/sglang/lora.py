@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rlkit.errors import StepError
 from rlkit.servers.backend import Server
 from rlkit.servers.extra_args import option_names
-from rlkit.servers.http import ServerUnreachable, answer_json, call
+from rlkit.servers.http import ServerUnreachable, answer_json, answer_object, call
 
 if TYPE_CHECKING:
     import httpx
@@ -89,7 +89,7 @@ async def load(client: httpx.AsyncClient, server: Server, name: str, adapter_dir
     what = f"setting the weight version to {version}"
     response = await call(client, server, "POST", "/update_weight_version", what, timeout,
                           json={"new_version": str(version), "abort_all_requests": False})
-    if answer_json(response, server, what).get("success") is not True:
+    if answer_object(response, server, what).get("success") is not True:
         raise StepError(f"{server.label}: {what} (/update_weight_version) answered {response.text[:500]}")
     return {"seconds": {"load_adapter": loaded - started, "set_version": time.monotonic() - loaded},
             "loaded": sorted(answer.get("loaded_adapters") or {})}
@@ -117,5 +117,5 @@ async def unload(client: httpx.AsyncClient, server: Server, name: str, timeout: 
 async def listed(client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:
     """`GET /v1/models`: the adapters' cards are the ones with a `parent` (the base model's has none)."""
     response = await call(client, server, "GET", "/v1/models", "the model list", timeout)
-    cards = answer_json(response, server, "the model list").get("data") or []
+    cards = answer_object(response, server, "the model list").get("data") or []
     return [str(card["id"]) for card in cards if isinstance(card, dict) and card.get("parent")]

@@ -34,7 +34,7 @@ from rlkit.servers.backend import (
 )
 from rlkit.servers.cuda_probe import cuda_available
 from rlkit.servers.extra_args import VLLM_FIELD_OPTIONS, extra_args_problems, owned_option_problems
-from rlkit.servers.http import ServerUnreachable, answer_json, call
+from rlkit.servers.http import ServerUnreachable, answer_json, answer_object, call
 from rlkit.servers.vllm import broadcast
 from rlkit.servers.vllm.command import (
     LORA_ENV,
@@ -136,12 +136,16 @@ class VllmBackend(ServerBackend):
             body["seed"] = params.seed
         response = await client.post(f"{server.url}/v1/completions", json=body)
         response.raise_for_status()
-        return [
-            Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
-                       logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
-                       finish_reason=choice.get("finish_reason") or "")
-            for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
-        ]
+        try:
+            return [
+                Completion(text=choice["text"], token_ids=list(choice["token_ids"]),
+                           logprobs=[float(x) for x in choice["logprobs"]["token_logprobs"]],
+                           finish_reason=choice.get("finish_reason") or "")
+                for choice in sorted(response.json()["choices"], key=lambda c: c["index"])
+            ]
+        except (TypeError, AttributeError, IndexError) as exc:  # an answer of another shape: the pool retries
+            raise ValueError(f"{server.label}: /v1/completions answered {response.text[:300]!r} "
+                             f"({type(exc).__name__}: {exc})") from exc
 
     async def probe_logprobs(self, client: httpx.AsyncClient, server: Server, probe_ids: list[int],
                              timeout: float) -> list[float]:
@@ -154,10 +158,12 @@ class VllmBackend(ServerBackend):
         body = {"model": server.request_model, "prompt": probe_ids, "max_tokens": 1, "temperature": 0,
                 "prompt_logprobs": 0}
         response = await call(client, server, "POST", "/v1/completions", what, timeout, json=body)
-        entries = answer_json(response, server, what)["choices"][0]["prompt_logprobs"]
-        ids = list(probe_ids[1:])
-        values = [(entry or {}).get(str(token), {}).get("logprob")
-                  for entry, token in zip(entries[1:], ids, strict=False)]
+        try:
+            entries = answer_json(response, server, what)["choices"][0]["prompt_logprobs"]
+            values = [(entry or {}).get(str(token), {}).get("logprob")
+                      for entry, token in zip(entries[1:], probe_ids[1:], strict=False)]
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:  # an answer of another shape
+            raise StepError(f"{server.label}: {what} answered {response.text[:500]}") from exc
         if len(values) != len(probe_ids) - 1 or any(v is None for v in values):
             raise StepError(f"{server.label}: {what} do not cover the {len(probe_ids) - 1} probe tokens: "
                             f"{response.text[:500]}")
@@ -202,7 +208,7 @@ class VllmBackend(ServerBackend):
             raise StepError(f"{exc}\n  fix: the server must run with --worker-extension-cls {WORKER_EXTENSION} "
                             "(rlkit.servers.vllm.command.vllm_command adds it) and be able to read the "
                             "directory") from exc
-        workers = answer_json(response, server, "the weight reload").get("results")
+        workers = answer_object(response, server, "the weight reload").get("results")
         if not workers or not all(isinstance(w, dict) for w in workers):
             raise StepError(f"{server.label}: {RELOAD_METHOD} answered {workers!r}, not one report per "
                             f"worker; is --worker-extension-cls {WORKER_EXTENSION} set?")
@@ -272,7 +278,7 @@ class VllmBackend(ServerBackend):
     async def list_adapters(self, client: httpx.AsyncClient, server: Server, timeout: float) -> list[str]:
         """`GET /v1/models`: the base model and one card per loaded adapter (an adapter's card has a `parent`)."""
         response = await call(client, server, "GET", "/v1/models", "the model list", timeout)
-        cards = answer_json(response, server, "the model list").get("data") or []
+        cards = answer_object(response, server, "the model list").get("data") or []
         return [str(card["id"]) for card in cards if isinstance(card, dict) and card.get("parent")]
 
     async def reset_prefix_cache(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
@@ -280,13 +286,13 @@ class VllmBackend(ServerBackend):
         weights on resume); without it the reset refuses while any request holds blocks."""
         reset = await call(client, server, "POST", "/reset_prefix_cache", "the prefix cache reset", timeout,
                            params={"reset_running_requests": "true"})
-        if answer_json(reset, server, "the prefix cache reset").get("success") is not True:
+        if answer_object(reset, server, "the prefix cache reset").get("success") is not True:
             raise StepError(f"{server.label}: the prefix cache reset answered {reset.text[:300]}: KV computed "
                             "with the old weights could be reused")
 
     async def read_version(self, client: httpx.AsyncClient, server: Server, timeout: float) -> str | None:
         response = await call(client, server, "GET", "/weight_info", "the weight version", timeout)
-        version = answer_json(response, server, "the weight version").get("weight_version")
+        version = answer_object(response, server, "the weight version").get("weight_version")
         return None if version is None else str(version)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlkit.errors import StepError
-from rlkit.servers.http import ServerUnreachable, answer_json, call
+from rlkit.servers.http import ServerUnreachable, answer_object, call
 from rlkit.servers.vllm.wire import PACKED_BUFFER_BYTES, PACKED_NUM_BUFFERS, default_packed, default_relay
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ async def finish(client: httpx.AsyncClient, server: Server, version: int, timeou
     await call(client, server, "POST", "/finish_weight_update", f"finishing weight version {version}", timeout,
                json={"weight_version": str(version)})
     response = await call(client, server, "GET", "/weight_info", "the weight version", timeout)
-    reported = answer_json(response, server, "the weight version").get("weight_version")
+    reported = answer_object(response, server, "the weight version").get("weight_version")
     if reported != str(version):
         raise StepError(f"{server.label}: reports weight version {reported!r} after finishing version {version}")
 

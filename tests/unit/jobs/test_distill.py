@@ -6,6 +6,8 @@ and AReaL's distillation keys mapped or refused."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 
 from rlkit.config.load import config_from_mapping
 from rlkit.config.problems import Problems
+from rlkit.errors import StepError
 from rlkit.jobs.distill.checks import validate_distill
 from rlkit.rollout.teacher import TeacherScorer, score_batches
 from rlkit.servers.backend import Server
@@ -145,6 +148,46 @@ def test_the_scorer_batches_carries_the_token_and_attaches_scores(backend: str, 
     assert samples[2].teacher_logp == pytest.approx([-0.5, -0.4])
     assert samples[2].teacher_topk == [[(0, 0.0), (1, -0.1)], [(0, 0.0), (1, -0.1)]]
     assert scorer.requests == 4 and scorer.failures == 1
+
+
+def _broken(backend: str, how: str) -> Callable[[dict[str, Any]], Any]:
+    """A teacher answer with one thing wrong: a NaN or positive log-prob, or an entry of another shape."""
+    def answer(body: dict[str, Any]) -> Any:
+        good = _vllm_answer(body) if backend == "vllm" else _sglang_answer(body)
+        if backend == "vllm":
+            entry = good["choices"][0]["prompt_logprobs"][2]  # the first completion token's
+            if how == "shape":
+                good["choices"][0]["prompt_logprobs"][2] = [entry]
+            else:
+                next(iter(entry.values()))["logprob"] = math.nan if how == "nan" else 2.5
+        elif how == "shape":
+            good[0]["meta_info"]["input_top_logprobs"][2] = [[-0.1]]
+        else:
+            good[0]["meta_info"]["input_token_logprobs"][2][0] = math.nan if how == "nan" else 2.5
+        return good
+    return answer
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+@pytest.mark.parametrize("how", ["nan", "positive", "shape"])
+def test_a_teacher_answer_with_a_broken_log_prob_is_retried_then_named(backend: str, how: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teacher that overflowed (fp16) answers NaN log-probs: the distillation loss would turn NaN without an error;
+    an entry of another shape escaped as a bare AttributeError or IndexError. Both are the scorer's StepError."""
+    import rlkit.rollout.teacher as teacher_module
+
+    broken = _broken(backend, how)
+    monkeypatch.setattr(teacher_module, "server_client", lambda token, max_connections: httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(
+            200, content=json.dumps(broken(json.loads(request.content))).encode()))))
+    scorer = TeacherScorer([Server(0, "a:1", "m", backend)], "tok", topk=2, request_batch=2, timeout=5, retries=1,
+                           max_in_flight=4)
+    samples = [Sample([1, 2], [3, 4], [0.0, 0.0], 0.0, 0, True, 0)]
+    with pytest.raises(StepError, match="the teacher could not score a batch of 1 samples in 2 tries") as caught:
+        scorer.score(samples)
+    says = {"nan": "log-prob nan at position 2", "positive": "log-prob 2.5 at position 2", "shape": "malformed"}
+    assert "server 0 (a:1)" in str(caught.value) and says[how] in str(caught.value), str(caught.value)
+    assert samples[0].teacher_logp is None and scorer.failures == 2
 
 
 def test_dummies_are_not_scored() -> None:

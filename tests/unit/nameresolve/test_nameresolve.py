@@ -248,6 +248,22 @@ def test_list_subtree_filters_stale_entries(nr: NfsNameResolve, tmp_path: Path) 
     owner.close()
 
 
+@pytest.mark.parametrize("heartbeat", ["Infinity", "1e400", "NaN"])
+def test_a_keepalive_record_whose_heartbeat_is_not_finite_is_skipped_with_a_warning(
+        nr: NfsNameResolve, heartbeat: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An infinite heartbeat (a crashed writer's, a clock gone wrong) would keep a dead owner's entry live for good;
+    a NaN one made a live entry vanish without a word."""
+    nr.add("servers/0", "v", keepalive=True)
+    nr._stop_heartbeat()
+    path = Path(nr.path_of("servers/0"))
+    path.write_text(path.read_text().replace(f'"heartbeat": {read_record(nr, "servers/0")["heartbeat"]!r}',
+                                             f'"heartbeat": {heartbeat}'))
+    assert heartbeat in path.read_text()
+    with caplog.at_level("WARNING"):
+        assert nr.list_subtree("servers") == {}
+    assert "without a finite numeric 'heartbeat'" in caplog.text
+
+
 def test_list_subtree_1000_entries(nr: NfsNameResolve) -> None:
     """Every one of 1,000 entries, and none of a sibling prefix (its speed, against a bare-scandir floor, is
     bench/bench_nameresolve.py's: a time limit here failed on a loaded machine)."""

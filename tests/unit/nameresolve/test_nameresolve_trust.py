@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from rlkit.nameresolve import (
     check_address,
     server_key,
 )
+from rlkit.nameresolve.servers import http_url
 from rlkit.servers.pool import discover_servers, wait_for_servers
 from tests.conftest import CONFIGS
 from tests.helpers.planning import plan_of
@@ -144,6 +146,26 @@ def test_check_address_accepts_host_port(address: str) -> None:
 def test_check_address_refuses_anything_else(address: object) -> None:
     with pytest.raises(ValueError):
         check_address(address)
+
+
+def test_a_server_registered_at_a_bare_ipv6_address_is_reached(records: NfsNameResolve) -> None:
+    """$RLKIT_ADVERTISE_HOST=fd00::5 registers `fd00::5:8000`, which check_address accepts (MASTER_ADDR's form);
+    the URLs built from it must bracket the host, or every probe and request fails with httpx's InvalidURL (not an
+    HTTPError: it escaped the pool's and the health probe's handling as a traceback)."""
+    class _V6(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    httpd = _V6(("::1", 0), _Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        address = f"::1:{httpd.server_address[1]}"
+        _register(records, 0, address)
+        assert [s.address for s in wait_for_servers(records, 1, timeout=10, healthy=True)] == [address]
+        assert discover_servers(records)[0].url == f"http://[::1]:{httpd.server_address[1]}"
+        assert http_url("[::1]:80") == "http://[::1]:80" and http_url("node1:80") == "http://node1:80"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_steps_never_import_a_planted_rlkit_from_the_trial_directory(tmp_path: Path) -> None:

@@ -279,6 +279,23 @@ def test_runner_function_that_raises(user_module: str, make_runner: Callable[...
     assert (runner.errors, runner.timeouts) == (1, 0)
 
 
+def test_runner_says_why_calls_fail_in_the_log(user_module: str, make_runner: Callable[..., RewardRunner],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A function that raises on every row scores 0.0 each time; the log must say why (the first calls, then every
+    hundredth), or the user sees rewards of 0.0 and a count of errors with no reason."""
+    runner = make_runner(resolve_reward_fn(f"{user_module}:boom", "answer"))
+    for i in range(5):
+        score(runner, f"c{i}")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlkit reward:")]
+    assert said == [f"rlkit reward: the reward function {user_module}:boom failed on {i} of {i} calls so far, each "
+                    f"scored 0.0; this one: ValueError: boom on c{i - 1}" for i in (1, 2, 3)]
+    for failed in range(6, 201):  # the counting alone: 200 calls would take seconds of worker round trips
+        runner.errors = runner.calls = failed
+        runner._say_failed("more")
+    later = capsys.readouterr().out
+    assert [line.split(" failed on ")[1].split(" of ")[0] for line in later.splitlines()] == ["100", "200"], later
+
+
 def test_runner_rejects_non_numbers(user_module: str, make_runner: Callable[..., RewardRunner]) -> None:
     text = make_runner(resolve_reward_fn(f"{user_module}:text", "answer"))
     outcome = score(text)

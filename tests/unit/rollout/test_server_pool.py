@@ -29,7 +29,7 @@ def _answer(request: httpx.Request) -> httpx.Response:
 def _complete(handlers: dict[str, Handler], retries: int = 3,
               prefer: int | None = None) -> tuple[ServerPool, Server | Exception]:
     servers = [Server(index=i, address=address, model="/m", backend="vllm") for i, address in enumerate(handlers)]
-    pool = ServerPool(servers, "token", timeout=5.0, retries=retries, max_in_flight=4)
+    pool = ServerPool(servers, "token", timeout=5.0, retries=retries, max_in_flight=4, retry_delay=0.0)
 
     async def main() -> Server | Exception:
         await pool.aclose()

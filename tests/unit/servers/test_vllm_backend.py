@@ -79,6 +79,20 @@ def test_a_prefix_cache_reset_not_confirmed_is_an_error() -> None:
         run(answer, lambda c: BACKEND.reset_prefix_cache(c, server(), 5.0))
 
 
+@pytest.mark.parametrize("body", [[], "v3", None, 7])
+def test_a_control_answer_that_is_not_an_object_is_a_step_error_naming_the_server(body: object) -> None:
+    """A foreign or broken server answering a list, a string or null: the version check, the cache reset, the
+    adapter list and the fingerprint probe each once raised a bare AttributeError or TypeError."""
+    answer = httpx.MockTransport(lambda request: httpx.Response(200, content=json.dumps(body).encode()))
+    calls = [lambda c: BACKEND.read_version(c, server(), 5.0),
+             lambda c: BACKEND.reset_prefix_cache(c, server(), 5.0),
+             lambda c: BACKEND.list_adapters(c, server(), 5.0),
+             lambda c: BACKEND.probe_logprobs(c, server(), [1, 2], 5.0)]
+    for step in calls:
+        with pytest.raises(StepError, match=r"server 3 \(10.0.0.3:8000\): "):
+            run(answer, step)
+
+
 def test_read_version_without_one_is_none() -> None:
     answer = httpx.MockTransport(lambda request: httpx.Response(200, json={"weight_version": None}))
     assert run(answer, lambda c: BACKEND.read_version(c, server(), 5.0)) is None

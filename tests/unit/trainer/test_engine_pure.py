@@ -120,3 +120,31 @@ def test_full_buckets_cover_every_weight_once_in_order_and_respect_the_size() ->
     assert len(half) == 1 and all(t.dtype == torch.bfloat16 for t in half[0].values())  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="positive size"):
         next(TrainEngine.iter_full_buckets(engine, 0))  # type: ignore[arg-type]
+
+
+# --- a non-finite gradient norm -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_step_whose_gradient_norm_is_not_finite_leaves_weights_and_optimizer_unchanged(
+        bad: float, capsys: pytest.CaptureFixture[str]) -> None:
+    """A NaN loss (a NaN reward or log-prob slipping through, an overflow) gives a NaN norm; clipping by it made every
+    gradient NaN and AdamW then wrote NaN into every weight, for good and without a word (the metrics log drops
+    non-finite values). The step is skipped instead, as verl and AReaL do."""
+    import torch
+
+    engine = TrainEngine.__new__(TrainEngine)
+    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps = 0, 3, 10
+    engine.config = SimpleNamespace(optimizer=SimpleNamespace(
+        gradient_clipping=1.0, warmup_steps_proportion=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, lr=0.1))
+    engine.model = torch.nn.Linear(2, 1)
+    engine.optimizer = torch.optim.AdamW(engine.model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    (engine.model(torch.ones(1, 2)).sum() * bad).backward()
+    assert not math.isfinite(engine._clip_and_step())
+    assert all(torch.equal(p, b) for p, b in zip(engine.model.parameters(), before, strict=True))
+    assert engine.optimizer_steps == 3 and not engine.optimizer.state, "no step taken, no moments started"
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert "this optimizer step is skipped" in capsys.readouterr().out
+    engine.model(torch.ones(1, 2)).sum().backward()  # the next, finite step is taken as usual
+    assert math.isfinite(engine._clip_and_step()) and engine.optimizer_steps == 4
+    assert all(torch.isfinite(p).all() for p in engine.model.parameters())

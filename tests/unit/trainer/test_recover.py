@@ -237,3 +237,20 @@ def test_a_checkpoint_without_an_engine_of_the_algorithm_is_refused_by_name(tmp_
     recover.check_engines(state, ["actor"], tmp_path)  # the same engines: fine
     with pytest.raises(StepError, match=r"has no 'critic' engine \(it has: actor\); it was written by another job"):
         recover.check_engines(state, ["actor", "critic"], tmp_path)
+
+
+def test_resuming_keeps_the_metrics_of_done_steps_and_sets_aside_later_and_foreign_lines(tmp_path: Path) -> None:
+    """The metrics log is read back on resume: a line that is not JSON (cut by the crash, nested past the stack,
+    not UTF-8) goes, and one that is JSON but not a step's record (a non-dict, a step that is not a number) is set
+    aside with the lost steps' records; each of those once stopped the resumed trainer with a traceback before its
+    first step."""
+    from rlkit.trainer.loop_rank0 import drop_metrics_after
+
+    metrics = tmp_path / "metrics.jsonl"
+    lines = ['{"step": 1, "loss": 0.5}', '{"step": 2, "loss": 0.4}', '{"step": 3, "loss": 0.3}', "5", '["x"]',
+             '{"step": "2"}', '{"step": null}', "[" * 100_000 + "]" * 100_000, '{"step": 2, "lo']
+    metrics.write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\n")
+    drop_metrics_after(metrics, 2)
+    assert metrics.read_text().splitlines() == lines[:2]
+    aside = (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()
+    assert aside == [lines[2], *lines[3:7]]
