@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-
 import tomllib
 
 from tests.conftest import REPO
@@ -19,6 +18,9 @@ PROVIDED_BY = {
     "peft": "peft", "vllm": "vllm", "huggingface_hub": "huggingface-hub", "submitit": "submitit",
     "starlette": "starlette", "uvicorn": "uvicorn", "openai": "openai", "reasoning_gym": "reasoning-gym",
     "verifiers": "verifiers",
+    # apply_chat_template's errors (rlkit.agent.openai_endpoint): torch requires jinja2, transformers renders with it
+    "jinja2": "torch",
+    "pyarrow": "datasets",  # a Parquet footer parsed at submit where pyarrow is installed (rlkit.data.dataset_rows)
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {
