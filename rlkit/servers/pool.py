@@ -18,11 +18,16 @@ from rlkit.nameresolve.base import NameResolve
 from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import Completion, SamplingParams, Server, backend_for
 from rlkit.servers.completion_check import check_completions
-from rlkit.servers.health import answers_health, probe_health
+from rlkit.servers.health import probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 from rlkit.servers.tls import shared_tls
 
 RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.5, 8.0  # a request's retries on servers that already failed it wait 0.5, 1, 2..
+
+
+def most_retry_wait(retries: int) -> float:
+    """The longest a request's retries may wait between attempts in all (every server failed it every time)."""
+    return sum(min(RETRY_DELAY_S * 2**i, MAX_RETRY_DELAY_S) for i in range(retries))
 
 
 def discover_servers(nr: NameResolve, auxiliary: str = "") -> list[Server]:
@@ -39,8 +44,10 @@ def wait_for_servers(nr: NameResolve, expected: int, timeout: float, poll: float
     deadline = time.monotonic() + timeout
     while True:
         servers = discover_servers(nr, auxiliary)
-        if healthy:
-            servers = [s for s in servers if answers_health(s.address)]
+        if healthy:  # asked at once, each within what is left: servers that hang must not stretch the deadline
+            left = min(5.0, max(0.5, deadline - time.monotonic()))
+            answers = probe_health([s.address for s in servers], timeout=left)
+            servers = [s for s, answered in zip(servers, answers, strict=True) if answered]
         if len(servers) >= expected:
             return servers
         if time.monotonic() >= deadline:
@@ -141,10 +148,12 @@ class ServerPool:
             errors: list[Exception] = []
             delay = self.retry_delay
             for _attempt in range(self.retries + 1):
-                server = self._pick(tried, prefer)
-                if server.index in tried:  # every server failed it: a burst of 503s or a restart may be passing
+                if tried and all(s.index in tried for s in self.servers):
+                    # every server failed it: a burst of 503s or a restart may be passing. Waited before the pick,
+                    # so the server is chosen from the pool as it is after the wait (drop or set_servers meanwhile)
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, MAX_RETRY_DELAY_S)
+                server = self._pick(tried, prefer)
                 tried.add(server.index)
                 backend = backend_for(server.backend)
                 server.in_flight += 1

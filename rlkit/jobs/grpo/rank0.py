@@ -18,7 +18,7 @@ from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.controller import Group, RolloutController
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
-from rlkit.servers.pool import ServersUnreachable
+from rlkit.servers.pool import ServersUnreachable, most_retry_wait
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
 from rlkit.trainer.evaluator import Evaluator
@@ -206,7 +206,8 @@ class Rank0:
         """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
         try:
             self._step_started = time.monotonic()
-            timeout = self.config.rollout.request_timeout * (self.config.rollout.request_retries + 1) + 60
+            retries = self.config.rollout.request_retries
+            timeout = self.config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries) + 60
             self._groups, self._rollout_stats = self.controller.get_batch(timeout)
             if fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
                 raise StepError(f"fault injected: rollout_fails@{self.version + 1}")

@@ -192,3 +192,23 @@ def test_steps_never_import_a_planted_rlkit_from_the_trial_directory(tmp_path: P
     now = subprocess.run(probe, cwd=chdir[0], capture_output=True, text=True, timeout=120)
     assert now.returncode == 0 and "--trial-dir" in now.stdout, now.stderr
     assert not marker.exists()
+
+
+def test_waiting_for_healthy_servers_keeps_its_deadline_when_servers_hang(records: NfsNameResolve) -> None:
+    """Servers that accept a connection and never answer /health were probed one after another, 5 s each, before the
+    deadline was looked at: three of them held a 2 s wait for 15 s (and 32 servers a setup_timeout for minutes)."""
+    import time
+
+    from rlkit.errors import StepError
+
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]  # listening, never accepting, never answering
+    try:
+        for index, sock in enumerate(silent):
+            _register(records, index, f"127.0.0.1:{sock.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(StepError, match="waited 2 s for 3 inference servers"):
+            wait_for_servers(records, expected=3, timeout=2, poll=0.1, healthy=True)
+        assert time.monotonic() - started < 8, "the probes stretched the wait past its deadline"
+    finally:
+        for sock in silent:
+            sock.close()

@@ -145,7 +145,7 @@ def servers(monkeypatch: pytest.MonkeyPatch) -> StandInServers:
     stand_in = StandInServers()
     stand_in.install(monkeypatch)
     # the stand-in has no HTTP endpoint: its /health check is a stand-in too (registered means healthy here)
-    monkeypatch.setattr("rlkit.servers.pool.answers_health", lambda server, timeout=5.0: True)
+    monkeypatch.setattr("rlkit.servers.pool.probe_health", lambda addresses, timeout: [True] * len(addresses))
     return stand_in
 
 
