@@ -61,7 +61,6 @@ BROKEN = {
     "no choice": ({}, {"choices": []}, "answered 0 completions for n=1"),
     "NaN log-prob": ({"logprobs": {"token_logprobs": [float("nan"), -0.2]}}, None, "log-prob nan"),
     "infinite log-prob": ({"logprobs": {"token_logprobs": [-0.1, float("-inf")]}}, None, "log-prob -inf"),
-    "positive log-prob": ({"logprobs": {"token_logprobs": [-0.1, 3.0]}}, None, "log-prob 3.0"),
     "negative token id": ({"token_ids": [7, -1]}, None, "token id -1"),
     "string token id": ({"token_ids": ["7", 8]}, None, "token id '7'"),
     "more tokens than asked": ({"token_ids": list(range(9)), "logprobs": {"token_logprobs": [-0.1] * 9}}, None,
@@ -77,6 +76,14 @@ def test_a_broken_answer_is_refused_and_the_request_goes_to_another_server(case:
     pool, server, completions = _sample({"a:1": _vllm(choice, body), "b:1": _vllm()})
     assert isinstance(server, Server) and server.address == "b:1", server
     assert completions[0].token_ids == [7, 8] and pool.rerouted == 1
+
+
+def test_a_positive_value_is_taken_for_vllm_s_logits_modes() -> None:
+    """vllm.extra_args.logprobs_mode raw_logits / processed_logits (accepted at submit) puts logits where the
+    log-probs go, often above 0: refusing them would fail every request of such a run."""
+    pool, server, completions = _sample({"a:1": _vllm({"logprobs": {"token_logprobs": [2.5, -0.2]}})})
+    assert isinstance(server, Server) and server.address == "a:1", server
+    assert completions[0].logprobs == [2.5, -0.2] and pool.rerouted == 0
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
