@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS, ActorConfig, OptimizerConfig
+from rlkit.errors import StepError
 from rlkit.models import ulysses
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
@@ -27,6 +28,7 @@ from rlkit.trainer.dist import all_reduce_sum, data_rank_world, init_sequence_pa
 from rlkit.trainer.head_logprobs import model_token_logprobs
 from rlkit.trials.recover_layout import FileDigest
 
+MAX_SKIPPED_IN_A_ROW = 5  # optimizer steps skipped for a NaN/inf gradient norm, in a row, before the trainer stops
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
 LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
@@ -152,6 +154,7 @@ class TrainEngine:
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0
+        self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm since the last one taken
 
     @property
     def data_rank_world(self) -> tuple[int, int]:
@@ -203,10 +206,17 @@ class TrainEngine:
             norm = norm.full_tensor()
         if not math.isfinite(float(norm)):  # every rank holds the same all-reduced norm, so all of them skip
             self.optimizer.zero_grad(set_to_none=True)  # clipping by a NaN norm made every gradient NaN
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:  # a run that trains nothing must not run on unseen
+                raise StepError(f"the gradient norm was NaN or infinite at {self.skipped_in_a_row} optimizer steps "
+                                "in a row (each skipped): the loss is broken, look for NaN rewards, advantages or "
+                                "log-probs in the trainer's log")
             if self.rank == 0:
                 print(f"rlkit train: WARNING: the gradient norm is {float(norm)}: this optimizer step is skipped, "
-                      "the weights and optimizer state stay as they were (a NaN or infinite loss)", flush=True)
+                      "the weights and optimizer state stay as they were (a NaN or infinite loss); "
+                      f"{MAX_SKIPPED_IN_A_ROW} in a row stop the trainer", flush=True)
             return float(norm)
+        self.skipped_in_a_row = 0
         factor = lr_multiplier(self.optimizer_steps, self.total_optimizer_steps,
                                warmup_proportion=cfg.warmup_steps_proportion, schedule=cfg.lr_scheduler_type,
                                min_lr_ratio=cfg.min_lr_ratio)
@@ -335,8 +345,6 @@ class TrainEngine:
 
     def _set_values(self, meta: Mapping[str, Any], optim_sd: dict[str, Any]) -> None:
         """The optimizer's param groups (lr, betas, ...) and non-tensor state as saved; the tensors are in place."""
-        from rlkit.errors import StepError
-
         saved = meta["param_groups"]
         if [g["params"] for g in saved] != [g["params"] for g in optim_sd["param_groups"]]:
             raise StepError("the recover checkpoint's optimizer param groups hold other parameters than this model's")
@@ -364,7 +372,6 @@ def _agreed(read: Callable[[], T]) -> T:
     other failure StepError."""
     import torch.distributed as dist
 
-    from rlkit.errors import StepError
     from rlkit.trainer.rank_files import DamagedCheckpoint
 
     result: T | None = None

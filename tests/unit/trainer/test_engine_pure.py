@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlkit.errors import StepError
 from rlkit.trainer.batch import local_indices
-from rlkit.trainer.engine import TrainEngine, attention_implementation, lr_multiplier
+from rlkit.trainer.engine import MAX_SKIPPED_IN_A_ROW, TrainEngine, attention_implementation, lr_multiplier
 
 
 def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:
@@ -133,7 +134,7 @@ def test_a_step_whose_gradient_norm_is_not_finite_leaves_weights_and_optimizer_u
     import torch
 
     engine = TrainEngine.__new__(TrainEngine)
-    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps = 0, 3, 10
+    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps, engine.skipped_in_a_row = 0, 3, 10, 0
     engine.config = SimpleNamespace(optimizer=SimpleNamespace(
         gradient_clipping=1.0, warmup_steps_proportion=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, lr=0.1))
     engine.model = torch.nn.Linear(2, 1)
@@ -148,3 +149,10 @@ def test_a_step_whose_gradient_norm_is_not_finite_leaves_weights_and_optimizer_u
     engine.model(torch.ones(1, 2)).sum().backward()  # the next, finite step is taken as usual
     assert math.isfinite(engine._clip_and_step()) and engine.optimizer_steps == 4
     assert all(torch.isfinite(p).all() for p in engine.model.parameters())
+    # a loss broken for good: the trainer stops after MAX_SKIPPED_IN_A_ROW skipped steps in a row, not at the end
+    for _ in range(MAX_SKIPPED_IN_A_ROW - 1):
+        (engine.model(torch.ones(1, 2)).sum() * bad).backward()
+        engine._clip_and_step()
+    (engine.model(torch.ones(1, 2)).sum() * bad).backward()
+    with pytest.raises(StepError, match=f"NaN or infinite at {MAX_SKIPPED_IN_A_ROW} optimizer steps in a row"):
+        engine._clip_and_step()
