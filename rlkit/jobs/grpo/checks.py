@@ -76,7 +76,10 @@ def _validate_reward_mix(config: ExperimentConfig, problems: Problems) -> None:
     for spec in sorted(set(reward.timeouts) - set(reward.fns)):
         problems.add(f"reward.timeouts names '{spec}', which reward.fns does not list",
                      hint="key reward.timeouts by the same function specs as reward.fns")
-    if reward.fns and not any(reward.fns.values()):
+    # the rewards are the only learning signal unless distillation teaches (rewards only logged at rl_coef 0) or
+    # the overlong penalty tells completions apart
+    only_signal = config.type != "distill" and not config.actor.overlong_reward_penalty
+    if reward.fns and not any(reward.fns.values()) and only_signal:
         problems.add(f"every weight of reward.fns is 0 ({', '.join(reward.fns)}): every reward would be 0, so "
                      "there would be nothing to learn from", hint="give the scoring function a non-zero weight, e.g. "
                      f"reward.fns={{{next(iter(reward.fns))}: 1.0}}")

@@ -212,12 +212,15 @@ def test_a_reward_mix_whose_every_weight_is_zero_is_refused(tmp_path: Any) -> No
     """Every reward 0: nothing to learn from, found only after a whole job. One non-zero weight is enough."""
     from rlkit.jobs.validate import validate
 
-    def errors(fns: str) -> str:
+    def errors(fns: str, *more: str) -> str:
         config = config_from_mapping({**BASE, "cluster": {"fileroot": str(tmp_path)}},
                                      ["train_dataset.path=reasoning-gym", "reasoning_gym.tasks={leg_counting: 1}",
-                                      f"reward.fns={fns}"])
+                                      f"reward.fns={fns}", *more])
         return "\n".join(str(e) for e in validate(config).problems.errors)
 
     refused = errors("{reasoning_gym: 0, exact_match: 0}")
     assert "every weight of reward.fns is 0 (reasoning_gym, exact_match)" in refused
     assert "every weight of reward.fns" not in errors("{reasoning_gym: 1, exact_match: 0}")
+    # the length penalty still tells completions apart; distillation (rewards only logged at rl_coef 0) teaches
+    assert "every weight of reward.fns" not in errors("{reasoning_gym: 0}", "actor.overlong_reward_penalty=true")
+    assert "every weight of reward.fns" not in errors("{reasoning_gym: 0}", "type=distill")
