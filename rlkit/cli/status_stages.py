@@ -11,7 +11,7 @@ from rich.table import Table
 from rlkit.cli.console import TITLE, literal
 from rlkit.cli.status import read_progress
 from rlkit.launch import slurm
-from rlkit.trials.records import attempts
+from rlkit.trials.records import SLURM_JOB_ID, attempts
 from rlkit.trials.stage_runs import StagedRun
 
 
@@ -48,8 +48,12 @@ def run_detail(run: StagedRun) -> RunDetail:
     for stage in run.stages:
         found = attempts(stage.paths)
         job_id = str(found[-1].get("job_id")) if found else ""
-        state = slurm.trials_job_info(job_id, run.experiment, stage.trial, stage.trial_dir).state if job_id \
-            else "NOT SUBMITTED"
+        if not job_id:
+            state = "NOT SUBMITTED"
+        elif not SLURM_JOB_ID.fullmatch(job_id):  # a hand-edited manifest: not passed to scontrol
+            state = "UNKNOWN"
+        else:
+            state = slurm.trials_job_info(job_id, run.experiment, stage.trial, stage.trial_dir).state
         progress = read_progress(stage.paths)
         text = f"step {progress['step']}/{progress['total_steps']}" if "step" in progress else ""
         rows.append(StageRow(stage.name, stage.type, stage.trial, job_id, state, text, stage.finished(),

@@ -249,7 +249,8 @@ def submit_stages(plans: list[StagePlan], *, force: bool = False) -> StagedRun:
         elif paths.config.exists():
             for attempt in attempts(paths):
                 job_id = str(attempt.get("job_id"))
-                if slurm.job_info(job_id).active:
+                if SLURM_JOB_ID.fullmatch(job_id) and slurm.is_trials_active_job(
+                        slurm.job_info(job_id), plan.prepared.config.experiment_name, plan.record.trial, paths.root):
                     problems.add(f"stage {plan.record.name}: trial {plan.record.trial} still has job {job_id} in "
                                  "Slurm", hint=f"stop it first: rlkit stop {plan.prepared.config.experiment_name}/"
                                                f"{plan.record.trial}")

@@ -172,16 +172,10 @@ def attempts(paths: TrialPaths) -> list[dict[str, object]]:
     manifest = read_manifest(paths)
     found = manifest.get("attempts")
     if isinstance(found, list):
-        listed = [a for a in found if isinstance(a, dict)]
-    elif "job_id" in manifest:
-        listed = [{"job_id": manifest["job_id"], "submitted_at": manifest.get("submitted_at"), "kind": "submit"}]
-    else:
-        listed = []
-    # the ids go to scontrol and scancel: one that is not a Slurm job id (a hand-edited manifest) is left out
-    for attempt in listed:
-        if not SLURM_JOB_ID.fullmatch(str(attempt.get("job_id"))):
-            skip_record(paths.manifest, f"attempt job_id {attempt.get('job_id')!r} is not a Slurm job id")
-    return [a for a in listed if SLURM_JOB_ID.fullmatch(str(a.get("job_id")))]
+        return [a for a in found if isinstance(a, dict)]
+    if "job_id" in manifest:
+        return [{"job_id": manifest["job_id"], "submitted_at": manifest.get("submitted_at"), "kind": "submit"}]
+    return []
 
 
 AREAL_KEYS_FIELD = "areal_keys_not_used"  # manifest.json: AReaL keys accepted without use, and why

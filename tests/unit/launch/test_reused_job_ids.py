@@ -197,7 +197,8 @@ def test_the_components_of_a_hetjob_are_read_from_the_default_form() -> None:
     assert info.component_job_ids == ("41", "42") and info.stdout == "/r a/t/logs/slurm-41.out"
 
 
-def test_a_stage_of_a_multi_stage_run_shows_its_own_job_s_end(tmp_path: Path, fake_slurm: Path) -> None:
+def test_a_stage_of_a_multi_stage_run_shows_its_own_job_s_end(tmp_path: Path, fake_slurm: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from rlkit.cli.status_stages import run_detail
     from rlkit.trials.records import write_manifest
     from rlkit.trials.stage_runs import StagedRun, StageRecord
@@ -211,3 +212,8 @@ def test_a_stage_of_a_multi_stage_run_shows_its_own_job_s_end(tmp_path: Path, fa
     assert [row.state for row in run_detail(run).stages] == ["FAILED"]
     controller_has(fake_slurm, name="exp_run_sft", state="RUNNING", stdout=str(paths.logs / "slurm-41.out"))
     assert [row.state for row in run_detail(run).stages] == ["RUNNING"]
+    # a hand-edited manifest's id is not passed to scontrol (it would be taken as an option), and not shown as RUNNING
+    paths.manifest.write_text(json.dumps({"attempts": [{"job_id": "41"}, {"job_id": "--all"}]}))
+    asked: list[str] = []
+    monkeypatch.setattr(slurm, "trials_job_info", lambda job_id, *_: asked.append(job_id) or slurm.JobInfo(job_id, "X"))
+    assert [row.state for row in run_detail(run).stages] == ["UNKNOWN"] and asked == []

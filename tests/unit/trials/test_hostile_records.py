@@ -14,7 +14,7 @@ from rlkit.errors import UserError
 from rlkit.launch import slurm
 from rlkit.launch.stop import stop_trial
 from rlkit.trials.paths import TrialPaths
-from rlkit.trials.records import TrialRecord, attempts, list_trials
+from rlkit.trials.records import TrialRecord, list_trials
 from rlkit.trials.stage_runs import find_run
 
 GOOD = {"experiment": "exp", "trial": "good", "trial_dir": "/tmp/x", "job_id": "12", "submitted_at": 100.0}
@@ -55,18 +55,6 @@ def test_slurm_job_ids_of_every_shape_are_kept(rlkit_home: Path) -> None:
     for trial, job_id in (("plain", "7"), ("task", "7_3"), ("het", "7+1")):
         write_record(rlkit_home, trial, job_id=job_id, submitted_at=1)
     assert sorted(r.job_id for r in list_trials()) == ["7", "7+1", "7_3"]
-
-
-def test_a_manifest_attempt_whose_job_id_is_not_a_slurm_job_id_is_left_out(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Stage status and `rlkit stop` of a run pass the attempts' ids to scontrol and scancel."""
-    paths = TrialPaths(tmp_path)
-    paths.manifest.write_text(json.dumps({"attempts": [{"job_id": "5"}, {"job_id": "--all"}, {"job_id": 7},
-                                                       {"job_id": "8+1"}]}))
-    assert [a["job_id"] for a in attempts(paths)] == ["5", 7, "8+1"]
-    assert "'--all' is not a Slurm job id" in capsys.readouterr().err
-    paths.manifest.write_text(json.dumps({"job_id": "-1"}))
-    assert attempts(paths) == []
 
 
 def test_a_stage_record_whose_trial_dir_is_not_a_string_is_skipped(
