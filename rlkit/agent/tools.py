@@ -252,7 +252,7 @@ class ToolRegistry:
                 ok, content = True, _as_text(await asyncio.wait_for(self._run(tool, arguments), tool.timeout_s))
             except ToolError as exc:  # the tool's own account of its failure, told as it is
                 ok, content = False, f"error: {exc}"
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ok, timed_out = False, True
                 content = f"error: tool '{name}' timed out after {tool.timeout_s:g} s"
             except Exception as exc:

@@ -26,7 +26,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -236,7 +236,7 @@ class Etcd3NameResolve(NameResolve):
                     "hostname": socket.gethostname(),
                     "pid": os.getpid(),
                     "created": now,
-                    "created_at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+                    "created_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
                     "token": uuid.uuid4().hex,
                 },
             }

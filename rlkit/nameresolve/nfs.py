@@ -40,7 +40,7 @@ import socket
 import time
 import uuid
 import weakref
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ class NfsNameResolve(NameResolve):
                 "hostname": self._hostname,
                 "pid": os.getpid(),
                 "created": now,
-                "created_at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+                "created_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
                 "token": uuid.uuid4().hex,
             },
         }

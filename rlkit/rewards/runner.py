@@ -146,7 +146,7 @@ async def _readable(conn: Connection, timeout: float) -> bool:
     try:
         await asyncio.wait_for(ready, timeout)
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     finally:
         loop.remove_reader(fd)

@@ -10,11 +10,11 @@ import importlib.util
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 

@@ -6,9 +6,9 @@ cannot be built here (no Apptainer, no CUDA): this is what can be held to accoun
 from __future__ import annotations
 
 import re
+import tomllib
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 import rlkit
