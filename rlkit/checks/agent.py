@@ -127,11 +127,13 @@ def _validate_verifiers_fields(agent: AgentConfig, problems: Problems) -> None:
 
 
 def _validate_verifiers_rows(config: ExperimentConfig, problems: Problems) -> None:
-    """Every one of the first training rows names its task by index (`task`), or no episode of it could start."""
+    """Every one of the first training rows names its task by index (`task`), or no episode of it could start
+    (JSON Lines, and Parquet where pyarrow is installed here: without it a Parquet file's rows are checked in the
+    job)."""
     from pathlib import Path
 
     from rlkit.agent.verifiers_workflow import TASK_FIELD
-    from rlkit.data.dataset_rows import first_jsonl_rows
+    from rlkit.data.dataset_head import dataset_head
     from rlkit.errors import ConfigError
 
     datasets = [("train_dataset.path", config.train_dataset.path)]
@@ -139,7 +141,8 @@ def _validate_verifiers_rows(config: ExperimentConfig, problems: Problems) -> No
         datasets.append(("valid_dataset.path", config.valid_dataset.path))
     for setting, path in datasets:
         try:
-            rows = first_jsonl_rows(setting, Path(path), 64) or []
+            head = dataset_head(setting, Path(path))
+            rows = head.rows(64, [TASK_FIELD]) if head else []
         except ConfigError:
             continue  # the dataset checks say what is wrong with the file
         bad = [number for number, row in enumerate(rows, 1)

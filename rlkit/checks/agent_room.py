@@ -7,8 +7,8 @@ does; this check does the same on the login node over the first rows of the trai
 agent example run with the servers' default context of 128 tokens fails at submit with the fix, not after the job
 started. It reads the model's own tokenizer with transformers' fast tokenizer class (the Rust tokenizer and the chat
 template; no torch, ~2.5 CPU-s, only for agent configs) and is skipped where it cannot judge: a model or dataset that
-is not a local file, a tokenizer without tokenizer.json, the openai and verifiers workflows (the agent
-program or the environment writes its prompts).
+is not a local file, Parquet rows without pyarrow here, a tokenizer without tokenizer.json, the openai and verifiers
+workflows (the agent program or the environment writes its prompts).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from rlkit.config.model_config import is_local_path
 from rlkit.config.problems import Problems
 from rlkit.config.schema.agent import OPENAI_WORKFLOW, VERIFIERS_WORKFLOW
 from rlkit.config.schema.experiment import ExperimentConfig, agent_limits
-from rlkit.data.dataset_rows import first_jsonl_rows
+from rlkit.data.dataset_head import dataset_head
+from rlkit.data.row_formats import GSM8K_COLUMNS
 from rlkit.errors import ConfigError
 
 ROWS_CHECKED = 64  # the first rows of the training set: their shortest first prompt must leave room for a turn
@@ -47,7 +48,8 @@ def validate_turn_room(config: ExperimentConfig, schemas: list[dict[str, Any]], 
     if agent.workflow.strip() in (OPENAI_WORKFLOW, VERIFIERS_WORKFLOW):
         return
     try:
-        rows = [row for row in first_jsonl_rows("train_dataset.path", Path(dataset.path), ROWS_CHECKED) or []
+        head = dataset_head("train_dataset.path", Path(dataset.path))
+        rows = [row for row in (head.rows(ROWS_CHECKED, [dataset.prompt_key, *GSM8K_COLUMNS]) if head else [])
                 if isinstance(row, dict)]
     except ConfigError:
         return  # the dataset checks say what is wrong with the file

@@ -15,8 +15,8 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
-from rlkit.data.dataset_rows import first_jsonl_row
-from rlkit.data.row_formats import is_gsm8k_row
+from rlkit.data.dataset_head import dataset_head
+from rlkit.data.row_formats import has_prompt
 from rlkit.errors import ConfigError
 
 ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read reward.answer_key from the row
@@ -49,19 +49,21 @@ def _validate_sampling(config: ExperimentConfig, problems: Problems) -> None:
 
 
 def _validate_columns(config: ExperimentConfig) -> None:
-    """The validation rows hold the prompt column and, for a built-in reward, the answer column."""
+    """The validation rows hold the prompt column and, for a built-in reward, the answer column (JSON Lines, and
+    Parquet where pyarrow is installed here: without it a Parquet file's columns are checked in the job)."""
     ds = config.valid_dataset
     if names_reasoning_gym(ds.path):
         return  # generated in the job: rlkit.checks.reasoning_gym
     check_dataset_file("valid_dataset.path", ds.path)
-    row = first_jsonl_row("valid_dataset.path", Path(ds.path))
-    if row is None:
-        return  # parquet: checked when the job loads it
-    if ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
-        raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
+    head = dataset_head("valid_dataset.path", Path(ds.path))
+    if head is None:
+        return  # Parquet without pyarrow here, or another format: checked when the job loads it
+    columns = ", ".join(head.columns) or "none"
+    if not has_prompt(head.columns, head.first_row, ds.prompt_key):
+        raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set valid_dataset.prompt_key to the prompt column")
-    if config.reward.fn in ANSWER_REWARDS and config.reward.answer_key not in row:
+    if config.reward.fn in ANSWER_REWARDS and config.reward.answer_key not in head.columns:
         raise ConfigError(f"reward.fn {config.reward.fn} scores evaluations against the answer column "
                           f"'{config.reward.answer_key}', which the valid_dataset rows do not have "
-                          f"(columns: {', '.join(row)})",
+                          f"(columns: {columns})",
                           hint="give validation rows with the training set's answer column")

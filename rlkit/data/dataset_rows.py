@@ -1,6 +1,6 @@
-"""The first rows of a dataset, read on the login node: enough to check that the columns a job reads exist (and,
-for agent runs, that an episode's first prompt leaves room for a turn: rlkit.checks.agent_room); and that a Parquet
-dataset is whole Parquet."""
+"""The first rows of a JSON Lines dataset, read on the login node (rlkit.data.dataset_head gives a dataset's columns
+and first rows for JSON Lines and Parquet alike, for the column checks); and that a Parquet dataset is whole
+Parquet."""
 
 from __future__ import annotations
 
@@ -49,15 +49,8 @@ def first_jsonl_rows(field: str, path: Path, count: int) -> list[Any] | None:
     return rows
 
 
-def first_jsonl_row(field: str, path: Path) -> dict[str, Any] | None:
-    """The first row of a .jsonl file or of the first .jsonl file of a directory, if it is an object (see
-    first_jsonl_rows)."""
-    rows = first_jsonl_rows(field, path, 1)
-    return rows[0] if rows and isinstance(rows[0], dict) else None
-
-
 PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it; the 4 bytes before the end give the footer's length
-_PARQUET_FIX = "write it again (pyarrow, pandas or datasets' to_parquet), or copy it again if a copy was cut short"
+PARQUET_FIX = "write it again (pyarrow, pandas or datasets' to_parquet), or copy it again if a copy was cut short"
 
 
 def check_parquet_files(field: str, path: Path) -> None:
@@ -81,10 +74,10 @@ def check_parquet_files(field: str, path: Path) -> None:
                               hint="give a .parquet file you may read", site=True) from None
         if head != PARQUET_MAGIC:
             raise ConfigError(f"{field}: {file} is not a Parquet file (it does not start with Parquet's "
-                              f"{PARQUET_MAGIC.decode()} marker)", hint=_PARQUET_FIX)
+                              f"{PARQUET_MAGIC.decode()} marker)", hint=PARQUET_FIX)
         if size < 12 or tail[4:] != PARQUET_MAGIC or struct.unpack("<I", tail[:4])[0] > size - 12:
             raise ConfigError(f"{field}: {file} is cut short or damaged (its {size} bytes do not end with a "
-                              f"Parquet footer)", hint=_PARQUET_FIX)
+                              f"Parquet footer)", hint=PARQUET_FIX)
         _parse_footer(field, file)
 
 
@@ -98,4 +91,4 @@ def _parse_footer(field: str, file: Path) -> None:
         pq.read_metadata(file)
     except Exception as exc:  # pyarrow's ArrowInvalid/OSError for a damaged footer: its words, not a traceback
         raise ConfigError(f"{field}: {file} cannot be read as Parquet: {str(exc).strip()}",
-                          hint=_PARQUET_FIX) from None
+                          hint=PARQUET_FIX) from None

@@ -16,7 +16,7 @@ An explicit column setting always wins: a prompt_key the rows lack stays an erro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 DEFAULT_PROMPT_KEY = "prompt"
@@ -73,3 +73,15 @@ def pair_row(row: Mapping[str, Any], prompt_key: str, chosen_key: str, rejected_
         return row
     end = cut + len(ASSISTANT_TURN)
     return {**row, prompt_key: chosen[:end], chosen_key: chosen[end:], rejected_key: rejected[end:]}
+
+
+def has_prompt(columns: Sequence[str], first_row: Callable[[Sequence[str]], Mapping[str, Any] | None],
+               prompt_key: str) -> bool:
+    """Whether an rl dataset with these columns has its prompts: the `prompt_key` column, or GSM8K's rows, judged by
+    the first row's `question` and `answer` (`first_row(columns)` reads them; a dataset with no rows passes)."""
+    if prompt_key in columns:
+        return True
+    if prompt_key != DEFAULT_PROMPT_KEY or not all(column in columns for column in GSM8K_COLUMNS):
+        return False
+    row = first_row(GSM8K_COLUMNS)
+    return row is None or is_gsm8k_row(row, prompt_key)

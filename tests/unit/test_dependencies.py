@@ -20,7 +20,7 @@ PROVIDED_BY = {
     "verifiers": "verifiers",
     # apply_chat_template's errors (rlkit.agent.openai_endpoint): torch requires jinja2, transformers renders with it
     "jinja2": "torch",
-    "pyarrow": "datasets",  # a Parquet footer parsed at submit where pyarrow is installed (rlkit.data.dataset_rows)
+    "pyarrow": "datasets",  # a Parquet footer and schema read at submit where installed (rlkit.data.dataset_head)
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)
 USED_OTHERWISE = {

@@ -21,8 +21,8 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
-from rlkit.data.dataset_rows import first_jsonl_row
-from rlkit.data.row_formats import is_gsm8k_row
+from rlkit.data.dataset_head import dataset_head
+from rlkit.data.row_formats import has_prompt
 from rlkit.errors import ConfigError
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -90,23 +90,28 @@ def _validate_reward_mix(config: ExperimentConfig, problems: Problems) -> None:
 
 
 def _validate_dataset(config: ExperimentConfig) -> None:
+    """The training rows hold the prompt column and the answer column a built-in reward reads: JSON Lines, and
+    Parquet where pyarrow is installed here (without it a Parquet file's columns are checked in the job)."""
     ds = config.train_dataset
     if not ds.path:
         raise ConfigError("train_dataset.path is not set", hint="give a .jsonl or .parquet file of prompts")
     if names_reasoning_gym(ds.path):
         return  # generated in the job: rlkit.checks.reasoning_gym
     check_dataset_file("train_dataset.path", ds.path)
-    row = first_jsonl_row("train_dataset.path", Path(ds.path))
-    if row is not None and ds.prompt_key not in row and not is_gsm8k_row(row, ds.prompt_key):
-        raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {', '.join(row)})",
+    head = dataset_head("train_dataset.path", Path(ds.path))  # None: checked in the job (e.g. Parquet, no pyarrow)
+    if head is None:
+        return
+    columns = ", ".join(head.columns) or "none"
+    if not has_prompt(head.columns, head.first_row, ds.prompt_key):
+        raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set train_dataset.prompt_key to the prompt column")
     fns = list(config.reward.fns) or [config.reward.fn]
     # workflow verifiers scores each episode by its trace (the taskset's own rewards) and never calls reward.fn
     scored_by_trace = config.rollout.agent.workflow == "verifiers"
     needs_answer = [f for f in fns if f in ("math", "exact_match") and not scored_by_trace]
-    if row is not None and needs_answer and config.reward.answer_key not in row:
+    if needs_answer and config.reward.answer_key not in head.columns:
         raise ConfigError(f"reward.fn {needs_answer[0]} needs the answer column '{config.reward.answer_key}', "
-                          f"which the dataset rows do not have (columns: {', '.join(row)})",
+                          f"which the dataset rows do not have (columns: {columns})",
                           hint="set reward.answer_key to the reference-answer column")
 
 

@@ -16,7 +16,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import PACKING_ALGORITHMS
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.pairs import DPO_LOSS_TYPES, PairDataConfig
-from rlkit.data.dataset_rows import first_jsonl_row
+from rlkit.data.dataset_head import dataset_head
 from rlkit.data.row_formats import pair_row
 from rlkit.errors import ConfigError
 
@@ -102,21 +102,28 @@ def _validate_pair_data(config: ExperimentConfig, section: PairDataConfig, name:
 
 def _check_pair_row(field: str, dataset: DatasetConfig, section: PairDataConfig, name: str, tokenizer: str,
                     tokenizer_field: str) -> None:
+    """The pair columns are in the dataset, their first values of kinds that go together (JSON Lines, and Parquet
+    where pyarrow is installed here: without it a Parquet file's columns are checked in the job)."""
     check_dataset_file(f"{field}.path", dataset.path)
-    row = first_jsonl_row(f"{field}.path", Path(dataset.path))
-    if row is None:
+    head = dataset_head(f"{field}.path", Path(dataset.path))
+    if head is None:
         return
-    row = dict(pair_row(row, dataset.prompt_key, section.chosen_key, section.rejected_key))
+    first = head.first_row([dataset.prompt_key, section.chosen_key, section.rejected_key])
+    row = None if first is None else dict(pair_row(first, dataset.prompt_key, section.chosen_key,
+                                                   section.rejected_key))
+    present = set(head.columns) | set(row or ())  # an hh-rlhf pair's prompt is cut from its answers (pair_row)
     keys = {"prompt_key": (f"{field}.prompt_key", dataset.prompt_key),
             "chosen_key": (f"{name}.chosen_key", section.chosen_key),
             "rejected_key": (f"{name}.rejected_key", section.rejected_key)}
     # an empty answer key is reported on its own; an empty prompt key is a column no row has
     absent = [(setting, column) for role, (setting, column) in keys.items()
-              if (column or role == "prompt_key") and column not in row]
+              if (column or role == "prompt_key") and column not in present]
     if absent:
         raise ConfigError(f"{field}.path: rows have no column {', '.join(repr(c) for _, c in absent)} (columns: "
-                          f"{', '.join(row)})", hint=f"set {' and '.join(s for s, _ in absent)} to the dataset's "
-                                                     "column names")
+                          f"{', '.join(head.columns) or 'none'})", hint=f"set {' and '.join(s for s, _ in absent)} "
+                                                                        "to the dataset's column names")
+    if row is None:
+        return  # no rows in its first file: nothing to judge the kinds by
     prompt = row[dataset.prompt_key]
     for setting, column in list(keys.values())[1:]:
         if column and not _answer_fits(prompt, row[column]):

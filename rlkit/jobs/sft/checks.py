@@ -9,7 +9,6 @@ logger) are not repeated here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rlkit.checks.site_files import check_chat_template, check_dataset_file
 from rlkit.checks.trainer import validate_trainer
@@ -18,8 +17,8 @@ from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.sft import SFT_PROMPT_TYPES, SFTConfig
-from rlkit.data.dataset_rows import first_jsonl_row
-from rlkit.data.row_formats import sft_columns
+from rlkit.data.dataset_head import DatasetHead, dataset_head
+from rlkit.data.row_formats import GSM8K_COLUMNS, sft_columns
 from rlkit.errors import ConfigError
 
 _PLAINTEXT_ONLY = ("system_prompt_key", "system_prompt")
@@ -97,20 +96,24 @@ def _validate_dataset(config: ExperimentConfig, name: str, *, required: bool, pr
         problems.add(f"{name}.batch_size must be at least 1 (got {ds.batch_size})")
     with problems.check():
         check_dataset_file(f"{name}.path", ds.path)
-        row = first_jsonl_row(f"{name}.path", Path(ds.path))
-        if row is not None and config.sft.prompt_type in SFT_PROMPT_TYPES:
-            _check_row(name, row, config.sft)
+        head = dataset_head(f"{name}.path", Path(ds.path))
+        if head is not None and config.sft.prompt_type in SFT_PROMPT_TYPES:
+            _check_row(name, head, config.sft)
 
 
-def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:
-    """The first row has the columns sft names, of the right kind."""
-    columns = ", ".join(row) or "none"
+def _check_row(name: str, head: DatasetHead, sft: SFTConfig) -> None:
+    """The dataset has the columns sft names, the first row's values of the right kind (JSON Lines, and Parquet
+    where pyarrow is installed here: without it a Parquet file's columns are checked in the job)."""
+    columns = ", ".join(head.columns) or "none"
     if sft.prompt_type == "messages":
-        chat = row.get(sft.messages_key)
-        if sft.messages_key not in row:
+        if sft.messages_key not in head.columns:
             raise ConfigError(f"{name}.path: rows have no column '{sft.messages_key}' (columns: {columns})",
                               hint="set sft.messages_key to the column holding the chats, or sft.prompt_type="
                                    "plaintext for prompt/response columns")
+        row = head.first_row([sft.messages_key])
+        if row is None:
+            return  # no rows in its first file: nothing to judge the chats by
+        chat = row.get(sft.messages_key)
         if not (isinstance(chat, list) and chat and all(isinstance(m, dict) and "role" in m and "content" in m
                                                         for m in chat)):
             raise ConfigError(f"{name}.path: column '{sft.messages_key}' of the first row is not a list of "
@@ -119,9 +122,12 @@ def _check_row(name: str, row: dict[str, Any], sft: SFTConfig) -> None:
             raise ConfigError(f"{name}.path: the first row's chat has no assistant message, so nothing to train on",
                               hint="each chat needs at least one message with role assistant")
         return
+    first = head.first_row([sft.prompt_key, sft.response_key, *GSM8K_COLUMNS])
+    # a dataset with no rows in its first file: only the columns are judged, GSM8K's taken for GSM8K's
+    row = first if first is not None else dict.fromkeys(head.columns, "")
     for field, key in zip(("prompt_key", "response_key"), sft_columns(row, sft.prompt_key, sft.response_key),
                           strict=True):
-        if key and key not in row:
+        if key and key not in head.columns:
             raise ConfigError(f"{name}.path: rows have no column '{key}' (sft.{field}; columns: {columns})",
                               hint=f"set sft.{field} to the right column")
         if key and not isinstance(row[key], str):
