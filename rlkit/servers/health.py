@@ -6,7 +6,7 @@ import asyncio
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,20 +32,21 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 def answers_health(address: str, timeout: float = 5.0) -> bool:
     """One `GET http://{address}/health`: True when it answers 200 (a name-resolve record can outlive its server's
     process by the record's ttl, so liveness is asked of the server itself). Proxy variables are ignored."""
-    return health_statuses([f"{http_url(address)}/health"], timeout)[0] == 200
+    return get_statuses([f"{http_url(address)}/health"], timeout)[0] == 200
 
 
 def probe_health(addresses: Sequence[str], timeout: float, *, max_parallel: int = 16) -> list[bool]:
     """`answers_health` of each address, in the order given, asked at once (at most `max_parallel` at a time): a job
     whose servers died must not cost `rlkit status` one full timeout per server."""
     urls = [f"{http_url(address)}/health" for address in addresses]
-    return [status == 200 for status in health_statuses(urls, timeout, max_parallel=max_parallel)]
+    return [status == 200 for status in get_statuses(urls, timeout, max_parallel=max_parallel)]
 
 
-def health_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 16) -> list[int | str]:
-    """`GET` each URL at once (at most `max_parallel` at a time): its HTTP status, or why there is none. The whole
-    answer within `timeout`: httpx's timeout is per chunk, so a server trickling its answer would hold the caller
-    (`rlkit status`, the trainer waiting for its servers) for as long as it trickled."""
+def get_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 16,
+                 headers: Mapping[str, str] | None = None) -> list[int | str]:
+    """`GET` each URL at once (at most `max_parallel` at a time, with `headers`): its HTTP status, or why there is
+    none. The whole answer within `timeout`: httpx's timeout is per chunk, so a server trickling its answer would
+    hold the caller (`rlkit status`, the trainer waiting for its servers, a server step) as long as it trickled."""
     if not urls:
         return []
 
@@ -55,7 +56,8 @@ def health_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 
             async def one(url: str) -> int | str:
                 async with limit:
                     try:
-                        return (await asyncio.wait_for(client.get(url, timeout=timeout), timeout)).status_code
+                        answer = client.get(url, headers=headers, timeout=timeout)
+                        return (await asyncio.wait_for(answer, timeout)).status_code
                     except TimeoutError:
                         return f"no complete answer within {timeout:g} s"
                     except httpx.HTTPError as exc:
@@ -90,7 +92,7 @@ def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | N
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ServerNotHealthy(f"{health} did not answer 200 within {timeout:g} s (last: {last})")
-        status = health_statuses([health], min(5.0, max(remaining, 0.1)))[0]
+        status = get_statuses([health], min(5.0, max(remaining, 0.1)))[0]
         if status == 200:
             return
         last = f"HTTP {status}" if isinstance(status, int) else status

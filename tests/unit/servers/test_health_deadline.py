@@ -1,7 +1,8 @@
 """The /health probes of rlkit.servers.health (rlkit status, the trainer waiting for its servers, a server step
-waiting for its engine) end within their timeout when a server trickles its answer: each byte comes well within
-httpx's per-chunk timeout, so before, the probe (and `rlkit status`) waited as long as the server kept trickling.
-A local server trickles for 2 s and then stops, so that without the deadline these tests fail instead of hanging."""
+waiting for its engine) and a new server's guard check end within their timeout when a server trickles its answer:
+each byte comes well within httpx's per-chunk timeout, so before, the probe (and `rlkit status`) waited as long as
+the server kept trickling. A local server trickles for 2 s and then stops, so that without the deadline these tests
+fail instead of hanging."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from rlkit.servers.backend import backend_for
+from rlkit.servers.guard_check import GuardCheckFailed, prove_guard
 from rlkit.servers.health import ServerNotHealthy, probe_health, wait_healthy
 
 
@@ -55,4 +58,12 @@ def test_waiting_for_a_trickling_server_ends_at_its_timeout_naming_why(trickling
     started = time.monotonic()
     with pytest.raises(ServerNotHealthy, match=r"within 0\.4 s \(last: no complete answer within 0\.[34]\d* s\)"):
         wait_healthy(f"http://{trickling}", 0.4)
+    assert time.monotonic() - started < 1.5
+
+
+def test_the_guard_check_of_a_trickling_server_ends_at_its_timeout(trickling: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(GuardCheckFailed, match=r"could not ask GET .*/is_paused without the token to check the "
+                                               r"server's token guard \(no complete answer within 0\.3 s\)"):
+        prove_guard(f"http://{trickling}", backend_for("vllm"), "t", timeout=0.3)
     assert time.monotonic() - started < 1.5
