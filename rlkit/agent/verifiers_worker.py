@@ -80,10 +80,14 @@ class VerifiersWorker:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[number] = future
         assert proc.stdin is not None
-        try:
+        async def send_and_wait() -> dict[str, Any]:
+            assert proc.stdin is not None
             proc.stdin.write(json.dumps({**spec, "id": number}).encode() + b"\n")
-            await proc.stdin.drain()
-            return await asyncio.wait_for(future, timeout)
+            await proc.stdin.drain()  # a program that stopped reading fills the pipe: within the deadline too
+            return await future
+
+        try:
+            return await asyncio.wait_for(send_and_wait(), timeout)
         except (BrokenPipeError, ConnectionResetError):
             raise EpisodeDropped(f"the verifiers program exited: {self._said()}") from None
         except TimeoutError:

@@ -58,12 +58,14 @@ class SilenceWatch:
 
 async def probe(client: httpx.AsyncClient, addresses: dict[int, str]) -> dict[int, bool]:
     """GET /health at every address (server index -> host:port) at once: index -> answered 200 within
-    PROBE_TIMEOUT_S."""
+    PROBE_TIMEOUT_S (the whole answer: httpx's timeout is per chunk, and one server trickling its answer would hold
+    the round, and with it the watch over every server)."""
 
     async def one(address: str) -> bool:
         try:
-            response = await client.get(f"{http_url(address)}/health", timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
+            response = await asyncio.wait_for(client.get(f"{http_url(address)}/health", timeout=PROBE_TIMEOUT_S),
+                                              PROBE_TIMEOUT_S)
+        except (httpx.HTTPError, TimeoutError):
             return False
         return response.status_code == 200
 

@@ -10,11 +10,9 @@ must answer 200 (else rlkit's own clients could not use the server). Each backen
 
 from __future__ import annotations
 
-import httpx
-
 from rlkit.errors import FatalStepError
 from rlkit.servers.backend import ServerBackend
-from rlkit.servers.tls import shared_tls
+from rlkit.servers.health import get_statuses
 
 
 class GuardCheckFailed(FatalStepError):
@@ -29,26 +27,25 @@ def prove_guard(base_url: str, backend: ServerBackend, token: str, *, timeout: f
     base = base_url.rstrip("/")
     probe = backend.guard_probe
     url = f"{base}{probe}"
-    with httpx.Client(trust_env=False, timeout=timeout, verify=shared_tls()) as client:
-        bare = _get(client, url, "without the token")
-        if bare != 401:
-            raise GuardCheckFailed(
-                f"the {backend.name} server at {base} answered GET {probe} without the token with HTTP {bare}, not "
-                f"401: anyone who reaches its port could use it ({backend.guard_hint}); it was stopped, not registered"
-            )
-        with_token = _get(client, url, "with the token", {"Authorization": f"Bearer {token}"})
-        if with_token != 200:
-            raise GuardCheckFailed(
-                f"the {backend.name} server at {base} answered GET {probe} with the trial token with HTTP "
-                f"{with_token}, not 200: it does not accept the trial's token, so rlkit's clients could not use it; "
-                "it was stopped, not registered"
-            )
+    bare = _get(url, "without the token", timeout)
+    if bare != 401:
+        raise GuardCheckFailed(
+            f"the {backend.name} server at {base} answered GET {probe} without the token with HTTP {bare}, not "
+            f"401: anyone who reaches its port could use it ({backend.guard_hint}); it was stopped, not registered"
+        )
+    with_token = _get(url, "with the token", timeout, {"Authorization": f"Bearer {token}"})
+    if with_token != 200:
+        raise GuardCheckFailed(
+            f"the {backend.name} server at {base} answered GET {probe} with the trial token with HTTP "
+            f"{with_token}, not 200: it does not accept the trial's token, so rlkit's clients could not use it; "
+            "it was stopped, not registered"
+        )
 
 
-def _get(client: httpx.Client, url: str, how: str, headers: dict[str, str] | None = None) -> int:
-    try:
-        return client.get(url, headers=headers).status_code
-    except httpx.HTTPError as exc:
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise GuardCheckFailed(f"could not ask GET {url} {how} to check the server's token guard ({reason}); "
-                               "it was stopped, not registered") from exc
+def _get(url: str, how: str, timeout: float, headers: dict[str, str] | None = None) -> int:
+    """The status of `GET url`, the whole answer within `timeout` (rlkit.servers.health.get_statuses)."""
+    status = get_statuses([url], timeout, headers=headers)[0]
+    if isinstance(status, str):
+        raise GuardCheckFailed(f"could not ask GET {url} {how} to check the server's token guard ({status}); "
+                               "it was stopped, not registered")
+    return status

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,20 +32,45 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 def answers_health(address: str, timeout: float = 5.0) -> bool:
     """One `GET http://{address}/health`: True when it answers 200 (a name-resolve record can outlive its server's
     process by the record's ttl, so liveness is asked of the server itself). Proxy variables are ignored."""
-    try:
-        answer = httpx.get(f"{http_url(address)}/health", timeout=timeout, trust_env=False, verify=shared_tls())
-        return answer.status_code == 200
-    except httpx.HTTPError:
-        return False
+    return get_statuses([f"{http_url(address)}/health"], timeout)[0] == 200
 
 
 def probe_health(addresses: Sequence[str], timeout: float, *, max_parallel: int = 16) -> list[bool]:
     """`answers_health` of each address, in the order given, asked at once (at most `max_parallel` at a time): a job
     whose servers died must not cost `rlkit status` one full timeout per server."""
-    if not addresses:
+    urls = [f"{http_url(address)}/health" for address in addresses]
+    return [status == 200 for status in get_statuses(urls, timeout, max_parallel=max_parallel)]
+
+
+def get_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 16,
+                 headers: Mapping[str, str] | None = None) -> list[int | str]:
+    """`GET` each URL at once (at most `max_parallel` at a time, with `headers`): its HTTP status, or why there is
+    none. The whole answer within `timeout`: httpx's timeout is per chunk, so a server trickling its answer would
+    hold the caller (`rlkit status`, the trainer waiting for its servers, a server step) as long as it trickled."""
+    if not urls:
         return []
-    with ThreadPoolExecutor(max_workers=min(max_parallel, len(addresses)), thread_name_prefix="health") as pool:
-        return list(pool.map(lambda address: answers_health(address, timeout=timeout), addresses))
+
+    async def ask_all() -> list[int | str]:
+        limit = asyncio.Semaphore(max_parallel)
+        async with httpx.AsyncClient(trust_env=False, verify=shared_tls()) as client:
+            async def one(url: str) -> int | str:
+                async with limit:
+                    try:
+                        answer = client.get(url, headers=headers, timeout=timeout)
+                        return (await asyncio.wait_for(answer, timeout)).status_code
+                    except TimeoutError:
+                        return f"no complete answer within {timeout:g} s"
+                    except httpx.HTTPError as exc:
+                        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+            return list(await asyncio.gather(*(one(url) for url in urls)))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: a plain thread (the trainer's, rlkit status's)
+        return asyncio.run(ask_all())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="health") as pool:  # asked from inside an event loop
+        return pool.submit(asyncio.run, ask_all()).result()
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None) -> None:
@@ -57,22 +83,17 @@ def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | N
     health = f"{base}/health"
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    with httpx.Client(trust_env=False, verify=shared_tls()) as client:
-        while True:
-            if process is not None and (code := process.poll()) is not None:
-                raise ServerNotHealthy(
-                    f"the server process for {base} (pid {process.pid}) exited with code {code} "
-                    f"before {health} answered 200"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerNotHealthy(f"{health} did not answer 200 within {timeout:g} s (last: {last})")
-            try:
-                response = client.get(health, timeout=min(5.0, max(remaining, 0.1)))
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            else:
-                if response.status_code == 200:
-                    return
-                last = f"HTTP {response.status_code}"
-            time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+    while True:
+        if process is not None and (code := process.poll()) is not None:
+            raise ServerNotHealthy(
+                f"the server process for {base} (pid {process.pid}) exited with code {code} "
+                f"before {health} answered 200"
+            )
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ServerNotHealthy(f"{health} did not answer 200 within {timeout:g} s (last: {last})")
+        status = get_statuses([health], min(5.0, max(remaining, 0.1)))[0]
+        if status == 200:
+            return
+        last = f"HTTP {status}" if isinstance(status, int) else status
+        time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))

@@ -5,6 +5,7 @@ asked. Every backend's control requests go through `call`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -51,9 +52,17 @@ async def call(
     allow_404: bool = False,
     **kwargs: Any,
 ) -> httpx.Response:
-    """One HTTP request; StepError naming `what`, the server and the timeout if it times out, fails or is not 2xx."""
+    """One HTTP request; StepError naming `what`, the server and the timeout if it times out, fails or is not 2xx.
+
+    The whole answer must come within `timeout`: httpx's timeout is per phase and per chunk, so a server trickling
+    a byte every few seconds would hold the call (and the push or scoring waiting on it) forever.
+    """
+    request = client.request(method, f"{server.url}{path}", timeout=httpx.Timeout(timeout), **kwargs)
     try:
-        response = await client.request(method, f"{server.url}{path}", timeout=httpx.Timeout(timeout), **kwargs)
+        response = await asyncio.wait_for(request, timeout)
+    except TimeoutError as exc:  # the overall deadline (httpx's own timeouts are not TimeoutError subclasses)
+        raise StepError(f"{server.label}: no complete answer within {timeout:g} s to {what} "
+                        f"({method} {path})") from exc
     except httpx.TimeoutException as exc:
         raise StepError(f"{server.label}: no answer after {timeout:g} s while waiting for {what} "
                         f"({method} {path}): {type(exc).__name__}") from exc

@@ -236,16 +236,15 @@ def _load_resume_point(config: ExperimentConfig, paths: TrialPaths, algorithm: A
 
 
 def _load_checkpoint(directory: Path, step_done: int, algorithm: Algorithm, *, announce: bool) -> recover.LoopState:
-    try:
-        state = recover.LoopState.from_json((directory / recover.STATE).read_text())
-    except (TypeError, ValueError) as exc:  # a checkpoint of rlkit before the training loop (one engine, no names)
-        raise StepError(f"recover checkpoint {directory} has a {recover.STATE} this rlkit cannot read ({exc}); it "
-                        "was written by an older rlkit: start a new trial (or set recover.mode=disabled)") from None
+    state = recover.read_state(directory)  # StepError naming the file: damaged, or of an older rlkit
     recover.check_engines(state, list(algorithm.engines), directory)
     expected = recover.manifest_digests(directory)
     for name, engine in algorithm.engines.items():
         engine.load_sharded(recover.shards_dir(directory, name), state.engines[name], expected)
-    recover.set_rng_state(state.rng)
+    try:
+        recover.set_rng_state(state.rng)
+    except (TypeError, ValueError, RuntimeError) as exc:  # the state's own fields are checked, not the RNGs' insides
+        raise StepError(f"{directory / recover.STATE} holds RNG states this rlkit cannot restore ({exc})") from None
     if announce:
         print(f"rlkit train: resuming after step {step_done} from {directory}", flush=True)
     return state

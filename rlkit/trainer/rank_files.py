@@ -30,6 +30,7 @@ import torch
 import xxhash
 from torch import Tensor
 
+from rlkit import untrusted_json
 from rlkit.errors import StepError
 from rlkit.trainer import block_read
 from rlkit.trials import recover_layout
@@ -235,10 +236,10 @@ def _parse_header(f: BinaryIO) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     if not 0 < length <= _MAX_HEADER:
         raise ValueError(f"no safetensors header (length {length})")
     raw = f.read(length)
-    header = json.loads(raw)
+    header = untrusted_json.loads(raw)  # a damaged header may nest deeper than json.loads follows
     if not isinstance(header, dict) or not all(isinstance(entry, dict) for entry in header.values()):
         raise ValueError("the header is not a table of tensors")
-    meta = json.loads(header.pop("__metadata__")["rlkit"])
+    meta = untrusted_json.loads(header.pop("__metadata__")["rlkit"])
     if not (isinstance(meta, dict) and isinstance(meta.get("aliases"), dict) and isinstance(meta.get("pieces"), dict)):
         raise ValueError("its rlkit metadata has no aliases and pieces")
     if meta.get("format") != FORMAT:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.nameresolve.base import NameResolve
 
 PREFIX = "trainer/ranks"
@@ -69,7 +70,7 @@ class RankWatch:
         found = {}
         for key, value in self.nr.list_subtree(PREFIX).items():
             try:
-                entry = json.loads(value)
+                entry = untrusted_json.loads(value)
                 rank = int(key.rsplit("/", 1)[1])
             except (ValueError, IndexError):
                 continue

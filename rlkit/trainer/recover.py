@@ -35,10 +35,11 @@ import random
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rlkit import untrusted_json
 from rlkit.errors import StepError
 from rlkit.fsutil import fsync_dir, fsync_path, replace_dir
 from rlkit.trials.recover_layout import _ASIDE as _ASIDE
@@ -73,8 +74,54 @@ class LoopState:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> LoopState:
-        return cls(**json.loads(text))
+    def from_json(cls, text: str | bytes) -> LoopState:
+        """The state `to_json` wrote. ValueError when `text` is not JSON (every rlkit writes JSON: the file is
+        damaged); StateUnreadable when it is JSON of another shape (an older rlkit's, or altered)."""
+        data = untrusted_json.loads(text)
+        problem = _state_problem(data)
+        if problem is not None:
+            raise StateUnreadable(problem)
+        return cls(**data)
+
+
+class StateUnreadable(ValueError):
+    """A trainer state that is JSON, but not of the shape this rlkit writes."""
+
+
+def _state_problem(data: Any) -> str | None:
+    """What makes `data` no LoopState of this rlkit (a wrong type would fail later, far from the file), or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    unknown = sorted(set(data) - {f.name for f in fields(LoopState)})
+    if unknown:
+        return f"unknown fields {', '.join(unknown)}"
+    if type(data.get("step")) is not int:
+        return f"step {data.get('step')!r} is not a whole number"
+    engines = data.get("engines", {})
+    if not isinstance(engines, dict) or not all(type(v) is int for v in engines.values()):
+        return f"engines {str(engines)[:100]} is not a table of optimizer steps"
+    for name in ("algorithm", "rng"):
+        if not isinstance(data.get(name, {}), dict):
+            return f"{name} is not an object"
+    if type(data.get("saved_at", 0.0)) not in (int, float):
+        return "saved_at is not a number"
+    return None
+
+
+def read_state(directory: Path) -> LoopState:
+    """The checkpoint's trainer state; StepError naming the file and what to do when it cannot be read, telling a
+    damaged file (not JSON) from one of another rlkit (JSON of another shape)."""
+    path = directory / STATE
+    try:
+        return LoopState.from_json(path.read_bytes())
+    except OSError as exc:
+        raise StepError(f"cannot read {path}: {exc}") from None
+    except StateUnreadable as exc:
+        raise StepError(f"{path} is not a trainer state this rlkit reads ({exc}): an older rlkit wrote it, or it was "
+                        "altered after it was written; start a new trial (or set recover.mode=disabled)") from None
+    except ValueError as exc:
+        raise StepError(f"{path} is damaged: it is not JSON ({exc}), which every rlkit writes there; remove {directory}"
+                        " to resume from the checkpoint before it (or set recover.mode=disabled)") from None
 
 
 def check_engines(state: LoopState, names: list[str], directory: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, SupportsFloat, SupportsIndex, cast
 
+from rlkit import untrusted_json
 from rlkit.config.schema.stats_logger import StatsLoggerConfig, validate_stats_logger
 from rlkit.errors import ConfigError, StepError
 from rlkit.trials.paths import TrialPaths
@@ -141,7 +142,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = untrusted_json.loads(line)
         except ValueError:
             record = None
         if isinstance(record, dict):

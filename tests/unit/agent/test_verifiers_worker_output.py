@@ -45,3 +45,26 @@ def test_noise_on_the_programs_output_does_not_stop_episodes(noise: str, tmp_pat
     started = time.monotonic()
     assert asyncio.run(main()) == [{"ok": True, "task": 0}, {"ok": True, "task": 1}]
     assert time.monotonic() - started < 15, "answered as they came, not at the timeout"
+
+
+def test_an_episode_the_program_does_not_read_is_dropped_at_its_timeout(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program stuck without reading its stdin: a spec larger than the pipe's buffer waited in `drain`, outside
+    the episode's deadline, for as long as the program lived (here 3 s, then it exits: the test fails, not hangs)."""
+    program = tmp_path / "program.py"
+    program.write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.setattr(worker_module, "PROGRAM", program)
+
+    async def main() -> str:
+        worker = VerifiersWorker(sys.executable)
+        try:
+            await worker.episode({"task": "x" * (1 << 20)}, 0.3)
+        except worker_module.EpisodeDropped as exc:
+            return str(exc)
+        finally:
+            await worker.stop()
+        return "answered"
+
+    started = time.monotonic()
+    assert asyncio.run(main()) == "the verifiers episode ran past rollout.agent.verifiers.timeout (0.3 s)"
+    assert time.monotonic() - started < 2

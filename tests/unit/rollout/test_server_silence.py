@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rlkit.rollout.silence import SilenceWatch
 
 
@@ -68,3 +70,33 @@ def test_servers_are_asked_at_their_last_address_after_their_records_vanish() ->
         httpd.shutdown()
     assert watch.silence.silent == {1}
     assert left == [servers[0].address]  # server 1 dropped from the pool, server 0 kept
+
+
+def test_a_server_trickling_its_health_answer_counts_as_not_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each byte comes well within httpx's per-chunk timeout: only a deadline on the whole answer ends the probe,
+    which otherwise held the round (and the watch over every other server) as long as the server kept trickling."""
+    import asyncio
+    import time
+    from collections.abc import AsyncIterator
+
+    import httpx
+
+    from rlkit.rollout import silence
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for _ in range(40):  # 2 s, then the end: without the deadline the test fails instead of hanging
+            await asyncio.sleep(0.05)
+            yield b" "
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        slow = request.url.host == "slow"
+        return httpx.Response(200, content=trickle() if slow else b"ok")
+
+    async def main() -> dict[int, bool]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await silence.probe(client, {0: "slow:1", 1: "good:1"})
+
+    monkeypatch.setattr(silence, "PROBE_TIMEOUT_S", 0.15)
+    started = time.monotonic()
+    assert asyncio.run(main()) == {0: False, 1: True}
+    assert time.monotonic() - started < 1.5
