@@ -408,18 +408,21 @@ def test_heartbeat_lets_go_of_an_entry_another_owner_took(nr: NfsNameResolve, tm
     assert nr.get("servers/0") == "theirs"
 
 
-def test_stale_entry_is_taken_over_without_replace(nr: NfsNameResolve, tmp_path: Path) -> None:
-    owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=TTL, heartbeat_interval=HEARTBEAT)
-    owner.add("servers/0", "old", keepalive=True)
-    with pytest.raises(NameEntryExistsError):
-        nr.add("servers/0", "new")
-    owner._stop_heartbeat()
-    poll_until(lambda: is_gone(nr, "servers/0"))
-    nr.add("servers/0", "new", keepalive=True)
-    reader = patient_reader(tmp_path)  # what is checked is whose record the file holds
-    assert reader.get("servers/0") == "new"
-    owner.close()  # must not remove the new owner's entry
-    assert reader.get("servers/0") == "new"
+def test_stale_entry_is_taken_over_without_replace(tmp_path: Path) -> None:
+    # the taker judges staleness by its ttl: 15 heartbeats, not TTL's 5 (a heartbeat thread left unrun 0.5 s under
+    # the suite's load made the live entry look stale, and the first add was not refused)
+    owner = NfsNameResolve(tmp_path, "exp", "trial", ttl=15 * HEARTBEAT, heartbeat_interval=HEARTBEAT)
+    with NfsNameResolve(tmp_path, "exp", "trial", ttl=15 * HEARTBEAT, heartbeat_interval=HEARTBEAT) as taker:
+        owner.add("servers/0", "old", keepalive=True)
+        with pytest.raises(NameEntryExistsError):
+            taker.add("servers/0", "new")
+        owner._stop_heartbeat()
+        poll_until(lambda: is_gone(taker, "servers/0"))
+        taker.add("servers/0", "new", keepalive=True)
+        reader = patient_reader(tmp_path)  # what is checked is whose record the file holds
+        assert reader.get("servers/0") == "new"
+        owner.close()  # must not remove the new owner's entry
+        assert reader.get("servers/0") == "new"
 
 
 def test_trials_do_not_see_each_other(tmp_path: Path) -> None:
