@@ -260,7 +260,7 @@ def attacks(b: Bait) -> dict[str, tuple[str, str, Check, dict[str, float]]]:
         "a busy loop": ("resources", "while True:\n    pass", lambda r, _b: r.killed_by == "cpu",
                         {"cpu_seconds": 1, "wall_seconds": 10}),
         "sleeping past the wall limit": ("resources", "import time\ntime.sleep(30)",
-                                         lambda r, _b: r.killed_by == "time", {"wall_seconds": 1}),
+                                         lambda r, _b: r.killed_by == "time", {"wall_seconds": 3}),
         "an output flood": ("resources", "while True:\n    print('x' * 1000)",
                             lambda r, _b: r.killed_by == "output", {}),
         "a heap bomb": ("resources", "x = [b'x' * (64 << 20) for _ in range(16)]",
