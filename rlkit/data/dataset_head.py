@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkit.data.dataset_rows import PARQUET_FIX, first_jsonl_rows
+from rlkit.data.dataset_rows import PARQUET_FIX, first_jsonl_rows, parquet_files
 from rlkit.errors import ConfigError
 
 READ_BUFFER = 2**20  # bytes: pyarrow streams a column chunk in such reads, not the whole chunk of a row group
@@ -52,7 +52,7 @@ def dataset_head(field: str, path: Path) -> DatasetHead | None:
         if not isinstance(first[0], dict):
             return None
         return DatasetHead(list(first[0]), lambda count, _columns: first_jsonl_rows(field, path, count) or [])
-    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+    files = parquet_files(path)
     if not files or not files[0].is_file():
         return None
     try:

@@ -53,12 +53,17 @@ PARQUET_MAGIC = b"PAR1"  # a Parquet file starts and ends with it; the 4 bytes b
 PARQUET_FIX = "write it again (pyarrow, pandas or datasets' to_parquet), or copy it again if a copy was cut short"
 
 
+def parquet_files(path: Path) -> list[Path]:
+    """The .parquet files of a dataset: the file itself, or those of a directory in name order."""
+    return sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+
+
 def check_parquet_files(field: str, path: Path) -> None:
     """Every .parquet file of a dataset (a file, or those of a directory) is whole Parquet, its footer (the schema
     and where each column lies) readable; ConfigError naming `field` otherwise. A file of other bytes, or one cut
     short by a copy, failed only in the job, after the queue wait. Reads the ends of each file only: the login node
     needs neither `datasets` nor pyarrow (the job reads rows through them; pyarrow, when here, parses the footer)."""
-    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+    files = parquet_files(path)
     for file in files:
         if not file.is_file():  # a FIFO would block the submit
             raise ConfigError(f"{field}: {file} is not a regular file", hint="give a .parquet file")
