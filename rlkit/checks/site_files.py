@@ -19,6 +19,7 @@ from rlkit.config.schema.auxiliary import model_path_fields
 from rlkit.config.schema.experiment import get_field, set_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_rows import check_parquet_files
+from rlkit.data.files import SUFFIX_FORMAT
 from rlkit.errors import ConfigError
 from rlkit.images.labels import is_image_uri
 
@@ -117,8 +118,7 @@ def check_dataset_file(field: str, value: str) -> None:
     if path.is_file() and path.suffix not in DATASET_SUFFIXES:
         raise ConfigError(f"{field}: '{value}' is not a .jsonl or .parquet file")
     if path.is_dir():  # the job reads every file of these types in it (rlkit.data.files), of one type only
-        kinds = {"parquet" if p.suffix == ".parquet" else "json"
-                 for p in path.iterdir() if p.suffix in DATASET_SUFFIXES}
+        kinds = {SUFFIX_FORMAT[p.suffix] for p in path.iterdir() if p.suffix in SUFFIX_FORMAT}
         if not kinds:
             raise ConfigError(f"{field}: the directory '{value}' holds no .jsonl, .json or .parquet file",
                               hint="give a directory of dataset files, or the path of one file", site=True)
