@@ -25,6 +25,7 @@ from rlkit import untrusted_json
 from rlkit.nameresolve.base import NameResolveError
 
 _WRITE_CHUNK = 4096  # httpcore's write loops over partial sends, each with the timeout given: bound each chunk
+_MAX_ANSWER = 64 << 20  # bytes: far above a trial's records; what answers at etcd's address may send without end
 _TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")  # an auth token goes into a header: printable ASCII, no spaces
 # What a request fails with when etcd cannot be reached or answers something that is not HTTP (the timeouts apart).
 _UNREACHABLE: tuple[type[Exception], ...] = (httpcore.NetworkError, httpcore.ProtocolError,
@@ -147,6 +148,9 @@ class Gateway:
                     answer += chunk
                     if first_line and b"\n" in answer.lstrip():
                         break
+                    if len(answer) > _MAX_ANSWER:
+                        raise NameResolveError(f"etcd at {self.url} answered more than {_MAX_ANSWER >> 20} MiB to "
+                                               f"{path}: not etcd, or not well")
                 status = resp.status
         except httpcore.TimeoutException as e:
             raise NameResolveError(f"etcd at {self.url}: no complete answer to {path} within {self.timeout:g} s "
