@@ -23,6 +23,7 @@ from rlkit.models import ulysses
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
 from rlkit.models.source import build_causal_lm
+from rlkit.trainer import out_of_memory
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum, data_rank_world, init_sequence_parallel
 from rlkit.trainer.head_logprobs import model_token_logprobs
@@ -145,6 +146,7 @@ class TrainEngine:
         self.rank, self.world, self.device = rank, world, device
         self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
+        out_of_memory.watch(self.model, self)  # what ran, for the message of an out-of-memory (rlkit.trainer.loop)
         layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)
         if layout is not None:
             ulysses.enable(self.model)  # its packed rows split over the sp group (rlkit.models.ulysses)
@@ -186,8 +188,11 @@ class TrainEngine:
         for mb in micro_batches:
             loss, units = loss_fn(self.model, mb)
             scale = units * self.world / max(1.0, global_units)
+            out_of_memory.now(self, out_of_memory.BACKWARD)
             (loss * scale).backward()
+        out_of_memory.now(self, out_of_memory.OPTIMIZER)
         grad_norm = self._clip_and_step()
+        out_of_memory.done()
         return {"grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
