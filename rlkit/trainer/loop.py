@@ -42,6 +42,7 @@ from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trainer.out_of_memory import OutOfMemory
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trainer.rank_watch import RankWatch
+from rlkit.trainer.skipped_steps import skipped_metrics
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import write_atomic
 
@@ -319,12 +320,13 @@ class Loop:
             result = self.algorithm.step(step)
         except StepNotStarted as exc:
             raise StepFailed(str(exc), self._save_before_failing(step - 1)) from None
+        skipped = skipped_metrics(self.algorithm.engines)  # every rank: each rank's counts start again
         books = self.books
         saves = broadcast_object(books.saves_due(step, self.algorithm.epoch(step)) if books is not None else None)
         assert isinstance(saves, list)
         state = self.algorithm.engines[EXPORTED].full_state_dict() if saves else None  # collective
         if books is not None:
-            metrics = {**result.metrics, "timing/step": time.monotonic() - t0}
+            metrics = {**result.metrics, **skipped, "timing/step": time.monotonic() - t0}
             books.logger.log(step, metrics)
             for name in saves:
                 assert state is not None

@@ -2,7 +2,8 @@
 on one gloo rank: the model's forward or backward raises torch's own
 OutOfMemoryError (or the CPU allocator's real error) through a patched MLP; the loop turns it into OutOfMemory (fatal:
 exit code NO_RETRY_EXIT, never retried), whose message says where, how big the micro-batch was and which keys to turn
-with their values; every other error passes untouched."""
+with their values; every other error passes untouched. And skipped optimizer steps as a metric, through the same
+loop."""
 
 from __future__ import annotations
 
@@ -263,3 +264,22 @@ def test_where_it_ran_out_decides_what_is_said() -> None:
 def test_micro_batch_figures(inputs: dict[str, Tensor], expected: str) -> None:
     batch = out_of_memory.figures(inputs)
     assert batch is not None and out_of_memory.describe(batch) == expected
+
+
+def test_skipped_optimizer_steps_are_a_metric(one_rank: None, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A NaN loss at step 1 skips both of its optimizer steps: actor/skipped_steps 2 in metrics.jsonl (where the NaN
+    gradient norm itself is null), 0 at step 2."""
+    def patch(mlp: torch.nn.Module) -> None:
+        own, calls = mlp.forward, [0]
+
+        def forward(x: Tensor) -> Tensor:
+            calls[0] += torch.is_grad_enabled()  # training forwards: step 1's are one per minibatch
+            return own(x) * (torch.nan if torch.is_grad_enabled() and calls[0] <= 2 else 1.0)
+
+        mlp.forward = forward  # type: ignore[method-assign]
+
+    run_loop(tmp_path, actor_config(tiny_model_dir, minibatches=2), patch, steps=2, lengths=[12, 9, 7, 8])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["actor/grad_norm"] is None and records[0]["actor/skipped_steps"] == 2
+    assert records[1]["actor/grad_norm"] is not None and records[1]["actor/skipped_steps"] == 0
