@@ -16,6 +16,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
+from rlkit.trainer import out_of_memory
 from rlkit.trainer.engine import load_causal_lm, shard_model
 
 
@@ -25,7 +26,9 @@ def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:
     ref = load_causal_lm(load.path, dtype=torch.float32, attn_impl=load.attn_impl).to(device)
     ref.requires_grad_(False).eval()
     dtype = DTYPES[load.dtype]
-    return shard_model(ref, param_dtype=None if dtype == torch.float32 else dtype)
+    model = shard_model(ref, param_dtype=None if dtype == torch.float32 else dtype)
+    out_of_memory.watch(model, out_of_memory.REFERENCE)  # what ran, for the message of an out-of-memory
+    return model
 
 
 def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module | None:
