@@ -278,7 +278,8 @@ class Loop:
                 if self.watch is not None:  # a silent rank is named in progress.json, for `rlkit status`
                     self.watch.on_silent = lambda message: books.progress(self.done, f"failed: {message}",
                                                                           self._fields())
-            algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
+            with out_of_memory.named(self.config, self.first_step, lambda: algorithm.engines):  # its first push
+                algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
             if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
                 self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))
             for step in range(self.first_step, self.steps + 1):

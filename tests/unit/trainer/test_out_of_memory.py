@@ -177,6 +177,17 @@ def test_out_of_memory_in_the_log_prob_recompute(one_rank: None, tiny_model_dir:
                  recompute=True)
 
 
+def test_out_of_memory_as_the_algorithm_starts(one_rank: None, tiny_model_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpo's start pushes the weights (and probes them) before step 1: the same error, not a retried crash."""
+    def start(self: OneActor, resumed: dict[str, Any] | None) -> None:
+        raise torch.OutOfMemoryError(CUDA_TEXT)
+
+    monkeypatch.setattr(OneActor, "start", start)
+    with pytest.raises(OutOfMemory, match="at step 1, outside a model's forward or backward"):
+        run_loop(tmp_path, actor_config(tiny_model_dir), lambda mlp: None)
+
+
 def test_the_cpu_allocators_own_failure_is_out_of_cpu_memory(one_rank: None, tiny_model_dir: Path,
                                                              tmp_path: Path) -> None:
     def allocate() -> BaseException:
