@@ -191,7 +191,7 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
     watch = _rank_watch(config, env)
     watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
     try:
-        with out_of_memory.named(config, None, dict):  # the models are loaded: OutOfMemory, never retried
+        with out_of_memory.named(config, None, dict):  # the models are loaded: OutOfMemory
             algorithm = build(LoopContext(config, paths, env, device))
         resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
     except BaseException:
@@ -283,7 +283,7 @@ class Loop:
             if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
                 self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))
             for step in range(self.first_step, self.steps + 1):
-                with out_of_memory.named(self.config, step, lambda: algorithm.engines):  # OutOfMemory, not retried
+                with out_of_memory.named(self.config, step, lambda: algorithm.engines):  # OutOfMemory
                     exit_code = self._one_step(step, stop)
                 if exit_code is not None:
                     if self.watch is not None:
@@ -301,6 +301,7 @@ class Loop:
                     self.books.logger.close()
                     algorithm.finish()
         except BaseException as exc:
+            out_of_memory.done()  # the record of what ran holds a micro-batch's inputs
             if self.watch is not None:
                 self.watch.stop()
             if self.books is not None:

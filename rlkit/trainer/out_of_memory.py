@@ -2,13 +2,20 @@
 micro-batch was, what the GPU held, and which of the job's keys to turn with their values now, instead of a bare
 traceback.
 
-It is fatal (FatalStepError: NO_RETRY_EXIT, which the job script never retries), because a restart brings the same
-data back to the same step: the trainer resumes from the last recover checkpoint and replays the steps since then in
-the same order. sft, rw and dpo take each step's rows from the step number and the seed; grpo, ppo, opmd and distill
-draw prompts from a seeded stream whose trained positions the checkpoint records, so the same prompts come back, their
-completions sampled again from the same weights with the same seeds (each request's seed derives from its prompt's
-position). A retry would redo those steps and fail again, recover.retries times (each redone step resets the
-supervisor's crash-loop test); only a changed key helps (`rlkit resume TRIAL key=value`).
+It is fatal (exit NO_RETRY_EXIT, which the job script never retries) when the memory was this rank's own use, because
+a restart brings the same data back to the same step: the trainer resumes from the last recover checkpoint and
+replays the steps since then in the same order. sft, rw and dpo take each step's rows from the step number and the
+seed; grpo, ppo, opmd and distill draw prompts from a seeded stream whose trained positions the checkpoint records, so
+the same prompts come back, their completions sampled again from the same weights with the same seeds (each request's
+seed derives from its prompt's position). A retry would redo those steps and fail again, recover.retries times (each
+redone step resets the supervisor's crash-loop test); only a changed key helps (`rlkit resume TRIAL key=value`).
+Two causes a restart does fix leave it retryable, read from torch's own figures in its message: memory held by other
+processes (a trainer of the job before still exiting on the node), and a fragmented allocator (torch held, reserved
+but unallocated, at least what it tried to allocate: a fresh process starts unfragmented). Without the figures (host
+memory, another message) it is fatal.
+
+Only torch's own errors are read: rlkit's errors quote the servers' answers, and a server out of memory is the
+server's failure (rlkit.servers.startup_failure), not this rank's.
 
 What ran is noted cheaply as it runs: every forward of a trained model (and of a frozen reference) passes a pre-hook
 (`watch`) that keeps references to its input tensors (no copy, no device sync), and the engine notes its backward and
@@ -17,6 +24,7 @@ its optimizer step (`now`, `done`). The figures are computed only when the error
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.errors import FatalStepError
+from rlkit.errors import NO_RETRY_EXIT, StepError
 
 FORWARD, NO_GRAD, BACKWARD, OPTIMIZER = "forward", "forward without gradient", "backward", "optimizer step"
 REFERENCE = "reference"  # the owner of a frozen reference model's forwards
@@ -91,27 +99,64 @@ def watch(model: nn.Module, owner: object) -> None:
 
 
 def memory_kind(exc: BaseException) -> str | None:
-    """"GPU" or "CPU" when `exc` (or an exception it was raised from) is an allocation failure; else None."""
+    """"GPU" or "CPU" when `exc` (or an exception it was raised from) is torch's allocation failure; else None. The
+    words count only in a RuntimeError (torch raises its allocation failures as one), never in rlkit's own errors,
+    which may quote a server's answer."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(current)
-        if any(words in text for words in CPU_WORDS):
-            return "CPU"
-        if isinstance(current, torch.OutOfMemoryError) or any(words in text for words in GPU_WORDS):
+        if isinstance(current, torch.OutOfMemoryError):
             return "GPU"
+        if isinstance(current, RuntimeError):
+            text = str(current)
+            if any(words in text for words in CPU_WORDS):
+                return "CPU"
+            if any(words in text for words in GPU_WORDS):
+                return "GPU"
         current = current.__cause__ or current.__context__
     return None
 
 
-class OutOfMemory(FatalStepError):
-    """A trainer rank ran out of memory (see the module docstring for why it is never retried). `status`: the one
-    line progress.json gets for `rlkit status`."""
+class OutOfMemory(StepError):
+    """A trainer rank ran out of memory: fatal (NO_RETRY_EXIT) unless `retry_reason` says why a restart may fix it
+    (see the module docstring). `status`: the one line progress.json gets for `rlkit status`."""
 
-    def __init__(self, message: str, status: str) -> None:
+    def __init__(self, message: str, status: str, retry_reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.retry_reason = retry_reason
+        self.exit_code = 1 if retry_reason else NO_RETRY_EXIT
+
+
+_SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?(bytes|[KMGTP]iB)"
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+_TOTAL = re.compile(r"total capacity of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OWN = re.compile(r"this process has " + _SIZE + r" memory in use")
+_RESERVED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+OTHERS_SHARE = 0.05  # memory of other processes above this share of the GPU makes an out-of-memory worth a restart
+
+
+def _bytes(match: re.Match[str] | None, at: int = 1) -> float | None:
+    return None if match is None else float(match.group(at)) * _UNITS[match.group(at + 1)]
+
+
+def retry_reason(text: str) -> str:
+    """Why a restart may fix the out-of-memory torch described in `text` (its CUDA message's figures); "" when
+    nothing says so (the memory was this rank's own, or no figures)."""
+    tried, own, reserved = _bytes(_TRIED.search(text)), _bytes(_OWN.search(text)), _bytes(_RESERVED.search(text))
+    total_match = _TOTAL.search(text)
+    total, free = _bytes(total_match, 1), _bytes(total_match, 3)
+    if total and free is not None and own is not None and total - free - own > OTHERS_SHARE * total:
+        gib = 1024**3
+        return (f"other processes held {(total - free - own) / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB "
+                "(a restart may find it free)")
+    if tried is not None and reserved is not None and reserved >= tried:
+        return ("torch held more reserved but unallocated memory than it tried to allocate (fragmentation: a "
+                "fresh process starts without it; launcher.trainer_env_vars="
+                "'PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True' avoids it)")
+    return ""
 
 
 @contextmanager
@@ -157,9 +202,14 @@ def out_of_memory(exc: BaseException, kind: str, config: ExperimentConfig, step:
     if step is not None and last is None:
         lines.append(f"    actor.weight_chunked_mem_mb={config.actor.weight_chunked_mem_mb}: a weight push's buckets "
                      "on trainer rank 0 (xccl)")
-    lines.append("  not retried: a restart replays the same data into the same step; change a key above and run "
-                 "`rlkit resume TRIAL key=value`")
-    return OutOfMemory("\n".join(lines), f"out of {kind} memory {where} (the trainer's log names the keys to turn)")
+    reason = retry_reason(str(exc)) if kind == "GPU" else ""
+    if reason:
+        lines.append(f"  retried: {reason}")
+    else:
+        lines.append("  not retried: a restart replays the same data into the same step; change a key above and run "
+                     "`rlkit resume TRIAL key=value`")
+    return OutOfMemory("\n".join(lines), f"out of {kind} memory {where} (the trainer's log names the keys to turn)",
+                       reason)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.errors import NO_RETRY_EXIT, FatalStepError
+from rlkit.errors import NO_RETRY_EXIT, StepError
 from rlkit.trainer import out_of_memory
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.engine import TrainEngine
@@ -136,7 +136,7 @@ def test_out_of_memory_in_the_forward_is_fatal_and_names_the_keys(one_rank: None
         run_loop(tmp_path, actor_config(tiny_model_dir, packing=packing),
                  raising(lambda: torch.OutOfMemoryError(CUDA_TEXT)))
     error = caught.value
-    assert isinstance(error, FatalStepError) and error.exit_code == NO_RETRY_EXIT
+    assert error.exit_code == NO_RETRY_EXIT and not error.retry_reason
     assert isinstance(error.__cause__, torch.OutOfMemoryError)
     message = str(error)
     assert message.startswith("out of GPU memory at step 1, in the actor's forward, on trainer rank 0")
@@ -211,6 +211,43 @@ def test_other_runtime_errors_pass_untouched(one_rank: None, tiny_model_dir: Pat
         run_loop(tmp_path, actor_config(tiny_model_dir), raising(lambda: error))
     assert caught.value is error and not isinstance(caught.value, OutOfMemory)
     assert progress(tmp_path) == "failed: RuntimeError"
+
+
+def test_a_servers_out_of_memory_quoted_by_rlkit_is_not_the_trainers(one_rank: None, tiny_model_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """rlkit's own errors quote the servers' answers: a server out of memory on a weight push is the server's."""
+    error = StepError(f'servers/0: /update_weights answered HTTP 500: {{"error": "{CUDA_TEXT}"}}')
+    with pytest.raises(StepError) as caught:
+        run_loop(tmp_path, actor_config(tiny_model_dir), raising(lambda: error))
+    assert caught.value is error and not isinstance(caught.value, OutOfMemory)
+    assert out_of_memory.memory_kind(StepError("x")) is None
+    assert out_of_memory.memory_kind(RuntimeError(CUDA_TEXT)) == "GPU"  # torch's CUDA runtime errors are plain
+
+
+# torch's CUDA allocator's message (c10/cuda/CUDACachingAllocator.cpp's format), with the figures to fill in
+TORCH_OOM = ("CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of 79.19 GiB of which {free} "
+             "is free.{others} Including non-PyTorch memory, this process has {own} memory in use. Of the allocated "
+             "memory 70.00 GiB is allocated by PyTorch, and {reserved} is reserved by PyTorch but unallocated. If "
+             "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+             "to avoid fragmentation.")
+
+
+@pytest.mark.parametrize(("figures", "retried"), [
+    ({"tried": "2.00 GiB", "free": "0 bytes", "others": "", "own": "79.19 GiB", "reserved": "120.00 MiB"}, ""),
+    ({"tried": "2.00 GiB", "free": "1.06 GiB", "others": " Process 4242 has 30.00 GiB memory in use.",
+      "own": "48.13 GiB", "reserved": "120.00 MiB"}, "other processes held 30.0 GiB of the GPU's 79.2 GiB"),
+    ({"tried": "2.00 GiB", "free": "3.56 MiB", "others": "", "own": "79.18 GiB", "reserved": "9.18 GiB"},
+     "fragmentation"),
+])
+def test_a_restart_is_kept_for_what_a_restart_fixes(figures: dict[str, str], retried: str) -> None:
+    """This rank's own memory: fatal. Another process's memory, or a fragmented allocator: retried, said why."""
+    config = ExperimentConfig(experiment_name="e", trial_name="t", type="grpo", allocation_mode="vllm:d1+fsdp:d2")
+    error = out_of_memory.out_of_memory(torch.OutOfMemoryError(TORCH_OOM.format(**figures)), "GPU", config, 2,
+                                        {"actor": object()})
+    assert (error.exit_code == 1) == bool(retried) and (error.exit_code == NO_RETRY_EXIT) == (not retried)
+    assert retried in error.retry_reason and (f"  retried: {error.retry_reason}" in str(error)) == bool(retried)
+    if retried == "fragmentation":
+        assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in str(error)
 
 
 def test_the_critics_keys_and_the_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
