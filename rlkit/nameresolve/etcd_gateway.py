@@ -4,7 +4,9 @@ httpx's (and httpcore's) timeouts are per phase and per read: an etcd, or whatev
 that trickles a byte every few seconds would hold a call for as long as it trickles, and with it the lease keepalive
 thread's lock, a server's registration or `rlkit status`. So requests go through httpcore with a network backend that
 bounds every connect, TLS handshake, write and read by what is left of the calling thread's deadline: a call past it
-fails naming the address, the path and the limit, and no thread is left running behind it.
+fails naming the address, the path and the limit, and no thread is left running behind it. The one wait it cannot
+bound is the host name's lookup (getaddrinfo, the system resolver's own timeouts): give etcd3_addr as an address
+where the resolver may hang.
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ class Gateway:
         status, text = self._post(path, {"name": self.user, "password": self.password})
         if status != 200:
             raise NameResolveError(f"etcd at {self.url} refused user {self.user!r} ({status}: {text[:1000]}); "
-                                   "check name_resolve.etcd3_user and $ETCDCTL_PASSWORD")
+                                   "check cluster.name_resolve.etcd3_user and $ETCDCTL_PASSWORD")
         token = self._json(path, text).get("token")
         if not isinstance(token, str) or not _TOKEN.fullmatch(token):
             raise NameResolveError(f"etcd at {self.url} answered {path} for user {self.user!r} without a usable "
@@ -196,7 +198,7 @@ class Gateway:
         if status != 200:
             if missing_ok and status == 404:
                 return {}
-            hint = ("; this etcd requires authentication: set name_resolve.etcd3_user and $ETCDCTL_PASSWORD"
+            hint = ("; this etcd requires authentication: set cluster.name_resolve.etcd3_user and $ETCDCTL_PASSWORD"
                     if not self.user and "user name is empty" in text else "")
             raise NameResolveError(f"etcd at {self.url} answered {status} to {path}: {text[:1000]}" + hint)
         data = self._json(path, text)

@@ -77,6 +77,10 @@ class RedactedCopy:
         self._thread.start()
         return self
 
+    def stop_watching(self) -> None:
+        """No more lines for the watcher (it has seen what it needed): the copy goes on at its plain cost."""
+        self._on_line = None
+
     def _write(self, data: bytes) -> None:
         if data and self._sink_ok:
             try:

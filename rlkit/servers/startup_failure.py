@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 QUOTE_LIMIT = 240  # characters of the engine's line quoted in a diagnosis
 _N = r"(\d{1,15})"  # an integer the engine printed (bounded: a hostile line cannot make a huge one)
 _F = r"(\d{1,12}(?:\.\d{1,8})?)"  # a decimal figure (GiB, fractions)
-_SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?([KMGTP]?i?B)"  # torch's memory sizes: "1.96 GiB", "20.00 MiB", "512 bytes"?
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+_SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?(bytes|[KMGTP]?i?B)"  # torch's memory sizes: "1.96 GiB", "20.00 MiB", "0 bytes"
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 OTHERS_SHARE = 0.05  # an OOM is this process's own when other processes hold at most this share of the GPU
 
 
@@ -211,7 +211,8 @@ def _cuda_oom(m: re.Match[str], s: ServedWith) -> tuple[bool, str, str]:
         retryable = others > OTHERS_SHARE * total
         held = (f" (GPU {figures.group(1)}: {figures.group(2)} {figures.group(3)}, this process held "
                 f"{own.group(1)} {own.group(2)}, others {max(others, 0) / 2**30:.2f} GiB)")
-    why = "other processes held GPU memory, so a restart may find it free" if retryable else \
+    why = ("other processes held GPU memory, so a restart may find it free" if held else
+           "who held the memory is unknown (torch printed no figures), so a restart may help") if retryable else \
         "the model does not fit this server's GPUs as configured"
     what = f"CUDA ran out of memory while starting{held}: {why}"
     return retryable, what, (f"more GPUs per server to spread the weights: {s.more_gpus}; or, if it ran out after "
@@ -261,7 +262,7 @@ def diagnose(line: str, served: ServedWith) -> Diagnosis | None:
         if match is None:
             continue
         retryable, what, fix = explain(match, served)
-        verdict = "a restart may fix it, so the step is retried" if retryable else \
+        verdict = "a restart may fix it, so the step may be restarted" if retryable else \
             "a restart cannot fix this, so the step is not retried"
         text = (f"the {served.backend} server could not start: {what}; {verdict}\n  fix: {fix}\n"
                 f"  {served.backend} said: {quote(line[match.start():])}")

@@ -114,7 +114,7 @@ def test_tls_and_user_auth_work_and_survive_token_expiry(secure_etcd: tuple[str,
 def test_missing_or_wrong_credentials_fail_with_a_clear_error(secure_etcd: tuple[str, EtcdTls], what: str) -> None:
     url, tls = secure_etcd
     kwargs: dict[str, object] = {"tls": tls, "user": "root", "password": PASSWORD}
-    expected = {"no user": "user name is empty.*set name_resolve.etcd3_user and .ETCDCTL_PASSWORD",
+    expected = {"no user": "user name is empty.*set cluster.name_resolve.etcd3_user and .ETCDCTL_PASSWORD",
                 "wrong password": "refused user 'root'.*ETCDCTL_PASSWORD",
                 "no CA": "cannot reach etcd", "no client certificate": "cannot reach etcd"}[what]
     if what == "no user":

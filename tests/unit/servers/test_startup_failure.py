@@ -12,7 +12,9 @@ import functools
 import importlib.util
 import io
 import math
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -152,7 +154,7 @@ def test_free_gpu_memory_below_the_budget_is_diagnosed_but_retried() -> None:
         assert found.text.startswith("the vllm server could not start: GPU cuda:0 had 20.0 of 80.0 GiB free at "
                                      "start, less than the ")
         assert "vllm.gpu_memory_utilization=0.85 asks for: another process holds GPU memory" in found.text
-        assert "a restart may fix it, so the step is retried" in found.text
+        assert "a restart may fix it, so the step may be restarted" in found.text
 
 
 def test_the_cpu_backends_memory_refusals() -> None:
@@ -234,7 +236,11 @@ def test_a_cuda_oom_of_this_process_is_final_one_beside_other_processes_is_retri
     assert "other processes held GPU memory, so a restart may find it free" in shared.text
     bare = diagnose("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", SGLANG_SERVED)
     assert bare is not None and bare.retryable  # no figures: who held the memory is unknown
+    assert "who held the memory is unknown" in bare.text and "other processes held" not in bare.text
     assert "lower sglang.mem_fraction_static (now 0.8)" in bare.text
+    full = diagnose(OOM.replace("1.06 GiB is free", "0 bytes is free").format(others="", own="79.18 GiB"),
+                    VLLM_SERVED)  # torch writes a size under 1 KiB in bytes
+    assert full is not None and not full.retryable and "others 0.01 GiB" in full.text
 
 
 @pytest.mark.parametrize("line", [
@@ -337,3 +343,21 @@ os.write(1, b"last without newline")
                                   on_line=broken)
     assert proc.wait(timeout=20) == 0 and output.join(20)
     assert sink.getvalue() == "a\nb\n"  # a broken watcher never stops the copy
+
+
+def test_a_watcher_that_is_done_sees_no_more_lines() -> None:
+    """Once the server is healthy the step stops the watching: later lines are copied, not read."""
+    script = "import sys, time\nprint('one', flush=True)\nsys.stdin.readline()\nprint('two', flush=True)"
+    seen: list[str] = []
+    sink = io.StringIO()
+    proc, output = popen_redacted([sys.executable, "-c", script], ["token-0123456789"], sink=sink,
+                                  on_line=seen.append, stdin=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    output.stop_watching()
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=20) == 0 and output.join(20)
+    assert seen == ["one"] and sink.getvalue() == "one\ntwo\n"
