@@ -6,7 +6,7 @@ import asyncio
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,10 +73,12 @@ def get_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 16,
         return pool.submit(asyncio.run, ask_all()).result()
 
 
-def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None) -> None:
+def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None,
+                 gave_up: Callable[[], str | None] | None = None) -> None:
     """Poll `GET {url}/health` until it answers 200; raise `ServerNotHealthy` after `timeout` seconds.
 
-    If `process` is given and exits meanwhile, raise at once with its exit code instead of waiting out the timeout.
+    If `process` is given and exits meanwhile, raise at once with its exit code instead of waiting out the timeout;
+    likewise when `gave_up` returns a reason (the engine said it cannot start, but its process lives on).
     Proxy variables are ignored: the servers are on the cluster's own network.
     """
     base = url.rstrip("/")
@@ -89,6 +91,8 @@ def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | N
                 f"the server process for {base} (pid {process.pid}) exited with code {code} "
                 f"before {health} answered 200"
             )
+        if gave_up is not None and (reason := gave_up()) is not None:
+            raise ServerNotHealthy(f"{health} did not answer 200, and will not: {reason}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ServerNotHealthy(f"{health} did not answer 200 within {timeout:g} s (last: {last})")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ _N = r"(\d{1,15})"  # an integer the engine printed (bounded: a hostile line can
 _F = r"(\d{1,12}(?:\.\d{1,8})?)"  # a decimal figure (GiB, fractions)
 _SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?(bytes|[KMGTP]?i?B)"  # torch's memory sizes: "1.96 GiB", "20.00 MiB", "0 bytes"
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+HOPELESS_GRACE = 30.0  # seconds an engine that said it cannot start is given to exit before the step gives up on it
 OTHERS_SHARE = 0.05  # an OOM is this process's own when other processes hold at most this share of the GPU
 
 
@@ -279,6 +281,7 @@ class StartupWatch:
         self._lock = threading.Lock()
         self._stopped = False
         self.fatal: Diagnosis | None = None
+        self._fatal_at: float | None = None  # when the fatal diagnosis was seen (time.monotonic)
         self.retryable: Diagnosis | None = None
 
     def see(self, line: str) -> None:
@@ -289,13 +292,22 @@ class StartupWatch:
             return
         with self._lock:
             if not found.retryable:
-                self.fatal = found
+                self.fatal, self._fatal_at = found, time.monotonic()
             elif self.retryable is None:
                 self.retryable = found
 
     def stop(self) -> None:
         """The server is healthy: its later lines are no start-up failure."""
         self._stopped = True
+
+    def hopeless(self, grace: float = HOPELESS_GRACE) -> str | None:
+        """A reason to stop waiting for health: a deterministic diagnosis seen `grace` seconds ago while the engine's
+        process lives on (vLLM's API server may outlive its failed engine core); else None."""
+        with self._lock:
+            seen = self._fatal_at
+        if seen is None or time.monotonic() - seen < grace:
+            return None
+        return f"the engine said it cannot start {grace:g} s ago"
 
     def judge(self, failure: BaseException) -> None:
         """After the server failed to start (`failure`) and its last lines were read: raise FatalStepError with a

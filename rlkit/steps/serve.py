@@ -150,7 +150,8 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     nr = name_resolve_for(config)
     try:
         started = time.monotonic()
-        wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc)
+        wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc,
+                     gave_up=watch.hopeless)
         watch.stop()
         output.stop_watching()  # the engine's later lines need no reading (a busy server logs a lot)
         prove_guard(f"http://127.0.0.1:{port}", backend, token)  # before anyone can find it in name resolve

@@ -361,3 +361,25 @@ def test_a_watcher_that_is_done_sees_no_more_lines() -> None:
     proc.stdin.close()
     assert proc.wait(timeout=20) == 0 and output.join(20)
     assert seen == ["one"] and sink.getvalue() == "one\ntwo\n"
+
+
+def test_an_engine_that_said_it_cannot_start_is_not_waited_on_till_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's API server may outlive its failed engine core: once a deterministic diagnosis is `grace` seconds old,
+    the health wait ends (the serve step then judges it) instead of running to launcher.server_startup_timeout."""
+    from rlkit.servers import startup_failure
+    from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
+
+    watch = StartupWatch(VLLM_SERVED)
+    assert watch.hopeless(grace=0) is None
+    watch.see("(EngineCore pid=1) ValueError: No available memory for the cache blocks. Try increasing "
+              "`gpu_memory_utilization` when initializing the engine.")
+    assert watch.fatal is not None and watch.hopeless(grace=60) is None
+    clock = [startup_failure.time.monotonic()]
+    monkeypatch.setattr(startup_failure.time, "monotonic", lambda: clock[0])
+    clock[0] += 61
+    assert watch.hopeless(grace=60) == "the engine said it cannot start 60 s ago"
+    monkeypatch.undo()
+    started = time.monotonic()
+    with pytest.raises(ServerNotHealthy, match="will not: the engine said it cannot start 0 s ago"):
+        wait_healthy(f"http://127.0.0.1:{find_free_port('127.0.0.1')}", 60, gave_up=lambda: watch.hopeless(grace=0))
+    assert time.monotonic() - started < 10
