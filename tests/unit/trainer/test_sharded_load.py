@@ -1,8 +1,9 @@
 """The trainer's sharded build (rlkit.trainer.sharded_load: a meta skeleton on every rank, rank 0's full CPU model
 broadcast into the shards) against today's (every rank builds the whole model, then FSDP2 shards it), on 1 and 2
 real gloo ranks: every parameter (gathered) and every buffer equal BITWISE, for the plain causal LM, init_from_scratch,
-LoRA (adapter included), the value model, a tied-embedding model (still one parameter) and the frozen reference; and
-one optimizer step's loss, and the loss after it, equal today's."""
+LoRA (adapter included), the value model, a tied-embedding model (still one parameter) and the frozen reference, with
+the same requires_grad and training flags and the same model config; and one optimizer step's loss, and the loss after
+it, equal today's."""
 
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ for case in sys.argv[3].split(","):
               "same_count": len(list(new.parameters())) == len(list(old.parameters())),
               "grad": [n for n, p in new.named_parameters() if p.requires_grad] ==
                       [n for n, p in old.named_parameters() if p.requires_grad],
-              "training": [m.training for m in new.modules()] == [m.training for m in old.modules()]}
+              "training": [m.training for m in new.modules()] == [m.training for m in old.modules()],
+              "config": new.config.to_dict() == old.config.to_dict()  # what rw saves beside the weights
+                        and getattr(new, "peft_config", None) == getattr(old, "peft_config", None)}
     if new_engine is not None:
         losses = []
         for engine in (new_engine, old_engine):
@@ -118,7 +121,7 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             assert any(b.endswith("rotary_emb.inv_freq") for b in got["buffers"]), f"{where}: buffers {got['buffers']}"
             assert got["param_diff"] == [], f"{where}: parameters differ from today's build: {got['param_diff']}"
             assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
-            assert got["same_count"] and got["grad"] and got["training"], f"{where}: {got}"
+            assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
             assert (got["adapter"] > 0) == (case == "lora"), f"{where}: {got['adapter']} adapter parameters"
             assert got["tied"] == (case == "tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
             if case != "reference":
