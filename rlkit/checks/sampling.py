@@ -129,11 +129,11 @@ def validate_eval_greedy(config: ExperimentConfig, problems: Problems) -> None:
 
 def validate_stop(config: ExperimentConfig, problems: Problems) -> None:
     """gconfig.stop and eval_gconfig.stop hold non-empty strings: vLLM refuses every request whose stop list holds
-    an empty one ("stop cannot contain an empty string"), and one matches anywhere. A list or mapping as an item is
-    refused when the config is read (rlkit.config.load)."""
+    an empty one ("stop cannot contain an empty string"), and one matches anywhere. A list, a mapping, a number or a
+    boolean as an item is refused when the config is read (rlkit.config.load), so every item here is a string."""
     for name, stops in (("gconfig.stop", config.gconfig.stop), ("eval_gconfig.stop", config.eval_gconfig.stop)):
         for i, stop in enumerate(stops or []):
-            if not isinstance(stop, str) or not stop:
+            if not stop:
                 problems.add(f"{name}[{i}] is {stop!r}: a stop string must be a non-empty string",
                              hint=f"remove it from {name}, or write the text that ends a completion, e.g. "
                                   f"{name}=[\"</answer>\"]")

@@ -23,7 +23,8 @@ def _say(text: str) -> None:
 def build(role: str = typer.Argument(..., help="trainer, vllm or sglang (containers/ROLE.def)."),
           out: Path = typer.Option(None, "--out", help="Image to write (default: ./rlkit-ROLE.sif)."),
           force: bool = typer.Option(False, "--force", help="Replace an existing image at --out."),
-          repo: Path = typer.Option(None, "--repo", help="The rlkit checkout (default: the one rlkit runs from)."),
+          repo: str = typer.Option(None, "--repo", metavar="<path>",  # text: typer makes '' the Path '.'
+                                   help="The rlkit checkout (default: the one rlkit runs from)."),
           on_cluster: bool = typer.Option(False, "--on-cluster", help="Build in a Slurm job on a compute node "
                                           "(login nodes often forbid heavy builds); --out must be on a shared "
                                           "filesystem."),

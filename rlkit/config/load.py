@@ -33,11 +33,12 @@ from rlkit.config.areal.accept import (
 from rlkit.config.areal.layout import apply_layout
 from rlkit.config.areal.older_norm import SWITCHES_BECOME_SECTIONS, translate_older_norm
 from rlkit.config.areal.rules import DERIVED
+from rlkit.config.container_values import check_container
 from rlkit.config.job_facts import JobTypeLookup
 from rlkit.config.problems import Problems, interpolation_fix
 from rlkit.config.schema.auxiliary import check_entries
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.schema.walk import container_kind, schema_paths, section_type
+from rlkit.config.schema.walk import schema_paths, section_type
 from rlkit.config.yaml_text import MAX_DEPTH, load_yaml, nesting
 from rlkit.errors import ConfigError
 
@@ -142,31 +143,6 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"cannot parse overrides {overrides}: {str(exc).splitlines()[0]}") from None
 
 
-_EXAMPLE = {"mapping": "{key: value}", "list": "[a, b]"}
-
-
-def _check_container(data: dict[str, Any], cls: type, name: str, prefix: str, origin: str,
-                     problems: Problems) -> None:
-    """A field typed as a mapping given a list, or as a list given a mapping, or a list of strings holding a list or
-    a mapping: reported and dropped (OmegaConf's merge raised a bare TypeError for the first two, naming no field,
-    and let the third through to the checks)."""
-    kind, value = container_kind(cls, name), data[name]
-    given = "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else None
-    if kind == given == "list":  # of strings (a list of sections is no "list"): OmegaConf let [[1]] or [{a: 1}] in
-        inner = next(((i, v) for i, v in enumerate(value) if isinstance(v, (dict, list))), None)
-        if inner is not None:
-            problems.add(f"wrong type for '{prefix}{name}[{inner[0]}]' ({origin}): a string is expected, not a "
-                         f"{'mapping' if isinstance(inner[1], dict) else 'list'} ({inner[1]!r})",
-                         hint=f"give {prefix}{name} as a list of strings, e.g. {prefix}{name}=[a, b]")
-            del data[name]
-        return
-    if kind is None or given is None or kind == given:
-        return
-    problems.add(f"wrong type for '{prefix}{name}' ({origin}): a {kind} is expected, not a {given}",
-                 hint=f"write it as {prefix}{name}={_EXAMPLE[kind]}")
-    del data[name]
-
-
 _WHOLE_REFERENCE = re.compile(r"\$\{[A-Za-z_][\w.]*\}")
 
 
@@ -179,7 +155,7 @@ def _check_sections(data: Any, cls: type, prefix: str, origin: str, problems: Pr
     for f in dataclasses.fields(cls):
         section = section_type(cls, f.name)
         if section is None and f.name in data:
-            _check_container(data, cls, f.name, prefix, origin, problems)
+            check_container(data, cls, f.name, prefix, origin, problems)
         if section is None or f.name not in data:
             continue
         value = data[f.name]

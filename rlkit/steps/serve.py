@@ -6,7 +6,9 @@ only once the server is healthy AND has refused a request without the token (rlk
 that answers one is stopped and the step exits with NO_RETRY_EXIT, which the batch script does not retry. Refused
 extra_args stop the step before anything starts. The entry is kept alive with a heartbeat while the server runs,
 removed on exit; SIGTERM/SIGINT go to the server. The server's stdout+stderr reach the step's output (the trial's
-server log) only through rlkit.servers.log_redact, with the token blanked: engines print their arguments.
+server log) only through rlkit.servers.log_redact, with the token blanked: engines print their arguments. Until the
+server is healthy its lines are also read for a known reason not to start (rlkit.servers.startup_failure): one that
+no restart can fix (the KV cache does not fit) ends the step with NO_RETRY_EXIT and the reason in rlkit's keys.
 
 With `auxiliary`, the step serves one of `auxiliary_models` instead of the policy: the same guard, health check and
 heartbeat, its own model and size, registered as `auxiliary/<name>/<index>`, where rollouts and weight updates never
@@ -37,9 +39,10 @@ from rlkit.nameresolve.servers import server_step_name
 from rlkit.servers.backend import ServerBackend, ServerLaunch, backend_for, server_model
 from rlkit.servers.engine_env import engine_env, engine_python, missing_python
 from rlkit.servers.guard_check import prove_guard
-from rlkit.servers.health import find_free_port, wait_healthy
+from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.log_redact import popen_redacted
 from rlkit.servers.scratch import EngineScratch
+from rlkit.servers.startup_failure import StartupWatch, served_with
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_token
@@ -129,7 +132,8 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
           flush=True)
     # the server's output reaches our log only through the copy, the token blanked (engines print their arguments)
     try:
-        proc, output = popen_redacted(argv, [token], env=env, preexec_fn=_die_with_parent)
+        watch = StartupWatch(served_with(config, backend.name, tp, auxiliary))
+        proc, output = popen_redacted(argv, [token], env=env, on_line=watch.see, preexec_fn=_die_with_parent)
     except BaseException:
         scratch.remove()
         raise
@@ -147,6 +151,7 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     try:
         started = time.monotonic()
         wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc)
+        watch.stop()
         prove_guard(f"http://127.0.0.1:{port}", backend, token)  # before anyone can find it in name resolve
         entry = {
             "index": index, "address": f"{advertised_host()}:{port}", "backend": backend.name,
@@ -159,11 +164,15 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
         print(f"rlkit serve: {what} healthy and guarded after {time.monotonic() - started:.1f} s; registered "
               f"{key}; its temporary files in {scratch.path} ({scratch.entries()} entries)", flush=True)
         rc = proc.wait()
-    except BaseException:
+    except BaseException as exc:
         if stopping:
             rc = 0
         else:
             proc.terminate()
+            if isinstance(exc, ServerNotHealthy):
+                _reap(proc)
+                output.join(LAST_OUTPUT_TIMEOUT)  # the engine's last lines hold its reason
+                watch.judge(exc)  # FatalStepError when no restart can fix it
             raise
     finally:
         nr.close()

@@ -23,13 +23,14 @@ from rlkit.models import ulysses
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
 from rlkit.models.source import build_causal_lm
+from rlkit.trainer import out_of_memory
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum, data_rank_world, init_sequence_parallel
 from rlkit.trainer.head_logprobs import model_token_logprobs
 from rlkit.trainer.sharded_load import build_sharded
+from rlkit.trainer.skipped_steps import SkippedSteps
 from rlkit.trials.recover_layout import FileDigest
 
-MAX_SKIPPED_IN_A_ROW = 5  # optimizer steps skipped for a NaN/inf gradient norm, in a row, before the trainer stops
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
 ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # unsharded, on the device (meta: the skeleton)
 LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
@@ -134,6 +135,7 @@ class TrainEngine:
         self.model = build_sharded(lambda where: model_factory(config, where), device,  # no rank holds it whole
                                    param_dtype=param_dtype_of(config))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
+        out_of_memory.watch(self.model, self)  # what ran, for the message of an out-of-memory (rlkit.trainer.loop)
         layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)
         if layout is not None:
             ulysses.enable(self.model)  # its packed rows split over the sp group (rlkit.models.ulysses)
@@ -143,7 +145,7 @@ class TrainEngine:
         self.optimizer = self._make_optimizer(config.optimizer)
         self.total_optimizer_steps = max(1, total_optimizer_steps)
         self.optimizer_steps = 0
-        self.skipped_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm since the last one taken
+        self.skipped = SkippedSteps()  # optimizer steps skipped for a non-finite gradient norm
 
     @property
     def data_rank_world(self) -> tuple[int, int]:
@@ -175,8 +177,11 @@ class TrainEngine:
         for mb in micro_batches:
             loss, units = loss_fn(self.model, mb)
             scale = units * self.world / max(1.0, global_units)
+            out_of_memory.now(self, out_of_memory.BACKWARD)
             (loss * scale).backward()
+        out_of_memory.now(self, out_of_memory.OPTIMIZER)
         grad_norm = self._clip_and_step()
+        out_of_memory.done()
         return {"grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
@@ -195,17 +200,9 @@ class TrainEngine:
             norm = norm.full_tensor()
         if not math.isfinite(float(norm)):  # every rank holds the same all-reduced norm, so all of them skip
             self.optimizer.zero_grad(set_to_none=True)  # clipping by a NaN norm made every gradient NaN
-            self.skipped_in_a_row += 1
-            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:  # a run that trains nothing must not run on unseen
-                raise StepError(f"the gradient norm was NaN or infinite at {self.skipped_in_a_row} optimizer steps "
-                                "in a row (each skipped): the loss is broken, look for NaN rewards, advantages or "
-                                "log-probs in the trainer's log")
-            if self.rank == 0:
-                print(f"rlkit train: WARNING: the gradient norm is {float(norm)}: this optimizer step is skipped, "
-                      "the weights and optimizer state stay as they were (a NaN or infinite loss); "
-                      f"{MAX_SKIPPED_IN_A_ROW} in a row stop the trainer", flush=True)
+            self.skipped.skip(float(norm), announce=self.rank == 0)  # counted (a metric); 5 in a row: StepError
             return float(norm)
-        self.skipped_in_a_row = 0
+        self.skipped.taken()
         factor = lr_multiplier(self.optimizer_steps, self.total_optimizer_steps,
                                warmup_proportion=cfg.warmup_steps_proportion, schedule=cfg.lr_scheduler_type,
                                min_lr_ratio=cfg.min_lr_ratio)

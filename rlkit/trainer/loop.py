@@ -35,12 +35,14 @@ from rlkit.step_contract import (
     STATUS_REQUEUE,
     STATUS_STOPPED,
 )
-from rlkit.trainer import recover
+from rlkit.trainer import out_of_memory, recover
 from rlkit.trainer.dist import DistEnv, broadcast_object, dist_env_from, init_distributed
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop_rank0 import LoopRank0
+from rlkit.trainer.out_of_memory import OutOfMemory
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trainer.rank_watch import RankWatch
+from rlkit.trainer.skipped_steps import skipped_metrics
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import write_atomic
 
@@ -189,7 +191,8 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
     watch = _rank_watch(config, env)
     watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
     try:
-        algorithm = build(LoopContext(config, paths, env, device))
+        with out_of_memory.named(config, None, dict):  # the models are loaded: OutOfMemory
+            algorithm = build(LoopContext(config, paths, env, device))
         resumed = _load_resume_point(config, paths, algorithm, announce=env.rank == 0)
     except BaseException:
         watch.stop()
@@ -275,11 +278,13 @@ class Loop:
                 if self.watch is not None:  # a silent rank is named in progress.json, for `rlkit status`
                     self.watch.on_silent = lambda message: books.progress(self.done, f"failed: {message}",
                                                                           self._fields())
-            algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
+            with out_of_memory.named(self.config, self.first_step, lambda: algorithm.engines):  # its first push
+                algorithm.start(self.resumed.algorithm if self.resumed is not None else None)
             if self.books is not None and self.resumed is not None:  # the epochs before the resume were saved then
                 self.books.resumed_in_epoch(algorithm.epoch(self.resumed.step))
             for step in range(self.first_step, self.steps + 1):
-                exit_code = self._one_step(step, stop)
+                with out_of_memory.named(self.config, step, lambda: algorithm.engines):  # OutOfMemory
+                    exit_code = self._one_step(step, stop)
                 if exit_code is not None:
                     if self.watch is not None:
                         self.watch.finish()
@@ -296,10 +301,12 @@ class Loop:
                     self.books.logger.close()
                     algorithm.finish()
         except BaseException as exc:
+            out_of_memory.done()  # the record of what ran holds a micro-batch's inputs
             if self.watch is not None:
                 self.watch.stop()
             if self.books is not None:
-                self.books.progress(self.done, f"failed: {disk_full(exc) or type(exc).__name__}", self._fields())
+                why = disk_full(exc) or (exc.status if isinstance(exc, OutOfMemory) else type(exc).__name__)
+                self.books.progress(self.done, f"failed: {why}", self._fields())
                 self.books.logger.close()
                 algorithm.abort(exc)
             raise
@@ -315,12 +322,13 @@ class Loop:
             result = self.algorithm.step(step)
         except StepNotStarted as exc:
             raise StepFailed(str(exc), self._save_before_failing(step - 1)) from None
+        skipped = skipped_metrics(self.algorithm.engines)  # every rank: each rank's counts start again
         books = self.books
         saves = broadcast_object(books.saves_due(step, self.algorithm.epoch(step)) if books is not None else None)
         assert isinstance(saves, list)
         state = self.algorithm.engines[EXPORTED].full_state_dict() if saves else None  # collective
         if books is not None:
-            metrics = {**result.metrics, "timing/step": time.monotonic() - t0}
+            metrics = {**result.metrics, **skipped, "timing/step": time.monotonic() - t0}
             books.logger.log(step, metrics)
             for name in saves:
                 assert state is not None

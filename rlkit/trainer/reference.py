@@ -16,6 +16,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.models.dtypes import DTYPES
 from rlkit.models.packing import set_packing
+from rlkit.trainer import out_of_memory
 from rlkit.trainer.engine import load_causal_lm
 from rlkit.trainer.sharded_load import build_sharded
 
@@ -28,8 +29,10 @@ def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:
         return load_causal_lm(load.path, dtype=torch.float32, attn_impl=load.attn_impl, meta=where.type == "meta")
 
     dtype = DTYPES[load.dtype]
-    return build_sharded(build, device, param_dtype=None if dtype == torch.float32 else dtype,
-                         prepare=lambda ref: ref.requires_grad_(False).eval())
+    model = build_sharded(build, device, param_dtype=None if dtype == torch.float32 else dtype,
+                          prepare=lambda ref: ref.requires_grad_(False).eval())
+    out_of_memory.watch(model, out_of_memory.REFERENCE)  # what ran, for the message of an out-of-memory
+    return model
 
 
 def reference_model(config: ExperimentConfig, device: torch.device) -> nn.Module | None:

@@ -20,6 +20,7 @@ PROVIDED_BY = {
     "verifiers": "verifiers",
     # apply_chat_template's errors (rlkit.agent.openai_endpoint): torch requires jinja2, transformers renders with it
     "jinja2": "torch",
+    "httpcore": "httpx",  # httpx's transport (httpcore 1.*): the etcd gateway's deadline backend (rlkit.nameresolve)
     "pyarrow": "datasets",  # a Parquet footer and schema read at submit where installed (rlkit.data.dataset_head)
 }
 # declared distributions rlkit uses without importing them by their own name: (file, the text showing the use)

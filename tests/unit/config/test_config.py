@@ -50,6 +50,13 @@ def test_resolved_yaml_round_trips(generate_yaml: Path, tmp_path: Path) -> None:
         ("eval_gconfig.stop=[a,{x: 1}]", "wrong type for 'eval_gconfig.stop[1]' (in a command-line override): a "
                                          "string is expected, not a mapping ({'x': 1})", "eval_gconfig.stop=[a, b]"),
         ("rollout.agent.tools=[{a: 1}]", "wrong type for 'rollout.agent.tools[0]'", "a list of strings"),
+        # OmegaConf would make them "1", "true", "0.5": a stop at the first "1" of every answer
+        ("gconfig.stop=[1]", "wrong type for 'gconfig.stop[0]' (in a command-line override): a stop string is text, "
+                             "not the int 1", "quote it if the text is meant, e.g. gconfig.stop=['1']"),
+        ("gconfig.stop=[a, true]", "'gconfig.stop[1]' (in a command-line override): a stop string is text, not the "
+                                   "bool True", "e.g. gconfig.stop=['true']"),
+        ("eval_gconfig.stop=[0.5]", "'eval_gconfig.stop[0]' (in a command-line override): a stop string is text, "
+                                    "not the float 0.5", "eval_gconfig.stop=['0.5']"),
     ],
 )
 def test_bad_overrides_name_the_field(generate_yaml: Path, override: str, message: str, hint: str | None) -> None:
@@ -65,6 +72,13 @@ def test_a_list_in_a_list_of_strings_is_refused_in_the_file_too(tmp_path: Path) 
     path.write_text("experiment_name: e\ntrial_name: t\nallocation_mode: vllm:d1\ngconfig:\n  stop: [x, [1]]\n")
     with pytest.raises(ConfigError, match=rf"wrong type for 'gconfig.stop\[1\]' \(in {path}\): a string is expected"):
         load_config(path)
+
+
+def test_quoted_numbers_stay_stop_strings_and_a_program_argv_keeps_its_numbers(generate_yaml: Path) -> None:
+    """Only stop lists refuse a number: quoted it is text, and elsewhere the conversion is what was meant."""
+    config = load_config(generate_yaml, ["gconfig.stop=['1', '</answer>']", "rollout.agent.openai.command=[p.py, 4]"])
+    assert config.gconfig.stop == ["1", "</answer>"]
+    assert config.rollout.agent.openai.command == ["p.py", "4"]
 
 
 def test_missing_required_field(tmp_path: Path) -> None:

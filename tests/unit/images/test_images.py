@@ -119,6 +119,16 @@ def test_build_without_apptainer_exits_2_with_the_fix(tmp_path: Path) -> None:
     assert result.returncode == 2 and "must be at least 1" in result.stderr
 
 
+def test_an_empty_repo_is_refused_by_name_not_taken_as_the_current_directory(tmp_path: Path) -> None:
+    # from inside a checkout, `--repo ''` (as a Path: '.') went on to build from wherever the shell stood
+    result = run_rlkit("image", "build", "trainer", "--repo", "", "--out", str(tmp_path / "t.sif"))
+    assert result.returncode == 2 and "--repo is empty" in result.stderr, result
+    assert "not an rlkit checkout" not in result.stderr and "apptainer is not installed" not in result.stderr
+    assert not (tmp_path / "t.sif").exists()
+    with pytest.raises(UserError, match="--repo is empty"):
+        plan_build("vllm", tmp_path / "v.sif", "", force=False)
+
+
 def test_the_build_jobs_body_names_the_node_without_apptainer(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"apptainer is not installed on node .*--partition"):
         run_build(["apptainer", "build", str(tmp_path / "t.sif"), "containers/trainer.def"], str(REPO))

@@ -1,5 +1,6 @@
 """Each engine's temporary directory of its own (rlkit.servers.scratch): vLLM's and SGLang's sockets and rendezvous
-files go there instead of the node's /tmp and go with it; torch's compile cache stays where torch puts it. That the
+files go there instead of the node's /tmp and go with it; torch's compile cache and precompiled headers stay where
+torch puts them, when that directory is the user's own. That the
 real engines write there is checked in the trials' server logs (tests/integration/test_generate_e2e.py: vLLM,
 test_auxiliary_e2e.py: SGLang)."""
 
@@ -33,11 +34,41 @@ def test_a_private_directory_that_the_engines_temporary_files_follow(tmp_path: P
     engine_tmp = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"], env=env,
                                 capture_output=True, text=True, check=True).stdout.strip()
     assert engine_tmp == str(scratch.path), "the engine's tempfile calls land in the scratch directory"
+    header_dir = subprocess.run([sys.executable, "-c", "from torch._inductor.codecache import _HEADER_DIR; "
+                                 "import os; print(os.path.realpath(_HEADER_DIR))"], env=env, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    assert header_dir == str(Path(torch_default).resolve() / "precompiled_headers"), \
+        "torch's precompiled headers go to its shared directory, built once, not at every start"
+    (Path(torch_default) / "precompiled_headers").mkdir()
+    (Path(torch_default) / "precompiled_headers" / "x.h.gch").touch()
     (scratch.path / "ipc-socket").touch()
     (scratch.path / "sub").mkdir()
     (scratch.path / "sub" / "vllm_dist_x").touch()
     assert scratch.entries() == 3
     assert scratch.remove() == 3 and not scratch.path.exists()
+    assert (Path(torch_default) / "precompiled_headers" / "x.h.gch").exists(), "the link goes, not what it names"
+
+
+@pytest.mark.parametrize("made_by_another", ["world-writable", "a link"])
+def test_a_shared_directory_someone_else_could_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 made_by_another: str) -> None:
+    """In a shared /tmp another user may have made torchinductor_<user> first: compiled code loaded from there
+    would be theirs, so the engine keeps its cache in its own scratch directory instead."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE, raising=False)
+    shared = Path(default_cache_dir())
+    if made_by_another == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        shared.symlink_to(tmp_path / "elsewhere")
+    else:
+        shared.mkdir()
+        shared.chmod(0o777)
+    scratch = EngineScratch.create("serve-1-servers/0")
+    assert scratch.env == {"TMPDIR": str(scratch.path)}, "no cache directory pinned in a place others may write"
+    assert list(scratch.path.iterdir()) == [], "no link to it either"
+    scratch.remove()
 
 
 def test_a_users_own_settings_win(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from rlkit.errors import StepError
 from rlkit.trainer.batch import local_indices
-from rlkit.trainer.engine import MAX_SKIPPED_IN_A_ROW, TrainEngine, attention_implementation, lr_multiplier
+from rlkit.trainer.engine import TrainEngine, attention_implementation, lr_multiplier
+from rlkit.trainer.skipped_steps import MAX_SKIPPED_IN_A_ROW, SkippedSteps
 
 
 def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:
@@ -134,7 +135,7 @@ def test_a_step_whose_gradient_norm_is_not_finite_leaves_weights_and_optimizer_u
     import torch
 
     engine = TrainEngine.__new__(TrainEngine)
-    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps, engine.skipped_in_a_row = 0, 3, 10, 0
+    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps, engine.skipped = 0, 3, 10, SkippedSteps()
     engine.config = SimpleNamespace(optimizer=SimpleNamespace(
         gradient_clipping=1.0, warmup_steps_proportion=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, lr=0.1))
     engine.model = torch.nn.Linear(2, 1)
