@@ -2,7 +2,7 @@
 last token) and the PPO critic (a value per token).
 
 Both are transformers' `AutoModelForTokenClassification` with one label: the backbone at `model.model` (decoder
-layers at `model.model.layers`, so rlkit.trainer.engine.shard_model shards it like the policy) and a linear `score`
+layers at `model.model.layers`, so sharded_load.shard_model shards it like the policy) and a linear `score`
 head giving one number per token. AutoModelForSequenceClassification also exists for these models, but it finds
 the last token by looking for the first pad token, which is wrong for models whose end-of-sequence token is also
 their pad token (Qwen2.5 base models); reading the per-token scores at a position the batch knows avoids that.
@@ -30,24 +30,30 @@ HEAD_SEED = 0
 
 
 def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, attn_impl: str = "sdpa",
-                     head_seed: int = HEAD_SEED, disable_dropout: bool = False, from_scratch: bool = False
-                     ) -> nn.Module:
+                     head_seed: int = HEAD_SEED, disable_dropout: bool = False, from_scratch: bool = False,
+                     meta: bool = False) -> nn.Module:
     """A one-label token-classification model from `path` (a causal LM or a saved value model), no dropout on the
     head (values and scores must not depend on the training mode); with `disable_dropout` none anywhere, with
-    `from_scratch` the architecture of `path` with random weights (rlkit.models.source)."""
+    `from_scratch` the architecture of `path` with random weights, with `meta` its skeleton on the meta device
+    (rlkit.models.source)."""
     from transformers import AutoModelForTokenClassification
 
     config = model_config(str(path), disable_dropout=disable_dropout)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    if from_scratch:
+    if meta:
+        with torch.device("meta"):
+            model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_impl)
+        missing = False  # no values to draw: the head's come from the full model (rlkit.trainer.sharded_load)
+    elif from_scratch:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SCRATCH_SEED)
             model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_impl)
         missing = True
-    else:
-        model, info = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=dtype, attn_implementation=attn_impl, output_loading_info=True)
+    else:  # transformers draws the missing head from the process's RNG (then replaced): leave the RNG as it was,
+        with torch.random.fork_rng(devices=[]):  # as on the ranks that build the meta skeleton only
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, attn_implementation=attn_impl, output_loading_info=True)
         missing = any(key.startswith("score.") for key in info["missing_keys"])
     if missing:
         init_head(model, head_seed)

@@ -27,11 +27,12 @@ from rlkit.trainer import out_of_memory
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import all_reduce_sum, data_rank_world, init_sequence_parallel
 from rlkit.trainer.head_logprobs import model_token_logprobs
+from rlkit.trainer.sharded_load import build_sharded
 from rlkit.trainer.skipped_steps import SkippedSteps
 from rlkit.trials.recover_layout import FileDigest
 
 T = TypeVar("T")  # an algorithm's micro-batch (packed tensors, or indices it packs itself)
-ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # an unsharded model on the device
+ModelFactory = Callable[[ActorConfig, torch.device], nn.Module]  # unsharded, on the device (meta: the skeleton)
 LossFn = Callable[[nn.Module, T], tuple[Tensor, int]]  # (loss averaged over its units, units that count)
 
 
@@ -59,21 +60,21 @@ def lr_multiplier(step: int, total: int, *, warmup_proportion: float, schedule: 
 
 
 def load_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
-                   from_scratch: bool = False) -> nn.Module:
-    """The causal LM at `path` (rlkit.models.source: dropout off, or random weights, as asked)."""
+                   from_scratch: bool = False, meta: bool = False) -> nn.Module:
+    """The causal LM at `path` (rlkit.models.source: dropout off, random weights, or the meta skeleton, as asked)."""
     return build_causal_lm(path, dtype=dtype, attn_impl=attention_implementation(attn_impl),
-                           disable_dropout=disable_dropout, from_scratch=from_scratch)
+                           disable_dropout=disable_dropout, from_scratch=from_scratch, meta=meta)
 
 
-def _actor_lm(config: ActorConfig) -> nn.Module:
-    return load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl,
+def _actor_lm(config: ActorConfig, device: torch.device) -> nn.Module:
+    return load_causal_lm(config.path, dtype=torch.float32, attn_impl=config.attn_impl, meta=device.type == "meta",
                           disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
 
 
 def causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     """The default model factory: the causal LM at config.path with float32 master weights (bf16/fp16 is the compute
     dtype through FSDP's mixed-precision policy), gradient checkpointing as configured."""
-    return _ready(_actor_lm(config), config, device)
+    return _ready(_actor_lm(config, device), config, device)
 
 
 def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
@@ -82,7 +83,7 @@ def lora_causal_lm(config: ActorConfig, device: torch.device) -> nn.Module:
     holds the same initial adapter."""
     from rlkit.trainer.lora import wrap_lora
 
-    return _ready(wrap_lora(_actor_lm(config), config), config, device)
+    return _ready(wrap_lora(_actor_lm(config, device), config), config, device)
 
 
 def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
@@ -91,7 +92,8 @@ def value_head_model(config: ActorConfig, device: torch.device) -> nn.Module:
     from rlkit.models.value_model import load_value_model
 
     model = load_value_model(config.path, dtype=torch.float32, attn_impl=attention_implementation(config.attn_impl),
-                             disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch)
+                             disable_dropout=config.disable_dropout, from_scratch=config.init_from_scratch,
+                             meta=device.type == "meta")
     return _ready(model, config, device)
 
 
@@ -115,20 +117,6 @@ def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
     return None if dtype == torch.float32 else dtype
 
 
-def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Module:
-    """fully_shard every decoder layer (found through a peft wrapper too), then the whole model (FSDP2)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from rlkit.trainer.lora import decoder_layers
-
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    kwargs: dict[str, Any] = {"mp_policy": mp} if mp is not None else {}
-    for layer in decoder_layers(model):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
-
-
 def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
                    chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[Tensor, Tensor | None]:
     """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies (no
@@ -144,7 +132,8 @@ class TrainEngine:
                  total_optimizer_steps: int, model_factory: ModelFactory = causal_lm) -> None:
         self.config = config
         self.rank, self.world, self.device = rank, world, device
-        self.model = shard_model(model_factory(config, device), param_dtype=param_dtype_of(config))
+        self.model = build_sharded(lambda where: model_factory(config, where), device,  # no rank holds it whole
+                                   param_dtype=param_dtype_of(config))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
         out_of_memory.watch(self.model, self)  # what ran, for the message of an out-of-memory (rlkit.trainer.loop)
         layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)

@@ -21,7 +21,7 @@ def model(tiny_model_dir: Path) -> nn.Module:
 
 def test_a_causal_lm_becomes_a_one_label_token_classifier_fsdp_can_shard(model: nn.Module) -> None:
     assert type(model).__name__ == "Qwen2ForTokenClassification"
-    assert isinstance(model.model.layers, nn.ModuleList)  # what rlkit.trainer.engine.shard_model wraps layer by layer
+    assert isinstance(model.model.layers, nn.ModuleList)  # what sharded_load.shard_model wraps layer by layer
     assert model.score.out_features == 1 and model.dropout.p == 0.0
     assert not hasattr(model, "lm_head")
 

@@ -1,0 +1,130 @@
+"""The trainer's sharded build (rlkit.trainer.sharded_load: a meta skeleton on every rank, rank 0's full CPU model
+broadcast into the shards) against today's (every rank builds the whole model, then FSDP2 shards it), on 1 and 2
+real gloo ranks: every parameter (gathered) and every buffer equal BITWISE, for the plain causal LM, init_from_scratch,
+LoRA (adapter included), the value model, a tied-embedding model (still one parameter) and the frozen reference, with
+the same requires_grad and training flags and the same model config; and one optimizer step's loss, and the loss after
+it, equal today's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.gloo_ranks import run_ranks
+
+WORKER = r'''
+import json, sys
+import torch
+import torch.nn.functional as F
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.ref import ReferenceLoad
+from rlkit.trainer import engine as engine_module, reference as reference_module
+from rlkit.trainer.dist import init_distributed
+from rlkit.trainer.engine import TrainEngine, actor_model_factory, value_head_model
+from rlkit.trainer.sharded_load import build_sharded, shard_model
+
+untied, tied = sys.argv[1], sys.argv[2]
+env, device = init_distributed()
+
+def today(build, device, *, param_dtype, prepare=None):
+    """The build before rlkit.trainer.sharded_load: the whole model on every rank, then sharded."""
+    model = build(device).to(device)
+    if prepare is not None:
+        prepare(model)
+    return shard_model(model, param_dtype=param_dtype)
+
+def with_builder(builder, make):
+    engine_module.build_sharded, reference_module.build_sharded = builder, builder
+    try:
+        return make()
+    finally:
+        engine_module.build_sharded, reference_module.build_sharded = build_sharded, build_sharded
+
+def actor(path, **kw):
+    return ActorConfig(**{"path": path, "dtype": "float32", "attn_impl": "sdpa", "disable_dropout": True, **kw})
+
+LORA = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+CASES = {"causal": (actor(untied), None), "scratch": (actor(untied, init_from_scratch=True), None),
+         "lora": (actor(untied, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
+         "tied": (actor(tied), None), "reference": (None, None)}
+
+def loss_fn(model, ids):
+    logits = model(input_ids=ids).logits.float()
+    if logits.shape[-1] == 1:
+        return (logits - 0.5).pow(2).mean(), ids.numel()
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()), ids.numel()
+
+def build(case, builder):
+    config, factory = CASES[case]
+    if config is None:
+        load = ReferenceLoad(untied, "bfloat16", "sdpa")
+        return with_builder(builder, lambda: reference_module.frozen_reference(load, device)), None
+    factory = factory or actor_model_factory(config)
+    engine = with_builder(builder, lambda: TrainEngine(config, rank=env.rank, world=env.world_size, device=device,
+                                                       total_optimizer_steps=1, model_factory=factory))
+    return engine.model, engine
+
+def state(model):
+    params = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in model.named_parameters()}
+    return params, dict(model.named_buffers())
+
+def is_tied(model):
+    head = model.get_output_embeddings()
+    return head is not None and head.weight is model.get_input_embeddings().weight
+
+def differ(a, b):
+    return sorted(set(a) ^ set(b)) + [n for n in a if n in b and not (a[n].dtype == b[n].dtype and
+                                                                       torch.equal(a[n], b[n]))]
+
+ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(env.rank))
+results = {}
+for case in sys.argv[3].split(","):
+    (new, new_engine), (old, old_engine) = build(case, build_sharded), build(case, today)
+    (new_p, new_b), (old_p, old_b) = state(new), state(old)
+    result = {"params": len(new_p), "buffers": sorted(new_b), "param_diff": differ(new_p, old_p),
+              "buffer_diff": differ(new_b, old_b), "adapter": sum("lora_" in n for n in new_p),
+              "tied": is_tied(new),
+              "same_count": len(list(new.parameters())) == len(list(old.parameters())),
+              "grad": [n for n, p in new.named_parameters() if p.requires_grad] ==
+                      [n for n, p in old.named_parameters() if p.requires_grad],
+              "training": [m.training for m in new.modules()] == [m.training for m in old.modules()],
+              "config": new.config.to_dict() == old.config.to_dict()  # what rw saves beside the weights
+                        and getattr(new, "peft_config", None) == getattr(old, "peft_config", None)}
+    if new_engine is not None:
+        losses = []
+        for engine in (new_engine, old_engine):
+            step = []
+            engine.optimizer_step([ids], lambda m, mb: step.append(loss_fn(m, mb)) or step[-1], ids.numel())
+            with torch.no_grad():
+                losses.append([step[0][0].item(), loss_fn(engine.model, ids)[0].item()])
+        result["losses"] = losses
+    results[case] = result
+print("RESULT " + json.dumps(results), flush=True)
+'''
+
+CASES = "causal,scratch,lora,value,tied,reference"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path, tied_model_dir: Path) -> None:
+    outputs = run_ranks(world, ["-c", WORKER, str(tiny_model_dir), str(tied_model_dir), CASES])
+    for rank, output in enumerate(outputs):
+        line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
+        assert line is not None, f"rank {rank} printed no result:\n{output[-2000:]}"
+        results = json.loads(line.removeprefix("RESULT "))
+        assert sorted(results) == sorted(CASES.split(","))
+        for case, got in results.items():
+            where = f"rank {rank} of {world}, {case}"
+            assert got["params"] > 20, f"{where}: {got['params']} parameters"
+            assert any(b.endswith("rotary_emb.inv_freq") for b in got["buffers"]), f"{where}: buffers {got['buffers']}"
+            assert got["param_diff"] == [], f"{where}: parameters differ from today's build: {got['param_diff']}"
+            assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
+            assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
+            assert (got["adapter"] > 0) == (case == "lora"), f"{where}: {got['adapter']} adapter parameters"
+            assert got["tied"] == (case == "tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
+            if case != "reference":
+                (new_step, new_after), (old_step, old_after) = got["losses"]
+                assert new_step == old_step and new_after == old_after, f"{where}: losses {got['losses']}"
+                assert new_after != new_step, f"{where}: the step changed nothing: {got['losses']}"
