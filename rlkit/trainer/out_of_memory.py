@@ -181,7 +181,7 @@ def out_of_memory(exc: BaseException, kind: str, config: ExperimentConfig, step:
     name = "actor" if last is None or last.owner is REFERENCE else names.get(id(last.owner), "actor")
     whose = "the reference model's" if last is not None and last.owner is REFERENCE else f"the {name}'s"
     if step is None:
-        where = "while building the trainer (each rank loads the whole model in float32 before sharding it)"
+        where = "while building the trainer's models"
     elif last is None:
         where = f"at step {step}, outside a model's forward or backward (a weight push or a checkpoint)"
     else:
@@ -194,8 +194,14 @@ def out_of_memory(exc: BaseException, kind: str, config: ExperimentConfig, step:
                      + (" (this rank's slice of it under sequence parallelism)" if last and last.sp_slice else ""))
     said = ". ".join((str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[:2])
     lines.append(f"  memory: {memory(kind)}{said[:200]}")
-    if step is None:  # no key lowers it: rlkit.trainer.engine's model factories load the model, then shard it
-        lines.append("  the whole model in float32 (4 bytes a parameter) must fit one trainer GPU while it loads")
+    if step is None:  # rlkit.trainer.sharded_load: each rank holds its float32 shards; rank 0 the model on the host
+        lines.append("  each trainer GPU holds its share of the float32 weights (4 bytes a parameter over the trainer "
+                     "GPUs) and rank 0's host the whole model while it loads:")
+        lines.append(f"    allocation_mode={config.allocation_mode}: more trainer GPUs (fsdp:dN) make each share "
+                     "smaller")
+        if kind == "CPU":
+            lines.append(f"    launcher.trainer_mem_per_gpu={config.launcher.trainer_mem_per_gpu}: the host memory "
+                         "(MB) per trainer GPU asked of Slurm")
     else:
         lines.append("  keys that lower it, with their values now:")
         lines += [f"    {knob}" for knob in knobs(config, "critic" if name == "critic" else "actor", kind, batch)]

@@ -289,7 +289,8 @@ def test_where_it_ran_out_decides_what_is_said() -> None:
     out_of_memory.now(engine, out_of_memory.OPTIMIZER)  # a record left from a step: loading the model is not it
     building = said(None)
     assert building.startswith("out of GPU memory while building the trainer")
-    assert "must fit one trainer GPU" in building and "keys that lower it" not in building
+    assert "its share of the float32 weights" in building and "keys that lower it" not in building
+    assert "    allocation_mode=vllm:d1+fsdp:d2: more trainer GPUs" in building
     push = said(3)  # nothing noted: between the optimizer step and the next forward
     assert push.startswith("out of GPU memory at step 3, outside a model's forward or backward")
     assert "    actor.weight_chunked_mem_mb=1024: " in push and "micro-batch:" not in push
