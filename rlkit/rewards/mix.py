@@ -44,6 +44,7 @@ def term_names(reward: RewardConfig) -> list[str]:
 @dataclass
 class _Term:
     name: str
+    spec: str  # as reward.fns names it
     weight: float
     runner: RewardRunner
     errors_seen: int = 0
@@ -63,7 +64,7 @@ class RewardMix:
             fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
             timeout = float(reward.timeouts.get(spec, reward.timeout))
             runner = RewardRunner(fn, timeout, workers=_workers(spec, reward), env=env)
-            self.terms.append(_Term(name, float(weight), runner))
+            self.terms.append(_Term(name, spec, float(weight), runner))
 
     @property
     def calls(self) -> int:

@@ -155,7 +155,9 @@ async def _readable(conn: Connection, timeout: float) -> bool:
 class RewardRunner:
     """Calls `fn(prompt, completion, row)` in up to `workers` processes, each call limited to `timeout` seconds.
 
-    `calls`, `errors` and `timeouts` count finished calls; a timed-out call counts in `timeouts` only.
+    `calls`, `errors` and `timeouts` count finished calls; a timed-out call counts in `timeouts` only; `succeeded`
+    counts the calls without an error and `last_error` keeps the latest error (rlkit.rewards.failing: a function
+    that fails on every call stops the trainer).
     """
 
     def __init__(self, fn: Any, timeout: float, workers: int = 4, *, startup_timeout: float = 120.0,
@@ -177,6 +179,8 @@ class RewardRunner:
         self.calls = 0
         self.errors = 0
         self.timeouts = 0
+        self.succeeded = 0  # its own counter: read from another thread, calls - errors could count a failure as one
+        self.last_error: str | None = None
         self._ctx = multiprocessing.get_context(_START_METHOD)
         self._idle: list[_Worker] = []
         self._live: set[_Worker] = set()
@@ -201,7 +205,10 @@ class RewardRunner:
             self.timeouts += 1
         elif outcome.error is not None:
             self.errors += 1
-        if outcome.error is not None:
+        if outcome.error is None:
+            self.succeeded += 1
+        else:
+            self.last_error = outcome.error
             self._say_failed(outcome.error)
         return outcome
 

@@ -108,6 +108,7 @@ class Rank0:
                  steps: int, resumed: dict[str, Any] | None) -> None:
         from rlkit.nameresolve import name_resolve_for
         from rlkit.rewards.auxiliary import trial_environment
+        from rlkit.rewards.failing import FailingRewards
         from rlkit.rewards.mix import reward_scorer, term_names
         from rlkit.servers.sampling import sampling_params
 
@@ -123,6 +124,7 @@ class Rank0:
         # reward.fn, or the weighted mix of reward.fns; auxiliary models are found from the trial's environment
         self.reward = reward_scorer(config.reward, env=trial_environment(paths.root))
         self.reward_terms = term_names(config.reward)
+        self.failing = FailingRewards(self.reward, config)  # a function failing on every call stops the trainer
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
         self.schedule = schedule_for(config.actor)  # versions count pushes (rlkit.rollout.sync_schedule)
         self.version = int(resumed["version"]) if resumed is not None else 0
@@ -209,6 +211,7 @@ class Rank0:
             retries = self.config.rollout.request_retries
             timeout = self.config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries) + 60
             self._groups, self._rollout_stats = self.controller.get_batch(timeout)
+            self.failing.check()
             if fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
                 raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
             self._prepared = prepare_batch([g.samples for g in self._groups], self.config.actor,
