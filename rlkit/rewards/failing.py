@@ -28,7 +28,7 @@ from rlkit.errors import StepError
 from rlkit.rewards.builtin import BUILTINS
 from rlkit.rewards.mix import RewardMix, RewardScorer
 from rlkit.rewards.model_reward import REWARD_MODEL
-from rlkit.rewards.runner import RewardRunner
+from rlkit.rewards.runner import RewardRunner, plain
 
 # Steps in a row in which a function failed on every call before the trainer stops: 1 would stop a run for one bad
 # batch (a judge restarting, a burst of timeouts), many would train for long on zeros; 3 steps are minutes of
@@ -37,10 +37,6 @@ MAX_FAILING_STEPS = 3
 _ERROR_CHARS = 300
 
 
-def plain(text: str, limit: int = _ERROR_CHARS) -> str:
-    """`text` on one line of printable characters, cut to `limit` (a user's exception text goes to the log)."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 @dataclass
@@ -82,7 +78,7 @@ class FailingRewards:
                 self._act(watch, new_failed)
 
     def _act(self, watch: _Watch, calls: int) -> None:
-        error = plain(watch.runner.last_error or "no error text")
+        error = plain(watch.runner.last_error or "no error text", _ERROR_CHARS)
         if watch.in_a_row >= MAX_FAILING_STEPS:
             raise StepError(f"the reward function {watch.spec} ({watch.setting}) failed on every call for "
                             f"{watch.in_a_row} steps in a row ({watch.calls_in_a_row} calls, each scored 0.0: "

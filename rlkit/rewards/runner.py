@@ -152,6 +152,12 @@ async def _readable(conn: Connection, timeout: float) -> bool:
         loop.remove_reader(fd)
 
 
+def plain(text: str, limit: int) -> str:
+    """`text` on one line of printable characters, cut to `limit` (a user's exception text goes to the log)."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 class RewardRunner:
     """Calls `fn(prompt, completion, row)` in up to `workers` processes, each call limited to `timeout` seconds.
 
@@ -219,7 +225,7 @@ class RewardRunner:
         failed = self.errors + self.timeouts
         if failed <= _SAID_FAILURES or failed % 100 == 0:
             print(f"rlkit reward: {_name(self.fn)} failed on {failed} of {self.calls} calls so far, each scored 0.0; "
-                  f"this one: {error}", flush=True)
+                  f"this one: {plain(error, 1000)}", flush=True)
 
     async def _score(self, prompt: str, completion: str, row: dict[str, Any]) -> RewardOutcome:
         try:

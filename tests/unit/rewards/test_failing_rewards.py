@@ -17,7 +17,8 @@ from rlkit.config.schema.experiment import ExperimentConfig, RewardConfig
 from rlkit.errors import FatalStepError, StepError
 from rlkit.jobs.grpo import rank0 as rank0_module
 from rlkit.jobs.grpo.rank0 import Rank0
-from rlkit.rewards.failing import MAX_FAILING_STEPS, FailingRewards, plain
+from rlkit.rewards.failing import MAX_FAILING_STEPS, FailingRewards
+from rlkit.rewards.runner import plain
 from rlkit.rewards.mix import RewardScorer, reward_scorer
 
 MODULE = "rlkit_test_failing_rewards"
@@ -156,7 +157,7 @@ def test_a_built_in_names_the_column_it_reads() -> None:
 
 
 def test_plain_cuts_and_flattens() -> None:
-    assert plain("a\nb\x1b[0m\tc  d") == "a b [0m c d"
+    assert plain("a\nb\x1b[0m\tc  d", 300) == "a b [0m c d"
     assert plain("x" * 1000, 20) == "x" * 17 + "..."
 
 
