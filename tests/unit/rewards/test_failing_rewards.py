@@ -18,8 +18,8 @@ from rlkit.errors import FatalStepError, StepError
 from rlkit.jobs.grpo import rank0 as rank0_module
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rewards.failing import MAX_FAILING_STEPS, FailingRewards
-from rlkit.rewards.runner import plain
 from rlkit.rewards.mix import RewardScorer, reward_scorer
+from rlkit.rewards.runner import plain
 
 MODULE = "rlkit_test_failing_rewards"
 SOURCE = '''
