@@ -83,19 +83,16 @@ def slice_plan(skeleton: nn.Module, path: str) -> list[Slice] | str:
 
 def load_slices(model: nn.Module, plan: list[Slice]) -> None:
     """This rank's part of every planned tensor of `model` (FSDP2-sharded, allocated) read from the checkpoint, a
-    tensor at a time and one file open at a time; local (no collective)."""
+    tensor at a time; local (no collective). Each read maps the file anew and unmaps it after the copy: the mapped
+    pages of a file held open would count in the rank's memory until the last of its tensors."""
     from safetensors import safe_open
 
-    by_file: dict[str, list[Slice]] = {}
-    for entry in plan:
-        by_file.setdefault(entry.file, []).append(entry)
     with torch.no_grad():
-        for file, entries in by_file.items():
-            with safe_open(file, framework="pt", device="cpu") as handle:
-                for entry in entries:
-                    local, rows = local_part(_tensor(model, entry.name))
-                    if local.numel() > 0:
-                        local.copy_(handle.get_slice(entry.key)[rows].to(local.dtype))
+        for entry in plan:
+            local, rows = local_part(_tensor(model, entry.name))
+            if local.numel() > 0:
+                with safe_open(entry.file, framework="pt", device="cpu") as handle:
+                    local.copy_(handle.get_slice(entry.key)[rows].to(local.dtype))
 
 
 def local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:

@@ -1,4 +1,4 @@
-"""Building a trained (or frozen) model so that no rank ever holds it whole on its device, and only rank 0 in host
+"""Building a trained (or frozen) model so that no rank ever holds it whole on its device, and at most rank 0 in host
 memory: every rank builds the model's skeleton on the meta device, FSDP2-shards it and allocates its own shards;
 rank 0 alone builds the full model on the CPU and its weights are broadcast into every rank's shards, a tensor at a
 time (torch.distributed.checkpoint's set_model_state_dict with broadcast_from_rank0).
@@ -13,8 +13,9 @@ whole float32 model in host memory and then on its GPU before sharding (a 7B mod
 When the weights are exactly the checkpoint's (`checkpoint`: the plain causal LM, the frozen reference), rank 0 does
 not build the full model either: each rank reads its own rows of every tensor from the safetensors
 (rlkit.trainer.checkpoint_slices), and rank 0 sends only what no checkpoint holds (the non-persistent buffers, the
-training flags) from a skeleton of its own. Where that would not be exactly from_pretrained's model (renamed keys,
-a dtype that does not cast exactly, ...), one line on rank 0 says why and the full model is broadcast as above.
+training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not be
+exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
+and the full model is broadcast as above.
 """
 
 from __future__ import annotations
