@@ -1,6 +1,7 @@
-"""Peak memory of a non-zero trainer rank while the trainer builds its model: the sharded build
-(rlkit.trainer.sharded_load: a meta skeleton, rank 0's full CPU model broadcast into the shards) against today's
-(every rank builds the whole model from the checkpoint, then FSDP2 shards it).
+"""Peak memory of each trainer rank while the trainer builds its model: the sharded build's two paths
+(rlkit.trainer.sharded_load: a meta skeleton filled either by rank 0's full CPU model broadcast into the shards,
+"sharded", or by each rank's own rows of the checkpoint's safetensors, "slices") against today's (every rank builds
+the whole model from the checkpoint, then FSDP2 shards it).
 
 A wider Qwen2 than the tests' (hidden 1024, 4 layers, MLP 2816, vocabulary 8192, untied head: ~248 MB of float32
 weights) is saved once as a Hugging Face directory; the actor's model factory (rlkit.trainer.engine.causal_lm,
@@ -8,8 +9,9 @@ gradient checkpointing on) builds it on 2 gloo ranks (the CPU standing in for th
 and repeat. A rank's cost is its peak resident memory over its resident memory just before the build (torch,
 transformers' Qwen2 code and gloo warmed up first). The peak is the process's VmHWM, reset there: ru_maxrss would
 start at this script's own size, which Linux carries into a child across exec. A variant's figure is the median of
---repeat runs of rank 1's cost (rank 0 builds the full model in both). The floor is the model's float32 bytes /
-world: one rank's shards, what any sharded model must hold. Rank 0's cost is reported too.
+--repeat runs of a rank's cost, for rank 1 and rank 0 (which alone builds the full model in "today" and "sharded";
+in "slices" it holds its shards like any rank). The floor is the model's float32 bytes / world: one rank's shards,
+what any sharded model must hold.
 
 Run: `PYTHONPATH=. python bench/bench_model_load.py [--repeat 3]`; writes bench/results/cpu-model-load.json.
 """
@@ -67,8 +69,9 @@ def child(variant: str, model_dir: str) -> dict[str, Any]:
     dist.barrier()
     reset_peak_rss()
     before = rss_bytes()
-    if variant == "sharded":
-        model = build_sharded(lambda where: causal_lm(config, where), device, param_dtype=None)
+    if variant in ("sharded", "slices"):  # the same build; "slices" is told the checkpoint its weights are
+        model = build_sharded(lambda where: causal_lm(config, where), device, param_dtype=None,
+                              checkpoint=model_dir if variant == "slices" else None)
     else:  # today's: the whole model on every rank, then sharded
         model = shard_model(causal_lm(config, device), param_dtype=None)
     dist.barrier()
@@ -114,7 +117,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-model-load-") as tmp:
         model_bytes = write_model(Path(tmp))
         runs = {variant: [run_variant(variant, Path(tmp)) for _ in range(args.repeat)]
-                for variant in ("today", "sharded")}
+                for variant in ("today", "sharded", "slices")}
     floor = model_bytes / WORLD
     summary: dict[str, Any] = {}
     for variant, repeats in runs.items():
@@ -123,6 +126,7 @@ def main() -> int:
             summary[f"{variant}_rank{rank}_mb"] = round(peak / MB, 1)
             summary[f"{variant}_rank{rank}_over_floor"] = round(peak / floor, 2)
     summary["sharded_over_today_rank1"] = round(summary["sharded_rank1_mb"] / summary["today_rank1_mb"], 3)
+    summary["slices_over_sharded_rank0"] = round(summary["slices_rank0_mb"] / summary["sharded_rank0_mb"], 3)
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
               "transformers": transformers.__version__, "shape": SHAPE, "world": WORLD, "backend": "gloo",
               "model_float32_mb": round(model_bytes / MB, 1), "floor_mb": round(floor / MB, 1), "repeat": args.repeat,
@@ -134,7 +138,8 @@ def main() -> int:
         print(f"{variant:8s} rank 1 peak {summary[f'{variant}_rank1_mb']:7.1f} MB = "
               f"{summary[f'{variant}_rank1_over_floor']:.2f}x the floor; "
               f"rank 0 {summary[f'{variant}_rank0_mb']:.1f} MB = {summary[f'{variant}_rank0_over_floor']:.2f}x")
-    print(f"sharded / today (rank 1): {summary['sharded_over_today_rank1']:.3f}")
+    print(f"sharded / today (rank 1): {summary['sharded_over_today_rank1']:.3f}; "
+          f"slices / sharded (rank 0): {summary['slices_over_sharded_rank0']:.3f}")
     return 0
 
 

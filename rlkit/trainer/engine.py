@@ -111,6 +111,13 @@ def actor_model_factory(config: ActorConfig) -> ModelFactory:
     return lora_causal_lm if config.use_lora else causal_lm
 
 
+def checkpoint_of(config: ActorConfig, model_factory: ModelFactory) -> str | None:
+    """The directory whose safetensors are exactly the factory's weights (the plain causal LM's: each rank reads its
+    own shards there, rlkit.trainer.sharded_load), None where the build draws or adds weights of its own (LoRA's
+    adapter, a value head, init_from_scratch)."""
+    return config.path if model_factory is causal_lm and not config.init_from_scratch else None
+
+
 def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
     """The compute dtype FSDP casts parameters to, None for float32 (no mixed precision)."""
     dtype = DTYPES[config.dtype]
@@ -133,7 +140,7 @@ class TrainEngine:
         self.config = config
         self.rank, self.world, self.device = rank, world, device
         self.model = build_sharded(lambda where: model_factory(config, where), device,  # no rank holds it whole
-                                   param_dtype=param_dtype_of(config))
+                                   param_dtype=param_dtype_of(config), checkpoint=checkpoint_of(config, model_factory))
         set_packing(self.model, config.mb_spec.packing)  # its forwards pack their rows (rlkit.models.packing)
         out_of_memory.watch(self.model, self)  # what ran, for the message of an out-of-memory (rlkit.trainer.loop)
         layout = init_sequence_parallel(config.fsdp.ulysses_sp_size)

@@ -196,7 +196,8 @@ def out_of_memory(exc: BaseException, kind: str, config: ExperimentConfig, step:
     lines.append(f"  memory: {memory(kind)}{said[:200]}")
     if step is None:  # rlkit.trainer.sharded_load: each rank holds its float32 shards; rank 0 the model on the host
         lines.append("  each trainer GPU holds its share of the float32 weights (4 bytes a parameter over the trainer "
-                     "GPUs) and rank 0's host the whole model while it loads:")
+                     "GPUs), and rank 0's host the whole model while it loads unless each rank reads its own rows "
+                     "of the checkpoint (rank 0's log says why not when it does not):")
         lines.append(f"    allocation_mode={config.allocation_mode}: more trainer GPUs (fsdp:dN) make each share "
                      "smaller")
         if kind == "CPU":

@@ -24,13 +24,14 @@ from rlkit.trainer.sharded_load import build_sharded
 def frozen_reference(load: ReferenceLoad, device: torch.device) -> nn.Module:
     """The causal LM at `load.path`, sharded with `load.dtype` as its compute dtype (parameters kept in float32 like
     the trained model's), in eval mode without gradients; collective (FSDP; built as rlkit.trainer.sharded_load
-    builds the trained model: never whole on a device)."""
+    builds the trained model: never whole on a device, each rank reading its own rows of load.path's safetensors
+    where they are exactly the model's weights)."""
     def build(where: torch.device) -> nn.Module:
         return load_causal_lm(load.path, dtype=torch.float32, attn_impl=load.attn_impl, meta=where.type == "meta")
 
     dtype = DTYPES[load.dtype]
     model = build_sharded(build, device, param_dtype=None if dtype == torch.float32 else dtype,
-                          prepare=lambda ref: ref.requires_grad_(False).eval())
+                          prepare=lambda ref: ref.requires_grad_(False).eval(), checkpoint=load.path)
     out_of_memory.watch(model, out_of_memory.REFERENCE)  # what ran, for the message of an out-of-memory
     return model
 

@@ -1,4 +1,4 @@
-"""Building a trained (or frozen) model so that no rank ever holds it whole on its device, and only rank 0 in host
+"""Building a trained (or frozen) model so that no rank ever holds it whole on its device, and at most rank 0 in host
 memory: every rank builds the model's skeleton on the meta device, FSDP2-shards it and allocates its own shards;
 rank 0 alone builds the full model on the CPU and its weights are broadcast into every rank's shards, a tensor at a
 time (torch.distributed.checkpoint's set_model_state_dict with broadcast_from_rank0).
@@ -9,6 +9,13 @@ ties, no values) and once, on rank 0, with the CPU (the initial values, exactly 
 the seeded adapter and head, init_from_scratch's seeded draw). Without this, each of 8 ranks of a node held the
 whole float32 model in host memory and then on its GPU before sharding (a 7B model: 28 GB each; a 32B one fits no
 80 GB GPU at all).
+
+When the weights are exactly the checkpoint's (`checkpoint`: the plain causal LM, the frozen reference), rank 0 does
+not build the full model either: each rank reads its own rows of every tensor from the safetensors
+(rlkit.trainer.checkpoint_slices), and rank 0 sends only what no checkpoint holds (the non-persistent buffers, the
+training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not be
+exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
+and the full model is broadcast as above.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from rlkit.trainer.checkpoint_slices import Slice, load_slices, slice_plan
 
 META = torch.device("meta")
 HOST = torch.device("cpu")
@@ -39,49 +48,110 @@ def shard_model(model: nn.Module, *, param_dtype: torch.dtype | None) -> nn.Modu
 
 
 def build_sharded(build: Callable[[torch.device], nn.Module], device: torch.device, *,
-                  param_dtype: torch.dtype | None, prepare: Callable[[nn.Module], Any] | None = None) -> nn.Module:
+                  param_dtype: torch.dtype | None, prepare: Callable[[nn.Module], Any] | None = None,
+                  checkpoint: str | None = None) -> nn.Module:
     """The model of `build`, FSDP2-sharded on `device` with rank 0's full model's values; collective (every rank of
     the default process group). `prepare` runs on the skeleton before sharding (a frozen reference: no gradients,
-    eval mode)."""
+    eval mode). `checkpoint`: the directory whose safetensors are exactly `build(cpu)`'s weights (from_pretrained's,
+    in float32): each rank then reads its own shards there instead."""
     import torch.distributed as dist
 
-    def built(where: torch.device) -> nn.Module:
+    def built(where: torch.device, *, loaded: bool = False) -> nn.Module:
         model = build(where)
+        if loaded:
+            model.eval()  # what from_pretrained returns (no weights here: only the modes and buffers count)
         if prepare is not None:
             prepare(model)
         return model
 
-    model = shard_model(built(META), param_dtype=param_dtype)
+    skeleton = built(META)
+    decision: list[Any] = [None]  # rank 0's: the plan of each rank's reads, or why there is none
+    source = None
+    if checkpoint is not None:
+        if dist.get_rank() == 0:
+            source, decision[0] = _decide(skeleton, checkpoint, lambda: built(META, loaded=True))
+        dist.broadcast_object_list(decision, src=0)
+    model = shard_model(skeleton, param_dtype=param_dtype)
     model.to_empty(device=device)  # this rank's shards (and whole buffers), uninitialised
-    full = built(HOST) if dist.get_rank() == 0 else None  # host memory of rank 0 only, never its device
-    load_full(model, full)
-    del full
+    if isinstance(decision[0], list):
+        load_slices(model, decision[0])
+        load_unsaved(model, source)
+    else:
+        full = built(HOST) if dist.get_rank() == 0 else None  # host memory of rank 0 only, never its device
+        load_full(model, full)
+        del full
+    del source
     gc.collect()  # rank 0's full copy goes now, not at some later collection
+    _check_loaded(model)
     return model
+
+
+def _decide(skeleton: nn.Module, checkpoint: str,
+            build_loaded: Callable[[], nn.Module]) -> tuple[nn.Module | None, list[Slice] | str]:
+    """Rank 0's (source of what the checkpoint lacks, plan of each rank's reads), or (None, why there is none: said
+    in one line). Any failure here is a reason, never an exception: the other ranks wait for the decision."""
+    try:
+        plan = slice_plan(skeleton, checkpoint)
+    except Exception as exc:  # a hostile index or file: the full build reports it as it would
+        plan = f"its checkpoint could not be checked ({type(exc).__name__}: {exc})"
+    source = None
+    if not isinstance(plan, str):
+        source, plan = checkpoint_source(build_loaded, plan)
+    if isinstance(plan, str):
+        print(f"rlkit train: rank 0 builds the whole model on its host and broadcasts it, since reading each rank's "
+              f"shards from {checkpoint} would not be exactly from_pretrained's model: {plan}", flush=True)
+    return source, plan
+
+
+def checkpoint_source(build_loaded: Callable[[], nn.Module], plan: list[Slice]) -> tuple[nn.Module | None,
+                                                                                           list[Slice] | str]:
+    """(rank 0's source of what the checkpoint lacks, the plan) or (None, why there is none): the model's skeleton
+    as from_pretrained leaves it (eval mode) with its non-persistent buffers on the host, computed as from_pretrained
+    computes them after loading (transformers' initialize_weights; the parameters stay on the meta device)."""
+    try:
+        source = build_loaded()
+        for name, buffer in list(non_persistent_buffers(source)):
+            module, _, leaf = name.rpartition(".")
+            source.get_submodule(module).register_buffer(leaf, torch.empty_like(buffer, device=HOST),
+                                                         persistent=False)
+        source.initialize_weights()  # type: ignore[operator]
+    except Exception as exc:  # any model that cannot: the full build still can
+        return None, f"its buffers could not be computed without its weights ({type(exc).__name__}: {exc})"
+    return source, plan
 
 
 def load_full(model: nn.Module, full: nn.Module | None) -> None:
     """Every rank's shards of `model` set from `full` (rank 0's whole model, None elsewhere); collective.
 
     Parameters and persistent buffers go through the state dict (strict: the skeleton and the full model have the
-    same names); non-persistent buffers (the rotary embedding's inv_freq: computed at build time, in no state dict)
-    are broadcast from rank 0 too, since to_empty left them uninitialised; so are the modules' training flags
-    (from_pretrained leaves a model in eval mode, a model built from its config in training mode)."""
-    import torch.distributed as dist
+    same names); the rest as load_unsaved."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     full_sd = full.state_dict() if full is not None else {}
     set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full_sd
+    load_unsaved(model, full)
+
+
+def load_unsaved(model: nn.Module, source: nn.Module | None) -> None:
+    """What no state dict holds, broadcast from `source` (rank 0's, None elsewhere); collective. Non-persistent
+    buffers (the rotary embedding's inv_freq: computed at build time) since to_empty left them uninitialised, and the
+    modules' training flags (from_pretrained leaves a model in eval mode, a model built from its config in training
+    mode)."""
+    import torch.distributed as dist
+
     with torch.no_grad():
         for name, buffer in non_persistent_buffers(model):
-            if full is not None:
-                buffer.copy_(full.get_buffer(name))
+            if source is not None:
+                buffer.copy_(source.get_buffer(name))
             dist.broadcast(buffer, src=0)
-    modes = [[module.training for module in full.modules()] if full is not None else None]
+    modes = [[module.training for module in source.modules()] if source is not None else None]
     dist.broadcast_object_list(modes, src=0)
     for module, training in zip(model.modules(), modes[0] or [], strict=True):
         module.training = training
+
+
+def _check_loaded(model: nn.Module) -> None:
     left = [name for name, tensor in _tensors(model) if tensor.is_meta]
     if left:
         raise RuntimeError(f"the sharded model still has tensors on the meta device after loading: {left}")

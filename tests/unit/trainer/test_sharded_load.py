@@ -1,9 +1,12 @@
-"""The trainer's sharded build (rlkit.trainer.sharded_load: a meta skeleton on every rank, rank 0's full CPU model
-broadcast into the shards) against today's (every rank builds the whole model, then FSDP2 shards it), on 1 and 2
-real gloo ranks: every parameter (gathered) and every buffer equal BITWISE, for the plain causal LM, init_from_scratch,
-LoRA (adapter included), the value model, a tied-embedding model (still one parameter) and the frozen reference, with
-the same requires_grad and training flags and the same model config; and one optimizer step's loss, and the loss after
-it, equal today's."""
+"""The trainer's sharded build (rlkit.trainer.sharded_load: a meta skeleton on every rank, filled by each rank's own
+rows of the checkpoint's safetensors, or by rank 0's full CPU model broadcast into the shards) against today's (every
+rank builds the whole model, then FSDP2 shards it), on 1 and 2 real gloo ranks: every parameter (gathered) and every
+buffer equal BITWISE, for the plain causal LM, init_from_scratch, LoRA (adapter included), the value model, a
+tied-embedding model (still one parameter), the frozen reference (untied and tied), a bfloat16 checkpoint in two files
+with a vocabulary that does not split evenly, and a checkpoint with a key that transformers renames, with the same
+requires_grad and training flags and the same model config; and one optimizer step's loss, and the loss after it,
+equal today's. Which path each case took is checked too: the checkpoint's rows exactly where the weights are the
+checkpoint's, rank 0's broadcast otherwise (with one line saying why where the rows were tried)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.helpers.checkpoint_variants import Tensors, checkpoint_variant
 from tests.helpers.gloo_ranks import run_ranks
 
 WORKER = r'''
@@ -23,12 +28,20 @@ from rlkit.config.schema.ref import ReferenceLoad
 from rlkit.trainer import engine as engine_module, reference as reference_module
 from rlkit.trainer.dist import init_distributed
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, value_head_model
+from rlkit.trainer import sharded_load
 from rlkit.trainer.sharded_load import build_sharded, shard_model
 
-untied, tied = sys.argv[1], sys.argv[2]
+untied, tied, bf16, renamed = sys.argv[1:5]
 env, device = init_distributed()
+paths = []  # which loader filled each sharded build
 
-def today(build, device, *, param_dtype, prepare=None):
+def spy(name):
+    loader = getattr(sharded_load, name)
+    setattr(sharded_load, name, lambda *args: paths.append(name) or loader(*args))
+
+spy("load_slices"), spy("load_full")
+
+def today(build, device, *, param_dtype, prepare=None, checkpoint=None):
     """The build before rlkit.trainer.sharded_load: the whole model on every rank, then sharded."""
     model = build(device).to(device)
     if prepare is not None:
@@ -48,7 +61,8 @@ def actor(path, **kw):
 LORA = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 CASES = {"causal": (actor(untied), None), "scratch": (actor(untied, init_from_scratch=True), None),
          "lora": (actor(untied, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
-         "tied": (actor(tied), None), "reference": (None, None)}
+         "tied": (actor(tied), None), "bf16": (actor(bf16), None), "renamed": (actor(renamed), None),
+         "reference": (untied, None), "tied_reference": (tied, None)}
 
 def loss_fn(model, ids):
     logits = model(input_ids=ids).logits.float()
@@ -58,8 +72,8 @@ def loss_fn(model, ids):
 
 def build(case, builder):
     config, factory = CASES[case]
-    if config is None:
-        load = ReferenceLoad(untied, "bfloat16", "sdpa")
+    if isinstance(config, str):
+        load = ReferenceLoad(config, "bfloat16", "sdpa")
         return with_builder(builder, lambda: reference_module.frozen_reference(load, device)), None
     factory = factory or actor_model_factory(config)
     engine = with_builder(builder, lambda: TrainEngine(config, rank=env.rank, world=env.world_size, device=device,
@@ -80,12 +94,13 @@ def differ(a, b):
 
 ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(env.rank))
 results = {}
-for case in sys.argv[3].split(","):
+for case in sys.argv[5].split(","):
+    del paths[:]
     (new, new_engine), (old, old_engine) = build(case, build_sharded), build(case, today)
     (new_p, new_b), (old_p, old_b) = state(new), state(old)
     result = {"params": len(new_p), "buffers": sorted(new_b), "param_diff": differ(new_p, old_p),
               "buffer_diff": differ(new_b, old_b), "adapter": sum("lora_" in n for n in new_p),
-              "tied": is_tied(new),
+              "tied": is_tied(new), "paths": list(paths),
               "same_count": len(list(new.parameters())) == len(list(old.parameters())),
               "grad": [n for n, p in new.named_parameters() if p.requires_grad] ==
                       [n for n, p in old.named_parameters() if p.requires_grad],
@@ -104,13 +119,39 @@ for case in sys.argv[3].split(","):
 print("RESULT " + json.dumps(results), flush=True)
 '''
 
-CASES = "causal,scratch,lora,value,tied,reference"
+CASES = "causal,scratch,lora,value,tied,bf16,renamed,reference,tied_reference"
+FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference"}  # the weights are exactly the checkpoint's
+VOCAB = 509  # rows of the embedding and the head: 255 and 254 on 2 ranks
+
+
+@pytest.fixture(scope="module")
+def bf16_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model in bfloat16 (not float32: cast on loading) in two files, with VOCAB rows."""
+    def edit(tensors: Tensors) -> Tensors:
+        return {k: (v[:VOCAB] if v.shape[0] == 512 else v).to(torch.bfloat16) for k, v in tensors.items()}
+
+    return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("bf16") / "model", edit,
+                              config={"vocab_size": VOCAB, "dtype": "bfloat16"}, files=2)
+
+
+@pytest.fixture(scope="module")
+def renamed_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with one key saved without the base model's prefix (transformers adds it back on loading)."""
+    def edit(tensors: Tensors) -> Tensors:
+        return {k.removeprefix("model.") if k == "model.norm.weight" else k: v for k, v in tensors.items()}
+
+    return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("renamed") / "model", edit)
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path, tied_model_dir: Path) -> None:
-    outputs = run_ranks(world, ["-c", WORKER, str(tiny_model_dir), str(tied_model_dir), CASES])
+def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path, tied_model_dir: Path,
+                                                bf16_dir: Path, renamed_dir: Path) -> None:
+    dirs = [str(tiny_model_dir), str(tied_model_dir), str(bf16_dir), str(renamed_dir)]
+    outputs = run_ranks(world, ["-c", WORKER, *dirs, CASES])
     for rank, output in enumerate(outputs):
+        said = [ln for ln in output.splitlines() if ln.startswith("rlkit train: rank 0 builds the whole model")]
+        assert len(said) == (rank == 0), f"rank {rank}: lines on the fallback: {said}"
+        assert all("norm.weight -> model.norm.weight" in line for line in said), said  # the renamed case's
         line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
         assert line is not None, f"rank {rank} printed no result:\n{output[-2000:]}"
         results = json.loads(line.removeprefix("RESULT "))
@@ -123,8 +164,10 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
             assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
             assert (got["adapter"] > 0) == (case == "lora"), f"{where}: {got['adapter']} adapter parameters"
-            assert got["tied"] == (case == "tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
-            if case != "reference":
+            assert got["tied"] == case.startswith("tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
+            path = "load_slices" if case in FROM_ROWS else "load_full"
+            assert got["paths"] == [path], f"{where}: loaded by {got['paths']}, not {path}"
+            if not case.endswith("reference"):
                 (new_step, new_after), (old_step, old_after) = got["losses"]
                 assert new_step == old_step and new_after == old_after, f"{where}: losses {got['losses']}"
                 assert new_after != new_step, f"{where}: the step changed nothing: {got['losses']}"
