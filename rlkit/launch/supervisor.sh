@@ -95,6 +95,14 @@ restart_step() {  # restart_step INDEX: the same step again, in this allocation
   echo "rlkit: restarted step ${NAMES[$i]} (retry ${RESTARTS[$i]} of $RETRIES, pid $!)"
 }
 
+no_retry_reason() {  # no_retry_reason INDEX: the `failed:` line its process printed before this run's no-retry mark
+  # (rlkit's own words: the disk is full, a server that cannot start, a trainer out of memory), cut to 400 characters
+  awk -v mark="$NO_RETRY_MARK $SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}.${RESTARTS[$1]}" '
+    (i = index($0, "failed: ")) { last = substr($0, i + 8, 400) }
+    length($0) >= length(mark) && substr($0, length($0) - length(mark) + 1) == mark { print last; exit }
+  ' "logs/${NAMES[$1]}.log" 2>/dev/null
+}
+
 no_retry_logged() {  # no_retry_logged INDEX: a process of this run of the step exited with NO_RETRY_EXIT, whatever
   # code srun reports (srun gives the highest of its tasks': a rank it killed after another's 78 reports 143)
   # (the mark ends its line; what comes before it on the line may be another process's unfinished output)
@@ -203,7 +211,7 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
 trap on_time_limit USR1
 
 supervise() {  # wait until the job is done: returns 0 when the last work step succeeded
-  local i pid rc name role group work restart state busy full
+  local i pid rc name role group work restart state busy why
   while true; do
     busy=0
     for i in "${!PIDS[@]}"; do
@@ -250,8 +258,8 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         rc=$NO_RETRY_EXIT
       fi
       if [ "$rc" -eq "$NO_RETRY_EXIT" ]; then
-        full=$(grep -a -m1 -o 'the disk is full.*' "logs/$name.log" 2>/dev/null)
-        [ -n "$full" ] && echo "rlkit: step $name: $full"
+        why=$(no_retry_reason "$i")
+        [ -n "$why" ] && echo "rlkit: step $name: $why"
         echo "rlkit: step $name failed with exit code $rc, which a restart cannot fix (see its log); not retrying"
         echo "rlkit: step $name failed with exit code $rc; stopping the other steps"
         stop_steps
