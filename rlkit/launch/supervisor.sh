@@ -96,10 +96,12 @@ restart_step() {  # restart_step INDEX: the same step again, in this allocation
 }
 
 no_retry_reason() {  # no_retry_reason INDEX: the `failed:` line its process printed before this run's no-retry mark
-  # (rlkit's own words: the disk is full, a server that cannot start, a trainer out of memory), cut to 400 characters
+  # (rlkit's own words: the disk is full, a server that cannot start, a trainer out of memory), else the log's last
+  # such line; cut to 400 characters
   awk -v mark="$NO_RETRY_MARK $SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}.${RESTARTS[$1]}" '
     (i = index($0, "failed: ")) { last = substr($0, i + 8, 400) }
-    length($0) >= length(mark) && substr($0, length($0) - length(mark) + 1) == mark { print last; exit }
+    length($0) >= length(mark) && substr($0, length($0) - length(mark) + 1) == mark { print last; done = 1; exit }
+    END { if (!done && last != "") print last }
   ' "logs/${NAMES[$1]}.log" 2>/dev/null
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import stat
 import subprocess
 import threading
@@ -301,6 +302,25 @@ def test_a_full_disk_is_named_in_the_job_output_and_the_end_record_says_failed(t
     assert (rc, runs) == (NO_RETRY_EXIT, 1), out
     assert "rlkit: step server-0: the disk is full (No space left on device) writing /f/t/weights/x" in out, out
     assert (tmp_path / "job_end").read_text().splitlines()[:3] == ["4242", "FAILED", str(NO_RETRY_EXIT)]
+
+
+def test_the_job_output_names_the_failure_its_process_printed_before_the_no_retry_mark(tmp_path: Path) -> None:
+    """A server that cannot start (rlkit.servers.startup_failure) or a trainer out of memory says why in its step's
+    log, then the no-retry mark of its run: the batch script repeats that `failed:` line, not an engine's line with
+    the same word before it nor another process's after the mark."""
+    from rlkit.step_contract import NO_RETRY_MARK
+
+    (tmp_path / "logs").mkdir()
+    lines = ["(APIServer) ERROR Health check failed: engine core died",
+             "failed: the vllm server could not start: the KV cache holds fewer tokens than vllm.max_model_len=256",
+             "  fix: lower vllm.max_model_len to at most 128", f"{NO_RETRY_MARK} 4242.0.0",
+             "failed: a peer's line after the mark"]
+    says = "".join(f"echo {shlex.quote(line)} >> logs/server-0.log; " for line in lines)
+    rc, runs, out = run_supervisor(tmp_path, NO_RETRY_EXIT, says)
+    assert (rc, runs) == (NO_RETRY_EXIT, 1), out
+    assert ("rlkit: step server-0: the vllm server could not start: the KV cache holds fewer tokens than "
+            "vllm.max_model_len=256\n") in out, out
+    assert "peer's line" not in out and "engine core died" not in out
 
 
 def test_supervisor_still_retries_other_failures(tmp_path: Path) -> None:
