@@ -4,7 +4,6 @@ real RewardRunner workers; one success in a step starts the count again; each fu
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.rewards.failing import MAX_FAILING_STEPS, FailingRewards
 from rlkit.rewards.mix import RewardScorer, reward_scorer
 from rlkit.rewards.runner import plain
+from tests.helpers.user_modules import importable_module
 
 MODULE = "rlkit_test_failing_rewards"
 SOURCE = '''
@@ -45,10 +45,7 @@ def sleepy(prompt, completion, row):
 
 @pytest.fixture
 def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    (tmp_path / f"{MODULE}.py").write_text(SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield MODULE
-    sys.modules.pop(MODULE, None)
+    yield from importable_module(tmp_path, monkeypatch, MODULE, SOURCE)
 
 
 def experiment(reward: RewardConfig, *, auxiliary: tuple[str, ...] = ()) -> ExperimentConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from rlkit.config.schema.experiment import RewardConfig
 from rlkit.errors import ConfigError
 from rlkit.rewards.mix import RewardMix, part_means, reward_scorer, term_name, term_names
 from rlkit.rewards.runner import RewardOutcome, RewardRunner
+from tests.helpers.user_modules import importable_module
 
 MODULE = "rlkit_test_mix_rewards"
 SOURCE = '''
@@ -38,10 +38,7 @@ def worker_pid(prompt, completion, row):
 
 @pytest.fixture
 def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    (tmp_path / f"{MODULE}.py").write_text(SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield MODULE
-    sys.modules.pop(MODULE, None)
+    yield from importable_module(tmp_path, monkeypatch, MODULE, SOURCE)
 
 
 def score(mix: RewardMix, completion: str) -> RewardOutcome:
