@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from rlkit.config.allocation import Allocation, ServerAllocation, canonical_mode, parse_allocation
 from rlkit.config.schema.auxiliary import entry_field
 from rlkit.config.schema.experiment import get_field
+from rlkit.cuda_oom import oom_figures
 from rlkit.errors import ConfigError, FatalStepError
 
 if TYPE_CHECKING:
@@ -33,10 +34,7 @@ if TYPE_CHECKING:
 QUOTE_LIMIT = 240  # characters of the engine's line quoted in a diagnosis
 _N = r"(\d{1,15})"  # an integer the engine printed (bounded: a hostile line cannot make a huge one)
 _F = r"(\d{1,12}(?:\.\d{1,8})?)"  # a decimal figure (GiB, fractions)
-_SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?(bytes|[KMGTP]?i?B)"  # torch's memory sizes: "1.96 GiB", "20.00 MiB", "0 bytes"
-_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 HOPELESS_GRACE = 30.0  # seconds an engine that said it cannot start is given to exit before the step gives up on it
-OTHERS_SHARE = 0.05  # an OOM is this process's own when other processes hold at most this share of the GPU
 
 
 @dataclass(frozen=True)
@@ -191,28 +189,18 @@ def _sglang_too_long(m: re.Match[str], s: ServedWith) -> tuple[bool, str, str]:
                          "sglang.env_vars, at the risk of wrong outputs)")
 
 
-def _bytes(number: str, unit: str) -> float:
-    return float(number) * _UNITS.get(unit, 1)
-
-
-_OOM_FIGURES = re.compile(rf"GPU {_N} has a total capacity of {_SIZE} of which {_SIZE} is free\.")
-_OOM_OWN = re.compile(rf"this process has {_SIZE} memory in use")
-
-
 def _cuda_oom(m: re.Match[str], s: ServedWith) -> tuple[bool, str, str]:
     """A CUDA out-of-memory before the server was healthy (loading weights, profiling, CUDA graphs). Not retried when
     torch's own figures show this process held the memory (other processes at most OTHERS_SHARE of the GPU): the
     same start on the same GPU fills it again. Retried when they show others holding memory, or there are no
     figures: a server of this job still exiting, or another job on a shared GPU, may be gone at the restart."""
-    line = m.string
-    figures, own = _OOM_FIGURES.search(line), _OOM_OWN.search(line)
+    figures = oom_figures(m.string)
+    others = figures.others()
     retryable, held = True, ""
-    if figures and own:
-        total = _bytes(figures.group(2), figures.group(3))
-        others = total - _bytes(figures.group(4), figures.group(5)) - _bytes(own.group(1), own.group(2))
-        retryable = others > OTHERS_SHARE * total
-        held = (f" (GPU {figures.group(1)}: {figures.group(2)} {figures.group(3)}, this process held "
-                f"{own.group(1)} {own.group(2)}, others {max(others, 0) / 2**30:.2f} GiB)")
+    if others is not None and figures.total is not None and figures.own is not None:
+        retryable = figures.others_held_memory()
+        held = (f" (GPU {figures.gpu}: {figures.total.said}, this process held {figures.own.said}, others "
+                f"{max(others, 0) / 2**30:.2f} GiB)")
     why = ("other processes held GPU memory, so a restart may find it free" if held else
            "who held the memory is unknown (torch printed no figures), so a restart may help") if retryable else \
         "the model does not fit this server's GPUs as configured"

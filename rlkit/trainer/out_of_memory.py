@@ -24,7 +24,6 @@ its optimizer step (`now`, `done`). The figures are computed only when the error
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.cuda_oom import oom_figures
 from rlkit.errors import NO_RETRY_EXIT, StepError
 
 FORWARD, NO_GRAD, BACKWARD, OPTIMIZER = "forward", "forward without gradient", "backward", "optimizer step"
@@ -129,30 +129,17 @@ class OutOfMemory(StepError):
         self.exit_code = 1 if retry_reason else NO_RETRY_EXIT
 
 
-_SIZE = r"(\d{1,12}(?:\.\d{1,8})?) ?(bytes|[KMGTP]iB)"
-_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
-_TRIED = re.compile(r"Tried to allocate " + _SIZE)
-_TOTAL = re.compile(r"total capacity of " + _SIZE + r" of which " + _SIZE + r" is free")
-_OWN = re.compile(r"this process has " + _SIZE + r" memory in use")
-_RESERVED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
-OTHERS_SHARE = 0.05  # memory of other processes above this share of the GPU makes an out-of-memory worth a restart
-
-
-def _bytes(match: re.Match[str] | None, at: int = 1) -> float | None:
-    return None if match is None else float(match.group(at)) * _UNITS[match.group(at + 1)]
-
-
 def retry_reason(text: str) -> str:
     """Why a restart may fix the out-of-memory torch described in `text` (its CUDA message's figures); "" when
     nothing says so (the memory was this rank's own, or no figures)."""
-    tried, own, reserved = _bytes(_TRIED.search(text)), _bytes(_OWN.search(text)), _bytes(_RESERVED.search(text))
-    total_match = _TOTAL.search(text)
-    total, free = _bytes(total_match, 1), _bytes(total_match, 3)
-    if total and free is not None and own is not None and total - free - own > OTHERS_SHARE * total:
+    figures = oom_figures(text)
+    others = figures.others()
+    if others is not None and figures.total is not None and figures.others_held_memory():
         gib = 1024**3
-        return (f"other processes held {(total - free - own) / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB "
+        return (f"other processes held {others / gib:.1f} GiB of the GPU's {figures.total.bytes / gib:.1f} GiB "
                 "(a restart may find it free)")
-    if tried is not None and reserved is not None and reserved >= tried:
+    tried, reserved = figures.tried, figures.reserved
+    if tried is not None and reserved is not None and reserved.bytes >= tried.bytes:
         return ("torch held more reserved but unallocated memory than it tried to allocate (fragmentation: a "
                 "fresh process starts without it; launcher.trainer_env_vars="
                 "'PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True' avoids it)")
