@@ -148,6 +148,7 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     nr = name_resolve_for(config)
+    not_started: ServerNotHealthy | None = None
     try:
         started = time.monotonic()
         wait_healthy(f"http://127.0.0.1:{port}", config.launcher.server_startup_timeout, process=proc,
@@ -171,16 +172,15 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
             rc = 0
         else:
             proc.terminate()
-            if isinstance(exc, ServerNotHealthy):
-                _reap(proc)
-                output.join(LAST_OUTPUT_TIMEOUT)  # the engine's last lines hold its reason
-                watch.judge(exc)  # FatalStepError when no restart can fix it
+            not_started = exc if isinstance(exc, ServerNotHealthy) else None
             raise
     finally:
         nr.close()
         _reap(proc)
-        output.join(LAST_OUTPUT_TIMEOUT)
+        output.join(LAST_OUTPUT_TIMEOUT)  # the engine's last lines (a failed start's reason among them)
         print(f"rlkit serve: removed {scratch.path} ({scratch.remove()} entries left in it)", flush=True)
+        if not_started is not None:
+            watch.judge(not_started)  # FatalStepError, in place of the failed wait, when no restart can fix it
     if stopping:
         return 0
     print(f"rlkit serve: {what} exited with code {rc}", flush=True)
