@@ -1,4 +1,6 @@
 """The agent endpoint: OpenAI's chat-completions API on trainer rank 0, one key per episode, one sampled turn a call.
+The Responses API (`/v1/responses`, the OpenAI Agents SDK's default) is the same turn in other shapes
+(rlkit.agent.openai_responses).
 
 An unmodified agent program (the official `openai` client, or anything that speaks its API) is pointed at
 `base_url(key)`: `http://127.0.0.1:PORT/e/<key>/v1`. The key is the episode's own (random, given to that episode only;
@@ -41,6 +43,7 @@ from rlkit.agent.openai_protocol import (
     parse_request,
     template_message,
 )
+from rlkit.agent.openai_responses import parse_responses, response_body
 from rlkit.agent.token_route import generate_tokens, parse_token_request
 from rlkit.agent.trajectory import encode_within
 
@@ -140,6 +143,8 @@ class AgentEndpoint:
 
         routes = [Route(path, self._chat, methods=["POST"]) for path in ("/v1/chat/completions",
                                                                           "/e/{key}/v1/chat/completions")]
+        routes += [Route(path, self._responses, methods=["POST"]) for path in ("/v1/responses",
+                                                                               "/e/{key}/v1/responses")]
         routes += [Route(path, self._models, methods=["GET"]) for path in ("/v1/models", "/e/{key}/v1/models")]
         routes += [Route(path, self._tokens, methods=["POST"]) for path in ("/inference/v1/generate",
                                                                             "/e/{key}/inference/v1/generate")]
@@ -156,8 +161,8 @@ class AgentEndpoint:
                 self._task.result()  # raises why it could not start
                 raise RuntimeError("the agent endpoint stopped before it started")
             await asyncio.sleep(0.01)
-        print(f"rlkit agent endpoint: serving the OpenAI chat-completions API on http://127.0.0.1:{self.port} "
-              "(one key per episode)", flush=True)
+        print(f"rlkit agent endpoint: serving the OpenAI chat-completions and responses APIs on "
+              f"http://127.0.0.1:{self.port} (one key per episode)", flush=True)
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
@@ -201,6 +206,18 @@ class AgentEndpoint:
     async def _chat(self, request: Any) -> Any:
         async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
             return await session.chat(parse_request(body, sampling))
+
+        return await self._serve(request, call)
+
+    async def _responses(self, request: Any) -> Any:
+        """OpenAI's Responses API (rlkit.agent.openai_responses): the chat route's turn, in the Responses shapes."""
+        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+            parsed = parse_responses(body, sampling)
+            try:
+                return response_body(await session.chat(parsed.chat), parsed)
+            except OpenAIError as exc:  # the session's refusals name the chat call's messages: here they are input
+                exc.param = "input" if exc.param == "messages" else exc.param
+                raise
 
         return await self._serve(request, call)
 
