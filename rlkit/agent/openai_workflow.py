@@ -9,7 +9,7 @@ trajectory. Its reward is what the function returns (the command's last line of 
 
 An episode that cannot be trained on is dropped, never padded or guessed: the program raised (a non-zero exit), ran
 past `timeout` (its key is revoked, a command's process group killed; a thread cannot be killed and ends at its next
-call, which is refused), returned something that is not a number, or made no chat call. A group needs all its
+call, which is refused), returned something that is not a number, or made no model call. A group needs all its
 samples, so the whole group is dropped, counted in `rollout/dropped_episodes`, and another prompt takes its place
 (rlkit.rollout.groups). A failure on rlkit's side (the servers) is the step's error, as in every rollout.
 """
@@ -87,7 +87,7 @@ class OpenAIAgentWorkflow(EndpointPerLoop):
             raise StepError(f"an agent episode's turn could not be sampled: {type(session.failure).__name__}: "
                             f"{session.failure}") from session.failure
         if not session.segments or ctx.builder.turns == 0:
-            raise EpisodeDropped("the agent program made no chat call that was answered"
+            raise EpisodeDropped("the agent program made no model call (chat completions or responses) that was answered"
                                  + (f" ({session.refused} refused)" if session.refused else ""))
         reward = await ctx.reward() if outcome is None else outcome
         return ctx.finish(reward, openai_calls=float(session.calls), openai_segments=float(session.segments),

@@ -224,7 +224,7 @@ def test_programs_that_fail_hang_or_return_no_reward_drop_their_episode(tok: Any
     cases = [(_workflow(raises), "raised RuntimeError: the agent's own bug"),
              (_workflow(hangs, timeout=0.5), "ran past rollout.agent.openai.timeout (0.5 s)"),
              (_workflow(sleeps, timeout=0.5), "ran past rollout.agent.openai.timeout (0.5 s)"),
-             (_workflow(silent), "made no chat call"),
+             (_workflow(silent), "made no model call"),
              (_workflow(says_yes), "returned 'yes', not its reward")]
     for workflow, says in cases:
         ctx = _context(tok, _scripted(tok, ["1", "2"]))
