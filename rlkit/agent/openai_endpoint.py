@@ -14,6 +14,7 @@ template writes them and masked out of the loss, exactly as `ctx.insert_messages
 A call that rewrites earlier turns starts a new trajectory from its messages (the episode trains on the last one) and
 is counted (`agent/openai_segments`); the conversation is never silently tokenized again. The turn itself is sampled
 by `ctx.generate`: the least-busy live server, no request during a weight push, tagged with its weight version.
+A call with `stream: true` is the same turn, sampled whole, then sent as OpenAI's chunks (rlkit.agent.openai_stream).
 
 The same key also serves the token-level route verifiers' train client calls, `/e/<key>/inference/v1/generate`
 (rlkit.agent.token_route): token ids in and out, the turns joined into the same kind of trajectory.
@@ -44,6 +45,7 @@ from rlkit.agent.openai_protocol import (
     template_message,
 )
 from rlkit.agent.openai_responses import parse_responses, response_body
+from rlkit.agent.openai_stream import completion_chunks, sse_stream
 from rlkit.agent.token_route import generate_tokens, parse_token_request
 from rlkit.agent.trajectory import encode_within
 
@@ -81,7 +83,7 @@ class AgentSession:
                                                                                          request.messages):
                     fits = self.ctx.insert_messages([template_message(m) for m in request.messages[len(self.known):]])
                 else:
-                    fits = self._start(request)
+                    fits = await self._start(request)
             except TemplateError as exc:  # the agent's conversation, not rlkit, is at fault: a 400, not the step's
                 raise OpenAIError(400, f"the model's chat template refuses these messages: {exc}",
                                   param="messages", code="invalid_messages") from None
@@ -108,8 +110,18 @@ class AgentSession:
             self.tools = request.tools
             return body
 
-    def _start(self, request: ChatRequest) -> bool:
-        """A new trajectory from the call's messages (the first call, or one that rewrote earlier turns)."""
+    async def _start(self, request: ChatRequest) -> bool:
+        """A new trajectory from the call's messages (the first call, or one that rewrote earlier turns). Rendered and
+        tokenized in a worker thread: on the loop that serves every episode, a 25k-token conversation of the tiny
+        tokenizer stalled it ~50 ms, eight at once ~600 ms; in a thread its longest stall was 5 and 40 ms (the
+        tokenizer's `encode` releases the GIL)."""
+        text, ids = await asyncio.to_thread(self._prompt, request)
+        self.ctx.restart(ids, text)  # the episode changes on the loop, once the call's prompt is known to fit
+        self.segments += 1
+        return True
+
+    def _prompt(self, request: ChatRequest) -> tuple[str, list[int]]:
+        """The call's messages as the template writes them, and their token ids (thread-safe: reads only)."""
         tokenizer = self.ctx.tokenizer
         text = render_prompt(tokenizer, [template_message(m) for m in request.messages], request.tools,
                              takes_tools=self.takes_tools)
@@ -120,9 +132,7 @@ class AgentSession:
                                    f"tools are added; an episode may hold {limit} (rollout.agent.engine_max_tokens or "
                                    "the servers' context), leaving no room for a turn", param="messages",
                               code="context_length_exceeded")
-        self.ctx.restart(ids, text)
-        self.segments += 1
-        return True
+        return text, ids
 
 
 class AgentEndpoint:
@@ -204,8 +214,10 @@ class AgentEndpoint:
         return JSONResponse(models_body(SERVED_MODEL))
 
     async def _chat(self, request: Any) -> Any:
-        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
-            return await session.chat(parse_request(body, sampling))
+        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> Any:
+            chat = parse_request(body, sampling)
+            completion = await session.chat(chat)
+            return _streamed(session, completion, chat.include_usage) if chat.stream else completion
 
         return await self._serve(request, call)
 
@@ -231,7 +243,8 @@ class AgentEndpoint:
         return await self._serve(request, call)
 
     async def _serve(self, request: Any, call: Any) -> Any:
-        from starlette.responses import JSONResponse
+        """`call`'s answer (a JSON body, or a response of its own: a stream), its errors as OpenAI's JSON errors."""
+        from starlette.responses import JSONResponse, Response
 
         session: AgentSession | None = None
         try:
@@ -239,7 +252,8 @@ class AgentEndpoint:
             body = await _read_json(request)
             params = session.ctx.services.params  # gconfig's (eval_gconfig's for evaluation episodes)
             sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
-            return JSONResponse(await call(session, body, sampling))
+            answer = await call(session, body, sampling)
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
         except OpenAIError as exc:
             if session is not None:
                 session.refused += 1
@@ -250,6 +264,23 @@ class AgentEndpoint:
             error = OpenAIError(500, f"rlkit could not sample this turn: {type(exc).__name__}: {exc}",
                                 kind="server_error")
             return JSONResponse(error.body(), status_code=500)
+
+
+def _streamed(session: AgentSession, completion: dict[str, Any], include_usage: bool) -> Any:
+    """The sampled turn as OpenAI's server-sent chunks; a failure once they started ends the stream with an error
+    event (the status is sent) and is the episode's error, as in `_serve`."""
+    from starlette.responses import StreamingResponse
+
+    def failed(exc: Exception) -> dict[str, Any]:
+        session.failure = session.failure or exc
+        return OpenAIError(500, f"rlkit could not stream this turn: {type(exc).__name__}: {exc}",
+                           kind="server_error").body()
+
+    async def events() -> Any:  # an async iterator: Starlette would step a plain one in its thread pool
+        for data in sse_stream(completion_chunks(completion, include_usage=include_usage), failed):
+            yield data
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 async def _read_json(request: Any) -> Any:

@@ -3,11 +3,12 @@
 What an agent program may ask, and why the rest is refused. The trainer's importance ratio compares its own
 log-probs with the server's, both taken at gconfig's sampling settings, so a call may not change the distribution:
 `temperature`, `top_p` and `top_k` must be absent or equal to gconfig's; `n` must be 1 (one episode is one
-trajectory); `logit_bias`, penalties, `response_format`, forced tool choices (`required`, a named function) and
-streaming are refused with an OpenAI-style error the client raises as it would for OpenAI's own. A call may set
-`max_tokens` / `max_completion_tokens` (fewer tokens than a turn's limit), `stop`, `tools` and `tool_choice`
-(`auto`, `none`). `seed` and `model` are accepted and ignored: rlkit seeds every turn so a resumed run samples the
-same, and serves one model, the policy being trained.
+trajectory); `logit_bias`, penalties, `response_format` and forced tool choices (`required`, a named function) are
+refused with an OpenAI-style error the client raises as it would for OpenAI's own. A call may set `max_tokens` /
+`max_completion_tokens` (fewer tokens than a turn's limit), `stop`, `tools`, `tool_choice` (`auto`, `none`), and
+`stream` with `stream_options.include_usage` (the sampled turn sent as OpenAI's chunks: rlkit.agent.openai_stream).
+`seed` and `model` are accepted and ignored: rlkit seeds every turn so a resumed run samples the same, and serves
+one model, the policy being trained.
 
 Conversations are compared by `normalized` messages: the agent re-sends the whole conversation each call, as a
 dict it built or as the client's own message object dumped back (extra null fields, tool-call ids, arguments as
@@ -32,7 +33,6 @@ REFUSED_PARAMETERS = {  # parameter -> why the trainer cannot honour it
     "presence_penalty": "it changes the sampling distribution the trainer's log-probs are taken at",
     "frequency_penalty": "it changes the sampling distribution the trainer's log-probs are taken at",
     "response_format": "constrained decoding changes the sampling distribution the trainer's log-probs are taken at",
-    "stream": "streaming is not served yet; call without stream",
     "functions": "the legacy `functions` parameter is not served; give `tools`",
 }
 GCONFIG_PARAMETERS = ("temperature", "top_p", "top_k")
@@ -59,6 +59,8 @@ class ChatRequest:
     parse_tool_calls: bool  # False with tool_choice "none" or no tools: the turn's text is its content
     max_tokens: int | None
     stop: list[str] | None  # None: gconfig's
+    stream: bool = False  # answer as server-sent chunks (rlkit.agent.openai_stream)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -146,6 +148,23 @@ def _stop(raw: Any) -> list[str] | None:
     return list(stops)
 
 
+def _streaming(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage), checked as OpenAI checks them."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream must be true or false", "stream")
+    if options is None:
+        return bool(stream), False
+    if not stream:
+        raise _bad("stream_options is only allowed when stream is true", "stream_options")
+    if not isinstance(options, Mapping):
+        raise _bad("stream_options must be an object", "stream_options")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise _bad("stream_options.include_usage must be true or false", "stream_options.include_usage")
+    return True, bool(usage)
+
+
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
@@ -189,7 +208,8 @@ def parse_request(body: Any, gconfig: Mapping[str, float]) -> ChatRequest:
     if choice not in (None, "auto", "none"):
         raise _bad(f"tool_choice={choice!r}: only auto and none are served (forcing a call would change what the "
                    "policy samples)", "tool_choice", "unsupported_value")
-    return ChatRequest(normal, tools, bool(tools) and choice != "none", _max_tokens(body), _stop(body.get("stop")))
+    return ChatRequest(normal, tools, bool(tools) and choice != "none", _max_tokens(body), _stop(body.get("stop")),
+                       *_streaming(body))
 
 
 def completion_body(parsed: ParsedTurn | None, text: str, finish_reason: str, *, call_id: str, model: str,

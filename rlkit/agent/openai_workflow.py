@@ -87,7 +87,8 @@ class OpenAIAgentWorkflow(EndpointPerLoop):
             raise StepError(f"an agent episode's turn could not be sampled: {type(session.failure).__name__}: "
                             f"{session.failure}") from session.failure
         if not session.segments or ctx.builder.turns == 0:
-            raise EpisodeDropped("the agent program made no model call (chat completions or responses) that was answered"
+            raise EpisodeDropped("the agent program made no model call (chat completions or responses) that was "
+                                 "answered"
                                  + (f" ({session.refused} refused)" if session.refused else ""))
         reward = await ctx.reward() if outcome is None else outcome
         return ctx.finish(reward, openai_calls=float(session.calls), openai_segments=float(session.segments),

@@ -145,3 +145,56 @@ def test_a_conversation_far_past_the_limit_is_a_400_at_once(tok: Any) -> None:
     status, text, failure = _call(tok, "chat", body)
     assert (status, failure) == (400, None) and "the conversation is more than 399 tokens" in text, text
     assert time.monotonic() - started < 8
+
+
+class _Slow:
+    """The tokenizer, its encoding of a long text taking `seconds` (as a long conversation's does, the GIL released)."""
+
+    def __init__(self, tok: Any, seconds: float) -> None:
+        self.tok, self.seconds = tok, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tok, name)
+
+    def __len__(self) -> int:
+        return len(self.tok)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > 100:
+            time.sleep(self.seconds)
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
+
+
+def test_the_first_calls_tokenization_leaves_the_event_loop_free(tok: Any) -> None:
+    """The first call's conversation is rendered and tokenized off the loop that serves every concurrent episode
+    (and the servers' requests): a 25k-token conversation stalled that loop ~50 ms, eight at once ~600 ms."""
+    ctx = _context(_Slow(tok, 0.5))
+    body = b'{"messages": [{"role": "user", "content": "' + b"a long question " * 20 + b'"}]}'
+
+    async def main() -> tuple[int, float]:
+        endpoint = AgentEndpoint()
+        await endpoint.start()
+        session = endpoint.open(ctx)
+        longest, done = 0.0, False
+
+        async def beat() -> None:
+            nonlocal longest
+            last = time.monotonic()
+            while not done:
+                await asyncio.sleep(0.01)
+                longest, last = max(longest, time.monotonic() - last), time.monotonic()
+
+        beating = asyncio.create_task(beat())
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                response = await client.post(endpoint.base_url(session) + "/chat/completions", content=body)
+            return response.status_code, longest
+        finally:
+            done = True
+            await beating
+            endpoint.close(session)
+            await endpoint.stop()
+
+    status, longest = asyncio.run(main())
+    assert status == 200 and ctx.builder.turns == 1
+    assert longest < 0.25, f"the loop answered nothing for {longest:.2f} s while the conversation was tokenized"

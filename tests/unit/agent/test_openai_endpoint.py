@@ -98,7 +98,8 @@ def test_calls_the_trainer_cannot_honour_get_openai_errors_and_the_rest_is_serve
     user = [{"role": "user", "content": "hi"}]
     refused = [
         ({"temperature": 0.2}, "temperature"), ({"n": 2}, "n"), ({"logit_bias": {"5": 10}}, "logit_bias"),
-        ({"stream": True}, "stream"), ({"tool_choice": "required"}, "tool_choice"), ({"top_p": 0.5}, "top_p"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream, as OpenAI's
+        ({"tool_choice": "required"}, "tool_choice"), ({"top_p": 0.5}, "top_p"),
         ({"presence_penalty": 0.5}, "presence_penalty"), ({"response_format": {"type": "json_object"}},
                                                           "response_format"),
     ]
