@@ -14,7 +14,8 @@ template writes them and masked out of the loss, exactly as `ctx.insert_messages
 A call that rewrites earlier turns starts a new trajectory from its messages (the episode trains on the last one) and
 is counted (`agent/openai_segments`); the conversation is never silently tokenized again. The turn itself is sampled
 by `ctx.generate`: the least-busy live server, no request during a weight push, tagged with its weight version.
-A call with `stream: true` is the same turn, sampled whole, then sent as OpenAI's chunks (rlkit.agent.openai_stream).
+A call with `stream: true` is the same turn, sampled whole, then sent as OpenAI's chunks (rlkit.agent.openai_stream)
+or, on the Responses route, as the Responses API's events (rlkit.agent.openai_responses_stream).
 
 The same key also serves the token-level route verifiers' train client calls, `/e/<key>/inference/v1/generate`
 (rlkit.agent.token_route): token ids in and out, the turns joined into the same kind of trajectory.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,8 @@ from rlkit.agent.openai_protocol import (
     template_message,
 )
 from rlkit.agent.openai_responses import parse_responses, response_body
-from rlkit.agent.openai_stream import completion_chunks, sse_stream
+from rlkit.agent.openai_responses_stream import ResponseEvents
+from rlkit.agent.openai_stream import DONE, completion_chunks, sse_stream
 from rlkit.agent.token_route import generate_tokens, parse_token_request
 from rlkit.agent.trajectory import encode_within
 
@@ -217,19 +220,26 @@ class AgentEndpoint:
         async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> Any:
             chat = parse_request(body, sampling)
             completion = await session.chat(chat)
-            return _streamed(session, completion, chat.include_usage) if chat.stream else completion
+            if not chat.stream:
+                return completion
+            return _streamed(session, completion_chunks(completion, include_usage=chat.include_usage),
+                             lambda message: [OpenAIError(500, message, kind="server_error").body()])
 
         return await self._serve(request, call)
 
     async def _responses(self, request: Any) -> Any:
         """OpenAI's Responses API (rlkit.agent.openai_responses): the chat route's turn, in the Responses shapes."""
-        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+        async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> Any:
             parsed = parse_responses(body, sampling)
             try:
-                return response_body(await session.chat(parsed.chat), parsed)
+                response = response_body(await session.chat(parsed.chat), parsed)
             except OpenAIError as exc:  # the session's refusals name the chat call's messages: here they are input
                 exc.param = "input" if exc.param == "messages" else exc.param
                 raise
+            if not parsed.stream:
+                return response
+            events = ResponseEvents(response)
+            return _streamed(session, events.events(), events.failed, named=True, end=b"")
 
         return await self._serve(request, call)
 
@@ -266,21 +276,22 @@ class AgentEndpoint:
             return JSONResponse(error.body(), status_code=500)
 
 
-def _streamed(session: AgentSession, completion: dict[str, Any], include_usage: bool) -> Any:
-    """The sampled turn as OpenAI's server-sent chunks; a failure once they started ends the stream with an error
-    event (the status is sent) and is the episode's error, as in `_serve`."""
+def _streamed(session: AgentSession, events: Iterable[Mapping[str, Any]],
+              failure: Callable[[str], Iterable[Mapping[str, Any]]], *, named: bool = False, end: bytes = DONE) -> Any:
+    """The sampled turn's `events` as server-sent events (rlkit.agent.openai_stream.sse_stream); a failure once they
+    started ends the stream with `failure(message)`'s events (the status is sent) and is the episode's error, as in
+    `_serve`."""
     from starlette.responses import StreamingResponse
 
-    def failed(exc: Exception) -> dict[str, Any]:
+    def failed(exc: Exception) -> Iterable[Mapping[str, Any]]:
         session.failure = session.failure or exc
-        return OpenAIError(500, f"rlkit could not stream this turn: {type(exc).__name__}: {exc}",
-                           kind="server_error").body()
+        return failure(f"rlkit could not stream this turn: {type(exc).__name__}: {exc}")
 
-    async def events() -> Any:  # an async iterator: Starlette would step a plain one in its thread pool
-        for data in sse_stream(completion_chunks(completion, include_usage=include_usage), failed):
+    async def stream() -> Any:  # an async iterator: Starlette would step a plain one in its thread pool
+        for data in sse_stream(events, failed, named=named, end=end):
             yield data
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 async def _read_json(request: Any) -> Any:

@@ -10,9 +10,10 @@ conversation unchanged and the episode stays one token-exact trajectory; one tur
 
 Refused with an OpenAI-style 400 naming the parameter: what needs state on the server (previous_response_id,
 conversation, item_reference, stored prompt templates, background), what the turn cannot honour (reasoning effort,
-a text format other than text, truncation auto, include, forced tool choices, OpenAI's built-in tools), streaming
-(for now), and sampling settings other than the episode's (openai_protocol's rule). `model`, `store`, `metadata`,
-`user`, `parallel_tool_calls` and cache hints are accepted and ignored, as the chat route does `seed` and `model`.
+a text format other than text, truncation auto, include, forced tool choices, OpenAI's built-in tools) and sampling
+settings other than the episode's (openai_protocol's rule). `model`, `store`, `metadata`, `user`,
+`parallel_tool_calls` and cache hints are accepted and ignored, as the chat route does `seed` and `model`.
+`stream: true` is the same turn, sent as the Responses API's events (rlkit.agent.openai_responses_stream).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ REFUSED = {  # parameter -> why (refused when set to anything but null/false/emp
     "previous_response_id": "the endpoint keeps no responses: send the whole conversation as input",
     "conversation": "the endpoint keeps no conversations: send the whole conversation as input",
     "background": "a turn is sampled while the call waits; background responses are not served",
-    "stream": "streaming is not served yet; call without stream",
     "prompt": "stored prompt templates live on OpenAI's side; send instructions and input instead",
     "context_management": "the conversation is never compacted: the model trains on what it saw",
     "max_tool_calls": "rlkit does not cap a turn's tool calls (the agent program runs them)",
@@ -163,6 +163,16 @@ def _check_settings(body: Mapping[str, Any]) -> None:
     for name in ("parallel_tool_calls", "store"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(f"{name} must be a boolean", name, "invalid_value")
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream must be true or false", "stream", "invalid_value")
+    if options is not None:  # as OpenAI checks it; include_obfuscation is accepted and ignored (a loopback stream)
+        if not stream:
+            raise _bad("stream_options is only allowed when stream is true", "stream_options", "invalid_value")
+        if not isinstance(options, Mapping) or set(options) - {"include_obfuscation"} \
+                or not isinstance(options.get("include_obfuscation", False), bool):
+            raise _bad("stream_options may only set include_obfuscation (true or false)", "stream_options",
+                       "invalid_value")
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise _bad("max_output_tokens must be a positive integer", "max_output_tokens", "invalid_value")
@@ -174,6 +184,7 @@ class ResponsesCall:
 
     chat: ChatRequest
     echo: dict[str, Any]
+    stream: bool = False  # answer as the Responses API's events (rlkit.agent.openai_responses_stream)
 
 
 def parse_responses(body: Any, gconfig: Mapping[str, float]) -> ResponsesCall:
@@ -195,7 +206,7 @@ def parse_responses(body: Any, gconfig: Mapping[str, float]) -> ResponsesCall:
             "tools": [{"type": "function", "description": None, "parameters": None, "strict": None, **s}
                       for s in schemas],
             "user": body.get("user") if isinstance(body.get("user"), str) else None}
-    return ResponsesCall(parse_request(chat_body, gconfig), echo)
+    return ResponsesCall(parse_request(chat_body, gconfig), echo, body.get("stream") is True)
 
 
 def response_body(completion: Mapping[str, Any], call: ResponsesCall) -> dict[str, Any]:

@@ -12,6 +12,9 @@ empty delta with the `finish_reason`; with `stream_options.include_usage`, a las
 
 A failure after the first event was sent cannot change the status (200 is gone): the stream ends with
 `data: {"error": {...}}`, which the client raises as an APIError, and no [DONE].
+
+The framing (`event`, `sse_stream`) and the pieces (`pieces`) also serve the Responses route's events
+(rlkit.agent.openai_responses_stream), named by `event:` lines as that API sends them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 PIECE_CHARS = 64  # characters of content (or of a call's arguments) per delta: a few events a turn, not one a token
 
 
-def _pieces(text: str) -> list[str]:
+def pieces(text: str) -> list[str]:
+    """`text` in deltas of PIECE_CHARS characters (none for empty text)."""
     return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
 
 
@@ -40,35 +44,40 @@ def completion_chunks(body: Mapping[str, Any], *, include_usage: bool) -> Iterat
     message = choice["message"]
     content = message.get("content")
     yield chunk({"role": "assistant", "content": None if content is None else ""})
-    for piece in _pieces(content or ""):
+    for piece in pieces(content or ""):
         yield chunk({"content": piece})
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
         yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": call["type"],
                                      "function": {"name": function["name"], "arguments": ""}}]})
-        for piece in _pieces(function["arguments"]):
+        for piece in pieces(function["arguments"]):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     yield chunk({}, choice["finish_reason"])
     if include_usage:
         yield {**head, "choices": [], "usage": dict(body["usage"])}
 
 
-def event(data: Mapping[str, Any]) -> bytes:
-    """One server-sent event carrying `data` as JSON."""
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+def event(data: Mapping[str, Any], *, named: bool = False) -> bytes:
+    """One server-sent event carrying `data` as JSON; `named`: after an `event:` line with its `type`, as the
+    Responses API sends them (chat chunks are data-only; the client reads both)."""
+    head = b"event: " + str(data["type"]).encode() + b"\n" if named else b""
+    return head + b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
 
 
-def sse_stream(chunks: Iterable[Mapping[str, Any]],
-               failed: Callable[[Exception], Mapping[str, Any]]) -> Iterator[bytes]:
-    """`chunks` as events, then [DONE]; if producing them fails, `failed(exc)`'s error body as the last event (the
-    caller records the failure there: it is called before the event is sent, so before the client can raise)."""
+def sse_stream(chunks: Iterable[Mapping[str, Any]], failed: Callable[[Exception], Iterable[Mapping[str, Any]]], *,
+               named: bool = False, end: bytes = DONE) -> Iterator[bytes]:
+    """`chunks` as events, then `end` ([DONE]; the Responses API sends nothing); if producing them fails, the events
+    `failed(exc)` returns, last (the caller records the failure there: it is called before they are sent, so before
+    the client can raise)."""
     try:
         for chunk in chunks:
-            yield event(chunk)
+            yield event(chunk, named=named)
     except Exception as exc:  # the status is sent: the error can only be an event
-        yield event(failed(exc))
+        for data in failed(exc):
+            yield event(data, named=named)
         return
-    yield DONE
+    if end:
+        yield end

@@ -107,7 +107,7 @@ def test_an_output_item_sent_back_changed_starts_a_new_segment(tok: Any) -> None
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"conversation": "conv_1"}, "conversation"),
-    ({"background": True}, "background"), ({"stream": True}, "stream"), ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"background": True}, "background"), ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "low"}}, "reasoning"), ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"temperature": 0.2}, "temperature"), ({"top_p": 0.5}, "top_p"), ({"truncation": "auto"}, "truncation"),
