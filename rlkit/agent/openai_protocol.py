@@ -34,6 +34,13 @@ REFUSED_PARAMETERS = {  # parameter -> why the trainer cannot honour it
     "frequency_penalty": "it changes the sampling distribution the trainer's log-probs are taken at",
     "response_format": "constrained decoding changes the sampling distribution the trainer's log-probs are taken at",
     "functions": "the legacy `functions` parameter is not served; give `tools`",
+    "logprobs": "the reply carries no log-probs (the trainer computes its own); call without logprobs",
+    "top_logprobs": "the reply carries no log-probs (the trainer computes its own); call without top_logprobs",
+    "reasoning_effort": "rlkit samples the policy as it is (no effort setting changes what it writes)",
+    "verbosity": "rlkit samples the policy as it is (no verbosity setting changes what it writes)",
+    "prediction": "predicted outputs change what the server samples",
+    "audio": "only text is served",
+    "web_search_options": "web search runs on OpenAI's side; give the program a search tool of its own",
 }
 GCONFIG_PARAMETERS = ("temperature", "top_p", "top_k")
 
@@ -186,6 +193,9 @@ def parse_request(body: Any, gconfig: Mapping[str, float]) -> ChatRequest:
         if value not in (None, False, 0, 0.0, {}, []) and not (name == "response_format" and isinstance(value, Mapping)
                                                           and value.get("type") == "text"):
             raise _bad(f"{name} is not served: {why}", name, "unsupported_parameter")
+    if body.get("modalities") not in (None, ["text"]):
+        raise _bad("modalities other than [\"text\"] are not served: only text is", "modalities",
+                   "unsupported_parameter")
     for name in GCONFIG_PARAMETERS:
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)

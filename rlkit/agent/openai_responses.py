@@ -33,6 +33,7 @@ REFUSED = {  # parameter -> why (refused when set to anything but null/false/emp
     "context_management": "the conversation is never compacted: the model trains on what it saw",
     "max_tool_calls": "rlkit does not cap a turn's tool calls (the agent program runs them)",
     "include": "this endpoint returns no extra output data (logprobs, reasoning, tool results)",
+    "top_logprobs": "the output carries no log-probs (the trainer computes its own); call without top_logprobs",
 }
 CONTENT_PARTS = ("input_text", "output_text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")

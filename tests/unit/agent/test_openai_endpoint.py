@@ -102,9 +102,12 @@ def test_calls_the_trainer_cannot_honour_get_openai_errors_and_the_rest_is_serve
         ({"tool_choice": "required"}, "tool_choice"), ({"top_p": 0.5}, "top_p"),
         ({"presence_penalty": 0.5}, "presence_penalty"), ({"response_format": {"type": "json_object"}},
                                                           "response_format"),
+        ({"logprobs": True}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"), ({"modalities": ["text", "audio"]}, "modalities"),
     ]
     calls = [{"model": "any", "messages": user, **extra} for extra, _ in refused]
-    calls.append({"model": "any", "messages": user, "temperature": 1.0, "max_tokens": 2, "seed": 9})  # served
+    calls.append({"model": "any", "messages": user, "temperature": 1.0, "max_tokens": 2, "seed": 9,  # served
+                  "logprobs": False, "modalities": ["text"]})
     results: list[Any] = []
     server = _scripted(tok, ["x 1 2 3 4"])
     ctx = _context(tok, server)

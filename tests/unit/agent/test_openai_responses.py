@@ -111,7 +111,7 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"reasoning": {"effort": "low"}}, "reasoning"), ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"temperature": 0.2}, "temperature"), ({"top_p": 0.5}, "top_p"), ({"truncation": "auto"}, "truncation"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"), ({"top_logprobs": 2}, "top_logprobs"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content"),
     ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c", "name": "f",
