@@ -25,7 +25,7 @@ CLUSTER = "(slurm or vllm or sglang) and not controller"
 def lint(session: nox.Session) -> None:
     """ruff, mypy, and the docs site built strictly (a broken link, a page outside the navigation fail it) with the
     docs venv's mkdocs (scripts/docs-env.sh installs it idempotently: seconds cold, ~0.1 s warm)."""
-    session.run("ruff", "check", "rlkit", "tests", "bench", "scripts", "noxfile.py")
+    session.run("ruff", "check", "rlkit", "tests", "bench", "scripts", "configs", "noxfile.py")
     session.run("mypy", "rlkit")
     docs_python = subprocess.run(["bash", "scripts/docs-env.sh"], check=True, capture_output=True,
                                  text=True).stdout.splitlines()[-1]

@@ -4,6 +4,7 @@
 #   bash scripts/lock.sh sglang   # sglang 0.5.23 (the contract tests' server venv, scripts/sglang-env.sh)
 #   bash scripts/lock.sh docs     # mkdocs-material (rlkit[docs]: the docs site's venv, scripts/docs-env.sh)
 #   bash scripts/lock.sh verifiers  # verifiers 0.4.0 + uv (the environments' program venv, scripts/verifiers-env.sh)
+#   bash scripts/lock.sh agents  # openai-agents 0.24.0 (the Agents SDK programs' venv, scripts/agents-env.sh)
 # Run it on purpose (a new dependency, a version bump; `nox -s newest` shows what a fresh resolve would change), look
 # at the diff, run the suite, commit the lock. scripts/dev-env.sh and scripts/sglang-env.sh then install exactly it
 # on every machine, CI included. Takes a few minutes (dev, ~4 GB) or more (sglang, ~11 GB) in a temporary venv.
@@ -16,7 +17,9 @@ case "$which" in
   docs) want=("$(sed -n 's/^docs = \["\(.*\)"\]$/\1/p' "$repo/pyproject.toml")") installer=docs-env drop=rlkit ;;
   verifiers) want=("verifiers==$(sed -n 's/^want=//p' "$repo/scripts/verifiers-env.sh")" uv) installer=verifiers-env
     drop=rlkit ;;
-  *) echo "usage: bash scripts/lock.sh dev|sglang|docs|verifiers" >&2; exit 2 ;;
+  agents) want=("openai-agents==$(sed -n 's/^want=//p' "$repo/scripts/agents-env.sh")") installer=agents-env
+    drop=rlkit ;;
+  *) echo "usage: bash scripts/lock.sh dev|sglang|docs|verifiers|agents" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -58,6 +58,13 @@ export RLKIT_VERIFIERS_PYTHON
 record verifiers "$t"
 
 t=$SECONDS
+# openai-agents 0.24.0 in its own venv (~120 MB, ~1 min cold, ~0.1 s warm): tests/unit/agent/test_agents_sdk.py runs
+# an Agents SDK program with it (RLKIT_AGENTS_PYTHON)
+RLKIT_AGENTS_PYTHON=$(bash "$repo/scripts/agents-env.sh" | tail -n 1)
+export RLKIT_AGENTS_PYTHON
+record agents "$t"
+
+t=$SECONDS
 # mkdocs-material in its own small venv (seconds cold, ~0.1 s warm): the lint session builds the docs site with it
 bash "$repo/scripts/docs-env.sh" >/dev/null
 record docs "$t"

@@ -93,6 +93,12 @@ def test_the_sglang_lock_holds_the_version_its_script_installs() -> None:
     assert lock["sglang"] == want.group(1) == load_pins().versions["sglang"]
 
 
+def test_the_agents_lock_holds_the_version_its_script_installs() -> None:
+    want = re.search(r"^want=(\S+)$", (REPO / "scripts" / "agents-env.sh").read_text(), re.M)
+    assert want is not None
+    assert lockcheck.read_lock(LOCKS / "agents.txt")["openai-agents"] == want.group(1)
+
+
 def test_a_lock_refuses_what_is_no_exact_pin_and_the_check_names_each_difference(tmp_path: Path) -> None:
     good = tmp_path / "good.txt"
     good.write_text("# a comment\nFoo_Bar==1.0  # trailing\n\nbaz==2.0+cpu\n# absent: qux\n")
