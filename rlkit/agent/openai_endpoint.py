@@ -46,7 +46,7 @@ from rlkit.agent.openai_protocol import (
     parse_request,
     template_message,
 )
-from rlkit.agent.openai_responses import parse_responses, response_body
+from rlkit.agent.openai_responses import ResponseStore, parse_responses, response_body
 from rlkit.agent.openai_responses_stream import ResponseEvents
 from rlkit.agent.openai_stream import DONE, completion_chunks, sse_stream
 from rlkit.agent.token_route import generate_tokens, parse_token_request
@@ -71,6 +71,7 @@ class AgentSession:
     failure: BaseException | None = None  # what failed on rlkit's side (a server pool error): the episode's error
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    responses: ResponseStore = field(default_factory=ResponseStore)  # what previous_response_id may name
 
     async def chat(self, request: ChatRequest) -> dict[str, Any]:
         """One call, one turn (calls of one episode are taken one at a time, in arrival order)."""
@@ -230,12 +231,14 @@ class AgentEndpoint:
     async def _responses(self, request: Any) -> Any:
         """OpenAI's Responses API (rlkit.agent.openai_responses): the chat route's turn, in the Responses shapes."""
         async def call(session: AgentSession, body: Any, sampling: dict[str, Any]) -> Any:
-            parsed = parse_responses(body, sampling)
+            parsed = parse_responses(body, sampling, session.responses)
             try:
-                response = response_body(await session.chat(parsed.chat), parsed)
+                completion = await session.chat(parsed.chat)
             except OpenAIError as exc:  # the session's refusals name the chat call's messages: here they are input
                 exc.param = "input" if exc.param == "messages" else exc.param
                 raise
+            response = response_body(completion, parsed)
+            session.responses.keep(response["id"], parsed, completion["choices"][0]["message"])
             if not parsed.stream:
                 return response
             events = ResponseEvents(response)

@@ -1,15 +1,17 @@
-"""OpenAI's Responses API (`POST /v1/responses`) as rlkit's agent endpoint speaks it: a stateless subset, translated
-to and from the chat-completions call the episode's session already serves (pure: no HTTP, no tokenizer).
+"""OpenAI's Responses API (`POST /v1/responses`) as rlkit's agent endpoint speaks it: a subset, translated to and
+from the chat-completions call the episode's session already serves (pure: no HTTP, no tokenizer).
 
 The OpenAI Agents SDK calls this API by default, re-sending the whole conversation as `input` each call (it never
 sends previous_response_id unless told to). A call becomes the normalized chat messages the session compares
 (rlkit.agent.openai_protocol): `instructions` a system message first, message items as they are, `function_call`
 items the assistant's tool calls (joined to the assistant message they follow), `function_call_output` items tool
 messages. So the output items the endpoint returned, sent back as they came (with their ids and statuses), are the
-conversation unchanged and the episode stays one token-exact trajectory; one turn is one `AgentSession.chat`.
+conversation unchanged and the episode stays one token-exact trajectory; one turn is one `AgentSession.chat`. A call
+may instead name an earlier response of its episode as `previous_response_id` and send only what is new: that
+response's conversation (ResponseStore) stands before its input, as OpenAI's would.
 
-Refused with an OpenAI-style 400 naming the parameter: what needs state on the server (previous_response_id,
-conversation, item_reference, stored prompt templates, background), what the turn cannot honour (reasoning effort,
+Refused with an OpenAI-style 400 naming the parameter: what needs other state on the server (conversation,
+item_reference, stored prompt templates, background), what the turn cannot honour (reasoning effort,
 a text format other than text, truncation auto, include, forced tool choices, OpenAI's built-in tools) and sampling
 settings other than the episode's (openai_protocol's rule). `model`, `store`, `metadata`, `user`,
 `parallel_tool_calls` and cache hints are accepted and ignored, as the chat route does `seed` and `model`.
@@ -18,7 +20,9 @@ settings other than the episode's (openai_protocol's rule). `model`, `store`, `m
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +30,6 @@ from typing import Any
 from rlkit.agent.openai_protocol import ChatRequest, OpenAIError, parse_request
 
 REFUSED = {  # parameter -> why (refused when set to anything but null/false/empty)
-    "previous_response_id": "the endpoint keeps no responses: send the whole conversation as input",
     "conversation": "the endpoint keeps no conversations: send the whole conversation as input",
     "background": "a turn is sampled while the call waits; background responses are not served",
     "prompt": "stored prompt templates live on OpenAI's side; send instructions and input instead",
@@ -37,6 +40,9 @@ REFUSED = {  # parameter -> why (refused when set to anything but null/false/emp
 }
 CONTENT_PARTS = ("input_text", "output_text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")
+
+
+STORED_RESPONSES = 16  # an episode's last responses kept for previous_response_id (a program names its latest)
 
 
 def _bad(message: str, param: str, code: str = "unsupported_parameter") -> OpenAIError:
@@ -66,14 +72,16 @@ def _string(item: Mapping[str, Any], name: str, where: str) -> str:
     return value
 
 
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The call's `instructions` and `input` as chat-completions messages (what parse_request takes)."""
+def chat_messages(body: Mapping[str, Any], earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The call's `instructions`, the `earlier` conversation (a previous response's, rlkit.agent.openai_responses
+    .ResponseStore) and its `input` as chat-completions messages (what parse_request takes)."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
             raise _bad("instructions must be a string", "instructions", "invalid_value")
         messages.append({"role": "system", "content": instructions})
+    messages += earlier or []
     raw = body.get("input")
     if isinstance(raw, str):
         return [*messages, {"role": "user", "content": raw}]
@@ -186,15 +194,44 @@ class ResponsesCall:
     chat: ChatRequest
     echo: dict[str, Any]
     stream: bool = False  # answer as the Responses API's events (rlkit.agent.openai_responses_stream)
+    conversation: tuple[dict[str, Any], ...] = ()  # the chat messages without the instructions (what a later call's
+    # previous_response_id carries over, with the reply: OpenAI carries no instructions over)
 
 
-def parse_responses(body: Any, gconfig: Mapping[str, float]) -> ResponsesCall:
-    """The call as the chat route serves it, or OpenAIError naming the first parameter it cannot honour."""
+class ResponseStore:
+    """An episode's last STORED_RESPONSES responses, each as its whole conversation (instructions excluded), for calls
+    that name one as `previous_response_id` (the Agents SDK's `previous_response_id`/`auto_previous_response_id`): the
+    call then sends only what is new. Kept per episode, whatever `store` says, so only that episode's key reaches
+    them; a conversation is copied out, never shared, so a later call cannot change an earlier one."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+
+    def conversation(self, response_id: Any) -> list[dict[str, Any]]:
+        if not isinstance(response_id, str) or response_id not in self._kept:
+            raise _bad(f"previous_response_id {response_id!r} is not one of this episode's last {STORED_RESPONSES} "
+                       "responses (rlkit keeps no others): name a response this episode got, or send the whole "
+                       "conversation as input", "previous_response_id", "previous_response_not_found")
+        return copy.deepcopy(self._kept[response_id])
+
+    def keep(self, response_id: str, call: ResponsesCall, reply: Mapping[str, Any]) -> None:
+        """The conversation of a served call and its reply (the chat completion's message)."""
+        self._kept[response_id] = copy.deepcopy([*call.conversation, dict(reply)])
+        while len(self._kept) > STORED_RESPONSES:
+            self._kept.popitem(last=False)
+
+
+def parse_responses(body: Any, gconfig: Mapping[str, float], store: ResponseStore | None = None) -> ResponsesCall:
+    """The call as the chat route serves it, or OpenAIError naming the first parameter it cannot honour. `store`:
+    the episode's responses, which `previous_response_id` may name (None: refused)."""
     if not isinstance(body, Mapping):
         raise OpenAIError(400, "the request body must be a JSON object")
     _check_settings(body)
     schemas = _tools(body.get("tools"))
-    chat_body: dict[str, Any] = {"messages": chat_messages(body), "tool_choice": body.get("tool_choice"),
+    previous = body.get("previous_response_id")
+    earlier = (store or ResponseStore()).conversation(previous) if previous is not None else []
+    messages = chat_messages(body, earlier)
+    chat_body: dict[str, Any] = {"messages": messages, "tool_choice": body.get("tool_choice"),
                                  "tools": [{"type": "function", "function": s} for s in schemas],
                                  "max_tokens": body.get("max_output_tokens")}
     chat_body.update({k: body[k] for k in ("temperature", "top_p", "top_k") if k in body})
@@ -207,7 +244,9 @@ def parse_responses(body: Any, gconfig: Mapping[str, float]) -> ResponsesCall:
             "tools": [{"type": "function", "description": None, "parameters": None, "strict": None, **s}
                       for s in schemas],
             "user": body.get("user") if isinstance(body.get("user"), str) else None}
-    return ResponsesCall(parse_request(chat_body, gconfig), echo, body.get("stream") is True)
+    conversation = tuple(messages[1:] if body.get("instructions") is not None else messages)
+    echo["previous_response_id"] = previous
+    return ResponsesCall(parse_request(chat_body, gconfig), echo, body.get("stream") is True, conversation)
 
 
 def response_body(completion: Mapping[str, Any], call: ResponsesCall) -> dict[str, Any]:
@@ -231,7 +270,7 @@ def response_body(completion: Mapping[str, Any], call: ResponsesCall) -> dict[st
     return {"id": f"resp_{turn_id}", "object": "response", "created_at": completion.get("created", int(now)),
             "status": status, "completed_at": now if status == "completed" else None, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": completion["model"], "output": output, **call.echo, "previous_response_id": None,
+            "model": completion["model"], "output": output, **call.echo,
             "reasoning": None, "background": False, "text": {"format": {"type": "text"}}, "truncation": "disabled",
             "usage": {"input_tokens": usage["prompt_tokens"],
                       "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

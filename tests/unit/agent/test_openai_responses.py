@@ -90,6 +90,63 @@ def test_a_responses_episode_is_the_chat_routes_trajectory_and_its_output_items_
         + len(r.token_ids)
 
 
+def _chained_agent(seen: list[Response]) -> Any:
+    """The same agent sending only what is new, its previous response named (previous_response_id)."""
+
+    def agent(base_url: str, row: dict[str, Any]) -> float:
+        client = OpenAI(base_url=base_url, api_key="in-the-url")
+        new: list[Any] = [{"role": "user", "content": row["prompt"]}]
+        previous = None
+        while True:
+            response = client.responses.create(model="policy", instructions="Open the door.", input=new,
+                                               tools=[PRESS], **({"previous_response_id": previous} if previous
+                                                                 else {}))
+            seen.append(response)
+            calls = [item for item in response.output if item.type == "function_call"]
+            if not calls:
+                return 1.0
+            previous = response.id
+            new = [{"type": "function_call_output", "call_id": call.call_id, "output": "the door is open"}
+                   for call in calls]
+
+    return agent
+
+
+def test_a_call_naming_its_previous_response_continues_the_same_trajectory(tok: Any) -> None:
+    chained: list[Response] = []
+    texts = ["a 7", "done"]
+    by_chain = _episode(tok, _chained_agent(chained), texts)
+    by_resend = _episode(tok, _responses_agent("exclude_unset", []), texts)
+    c, r = by_chain.trajectory, by_resend.trajectory
+    assert list(c.prompt_ids) == list(r.prompt_ids) and list(c.token_ids) == list(r.token_ids)
+    assert list(c.loss_mask) == list(r.loss_mask) and c.turns == 2
+    assert by_chain.info["openai_segments"] == 1 and by_chain.info["openai_refused"] == 0
+    assert chained[1].previous_response_id == chained[0].id and chained[0].previous_response_id is None
+    assert "Open the door." in tok.decode(list(c.prompt_ids)), "the call's instructions, not carried over twice"
+
+
+def test_the_response_store_keeps_an_episodes_last_responses_as_copies() -> None:
+    from rlkit.agent.openai_protocol import OpenAIError
+    from rlkit.agent.openai_responses import STORED_RESPONSES, ResponseStore, parse_responses
+
+    store = ResponseStore()
+    gconfig = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    for i in range(STORED_RESPONSES + 1):
+        call = parse_responses({"input": f"q{i}"}, gconfig)
+        store.keep(f"resp_{i}", call, {"role": "assistant", "content": f"a{i}"})
+    with pytest.raises(OpenAIError) as gone:
+        store.conversation("resp_0")
+    assert gone.value.param == "previous_response_id" and gone.value.code == "previous_response_not_found"
+    kept = store.conversation("resp_1")
+    assert kept == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
+    kept[1]["content"] = "changed by a later call"
+    assert store.conversation("resp_1")[1]["content"] == "a1", "a copy: a later call cannot change it"
+    later = parse_responses({"input": "next", "previous_response_id": "resp_1", "instructions": "be brief"}, gconfig,
+                            store)
+    assert [m["content"] for m in later.chat.messages] == ["be brief", "q1", "a1", "next"]
+    assert [m["content"] for m in later.conversation] == ["q1", "a1", "next"], "no instructions carried over"
+
+
 def test_an_output_item_sent_back_changed_starts_a_new_segment(tok: Any) -> None:
     def agent(base_url: str, row: dict[str, Any]) -> float:
         client = OpenAI(base_url=base_url, api_key="k")
@@ -106,7 +163,8 @@ def test_an_output_item_sent_back_changed_starts_a_new_segment(tok: Any) -> None
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"), ({"conversation": "conv_1"}, "conversation"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),  # not one of this episode's responses
+    ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"), ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "low"}}, "reasoning"), ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
