@@ -7,7 +7,8 @@ is the episode's reward. Run it from the venv that holds the SDK (scripts/agents
 
 The agent answers sums with an `add` tool; the reward is half a point for having used the tool and half for the row's
 answer in the final output. `chat` as the first argument uses the SDK's chat-completions model instead of its
-default (the Responses API), `--stream` runs it with `Runner.run_streamed`.
+default (the Responses API), `--stream` runs it with `Runner.run_streamed`, `--chain` sends only what is new each turn
+(`auto_previous_response_id`: the Responses API's previous_response_id).
 """
 
 import asyncio
@@ -31,12 +32,13 @@ async def main(args: list[str]) -> None:
     model = OpenAIChatCompletionsModel("policy", AsyncOpenAI()) if "chat" in args else "policy"
     agent = Agent(name="calculator", instructions="Add with the add tool, then give the sum.", tools=[add],
                   model=model)
+    chain = "--chain" in args  # each call names the previous response and sends only what is new
     if "--stream" in args:
-        result = Runner.run_streamed(agent, row["prompt"], max_turns=3)
+        result = Runner.run_streamed(agent, row["prompt"], max_turns=3, auto_previous_response_id=chain)
         async for _ in result.stream_events():
             pass
     else:
-        result = await Runner.run(agent, row["prompt"], max_turns=3)
+        result = await Runner.run(agent, row["prompt"], max_turns=3, auto_previous_response_id=chain)
     used_tool = any(isinstance(item, ToolCallOutputItem) for item in result.new_items)
     print(json.dumps(0.5 * used_tool + 0.5 * (row["answer"] in str(result.final_output))))
 

@@ -2,7 +2,8 @@
 trained through the agent endpoint: run as `rollout.agent.openai.command` by OpenAIAgentWorkflow from the SDK's own
 venv (scripts/agents-env.sh; RLKIT_AGENTS_PYTHON, which scripts/test.sh exports), against the real uvicorn endpoint
 with the scripted server of test_openai_endpoint.py. Each of the SDK's models (the default Responses one, the
-chat-completions one, the latter streamed) makes one token-exact trajectory with the tool call and its result in it.
+chat-completions one, each streamed; the Responses one also chained by previous_response_id) makes one token-exact
+trajectory with the tool call and its result in it.
 One program run per case: the venv's `import agents` alone costs ~2.5 CPU-s here."""
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def _run(tok: Any, python: str, *args: str) -> tuple[Episode, Any]:
     return asyncio.run(workflow(ctx, ctx.row)), server
 
 
-@pytest.mark.parametrize("args", [(), ("--stream",), ("chat",), ("chat", "--stream")],
-                         ids=["responses", "responses-streamed", "chat", "chat-streamed"])
+@pytest.mark.parametrize("args", [(), ("--stream",), ("--chain",), ("chat",), ("chat", "--stream")],
+                         ids=["responses", "responses-streamed", "responses-chained", "chat", "chat-streamed"])
 def test_an_agents_sdk_program_is_one_token_exact_episode(tok: Any, agents_python: str, args: tuple[str, ...]) -> None:
     episode, server = _run(tok, agents_python, *args)
     t = episode.trajectory
