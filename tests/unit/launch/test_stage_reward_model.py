@@ -126,6 +126,9 @@ def test_a_stage_naming_its_own_reward_model_keeps_it_and_its_critic(demo_dir: P
     plans, _ = prepare_stages(_config(tmp_path), [f"stages.rl.critic.path={tiny_model_dir}"])
     assert plans[2].prepared.config.critic.path == str(tiny_model_dir), "a critic.path of its own is kept"
     assert plans[2].prepared.config.reward.reward_model_path == _final(plans[1])
+    sft_final = str(demo_dir / "fileroot" / "demo-stages" / "run1_sft" / "checkpoints" / "final")
+    plans, _ = prepare_stages(_config(tmp_path), [f"stages.rl.critic.path={sft_final}"])
+    assert plans[2].prepared.config.critic.path == sft_final, "the policy's final, checked before it exists"
 
 
 def test_a_stage_needing_a_reward_model_nobody_trains_is_refused_naming_the_key_and_the_fix(
