@@ -1,5 +1,5 @@
 """A reward model handed over between stages, end to end on the real dev Slurm cluster: the rm stage of
-configs/sft-rw-ppo-cpu-demo.yaml, then a grpo stage (the ppo stage as grpo: no critic to train, the cheapest RL
+configs/sft-rw-ppo-cpu.yaml, then a grpo stage (the ppo stage as grpo: no critic to train, the cheapest RL
 stage) naming no reward_model_path, as ONE `rlkit submit`. A run of its own rather than a third stage of
 test_stages_e2e.py: an rw stage there would add its job and the reward model's scoring to a run that is already the
 longest of the suite, and change the reward that run's assertions measure. Smallest steps: rw 2 steps on one rank,
@@ -36,7 +36,7 @@ def rm_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     shutil.copytree(tiny_model_dir, root / "tiny-model")
     write_pair_splits(root)
     write_dataset(root / "digits.jsonl")
-    data = yaml.safe_load((CONFIGS / "sft-rw-ppo-cpu-demo.yaml").read_text())
+    data = yaml.safe_load((CONFIGS / "sft-rw-ppo-cpu.yaml").read_text())
     _, rm, rl = data["stages"]
     rl = {**rl, "stage_name": "grpo", "type": "grpo", "reward": {"fns": {"reward_model": 1.0}, "num_workers": 1}}
     rl.pop("critic")

@@ -171,3 +171,31 @@ def test_the_run_record_keeps_the_stand_in_and_a_stage_resumed_alone_waits_for_t
     assert "stage rm has not written the model it starts from" in caught.value.message
     (plans[1].prepared.paths.checkpoints / "final").mkdir(parents=True)
     assert _stage_stand_ins(str(plans[2].prepared.paths.root)) == (str(demo_dir / "tiny-model"),) * 2
+
+
+def test_resuming_the_run_before_the_rw_stage_finished_submits_the_later_stages_with_the_reward_model(
+        demo_dir: Path, tmp_path: Path, rlkit_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlkit resume RUN` with sft done and rm not: rm and rl are submitted again, rl still scoring with (and its
+    critic starting from) rm's final, which its re-checks read as the recorded stand-in (Slurm faked: the
+    controller's answers are not what this is about)."""
+    from rlkit.config.load import load_config
+    from rlkit.config.problems import Problems
+    from rlkit.launch import slurm
+    from rlkit.launch.stages import resume_run, submit_stages
+    from rlkit.trials.stage_runs import find_run
+
+    jobs = iter(range(100, 200))
+    monkeypatch.setattr(slurm, "sbatch_test_only", lambda script: "ok")
+    monkeypatch.setattr(slurm, "sbatch", lambda path, after_ok="": str(next(jobs)))
+    monkeypatch.setattr("rlkit.launch.submit.site_preflight", lambda plan, **kw: Problems())
+    monkeypatch.setattr(slurm, "job_info", lambda job: slurm.JobInfo(job, "CANCELLED"))
+    plans, _ = prepare_stages(_config(tmp_path), [])
+    run = submit_stages(plans)
+    plans[0].prepared.paths.checkpoints.mkdir(parents=True)
+    (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
+    found = find_run(run.name)
+    assert found is not None
+    resumed = resume_run(found, [])
+    assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
+    config = load_config(plans[2].prepared.paths.config)
+    assert config.reward.reward_model_path == _final(plans[1]) == config.critic.path
