@@ -1,9 +1,17 @@
 """Submit-time checks of `reward.fn: reward_model` (torch-free): the directory is a reward model written by job type
 rw, with a tokenizer, over the actor's vocabulary. A wrong directory would otherwise surface minutes into the job as
-a reward of 0 for every completion (RewardRunner scores a failing call 0)."""
+a reward of 0 for every completion (RewardRunner scores a failing call 0).
+
+In a multi-stage run the directory may be an earlier rw stage's checkpoints/final, not written yet
+(rlkit.launch.stages hands it over): while it is pending, its checks read the model that stage trains from (its
+stand-in, as a later stage's actor.path is checked): the vocabulary. What rw writes (the value-head note, the
+tokenizer) is rw's to guarantee."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +22,25 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 
 FIELD = "reward.reward_model_path"
+_PENDING: ContextVar[tuple[str, str]] = ContextVar("pending_reward_model", default=("", ""))
+
+
+def scores_with_reward_model(fn: str, fns: dict[str, float]) -> bool:
+    """Whether the reward (reward.fns when set, else reward.fn) calls the built-in `reward_model`."""
+    from rlkit.rewards.model_reward import REWARD_MODEL
+
+    return any(spec.strip() == REWARD_MODEL for spec in fns) if fns else fn.strip() == REWARD_MODEL
+
+
+@contextmanager
+def pending_reward_model(path: str, stand_in: str) -> Iterator[None]:
+    """While in the block, `path` (an rw stage's final, not written yet) is checked as `stand_in`, the model that
+    stage trains from; nothing changes once `path` exists, or without a stand-in."""
+    token = _PENDING.set((path, stand_in) if stand_in and path and not Path(path).exists() else ("", ""))
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -28,17 +55,23 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
-    """Every problem of reward_model_path, given reward.fn."""
+    """Every problem of reward_model_path, given reward.fn (or reward.fns)."""
     from rlkit.rewards.model_reward import REWARD_MODEL
 
-    path = config.reward.reward_model_path
-    if config.reward.fn.strip() != REWARD_MODEL:
+    reward = config.reward
+    path = reward.reward_model_path
+    if not scores_with_reward_model(reward.fn, reward.fns):
         if path:
-            problems.add(f"{FIELD} is set, but reward.fn is {config.reward.fn!r}: it would be ignored",
-                         hint=f"set reward.fn={REWARD_MODEL} to score with it, or remove {FIELD}")
+            which = f"reward.fns lists no {REWARD_MODEL}" if reward.fns else f"reward.fn is {reward.fn!r}"
+            problems.add(f"{FIELD} is set, but {which}: it would be ignored",
+                         hint=f"score with {REWARD_MODEL} (reward.fn, or a key of reward.fns), or remove {FIELD}")
         return
     if not path:
         return  # resolve_reward_fn reports it
+    pending, stand_in = _PENDING.get()
+    if path == pending:
+        _check_vocabulary(config, Path(stand_in), problems)
+        return
     model = Path(path)
     if not model.is_dir():
         problems.add(f"{FIELD}: '{path}' is not a directory", hint="point it at an rw trial's checkpoints/final",
@@ -54,6 +87,11 @@ def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
     if not any((model / name).is_file() for name in TOKENIZER_FILES):
         problems.add(f"{FIELD}: '{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
                      hint="rw saves its tokenizer with the model: use a directory rw wrote", site=True)
+    _check_vocabulary(config, model, problems)
+
+
+def _check_vocabulary(config: ExperimentConfig, model: Path, problems: Problems) -> None:
+    """The reward model reads the policy's token ids: one vocabulary."""
     ours = _json(Path(config.actor.path) / "config.json").get("vocab_size")
     theirs = _json(model / "config.json").get("vocab_size")
     if ours is not None and theirs is not None and ours != theirs:

@@ -115,7 +115,7 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
     """Print the sbatch script the config gives (a dry run: nothing is written or submitted). Missing site files
     are listed as warnings on stderr."""
     from rlkit.launch import slurm
-    from rlkit.launch.stages import has_stages, prepare_stages
+    from rlkit.launch.stages import handed_over, has_stages, prepare_stages
     from rlkit.launch.submit import prepare
 
     if has_stages(config):
@@ -123,6 +123,7 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
         for plan in plans:
             sys.stdout.write(f"# ---- stage {plan.record.name}: trial {plan.record.trial} "
                              + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
+            sys.stdout.write("".join(f"# {key}: {path} (handed over)\n" for key, path in handed_over(plan)))
             sys.stdout.write(plan.prepared.script)
         scripts = [plan.prepared.script for plan in plans]
     else:

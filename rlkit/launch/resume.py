@@ -31,7 +31,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     paths = TrialPaths(Path(record.trial_dir))
     if not paths.config.is_file():
         raise UserError(f"trial {record.name} has no config at {paths.config}", hint="submit it again instead")
-    stand_in = _stage_model_stand_in(record.trial_dir)
+    stand_in, reward_stand_in = _stage_stand_ins(record.trial_dir)
     info = slurm.job_info(record.job_id)
     if slurm.is_trials_active_job(info, record.experiment, record.trial, record.trial_dir):
         raise UserError(f"trial {record.name} is still {info.state} as job {record.job_id}",
@@ -39,7 +39,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     done = len(attempts(paths)) or 1
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
-                       attempt=done + 1, model_stand_in=stand_in, preflight=True)
+                       attempt=done + 1, model_stand_in=stand_in, reward_stand_in=reward_stand_in, preflight=True)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",
@@ -49,19 +49,19 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     return submitted.record, done + 1
 
 
-def _stage_model_stand_in(trial_dir: str) -> str:
-    """For a stage of a multi-stage run: the model its checks read. A stage whose model is an earlier stage's final
-    checkpoint not written yet cannot run on its own: the run must be resumed instead."""
+def _stage_stand_ins(trial_dir: str) -> tuple[str, str]:
+    """For a stage of a multi-stage run: the models its checks read (policy, reward model). A stage whose model is an
+    earlier stage's final checkpoint not written yet cannot run on its own: the run must be resumed instead."""
     from rlkit.trials.stage_runs import run_of_trial
 
     found = run_of_trial(trial_dir)
     if found is None:
-        return ""
+        return "", ""
     run, stage = found
     earlier = run.stages[: run.stages.index(stage)]
-    if stage.model_stand_in and not all(s.finished() for s in earlier):
+    if stage.stand_ins and not all(s.finished() for s in earlier):
         waiting = next(s for s in earlier if not s.finished())
         raise UserError(f"{stage.trial} is stage {stage.name} of the run {run.name}, and stage {waiting.name} has not "
                         "written the model it starts from",
                         hint=f"resume the run, which continues stage {waiting.name} first: rlkit resume {run.name}")
-    return stage.model_stand_in
+    return stage.model_stand_in, stage.reward_stand_in

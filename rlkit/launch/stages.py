@@ -5,7 +5,8 @@ A stage is a mapping of the keys it changes plus its `stage_name`; everything el
 file (mappings merge key by key, any other value is replaced). Stage `s` of trial `t` is the trial `t_s`. A stage
 that trains a policy (JobType.passes_on) hands its `checkpoints/final` to the next stage as actor.path, unless that
 stage names its own actor.path; the servers then load it too (an inherited vllm.model / sglang.model_path is
-dropped). Command-line overrides apply to every stage; `stages.<name>.<key>=value` to one.
+dropped). An rw stage's `checkpoints/final` becomes the reward model of the later stages that score with one
+(rlkit.launch.stage_reward). Command-line overrides apply to every stage; `stages.<name>.<key>=value` to one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rlkit.jobs import REGISTRY, job_type_for
 from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
+from rlkit.launch.stage_reward import TrainedRewardModel, hand_over_reward_model
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import SLURM_JOB_ID, attempts, find_trial
@@ -137,12 +139,13 @@ def _sets(own_keys: dict[str, Any], own_overrides: list[str], section: str, fiel
 @dataclass
 class ComposedStage:
     """One stage's config before any check: composed from the file and chained to the stage before. `config` None:
-    the loader could not build it (`problems` says why). `model_stand_in`: see StageRecord."""
+    the loader could not build it (`problems` says why). `model_stand_in`, `reward_stand_in`: see StageRecord."""
 
     name: str
     config: ExperimentConfig | None
     problems: Problems
     model_stand_in: str = ""
+    reward_stand_in: str = ""
 
 
 def compose_stages(config_path: str | Path, overrides: list[str], problems: Problems) -> list[ComposedStage]:
@@ -156,6 +159,7 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
     base = {k: v for k, v in data.items() if k != STAGES_KEY}
     stages: list[ComposedStage] = []
     policy: tuple[str, str] | None = None  # (final checkpoint, the model its checks read) of the last policy stage
+    reward: TrainedRewardModel | None = None  # the last rw stage's
     for name, own in entries:
         stage_problems = Problems()
         mapping, stage_overrides = _stage_trial_name(_merge(base, own), [*common, *own_overrides[name]], name)
@@ -179,10 +183,17 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
             for section, field in _SERVER_MODEL_FIELDS:
                 if not _sets(own, own_overrides[name], section, field):
                     setattr(getattr(config, section), field, "")
+        reward_stand_in = hand_over_reward_model(
+            name, config, job, reward, functools.partial(_sets, own, own_overrides[name]), problems)
+        if reward_stand_in is None:
+            continue
+        final = str(TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name).checkpoints
+                    / "final")
         if job is not None and job.passes_on == "policy":
-            paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
-            policy = (str(paths.checkpoints / "final"), stand_in or config.actor.path)
-        stages.append(ComposedStage(name, config, stage_problems, stand_in))
+            policy = (final, stand_in or config.actor.path)
+        elif job is not None and job.passes_on == "reward_model":
+            reward = TrainedRewardModel(final, stand_in or config.actor.path)
+        stages.append(ComposedStage(name, config, stage_problems, stand_in, reward_stand_in))
     return stages
 
 
@@ -200,18 +211,30 @@ def prepare_stages(config_path: str | Path, overrides: list[str], *, dry_run: bo
             continue
         try:
             prepared = prepare_config(stage.config, stage.problems, dry_run=dry_run,
-                                      model_stand_in=stage.model_stand_in, preflight=preflight)
+                                      model_stand_in=stage.model_stand_in, reward_stand_in=stage.reward_stand_in,
+                                      preflight=preflight)
         except ConfigError as exc:
             by_stage[stage.name] = list(each_error(exc))  # type: ignore[arg-type]
             continue
         warnings.extend(ConfigError(f"stage {stage.name}: {w.message}", hint=w.hint, site=True)
                         for w in prepared.warnings)
         record = StageRecord(stage.name, stage.config.type, stage.config.trial_name, str(prepared.paths.root),
-                             stage.model_stand_in)
+                             stage.model_stand_in, stage.reward_stand_in)
         plans.append(StagePlan(record, prepared))
     problems.errors.extend(_by_problem(by_stage))
     problems.raise_if_any()
     return plans, warnings
+
+
+def handed_over(plan: StagePlan) -> list[tuple[str, str]]:
+    """(key, path) of each model the stage takes from an earlier stage's final checkpoint (what render shows)."""
+    config, record = plan.prepared.config, plan.record
+    out = [("actor.path", config.actor.path)] if record.model_stand_in else []
+    if record.reward_stand_in:
+        out.append(("reward.reward_model_path", config.reward.reward_model_path))
+        if config.critic.path == config.reward.reward_model_path:
+            out.append(("critic.path", config.critic.path))
+    return out
 
 
 def _registered(name: str) -> JobType | None:
@@ -304,7 +327,8 @@ def resume_run(run: StagedRun, overrides: list[str]) -> list[tuple[StageRecord, 
         try:
             prepared.append((stage, prepare(paths.config, [*mode, *common, *own[stage.name]],
                                             attempt=len(attempts(paths)) + 1 if again else 1,
-                                            model_stand_in=stage.model_stand_in, preflight=True),
+                                            model_stand_in=stage.model_stand_in,
+                                            reward_stand_in=stage.reward_stand_in, preflight=True),
                              "resumed" if again else "again"))
         except ConfigError as exc:
             errors.extend(ConfigError(f"stage {stage.name}: {e.message}", hint=e.hint) for e in each_error(exc))

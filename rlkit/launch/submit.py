@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.checks.reward_model import pending_reward_model
 from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.allocation import canonical_mode
 from rlkit.config.areal.accept import AcceptedKey
@@ -51,8 +52,8 @@ class Prepared:
     areal_keys: tuple[AcceptedKey, ...] = ()
 
 
-def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
-            dry_run: bool = False, model_stand_in: str = "", preflight: bool = False) -> Prepared:
+def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1, dry_run: bool = False,
+            model_stand_in: str = "", reward_stand_in: str = "", preflight: bool = False) -> Prepared:
     """Load, validate, plan and render (pure apart from reading the config and checking input paths). Raises
     ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead. `preflight`:
     also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others)."""
@@ -63,12 +64,12 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1,
         problems.raise_if_any()
     assert config is not None
     return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in,
-                          preflight=preflight, areal_keys=tuple(areal_keys))
+                          reward_stand_in=reward_stand_in, preflight=preflight, areal_keys=tuple(areal_keys))
 
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
-                   dry_run: bool = False, model_stand_in: str = "", preflight: bool = False,
-                   areal_keys: tuple[AcceptedKey, ...] = (), fetch: bool = True) -> Prepared:
+                   dry_run: bool = False, model_stand_in: str = "", reward_stand_in: str = "",
+                   preflight: bool = False, areal_keys: tuple[AcceptedKey, ...] = (), fetch: bool = True) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
     model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
     checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
@@ -77,16 +78,23 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     cache: rlkit.launch.hub)."""
     problems = problems if problems is not None else Problems()
     if fetch and not dry_run and has_hub_ids(config):
-        _check_before_download(config, problems, attempt=attempt, model_stand_in=model_stand_in)
+        _check_before_download(config, problems, attempt=attempt, model_stand_in=model_stand_in,
+                               reward_stand_in=reward_stand_in)
     resolve_hub_ids(config, problems, download=fetch and not dry_run)
     make_paths_absolute(config, os.getcwd())
-    real_model, real_ref = config.actor.path, config.ref.path
+    real_model, real_ref, real_critic = config.actor.path, config.ref.path, config.critic.path
     if model_stand_in and not Path(real_model).exists():
         config.actor.path = model_stand_in
         if real_ref == real_model:  # the reference is that stage's model too
             config.ref.path = model_stand_in
-    validated = validate(config)
-    config.actor.path, config.ref.path = real_model, real_ref
+        if real_critic == real_model:  # and the critic
+            config.critic.path = model_stand_in
+    rewards = config.reward.reward_model_path
+    if reward_stand_in and real_critic == rewards and not Path(rewards).exists():
+        config.critic.path = reward_stand_in  # the critic starts from the reward model (rlkit.launch.stages)
+    with pending_reward_model(rewards, reward_stand_in):
+        validated = validate(config)
+    config.actor.path, config.ref.path, config.critic.path = real_model, real_ref, real_critic
     problems.errors.extend(validated.problems.errors)
     plan = None
     if validated.allocation is not None:
@@ -112,12 +120,12 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
 
 
 def _check_before_download(config: ExperimentConfig, problems: Problems, *, attempt: int,
-                           model_stand_in: str) -> None:
+                           model_stand_in: str, reward_stand_in: str) -> None:
     """Every problem of a config with hub ids, found before anything is downloaded (a config to be refused must not
     fetch gigabytes first): the checks run as render's, and any problem but an id not yet in the cache is raised."""
     try:
         prepare_config(copy.deepcopy(config), copy.deepcopy(problems), attempt=attempt,
-                       model_stand_in=model_stand_in, fetch=False)
+                       model_stand_in=model_stand_in, reward_stand_in=reward_stand_in, fetch=False)
     except ConfigError as exc:
         checked = Problems()
         checked.errors.extend(e for e in each_error(exc) if isinstance(e, ConfigError)

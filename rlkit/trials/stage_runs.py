@@ -18,13 +18,21 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # experiment and trial names 
 @dataclass(frozen=True)
 class StageRecord:
     """One stage of a run. `model_stand_in`: the model its submit-time checks read instead of actor.path while that
-    is an earlier stage's final checkpoint not written yet (empty: actor.path is its own)."""
+    is an earlier stage's final checkpoint not written yet (empty: actor.path is its own). `reward_stand_in`: the same
+    for reward.reward_model_path (and a critic.path) handed over from an earlier rw stage (rlkit.launch.stage_reward):
+    the model that stage trains from."""
 
     name: str
     type: str
     trial: str
     trial_dir: str
     model_stand_in: str = ""
+    reward_stand_in: str = ""
+
+    @property
+    def stand_ins(self) -> bool:
+        """Whether a model this stage reads is an earlier stage's final checkpoint."""
+        return bool(self.model_stand_in or self.reward_stand_in)
 
     @property
     def paths(self) -> TrialPaths:

@@ -63,3 +63,26 @@ def test_the_path_without_the_function_and_the_function_without_the_path(tmp_pat
         resolve_reward_fn("no_such_reward", "answer")
     fn = resolve_reward_fn("reward_model", "answer", str(rm))
     assert callable(fn) and callable(getattr(fn, "warmup", None))  # the model loads in the worker, not here
+
+
+def test_a_mix_with_reward_model_takes_the_path_and_one_without_it_is_told(tmp_path: Path) -> None:
+    rm = _model_dir(tmp_path / "rm", kind="reward")
+    assert _problems(tmp_path, {"fns": {"reward_model": 1.0, "math": 0.5}, "reward_model_path": str(rm)}) == []
+    found = _problems(tmp_path, {"fns": {"math": 1.0}, "reward_model_path": str(rm)})
+    assert len(found) == 1 and "reward.fns lists no reward_model: it would be ignored" in found[0], found
+
+
+def test_a_reward_model_not_written_yet_is_checked_as_the_model_its_rw_stage_starts_from(tmp_path: Path) -> None:
+    """An rw stage's final, handed over in a multi-stage run (rlkit.launch.stage_reward): its vocabulary is the
+    stand-in's (the model rw trains from); outside the run, the same missing path is refused."""
+    from rlkit.checks.reward_model import pending_reward_model
+
+    pending = str(tmp_path / "run_rm" / "checkpoints" / "final")
+    same, other = _model_dir(tmp_path / "base", kind=None), _model_dir(tmp_path / "other", kind=None, vocab=7)
+    reward = {"fn": "reward_model", "reward_model_path": pending}
+    with pending_reward_model(pending, str(same)):
+        assert _problems(tmp_path, reward) == []
+    with pending_reward_model(pending, str(other)):
+        found = _problems(tmp_path, reward)
+    assert len(found) == 1 and "the reward model's vocabulary (7 tokens) is not the actor's (100)" in found[0], found
+    assert "is not a directory" in _problems(tmp_path, reward)[0]

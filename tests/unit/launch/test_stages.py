@@ -177,7 +177,7 @@ def test_a_later_stage_cannot_be_resumed_before_the_model_it_starts_from_exists(
     """`rlkit resume RUN_grpo` alone, while the sft stage has no final model: refused with the run's resume as the
     fix (before asking Slurm anything); once the sft stage's final exists, the stage is a trial like any other."""
     from rlkit.config.load import to_yaml
-    from rlkit.launch.resume import _stage_model_stand_in, resume_trial
+    from rlkit.launch.resume import _stage_stand_ins, resume_trial
     from rlkit.trials.records import TrialRecord, record_trial
     from rlkit.trials.stage_runs import StagedRun, record_run
 
@@ -192,5 +192,5 @@ def test_a_later_stage_cannot_be_resumed_before_the_model_it_starts_from_exists(
     assert "stage sft has not written the model it starts from" in caught.value.message
     assert caught.value.hint is not None and "rlkit resume demo-stages/run1" in caught.value.hint
     (plans[0].prepared.paths.checkpoints / "final").mkdir(parents=True)
-    assert _stage_model_stand_in(str(plans[1].prepared.paths.root)) == str(demo_dir / "tiny-model")
-    assert _stage_model_stand_in(str(demo_dir / "elsewhere")) == ""
+    assert _stage_stand_ins(str(plans[1].prepared.paths.root)) == (str(demo_dir / "tiny-model"), "")
+    assert _stage_stand_ins(str(demo_dir / "elsewhere")) == ("", "")
