@@ -30,8 +30,10 @@ def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "") -
     spec = spec.strip()
     if spec == REWARD_MODEL:
         if not reward_model_path:
-            raise ConfigError("reward.fn is reward_model but reward.reward_model_path is empty",
-                              hint="set reward.reward_model_path to the checkpoints/final directory of an rw trial")
+            raise ConfigError("reward.fn (or a key of reward.fns) is reward_model but reward.reward_model_path is "
+                              "empty",
+                              hint="set reward.reward_model_path to the checkpoints/final directory of an rw trial, "
+                                   "or put an rw stage before this one (stages:)")
         return make_reward_model_reward(reward_model_path)
     if spec in BUILTINS:
         return BUILTINS[spec](answer_key)

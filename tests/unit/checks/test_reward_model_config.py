@@ -57,7 +57,7 @@ def test_the_path_without_the_function_and_the_function_without_the_path(tmp_pat
     rm = _model_dir(tmp_path / "rm", kind="reward")
     assert "is set, but reward.fn is 'math': it would be ignored" in _problems(
         tmp_path, {"fn": "math", "reward_model_path": str(rm)})[0]
-    with pytest.raises(ConfigError, match=r"reward\.fn is reward_model but reward\.reward_model_path is empty"):
+    with pytest.raises(ConfigError, match=r"is reward_model but reward\.reward_model_path is empty"):
         resolve_reward_fn("reward_model", "answer", "")
     with pytest.raises(ConfigError, match="reward_model"):  # listed among the built-ins
         resolve_reward_fn("no_such_reward", "answer")
