@@ -57,9 +57,11 @@ def test_valid_scoring_configs_pass(generate_yaml: Path) -> None:
 
 
 def test_pass_threshold_must_be_a_number(generate_yaml: Path) -> None:
-    with pytest.raises(ConfigError, match=r"generate\.pass_threshold"):
+    with pytest.raises(ConfigError, match=r"wrong type for 'generate\.pass_threshold'.* could not be converted to "
+                                          "Float"):
         load_config(generate_yaml, ["generate.pass_threshold=high"])
-    assert "generate.pass_threshold" in problems_of(generate_yaml, "generate.pass_threshold=nan")
+    assert "generate.pass_threshold must be a finite number (got nan)" in problems_of(
+        generate_yaml, "generate.pass_threshold=nan")
 
 
 def test_a_reward_model_must_fit_the_client_step(generate_yaml: Path, tmp_path: Path) -> None:
