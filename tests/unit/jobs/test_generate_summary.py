@@ -147,3 +147,18 @@ def test_each_line_gains_the_reward_the_runner_gave_its_decoded_text() -> None:
     assert counts["functions"]["exact_match"]["failed_calls"] == 4
     assert counts["functions"]["digits_reward"] == {"fn": "rlkit.tasks.digits:digits_reward", "weight": 1.0,
                                                     "failed_calls": 0, "timed_out_calls": 0}
+
+
+def test_a_reasoning_gym_dataset_is_the_held_out_rows_generated_in_the_job() -> None:
+    from rlkit.jobs.generate.step import _rows
+    from rlkit.tasks.reasoning_gym import generate_rows
+
+    config = OmegaConf.to_object(OmegaConf.structured(ExperimentConfig(
+        experiment_name="e", trial_name="t", allocation_mode="vllm:d1")))
+    assert isinstance(config, ExperimentConfig)
+    config.generate.dataset.path = "reasoning-gym:gcd"
+    config.reasoning_gym.valid_size, config.reasoning_gym.size = 3, 50
+    rows = _rows(config)
+    assert len(rows) == 3 and {r["task"] for r in rows} == {"gcd"} and rows[0]["prompt"][-1]["role"] == "user"
+    assert rows == generate_rows(config.reasoning_gym, "reasoning-gym:gcd", valid=True)  # valid_seed's rows
+    assert rows != generate_rows(config.reasoning_gym, "reasoning-gym:gcd", valid=False)[:3]
