@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlkit.checks.reward import ANSWER_REWARDS
 from rlkit.checks.sampling import validate_eval_greedy, validate_eval_min_new_tokens
 from rlkit.checks.site_files import check_dataset_file
 from rlkit.config.problems import Problems
@@ -18,8 +19,6 @@ from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_head import dataset_head
 from rlkit.data.row_formats import has_prompt
 from rlkit.errors import ConfigError
-
-ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read reward.answer_key from the row
 
 
 def validate_evaluator(config: ExperimentConfig, problems: Problems) -> None:

@@ -1,5 +1,5 @@
-"""Submit-time checks of reasoning-gym as a dataset source (`train_dataset.path`/`valid_dataset.path`
-`reasoning-gym[:<task>]`, the `reasoning_gym` section, reward.fn `reasoning_gym`).
+"""Submit-time checks of reasoning-gym as a dataset source (`train_dataset.path`/`valid_dataset.path`, job type
+generate's `generate.dataset.path`: `reasoning-gym[:<task>]`, the `reasoning_gym` section, reward.fn `reasoning_gym`).
 
 Torch-free and without reasoning-gym: task and system-prompt names are checked against the names of the version
 rlkit pins (rlkit.tasks.reasoning_gym_names), so a typo is refused with the nearest names before anything is queued.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 
 from rlkit.config.problems import Problems
-from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.reasoning_gym import (
     DATASET_SOURCE,
     names_reasoning_gym,
@@ -25,9 +25,17 @@ REWARD = "reasoning_gym"  # the built-in reward that scores these rows (rlkit.re
 _SECTION_KEYS = ("size", "seed")  # set by the reasoning_gym section, not per task
 
 
+Datasets = tuple[tuple[str, DatasetConfig], ...]  # (field, section) of the datasets a job type reads rows from
+
+
+def training_datasets(config: ExperimentConfig) -> Datasets:
+    """train_dataset (the rows the reward scores) and valid_dataset: what the trainers read."""
+    return ("train_dataset", config.train_dataset), ("valid_dataset", config.valid_dataset)
+
+
 def uses_reasoning_gym(config: ExperimentConfig) -> bool:
     """Whether train_dataset or valid_dataset is generated from reasoning-gym."""
-    return any(names_reasoning_gym(ds.path) for ds in (config.train_dataset, config.valid_dataset))
+    return any(names_reasoning_gym(ds.path) for _, ds in training_datasets(config))
 
 
 def _unknown_task(field: str, name: str) -> tuple[str, str]:
@@ -49,21 +57,25 @@ def _check_task_names(field: str, names: list[str], problems: Problems) -> None:
             problems.add(message, hint=hint)
 
 
-def validate_reasoning_gym(config: ExperimentConfig, problems: Problems) -> None:
-    """Add every problem of reasoning-gym's dataset source and reward to `problems`."""
+def validate_reasoning_gym(config: ExperimentConfig, problems: Problems, datasets: Datasets | None = None, *,
+                           scores: bool = True) -> None:
+    """Add every problem of reasoning-gym's dataset source and reward to `problems`. `datasets`: the ones the job
+    type reads, the first scored by the reward (default: training_datasets; generate: its prompts); `scores`:
+    whether the reward is called at all."""
     section = config.reasoning_gym
-    paths = {name: ds.path for name, ds in (("train_dataset", config.train_dataset),
-                                             ("valid_dataset", config.valid_dataset)) if names_reasoning_gym(ds.path)}
+    fields = datasets or training_datasets(config)
+    paths = {name: ds.path for name, ds in fields if names_reasoning_gym(ds.path)}
     fns = list(config.reward.fns) or [config.reward.fn]
-    if REWARD in fns and "train_dataset" not in paths:
-        problems.add(f"reward.fn {REWARD} scores rows generated from reasoning-gym, but train_dataset.path is "
-                     f"'{config.train_dataset.path}'",
-                     hint=f"set train_dataset.path={DATASET_SOURCE}:<task> (or {DATASET_SOURCE} with "
+    scored, scored_ds = fields[0]  # the rows the reward scores: train_dataset's, or generate's prompts
+    if REWARD in fns and scores and scored not in paths:
+        problems.add(f"reward.fn {REWARD} scores rows generated from reasoning-gym, but {scored}.path is "
+                     f"'{scored_ds.path}'",
+                     hint=f"set {scored}.path={DATASET_SOURCE}:<task> (or {DATASET_SOURCE} with "
                           "reasoning_gym.tasks), or choose another reward")
     if not paths:
         if section.tasks or section.task_config:
             problems.add("reasoning_gym.tasks/task_config are set but no dataset path is reasoning-gym",
-                         hint=f"set train_dataset.path={DATASET_SOURCE}, or remove the reasoning_gym section")
+                         hint=f"set {scored}.path={DATASET_SOURCE}, or remove the reasoning_gym section")
         return
     for field, path in paths.items():
         task = path_task(path)

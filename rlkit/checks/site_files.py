@@ -107,8 +107,9 @@ def check_dataset_file(field: str, value: str) -> None:
     are checked by rlkit.checks.reasoning_gym where a job type reads them)."""
     if names_reasoning_gym(value):
         raise ConfigError(f"{field}: '{value}': reasoning-gym rows are generated only as the prompts of grpo, ppo, "
-                          "opmd and distill (train_dataset, valid_dataset)", hint=f"give {field} a .jsonl or .parquet "
-                          "file (rows exported from reasoning-gym, for instance)")
+                          "opmd and distill (train_dataset, valid_dataset) and generate (generate.dataset)",
+                          hint=f"give {field} a .jsonl or .parquet file (rows exported from reasoning-gym, for "
+                               "instance)")
     if is_hub_id(value):
         return  # a hub id not fetched (render, or before submit's download): rlkit.launch.hub reports it
     path = Path(value)

@@ -67,13 +67,18 @@ def _by_stage(metrics: Metrics) -> str:
 
 
 def generate_report(trial_dir: Path) -> str:
-    """A generate run's figures: how many prompts it completed, and the first completion."""
+    """A generate run's figures: how many prompts it completed, the first completion, and a scored run's summary
+    (rlkit.jobs.generate.summary)."""
+    from rlkit.cli.status import generated_headline
+
     completions = trial_dir / "completions.jsonl"
     rows = completions.read_text().splitlines() if completions.is_file() else []
     first = json.loads(rows[0]) if rows else {}
     text = (first.get("completions") or [{}])[0].get("text", "")
-    return f"{len(rows)} prompts completed in {completions}" + (f"; the first: {first.get('prompt')!r} -> {text!r}"
-                                                                 if rows else "")
+    scored = generated_headline(trial_dir / "summary.json")
+    return (f"{len(rows)} prompts completed in {completions}"
+            + (f"; the first: {first.get('prompt')!r} -> {text!r}" if rows else "")
+            + (f"; scored: {scored}" if scored else ""))
 
 
 # What each example needs in the demo directory: name -> how to build it there (idempotent).

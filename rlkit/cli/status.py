@@ -19,6 +19,7 @@ from rlkit import untrusted_json
 from rlkit.cli.console import literal
 from rlkit.cli.status_slices import StepSlice, run_started, step_slices
 from rlkit.errors import UserError
+from rlkit.jobs.generate.summary import headline
 from rlkit.launch import slurm
 from rlkit.servers.health import probe_health
 from rlkit.trials.paths import TrialPaths
@@ -89,6 +90,7 @@ class TrialDetail:
     mismatch_warning: str = ""  # the trainer's last "server <i> log-probs differ" line (rlkit.trainer.mismatch)
     last_eval: str = ""  # the last evaluation on valid_dataset: its reward and weight version (rlkit.trainer.evaluator)
     epochs: str = ""  # trainer-only jobs (rw, dpo, sft: rlkit.trainer.offline_epochs): "epoch E/T  loss L"
+    generated: str = ""  # a scored generate run's summary.json headline (rlkit.jobs.generate.summary)
     slices: list[StepSlice] = field(default_factory=list)  # the node and GPUs each step holds (a running job)
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,6 +199,7 @@ def trial_detail(spec: str) -> TrialDetail:
     detail.mismatch_warning = str(progress.get("logprob_mismatch_warning") or "")
     detail.last_eval = _last_eval(progress)
     detail.epochs = _epochs(progress, paths.metrics)
+    detail.generated = generated_headline(paths.summary)
     if info.active and paths.config.is_file():
         detail.servers, detail.auxiliary_servers = _servers(paths)
     if info.state == "RUNNING":  # steps hold GPUs only then; logs older than this run are an earlier run's
@@ -206,6 +209,12 @@ def trial_detail(spec: str) -> TrialDetail:
         detail.failed_step = step
         detail.failed_step_tail = tail(paths.step_log(step), 20)
     return detail
+
+
+def generated_headline(summary: Path) -> str:
+    """The headline of a scored generate run's summary.json, or "" (none: not scored, or not finished)."""
+    data = read_json_dict(summary)
+    return headline(data)[:400] if data else ""  # the file is untrusted: one short line
 
 
 def trainer_status(written: str, *, active: bool, state: str) -> str:
@@ -275,6 +284,8 @@ def print_detail(console: Console, d: TrialDetail) -> None:
                       + (f"  trainer {d.trainer_status}" if d.trainer_status else ""), markup=False)
     if d.epochs:
         console.print(f"  {d.epochs}", markup=False, highlight=False)
+    if d.generated:
+        console.print(f"  scored: {d.generated}", markup=False, highlight=False)
     if d.last_eval:
         console.print(f"  last eval: {d.last_eval}", markup=False, highlight=False)
     if d.mismatch_warning:

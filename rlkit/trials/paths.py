@@ -11,7 +11,7 @@ from rlkit.step_contract import JOB_END, JOB_LOCK, STEP_STATE, STOP_ACK
 # What rlkit itself keeps in a trial directory: no output file of the job may take one of these names.
 RESERVED_NAMES = frozenset({"config.yaml", "job.sbatch", "manifest.json", "logs", "secret", "metrics.jsonl",
                             "weights", "checkpoints", "progress.json", STEP_STATE, STOP_ACK, JOB_END, JOB_LOCK,
-                            "recover", "name_resolve", "swanlab", "tensorboard", "wandb"})
+                            "recover", "name_resolve", "swanlab", "tensorboard", "wandb", "summary.json"})
 # where `submit --force` keeps a previous run (rlkit.trials.records.archive_run)
 ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 
@@ -62,6 +62,11 @@ class TrialPaths:
     def output(self, name: str) -> Path:
         """A result file of the job, relative to the trial directory."""
         return self.root / name
+
+    @property
+    def summary(self) -> Path:
+        """A scored generate run's figures (mean reward, pass@k: rlkit.jobs.generate.summary), read by status."""
+        return self.root / "summary.json"
 
     @property
     def metrics(self) -> Path:

@@ -9,7 +9,10 @@ import json
 import re
 import shutil
 import stat
+from itertools import combinations
+from math import comb
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +33,9 @@ def job_setup(tiny_model_dir: Path, tmp_path: Path, rlkit_home: Path) -> dict[st
 
 
 def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, object], tmp_path: Path) -> None:
-    overrides = [*job_setup["overrides"], "trial_name=e2e", "cluster.cluster_name=devcluster"]  # type: ignore[misc]
+    # scored as the GRPO demo scores (generate.score): the same trial, no further Slurm job
+    overrides = [*job_setup["overrides"], "trial_name=e2e", "cluster.cluster_name=devcluster",  # type: ignore[misc]
+                 "generate.score=true", "reward.fn=rlkit.tasks.digits:digits_reward", "generate.pass_threshold=0.5"]
     trial = Path(str(job_setup["root"])) / "demo-generate" / "e2e"
     # Planted before the job (a trial directory without a config may exist): an rlkit/ package where the batch
     # script runs, and hostile server records next to where the servers register, all pointing at our listener.
@@ -58,6 +63,7 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
             assert 1 <= len(c["token_ids"]) <= 16 and len(c["logprobs"]) == len(c["token_ids"])
             assert all(lp <= 0.0 for lp in c["logprobs"])
     assert {r["server"] for r in records} == {0, 1}, "requests must be spread over both servers"
+    check_scores(records, trial, Path(str(job_setup["model"])))
 
     nodes = [re.search(r"on node (\S+)", (trial / "logs" / f"server-{i}.log").read_text()) for i in (0, 1)]
     assert all(nodes) and nodes[0].group(1) != nodes[1].group(1), "servers must run on different nodes"  # type: ignore[union-attr]
@@ -85,8 +91,37 @@ def test_generate_job_runs_on_two_nodes_and_cleans_up(job_setup: dict[str, objec
     assert processes_mentioning(str(job_setup["model"])) == []
     detail = run_rlkit("status", name)
     assert detail.returncode == 0 and "COMPLETED" in detail.stdout and "cluster devcluster" in detail.stdout
+    assert "scored: 12 prompts, 24 completions: mean reward" in detail.stdout, detail.stdout
     logs = run_rlkit("logs", name, "--step", "generate")
     assert "wrote 12 prompts" in logs.stdout
+    assert "rlkit generate: 12 prompts, 24 completions: mean reward" in logs.stdout, logs.stdout
+
+
+def check_scores(records: list[dict[str, Any]], trial: Path, model: Path) -> None:
+    """Every completion's reward is the digits reward of its text as the rollouts decode it (no special tokens),
+    and summary.json's figures are those recomputed from the lines (pass@k by counting k-subsets)."""
+    from transformers import AutoTokenizer
+
+    from rlkit.tasks.digits import digits_reward
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    per_prompt = []
+    for r in records:
+        rewards = []
+        for c in r["completions"]:
+            text = tokenizer.decode(c["token_ids"], skip_special_tokens=True)
+            assert "reward_error" not in c and c["reward"] == digits_reward(r["prompt"], text, {}), (c, text)
+            rewards.append(c["reward"])
+        per_prompt.append(rewards)
+    summary = json.loads((trial / "summary.json").read_text())
+    flat = [x for v in per_prompt for x in v]
+    assert (summary["prompts"], summary["completions"], summary["reward_calls"]) == (12, 24, 24)
+    assert (summary["failed_calls"], summary["timed_out_calls"], summary["failed_completions"]) == (0, 0, 0)
+    assert summary["reward_mean"] == pytest.approx(sum(flat) / len(flat))
+    assert summary["mean_at_n"] == pytest.approx(sum(sum(v) / 2 for v in per_prompt) / 12)
+    expected = {str(k): sum(sum(any(x >= 0.5 for x in pick) for pick in combinations(v, k)) / comb(2, k)
+                            for v in per_prompt) / 12 for k in (1, 2)}
+    assert summary["pass_at_k"] == pytest.approx(expected) and summary["pass_threshold"] == 0.5
 
 
 def test_a_failing_server_fails_the_job_and_status_shows_why(job_setup: dict[str, object]) -> None:

@@ -163,8 +163,8 @@ class DatasetConfig:
     """A local dataset (jsonl or parquet)."""
 
     path: str = _f("", "Path of a .jsonl or .parquet file, or a directory of them; reasoning-gym or "
-                       "reasoning-gym:<task>: rows generated in the job (grpo, ppo, opmd, distill; the reasoning_gym "
-                       "section).")
+                       "reasoning-gym:<task>: rows generated in the job (grpo, ppo, opmd, distill, generate; the "
+                       "reasoning_gym section).")
     type: str = _f("rl", "What the rows are for: rl, sft or generate.")
     split: str = _f("", "A hub dataset id's split to read; empty: train for train_dataset, test for valid_dataset.")
     batch_size: int = _f(1, "Rows per batch; train_dataset: rows per training step (grpo, ppo: prompts, "
@@ -219,6 +219,10 @@ class GenerateConfig:
     output_file: str = _f("completions.jsonl", "Output file, relative to the trial directory.")
     apply_chat_template: bool = _f(False, "Wrap string prompts in the tokenizer's chat template.")
     max_prompts: int | None = _f(None, "Complete only the first N prompts.", ge=1)
+    score: bool = _f(False, "Score every completion with the reward section as training scores it (reward.fn or "
+                            "reward.fns): each line gains its reward, and summary.json in the trial directory holds "
+                            "the mean reward, pass@k and mean@n, failed and timed-out calls.")
+    pass_threshold: float = _f(1.0, "With score: a completion passes (pass@k) when its reward is at least this.")
 
 
 @dataclass
@@ -227,7 +231,7 @@ class RewardConfig:
 
     fn: str = _f("math", "Reward: math (boxed or last number vs the answer), exact_match, none (0 for every "
                  "completion: job type distill without a reward), reasoning_gym (the task's own score_answer, for "
-                 "rows of train_dataset.path reasoning-gym), reward_model (a trained "
+                 "rows of train_dataset.path or generate.dataset.path reasoning-gym), reward_model (a trained "
                  "rw model, reward_model_path), or module.path:function called as fn(prompt, completion, row) -> "
                  "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match).")
@@ -309,9 +313,11 @@ class ExperimentConfig:
         DatasetConfig, "Training rows: prompts (grpo, ppo) or examples (sft, rw, dpo); batch_size rows per step.")
     valid_dataset: DatasetConfig = _sub(
         DatasetConfig, "Validation rows (the evaluator of grpo and ppo; sft, rw, dpo at epoch ends); empty path: none.")
-    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd, distill).")
+    reward: RewardConfig = _sub(RewardConfig, "Reward function (grpo, ppo, opmd, distill; generate with "
+                                              "generate.score).")
     reasoning_gym: ReasoningGymConfig = _sub(ReasoningGymConfig, "reasoning-gym's tasks as the dataset "
-                                             "(train_dataset.path reasoning-gym): tasks and weights, size, seeds.")
+                                             "(train_dataset.path or generate.dataset.path reasoning-gym): tasks and "
+                                             "weights, size, seeds.")
     expert_dataset: DatasetConfig = _sub(
         DatasetConfig, "SFT+RL mix (grpo, ppo, opmd): expert rows in the sft section's format, batch_size of them "
         "per step, their SFT loss weighted by mix.mu; empty path: no mix.")

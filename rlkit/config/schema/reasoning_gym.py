@@ -49,9 +49,11 @@ class ReasoningGymConfig:
                                          "{min_terms: 2, max_terms: 2}}); size and seed come from this section.")
     size: int = _f(1000, "Rows generated for train_dataset.", ge=1)
     seed: int = _f(1, "Seed of train_dataset's rows.", ge=0, le=SEED_MAX)
-    valid_size: int = _f(100, "Rows generated for valid_dataset (path reasoning-gym).", ge=1)
-    valid_seed: int = _f(1_000_000, "Seed of valid_dataset's rows. reasoning-gym draws row i from seed + i, so "
-                                    "seeds closer than the sizes share rows: refused at submit.", ge=0, le=SEED_MAX)
+    valid_size: int = _f(100, "Rows generated for valid_dataset, and for job type generate's dataset (path "
+                              "reasoning-gym: an evaluation reads the held-out rows).", ge=1)
+    valid_seed: int = _f(1_000_000, "Seed of valid_dataset's (and generate's) rows. reasoning-gym draws row i from "
+                                    "seed + i, so seeds closer than the sizes share rows: refused at submit.", ge=0,
+                         le=SEED_MAX)
     system_prompt: str = _f("default", "reasoning-gym's SYSTEM_PROMPTS entry sent as the system message (default, "
                                        "DeepSeekZero, simple, direct, chain_of_draft; each asks for the answer in "
                                        "<answer></answer> tags), or none: the question alone.")

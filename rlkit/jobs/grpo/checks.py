@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlkit.checks.algo import validate_algorithm
 from rlkit.checks.reasoning_gym import validate_reasoning_gym
-from rlkit.checks.reward_model import validate_reward_model
+from rlkit.checks.reward import answer_readers, validate_reward
 from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
@@ -46,15 +46,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     if config.expert_dataset.path:  # the SFT+RL mix's rows (rlkit.jobs.grpo.expert)
         with problems.check():
             check_dataset_file("expert_dataset.path", config.expert_dataset.path)
-    from rlkit.rewards import resolve_reward_fn  # imports the user's reward module: only for grpo
-
-    reward = config.reward
-    for spec in reward.fns or [reward.fn]:  # reward.fns: a weighted mix (rlkit.rewards.mix), each checked alike
-        with problems.check():
-            resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
-    if reward.fns:
-        _validate_reward_mix(config, problems)
-    validate_reward_model(config, problems)
+    validate_reward(config, problems)  # imports the user's reward module
     if g.temperature == 0:  # below 0 is refused by its range (rlkit.config.ranges)
         problems.add(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",
                      hint="e.g. gconfig.temperature=1.0")
@@ -64,29 +56,6 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
         problems.add(f"rollout.consumer_batch_size ({config.rollout.consumer_batch_size}) differs from "
                      f"train_dataset.batch_size ({ds.batch_size}): rlkit trains on train_dataset.batch_size groups "
                      "per step", hint=f"remove rollout.consumer_batch_size or set it to {ds.batch_size}")
-
-
-def _validate_reward_mix(config: ExperimentConfig, problems: Problems) -> None:
-    """reward.fns' names are distinct and reward.timeouts names only its functions."""
-    from rlkit.rewards.mix import term_names
-
-    reward = config.reward
-    with problems.check():
-        term_names(reward)
-    for spec in sorted(set(reward.timeouts) - set(reward.fns)):
-        problems.add(f"reward.timeouts names '{spec}', which reward.fns does not list",
-                     hint="key reward.timeouts by the same function specs as reward.fns")
-    # the rewards are the only learning signal unless distillation teaches (rewards only logged at rl_coef 0) or
-    # the overlong penalty tells completions apart
-    only_signal = config.type != "distill" and not config.actor.overlong_reward_penalty
-    if reward.fns and not any(reward.fns.values()) and only_signal:
-        problems.add(f"every weight of reward.fns is 0 ({', '.join(reward.fns)}): every reward would be 0, so "
-                     "there would be nothing to learn from", hint="give the scoring function a non-zero weight, e.g. "
-                     f"reward.fns={{{next(iter(reward.fns))}: 1.0}}")
-    for spec, seconds in reward.timeouts.items():
-        if seconds <= 0:
-            problems.add(f"reward.timeouts['{spec}'] is {seconds}: a call needs a positive time limit",
-                         hint=f"e.g. {reward.timeout:g}")
 
 
 def _validate_dataset(config: ExperimentConfig) -> None:
@@ -105,10 +74,7 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     if not has_prompt(head.columns, head.first_row, ds.prompt_key):
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set train_dataset.prompt_key to the prompt column")
-    fns = list(config.reward.fns) or [config.reward.fn]
-    # workflow verifiers scores each episode by its trace (the taskset's own rewards) and never calls reward.fn
-    scored_by_trace = config.rollout.agent.workflow == "verifiers"
-    needs_answer = [f for f in fns if f in ("math", "exact_match") and not scored_by_trace]
+    needs_answer = answer_readers(config)
     if needs_answer and config.reward.answer_key not in head.columns:
         raise ConfigError(f"reward.fn {needs_answer[0]} needs the answer column '{config.reward.answer_key}', "
                           f"which the dataset rows do not have (columns: {columns})",

@@ -83,8 +83,9 @@ def test_a_job_type_that_reads_files_only_names_the_source_it_cannot_take() -> N
     from rlkit.checks.site_files import check_dataset_file
     from rlkit.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="generated only as the prompts of grpo, ppo, opmd and distill"):
-        check_dataset_file("generate.dataset.path", "reasoning-gym:gcd")
+    with pytest.raises(ConfigError, match=r"generated only as the prompts of grpo, ppo, opmd and distill .* and "
+                                          r"generate \(generate.dataset\)"):
+        check_dataset_file("expert_dataset.path", "reasoning-gym:gcd")
 
 
 def test_the_format_reward_credits_the_tag_and_progress_towards_it() -> None:

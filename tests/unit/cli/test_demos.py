@@ -56,6 +56,12 @@ def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
     assert DEMOS["rgym"].report(tasks).endswith("last 3 steps 0.800; task scores chain_sum 0.050 -> 0.400")  # type: ignore[misc]
     (tmp_path / "completions.jsonl").write_text(json.dumps({"prompt": "1+1=", "completions": [{"text": "2"}]}) + "\n")
     assert generate_report(tmp_path).endswith("the first: '1+1=' -> '2'")
+    (tmp_path / "summary.json").write_text(json.dumps({"prompts": 1, "completions": 1, "reward_mean": 1.0,
+                                                       "pass_at_k": {"1": 1.0}, "pass_threshold": 1.0,
+                                                       "failed_calls": 0, "timed_out_calls": 0}))
+    assert generate_report(tmp_path).endswith("the first: '1+1=' -> '2'; scored: 1 prompts, 1 completions: mean "
+                                              "reward 1.000  pass@1 1.000 (threshold 1.0); 0 failed and 0 "
+                                              "timed-out reward calls")
 
 
 def test_an_unknown_demo_is_refused_naming_the_known_ones() -> None:
