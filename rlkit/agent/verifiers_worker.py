@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import untrusted_json
-from rlkit.agent.episode import EpisodeDropped
+from rlkit.agent.episode import EpisodeDropped, cannot_start
+from rlkit.errors import FatalStepError
 
 PROGRAM = Path(__file__).with_name("verifiers_program.py")
 TASKSETS = Path(__file__).with_name("verifiers_tasksets")  # rlkit's example tasksets, for the verifiers venv only
@@ -68,8 +69,11 @@ class VerifiersWorker:
                         stderr=asyncio.subprocess.PIPE, env=program_env(self.python), start_new_session=True,
                         limit=1 << 26)
                 except OSError as exc:
-                    raise EpisodeDropped(f"the verifiers program could not start under {self.python}: {exc} (install "
-                                         "the venv with scripts/verifiers-env.sh)") from exc
+                    why = f"the verifiers program could not start under {self.python}: {exc}"
+                    if cannot_start(exc):
+                        raise FatalStepError(f"{why}; fix: install the venv with scripts/verifiers-env.sh, or set "
+                                             "rollout.agent.verifiers.python to its interpreter") from exc
+                    raise EpisodeDropped(why) from exc
                 proc = self._proc
                 self._tasks = [asyncio.create_task(self._read(proc)), asyncio.create_task(self._drain(proc))]
             return self._proc
