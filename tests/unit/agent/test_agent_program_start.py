@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,28 @@ def test_a_missing_agent_command_stops_the_run(tmp_path: Path) -> None:
     workflow = OpenAIAgentWorkflow(AgentProgram(None, (str(tmp_path / "no-agent"), "--flag"), 5.0))
     with pytest.raises(FatalStepError, match=r"no-agent' could not start.*fix: rollout\.agent\.openai\.command"):
         asyncio.run(workflow._run_command("http://127.0.0.1:1/e/k/v1", "k", {"prompt": "x"}))
+
+
+def test_the_verifiers_program_has_a_private_temporary_directory(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv makes <tmp>/uv-<hash of the script>.lock writable by everyone: in a shared /tmp two users' programs took
+    the same lock. The program's TMPDIR is the run's own (0700), removed when the worker stops."""
+    program = tmp_path / "program.py"
+    program.write_text("import json, os, sys, tempfile\nfor line in sys.stdin:\n"
+                       "    tmp = tempfile.gettempdir(); info = os.stat(tmp)\n"
+                       "    print(json.dumps({'id': json.loads(line)['id'], 'result': {'tmp': tmp, 'uid': info.st_uid,"
+                       " 'mode': info.st_mode & 0o777}}), flush=True)\n")
+    monkeypatch.setattr(worker_module, "PROGRAM", program)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the node's shared one
+
+    async def main() -> list[dict[str, Any]]:
+        worker = VerifiersWorker(sys.executable)
+        try:
+            return [await worker.episode({"task": task}, 20.0) for task in (0, 1)]
+        finally:
+            await worker.stop()
+
+    first, second = asyncio.run(main())
+    assert first == second and first["tmp"] != str(tmp_path) and Path(first["tmp"]).name.startswith("rlkit-verif")
+    assert (first["uid"], first["mode"]) == (os.getuid(), 0o700)
+    assert not Path(first["tmp"]).exists()  # removed at stop
