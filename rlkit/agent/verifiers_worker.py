@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -64,12 +65,15 @@ class VerifiersWorker:
         self._starting = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._tmpdir: str | None = None  # the program's TMPDIR (program_env), made at its first start
+        self._remove_tmpdir: weakref.finalize[..., Any] | None = None  # at stop, else when this process exits
 
     async def _started(self) -> asyncio.subprocess.Process:
         async with self._starting:
             if self._proc is None or self._proc.returncode is not None:
                 try:
-                    self._tmpdir = self._tmpdir or tempfile.mkdtemp(prefix="rlkit-verifiers-")
+                    if self._tmpdir is None:
+                        self._tmpdir = tempfile.mkdtemp(prefix="rlkit-verifiers-")
+                        self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, True)
                     self._proc = await asyncio.create_subprocess_exec(
                         self.python, str(PROGRAM), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE, env=program_env(self.python, self._tmpdir),
@@ -160,6 +164,6 @@ class VerifiersWorker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        if self._remove_tmpdir is not None:  # the trainer may also just exit: the finalizer runs then
+            self._remove_tmpdir()
+            self._tmpdir = self._remove_tmpdir = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,23 @@ def test_the_verifiers_program_has_a_private_temporary_directory(tmp_path: Path,
     assert first == second and first["tmp"] != str(tmp_path) and Path(first["tmp"]).name.startswith("rlkit-verif")
     assert (first["uid"], first["mode"]) == (os.getuid(), 0o700)
     assert not Path(first["tmp"]).exists()  # removed at stop
+
+
+def test_the_programs_temporary_directory_goes_when_the_trainer_exits_without_stop(tmp_path: Path) -> None:
+    """The trainer ends its rollout loop without stopping the workflow (the program ends with its stdin): the
+    directory is removed when the process exits, not left in /tmp once a run."""
+    program = tmp_path / "program.py"
+    program.write_text("import json, sys, tempfile\nfor line in sys.stdin:\n"
+                       "    print(json.dumps({'id': json.loads(line)['id'], 'result': {'tmp': tempfile.gettempdir()}}),"
+                       " flush=True)\n")
+    trainer = ("import asyncio, sys\nfrom pathlib import Path\nimport rlkit.agent.verifiers_worker as w\n"
+               f"w.PROGRAM = Path({str(program)!r})\n"
+               "async def main():\n    worker = w.VerifiersWorker(sys.executable)\n"
+               "    print((await worker.episode({'task': 0}, 20.0))['tmp'])\n"
+               "    main.worker = worker  # alive until the interpreter exits\n"
+               "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, "-c", trainer], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    made = Path(done.stdout.strip().splitlines()[-1])
+    assert made.parent == tmp_path and made.name.startswith("rlkit-verifiers-") and not made.exists()
