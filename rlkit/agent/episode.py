@@ -19,6 +19,7 @@ The trainer counts only loss_mask-1 tokens in its losses, token counts, KL, adva
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 from rlkit.agent.tools import ToolResult
@@ -29,6 +30,14 @@ from rlkit.types import Sample
 class EpisodeDropped(Exception):
     """An episode that cannot be trained on through no fault of rlkit's (an agent program that raised, hung or made
     no call): its group is dropped and counted, and the run goes on (rlkit.rollout.groups)."""
+
+
+def cannot_start(exc: OSError) -> bool:
+    """A program that is missing or may not be run (not there, a directory on the way not searchable by this user,
+    not executable): the same for every episode, so the run stops with it instead of dropping every group for hours
+    (a verifiers venv never installed: 5,800 groups dropped in 10 minutes, the job at step 0 until its time limit).
+    Other start failures (out of processes or memory) may pass and drop only the episode."""
+    return isinstance(exc, (FileNotFoundError, PermissionError, NotADirectoryError)) or exc.errno == errno.ENOEXEC
 
 
 @dataclass

@@ -30,9 +30,9 @@ from typing import Any
 
 from rlkit import untrusted_json
 from rlkit.agent.context import EpisodeContext
-from rlkit.agent.episode import Episode, EpisodeDropped
+from rlkit.agent.episode import Episode, EpisodeDropped, cannot_start
 from rlkit.agent.openai_endpoint import EndpointPerLoop
-from rlkit.errors import ConfigError, StepError
+from rlkit.errors import ConfigError, FatalStepError, StepError
 from rlkit.import_path import import_callable
 
 AGENT_FORM = "module.path:function or /abs/path/file.py:function, called as agent(base_url, row) -> reward or None"
@@ -119,7 +119,11 @@ class OpenAIAgentWorkflow(EndpointPerLoop):
                 *program.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
         except OSError as exc:
-            raise EpisodeDropped(f"the agent command {program.command[0]!r} could not start: {exc}") from exc
+            why = f"the agent command {program.command[0]!r} could not start: {exc}"
+            if cannot_start(exc):
+                raise FatalStepError(f"{why}; fix: rollout.agent.openai.command must start with a program this "
+                                     "user may run on the trainer's node") from exc
+            raise EpisodeDropped(why) from exc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
             async def feed() -> None:

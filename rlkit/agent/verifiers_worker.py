@@ -14,26 +14,32 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
+import tempfile
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from rlkit import untrusted_json
-from rlkit.agent.episode import EpisodeDropped
+from rlkit.agent.episode import EpisodeDropped, cannot_start
+from rlkit.errors import FatalStepError
 
 PROGRAM = Path(__file__).with_name("verifiers_program.py")
 TASKSETS = Path(__file__).with_name("verifiers_tasksets")  # rlkit's example tasksets, for the verifiers venv only
 STDERR_LINES = 20  # of the program's stderr kept, for the reason of a drop
 
 
-def program_env(python: str) -> dict[str, str]:
+def program_env(python: str, tmpdir: str) -> dict[str, str]:
     """The program's environment: the venv's bin first on PATH (verifiers finds the venv's `uv` there instead of
-    downloading one from astral.sh), rlkit's example tasksets last on PYTHONPATH (the user's come first) and the
-    offline uv settings."""
+    downloading one from astral.sh), rlkit's example tasksets last on PYTHONPATH (the user's come first), the
+    offline uv settings, and TMPDIR: the run's own directory (0700), since uv makes its script lock
+    <tmp>/uv-<hash of the script>.lock writable by everyone (0666, to share it between users): in a shared /tmp two
+    users' runs of one verifiers install took the same lock, and either could hold the other's episodes."""
     path = f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     pythonpath = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH", ""), str(TASKSETS)]))
-    return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, **offline_uv(python)}
+    return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, "TMPDIR": tmpdir, **offline_uv(python)}
 
 
 def offline_uv(python: str) -> dict[str, str]:
@@ -58,18 +64,26 @@ class VerifiersWorker:
         self._stderr: deque[str] = deque(maxlen=STDERR_LINES)
         self._starting = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._tmpdir: str | None = None  # the program's TMPDIR (program_env), made at its first start
+        self._remove_tmpdir: weakref.finalize[..., Any] | None = None  # at stop, else when this process exits
 
     async def _started(self) -> asyncio.subprocess.Process:
         async with self._starting:
             if self._proc is None or self._proc.returncode is not None:
                 try:
+                    if self._tmpdir is None:
+                        self._tmpdir = tempfile.mkdtemp(prefix="rlkit-verifiers-")
+                        self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, True)
                     self._proc = await asyncio.create_subprocess_exec(
                         self.python, str(PROGRAM), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.PIPE, env=program_env(self.python), start_new_session=True,
-                        limit=1 << 26)
+                        stderr=asyncio.subprocess.PIPE, env=program_env(self.python, self._tmpdir),
+                        start_new_session=True, limit=1 << 26)
                 except OSError as exc:
-                    raise EpisodeDropped(f"the verifiers program could not start under {self.python}: {exc} (install "
-                                         "the venv with scripts/verifiers-env.sh)") from exc
+                    why = f"the verifiers program could not start under {self.python}: {exc}"
+                    if cannot_start(exc):
+                        raise FatalStepError(f"{why}; fix: install the venv with scripts/verifiers-env.sh, or set "
+                                             "rollout.agent.verifiers.python to its interpreter") from exc
+                    raise EpisodeDropped(why) from exc
                 proc = self._proc
                 self._tasks = [asyncio.create_task(self._read(proc)), asyncio.create_task(self._drain(proc))]
             return self._proc
@@ -150,3 +164,6 @@ class VerifiersWorker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._remove_tmpdir is not None:  # the trainer may also just exit: the finalizer runs then
+            self._remove_tmpdir()
+            self._tmpdir = self._remove_tmpdir = None

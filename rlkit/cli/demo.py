@@ -8,6 +8,7 @@ the trained model are. `--list` names the examples; grpo is the default. Overrid
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -76,14 +77,51 @@ def _figures(demo: Demo, trial_dir: Path) -> str:
     return demo.report(metrics) if metrics else f"no metrics in {metrics_path}"
 
 
+def _user() -> str:
+    """This user's login name (its uid without one), from the uid: never $USER, which anyone may set."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def own_directory(path: Path) -> str | None:
+    """Why `path` cannot hold this user's demo files, or None once it can (created 0700 when absent). The demo reads
+    a model and data from it: one another user owns or may write (a /tmp name anyone can take first) could hand this
+    user their files, and one this user cannot write fails half-way with a PermissionError."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except OSError as e:
+        return f"it cannot be created: {e.strerror}"
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "it is a link or not a directory"
+    if info.st_uid != os.geteuid():
+        return f"it is uid {info.st_uid}'s, not yours (uid {os.geteuid()})"
+    if info.st_mode & 0o022:
+        return f"others may write in it (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def run(demo: Demo, overrides: list[str] | None = None) -> int:
-    demo_dir = Path(os.environ.setdefault("RLKIT_DEMO_DIR", "/tmp/rlkit-demo"))
+    # Per-user defaults: a shared machine's /tmp is everyone's, and the first user to run a demo owned /tmp/rlkit-demo
+    # and /tmp/rlkit (the configs' fileroot), so the next one's demo failed in a PermissionError or submit's refusal.
+    demo_dir = Path(os.environ.setdefault("RLKIT_DEMO_DIR", f"/tmp/rlkit-demo-{_user()}"))
+    os.environ.setdefault("RLKIT_FILEROOT", f"/tmp/rlkit-{_user()}")
     trial = os.environ.setdefault("RLKIT_DEMO_TRIAL", time.strftime("run_%Y%m%d_%H%M%S"))
+    problem = own_directory(demo_dir)
+    if problem is not None:
+        print(f"error: demo directory {demo_dir}: {problem}\n  fix: set RLKIT_DEMO_DIR to a directory of your own "
+              "that only you may write (or leave it unset: /tmp/rlkit-demo-<you>)", file=sys.stderr)
+        return 2
     print(f"demo {demo.name}: {demo.summary}; preparing {', '.join(demo.needs)} in {demo_dir}", flush=True)
     prepare(demo, demo_dir)
     config = REPO / "configs" / demo.config
     overrides = overrides or []
-    print(f"$ rlkit submit {' '.join([str(config.relative_to(REPO)), *overrides])}", flush=True)
+    where = f"RLKIT_DEMO_DIR={demo_dir} RLKIT_FILEROOT={os.environ['RLKIT_FILEROOT']}"  # to submit it again by hand
+    print(f"$ {where} rlkit submit {' '.join([str(config.relative_to(REPO)), *overrides])}", flush=True)
     submitted = rlkit("submit", str(config), *overrides)
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:

@@ -2,8 +2,8 @@
 the demo directory (built here, idempotently, so no example needs a step from its YAML comments), and the figures
 its run is judged by (the same ones the suite asserts on).
 
-Every example reads its model and data from `${RLKIT_DEMO_DIR:-/tmp/rlkit-demo}` and names its trial after
-`$RLKIT_DEMO_TRIAL`, so one directory serves them all.
+Every example reads its model and data from `$RLKIT_DEMO_DIR` (`rlkit demo`: /tmp/rlkit-demo-<user>) and names its
+trial after `$RLKIT_DEMO_TRIAL`, so one directory serves them all.
 """
 
 from __future__ import annotations

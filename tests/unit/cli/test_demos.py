@@ -67,3 +67,29 @@ def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
 def test_an_unknown_demo_is_refused_naming_the_known_ones() -> None:
     result = run_rlkit("demo", "nosuch")
     assert result.returncode == 2 and "one of grpo, one-node" in result.stderr, result.stderr
+
+
+def test_the_demo_directory_must_be_this_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared machine's /tmp: another user's demo directory (or one anyone may write) is refused, never read."""
+    from rlkit.cli.demo import own_directory
+
+    fresh = tmp_path / "new" / "demo"
+    assert own_directory(fresh) is None and (fresh.stat().st_mode & 0o777) == 0o700
+    (tmp_path / "link").symlink_to(fresh)
+    assert "link" in str(own_directory(tmp_path / "link"))
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    assert "others may write in it (mode 777)" in str(own_directory(tmp_path / "open"))
+    monkeypatch.setattr(os, "geteuid", lambda: fresh.stat().st_uid + 1)
+    assert "not yours" in str(own_directory(fresh))
+
+
+def test_a_demo_in_a_directory_others_may_write_is_refused_before_it_writes(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = {"RLKIT_DEMO_DIR": str(shared), "RLKIT_FILEROOT": str(tmp_path / "not-a-dir"), "RLKIT_DEMO_TRIAL": "t1"}
+    (tmp_path / "not-a-dir").write_text("")  # should the refusal go, submit refuses this fileroot: nothing submitted
+    result = run_rlkit("demo", "grpo", env=env)
+    assert result.returncode == 2 and f"error: demo directory {shared}: others may write" in result.stderr, result
+    assert "Traceback" not in result.stderr and list(shared.iterdir()) == []
