@@ -210,6 +210,11 @@ class TrainEngine:
             self.skipped.skip(float(norm), announce=self.rank == 0)  # counted (a metric); 5 in a row: StepError
             return float(norm)
         self.skipped.taken()
+        if float(norm) == 0.0:  # nothing to learn from this batch: AdamW's moments alone would move every weight
+            self.skipped.zero()  # (rlkit.trainer.skipped_steps); the schedule still counts the step
+            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer_steps += 1
+            return 0.0
         factor = lr_multiplier(self.optimizer_steps, self.total_optimizer_steps,
                                warmup_proportion=cfg.warmup_steps_proportion, schedule=cfg.lr_scheduler_type,
                                min_lr_ratio=cfg.min_lr_ratio)

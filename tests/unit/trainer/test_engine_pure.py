@@ -157,3 +157,32 @@ def test_a_step_whose_gradient_norm_is_not_finite_leaves_weights_and_optimizer_u
     (engine.model(torch.ones(1, 2)).sum() * bad).backward()
     with pytest.raises(StepError, match=f"NaN or infinite at {MAX_SKIPPED_IN_A_ROW} optimizer steps in a row"):
         engine._clip_and_step()
+
+
+def test_a_step_whose_gradient_is_exactly_zero_leaves_weights_and_moments_unchanged() -> None:
+    """A batch with nothing to learn from (every GRPO group flat, no KL term) gives a gradient of exactly zero.
+    AdamW would still move every weight by its moments from the last real gradient, at nearly full size for several
+    steps; the step is skipped and counted instead, and the learning-rate schedule goes on counting steps."""
+    import torch
+
+    engine = TrainEngine.__new__(TrainEngine)
+    engine.rank, engine.optimizer_steps, engine.total_optimizer_steps, engine.skipped = 0, 0, 10, SkippedSteps()
+    engine.config = SimpleNamespace(optimizer=SimpleNamespace(
+        gradient_clipping=1.0, warmup_steps_proportion=0.0, lr_scheduler_type="constant", min_lr_ratio=0.0, lr=0.1))
+    engine.model = torch.nn.Linear(2, 1)
+    engine.optimizer = torch.optim.AdamW(engine.model.parameters(), lr=0.1, weight_decay=0.01)
+    engine.model(torch.ones(1, 2)).sum().backward()  # one real gradient: the moments start
+    assert engine._clip_and_step() > 0 and engine.optimizer_steps == 1
+    weights = [p.detach().clone() for p in engine.model.parameters()]
+    moments = [engine.optimizer.state[p]["exp_avg"].clone() for p in engine.model.parameters()]
+    for step in (2, 3):
+        (engine.model(torch.ones(1, 2)).sum() * 0.0).backward()  # all advantages zero: a zero gradient
+        assert engine._clip_and_step() == 0.0 and engine.optimizer_steps == step
+    assert all(torch.equal(p, w) for p, w in zip(engine.model.parameters(), weights, strict=True)), "no drift"
+    assert all(torch.equal(engine.optimizer.state[p]["exp_avg"], m)
+               for p, m in zip(engine.model.parameters(), moments, strict=True))
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert engine.skipped.take() == (0, 2) and engine.skipped.take() == (0, 0)
+    engine.model(torch.ones(1, 2)).sum().backward()  # the next real gradient is taken as usual
+    assert engine._clip_and_step() > 0 and engine.optimizer_steps == 4
+    assert not all(torch.equal(p, w) for p, w in zip(engine.model.parameters(), weights, strict=True))
