@@ -14,7 +14,7 @@ from rlkit.checks.reward_model import pending_reward_model
 from rlkit.checks.site_files import make_paths_absolute
 from rlkit.config.allocation import canonical_mode
 from rlkit.config.areal.accept import AcceptedKey
-from rlkit.config.load import load_config_collecting, to_yaml
+from rlkit.config.load import load_config_collecting, read_yaml, to_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import ConfigError, SlurmError, UserError, each_error
@@ -63,8 +63,27 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1, 
     if config is None:
         problems.raise_if_any()
     assert config is not None
+    if model_stand_in or reward_stand_in:
+        model_stand_in, reward_stand_in = _recorded_stand_ins(Path(config_path), config, model_stand_in,
+                                                              reward_stand_in)
     return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in,
                           reward_stand_in=reward_stand_in, preflight=preflight, areal_keys=tuple(areal_keys))
+
+
+def _recorded_stand_ins(config_path: Path, config: ExperimentConfig, model_stand_in: str,
+                        reward_stand_in: str) -> tuple[str, str]:
+    """A resumed stage's stand-ins (rlkit.launch.stages), kept only while actor.path and reward.reward_model_path are
+    the ones its recorded config names (the finals handed over at submit): a path an override gives instead is that
+    path, checked as it is, never taken for an earlier stage's final not written yet."""
+    recorded = read_yaml(config_path)
+
+    def named(section: str, field: str) -> object:
+        values = recorded.get(section)
+        return values.get(field) if isinstance(values, dict) else None
+
+    keep_model = model_stand_in if config.actor.path == named("actor", "path") else ""
+    keep_reward = reward_stand_in if config.reward.reward_model_path == named("reward", "reward_model_path") else ""
+    return keep_model, keep_reward
 
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,

@@ -199,3 +199,29 @@ def test_resuming_the_run_before_the_rw_stage_finished_submits_the_later_stages_
     assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
     config = load_config(plans[2].prepared.paths.config)
     assert config.reward.reward_model_path == _final(plans[1]) == config.critic.path
+
+
+def test_a_resumed_stage_checks_a_reward_model_or_actor_path_an_override_names_as_it_is(
+        demo_dir: Path, tmp_path: Path, rlkit_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded stand-ins stand for the finals handed over at submit only: `rlkit resume RUN
+    stages.rl.reward.reward_model_path=/typo` (or actor.path) is refused for that path, not checked as rm's model."""
+    from rlkit.config.problems import Problems
+    from rlkit.launch import slurm
+    from rlkit.launch.stages import resume_run, submit_stages
+    from rlkit.trials.stage_runs import find_run
+
+    jobs = iter(range(100, 200))
+    monkeypatch.setattr(slurm, "sbatch_test_only", lambda script: "ok")
+    monkeypatch.setattr(slurm, "sbatch", lambda path, after_ok="": str(next(jobs)))
+    monkeypatch.setattr("rlkit.launch.submit.site_preflight", lambda plan, **kw: Problems())
+    monkeypatch.setattr(slurm, "job_info", lambda job: slurm.JobInfo(job, "CANCELLED"))
+    plans, _ = prepare_stages(_config(tmp_path), [])
+    run = submit_stages(plans)
+    found = find_run(run.name)
+    assert found is not None
+    for key in ("reward.reward_model_path", "actor.path"):
+        typo = str(tmp_path / "no-such-model")
+        with pytest.raises(ConfigError) as caught:
+            resume_run(found, [f"stages.rl.{key}={typo}"])
+        messages = [e.message for e in each_error(caught.value) if isinstance(e, ConfigError)]
+        assert any(typo in m for m in messages), (key, messages)
