@@ -78,9 +78,7 @@ class AgentSession:
         from jinja2 import TemplateError  # what apply_chat_template raises (transformers' dependency)
 
         async with self.lock:
-            if self.closed:
-                raise OpenAIError(401, "this episode has ended; its key is no longer valid", code="invalid_api_key",
-                                  kind="authentication_error")
+            self._live()
             self.calls += 1
             try:
                 if self.known is not None and request.tools == self.tools and continues(self.known,
@@ -120,9 +118,15 @@ class AgentSession:
         tokenizer stalled it ~50 ms, eight at once ~600 ms; in a thread its longest stall was 5 and 40 ms (the
         tokenizer's `encode` releases the GIL)."""
         text, ids = await asyncio.to_thread(self._prompt, request)
+        self._live()  # the episode may have ended meanwhile (its program timed out): nothing more is sampled for it
         self.ctx.restart(ids, text)  # the episode changes on the loop, once the call's prompt is known to fit
         self.segments += 1
         return True
+
+    def _live(self) -> None:
+        if self.closed:
+            raise OpenAIError(401, "this episode has ended; its key is no longer valid", code="invalid_api_key",
+                              kind="authentication_error")
 
     def _prompt(self, request: ChatRequest) -> tuple[str, list[int]]:
         """The call's messages as the template writes them, and their token ids (thread-safe: reads only)."""

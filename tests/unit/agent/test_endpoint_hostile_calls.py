@@ -198,3 +198,35 @@ def test_the_first_calls_tokenization_leaves_the_event_loop_free(tok: Any) -> No
     status, longest = asyncio.run(main())
     assert status == 200 and ctx.builder.turns == 1
     assert longest < 0.25, f"the loop answered nothing for {longest:.2f} s while the conversation was tokenized"
+
+
+def test_an_episode_that_ends_while_its_first_call_is_tokenized_samples_nothing(tok: Any) -> None:
+    """The first call's conversation is tokenized in a thread; an episode closed meanwhile (its program ran past its
+    timeout) gets the ended-key answer, and no turn is sampled for it."""
+    ctx = _context(_Slow(tok, 0.5))
+    body = b'{"messages": [{"role": "user", "content": "' + b"a long question " * 20 + b'"}]}'
+    asked: list[Any] = []
+    complete = ctx._complete
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(args)
+        return await complete(*args, **kwargs)
+
+    ctx._complete = counted
+
+    async def main() -> int:
+        endpoint = AgentEndpoint()
+        await endpoint.start()
+        session = endpoint.open(ctx)
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                call = asyncio.create_task(client.post(endpoint.base_url(session) + "/chat/completions",
+                                                       content=body))
+                await asyncio.sleep(0.2)  # the call is being tokenized
+                endpoint.close(session)
+                return (await call).status_code
+        finally:
+            await endpoint.stop()
+
+    assert asyncio.run(main()) == 401
+    assert asked == [] and ctx.builder.turns == 0
