@@ -67,10 +67,35 @@ def _run(tok: Any, python: str, *args: str) -> tuple[Episode, Any]:
     return asyncio.run(workflow(ctx, ctx.row)), server
 
 
+def _responses_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, int]]:
+    """(previous_response_id, input items) of each Responses call the endpoint parses."""
+    from rlkit.agent import openai_endpoint
+
+    calls: list[tuple[Any, int]] = []
+    parse = openai_endpoint.parse_responses
+
+    def spy(body: Any, *args: Any) -> Any:
+        given = body.get("input") if isinstance(body, dict) else None
+        calls.append((body.get("previous_response_id"), len(given) if isinstance(given, list) else 1))
+        return parse(body, *args)
+
+    monkeypatch.setattr(openai_endpoint, "parse_responses", spy)
+    return calls
+
+
 @pytest.mark.parametrize("args", [(), ("--stream",), ("--chain",), ("chat",), ("chat", "--stream")],
                          ids=["responses", "responses-streamed", "responses-chained", "chat", "chat-streamed"])
-def test_an_agents_sdk_program_is_one_token_exact_episode(tok: Any, agents_python: str, args: tuple[str, ...]) -> None:
+def test_an_agents_sdk_program_is_one_token_exact_episode(tok: Any, agents_python: str, args: tuple[str, ...],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _responses_calls(monkeypatch)
     episode, server = _run(tok, agents_python, *args)
+    if "chat" in args:
+        assert calls == [], "the chat-completions model never calls the Responses route"
+    elif "--chain" in args:
+        (first, _), (previous, items) = calls
+        assert first is None and previous and items == 1, "the second call named the first response, sent its output"
+    else:
+        assert [previous for previous, _ in calls] == [None, None] and calls[1][1] > 1, "whole conversations"
     t = episode.trajectory
     assert episode.reward == 1.0, "the program's printed reward: the tool was used and the answer given"
     assert episode.info["openai_segments"] == 1 and episode.info["openai_calls"] == 2, "one trajectory, two turns"
