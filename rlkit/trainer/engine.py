@@ -211,7 +211,7 @@ class TrainEngine:
             return float(norm)
         self.skipped.taken()
         if float(norm) == 0.0:  # nothing to learn from this batch: AdamW's moments alone would move every weight
-            self.skipped.zero()  # (rlkit.trainer.skipped_steps); the schedule still counts the step
+            self.skipped.zero(announce=self.rank == 0)  # (rlkit.trainer.skipped_steps); the schedule counts it
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer_steps += 1
             return 0.0

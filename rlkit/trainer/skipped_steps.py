@@ -23,6 +23,7 @@ from typing import Any
 from rlkit.errors import StepError
 
 MAX_SKIPPED_IN_A_ROW = 5  # optimizer steps skipped for a NaN/inf gradient norm, in a row, before the trainer stops
+ZERO_IN_A_ROW_WARNING = 10  # zero-gradient steps in a row before the log says the run is learning nothing
 
 
 class SkippedSteps:
@@ -32,6 +33,7 @@ class SkippedSteps:
         self.in_a_row = 0
         self.untaken = 0
         self.zero_untaken = 0  # steps skipped for a zero gradient since the loop last took them
+        self.zero_in_a_row = 0
 
     def skip(self, norm: float, *, announce: bool) -> None:
         """One more skipped step (StepError at the MAX_SKIPPED_IN_A_ROW-th in a row: a run that trains nothing must
@@ -49,11 +51,18 @@ class SkippedSteps:
 
     def taken(self) -> None:
         """A step was taken: the run of skipped ones is over."""
-        self.in_a_row = 0
+        self.in_a_row = self.zero_in_a_row = 0
 
-    def zero(self) -> None:
-        """A step skipped for a gradient of exactly zero (nothing to learn from; not a broken loss: no stop)."""
+    def zero(self, *, announce: bool) -> None:
+        """A step skipped for a gradient of exactly zero (nothing to learn from; not a broken loss: no stop). A run of
+        ZERO_IN_A_ROW_WARNING in a row is said once in the log (`announce`: rank 0): every group's rewards flat."""
         self.zero_untaken += 1
+        self.zero_in_a_row += 1
+        if announce and self.zero_in_a_row == ZERO_IN_A_ROW_WARNING:
+            print(f"rlkit train: WARNING: the gradient was exactly zero at {self.zero_in_a_row} optimizer steps in a "
+                  "row (each skipped): the batches hold nothing to learn from, every group's rewards equal (all "
+                  "solved, or all failed); look at reward/mean, the reward function, or actor.dynamic_sampling",
+                  flush=True)
 
     def take(self) -> tuple[int, int]:
         """The steps skipped since the last take: for a non-finite norm, and for a zero gradient."""

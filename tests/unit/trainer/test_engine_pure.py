@@ -12,7 +12,7 @@ import pytest
 from rlkit.errors import StepError
 from rlkit.trainer.batch import local_indices
 from rlkit.trainer.engine import TrainEngine, attention_implementation, lr_multiplier
-from rlkit.trainer.skipped_steps import MAX_SKIPPED_IN_A_ROW, SkippedSteps
+from rlkit.trainer.skipped_steps import MAX_SKIPPED_IN_A_ROW, ZERO_IN_A_ROW_WARNING, SkippedSteps
 
 
 def lr(step: int, total: int = 100, *, warmup: float = 0.1, schedule: str = "constant", min_lr: float = 0.0) -> float:
@@ -186,3 +186,22 @@ def test_a_step_whose_gradient_is_exactly_zero_leaves_weights_and_moments_unchan
     engine.model(torch.ones(1, 2)).sum().backward()  # the next real gradient is taken as usual
     assert engine._clip_and_step() > 0 and engine.optimizer_steps == 4
     assert not all(torch.equal(p, w) for p, w in zip(engine.model.parameters(), weights, strict=True))
+
+
+def test_a_long_run_of_zero_gradients_is_said_once_and_a_real_step_starts_the_count_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every group flat for good (a constant reward, a task all solved or all failed) trains nothing: no stop, as it is
+    no broken loss, but one warning at ZERO_IN_A_ROW_WARNING in a row; a taken step starts the count again."""
+    skipped = SkippedSteps()
+    for _ in range(ZERO_IN_A_ROW_WARNING - 1):
+        skipped.zero(announce=True)
+    assert "exactly zero" not in capsys.readouterr().out
+    skipped.zero(announce=True)
+    assert f"exactly zero at {ZERO_IN_A_ROW_WARNING} optimizer steps in a row" in capsys.readouterr().out
+    for _ in range(ZERO_IN_A_ROW_WARNING):
+        skipped.zero(announce=True)
+    assert "exactly zero" not in capsys.readouterr().out, "said once per run of them"
+    skipped.taken()
+    for _ in range(ZERO_IN_A_ROW_WARNING):
+        skipped.zero(announce=False)
+    assert capsys.readouterr().out == "", "only rank 0 says it"
