@@ -21,6 +21,7 @@ settings other than the episode's (openai_protocol's rule). `model`, `store`, `m
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ INPUT_ROLES = ("user", "system", "developer", "assistant")
 
 
 STORED_RESPONSES = 16  # an episode's last responses kept for previous_response_id (a program names its latest)
+MAX_CHAIN_CHARS = 16 << 20  # a chained conversation may hold what one whole resend may (the endpoint's body limit)
 
 
 def _bad(message: str, param: str, code: str = "unsupported_parameter") -> OpenAIError:
@@ -196,6 +198,8 @@ class ResponsesCall:
     stream: bool = False  # answer as the Responses API's events (rlkit.agent.openai_responses_stream)
     conversation: tuple[dict[str, Any], ...] = ()  # the chat messages without the instructions (what a later call's
     # previous_response_id carries over, with the reply: OpenAI carries no instructions over)
+    earlier: int = 0  # how many of them came from the named previous response
+    earlier_chars: int = 0  # and their size as JSON
 
 
 class ResponseStore:
@@ -205,18 +209,26 @@ class ResponseStore:
     them; a conversation is copied out, never shared, so a later call cannot change an earlier one."""
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()  # id -> conversation, chars
 
-    def conversation(self, response_id: Any) -> list[dict[str, Any]]:
+    def conversation(self, response_id: Any) -> tuple[list[dict[str, Any]], int]:
+        """A copy of the named response's conversation, and its size as JSON (at most MAX_CHAIN_CHARS)."""
         if not isinstance(response_id, str) or response_id not in self._kept:
             raise _bad(f"previous_response_id {response_id!r} is not one of this episode's last {STORED_RESPONSES} "
                        "responses (rlkit keeps no others): name a response this episode got, or send the whole "
                        "conversation as input", "previous_response_id", "previous_response_not_found")
-        return copy.deepcopy(self._kept[response_id])
+        conversation, chars = self._kept[response_id]
+        if chars > MAX_CHAIN_CHARS:  # as a whole resend of it would be refused (a chain must not grow without end)
+            raise OpenAIError(413, f"the conversation of previous_response_id {response_id!r} is over "
+                                   f"{MAX_CHAIN_CHARS} bytes", param="previous_response_id")
+        return copy.deepcopy(conversation), chars
 
     def keep(self, response_id: str, call: ResponsesCall, reply: Mapping[str, Any]) -> None:
-        """The conversation of a served call and its reply (the chat completion's message)."""
-        self._kept[response_id] = copy.deepcopy([*call.conversation, dict(reply)])
+        """The conversation of a served call and its reply (the chat completion's message); its size is the earlier
+        part's plus what this call added, so a chain is never measured whole again."""
+        added = [*call.conversation[call.earlier:], dict(reply)]
+        chars = call.earlier_chars + len(json.dumps(added, default=str))
+        self._kept[response_id] = (copy.deepcopy([*call.conversation, dict(reply)]), chars)
         while len(self._kept) > STORED_RESPONSES:
             self._kept.popitem(last=False)
 
@@ -229,7 +241,7 @@ def parse_responses(body: Any, gconfig: Mapping[str, float], store: ResponseStor
     _check_settings(body)
     schemas = _tools(body.get("tools"))
     previous = body.get("previous_response_id")
-    earlier = (store or ResponseStore()).conversation(previous) if previous is not None else []
+    earlier, earlier_chars = (store or ResponseStore()).conversation(previous) if previous is not None else ([], 0)
     messages = chat_messages(body, earlier)
     chat_body: dict[str, Any] = {"messages": messages, "tool_choice": body.get("tool_choice"),
                                  "tools": [{"type": "function", "function": s} for s in schemas],
@@ -246,7 +258,8 @@ def parse_responses(body: Any, gconfig: Mapping[str, float], store: ResponseStor
             "user": body.get("user") if isinstance(body.get("user"), str) else None}
     conversation = tuple(messages[1:] if body.get("instructions") is not None else messages)
     echo["previous_response_id"] = previous
-    return ResponsesCall(parse_request(chat_body, gconfig), echo, body.get("stream") is True, conversation)
+    return ResponsesCall(parse_request(chat_body, gconfig), echo, body.get("stream") is True, conversation,
+                         len(earlier), earlier_chars)
 
 
 def response_body(completion: Mapping[str, Any], call: ResponsesCall) -> dict[str, Any]:

@@ -137,10 +137,10 @@ def test_the_response_store_keeps_an_episodes_last_responses_as_copies() -> None
     with pytest.raises(OpenAIError) as gone:
         store.conversation("resp_0")
     assert gone.value.param == "previous_response_id" and gone.value.code == "previous_response_not_found"
-    kept = store.conversation("resp_1")
+    kept, _ = store.conversation("resp_1")
     assert kept == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}]
     kept[1]["content"] = "changed by a later call"
-    assert store.conversation("resp_1")[1]["content"] == "a1", "a copy: a later call cannot change it"
+    assert store.conversation("resp_1")[0][1]["content"] == "a1", "a copy: a later call cannot change it"
     later = parse_responses({"input": "next", "previous_response_id": "resp_1", "instructions": "be brief"}, gconfig,
                             store)
     assert [m["content"] for m in later.chat.messages] == ["be brief", "q1", "a1", "next"]
@@ -283,3 +283,25 @@ def test_malformed_responses_calls_are_the_programs_400_never_rlkits_failure(tok
     status, answer, failure = asyncio.run(main())
     assert (status, failure) == (400, None), answer
     assert answer["error"]["param"] == param, answer
+
+
+def test_a_chain_of_responses_is_held_to_what_one_whole_resend_may_hold() -> None:
+    """Each chained call adds to the conversation the endpoint keeps; past MAX_CHAIN_CHARS (what one request body may
+    hold) naming it is refused, as resending it whole would be."""
+    from rlkit.agent.openai_protocol import OpenAIError
+    from rlkit.agent.openai_responses import MAX_CHAIN_CHARS, ResponseStore, parse_responses
+
+    store = ResponseStore()
+    gconfig = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    chunk = "x" * (MAX_CHAIN_CHARS // 3)
+    call = parse_responses({"input": chunk}, gconfig, store)
+    previous = "resp_0"
+    store.keep(previous, call, {"role": "assistant", "content": "a"})
+    for i in range(1, 3):  # three thirds and the JSON around them: over the limit
+        call = parse_responses({"input": chunk, "previous_response_id": previous}, gconfig, store)
+        previous = f"resp_{i}"
+        store.keep(previous, call, {"role": "assistant", "content": "a"})
+    with pytest.raises(OpenAIError) as over:
+        parse_responses({"input": "more", "previous_response_id": previous}, gconfig, store)
+    assert over.value.status == 413 and over.value.param == "previous_response_id"
+    assert parse_responses({"input": "more", "previous_response_id": "resp_1"}, gconfig, store).earlier == 4
