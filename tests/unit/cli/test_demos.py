@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def test_a_demos_config_renders_from_what_its_preparation_built(name: str, demo_
     before = {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()}
     prepare(demo, demo_dir)  # idempotent: a second preparation leaves the same files
     assert {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()} == before
-    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
+    env = {"RLKIT_VERIFIERS_PYTHON": sys.executable,  # the verifiers demo's venv, unless built (scripts/test.sh)
+           **os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
     rendered = run_rlkit("render", str(CONFIGS / demo.config), f"cluster.fileroot={tmp_path}", env=env)
     assert rendered.returncode == 0, rendered.stderr
     assert "warning" not in rendered.stderr, rendered.stderr  # no model, dataset or image missing
