@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlkit.checks.agent_programs import validate_agent_programs
 from rlkit.config.problems import Problems, refuse_inert_fields
 from rlkit.config.schema.agent import (
     OFFLINE_HARNESSES,
@@ -39,6 +40,7 @@ def validate_agent(config: ExperimentConfig, job: JobType, job_types: JobTypes, 
     _validate_verifiers_fields(agent, problems)
     if agent.workflow.strip() == VERIFIERS_WORKFLOW:
         _validate_verifiers_rows(config, problems)
+    validate_agent_programs(config, problems)  # the verifiers venv's python, an agent command's program
     if not agent_in_use(agent):
         if agent.tools:
             problems.add("rollout.agent.tools is set but rollout.agent.workflow is empty: single-turn rollouts call no "

@@ -8,6 +8,7 @@ the trained model are. `--list` names the examples; grpo is the default. Overrid
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -105,6 +106,16 @@ def own_directory(path: Path) -> str | None:
     return None
 
 
+def submit_line(demo_dir: Path, config: Path, overrides: list[str]) -> str:
+    """The submit command as the demo runs it, for a user to copy (from the checkout): RLKIT_FILEROOT only where the
+    config reads it, not where a cluster.fileroot override wins over it; each word quoted for the shell."""
+    where = {"RLKIT_DEMO_DIR": str(demo_dir)}
+    if not any(o.startswith("cluster.fileroot=") for o in overrides):
+        where["RLKIT_FILEROOT"] = os.environ["RLKIT_FILEROOT"]
+    words = [f"{name}={shlex.quote(value)}" for name, value in where.items()]
+    return " ".join([*words, shlex.join(["rlkit", "submit", str(config.relative_to(REPO)), *overrides])])
+
+
 def run(demo: Demo, overrides: list[str] | None = None) -> int:
     # Per-user defaults: a shared machine's /tmp is everyone's, and the first user to run a demo owned /tmp/rlkit-demo
     # and /tmp/rlkit (the configs' fileroot), so the next one's demo failed in a PermissionError or submit's refusal.
@@ -120,8 +131,7 @@ def run(demo: Demo, overrides: list[str] | None = None) -> int:
     prepare(demo, demo_dir)
     config = REPO / "configs" / demo.config
     overrides = overrides or []
-    where = f"RLKIT_DEMO_DIR={demo_dir} RLKIT_FILEROOT={os.environ['RLKIT_FILEROOT']}"  # to submit it again by hand
-    print(f"$ {where} rlkit submit {' '.join([str(config.relative_to(REPO)), *overrides])}", flush=True)
+    print(f"$ {submit_line(demo_dir, config, overrides)}", flush=True)
     submitted = rlkit("submit", str(config), *overrides)
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:

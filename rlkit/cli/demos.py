@@ -46,9 +46,17 @@ def _evals(metrics: Metrics, key: str) -> list[float]:
     return [float(m[key]) for m in metrics if key in m]
 
 
+def _first_last(name: str, values: list[float]) -> str:
+    """`name first -> last`; one evaluation (a run of one epoch: rw, dpo and sft evaluate at each epoch's end) is
+    shown as one figure, not as a change from itself."""
+    if len(values) == 1:
+        return f"{name} {values[0]:.3f} (one evaluation, at the end)"
+    return f"{name} {values[0]:.3f} -> {values[-1]:.3f}"
+
+
 def _sft(metrics: Metrics) -> str:
     evals = _evals(metrics, "eval/loss")
-    held_out = f"; held-out loss {evals[0]:.3f} -> {evals[-1]:.3f}" if evals else ""
+    held_out = f"; {_first_last('held-out loss', evals)}" if evals else ""
     first, last = metrics[0]["sft/loss"], metrics[-1]["sft/loss"]
     return f"{len(metrics)} steps; training loss {first:.3f} -> {last:.3f}{held_out}"
 
@@ -56,8 +64,8 @@ def _sft(metrics: Metrics) -> str:
 def _pairs(metrics: Metrics) -> str:
     accuracy = _evals(metrics, "eval/accuracy")
     margin = _evals(metrics, "eval/reward_margin")
-    shown = [f"held-out accuracy {accuracy[0]:.3f} -> {accuracy[-1]:.3f}"] if accuracy else []
-    shown += [f"held-out reward margin {margin[0]:.3f} -> {margin[-1]:.3f}"] if margin else []
+    shown = [_first_last("held-out accuracy", accuracy)] if accuracy else []
+    shown += [_first_last("held-out reward margin", margin)] if margin else []
     return f"{len(metrics)} steps; " + ", ".join(shown or ["no evaluation recorded"])
 
 

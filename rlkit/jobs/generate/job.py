@@ -28,6 +28,7 @@ def _validate_generate(config: ExperimentConfig, allocation: Allocation | None, 
     elif not names_reasoning_gym(dataset):  # reasoning-gym's rows are generated in the job
         with problems.check():
             check_dataset_file("generate.dataset.path", dataset)
+            _check_prompt_column(config)
     validate_reasoning_gym(config, problems, (("generate.dataset", config.generate.dataset),),
                            scores=config.generate.score)
     if config.generate.score:
@@ -42,6 +43,20 @@ def _validate_generate(config: ExperimentConfig, allocation: Allocation | None, 
     elif parts[0] in RESERVED_NAMES or ATTEMPT_DIR.fullmatch(parts[0]):
         problems.add(f"generate.output_file '{output}' would overwrite rlkit's own '{parts[0]}' in the trial "
                      "directory", hint="e.g. generate.output_file=completions.jsonl")
+
+
+def _check_prompt_column(config: ExperimentConfig) -> None:
+    """The prompt rows hold generate.dataset.prompt_key (or are GSM8K's, read as the step reads them), as grpo's
+    checks judge train_dataset: JSON Lines, and Parquet where pyarrow is installed here (else checked in the job)."""
+    from rlkit.data.dataset_head import dataset_head
+    from rlkit.data.row_formats import has_prompt
+
+    ds = config.generate.dataset
+    head = dataset_head("generate.dataset.path", Path(ds.path))
+    if head is not None and not has_prompt(head.columns, head.first_row, ds.prompt_key):
+        raise ConfigError(f"generate.dataset.path: rows have no column '{ds.prompt_key}' (columns: "
+                          f"{', '.join(head.columns) or 'none'})", hint="set generate.dataset.prompt_key to the "
+                                                                        "prompt column")
 
 
 def _validate_scoring(config: ExperimentConfig, problems: Problems) -> None:

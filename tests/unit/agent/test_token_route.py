@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,10 @@ def test_calls_that_continue_the_trajectory_join_it_and_others_start_a_new_one(t
             check_branch(ctx, {"token_ids": ids, "sampled_mask": mask, "logprobs": logprobs, **tampered})
 
 
-def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_yaml: Path) -> None:
+def test_workflow_verifiers_is_checked_at_submit_with_every_problem_named(grpo_yaml: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLKIT_VERIFIERS_PYTHON", sys.executable)  # a venv built or not here (test_agent_programs)
+
     def problems(*overrides: str) -> str:
         return "\n".join(str(e) for e in validate(load_config(grpo_yaml, list(overrides))).problems.errors)
 

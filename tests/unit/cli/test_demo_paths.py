@@ -3,6 +3,11 @@ module sits in the package (a move of the module one folder deeper once sent it 
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from rlkit.cli import demo
 from rlkit.cli.demos import DEMOS
 from tests.conftest import REPO
@@ -13,3 +18,24 @@ def test_every_demo_submits_a_config_of_the_checkout() -> None:
     assert DEMOS["grpo"].config == "grpo-cpu-demo.yaml"  # the README's demo
     for entry in DEMOS.values():
         assert (demo.REPO / "configs" / entry.config).is_file(), entry.name
+
+
+
+def test_the_printed_submit_line_shows_the_fileroot_really_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """What `rlkit demo` prints before it submits, copied, submits the same: a cluster.fileroot override given to the
+    demo wins over RLKIT_FILEROOT, so the variable is not shown as if it were used."""
+    submitted: list[tuple[str, ...]] = []
+    monkeypatch.setattr(demo, "prepare", lambda *_: None)
+    monkeypatch.setattr(demo, "rlkit", lambda *args: submitted.append(args) or subprocess.CompletedProcess(args, 2,
+                                                                                                          "", ""))
+    monkeypatch.setenv("RLKIT_DEMO_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("RLKIT_FILEROOT", "/tmp/rlkit-me")
+    monkeypatch.setenv("RLKIT_DEMO_TRIAL", "t1")  # run() sets what is unset, in this process's environment
+    assert demo.run(DEMOS["rw"], ["seed=2"]) == 2
+    assert (f"$ RLKIT_DEMO_DIR={tmp_path / 'd'} RLKIT_FILEROOT=/tmp/rlkit-me rlkit submit configs/rw-cpu-demo.yaml "
+            "seed=2\n") in capsys.readouterr().out
+    assert demo.run(DEMOS["rw"], ["cluster.fileroot=/shared/me", "reward.fns={a: 1}"]) == 2
+    assert (f"$ RLKIT_DEMO_DIR={tmp_path / 'd'} rlkit submit configs/rw-cpu-demo.yaml cluster.fileroot=/shared/me "
+            "'reward.fns={a: 1}'\n") in capsys.readouterr().out
+    assert submitted[-1][-2:] == ("cluster.fileroot=/shared/me", "reward.fns={a: 1}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def test_a_demos_config_renders_from_what_its_preparation_built(name: str, demo_
     before = {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()}
     prepare(demo, demo_dir)  # idempotent: a second preparation leaves the same files
     assert {p: p.read_bytes() for p in demo_dir.rglob("*") if p.is_file()} == before
-    env = {**os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
+    env = {"RLKIT_VERIFIERS_PYTHON": sys.executable,  # the verifiers demo's venv, unless built (scripts/test.sh)
+           **os.environ, "RLKIT_DEMO_DIR": str(demo_dir), "RLKIT_DEMO_TRIAL": "t1"}
     rendered = run_rlkit("render", str(CONFIGS / demo.config), f"cluster.fileroot={tmp_path}", env=env)
     assert rendered.returncode == 0, rendered.stderr
     assert "warning" not in rendered.stderr, rendered.stderr  # no model, dataset or image missing
@@ -51,6 +53,10 @@ def test_the_figures_are_the_ones_each_run_is_judged_by(tmp_path: Path) -> None:
     assert "training loss 3.000 -> 0.500; held-out loss 1.500 -> 0.700" in DEMOS["sft"].report(sft)  # type: ignore[misc]
     pairs = [{"eval/accuracy": 0.5, "eval/reward_margin": 0.0}, {"eval/accuracy": 1.0, "eval/reward_margin": 2.0}]
     assert "accuracy 0.500 -> 1.000, held-out reward margin 0.000 -> 2.000" in DEMOS["dpo"].report(pairs)  # type: ignore[misc]
+    once = [{"rw/loss": 0.7}, {"rw/loss": 0.1, "eval/accuracy": 1.0, "eval/reward_margin": 2.0}]  # one epoch: rw
+    assert DEMOS["rw"].report(once).endswith("held-out accuracy 1.000 (one evaluation, at the end), held-out "  # type: ignore[misc]
+                                             "reward margin 2.000 (one evaluation, at the end)")
+    assert "held-out loss 0.700 (one evaluation, at the end)" in DEMOS["sft"].report(sft[::2])  # type: ignore[misc]
     assert DEMOS["stages"].report(sft).startswith("3 steps; training loss")  # type: ignore[misc]
     tasks = [{**r, "reward/task/chain_sum/mean": r["reward/mean"] / 2} for r in rewards]
     assert DEMOS["rgym"].report(tasks).endswith("last 3 steps 0.800; task scores chain_sum 0.050 -> 0.400")  # type: ignore[misc]

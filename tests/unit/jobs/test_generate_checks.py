@@ -86,3 +86,15 @@ def test_the_cli_refuses_scoring_with_no_reward_with_exit_2_and_writes_nothing(t
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "generate.score is on but reward.fn is none" in result.stderr
     assert not (tmp_path / "fileroot").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_prompt_column_is_checked_at_submit(generate_yaml: Path, tmp_path: Path) -> None:
+    assert ("generate.dataset.path: rows have no column 'question' (columns: prompt)"
+            in problems_of(generate_yaml, "generate.dataset.prompt_key=question"))
+    gsm8k = tmp_path / "gsm8k.jsonl"  # GSM8K's rows, with prompt_key left at its default: read as the step reads them
+    gsm8k.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    assert problems_of(generate_yaml, f"generate.dataset.path={gsm8k}") == ""
+    query = tmp_path / "query.jsonl"
+    query.write_text(json.dumps({"query": "1+1?", "answer": "2"}) + "\n")
+    assert "rows have no column 'prompt' (columns: query, answer)" in problems_of(
+        generate_yaml, f"generate.dataset.path={query}")

@@ -95,6 +95,7 @@ def test_a_valid_evaluator_config_has_no_problem(tmp_path: Path) -> None:
     (["evaluator.max_prompts=0"], None, "evaluator.max_prompts must be at least 1"),
     (["eval_gconfig.temperature=-1"], None, "eval_gconfig.temperature must be at least 0 or null"),
     (["reward.fn=math"], {"prompt": "Q: 1+2= A:"}, "answer column 'answer'"),
+    (["reward.fns={none: 0.5, exact_match: 0.5}"], {"prompt": "Q: 1+2= A:"}, "exact_match scores evaluations"),
     ([], {"query": "Q: 1+2= A:", "answer": "3"}, "rows have no column 'prompt'"),  # {question, answer}: GSM8K's
     (["valid_dataset.path=/nonexistent/valid.jsonl"], None, "does not exist"),
 ])
