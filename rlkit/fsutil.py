@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -75,3 +76,27 @@ def write_dir(out_dir: Path, fill: Callable[[Path], object], *, replace: bool = 
         raise
     fsync_dir(out_dir.parent)
     return out_dir
+
+
+def own_directory(path: Path, *, fix_mode: bool = False) -> str | None:
+    """Why `path` is not a directory of this user that no one else may write, or None once it is (created 0700 when
+    absent). A name in a shared /tmp can be taken first by another user, who could then hand this user their files or
+    replace this user's. `fix_mode`: group and other write permission on a directory of this user's is taken away
+    rather than refused."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except OSError as e:
+        return f"it cannot be created: {e.strerror}"
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "it is a link or not a directory"
+    if info.st_uid != os.geteuid():
+        return f"it is uid {info.st_uid}'s, not yours (uid {os.geteuid()})"
+    if info.st_mode & 0o022:
+        if not fix_mode:
+            return f"others may write in it (mode {stat.S_IMODE(info.st_mode):o})"
+        try:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022, follow_symlinks=False)
+        except OSError as e:
+            return f"its mode cannot be set: {e.strerror}"
+    return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import stat
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import rlkit as rlkit_package
 from rlkit.cli.demos import DEMOS, Demo, generate_report, prepare
+from rlkit.fsutil import own_directory
 
 REPO = Path(rlkit_package.__file__).resolve().parents[1]  # the checkout, whatever this module's depth
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "WAITING")
@@ -88,24 +88,6 @@ def _user() -> str:
         return str(os.geteuid())
 
 
-def own_directory(path: Path) -> str | None:
-    """Why `path` cannot hold this user's demo files, or None once it can (created 0700 when absent). The demo reads
-    a model and data from it: one another user owns or may write (a /tmp name anyone can take first) could hand this
-    user their files, and one this user cannot write fails half-way with a PermissionError."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = path.lstat()
-    except OSError as e:
-        return f"it cannot be created: {e.strerror}"
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        return "it is a link or not a directory"
-    if info.st_uid != os.geteuid():
-        return f"it is uid {info.st_uid}'s, not yours (uid {os.geteuid()})"
-    if info.st_mode & 0o022:
-        return f"others may write in it (mode {stat.S_IMODE(info.st_mode):o})"
-    return None
-
-
 def submit_line(demo_dir: Path, config: Path, overrides: list[str]) -> str:
     """The submit command as the demo runs it, for a user to copy (from the checkout): RLKIT_FILEROOT only where the
     config reads it, not where a cluster.fileroot override wins over it; each word quoted for the shell."""
@@ -120,12 +102,18 @@ def run(demo: Demo, overrides: list[str] | None = None) -> int:
     # Per-user defaults: a shared machine's /tmp is everyone's, and the first user to run a demo owned /tmp/rlkit-demo
     # and /tmp/rlkit (the configs' fileroot), so the next one's demo failed in a PermissionError or submit's refusal.
     demo_dir = Path(os.environ.setdefault("RLKIT_DEMO_DIR", f"/tmp/rlkit-demo-{_user()}"))
-    os.environ.setdefault("RLKIT_FILEROOT", f"/tmp/rlkit-{_user()}")
+    default_root = f"/tmp/rlkit-{_user()}"
+    fileroot = os.environ.setdefault("RLKIT_FILEROOT", default_root)
     trial = os.environ.setdefault("RLKIT_DEMO_TRIAL", time.strftime("run_%Y%m%d_%H%M%S"))
     problem = own_directory(demo_dir)
     if problem is not None:
         print(f"error: demo directory {demo_dir}: {problem}\n  fix: set RLKIT_DEMO_DIR to a directory of your own "
               "that only you may write (or leave it unset: /tmp/rlkit-demo-<you>)", file=sys.stderr)
+        return 2
+    problem = own_directory(Path(fileroot)) if fileroot == default_root else None  # a name anyone could take first
+    if problem is not None:
+        print(f"error: demo fileroot {fileroot}: {problem}\n  fix: set RLKIT_FILEROOT to a directory of your own that "
+              "only you may write", file=sys.stderr)
         return 2
     print(f"demo {demo.name}: {demo.summary}; preparing {', '.join(demo.needs)} in {demo_dir}", flush=True)
     prepare(demo, demo_dir)

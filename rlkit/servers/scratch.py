@@ -20,11 +20,12 @@ import getpass
 import os
 import re
 import shutil
-import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rlkit.fsutil import own_directory
 
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -43,7 +44,7 @@ class EngineScratch:
         sites)."""
         environ = os.environ if environ is None else environ
         shared = _torch_default_cache_dir()
-        own = _own_directory(shared)
+        own = own_directory(Path(shared), fix_mode=True) is None
         env = {} if INDUCTOR_CACHE in environ or not own else {INDUCTOR_CACHE: shared}
         path = Path(tempfile.mkdtemp(prefix=f"rlkit-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-", dir=parent))
         if own:  # torch's precompiled headers, at <TMPDIR>/torchinductor_<user>, land in the shared directory
@@ -72,21 +73,3 @@ def _torch_default_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
-def _own_directory(path: str) -> bool:
-    """Whether `path` is (or has now been made) a directory of this user that no one else may write: not a link,
-    ours, its group and other write permission taken away if it had any."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            return False
-        if info.st_mode & 0o022:
-            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022, follow_symlinks=False)
-    except OSError:
-        return False
-    return True

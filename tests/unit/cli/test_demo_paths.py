@@ -39,3 +39,30 @@ def test_the_printed_submit_line_shows_the_fileroot_really_used(tmp_path: Path, 
     assert (f"$ RLKIT_DEMO_DIR={tmp_path / 'd'} rlkit submit configs/rw-cpu-demo.yaml cluster.fileroot=/shared/me "
             "'reward.fns={a: 1}'\n") in capsys.readouterr().out
     assert submitted[-1][-2:] == ("cluster.fileroot=/shared/me", "reward.fns={a: 1}")
+
+
+def test_the_default_fileroot_another_user_could_have_taken_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The per-user default fileroot (/tmp/rlkit-<user>) is a name anyone could create first, open to all: the demo
+    refuses it, as it refuses such a demo directory, before anything is submitted."""
+    import os
+    import uuid
+
+    submitted: list[tuple[str, ...]] = []
+    monkeypatch.setattr(demo, "prepare", lambda *_: None)
+    monkeypatch.setattr(demo, "rlkit", lambda *args: submitted.append(args) or subprocess.CompletedProcess(args, 2,
+                                                                                                          "", ""))
+    name = f"nobody-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(demo, "_user", lambda: name)
+    monkeypatch.setenv("RLKIT_DEMO_DIR", str(tmp_path / "d"))
+    monkeypatch.delenv("RLKIT_FILEROOT", raising=False)
+    monkeypatch.setenv("RLKIT_DEMO_TRIAL", "t1")
+    taken = Path(f"/tmp/rlkit-{name}")
+    taken.mkdir(mode=0o777)
+    os.chmod(taken, 0o777)  # as another user would leave it (the umask cut mkdir's mode)
+    try:
+        assert demo.run(DEMOS["rw"], []) == 2
+        err = capsys.readouterr().err
+        assert f"demo fileroot {taken}: others may write in it (mode 777)" in err and submitted == []
+    finally:
+        taken.rmdir()

@@ -80,7 +80,7 @@ def test_a_shared_directory_someone_else_owns_or_links_is_not_used(tmp_path: Pat
         shared.symlink_to(tmp_path / "elsewhere")
     else:  # another user's: the test pretends to be someone else
         shared.mkdir()
-        monkeypatch.setattr(os, "getuid", lambda: shared.stat().st_uid + 1)
+        monkeypatch.setattr(os, "geteuid", lambda: shared.stat().st_uid + 1)
     scratch = EngineScratch.create("serve-1-servers/0")
     assert scratch.env == {"TMPDIR": str(scratch.path)}, "no cache directory pinned in a place others may write"
     assert list(scratch.path.iterdir()) == [], "no link to it either"
