@@ -186,8 +186,8 @@ def test_every_episode_was_the_agent_programs_own_conversation_through_the_endpo
     refused), no episode was dropped, and the endpoint served both trainer runs (the killed one and its retry)."""
     trial = Path(str(agent_run["trial"]))
     log = (trial / "logs" / "grpo.log").read_text()
-    assert log.count("rlkit agent endpoint: serving the OpenAI chat-completions API on http://127.0.0.1:") == 2, \
-        log[-3000:]
+    started = "rlkit agent endpoint: serving the OpenAI chat-completions and responses APIs on http://127.0.0.1:"
+    assert log.count(started) == 2, log[-3000:]
     metrics = _metrics(trial)
     for m in metrics:
         assert m["agent/openai_calls"] == m["agent/turns"] and m["agent/openai_segments"] == 1, m
