@@ -58,6 +58,22 @@ def _final(plan: StagePlan) -> str:
     return str(plan.prepared.paths.checkpoints / "final")
 
 
+def _submitted_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[StagePlan], Any]:
+    """The sft, rm and rl stages prepared and submitted, Slurm faked (the controller's answers are not what the resume
+    tests are about: every job CANCELLED)."""
+    from rlkit.config.problems import Problems
+    from rlkit.launch import slurm
+    from rlkit.launch.stages import submit_stages
+
+    jobs = iter(range(100, 200))
+    monkeypatch.setattr(slurm, "sbatch_test_only", lambda script: "ok")
+    monkeypatch.setattr(slurm, "sbatch", lambda path, after_ok="": str(next(jobs)))
+    monkeypatch.setattr("rlkit.launch.submit.site_preflight", lambda plan, **kw: Problems())
+    monkeypatch.setattr(slurm, "job_info", lambda job: slurm.JobInfo(job, "CANCELLED"))
+    plans, _ = prepare_stages(_config(tmp_path), [])
+    return plans, submit_stages(plans)
+
+
 def _problems(path: Path, overrides: list[str] | None = None) -> list[ConfigError]:
     with pytest.raises(ConfigError) as caught:
         prepare_stages(path, overrides or [])
@@ -179,18 +195,10 @@ def test_resuming_the_run_before_the_rw_stage_finished_submits_the_later_stages_
     critic starting from) rm's final, which its re-checks read as the recorded stand-in (Slurm faked: the
     controller's answers are not what this is about)."""
     from rlkit.config.load import load_config
-    from rlkit.config.problems import Problems
-    from rlkit.launch import slurm
-    from rlkit.launch.stages import resume_run, submit_stages
+    from rlkit.launch.stages import resume_run
     from rlkit.trials.stage_runs import find_run
 
-    jobs = iter(range(100, 200))
-    monkeypatch.setattr(slurm, "sbatch_test_only", lambda script: "ok")
-    monkeypatch.setattr(slurm, "sbatch", lambda path, after_ok="": str(next(jobs)))
-    monkeypatch.setattr("rlkit.launch.submit.site_preflight", lambda plan, **kw: Problems())
-    monkeypatch.setattr(slurm, "job_info", lambda job: slurm.JobInfo(job, "CANCELLED"))
-    plans, _ = prepare_stages(_config(tmp_path), [])
-    run = submit_stages(plans)
+    plans, run = _submitted_run(tmp_path, monkeypatch)
     plans[0].prepared.paths.checkpoints.mkdir(parents=True)
     (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
     found = find_run(run.name)
@@ -205,18 +213,10 @@ def test_a_resumed_stage_checks_a_reward_model_or_actor_path_an_override_names_a
         demo_dir: Path, tmp_path: Path, rlkit_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded stand-ins stand for the finals handed over at submit only: `rlkit resume RUN
     stages.rl.reward.reward_model_path=/typo` (or actor.path) is refused for that path, not checked as rm's model."""
-    from rlkit.config.problems import Problems
-    from rlkit.launch import slurm
-    from rlkit.launch.stages import resume_run, submit_stages
+    from rlkit.launch.stages import resume_run
     from rlkit.trials.stage_runs import find_run
 
-    jobs = iter(range(100, 200))
-    monkeypatch.setattr(slurm, "sbatch_test_only", lambda script: "ok")
-    monkeypatch.setattr(slurm, "sbatch", lambda path, after_ok="": str(next(jobs)))
-    monkeypatch.setattr("rlkit.launch.submit.site_preflight", lambda plan, **kw: Problems())
-    monkeypatch.setattr(slurm, "job_info", lambda job: slurm.JobInfo(job, "CANCELLED"))
-    plans, _ = prepare_stages(_config(tmp_path), [])
-    run = submit_stages(plans)
+    _, run = _submitted_run(tmp_path, monkeypatch)
     found = find_run(run.name)
     assert found is not None
     for key in ("reward.reward_model_path", "actor.path"):
