@@ -168,9 +168,6 @@ def _check_settings(body: Mapping[str, Any]) -> None:
     if body.get("truncation") not in (None, "disabled"):
         raise _bad("truncation is not served unless disabled: the conversation is never cut by the endpoint",
                    "truncation")
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        raise _bad(f"tool_choice={body['tool_choice']!r}: only auto and none are served (forcing a call would "
-                   "change what the policy samples)", "tool_choice", "unsupported_value")
     for name in ("parallel_tool_calls", "store"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(f"{name} must be a boolean", name, "invalid_value")
