@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkit.fsutil import own_directory
+from rlkit.servers.stale_scratch import OWNER_FILE, write_owner
 
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -47,15 +48,19 @@ class EngineScratch:
         own = own_directory(Path(shared), fix_mode=True) is None
         env = {} if INDUCTOR_CACHE in environ or not own else {INDUCTOR_CACHE: shared}
         path = Path(tempfile.mkdtemp(prefix=f"rlkit-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-", dir=parent))
+        write_owner(path)  # so that a later serve step can remove it if this one is killed (stale_scratch)
         if own:  # torch's precompiled headers, at <TMPDIR>/torchinductor_<user>, land in the shared directory
             (path / os.path.basename(shared)).symlink_to(shared, target_is_directory=True)
         env["TMPDIR"] = str(path)
         return cls(path, env)
 
     def entries(self) -> int:
-        """How many files and directories the engine has in it now (the link to torch's directory apart)."""
+        """How many files and directories the engine has in it now (the link to torch's directory and the owner
+        file apart)."""
         found = sum(len(dirs) + len(files) for _, dirs, files in os.walk(self.path))
-        return found - sum(1 for e in os.scandir(self.path) if e.is_symlink()) if self.path.is_dir() else found
+        if not self.path.is_dir():
+            return found
+        return found - sum(1 for e in os.scandir(self.path) if e.is_symlink() or e.name == OWNER_FILE)
 
     def remove(self) -> int:
         """Remove the directory and what the engine left in it; returns how many entries that was."""

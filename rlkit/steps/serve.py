@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -42,6 +43,7 @@ from rlkit.servers.guard_check import prove_guard
 from rlkit.servers.health import ServerNotHealthy, find_free_port, wait_healthy
 from rlkit.servers.log_redact import popen_redacted
 from rlkit.servers.scratch import EngineScratch
+from rlkit.servers.stale_scratch import remove_stale
 from rlkit.servers.startup_failure import StartupWatch, served_with
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 from rlkit.trials.paths import TrialPaths
@@ -123,6 +125,10 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     launch = server_launch(config, backend, tp, port, token=token, secret_dir=secret_dir, index=index)
     slurm = JobEnv.from_environ()
     key = server_key(index, auxiliary)
+    stale = remove_stale(Path(tempfile.gettempdir()), prefix="rlkit-serve-")
+    if stale:
+        print(f"rlkit serve: removed {len(stale)} temporary directories of this user's killed servers on this node "
+              f"({', '.join(p.name for p in stale[:3])}{', ...' if len(stale) > 3 else ''})", flush=True)
     scratch = EngineScratch.create(f"serve-{slurm.job_id or 'local'}-{key}")
     argv, env = launch.argv, launch_env(launch, scratch)
     node = slurm.node_name

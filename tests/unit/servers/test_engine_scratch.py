@@ -17,6 +17,7 @@ import pytest
 
 from rlkit.servers.backend import ServerLaunch
 from rlkit.servers.scratch import INDUCTOR_CACHE, EngineScratch
+from rlkit.servers.stale_scratch import OWNER_FILE
 from rlkit.steps.serve import launch_env
 
 
@@ -83,7 +84,7 @@ def test_a_shared_directory_someone_else_owns_or_links_is_not_used(tmp_path: Pat
         monkeypatch.setattr(os, "geteuid", lambda: shared.stat().st_uid + 1)
     scratch = EngineScratch.create("serve-1-servers/0")
     assert scratch.env == {"TMPDIR": str(scratch.path)}, "no cache directory pinned in a place others may write"
-    assert list(scratch.path.iterdir()) == [], "no link to it either"
+    assert [p.name for p in scratch.path.iterdir()] == [OWNER_FILE], "no link to it either (the owner file only)"
     scratch.remove()
 
 
