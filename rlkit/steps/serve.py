@@ -127,7 +127,8 @@ def run_server(trial_dir: Path, index: int, auxiliary: str = "") -> int:
     key = server_key(index, auxiliary)
     stale = remove_stale(Path(tempfile.gettempdir()), prefix="rlkit-serve-")
     if stale:
-        print(f"rlkit serve: removed {len(stale)} temporary directories of this user's killed servers on this node "
+        what = "directory" if len(stale) == 1 else "directories"
+        print(f"rlkit serve: removed {len(stale)} temporary {what} of this user's killed servers on this node "
               f"({', '.join(p.name for p in stale[:3])}{', ...' if len(stale) > 3 else ''})", flush=True)
     scratch = EngineScratch.create(f"serve-{slurm.job_id or 'local'}-{key}")
     argv, env = launch.argv, launch_env(launch, scratch)
