@@ -73,7 +73,8 @@ def ppo_actor_loss(
         if behav_logp is None:
             raise ValueError("M2PO needs behav_logp: it bounds the behaviour importance weight pi_prox / pi_behav")
         kept = m2po_keep_mask(old_logp - behav_logp, loss_mask, m2_threshold)
-        stats["m2po_masked_fraction"] = 1.0 - kept.sum() / loss_mask.bool().sum().clamp(min=1)
+        total = loss_mask.bool().sum()
+        stats["m2po_masked_fraction"] = (total - kept.sum()) / total.clamp(min=1)
         loss_mask = kept
     orig_mask = loss_mask.bool()
     denominator = orig_mask.sum().clamp(min=1)

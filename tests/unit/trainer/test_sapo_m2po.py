@@ -178,5 +178,7 @@ def test_m2po_in_the_loss_is_the_decoupled_loss_over_the_kept_tokens() -> None:
     untouched, stats = ppo_actor_loss(logp, OLD, ADV, MASK, behav_logp=behav, m2_threshold=0.1)
     assert float(untouched) == float(ppo_actor_loss(logp, OLD, ADV, MASK, behav_logp=behav)[0])
     assert float(stats["m2po_masked_fraction"]) == 0.0
+    empty, stats = ppo_actor_loss(logp, OLD, ADV, torch.zeros_like(MASK), behav_logp=behav, m2_threshold=0.04)
+    assert float(empty) == 0.0 and float(stats["m2po_masked_fraction"]) == 0.0  # a rank's dummy micro-batch
     with pytest.raises(ValueError, match="M2PO needs behav_logp"):
         ppo_actor_loss(logp, OLD, ADV, MASK, m2_threshold=0.04)
