@@ -30,6 +30,7 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
         if value not in KL_ESTIMATORS:
             problems.add(f"actor.{name} '{value}' is not one of: k1, k2, k3", hint=f"e.g. actor.{name}=k3")
     _validate_decoupled(actor, problems)
+    _validate_sapo_m2po(actor, problems)
 
 
 def _validate_norm(field: str, norm: NormConfig, group_size: int, problems: Problems) -> None:
@@ -77,6 +78,24 @@ def _validate_decoupled(actor: ActorConfig, problems: Problems) -> None:
                      hint="e.g. actor.behav_imp_weight_cap=5")
     if rs is not None:
         _validate_rejection(rs, problems)
+
+
+def _validate_sapo_m2po(actor: ActorConfig, problems: Problems) -> None:
+    """SAPO excludes what AReaL says it excludes (the decoupled loss) and the clip knobs it would ignore; M2PO bounds
+    the behaviour weight, which exists only under the decoupled loss (AReaL's mask is all-keep without it)."""
+    if actor.use_sapo_loss:
+        if actor.use_decoupled_loss:
+            problems.add("actor.use_sapo_loss is not compatible with actor.use_decoupled_loss=true (as in AReaL): "
+                         "SAPO's gate has no behaviour weight", hint="set actor.use_decoupled_loss=false, or remove "
+                                                                    "actor.use_sapo_loss")
+        for name in ("eps_clip_higher", "c_clip"):
+            if getattr(actor, name) is not None:
+                problems.add(f"actor.{name} is a bound of PPO's clip, which SAPO's soft gate replaces, so it would be "
+                             "ignored", hint=f"remove actor.{name}, or set actor.use_sapo_loss=false")
+    if actor.m2_threshold is not None and not actor.use_decoupled_loss:
+        problems.add("actor.m2_threshold masks tokens by the behaviour weight pi_prox / pi_behav, which only the "
+                     "decoupled loss has (AReaL's mask keeps every token without it), so it would do nothing",
+                     hint="set actor.use_decoupled_loss=true, or remove actor.m2_threshold")
 
 
 def _validate_rejection(rs: RejectionSamplingConfig, problems: Problems) -> None:

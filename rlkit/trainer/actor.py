@@ -28,7 +28,7 @@ from rlkit.trainer.sft_mix import ExpertBatch, mixed_minibatch_steps
 from rlkit.types import Sample
 
 _WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
-             "behav_filtered_fraction")
+             "behav_filtered_fraction", "sapo_soft_gate", "m2po_masked_fraction")
 # (logp, old_logp, advantages, loss_mask) -> (token-mean loss, stats): a job type's own policy loss (opmd)
 PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
 _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
@@ -108,7 +108,8 @@ class PPOActor:
         """
         cfg = self.config
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
-                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0}
+                "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0,
+                "sapo_soft_gate": 0.0, "m2po_masked_fraction": 0.0}
         counts = dict.fromkeys(_COUNTED, 0.0)
         extra = self.extra_loss
         extra_sums = dict.fromkeys(extra.names if extra is not None else (), 0.0)
@@ -130,7 +131,8 @@ class PPOActor:
                     importance_sampling_level=cfg.importance_sampling_level,  # type: ignore[arg-type]
                     behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
                     rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
-                    seq_log_ratio_clamp=cfg.seq_log_ratio_clamp)
+                    seq_log_ratio_clamp=cfg.seq_log_ratio_clamp, m2_threshold=cfg.m2_threshold,
+                    sapo_taus=(cfg.sapo_tau_pos, cfg.sapo_tau_neg) if cfg.use_sapo_loss else None)
             mask = mb.loss_mask
             n_tok = int(mask.sum())
             kl_mean = torch.zeros((), device=self.engine.device)
@@ -174,6 +176,9 @@ class PPOActor:
         if not decoupled:
             totals.pop("actor/behav_weight_mean")
             totals.pop("actor/behav_filtered_fraction")
+        for key, on in (("sapo_soft_gate", cfg.use_sapo_loss), ("m2po_masked_fraction", cfg.m2_threshold is not None)):
+            if not on or policy_loss is not None:
+                totals.pop(f"actor/{key}")
         totals.update({f"actor/{k}": v for k, v in zip(counts, all_reduce_sum(list(counts.values())), strict=True)})
         totals["actor/importance_weight_max"] = float(all_reduce_max(int(max_ratio[0] * 1e6))) / 1e6
         if extra_sums:

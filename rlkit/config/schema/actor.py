@@ -194,6 +194,14 @@ class ActorConfig:
                                             "behaviour importance weight exceeds this (> 1).")
     rejection_sampling: RejectionSamplingConfig | None = _f(
         None, "Decoupled loss: bound the behaviour importance weight (mask or clamp); null: unbounded.")
+    m2_threshold: float | None = _f(
+        None, "M2PO (second-moment trust): in each micro-batch, drop the tokens of largest (log pi_prox/pi_behav)^2 "
+        "until the mean of the rest is below this (e.g. 0.04); needs use_decoupled_loss. null: off.", gt=0)
+    use_sapo_loss: bool = _f(False, "SAPO: a soft sigmoid gate on the policy ratio in place of PPO's clip (so "
+                             "eps_clip is not used; not with eps_clip_higher, c_clip or use_decoupled_loss).")
+    sapo_tau_pos: float = _f(1.0, "SAPO: gate temperature for positive advantages (larger: the gradient fades "
+                             "faster as the ratio leaves 1).", gt=0)
+    sapo_tau_neg: float = _f(1.05, "SAPO: gate temperature for negative advantages (and zero ones).", gt=0)
     dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
     recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
                                  "(else use the servers' log-probs as the old policy).")

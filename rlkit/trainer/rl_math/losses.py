@@ -8,7 +8,9 @@ import torch
 from torch import Tensor
 
 from rlkit.config.schema.actor import RejectionSamplingConfig
+from rlkit.trainer.rl_math.m2po import m2po_keep_mask
 from rlkit.trainer.rl_math.rejection import behaviour_weights, rejection_config
+from rlkit.trainer.rl_math.sapo import sapo_token_loss
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -36,6 +38,8 @@ def ppo_actor_loss(
     rejection_sampling: RejectionSamplingConfig | None = None,
     log_ratio_clamp: float | None = 20.0,
     seq_log_ratio_clamp: float | None = 10.0,
+    sapo_taus: tuple[float, float] | None = None,
+    m2_threshold: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate PPO actor loss, token-mean over `loss_mask`; returns the loss and detached stats.
 
@@ -47,6 +51,9 @@ def ppo_actor_loss(
     `old_logp` is the proximal policy and each token's loss is weighted by pi_prox / pi_behav, bounded by
     `rejection_sampling` or its older form `behav_imp_weight_cap` (rlkit.trainer.rl_math.rejection); the denominator
     stays the number of tokens in `loss_mask`. `approx_kl` is mean(logp - old_logp), AReaL's sign.
+    `sapo_taus` (tau_pos, tau_neg) puts SAPO's soft gate in place of the clip (rlkit.trainer.rl_math.sapo; not with
+    c_clip or behav_logp, as AReaL). `m2_threshold` (needs behav_logp) first narrows `loss_mask` by M2PO
+    (rlkit.trainer.rl_math.m2po), so the token-mean runs over the tokens it keeps, as in AReaL.
     """
     shape = logp.shape
     others = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask}
@@ -59,9 +66,18 @@ def ppo_actor_loss(
         raise ValueError(f"c_clip must be > 1, got {c_clip}")
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    if sapo_taus is not None and (c_clip is not None or behav_logp is not None):
+        raise ValueError("SAPO replaces the clip: it takes neither c_clip nor behav_logp (the decoupled loss)")
+    stats: dict[str, Tensor] = {}
+    if m2_threshold is not None:
+        if behav_logp is None:
+            raise ValueError("M2PO needs behav_logp: it bounds the behaviour importance weight pi_prox / pi_behav")
+        kept = m2po_keep_mask(old_logp - behav_logp, loss_mask, m2_threshold)
+        total = loss_mask.bool().sum()
+        stats["m2po_masked_fraction"] = (total - kept.sum()) / total.clamp(min=1)
+        loss_mask = kept
     orig_mask = loss_mask.bool()
     denominator = orig_mask.sum().clamp(min=1)
-    stats: dict[str, Tensor] = {}
     mask = orig_mask
     weight = None
     if behav_logp is not None:
@@ -87,12 +103,16 @@ def ppo_actor_loss(
             stats["log_ratio_clamped"] = ((log_ratio.detach().abs() > log_ratio_clamp) & mask).sum().float()
             log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
-    upper = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
-    clipped_ratio = ratio.clamp(1.0 - eps_clip, upper)
-    loss1 = -adv * ratio
-    loss2 = -adv * clipped_ratio
-    loss_tok = torch.maximum(loss1, loss2)
-    clip_mask = (loss2.detach() > loss1.detach()) & mask
+    if sapo_taus is not None:  # SAPO never clips: clip_fraction stays 0, as AReaL logs it
+        loss_tok, gate = sapo_token_loss(ratio, adv, *sapo_taus)
+        clip_mask = torch.zeros_like(mask)
+        stats["sapo_soft_gate"] = _masked_mean(gate.detach(), mask)
+    else:
+        upper = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
+        loss1 = -adv * ratio
+        loss2 = -adv * ratio.clamp(1.0 - eps_clip, upper)
+        loss_tok = torch.maximum(loss1, loss2)
+        clip_mask = (loss2.detach() > loss1.detach()) & mask
     dual_clip_mask = torch.zeros_like(mask)
     if c_clip is not None:
         loss3 = -c_clip * adv

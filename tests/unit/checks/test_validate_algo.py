@@ -41,6 +41,14 @@ from tests.conftest import raise_problems
           "actor.rejection_sampling.metric=kl_k3"], "action clamp bounds the importance weight itself"),
         (["actor.use_decoupled_loss=true", "actor.rejection_sampling.level=batch"],
          "actor.rejection_sampling.level 'batch' is not one of"),
+        (["actor.use_sapo_loss=true", "actor.use_decoupled_loss=true"],
+         "actor.use_sapo_loss is not compatible with actor.use_decoupled_loss=true"),
+        (["actor.use_sapo_loss=true", "actor.c_clip=3"], "actor.c_clip is a bound of PPO's clip"),
+        (["actor.use_sapo_loss=true", "actor.eps_clip_higher=0.28"], "actor.eps_clip_higher is a bound of PPO's clip"),
+        (["actor.use_sapo_loss=true", "actor.sapo_tau_pos=0"], "actor.sapo_tau_pos must be positive"),
+        (["actor.sapo_tau_neg=-1"], "actor.sapo_tau_neg must be positive"),
+        (["actor.m2_threshold=0.04"], "actor.m2_threshold masks tokens by the behaviour weight"),
+        (["actor.use_decoupled_loss=true", "actor.m2_threshold=0"], "actor.m2_threshold must be positive or null"),
     ],
 )
 def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
@@ -57,3 +65,19 @@ def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:
         "actor.reward_norm.std_level=group", "actor.reward_norm.group_size=4", "actor.adv_norm.mean_level=batch",
         "actor.use_decoupled_loss=true", "actor.rejection_sampling.metric=ratio",
         "actor.rejection_sampling.upper=5.0", "actor.kl_ctl=0.1", "actor.kl_loss_coef=0.01"]))
+
+
+def test_sapo_and_m2po_are_accepted_each_with_what_it_needs(grpo_yaml: Path) -> None:
+    raise_problems(load_config(grpo_yaml, ["actor.use_sapo_loss=true", "actor.sapo_tau_pos=2",
+                                           "actor.importance_sampling_level=sequence"]))
+    raise_problems(load_config(grpo_yaml, ["actor.use_decoupled_loss=true", "actor.m2_threshold=0.04",
+                                           "actor.rejection_sampling.upper=5.0"]))
+
+
+def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
+    config = load_config(grpo_yaml, ["type=opmd", "actor.use_sapo_loss=true", "actor.use_decoupled_loss=true",
+                                     "actor.m2_threshold=0.04"])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    for name in ("use_sapo_loss", "m2_threshold"):
+        assert f"actor.{name} changes PPO's clipped loss, which OPMD does not use" in info.value.message

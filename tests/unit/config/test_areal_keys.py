@@ -118,6 +118,17 @@ def test_min_new_tokens_is_a_field_taken_as_given(model: Path) -> None:
     assert not any("min_new_tokens" in a.key for a in accepted)
 
 
+def test_sapo_and_m2po_keys_are_fields_taken_as_given(model: Path) -> None:
+    """AReaL's SAPO and M2PO keys (once refused as changing training) land in rlkit's actor as given."""
+    problems, accepted, config = _compose(_grpo(model, actor={
+        "use_sapo_loss": True, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "m2_threshold": 0.04}))
+    assert problems.ok(), [str(e) for e in problems.errors]
+    assert config is not None
+    actor = config.actor
+    assert (actor.use_sapo_loss, actor.sapo_tau_pos, actor.sapo_tau_neg, actor.m2_threshold) == (True, 1.0, 1.05, 0.04)
+    assert not any("sapo" in a.key or "m2_threshold" in a.key for a in accepted)
+
+
 @pytest.mark.parametrize(("sections", "says"), [
     ({"rollout": {"experiment_name": "other"}}, "'rollout.experiment_name: other' (in test.yaml): disagrees with "
                                                 "rlkit's experiment_name (rlkit: gsm8k-grpo)"),
