@@ -54,7 +54,10 @@ VERL = (
     _m("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
        "(verl's kl, mse, low_var_kl)"),
     _m("actor_rollout_ref.actor.entropy_coeff", "", "rlkit has no entropy bonus"),
-    _m("actor_rollout_ref.actor.loss_agg_mode", "", "rlkit's policy loss is a mean over the minibatch's tokens"),
+    _m("actor_rollout_ref.actor.loss_agg_mode", "actor.loss_agg_mode", "the same four names, over every rank's "
+       "minibatch; the KL loss term is averaged the same way, the critic's value loss stays a token-mean"),
+    _m("actor_rollout_ref.actor.loss_scale_factor", "actor.loss_scale_factor", "seq-mean-token-sum-norm's constant; "
+       "verl's default is the padded response length, rlkit's gconfig.max_new_tokens"),
     _m("actor_rollout_ref.rollout.name", "allocation_mode", "the engine is the first part of allocation_mode "
        "(vllm:... or sglang:...)"),
     _m("actor_rollout_ref.rollout.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. "
@@ -122,6 +125,8 @@ TRINITY = (
     _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
     _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
     _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),
+    _m("algorithm.policy_loss_fn_args.loss_agg_mode", "actor.loss_agg_mode", "verl's four names; with mix "
+       "(expert_dataset) only token-mean"),
     _m("algorithm.sample_strategy_args.expert_data_ratio", "expert_dataset.batch_size", "ceil(ratio x "
        "buffer.batch_size x repeat_times) expert rows per step, read beside the RL batch (Trinity-RFT takes them "
        "out of it)"),
@@ -215,6 +220,11 @@ COSMOS = (
     _m("train.train_policy.epsilon_low", "actor.eps_clip"),
     _m("train.train_policy.epsilon_high", "actor.eps_clip_higher"),
     _m("train.train_policy.kl_beta", "actor.kl_loss_coef"),
+    _m("train.train_policy.loss_type", "actor.loss_agg_mode", "token-mean, seq-mean-token-mean and "
+       "seq-mean-token-sum keep their names; seq-mean-token-mean with unbiased_loss_max_tokens set (Dr.GRPO) is "
+       "seq-mean-token-sum-norm; rlkit has no token-sum"),
+    _m("train.train_policy.unbiased_loss_max_tokens", "actor.loss_scale_factor", "with "
+       "actor.loss_agg_mode=seq-mean-token-sum-norm"),
     _m("train.train_policy.mini_batch", "actor.ppo_n_minibatches", "cosmos-rl gives a size, rlkit a count"),
     _m("train.train_policy.max_token_len_per_mini_batch", "actor.mb_spec.max_tokens_per_mb"),
     _m("train.sequence_packing", "actor.mb_spec.packing", "cosmos-rl's default is false, rlkit's true; a model "

@@ -49,6 +49,7 @@ RENAMES: dict[str, str] = {
     "algorithm.policy_loss_fn_args.tau": "opmd.tau",
     "algorithm.advantage_fn_args.opmd_baseline": "opmd.opmd_baseline",
     "algorithm.policy_loss_fn_args.mu": "mix.mu",
+    "algorithm.policy_loss_fn_args.loss_agg_mode": "actor.loss_agg_mode",  # verl's names, as rlkit's
     "model.model_path": "actor.path",
     "model.max_model_len": "vllm.max_model_len",
     "model.max_response_tokens": "gconfig.max_new_tokens",

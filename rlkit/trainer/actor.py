@@ -2,7 +2,8 @@
 
 The engine owns the model, optimizer and scaling; this module owns what is PPO about a step: the minibatch split,
 the loss (rlkit.trainer.rl_math.losses.ppo_actor_loss, plus kl_loss_coef x KL to the frozen reference; kl_ctl is a
-reward penalty, applied before the advantages in rlkit.trainer.rl_math.advantage_batch) and its statistics.
+reward penalty, applied before the advantages in rlkit.trainer.rl_math.advantage_batch), both averaged as
+actor.loss_agg_mode says (rlkit.trainer.rl_math.aggregation), and its statistics.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rlkit.trainer.batch import MicroBatch, dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
 from rlkit.trainer.reference import adapter_off, frozen_reference
+from rlkit.trainer.rl_math.aggregation import aggregate, loss_units
 from rlkit.trainer.rl_math.kl import kl_estimate
 from rlkit.trainer.rl_math.losses import ppo_actor_loss
 from rlkit.trainer.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
@@ -29,7 +31,8 @@ from rlkit.types import Sample
 
 _WEIGHTED = ("clip_fraction", "dual_clip_fraction", "importance_weight_mean", "behav_weight_mean",
              "behav_filtered_fraction", "sapo_soft_gate", "m2po_masked_fraction")
-# (logp, old_logp, advantages, loss_mask) -> (token-mean loss, stats): a job type's own policy loss (opmd)
+# (logp, old_logp, advantages, loss_mask) -> (loss averaged as actor.loss_agg_mode says, stats): a job type's own
+# policy loss (opmd)
 PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
 _COUNTED = ("log_ratio_clamped", "seq_log_ratio_clamped", "kl_loss_clamped")  # guards that bit: tokens (GSPO: seqs)
 
@@ -47,27 +50,31 @@ class ExtraLoss(Protocol):
 class PPOActor:
     """The policy being trained (`engine`) and, when the config asks for one, its frozen reference (`ref`; with
     LoRA and no other reference model none: the reference is the trained model with its adapter switched off, which
-    is the initial model)."""
+    is the initial model). `loss_scale_factor`: seq-mean-token-sum-norm's constant (actor.loss_scale_factor, else
+    gconfig.max_new_tokens; rlkit.trainer.rl_math.aggregation)."""
 
     def __init__(self, config: ActorConfig, engine: TrainEngine, *, pad_id: int, temperature: float,
-                 ref: nn.Module | None = None) -> None:
+                 ref: nn.Module | None = None, loss_scale_factor: float | None = None) -> None:
         self.config, self.engine, self.ref = config, engine, ref
         self.pad_id, self.temperature = pad_id, temperature
+        self.loss_scale_factor = config.loss_scale_factor or loss_scale_factor
         self.has_reference = ref is not None or (config.use_lora and kl_terms_on(config))
         self.extra_loss: ExtraLoss | None = None  # set by an algorithm for its next train_step
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
-              temperature: float, total_optimizer_steps: int, ref: ReferenceLoad | None = None) -> PPOActor:
+              temperature: float, total_optimizer_steps: int, ref: ReferenceLoad | None = None,
+              max_new_tokens: int | None = None) -> PPOActor:
         """The engine of the causal LM at config.path, and the reference when needed: `ref` (the job's
-        rlkit.config.reference.reference_load; None: the actor's start); collective."""
+        rlkit.config.reference.reference_load; None: the actor's start); collective. `max_new_tokens`
+        (gconfig's): seq-mean-token-sum-norm's constant unless actor.loss_scale_factor."""
         engine = TrainEngine(config, rank=rank, world=world, device=device,
                              total_optimizer_steps=total_optimizer_steps, model_factory=actor_model_factory(config))
         load = ref or ReferenceLoad(config.path, config.dtype, config.attn_impl)
         model = frozen_reference(load, device) if kl_terms_on(config) and loads_a_copy(config, load) else None
         if model is not None:
             set_packing(model, config.mb_spec.packing)
-        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model)
+        return cls(config, engine, pad_id=pad_id, temperature=temperature, ref=model, loss_scale_factor=max_new_tokens)
 
     def local_indices(self, samples: Sequence[Sample]) -> list[list[int]]:
         """Per minibatch (ppo_n_minibatches), this rank's indices of the global batch `samples`, balanced by tokens."""
@@ -99,7 +106,7 @@ class PPOActor:
                    ref_logp: dict[int, list[float]] | None, *, policy_loss: PolicyLoss | None = None,
                    expert: ExpertBatch | None = None) -> dict[str, float]:
         """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
-        returns statistics averaged over all ranks' tokens.
+        returns statistics averaged over all ranks' tokens (the loss: over its units, actor.loss_agg_mode's).
 
         `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
         servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
@@ -109,12 +116,15 @@ class PPOActor:
         cfg = self.config
         sums = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
                 "importance_weight_mean": 0.0, "behav_weight_mean": 0.0, "behav_filtered_fraction": 0.0, "tokens": 0.0,
-                "sapo_soft_gate": 0.0, "m2po_masked_fraction": 0.0}
+                "units": 0.0, "sapo_soft_gate": 0.0, "m2po_masked_fraction": 0.0}
         counts = dict.fromkeys(_COUNTED, 0.0)
         extra = self.extra_loss
         extra_sums = dict.fromkeys(extra.names if extra is not None else (), 0.0)
         max_ratio = [0.0]
         decoupled = cfg.use_decoupled_loss and old_logp is not None
+        mode, scale = cfg.loss_agg_mode, self.loss_scale_factor
+        if mode != "token-mean" and (expert is not None or extra is not None):  # refused at submit
+            raise ValueError(f"actor.loss_agg_mode {mode}: the SFT+RL mix and an extra loss term are token-means")
 
         def loss_fn(model: nn.Module, group_idx: list[int]) -> tuple[Tensor, int]:
             mb = pack(group_of(samples, group_idx), self.pad_id,
@@ -132,15 +142,17 @@ class PPOActor:
                     behav_logp=mb.behav_logp if decoupled else None, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
                     rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
                     seq_log_ratio_clamp=cfg.seq_log_ratio_clamp, m2_threshold=cfg.m2_threshold,
-                    sapo_taus=(cfg.sapo_tau_pos, cfg.sapo_tau_neg) if cfg.use_sapo_loss else None)
+                    sapo_taus=(cfg.sapo_tau_pos, cfg.sapo_tau_neg) if cfg.use_sapo_loss else None,
+                    loss_agg_mode=mode, loss_scale_factor=scale)
             mask = mb.loss_mask
             n_tok = int(mask.sum())
-            kl_mean = torch.zeros((), device=self.engine.device)
+            units = loss_units(mask, mode)  # what `loss` is a mean over: tokens, or sequences
             if ref_logp is not None and cfg.kl_loss_coef > 0:  # the KL loss term (kl_ctl is a reward penalty)
                 kl, kl_clamped = kl_estimate(logp, aligned(mb, group_idx, ref_logp), cfg.kl_loss_type,
                                              clamp=cfg.kl_clamp)
-                kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
-                loss = loss + cfg.kl_loss_coef * kl_mean
+                kl_term, _ = aggregate(kl, mask, mode, scale_factor=scale)
+                loss = loss + cfg.kl_loss_coef * kl_term
+                sums["kl"] += float(torch.where(mask, kl, 0.0).sum())  # the statistic: a token-mean
                 counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
             if extra is not None:
                 term, term_stats = extra(model, mb, group_idx, logp)
@@ -148,8 +160,8 @@ class PPOActor:
                 for key in extra_sums:
                     extra_sums[key] += term_stats.get(key, 0.0) * n_tok
             if n_tok:
-                sums["loss"] += float(loss.detach()) * n_tok
-                sums["kl"] += float(kl_mean) * n_tok
+                sums["loss"] += float(loss.detach()) * units
+                sums["units"] += units
                 sums["tokens"] += n_tok
                 assert entropy is not None
                 sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
@@ -159,7 +171,7 @@ class PPOActor:
                 max_ratio[0] = max(max_ratio[0], float(stats.get("importance_weight_max", 0.0)))
                 for key in ("log_ratio_clamped", "seq_log_ratio_clamped"):
                     counts[key] += float(stats.get(key, 0.0))
-            return loss, n_tok
+            return loss, units
 
         mix: dict[str, float] = {}
         if expert is not None:
@@ -169,10 +181,12 @@ class PPOActor:
                 mask_truncated=cfg.mask_no_eos_with_zero)
         else:
             grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), cfg.mb_spec, loss_fn,
-                                            mask_truncated=cfg.mask_no_eos_with_zero)
+                                            mask_truncated=cfg.mask_no_eos_with_zero,
+                                            per_sequence=mode != "token-mean")
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
-        tokens = max(1.0, reduced.pop("tokens"))
+        tokens, units = max(1.0, reduced.pop("tokens")), max(1.0, reduced.pop("units"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}
+        totals["actor/loss"] = reduced["loss"] / units  # the loss as trained: a mean over its units
         if not decoupled:
             totals.pop("actor/behav_weight_mean")
             totals.pop("actor/behav_filtered_fraction")

@@ -24,6 +24,8 @@ LOGPROB_CHUNK_TOKENS = 1024
 ULYSSES_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 # mb_spec.packing_algorithm's values (AReaL's names; rlkit.trainer.bins implements them)
 PACKING_ALGORITHMS = ("ffd", "kk")
+# actor.loss_agg_mode's values (verl's names): how the policy loss is averaged (rlkit.trainer.rl_math.aggregation)
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 @dataclass
@@ -189,6 +191,15 @@ class ActorConfig:
     gae_lambda: float = _f(1.0, "GAE lambda (1 without a critic: the return).", ge=0, le=1)
     adv_norm: NormConfig | None = _f(None, "Normalise the per-token advantages (token-weighted); null: off.")
     importance_sampling_level: str = _f("token", "Policy ratio per token, or per sequence (GSPO).")
+    loss_agg_mode: str = _f(
+        "token-mean", "How the policy loss and the KL loss term are averaged over the minibatch (every rank's): "
+        "token-mean (every trained token alike, DAPO), seq-mean-token-mean (each sequence's mean, then the mean over "
+        "sequences: the GRPO paper), seq-mean-token-sum (each sequence's sum, then the mean over sequences), "
+        "seq-mean-token-sum-norm (each sequence's sum over loss_scale_factor, then the mean over sequences: "
+        "Dr.GRPO). Choices: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm.")
+    loss_scale_factor: int | None = _f(
+        None, "seq-mean-token-sum-norm's constant (Dr.GRPO's): each sequence's token-sum is divided by it; None: "
+        "gconfig.max_new_tokens.", ge=1)
     use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
     behav_imp_weight_cap: float | None = _f(None, "Older AReaL form of rejection_sampling: drop tokens whose "
                                             "behaviour importance weight exceeds this (> 1).")

@@ -33,6 +33,11 @@ def validate_distill(config: ExperimentConfig, problems: Problems) -> None:
     if d.coef == 0 and d.rl_coef == 0 and (not d.topk or d.topk_coef == 0):
         problems.add("distill.coef, distill.rl_coef and the top-k term (distill.topk, distill.topk_coef) are all 0: "
                      "nothing would be learnt", hint="e.g. distill.coef=1.0")
+    if d.topk and d.topk_coef > 0 and config.actor.loss_agg_mode != "token-mean":
+        problems.add(f"actor.loss_agg_mode {config.actor.loss_agg_mode} with the top-k term (distill.topk, "
+                     "distill.topk_coef): that term is a mean over tokens, so a per-sequence mean of the policy loss "
+                     "beside it has no meaning", hint="remove actor.loss_agg_mode (token-mean), or set "
+                     "distill.topk_coef=0")
     if d.is_clip is not None and not d.topk:
         problems.add("distill.is_clip is set but distill.topk is off: it weighs the top-k term's tokens only (the "
                      "reverse-KL advantages go through the PPO ratio and its clip)", hint="remove distill.is_clip")

@@ -109,7 +109,7 @@ class GRPO:
         self.actor = PPOActor.build(actor, rank=ctx.env.rank, world=ctx.env.world_size, device=ctx.device,
                                     pad_id=pad_id, temperature=config.gconfig.temperature,
                                     total_optimizer_steps=steps * actor.ppo_n_minibatches,
-                                    ref=reference_load(config))
+                                    ref=reference_load(config), max_new_tokens=config.gconfig.max_new_tokens)
         self.engines: dict[str, TrainEngine] = {"actor": self.actor.engine}
         probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
                                  if self.rank0 else None)

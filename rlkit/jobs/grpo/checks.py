@@ -18,7 +18,7 @@ from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import WEIGHT_UPDATE_MODES
+from rlkit.config.schema.actor import LOSS_AGG_MODES, WEIGHT_UPDATE_MODES
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_head import dataset_head
@@ -28,6 +28,7 @@ from rlkit.errors import ConfigError
 CHOICES: dict[str, tuple[str, ...]] = {
     "actor.importance_sampling_level": ("token", "sequence"),
     "actor.weight_update_mode": WEIGHT_UPDATE_MODES,  # the transports rlkit.weights.base registers by these names
+    "actor.loss_agg_mode": LOSS_AGG_MODES,  # rlkit.trainer.rl_math.aggregation
 }
 
 
@@ -111,6 +112,21 @@ def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
         elif actor.overlong_tokens > g.max_new_tokens:
             problems.add(f"actor.overlong_tokens {actor.overlong_tokens} must be in "
                          f"1..gconfig.max_new_tokens ({g.max_new_tokens})")
+    _validate_loss_agg(config, problems)
+
+
+def _validate_loss_agg(config: ExperimentConfig, problems: Problems) -> None:
+    """actor.loss_agg_mode's combinations that have no meaning: a constant without the mode that divides by it, and
+    a per-sequence mean beside the SFT+RL mix, whose expert rows' loss is weighed by tokens."""
+    actor = config.actor
+    if actor.loss_scale_factor is not None and actor.loss_agg_mode != "seq-mean-token-sum-norm":
+        problems.add(f"actor.loss_scale_factor is set, but actor.loss_agg_mode is {actor.loss_agg_mode}: only "
+                     "seq-mean-token-sum-norm divides by it", hint="remove actor.loss_scale_factor, or set "
+                     "actor.loss_agg_mode=seq-mean-token-sum-norm (Dr.GRPO)")
+    if actor.loss_agg_mode in LOSS_AGG_MODES[1:] and config.expert_dataset.path:
+        problems.add(f"actor.loss_agg_mode {actor.loss_agg_mode} with expert_dataset.path (the SFT+RL mix): the mix "
+                     "weighs the RL loss and the expert rows' SFT loss by tokens, so a per-sequence mean has no "
+                     "meaning there", hint="remove actor.loss_agg_mode (token-mean), or remove expert_dataset.path")
 
 
 # apptainer options that give a step its own network namespace: the servers' workers could no longer open a

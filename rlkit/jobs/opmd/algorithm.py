@@ -1,6 +1,7 @@
 """OPMD as an algorithm of the training loop: GRPO's rollouts, weight sync and metrics (rlkit.jobs.grpo), with
 Trinity-RFT's advantage and loss (rlkit.trainer.rl_math.opmd): each sample's advantage is its shaped reward minus its
-group's baseline (opmd.opmd_baseline at opmd.tau), the loss the token-mean of -A * log pi over 1 + opmd.tau.
+group's baseline (opmd.opmd_baseline at opmd.tau), the loss the mean (actor.loss_agg_mode) of -A * log pi over
+1 + opmd.tau.
 
 The KL terms (actor.kl_ctl, kl_loss_coef), adv_norm and the SFT+RL mix apply as in grpo; the clip knobs do not
 (OPMD has no ratio), nor reward_norm (refused at submit).
@@ -38,8 +39,10 @@ def set_opmd_advantages(samples: list[Sample], *, group_size: int, baseline: str
             "opmd/baseline_mean": float((rewards - advantages).mean())}
 
 
-def _loss(tau: float, logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    return opmd_policy_loss(logp, advantages, mask, tau=tau)  # the old policy is not used
+def _loss(tau: float, mode: str, scale: float | None, logp: Tensor, old: Tensor, advantages: Tensor, mask: Tensor
+          ) -> tuple[Tensor, dict[str, Tensor]]:
+    # the old policy is not used; averaged as actor.loss_agg_mode says, as the trainer weighs it
+    return opmd_policy_loss(logp, advantages, mask, tau=tau, loss_agg_mode=mode, loss_scale_factor=scale)
 
 
 class OPMD(GRPO):
@@ -50,6 +53,6 @@ class OPMD(GRPO):
         opmd, actor = self.config.opmd, self.actor.config
         stats = set_opmd_advantages(samples, group_size=actor.group_size, baseline=opmd.opmd_baseline, tau=opmd.tau)
         stats.update(set_token_advantages(actor, samples, old, ref))  # the KL penalty, then per-token, adv_norm
-        stats.update(self.actor.train_step(samples, old, ref, policy_loss=functools.partial(_loss, opmd.tau),
-                                           expert=self.expert_batch))
+        loss = functools.partial(_loss, opmd.tau, actor.loss_agg_mode, self.actor.loss_scale_factor)
+        stats.update(self.actor.train_step(samples, old, ref, policy_loss=loss, expert=self.expert_batch))
         return stats

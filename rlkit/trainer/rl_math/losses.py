@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from rlkit.config.schema.actor import RejectionSamplingConfig
+from rlkit.trainer.rl_math.aggregation import aggregate
 from rlkit.trainer.rl_math.m2po import m2po_keep_mask
 from rlkit.trainer.rl_math.rejection import behaviour_weights, rejection_config
 from rlkit.trainer.rl_math.sapo import sapo_token_loss
@@ -40,8 +41,12 @@ def ppo_actor_loss(
     seq_log_ratio_clamp: float | None = 10.0,
     sapo_taus: tuple[float, float] | None = None,
     m2_threshold: float | None = None,
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped-surrogate PPO actor loss, token-mean over `loss_mask`; returns the loss and detached stats.
+    """Clipped-surrogate PPO actor loss over `loss_mask`, averaged as `loss_agg_mode` says (token-mean by default;
+    rlkit.trainer.rl_math.aggregation, `loss_scale_factor` the constant of seq-mean-token-sum-norm); returns the loss
+    and detached stats.
 
     As AReaL's `ppo_actor_loss_fn` (areal/utils/functional/functional.py at 4aef98d8), plus verl's guards:
     the token log-ratio is clamped to +-`log_ratio_clamp` before exp (verl: 20) and GSPO's sequence log-ratio to
@@ -50,10 +55,10 @@ def ppo_actor_loss(
     (kept) tokens, and the sequence's mean advantage. `c_clip` is dual clip. With `behav_logp` (decoupled loss)
     `old_logp` is the proximal policy and each token's loss is weighted by pi_prox / pi_behav, bounded by
     `rejection_sampling` or its older form `behav_imp_weight_cap` (rlkit.trainer.rl_math.rejection); the denominator
-    stays the number of tokens in `loss_mask`. `approx_kl` is mean(logp - old_logp), AReaL's sign.
+    stays the number of tokens (sequences) in `loss_mask`. `approx_kl` is mean(logp - old_logp), AReaL's sign.
     `sapo_taus` (tau_pos, tau_neg) puts SAPO's soft gate in place of the clip (rlkit.trainer.rl_math.sapo; not with
     c_clip or behav_logp, as AReaL). `m2_threshold` (needs behav_logp) first narrows `loss_mask` by M2PO
-    (rlkit.trainer.rl_math.m2po), so the token-mean runs over the tokens it keeps, as in AReaL.
+    (rlkit.trainer.rl_math.m2po), so the aggregation runs over the tokens it keeps, as in AReaL.
     """
     shape = logp.shape
     others = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask}
@@ -77,7 +82,6 @@ def ppo_actor_loss(
         stats["m2po_masked_fraction"] = (total - kept.sum()) / total.clamp(min=1)
         loss_mask = kept
     orig_mask = loss_mask.bool()
-    denominator = orig_mask.sum().clamp(min=1)
     mask = orig_mask
     weight = None
     if behav_logp is not None:
@@ -120,7 +124,8 @@ def ppo_actor_loss(
         loss_tok = torch.where(adv < 0, torch.minimum(loss_tok, loss3), loss_tok)
     if weight is not None:
         loss_tok = loss_tok * weight
-    loss = torch.where(mask, loss_tok, 0.0).sum() / denominator
+    # the tokens the behaviour bound dropped add 0 but stay counted: the units are those of `loss_mask`
+    loss, _ = aggregate(torch.where(mask, loss_tok, 0.0), orig_mask, loss_agg_mode, scale_factor=loss_scale_factor)
     with torch.no_grad():
         stats.update(
             clip_fraction=_masked_mean(clip_mask.float(), mask),

@@ -3,8 +3,9 @@
 OPMD (Trinity-RFT's `algorithm_type: opmd`, trinity/algorithm/{advantage_fn,policy_loss_fn}/opmd_*.py): each
 sequence's advantage is its reward minus its group's baseline, with no division by a std; the baseline is the group
 mean ("mean") or tau * log(mean(exp(r / tau))) ("logavgexp", a soft maximum that tends to the mean as tau grows);
-a group of one gets baseline 0. The loss is the token-mean of -A * log pi over the trained tokens, divided by
-(1 + tau): no ratio and no clip (the old policy is not used), tau the strength of the mirror-descent regulariser.
+a group of one gets baseline 0. The loss is the mean (token-mean unless actor.loss_agg_mode) of -A * log pi over the
+trained tokens, divided by (1 + tau): no ratio and no clip (the old policy is not used), tau the strength of the
+mirror-descent regulariser.
 
 The mix (Trinity-RFT's `algorithm_type: mix`, mix_policy_loss.py): (1 - mu) * the RL loss + mu * the SFT loss of
 expert rows, the SFT loss the token-mean negative log-likelihood of the expert responses.
@@ -16,6 +17,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from rlkit.trainer.rl_math.aggregation import aggregate
 
 OPMD_BASELINES = ("mean", "logavgexp")
 
@@ -41,9 +44,11 @@ def opmd_advantages(rewards: Tensor, *, baseline: str = "mean", tau: float = 1.0
     return rewards - opmd_baselines(rewards, baseline=baseline, tau=tau)[:, None]
 
 
-def opmd_policy_loss(logp: Tensor, advantages: Tensor, loss_mask: Tensor, *, tau: float = 1.0
+def opmd_policy_loss(logp: Tensor, advantages: Tensor, loss_mask: Tensor, *, tau: float = 1.0,
+                     loss_agg_mode: str = "token-mean", loss_scale_factor: float | None = None
                      ) -> tuple[Tensor, dict[str, Tensor]]:
-    """mean over `loss_mask` of -A * logp, divided by (1 + tau); returns the loss and detached stats."""
+    """-A * logp over `loss_mask`, averaged as `loss_agg_mode` says (rlkit.trainer.rl_math.aggregation; token-mean
+    by default), divided by (1 + tau); returns the loss and detached stats."""
     if tau <= 0:
         raise ValueError(f"tau must be positive, got {tau}")
     for name, t in (("advantages", advantages), ("loss_mask", loss_mask)):
@@ -51,7 +56,7 @@ def opmd_policy_loss(logp: Tensor, advantages: Tensor, loss_mask: Tensor, *, tau
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(logp.shape)} like logp")
     mask = loss_mask.bool()
     per_token = torch.where(mask, -advantages.detach() * logp, 0.0)
-    loss = per_token.sum() / mask.sum().clamp(min=1) / (1.0 + tau)
+    loss = aggregate(per_token, mask, loss_agg_mode, scale_factor=loss_scale_factor)[0] / (1.0 + tau)
     return loss, {"opmd_loss": loss.detach()}
 
 

@@ -49,6 +49,13 @@ from tests.conftest import raise_problems
         (["actor.sapo_tau_neg=-1"], "actor.sapo_tau_neg must be positive"),
         (["actor.m2_threshold=0.04"], "actor.m2_threshold masks tokens by the behaviour weight"),
         (["actor.use_decoupled_loss=true", "actor.m2_threshold=0"], "actor.m2_threshold must be positive or null"),
+        (["actor.loss_agg_mode=seq-mean"], "actor.loss_agg_mode 'seq-mean' is not one of: token-mean, "
+         "seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"),
+        (["actor.loss_scale_factor=1024"], "actor.loss_scale_factor is set, but actor.loss_agg_mode is token-mean"),
+        (["actor.loss_agg_mode=seq-mean-token-sum-norm", "actor.loss_scale_factor=0"],
+         "actor.loss_scale_factor must be at least 1"),
+        (["actor.loss_agg_mode=seq-mean-token-mean", "expert_dataset.path=/nonexistent/expert.jsonl"],
+         "actor.loss_agg_mode seq-mean-token-mean with expert_dataset.path (the SFT+RL mix)"),
     ],
 )
 def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
@@ -57,6 +64,14 @@ def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str],
         raise_problems(config)
     assert says in info.value.message
     assert "actor.optimizer.lr must be positive" in info.value.message  # collected with the other problems
+
+
+@pytest.mark.parametrize("overrides", [["actor.loss_agg_mode=seq-mean-token-mean"],
+                                       ["actor.loss_agg_mode=seq-mean-token-sum", "actor.kl_loss_coef=0.01"],
+                                       ["actor.loss_agg_mode=seq-mean-token-sum-norm"],
+                                       ["actor.loss_agg_mode=seq-mean-token-sum-norm", "actor.loss_scale_factor=4096"]])
+def test_every_loss_agg_mode_is_accepted(grpo_yaml: Path, overrides: list[str]) -> None:
+    raise_problems(load_config(grpo_yaml, overrides))
 
 
 def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:

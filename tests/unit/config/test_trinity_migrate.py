@@ -279,3 +279,12 @@ def test_a_trinity_migration_prints_no_empty_areal_heading(tmp_path: Path) -> No
     with as_rlkit_file(_write(tmp_path, _trinity()), REGISTRY.trinity_algorithms) as (source, _):
         text, _ = migrate(source, SITE, REGISTRY)
     assert "AReaL keys" not in text and text.startswith("# rlkit config written by `rlkit migrate` from")
+
+
+def test_the_policy_loss_aggregation_moves_to_actor_loss_agg_mode() -> None:
+    """policy_loss_fn_args.loss_agg_mode has verl's names, which are rlkit's (a value outside them is refused at
+    render, by actor.loss_agg_mode's choices)."""
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.policy_loss_fn_args": {"loss_agg_mode": "seq-mean-token-mean"}}),
+                               "t")
+    assert mapping["actor"]["loss_agg_mode"] == "seq-mean-token-mean"
+    assert "actor.loss_agg_mode" in {f.key: f.fate for f in fates}["algorithm.policy_loss_fn_args.loss_agg_mode"]

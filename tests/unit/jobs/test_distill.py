@@ -82,6 +82,9 @@ def test_other_mistakes_are_named_with_their_fix(tmp_path: Path) -> None:
     assert any("nothing would be learnt" in p for p in found) and any("distill.is_clip is set" in p for p in found)
     found = _problems(_config(s, t, "distill.topk=32"))
     assert any("exceeds vLLM's --max-logprobs (20)" in p for p in found), found
+    found = _problems(_config(s, t, "distill.topk=8", "actor.loss_agg_mode=seq-mean-token-mean"))
+    assert any("actor.loss_agg_mode seq-mean-token-mean with the top-k term" in p for p in found), found
+    assert _problems(_config(s, t, "actor.loss_agg_mode=seq-mean-token-mean")) == []  # no top-k term: a mode applies
 
 
 def test_distill_advantages_add_the_rl_part_and_report_the_kl() -> None:
