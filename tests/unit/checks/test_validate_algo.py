@@ -41,6 +41,14 @@ from tests.conftest import raise_problems
           "actor.rejection_sampling.metric=kl_k3"], "action clamp bounds the importance weight itself"),
         (["actor.use_decoupled_loss=true", "actor.rejection_sampling.level=batch"],
          "actor.rejection_sampling.level 'batch' is not one of"),
+        (["actor.prox_logp_method=loglinear"], "actor.prox_logp_method loglinear says how the decoupled loss"),
+        (["actor.prox_logp_method=metrics"], "actor.prox_logp_method metrics says how the decoupled loss"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=linear"],
+         "actor.prox_logp_method 'linear' is not one of: recompute, loglinear, metrics"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=loglinear", "rollout.max_head_offpolicyness=1"],
+         "the interpolation weight is 0 everywhere"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=metrics", "actor.recompute_logprob=false"],
+         "needs actor.recompute_logprob=true"),
     ],
 )
 def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
@@ -57,3 +65,13 @@ def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:
         "actor.reward_norm.std_level=group", "actor.reward_norm.group_size=4", "actor.adv_norm.mean_level=batch",
         "actor.use_decoupled_loss=true", "actor.rejection_sampling.metric=ratio",
         "actor.rejection_sampling.upper=5.0", "actor.kl_ctl=0.1", "actor.kl_loss_coef=0.01"]))
+
+
+@pytest.mark.parametrize("method", ["loglinear", "metrics"])
+def test_areal_prox_logp_methods_are_accepted(grpo_yaml: Path, method: str) -> None:
+    """As AReaL's prox_approx example: loglinear needs no recompute_logprob (nothing is recomputed)."""
+    config = load_config(grpo_yaml, ["actor.use_decoupled_loss=true", f"actor.prox_logp_method={method}",
+                                     "rollout.max_head_offpolicyness=2",
+                                     f"actor.recompute_logprob={str(method == 'metrics').lower()}"])
+    raise_problems(config)
+    assert config.actor.prox_logp_method == method
