@@ -7,7 +7,7 @@ combinations AReaL accepts but ignores or turns into a division by zero. Every p
 from __future__ import annotations
 
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import ActorConfig, NormConfig, RejectionSamplingConfig
+from rlkit.config.schema.actor import PROX_LOGP_METHODS, ActorConfig, NormConfig, RejectionSamplingConfig
 
 NORM_LEVELS = ("batch", "group", None, "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -70,9 +70,16 @@ def _validate_decoupled(actor: ActorConfig, problems: Problems) -> None:
         which = "actor.behav_imp_weight_cap" if cap is not None else "actor.rejection_sampling"
         problems.add(f"{which} bounds the decoupled loss's behaviour weight, but actor.use_decoupled_loss is false, "
                      "so it would be ignored", hint=f"set actor.use_decoupled_loss=true, or remove {which}")
-    if actor.use_decoupled_loss and not actor.recompute_logprob:
+    method = actor.prox_logp_method
+    if method != "recompute" and method in PROX_LOGP_METHODS and not actor.use_decoupled_loss:
+        # AReaL ignores it then; only the decoupled loss has a proximal policy
+        problems.add(f"actor.prox_logp_method {method} says how the decoupled loss gets its proximal policy, but "
+                     "actor.use_decoupled_loss is false, so it would be ignored",
+                     hint="set actor.use_decoupled_loss=true, or remove actor.prox_logp_method")
+    if actor.use_decoupled_loss and not actor.recompute_logprob and method != "loglinear":
         problems.add("actor.use_decoupled_loss needs actor.recompute_logprob=true: the proximal policy is the "
-                     "recomputed log-probs", hint="set actor.recompute_logprob=true")
+                     "recomputed log-probs", hint="set actor.recompute_logprob=true, or actor.prox_logp_method="
+                                                  "loglinear to approximate them without the forward pass")
     if cap is not None and not cap > 1:  # not a plain range: the reason matters more than the bound
         problems.add(f"actor.behav_imp_weight_cap must be > 1 (got {cap}): a lower cap drops on-policy tokens",
                      hint="e.g. actor.behav_imp_weight_cap=5")

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from rlkit.config.schema.actor import ActorConfig, kl_terms_on
+from rlkit.config.schema.actor import ActorConfig, approximates_proximal, kl_terms_on
 from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
 from rlkit.models.packing import set_packing
 from rlkit.trainer.batch import MicroBatch, dummy_like, local_indices, pack
@@ -25,6 +25,7 @@ from rlkit.trainer.reference import adapter_off, frozen_reference
 from rlkit.trainer.rl_math.aggregation import aggregate, loss_units
 from rlkit.trainer.rl_math.kl import kl_estimate
 from rlkit.trainer.rl_math.losses import ppo_actor_loss
+from rlkit.trainer.rl_math.proximal import proximal_logp, stat_names, version_lists
 from rlkit.trainer.sample_forward import aligned, compute_logprobs, group_of, minibatch_steps
 from rlkit.trainer.sft_mix import ExpertBatch, mixed_minibatch_steps
 from rlkit.types import Sample
@@ -60,6 +61,9 @@ class PPOActor:
         self.loss_scale_factor = config.loss_scale_factor or loss_scale_factor
         self.has_reference = ref is not None or (config.use_lora and kl_terms_on(config))
         self.extra_loss: ExtraLoss | None = None  # set by an algorithm for its next train_step
+        # the weight version the trained weights carry (the servers' numbering), set by an algorithm before each
+        # train_step: prox_logp_method loglinear and metrics interpolate by it (rlkit.trainer.rl_math.proximal)
+        self.current_version: int | None = None
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
@@ -109,7 +113,9 @@ class PPOActor:
         returns statistics averaged over all ranks' tokens (the loss: over its units, actor.loss_agg_mode's).
 
         `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
-        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
+        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav));
+        prox_logp_method loglinear approximates the proximal policy instead (no `old_logp`), metrics also measures
+        that approximation, both by each token's weight version and `current_version`.
         `policy_loss` replaces the clipped surrogate (job type opmd); `expert` mixes the SFT loss of expert rows
         into every optimizer step (rlkit.trainer.sft_mix).
         """
@@ -121,10 +127,13 @@ class PPOActor:
         extra = self.extra_loss
         extra_sums = dict.fromkeys(extra.names if extra is not None else (), 0.0)
         max_ratio = [0.0]
-        decoupled = cfg.use_decoupled_loss and old_logp is not None
+        decoupled = cfg.use_decoupled_loss and (old_logp is not None or approximates_proximal(cfg))
         mode, scale = cfg.loss_agg_mode, self.loss_scale_factor
         if mode != "token-mean" and (expert is not None or extra is not None):  # refused at submit
             raise ValueError(f"actor.loss_agg_mode {mode}: the SFT+RL mix and an extra loss term are token-means")
+        prox_method = cfg.prox_logp_method if cfg.use_decoupled_loss else "recompute"
+        prox_sums = dict.fromkeys(stat_names(prox_method), 0.0)
+        versions = version_lists(samples) if prox_sums else {}
 
         def loss_fn(model: nn.Module, group_idx: list[int]) -> tuple[Tensor, int]:
             mb = pack(group_of(samples, group_idx), self.pad_id,
@@ -132,6 +141,11 @@ class PPOActor:
             logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
                                            chunk_tokens=cfg.logprob_chunk_tokens)
             old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
+            prox_stats: dict[str, Tensor] = {}
+            if prox_sums:  # loglinear: the approximation replaces `old`; metrics: measured against it
+                tok_versions = torch.where(mb.loss_mask, aligned(mb, group_idx, versions), -1.0)
+                old, prox_stats = proximal_logp(prox_method, old if old_logp is not None else None, mb.behav_logp,
+                                                logp, tok_versions, self.current_version, mb.loss_mask)
             if policy_loss is not None:
                 loss, stats = policy_loss(logp, old, mb.advantages, mb.loss_mask)
             else:
@@ -171,6 +185,8 @@ class PPOActor:
                 max_ratio[0] = max(max_ratio[0], float(stats.get("importance_weight_max", 0.0)))
                 for key in ("log_ratio_clamped", "seq_log_ratio_clamped"):
                     counts[key] += float(stats.get(key, 0.0))
+                for key in prox_sums:
+                    prox_sums[key] += float(prox_stats[key]) * n_tok
             return loss, units
 
         mix: dict[str, float] = {}
@@ -198,6 +214,9 @@ class PPOActor:
         if extra_sums:
             totals.update({k: v / tokens for k, v in zip(extra_sums, all_reduce_sum(list(extra_sums.values())),
                                                            strict=True)})
+        if prox_sums:
+            reduced_prox = all_reduce_sum(list(prox_sums.values()))
+            totals.update({f"actor/{k}": v / tokens for k, v in zip(prox_sums, reduced_prox, strict=True)})
         totals["actor/grad_norm"] = grad_norm
         totals["actor/lr"] = lr
         totals.update(mix)

@@ -26,6 +26,8 @@ ULYSSES_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 PACKING_ALGORITHMS = ("ffd", "kk")
 # actor.loss_agg_mode's values (verl's names): how the policy loss is averaged (rlkit.trainer.rl_math.aggregation)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# actor.prox_logp_method's values (AReaL's names; rlkit.trainer.rl_math.proximal approximates)
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
 
 
 @dataclass
@@ -201,6 +203,12 @@ class ActorConfig:
         None, "seq-mean-token-sum-norm's constant (Dr.GRPO's): each sequence's token-sum is divided by it; None: "
         "gconfig.max_new_tokens.", ge=1)
     use_decoupled_loss: bool = _f(False, "Decoupled PPO: weight by pi_prox/pi_behav for stale samples.")
+    prox_logp_method: str = _f(
+        "recompute", "Decoupled loss: where the proximal policy's log-probs come from. Choices: recompute (a forward "
+        "pass over the batch before the update), loglinear (no forward pass: each token's log-prob interpolated in "
+        "log space between the servers' and the training forward's by weight versions, as AReaL; tokens at most one "
+        "version behind keep the servers'), metrics (recompute, and log how far loglinear is from it: "
+        "actor/loglinear_*).")
     behav_imp_weight_cap: float | None = _f(None, "Older AReaL form of rejection_sampling: drop tokens whose "
                                             "behaviour importance weight exceeds this (> 1).")
     rejection_sampling: RejectionSamplingConfig | None = _f(
@@ -225,6 +233,17 @@ class ActorConfig:
     target_modules: list[str] = _f([], "Module names that get adapters, e.g. [q_proj, k_proj, v_proj, o_proj]; "
                                    "'all-linear' for every linear layer but the output head.")
     peft_type: str = _f("lora", "peft method. Choices: lora.")
+
+
+def recomputes_logprobs(actor: ActorConfig) -> bool:
+    """Whether a step runs the forward pass of the log-probs before the update: recompute_logprob, unless the
+    decoupled loss approximates its proximal policy instead (prox_logp_method loglinear)."""
+    return actor.recompute_logprob and not approximates_proximal(actor)
+
+
+def approximates_proximal(actor: ActorConfig) -> bool:
+    """Whether the decoupled loss's proximal log-probs are loglinear's approximation, not recomputed ones."""
+    return actor.use_decoupled_loss and actor.prox_logp_method == "loglinear"
 
 
 def kl_terms_on(actor: ActorConfig) -> bool:

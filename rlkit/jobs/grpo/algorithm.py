@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.reference import reference_load
-from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.actor import ActorConfig, recomputes_logprobs
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import prompt_token_ids
@@ -158,7 +158,8 @@ class GRPO:
         self.expert_batch = self.expert.batch(step) if self.expert is not None else None
         t_got = time.monotonic()
         if samples:
-            old = actor.logprobs_at(samples) if actor.config.recompute_logprob else None
+            # no forward pass when the decoupled loss approximates its proximal policy (prox_logp_method loglinear)
+            old = actor.logprobs_at(samples) if recomputes_logprobs(actor.config) else None
             t_check = time.monotonic()
             # the servers hold the trainer's weights only when the previous step pushed them (or none was trained):
             # samples of that version were then generated with the weights held now
@@ -169,6 +170,7 @@ class GRPO:
                     trainer.note_mismatch(per_server, version)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
+            actor.current_version = schedule.pushes_after(step - 1)  # what the trained weights are as a version
             train_stats = self.train_batch(samples, old, ref)
         else:
             train_stats, t_check = {}, 0.0

@@ -18,7 +18,7 @@ from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import LOSS_AGG_MODES, WEIGHT_UPDATE_MODES
+from rlkit.config.schema.actor import LOSS_AGG_MODES, PROX_LOGP_METHODS, WEIGHT_UPDATE_MODES, approximates_proximal
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_head import dataset_head
@@ -27,6 +27,7 @@ from rlkit.errors import ConfigError
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "actor.importance_sampling_level": ("token", "sequence"),
+    "actor.prox_logp_method": PROX_LOGP_METHODS,
     "actor.weight_update_mode": WEIGHT_UPDATE_MODES,  # the transports rlkit.weights.base registers by these names
     "actor.loss_agg_mode": LOSS_AGG_MODES,  # rlkit.trainer.rl_math.aggregation
 }
@@ -105,6 +106,13 @@ def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, pro
 def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
     actor, g = config.actor, config.gconfig
     validate_algorithm(actor, problems)
+    stale = config.rollout.max_head_offpolicyness
+    if approximates_proximal(actor) and stale < 2:  # rlkit.trainer.rl_math.proximal: alpha 0 up to 1 version behind
+        problems.add(f"actor.prox_logp_method loglinear with rollout.max_head_offpolicyness {stale}: no token is more "
+                     "than one weight version behind the trainer, so the interpolation weight is 0 everywhere and the "
+                     "proximal policy would be the servers' log-probs (the same as actor.use_decoupled_loss=false "
+                     "with actor.recompute_logprob=false)",
+                     hint="raise rollout.max_head_offpolicyness to 2 or more, or use actor.prox_logp_method=recompute")
     if actor.overlong_reward_penalty:
         if actor.overlong_tokens is None or actor.overlong_penalty_factor is None:
             problems.add("actor.overlong_reward_penalty needs actor.overlong_tokens and actor.overlong_penalty_factor",

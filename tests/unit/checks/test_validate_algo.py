@@ -56,6 +56,14 @@ from tests.conftest import raise_problems
          "actor.loss_scale_factor must be at least 1"),
         (["actor.loss_agg_mode=seq-mean-token-mean", "expert_dataset.path=/nonexistent/expert.jsonl"],
          "actor.loss_agg_mode seq-mean-token-mean with expert_dataset.path (the SFT+RL mix)"),
+        (["actor.prox_logp_method=loglinear"], "actor.prox_logp_method loglinear says how the decoupled loss"),
+        (["actor.prox_logp_method=metrics"], "actor.prox_logp_method metrics says how the decoupled loss"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=linear"],
+         "actor.prox_logp_method 'linear' is not one of: recompute, loglinear, metrics"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=loglinear", "rollout.max_head_offpolicyness=1"],
+         "the interpolation weight is 0 everywhere"),
+        (["actor.use_decoupled_loss=true", "actor.prox_logp_method=metrics", "actor.recompute_logprob=false"],
+         "needs actor.recompute_logprob=true"),
     ],
 )
 def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
@@ -96,3 +104,11 @@ def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
         raise_problems(config)
     for name in ("use_sapo_loss", "m2_threshold"):
         assert f"actor.{name} changes PPO's clipped loss, which OPMD does not use" in info.value.message
+@pytest.mark.parametrize("method", ["loglinear", "metrics"])
+def test_areal_prox_logp_methods_are_accepted(grpo_yaml: Path, method: str) -> None:
+    """As AReaL's prox_approx example: loglinear needs no recompute_logprob (nothing is recomputed)."""
+    config = load_config(grpo_yaml, ["actor.use_decoupled_loss=true", f"actor.prox_logp_method={method}",
+                                     "rollout.max_head_offpolicyness=2",
+                                     f"actor.recompute_logprob={str(method == 'metrics').lower()}"])
+    raise_problems(config)
+    assert config.actor.prox_logp_method == method
