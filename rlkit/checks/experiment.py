@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlkit.checks.agent import validate_agent
+from rlkit.checks.algo import validate_policy_knobs
 from rlkit.checks.auxiliary import validate_auxiliary
 from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
@@ -150,6 +151,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
         validate_sequence_parallel(config, job, job_types, allocation, problems)
+        validate_policy_knobs(config.actor, job, job_types, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)

@@ -98,8 +98,8 @@ class PPOActor:
     def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
                    ref_logp: dict[int, list[float]] | None, *, policy_loss: PolicyLoss | None = None,
                    expert: ExpertBatch | None = None) -> dict[str, float]:
-        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
-        returns statistics averaged over all ranks' tokens.
+        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share), ppo_epochs
+        passes of them; returns statistics averaged over all ranks' tokens (and passes).
 
         `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
         servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav)).
@@ -119,7 +119,7 @@ class PPOActor:
             mb = pack(group_of(samples, group_idx), self.pad_id,
                       mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
             logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
-                                           chunk_tokens=cfg.logprob_chunk_tokens)
+                                           chunk_tokens=cfg.logprob_chunk_tokens, entropy_grad=cfg.entropy_coeff > 0)
             old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
             if policy_loss is not None:
                 loss, stats = policy_loss(logp, old, mb.advantages, mb.loss_mask)
@@ -140,6 +140,9 @@ class PPOActor:
                 kl_mean = torch.where(mask, kl, 0.0).sum() / max(1, n_tok)
                 loss = loss + cfg.kl_loss_coef * kl_mean
                 counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
+            if cfg.entropy_coeff > 0:  # the entropy bonus, a token mean as the KL term's
+                assert entropy is not None
+                loss = loss - cfg.entropy_coeff * torch.where(mask, entropy, 0.0).sum() / max(1, n_tok)
             if extra is not None:
                 term, term_stats = extra(model, mb, group_idx, logp)
                 loss = loss + term
@@ -150,7 +153,7 @@ class PPOActor:
                 sums["kl"] += float(kl_mean) * n_tok
                 sums["tokens"] += n_tok
                 assert entropy is not None
-                sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
+                sums["entropy"] += float(torch.where(mask, entropy.detach(), 0.0).sum())
                 for key in _WEIGHTED:
                     if key in stats:
                         sums[key] += float(stats[key]) * n_tok
@@ -164,10 +167,10 @@ class PPOActor:
             grad_norm, lr, mix = mixed_minibatch_steps(
                 self.engine, samples, self.local_indices(samples), expert, self.local_indices(expert.samples),
                 mb_spec=cfg.mb_spec, rl_loss=loss_fn, pad_id=self.pad_id, chunk_tokens=cfg.logprob_chunk_tokens,
-                mask_truncated=cfg.mask_no_eos_with_zero)
+                mask_truncated=cfg.mask_no_eos_with_zero, epochs=cfg.ppo_epochs)
         else:
             grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), cfg.mb_spec, loss_fn,
-                                            mask_truncated=cfg.mask_no_eos_with_zero)
+                                            mask_truncated=cfg.mask_no_eos_with_zero, epochs=cfg.ppo_epochs)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}

@@ -66,14 +66,15 @@ def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[flo
 
 def minibatch_steps(engine: TrainEngine, samples: Sequence[Sample], minibatches: list[list[int]],
                     mb_spec: MicroBatchSpec, loss_fn: Callable[[nn.Module, list[int]], tuple[Tensor, int]], *,
-                    mask_truncated: bool) -> tuple[float, float]:
+                    mask_truncated: bool, epochs: int = 1) -> tuple[float, float]:
     """One optimizer step per minibatch (this rank's global indices of `samples`), each over its token-budget
     micro-batches, the loss a mean over the minibatch's trained tokens (sampled ones only: the count must equal the
-    packed loss masks' sum; a truncated completion counts none when `mask_truncated`). Returns (mean gradient norm,
-    last learning rate): the PPO actor's and critic's update loop."""
+    packed loss masks' sum; a truncated completion counts none when `mask_truncated`); `epochs` passes over the
+    minibatches, in the same order each pass (verl's ppo_epochs: its minibatches are split once, not reshuffled).
+    Returns (mean gradient norm, last learning rate): the PPO actor's and critic's update loop."""
     grad_norms: list[float] = []
     lr = 0.0
-    for idx in minibatches:
+    for idx in minibatches * epochs:
         sub = [samples[i] for i in idx]
         counted = sum(sampled_count(s) for s in sub if not s.dummy and (s.finished or not mask_truncated))
         step = engine.optimizer_step(micro_batches_idx(sub, idx, mb_spec), loss_fn, counted)
