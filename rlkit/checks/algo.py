@@ -6,14 +6,8 @@ combinations AReaL accepts but ignores or turns into a division by zero. Every p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlkit.config.problems import Problems, refuse_inert_fields
+from rlkit.config.problems import Problems
 from rlkit.config.schema.actor import ActorConfig, NormConfig, RejectionSamplingConfig
-
-if TYPE_CHECKING:
-    from rlkit.jobs.base import JobType
-    from rlkit.jobs.job_types import JobTypes
 
 NORM_LEVELS = ("batch", "group", None, "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -36,16 +30,6 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
         if value not in KL_ESTIMATORS:
             problems.add(f"actor.{name} '{value}' is not one of: k1, k2, k3", hint=f"e.g. actor.{name}=k3")
     _validate_decoupled(actor, problems)
-
-
-def validate_policy_knobs(actor: ActorConfig, job: JobType, job_types: JobTypes, problems: Problems) -> None:
-    """actor.entropy_coeff and actor.ppo_epochs belong to the PPO actor's update (rlkit.trainer.actor), which the job
-    types with KL terms train through; any other job type would ignore them."""
-    if job.kl_terms:
-        return
-    users = ", ".join(j.name for j in job_types if j.kl_terms)
-    refuse_inert_fields(problems, actor, "actor", names=("entropy_coeff", "ppo_epochs"), hint="remove {field}",
-                        because=f"job type {job.name} has no PPO actor update (that of {users})")
 
 
 def _validate_norm(field: str, norm: NormConfig, group_size: int, problems: Problems) -> None:

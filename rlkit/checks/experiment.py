@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlkit.checks.agent import validate_agent
-from rlkit.checks.algo import validate_policy_knobs
 from rlkit.checks.auxiliary import validate_auxiliary
 from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
+from rlkit.checks.policy_update import validate_policy_knobs
 from rlkit.checks.reference import validate_reference
 from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens, validate_stop
 from rlkit.checks.sequence_parallel import validate_sequence_parallel
