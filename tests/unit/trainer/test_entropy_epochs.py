@@ -23,6 +23,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.trainer import actor as actor_module
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.batch import MicroBatch, pack
+from rlkit.trainer.engine import token_logprobs
 from rlkit.trainer.head_logprobs import model_token_logprobs
 from rlkit.trainer.rl_math.losses import ppo_actor_loss
 from rlkit.types import Sample
@@ -68,11 +69,18 @@ def _actor(model_dir: Path, **changes: Any) -> tuple[PPOActor, list[Sample]]:
 
 
 def _recorded_step(actor: PPOActor, samples: list[Sample], monkeypatch: pytest.MonkeyPatch
-                   ) -> tuple[dict[str, float], dict[str, Tensor], MicroBatch]:
+                   ) -> tuple[dict[str, float], dict[str, Tensor], MicroBatch, bool]:
     """One train_step whose optimizer step is replaced by a record of every full gradient; with the micro-batch the
-    loss saw (its row order)."""
+    loss saw (its row order) and whether the entropy it got carried gradient (a graph kept: memory)."""
     grads: dict[str, Tensor] = {}
     packed: list[MicroBatch] = []
+    entropy_grad: list[bool] = []
+
+    def logprobs(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        logp, entropy = token_logprobs(*args, **kwargs)
+        assert entropy is not None
+        entropy_grad.append(entropy.requires_grad)
+        return logp, entropy
 
     def record() -> float:
         grads.update({n: p.grad.full_tensor().clone() for n, p in actor.engine.model.named_parameters()
@@ -85,19 +93,21 @@ def _recorded_step(actor: PPOActor, samples: list[Sample], monkeypatch: pytest.M
 
     monkeypatch.setattr(actor.engine, "_clip_and_step", record)
     monkeypatch.setattr(actor_module, "pack", packing)
+    monkeypatch.setattr(actor_module, "token_logprobs", logprobs)
     stats = actor.train_step(samples, None, None)
-    assert len(packed) == 1, "one micro-batch expected"
-    return stats, grads, packed[0]
+    assert len(packed) == len(entropy_grad) == 1, "one micro-batch expected"
+    return stats, grads, packed[0], entropy_grad[0]
 
 
 def _hand_loss(actor: PPOActor, mb: MicroBatch, coeff: float, chunk: int) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped surrogate minus coeff x the token-mean entropy of logits / T, built here from the model's
-    forward (the full logits for the entropy), and every parameter's full gradient of it."""
+    forward (the log-probs asked without any entropy; the full logits for the entropy), and every parameter's full
+    gradient of it."""
     model = actor.engine.model
     model.train()
     model.zero_grad(set_to_none=True)
     logp, _ = model_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature=TEMPERATURE,
-                                   chunk_tokens=chunk, with_entropy=True)
+                                   chunk_tokens=chunk)
     loss, _ = ppo_actor_loss(logp, mb.behav_logp, mb.advantages, mb.loss_mask)
     if coeff:
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float() / TEMPERATURE
@@ -112,7 +122,8 @@ def _hand_loss(actor: PPOActor, mb: MicroBatch, coeff: float, chunk: int) -> tup
 def test_the_entropy_bonus_is_the_hand_built_loss(one_rank: None, tiny_model_dir: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     actor, samples = _actor(tiny_model_dir, entropy_coeff=0.3)
-    stats, grads, mb = _recorded_step(actor, samples, monkeypatch)
+    stats, grads, mb, entropy_grad = _recorded_step(actor, samples, monkeypatch)
+    assert entropy_grad
     hand, hand_grads = _hand_loss(actor, mb, 0.3, chunk=0)
     surrogate, _ = _hand_loss(actor, mb, 0.0, chunk=0)
     assert abs(stats["actor/loss"] - float(hand)) <= RTOL * abs(float(hand))
@@ -129,7 +140,8 @@ def test_coefficient_zero_is_the_surrogate_bit_for_bit(one_rank: None, tiny_mode
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     actor, samples = _actor(tiny_model_dir)
     assert actor.config.entropy_coeff == 0.0  # the default
-    stats, grads, mb = _recorded_step(actor, samples, monkeypatch)
+    stats, grads, mb, entropy_grad = _recorded_step(actor, samples, monkeypatch)
+    assert not entropy_grad, "the entropy statistic kept a graph (its recompute's memory) with the bonus off"
     hand, hand_grads = _hand_loss(actor, mb, 0.0, chunk=actor.config.logprob_chunk_tokens)
     assert stats["actor/loss"] == float(hand)
     assert set(grads) == set(hand_grads) and grads
