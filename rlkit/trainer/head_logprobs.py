@@ -158,12 +158,20 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
 
 
 def _full_entropy(logits: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool) -> Tensor | None:
-    """The full path's entropies of next-token logits [.., V] at `temperature`: with gradient, without, or None."""
+    """The full path's entropies of next-token logits [.., V] at `temperature`: with gradient, without, or None.
+    With gradient under checkpoint: backward keeps the scaled logits alone, not the softmax's [.., V] tensors
+    (recomputed), as verl's entropy_checkpointing."""
     if not with_entropy and not entropy_grad:
         return None
-    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
-        logits = logits.float() if entropy_grad else logits.detach().float()
-        return entropy_from_logits(logits if temperature == 1.0 else logits / temperature)  # x / 1.0 is x
+    if entropy_grad and torch.is_grad_enabled():
+        return checkpoint(_scaled_entropy, logits, temperature, use_reentrant=False)
+    with torch.no_grad():
+        return _scaled_entropy(logits.detach(), temperature)
+
+
+def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:
+    logits = logits.float()
+    return entropy_from_logits(logits if temperature == 1.0 else logits / temperature)  # x / 1.0 is x
 
 
 def _head_output(logp: Tensor, entropy: Tensor | None, entropy_grad: bool) -> Tensor:

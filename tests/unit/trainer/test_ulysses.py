@@ -20,7 +20,7 @@ from tests.helpers.gloo_ranks import run_ranks
 from tests.unit.trainer.test_packed_steps import TOLERANCE, assert_same, relative
 
 WORKER = "import sys\nfrom tests.helpers.ulysses_steps import main\nmain(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
-JOBS = ["grpo", "ppo_critic", "sft_checkpointed_full_logits"]
+JOBS = ["grpo", "grpo_full_logits", "ppo_critic", "sft_checkpointed_full_logits"]
 
 
 @pytest.fixture(scope="module")
