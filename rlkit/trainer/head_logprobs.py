@@ -159,7 +159,7 @@ def model_token_logprobs(model: nn.Module, input_ids: Tensor, attention_mask: Te
 
 def _full_entropy(logits: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool) -> Tensor | None:
     """The full path's entropies of next-token logits [.., V] at `temperature`: with gradient, without, or None.
-    With gradient under checkpoint: backward keeps the scaled logits alone, not the softmax's [.., V] tensors
+    With gradient under checkpoint: backward keeps only its input logits, not the softmax's [.., V] tensors
     (recomputed), as verl's entropy_checkpointing."""
     if not with_entropy and not entropy_grad:
         return None
