@@ -3,7 +3,8 @@ PPOActor on the tiny Qwen2 model on one gloo rank (float32): the loss with the b
 entropy_coeff x the token-mean entropy at the sampling temperature, its gradient that of the hand-built loss; with the
 coefficient 0 the loss and gradient are bit-identical to the surrogate alone; ppo_epochs=2 makes 2 x
 ppo_n_minibatches optimizer steps over the same minibatches, the second pass seeing ratios away from 1; and the
-learning-rate schedule of grpo's actor and ppo's critic counts every pass."""
+learning-rate schedule of grpo's actor and ppo's critic counts every pass; the SFT+RL mix takes its expert rows in
+every pass."""
 
 from __future__ import annotations
 
@@ -196,3 +197,15 @@ def test_the_schedule_counts_every_pass(one_rank: None, tiny_model_dir: Path, tm
     assert ppo.actor.engine.total_optimizer_steps == 5 * 2 * 3
     assert ppo.critic.engine.total_optimizer_steps == 5 * 4 * critic_passes
     assert ppo.critic.config.ppo_epochs == critic_passes
+
+
+def test_the_sft_mix_takes_its_expert_rows_in_every_pass(one_rank: None, tiny_model_dir: Path) -> None:
+    """With expert rows (the SFT+RL mix) each of the 2 x 2 optimizer steps takes its share of them: the mix's expert
+    tokens count both passes."""
+    from rlkit.trainer.sft_mix import ExpertBatch
+
+    actor, samples = _actor(tiny_model_dir, ppo_n_minibatches=2, ppo_epochs=2)
+    expert = [Sample([4, 5], [7 + j for j in range(n)], [0.0] * n, 0.0, 0, True, 10 + n) for n in (3, 5)]
+    stats = actor.train_step(samples, None, None, expert=ExpertBatch(expert, mu=0.3))
+    assert actor.engine.optimizer_steps == 4
+    assert stats["mix/expert_tokens"] == 2 * (3 + 5)
