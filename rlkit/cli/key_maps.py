@@ -45,7 +45,7 @@ VERL = (
     _m("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sp_size", "ppo: must equal the actor's"),
     _m("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
     _m("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches each pass, as verl's "
-       "(shuffle false)"),
+       "with its default shuffle: false"),
     _m("critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs, as in verl"),
     _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
