@@ -17,6 +17,7 @@ from rlkit.checks.auxiliary import validate_auxiliary
 from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
+from rlkit.checks.policy_update import validate_policy_knobs
 from rlkit.checks.reference import validate_reference
 from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens, validate_stop
 from rlkit.checks.sequence_parallel import validate_sequence_parallel
@@ -150,6 +151,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
         validate_sequence_parallel(config, job, job_types, allocation, problems)
+        validate_policy_knobs(config.actor, job, job_types, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)

@@ -44,7 +44,9 @@ VERL = (
        "packed rows of grpo, opmd, sft and ppo"),
     _m("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sp_size", "ppo: must equal the actor's"),
     _m("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
-    _m("actor_rollout_ref.actor.ppo_epochs", "", "rlkit makes one pass over a training step's batch"),
+    _m("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches each pass, as verl's "
+       "with its default shuffle: false"),
+    _m("critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs, as in verl"),
     _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher"),
@@ -53,7 +55,8 @@ VERL = (
     _m("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef"),
     _m("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
        "(verl's kl, mse, low_var_kl)"),
-    _m("actor_rollout_ref.actor.entropy_coeff", "", "rlkit has no entropy bonus"),
+    _m("actor_rollout_ref.actor.entropy_coeff", "actor.entropy_coeff", "the entropy is averaged as the policy loss is "
+       "(actor.loss_agg_mode), as in verl"),
     _m("actor_rollout_ref.actor.loss_agg_mode", "actor.loss_agg_mode", "the same four names, over every rank's "
        "minibatch; the KL loss term is averaged the same way, the critic's value loss stays a token-mean"),
     _m("actor_rollout_ref.actor.loss_scale_factor", "actor.loss_scale_factor", "seq-mean-token-sum-norm's constant; "
@@ -134,7 +137,9 @@ TRINITY = (
        "(default 0.001) is actor.kl_ctl; abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
        "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
-    _m("algorithm.entropy_loss_fn", "", "rlkit has no entropy bonus"),
+    _m("algorithm.entropy_loss_fn", "actor.entropy_coeff", "default and mix: entropy_loss_fn_args.entropy_coef "
+       "(default 0) is actor.entropy_coeff; none: off"),
+    _m("algorithm.entropy_loss_fn_args.entropy_coef", "actor.entropy_coeff"),
     _m("monitor.monitor_type", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
     _m("model.model_path", "actor.path"),
     _m("model.critic_model_path", "critic.path", "empty: actor.path, as in Trinity-RFT"),
@@ -192,6 +197,9 @@ TRINITY = (
     _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the packed rows of "
        "grpo, opmd, sft and ppo (ppo: set critic.fsdp.ulysses_sp_size alike)"),
+    _m("trainer.trainer_config.actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches "
+       "each pass, as verl's"),
+    _m("trainer.trainer_config.critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs"),
 )
 
 COSMOS = (
@@ -232,7 +240,7 @@ COSMOS = (
     _m("train.train_policy.allowed_outdated_steps", "rollout.max_head_offpolicyness"),
     _m("train.train_policy.use_decoupled_loss", "actor.use_decoupled_loss"),
     _m("train.train_policy.behav_imp_weight_cap", "actor.behav_imp_weight_cap"),
-    _m("train.train_policy.entropy_coeff", "", "rlkit has no entropy bonus"),
+    _m("train.train_policy.entropy_coeff", "actor.entropy_coeff"),
     _m("policy.model_name_or_path", "actor.path"),
     _m("policy.model_max_length", "vllm.max_model_len"),
     _m("policy.model_gradient_checkpointing", "actor.gradient_checkpointing"),
@@ -296,7 +304,7 @@ CHATLEARN = (
     _m("models.policy_trainer.neg_clip_ratio", "actor.eps_clip"),
     _m("models.policy_trainer.pos_clip_ratio", "actor.eps_clip_higher"),
     _m("models.policy_trainer.kl_coef", "actor.kl_loss_coef"),
-    _m("models.policy_trainer.entropy_coef", "", "rlkit has no entropy bonus"),
+    _m("models.policy_trainer.entropy_coef", "actor.entropy_coeff"),
     _m("models.policy_trainer.gradient_checkpointing", "actor.gradient_checkpointing"),
     _m("models.policy_trainer.use_group_sequence_policy", "actor.importance_sampling_level", "sequence: GSPO"),
     _m("models.policy_trainer.train_micro_batch_size", "actor.mb_spec.n_mbs", "rlkit sets the number of "

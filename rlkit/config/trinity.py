@@ -29,13 +29,14 @@ from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.trinity_refs import resolve_references
-from rlkit.config.trinity_terms import expert_ratio, kl_terms, reward_fn
+from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
 from rlkit.errors import ConfigError, ConfigErrors
 
 TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
 
 _AUX = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
 _WARMUP = "buffer.trainer_input.sft_warmup_dataset"  # older Trinity-RFT releases' name of the expert data
+_VERL = "trainer.trainer_config"  # the verl trainer's own config, inline (its configuration guide's advanced part)
 
 # Trinity-RFT key -> rlkit key, the value unchanged
 RENAMES: dict[str, str] = {
@@ -80,13 +81,14 @@ RENAMES: dict[str, str] = {
     "trainer.grad_clip": "actor.optimizer.gradient_clipping",
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
+    f"{_VERL}.actor_rollout_ref.actor.ppo_epochs": "actor.ppo_epochs",
+    f"{_VERL}.critic.ppo_epochs": "critic.ppo_epochs",
 }
 
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
 
 # why a Trinity-RFT key is left out, for the keys whose reason is worth more than "no such key"
 _WHY: dict[str, str] = {
-    "algorithm.entropy_loss_fn": "rlkit has no entropy bonus",
     "algorithm.sample_strategy": "rlkit reads a step's samples in the order they were generated",
     "algorithm.advantage_fn": "set by the job type",
     "algorithm.policy_loss_fn": "set by the job type",
@@ -168,7 +170,8 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
 
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
     judged = kl_terms(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
-        | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data)
+        | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data) \
+        | entropy_term(leaves, moved, left, problems, source)
     for key, value in leaves.items():
         if key in judged:
             continue

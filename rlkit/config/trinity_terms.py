@@ -25,6 +25,10 @@ KL_NOT_BUILT = {
     "corrected_k3": "k3 weighted by the clamped ratio pi/pi_old: rlkit's k3 has no such weight",
 }
 TRINITY_KL_COEF = 0.001  # Trinity-RFT's KLFn default kl_coef
+# Trinity-RFT's entropy loss functions (trinity/algorithm/entropy_loss_fn: ENTROPY_LOSS_FN, entropy_coef default 0)
+# whose meaning is rlkit's entropy bonus; "basic" is an older release's name of "default"
+ENTROPY_FN = "algorithm.entropy_loss_fn"
+ENTROPY_FNS = ("default", "basic", "mix")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,39 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
             if key != f"{args}kl_coef":
                 left(key, "rlkit's KL coefficient is fixed (no adaptive controller)")
     return judged
+
+
+def entropy_term(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, source: str) -> set[str]:
+    """The entropy loss function's entropy_coef as actor.entropy_coeff: Trinity-RFT's default (older: basic) and mix
+    functions subtract entropy_coef x the token-mean entropy (mix: of the RL rows, which is all rlkit's RL loss
+    sees), none adds nothing. Returns the keys judged here."""
+    args = f"{ENTROPY_FN}_args."
+    arg_keys = [k for k in leaves if k.startswith(args)]
+    coef_key = f"{args}entropy_coef"
+    fn = leaves.get(ENTROPY_FN, "default")  # absent: algorithm_type's default function, which reads entropy_coef
+    if fn in (None, "none"):
+        left(ENTROPY_FN, "none: rlkit's entropy bonus is off unless actor.entropy_coeff > 0")
+        for key in arg_keys:
+            left(key, f"{ENTROPY_FN} is none")
+        return {ENTROPY_FN, *arg_keys}
+    if not isinstance(fn, str) or fn not in ENTROPY_FNS:
+        problems.add(f"{ENTROPY_FN} '{fn}' ({source}) is not one of Trinity-RFT's entropy loss functions rlkit knows",
+                     hint=f"use one of {', '.join(ENTROPY_FNS)} (rlkit's actor.entropy_coeff) or none")
+        return {ENTROPY_FN, *arg_keys}
+    coef = leaves.get(coef_key, 0.0)
+    if not _number(coef) or coef < 0:
+        problems.add(f"{coef_key} {coef!r} ({source}) is not a number >= 0", hint="e.g. entropy_coef: 0.001")
+        return {ENTROPY_FN, *arg_keys}
+    over = " (of the RL rows: the expert rows take the SFT loss alone, as in rlkit's mix)" if fn == "mix" else ""
+    if ENTROPY_FN in leaves:
+        default = "" if coef_key in leaves else ", Trinity-RFT's default entropy_coef 0: off"
+        moved(ENTROPY_FN, "actor.entropy_coeff", coef, f" as its entropy_coef {coef}{over}{default}")
+    if coef_key in leaves:
+        moved(coef_key, "actor.entropy_coeff", coef, over)
+    for key in arg_keys:
+        if key != coef_key:
+            left(key, "rlkit's entropy bonus has one coefficient, actor.entropy_coeff")
+    return {ENTROPY_FN, *arg_keys}
 
 
 def reward_fn(leaves: dict[str, Any], moved: Moved, left: Left) -> set[str]:

@@ -109,8 +109,9 @@ class PPOActor:
     def train_step(self, samples: Sequence[Sample], old_logp: dict[int, list[float]] | None,
                    ref_logp: dict[int, list[float]] | None, *, policy_loss: PolicyLoss | None = None,
                    expert: ExpertBatch | None = None) -> dict[str, float]:
-        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share);
-        returns statistics averaged over all ranks' tokens (the loss: over its units, actor.loss_agg_mode's).
+        """ppo_n_minibatches optimizer steps over the global batch `samples` (each rank does its share), ppo_epochs
+        passes of them; returns statistics averaged over all ranks' tokens and passes (the loss: over its units,
+        actor.loss_agg_mode's).
 
         `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
         servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav));
@@ -139,7 +140,7 @@ class PPOActor:
             mb = pack(group_of(samples, group_idx), self.pad_id,
                       mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
             logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
-                                           chunk_tokens=cfg.logprob_chunk_tokens)
+                                           chunk_tokens=cfg.logprob_chunk_tokens, entropy_grad=cfg.entropy_coeff > 0)
             old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
             prox_stats: dict[str, Tensor] = {}
             if prox_sums:  # loglinear: the approximation replaces `old`; metrics: measured against it
@@ -168,6 +169,9 @@ class PPOActor:
                 loss = loss + cfg.kl_loss_coef * kl_term
                 sums["kl"] += float(torch.where(mask, kl, 0.0).sum())  # the statistic: a token-mean
                 counts["kl_loss_clamped"] += float((kl_clamped & mask).sum())
+            if cfg.entropy_coeff > 0:  # the entropy bonus, averaged as the policy loss (verl's agg_loss)
+                assert entropy is not None
+                loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, mode, scale_factor=scale)[0]
             if extra is not None:
                 term, term_stats = extra(model, mb, group_idx, logp)
                 loss = loss + term
@@ -178,7 +182,7 @@ class PPOActor:
                 sums["units"] += units
                 sums["tokens"] += n_tok
                 assert entropy is not None
-                sums["entropy"] += float(torch.where(mask, entropy, 0.0).sum())
+                sums["entropy"] += float(torch.where(mask, entropy.detach(), 0.0).sum())
                 for key in _WEIGHTED:
                     if key in stats:
                         sums[key] += float(stats[key]) * n_tok
@@ -194,11 +198,11 @@ class PPOActor:
             grad_norm, lr, mix = mixed_minibatch_steps(
                 self.engine, samples, self.local_indices(samples), expert, self.local_indices(expert.samples),
                 mb_spec=cfg.mb_spec, rl_loss=loss_fn, pad_id=self.pad_id, chunk_tokens=cfg.logprob_chunk_tokens,
-                mask_truncated=cfg.mask_no_eos_with_zero)
+                mask_truncated=cfg.mask_no_eos_with_zero, epochs=cfg.ppo_epochs)
         else:
             grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), cfg.mb_spec, loss_fn,
                                             mask_truncated=cfg.mask_no_eos_with_zero,
-                                            per_sequence=mode != "token-mean")
+                                            per_sequence=mode != "token-mean", epochs=cfg.ppo_epochs)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens, units = max(1.0, reduced.pop("tokens")), max(1.0, reduced.pop("units"))
         totals: dict[str, float] = {f"actor/{k}": v / tokens for k, v in reduced.items()}

@@ -125,11 +125,13 @@ def param_dtype_of(config: ActorConfig) -> torch.dtype | None:
 
 
 def token_logprobs(model: nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = False,
-                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> tuple[Tensor, Tensor | None]:
-    """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies (no
-    gradient); through the output head `chunk_tokens` at a time (rlkit.trainer.head_logprobs; 0: full logits)."""
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS, entropy_grad: bool = False
+                   ) -> tuple[Tensor, Tensor | None]:
+    """[B, L-1] log-probs of each next token under `model` (logits / temperature), and optionally entropies (without
+    gradient; with it when `entropy_grad`); through the output head `chunk_tokens` at a time
+    (rlkit.trainer.head_logprobs; 0: full logits)."""
     return model_token_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
-                                chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+                                chunk_tokens=chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 class TrainEngine:

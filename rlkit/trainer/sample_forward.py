@@ -66,16 +66,17 @@ def aligned(mb: MicroBatch, group_idx: list[int], per_sample: dict[int, list[flo
 
 def minibatch_steps(engine: TrainEngine, samples: Sequence[Sample], minibatches: list[list[int]],
                     mb_spec: MicroBatchSpec, loss_fn: Callable[[nn.Module, list[int]], tuple[Tensor, int]], *,
-                    mask_truncated: bool, per_sequence: bool = False) -> tuple[float, float]:
+                    mask_truncated: bool, per_sequence: bool = False, epochs: int = 1) -> tuple[float, float]:
     """One optimizer step per minibatch (this rank's global indices of `samples`), each over its token-budget
     micro-batches, the loss a mean over the minibatch's trained tokens (sampled ones only: the count must equal the
     packed loss masks' sum; a truncated completion counts none when `mask_truncated`), or with `per_sequence` over its
     sequences that have a trained token (the count must equal the packed rows whose loss mask has one: the seq-mean
-    modes of rlkit.trainer.rl_math.aggregation). Returns (mean gradient norm, last learning rate): the PPO actor's
-    and critic's update loop."""
+    modes of rlkit.trainer.rl_math.aggregation); `epochs` passes over the minibatches, in the same order each pass
+    (verl's ppo_epochs: its minibatches are split once, not reshuffled). Returns (mean gradient norm, last learning
+    rate): the PPO actor's and critic's update loop."""
     grad_norms: list[float] = []
     lr = 0.0
-    for idx in minibatches:
+    for idx in minibatches * epochs:
         sub = [samples[i] for i in idx]
         trained = [sampled_count(s) for s in sub if not s.dummy and (s.finished or not mask_truncated)]
         counted = sum(1 for n in trained if n > 0) if per_sequence else sum(trained)

@@ -38,15 +38,16 @@ class ExpertBatch:
 
 def mixed_minibatch_steps(engine: TrainEngine, samples: Sequence[Sample], minibatches: list[list[int]],
                           expert: ExpertBatch, expert_minibatches: list[list[int]], *, mb_spec: MicroBatchSpec,
-                          rl_loss: RLLoss, pad_id: int, chunk_tokens: int, mask_truncated: bool
+                          rl_loss: RLLoss, pad_id: int, chunk_tokens: int, mask_truncated: bool, epochs: int = 1
                           ) -> tuple[float, float, dict[str, float]]:
     """One optimizer step per minibatch over its RL micro-batches and its share of the expert rows (this rank's
-    indices in `expert_minibatches`); collective. Returns (mean gradient norm, last LR, the mix's metrics)."""
+    indices in `expert_minibatches`), `epochs` passes over them all (as rlkit.trainer.sample_forward.minibatch_steps);
+    collective. Returns (mean gradient norm, last LR, the mix's metrics)."""
     mu = expert.mu
     grad_norms: list[float] = []
     lr = 0.0
     nll_sum, expert_tokens = [0.0], [0.0]
-    for idx, ex_idx in zip(minibatches, expert_minibatches, strict=True):
+    for idx, ex_idx in zip(minibatches * epochs, expert_minibatches * epochs, strict=True):
         sub = [samples[i] for i in idx]
         ex_sub = [expert.samples[i] for i in ex_idx]
         rl_tokens = sum(sampled_count(s) for s in sub if not s.dummy and (s.finished or not mask_truncated))

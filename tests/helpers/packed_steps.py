@@ -237,8 +237,8 @@ def main(model_dir: str, tied_dir: str, out: str, chunk: int) -> None:
     lora = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"])
     results = {
         "grpo": _actor(cfg(importance_sampling_level="token"), env, device, samples),
-        "grpo_gspo_tied": _actor(cfg(path=tied_dir), env, device, samples),
-        "grpo_lora": _actor(cfg(**lora), env, device, samples),
+        "grpo_gspo_tied": _actor(cfg(path=tied_dir, ppo_epochs=2), env, device, samples),  # each pass's steps
+        "grpo_lora": _actor(cfg(entropy_coeff=0.05, **lora), env, device, samples),  # the entropy's gradient too
         # actor.loss_agg_mode: a mean over sequences (cut completions dropped: rows with no trained token), and
         # Dr.GRPO's constant
         "grpo_seq_mean": _actor(cfg(loss_agg_mode="seq-mean-token-mean", mask_no_eos_with_zero=True), env, device,

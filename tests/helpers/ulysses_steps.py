@@ -45,7 +45,9 @@ def main(model_dir: str, out: str, sp: int) -> None:
         return dataclasses.replace(copy.deepcopy(base), **changes)
 
     results: dict[str, Any] = {
-        "grpo": _actor(cfg(), env, device, samples),  # chunked log-probs; ppo's actor step is this one
+        # chunked log-probs and the entropy bonus (its gradient split and gathered too); ppo's actor step is this one
+        "grpo": _actor(cfg(entropy_coeff=0.05), env, device, samples),
+        "grpo_full_logits": _actor(cfg(entropy_coeff=0.05, logprob_chunk_tokens=0), env, device, samples),
         "ppo_critic": _critic(cfg(), env, device, samples),  # values split and gathered as the log-probs are
         # full logits, and gradient checkpointing: its recompute in backward runs the all-to-all again
         "sft_checkpointed_full_logits": _sft(cfg(gradient_checkpointing=True, logprob_chunk_tokens=0), env, device,

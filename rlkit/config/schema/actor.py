@@ -166,6 +166,11 @@ class ActorConfig:
     group_size: int = _f(1, "Completions per prompt in one GRPO group: gconfig.n_samples (what a config that "
                          "leaves it out gets, as in AReaL's current configs).", ge=1)
     ppo_n_minibatches: int = _f(4, "Optimizer steps per training step (the batch is split into this many).", ge=1)
+    ppo_epochs: int = _f(
+        1, "Passes over a training step's batch (verl's ppo_epochs): the ppo_n_minibatches optimizer steps are "
+        "repeated this many times over the same minibatches (the same split each pass, as verl's), with the same old "
+        "log-probs and advantages; the learning-rate schedule counts every pass's steps (grpo, ppo's actor, opmd, "
+        "distill).", ge=1)
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).", gt=0)
     eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.", gt=0)
     c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.", gt=1)
@@ -185,6 +190,11 @@ class ActorConfig:
     kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
                              "gradient, verl's use_kl_loss); > 0 loads the reference model.", ge=0)
     kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")
+    entropy_coeff: float = _f(0.0, "Entropy bonus (verl's entropy_coeff): entropy_coeff * the entropy of the policy "
+                              "at gconfig.temperature over the trained tokens (averaged as actor.loss_agg_mode "
+                              "says, as verl does) is subtracted from the "
+                              "actor's loss, with gradient (grpo, ppo's actor, opmd, distill); 0: off, the entropy "
+                              "is then only a statistic.", ge=0)
     kl_clamp: float | None = _f(10.0, "Clamp every KL estimate to [-kl_clamp, kl_clamp]; null: off.", gt=0)
     log_ratio_clamp: float | None = _f(20.0, "Clamp the token log-ratio to [-x, x] before exp; null: off.", gt=0)
     seq_log_ratio_clamp: float | None = _f(10.0, "GSPO: clamp the sequence log-ratio to at most this before exp; "
@@ -244,6 +254,12 @@ def recomputes_logprobs(actor: ActorConfig) -> bool:
 def approximates_proximal(actor: ActorConfig) -> bool:
     """Whether the decoupled loss's proximal log-probs are loglinear's approximation, not recomputed ones."""
     return actor.use_decoupled_loss and actor.prox_logp_method == "loglinear"
+
+
+def optimizer_steps_per_step(actor: ActorConfig) -> int:
+    """The optimizer steps of one training step (ppo_n_minibatches, ppo_epochs times): what the learning-rate
+    schedule's length counts per step."""
+    return actor.ppo_n_minibatches * actor.ppo_epochs
 
 
 def kl_terms_on(actor: ActorConfig) -> bool:

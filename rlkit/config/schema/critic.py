@@ -39,6 +39,9 @@ class CriticConfig:
                                                              "schedule)."})
     ppo_n_minibatches: int = _f(4, "Critic optimizer steps per training step (the batch is split into this many).",
                                 ge=1)
+    ppo_epochs: int | None = _f(None, "Passes of the critic over a training step's batch (its ppo_n_minibatches "
+                                "steps repeated over the same minibatches); None: actor.ppo_epochs, as verl's "
+                                "critic.ppo_epochs.", ge=1)
     eps_clip: float = _f(0.5, "Value clip: a new value may move at most this far from the value at rollout time "
                               "before its loss stops pulling (the larger of clipped and unclipped loss counts).")
     mask_no_eos_with_zero: bool = _f(False, "Drop completions cut at max_new_tokens from the value loss.")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.config.reference import reference_load
-from rlkit.config.schema.actor import ActorConfig, recomputes_logprobs
+from rlkit.config.schema.actor import ActorConfig, optimizer_steps_per_step, recomputes_logprobs
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import prompt_token_ids
@@ -108,7 +108,7 @@ class GRPO:
         self.total_steps = steps
         self.actor = PPOActor.build(actor, rank=ctx.env.rank, world=ctx.env.world_size, device=ctx.device,
                                     pad_id=pad_id, temperature=config.gconfig.temperature,
-                                    total_optimizer_steps=steps * actor.ppo_n_minibatches,
+                                    total_optimizer_steps=steps * optimizer_steps_per_step(actor),
                                     ref=reference_load(config), max_new_tokens=config.gconfig.max_new_tokens)
         self.engines: dict[str, TrainEngine] = {"actor": self.actor.engine}
         probe = broadcast_object((prompts[0].ids + tokenizer.encode(PROBE_TEXT, add_special_tokens=False))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlkit.config.schema.actor import optimizer_steps_per_step
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.grpo.algorithm import GRPO
-from rlkit.jobs.ppo.critic import PPOCritic, batch_means
+from rlkit.jobs.ppo.critic import PPOCritic, batch_means, critic_engine_config
 from rlkit.trainer.dist import gather_per_sample
 from rlkit.trainer.loop import LoopContext, run_training
 from rlkit.trainer.rl_math.advantage_batch import advantages_and_returns
@@ -34,7 +35,8 @@ class PPO(GRPO):
         config = self.config
         self.critic = PPOCritic.build(config.critic, config.actor, rank=ctx.env.rank, world=ctx.env.world_size,
                                       device=ctx.device, pad_id=self.actor.pad_id,
-                                      total_optimizer_steps=self.total_steps * config.critic.ppo_n_minibatches)
+                                      total_optimizer_steps=self.total_steps * optimizer_steps_per_step(
+                                          critic_engine_config(config.critic, config.actor)))
         self.engines["critic"] = self.critic.engine
 
     def train_batch(self, samples: list[Sample], old: dict[int, list[float]] | None,

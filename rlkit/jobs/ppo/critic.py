@@ -69,6 +69,7 @@ def critic_engine_config(critic: CriticConfig, actor: ActorConfig) -> ActorConfi
         gradient_checkpointing=critic.gradient_checkpointing, mb_spec=critic.mb_spec, optimizer=critic.optimizer,
         fsdp=critic.fsdp,
         ppo_n_minibatches=critic.ppo_n_minibatches, use_lora=False,  # the critic trains its whole model
+        ppo_epochs=critic.ppo_epochs or actor.ppo_epochs, entropy_coeff=0.0,
         disable_dropout=critic.disable_dropout, init_from_scratch=False,
         mask_no_eos_with_zero=critic.mask_no_eos_with_zero)  # its own, as AReaL's PPOCritic has its own
 
@@ -116,9 +117,9 @@ class PPOCritic:
 
     def train_step(self, samples: Sequence[Sample], old_values: dict[int, list[float]],
                    returns: list[list[float]]) -> dict[str, float]:
-        """critic.ppo_n_minibatches optimizer steps of the value loss over the global batch (each rank its share);
-        `old_values` (every sample's, by global index) are the clip's anchor, `returns` the targets. Returns
-        statistics averaged over all ranks' tokens."""
+        """critic.ppo_n_minibatches optimizer steps of the value loss over the global batch (each rank its share),
+        critic.ppo_epochs passes of them; `old_values` (every sample's, by global index) are the clip's anchor,
+        `returns` the targets. Returns statistics averaged over all ranks' tokens (and passes)."""
         targets = dict(enumerate(returns))
         sums = dict.fromkeys((*_SUMMED, "tokens"), 0.0)
         mask_truncated = self.config.mask_no_eos_with_zero
@@ -133,7 +134,7 @@ class PPOCritic:
             return total / max(1, n_tok), n_tok  # the engine takes the token mean and weighs it by n_tok
 
         grad_norm, lr = minibatch_steps(self.engine, samples, self.local_indices(samples), self.config.mb_spec,
-                                        loss_fn, mask_truncated=mask_truncated)
+                                        loss_fn, mask_truncated=mask_truncated, epochs=self.config.ppo_epochs)
         reduced = dict(zip(sums, all_reduce_sum(list(sums.values())), strict=True))
         tokens = max(1.0, reduced.pop("tokens"))
         return {"critic/value_loss": reduced["loss"] / tokens,

@@ -28,6 +28,9 @@ from tests.conftest import raise_problems
         (["actor.kl_loss_type=k4"], "actor.kl_loss_type 'k4' is not one of"),
         (["actor.kl_estimator=abs"], "actor.kl_estimator 'abs' is not one of"),
         (["actor.kl_loss_coef=-1"], "actor.kl_loss_coef must be at least 0"),
+        (["actor.entropy_coeff=-0.01"], "actor.entropy_coeff must be at least 0"),
+        (["actor.ppo_epochs=0"], "actor.ppo_epochs must be at least 1"),
+        (["critic.ppo_epochs=0"], "critic.ppo_epochs must be at least 1"),
         (["actor.log_ratio_clamp=0"], "actor.log_ratio_clamp must be positive or null"),
         (["actor.gae_lambda=1.5"], "actor.gae_lambda must be between 0 and 1"),
         (["actor.behav_imp_weight_cap=5"], "but actor.use_decoupled_loss is false"),
@@ -87,7 +90,8 @@ def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:
         "actor.reward_scaling=10", "actor.reward_bias=-0.5", "actor.reward_norm.mean_level=group",
         "actor.reward_norm.std_level=group", "actor.reward_norm.group_size=4", "actor.adv_norm.mean_level=batch",
         "actor.use_decoupled_loss=true", "actor.rejection_sampling.metric=ratio",
-        "actor.rejection_sampling.upper=5.0", "actor.kl_ctl=0.1", "actor.kl_loss_coef=0.01"]))
+        "actor.rejection_sampling.upper=5.0", "actor.kl_ctl=0.1", "actor.kl_loss_coef=0.01",
+        "actor.entropy_coeff=0.001", "actor.ppo_epochs=2"]))
 
 
 def test_sapo_and_m2po_are_accepted_each_with_what_it_needs(grpo_yaml: Path) -> None:
@@ -104,6 +108,8 @@ def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
         raise_problems(config)
     for name in ("use_sapo_loss", "m2_threshold"):
         assert f"actor.{name} changes PPO's clipped loss, which OPMD does not use" in info.value.message
+
+
 @pytest.mark.parametrize("method", ["loglinear", "metrics"])
 def test_areal_prox_logp_methods_are_accepted(grpo_yaml: Path, method: str) -> None:
     """As AReaL's prox_approx example: loglinear needs no recompute_logprob (nothing is recomputed)."""
@@ -112,3 +118,14 @@ def test_areal_prox_logp_methods_are_accepted(grpo_yaml: Path, method: str) -> N
                                      f"actor.recompute_logprob={str(method == 'metrics').lower()}"])
     raise_problems(config)
     assert config.actor.prox_logp_method == method
+
+
+def test_the_policy_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml: Path) -> None:
+    """generate trains nothing: an entropy bonus or passes over a batch would be ignored."""
+    config = load_config(generate_yaml, ["actor.entropy_coeff=0.01", "actor.ppo_epochs=2"])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    for field in ("actor.entropy_coeff", "actor.ppo_epochs"):
+        assert f"{field} is set, but job type generate has no PPO actor update (that of grpo, " in info.value.message
+        assert f"remove {field}" in str(info.value)
+    raise_problems(load_config(generate_yaml, ["actor.entropy_coeff=0", "actor.ppo_epochs=1"]))  # the defaults

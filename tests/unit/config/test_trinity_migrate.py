@@ -86,7 +86,9 @@ def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
     assert (config.gconfig.n_samples, config.gconfig.max_new_tokens, config.actor.optimizer.lr) == (8, 64, 1e-6)
     assert (config.recover.mode, config.saver.freq_steps, config.cluster.fileroot) == ("auto", 100, "/tmp/rlkit-ckpt")
     assert "#   synchronizer.sync_method: nccl  -> moved to actor.weight_update_mode as xccl" in header
-    assert "#   algorithm.entropy_loss_fn: default  -> left out (rlkit has no entropy bonus)" in header
+    assert "#   algorithm.entropy_loss_fn: default  -> moved to actor.entropy_coeff as its entropy_coef 0.0, " \
+        "Trinity-RFT's default entropy_coef 0: off" in header
+    assert config.actor.entropy_coeff == 0.0
     assert config.actor.fsdp.ulysses_sp_size == 1 and "trainer.ulysses_sequence_parallel_size: 1  -> " in header
     for left_out in ("buffer.explorer_input.default_reward_fn_type", "buffer.trainer_input.experience_buffer.name",
                      "synchronizer.sync_style", "mode"):
@@ -288,3 +290,33 @@ def test_the_policy_loss_aggregation_moves_to_actor_loss_agg_mode() -> None:
                                "t")
     assert mapping["actor"]["loss_agg_mode"] == "seq-mean-token-mean"
     assert "actor.loss_agg_mode" in {f.key: f.fate for f in fates}["algorithm.policy_loss_fn_args.loss_agg_mode"]
+
+
+def test_entropy_loss_functions_become_the_entropy_bonus() -> None:
+    """Trinity-RFT's default (older: basic) and mix entropy loss functions subtract entropy_coef x the token-mean
+    entropy: actor.entropy_coeff (mix's over the RL rows, as rlkit's); none is off; the verl trainer config's
+    ppo_epochs are rlkit's; an unknown function or a negative coefficient is refused naming it."""
+    for fn in ("default", "basic", "mix"):
+        mapping, fates = _to_rlkit(_trinity(**{"algorithm.entropy_loss_fn": fn,
+                                               "algorithm.entropy_loss_fn_args": {"entropy_coef": 0.01}}), "t")
+        assert mapping["actor"]["entropy_coeff"] == 0.01, fn
+        said = {f.key: f.fate for f in fates}
+        assert said["algorithm.entropy_loss_fn_args.entropy_coef"].startswith("moved to actor.entropy_coeff")
+        assert ("RL rows" in said["algorithm.entropy_loss_fn"]) == (fn == "mix")
+    only_args, _ = _to_rlkit(_trinity(**{"algorithm.entropy_loss_fn": None,
+                                         "algorithm.entropy_loss_fn_args": {"entropy_coef": 0.02}}), "t")
+    assert only_args["actor"]["entropy_coeff"] == 0.02  # the algorithm's default function reads it
+    off, fates = _to_rlkit(_trinity(**{"algorithm.entropy_loss_fn": "none",
+                                       "algorithm.entropy_loss_fn_args": {"entropy_coef": 0.5}}), "t")
+    assert "entropy_coeff" not in off["actor"]
+    assert {f.key: f.fate for f in fates}["algorithm.entropy_loss_fn_args.entropy_coef"].startswith("left out (")
+    verl = "trainer.trainer_config"
+    epochs, _ = _to_rlkit(_trinity(**{f"{verl}.actor_rollout_ref.actor.ppo_epochs": 2,
+                                      f"{verl}.critic.ppo_epochs": 3}), "t")
+    assert (epochs["actor"]["ppo_epochs"], epochs["critic"]["ppo_epochs"]) == (2, 3)
+    for bad, says in ((dict(entropy_loss_fn="max_entropy"), "algorithm.entropy_loss_fn 'max_entropy' (t) is not one"),
+                      (dict(entropy_loss_fn_args={"entropy_coef": -1}),
+                       "algorithm.entropy_loss_fn_args.entropy_coef -1 (t) is not a number >= 0")):
+        with pytest.raises(ConfigError) as info:
+            _to_rlkit(_trinity(**{f"algorithm.{k}": v for k, v in bad.items()}), "t")
+        assert says in str(info.value)

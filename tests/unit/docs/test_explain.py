@@ -54,8 +54,10 @@ def test_another_systems_key_names_rlkits() -> None:
     lines = explain_lines("data.train_batch_size")
     assert lines[0].startswith("verl's data.train_batch_size is rlkit's train_dataset.batch_size")
     assert lines[1].startswith("train_dataset.batch_size  (integer, default 1, range >= 1)")
+    assert explain_lines("actor_rollout_ref.ref.fsdp_config.param_offload")[0].startswith(
+        "verl's actor_rollout_ref.ref.fsdp_config.param_offload: rlkit has no such key")
     assert explain_lines("actor_rollout_ref.actor.entropy_coeff")[0].startswith(
-        "verl's actor_rollout_ref.actor.entropy_coeff: rlkit has no such key")
+        "verl's actor_rollout_ref.actor.entropy_coeff is rlkit's actor.entropy_coeff")
 
 
 def test_a_list_entrys_field_is_found_by_index() -> None:

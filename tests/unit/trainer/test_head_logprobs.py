@@ -216,3 +216,69 @@ def test_sft_and_dpo_losses_take_the_chunked_path(tiny_model_dir: Path) -> None:
     pairs = pack_pairs([Pair(3, (10, 11, 12), (20, 21), (30,)), Pair(8, (13,), (22, 23, 24), (31, 32))], pad_id=0)
     assert_relative(answer_logps(model, pairs, chunk_tokens=3).detach(),
                     answer_logps(model, pairs, chunk_tokens=0).detach(), "dpo answer log-prob sums")
+
+
+def _entropy_run(model: nn.Module, ids: Tensor, mask: Tensor, *, chunk: int, temperature: float) -> Result:
+    """Entropies with gradient (the entropy bonus) and every trainable parameter's gradient of a weighted sum of
+    them over the real positions."""
+    model.zero_grad(set_to_none=True)
+    logp, entropy = model_token_logprobs(model, ids, mask, temperature=temperature, chunk_tokens=chunk,
+                                         entropy_grad=True)
+    assert entropy is not None and entropy.requires_grad
+    weights = torch.linspace(-1.0, 2.0, entropy.numel()).view_as(entropy)
+    (entropy * weights * mask[:, 1:]).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize(("chunk", "temperature"), [(5, 1.0), (7, 0.7), (1000, 1.3)])
+def test_the_entropys_gradient_through_chunks_equals_the_full_logits_one(model: nn.Module, chunk: int,
+                                                                        temperature: float) -> None:
+    """The entropy bonus differentiates the entropy; through the chunks (recomputed in backward) it is the full
+    logits' entropy, value and gradient, at the sampling temperature."""
+    ids, mask = _batch(model.config.vocab_size)
+    full_logp, full_entropy, full_grads = _entropy_run(model, ids, mask, chunk=0, temperature=temperature)
+    logp, entropy, grads = _entropy_run(model, ids, mask, chunk=chunk, temperature=temperature)
+    assert entropy is not None and full_entropy is not None
+    assert_relative(logp, full_logp, "log-probs")
+    assert_relative(entropy, full_entropy, "entropies")
+    hand = torch.distributions.Categorical(logits=model(input_ids=ids, attention_mask=mask).logits[:, :-1].detach()
+                                           / temperature).entropy()
+    assert_relative(torch.where(mask[:, 1:].bool(), full_entropy, 0.0), torch.where(mask[:, 1:].bool(), hand, 0.0),
+                    "entropies against torch.distributions")
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert set(grads) == set(full_grads) == trainable
+    for name, grad in full_grads.items():
+        assert_relative(grads[name], grad, f"entropy gradient of {name}")
+
+
+def test_without_entropy_gradient_nothing_changes(tiny_model_dir: Path) -> None:
+    """The entropy as a statistic (the bonus off) carries no gradient, and the log-probs and their gradient are
+    bit-identical to a call that asks for no entropy at all."""
+    model = _causal_lm(tiny_model_dir)
+    ids, mask = _batch(model.config.vocab_size)
+    for chunk in (0, 5):
+        plain = _run(model, ids, mask, chunk=chunk, temperature=0.7)
+        model.zero_grad(set_to_none=True)
+        logp, entropy = model_token_logprobs(model, ids, mask, temperature=0.7, chunk_tokens=chunk)
+        assert entropy is None
+        (logp * torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp) * mask[:, 1:]).sum().backward()
+        assert plain[1] is not None and not plain[1].requires_grad
+        assert torch.equal(plain[0], logp.detach())
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.equal(plain[2][name], p.grad), name
+
+
+def test_the_entropy_gradient_recomputes_one_chunk_at_a_time(tiny_model_dir: Path) -> None:
+    """With the entropy's gradient the head still sees one chunk at a time, in backward too."""
+    model = _causal_lm(tiny_model_dir)
+    set_packing(model, False)
+    head = head_of(model)
+    spy = HeadSpy(head)
+    head.forward = spy
+    ids, mask = _batch(model.config.vocab_size)
+    logp, entropy = model_token_logprobs(model, ids, mask, chunk_tokens=8, entropy_grad=True)
+    assert entropy is not None
+    assert spy.rows == [8, 8, 8, 8, 4]
+    (logp.sum() + entropy.sum()).backward()
+    assert spy.rows[5:] == [4, 8, 8, 8, 8]

@@ -1,11 +1,11 @@
 """Ulysses sequence parallelism equals one rank (issue 46, part 4's done-when): one grpo step (a reference's KL loss,
-the decoupled loss, chunked log-probs: also ppo's actor step), one ppo critic step (its values, value loss and
-gradients; the critic's engine beside the actor's in one process, as ppo's trainer holds them) and one sft step (full
-logits, gradient checkpointing: its recompute in backward runs the all-to-all again) on 2 gloo ranks with
-`ulysses_sp_size=2` give the loss, the per-sample log-probs (values) and every gradient of the same step on 1 rank
-within 1e-5 (float32, the tiny Qwen2: 2 attention heads, 1 KV head repeated for the two ranks), packed rows split and
-padded rows run whole; the packed rows really ran sequence parallel. A random tiny model of every family submit
-accepts splits exactly too."""
+the decoupled loss, chunked log-probs, the entropy bonus's gradient: also ppo's actor step), one ppo critic step (its
+values, value loss and gradients; the critic's engine beside the actor's in one process, as ppo's trainer holds them)
+and one sft step (full logits, gradient checkpointing: its recompute in backward runs the all-to-all again) on 2 gloo
+ranks with `ulysses_sp_size=2` give the loss, the per-sample log-probs (values) and every gradient of the same step
+on 1 rank within 1e-5 (float32, the tiny Qwen2: 2 attention heads, 1 KV head repeated for the two ranks), packed rows
+split and padded rows run whole; the packed rows really ran sequence parallel. A random tiny model of every family
+submit accepts splits exactly too."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.helpers.gloo_ranks import run_ranks
 from tests.unit.trainer.test_packed_steps import TOLERANCE, assert_same, relative
 
 WORKER = "import sys\nfrom tests.helpers.ulysses_steps import main\nmain(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
-JOBS = ["grpo", "ppo_critic", "sft_checkpointed_full_logits"]
+JOBS = ["grpo", "grpo_full_logits", "ppo_critic", "sft_checkpointed_full_logits"]
 
 
 @pytest.fixture(scope="module")
