@@ -39,13 +39,18 @@ def _row(name: str) -> dict[str, object] | None:
     return next((r for r in rows if r["name"] == name), None)
 
 
-def wait_for(name: str, timeout: float, *, every: float = 5.0) -> tuple[str, dict[str, object] | None]:
+def wait_for(name: str, timeout: float, *, every: float = 5.0, unlisted: float = 120.0
+             ) -> tuple[str, dict[str, object] | None]:
     """Poll the trial's status row (`_row`: what `rlkit status --json` shows) until its job has ended; print progress
-    lines meanwhile. Its last state and status row (None: never listed)."""
-    deadline = time.monotonic() + timeout
+    lines meanwhile. Its last state and status row (None: never listed). A submitted trial is listed at once (its
+    record), so one still unlisted after `unlisted` seconds is a wrong name: say so rather than wait out `timeout`."""
+    started = time.monotonic()
+    deadline = started + timeout
     state, last, row = "PENDING", "", None
     while time.monotonic() < deadline:
         row = _row(name)
+        if row is None and time.monotonic() - started > unlisted:
+            return "NOT LISTED", None
         if row is not None:
             state = str(row["state"])
             line = f"  {name}: {state} step {row.get('step') or '-'} reward {row.get('reward') or '-'}"
@@ -58,12 +63,16 @@ def wait_for(name: str, timeout: float, *, every: float = 5.0) -> tuple[str, dic
     return state, row
 
 
-def _trials(config: Path, trial: str) -> list[str]:
-    """The submitted config's trials: a staged run's stage trials in order (its own record), else the one trial."""
-    from rlkit.config.load import read_yaml
+def _trials(config: Path, trial: str, overrides: list[str]) -> list[str]:
+    """The submitted config's trials: a staged run's stage trials in order (its own record), else the one trial;
+    named as submit named them (`experiment_name=` and `trial_name=` overrides win over the file and
+    RLKIT_DEMO_TRIAL)."""
+    from rlkit.config.load import parse_overrides, read_yaml
     from rlkit.trials.stage_runs import find_run
 
-    experiment = str(read_yaml(config)["experiment_name"])
+    given = parse_overrides(overrides)  # submit accepted them
+    experiment = str(given.get("experiment_name") or read_yaml(config)["experiment_name"])
+    trial = str(given.get("trial_name") or trial)
     run = find_run(f"{experiment}/{trial}")
     return [f"{experiment}/{stage.trial}" for stage in run.stages] if run else [f"{experiment}/{trial}"]
 
@@ -124,12 +133,16 @@ def run(demo: Demo, overrides: list[str] | None = None) -> int:
     print(submitted.stdout + submitted.stderr, end="", flush=True)
     if submitted.returncode != 0:
         return submitted.returncode
-    for name in _trials(config, trial):
+    for name in _trials(config, trial, overrides):
         state, row = wait_for(name, 3600)
         print(f"$ rlkit status {name}", flush=True)
         shown = rlkit("status", name)
         print(shown.stdout + shown.stderr, end="")
         trial_dir = Path(str(row["trial_dir"])) if row is not None else None
+        if state == "NOT LISTED":
+            print(f"demo {demo.name}: `rlkit status` does not list {name} two minutes after its submit; `rlkit status` "
+                  "lists the trials there are")
+            return 1
         if state != "COMPLETED" or trial_dir is None:
             print(f"demo {demo.name}: {name} ended in state {state}; see `rlkit status {name}` and `rlkit logs {name}`")
             return 1

@@ -66,3 +66,22 @@ def test_the_default_fileroot_another_user_could_have_taken_is_refused(tmp_path:
         assert f"demo fileroot {taken}: others may write in it (mode 777)" in err and submitted == []
     finally:
         taken.rmdir()
+
+
+def test_the_demo_follows_the_trial_its_overrides_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlkit demo grpo experiment_name=x trial_name=y` submits x/y: the demo follows x/y, not the file's name (it once
+    waited an hour for a trial that did not exist)."""
+    monkeypatch.setattr("rlkit.trials.stage_runs.find_run", lambda name: None)
+    config = REPO / "configs" / DEMOS["grpo"].config
+    assert demo._trials(config, "t1", []) == ["demo-grpo/t1"]
+    assert demo._trials(config, "t1", ["seed=2", "experiment_name=mine"]) == ["mine/t1"]
+    assert demo._trials(config, "t1", ["trial_name=try2", "experiment_name=mine"]) == ["mine/try2"]
+
+
+def test_a_trial_that_is_never_listed_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "_row", lambda name: None)
+    monkeypatch.setattr(demo.time, "sleep", lambda s: None)
+    clock = iter(range(0, 10_000, 30))  # each poll 30 s later
+    monkeypatch.setattr(demo.time, "monotonic", lambda: float(next(clock)))
+    assert demo.wait_for("nobody/none", 3600) == ("NOT LISTED", None)
+    assert next(clock) < 300, "given up after about two minutes, not the hour"
