@@ -239,12 +239,13 @@ def main(model_dir: str, tied_dir: str, out: str, chunk: int) -> None:
         "grpo": _actor(cfg(importance_sampling_level="token"), env, device, samples),
         "grpo_gspo_tied": _actor(cfg(path=tied_dir, ppo_epochs=2), env, device, samples),  # each pass's steps
         "grpo_lora": _actor(cfg(entropy_coeff=0.05, **lora), env, device, samples),  # the entropy's gradient too
-        # actor.loss_agg_mode: a mean over sequences (cut completions dropped: rows with no trained token), and
-        # Dr.GRPO's constant
-        "grpo_seq_mean": _actor(cfg(loss_agg_mode="seq-mean-token-mean", mask_no_eos_with_zero=True), env, device,
-                                samples),
+        # actor.loss_agg_mode: a mean over sequences (cut completions dropped: rows with no trained token; the entropy
+        # bonus averaged alike), and Dr.GRPO's constant under SAPO's gate (which takes no decoupled loss)
+        "grpo_seq_mean": _actor(cfg(loss_agg_mode="seq-mean-token-mean", mask_no_eos_with_zero=True,
+                                    entropy_coeff=0.05), env, device, samples),
         "grpo_seq_norm": _actor(cfg(importance_sampling_level="token", loss_agg_mode="seq-mean-token-sum-norm",
-                                    loss_scale_factor=16), env, device, samples),
+                                    loss_scale_factor=16, use_sapo_loss=True, use_decoupled_loss=False), env, device,
+                                samples),
         "ppo_critic": _critic(cfg(), env, device, samples),
         "sft": _sft(cfg(), env, device, examples),
         "sft_lora_tied": _sft(cfg(path=tied_dir, **lora), env, device, examples),

@@ -1,10 +1,11 @@
 """Packed equals padded, and one rank equals two (issue 46's done-when): one step of every job type (grpo with a
 reference's KL loss, GSPO on a tied-embedding model with two passes (ppo_epochs), LoRA with the entropy bonus, the
-per-sequence actor.loss_agg_modes; ppo's critic; sft, plain and LoRA on a tied model; rw; dpo with its frozen
-reference) through the real micro-batching, losses and engine on the tiny model in float32, on 1 and 2 gloo ranks
-(tests/helpers/packed_steps.py). The loss, the per-sample log-probs and values the algorithm gets back and every
-parameter's gradient agree within 1e-5 (relative: a per-sample result to the largest of the batch, a gradient to its
-tensor's largest, at least 1% of the step's largest), packed against padded and 1 rank against 2."""
+per-sequence actor.loss_agg_modes (with the entropy bonus; with SAPO); ppo's critic; sft, plain and LoRA on a tied
+model; rw; dpo with its frozen reference) through the real micro-batching, losses and engine on the tiny model in
+float32, on 1 and 2 gloo ranks (tests/helpers/packed_steps.py). The loss, the per-sample log-probs and values the
+algorithm gets back and every parameter's gradient agree within 1e-5 (relative: a per-sample result to the largest of
+the batch, a gradient to its tensor's largest, at least 1% of the step's largest), packed against padded and 1 rank
+against 2."""
 
 from __future__ import annotations
 
