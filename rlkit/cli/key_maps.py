@@ -51,6 +51,11 @@ VERL = (
     _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
     _m("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher"),
     _m("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip"),
+    _m("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.importance_sampling_level", "vanilla: the default; "
+       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; verl's other modes are not "
+       "built"),
+    _m("actor_rollout_ref.actor.policy_loss.tau_pos", "actor.sapo_tau_pos", "SAPO's temperature for A > 0"),
+    _m("actor_rollout_ref.actor.policy_loss.tau_neg", "actor.sapo_tau_neg", "SAPO's temperature for A <= 0"),
     _m("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),
     _m("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef"),
     _m("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
