@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.config.verl.mapping import is_count, RunMapping
+from rlkit.config.verl.mapping import RunMapping, is_count
 
 ROLLOUT = "actor_rollout_ref.rollout"
 ENGINES = ("vllm", "sglang")

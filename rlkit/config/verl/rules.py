@@ -15,7 +15,7 @@ from typing import Any
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
-from rlkit.config.verl.mapping import VerlKey, is_count, RunMapping, put
+from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 
 ARR = "actor_rollout_ref"
 ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
