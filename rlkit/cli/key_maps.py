@@ -240,7 +240,13 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
     "verl": (VERL, "verl", "verl describes a job as one Hydra config run by Ray on the nodes you give it; rlkit "
              "describes it as one YAML that becomes one Slurm job. verl's `actor_rollout_ref` splits into rlkit's "
              "`actor`, `ref` and the server sections (`vllm`, `sglang`), and the GPU split of trainer and servers "
-             "is one string, `allocation_mode` (e.g. `vllm:d2t2+fsdp:d4`)."),
+             "is one string, `allocation_mode` (e.g. `vllm:d2t2+fsdp:d4`). `rlkit migrate run_grpo.sh` reads your run "
+             "script (the key=value words of its `verl.trainer.main_ppo` command; `$VAR`s stay as written, named in "
+             "the header) or a verl YAML file, and prints the rlkit config it becomes: each verl key moved, "
+             "converted (a mini-batch size becomes a count, `low_var_kl` becomes `k3`, `adv_estimator` the job type), "
+             "left out with the reason below, or refused with its fix. verl runs rollout and training on the same "
+             "GPUs in turn; rlkit gives servers and trainer GPUs of their own, so migrate splits the run's GPUs "
+             "about in half (the header says how; pass `allocation_mode=...` for another split)."),
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "

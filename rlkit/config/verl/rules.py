@@ -202,6 +202,9 @@ def _special(m: RunMapping) -> None:
         else:
             m.refuse(resume, "rlkit resumes a trial by its name, not from a path",
                      "use auto or disable, and `rlkit resume TRIAL` to resume")
+    if "data.val_files" in leaves and "trainer.val_before_train" not in leaves:
+        put(m.out, "evaluator.eval_on_startup", True)  # verl validates before training unless told not to
+        m.fate("trainer.val_before_train", "moved to evaluator.eval_on_startup as true, verl's default")
     _loggers(m)
     for key in ("trainer.project_name", "trainer.experiment_name"):  # rlkit requires both
         if key not in leaves:
