@@ -130,8 +130,9 @@ def check_known(data: dict[str, Any], source: str) -> None:
     if data and not is_trinity(data) and not known & set(data):
         raise ConfigError(f"{source} is neither an rlkit (AReaL) config nor a Trinity-RFT config: none of its "
                           f"top-level keys ({', '.join(sorted(map(str, data))[:8])}) is one of theirs",
-                          hint="rlkit migrate reads AReaL and Trinity-RFT configs (Trinity-RFT's have "
-                               f"{', '.join(TRINITY_SECTIONS)} sections)")
+                          hint="rlkit migrate reads AReaL, Trinity-RFT and verl configs (Trinity-RFT's have "
+                               f"{', '.join(TRINITY_SECTIONS)} sections, verl's actor_rollout_ref or "
+                               "algorithm.adv_estimator) and verl run scripts (python3 -m verl.trainer.main_ppo ...)")
 
 
 def _leaves(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -31,6 +31,10 @@ NOT_BUILT_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "
 RESUME = {"auto": "auto", "disable": "disabled"}
 LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
 ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS}
+# verl's defaults for the run's shape and names, written when the run leaves them unset (rlkit's differ or are
+# required): verl/trainer/config/ppo_trainer.yaml
+RUN_DEFAULTS = {"data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
+                "trainer.project_name": "verl_examples", "trainer.experiment_name": "gsm8k"}
 
 
 def verl_to_rlkit(leaves: dict[str, Any], source: str,
@@ -158,6 +162,8 @@ def _divisor(batch: int, near: int) -> int:
 def _special(m: RunMapping) -> None:
     """The keys whose value changes: LoRA's rank, the loss mode, data files, the reward, the triggers, loggers."""
     leaves = m.leaves
+    if f"{ACTOR}.clip_ratio" in leaves and f"{ACTOR}.clip_ratio_low" in leaves:
+        m.left(f"{ACTOR}.clip_ratio", "clip_ratio_low is set, and wins, as in verl")
     lora = f"{ARR}.model.lora_rank"
     if lora in leaves:
         rank = leaves[lora]
@@ -206,11 +212,10 @@ def _special(m: RunMapping) -> None:
         put(m.out, "evaluator.eval_on_startup", True)  # verl validates before training unless told not to
         m.fate("trainer.val_before_train", "moved to evaluator.eval_on_startup as true, verl's default")
     _loggers(m)
-    for key in ("trainer.project_name", "trainer.experiment_name"):  # rlkit requires both
+    for key, default in RUN_DEFAULTS.items():  # the run's shape as verl would run it (rlkit's defaults differ)
         if key not in leaves:
-            name = "verl_examples" if key.endswith("project_name") else "gsm8k"
-            put(m.out, ROWS[key][0], name)
-            m.fate(key, f"moved to {ROWS[key][0]} as {name}, verl's default")
+            put(m.out, ROWS[key][0], default)
+            m.fate(key, f"moved to {ROWS[key][0]} as {default}, verl's default")
 
 
 def _loggers(m: RunMapping) -> None:

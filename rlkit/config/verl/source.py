@@ -54,9 +54,10 @@ def is_verl_yaml(data: dict[str, Any]) -> bool:
 
 
 def script_text(path: Path) -> str | None:
-    """The text of `path` when it is a verl run script (it names verl.trainer.main_ppo), else None."""
+    """The text of `path` when it is a verl run script (it names verl.trainer.main_ppo and is no YAML file), else
+    None."""
     try:
-        if not path.is_file() or path.stat().st_size > SCRIPT_LIMIT:
+        if path.suffix in (".yaml", ".yml", ".json") or not path.is_file() or path.stat().st_size > SCRIPT_LIMIT:
             return None
         text = path.read_text()
     except (OSError, UnicodeDecodeError):
@@ -107,7 +108,26 @@ def read_script(text: str, source: str) -> VerlRun:
     run = VerlRun({}, assigned=assigned)
     for word in commands[0][1]:
         _take(word, run)
+    if any(isinstance(value, str) and "${" in value for value in run.leaves.values()):
+        run.leaves = _resolved(run.leaves, source)
     return run
+
+
+def _resolved(leaves: dict[str, Any], source: str) -> dict[str, Any]:
+    """The values' Hydra references to the run's own keys (`'${trainer.project_name}'`, quoted away from the shell)
+    resolved as verl's Hydra resolves them: rlkit's file will not have verl's keys. A key both set and nested under
+    (`a.b=1 a.b.c=2`) keeps the later."""
+    tree: dict[str, Any] = {}
+    for key, value in leaves.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    resolved, _ = resolve_references(tree, source)
+    return dict(_leaves(resolved))
 
 
 def _words(line: str, source: str, number: int) -> list[str]:

@@ -301,3 +301,18 @@ def test_a_validation_set_is_evaluated_before_training_as_verl_does() -> None:
     assert {f.key: f.fate for f in fates}["trainer.val_before_train"].endswith("verl's default")
     mapping, _ = verl_to_rlkit({"data.val_files": "/v.parquet", "trainer.val_before_train": False}, "t")
     assert mapping["evaluator"] == {"eval_on_startup": False}
+
+
+def test_hydra_references_and_verl_defaults_in_a_script() -> None:
+    """`'${trainer.project_name}'` (quoted away from the shell) is Hydra's reference to the run's own key, resolved;
+    clip_ratio_low wins over clip_ratio as in verl; the run's shape keeps verl's defaults where the script is silent."""
+    run = read_script("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo trainer.project_name=pp "
+                      "trainer.default_local_dir='/ckpt/${trainer.project_name}' "
+                      "actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio=0.3", "t")
+    assert run.leaves["trainer.default_local_dir"] == "/ckpt/pp" and not run.variables
+    mapping, fates = verl_to_rlkit(run.leaves, "t")
+    assert mapping["cluster"]["fileroot"] == "/ckpt/pp" and mapping["actor"]["eps_clip"] == 0.2
+    assert (mapping["train_dataset"], mapping["gconfig"]["max_new_tokens"]) == \
+        ({"batch_size": 1024, "max_length": 512}, 512)
+    assert (mapping["experiment_name"], mapping["trial_name"]) == ("pp", "gsm8k")
+    assert {f.key: f.fate for f in fates}["actor_rollout_ref.actor.clip_ratio"].startswith("left out (clip_ratio_low")
