@@ -97,8 +97,7 @@ def read_script(text: str, source: str) -> VerlRun:
             if match and len(words) == 1 + line.lstrip().startswith("export "):
                 assigned[match.group(1)] = words[-1].split("=", 1)[1]
             continue
-        end = next((i for i in range(at + 1, len(words)) if words[i] and set(words[i]) <= set(";&|<>()")),
-                   len(words))
+        end = next((i for i in range(at + 1, len(words)) if _ends(words, i)), len(words))
         commands.append((number, words[at + 1:end]))
     if len(commands) != 1:
         lines = ", ".join(str(number) for number, _ in commands)
@@ -128,6 +127,13 @@ def _resolved(leaves: dict[str, Any], source: str) -> dict[str, Any]:
         node[last] = value
     resolved, _ = resolve_references(tree, source)
     return dict(_leaves(resolved))
+
+
+def _ends(words: list[str], i: int) -> bool:
+    """Whether the command ends at words[i]: `;`, `&&`, `|`, a redirection (`2>&1`'s 2 included)."""
+    def operator(word: str) -> bool:
+        return bool(word) and set(word) <= set(";&|<>()")
+    return operator(words[i]) or (words[i].isdigit() and i + 1 < len(words) and words[i + 1][:1] in "<>")
 
 
 def _words(line: str, source: str, number: int) -> list[str]:

@@ -162,6 +162,7 @@ def test_a_grpo_script_becomes_an_rlkit_config_that_renders(tmp_path: Path, site
     assert "#   $HOME in data.train_files\n" in text and "#   $HOME in data.val_files\n" in text
     assert "#   $MODEL in actor_rollout_ref.model.path (the script sets MODEL=Qwen/Qwen2.5-3B-Instruct)" in text
     assert "VLLM_ATTENTION_BACKEND" not in said and "tee" not in text and "$@" not in text
+    assert "not key=value" not in text  # 2>&1 ends the command as | does
     rendered = run_rlkit("render", str(clean))
     assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
 
