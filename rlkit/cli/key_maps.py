@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlkit.config.verl.keys import VERL_KEYS
+
 
 @dataclass(frozen=True)
 class KeyMap:
@@ -22,101 +24,7 @@ def _m(their: str, ours: str, note: str = "") -> KeyMap:
     return KeyMap(their, ours, note)
 
 
-VERL = (
-    _m("actor_rollout_ref.model.path", "actor.path"),
-    _m("actor_rollout_ref.model.enable_gradient_checkpointing", "actor.gradient_checkpointing"),
-    _m("actor_rollout_ref.model.lora_rank", "actor.lora_rank", "verl turns LoRA on with a rank > 0; rlkit with "
-       "actor.use_lora: true"),
-    _m("actor_rollout_ref.model.lora_alpha", "actor.lora_alpha"),
-    _m("actor_rollout_ref.model.target_modules", "actor.target_modules"),
-    _m("actor_rollout_ref.actor.optim.lr", "actor.optimizer.lr"),
-    _m("actor_rollout_ref.actor.optim.weight_decay", "actor.optimizer.weight_decay"),
-    _m("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optimizer.warmup_steps_proportion"),
-    _m("actor_rollout_ref.actor.optim.warmup_style", "actor.optimizer.lr_scheduler_type"),
-    _m("actor_rollout_ref.actor.optim.min_lr_ratio", "actor.optimizer.min_lr_ratio"),
-    _m("actor_rollout_ref.actor.grad_clip", "actor.optimizer.gradient_clipping"),
-    _m("actor_rollout_ref.actor.ppo_mini_batch_size", "actor.ppo_n_minibatches", "verl gives the size of a "
-       "minibatch, rlkit the number of minibatches (optimizer steps) per training step"),
-    _m("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.mb_spec.n_mbs", "rlkit sets the number of "
-       "micro-batches, or a token budget per micro-batch (actor.mb_spec.max_tokens_per_mb)"),
-    _m("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
-    _m("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
-       "packed rows of grpo, opmd, sft and ppo"),
-    _m("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sp_size", "ppo: must equal the actor's"),
-    _m("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
-    _m("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches each pass, as verl's "
-       "with its default shuffle: false"),
-    _m("critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs, as in verl"),
-    _m("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip"),
-    _m("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip"),
-    _m("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher"),
-    _m("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip"),
-    _m("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.importance_sampling_level", "vanilla: the default; "
-       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; verl's other modes are not "
-       "built"),
-    _m("actor_rollout_ref.actor.policy_loss.tau_pos", "actor.sapo_tau_pos", "SAPO's temperature for A > 0"),
-    _m("actor_rollout_ref.actor.policy_loss.tau_neg", "actor.sapo_tau_neg", "SAPO's temperature for A <= 0"),
-    _m("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),
-    _m("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef"),
-    _m("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
-       "(verl's kl, mse, low_var_kl)"),
-    _m("actor_rollout_ref.actor.entropy_coeff", "actor.entropy_coeff", "the entropy is averaged as the policy loss is "
-       "(actor.loss_agg_mode), as in verl"),
-    _m("actor_rollout_ref.actor.loss_agg_mode", "actor.loss_agg_mode", "the same four names, over every rank's "
-       "minibatch; the KL loss term is averaged the same way, the critic's value loss stays a token-mean"),
-    _m("actor_rollout_ref.actor.loss_scale_factor", "actor.loss_scale_factor", "seq-mean-token-sum-norm's constant; "
-       "verl's default is the padded response length, rlkit's gconfig.max_new_tokens"),
-    _m("actor_rollout_ref.rollout.name", "allocation_mode", "the engine is the first part of allocation_mode "
-       "(vllm:... or sglang:...)"),
-    _m("actor_rollout_ref.rollout.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. "
-       "vllm:d2t4"),
-    _m("actor_rollout_ref.rollout.n", "gconfig.n_samples"),
-    _m("actor_rollout_ref.rollout.temperature", "gconfig.temperature"),
-    _m("actor_rollout_ref.rollout.top_p", "gconfig.top_p"),
-    _m("actor_rollout_ref.rollout.top_k", "gconfig.top_k"),
-    _m("actor_rollout_ref.rollout.gpu_memory_utilization", "vllm.gpu_memory_utilization", "sglang: "
-       "sglang.mem_fraction_static"),
-    _m("actor_rollout_ref.rollout.enforce_eager", "vllm.enforce_eager"),
-    _m("actor_rollout_ref.rollout.max_num_seqs", "vllm.max_num_seqs"),
-    _m("actor_rollout_ref.ref.fsdp_config.param_offload", "", "rlkit offloads nothing"),
-    _m("critic.model.path", "critic.path"),
-    _m("critic.optim.lr", "critic.optimizer.lr"),
-    _m("critic.cliprange_value", "critic.eps_clip"),
-    _m("algorithm.adv_estimator", "type", "grpo: type grpo; gae: type ppo (a critic)"),
-    _m("algorithm.gamma", "actor.discount"),
-    _m("algorithm.lam", "actor.gae_lambda"),
-    _m("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),
-    _m("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "a fixed coefficient (no adaptive controller)"),
-    _m("algorithm.kl_penalty", "actor.kl_estimator", "rlkit names the estimators k1, k2, k3"),
-    _m("algorithm.norm_adv_by_std_in_grpo", "actor.reward_norm.std_level", "group: divide by the group's std; "
-       "null: do not (Dr. GRPO)"),
-    _m("data.train_files", "train_dataset.path"),
-    _m("data.val_files", "valid_dataset.path"),
-    _m("data.train_batch_size", "train_dataset.batch_size", "prompts per training step, as in verl"),
-    _m("data.prompt_key", "train_dataset.prompt_key"),
-    _m("data.max_prompt_length", "train_dataset.max_length", "rlkit drops longer prompts (counted in the trainer "
-       "log) instead of truncating them"),
-    _m("data.max_response_length", "gconfig.max_new_tokens"),
-    _m("data.shuffle", "train_dataset.shuffle"),
-    _m("custom_reward_function.path", "reward.fn", "rlkit names file and function in one value: "
-       "/path/file.py:function or module.path:function"),
-    _m("trainer.project_name", "experiment_name"),
-    _m("trainer.experiment_name", "trial_name"),
-    _m("trainer.nnodes", "cluster.n_nodes"),
-    _m("trainer.n_gpus_per_node", "cluster.n_gpus_per_node"),
-    _m("trainer.total_epochs", "total_train_epochs"),
-    _m("trainer.total_training_steps", "total_train_steps"),
-    _m("trainer.save_freq", "recover.freq_steps", "recover checkpoints (resume); Hugging Face models for use: "
-       "saver.freq_steps"),
-    _m("trainer.resume_mode", "recover.mode"),
-    _m("trainer.max_actor_ckpt_to_keep", "recover.keep_last"),
-    _m("trainer.test_freq", "evaluator.freq_steps"),
-    _m("trainer.val_before_train", "evaluator.eval_on_startup"),
-    _m("trainer.default_local_dir", "cluster.fileroot", "rlkit puts every trial under <fileroot>/<experiment>/"
-       "<trial>"),
-    _m("trainer.logger", "stats_logger.wandb.mode", "each sink has its own section: stats_logger.wandb, "
-       "stats_logger.tensorboard, stats_logger.swanlab; metrics.jsonl is always written"),
-)
+VERL = tuple(_m(*row) for row in VERL_KEYS)
 
 TRINITY = (
     _m("project", "experiment_name"),
@@ -332,7 +240,13 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
     "verl": (VERL, "verl", "verl describes a job as one Hydra config run by Ray on the nodes you give it; rlkit "
              "describes it as one YAML that becomes one Slurm job. verl's `actor_rollout_ref` splits into rlkit's "
              "`actor`, `ref` and the server sections (`vllm`, `sglang`), and the GPU split of trainer and servers "
-             "is one string, `allocation_mode` (e.g. `vllm:d2t2+fsdp:d4`)."),
+             "is one string, `allocation_mode` (e.g. `vllm:d2t2+fsdp:d4`). `rlkit migrate run_grpo.sh` reads your run "
+             "script (the key=value words of its `verl.trainer.main_ppo` command; `$VAR`s stay as written, named in "
+             "the header) or a verl YAML file, and prints the rlkit config it becomes: each verl key moved, "
+             "converted (a mini-batch size becomes a count, `low_var_kl` becomes `k3`, `adv_estimator` the job type), "
+             "left out with the reason below, or refused with its fix. verl runs rollout and training on the same "
+             "GPUs in turn; rlkit gives servers and trainer GPUs of their own, so migrate splits the run's GPUs "
+             "about in half (the header says how; pass `allocation_mode=...` for another split)."),
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "

@@ -154,14 +154,15 @@ def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
 
 @app.command()
 def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> None:
-    """Print the rlkit config an AReaL or Trinity-RFT config file becomes (overrides such as type=grpo merged in),
-    every key rlkit has no field for listed in its header with what became of it. Checked as render checks."""
+    """Print the rlkit config an AReaL, Trinity-RFT or verl config file (or verl run script: rlkit migrate
+    run_grpo.sh) becomes (overrides such as type=grpo merged in), every key rlkit has no field for listed in its
+    header with what became of it. Checked as render checks."""
     from rlkit.config.areal.migrate import migrate as migrate_file
-    from rlkit.config.trinity import as_rlkit_file
+    from rlkit.config.verl.migrate import as_rlkit_file
     from rlkit.jobs import REGISTRY
     from rlkit.launch.submit import prepare
 
-    with as_rlkit_file(config, REGISTRY.trinity_algorithms) as (source, trinity_header):
+    with as_rlkit_file(config, REGISTRY.trinity_algorithms, overrides or []) as (source, trinity_header):
         text, _ = migrate_file(source, overrides or [], REGISTRY)
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
         # refuse here what render would refuse, before the user keeps the file

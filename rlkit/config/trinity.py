@@ -30,6 +30,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
+from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.errors import ConfigError, ConfigErrors
 
 TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
@@ -37,6 +38,9 @@ TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
 _AUX = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
 _WARMUP = "buffer.trainer_input.sft_warmup_dataset"  # older Trinity-RFT releases' name of the expert data
 _VERL = "trainer.trainer_config"  # the verl trainer's own config, inline (its configuration guide's advanced part)
+# its keys read here by verl's names: the ones whose value is rlkit's as it stands, and that Trinity-RFT's own
+# sections do not set (its optimizer, KL and entropy settings come from its algorithm section)
+_VERL_RENAMED = ("actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs")
 
 # Trinity-RFT key -> rlkit key, the value unchanged
 RENAMES: dict[str, str] = {
@@ -81,8 +85,8 @@ RENAMES: dict[str, str] = {
     "trainer.grad_clip": "actor.optimizer.gradient_clipping",
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
-    f"{_VERL}.actor_rollout_ref.actor.ppo_epochs": "actor.ppo_epochs",
-    f"{_VERL}.critic.ppo_epochs": "critic.ppo_epochs",
+    # the verl trainer config it embeds: verl's own names (rlkit.config.verl.keys), one source for both
+    **{f"{_VERL}.{their}": ours for their, ours, _ in VERL_KEYS if their in _VERL_RENAMED},
 }
 
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
@@ -126,8 +130,9 @@ def check_known(data: dict[str, Any], source: str) -> None:
     if data and not is_trinity(data) and not known & set(data):
         raise ConfigError(f"{source} is neither an rlkit (AReaL) config nor a Trinity-RFT config: none of its "
                           f"top-level keys ({', '.join(sorted(map(str, data))[:8])}) is one of theirs",
-                          hint="rlkit migrate reads AReaL and Trinity-RFT configs (Trinity-RFT's have "
-                               f"{', '.join(TRINITY_SECTIONS)} sections)")
+                          hint="rlkit migrate reads AReaL, Trinity-RFT and verl configs (Trinity-RFT's have "
+                               f"{', '.join(TRINITY_SECTIONS)} sections, verl's actor_rollout_ref or "
+                               "algorithm.adv_estimator) and verl run scripts (python3 -m verl.trainer.main_ppo ...)")
 
 
 def _leaves(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -277,11 +282,19 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[P
         yield path, ""
         return
     mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
-    with tempfile.TemporaryDirectory(prefix="rlkit-trinity-") as tmp:
+    with written(path, mapping, header(path, fates)) as converted:
+        yield converted
+
+
+@contextmanager
+def written(path: Path, mapping: dict[str, Any], head: str) -> Iterator[tuple[Path, str]]:
+    """Another system's file `path` as its rlkit `mapping`, written to a file of the same name in a temporary
+    directory (render's checks read a file), with the header `head`; an error naming that file names `path`."""
+    with tempfile.TemporaryDirectory(prefix="rlkit-migrate-") as tmp:
         converted = Path(tmp) / path.name
         converted.write_text(yaml.safe_dump(mapping, sort_keys=False))
         try:
-            yield converted, header(path, fates)
+            yield converted, head
         except ConfigError as exc:  # a message names the user's file, not the temporary one gone with this block
             raise _naming(exc, str(converted), str(path)) from None
 

@@ -1,0 +1,157 @@
+"""verl's keys and rlkit's: the single table of names that `rlkit migrate` reads a verl run by (rlkit.config.verl)
+and the "coming from verl" page shows (rlkit/cli/key_maps.py wraps these rows as its VERL table). Each row is (verl
+key, rlkit key or "" when rlkit has none, note: how the two differ, or why rlkit has none). A verl key with no row
+is unknown to rlkit: migrate lists it as such."""
+
+from __future__ import annotations
+
+VERL_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("actor_rollout_ref.model.path", "actor.path", ""),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing", "actor.gradient_checkpointing", ""),
+    ("actor_rollout_ref.model.lora_rank", "actor.lora_rank", "verl turns LoRA on with a rank > 0; rlkit with "
+       "actor.use_lora: true"),
+    ("actor_rollout_ref.model.lora_alpha", "actor.lora_alpha", ""),
+    ("actor_rollout_ref.model.target_modules", "actor.target_modules", ""),
+    ("actor_rollout_ref.actor.optim.lr", "actor.optimizer.lr", ""),
+    ("actor_rollout_ref.actor.optim.weight_decay", "actor.optimizer.weight_decay", ""),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optimizer.warmup_steps_proportion", ""),
+    ("actor_rollout_ref.actor.optim.warmup_style", "actor.optimizer.lr_scheduler_type", ""),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio", "actor.optimizer.min_lr_ratio", ""),
+    ("actor_rollout_ref.actor.grad_clip", "actor.optimizer.gradient_clipping", ""),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", "actor.ppo_n_minibatches", "verl gives the size of a "
+       "minibatch, rlkit the number of minibatches (optimizer steps) per training step"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.mb_spec.n_mbs", "rlkit sets the number of "
+       "micro-batches, or a token budget per micro-batch (actor.mb_spec.max_tokens_per_mb)"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb", ""),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
+       "packed rows of grpo, opmd, sft and ppo"),
+    ("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sp_size", "ppo: must equal the actor's"),
+    ("actor_rollout_ref.model.use_remove_padding", "actor.mb_spec.packing", "rlkit packs by default (true)"),
+    ("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches each pass, as verl's "
+       "with its default shuffle: false"),
+    ("critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs, as in verl"),
+    ("actor_rollout_ref.actor.clip_ratio", "actor.eps_clip", ""),
+    ("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip", ""),
+    ("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher", ""),
+    ("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip", ""),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.importance_sampling_level", "vanilla: the default; "
+       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; verl's other modes are not "
+       "built"),
+    ("actor_rollout_ref.actor.policy_loss.tau_pos", "actor.sapo_tau_pos", "SAPO's temperature for A > 0"),
+    ("actor_rollout_ref.actor.policy_loss.tau_neg", "actor.sapo_tau_neg", "SAPO's temperature for A <= 0"),
+    ("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),
+    ("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef", ""),
+    ("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", "rlkit names the estimators k1, k2, k3 "
+       "(verl's kl, mse, low_var_kl)"),
+    ("actor_rollout_ref.actor.entropy_coeff", "actor.entropy_coeff", "the entropy is averaged as the policy loss is "
+       "(actor.loss_agg_mode), as in verl"),
+    ("actor_rollout_ref.actor.loss_agg_mode", "actor.loss_agg_mode", "the same four names, over every rank's "
+       "minibatch; the KL loss term is averaged the same way, the critic's value loss stays a token-mean"),
+    ("actor_rollout_ref.actor.loss_scale_factor", "actor.loss_scale_factor", "seq-mean-token-sum-norm's constant; "
+       "verl's default is the padded response length, rlkit's gconfig.max_new_tokens"),
+    ("actor_rollout_ref.rollout.name", "allocation_mode", "the engine is the first part of allocation_mode "
+       "(vllm:... or sglang:...)"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. "
+       "vllm:d2t4"),
+    ("actor_rollout_ref.rollout.n", "gconfig.n_samples", ""),
+    ("actor_rollout_ref.rollout.temperature", "gconfig.temperature", ""),
+    ("actor_rollout_ref.rollout.top_p", "gconfig.top_p", ""),
+    ("actor_rollout_ref.rollout.top_k", "gconfig.top_k", ""),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization", "vllm.gpu_memory_utilization", "sglang: "
+       "sglang.mem_fraction_static"),
+    ("actor_rollout_ref.rollout.enforce_eager", "vllm.enforce_eager", ""),
+    ("actor_rollout_ref.rollout.max_num_seqs", "vllm.max_num_seqs", ""),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload", "", "rlkit offloads nothing"),
+    ("critic.model.path", "critic.path", ""),
+    ("critic.optim.lr", "critic.optimizer.lr", ""),
+    ("critic.cliprange_value", "critic.eps_clip", ""),
+    ("algorithm.adv_estimator", "type", "grpo: type grpo (actor.reward_norm at group level, as verl's); rloo: "
+     "type grpo with the leave-one-out group mean; gae (verl's default): type ppo (a critic, advantages whitened "
+     "over the batch: actor.adv_norm); verl's other estimators are not built"),
+    ("algorithm.gamma", "actor.discount", ""),
+    ("algorithm.lam", "actor.gae_lambda", ""),
+    ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),
+    ("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "a fixed coefficient (no adaptive controller)"),
+    ("algorithm.kl_penalty", "actor.kl_estimator", "rlkit names the estimators k1, k2, k3"),
+    ("algorithm.norm_adv_by_std_in_grpo", "actor.reward_norm.std_level", "group: divide by the group's std; "
+       "null: do not (Dr. GRPO)"),
+    ("data.train_files", "train_dataset.path", ""),
+    ("data.val_files", "valid_dataset.path", ""),
+    ("data.train_batch_size", "train_dataset.batch_size", "prompts per training step, as in verl"),
+    ("data.prompt_key", "train_dataset.prompt_key", ""),
+    ("data.max_prompt_length", "train_dataset.max_length", "rlkit drops longer prompts (counted in the trainer "
+       "log) instead of truncating them"),
+    ("data.max_response_length", "gconfig.max_new_tokens", ""),
+    ("data.shuffle", "train_dataset.shuffle", ""),
+    ("custom_reward_function.path", "reward.fn", "rlkit names file and function in one value: "
+       "/path/file.py:function or module.path:function, called as fn(prompt, completion, row), not verl's "
+       "compute_score(data_source, solution_str, ground_truth, extra_info): migrate asks for a reward.fn"),
+    ("custom_reward_function.name", "reward.fn", "the function of custom_reward_function.path"),
+    ("trainer.project_name", "experiment_name", ""),
+    ("trainer.experiment_name", "trial_name", ""),
+    ("trainer.nnodes", "cluster.n_nodes", ""),
+    ("trainer.n_gpus_per_node", "cluster.n_gpus_per_node", ""),
+    ("trainer.total_epochs", "total_train_epochs", ""),
+    ("trainer.total_training_steps", "total_train_steps", ""),
+    ("trainer.save_freq", "recover.freq_steps", "recover checkpoints (resume); Hugging Face models for use: "
+       "saver.freq_steps"),
+    ("trainer.resume_mode", "recover.mode", ""),
+    ("trainer.max_actor_ckpt_to_keep", "recover.keep_last", ""),
+    ("trainer.test_freq", "evaluator.freq_steps", ""),
+    ("trainer.val_before_train", "evaluator.eval_on_startup", ""),
+    ("trainer.default_local_dir", "cluster.fileroot", "rlkit puts every trial under <fileroot>/<experiment>/"
+       "<trial>"),
+    ("trainer.logger", "stats_logger.wandb.mode", "each sink has its own section: stats_logger.wandb, "
+       "stats_logger.tensorboard, stats_logger.swanlab; metrics.jsonl is always written"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", "", "deprecated in verl; rlkit sets actor.mb_spec"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "actor.mb_spec.packing", "token-budgeted micro-batches: rlkit's "
+     "packing, on by default, its budget actor.mb_spec.max_tokens_per_mb"),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload", "", "rlkit offloads nothing"),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "", "rlkit offloads nothing"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "", "the trainer computes log-probs in the "
+     "actor's micro-batches (actor.mb_spec)"),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "", "the trainer computes log-probs in the actor's "
+     "micro-batches (actor.mb_spec)"),
+    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "", "the trainer computes log-probs in the actor's "
+     "micro-batches (actor.mb_spec.max_tokens_per_mb)"),
+    ("actor_rollout_ref.rollout.mode", "", "rlkit's servers always answer asynchronously, over HTTP"),
+    ("actor_rollout_ref.rollout.free_cache_engine", "", "rlkit's servers keep GPUs of their own (nothing is freed "
+     "for training)"),
+    ("actor_rollout_ref.rollout.load_format", "", "rlkit's servers load actor.path and take weight pushes"),
+    ("actor_rollout_ref.rollout.enable_chunked_prefill", "", "vLLM's option: vllm.extra_args"),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens", "", "vLLM's option: vllm.extra_args"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "", "the reference's forwards use the actor's "
+     "micro-batches (actor.mb_spec)"),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "", "the reference's forwards use the actor's micro-batches"),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", "", "the reference's forwards use the actor's "
+     "micro-batches (actor.mb_spec.max_tokens_per_mb)"),
+    ("actor_rollout_ref.ref.fsdp_config.optimizer_offload", "", "rlkit offloads nothing"),
+    ("critic.model.enable_gradient_checkpointing", "critic.gradient_checkpointing", ""),
+    ("critic.model.use_remove_padding", "critic.mb_spec.packing", "rlkit packs by default (true)"),
+    ("critic.model.fsdp_config.param_offload", "", "rlkit offloads nothing"),
+    ("critic.model.fsdp_config.optimizer_offload", "", "rlkit offloads nothing"),
+    ("critic.optim.weight_decay", "critic.optimizer.weight_decay", ""),
+    ("critic.optim.lr_warmup_steps_ratio", "critic.optimizer.warmup_steps_proportion", ""),
+    ("critic.grad_clip", "critic.optimizer.gradient_clipping", ""),
+    ("critic.ppo_mini_batch_size", "critic.ppo_n_minibatches", "a size in verl, a count in rlkit: "
+     "data.train_batch_size / ppo_mini_batch_size (unset: the actor's, as in verl)"),
+    ("critic.ppo_micro_batch_size_per_gpu", "", "rlkit sets the critic's micro-batches in critic.mb_spec"),
+    ("critic.ppo_max_token_len_per_gpu", "critic.mb_spec.max_tokens_per_mb", ""),
+    ("critic.use_dynamic_bsz", "critic.mb_spec.packing", "rlkit packs by default (true)"),
+    ("algorithm.kl_ctrl.type", "", "fixed is rlkit's (actor.kl_ctl); adaptive is not built (migrate refuses it)"),
+    ("algorithm.kl_ctrl.target_kl", "", "the adaptive controller's: rlkit's kl_ctl is fixed"),
+    ("algorithm.kl_ctrl.horizon", "", "the adaptive controller's: rlkit's kl_ctl is fixed"),
+    ("data.filter_overlong_prompts", "", "rlkit always drops prompts longer than train_dataset.max_length"),
+    ("data.truncation", "", "rlkit drops prompts longer than train_dataset.max_length, it truncates none"),
+    ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),
+    ("reward_model.enable", "", "verl's model reward: in rlkit, a model trained by job type rw is reward.fn: "
+     "reward_model"),
+    ("reward_model.reward_manager", "", "rlkit calls reward.fn per completion (its own parallelism: "
+     "reward.num_workers)"),
+    ("trainer.critic_warmup", "", "rlkit trains the actor from the first step (verl's 0); more is not built"),
+    ("trainer.use_legacy_worker_impl", "", "verl's worker code"),
+    ("trainer.balance_batch", "", "verl's reordering of a batch over its ranks: rlkit has no such setting"),
+    ("trainer.device", "", "rlkit runs on the GPUs of allocation_mode"),
+    ("trainer.val_generations_to_log_to_wandb", "", "rlkit has no such setting"),
+    ("trainer.log_val_generations", "", "rlkit has no such setting"),
+)

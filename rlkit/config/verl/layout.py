@@ -1,0 +1,79 @@
+"""verl's GPUs as rlkit's allocation_mode: verl colocates rollout and training on every GPU of the run (nnodes x
+n_gpus_per_node); rlkit runs servers and trainer on GPUs of their own. The split written: about half the GPUs to the
+servers, in whole servers of the rollout's tensor-parallel size, the rest to the trainer (FSDP), so the run keeps its
+GPU count; the header says so, and allocation_mode=... on the command line chooses another split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkit.config.verl.mapping import RunMapping, is_count
+
+ROLLOUT = "actor_rollout_ref.rollout"
+ENGINES = ("vllm", "sglang")
+DEFAULTS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, f"{ROLLOUT}.tensor_model_parallel_size": 2}  # verl's
+VLLM_ONLY = (f"{ROLLOUT}.enforce_eager", f"{ROLLOUT}.max_num_seqs")
+
+
+def split(total: int, tp: int) -> tuple[int, int] | None:
+    """(servers, trainer GPUs) of `total` GPUs: about half to servers of `tp` GPUs each; None when no split leaves
+    both a server and a trainer GPU."""
+    servers = max(1, (total // 2) // tp)
+    trainer = total - servers * tp
+    return (servers, trainer) if trainer >= 1 else None
+
+
+def allocation(m: RunMapping) -> None:
+    """allocation_mode and the cluster's size from the run's GPUs and rollout engine; the engine's memory fraction to
+    its own section."""
+    leaves = m.leaves
+    engine = leaves.get(f"{ROLLOUT}.name", "vllm")
+    name_key = f"{ROLLOUT}.name"
+    if engine not in ENGINES:
+        m.refuse(name_key, "rlkit's servers are vLLM or SGLang", "use vllm or sglang", unless="allocation_mode")
+        return
+    sizes = {key: leaves.get(key, default) for key, default in DEFAULTS.items()}
+    if not all(is_count(v) for v in sizes.values()):
+        for key in [*DEFAULTS, name_key]:
+            if key in leaves and key not in m.done:
+                m.left(key, "not a count here: set allocation_mode, cluster.n_nodes and cluster.n_gpus_per_node")
+        _engine_keys(m, str(engine))
+        return
+    nodes, gpus, tp = sizes.values()
+    total = nodes * gpus
+    parts = split(total, tp)
+    if parts is None:
+        m.refuse(f"{ROLLOUT}.tensor_model_parallel_size", f"rlkit runs servers and trainer on GPUs of their own, and "
+                 f"a server of {tp} GPUs leaves the trainer none of the run's {total}",
+                 "lower tensor_model_parallel_size, add GPUs, or pass allocation_mode=...", unless="allocation_mode")
+        return
+    servers, trainer = parts
+    mode = f"{engine}:d{servers}" + (f"t{tp}" if tp != 1 else "") + f"+fsdp:d{trainer}"
+    _put_top(m, "allocation_mode", mode)
+    split_said = (f"read into allocation_mode {mode}: verl runs rollout and training on all {total} GPUs in turn, "
+                  f"rlkit runs {servers} server(s) of {tp} GPU(s) and a {trainer}-GPU trainer side by side")
+    for key, to in (("trainer.nnodes", "cluster.n_nodes"), ("trainer.n_gpus_per_node", "cluster.n_gpus_per_node")):
+        _put_cluster(m, to, sizes[key])
+        m.fate(key, f"moved to {to}" + ("" if key in leaves else f" as {sizes[key]}, verl's default"))
+    for key in (name_key, f"{ROLLOUT}.tensor_model_parallel_size"):
+        m.fate(key, split_said + ("" if key in leaves else " (verl's default)"))
+    _engine_keys(m, str(engine))
+
+
+def _put_top(m: RunMapping, key: str, value: Any) -> None:
+    m.out[key] = value
+
+
+def _put_cluster(m: RunMapping, key: str, value: Any) -> None:
+    m.out.setdefault("cluster", {})[key.split(".", 1)[1]] = value
+
+
+def _engine_keys(m: RunMapping, engine: str) -> None:
+    memory = f"{ROLLOUT}.gpu_memory_utilization"
+    if memory in m.leaves:
+        to = "sglang.mem_fraction_static" if engine == "sglang" else "vllm.gpu_memory_utilization"
+        m.moved(memory, to, m.leaves[memory], " (of the servers' own GPUs now: the trainer's memory is elsewhere)")
+    if engine == "sglang":
+        for key in VLLM_ONLY:
+            if key in m.leaves:
+                m.left(key, "vLLM's option; the servers are SGLang")

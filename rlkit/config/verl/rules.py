@@ -1,0 +1,239 @@
+"""verl's keys as rlkit's, for `rlkit migrate`: each key of the run moved (renamed), converted (its value or its
+meaning changes name), left out with the key map's reason, refused with the fix, or named as unknown.
+
+Names come from rlkit.config.verl.keys (the key map's rows); the conversions here are the rows whose value or meaning
+differs. verl's defaults are written where the run relies on them and rlkit's differ (the algorithm, the KL loss's
+coefficient, the GPU counts), each said in the header. verl colocates rollout and training on the same GPUs; rlkit
+runs its servers and trainer on GPUs of their own, so the run's GPUs are split between them (rlkit.config.verl.layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from rlkit.config.trinity_terms import KL_ESTIMATORS
+from rlkit.config.verl.keys import VERL_KEYS
+from rlkit.config.verl.layout import allocation
+from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
+
+ARR = "actor_rollout_ref"
+ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
+# verl's KL estimator names (core_algos.kl_penalty) -> rlkit's; the "+" (straight-through) forms, abs and full are not
+# built
+VERL_KL = {**KL_ESTIMATORS, "kl": "k1", "mse": "k2"}
+VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
+GRPO_EPS = 1e-6  # verl's epsilon in its GRPO and RLOO advantages
+LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
+              "sapo": ("actor.use_sapo_loss", True)}
+NOT_BUILT_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg",
+                        "grpo_vectorized", "optimal_token_baseline")
+RESUME = {"auto": "auto", "disable": "disabled"}
+LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
+ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS}
+# verl's defaults for the run's shape and names, written when the run leaves them unset (rlkit's differ or are
+# required): verl/trainer/config/ppo_trainer.yaml
+RUN_DEFAULTS = {"data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
+                "trainer.project_name": "verl_examples", "trainer.experiment_name": "gsm8k"}
+
+
+def verl_to_rlkit(leaves: dict[str, Any], source: str,
+                  overridden: Collection[str] = ()) -> tuple[dict[str, Any], list[VerlKey]]:
+    """The rlkit mapping of a verl run's keys and the fate of each; ConfigErrors naming every key rlkit cannot take
+    as it stands (each with its fix). `overridden`: the rlkit keys the user's overrides set (a refusal those fix is
+    not one)."""
+    m = RunMapping(leaves, source, overridden)
+    _algorithm(m)
+    _kl(m)
+    _batches(m)
+    allocation(m)
+    _special(m)
+    for key, value in leaves.items():
+        if key in m.done:
+            continue
+        ours, note = ROWS.get(key, (None, ""))
+        if ours is None:
+            m.fate(key, "unknown: not a verl key rlkit's key map knows; check its spelling, or set the rlkit key "
+                        "it means yourself")
+        elif not ours:
+            m.left(key, note)
+        elif value is None:
+            m.left(key, "null: rlkit's default")
+        else:
+            m.moved(key, ours, value)
+    m.problems.raise_if_any()
+    return m.out, m.fates
+
+
+def _algorithm(m: RunMapping) -> None:
+    """algorithm.adv_estimator as the job type and its advantage normalisation."""
+    key, std_key = "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"
+    estimator = m.leaves.get(key, "gae")
+    by_std = m.leaves.get(std_key, True)
+    default = "" if key in m.leaves else " (verl's default)"
+    if estimator == "grpo":
+        norm = {"mean_level": "group", "std_level": "group" if by_std else None, "eps": GRPO_EPS}
+        put(m.out, "actor.reward_norm", norm)
+        m.moved(key, "type", "grpo", " as grpo, actor.reward_norm at group level (verl's GRPO advantage)")
+        if std_key in m.leaves:
+            m.moved(std_key, "actor.reward_norm.std_level", norm["std_level"],
+                    " as group" if by_std else " as null (Dr. GRPO: no division by the std)")
+    elif estimator == "rloo":
+        put(m.out, "actor.reward_norm", {"mean_level": "group", "mean_leave1out": True, "std_level": None})
+        m.moved(key, "type", "grpo", " as grpo, actor.reward_norm the leave-one-out group mean (verl's RLOO)")
+    elif estimator == "gae":
+        put(m.out, "actor.adv_norm", {"mean_level": "batch", "std_level": "batch"})
+        m.moved(key, "type", "ppo", f" as ppo{default}, a critic; actor.adv_norm whitens the advantages over the "
+                                    "batch, as verl's GAE does")
+    else:
+        why = ("not built in rlkit" if estimator in NOT_BUILT_ESTIMATORS
+               else "not one of verl's estimators rlkit knows")
+        m.refuse(key, why, "use grpo, rloo or gae (rlkit's grpo and ppo job types)")
+    if std_key in m.leaves and std_key not in m.done:
+        m.left(std_key, "GRPO's only")
+
+
+def _kl(m: RunMapping) -> None:
+    """The KL loss (actor.use_kl_loss) and the KL reward penalty (algorithm.use_kl_in_reward) with their
+    coefficients and estimators: off in verl unless their switch is true."""
+    for switch, coef, kind, to_coef, to_kind in (
+            (f"{ACTOR}.use_kl_loss", f"{ACTOR}.kl_loss_coef", f"{ACTOR}.kl_loss_type", "actor.kl_loss_coef",
+             "actor.kl_loss_type"),
+            ("algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef", "algorithm.kl_penalty", "actor.kl_ctl",
+             "actor.kl_estimator")):
+        on = m.leaves.get(switch, False)
+        if not on:
+            if switch in m.leaves:
+                m.left(switch, f"false: rlkit's term is off unless {to_coef} > 0")
+            for key in (coef, kind):
+                if key in m.leaves:
+                    m.left(key, f"{switch} is false")
+            continue
+        value = m.leaves.get(coef, VERL_KL_COEF)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            m.refuse(coef, "not a number >= 0", f"e.g. {coef}=0.001")
+            continue
+        name = m.leaves.get(kind, "low_var_kl" if "kl_loss" in kind else "kl")
+        if not isinstance(name, str) or name not in VERL_KL:
+            m.refuse(kind, "not one of rlkit's KL estimators (k1, k2, k3)",
+                     f"use one of {', '.join(VERL_KL)} (rlkit's {to_kind})")
+            continue
+        m.moved(switch, to_coef, value, f" {value}" + ("" if coef in m.leaves else ", verl's default"))
+        if coef in m.leaves:
+            m.fate(coef, f"moved to {to_coef}")
+        clamp = " (k3 clamped to [-10, 10], rlkit's actor.kl_clamp)" if name == "low_var_kl" else ""
+        put(m.out, to_kind, VERL_KL[name])
+        m.fate(kind, f"moved to {to_kind} as {VERL_KL[name]}{clamp}" + ("" if kind in m.leaves else
+                                                                        f" ({name}, verl's default)"))
+    ctrl = "algorithm.kl_ctrl.type"
+    if m.leaves.get(ctrl, "fixed") != "fixed":
+        m.refuse(ctrl, "rlkit's actor.kl_ctl is a fixed coefficient; the adaptive controller is not built",
+                 "set algorithm.kl_ctrl.type=fixed")
+
+
+def _batches(m: RunMapping) -> None:
+    """ppo_mini_batch_size (a size, in prompts) as ppo_n_minibatches (a count): train_batch_size / mini."""
+    batch = m.leaves.get("data.train_batch_size", 1024)  # verl's default
+    actor_key = f"{ACTOR}.ppo_mini_batch_size"
+    for key, to in ((actor_key, "actor.ppo_n_minibatches"), ("critic.ppo_mini_batch_size", "critic.ppo_n_minibatches")):
+        if key not in m.leaves:
+            continue
+        mini = m.leaves[key]
+        if not is_count(batch) or not is_count(mini):
+            m.left(key, f"data.train_batch_size / {key} is not a count here; set {to}")
+        elif batch % mini:
+            m.refuse(key, f"data.train_batch_size {batch} is not a multiple of it: rlkit splits a step's batch "
+                          "into equal minibatches", f"make it divide {batch} (e.g. {_divisor(batch, mini)}), or "
+                          f"pass {to}=N", unless=to)
+        else:
+            m.moved(key, to, batch // mini, f" {batch // mini} (train_batch_size {batch} / {mini})")
+    if actor_key in m.done and "critic.ppo_mini_batch_size" not in m.leaves and \
+            m.out.get("type") == "ppo" and "actor" in m.out and "ppo_n_minibatches" in m.out["actor"]:
+        put(m.out, "critic.ppo_n_minibatches", m.out["actor"]["ppo_n_minibatches"])  # verl's critic takes the actor's
+    micro = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
+    if micro in m.leaves:
+        m.left(micro, ROWS[micro][1])
+
+
+def _divisor(batch: int, near: int) -> int:
+    return min((d for d in range(1, batch + 1) if batch % d == 0), key=lambda d: (abs(d - near), d))
+
+
+def _special(m: RunMapping) -> None:
+    """The keys whose value changes: LoRA's rank, the loss mode, data files, the reward, the triggers, loggers."""
+    leaves = m.leaves
+    if f"{ACTOR}.clip_ratio" in leaves and f"{ACTOR}.clip_ratio_low" in leaves:
+        m.left(f"{ACTOR}.clip_ratio", "clip_ratio_low is set, and wins, as in verl")
+    lora = f"{ARR}.model.lora_rank"
+    if lora in leaves:
+        rank = leaves[lora]
+        if is_count(rank):
+            put(m.out, "actor.use_lora", True)
+            m.moved(lora, "actor.lora_rank", rank, " (and actor.use_lora: true)")
+        else:
+            m.left(lora, "0: LoRA off, rlkit's default")
+    mode_key = f"{ACTOR}.policy_loss.loss_mode"
+    if mode_key in leaves:
+        mode = leaves[mode_key]
+        if not isinstance(mode, str) or mode not in LOSS_MODES:
+            m.refuse(mode_key, "not built in rlkit", "use vanilla, gspo or sapo")
+        elif LOSS_MODES[mode] is None:
+            m.left(mode_key, "vanilla: rlkit's PPO clip loss, the default")
+        else:
+            to, value = LOSS_MODES[mode]  # type: ignore[misc]
+            m.moved(mode_key, to, value, f" {value}")
+    for key, to in (("data.train_files", "train_dataset.path"), ("data.val_files", "valid_dataset.path")):
+        files = leaves.get(key)
+        if isinstance(files, list):
+            if len(files) == 1:
+                m.moved(key, to, files[0], " (its one file)")
+            else:
+                m.refuse(key, f"{len(files)} files: rlkit reads one file per dataset",
+                         f"combine them into one file and name it, or pass {to}=FILE", unless=to)
+    reward = "custom_reward_function.path"
+    if leaves.get(reward):
+        m.refuse(reward, "verl calls compute_score(data_source, solution_str, ground_truth, extra_info); rlkit calls "
+                         "fn(prompt, completion, row)", "write fn(prompt, completion, row) calling your function and "
+                                                        "pass reward.fn=/path/file.py:fn", unless="reward.fn")
+        if "custom_reward_function.name" in leaves:
+            m.left("custom_reward_function.name", "with custom_reward_function.path")
+    for key, to in (("trainer.save_freq", "recover.freq_steps"), ("trainer.test_freq", "evaluator.freq_steps"),
+                    ("trainer.total_training_steps", "total_train_steps")):
+        if key in leaves and (leaves[key] is None or (isinstance(leaves[key], int) and leaves[key] <= 0)):
+            m.left(key, f"{leaves[key]}: off, rlkit's default for {to}")
+    resume = "trainer.resume_mode"
+    if resume in leaves:
+        if leaves[resume] in RESUME:
+            m.moved(resume, "recover.mode", RESUME[leaves[resume]], f" as {RESUME[leaves[resume]]}")
+        else:
+            m.refuse(resume, "rlkit resumes a trial by its name, not from a path",
+                     "use auto or disable, and `rlkit resume TRIAL` to resume")
+    if "data.val_files" in leaves and "trainer.val_before_train" not in leaves:
+        put(m.out, "evaluator.eval_on_startup", True)  # verl validates before training unless told not to
+        m.fate("trainer.val_before_train", "moved to evaluator.eval_on_startup as true, verl's default")
+    _loggers(m)
+    for key, default in RUN_DEFAULTS.items():  # the run's shape as verl would run it (rlkit's defaults differ)
+        if key not in leaves:
+            put(m.out, ROWS[key][0], default)
+            m.fate(key, f"moved to {ROWS[key][0]} as {default}, verl's default")
+
+
+def _loggers(m: RunMapping) -> None:
+    key = "trainer.logger"
+    if key not in m.leaves:
+        return
+    value = m.leaves[key]
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else [str(value)]
+    said = []
+    for name in names:
+        if name in LOGGERS:
+            to, mode = LOGGERS[name]
+            put(m.out, to, mode)
+            said.append(f"{name}: {to} {mode}")
+        elif name == "console":
+            said.append("console: rlkit's log")
+        elif name == "tensorboard":
+            said.append("tensorboard: set stats_logger.tensorboard.path")
+        else:
+            said.append(f"{name}: no rlkit sink (metrics.jsonl is always written)")
+    m.fate(key, "; ".join(said))

@@ -1,0 +1,319 @@
+"""`rlkit migrate` reads verl runs: a run script of verl.trainer.main_ppo (modelled on verl's
+examples/grpo_trainer and ppo_trainer scripts, written here) or a verl YAML config becomes an rlkit config that loads
+and renders, every verl key named in the header with what became of it, and what rlkit cannot take exits 2 naming each
+problem and its fix."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlkit.config.areal.migrate import migrate
+from rlkit.config.trinity import RENAMES
+from rlkit.config.verl.keys import VERL_KEYS
+from rlkit.config.verl.layout import split
+from rlkit.config.verl.migrate import as_rlkit_file
+from rlkit.config.verl.rules import verl_to_rlkit
+from rlkit.config.verl.source import read_script
+from rlkit.errors import ConfigError
+from rlkit.jobs import REGISTRY
+from rlkit.launch.submit import prepare
+from tests.conftest import run_rlkit
+
+GRPO_SCRIPT = r"""#!/usr/bin/env bash
+# GRPO on GSM8K, one node of 8 GPUs
+set -x
+export VLLM_ATTENTION_BACKEND=XFORMERS
+MODEL=Qwen/Qwen2.5-3B-Instruct
+
+PYTHONUNBUFFERED=1 /opt/conda/bin/python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$HOME/data/gsm8k/train.parquet" \
+    data.val_files=${HOME}/data/gsm8k/test.parquet \
+    data.train_batch_size=512 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    actor_rollout_ref.model.path=$MODEL \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.ppo_mini_batch_size=128 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.ref.fsdp_config.param_offload=True \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console","wandb"]' \
+    trainer.project_name='verl_grpo_gsm8k' \
+    trainer.experiment_name="qwen2.5_3b-grpo" \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    +trainer.val_before_train=False \
+    ++actor_rollout_ref.actor.clip_ratio_high=0.28 \
+    actor_rollout_ref.actor.made_up_knob=3 \
+    trainer.total_epochs=15 "$@" 2>&1 | tee verl_grpo.log   # keep a log
+"""
+
+PPO_SCRIPT = r"""set -x
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=gae \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.train_batch_size=1024 \
+    data.max_prompt_length=512 \
+    data.max_response_length=512 \
+    actor_rollout_ref.model.path=deepseek-ai/deepseek-llm-7b-chat \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
+    actor_rollout_ref.rollout.name=sglang \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+    critic.optim.lr=1e-5 \
+    critic.model.path=deepseek-ai/deepseek-llm-7b-chat \
+    critic.model.enable_gradient_checkpointing=True \
+    critic.ppo_micro_batch_size_per_gpu=32 \
+    critic.cliprange_value=0.5 \
+    trainer.project_name=verl_example_gsm8k \
+    trainer.experiment_name=deepseek_llm_7b_ppo \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=2 \
+    trainer.total_epochs=15 $@
+"""
+
+VERL_YAML = {
+    "data": {"train_files": ["/data/train.parquet"], "train_batch_size": 64, "max_response_length": 256},
+    "actor_rollout_ref": {"model": {"path": "/models/qwen", "lora_rank": 32, "lora_alpha": 16},
+                          "actor": {"ppo_mini_batch_size": 16, "policy_loss": {"loss_mode": "gspo"}},
+                          "rollout": {"n": 8, "tensor_model_parallel_size": 1}},
+    "critic": {"ppo_mini_batch_size": "${actor_rollout_ref.actor.ppo_mini_batch_size}"},
+    "algorithm": {"adv_estimator": "rloo", "use_kl_in_reward": True, "kl_penalty": "mse"},
+    "trainer": {"project_name": "p", "experiment_name": "e", "n_gpus_per_node": 4, "nnodes": 1, "save_freq": -1},
+}
+
+
+@pytest.fixture(scope="module")
+def site(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Where the model, the data and the trial files live on this machine (the scripts' own are another site's):
+    the tiny model saying 32768 positions (as Qwen's), GSM8K rows, no container."""
+    root = tmp_path_factory.mktemp("verl-site")
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
+    data = root / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{n} + 3?", "answer": f"#### {n + 3}"}) + "\n" for n in range(8)))
+    return [f"actor.path={model}", f"train_dataset.path={data}", f"valid_dataset.path={data}",
+            f"cluster.fileroot={root / 'fileroot'}", "launcher.slurm.container_type=none"]
+
+
+def _migrated(path: Path, overrides: list[str]) -> str:
+    """`rlkit migrate`'s text for `path`, as the command builds it."""
+    with as_rlkit_file(path, REGISTRY.trinity_algorithms, overrides) as (source, head):
+        text, _ = migrate(source, overrides, REGISTRY)
+    return head + text
+
+
+def _said(text: str) -> dict[str, str]:
+    """{verl key: what became of it} from the header."""
+    return {line[4:].split(":", 1)[0]: line.split("  -> ", 1)[1] for line in text.splitlines()
+            if line.startswith("#   ") and "  -> " in line}
+
+
+def test_a_grpo_script_becomes_an_rlkit_config_that_renders(tmp_path: Path, site: list[str]) -> None:
+    script = tmp_path / "run_grpo.sh"
+    script.write_text(GRPO_SCRIPT)
+    text = _migrated(script, site)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    config = prepare(clean, [], dry_run=True).config
+    assert config.type == "grpo" and config.allocation_mode == "vllm:d2t2+fsdp:d4"
+    assert (config.cluster.n_nodes, config.cluster.n_gpus_per_node) == (1, 8)
+    norm = config.actor.reward_norm
+    assert norm is not None and (norm.mean_level, norm.std_level, norm.eps) == ("group", "group", 1e-6)
+    assert (config.actor.kl_loss_coef, config.actor.kl_loss_type) == (0.001, "k3")
+    assert (config.actor.ppo_n_minibatches, config.train_dataset.batch_size) == (4, 512)  # 512 / 128
+    assert (config.gconfig.n_samples, config.gconfig.max_new_tokens, config.train_dataset.max_length) == (5, 1024, 512)
+    assert (config.actor.eps_clip_higher, config.actor.optimizer.lr) == (0.28, 1e-6)  # ++key= and 1e-6
+    assert (config.experiment_name, config.trial_name) == ("verl_grpo_gsm8k", "qwen2.5_3b-grpo")
+    assert (config.recover.freq_steps, config.evaluator.freq_steps, config.evaluator.eval_on_startup) == (20, 5, False)
+    assert config.stats_logger.wandb.mode == "online" and config.vllm.gpu_memory_utilization == 0.6
+    said = _said(text)
+    assert said["actor_rollout_ref.actor.fsdp_config.param_offload"] == "left out (rlkit offloads nothing)"
+    assert said["actor_rollout_ref.actor.made_up_knob"].startswith("unknown:")
+    assert "rlkit runs 2 server(s) of 2 GPU(s) and a 4-GPU trainer" in said["actor_rollout_ref.rollout.name"]
+    assert said["actor_rollout_ref.actor.kl_loss_type"].startswith("moved to actor.kl_loss_type as k3")
+    # the shell variables stay as written, each named (with what the script set it to)
+    assert "#   $HOME in data.train_files\n" in text and "#   $HOME in data.val_files\n" in text
+    assert "#   $MODEL in actor_rollout_ref.model.path (the script sets MODEL=Qwen/Qwen2.5-3B-Instruct)" in text
+    assert "VLLM_ATTENTION_BACKEND" not in said and "tee" not in text and "$@" not in text
+    assert "not key=value" not in text  # 2>&1 ends the command as | does
+    rendered = run_rlkit("render", str(clean))
+    assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
+
+
+def test_the_script_alone_keeps_its_variables_as_text(tmp_path: Path) -> None:
+    script = tmp_path / "run_grpo.sh"
+    script.write_text(GRPO_SCRIPT)
+    run = read_script(GRPO_SCRIPT, "t")
+    assert run.leaves["data.train_files"] == "$HOME/data/gsm8k/train.parquet"
+    assert run.leaves["data.val_files"] == "$HOME/data/gsm8k/test.parquet"  # ${HOME}: not an OmegaConf reference
+    assert run.leaves["trainer.logger"] == ["console", "wandb"] and run.leaves["trainer.val_before_train"] is False
+    mapping, _ = verl_to_rlkit(run.leaves, "t")
+    assert mapping["train_dataset"]["path"] == "$HOME/data/gsm8k/train.parquet"
+    assert mapping["actor"]["path"] == "$MODEL"
+
+
+def test_a_ppo_script_with_a_critic(tmp_path: Path, site: list[str]) -> None:
+    script = tmp_path / "run_ppo.sh"
+    script.write_text(PPO_SCRIPT)
+    text = _migrated(script, [o for o in site if not o.startswith("valid_dataset")])
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    config = prepare(clean, [], dry_run=True).config
+    assert config.type == "ppo" and config.allocation_mode == "sglang:d2t4+fsdp:d8"  # 16 GPUs: 8 serve, 8 train
+    assert config.cluster.n_nodes == 2 and config.sglang.mem_fraction_static == 0.4
+    assert (config.critic.optimizer.lr, config.critic.eps_clip, config.critic.gradient_checkpointing) == \
+        (1e-5, 0.5, True)
+    assert config.actor.ppo_n_minibatches == config.critic.ppo_n_minibatches == 4  # verl's critic takes the actor's
+    assert config.actor.adv_norm is not None and config.actor.adv_norm.mean_level == "batch"
+    assert config.actor.reward_norm is None
+    assert _said(text)["critic.ppo_micro_batch_size_per_gpu"].startswith("left out (")
+
+
+def test_a_verl_yaml_config(tmp_path: Path) -> None:
+    """Nested keys, a `${...}` to verl's own key resolved; rloo, LoRA's rank, GSPO's loss mode, the KL reward."""
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump(VERL_YAML))
+    with as_rlkit_file(path, REGISTRY.trinity_algorithms, []) as (source, head):
+        mapping = yaml.safe_load(source.read_text())
+    assert mapping["type"] == "grpo" and mapping["allocation_mode"] == "vllm:d2+fsdp:d2"
+    assert mapping["actor"]["reward_norm"] == {"mean_level": "group", "mean_leave1out": True, "std_level": None}
+    assert (mapping["actor"]["use_lora"], mapping["actor"]["lora_rank"], mapping["actor"]["lora_alpha"]) == \
+        (True, 32, 16)
+    assert mapping["actor"]["importance_sampling_level"] == "sequence"
+    assert (mapping["actor"]["kl_ctl"], mapping["actor"]["kl_estimator"]) == (0.001, "k2")
+    assert mapping["actor"]["ppo_n_minibatches"] == 4 and mapping["critic"]["ppo_n_minibatches"] == 4
+    assert mapping["train_dataset"]["path"] == "/data/train.parquet" and "recover" not in mapping
+    assert head.startswith("# verl run ppo_trainer.yaml") and "trainer.save_freq: -1  -> left out (" in head
+
+
+def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path: Path, site: list[str]) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(PPO_SCRIPT.replace("=gae", "=reinforce_plus_plus").replace("ppo_mini_batch_size=256",
+                                                                                  "ppo_mini_batch_size=300"))
+    site = [o for o in site if not o.startswith("valid_dataset")]  # the script has no val_files
+    refused = run_rlkit("migrate", str(script), *site)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    said = refused.stderr
+    assert "algorithm.adv_estimator 'reinforce_plus_plus'" in said and "not built in rlkit" in said
+    assert "use grpo, rloo or gae" in said
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size 300" in said and "not a multiple" in said
+    assert "make it divide 1024 (e.g. 256), or pass actor.ppo_n_minibatches=N" in said
+    assert refused.stdout == ""
+    # the override the fix names is taken
+    script.write_text(PPO_SCRIPT.replace("ppo_mini_batch_size=256", "ppo_mini_batch_size=300"))
+    done = run_rlkit("migrate", str(script), *site, "actor.ppo_n_minibatches=2")
+    assert done.returncode == 0, done.stderr
+    assert "ppo_n_minibatches: 2" in done.stdout and "your actor.ppo_n_minibatches override is used" in done.stdout
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"actor_rollout_ref.actor.kl_loss_type": "abs"}, "not one of rlkit's KL estimators"),
+    ({"actor_rollout_ref.actor.kl_loss_coef": "lots"}, "kl_loss_coef 'lots' (t): not a number >= 0"),
+    ({"actor_rollout_ref.actor.policy_loss.loss_mode": ["gspo"]}, "loss_mode ['gspo'] (t): not built"),
+    ({"actor_rollout_ref.rollout.name": "hf"}, "rlkit's servers are vLLM or SGLang"),
+    ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 8}, "leaves the trainer none of the run's 8"),
+    ({"data.train_files": ["a.parquet", "b.parquet"]}, "2 files: rlkit reads one file per dataset"),
+    ({"custom_reward_function.path": "/r.py"}, "rlkit calls fn(prompt, completion, row)"),
+    ({"algorithm.kl_ctrl.type": "adaptive"}, "adaptive controller is not built"),
+    ({"trainer.resume_mode": "resume_path"}, "rlkit resumes a trial by its name"),
+])
+def test_hostile_or_unbuilt_values_are_named(change: dict[str, object], says: str) -> None:
+    leaves = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True, **change}
+    with pytest.raises(ConfigError) as info:
+        verl_to_rlkit(leaves, "t")
+    assert says in str(info.value), str(info.value)
+
+
+def test_gpus_split_between_servers_and_trainer() -> None:
+    assert [split(8, 2), split(8, 1), split(16, 8), split(8, 4)] == [(2, 4), (4, 4), (1, 8), (1, 4)]
+    assert split(1, 1) is None and split(8, 8) is None
+
+
+def test_detection_leaves_trinity_and_other_files_alone(tmp_path: Path) -> None:
+    trinity = tmp_path / "trinity.yaml"  # Trinity-RFT has an algorithm section too
+    trinity.write_text(yaml.safe_dump({"algorithm": {"algorithm_type": "grpo", "adv_estimator": "grpo"},
+                                       "buffer": {"batch_size": 4}, "model": {"model_path": "/m"}}))
+    with as_rlkit_file(trinity, REGISTRY.trinity_algorithms, []) as (_, head):
+        assert head.startswith("# Trinity-RFT config")
+    other = tmp_path / "train.sh"
+    other.write_text("torchrun train.py lr=1e-5\n")
+    done = run_rlkit("migrate", str(other))
+    assert done.returncode == 2 and "runs no verl.trainer.main_ppo command" in done.stderr, done.stderr
+    two = tmp_path / "two.sh"
+    two.write_text("python3 -m verl.trainer.main_ppo a.b=1\npython3 -m verl.trainer.main_ppo a.b=2\n")
+    with pytest.raises(ConfigError, match=r"2 commands that run verl.trainer.main_ppo \(lines 1, 2\)"):
+        read_script(two.read_text(), "t")
+    with pytest.raises(ConfigError, match="line 1 cannot be split into words"):
+        read_script("python3 -m verl.trainer.main_ppo data.x='open\n", "t")
+
+
+def test_the_key_map_is_the_source_of_the_names() -> None:
+    """Every key the conversions read is a row of the key map (the docs page), and Trinity-RFT's embedded verl
+    trainer config is read by the same rows."""
+    import inspect
+
+    from rlkit.config.verl import layout, rules
+
+    rows = {their: ours for their, ours, _ in VERL_KEYS}
+    code = inspect.getsource(rules) + inspect.getsource(layout)
+    for name, value in (("ACTOR", rules.ACTOR), ("ROLLOUT", rules.ROLLOUT), ("ARR", rules.ARR)):
+        code = code.replace("{" + name + "}", value)
+    read = set(re.findall(r'"((?:actor_rollout_ref|algorithm|data|trainer|critic|custom_reward_function)'
+                          r'\.[A-Za-z_.]+)"', code))
+    read -= {rules.ACTOR, rules.ROLLOUT, *rows.values()}  # the prefixes, and rlkit's keys (critic.*)
+    assert len(read) > 30 and not read - set(rows), sorted(read - set(rows))
+    embedded = {k.removeprefix("trainer.trainer_config."): v for k, v in RENAMES.items()
+                if k.startswith("trainer.trainer_config.")}
+    assert embedded and all(rows[k] == v for k, v in embedded.items())
+
+
+def test_a_validation_set_is_evaluated_before_training_as_verl_does() -> None:
+    """verl's val_before_train defaults to true: with val_files and no trigger, rlkit's evaluator would never run
+    (render refuses a valid_dataset it would ignore), so verl's default is written and said."""
+    mapping, fates = verl_to_rlkit({"algorithm.adv_estimator": "grpo", "data.val_files": "/v.parquet"}, "t")
+    assert mapping["evaluator"] == {"eval_on_startup": True} and mapping["valid_dataset"] == {"path": "/v.parquet"}
+    assert {f.key: f.fate for f in fates}["trainer.val_before_train"].endswith("verl's default")
+    mapping, _ = verl_to_rlkit({"data.val_files": "/v.parquet", "trainer.val_before_train": False}, "t")
+    assert mapping["evaluator"] == {"eval_on_startup": False}
+
+
+def test_hydra_references_and_verl_defaults_in_a_script() -> None:
+    """`'${trainer.project_name}'` (quoted away from the shell) is Hydra's reference to the run's own key, resolved;
+    clip_ratio_low wins over clip_ratio as in verl; the run's shape keeps verl's defaults where the script is silent."""
+    run = read_script("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo trainer.project_name=pp "
+                      "trainer.default_local_dir='/ckpt/${trainer.project_name}' "
+                      "actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio=0.3", "t")
+    assert run.leaves["trainer.default_local_dir"] == "/ckpt/pp" and not run.variables
+    mapping, fates = verl_to_rlkit(run.leaves, "t")
+    assert mapping["cluster"]["fileroot"] == "/ckpt/pp" and mapping["actor"]["eps_clip"] == 0.2
+    assert (mapping["train_dataset"], mapping["gconfig"]["max_new_tokens"]) == \
+        ({"batch_size": 1024, "max_length": 512}, 512)
+    assert (mapping["experiment_name"], mapping["trial_name"]) == ("pp", "gsm8k")
+    assert {f.key: f.fate for f in fates}["actor_rollout_ref.actor.clip_ratio"].startswith("left out (clip_ratio_low")
