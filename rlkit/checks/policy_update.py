@@ -1,6 +1,6 @@
-"""Submit-time check of the PPO actor's update knobs (actor.entropy_coeff, actor.ppo_epochs): refused where the job
-type has no such update, which would ignore them without a word. Apart from rlkit.checks.algo, which the job types'
-own checks import: this one reads the registry's records."""
+"""Submit-time check of the PPO actor's update knobs (its entropy bonus, passes, loss average, SAPO, M2PO and the
+decoupled loss's proximal policy): refused where the job type has no such update, which would ignore them without a
+word. Apart from rlkit.checks.algo, which the job types' own checks import: this one reads the registry's records."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ if TYPE_CHECKING:
     from rlkit.jobs.base import JobType
     from rlkit.jobs.job_types import JobTypes
 
+# the fields only rlkit.trainer.actor.PPOActor.train_step reads (sft, rw, dpo and generate read the actor section too)
+POLICY_KNOBS = ("entropy_coeff", "ppo_epochs", "loss_agg_mode", "loss_scale_factor", "use_sapo_loss", "sapo_tau_pos",
+                "sapo_tau_neg", "m2_threshold", "prox_logp_method")
+
 
 def validate_policy_knobs(actor: ActorConfig, job: JobType, job_types: JobTypes, problems: Problems) -> None:
-    """actor.entropy_coeff and actor.ppo_epochs belong to the PPO actor's update (rlkit.trainer.actor), which the job
-    types with KL terms train through; any other job type would ignore them."""
+    """POLICY_KNOBS belong to the PPO actor's update (rlkit.trainer.actor), which the job types with KL terms train
+    through; any other job type would ignore them."""
     if job.kl_terms:
         return
     users = ", ".join(j.name for j in job_types if j.kl_terms)
-    refuse_inert_fields(problems, actor, "actor", names=("entropy_coeff", "ppo_epochs"), hint="remove {field}",
+    refuse_inert_fields(problems, actor, "actor", names=POLICY_KNOBS, hint="remove {field}",
                         because=f"job type {job.name} has no PPO actor update (that of {users})")

@@ -129,3 +129,17 @@ def test_the_policy_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml
         assert f"{field} is set, but job type generate has no PPO actor update (that of grpo, " in info.value.message
         assert f"remove {field}" in str(info.value)
     raise_problems(load_config(generate_yaml, ["actor.entropy_coeff=0", "actor.ppo_epochs=1"]))  # the defaults
+
+
+def test_the_policy_loss_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml: Path) -> None:
+    """The policy loss's own knobs (its average, SAPO, M2PO, the proximal policy's source) are the PPO actor's too:
+    generate (like sft, rw, dpo) would ignore every one of them, each named with its fix."""
+    knobs = {"actor.loss_agg_mode": "seq-mean-token-sum-norm", "actor.loss_scale_factor": "512",
+             "actor.use_sapo_loss": "true", "actor.sapo_tau_pos": "2", "actor.sapo_tau_neg": "2",
+             "actor.m2_threshold": "0.04", "actor.prox_logp_method": "loglinear"}
+    config = load_config(generate_yaml, [f"{field}={value}" for field, value in knobs.items()])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    for field in knobs:
+        assert f"{field} is set, but job type generate has no PPO actor update (that of grpo, " in info.value.message
+        assert f"remove {field}" in str(info.value)
