@@ -171,7 +171,8 @@ class ActorConfig:
         "repeated this many times over the same minibatches (the same split each pass, as verl's), with the same old "
         "log-probs and advantages; the learning-rate schedule counts every pass's steps (grpo, ppo's actor, opmd, "
         "distill).", ge=1)
-    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set).", gt=0)
+    eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set); 0 clips the "
+                         "ratio to 1 (AReaL's M2PO example, whose single minibatch never moves the ratio off 1).", ge=0)
     eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.", gt=0)
     c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.", gt=1)
     reward_scaling: float = _f(1.0, "Multiply rewards by this (after the overlong penalty and the bias).")

@@ -99,6 +99,9 @@ def test_sapo_and_m2po_are_accepted_each_with_what_it_needs(grpo_yaml: Path) -> 
                                            "actor.importance_sampling_level=sequence"]))
     raise_problems(load_config(grpo_yaml, ["actor.use_decoupled_loss=true", "actor.m2_threshold=0.04",
                                            "actor.rejection_sampling.upper=5.0"]))
+    # AReaL's examples/math/gsm8k_m2po.yaml: eps_clip 0 (the ratio clipped to 1) with one minibatch
+    raise_problems(load_config(grpo_yaml, ["actor.use_decoupled_loss=true", "actor.m2_threshold=0.04",
+                                           "actor.eps_clip=0.0", "actor.ppo_n_minibatches=1"]))
 
 
 def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
