@@ -85,7 +85,7 @@ def test_an_empty_root_is_refused_not_read_as_the_current_directory(tmp_path: Pa
 def test_facts_of_some_fields() -> None:
     docs = schema_docs()
     eps = docs["actor.eps_clip"]
-    assert (eps.type, eps.default, eps.range, eps.areal) == ("number", "0.2", "> 0", "")
+    assert (eps.type, eps.default, eps.range, eps.areal) == ("number", "0.2", ">= 0", "")
     assert docs["critic.optimizer.lr"].default == "1e-05", "the critic's own default, not the optimizer class's"
     assert docs["experiment_name"].default == "required"
     assert docs["actor.reward_norm"].type == "section or null"

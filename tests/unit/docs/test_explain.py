@@ -18,7 +18,7 @@ def test_a_field_says_its_help_type_default_range_and_other_names() -> None:
     done = run_rlkit("explain", "actor.eps_clip")
     assert done.returncode == 0, done.stderr
     first, *rest = done.stdout.splitlines()
-    assert first == "actor.eps_clip  (number, default 0.2, range > 0)"
+    assert first == "actor.eps_clip  (number, default 0.2, range >= 0)"
     text = "\n".join(rest)
     for says in ("Clip range of the policy ratio", "AReaL: the same name",
                  "verl: actor_rollout_ref.actor.clip_ratio", "cosmos-rl: train.train_policy.epsilon_low",
