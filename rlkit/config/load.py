@@ -197,6 +197,15 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _escaped_references(value: Any, key: str = "") -> list[str]:
+    """The keys whose resolved value still holds `${`: an escaped reference, the only way one survives resolution."""
+    if isinstance(value, dict):
+        return [k for name, v in value.items() for k in _escaped_references(v, f"{key}.{name}" if key else str(name))]
+    if isinstance(value, list):
+        return [k for i, v in enumerate(value) for k in _escaped_references(v, f"{key}[{i}]")]
+    return [key] if isinstance(value, str) and "${" in value else []
+
+
 def _default_group_size(data: dict[str, Any], overrides: dict[str, Any]) -> None:
     """actor.group_size given nowhere: `${gconfig.n_samples}`, the only value validation accepts (a group is the
     completions of one prompt), and what AReaL's current configs, which no longer have the key, mean."""
@@ -311,6 +320,12 @@ def compose(data: dict[str, Any], overrides: list[str], *, source: str, problems
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as exc:
         problems.errors.append(_explain(exc, "while resolving ${...} references"))
+        return None
+    escaped = _escaped_references(OmegaConf.to_container(cfg, resolve=False))
+    for key in escaped:  # `\${x}` resolves to the text `${x}`, which the next reader would take for a reference
+        problems.add(f"{key} holds an escaped reference (\\${{...}}): rlkit resolves a config once, and the trial's "
+                     "recorded config would read it as a reference", hint=f"write {key}'s value in full, without ${{")
+    if escaped:
         return None
     if found:
         if job_types is None and any(item.rule.for_job is not None for item in found):

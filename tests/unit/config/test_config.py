@@ -45,6 +45,9 @@ def test_resolved_yaml_round_trips(generate_yaml: Path, tmp_path: Path) -> None:
         ("trial_name=${cluster.no_such_key}", "cannot resolve 'trial_name'",
          "'cluster.no_such_key' is no key of this config: set it, or write the value in place"),
         ("notakeyvalue", "is not of the form key.path=value", "cluster.n_nodes=4"),
+        # an escaped reference resolves to the text ${HOME}, which the next reader took for a reference (a traceback)
+        ("trial_name=\\${HOME}", "trial_name holds an escaped reference", "write trial_name's value in full"),
+        ("rollout.agent.tools=[a, '\\${x}']", "rollout.agent.tools[1] holds an escaped reference", None),
         ("gconfig.stop=[[1]]", "wrong type for 'gconfig.stop[0]' (in a command-line override): a string is expected, "
                                "not a list ([1])", "give gconfig.stop as a list of strings, e.g. gconfig.stop=[a, b]"),
         ("eval_gconfig.stop=[a,{x: 1}]", "wrong type for 'eval_gconfig.stop[1]' (in a command-line override): a "
