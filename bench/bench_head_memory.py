@@ -3,18 +3,23 @@ part 3: the head's peak at 16k tokens and a ~150k vocabulary at most 1/4 of toda
 
 A narrow Qwen2 (one layer, hidden 64, Qwen2.5's 151936-token vocabulary, untied head, float32) runs the actor's call,
 rlkit.trainer.head_logprobs.model_token_logprobs(..., with_entropy=True), then backward of the log-probs' sum, in
-three variants, each in a fresh process whose peak resident memory (ru_maxrss) is read against its resident memory
+these variants, each in a fresh process whose peak resident memory (ru_maxrss) is read against its resident memory
 just before the forward:
   floor    the same model, forward with logits_to_keep=1 (the body's activations and weights' gradients, no head
            over the sequence): what any variant costs besides the head
-  full     actor.logprob_chunk_tokens 0: the [T, V] logits, their float32 log_softmax, the entropy's copies
+  full     actor.logprob_chunk_tokens 0: the [T, V] logits, their float32 log_softmax, the entropy statistic's copies
   chunked  actor.logprob_chunk_tokens (--chunk, default the config's): T / chunk chunks of [chunk, V]
-The head's peak is a variant's peak minus the floor's. The full path needs ~7 float32 [T, V] tensors (65 GB at 16k
-tokens): where that does not fit this machine's free memory it is not run but extrapolated from the measured sizes
+  chunked+entropy_grad, full+entropy_grad
+           the same with the entropy bonus (actor.entropy_coeff > 0, entropy_grad=True): backward of
+           sum(log-probs) - c * sum(entropies), through the recomputed chunks / the checkpointed full-logits entropy
+The head's peak is a variant's peak minus the floor's. The full path needs ~6-7 float32 [T, V] tensors (55-65 GB at
+16k tokens): where that does not fit this machine's free memory it is not run but extrapolated from the measured sizes
 (its memory is linear in T by construction: every tensor it makes is [T, V]), and marked so.
 
-Run: `PYTHONPATH=. python bench/bench_head_memory.py [--tokens 1024 2048 16384] [--chunk 1024]`; writes
-bench/results/cpu-head-memory.json.
+Run: `PYTHONPATH=. python bench/bench_head_memory.py [--tokens 1024 2048 16384] [--chunk 1024] [--variants ...]`;
+writes bench/results/cpu-head-memory.json. The default run took 9 minutes on a shared 2-core machine, 4.5 of them
+the two chunked variants at 16k tokens (a chunk's head matmul and softmax, twice with the recompute): pass
+--variants or --tokens for less.
 """
 
 from __future__ import annotations
@@ -36,8 +41,12 @@ from process_memory import peak_rss_bytes, rss_bytes  # noqa: E402  (bench/, thi
 
 VOCAB = 151936  # Qwen2.5's
 HIDDEN = 64
-FULL_TENSORS = 7  # [T, V] float32 tensors alive at the full path's peak, to judge whether it fits (measured 6.5-6.8)
 GB = 1024**3
+ENTROPY_GRAD = "+entropy_grad"  # a variant's suffix: the loss is sum(log-probs) - c * sum(entropies), both backward
+ENTROPY_COEFF = 0.01  # any c > 0: the memory does not depend on it
+VARIANTS = ("chunked", "chunked" + ENTROPY_GRAD, "full", "full" + ENTROPY_GRAD)  # besides the floor, always run
+# [T, V] float32 tensors alive at a full variant's peak, to judge whether it fits (measured 5.9 and 6.9 at 1k tokens)
+FULL_TENSORS = {"full": 7, "full" + ENTROPY_GRAD: 8}
 
 
 def child(variant: str, tokens: int, chunk: int) -> dict[str, Any]:
@@ -60,10 +69,12 @@ def child(variant: str, tokens: int, chunk: int) -> dict[str, Any]:
         out = model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
         out.logits.float().sum().backward()
     else:
-        logp, entropy = model_token_logprobs(model, ids, mask, chunk_tokens=0 if variant == "full" else chunk,
-                                             with_entropy=True)
+        entropy_grad = variant.endswith(ENTROPY_GRAD)
+        logp, entropy = model_token_logprobs(model, ids, mask, chunk_tokens=0 if variant.startswith("full") else chunk,
+                                             with_entropy=True, entropy_grad=entropy_grad)
         assert entropy is not None and bool(torch.isfinite(logp).all())
-        logp.sum().backward()
+        loss = logp.sum() - ENTROPY_COEFF * entropy.sum() if entropy_grad else logp.sum()
+        loss.backward()
     seconds = time.perf_counter() - started
     return {"peak_over_start_bytes": peak_rss_bytes() - before, "setup_peak_over_start_bytes": setup_peak - before,
             "seconds": round(seconds, 2)}
@@ -94,12 +105,68 @@ def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return slope, mean_y - slope * mean_x
 
 
+def head_rows(tokens: int, chunk: int, variants: list[str]) -> dict[str, Any]:
+    """Each variant's run at `tokens`, fresh process each, its head's bytes over the floor's; a full variant that
+    cannot fit this machine's free memory is skipped (extrapolated later) and says so."""
+    row: dict[str, Any] = {"floor": run_child("floor", tokens, chunk)}
+    for variant in variants:
+        need = FULL_TENSORS.get(variant, 0) * tokens * VOCAB * 4
+        if need < 0.7 * available_bytes():
+            row[variant] = run_child(variant, tokens, chunk)
+            row[variant]["head_bytes"] = row[variant]["peak_over_start_bytes"] - row["floor"]["peak_over_start_bytes"]
+        else:
+            row[f"{variant}_skipped"] = f"needs ~{need / GB:.0f} GB, {available_bytes() / GB:.0f} GB available"
+    print(f"{tokens:6d} tokens: " + "  ".join(
+        f"{v} {row[v]['peak_over_start_bytes'] / GB:.2f} GB ({row[v]['seconds']:.1f} s)" for v in row
+        if not v.endswith("_skipped")), flush=True)
+    return row
+
+
+def summarize(rows: dict[int, dict[str, Any]], chunk: int, variants: list[str]
+              ) -> tuple[dict[str, Any], dict[str, int]]:
+    """Per token count: each variant's head in GB (a full one extrapolated from its measured token counts where it
+    was skipped, linear in T), in [rows, V] float32 logits tensors (rows: the chunk, or all T on the full path), and
+    the ratios: chunked / full, and each +entropy_grad variant over the same variant without it."""
+    fits = {v: linear_fit([(t, float(r[v]["head_bytes"])) for t, r in rows.items() if v in r])
+            for v in variants if v in FULL_TENSORS and any(v in r for r in rows.values())}
+    summary: dict[str, Any] = {}
+    for tokens, row in rows.items():
+        head: dict[str, float] = {}
+        line: dict[str, Any] = {}
+        for variant in variants:
+            key = variant.replace("+", "_")
+            if variant in row:
+                head[variant] = float(row[variant]["head_bytes"])
+            elif variant in fits:
+                slope, intercept = fits[variant]
+                head[variant] = slope * tokens + intercept
+            else:
+                continue
+            line[f"{key}_head_gb"] = round(head[variant] / GB, 3)
+            if variant in FULL_TENSORS:
+                line[f"{key}_measured"] = variant in row
+            positions = tokens if variant in FULL_TENSORS else min(chunk, tokens)
+            line[f"{key}_in_logits_tensors"] = round(head[variant] / (positions * VOCAB * 4), 2)
+        if "chunked" in head and "full" in head:
+            line["chunked_over_full"] = round(head["chunked"] / head["full"], 4)
+        for variant in ("chunked", "full"):
+            if variant in head and variant + ENTROPY_GRAD in head:
+                line[f"{variant}_entropy_grad_over_{variant}"] = round(head[variant + ENTROPY_GRAD] / head[variant], 4)
+        summary[str(tokens)] = line
+        print(f"{tokens:6d} tokens: " + ", ".join(
+            f"head {v} {b / GB:.2f} GB" + ("" if v not in FULL_TENSORS or v in row else " (extrapolated)")
+            for v, b in head.items()) + "; " + ", ".join(f"{k} {v}" for k, v in line.items() if "_over_" in k))
+    return summary, {v.replace("+", "_"): round(slope) for v, (slope, _) in fits.items()}
+
+
 def main() -> int:
     from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 16384])
     parser.add_argument("--chunk", type=int, default=LOGPROB_CHUNK_TOKENS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="which to run besides the floor (default: all)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cpu-head-memory.json")
     parser.add_argument("--child", nargs=3, metavar=("VARIANT", "TOKENS", "CHUNK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -107,43 +174,18 @@ def main() -> int:
         print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]))))
         return 0
 
-    rows: dict[int, dict[str, Any]] = {}
-    for tokens in sorted(args.tokens):
-        row: dict[str, Any] = {"floor": run_child("floor", tokens, args.chunk),
-                               "chunked": run_child("chunked", tokens, args.chunk)}
-        full_need = FULL_TENSORS * tokens * VOCAB * 4
-        if full_need < 0.7 * available_bytes():
-            row["full"] = run_child("full", tokens, args.chunk)
-        else:
-            row["full_skipped"] = f"needs ~{full_need / GB:.0f} GB, {available_bytes() / GB:.0f} GB available"
-        rows[tokens] = row
-        floor = row["floor"]["peak_over_start_bytes"]
-        for variant in ("chunked", "full"):
-            if variant in row:
-                row[variant]["head_bytes"] = row[variant]["peak_over_start_bytes"] - floor
-        print(f"{tokens:6d} tokens: " + "  ".join(
-            f"{v} {row[v]['peak_over_start_bytes'] / GB:.2f} GB ({row[v]['seconds']:.1f} s)"
-            for v in ("floor", "chunked", "full") if v in row), flush=True)
-
-    measured = [(t, float(r["full"]["head_bytes"])) for t, r in rows.items() if "full" in r]
-    slope, intercept = linear_fit(measured) if measured else (float("nan"), float("nan"))
-    summary: dict[str, Any] = {}
-    for tokens, row in rows.items():
-        full = float(row["full"]["head_bytes"]) if "full" in row else slope * tokens + intercept
-        chunked = float(row["chunked"]["head_bytes"])
-        summary[str(tokens)] = {"chunked_head_gb": round(chunked / GB, 3), "full_head_gb": round(full / GB, 3),
-                                "full_measured": "full" in row, "chunked_over_full": round(chunked / full, 4),
-                                "full_in_logits_tensors": round(full / (tokens * VOCAB * 4), 2)}
-        print(f"{tokens:6d} tokens: head chunked {chunked / GB:.2f} GB, full {full / GB:.2f} GB "
-              f"({'measured' if 'full' in row else 'extrapolated'}): chunked/full {chunked / full:.3f}")
+    variants = [v for v in VARIANTS if v in args.variants]
+    started = time.perf_counter()
+    rows = {tokens: head_rows(tokens, args.chunk, variants) for tokens in sorted(set(args.tokens))}
+    summary, slopes = summarize(rows, args.chunk, variants)
     import torch
     import transformers
 
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
               "transformers": transformers.__version__, "vocab": VOCAB, "hidden": HIDDEN, "layers": 1,
-              "dtype": "float32", "chunk_tokens": args.chunk, "with_entropy": True,
-              "full_fit_bytes_per_token": round(slope), "summary": summary,
-              "runs": {str(t): r for t, r in rows.items()}}
+              "dtype": "float32", "chunk_tokens": args.chunk, "with_entropy": True, "entropy_coeff": ENTROPY_COEFF,
+              "full_fit_bytes_per_token": slopes, "summary": summary,
+              "wall_seconds": round(time.perf_counter() - started), "runs": {str(t): r for t, r in rows.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written to {args.out}")
