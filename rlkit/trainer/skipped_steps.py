@@ -74,7 +74,7 @@ class SkippedSteps:
 def skipped_metrics(engines: Mapping[str, Any]) -> dict[str, float]:
     """`<name>/skipped_steps` and `<name>/zero_gradient_steps` of each engine (its `skipped`): the optimizer steps
     it skipped during this training step for a non-finite norm and for a zero gradient (0 normally;
-    ppo_n_minibatches at most). Every rank takes them, so every rank's counts start again."""
+    ppo_n_minibatches x ppo_epochs at most). Every rank takes them, so every rank's counts start again."""
     metrics = {}
     for name, engine in engines.items():
         broken, zero = engine.skipped.take()
