@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from rlkit.config.schema.actor import LOGPROB_CHUNK_TOKENS
 from rlkit.models import ulysses
 from rlkit.models.packing import PackedRows, forward_packed, pack_rows, packs, rows_for
-from rlkit.trainer.rl_math.losses import entropy_from_logits, next_token_logprobs
+from rlkit.trainer.rl_math.losses import entropy_from_logits, entropy_statistic, next_token_logprobs
 
 Head = Callable[[Tensor], Tensor]  # hidden states [N, H] -> logits [N, V]
 
@@ -55,8 +55,7 @@ def _chunk(head: Head, hidden: Tensor, targets: Tensor, temperature: float, with
         return logp, entropy_from_logits(logits)
     if not with_entropy:
         return logp, logp.new_empty(0)
-    with torch.no_grad():
-        return logp, entropy_from_logits(logits.detach())
+    return logp, entropy_statistic(logits.detach(), block=logits.shape[0] or 1)
 
 
 def chunked_logprobs(head: Head, hidden: Tensor, targets: Tensor, *, temperature: float = 1.0, chunk_tokens: int,
@@ -165,8 +164,7 @@ def _full_entropy(logits: Tensor, temperature: float, with_entropy: bool, entrop
         return None
     if entropy_grad and torch.is_grad_enabled():
         return checkpoint(_scaled_entropy, logits, temperature, use_reentrant=False)
-    with torch.no_grad():
-        return _scaled_entropy(logits.detach(), temperature)
+    return entropy_statistic(logits.detach(), temperature)
 
 
 def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:

@@ -144,6 +144,25 @@ def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 
     return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+@torch.no_grad()
+def entropy_statistic(logits: Tensor, temperature: float = 1.0, *, block: int = 1024) -> Tensor:
+    """entropy_from_logits(logits / temperature) without gradient (the actor's `actor/entropy` statistic), `block`
+    positions at a time, the softmax and its product taken in place: two float32 [block, V] tensors beside the logits
+    instead of four of the logits' size (the full-logits path's [T, V] times four; the division by the temperature
+    too)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, flat.shape[0], block):
+        z = flat[start : start + block].float()
+        if temperature != 1.0:
+            z = z / temperature
+        logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+        del z
+        # p log p with p = 0 (a -inf logit) is 0 * -inf = nan: such a token adds nothing
+        out[start : start + block] = -torch.nan_to_num_(logp.exp().mul_(logp), nan=0.0).sum(dim=-1)
+    return out.view(logits.shape[:-1])
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax distribution at each position (last dim is the vocabulary); -inf logits are fine."""
     logp = torch.log_softmax(logits.float(), dim=-1)

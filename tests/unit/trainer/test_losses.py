@@ -67,6 +67,23 @@ def test_entropy_from_logits() -> None:
     close(entropy_from_logits(logits), [math.log(4.0), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))], 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_entropy_statistic_is_the_entropy_in_blocks(dtype: torch.dtype) -> None:
+    """The no-gradient statistic (in place, a block of positions at a time) equals entropy_from_logits at the
+    temperature, with -inf logits, blocks that do not divide the positions, and bf16 logits (computed in float32)."""
+    from rlkit.trainer.rl_math.losses import entropy_statistic
+
+    logits = (torch.randn(2, 5, 37, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    logits[0, 1, :30] = -math.inf
+    logits[1, 4, 5] = -math.inf
+    for temperature in (1.0, 0.7):
+        want = entropy_from_logits(logits.float() / temperature)
+        for block in (1, 3, 1024):
+            got = entropy_statistic(logits, temperature, block=block)
+            assert got.shape == (2, 5) and got.dtype == torch.float32 and not got.requires_grad
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 # --- PPO actor loss ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
