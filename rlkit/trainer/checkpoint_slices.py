@@ -13,7 +13,7 @@ as from_pretrained casts (Tensor.to), copied in place.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,24 +43,31 @@ class _Stored:
     shape: tuple[int, ...]
 
 
-def slice_plan(skeleton: nn.Module, path: str) -> list[Slice] | str:
+def slice_plan(skeleton: nn.Module, path: str, fresh: Collection[str] = ()) -> list[Slice] | str:
     """The checkpoint tensor of every state-dict entry of `skeleton` (unsharded, on the meta device, as built from
-    the config at `path`), or why reading it rank by rank would not be exactly from_pretrained's model."""
+    the config at `path`; peft's wrapper too, its names mapped by rlkit.trainer.fresh_params.checkpoint_names) but
+    the `fresh` ones the checkpoint lacks (drawn by the build itself), or why reading it rank by rank would not be
+    exactly from_pretrained's model."""
+    from rlkit.trainer.fresh_params import checkpoint_names
+
     try:
         stored = _stored_tensors(Path(path))
     except Exception as exc:  # a missing, unreadable or malformed file: from_pretrained says what it makes of it
         return f"cannot read the checkpoint's safetensors ({type(exc).__name__}: {exc})"
     if isinstance(stored, str):
         return stored
-    config = getattr(skeleton, "config", None)
+    base, mapped = checkpoint_names(skeleton)
+    config = getattr(base, "config", None)
     if getattr(config, "quantization_config", None) is not None:
         return "the checkpoint is quantized"
-    renamed = _renamed_keys(skeleton, list(stored))
+    renamed = _renamed_keys(base, list(stored), dict.fromkeys(mapped.values(), True))
     if renamed:
         return f"transformers renames or converts checkpoint keys: {renamed}"
     plan, problems, used = [], [], set()
     for names, tensor in _entries(skeleton):
-        present = [name for name in names if name in stored]
+        present = [mapped[name] for name in names if mapped[name] in stored]
+        if not present and all(name in fresh for name in names):
+            continue
         used.update(present)
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32:
             problems.append(f"{names[0]} is no float32 tensor")
@@ -89,7 +96,7 @@ def load_slices(model: nn.Module, plan: list[Slice]) -> None:
 
     with torch.no_grad():
         for entry in plan:
-            local, rows = local_part(_tensor(model, entry.name))
+            local, rows = local_part(tensor_of(model, entry.name))
             if local.numel() > 0:
                 with safe_open(entry.file, framework="pt", device="cpu") as handle:
                     local.copy_(handle.get_slice(entry.key)[rows].to(local.dtype))
@@ -148,9 +155,9 @@ def _entries(skeleton: nn.Module) -> Iterator[tuple[list[str], Any]]:
     yield from groups.values()
 
 
-def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
+def _renamed_keys(skeleton: nn.Module, keys: list[str], names: dict[str, bool]) -> list[str]:
     """The checkpoint keys that from_pretrained would rename or convert for this model (none: the names are the
-    model's own), quoted as `key -> name`; every key when this transformers cannot say."""
+    model's own, `names`), quoted as `key -> name`; every key when this transformers cannot say."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
@@ -159,7 +166,6 @@ def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
     transforms = get_model_conversion_mapping(skeleton)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    names = skeleton.state_dict()
     prefix = getattr(skeleton, "base_model_prefix", None)
     renamed = []
     for key in keys:
@@ -171,7 +177,7 @@ def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
     return renamed[:SHOWN] + ([f"+{len(renamed) - SHOWN}"] if len(renamed) > SHOWN else [])
 
 
-def _tensor(model: nn.Module, name: str) -> torch.Tensor:
+def tensor_of(model: nn.Module, name: str) -> torch.Tensor:
     module, _, leaf = name.rpartition(".")
     tensor = getattr(model.get_submodule(module), leaf)
     if not isinstance(tensor, torch.Tensor):

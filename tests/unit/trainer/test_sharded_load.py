@@ -60,7 +60,8 @@ def actor(path, **kw):
 
 LORA = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 CASES = {"causal": (actor(untied), None), "scratch": (actor(untied, init_from_scratch=True), None),
-         "lora": (actor(untied, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
+         "lora": (actor(untied, **LORA), None), "tied_lora": (actor(tied, **LORA), None),
+         "renamed_lora": (actor(renamed, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
          "tied": (actor(tied), None), "bf16": (actor(bf16), None), "renamed": (actor(renamed), None),
          "reference": (untied, None), "tied_reference": (tied, None)}
 
@@ -119,8 +120,10 @@ for case in sys.argv[5].split(","):
 print("RESULT " + json.dumps(results), flush=True)
 '''
 
-CASES = "causal,scratch,lora,value,tied,bf16,renamed,reference,tied_reference"
-FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference"}  # the weights are exactly the checkpoint's
+CASES = "causal,scratch,lora,tied_lora,renamed_lora,value,tied,bf16,renamed,reference,tied_reference"
+TRIED = 2  # the cases that try the rows and fall back: renamed, renamed_lora
+FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference",  # the weights are exactly the checkpoint's,
+             "lora", "tied_lora"}  # or its base's, with an adapter every rank draws itself
 VOCAB = 509  # rows of the embedding and the head: 255 and 254 on 2 ranks
 
 
@@ -150,7 +153,7 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
     outputs = run_ranks(world, ["-c", WORKER, *dirs, CASES])
     for rank, output in enumerate(outputs):
         said = [ln for ln in output.splitlines() if ln.startswith("rlkit train: rank 0 builds the whole model")]
-        assert len(said) == (rank == 0), f"rank {rank}: lines on the fallback: {said}"
+        assert len(said) == (TRIED if rank == 0 else 0), f"rank {rank}: lines on the fallback: {said}"
         assert all("norm.weight -> model.norm.weight" in line for line in said), said  # the renamed case's
         line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
         assert line is not None, f"rank {rank} printed no result:\n{output[-2000:]}"
@@ -163,7 +166,7 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             assert got["param_diff"] == [], f"{where}: parameters differ from today's build: {got['param_diff']}"
             assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
             assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
-            assert (got["adapter"] > 0) == (case == "lora"), f"{where}: {got['adapter']} adapter parameters"
+            assert (got["adapter"] > 0) == case.endswith("lora"), f"{where}: {got['adapter']} adapter parameters"
             assert got["tied"] == case.startswith("tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
             path = "load_slices" if case in FROM_ROWS else "load_full"
             assert got["paths"] == [path], f"{where}: loaded by {got['paths']}, not {path}"
