@@ -3,11 +3,12 @@ checkpoint's safetensors (the plain causal LM, the frozen reference) without ran
 host (rlkit.trainer.sharded_load's other path: a 70B model is 280 GB of float32 there).
 
 `slice_plan` says, on rank 0, whether that is exactly what from_pretrained(dtype=float32) would give: every entry of
-the model's state dict is one checkpoint tensor of the same shape (tied weights: one parameter, one tensor), no
-checkpoint tensor is left over, transformers renames or converts no key (its weight conversions, the base-model
-prefix), every dtype casts to float32 exactly. Anything else returns the reason, and the caller falls back.
-`load_slices` then fills every rank's local shards: the rows a DTensor's placements give this rank, cast to float32
-as from_pretrained casts (Tensor.to), copied in place.
+the model's state dict is one checkpoint tensor of the same shape (tied weights: one parameter, one tensor) or,
+absent there, one the build drew itself (LoRA's adapter, a value model's fresh head: rlkit.trainer.fresh_params), no
+checkpoint tensor is left over (but another head's, for a model with a head of its own), transformers renames or
+converts no key (its weight conversions, the base-model prefix), every dtype casts to float32 exactly. Anything else
+returns the reason, and the caller falls back. `load_slices` then fills every rank's local shards: the rows a
+DTensor's placements give this rank, cast to float32 as from_pretrained casts (Tensor.to), copied in place.
 """
 
 from __future__ import annotations
@@ -79,13 +80,27 @@ def slice_plan(skeleton: nn.Module, path: str, fresh: Collection[str] = ()) -> l
             problems.append(f"{present[0]} is {stored[present[0]].dtype}")
         else:
             plan.append(Slice(names[0], stored[present[0]].file, present[0]))
-    left = sorted(set(stored) - used)
+    left = sorted(set(stored) - used - _other_heads(base, stored, Path(path)))
     if left:
         problems.append(f"the model has no {', '.join(left[:SHOWN])}" + (f" (+{len(left) - SHOWN})"
                                                                         if len(left) > SHOWN else ""))
     if problems:
         return "; ".join(problems[:SHOWN]) + (f" (+{len(problems) - SHOWN} more)" if len(problems) > SHOWN else "")
     return plan
+
+
+def _other_heads(model: nn.Module, stored: dict[str, _Stored], directory: Path) -> set[str]:
+    """The checkpoint keys from_pretrained drops for a model that puts another head on the checkpoint's backbone (a
+    value model on a causal LM: its lm_head), those outside the backbone's prefix when config.json names another
+    architecture than the model's; none otherwise (a key the model does not take then says its names are off)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    try:
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures")
+    except Exception:  # an unreadable config: from_pretrained says what it makes of it, the plan takes no risk
+        return set()
+    if not prefix or not isinstance(architectures, list) or type(model).__name__ in architectures:
+        return set()
+    return {key for key in stored if not key.startswith(f"{prefix}.")}
 
 
 def load_slices(model: nn.Module, plan: list[Slice]) -> None:

@@ -113,11 +113,11 @@ def actor_model_factory(config: ActorConfig) -> ModelFactory:
 
 def checkpoint_of(config: ActorConfig, model_factory: ModelFactory) -> str | None:
     """The directory whose safetensors are exactly the factory's weights but those its build draws the same on every
-    rank (the plain causal LM's, LoRA's base under peft's names: each rank reads its own shards there and draws the
-    adapter itself, rlkit.trainer.sharded_load), None where the build adds weights no meta build holds (a value head,
-    init_from_scratch)."""
-    plain = model_factory is causal_lm or model_factory is lora_causal_lm
-    return config.path if plain and not config.init_from_scratch else None
+    rank (the plain causal LM's; LoRA's base under peft's names and the value model's backbone, each rank drawing the
+    adapter or a fresh head itself: rlkit.trainer.sharded_load), None for init_from_scratch (the build draws all) and
+    any other factory (whose weights may be anything)."""
+    known = model_factory in (causal_lm, lora_causal_lm, value_head_model)
+    return config.path if known and not config.init_from_scratch else None
 
 
 def param_dtype_of(config: ActorConfig) -> torch.dtype | None:

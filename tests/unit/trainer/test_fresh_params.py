@@ -15,7 +15,7 @@ from torch import nn
 
 from rlkit.config.schema.actor import ActorConfig
 from rlkit.trainer.checkpoint_slices import slice_plan
-from rlkit.trainer.engine import lora_causal_lm
+from rlkit.trainer.engine import lora_causal_lm, value_head_model
 from rlkit.trainer.fresh_params import FreshCapture, checkpoint_names
 from tests.helpers.checkpoint_variants import checkpoint_variant
 
@@ -81,3 +81,26 @@ def test_a_plain_model_keeps_its_own_names_and_a_meta_build_draws_nothing(tiny_m
     assert capture.values(model) == {}
     base, mapped = checkpoint_names(model)
     assert base is model and all(key == name for key, name in mapped.items()) and len(mapped) > 20
+
+
+def value_actor(path: Path) -> ActorConfig:
+    return ActorConfig(path=str(path), dtype="float32", attn_impl="sdpa")
+
+
+def test_a_value_skeleton_draws_the_full_builds_head_and_drops_only_the_lm_head(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    with FreshCapture() as capture:
+        skeleton = value_head_model(value_actor(tiny_model_dir), META)
+    fresh = capture.values(skeleton)
+    full = value_head_model(value_actor(tiny_model_dir), torch.device("cpu"))
+    assert sorted(fresh) == ["score.bias", "score.weight"] and all(value.device.type == "cpu"
+                                                                   for value in fresh.values())
+    assert all(torch.equal(fresh[name], full.state_dict()[name]) for name in fresh)
+    assert fresh["score.weight"].abs().sum() > 0 and not skeleton.training and not full.training
+    plan = slice_plan(skeleton, str(tiny_model_dir), fresh)
+    assert isinstance(plan, list) and {entry.key for entry in plan} == set(full.state_dict()) - set(fresh), plan
+    # a key outside the backbone is the causal LM's head, dropped; one inside it is a name that is off
+    extra = checkpoint_variant(tiny_model_dir, tmp_path / "m", lambda t: {**t, "model.extra.weight": torch.zeros(2)})
+    assert slice_plan(skeleton, str(extra), fresh) == "the model has no model.extra.weight"
+    assert slice_plan(skeleton, str(tiny_model_dir)) == \
+        "score.weight: 0 checkpoint tensors; score.bias: 0 checkpoint tensors"  # no head drawn: in no checkpoint

@@ -31,7 +31,7 @@ from rlkit.trainer.engine import TrainEngine, actor_model_factory, value_head_mo
 from rlkit.trainer import sharded_load
 from rlkit.trainer.sharded_load import build_sharded, shard_model
 
-untied, tied, bf16, renamed = sys.argv[1:5]
+untied, tied, bf16, renamed, saved_value = sys.argv[1:6]
 env, device = init_distributed()
 paths = []  # which loader filled each sharded build
 
@@ -62,6 +62,7 @@ LORA = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", 
 CASES = {"causal": (actor(untied), None), "scratch": (actor(untied, init_from_scratch=True), None),
          "lora": (actor(untied, **LORA), None), "tied_lora": (actor(tied, **LORA), None),
          "renamed_lora": (actor(renamed, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
+         "tied_value": (actor(tied), value_head_model), "saved_value": (actor(saved_value), value_head_model),
          "tied": (actor(tied), None), "bf16": (actor(bf16), None), "renamed": (actor(renamed), None),
          "reference": (untied, None), "tied_reference": (tied, None)}
 
@@ -95,7 +96,7 @@ def differ(a, b):
 
 ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(env.rank))
 results = {}
-for case in sys.argv[5].split(","):
+for case in sys.argv[6].split(","):
     del paths[:]
     (new, new_engine), (old, old_engine) = build(case, build_sharded), build(case, today)
     (new_p, new_b), (old_p, old_b) = state(new), state(old)
@@ -120,10 +121,11 @@ for case in sys.argv[5].split(","):
 print("RESULT " + json.dumps(results), flush=True)
 '''
 
-CASES = "causal,scratch,lora,tied_lora,renamed_lora,value,tied,bf16,renamed,reference,tied_reference"
+CASES = ("causal,scratch,lora,tied_lora,renamed_lora,value,tied_value,saved_value,tied,bf16,renamed,reference,"
+         "tied_reference")
 TRIED = 2  # the cases that try the rows and fall back: renamed, renamed_lora
 FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference",  # the weights are exactly the checkpoint's,
-             "lora", "tied_lora"}  # or its base's, with an adapter every rank draws itself
+             "lora", "tied_lora", "value", "tied_value", "saved_value"}  # or its base's, and what each rank draws
 VOCAB = 509  # rows of the embedding and the head: 255 and 254 on 2 ranks
 
 
@@ -146,10 +148,22 @@ def renamed_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("renamed") / "model", edit)
 
 
+@pytest.fixture(scope="module")
+def saved_value_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a saved value model (rw's): a score head of its own instead of the LM head."""
+    def edit(tensors: Tensors) -> Tensors:
+        head = torch.randn(1, 128, generator=torch.Generator().manual_seed(3))
+        return {**{k: v for k, v in tensors.items() if k != "lm_head.weight"}, "score.weight": head,
+                "score.bias": torch.tensor([0.25])}
+
+    return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("saved_value") / "model", edit,
+                              config={"architectures": ["Qwen2ForTokenClassification"], "num_labels": 1})
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path, tied_model_dir: Path,
-                                                bf16_dir: Path, renamed_dir: Path) -> None:
-    dirs = [str(tiny_model_dir), str(tied_model_dir), str(bf16_dir), str(renamed_dir)]
+                                                bf16_dir: Path, renamed_dir: Path, saved_value_dir: Path) -> None:
+    dirs = [str(tiny_model_dir), str(tied_model_dir), str(bf16_dir), str(renamed_dir), str(saved_value_dir)]
     outputs = run_ranks(world, ["-c", WORKER, *dirs, CASES])
     for rank, output in enumerate(outputs):
         said = [ln for ln in output.splitlines() if ln.startswith("rlkit train: rank 0 builds the whole model")]
@@ -167,7 +181,8 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
             assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
             assert (got["adapter"] > 0) == case.endswith("lora"), f"{where}: {got['adapter']} adapter parameters"
-            assert got["tied"] == case.startswith("tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
+            tied = case.startswith("tied") and case != "tied_value"
+            assert got["tied"] == tied, f"{where}: lm_head tied to the embeddings: {got['tied']}"
             path = "load_slices" if case in FROM_ROWS else "load_full"
             assert got["paths"] == [path], f"{where}: loaded by {got['paths']}, not {path}"
             if not case.endswith("reference"):
