@@ -40,6 +40,19 @@ def spy(name):
     setattr(sharded_load, name, lambda *args: paths.append(name) or loader(*args))
 
 spy("load_slices"), spy("load_full")
+host = []  # the bytes off the meta device of every model an actor factory built (a sharded build's whole models)
+
+def record(name):
+    factory = getattr(engine_module, name)
+    def recorded(config, where):
+        model = factory(config, where)
+        host.append(sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()] if not t.is_meta))
+        return model
+    setattr(engine_module, name, recorded)  # the module's own: checkpoint_of knows the factories by identity
+
+for name in ("causal_lm", "lora_causal_lm", "value_head_model"):
+    record(name)
+value_head_model = engine_module.value_head_model
 
 def today(build, device, *, param_dtype, prepare=None, checkpoint=None):
     """The build before rlkit.trainer.sharded_load: the whole model on every rank, then sharded."""
@@ -97,12 +110,15 @@ def differ(a, b):
 ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(env.rank))
 results = {}
 for case in sys.argv[6].split(","):
-    del paths[:]
-    (new, new_engine), (old, old_engine) = build(case, build_sharded), build(case, today)
+    del paths[:], host[:]
+    new, new_engine = build(case, build_sharded)
+    held = max(host, default=None)
+    old, old_engine = build(case, today)
     (new_p, new_b), (old_p, old_b) = state(new), state(old)
     result = {"params": len(new_p), "buffers": sorted(new_b), "param_diff": differ(new_p, old_p),
               "buffer_diff": differ(new_b, old_b), "adapter": sum("lora_" in n for n in new_p),
-              "tied": is_tied(new), "paths": list(paths),
+              "tied": is_tied(new), "paths": list(paths), "held": held,
+              "full": sum(p.numel() * p.element_size() for p in new_p.values()),
               "same_count": len(list(new.parameters())) == len(list(old.parameters())),
               "grad": [n for n, p in new.named_parameters() if p.requires_grad] ==
                       [n for n, p in old.named_parameters() if p.requires_grad],
@@ -184,6 +200,10 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             tied = case.startswith("tied") and case != "tied_value"
             assert got["tied"] == tied, f"{where}: lm_head tied to the embeddings: {got['tied']}"
             path = "load_slices" if case in FROM_ROWS else "load_full"
+            if not case.endswith("reference"):  # rank 0 built a whole model on its host only where it broadcasts
+                whole = rank == 0 and path == "load_full"
+                assert (got["held"] >= got["full"]) == whole, f"{where}: {got['held']} bytes held, {got['full']} whole"
+                assert whole or got["held"] * 50 < got["full"], f"{where}: {got['held']} bytes of {got['full']} held"
             assert got["paths"] == [path], f"{where}: loaded by {got['paths']}, not {path}"
             if not case.endswith("reference"):
                 (new_step, new_after), (old_step, old_after) = got["losses"]
