@@ -10,11 +10,12 @@ the seeded adapter and head, init_from_scratch's seeded draw). Without this, eac
 whole float32 model in host memory and then on its GPU before sharding (a 7B model: 28 GB each; a 32B one fits no
 80 GB GPU at all).
 
-When the weights are exactly the checkpoint's (`checkpoint`: the plain causal LM, the frozen reference), rank 0 does
-not build the full model either: each rank reads its own rows of every tensor from the safetensors
-(rlkit.trainer.checkpoint_slices), and rank 0 sends only what no checkpoint holds (the non-persistent buffers, the
-training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not be
-exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
+When the weights are the checkpoint's (`checkpoint`: the plain causal LM, LoRA's base, the value model's backbone, the
+frozen reference), rank 0 does not build the full model either: each rank reads its own rows of every tensor from the
+safetensors (rlkit.trainer.checkpoint_slices), takes what the build draws itself (LoRA's adapter, a fresh value head)
+from its own meta build (rlkit.trainer.fresh_params), and rank 0 sends only what no checkpoint holds (the non-persistent
+buffers, the training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not
+be exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
 and the full model is broadcast as above.
 """
 
@@ -54,7 +55,8 @@ def build_sharded(build: Callable[[torch.device], nn.Module], device: torch.devi
     """The model of `build`, FSDP2-sharded on `device` with rank 0's full model's values; collective (every rank of
     the default process group). `prepare` runs on the skeleton before sharding (a frozen reference: no gradients,
     eval mode). `checkpoint`: the directory whose safetensors are exactly `build(cpu)`'s weights (from_pretrained's,
-    in float32): each rank then reads its own shards there instead."""
+    in float32) but those the meta build draws as `build(cpu)` does: each rank then reads its own shards there and
+    takes the drawn ones from its own skeleton instead."""
     import torch.distributed as dist
 
     def built(where: torch.device) -> nn.Module:
