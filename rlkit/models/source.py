@@ -35,13 +35,16 @@ def model_config(path: str, *, disable_dropout: bool) -> Any:
 def build_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dropout: bool = False,
                     from_scratch: bool = False, meta: bool = False) -> torch.nn.Module:
     """The causal LM of `path`: its weights, or (from_scratch) its architecture with SCRATCH_SEED's random init, or
-    (meta) its architecture on the meta device, no memory and no values (rlkit.trainer.sharded_load fills them)."""
+    (meta) its architecture on the meta device, no memory and no values (rlkit.trainer.sharded_load fills them), in
+    the mode the real build returns (from_pretrained's eval mode, from_config's training mode: the modes a sharded
+    build copies)."""
     from transformers import AutoModelForCausalLM
 
     config = model_config(path, disable_dropout=disable_dropout)
     if meta:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_impl)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_impl)
+        return model if from_scratch else model.eval()
     if from_scratch:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SCRATCH_SEED)

@@ -35,7 +35,7 @@ def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, at
     """A one-label token-classification model from `path` (a causal LM or a saved value model), no dropout on the
     head (values and scores must not depend on the training mode); with `disable_dropout` none anywhere, with
     `from_scratch` the architecture of `path` with random weights, with `meta` its skeleton on the meta device
-    (rlkit.models.source)."""
+    (rlkit.models.source) in the real build's mode, its fresh head drawn on the CPU first (`meta_head`)."""
     from transformers import AutoModelForTokenClassification
 
     config = model_config(str(path), disable_dropout=disable_dropout)
@@ -44,7 +44,10 @@ def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, at
     if meta:
         with torch.device("meta"):
             model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_impl)
-        missing = False  # no values to draw: the head's come from the full model (rlkit.trainer.sharded_load)
+        meta_head(model, head_seed)
+        if not from_scratch:
+            model.eval()  # from_pretrained's mode
+        missing = False
     elif from_scratch:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SCRATCH_SEED)
@@ -59,6 +62,19 @@ def load_value_model(path: str | Path, *, dtype: torch.dtype = torch.float32, at
         init_head(model, head_seed)
     model.config.architectures = [type(model).__name__]  # what a save writes (it was the causal LM's)
     return model
+
+
+def meta_head(model: nn.Module, seed: int) -> None:
+    """The meta skeleton's head drawn as a fresh head is (`init_head`) on the CPU, then moved to the meta device:
+    every rank's sharded build takes those values where the checkpoint has no head (rlkit.trainer.fresh_params),
+    so no rank builds the whole model for a head of a few thousand numbers."""
+    head = model.score
+    assert isinstance(head, nn.Linear), f"expected a linear score head, got {type(head).__name__}"
+    with torch.random.fork_rng(devices=[]):  # nn.Linear draws its own init from the process's RNG (then replaced)
+        model.score = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
+                                dtype=head.weight.dtype, device="cpu")
+    init_head(model, seed)
+    model.score.to(torch.device("meta"))
 
 
 def init_head(model: nn.Module, seed: int) -> None:

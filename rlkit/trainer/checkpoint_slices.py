@@ -3,17 +3,18 @@ checkpoint's safetensors (the plain causal LM, the frozen reference) without ran
 host (rlkit.trainer.sharded_load's other path: a 70B model is 280 GB of float32 there).
 
 `slice_plan` says, on rank 0, whether that is exactly what from_pretrained(dtype=float32) would give: every entry of
-the model's state dict is one checkpoint tensor of the same shape (tied weights: one parameter, one tensor), no
-checkpoint tensor is left over, transformers renames or converts no key (its weight conversions, the base-model
-prefix), every dtype casts to float32 exactly. Anything else returns the reason, and the caller falls back.
-`load_slices` then fills every rank's local shards: the rows a DTensor's placements give this rank, cast to float32
-as from_pretrained casts (Tensor.to), copied in place.
+the model's state dict is one checkpoint tensor of the same shape (tied weights: one parameter, one tensor) or,
+absent there, one the build drew itself (LoRA's adapter, a value model's fresh head: rlkit.trainer.fresh_params), no
+checkpoint tensor is left over (but another head's, for a model with a head of its own), transformers renames or
+converts no key (its weight conversions, the base-model prefix), every dtype casts to float32 exactly. Anything else
+returns the reason, and the caller falls back. `load_slices` then fills every rank's local shards: the rows a
+DTensor's placements give this rank, cast to float32 as from_pretrained casts (Tensor.to), copied in place.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,24 +44,31 @@ class _Stored:
     shape: tuple[int, ...]
 
 
-def slice_plan(skeleton: nn.Module, path: str) -> list[Slice] | str:
+def slice_plan(skeleton: nn.Module, path: str, fresh: Collection[str] = ()) -> list[Slice] | str:
     """The checkpoint tensor of every state-dict entry of `skeleton` (unsharded, on the meta device, as built from
-    the config at `path`), or why reading it rank by rank would not be exactly from_pretrained's model."""
+    the config at `path`; peft's wrapper too, its names mapped by rlkit.trainer.fresh_params.checkpoint_names) but
+    the `fresh` ones the checkpoint lacks (drawn by the build itself), or why reading it rank by rank would not be
+    exactly from_pretrained's model."""
+    from rlkit.trainer.fresh_params import checkpoint_names
+
     try:
         stored = _stored_tensors(Path(path))
     except Exception as exc:  # a missing, unreadable or malformed file: from_pretrained says what it makes of it
         return f"cannot read the checkpoint's safetensors ({type(exc).__name__}: {exc})"
     if isinstance(stored, str):
         return stored
-    config = getattr(skeleton, "config", None)
+    base, mapped = checkpoint_names(skeleton)
+    config = getattr(base, "config", None)
     if getattr(config, "quantization_config", None) is not None:
         return "the checkpoint is quantized"
-    renamed = _renamed_keys(skeleton, list(stored))
+    renamed = _renamed_keys(base, list(stored), dict.fromkeys(mapped.values(), True))
     if renamed:
         return f"transformers renames or converts checkpoint keys: {renamed}"
     plan, problems, used = [], [], set()
     for names, tensor in _entries(skeleton):
-        present = [name for name in names if name in stored]
+        present = [mapped[name] for name in names if mapped[name] in stored]
+        if not present and all(name in fresh for name in names):
+            continue
         used.update(present)
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32:
             problems.append(f"{names[0]} is no float32 tensor")
@@ -72,13 +80,27 @@ def slice_plan(skeleton: nn.Module, path: str) -> list[Slice] | str:
             problems.append(f"{present[0]} is {stored[present[0]].dtype}")
         else:
             plan.append(Slice(names[0], stored[present[0]].file, present[0]))
-    left = sorted(set(stored) - used)
+    left = sorted(set(stored) - used - _other_heads(base, stored, Path(path)))
     if left:
         problems.append(f"the model has no {', '.join(left[:SHOWN])}" + (f" (+{len(left) - SHOWN})"
                                                                         if len(left) > SHOWN else ""))
     if problems:
         return "; ".join(problems[:SHOWN]) + (f" (+{len(problems) - SHOWN} more)" if len(problems) > SHOWN else "")
     return plan
+
+
+def _other_heads(model: nn.Module, stored: dict[str, _Stored], directory: Path) -> set[str]:
+    """The checkpoint keys from_pretrained drops for a model that puts another head on the checkpoint's backbone (a
+    value model on a causal LM: its lm_head), those outside the backbone's prefix when config.json names another
+    architecture than the model's; none otherwise (a key the model does not take then says its names are off)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    try:
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures")
+    except Exception:  # an unreadable config: from_pretrained says what it makes of it, the plan takes no risk
+        return set()
+    if not prefix or not isinstance(architectures, list) or type(model).__name__ in architectures:
+        return set()
+    return {key for key in stored if not key.startswith(f"{prefix}.")}
 
 
 def load_slices(model: nn.Module, plan: list[Slice]) -> None:
@@ -89,7 +111,7 @@ def load_slices(model: nn.Module, plan: list[Slice]) -> None:
 
     with torch.no_grad():
         for entry in plan:
-            local, rows = local_part(_tensor(model, entry.name))
+            local, rows = local_part(tensor_of(model, entry.name))
             if local.numel() > 0:
                 with safe_open(entry.file, framework="pt", device="cpu") as handle:
                     local.copy_(handle.get_slice(entry.key)[rows].to(local.dtype))
@@ -148,9 +170,9 @@ def _entries(skeleton: nn.Module) -> Iterator[tuple[list[str], Any]]:
     yield from groups.values()
 
 
-def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
+def _renamed_keys(skeleton: nn.Module, keys: list[str], names: dict[str, bool]) -> list[str]:
     """The checkpoint keys that from_pretrained would rename or convert for this model (none: the names are the
-    model's own), quoted as `key -> name`; every key when this transformers cannot say."""
+    model's own, `names`), quoted as `key -> name`; every key when this transformers cannot say."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
@@ -159,7 +181,6 @@ def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
     transforms = get_model_conversion_mapping(skeleton)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    names = skeleton.state_dict()
     prefix = getattr(skeleton, "base_model_prefix", None)
     renamed = []
     for key in keys:
@@ -171,7 +192,7 @@ def _renamed_keys(skeleton: nn.Module, keys: list[str]) -> list[str]:
     return renamed[:SHOWN] + ([f"+{len(renamed) - SHOWN}"] if len(renamed) > SHOWN else [])
 
 
-def _tensor(model: nn.Module, name: str) -> torch.Tensor:
+def tensor_of(model: nn.Module, name: str) -> torch.Tensor:
     module, _, leaf = name.rpartition(".")
     tensor = getattr(model.get_submodule(module), leaf)
     if not isinstance(tensor, torch.Tensor):

@@ -112,10 +112,12 @@ def actor_model_factory(config: ActorConfig) -> ModelFactory:
 
 
 def checkpoint_of(config: ActorConfig, model_factory: ModelFactory) -> str | None:
-    """The directory whose safetensors are exactly the factory's weights (the plain causal LM's: each rank reads its
-    own shards there, rlkit.trainer.sharded_load), None where the build draws or adds weights of its own (LoRA's
-    adapter, a value head, init_from_scratch)."""
-    return config.path if model_factory is causal_lm and not config.init_from_scratch else None
+    """The directory whose safetensors are exactly the factory's weights but those its build draws the same on every
+    rank (the plain causal LM's; LoRA's base under peft's names and the value model's backbone, each rank drawing the
+    adapter or a fresh head itself: rlkit.trainer.sharded_load), None for init_from_scratch (the build draws all) and
+    any other factory (whose weights may be anything)."""
+    known = model_factory in (causal_lm, lora_causal_lm, value_head_model)
+    return config.path if known and not config.init_from_scratch else None
 
 
 def param_dtype_of(config: ActorConfig) -> torch.dtype | None:

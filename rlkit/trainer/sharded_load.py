@@ -10,11 +10,12 @@ the seeded adapter and head, init_from_scratch's seeded draw). Without this, eac
 whole float32 model in host memory and then on its GPU before sharding (a 7B model: 28 GB each; a 32B one fits no
 80 GB GPU at all).
 
-When the weights are exactly the checkpoint's (`checkpoint`: the plain causal LM, the frozen reference), rank 0 does
-not build the full model either: each rank reads its own rows of every tensor from the safetensors
-(rlkit.trainer.checkpoint_slices), and rank 0 sends only what no checkpoint holds (the non-persistent buffers, the
-training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not be
-exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
+When the weights are the checkpoint's (`checkpoint`: the plain causal LM, LoRA's base, the value model's backbone, the
+frozen reference), rank 0 does not build the full model either: each rank reads its own rows of every tensor from the
+safetensors (rlkit.trainer.checkpoint_slices), takes what the build draws itself (LoRA's adapter, a fresh value head)
+from its own meta build (rlkit.trainer.fresh_params), and rank 0 sends only what no checkpoint holds (the non-persistent
+buffers, the training flags) from a skeleton of its own (a 70B model: no 280 GB on rank 0's host). Where that would not
+be exactly from_pretrained's model (renamed keys, a dtype that does not cast exactly, ...), one line on rank 0 says why
 and the full model is broadcast as above.
 """
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from rlkit.trainer.checkpoint_slices import Slice, load_slices, slice_plan
+from rlkit.trainer.fresh_params import FreshCapture
 
 META = torch.device("meta")
 HOST = torch.device("cpu")
@@ -53,28 +55,31 @@ def build_sharded(build: Callable[[torch.device], nn.Module], device: torch.devi
     """The model of `build`, FSDP2-sharded on `device` with rank 0's full model's values; collective (every rank of
     the default process group). `prepare` runs on the skeleton before sharding (a frozen reference: no gradients,
     eval mode). `checkpoint`: the directory whose safetensors are exactly `build(cpu)`'s weights (from_pretrained's,
-    in float32): each rank then reads its own shards there instead."""
+    in float32) but those the meta build draws as `build(cpu)` does: each rank then reads its own shards there and
+    takes the drawn ones from its own skeleton instead."""
     import torch.distributed as dist
 
-    def built(where: torch.device, *, loaded: bool = False) -> nn.Module:
+    def built(where: torch.device) -> nn.Module:
         model = build(where)
-        if loaded:
-            model.eval()  # what from_pretrained returns (no weights here: only the modes and buffers count)
         if prepare is not None:
             prepare(model)
         return model
 
-    skeleton = built(META)
+    with FreshCapture() as capture:
+        skeleton = built(META)
+    fresh = capture.values(skeleton) if checkpoint is not None else {}  # what the build drew itself (LoRA's A, B)
+    capture.clear()
     decision: list[Any] = [None]  # rank 0's: the plan of each rank's reads, or why there is none
     source = None
     if checkpoint is not None:
         if dist.get_rank() == 0:
-            source, decision[0] = _decide(skeleton, checkpoint, lambda: built(META, loaded=True))
+            source, decision[0] = _decide(skeleton, checkpoint, lambda: built(META), fresh)
         dist.broadcast_object_list(decision, src=0)
     model = shard_model(skeleton, param_dtype=param_dtype)
     model.to_empty(device=device)  # this rank's shards (and whole buffers), uninitialised
     if isinstance(decision[0], list):
         load_slices(model, decision[0])
+        load_fresh(model, fresh, {entry.name for entry in decision[0]})
         load_unsaved(model, source)
     else:
         full = built(HOST) if dist.get_rank() == 0 else None  # host memory of rank 0 only, never its device
@@ -86,12 +91,12 @@ def build_sharded(build: Callable[[torch.device], nn.Module], device: torch.devi
     return model
 
 
-def _decide(skeleton: nn.Module, checkpoint: str,
-            build_loaded: Callable[[], nn.Module]) -> tuple[nn.Module | None, list[Slice] | str]:
+def _decide(skeleton: nn.Module, checkpoint: str, build_loaded: Callable[[], nn.Module],
+            fresh: dict[str, torch.Tensor] | None = None) -> tuple[nn.Module | None, list[Slice] | str]:
     """Rank 0's (source of what the checkpoint lacks, plan of each rank's reads), or (None, why there is none: said
     in one line). Any failure here is a reason, never an exception: the other ranks wait for the decision."""
     try:
-        plan = slice_plan(skeleton, checkpoint)
+        plan = slice_plan(skeleton, checkpoint, fresh or {})
     except Exception as exc:  # a hostile index or file: the full build reports it as it would
         plan = f"its checkpoint could not be checked ({type(exc).__name__}: {exc})"
     source = None
@@ -118,6 +123,18 @@ def checkpoint_source(build_loaded: Callable[[], nn.Module], plan: list[Slice]) 
     except Exception as exc:  # any model that cannot: the full build still can
         return None, f"its buffers could not be computed without its weights ({type(exc).__name__}: {exc})"
     return source, plan
+
+
+def load_fresh(model: nn.Module, fresh: dict[str, torch.Tensor], read: set[str]) -> None:
+    """This rank's part of every state-dict entry the plan does not read (`read`: the names it does) from the values
+    the build drew itself (every rank's own, identical: rlkit.trainer.fresh_params); local (no collective)."""
+    from rlkit.trainer.checkpoint_slices import local_part, tensor_of
+
+    with torch.no_grad():
+        for name, value in fresh.items():
+            if name not in read:
+                local, rows = local_part(tensor_of(model, name))
+                local.copy_(value[rows])
 
 
 def load_full(model: nn.Module, full: nn.Module | None) -> None:

@@ -31,7 +31,7 @@ from rlkit.trainer.engine import TrainEngine, actor_model_factory, value_head_mo
 from rlkit.trainer import sharded_load
 from rlkit.trainer.sharded_load import build_sharded, shard_model
 
-untied, tied, bf16, renamed = sys.argv[1:5]
+untied, tied, bf16, renamed, saved_value = sys.argv[1:6]
 env, device = init_distributed()
 paths = []  # which loader filled each sharded build
 
@@ -40,6 +40,19 @@ def spy(name):
     setattr(sharded_load, name, lambda *args: paths.append(name) or loader(*args))
 
 spy("load_slices"), spy("load_full")
+host = []  # the bytes off the meta device of every model an actor factory built (a sharded build's whole models)
+
+def record(name):
+    factory = getattr(engine_module, name)
+    def recorded(config, where):
+        model = factory(config, where)
+        host.append(sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()] if not t.is_meta))
+        return model
+    setattr(engine_module, name, recorded)  # the module's own: checkpoint_of knows the factories by identity
+
+for name in ("causal_lm", "lora_causal_lm", "value_head_model"):
+    record(name)
+value_head_model = engine_module.value_head_model
 
 def today(build, device, *, param_dtype, prepare=None, checkpoint=None):
     """The build before rlkit.trainer.sharded_load: the whole model on every rank, then sharded."""
@@ -60,7 +73,9 @@ def actor(path, **kw):
 
 LORA = dict(use_lora=True, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 CASES = {"causal": (actor(untied), None), "scratch": (actor(untied, init_from_scratch=True), None),
-         "lora": (actor(untied, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
+         "lora": (actor(untied, **LORA), None), "tied_lora": (actor(tied, **LORA), None),
+         "renamed_lora": (actor(renamed, **LORA), None), "value": (actor(untied, dtype="bfloat16"), value_head_model),
+         "tied_value": (actor(tied), value_head_model), "saved_value": (actor(saved_value), value_head_model),
          "tied": (actor(tied), None), "bf16": (actor(bf16), None), "renamed": (actor(renamed), None),
          "reference": (untied, None), "tied_reference": (tied, None)}
 
@@ -94,13 +109,16 @@ def differ(a, b):
 
 ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(env.rank))
 results = {}
-for case in sys.argv[5].split(","):
-    del paths[:]
-    (new, new_engine), (old, old_engine) = build(case, build_sharded), build(case, today)
+for case in sys.argv[6].split(","):
+    del paths[:], host[:]
+    new, new_engine = build(case, build_sharded)
+    held = max(host, default=None)
+    old, old_engine = build(case, today)
     (new_p, new_b), (old_p, old_b) = state(new), state(old)
     result = {"params": len(new_p), "buffers": sorted(new_b), "param_diff": differ(new_p, old_p),
               "buffer_diff": differ(new_b, old_b), "adapter": sum("lora_" in n for n in new_p),
-              "tied": is_tied(new), "paths": list(paths),
+              "tied": is_tied(new), "paths": list(paths), "held": held,
+              "full": sum(p.numel() * p.element_size() for p in new_p.values()),
               "same_count": len(list(new.parameters())) == len(list(old.parameters())),
               "grad": [n for n, p in new.named_parameters() if p.requires_grad] ==
                       [n for n, p in old.named_parameters() if p.requires_grad],
@@ -119,8 +137,11 @@ for case in sys.argv[5].split(","):
 print("RESULT " + json.dumps(results), flush=True)
 '''
 
-CASES = "causal,scratch,lora,value,tied,bf16,renamed,reference,tied_reference"
-FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference"}  # the weights are exactly the checkpoint's
+CASES = ("causal,scratch,lora,tied_lora,renamed_lora,value,tied_value,saved_value,tied,bf16,renamed,reference,"
+         "tied_reference")
+TRIED = 2  # the cases that try the rows and fall back: renamed, renamed_lora
+FROM_ROWS = {"causal", "tied", "bf16", "reference", "tied_reference",  # the weights are exactly the checkpoint's,
+             "lora", "tied_lora", "value", "tied_value", "saved_value"}  # or its base's, and what each rank draws
 VOCAB = 509  # rows of the embedding and the head: 255 and 254 on 2 ranks
 
 
@@ -143,14 +164,26 @@ def renamed_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("renamed") / "model", edit)
 
 
+@pytest.fixture(scope="module")
+def saved_value_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a saved value model (rw's): a score head of its own instead of the LM head."""
+    def edit(tensors: Tensors) -> Tensors:
+        head = torch.randn(1, 128, generator=torch.Generator().manual_seed(3))
+        return {**{k: v for k, v in tensors.items() if k != "lm_head.weight"}, "score.weight": head,
+                "score.bias": torch.tensor([0.25])}
+
+    return checkpoint_variant(tiny_model_dir, tmp_path_factory.mktemp("saved_value") / "model", edit,
+                              config={"architectures": ["Qwen2ForTokenClassification"], "num_labels": 1})
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path, tied_model_dir: Path,
-                                                bf16_dir: Path, renamed_dir: Path) -> None:
-    dirs = [str(tiny_model_dir), str(tied_model_dir), str(bf16_dir), str(renamed_dir)]
+                                                bf16_dir: Path, renamed_dir: Path, saved_value_dir: Path) -> None:
+    dirs = [str(tiny_model_dir), str(tied_model_dir), str(bf16_dir), str(renamed_dir), str(saved_value_dir)]
     outputs = run_ranks(world, ["-c", WORKER, *dirs, CASES])
     for rank, output in enumerate(outputs):
         said = [ln for ln in output.splitlines() if ln.startswith("rlkit train: rank 0 builds the whole model")]
-        assert len(said) == (rank == 0), f"rank {rank}: lines on the fallback: {said}"
+        assert len(said) == (TRIED if rank == 0 else 0), f"rank {rank}: lines on the fallback: {said}"
         assert all("norm.weight -> model.norm.weight" in line for line in said), said  # the renamed case's
         line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
         assert line is not None, f"rank {rank} printed no result:\n{output[-2000:]}"
@@ -163,9 +196,14 @@ def test_sharded_build_equals_todays_full_build(world: int, tiny_model_dir: Path
             assert got["param_diff"] == [], f"{where}: parameters differ from today's build: {got['param_diff']}"
             assert got["buffer_diff"] == [], f"{where}: buffers differ from today's build: {got['buffer_diff']}"
             assert got["same_count"] and got["grad"] and got["training"] and got["config"], f"{where}: {got}"
-            assert (got["adapter"] > 0) == (case == "lora"), f"{where}: {got['adapter']} adapter parameters"
-            assert got["tied"] == case.startswith("tied"), f"{where}: lm_head tied to the embeddings: {got['tied']}"
+            assert (got["adapter"] > 0) == case.endswith("lora"), f"{where}: {got['adapter']} adapter parameters"
+            tied = case.startswith("tied") and case != "tied_value"
+            assert got["tied"] == tied, f"{where}: lm_head tied to the embeddings: {got['tied']}"
             path = "load_slices" if case in FROM_ROWS else "load_full"
+            if not case.endswith("reference"):  # rank 0 built a whole model on its host only where it broadcasts
+                whole = rank == 0 and path == "load_full"
+                assert (got["held"] >= got["full"]) == whole, f"{where}: {got['held']} bytes held, {got['full']} whole"
+                assert whole or got["held"] * 50 < got["full"], f"{where}: {got['held']} bytes of {got['full']} held"
             assert got["paths"] == [path], f"{where}: loaded by {got['paths']}, not {path}"
             if not case.endswith("reference"):
                 (new_step, new_after), (old_step, old_after) = got["losses"]
