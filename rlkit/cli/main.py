@@ -162,7 +162,8 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
     from rlkit.jobs import REGISTRY
     from rlkit.launch.submit import prepare
 
-    with as_rlkit_file(config, REGISTRY.trinity_algorithms, overrides or []) as (source, trinity_header):
+    with as_rlkit_file(config, REGISTRY.trinity_algorithms, overrides or [],
+                       REGISTRY.verl_estimators) as (source, trinity_header):
         text, _ = migrate_file(source, overrides or [], REGISTRY)
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
         # refuse here what render would refuse, before the user keeps the file

@@ -45,7 +45,8 @@ class JobType:
     section only this job type reads, so a config setting it (without `type`) is likely of this type. `rows`: the
     train_dataset.type of the rows it trains on ("" when it trains on none); a type its rows name alone is taken for
     a config without `type`. `trinity`: the Trinity-RFT `algorithm_type` names `rlkit migrate` turns into this job
-    type (required, so a new job type says whether Trinity-RFT has it; () when it has none). `sequence_parallel`:
+    type (required, so a new job type says whether Trinity-RFT has it; () when it has none). `verl`: the verl
+    `algorithm.adv_estimator` names `rlkit migrate` turns into this job type. `sequence_parallel`:
     every forward its trainer trains through runs the Ulysses split (rlkit.trainer.head_logprobs), so
     actor.fsdp.ulysses_sp_size > 1 is allowed."""
 
@@ -56,6 +57,7 @@ class JobType:
     resumable: bool
     step: str
     trinity: tuple[str, ...]
+    verl: tuple[str, ...] = ()
     sections: tuple[str, ...] = ()
     prompt_dataset: str = ""
     lora: bool = False  # its trainer trains LoRA adapters (actor.use_lora); refused at submit otherwise

@@ -15,7 +15,8 @@ from rlkit.jobs.type_guess import job_type_of
 
 class JobTypes:
     """The registered job types, in their order; `trinity_algorithms`: Trinity-RFT's algorithm_type -> the job
-    type `rlkit migrate` makes of it (rlkit.config.trinity is handed this mapping, config never imports jobs)."""
+    type `rlkit migrate` makes of it (rlkit.config.trinity is handed this mapping, config never imports jobs);
+    `verl_estimators`: verl's algorithm.adv_estimator -> the job type, alike (rlkit.config.verl)."""
 
     def __init__(self, jobs: tuple[JobType, ...]) -> None:
         self.all = jobs
@@ -25,6 +26,9 @@ class JobTypes:
         self.trinity_algorithms = {algorithm: job.name for job in jobs for algorithm in job.trinity}
         assert len(self.trinity_algorithms) == sum(len(job.trinity) for job in jobs), \
             "two job types claim one Trinity-RFT algorithm_type"
+        self.verl_estimators = {estimator: job.name for job in jobs for estimator in job.verl}
+        assert len(self.verl_estimators) == sum(len(job.verl) for job in jobs), \
+            "two job types claim one verl adv_estimator"
 
     def __iter__(self) -> Iterator[JobType]:
         return iter(self.all)

@@ -38,6 +38,7 @@ class RunMapping:
         self.fates: list[VerlKey] = []
         self.problems = Problems()
         self.done: set[str] = set()
+        self.critic = False  # the run's algorithm trains a critic (verl's GAE)
 
     def fate(self, key: str, what: str) -> None:
         self.done.add(key)

@@ -25,9 +25,11 @@ def _overridden(overrides: list[str]) -> set[str]:
 
 
 @contextmanager
-def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str]) -> Iterator[tuple[Path, str]]:
+def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str],
+                  estimators: Mapping[str, str]) -> Iterator[tuple[Path, str]]:
     """As rlkit.config.trinity.as_rlkit_file, verl's runs first: a script naming verl.trainer.main_ppo, or a YAML
-    file of verl's sections, becomes its rlkit mapping in a temporary file and the header of its verl keys."""
+    file of verl's sections, becomes its rlkit mapping in a temporary file and the header of its verl keys.
+    `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators)."""
     source = f"in {path}"
     text = script_text(path)
     if text is not None:
@@ -42,7 +44,7 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str
         with other_file(path, algorithms) as converted:
             yield converted
         return
-    mapping, fates = verl_to_rlkit(run.leaves, source, _overridden(overrides))
+    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, _overridden(overrides))
     with written(path, mapping, header(path, fates, run)) as converted:
         yield converted
 

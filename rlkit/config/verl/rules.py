@@ -9,7 +9,7 @@ runs its servers and trainer on GPUs of their own, so the run's GPUs are split b
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from rlkit.config.trinity_terms import KL_ESTIMATORS
@@ -37,13 +37,13 @@ RUN_DEFAULTS = {"data.train_batch_size": 1024, "data.max_prompt_length": 512, "d
                 "trainer.project_name": "verl_examples", "trainer.experiment_name": "gsm8k"}
 
 
-def verl_to_rlkit(leaves: dict[str, Any], source: str,
+def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, str],
                   overridden: Collection[str] = ()) -> tuple[dict[str, Any], list[VerlKey]]:
     """The rlkit mapping of a verl run's keys and the fate of each; ConfigErrors naming every key rlkit cannot take
     as it stands (each with its fix). `overridden`: the rlkit keys the user's overrides set (a refusal those fix is
-    not one)."""
+    not one). `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators)."""
     m = RunMapping(leaves, source, overridden)
-    _algorithm(m)
+    _algorithm(m, estimators)
     _kl(m)
     _batches(m)
     allocation(m)
@@ -65,32 +65,40 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str,
     return m.out, m.fates
 
 
-def _algorithm(m: RunMapping) -> None:
+def _algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
     """algorithm.adv_estimator as the job type and its advantage normalisation."""
     key, std_key = "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"
     estimator = m.leaves.get(key, "gae")
     by_std = m.leaves.get(std_key, True)
     default = "" if key in m.leaves else " (verl's default)"
-    if estimator == "grpo":
+    job = estimators.get(estimator) if isinstance(estimator, str) else None
+    if job is not None and estimator == "grpo":
         norm = {"mean_level": "group", "std_level": "group" if by_std else None, "eps": GRPO_EPS}
         put(m.out, "actor.reward_norm", norm)
-        m.moved(key, "type", "grpo", " as grpo, actor.reward_norm at group level (verl's GRPO advantage)")
+        m.moved(key, "type", job, f" as {job}, actor.reward_norm at group level (verl's GRPO advantage)")
         if std_key in m.leaves:
             m.moved(std_key, "actor.reward_norm.std_level", norm["std_level"],
                     " as group" if by_std else " as null (Dr. GRPO: no division by the std)")
-    elif estimator == "rloo":
+    elif job is not None and estimator == "rloo":
         put(m.out, "actor.reward_norm", {"mean_level": "group", "mean_leave1out": True, "std_level": None})
-        m.moved(key, "type", "grpo", " as grpo, actor.reward_norm the leave-one-out group mean (verl's RLOO)")
-    elif estimator == "gae":
+        m.moved(key, "type", job, f" as {job}, actor.reward_norm the leave-one-out group mean (verl's RLOO)")
+    elif job is not None and estimator == "gae":
         put(m.out, "actor.adv_norm", {"mean_level": "batch", "std_level": "batch"})
-        m.moved(key, "type", "ppo", f" as ppo{default}, a critic; actor.adv_norm whitens the advantages over the "
+        m.critic = True  # GAE runs over a critic's values
+        m.moved(key, "type", job, f" as {job}{default}, a critic; actor.adv_norm whitens the advantages over the "
                                     "batch, as verl's GAE does")
     else:
         why = ("not built in rlkit" if estimator in NOT_BUILT_ESTIMATORS
                else "not one of verl's estimators rlkit knows")
-        m.refuse(key, why, "use grpo, rloo or gae (rlkit's grpo and ppo job types)")
+        m.refuse(key, why, f"use {_either(list(estimators), 'or')} (rlkit's "
+                           f"{_either(sorted(set(estimators.values())), 'and')} job types)")
     if std_key in m.leaves and std_key not in m.done:
         m.left(std_key, "GRPO's only")
+
+
+def _either(names: list[str], word: str) -> str:
+    """'a, b or c' (`word` 'or'), 'a and b'."""
+    return f"{', '.join(names[:-1])} {word} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _kl(m: RunMapping) -> None:
@@ -148,7 +156,7 @@ def _batches(m: RunMapping) -> None:
         else:
             m.moved(key, to, batch // mini, f" {batch // mini} (train_batch_size {batch} / {mini})")
     if actor_key in m.done and "critic.ppo_mini_batch_size" not in m.leaves and \
-            m.out.get("type") == "ppo" and "actor" in m.out and "ppo_n_minibatches" in m.out["actor"]:
+            m.critic and "actor" in m.out and "ppo_n_minibatches" in m.out["actor"]:
         put(m.out, "critic.ppo_n_minibatches", m.out["actor"]["ppo_n_minibatches"])  # verl's critic takes the actor's
     micro = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
     if micro in m.leaves:

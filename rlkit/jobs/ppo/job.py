@@ -38,6 +38,7 @@ def _validate_ppo(config: ExperimentConfig, allocation: Allocation | None, probl
 PPO = JobType(
     name="ppo", help="asynchronous PPO with a critic (servers generate, the trainer learns the actor and its critic)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.ppo.algorithm:run_ppo", trinity=("ppo",),
+    verl=("gae",),
     sections=("actor", "critic", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_ppo, passes_on="policy", auxiliary=True,

@@ -124,7 +124,7 @@ def site(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list
 
 def _migrated(path: Path, overrides: list[str]) -> str:
     """`rlkit migrate`'s text for `path`, as the command builds it."""
-    with as_rlkit_file(path, REGISTRY.trinity_algorithms, overrides) as (source, head):
+    with as_rlkit_file(path, REGISTRY.trinity_algorithms, overrides, REGISTRY.verl_estimators) as (source, head):
         text, _ = migrate(source, overrides, REGISTRY)
     return head + text
 
@@ -174,7 +174,7 @@ def test_the_script_alone_keeps_its_variables_as_text(tmp_path: Path) -> None:
     assert run.leaves["data.train_files"] == "$HOME/data/gsm8k/train.parquet"
     assert run.leaves["data.val_files"] == "$HOME/data/gsm8k/test.parquet"  # ${HOME}: not an OmegaConf reference
     assert run.leaves["trainer.logger"] == ["console", "wandb"] and run.leaves["trainer.val_before_train"] is False
-    mapping, _ = verl_to_rlkit(run.leaves, "t")
+    mapping, _ = verl_to_rlkit(run.leaves, "t", REGISTRY.verl_estimators)
     assert mapping["train_dataset"]["path"] == "$HOME/data/gsm8k/train.parquet"
     assert mapping["actor"]["path"] == "$MODEL"
 
@@ -200,7 +200,7 @@ def test_a_verl_yaml_config(tmp_path: Path) -> None:
     """Nested keys, a `${...}` to verl's own key resolved; rloo, LoRA's rank, GSPO's loss mode, the KL reward."""
     path = tmp_path / "ppo_trainer.yaml"
     path.write_text(yaml.safe_dump(VERL_YAML))
-    with as_rlkit_file(path, REGISTRY.trinity_algorithms, []) as (source, head):
+    with as_rlkit_file(path, REGISTRY.trinity_algorithms, [], REGISTRY.verl_estimators) as (source, head):
         mapping = yaml.safe_load(source.read_text())
     assert mapping["type"] == "grpo" and mapping["allocation_mode"] == "vllm:d2+fsdp:d2"
     assert mapping["actor"]["reward_norm"] == {"mean_level": "group", "mean_leave1out": True, "std_level": None}
@@ -247,7 +247,7 @@ def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path
 def test_hostile_or_unbuilt_values_are_named(change: dict[str, object], says: str) -> None:
     leaves = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.actor.use_kl_loss": True, **change}
     with pytest.raises(ConfigError) as info:
-        verl_to_rlkit(leaves, "t")
+        verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators)
     assert says in str(info.value), str(info.value)
 
 
@@ -260,7 +260,7 @@ def test_detection_leaves_trinity_and_other_files_alone(tmp_path: Path) -> None:
     trinity = tmp_path / "trinity.yaml"  # Trinity-RFT has an algorithm section too
     trinity.write_text(yaml.safe_dump({"algorithm": {"algorithm_type": "grpo", "adv_estimator": "grpo"},
                                        "buffer": {"batch_size": 4}, "model": {"model_path": "/m"}}))
-    with as_rlkit_file(trinity, REGISTRY.trinity_algorithms, []) as (_, head):
+    with as_rlkit_file(trinity, REGISTRY.trinity_algorithms, [], REGISTRY.verl_estimators) as (_, head):
         assert head.startswith("# Trinity-RFT config")
     other = tmp_path / "train.sh"
     other.write_text("torchrun train.py lr=1e-5\n")
@@ -297,10 +297,12 @@ def test_the_key_map_is_the_source_of_the_names() -> None:
 def test_a_validation_set_is_evaluated_before_training_as_verl_does() -> None:
     """verl's val_before_train defaults to true: with val_files and no trigger, rlkit's evaluator would never run
     (render refuses a valid_dataset it would ignore), so verl's default is written and said."""
-    mapping, fates = verl_to_rlkit({"algorithm.adv_estimator": "grpo", "data.val_files": "/v.parquet"}, "t")
+    mapping, fates = verl_to_rlkit({"algorithm.adv_estimator": "grpo", "data.val_files": "/v.parquet"}, "t",
+                                   REGISTRY.verl_estimators)
     assert mapping["evaluator"] == {"eval_on_startup": True} and mapping["valid_dataset"] == {"path": "/v.parquet"}
     assert {f.key: f.fate for f in fates}["trainer.val_before_train"].endswith("verl's default")
-    mapping, _ = verl_to_rlkit({"data.val_files": "/v.parquet", "trainer.val_before_train": False}, "t")
+    mapping, _ = verl_to_rlkit({"data.val_files": "/v.parquet", "trainer.val_before_train": False}, "t",
+                               REGISTRY.verl_estimators)
     assert mapping["evaluator"] == {"eval_on_startup": False}
 
 
@@ -311,7 +313,7 @@ def test_hydra_references_and_verl_defaults_in_a_script() -> None:
                       "trainer.default_local_dir='/ckpt/${trainer.project_name}' "
                       "actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio=0.3", "t")
     assert run.leaves["trainer.default_local_dir"] == "/ckpt/pp" and not run.variables
-    mapping, fates = verl_to_rlkit(run.leaves, "t")
+    mapping, fates = verl_to_rlkit(run.leaves, "t", REGISTRY.verl_estimators)
     assert mapping["cluster"]["fileroot"] == "/ckpt/pp" and mapping["actor"]["eps_clip"] == 0.2
     assert (mapping["train_dataset"], mapping["gconfig"]["max_new_tokens"]) == \
         ({"batch_size": 1024, "max_length": 512}, 512)
