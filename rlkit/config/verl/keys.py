@@ -66,8 +66,10 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("critic.optim.lr", "critic.optimizer.lr", ""),
     ("critic.cliprange_value", "critic.eps_clip", ""),
     ("algorithm.adv_estimator", "type", "grpo: type grpo (actor.reward_norm at group level, as verl's); rloo: "
-     "type grpo with the leave-one-out group mean; gae (verl's default): type ppo (a critic, advantages whitened "
-     "over the batch: actor.adv_norm); verl's other estimators are not built"),
+     "type grpo with the leave-one-out group mean; reinforce_plus_plus: type grpo, no reward_norm, the returns "
+     "whitened over the batch (actor.adv_norm); reinforce_plus_plus_baseline: type grpo, the group mean subtracted "
+     "(reward_norm without std) then whitened (adv_norm); gae (verl's default): type ppo (a critic, advantages "
+     "whitened over the batch: actor.adv_norm); verl's other estimators are not built"),
     ("algorithm.gamma", "actor.discount", ""),
     ("algorithm.lam", "actor.gae_lambda", ""),
     ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),

@@ -26,8 +26,8 @@ VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
 GRPO_EPS = 1e-6  # verl's epsilon in its GRPO and RLOO advantages
 LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
               "sapo": ("actor.use_sapo_loss", True)}
-NOT_BUILT_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg",
-                        "grpo_vectorized", "optimal_token_baseline")
+NOT_BUILT_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "grpo_vectorized", "optimal_token_baseline")
+WHITENED = {"mean_level": "batch", "std_level": "batch"}  # verl's masked_whiten over the batch's tokens
 RESUME = {"auto": "auto", "disable": "disabled"}
 LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
 ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS}
@@ -82,8 +82,25 @@ def _algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
     elif job is not None and estimator == "rloo":
         put(m.out, "actor.reward_norm", {"mean_level": "group", "mean_leave1out": True, "std_level": None})
         m.moved(key, "type", job, f" as {job}, actor.reward_norm the leave-one-out group mean (verl's RLOO)")
+    elif job is not None and estimator == "reinforce_plus_plus":
+        put(m.out, "actor.reward_norm", None)
+        put(m.out, "actor.adv_norm", dict(WHITENED))
+        m.moved(key, "type", job, f" as {job}, no group baseline (actor.reward_norm null), the returns whitened "
+                                  "over the batch's tokens (actor.adv_norm): verl's REINFORCE++")
+    elif job is not None and estimator == "reinforce_plus_plus_baseline" and \
+            m.leaves.get("algorithm.use_kl_in_reward", False):
+        m.refuse(key, "with algorithm.use_kl_in_reward, verl subtracts the group mean from each sequence's summed "
+                      "rewards (KL penalties included) and gives every token that one value; rlkit subtracts it from "
+                      "the outcome reward and adds the KL penalty per token (its return)",
+                 "use algorithm.use_kl_in_reward=false with actor_rollout_ref.actor.use_kl_loss=true (verl's usual "
+                 "pairing), or algorithm.adv_estimator=reinforce_plus_plus")
+    elif job is not None and estimator == "reinforce_plus_plus_baseline":
+        put(m.out, "actor.reward_norm", {"mean_level": "group", "std_level": None})
+        put(m.out, "actor.adv_norm", dict(WHITENED))
+        m.moved(key, "type", job, f" as {job}, the group mean subtracted (actor.reward_norm), then whitened over "
+                                  "the batch's tokens (actor.adv_norm): verl's REINFORCE++-baseline")
     elif job is not None and estimator == "gae":
-        put(m.out, "actor.adv_norm", {"mean_level": "batch", "std_level": "batch"})
+        put(m.out, "actor.adv_norm", dict(WHITENED))
         m.critic = True  # GAE runs over a critic's values
         m.moved(key, "type", job, f" as {job}{default}, a critic; actor.adv_norm whitens the advantages over the "
                                     "batch, as verl's GAE does")
@@ -94,6 +111,13 @@ def _algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
                            f"{_either(sorted(set(estimators.values())), 'and')} job types)")
     if std_key in m.leaves and std_key not in m.done:
         m.left(std_key, "GRPO's only")
+    # verl's GAE reads gamma and lam, its REINFORCE++ gamma alone, the other estimators neither (their advantage is
+    # the same on every token); rlkit's returns read actor.discount and gae_lambda under every job type, so they
+    # keep their defaults (1) where verl would not have used them
+    for name, used_by in (("algorithm.gamma", ("gae", "reinforce_plus_plus")), ("algorithm.lam", ("gae",))):
+        if name in m.leaves and estimator not in used_by and job is not None:
+            m.left(name, f"verl's {estimator} advantage does not read it (rlkit's "
+                         f"{ROWS[name][0]} stays 1)")
 
 
 def _either(names: list[str], word: str) -> str:

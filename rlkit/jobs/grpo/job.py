@@ -24,7 +24,8 @@ GRPO = JobType(
     name="grpo", help="asynchronous GRPO training (servers generate, the trainer learns)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.grpo.algorithm:run_grpo",
     trinity=("grpo", "mix"),  # mix: grpo plus the expert rows' SFT loss (expert_dataset, mix.mu)
-    verl=("grpo", "rloo"),  # rloo: the leave-one-out group mean
+    # rloo: the leave-one-out group mean; REINFORCE++ (and its baseline form): batch-whitened returns
+    verl=("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
     sequence_parallel=True,
     sections=("actor", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),

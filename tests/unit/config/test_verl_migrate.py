@@ -215,14 +215,14 @@ def test_a_verl_yaml_config(tmp_path: Path) -> None:
 
 def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path: Path, site: list[str]) -> None:
     script = tmp_path / "run.sh"
-    script.write_text(PPO_SCRIPT.replace("=gae", "=reinforce_plus_plus").replace("ppo_mini_batch_size=256",
+    script.write_text(PPO_SCRIPT.replace("=gae", "=remax").replace("ppo_mini_batch_size=256",
                                                                                   "ppo_mini_batch_size=300"))
     site = [o for o in site if not o.startswith("valid_dataset")]  # the script has no val_files
     refused = run_rlkit("migrate", str(script), *site)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     said = refused.stderr
-    assert "algorithm.adv_estimator 'reinforce_plus_plus'" in said and "not built in rlkit" in said
-    assert "use grpo, rloo or gae" in said
+    assert "algorithm.adv_estimator 'remax'" in said and "not built in rlkit" in said
+    assert "use grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or gae" in said
     assert "actor_rollout_ref.actor.ppo_mini_batch_size 300" in said and "not a multiple" in said
     assert "make it divide 1024 (e.g. 256), or pass actor.ppo_n_minibatches=N" in said
     assert refused.stdout == ""
@@ -319,3 +319,88 @@ def test_hydra_references_and_verl_defaults_in_a_script() -> None:
         ({"batch_size": 1024, "max_length": 512}, 512)
     assert (mapping["experiment_name"], mapping["trial_name"]) == ("pp", "gsm8k")
     assert {f.key: f.fate for f in fates}["actor_rollout_ref.actor.clip_ratio"].startswith("left out (clip_ratio_low")
+
+
+def _reinforce_pp_reference(rewards: list[float], lengths: list[int], group_size: int, *, baseline: bool,
+                            kl: list[list[float]] | None = None, beta: float = 0.0, gamma: float = 1.0) -> list[float]:
+    """REINFORCE++ (arXiv 2501.03262) from its definition, in plain Python: each token's return (the outcome reward
+    on the last token, `-beta * kl` on every token, discounted by `gamma`), or in the baseline form the reward minus
+    its group's mean on every token; then whitened over the batch's tokens (mean, unbiased variance)."""
+    per_token: list[list[float]] = []
+    for i, (r, n) in enumerate(zip(rewards, lengths, strict=True)):
+        if baseline:
+            start = i - i % group_size
+            mean = sum(rewards[start:start + group_size]) / group_size
+            per_token.append([r - mean] * n)
+            continue
+        token_rewards = [-beta * (kl[i][t] if kl else 0.0) for t in range(n)]
+        token_rewards[-1] += r
+        returns, running = [0.0] * n, 0.0
+        for t in reversed(range(n)):
+            running = token_rewards[t] + gamma * running
+            returns[t] = running
+        per_token.append(returns)
+    flat = [a for row in per_token for a in row]
+    mean = sum(flat) / len(flat)
+    std = (sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)) ** 0.5
+    return [(a - mean) / std for a in flat]
+
+
+@pytest.mark.parametrize(("estimator", "kl_in_reward"), [("reinforce_plus_plus", False),
+                                                         ("reinforce_plus_plus", True),
+                                                         ("reinforce_plus_plus_baseline", False)])
+def test_reinforce_plus_plus_migrates_to_settings_whose_advantages_are_reinforce_plus_plus(
+        tmp_path: Path, site: list[str], estimator: str, kl_in_reward: bool) -> None:
+    """verl's REINFORCE++ and REINFORCE++-baseline become grpo with reward_norm/adv_norm settings, and rlkit's own
+    advantage code under those settings gives the estimator's advantages (computed here from the paper's
+    definition) on a batch of two groups with different lengths, with the KL reward penalty too."""
+    from rlkit.trainer.rl_math.advantage_batch import prepare_batch, token_advantages
+    from rlkit.types import Sample
+
+    script = tmp_path / "run.sh"
+    kl_words = "algorithm.use_kl_in_reward=True algorithm.kl_ctrl.kl_coef=0.05 algorithm.kl_penalty=kl " \
+               "actor_rollout_ref.actor.use_kl_loss=False " if kl_in_reward else ""
+    script.write_text(GRPO_SCRIPT.replace("algorithm.adv_estimator=grpo", f"algorithm.adv_estimator={estimator} "
+                                          "algorithm.gamma=0.9" + (" " + kl_words if kl_words else ""))
+                      .replace("    algorithm.use_kl_in_reward=False \\\n", "")
+                      .replace("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.use_kl_loss="
+                               + ("False" if kl_in_reward else "True")))
+    text = _migrated(script, site)
+    assert "as grpo" in _said(text)["algorithm.adv_estimator"], _said(text)["algorithm.adv_estimator"]
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    actor = prepare(clean, [], dry_run=True).config.actor
+    baseline = estimator.endswith("baseline")
+    assert actor.kl_ctl == (0.05 if kl_in_reward else 0.0) and actor.gae_lambda == 1.0
+    # the baseline form spreads one value over the tokens: verl does not read gamma there, rlkit keeps discount 1
+    assert actor.discount == (1.0 if baseline else 0.9)
+    if baseline:
+        assert _said(text)["algorithm.gamma"].startswith("left out (verl's reinforce_plus_plus_baseline advantage "
+                                                         "does not read it"), _said(text)["algorithm.gamma"]
+    group_size, rewards, lengths = 5, [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], [3, 5, 2, 4, 6, 1, 3, 2, 5, 4]
+    behav = [[-0.1 * (t + 1) - 0.01 * i for t in range(n)] for i, n in enumerate(lengths)]
+    ref = {i: [b - 0.02 * (t % 3) for t, b in enumerate(row)] for i, row in enumerate(behav)}
+    old = {i: [b + 0.01 for b in row] for i, row in enumerate(behav)}
+    samples = [Sample(prompt_ids=[1, 2], completion_ids=[5] * n, behav_logp=behav[i], reward=r, version=0,
+                      finished=True, group=i // group_size) for i, (r, n) in enumerate(zip(rewards, lengths,
+                                                                                             strict=True))]
+    groups = [samples[:group_size], samples[group_size:]]
+    batch = prepare_batch(groups, actor, max_new_tokens=8).samples
+    token_advantages(batch, old, ref, actor)
+    got = [a for s in batch for a in (s.token_advantages or [])]
+    kl = [[old[i][t] - ref[i][t] for t in range(n)] for i, n in enumerate(lengths)]  # k1 on the recomputed
+    expected = _reinforce_pp_reference(rewards, lengths, group_size, baseline=baseline, kl=kl, beta=actor.kl_ctl,
+                                       gamma=0.9)
+    assert got == pytest.approx(expected, abs=1e-4)  # rlkit adds eps 1e-5 to the std, verl 1e-8 to the variance
+
+
+def test_reinforce_plus_plus_baseline_with_the_kl_in_its_reward_is_refused(tmp_path: Path, site: list[str]) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(GRPO_SCRIPT.replace("algorithm.adv_estimator=grpo",
+                                          "algorithm.adv_estimator=reinforce_plus_plus_baseline")
+                      .replace("algorithm.use_kl_in_reward=False", "algorithm.use_kl_in_reward=True"))
+    refused = run_rlkit("migrate", str(script), *site)
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "Traceback" not in said and refused.stdout == "", said
+    assert "algorithm.adv_estimator 'reinforce_plus_plus_baseline'" in said and "summed rewards" in said
+    assert "use algorithm.use_kl_in_reward=false" in said
