@@ -43,9 +43,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.background, pytes
 # the killtrainer trial (recover.freq_steps=4) carries one trainer death: rank 0 dies mid-push of version MID_PUSH
 # (srun ends rank 1 and the job retries both, resumed from the step-MID_PUSH_RESUME checkpoint); once the retry has
 # trained STOP_AFTER steps (past the steps it redoes and the one that died), server 1 is stopped (every process of its
-# step) until SERVER_HELD_STEPS steps were trained without it. The steps left after it is continued must outlast its
-# rejoining (a /health probe of PROBE_TIMEOUT_S, then the next push): with 16 steps an idle machine ended the trial
-# (~0.7 s a step) before server 1 answered again
+# step) until SERVER_HELD_STEPS steps were trained without it. It is continued while the trainer is held (its rank 1
+# stopped) until its /health probe (every LIVENESS_POLL_S) finds it answering again: the trainer's steps once raced
+# that probe (with 16 steps an idle machine, ~0.7 s a step, ended the trial before server 1 answered again)
 KILLTRAINER_STEPS, MID_PUSH, MID_PUSH_RESUME = 18, 7, 4
 STOP_AFTER = MID_PUSH
 CORRUPTED = 3  # the weight version server 1 serves perturbed (corrupt_server_weights@3), before the mid-push death
@@ -79,7 +79,7 @@ def _mid_push_death_then_a_stopped_server(env: dict[str, object]) -> KillTrainer
     dies mid-push of version MID_PUSH (fault point, first run only) and the retry resumes from step MID_PUSH_RESUME.
     Once the retry has trained STOP_AFTER steps (past the steps it redoes, compared with their first try by a test
     below, and the one that died), every process of server 1's step is stopped (SIGSTOP) until SERVER_HELD_STEPS
-    steps were trained without it, then continued."""
+    steps were trained without it, then continued with the trainer held until server 1 answers again."""
     trial = submit_trial(env, "killtrainer", f"total_train_steps={KILLTRAINER_STEPS}", "recover.freq_steps=4",
                     f"saver.freq_steps={SAVE_EVERY}", f"rollout.server_silence_timeout={SERVER_SILENCE}",
                     "launcher.trainer_env_vars=OMP_NUM_THREADS=1,"
@@ -95,6 +95,7 @@ def _mid_push_death_then_a_stopped_server(env: dict[str, object]) -> KillTrainer
     # freeze them: the step's heartbeat stops too (Slurm refuses `scancel --signal=STOP`)
     pids = wait_for(lambda: server_step_pids(trial, 1), "server 1's processes", trial=trial)
     assert len(pids) >= 2, pids
+    rank1 = wait_for(lambda: trainer_rank_pid(trial, rank=1), "the retry's trainer rank 1", trial=trial)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -103,9 +104,18 @@ def _mid_push_death_then_a_stopped_server(env: dict[str, object]) -> KillTrainer
         held_at = trained_steps(trial)
         wait_for(lambda: trained_steps(trial) >= held_at + SERVER_HELD_STEPS, "steps without server 1",
                  timeout=300, trial=trial)
+        # the trainer held while server 1 comes back: rank 0 waits for the stopped rank 1 in the step's next
+        # collective while its rollout thread goes on probing the servers, so the steps left cannot end before the
+        # probe finds server 1 answering (they raced it; the next push then reaches it)
+        os.kill(rank1, signal.SIGSTOP)
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+    try:  # well within recover.rank_silence_timeout (120 s), after which rank 0 would name the held rank
+        wait_for(lambda: re.search(r"server 1 \(\S+\) answers again", log.read_text()),
+                 "the trainer to find server 1 answering again", timeout=90, trial=trial)
+    finally:
+        os.kill(rank1, signal.SIGCONT)
     assert wait_state(name, timeout=900, env=home, trial=trial) == "COMPLETED"
     return KillTrainerRun(trial, status)
 
