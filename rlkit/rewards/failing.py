@@ -88,6 +88,18 @@ class FailingRewards:
                   f"of its calls since the last step, each scored 0.0: {error}; {MAX_FAILING_STEPS} such steps in "
                   "a row stop the trainer", flush=True)
 
+    def failed_throughout(self) -> str | None:
+        """What to say when a function failed on every one of its calls so far (at least one), None when each
+        succeeded at least once: a run that scores once (job type generate) has no later step to wait for."""
+        for watch in self.watches:
+            runner = watch.runner
+            failed = runner.errors + runner.timeouts
+            if runner.succeeded == 0 and failed > 0:
+                error = plain(runner.last_error or "no error text", _ERROR_CHARS)
+                return (f"the reward function {watch.spec} ({watch.setting}) failed on all {failed} of its calls, "
+                        f"each scored 0.0; its last error: {error}. Check {self._what_to_check(watch)}")
+        return None
+
     def _what_to_check(self, watch: _Watch) -> str:
         spec, reward = watch.spec, self.config.reward
         if spec == REWARD_MODEL:

@@ -16,10 +16,12 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.data.files import prompt_token_ids
 from rlkit.data.row_formats import rl_prompt
+from rlkit.errors import FatalStepError
 from rlkit.jobs.generate.scoring import CompletionScorer
 from rlkit.jobs.generate.summary import describe, summarize, write_summary
 from rlkit.jobs.prompt_rows import prompt_rows
 from rlkit.nameresolve import name_resolve_for
+from rlkit.rewards.failing import FailingRewards
 from rlkit.servers.backend import SamplingParams, server_model
 from rlkit.servers.pool import ServerPool, wait_for_servers
 from rlkit.servers.sampling import sampling_params as request_sampling
@@ -132,3 +134,7 @@ def _summarize(paths: TrialPaths, output: Path, config: ExperimentConfig, scorer
         print(f"rlkit generate: WARNING: {failed} of {counts['reward_calls']} reward calls failed or timed out, each "
               "scored 0.0 (its line has reward_error); the first errors are above", flush=True)
     print(f"rlkit generate: wrote the summary to {paths.summary}", flush=True)
+    failed_throughout = FailingRewards(scorer.scorer, config).failed_throughout()
+    if failed_throughout:  # the summary's scores would be read as the model's: the job fails, naming the fix
+        raise FatalStepError(f"{failed_throughout}. The completions are kept in {output} and the counts in "
+                             f"{paths.summary}; their rewards are not the model's")

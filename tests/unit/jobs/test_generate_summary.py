@@ -162,3 +162,44 @@ def test_a_reasoning_gym_dataset_is_the_held_out_rows_generated_in_the_job() -> 
     assert len(rows) == 3 and {r["task"] for r in rows} == {"gcd"} and rows[0]["prompt"][-1]["role"] == "user"
     assert rows == generate_rows(config.reasoning_gym, "reasoning-gym:gcd", valid=True)  # valid_seed's rows
     assert rows != generate_rows(config.reasoning_gym, "reasoning-gym:gcd", valid=False)[:3]
+
+
+@pytest.mark.parametrize("fns", [{"exact_match": 1.0},  # no answer column in the rows: fails on every call
+                                 {"rlkit.tasks.digits:digits_reward": 1.0, "exact_match": 0.5},  # one of a mix
+                                 {"rlkit.tasks.digits:digits_reward": 1.0}])  # fine
+def test_a_reward_function_that_failed_on_every_call_fails_the_run_after_its_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fns: dict[str, float]) -> None:
+    """A run whose reward function failed on every call writes its output and summary (the counts say why), then
+    fails without a retry (exit 78) naming the function, its error and what to check: its 0.0 scores would
+    otherwise read as the model's (a mix too: a function that never scored skews the mix, as training stops)."""
+    from rlkit.errors import FatalStepError
+    from rlkit.jobs.generate.step import _summarize
+    from rlkit.step_contract import NO_RETRY_EXIT
+    from rlkit.trials.paths import TrialPaths
+
+    config = OmegaConf.to_object(OmegaConf.structured(ExperimentConfig(
+        experiment_name="e", trial_name="t", type="generate", allocation_mode="vllm:d1")))
+    assert isinstance(config, ExperimentConfig)
+    config.reward.fns, config.reward.num_workers = fns, 1
+    paths = TrialPaths(tmp_path)
+    output = tmp_path / "generated.jsonl"
+    scorer = CompletionScorer(config)
+    try:
+        with open(output, "w") as out:
+            asyncio.run(_complete_all(_Pool(), [[1, 2]], None, [{"prompt": "a"}], "prompt", out,  # type: ignore[arg-type]
+                                      (scorer, ["a"], lambda ids: "12")))
+    finally:
+        scorer.close()
+    if "exact_match" not in fns:
+        _summarize(paths, output, config, scorer)
+        assert json.loads(paths.summary.read_text())["failed_calls"] == 0
+        return
+    with pytest.raises(FatalStepError) as raised:
+        _summarize(paths, output, config, scorer)
+    said = str(raised.value)
+    assert raised.value.exit_code == NO_RETRY_EXIT
+    assert "the reward function exact_match (reward.fns) failed on all 2 of its calls, each scored 0.0" in said, said
+    assert "answer" in said and "reward.answer_key='answer'" in said, said  # its error, and what to check
+    assert f"completions are kept in {output}" in said and "not the model's" in said
+    assert json.loads(paths.summary.read_text())["failed_calls"] == 2  # written first
+    assert "WARNING: 2 of " in capsys.readouterr().out
