@@ -106,3 +106,24 @@ def test_set_token_advantages_penalises_with_the_controller_s_value(gloo: None) 
     assert samples[0].token_advantages == pytest.approx([0.7, 0.8])
     assert stats["actor/kl_ctl"] == 0.5 and stats["actor/kl_seq_mean"] == pytest.approx(0.3)
     assert control.value == pytest.approx(0.5 * (1 + 0.2 * 1 / CONTROL.horizon))  # kl 0.3 over target 0.05
+
+
+def test_ppo_s_advantages_take_the_controller_s_value_and_update_it(gloo: None) -> None:  # noqa: F811
+    """Job type ppo computes its advantages apart (with the critic's values): the same coefficient, the same update.
+    Values 0, discount 1: the advantages are the returns, 0.7 and 0.8 under the resumed 0.5."""
+    from rlkit.jobs.ppo.algorithm import PPO
+
+    cfg = ActorConfig(kl_ctl=0.1, kl_estimator="k1", adv_norm=None, kl_ctl_adaptive=CONTROL)
+    ppo = PPO.__new__(PPO)
+    ppo.kl_control, ppo.expert_batch = KLController(cfg), None
+    ppo.kl_control.restore({"kl_ctl": 0.5})
+    ppo.actor = SimpleNamespace(config=cfg, train_step=lambda *a, **k: {})  # type: ignore[assignment]
+    returns: list[list[list[float]]] = []
+    ppo.critic = SimpleNamespace(  # type: ignore[assignment]
+        values_at=lambda samples: {i: [0.0] * len(s.completion_ids) for i, s in enumerate(samples)},
+        train_step=lambda samples, values, r: returns.append(r) or {})
+    samples = [Sample([1], [5, 6], [-1.0, -1.0], 1.0, 0, True, 0, advantage=1.0)]
+    stats = ppo.train_batch(samples, {0: [-1.0, -1.0]}, {0: [-1.2, -1.4]})
+    assert samples[0].token_advantages == pytest.approx([0.7, 0.8]) and returns[0][0] == pytest.approx([0.7, 0.8])
+    assert stats["actor/kl_ctl"] == 0.5
+    assert ppo.kl_control.value == pytest.approx(0.5 * (1 + 0.2 * 1 / CONTROL.horizon))
