@@ -138,7 +138,8 @@ def _adaptive(leaves: dict[str, Any], coef: float, moved: Moved, left: Left, pro
         for key in present:
             left(key, "kl_coef is 0: the controller multiplies it, so the penalty stays off")
         return present
-    target, horizon = leaves.get(keys["target_kl"]), leaves.get(keys["horizon"])
+    target: Any = leaves.get(keys["target_kl"])
+    horizon: Any = leaves.get(keys["horizon"])
     bad = False
     if not _number(target) or not math.isfinite(target) or target <= 0:
         problems.add(f"{keys['target_kl']} {target!r} ({source}): adaptive needs a target KL > 0 (Trinity-RFT "
