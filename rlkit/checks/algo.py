@@ -6,8 +6,16 @@ combinations AReaL accepts but ignores or turns into a division by zero. Every p
 
 from __future__ import annotations
 
+import math
+
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import PROX_LOGP_METHODS, ActorConfig, NormConfig, RejectionSamplingConfig
+from rlkit.config.schema.actor import (
+    KL_CONTROL_ERROR_CLIP,
+    PROX_LOGP_METHODS,
+    ActorConfig,
+    NormConfig,
+    RejectionSamplingConfig,
+)
 
 NORM_LEVELS = ("batch", "group", None, "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -57,6 +65,27 @@ def _validate_norm(field: str, norm: NormConfig, group_size: int, problems: Prob
     if std is not None and not norm.eps > 0:
         problems.add(f"{field}.eps must be positive when std_level is set (got {norm.eps}): a flat group's std is "
                      "0, and 0 / 0 is not a number", hint=f"e.g. {field}.eps=1e-5")
+
+
+def validate_kl_control(actor: ActorConfig, sequences: int, problems: Problems) -> None:
+    """actor.kl_ctl_adaptive (the adaptive KL controller, rlkit.trainer.rl_math.kl_controller) needs a coefficient
+    to adapt, and a horizon long enough that one step (of `sequences` sequences, 0: unknown) can at most shrink the
+    coefficient, never flip it: 1 - 0.2 x sequences / horizon must stay above 0, else the penalty becomes a KL
+    bonus."""
+    control = actor.kl_ctl_adaptive
+    if control is None:
+        return
+    if actor.kl_ctl == 0:
+        problems.add("actor.kl_ctl_adaptive is set, but actor.kl_ctl (its starting coefficient) is 0: the controller "
+                     "multiplies the coefficient, so it would stay 0 and no KL penalty would be on",
+                     hint="set actor.kl_ctl > 0 (e.g. 0.001, verl's kl_ctrl.kl_coef), or remove actor.kl_ctl_adaptive")
+    smallest = math.floor(KL_CONTROL_ERROR_CLIP * sequences) + 1
+    if sequences > 0 and control.horizon >= 1 and control.horizon < smallest:  # below 1: refused by its range
+        problems.add(f"actor.kl_ctl_adaptive.horizon {control.horizon} is too short for {sequences} sequences a "
+                     "step (train_dataset.batch_size x actor.group_size): a KL under target would multiply the "
+                     f"coefficient by 1 - {KL_CONTROL_ERROR_CLIP} x {sequences} / {control.horizon} <= 0, turning "
+                     "the penalty into a bonus",
+                     hint=f"set actor.kl_ctl_adaptive.horizon to {smallest} or more (verl's default 10000)")
 
 
 def _validate_decoupled(actor: ActorConfig, problems: Problems) -> None:

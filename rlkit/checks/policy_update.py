@@ -1,6 +1,7 @@
 """Submit-time check of the PPO actor's update knobs (its entropy bonus, passes, loss average, SAPO, M2PO and the
 decoupled loss's proximal policy): refused where the job type has no such update, which would ignore them without a
-word. Apart from rlkit.checks.algo, which the job types' own checks import: this one reads the registry's records."""
+word; so is the adaptive KL controller (actor.kl_ctl_adaptive) where there is no KL reward penalty. Apart from
+rlkit.checks.algo, which the job types' own checks import: this one reads the registry's records."""
 
 from __future__ import annotations
 
@@ -24,5 +25,8 @@ def validate_policy_knobs(actor: ActorConfig, job: JobType, job_types: JobTypes,
     if job.kl_terms:
         return
     users = ", ".join(j.name for j in job_types if j.kl_terms)
+    if actor.kl_ctl_adaptive is not None:
+        problems.add(f"actor.kl_ctl_adaptive is set, but job type {job.name} has no KL reward penalty to adapt (that "
+                     f"of {users}): it would be ignored", hint="remove actor.kl_ctl_adaptive")
     refuse_inert_fields(problems, actor, "actor", names=POLICY_KNOBS, hint="remove {field}",
                         because=f"job type {job.name} has no PPO actor update (that of {users})")

@@ -47,7 +47,8 @@ TRINITY = (
        "buffer.batch_size x repeat_times) expert rows per step, read beside the RL batch (Trinity-RFT takes them "
        "out of it)"),
     _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "k1, k2, k3 (low_var_kl: k3); kl_penalty_fn_args.kl_coef "
-       "(default 0.001) is actor.kl_ctl; abs, corrected_k3 and adaptive are refused"),
+       "(default 0.001) is actor.kl_ctl; adaptive with target_kl and horizon is actor.kl_ctl_adaptive; abs and "
+       "corrected_k3 are refused"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
        "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.entropy_loss_fn", "actor.entropy_coeff", "default and mix: entropy_loss_fn_args.entropy_coef "

@@ -40,8 +40,8 @@ class KLTerm:
     coef: str
 
 
-KL_TERMS = (KLTerm("algorithm.kl_penalty_fn", "actor.kl_estimator", "actor.kl_ctl"),
-            KLTerm("algorithm.kl_loss_fn", "actor.kl_loss_type", "actor.kl_loss_coef"))
+PENALTY = KLTerm("algorithm.kl_penalty_fn", "actor.kl_estimator", "actor.kl_ctl")  # the KL reward penalty
+KL_TERMS = (PENALTY, KLTerm("algorithm.kl_loss_fn", "actor.kl_loss_type", "actor.kl_loss_coef"))
 
 # Trinity-RFT reward function -> rlkit's built-in of the same meaning
 REWARD_FNS = {
@@ -73,17 +73,18 @@ def _number(value: Any) -> bool:
 
 def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,
              source: str) -> set[str]:
-    """Move the KL functions and their kl_coef; refuse the functions and the adaptive controller rlkit lacks.
-    Returns the keys judged here."""
+    """Move the KL functions and their kl_coef (the penalty's adaptive controller too); refuse the functions rlkit
+    lacks and an adaptive KL loss coefficient. Returns the keys judged here."""
     judged: set[str] = set()
     for term in KL_TERMS:
         args = f"{term.fn}_args."
         arg_keys = [k for k in leaves if k.startswith(args)]
         judged |= {term.fn, *arg_keys}
         fn = leaves.get(term.fn)
-        if leaves.get(f"{args}adaptive") is True:
-            problems.add(f"{args}adaptive ({source}): rlkit's {term.coef} is a fixed coefficient; the adaptive KL "
-                         "controller (target_kl, horizon) is not built", hint="set adaptive: false (or leave it out)")
+        if leaves.get(f"{args}adaptive") is True and term.coef != PENALTY.coef:
+            problems.add(f"{args}adaptive ({source}): rlkit's {term.coef} is a fixed coefficient; only the KL "
+                         "reward penalty's (kl_penalty_fn) has the adaptive controller",
+                         hint="set adaptive: false (or leave it out)")
         if term.fn not in leaves:
             for key in arg_keys:
                 left(key, f"its function is algorithm_type's default in Trinity-RFT: name {term.fn} to have "
@@ -110,10 +111,51 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
             moved(f"{args}kl_coef", term.coef, coef, "")
         else:
             put(term.coef, coef)  # Trinity-RFT's default coefficient: the file's term is on there
+        adaptive = _adaptive(leaves, coef, moved, left, problems, source) if term is PENALTY else set()
         for key in arg_keys:
-            if key != f"{args}kl_coef":
-                left(key, "rlkit's KL coefficient is fixed (no adaptive controller)")
+            if key != f"{args}kl_coef" and key not in adaptive:
+                left(key, "rlkit's KL loss coefficient is fixed (no adaptive controller)" if term is not PENALTY
+                     else "not one of the KL function's arguments rlkit knows (kl_coef, adaptive, target_kl, horizon)")
     return judged
+
+
+def _adaptive(leaves: dict[str, Any], coef: float, moved: Moved, left: Left, problems: Problems,
+              source: str) -> set[str]:
+    """kl_penalty_fn_args' adaptive, target_kl and horizon as actor.kl_ctl_adaptive (rlkit's adaptive controller,
+    the same update as Trinity-RFT's KLFn.update_kl_coef). Trinity-RFT has no defaults for the two: its KLFn
+    refuses adaptive without them. Returns the keys judged here."""
+    args = f"{PENALTY.fn}_args."
+    keys = {name: f"{args}{name}" for name in ("adaptive", "target_kl", "horizon")}
+    present = {k for k in keys.values() if k in leaves}
+    on = leaves.get(keys["adaptive"], False)
+    if on is not True:
+        why = ("adaptive is off: actor.kl_ctl is fixed" if on in (False, None)
+               else f"adaptive {on!r} is not true: Trinity-RFT's KL coefficient is fixed then")
+        for key in present:
+            left(key, why)
+        return present
+    if coef == 0:
+        for key in present:
+            left(key, "kl_coef is 0: the controller multiplies it, so the penalty stays off")
+        return present
+    target: Any = leaves.get(keys["target_kl"])
+    horizon: Any = leaves.get(keys["horizon"])
+    bad = False
+    if not _number(target) or not math.isfinite(target) or target <= 0:
+        problems.add(f"{keys['target_kl']} {target!r} ({source}): adaptive needs a target KL > 0 (Trinity-RFT "
+                     "refuses adaptive without one)", hint="e.g. target_kl: 0.1")
+        bad = True
+    if not _number(horizon) or not math.isfinite(horizon) or horizon < 1 or horizon != int(horizon):
+        problems.add(f"{keys['horizon']} {horizon!r} ({source}): adaptive needs a horizon, a whole number >= 1 "
+                     "(Trinity-RFT refuses adaptive without one)", hint="e.g. horizon: 10000")
+        bad = True
+    if not bad:
+        block = {"target_kl": target, "horizon": int(horizon)}
+        moved(keys["adaptive"], "actor.kl_ctl_adaptive", block, f" (target_kl {target}, horizon {int(horizon)}; "
+                                                                 "actor.kl_ctl its starting coefficient)")
+        moved(keys["target_kl"], "actor.kl_ctl_adaptive.target_kl", target, "")
+        moved(keys["horizon"], "actor.kl_ctl_adaptive.horizon", int(horizon), "")
+    return present
 
 
 def entropy_term(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, source: str) -> set[str]:

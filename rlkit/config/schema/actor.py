@@ -26,6 +26,8 @@ ULYSSES_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
 PACKING_ALGORITHMS = ("ffd", "kk")
 # actor.loss_agg_mode's values (verl's names): how the policy loss is averaged (rlkit.trainer.rl_math.aggregation)
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# the adaptive KL controller's bound on one step's proportional error, both ways (Ziegler et al.'s, verl's)
+KL_CONTROL_ERROR_CLIP = 0.2
 # actor.prox_logp_method's values (AReaL's names; rlkit.trainer.rl_math.proximal approximates)
 PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
 
@@ -94,6 +96,20 @@ class NormConfig:
     std_unbiased: bool = _f(True, "Bessel-corrected std (divide by n - 1).")
     eps: float = _f(1e-5, "Added to the std before dividing (not used when std_level is null).")
     group_size: int | None = _f(None, "Samples per group at group level; null: actor.group_size.", ge=1)
+
+
+@dataclass
+class KLControlConfig:
+    """The adaptive KL controller of Ziegler et al. 2019 (verl's algorithm.kl_ctrl.type adaptive, Trinity-RFT's
+    adaptive: true; rlkit.trainer.rl_math.kl_controller): actor.kl_ctl is the starting coefficient, and after every
+    step it is multiplied by 1 + clip(kl / target_kl - 1, -0.2, 0.2) x sequences / horizon, kl being the step's
+    measured KL (each sequence's token mean of the penalty's estimate, then the mean over the batch's sequences)."""
+
+    target_kl: float = _f(0.1, "The KL (per token, of actor.kl_estimator) the coefficient steers toward: above it "
+                          "the penalty grows, below it shrinks (verl's default 0.1).", gt=0)
+    horizon: int = _f(10000, "Sequences over which a full proportional error acts: the larger, the slower the "
+                      "coefficient moves (at most 0.2 x the step's sequences / horizon per step; verl's default "
+                      "10000).", ge=1)
 
 
 @dataclass
@@ -187,6 +203,10 @@ class ActorConfig:
                                      "still trains on them, to their returns, unless critic.mask_no_eos_with_zero).")
     kl_ctl: float = _f(0.0, "KL reward penalty: kl_ctl * KL(old || ref) is subtracted from each token's reward "
                        "before the advantages (no gradient through it); > 0 loads the reference model.", ge=0)
+    kl_ctl_adaptive: KLControlConfig | None = _f(
+        None, "Adapt the KL reward penalty's coefficient after every step toward a target KL, starting from kl_ctl "
+        "(Ziegler et al.'s controller, verl's kl_ctrl.type adaptive); the coefficient is logged as actor/kl_ctl and "
+        "resumed with the run. null: kl_ctl stays fixed.")
     kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")
     kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
                              "gradient, verl's use_kl_loss); > 0 loads the reference model.", ge=0)

@@ -73,7 +73,7 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("algorithm.gamma", "actor.discount", ""),
     ("algorithm.lam", "actor.gae_lambda", ""),
     ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),
-    ("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "a fixed coefficient (no adaptive controller)"),
+    ("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "the coefficient (adaptive: the starting one)"),
     ("algorithm.kl_penalty", "actor.kl_estimator", "rlkit names the estimators k1, k2, k3"),
     ("algorithm.norm_adv_by_std_in_grpo", "actor.reward_norm.std_level", "group: divide by the group's std; "
        "null: do not (Dr. GRPO)"),
@@ -140,9 +140,10 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("critic.ppo_micro_batch_size_per_gpu", "", "rlkit sets the critic's micro-batches in critic.mb_spec"),
     ("critic.ppo_max_token_len_per_gpu", "critic.mb_spec.max_tokens_per_mb", ""),
     ("critic.use_dynamic_bsz", "critic.mb_spec.packing", "rlkit packs by default (true)"),
-    ("algorithm.kl_ctrl.type", "", "fixed is rlkit's (actor.kl_ctl); adaptive is not built (migrate refuses it)"),
-    ("algorithm.kl_ctrl.target_kl", "", "the adaptive controller's: rlkit's kl_ctl is fixed"),
-    ("algorithm.kl_ctrl.horizon", "", "the adaptive controller's: rlkit's kl_ctl is fixed"),
+    ("algorithm.kl_ctrl.type", "actor.kl_ctl_adaptive", "fixed: actor.kl_ctl alone; adaptive: the "
+     "actor.kl_ctl_adaptive block (with the KL reward on)"),
+    ("algorithm.kl_ctrl.target_kl", "actor.kl_ctl_adaptive.target_kl", "adaptive only"),
+    ("algorithm.kl_ctrl.horizon", "actor.kl_ctl_adaptive.horizon", "adaptive only"),
     ("data.filter_overlong_prompts", "", "rlkit always drops prompts longer than train_dataset.max_length"),
     ("data.truncation", "", "rlkit drops prompts longer than train_dataset.max_length, it truncates none"),
     ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),

@@ -9,6 +9,7 @@ runs its servers and trainer on GPUs of their own, so the run's GPUs are split b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
 # built
 VERL_KL = {**KL_ESTIMATORS, "kl": "k1", "mse": "k2"}
 VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
+VERL_TARGET_KL, VERL_HORIZON = 0.1, 10000  # verl's KLControlConfig defaults (verl/trainer/config/algorithm.py)
 GRPO_EPS = 1e-6  # verl's epsilon in its GRPO and RLOO advantages
 LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
               "sapo": ("actor.use_sapo_loss", True)}
@@ -157,10 +159,48 @@ def _kl(m: RunMapping) -> None:
         put(m.out, to_kind, VERL_KL[name])
         m.fate(kind, f"moved to {to_kind} as {VERL_KL[name]}{clamp}" + ("" if kind in m.leaves else
                                                                         f" ({name}, verl's default)"))
-    ctrl = "algorithm.kl_ctrl.type"
-    if m.leaves.get(ctrl, "fixed") != "fixed":
-        m.refuse(ctrl, "rlkit's actor.kl_ctl is a fixed coefficient; the adaptive controller is not built",
-                 "set algorithm.kl_ctrl.type=fixed")
+    _kl_controller(m)
+
+
+def _kl_controller(m: RunMapping) -> None:
+    """algorithm.kl_ctrl.type adaptive (with target_kl and horizon) as actor.kl_ctl_adaptive: verl adapts the KL
+    reward penalty's coefficient only when that penalty is on (use_kl_in_reward) and its kl_coef is not 0."""
+    ctrl, target, horizon = (f"algorithm.kl_ctrl.{name}" for name in ("type", "target_kl", "horizon"))
+    kind = m.leaves.get(ctrl, "fixed")
+    if kind not in ("fixed", "adaptive"):
+        m.refuse(ctrl, "not one of verl's KL controllers (fixed, adaptive)", f"set {ctrl}=fixed or adaptive")
+        return
+    kl_ctl = m.out.get("actor", {}).get("kl_ctl")
+    why = ("the adaptive controller's; algorithm.kl_ctrl.type is fixed" if kind == "fixed" else
+           "algorithm.use_kl_in_reward is false: no KL reward penalty to adapt"
+           if not m.leaves.get("algorithm.use_kl_in_reward", False) else
+           "algorithm.kl_ctrl.kl_coef is 0: the controller multiplies it, so the penalty stays off" if kl_ctl == 0
+           else "")
+    if kl_ctl is None and not why:
+        return  # the KL reward's coefficient was refused: its problem says what to fix
+    if why:
+        for key in (ctrl, target, horizon):
+            if key in m.leaves:
+                m.left(key, "fixed: actor.kl_ctl is the coefficient throughout" if key == ctrl and kind == "fixed"
+                       else why)
+        return
+    values = {"target_kl": m.leaves.get(target, VERL_TARGET_KL), "horizon": m.leaves.get(horizon, VERL_HORIZON)}
+    number_ok = {"target_kl": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and
+                 math.isfinite(v) and v > 0,
+                 "horizon": is_count}
+    bad = [name for name, v in values.items() if not number_ok[name](v)]
+    for name in bad:
+        m.refuse(f"algorithm.kl_ctrl.{name}", "not a number > 0" if name == "target_kl" else "not a whole number > 0",
+                 f"e.g. algorithm.kl_ctrl.{name}={VERL_TARGET_KL if name == 'target_kl' else VERL_HORIZON}")
+    if bad:
+        return
+    defaults = [f"{name} {v}, verl's default" for name, v in values.items() if f"algorithm.kl_ctrl.{name}" not in
+                m.leaves]
+    m.moved(ctrl, "actor.kl_ctl_adaptive", values, " (actor.kl_ctl its starting coefficient" +
+            "".join(f"; {d}" for d in defaults) + ")")
+    for name in values:
+        if f"algorithm.kl_ctrl.{name}" in m.leaves:
+            m.fate(f"algorithm.kl_ctrl.{name}", f"moved to actor.kl_ctl_adaptive.{name}")
 
 
 def _batches(m: RunMapping) -> None:

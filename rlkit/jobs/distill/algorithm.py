@@ -152,7 +152,7 @@ class Distill(GRPO):
         stats: dict[str, float] = {}
         rl = d.rl_coef > 0
         if rl:
-            stats.update(set_token_advantages(actor.config, samples, old, ref))
+            stats.update(set_token_advantages(actor.config, samples, old, ref, self.kl_control))
         merged = gather_per_sample(old)  # the proximal log-probs, else the servers' behaviour ones
         student = merged if merged is not None else {i: s.behav_logp for i, s in enumerate(samples)}
         stats.update(distill_advantages(samples, student, d, rl=rl))

@@ -36,6 +36,7 @@ from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop import LoopContext, StepNotStarted, StepResult, run_training
 from rlkit.trainer.mismatch_step import mismatch_temperature, step_mismatch
 from rlkit.trainer.rl_math.advantage_batch import token_advantages
+from rlkit.trainer.rl_math.kl_controller import KLController
 from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
@@ -69,13 +70,15 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_da
 
 
 def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[int, list[float]] | None,
-                         ref: dict[int, list[float]] | None) -> dict[str, float]:
-    """Every sample's per-token advantages (KL reward penalty, GAE, adv_norm), the same on every rank; returns their
-    statistics as step metrics. Collective when kl_ctl > 0: the penalty needs the whole batch's old and reference
-    log-probs, of which each rank computed its share (`old`, `ref`: global index -> log-probs)."""
+                         ref: dict[int, list[float]] | None, control: KLController) -> dict[str, float]:
+    """Every sample's per-token advantages (KL reward penalty of `control`'s coefficient, GAE, adv_norm), the same
+    on every rank; then `control` updates for the next step (on every rank alike: the KL statistic is the whole
+    batch's). Returns the statistics as step metrics. Collective when kl_ctl > 0: the penalty needs the whole batch's
+    old and reference log-probs, of which each rank computed its share (`old`, `ref`: global index -> log-probs)."""
     kl_reward = actor.kl_ctl > 0
     stats = token_advantages(samples, gather_per_sample(old) if kl_reward else None,
-                             gather_per_sample(ref) if kl_reward else None, actor)
+                             gather_per_sample(ref) if kl_reward else None, actor, kl_ctl=control.value)
+    stats.update(control.step_done(stats, len(samples)))
     return {f"actor/{k}": v for k, v in stats.items()}
 
 
@@ -121,6 +124,7 @@ class GRPO:
         self.schedule = schedule_for(actor)
         self.expert = ExpertRows(config, tokenizer) if config.expert_dataset.path else None  # SFT+RL mix
         self.expert_batch: ExpertBatch | None = None
+        self.kl_control = KLController(actor)  # the KL reward penalty's coefficient: state, saved and resumed
         if self.expert is not None and self.rank0:
             print(f"rlkit train: SFT+RL mix: {len(self.expert.samples)} expert rows ({self.expert.dropped} over "
                   f"max_length), {self.expert.batch_size} per step, mu {self.expert.mu:g}", flush=True)
@@ -128,6 +132,8 @@ class GRPO:
     def start(self, resumed: dict[str, Any] | None) -> None:
         """Collective: the servers are checked (resuming: first given the resumed weights), rollouts may begin."""
         config = self.config
+        if resumed is not None:
+            self.resume_kl_control(resumed)
         self.mismatch_t = mismatch_temperature(config, announce=self.rank0)
         self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
         if self.rank0:
@@ -197,7 +203,7 @@ class GRPO:
                     ref: dict[int, list[float]] | None) -> dict[str, float]:
         """Collective: the batch's advantages, then the actor's PPO steps; returns their metrics. The hook job type
         ppo overrides to add its critic (rlkit.jobs.ppo.algorithm)."""
-        adv_stats = set_token_advantages(self.actor.config, samples, old, ref)
+        adv_stats = set_token_advantages(self.actor.config, samples, old, ref, self.kl_control)
         train_stats = self.actor.train_step(samples, old, ref, expert=self.expert_batch)
         train_stats.update(adv_stats)
         return train_stats
@@ -208,7 +214,18 @@ class GRPO:
 
     def state(self, step: int) -> dict[str, Any]:
         assert self.trainer is not None
-        return self.trainer.state(step)
+        return {**self.trainer.state(step), **self.kl_control.state()}
+
+    def resume_kl_control(self, resumed: dict[str, Any]) -> None:
+        """Every rank: the KL penalty's coefficient continues from the checkpoint's (the adaptive controller's)."""
+        try:
+            said = self.kl_control.restore(resumed)
+        except ValueError as exc:
+            raise StepError(f"the recover checkpoint's trainer state cannot be resumed: {exc}; it was altered after "
+                            "it was written: remove that checkpoint to resume from the one before it (or set "
+                            "recover.mode=disabled)") from None
+        if said and self.rank0:
+            print(f"rlkit train: {said}", flush=True)
 
     def progress(self) -> dict[str, Any]:
         return self.trainer.progress() if self.trainer is not None else {}

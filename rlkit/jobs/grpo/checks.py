@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from rlkit.checks.algo import validate_algorithm
+from rlkit.checks.algo import validate_algorithm, validate_kl_control
 from rlkit.checks.reasoning_gym import validate_reasoning_gym
 from rlkit.checks.reward import answer_readers, validate_reward
 from rlkit.checks.site_files import check_dataset_file
@@ -106,6 +106,7 @@ def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, pro
 def _validate_actor(config: ExperimentConfig, problems: Problems) -> None:
     actor, g = config.actor, config.gconfig
     validate_algorithm(actor, problems)
+    validate_kl_control(actor, max(0, config.train_dataset.batch_size * actor.group_size), problems)
     stale = config.rollout.max_head_offpolicyness
     if approximates_proximal(actor) and stale < 2:  # rlkit.trainer.rl_math.proximal: alpha 0 up to 1 version behind
         problems.add(f"actor.prox_logp_method loglinear with rollout.max_head_offpolicyness {stale}: no token is more "

@@ -52,7 +52,8 @@ class OPMD(GRPO):
                     ref: dict[int, list[float]] | None) -> dict[str, float]:
         opmd, actor = self.config.opmd, self.actor.config
         stats = set_opmd_advantages(samples, group_size=actor.group_size, baseline=opmd.opmd_baseline, tau=opmd.tau)
-        stats.update(set_token_advantages(actor, samples, old, ref))  # the KL penalty, then per-token, adv_norm
+        # the KL penalty, then per-token, adv_norm
+        stats.update(set_token_advantages(actor, samples, old, ref, self.kl_control))
         loss = functools.partial(_loss, opmd.tau, actor.loss_agg_mode, self.actor.loss_scale_factor)
         stats.update(self.actor.train_step(samples, old, ref, policy_loss=loss, expert=self.expert_batch))
         return stats

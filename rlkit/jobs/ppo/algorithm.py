@@ -47,7 +47,8 @@ class PPO(GRPO):
         kl_reward = self.actor.config.kl_ctl > 0
         adv_stats, returns = advantages_and_returns(samples, gather_per_sample(old) if kl_reward else None,
                                                     gather_per_sample(ref) if kl_reward else None, self.actor.config,
-                                                    values)
+                                                    values, kl_ctl=self.kl_control.value)
+        adv_stats.update(self.kl_control.step_done(adv_stats, len(samples)))  # then the next step's coefficient
         stats = self.actor.train_step(samples, old, ref, expert=self.expert_batch)
         stats.update({f"actor/{k}": v for k, v in adv_stats.items()})
         stats.update(self.critic.train_step(samples, values, returns))

@@ -99,23 +99,24 @@ def _actor_mask(samples: Sequence[Sample], sampled: torch.Tensor, actor: ActorCo
 
 
 def _gae(seq: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None, values: torch.Tensor | None,
-         actor: ActorConfig) -> tuple[torch.Tensor, torch.Tensor]:
+         actor: ActorConfig, kl_ctl: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) of GAE over the tokens in `mask`: the sequence reward on each row's last one, the KL
-    penalty on every one. A row with no token in `mask` gets zeros."""
-    rewards = token_rewards(seq, mask, kl, kl_ctl=actor.kl_ctl)
+    penalty (coefficient `kl_ctl`) on every one. A row with no token in `mask` gets zeros."""
+    rewards = token_rewards(seq, mask, kl, kl_ctl=kl_ctl)
     return gae_advantages(rewards, mask, discount=actor.discount, gae_lambda=actor.gae_lambda, values=values)
 
 
 def token_advantages(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[float]] | None,
-                     ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig) -> dict[str, float]:
+                     ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig,
+                     kl_ctl: float | None = None) -> dict[str, float]:
     """Set every sample's `token_advantages` without a critic (GRPO); returns the statistics of
     `advantages_and_returns`."""
-    return advantages_and_returns(samples, old_logp, ref_logp, actor)[0]
+    return advantages_and_returns(samples, old_logp, ref_logp, actor, kl_ctl=kl_ctl)[0]
 
 
 def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Sequence[float]] | None,
                            ref_logp: Mapping[int, Sequence[float]] | None, actor: ActorConfig,
-                           values: Mapping[int, Sequence[float]] | None = None
+                           values: Mapping[int, Sequence[float]] | None = None, *, kl_ctl: float | None = None
                            ) -> tuple[dict[str, float], list[list[float]]]:
     """Set every sample's `token_advantages` from its sequence reward (`advantage`, from prepare_batch); pure.
     Also returns each sample's per-token returns (advantages before adv_norm plus values: a critic's targets).
@@ -127,8 +128,10 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
 
     `old_logp`/`ref_logp` map a sample's index in `samples` to its completion log-probs (old: the recomputed ones,
     None for the servers' behaviour log-probs, which AReaL also uses under the decoupled loss; ref: needed when
-    kl_ctl > 0). Identical on every rank given the same
-    inputs. Returns statistics (mean KL reward per token, how many KL estimates the clamp bounded).
+    kl_ctl > 0). `kl_ctl`: the penalty's coefficient this step (the adaptive controller's, rlkit.trainer.rl_math.
+    kl_controller); None: actor.kl_ctl. Identical on every rank given the same inputs. Returns statistics (mean KL
+    reward per token, how many KL estimates the clamp bounded, and `kl_seq_mean`: each sequence's mean KL estimate
+    over its sampled tokens, averaged over the sequences, what the adaptive controller reads, as verl's).
     """
     if not samples:
         return {}, []
@@ -139,6 +142,7 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
     seq = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
     kl = None
     stats: dict[str, float] = {}
+    coef = actor.kl_ctl if kl_ctl is None else kl_ctl
     if actor.kl_ctl > 0:
         if ref_logp is None:
             raise ValueError("kl_ctl > 0 needs the reference log-probs")
@@ -149,12 +153,14 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
         kl, clamped = kl_estimate(old, ref, actor.kl_estimator, clamp=actor.kl_clamp)
         kl = torch.where(sampled, kl, 0.0)  # an inserted token's behaviour log-prob is no log-prob: no penalty there
         n_tok = max(1, int(mask.sum()))
-        stats["kl_reward"] = float(-(actor.kl_ctl * kl * mask).sum()) / n_tok
+        stats["kl_reward"] = float(-(coef * kl * mask).sum()) / n_tok
         stats["kl_reward_clamped_tokens"] = float((clamped & mask).sum())
+        per_seq = (kl * sampled).sum(dim=1) / sampled.sum(dim=1).clamp(min=1)
+        stats["kl_seq_mean"] = float(per_seq.mean())
     v = _padded([values[i] for i in range(len(samples))], width) if values is not None else None
-    adv, returns = _gae(seq, mask, kl, v, actor)
+    adv, returns = _gae(seq, mask, kl, v, actor, coef)
     if not torch.equal(mask, sampled):  # the critic's targets: over every sampled token, not the actor's mask
-        returns = _gae(seq, sampled, kl, v, actor)[1]
+        returns = _gae(seq, sampled, kl, v, actor, coef)[1]
     adv = apply_norm(adv, actor.adv_norm, actor, mask.to(adv.dtype))
     for s, row, n in zip(samples, adv.tolist(), lengths.tolist(), strict=True):
         s.token_advantages = [float(a) for a in row[:n]]

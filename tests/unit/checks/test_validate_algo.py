@@ -67,6 +67,13 @@ from tests.conftest import raise_problems
          "the interpolation weight is 0 everywhere"),
         (["actor.use_decoupled_loss=true", "actor.prox_logp_method=metrics", "actor.recompute_logprob=false"],
          "needs actor.recompute_logprob=true"),
+        (["actor.kl_ctl_adaptive.target_kl=0.05"], "actor.kl_ctl_adaptive is set, but actor.kl_ctl (its starting "
+         "coefficient) is 0"),
+        (["actor.kl_ctl=0.1", "actor.kl_ctl_adaptive.horizon=3"], "actor.kl_ctl_adaptive.horizon 3 is too short for "
+         "16 sequences a step"),  # 4 prompts x 4 samples: 1 - 0.2 x 16 / 3 < 0
+        (["actor.kl_ctl=0.1", "actor.kl_ctl_adaptive.horizon=0"], "actor.kl_ctl_adaptive.horizon must be at least 1"),
+        (["actor.kl_ctl=0.1", "actor.kl_ctl_adaptive.target_kl=0"],
+         "actor.kl_ctl_adaptive.target_kl must be positive"),
     ],
 )
 def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str], says: str) -> None:
@@ -83,6 +90,15 @@ def test_meaningless_settings_are_refused(grpo_yaml: Path, overrides: list[str],
                                        ["actor.loss_agg_mode=seq-mean-token-sum-norm", "actor.loss_scale_factor=4096"]])
 def test_every_loss_agg_mode_is_accepted(grpo_yaml: Path, overrides: list[str]) -> None:
     raise_problems(load_config(grpo_yaml, overrides))
+
+
+def test_the_adaptive_kl_controller_is_accepted_with_a_coefficient_to_adapt(grpo_yaml: Path) -> None:
+    """The smallest horizon of 16 sequences a step: 1 - 0.2 x 16 / 4 = 0.2 > 0; an empty block is verl's defaults."""
+    config = load_config(grpo_yaml, ["actor.kl_ctl=0.1", "actor.kl_ctl_adaptive.horizon=4"])
+    raise_problems(config)
+    assert config.actor.kl_ctl_adaptive is not None and config.actor.kl_ctl_adaptive.target_kl == 0.1
+    config = load_config(grpo_yaml, ["type=ppo", "actor.kl_ctl=0.1", "actor.kl_ctl_adaptive={}"])
+    assert config.actor.kl_ctl_adaptive is not None and config.actor.kl_ctl_adaptive.horizon == 10000
 
 
 def test_areal_recipe_knobs_are_accepted(grpo_yaml: Path) -> None:
@@ -132,6 +148,14 @@ def test_the_policy_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml
         assert f"{field} is set, but job type generate has no PPO actor update (that of grpo, " in info.value.message
         assert f"remove {field}" in str(info.value)
     raise_problems(load_config(generate_yaml, ["actor.entropy_coeff=0", "actor.ppo_epochs=1"]))  # the defaults
+
+
+def test_the_adaptive_kl_controller_of_a_job_without_a_kl_reward_penalty_is_refused(generate_yaml: Path) -> None:
+    config = load_config(generate_yaml, ["actor.kl_ctl_adaptive.target_kl=0.05"])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    assert "actor.kl_ctl_adaptive is set, but job type generate has no KL reward penalty to adapt (that of grpo, " \
+        in info.value.message and "remove actor.kl_ctl_adaptive" in str(info.value)
 
 
 def test_the_policy_loss_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml: Path) -> None:

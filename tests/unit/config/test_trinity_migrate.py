@@ -203,11 +203,35 @@ def test_kl_functions_become_rlkit_estimators_with_their_coefficients() -> None:
     assert {f.key: f.fate for f in fates}["algorithm.kl_loss_fn"].startswith("left out (none")
 
 
+def test_the_kl_penalty_s_adaptive_controller_moves() -> None:
+    """kl_penalty_fn_args adaptive with target_kl and horizon (Trinity-RFT's KLFn.update_kl_coef, the same update)
+    becomes actor.kl_ctl_adaptive, kl_coef its starting coefficient; adaptive false, or kl_coef 0, leaves them out."""
+    args = {"kl_coef": 0.05, "adaptive": True, "target_kl": 0.02, "horizon": 2000.0}
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.kl_penalty_fn": "k3", "algorithm.kl_penalty_fn_args": args}),
+                               "t")
+    assert mapping["actor"]["kl_ctl"] == 0.05
+    assert mapping["actor"]["kl_ctl_adaptive"] == {"target_kl": 0.02, "horizon": 2000}
+    said = {f.key: f.fate for f in fates}
+    assert said["algorithm.kl_penalty_fn_args.adaptive"].startswith("moved to actor.kl_ctl_adaptive (")
+    assert said["algorithm.kl_penalty_fn_args.horizon"] == "moved to actor.kl_ctl_adaptive.horizon"
+    for change, why in (({"adaptive": False}, "adaptive is off"), ({"kl_coef": 0}, "kl_coef is 0")):
+        mapping, fates = _to_rlkit(_trinity(**{"algorithm.kl_penalty_fn": "k3",
+                                               "algorithm.kl_penalty_fn_args": {**args, **change}}), "t")
+        assert "kl_ctl_adaptive" not in mapping["actor"], change
+        said = {f.key: f.fate for f in fates}
+        assert said["algorithm.kl_penalty_fn_args.target_kl"].startswith(f"left out ({why}"), said
+
+
 @pytest.mark.parametrize("changes, says", [
     ({"algorithm.kl_loss_fn": "abs"}, r"kl_loss_fn 'abs' .* not one of rlkit's estimators"),
     ({"algorithm.kl_penalty_fn": "corrected_k3"}, r"kl_penalty_fn 'corrected_k3' .* pi/pi_old"),
+    ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"adaptive": True, "target_kl": 0.1,
+                                                                  "horizon": 100}}, r"only the KL reward penalty's"),
+    ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "horizon": 100}},
+     r"target_kl None .* adaptive needs a target KL > 0"),
     ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "target_kl": 0.1,
-                                                                        "horizon": 100}}, r"adaptive .* not built"),
+                                                                        "horizon": 2.5}},
+     r"horizon 2.5 .* a whole number >= 1"),
     ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"kl_coef": "lots"}}, r"kl_coef 'lots'"),
     ({"algorithm.kl_loss_fn": ["k3"]}, r"kl_loss_fn '\['k3'\]'"),  # hostile shapes are named, not a TypeError
     ({"algorithm.algorithm_type": ["grpo"]}, r"algorithm_type '\['grpo'\]' .* has no rlkit job type"),

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from rlkit.config.areal.migrate import migrate
+from rlkit.config.load import config_from_mapping
+from rlkit.config.schema.actor import KLControlConfig
 from rlkit.config.trinity import RENAMES
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import split
@@ -241,7 +243,11 @@ def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path
     ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 8}, "leaves the trainer none of the run's 8"),
     ({"data.train_files": ["a.parquet", "b.parquet"]}, "2 files: rlkit reads one file per dataset"),
     ({"custom_reward_function.path": "/r.py"}, "rlkit calls fn(prompt, completion, row)"),
-    ({"algorithm.kl_ctrl.type": "adaptive"}, "adaptive controller is not built"),
+    ({"algorithm.kl_ctrl.type": "pid"}, "kl_ctrl.type 'pid' (t): not one of verl's KL controllers"),
+    ({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.horizon": 0},
+     "kl_ctrl.horizon 0 (t): not a whole number > 0"),
+    ({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.target_kl": "x"},
+     "kl_ctrl.target_kl 'x' (t): not a number > 0"),
     ({"trainer.resume_mode": "resume_path"}, "rlkit resumes a trial by its name"),
 ])
 def test_hostile_or_unbuilt_values_are_named(change: dict[str, object], says: str) -> None:
@@ -249,6 +255,33 @@ def test_hostile_or_unbuilt_values_are_named(change: dict[str, object], says: st
     with pytest.raises(ConfigError) as info:
         verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators)
     assert says in str(info.value), str(info.value)
+
+
+def test_the_adaptive_kl_controller_moves_with_the_kl_reward() -> None:
+    """verl's kl_ctrl.type adaptive adapts the KL reward's coefficient: with use_kl_in_reward it becomes
+    actor.kl_ctl_adaptive (target_kl and horizon, verl's defaults 0.1 and 10000 where unset), kl_coef its start;
+    without the KL reward, or with kl_coef 0 (nothing to multiply), it is left out with why."""
+    on = {"algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "adaptive",
+          "algorithm.kl_ctrl.kl_coef": 0.02, "algorithm.kl_ctrl.target_kl": 0.05}
+    out, fates = verl_to_rlkit(on, "t", REGISTRY.verl_estimators)
+    assert out["actor"]["kl_ctl"] == 0.02 and out["actor"]["kl_ctl_adaptive"] == {"target_kl": 0.05, "horizon": 10000}
+    said = {f.key: f.fate for f in fates}
+    assert said["algorithm.kl_ctrl.type"].startswith("moved to actor.kl_ctl_adaptive") and \
+        "horizon 10000, verl's default" in said["algorithm.kl_ctrl.type"]
+    assert said["algorithm.kl_ctrl.target_kl"] == "moved to actor.kl_ctl_adaptive.target_kl"
+    out, _ = verl_to_rlkit({**on, "algorithm.kl_ctrl.horizon": 500}, "t", REGISTRY.verl_estimators)
+    assert out["actor"]["kl_ctl_adaptive"] == {"target_kl": 0.05, "horizon": 500}
+    loaded = config_from_mapping({"experiment_name": "e", "trial_name": "t", "type": "grpo",
+                                  "allocation_mode": "vllm:d1+fsdp:d1", "actor": out["actor"]}, [])
+    assert loaded.actor.kl_ctl_adaptive == KLControlConfig(target_kl=0.05, horizon=500)  # rlkit's schema reads it
+    for change, why in (({"algorithm.use_kl_in_reward": False}, "use_kl_in_reward is false"),
+                        ({"algorithm.kl_ctrl.kl_coef": 0}, "kl_coef is 0"),
+                        ({"algorithm.kl_ctrl.type": "fixed"}, "algorithm.kl_ctrl.type is fixed")):
+        out, fates = verl_to_rlkit({**on, **change}, "t", REGISTRY.verl_estimators)
+        assert "kl_ctl_adaptive" not in out.get("actor", {}), change
+        said = {f.key: f.fate for f in fates}
+        assert said["algorithm.kl_ctrl.target_kl"].startswith("left out (") and why in \
+            said["algorithm.kl_ctrl.target_kl"], said
 
 
 def test_gpus_split_between_servers_and_trainer() -> None:

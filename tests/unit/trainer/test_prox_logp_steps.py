@@ -19,6 +19,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.grpo.algorithm import GRPO
 from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.trainer.actor import PPOActor
+from rlkit.trainer.rl_math.kl_controller import KLController
 from rlkit.types import Sample
 
 STEP = 6  # the trainer's weights are version 5 (one push per step): the samples are 0 to 4 versions behind
@@ -81,6 +82,7 @@ def grpo_step(model_dir: Path, **actor: Any) -> tuple[dict[str, float], list[boo
     grpo.actor, grpo.trainer, grpo.schedule = ppo_actor, Rank0Stub(batch()), NoPush()  # type: ignore[assignment]
     grpo.transport = SimpleNamespace(timings={})  # type: ignore[assignment]
     grpo.mismatch_t, grpo.expert, grpo.expert_batch = None, None, None
+    grpo.kl_control = KLController(cfg)
     return grpo.step(STEP).metrics, grads, ppo_actor
 
 
