@@ -252,6 +252,17 @@ def recomputes_logprobs(actor: ActorConfig) -> bool:
     return actor.recompute_logprob and not approximates_proximal(actor)
 
 
+def reuses_training_logprobs(actor: ActorConfig, *, dropout: bool) -> bool:
+    """Whether a step skips the log-probs' forward before the update, the loss taking each micro-batch's training
+    forward (detached) as the proximal policy's log-probs (ratio exactly 1: TRL's GRPO at num_iterations 1, verl's
+    on-policy path). They are the same numbers only when the weights cannot move between the two forwards: one
+    optimizer step over the batch (ppo_n_minibatches 1, ppo_epochs 1); nothing reads them before the update (the KL
+    reward penalty kl_ctl, with ppo's GAE; a job type that needs them first, as distill's advantages, recomputes
+    anyway); no active dropout in the trained model (`dropout`: a training-mode forward draws its own masks)."""
+    return (recomputes_logprobs(actor) and actor.ppo_n_minibatches == 1 and actor.ppo_epochs == 1
+            and actor.kl_ctl == 0 and not dropout)
+
+
 def approximates_proximal(actor: ActorConfig) -> bool:
     """Whether the decoupled loss's proximal log-probs are loglinear's approximation, not recomputed ones."""
     return actor.use_decoupled_loss and actor.prox_logp_method == "loglinear"
