@@ -233,8 +233,11 @@ class ActorConfig:
                              "faster as the ratio leaves 1).", gt=0)
     sapo_tau_neg: float = _f(1.05, "SAPO: gate temperature for negative advantages (and zero ones).", gt=0)
     dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
-    recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
-                                 "(else use the servers' log-probs as the old policy).")
+    recompute_logprob: bool = _f(
+        True, "Recompute log-probs with the trainer's weights before the update (else use the servers' log-probs as "
+        "the old policy). With one optimizer step over the batch (ppo_n_minibatches 1, ppo_epochs 1), kl_ctl 0 and no "
+        "dropout in the trained model, the update's own forward gives the same numbers and its forward pass is "
+        "skipped (said in the trainer log; job type distill always recomputes).")
     # ---- LoRA (peft): only the adapters train, and only the adapters go to the servers ----
     use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight (grpo, ppo's actor, sft, dpo); "
                         "the servers get the adapters only (vLLM runtime LoRA loading, a new adapter name per "

@@ -140,6 +140,20 @@ def test_the_decision_is_one_optimizer_step_without_anything_reading_the_log_pro
         assert reuses_training_logprobs(ActorConfig(ppo_n_minibatches=1, **same), dropout=False), same
 
 
+def test_active_dropout_is_a_dropout_module_or_a_config_probability() -> None:
+    from transformers import Qwen2Config
+
+    from rlkit.models.source import has_active_dropout
+
+    assert has_active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))  # peft's lora_dropout
+    assert not has_active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
+    model = torch.nn.Linear(2, 2)
+    model.config = Qwen2Config(attention_dropout=0.0)  # type: ignore[assignment]
+    assert not has_active_dropout(model)
+    model.config = Qwen2Config(attention_dropout=0.1)  # type: ignore[assignment]
+    assert has_active_dropout(model)
+
+
 def test_distill_reads_the_log_probs_before_the_update_so_never_skips() -> None:
     for cls, skips in ((GRPO, True), (Distill, False)):
         algorithm = cls.__new__(cls)
