@@ -22,9 +22,11 @@ from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, OptimizerConf
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.distill.algorithm import Distill
 from rlkit.jobs.grpo.algorithm import GRPO
+from rlkit.jobs.opmd.algorithm import OPMD
 from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.mismatch import ServerMismatch
+from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 
 # the recomputed (eval mode, no grad) and the training forward (train mode, with grad) of the same micro-batches in
@@ -83,7 +85,7 @@ def batch() -> list[Sample]:
     out = []
     for i in range(4):
         completion = [30 + i, 31, 32 + 2 * i, 33, 34][: 3 + i % 3]
-        out.append(Sample([1, 2, 3 + i], completion, [-6.0 + 0.5 * i] * len(completion), 1.0, 0, True, i,
+        out.append(Sample([1, 2, 3 + i], completion, [-6.0 + 0.5 * i] * len(completion), 0.5 * i, 0, True, i,
                           advantage=1.0 if i % 2 else -1.0, server=0))
     return out
 
@@ -97,7 +99,8 @@ def _config(model_dir: Path, **actor: Any) -> ActorConfig:
 
 
 def grpo_step(model_dir: Path, *, force_recompute: bool = False, mismatch_t: float | None = None,
-              algorithm: type[GRPO] = GRPO, **actor: Any) -> tuple[dict[str, float], list[bool], PPOActor, Rank0Stub]:
+              algorithm: type[GRPO] = GRPO, expert: ExpertBatch | None = None, **actor: Any
+              ) -> tuple[dict[str, float], list[bool], PPOActor, Rank0Stub]:
     """Step 1 of GRPO on a fresh actor (`force_recompute`: today's path, the recompute forced on); returns its
     metrics, whether each forward through the first layer had gradient on, the actor and rank 0's stub."""
     cfg = _config(model_dir, **actor)
@@ -113,7 +116,8 @@ def grpo_step(model_dir: Path, *, force_recompute: bool = False, mismatch_t: flo
     grpo.config = ExperimentConfig(actor=cfg)
     grpo.actor, grpo.trainer, grpo.schedule = ppo_actor, rank0, NoPush()  # type: ignore[assignment]
     grpo.transport = SimpleNamespace(timings={})  # type: ignore[assignment]
-    grpo.mismatch_t, grpo.expert, grpo.expert_batch = mismatch_t, None, None
+    grpo.mismatch_t, grpo.expert_batch = mismatch_t, None
+    grpo.expert = SimpleNamespace(batch=lambda step: expert) if expert else None  # type: ignore[assignment]
     return grpo.step(1).metrics, grads, ppo_actor, rank0
 
 
@@ -141,16 +145,18 @@ def test_the_decision_is_one_optimizer_step_without_anything_reading_the_log_pro
 
 
 def test_active_dropout_is_a_dropout_module_or_a_config_probability() -> None:
-    from transformers import Qwen2Config
-
     from rlkit.models.source import has_active_dropout
 
     assert has_active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))  # peft's lora_dropout
     assert not has_active_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
     model = torch.nn.Linear(2, 2)
-    model.config = Qwen2Config(attention_dropout=0.0)  # type: ignore[assignment]
+    model.config = SimpleNamespace(model_type="qwen2", attention_dropout=0.0, hidden_size=8)  # type: ignore[assignment]
     assert not has_active_dropout(model)
-    model.config = Qwen2Config(attention_dropout=0.1)  # type: ignore[assignment]
+    model.config.attention_dropout = 0.1  # a number the attention function reads: no module
+    assert has_active_dropout(model)
+    # a vision-language model's text config, nested (only a transformers config has to_dict and model_type)
+    text = SimpleNamespace(model_type="qwen2", resid_pdrop=0.1, to_dict=dict)
+    model.config = SimpleNamespace(model_type="vlm", attention_dropout=0.0, text_config=text)  # type: ignore[assignment]
     assert has_active_dropout(model)
 
 
@@ -170,14 +176,14 @@ def plain(gloo: None, tiny_model_dir: Path) -> tuple[Step, Step]:
     return grpo_step(tiny_model_dir, mismatch_t=1.0), grpo_step(tiny_model_dir, mismatch_t=1.0, force_recompute=True)
 
 
-def _same_step(skipped_step: Step, recomputed_step: Step) -> None:
+def _same_step(skipped_step: Step, recomputed_step: Step, *, forward: int = 2, ratio: bool = True) -> None:
     """The skipped step trained the recomputed one's weights and logged its metrics, with one forward fewer."""
     skipped, skipped_grads, skipped_actor, _ = skipped_step
     recomputed, recomputed_grads, recomputed_actor, _ = recomputed_step
     assert skipped_actor.reuses_training_logprobs and skipped_actor.training_logp is not None
     # the update's forwards with gradient, one per micro-batch (27 tokens, at most 20 a micro-batch: 2); the
     # recompute's as many without, before them, only when recomputed (the packed-attention probes: the same in both)
-    assert skipped_grads.count(True) == recomputed_grads.count(True) == 2
+    assert skipped_grads.count(True) == recomputed_grads.count(True) == forward
     assert recomputed_grads.count(False) == skipped_grads.count(False) + 2
     assert _before_update(recomputed_grads) == _before_update(skipped_grads) + 2
     want, got = _weights(recomputed_actor), _weights(skipped_actor)
@@ -186,7 +192,8 @@ def _same_step(skipped_step: Step, recomputed_step: Step) -> None:
     assert set(skipped) == set(recomputed)
     for key in recomputed:  # every metric of today, with today's values (ratio 1: no clipping either way)
         assert skipped[key] == pytest.approx(recomputed[key], rel=1e-5, abs=1e-6), key
-    assert skipped["actor/importance_weight_mean"] == 1.0 and skipped["actor/clip_fraction"] == 0.0
+    if ratio:  # the clipped surrogate's (opmd's loss has none)
+        assert skipped["actor/importance_weight_mean"] == 1.0 and skipped["actor/clip_fraction"] == 0.0
 
 
 def test_one_optimizer_step_skips_the_forward_and_trains_the_same_weights(plain: tuple[Step, Step]) -> None:
@@ -202,6 +209,20 @@ def test_the_decoupled_loss_skips_with_the_same_weights_and_behaviour_weights(gl
     # the servers' log-probs (-6 and so on) are far from the tiny model's: the behaviour weights and M2PO see it
     assert metrics["actor/behav_weight_mean"] != pytest.approx(1.0, abs=0.1)
     assert metrics["actor/rollout_abs_error"] > 0.1 and metrics["actor/m2po_masked_fraction"] > 0
+
+
+@pytest.mark.parametrize("case", ["SFT+RL mix", "opmd"])
+def test_the_mix_and_opmd_skip_with_the_same_weights(gloo: None, tiny_model_dir: Path, case: str) -> None:
+    """The mix's expert micro-batches share the one optimizer step; opmd's loss never reads the old log-probs."""
+    rows = [Sample([1, 2], [40 + i, 41, 42], [0.0] * 3, 0.0, 0, True, i) for i in range(2)]
+    kwargs: dict[str, Any] = (dict(expert=ExpertBatch(rows, mu=0.3)) if case == "SFT+RL mix" else
+                              dict(algorithm=OPMD, group_size=2))
+    skipped = grpo_step(tiny_model_dir, **kwargs)
+    recomputed = grpo_step(tiny_model_dir, force_recompute=True, **kwargs)
+    # the mix's expert rows: one more micro-batch (with gradient) in the same optimizer step
+    _same_step(skipped, recomputed, forward=3 if case == "SFT+RL mix" else 2, ratio=case != "opmd")
+    assert ("mix/sft_loss" in skipped[0]) is (case == "SFT+RL mix") and ("opmd/baseline_mean" in skipped[0]) is (
+        case == "opmd")
 
 
 def test_the_mismatch_check_reads_the_training_forward(plain: tuple[Step, Step], tiny_model_dir: Path) -> None:
