@@ -1,9 +1,10 @@
 """The log-probs' forward left to the update's own forward (rlkit.config.schema.actor.reuses_training_logprobs)
 through GRPO's real step (rlkit.jobs.grpo.algorithm.GRPO.step) and a real PPOActor of the tiny model on one gloo rank,
 rank 0's rollouts and weight push stubbed: one optimizer step over the batch trains the same weights with one
-forward fewer (counted at the model's first layer) and the mismatch check reads the training forward; every
-configuration whose numbers would differ (more optimizer steps, the KL reward penalty, dropout, distill) still
-recomputes."""
+forward fewer (counted at the model's first layer), with the decoupled loss, M2PO, the SFT+RL mix and opmd too, and
+the mismatch check reads the training forward; every configuration whose numbers would differ (more optimizer steps,
+the KL reward penalty, dropout, distill) still recomputes. "Recomputed" is the same config with the skip forced off
+(PPOActor.reuses_training_logprobs = False): today's path."""
 
 from __future__ import annotations
 
