@@ -50,3 +50,30 @@ def build_causal_lm(path: str, *, dtype: torch.dtype, attn_impl: str, disable_dr
             torch.manual_seed(SCRATCH_SEED)
             return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_impl)
     return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_impl)
+
+
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+             torch.nn.FeatureAlphaDropout)
+
+
+def _config_dropouts(config: Any) -> list[float]:
+    """Every dropout probability a transformers config holds (nested configs included): the keys `zero_dropout`
+    sets."""
+    found: list[float] = []
+    for key, value in vars(config).items():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            found += _config_dropouts(value)
+        elif (("dropout" in key or "pdrop" in key) and isinstance(value, (int, float))
+              and not isinstance(value, bool)):
+            found.append(float(value))
+    return found
+
+
+def has_active_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward of the built `model` draws dropout masks: a dropout module with p > 0 (peft's
+    lora_dropout among them), or a dropout probability > 0 in its config (attention dropout is a number the attention
+    function reads, no module). A model without a config is judged by its modules alone."""
+    if any(isinstance(m, _DROPOUTS) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return config is not None and hasattr(config, "model_type") and any(p != 0 for p in _config_dropouts(config))

@@ -15,9 +15,10 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from rlkit.config.schema.actor import ActorConfig, approximates_proximal, kl_terms_on
+from rlkit.config.schema.actor import ActorConfig, approximates_proximal, kl_terms_on, reuses_training_logprobs
 from rlkit.config.schema.ref import ReferenceLoad, loads_a_copy
 from rlkit.models.packing import set_packing
+from rlkit.models.source import has_active_dropout
 from rlkit.trainer.batch import MicroBatch, dummy_like, local_indices, pack
 from rlkit.trainer.dist import all_reduce_max, all_reduce_sum
 from rlkit.trainer.engine import TrainEngine, actor_model_factory, token_logprobs
@@ -64,6 +65,10 @@ class PPOActor:
         # the weight version the trained weights carry (the servers' numbering), set by an algorithm before each
         # train_step: prox_logp_method loglinear and metrics interpolate by it (rlkit.trainer.rl_math.proximal)
         self.current_version: int | None = None
+        # whether the update's own forward gives the proximal log-probs (no recompute: reuses_training_logprobs);
+        # then train_step keeps them, per sample of this rank, for the step's log-prob mismatch check
+        self.reuses_training_logprobs = reuses_training_logprobs(config, dropout=has_active_dropout(engine.model))
+        self.training_logp: dict[int, list[float]] | None = None
 
     @classmethod
     def build(cls, config: ActorConfig, *, rank: int, world: int, device: torch.device, pad_id: int,
@@ -113,10 +118,12 @@ class PPOActor:
         passes of them; returns statistics averaged over all ranks' tokens and passes (the loss: over its units,
         actor.loss_agg_mode's).
 
-        `old_logp` (recomputed before the update, by global index) is the proximal policy; without it the
-        servers' behaviour log-probs are used. With use_decoupled_loss both are used (weight exp(old - behav));
-        prox_logp_method loglinear approximates the proximal policy instead (no `old_logp`), metrics also measures
-        that approximation, both by each token's weight version and `current_version`.
+        `old_logp` (recomputed before the update, by global index) is the proximal policy; without it each
+        micro-batch's own training forward (detached) when `reuses_training_logprobs` (the step skipped the recompute
+        because that forward gives the same numbers; kept in `training_logp`), else the servers' behaviour log-probs.
+        With use_decoupled_loss both are used (weight exp(old - behav)); prox_logp_method loglinear approximates the
+        proximal policy instead (no `old_logp`), metrics also measures that approximation, both by each token's weight
+        version and `current_version`.
         `policy_loss` replaces the clipped surrogate (job type opmd); `expert` mixes the SFT loss of expert rows
         into every optimizer step (rlkit.trainer.sft_mix).
         """
@@ -128,7 +135,11 @@ class PPOActor:
         extra = self.extra_loss
         extra_sums = dict.fromkeys(extra.names if extra is not None else (), 0.0)
         max_ratio = [0.0]
-        decoupled = cfg.use_decoupled_loss and (old_logp is not None or approximates_proximal(cfg))
+        reuse = old_logp is None and self.reuses_training_logprobs  # this forward is the skipped recompute
+        proximal = old_logp is not None or reuse
+        decoupled = cfg.use_decoupled_loss and (proximal or approximates_proximal(cfg))
+        kept: dict[int, list[float]] | None = {} if reuse else None
+        self.training_logp = kept
         mode, scale = cfg.loss_agg_mode, self.loss_scale_factor
         if mode != "token-mean" and (expert is not None or extra is not None):  # refused at submit
             raise ValueError(f"actor.loss_agg_mode {mode}: the SFT+RL mix and an extra loss term are token-means")
@@ -141,11 +152,15 @@ class PPOActor:
                       mask_truncated=cfg.mask_no_eos_with_zero).to(self.engine.device)
             logp, entropy = token_logprobs(model, mb, self.temperature, with_entropy=True,
                                            chunk_tokens=cfg.logprob_chunk_tokens, entropy_grad=cfg.entropy_coeff > 0)
-            old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
+            if kept is not None:
+                old = logp.detach()
+                _keep(kept, logp, samples, group_idx)
+            else:
+                old = aligned(mb, group_idx, old_logp) if old_logp is not None else mb.behav_logp
             prox_stats: dict[str, Tensor] = {}
             if prox_sums:  # loglinear: the approximation replaces `old`; metrics: measured against it
                 tok_versions = torch.where(mb.loss_mask, aligned(mb, group_idx, versions), -1.0)
-                old, prox_stats = proximal_logp(prox_method, old if old_logp is not None else None, mb.behav_logp,
+                old, prox_stats = proximal_logp(prox_method, old if proximal else None, mb.behav_logp,
                                                 logp, tok_versions, self.current_version, mb.loss_mask)
             if policy_loss is not None:
                 loss, stats = policy_loss(logp, old, mb.advantages, mb.loss_mask)
@@ -225,3 +240,12 @@ class PPOActor:
         totals["actor/lr"] = lr
         totals.update(mix)
         return totals
+
+
+def _keep(into: dict[int, list[float]], logp: Tensor, samples: Sequence[Sample], group_idx: list[int]) -> None:
+    """Each real sample's completion log-probs of a micro-batch's forward, by global index (as compute_logprobs)."""
+    values = logp.detach().float().cpu()
+    for row, i in enumerate(group_idx):
+        if i >= 0:
+            start = len(samples[i].prompt_ids) - 1
+            into[i] = values[row, start : start + len(samples[i].completion_ids)].tolist()

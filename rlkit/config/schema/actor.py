@@ -253,8 +253,11 @@ class ActorConfig:
                              "faster as the ratio leaves 1).", gt=0)
     sapo_tau_neg: float = _f(1.05, "SAPO: gate temperature for negative advantages (and zero ones).", gt=0)
     dynamic_sampling: bool = _f(False, "Drop groups whose rewards are all equal (no learning signal, DAPO).")
-    recompute_logprob: bool = _f(True, "Recompute log-probs with the trainer's weights before the update "
-                                 "(else use the servers' log-probs as the old policy).")
+    recompute_logprob: bool = _f(
+        True, "Recompute log-probs with the trainer's weights before the update (else use the servers' log-probs as "
+        "the old policy). With one optimizer step over the batch (ppo_n_minibatches 1, ppo_epochs 1), kl_ctl 0 and no "
+        "dropout in the trained model, the update's own forward gives the same numbers and its forward pass is "
+        "skipped (said in the trainer log; job type distill always recomputes).")
     # ---- LoRA (peft): only the adapters train, and only the adapters go to the servers ----
     use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of every weight (grpo, ppo's actor, sft, dpo); "
                         "the servers get the adapters only (vLLM runtime LoRA loading, a new adapter name per "
@@ -270,6 +273,17 @@ def recomputes_logprobs(actor: ActorConfig) -> bool:
     """Whether a step runs the forward pass of the log-probs before the update: recompute_logprob, unless the
     decoupled loss approximates its proximal policy instead (prox_logp_method loglinear)."""
     return actor.recompute_logprob and not approximates_proximal(actor)
+
+
+def reuses_training_logprobs(actor: ActorConfig, *, dropout: bool) -> bool:
+    """Whether a step skips the log-probs' forward before the update, the loss taking each micro-batch's training
+    forward (detached) as the proximal policy's log-probs (ratio exactly 1: TRL's GRPO at num_iterations 1, verl's
+    on-policy path). They are the same numbers only when the weights cannot move between the two forwards: one
+    optimizer step over the batch (ppo_n_minibatches 1, ppo_epochs 1); nothing reads them before the update (the KL
+    reward penalty kl_ctl, with ppo's GAE; a job type that needs them first, as distill's advantages, recomputes
+    anyway); no active dropout in the trained model (`dropout`: a training-mode forward draws its own masks)."""
+    return (recomputes_logprobs(actor) and actor.ppo_n_minibatches == 1 and actor.ppo_epochs == 1
+            and actor.kl_ctl == 0 and not dropout)
 
 
 def approximates_proximal(actor: ActorConfig) -> bool:

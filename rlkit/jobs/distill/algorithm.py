@@ -143,6 +143,7 @@ class Distill(GRPO):
     """On-policy distillation on one rank (the loop's `Algorithm`)."""
 
     rank0_class = DistillRank0
+    reads_old_first = True  # the student's log-probs of the advantages
 
     def train_batch(self, samples: list[Sample], old: dict[int, list[float]] | None,
                     ref: dict[int, list[float]] | None) -> dict[str, float]:

@@ -92,6 +92,9 @@ class GRPO:
     `rank0_class`: what rank 0 runs (job type distill adds the teacher's scores to each batch)."""
 
     rank0_class: type[Rank0] = Rank0
+    # whether train_batch reads the proximal log-probs before the update whatever the config (distill's advantages):
+    # then the step never leaves them to the update's own forward (PPOActor.reuses_training_logprobs)
+    reads_old_first = False
 
     def __init__(self, ctx: LoopContext) -> None:
         """Collective: tokenizer, prompts (rank 0), the number of steps, the actor, the fingerprint probe."""
@@ -118,6 +121,11 @@ class GRPO:
                                  if self.rank0 else None)
         assert isinstance(probe, list)
         self.probe: list[int] = probe
+        if self.rank0 and self.skips_recompute():
+            print("rlkit train: the log-probs' forward is skipped: one optimizer step per batch "
+                  "(actor.ppo_n_minibatches 1, ppo_epochs 1), no KL reward penalty (kl_ctl 0) and no dropout in the "
+                  "trained model, so each micro-batch's training forward gives the proximal log-probs (ratio 1) and "
+                  "the step's log-prob mismatch check reads them", flush=True)
         self.trainer: Rank0 | None = None
         self.transport: WeightTransport | None = None
         self.mismatch_t: float | None = None
@@ -164,20 +172,27 @@ class GRPO:
         self.expert_batch = self.expert.batch(step) if self.expert is not None else None
         t_got = time.monotonic()
         if samples:
-            # no forward pass when the decoupled loss approximates its proximal policy (prox_logp_method loglinear)
-            old = actor.logprobs_at(samples) if recomputes_logprobs(actor.config) else None
+            # no forward pass when the decoupled loss approximates its proximal policy (prox_logp_method loglinear),
+            # nor when the update's own forward gives the same numbers (one optimizer step: skips_recompute)
+            skip = self.skips_recompute()
+            old = actor.logprobs_at(samples) if recomputes_logprobs(actor.config) and not skip else None
             t_check = time.monotonic()
             # the servers hold the trainer's weights only when the previous step pushed them (or none was trained):
             # samples of that version were then generated with the weights held now
-            if self.mismatch_t is not None and (step == 1 or schedule.pushes_at(step - 1)):
-                version = schedule.pushes_after(step - 1)
-                per_server = step_mismatch(actor, samples, old, version=version, temperature=self.mismatch_t)
-                if trainer is not None and per_server is not None:
-                    trainer.note_mismatch(per_server, version)
+            checked = self.mismatch_t is not None and (step == 1 or schedule.pushes_at(step - 1))
+            # skipped at the temperature the check compares at: it reads the training forward's log-probs, after it
+            after = checked and skip and self.mismatch_t == actor.temperature
+            if checked and not after:
+                self._mismatch(samples, old, step)
             t_check = time.monotonic() - t_check
             ref = actor.logprobs_at(samples, reference=True) if actor.has_reference else None
             actor.current_version = schedule.pushes_after(step - 1)  # what the trained weights are as a version
             train_stats = self.train_batch(samples, old, ref)
+            if after:
+                t_after = time.monotonic()
+                assert actor.training_logp is not None
+                self._mismatch(samples, actor.training_logp, step)
+                t_check += time.monotonic() - t_after
         else:
             train_stats, t_check = {}, 0.0
         t_trained = time.monotonic()
@@ -198,6 +213,20 @@ class GRPO:
             "timing/gather_weights": gathered, "timing/weight_sync": time.monotonic() - t_trained - gathered})
         # no server took the push: the loop checkpoints this step and fails (the in-job retry resumes)
         return StepResult(metrics, fail="every inference server is unreachable" if trainer.servers_gone else "")
+
+    def skips_recompute(self) -> bool:
+        """Whether this step leaves the proximal log-probs to the update's own forward (PPOActor's
+        reuses_training_logprobs, rlkit.config.schema.actor) instead of a forward pass before it."""
+        return self.actor.reuses_training_logprobs and not self.reads_old_first
+
+    def _mismatch(self, samples: list[Sample], trainer_logp: dict[int, list[float]] | None, step: int) -> None:
+        """Collective: the log-prob mismatch check of the samples of the version the trainer held before this
+        step's update, on `trainer_logp` (that version's log-probs of this rank's samples) when given."""
+        assert self.mismatch_t is not None
+        version = self.schedule.pushes_after(step - 1)
+        per_server = step_mismatch(self.actor, samples, trainer_logp, version=version, temperature=self.mismatch_t)
+        if self.trainer is not None and per_server is not None:
+            self.trainer.note_mismatch(per_server, version)
 
     def train_batch(self, samples: list[Sample], old: dict[int, list[float]] | None,
                     ref: dict[int, list[float]] | None) -> dict[str, float]:
