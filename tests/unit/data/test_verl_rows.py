@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from rlkit.config.load import load_config
@@ -20,36 +18,12 @@ from rlkit.data.row_field import MISSING, row_field, where_missing
 from rlkit.jobs.validate import validate
 from rlkit.rewards import resolve_reward_fn
 from tests.conftest import run_rlkit
-
-ANSWER = "reward_model.ground_truth"
-INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'  # verl's gsm8k.py
-GSM8K = [("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
-          "clips did Natalia sell altogether in April and May?", "Natalia sold 48/2 = 24 clips in May.\n"
-          "Natalia sold 48+24 = 72 clips altogether in April and May.\n#### 72"),
-         ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did "
-          "she earn?", "Weng earns 12/60 = $0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = $10.\n#### 10"),
-         ("A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it "
-          "take?", "It takes 2/2=1 bolt of white fiber\nSo the total amount of fabric is 2+1=3 bolts\n#### 3")]
-
-
-def verl_gsm8k_row(index: int, question: str, answer: str, split: str = "train") -> dict[str, Any]:
-    """A row as verl's gsm8k.py `process_fn` makes it (its extract_solution: the number after '#### ')."""
-    return {"data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer.split("#### ")[1].replace(",", "")},
-            "extra_info": {"split": split, "index": index, "answer": answer, "question": question}}
-
-
-def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Rows written as `datasets`' to_parquet writes them (the same Arrow schema: structs and a list of structs)."""
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+from tests.helpers.verl_rows import ANSWER, GSM8K, INSTRUCTION, verl_gsm8k_parquet, verl_gsm8k_row, write_parquet
 
 
 @pytest.fixture
 def verl_train(tmp_path: Path) -> Path:
-    return write_parquet(tmp_path / "train.parquet", [verl_gsm8k_row(i, q, a) for i, (q, a) in enumerate(GSM8K)])
+    return verl_gsm8k_parquet(tmp_path / "train.parquet")
 
 
 def _errors(config: Any) -> list[str]:
