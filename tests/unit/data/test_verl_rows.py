@@ -110,9 +110,9 @@ def test_generate_scores_verl_rows_by_the_nested_answer(generate_yaml: Path, ver
 def test_the_job_reads_verl_rows_prompts_by_the_chat_template_and_scores_the_nested_answer(
         grpo_yaml: Path, verl_train: Path, tiny_model_dir: Path) -> None:
     """The grpo job's own prompt loading (rlkit.jobs.grpo.algorithm.load_prompts, rows through `datasets` as in the
-    job): each prompt's tokens are verl's (RLHFDataset: apply_chat_template(messages, add_generation_prompt=True,
-    tokenize=False), then the text tokenized without special tokens); `math`, bound as the reward worker binds it,
-    scores a right and a wrong completion 1.0 and 0.0."""
+    job): each prompt's tokens are verl's (its agent loop's apply_chat_template(messages, add_generation_prompt=True,
+    tokenize=True); its older RLHFDataset's template text tokenized without special tokens, the same here); `math`,
+    bound as the reward worker binds it, scores a right and a wrong completion 1.0 and 0.0."""
     from transformers import AutoTokenizer
 
     from rlkit.jobs.grpo.algorithm import load_prompts
@@ -125,7 +125,9 @@ def test_the_job_reads_verl_rows_prompts_by_the_chat_template_and_scores_the_nes
         messages = [{"role": "user", "content": question + " " + INSTRUCTION}]
         verl_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert question in verl_text and verl_text != messages[0]["content"]  # the template wrapped it
-        assert prompt.ids == tokenizer(verl_text, add_special_tokens=False)["input_ids"]
+        verl_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        assert prompt.ids == list(verl_ids) == tokenizer(verl_text, add_special_tokens=False)["input_ids"]
         assert prompt.row["prompt"] == messages and prompt.row["data_source"] == "openai/gsm8k"
     math = resolve_reward_fn("math", config.reward.answer_key)
     row = prompts[0].row
