@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlkit.checks.reward import answer_readers
+from rlkit.checks.reward import answer_gap, answer_readers
 from rlkit.checks.sampling import validate_eval_greedy, validate_eval_min_new_tokens
 from rlkit.checks.site_files import check_dataset_file
 from rlkit.config.problems import Problems
@@ -62,8 +62,7 @@ def _validate_columns(config: ExperimentConfig) -> None:
         raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set valid_dataset.prompt_key to the prompt column")
     readers = answer_readers(config)  # reward.fn, or every function of a reward.fns mix
-    if readers and config.reward.answer_key not in head.columns:
-        raise ConfigError(f"reward.fn {readers[0]} scores evaluations against the answer column "
-                          f"'{config.reward.answer_key}', which the valid_dataset rows do not have "
-                          f"(columns: {columns})",
+    gap = answer_gap(head, config.reward.answer_key, "the valid_dataset rows") if readers else None
+    if gap:
+        raise ConfigError(f"reward.fn {readers[0]} scores evaluations against {gap}",
                           hint="give validation rows with the training set's answer column")

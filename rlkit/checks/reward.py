@@ -10,8 +10,11 @@ from pathlib import Path
 from rlkit.checks.reward_model import validate_reward_model
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.data.dataset_head import DatasetHead
+from rlkit.data.row_field import MISSING, row_field, where_missing
 
 ANSWER_REWARDS = ("math", "exact_match")  # the built-in rewards that read reward.answer_key from the row
+ANSWER_ROWS = 16  # a nested answer key is looked up in this many first rows (a column's presence is the schema's)
 # What a reward model's worker holds besides its weights: the Python process, torch, transformers, the tokenizer.
 PROCESS_OVERHEAD_MB = 2048
 _HALF_DTYPES = ("bfloat16", "float16")
@@ -29,6 +32,23 @@ def answer_readers(config: ExperimentConfig) -> list[str]:
     if config.rollout.agent.workflow == "verifiers":
         return []
     return [fn for fn in scoring_functions(config) if fn in ANSWER_REWARDS]
+
+
+def answer_gap(head: DatasetHead, key: str, rows: str) -> str | None:
+    """What the rows (named `rows`, e.g. "the dataset rows") lack of reward.answer_key, as the end of "reward.fn
+    math needs ...": None when the key is a column, or a path through nested fields (rlkit.data.row_field) that
+    each of the first ANSWER_ROWS rows holds, not null."""
+    if key in head.columns:
+        return None
+    columns = ", ".join(head.columns) or "none"
+    top = key.split(".", 1)[0]
+    if "." not in key or top not in head.columns:
+        return f"the answer column '{key}', which {rows} do not have (columns: {columns})"
+    for number, row in enumerate(head.rows(ANSWER_ROWS, [top]), 1):
+        value = row_field(row, key)
+        if value is MISSING or value is None:
+            return f"the answer field '{key}', which row {number} of {rows} lacks ({where_missing(row, key)})"
+    return None
 
 
 def validate_reward(config: ExperimentConfig, problems: Problems) -> None:

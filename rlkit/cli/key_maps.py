@@ -247,7 +247,17 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
              "converted (a mini-batch size becomes a count, `low_var_kl` becomes `k3`, `adv_estimator` the job type), "
              "left out with the reason below, or refused with its fix. verl runs rollout and training on the same "
              "GPUs in turn; rlkit gives servers and trainer GPUs of their own, so migrate splits the run's GPUs "
-             "about in half (the header says how; pass `allocation_mode=...` for another split)."),
+             "about in half (the header says how; pass `allocation_mode=...` for another split).\n\n"
+             "**Your data.** The Parquet files verl's preprocessing scripts write (`examples/data_preprocess/"
+             "gsm8k.py`, `math_dataset.py`) are read as they are: each row's `prompt`, a list of chat messages, goes "
+             "through the model's chat template with the generation prompt, as in verl, and `reward.answer_key: "
+             "reward_model.ground_truth` reads the reference answer where verl's reward reads it (a dotted "
+             "`answer_key` is a path through the row's nested fields; submit checks the first rows hold it). "
+             "`rlkit migrate` writes that key and `reward.fn: math`, which scores GSM8K and MATH rows as verl's "
+             "default scorer does, 1 or 0 for the final answer against the ground truth (it also credits a right "
+             "answer written without GSM8K's `#### `, which verl's strict check scores 0). Other `data_source`s, "
+             "and a `custom_reward_function`, need a `reward.fn` of your own: `fn(prompt, completion, row)`, the "
+             "row holding `data_source`, `reward_model` and `extra_info`."),
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "

@@ -1,6 +1,7 @@
 """Built-in rewards: `math` (the final answer checked with math-verify) and `exact_match`.
 
-Both read the reference answer from `row[answer_key]`; `resolve_reward_fn` binds the key with functools.partial, which
+Both read the reference answer from the row's `answer_key`, a column or a dotted path through nested fields (verl's
+`reward_model.ground_truth`: rlkit.data.row_field); `resolve_reward_fn` binds the key with functools.partial, which
 keeps them picklable for the reward worker processes. math-verify is imported on first use (it is a trainer extra,
 not needed on the login node) and is called with its signal-based timeouts off, so it works in any thread; the time
 limit is enforced by `RewardRunner`.
@@ -14,6 +15,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any
 
+from rlkit.data.row_field import MISSING, row_field, where_missing
 from rlkit.data.row_formats import final_answer
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -46,11 +48,15 @@ def extract_answer(completion: str) -> str | None:
 
 
 def reference_answer(row: dict[str, Any], answer_key: str) -> str:
-    """`row[answer_key]` as a stripped string (of a GSM8K worked solution, its final answer: rlkit.data.row_formats); a
-    KeyError names the column and the columns the row has."""
-    if answer_key not in row:
-        raise KeyError(f"the dataset row has no column {answer_key!r} (reward.answer_key); it has {sorted(row)}")
-    return final_answer(str(row[answer_key]))
+    """The row's `answer_key` (a column, or a path through nested fields: rlkit.data.row_field) as a stripped string
+    (of a GSM8K worked solution, its final answer: rlkit.data.row_formats); a KeyError names the key, where the row
+    lacks it and the row's columns. A null answer is missing too: scored against the text "None" it would be a
+    silent 0.0 for every completion."""
+    gold = row_field(row, answer_key)
+    if gold is MISSING or gold is None:
+        raise KeyError(f"the dataset row has no answer at {answer_key!r} (reward.answer_key): "
+                       f"{where_missing(row, answer_key)}; its columns: {sorted(row)}")
+    return final_answer(str(gold))
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):

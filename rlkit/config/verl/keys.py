@@ -80,7 +80,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("data.train_files", "train_dataset.path", ""),
     ("data.val_files", "valid_dataset.path", ""),
     ("data.train_batch_size", "train_dataset.batch_size", "prompts per training step, as in verl"),
-    ("data.prompt_key", "train_dataset.prompt_key", ""),
+    ("data.prompt_key", "train_dataset.prompt_key", "verl's rows hold chat messages there, rendered with the "
+     "model's chat template as in verl"),
     ("data.max_prompt_length", "train_dataset.max_length", "rlkit drops longer prompts (counted in the trainer "
        "log) instead of truncating them"),
     ("data.max_response_length", "gconfig.max_new_tokens", ""),

@@ -4,7 +4,8 @@ reading (rlkit.config.trinity.as_rlkit_file), untouched."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import textwrap
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,11 +13,13 @@ from rlkit.config.areal.rules import show
 from rlkit.config.load import read_yaml
 from rlkit.config.trinity import as_rlkit_file as other_file
 from rlkit.config.trinity import written
+from rlkit.config.verl.data import data_notes
 from rlkit.config.verl.rules import VerlKey, verl_to_rlkit
 from rlkit.config.verl.source import VerlRun, is_verl_yaml, read_script, read_yaml_run, script_text
 from rlkit.errors import ConfigError
 
 _SHOWN_VALUE = 60
+_WIDTH = 118  # a note's lines
 
 
 def _overridden(overrides: list[str]) -> set[str]:
@@ -44,14 +47,15 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str
         with other_file(path, algorithms) as converted:
             yield converted
         return
-    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, _overridden(overrides))
-    with written(path, mapping, header(path, fates, run)) as converted:
+    overridden = _overridden(overrides)
+    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, overridden)
+    with written(path, mapping, header(path, fates, run, data_notes(run.leaves, overridden))) as converted:
         yield converted
 
 
-def header(path: Path, fates: list[VerlKey], run: VerlRun) -> str:
+def header(path: Path, fates: list[VerlKey], run: VerlRun, notes: Sequence[str] = ()) -> str:
     """The header lines: each verl key of the run and what became of it, the shell variables to be given values,
-    and the words of the command that were not read."""
+    the words of the command that were not read, and `notes` (paragraphs: the run's data and reward)."""
     lines = [f"# verl run {path.name} read by `rlkit migrate`; its keys and what became of each:"]
     for item in sorted(fates, key=lambda f: f.key):
         value = show(item.value)
@@ -65,4 +69,6 @@ def header(path: Path, fates: list[VerlKey], run: VerlRun) -> str:
                 lines.append(f"#   ${name} in {key}{where}")
     if run.ignored:
         lines.append(f"# Words of the command that are not key=value, not read: {' '.join(run.ignored)}")
+    for note in notes:
+        lines += textwrap.wrap(note.replace("\n", " "), _WIDTH, initial_indent="# ", subsequent_indent="#   ")
     return "\n".join(line.replace("\n", " ") for line in lines) + "\n"

@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from rlkit.config.trinity_terms import KL_ESTIMATORS
+from rlkit.config.verl.data import set_reward
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
@@ -269,6 +270,7 @@ def _special(m: RunMapping) -> None:
                                                         "pass reward.fn=/path/file.py:fn", unless="reward.fn")
         if "custom_reward_function.name" in leaves:
             m.left("custom_reward_function.name", "with custom_reward_function.path")
+    set_reward(m.out, leaves, m.overridden)  # verl's rows' nested answer, its default scorer's match: data_notes
     for key, to in (("trainer.save_freq", "recover.freq_steps"), ("trainer.test_freq", "evaluator.freq_steps"),
                     ("trainer.total_training_steps", "total_train_steps")):
         if key in leaves and (leaves[key] is None or (isinstance(leaves[key], int) and leaves[key] <= 0)):

@@ -77,16 +77,16 @@ def _validate_scoring(config: ExperimentConfig, problems: Problems) -> None:
 def _check_answer_column(config: ExperimentConfig) -> None:
     """The prompt rows hold reward.answer_key where a built-in reward reads it (JSON Lines, and Parquet where
     pyarrow is installed here: otherwise each call fails in the job, counted in the summary)."""
-    from rlkit.checks.reward import answer_readers
+    from rlkit.checks.reward import answer_gap, answer_readers
     from rlkit.data.dataset_head import dataset_head
 
     dataset, readers = config.generate.dataset.path, answer_readers(config)
     if not readers or not dataset or names_reasoning_gym(dataset) or not Path(dataset).exists():
         return  # nothing reads it, or the dataset's own problem is reported
     head = dataset_head("generate.dataset.path", Path(dataset))
-    if head is not None and config.reward.answer_key not in head.columns:
-        raise ConfigError(f"reward.fn {readers[0]} needs the answer column '{config.reward.answer_key}', which the "
-                          f"generate.dataset.path rows do not have (columns: {', '.join(head.columns) or 'none'})",
+    gap = answer_gap(head, config.reward.answer_key, "the generate.dataset.path rows") if head is not None else None
+    if gap:
+        raise ConfigError(f"reward.fn {readers[0]} needs {gap}",
                           hint="set reward.answer_key to the reference-answer column, or score with a reward that "
                                "reads none")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlkit.checks.algo import validate_algorithm, validate_kl_control
 from rlkit.checks.reasoning_gym import validate_reasoning_gym
-from rlkit.checks.reward import answer_readers, validate_reward
+from rlkit.checks.reward import answer_gap, answer_readers, validate_reward
 from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
@@ -77,10 +77,11 @@ def _validate_dataset(config: ExperimentConfig) -> None:
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set train_dataset.prompt_key to the prompt column")
     needs_answer = answer_readers(config)
-    if needs_answer and config.reward.answer_key not in head.columns:
-        raise ConfigError(f"reward.fn {needs_answer[0]} needs the answer column '{config.reward.answer_key}', "
-                          f"which the dataset rows do not have (columns: {columns})",
-                          hint="set reward.answer_key to the reference-answer column")
+    gap = answer_gap(head, config.reward.answer_key, "the dataset rows") if needs_answer else None
+    if gap:
+        raise ConfigError(f"reward.fn {needs_answer[0]} needs {gap}",
+                          hint="set reward.answer_key to the reference-answer column (or nested field, e.g. "
+                               "reward_model.ground_truth)")
 
 
 def _validate_batch(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:

@@ -26,6 +26,7 @@ from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
+from tests.helpers.verl_rows import ANSWER, verl_gsm8k_parquet
 
 GRPO_SCRIPT = r"""#!/usr/bin/env bash
 # GRPO on GSM8K, one node of 8 GPUs
@@ -112,14 +113,13 @@ VERL_YAML = {
 @pytest.fixture(scope="module")
 def site(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Where the model, the data and the trial files live on this machine (the scripts' own are another site's):
-    the tiny model saying 32768 positions (as Qwen's), GSM8K rows, no container."""
+    the tiny model saying 32768 positions (as Qwen's), GSM8K rows in verl's Parquet form, no container."""
     root = tmp_path_factory.mktemp("verl-site")
     model = root / "model"
     shutil.copytree(tiny_model_dir, model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
-    data = root / "gsm8k.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{n} + 3?", "answer": f"#### {n + 3}"}) + "\n" for n in range(8)))
+    data = verl_gsm8k_parquet(root / "train.parquet")  # as verl's examples/data_preprocess/gsm8k.py writes it
     return [f"actor.path={model}", f"train_dataset.path={data}", f"valid_dataset.path={data}",
             f"cluster.fileroot={root / 'fileroot'}", "launcher.slurm.container_type=none"]
 
@@ -155,6 +155,7 @@ def test_a_grpo_script_becomes_an_rlkit_config_that_renders(tmp_path: Path, site
     assert (config.experiment_name, config.trial_name) == ("verl_grpo_gsm8k", "qwen2.5_3b-grpo")
     assert (config.recover.freq_steps, config.evaluator.freq_steps, config.evaluator.eval_on_startup) == (20, 5, False)
     assert config.stats_logger.wandb.mode == "online" and config.vllm.gpu_memory_utilization == 0.6
+    assert (config.reward.fn, config.reward.answer_key) == ("math", ANSWER)  # verl's rows, read as they are
     said = _said(text)
     assert said["actor_rollout_ref.actor.fsdp_config.param_offload"] == "left out (rlkit offloads nothing)"
     assert said["actor_rollout_ref.actor.made_up_knob"].startswith("unknown:")
@@ -437,3 +438,34 @@ def test_reinforce_plus_plus_baseline_with_the_kl_in_its_reward_is_refused(tmp_p
     assert refused.returncode == 2 and "Traceback" not in said and refused.stdout == "", said
     assert "algorithm.adv_estimator 'reinforce_plus_plus_baseline'" in said and "summed rewards" in said
     assert "use algorithm.use_kl_in_reward=false" in said
+
+
+def test_verl_rows_answer_and_its_default_scorer_are_written_and_said(tmp_path: Path) -> None:
+    """verl's reward reads row['reward_model']['ground_truth'] and scores GSM8K and MATH rows by their final answer:
+    the migrated run reads the nested answer with rlkit's math, both said in the header with why; the user's
+    overrides of either stand, and the header then claims neither."""
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+                      "data.train_files=/d/train.parquet\n")
+    text = _migrated(script, [])
+    mapping = yaml.safe_load(text)
+    assert mapping["reward"] == {"answer_key": ANSWER, "fn": "math"}
+    notes = " ".join(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
+    assert f"Your data: reward.answer_key is {ANSWER}: verl's preprocessing scripts" in notes
+    assert "where verl's reward reads it" in notes and "chat template" in notes
+    assert "The reward: reward.fn math. verl's default_compute_score" in notes
+    assert "openai/gsm8k" in notes and "DigitalLearningGmbH/MATH-lighteval" in notes and "'#### '" in notes
+    said = text[text.index("# Your data"):text.index("\n\n")].splitlines()
+    assert len(said) > 4 and all(len(line) <= 120 and line.startswith("# ") for line in said)
+    mapping, _ = verl_to_rlkit({"algorithm.adv_estimator": "grpo"}, "t", REGISTRY.verl_estimators,
+                               {"reward.answer_key", "reward.fn"})
+    assert "reward" not in mapping  # the overrides are applied over the mapping by migrate
+    text = _migrated(script, ["reward.answer_key=solution", "reward.fn=exact_match"])
+    assert yaml.safe_load(text)["reward"] == {"answer_key": "solution", "fn": "exact_match"}
+    assert "your reward.answer_key override names" in text and "your reward.fn override scores" in text
+    assert "reward.fn math" not in text and f"reward.answer_key is {ANSWER}" not in text
+    script.write_text("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+                      "custom_reward_function.path=/r.py\n")
+    text = _migrated(script, ["reward.fn=/r.py:score"])
+    assert yaml.safe_load(text)["reward"] == {"answer_key": ANSWER, "fn": "/r.py:score"}
+    assert "The reward:" not in text and "your reward.fn override is used" in text
