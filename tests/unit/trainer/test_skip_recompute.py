@@ -27,6 +27,7 @@ from rlkit.jobs.opmd.algorithm import OPMD
 from rlkit.rollout.sync_schedule import SyncSchedule
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.mismatch import ServerMismatch
+from rlkit.trainer.rl_math.kl_controller import KLController
 from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 
@@ -118,6 +119,7 @@ def grpo_step(model_dir: Path, *, force_recompute: bool = False, mismatch_t: flo
     grpo.actor, grpo.trainer, grpo.schedule = ppo_actor, rank0, NoPush()  # type: ignore[assignment]
     grpo.transport = SimpleNamespace(timings={})  # type: ignore[assignment]
     grpo.mismatch_t, grpo.expert_batch = mismatch_t, None
+    grpo.kl_control = KLController(cfg)
     grpo.expert = SimpleNamespace(batch=lambda step: expert) if expert else None  # type: ignore[assignment]
     return grpo.step(1).metrics, grads, ppo_actor, rank0
 
