@@ -87,6 +87,9 @@ def test_the_example_runs_to_completion_as_written(areal_run: dict[str, object])
     evals = [m for m in metrics if "eval/version" in m]
     assert evals and evals[-1]["eval/n"] == 8 * 2 and evals[-1]["eval/request_failures"] == 0, evals
     assert (trial / "checkpoints" / "final" / "config.json").exists(), "the saver's epoch checkpoint"
+    # one minibatch, one pass, kl_ctl 0, the tiny model without dropout: the update's forward is the proximal
+    # policy's (the decoupled loss's), no forward before it
+    assert "rlkit train: the log-probs' forward is skipped" in log, log[-4000:]
 
 
 def test_what_rlkit_made_of_the_file_is_recorded(areal_run: dict[str, object]) -> None:
