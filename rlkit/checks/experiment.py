@@ -93,7 +93,7 @@ def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems:
     (AReaL's configs for them do: freq_epochs 1); other frequencies would be ignored and are refused."""
     ev = config.evaluator
     every_epoch = ev.freq_epochs == 1 and not ev.freq_steps and not ev.freq_secs
-    if "valid_dataset" in job.sections and every_epoch:
+    if every_epoch:
         if not config.valid_dataset.path:
             problems.add(f"evaluator.freq_epochs is 1, but valid_dataset.path is not set: job type {job.name} "
                          "evaluates on the validation set at each epoch's end", hint="set valid_dataset.path, or "
