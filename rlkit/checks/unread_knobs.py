@@ -141,5 +141,9 @@ def reset_knob(config: ExperimentConfig, field: str) -> None:
     rlkit.launch.stage_knobs)."""
     if field in _DEFAULTS_TO:
         set_field(config, field, get_field(config, _DEFAULTS_TO[field]))
-    else:
-        set_field(config, field, copy.deepcopy(_default(field)))
+        return
+    was = get_field(config, field)
+    set_field(config, field, copy.deepcopy(_default(field)))
+    for follower, source in _DEFAULTS_TO.items():  # a field that took this one's value as its default follows it
+        if source == field and get_field(config, follower) == was:
+            set_field(config, follower, get_field(config, field))

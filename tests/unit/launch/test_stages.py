@@ -106,10 +106,12 @@ def test_a_shared_knob_reaches_the_stages_that_read_it_and_a_stages_own_unread_k
     of the sft stage, which does not read it (rlkit.launch.stage_knobs); written for the sft stage itself, or read by
     no stage of the run, it is refused (rlkit.checks.unread_knobs)."""
     data = yaml.safe_load(DEMO.read_text())
-    path = _with_stages(tmp_path, {"gconfig": {"top_p": 0.9}, "actor": {**data["actor"], "entropy_coeff": 0.01}})
+    path = _with_stages(tmp_path, {"gconfig": {"top_p": 0.9, "n_samples": 8},
+                                   "actor": {**data["actor"], "entropy_coeff": 0.01}})
     plans = prepare_stages(path, ["actor.kl_ctl=0.01"])[0]
     sft, grpo = (p.prepared.config for p in plans)
     assert (sft.gconfig.top_p, sft.actor.entropy_coeff, sft.actor.kl_ctl) == (1.0, 0.0, 0.0)
+    assert (sft.gconfig.n_samples, sft.actor.group_size) == (1, 1)  # the group size follows the samples it took
     assert (grpo.gconfig.top_p, grpo.actor.entropy_coeff, grpo.actor.kl_ctl) == (0.9, 0.01, 0.01)
     said = _problems(DEMO, ["stages.sft.actor.eps_clip=0.1", "critic.eps_clip=0.3"])
     assert "stage sft: actor.eps_clip is set, but job type sft has no PPO clipped loss (that of grpo, ppo, " \
