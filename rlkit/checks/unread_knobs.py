@@ -67,6 +67,8 @@ ACTOR_KNOBS = (
                  "sapo_tau_neg", "m2_threshold"),
           lambda job: job.policy_loss == "ppo", "PPO clipped loss"),
 )
+# The actor's fields in no group: every job type's (the servers' model), or refused by a check of their own.
+ACTOR_ELSEWHERE = _actor("path", "use_lora", "init_from_scratch")
 # Sections read in part beyond the job types naming them: the job types that evaluate valid_dataset at each epoch's
 # end (sft, rw, dpo) read the evaluator's frequencies (rlkit.checks.experiment refuses all but freq_epochs 1).
 _ALSO_READ_BY: dict[str, Callable[[JobType], bool]] = {"evaluator": lambda job: "valid_dataset" in job.sections}

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlkit.checks.unread_knobs import ACTOR_ELSEWHERE, ACTOR_KNOBS
+from rlkit.config.schema.actor import ActorConfig
+from rlkit.config.schema.walk import field_names
 from rlkit.errors import ConfigError
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
@@ -109,3 +112,10 @@ def test_opmd_refuses_the_clip_knobs_and_reads_the_actor_update(grpo_yaml: Path)
         assert f"{field} is set, but job type opmd has no PPO clipped loss (that of grpo, ppo, distill)" in said
     prepare(grpo_yaml, ["type=opmd", "actor.loss_agg_mode=seq-mean-token-mean", "actor.kl_loss_coef=0.01",
                         "actor.ppo_epochs=2", "opmd.tau=2"], dry_run=True)
+
+
+def test_every_field_of_the_actor_is_in_one_group_or_judged_elsewhere() -> None:
+    """A new actor knob must say what reads it (or it would be accepted by every job type unjudged)."""
+    grouped = [f for knobs in ACTOR_KNOBS for f in knobs.fields if f.startswith("actor.")]
+    assert len(grouped) == len(set(grouped)), "a field in two groups"
+    assert {f.removeprefix("actor.") for f in (*grouped, *ACTOR_ELSEWHERE)} == field_names(ActorConfig)
