@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,18 @@ train_dataset: {{path: {data}, batch_size: 4}}
 reward: {{fn: math}}
 """)
     return path
+
+
+def grpo_as_sft(grpo_text: str, rows: Path) -> str:
+    """The text of write_grpo_yaml's config as a trainer-only sft job on `rows` (allocation_mode fsdp:d2), without
+    the knobs only grpo reads (refused for sft as ignored: rlkit.checks.unread_knobs)."""
+    text = re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {rows}, type: sft, max_length: 64,",
+                  grpo_text)
+    return (text.replace("type: grpo", "type: sft")
+            .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2")
+            .replace(", group_size: 4, ppo_n_minibatches: 2}", "}")
+            .replace("gconfig: {n_samples: 4, max_new_tokens: 8}\n", "")
+            .replace("reward: {fn: math}\n", ""))
 
 
 def raise_problems(config: ExperimentConfig) -> None:

@@ -17,7 +17,6 @@ from rlkit.checks.auxiliary import validate_auxiliary
 from rlkit.checks.binds import check_binds
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
-from rlkit.checks.policy_update import validate_policy_knobs
 from rlkit.checks.reference import validate_reference
 from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens, validate_stop
 from rlkit.checks.sequence_parallel import validate_sequence_parallel
@@ -27,6 +26,7 @@ from rlkit.checks.site_files import (
     check_tokenizer_dir,
     check_writable_root,
 )
+from rlkit.checks.unread_knobs import validate_unread_knobs
 from rlkit.checks.weight_delta import validate_weight_delta
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.model_config import model_positions
@@ -90,23 +90,18 @@ def check_name(field: str, value: str) -> None:
 
 def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems: Problems) -> None:
     """Job types that evaluate valid_dataset at each epoch's end (sft, rw, dpo) accept the evaluator saying just that
-    (AReaL's configs for them do: freq_epochs 1); other frequencies, or a job type that evaluates nothing, would be
-    ignored and are refused."""
+    (AReaL's configs for them do: freq_epochs 1); other frequencies would be ignored and are refused."""
     ev = config.evaluator
     every_epoch = ev.freq_epochs == 1 and not ev.freq_steps and not ev.freq_secs
-    if "valid_dataset" in job.sections and every_epoch:
+    if every_epoch:
         if not config.valid_dataset.path:
             problems.add(f"evaluator.freq_epochs is 1, but valid_dataset.path is not set: job type {job.name} "
                          "evaluates on the validation set at each epoch's end", hint="set valid_dataset.path, or "
                                                                                      "remove the evaluator section")
         return
-    if "valid_dataset" in job.sections:
-        problems.add(f"job type {job.name} evaluates valid_dataset at each epoch's end; other evaluator "
-                     "frequencies are not supported yet", hint="set evaluator.freq_epochs=1 (and freq_steps, "
-                                                              "freq_secs null), or remove the evaluator section")
-        return
-    problems.add(f"evaluator frequencies are set, but job type {job.name} does not evaluate during training: they "
-                 "would be ignored", hint="remove the evaluator section")
+    problems.add(f"job type {job.name} evaluates valid_dataset at each epoch's end; other evaluator "
+                 "frequencies are not supported yet", hint="set evaluator.freq_epochs=1 (and freq_steps, "
+                                                          "freq_secs null), or remove the evaluator section")
 
 
 def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated:
@@ -128,13 +123,8 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
     validate_min_new_tokens(config, problems)
     validate_stop(config, problems)
     validate_greedy(config, problems, trains_on_rollouts=job is not None and job.needs_servers and job.trainer)
-    if config.expert_dataset.path and job is not None and "expert_dataset" not in job.sections:
-        problems.add(f"expert_dataset.path is set but job type {job.name} mixes no expert rows into RL steps",
-                     hint="remove expert_dataset, or use grpo, ppo or opmd (the SFT+RL mix)")
-    if config.valid_dataset.path and job is not None and "valid_dataset" not in job.sections:
-        problems.add(f"valid_dataset.path is set, but job type {job.name} does not evaluate on a validation set: it "
-                     "would be ignored", hint="remove valid_dataset")
-    if evaluation_enabled(config.evaluator) and job is not None and "evaluator" not in job.sections:
+    if evaluation_enabled(config.evaluator) and job is not None and "evaluator" not in job.sections and \
+            "valid_dataset" in job.sections:  # a job type with neither: rlkit.checks.unread_knobs refuses them
         _validate_epoch_evaluation(config, job, problems)
     allocation = None
     with problems.check():
@@ -151,7 +141,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         _validate_scratch(config, job, job_types, problems)
         validate_reference(config, job, job_types, problems)
         validate_sequence_parallel(config, job, job_types, allocation, problems)
-        validate_policy_knobs(config.actor, job, job_types, problems)
+        validate_unread_knobs(config, job, job_types, problems)
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)

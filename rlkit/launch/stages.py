@@ -6,7 +6,9 @@ file (mappings merge key by key, any other value is replaced). Stage `s` of tria
 that trains a policy (JobType.passes_on) hands its `checkpoints/final` to the next stage as actor.path, unless that
 stage names its own actor.path; the servers then load it too (an inherited vllm.model / sglang.model_path is
 dropped). An rw stage's `checkpoints/final` becomes the reward model of the later stages that score with one
-(rlkit.launch.stage_reward). Command-line overrides apply to every stage; `stages.<name>.<key>=value` to one.
+(rlkit.launch.stage_reward). Command-line overrides apply to every stage; `stages.<name>.<key>=value` to one. A knob
+a stage inherits that its job type does not read, but another stage's does, is left out of it
+(rlkit.launch.stage_knobs).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from rlkit.jobs import REGISTRY, job_type_for
 from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
 from rlkit.launch.resume import archive_logs
+from rlkit.launch.stage_knobs import StageKeys, drop_other_stages_knobs, stage_sets
 from rlkit.launch.stage_reward import TrainedRewardModel, hand_over_reward_model
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
 from rlkit.trials.paths import TrialPaths
@@ -132,8 +135,7 @@ def _stage_trial_name(mapping: dict[str, Any], overrides: list[str], stage: str
 
 def _sets(own_keys: dict[str, Any], own_overrides: list[str], section: str, field: str) -> bool:
     """Whether the stage itself (its mapping or its own overrides) sets `section.field`."""
-    in_mapping = isinstance(own_keys.get(section), dict) and field in own_keys[section]
-    return in_mapping or any(o.split("=", 1)[0].strip() == f"{section}.{field}" for o in own_overrides)
+    return stage_sets(own_keys, own_overrides, f"{section}.{field}")
 
 
 @dataclass
@@ -160,6 +162,7 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
     stages: list[ComposedStage] = []
     policy: tuple[str, str] | None = None  # (final checkpoint, the model its checks read) of the last policy stage
     reward: TrainedRewardModel | None = None  # the last rw stage's
+    keys: list[StageKeys] = []  # what each stage sets itself: knobs it inherits but does not read are dropped
     for name, own in entries:
         stage_problems = Problems()
         mapping, stage_overrides = _stage_trial_name(_merge(base, own), [*common, *own_overrides[name]], name)
@@ -194,6 +197,9 @@ def compose_stages(config_path: str | Path, overrides: list[str], problems: Prob
         elif job is not None and job.passes_on == "reward_model":
             reward = TrainedRewardModel(final, stand_in or config.actor.path)
         stages.append(ComposedStage(name, config, stage_problems, stand_in, reward_stand_in))
+        if job is not None:
+            keys.append(StageKeys(config, job, own, own_overrides[name]))
+    drop_other_stages_knobs(keys, REGISTRY)
     return stages
 
 

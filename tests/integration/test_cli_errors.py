@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_rlkit
+from tests.conftest import grpo_as_sft, run_rlkit
 from tests.helpers.slurm_helpers import job_ids_under
 
 # the dev cluster's controller (squeue: nothing may change in Slurm; no job runs). Most of the module runs in the
@@ -302,10 +302,7 @@ def sft_yaml(grpo_yaml: Path) -> Path:
     data = grpo_yaml.with_name("sft.jsonl")
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(8)))
     path = grpo_yaml.with_name("sft.yaml")
-    text = re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {data}, type: sft, max_length: 64,",
-                  grpo_yaml.read_text())
-    path.write_text(text.replace("type: grpo", "type: sft")
-                    .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2")
+    path.write_text(grpo_as_sft(grpo_yaml.read_text(), data)
                     + "sft: {apply_chat_template: false}\n")  # text rows; the stand-in tokenizer has no template
     return path
 
@@ -484,8 +481,9 @@ def test_bad_lora_configs_of_trainer_only_jobs_change_nothing(pairs_yaml: Path, 
                                                               says: list[str]) -> None:
     yaml = sft_yaml if job == "sft" else pairs_yaml
     # the same config with a sound LoRA section is valid: a trainer-only job takes what a server could not serve
-    # (a rank above vLLM's 512, weight_update_mode xccl), since only merged checkpoints leave it
-    valid = [f"type={job}", *LORA, "actor.lora_rank=600", "actor.weight_update_mode=xccl"]
+    # (a rank above vLLM's 512), since only merged checkpoints leave it (it pushes no weights: a
+    # weight_update_mode would be ignored, refused by rlkit.checks.unread_knobs)
+    valid = [f"type={job}", *LORA, "actor.lora_rank=600"]
     if job != "rw":
         assert run_rlkit("render", str(yaml), *valid).returncode == 0, "the LoRA fixture itself is valid"
     before = _test_jobs(tmp_path)

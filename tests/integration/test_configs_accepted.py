@@ -57,12 +57,17 @@ def site_standins(tmp_path: Path) -> list[str]:
 
 def _for(config: Path, standins: list[str]) -> list[str]:
     """The stand-ins a config takes: no images for a CPU example (container_type none refuses them as ignored), no
-    dataset file where the rows are generated in the job (train_dataset.path reasoning-gym)."""
+    dataset file where the rows are generated in the job (train_dataset.path reasoning-gym), and only the datasets
+    its job types read (a section no stage reads is refused as ignored: rlkit.checks.unread_knobs)."""
     from rlkit.config.schema.reasoning_gym import names_reasoning_gym
+    from rlkit.jobs import job_type_for
 
     example = _loaded(config)[0]
     if names_reasoning_gym(example.train_dataset.path):
         standins = [o for o in standins if not o.startswith("train_dataset.path=")]
+    read = {section for c in _loaded(config) for section in job_type_for(c.type).sections}
+    standins = [o for o in standins if o.split(".", 1)[0] not in ("generate", "train_dataset")
+                or o.split(".", 1)[0] in read]
     if example.launcher.slurm.container_type == "apptainer":
         return standins
     return [o for o in standins if not o.startswith(("launcher.slurm.trainer_image=",
@@ -111,7 +116,8 @@ def test_controller_accepts_rendered_script(config: Path, site_standins: list[st
 @pytest.mark.slurm
 def test_controller_verdict_is_real(site_standins: list[str], rlkit_home: Path) -> None:
     """The same check refuses a layout the cluster cannot hold (5 server nodes on a 4-node cluster)."""
-    result = run_rlkit("render", str(CONFIGS / "generate-gpu.yaml"), *site_standins, "allocation_mode=vllm:d40",
+    example = CONFIGS / "generate-gpu.yaml"
+    result = run_rlkit("render", str(example), *_for(example, site_standins), "allocation_mode=vllm:d40",
                        "cluster.n_nodes=6", "--test-only")
     assert result.returncode == 2
     assert "Slurm rejects this job" in result.stderr
@@ -150,7 +156,8 @@ def test_controller_accepts_a_packed_job_on_two_nodes(site_standins: list[str], 
     """12 server GPUs + 4 trainer GPUs on nodes of 8: one allocation of 2 nodes (the trainer and 4 servers on the
     first, 8 servers on the second), each step on its slice; the controller takes it."""
     data = next(o for o in site_standins if o.startswith("train_dataset.path=")).partition("=")[2]
-    result = run_rlkit("render", str(CONFIGS / "grpo.yaml"), *site_standins, f"valid_dataset.path={data}",
+    example = CONFIGS / "grpo.yaml"
+    result = run_rlkit("render", str(example), *_for(example, site_standins), f"valid_dataset.path={data}",
                        "allocation_mode=vllm:d12+fsdp:d4", "--test-only")
     assert result.returncode == 0, result.stderr
     assert "to start at" in result.stderr  # the controller's own verdict

@@ -9,14 +9,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.conftest import REPO, grpo_as_sft
 
 HEAVY = ("torch", "vllm", "transformers", "sglang", "safetensors", "xxhash")
 REPORT = f"""
@@ -75,10 +74,7 @@ def test_validating_and_rendering_imports_no_heavy_package(generate_yaml: Path, 
     sft_data = grpo_yaml.with_name("sft.jsonl")
     sft_data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(8)))
     sft_yaml = grpo_yaml.with_name("sft.yaml")
-    sft_yaml.write_text(re.sub(r"train_dataset: \{path: [^,]+,", f"train_dataset: {{path: {sft_data}, type: sft, "
-                                                                  "max_length: 64,", grpo_yaml.read_text())
-                        .replace("type: grpo", "type: sft")
-                        .replace("allocation_mode: vllm:d1+fsdp:d2", "allocation_mode: fsdp:d2"))
+    sft_yaml.write_text(grpo_as_sft(grpo_yaml.read_text(), sft_data))
     env = {**os.environ, "RLKIT_DEMO_DIR": str(demo), "RLKIT_FILEROOT": str(tmp_path / "fileroot")}
     out = subprocess.run([sys.executable, "-c", PROGRAM, str(generate_yaml), str(grpo_yaml), str(sft_yaml), *demos],
                          capture_output=True, text=True, check=True, env=env)

@@ -125,8 +125,9 @@ def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
                                      "actor.m2_threshold=0.04"])
     with pytest.raises(ConfigError) as info:
         raise_problems(config)
-    for name in ("use_sapo_loss", "m2_threshold"):
-        assert f"actor.{name} changes PPO's clipped loss, which OPMD does not use" in info.value.message
+    for name in ("use_sapo_loss", "m2_threshold"):  # OPMD's own loss reads none of PPO's clip knobs
+        assert f"actor.{name} is set, but job type opmd has no PPO clipped loss (that of grpo, ppo, distill)" in \
+            info.value.message
 
 
 @pytest.mark.parametrize("method", ["loglinear", "metrics"])
@@ -154,19 +155,24 @@ def test_the_adaptive_kl_controller_of_a_job_without_a_kl_reward_penalty_is_refu
     config = load_config(generate_yaml, ["actor.kl_ctl_adaptive.target_kl=0.05"])
     with pytest.raises(ConfigError) as info:
         raise_problems(config)
-    assert "actor.kl_ctl_adaptive is set, but job type generate has no KL reward penalty to adapt (that of grpo, " \
-        in info.value.message and "remove actor.kl_ctl_adaptive" in str(info.value)
+    assert "actor.kl_ctl_adaptive is set, but job type generate has no rewards and advantages of rollouts (that of " \
+           "grpo, " in info.value.message and "remove actor.kl_ctl_adaptive" in str(info.value)
 
 
 def test_the_policy_loss_knobs_of_a_job_without_a_ppo_actor_are_refused(generate_yaml: Path) -> None:
     """The policy loss's own knobs (its average, SAPO, M2PO, the proximal policy's source) are the PPO actor's too:
     generate (like sft, rw, dpo) would ignore every one of them, each named with its fix."""
-    knobs = {"actor.loss_agg_mode": "seq-mean-token-sum-norm", "actor.loss_scale_factor": "512",
-             "actor.use_sapo_loss": "true", "actor.sapo_tau_pos": "2", "actor.sapo_tau_neg": "2",
-             "actor.m2_threshold": "0.04", "actor.prox_logp_method": "loglinear"}
-    config = load_config(generate_yaml, [f"{field}={value}" for field, value in knobs.items()])
+    update = {"actor.loss_agg_mode": "seq-mean-token-sum-norm", "actor.loss_scale_factor": "512",
+              "actor.prox_logp_method": "loglinear"}
+    clip = {"actor.use_sapo_loss": "true", "actor.sapo_tau_pos": "2", "actor.sapo_tau_neg": "2",
+            "actor.m2_threshold": "0.04"}
+    config = load_config(generate_yaml, [f"{field}={value}" for field, value in {**update, **clip}.items()])
     with pytest.raises(ConfigError) as info:
         raise_problems(config)
-    for field in knobs:
+    for field in update:
         assert f"{field} is set, but job type generate has no PPO actor update (that of grpo, " in info.value.message
+        assert f"remove {field}" in str(info.value)
+    for field in clip:
+        assert f"{field} is set, but job type generate has no PPO clipped loss (that of grpo, ppo, distill)" in \
+            info.value.message
         assert f"remove {field}" in str(info.value)

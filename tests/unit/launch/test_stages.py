@@ -100,6 +100,27 @@ def test_overrides_reach_every_stage_or_the_one_they_name(demo_dir: Path) -> Non
     assert (sft.trial_name, grpo.trial_name) == ("try2_sft", "try2_grpo")
 
 
+def test_a_shared_knob_reaches_the_stages_that_read_it_and_a_stages_own_unread_knob_is_refused(
+        demo_dir: Path, tmp_path: Path) -> None:
+    """The top level and the common overrides are every stage's: a knob of the grpo stage written there is left out
+    of the sft stage, which does not read it (rlkit.launch.stage_knobs); written for the sft stage itself, or read by
+    no stage of the run, it is refused (rlkit.checks.unread_knobs)."""
+    data = yaml.safe_load(DEMO.read_text())
+    path = _with_stages(tmp_path, {"gconfig": {"top_p": 0.9, "n_samples": 8},
+                                   "actor": {**data["actor"], "entropy_coeff": 0.01}})
+    plans = prepare_stages(path, ["actor.kl_ctl=0.01"])[0]
+    sft, grpo = (p.prepared.config for p in plans)
+    assert (sft.gconfig.top_p, sft.actor.entropy_coeff, sft.actor.kl_ctl) == (1.0, 0.0, 0.0)
+    assert (sft.gconfig.n_samples, sft.actor.group_size) == (1, 1)  # the group size follows the samples it took
+    assert (grpo.gconfig.top_p, grpo.actor.entropy_coeff, grpo.actor.kl_ctl) == (0.9, 0.01, 0.01)
+    said = _problems(DEMO, ["stages.sft.actor.eps_clip=0.1", "critic.eps_clip=0.3"])
+    assert "stage sft: actor.eps_clip is set, but job type sft has no PPO clipped loss (that of grpo, ppo, " \
+           "distill): it would be ignored" in said
+    for stage in ("sft", "grpo"):
+        assert f"stage {stage}: critic.eps_clip is set, but critic.* is read by job type ppo only, not {stage}: it " \
+               "would be ignored" in said
+
+
 def test_a_stage_with_its_own_model_keeps_it_and_a_reward_model_is_not_passed_on_as_a_policy(
         demo_dir: Path, tmp_path: Path) -> None:
     plans = prepare_stages(DEMO, [f"stages.grpo.actor.path={demo_dir / 'tiny-model'}"])[0]
