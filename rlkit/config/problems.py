@@ -32,8 +32,8 @@ class Problems:
         except ConfigError as exc:
             self._record(exc)
 
-    def add(self, message: str, *, hint: str | None = None, site: bool = False) -> None:
-        self._record(ConfigError(message, hint=hint, site=site))
+    def add(self, message: str, *, hint: str | None = None, site: bool = False, recorded_ok: bool = False) -> None:
+        self._record(ConfigError(message, hint=hint, site=site, recorded_ok=recorded_ok))
 
     def _record(self, error: ConfigError) -> None:
         """Keep `error` unless the same problem is already recorded (two checks may share a field, e.g. the model
@@ -47,6 +47,12 @@ class Problems:
     def site_warnings(self) -> list[ConfigError]:
         """Problems with the site's files only (what a dry run may tolerate)."""
         return [e for e in self.errors if e.site]
+
+    def take_recorded_ok(self) -> list[ConfigError]:
+        """Remove and return the problems a recorded trial may keep on resume (ConfigError.recorded_ok)."""
+        kept = [e for e in self.errors if e.recorded_ok]
+        self.errors = [e for e in self.errors if not e.recorded_ok]
+        return kept
 
     def raise_if_any(self, *, allow_site: bool = False) -> None:
         """Raise every problem (site-file problems too, unless `allow_site`): one ConfigError, or ConfigErrors."""

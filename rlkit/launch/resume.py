@@ -5,6 +5,7 @@ logs/attempt-<N>/)."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from rlkit.errors import UserError
@@ -40,6 +41,8 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
                        attempt=done + 1, model_stand_in=stand_in, reward_stand_in=reward_stand_in, preflight=True)
+    for warning in prepared.warnings:  # what the recorded config holds and this rlkit ignores (ConfigError.recorded_ok)
+        print(f"rlkit: warning: {warning} (the trial was recorded with it: it stays ignored)", file=sys.stderr)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",

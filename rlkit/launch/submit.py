@@ -132,10 +132,12 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
         problems.errors.extend(site_preflight(plan, partition_name=slurm_cfg.partition,
                                               time_limit=slurm_cfg.time).errors)
     _drop_repeats(problems)
+    # a resumed trial's recorded config may hold what an older rlkit accepted and ignored: said, not refused
+    kept = problems.take_recorded_ok() if attempt > 1 else []
     problems.raise_if_any(allow_site=dry_run)
     assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
-    return Prepared(config, plan, render_script(plan), paths, tuple(problems.site_warnings()), areal_keys)
+    return Prepared(config, plan, render_script(plan), paths, (*problems.site_warnings(), *kept), areal_keys)
 
 
 def _check_before_download(config: ExperimentConfig, problems: Problems, *, attempt: int,

@@ -119,3 +119,16 @@ def test_every_field_of_the_actor_is_in_one_group_or_judged_elsewhere() -> None:
     grouped = [f for knobs in ACTOR_KNOBS for f in knobs.fields if f.startswith("actor.")]
     assert len(grouped) == len(set(grouped)), "a field in two groups"
     assert {f.removeprefix("actor.") for f in (*grouped, *ACTOR_ELSEWHERE)} == field_names(ActorConfig)
+
+
+def test_a_resumed_trial_keeps_what_an_older_rlkit_accepted_with_a_warning(grpo_yaml: Path) -> None:
+    """A trial submitted before this check with a knob its job type ignores resumes (attempt > 1): the knob is said
+    as a warning and stays ignored, while another problem of the same config is still refused."""
+    knob = ["critic.optimizer.lr=1e-6"]
+    assert "critic.optimizer.lr is set" in refusal(grpo_yaml, knob)  # a new submission: refused
+    resumed = prepare(grpo_yaml, knob, attempt=2, dry_run=True)
+    said = [str(w) for w in resumed.warnings]
+    assert any("critic.optimizer.lr is set, but critic.* is read by job type ppo only" in w for w in said), said
+    with pytest.raises(ConfigError) as info:
+        prepare(grpo_yaml, [*knob, "actor.ppo_n_minibatches=7"], attempt=2, dry_run=True)
+    assert "ppo_n_minibatches=7" in str(info.value) and "critic.optimizer.lr" not in str(info.value)
