@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-from rlkit.errors import UserError
+from rlkit.errors import ConfigError, UserError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.submit import prepare, submit
@@ -26,6 +27,13 @@ def archive_logs(paths: TrialPaths, attempt: int) -> Path:
     return target
 
 
+def say_recorded(warnings: Iterable[ConfigError], where: str = "") -> None:
+    """On stderr, what a recorded config holds and this rlkit ignores (ConfigError.recorded_ok); `where`: "stage
+    NAME: " for a stage of a run."""
+    for warning in warnings:
+        print(f"rlkit: warning: {where}{warning} (the trial was recorded with it: it stays ignored)", file=sys.stderr)
+
+
 def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     """Check, then resubmit `spec` in recover mode resume; returns the new record and its attempt number."""
     record = find_trial(spec)
@@ -41,8 +49,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
                        attempt=done + 1, model_stand_in=stand_in, reward_stand_in=reward_stand_in, preflight=True)
-    for warning in prepared.warnings:  # what the recorded config holds and this rlkit ignores (ConfigError.recorded_ok)
-        print(f"rlkit: warning: {warning} (the trial was recorded with it: it stays ignored)", file=sys.stderr)
+    say_recorded(prepared.warnings)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",

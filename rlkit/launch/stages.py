@@ -30,7 +30,7 @@ from rlkit.errors import ConfigError, ConfigErrors, SlurmError, UserError, each_
 from rlkit.jobs import REGISTRY, job_type_for
 from rlkit.jobs.base import JobType
 from rlkit.launch import slurm
-from rlkit.launch.resume import archive_logs
+from rlkit.launch.resume import archive_logs, say_recorded
 from rlkit.launch.stage_knobs import StageKeys, drop_other_stages_knobs, stage_sets
 from rlkit.launch.stage_reward import TrainedRewardModel, hand_over_reward_model
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
@@ -334,12 +334,14 @@ def resume_run(run: StagedRun, overrides: list[str]) -> list[tuple[StageRecord, 
             prepared.append((stage, prepare(paths.config, [*mode, *common, *own[stage.name]],
                                             attempt=len(attempts(paths)) + 1 if again else 1,
                                             model_stand_in=stage.model_stand_in,
-                                            reward_stand_in=stage.reward_stand_in, preflight=True),
+                                            reward_stand_in=stage.reward_stand_in, preflight=True, recorded=True),
                              "resumed" if again else "again"))
         except ConfigError as exc:
             errors.extend(ConfigError(f"stage {stage.name}: {e.message}", hint=e.hint) for e in each_error(exc))
     if errors:
         raise ConfigErrors(errors) if len(errors) > 1 else errors[0]
+    for stage, plan, _ in prepared:
+        say_recorded(plan.warnings, f"stage {stage.name}: ")
     for _, plan, _ in prepared:
         slurm.sbatch_test_only(plan.script)
     out: list[tuple[StageRecord, str, str]] = []

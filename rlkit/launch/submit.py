@@ -41,8 +41,9 @@ from rlkit.trials.records import (
 @dataclass(frozen=True)
 class Prepared:
     """A config that passed every check, with its plan and script (nothing written yet). `warnings`: problems with
-    the site's files that a dry run tolerated (always empty for a submit). `areal_keys`: AReaL keys of the config
-    accepted without being used (the one notice; recorded in the manifest)."""
+    the site's files that a dry run tolerated, and the knobs a recorded trial keeps (ConfigError.recorded_ok; both
+    empty for a new submit). `areal_keys`: AReaL keys of the config accepted without being used (the one notice;
+    recorded in the manifest)."""
 
     config: ExperimentConfig
     plan: JobPlan
@@ -53,10 +54,13 @@ class Prepared:
 
 
 def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1, dry_run: bool = False,
-            model_stand_in: str = "", reward_stand_in: str = "", preflight: bool = False) -> Prepared:
+            model_stand_in: str = "", reward_stand_in: str = "", preflight: bool = False,
+            recorded: bool = False) -> Prepared:
     """Load, validate, plan and render (pure apart from reading the config and checking input paths). Raises
     ConfigErrors listing every problem found; with `dry_run`, missing site files are warnings instead. `preflight`:
-    also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others)."""
+    also hold the plan against the live partition (rlkit.launch.preflight; its problems come with the others).
+    `recorded`: the config is a trial's record submitted again (a stage of `rlkit resume RUN`), as a resumed attempt
+    (attempt > 1) is: what an older rlkit accepted and ignored is a warning (ConfigError.recorded_ok)."""
     problems = Problems()
     areal_keys: list[AcceptedKey] = []
     config = load_config_collecting(config_path, overrides, problems, REGISTRY, areal_keys)
@@ -67,7 +71,8 @@ def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1, 
         model_stand_in, reward_stand_in = _recorded_stand_ins(Path(config_path), config, model_stand_in,
                                                               reward_stand_in)
     return prepare_config(config, problems, attempt=attempt, dry_run=dry_run, model_stand_in=model_stand_in,
-                          reward_stand_in=reward_stand_in, preflight=preflight, areal_keys=tuple(areal_keys))
+                          reward_stand_in=reward_stand_in, preflight=preflight, areal_keys=tuple(areal_keys),
+                          recorded=recorded)
 
 
 def _recorded_stand_ins(config_path: Path, config: ExperimentConfig, model_stand_in: str,
@@ -88,7 +93,8 @@ def _recorded_stand_ins(config_path: Path, config: ExperimentConfig, model_stand
 
 def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *, attempt: int = 1,
                    dry_run: bool = False, model_stand_in: str = "", reward_stand_in: str = "",
-                   preflight: bool = False, areal_keys: tuple[AcceptedKey, ...] = (), fetch: bool = True) -> Prepared:
+                   preflight: bool = False, areal_keys: tuple[AcceptedKey, ...] = (), fetch: bool = True,
+                   recorded: bool = False) -> Prepared:
     """Validate, plan and render a loaded config; `problems` may already hold the loader's. `model_stand_in`: the
     model the checks read in place of actor.path, for a stage whose actor.path is an earlier stage's final
     checkpoint that exists only once that stage ran (the same architecture and tokenizer: the model it started
@@ -98,7 +104,7 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     problems = problems if problems is not None else Problems()
     if fetch and not dry_run and has_hub_ids(config):
         _check_before_download(config, problems, attempt=attempt, model_stand_in=model_stand_in,
-                               reward_stand_in=reward_stand_in)
+                               reward_stand_in=reward_stand_in, recorded=recorded)
     resolve_hub_ids(config, problems, download=fetch and not dry_run)
     make_paths_absolute(config, os.getcwd())
     real_model, real_ref, real_critic = config.actor.path, config.ref.path, config.critic.path
@@ -133,7 +139,7 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
                                               time_limit=slurm_cfg.time).errors)
     _drop_repeats(problems)
     # a resumed trial's recorded config may hold what an older rlkit accepted and ignored: said, not refused
-    kept = problems.take_recorded_ok() if attempt > 1 else []
+    kept = problems.take_recorded_ok() if attempt > 1 or recorded else []
     problems.raise_if_any(allow_site=dry_run)
     assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
@@ -141,12 +147,12 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
 
 
 def _check_before_download(config: ExperimentConfig, problems: Problems, *, attempt: int,
-                           model_stand_in: str, reward_stand_in: str) -> None:
+                           model_stand_in: str, reward_stand_in: str, recorded: bool) -> None:
     """Every problem of a config with hub ids, found before anything is downloaded (a config to be refused must not
     fetch gigabytes first): the checks run as render's, and any problem but an id not yet in the cache is raised."""
     try:
         prepare_config(copy.deepcopy(config), copy.deepcopy(problems), attempt=attempt,
-                       model_stand_in=model_stand_in, reward_stand_in=reward_stand_in, fetch=False)
+                       model_stand_in=model_stand_in, reward_stand_in=reward_stand_in, fetch=False, recorded=recorded)
     except ConfigError as exc:
         checked = Problems()
         checked.errors.extend(e for e in each_error(exc) if isinstance(e, ConfigError)

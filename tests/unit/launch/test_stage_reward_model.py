@@ -225,3 +225,27 @@ def test_a_resumed_stage_checks_a_reward_model_or_actor_path_an_override_names_a
             resume_run(found, [f"stages.rl.{key}={typo}"])
         messages = [e.message for e in each_error(caught.value) if isinstance(e, ConfigError)]
         assert any(typo in m for m in messages), (key, messages)
+
+
+def test_resuming_a_run_keeps_a_knob_a_recorded_stage_never_reads_with_a_warning(
+        demo_dir: Path, tmp_path: Path, rlkit_home: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run an older rlkit recorded may hold, in a stage's config, a knob that stage's job type never reads (the
+    run file's shared `critic.*` reached the rw stage too): `rlkit resume RUN` submits that stage again from its
+    record, saying the knob as a warning (ConfigError.recorded_ok), as `rlkit resume TRIAL` does, not refusing it."""
+    from rlkit.launch.stages import resume_run
+    from rlkit.trials.stage_runs import find_run
+
+    plans, run = _submitted_run(tmp_path, monkeypatch)
+    rm_config = plans[1].prepared.paths.config
+    recorded = yaml.safe_load(rm_config.read_text())
+    recorded["critic"] = {**recorded.get("critic", {}), "optimizer": {"lr": 1e-6}}  # what an older rlkit kept
+    rm_config.write_text(yaml.safe_dump(recorded))
+    plans[0].prepared.paths.checkpoints.mkdir(parents=True)
+    (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
+    found = find_run(run.name)
+    assert found is not None
+    resumed = resume_run(found, [])
+    assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
+    said = capsys.readouterr().err
+    assert "stage rm: critic.optimizer.lr is set, but critic.* is read by job type ppo only" in said, said
