@@ -34,8 +34,10 @@ class KLController:
         self.adaptive = actor.kl_ctl_adaptive
 
     def update(self, kl: float, n: int) -> None:
-        """After a step: move the coefficient toward target_kl (fixed: unchanged)."""
-        if self.adaptive is not None and n > 0:
+        """After a step: move the coefficient toward target_kl (fixed: unchanged). A KL that is no finite number (a
+        step of non-finite log-probs, whose optimizer step the engine skips) leaves it as it was: NaN would stay the
+        coefficient of every later step, and the checkpoint's value would be refused on resume."""
+        if self.adaptive is not None and n > 0 and math.isfinite(kl):
             self.value = adapted_kl_coef(self.value, kl, target_kl=self.adaptive.target_kl,
                                          horizon=self.adaptive.horizon, n=n)
 

@@ -96,3 +96,16 @@ def test_step_done_logs_the_coefficient_used_then_updates_for_the_next_step() ->
     # kl 0.45 over target 0.3: error 0.5, clipped to 0.2; 2 sequences over a horizon of 10
     assert control.value == pytest.approx(0.1 * (1 + 0.2 * 2 / 10))
     assert control.step_done({}, 2) == {} and control.value == pytest.approx(0.104)  # no penalty: no update
+
+
+@pytest.mark.parametrize("kl", [math.nan, math.inf, -math.inf])
+def test_a_step_whose_kl_is_not_a_number_leaves_the_coefficient_as_it_was(kl: float) -> None:
+    """A step of non-finite log-probs (its optimizer step skipped for the gradient norm: the run goes on) measures a
+    KL that is no number: the coefficient keeps its value, not NaN for every later step and a checkpoint that would
+    not resume."""
+    control = KLController(ActorConfig(kl_ctl=0.1, kl_ctl_adaptive=KLControlConfig(target_kl=0.05, horizon=100)))
+    assert control.step_done({"kl_seq_mean": kl}, 50) == {"kl_ctl": 0.1}
+    assert control.value == 0.1
+    control.update(0.5, 50)  # a later step moves it as ever
+    assert control.value == pytest.approx(0.11, rel=1e-12)
+    assert KLController(ActorConfig(kl_ctl=0.1, kl_ctl_adaptive=KLControlConfig())).restore(control.state())
