@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -50,12 +51,15 @@ def extract_answer(completion: str) -> str | None:
 def reference_answer(row: dict[str, Any], answer_key: str) -> str:
     """The row's `answer_key` (a column, or a path through nested fields: rlkit.data.row_field) as a stripped string
     (of a GSM8K worked solution, its final answer: rlkit.data.row_formats); a KeyError names the key, where the row
-    lacks it and the row's columns. A null answer is missing too: scored against the text "None" it would be a
-    silent 0.0 for every completion."""
+    lacks it and the row's columns. A null answer is missing too, and an object is none (reward_model without its
+    ground_truth): scored against the text "None" or "{...}" either would be a silent 0.0 for every completion."""
     gold = row_field(row, answer_key)
     if gold is MISSING or gold is None:
         raise KeyError(f"the dataset row has no answer at {answer_key!r} (reward.answer_key): "
                        f"{where_missing(row, answer_key)}; its columns: {sorted(row)}")
+    if isinstance(gold, Mapping):
+        raise KeyError(f"the dataset row's {answer_key!r} (reward.answer_key) is an object (its keys: "
+                       f"{', '.join(str(k) for k in gold)[:200]}), not an answer: name the field inside it")
     return final_answer(str(gold))
 
 

@@ -137,3 +137,15 @@ def test_the_job_reads_verl_rows_prompts_by_the_chat_template_and_scores_the_nes
     with pytest.raises(KeyError, match=r"no answer at 'reward_model.ground_truth' .*reward_model has no "
                                        r"'ground_truth'"):
         math(prompts[0].text, "#### 72", {**row, "reward_model": {"style": "rule"}})
+
+
+def test_an_answer_key_naming_an_object_fails_each_reward_call() -> None:
+    """reward.answer_key reward_model (verl's struct column, ground_truth left out) is a column the rows have (submit
+    reads only the schema there), but its value is an object, never an answer: each call fails naming the keys
+    inside it (counted: the trainer stops after its failing steps, generate.score exits 78), not a silent 0.0 that
+    reads as the model's."""
+    row = {"reward_model": {"ground_truth": "72", "style": "rule"}}
+    for fn in ("math", "exact_match"):
+        with pytest.raises(KeyError, match="is an object \\(its keys: ground_truth, style\\)"):
+            resolve_reward_fn(fn, "reward_model")("q", "The answer is \\boxed{72}", row)
+    assert resolve_reward_fn("math", ANSWER)("q", "The answer is \\boxed{72}", row) == 1.0
