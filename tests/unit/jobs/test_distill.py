@@ -218,3 +218,16 @@ def test_areals_distillation_keys_map_or_are_refused_with_the_reason(tmp_path: P
     mapping["teacher"]["path"] = str(tmp_path / "elsewhere")  # not the served teacher's model
     with pytest.raises(ConfigError, match=r"teacher\.path"):
         config_from_mapping(mapping, [])
+
+
+def test_the_kl_reward_penalty_without_the_rl_advantages_is_refused(tmp_path: Path) -> None:
+    """With distill.rl_coef 0 no GRPO advantages are computed, so the KL reward penalty they carry (actor.kl_ctl, and
+    its adaptive controller, which would never move) would be ignored while a reference model is loaded for it."""
+    s, t = _model(tmp_path / "s"), _model(tmp_path / "t")
+    adaptive = "actor.kl_ctl_adaptive={target_kl: 0.1, horizon: 10000}"
+    found = _problems(_config(s, t, "actor.kl_ctl=0.01", adaptive))
+    assert len(found) == 2, found
+    assert found[0].startswith("actor.kl_ctl is set, but distill.rl_coef is 0"), found
+    assert found[1].startswith("actor.kl_ctl_adaptive is set, but distill.rl_coef is 0"), found
+    assert all("fix: remove actor.kl_ctl" in p and "distill.rl_coef" in p for p in found), found
+    assert _problems(_config(s, t, "actor.kl_ctl=0.01", adaptive, "distill.rl_coef=0.5")) == []
