@@ -22,11 +22,12 @@ class UserError(Exception):
 class ConfigError(UserError):
     """The configuration (YAML or override) is invalid. `site`: the problem is a missing or unusable file of the
     site (image, model, dataset, fileroot), which `rlkit render` reports as a warning and `submit` refuses.
-    `recorded_ok`: a value an older rlkit accepted and ignored (a knob the job type never reads), which a trial
-    recorded with it keeps on `rlkit resume` (a warning there; refused at submit)."""
+    `recorded_ok`: the field of a value an older rlkit accepted and ignored (a knob the job type never reads),
+    which a trial recorded with it keeps on `rlkit resume` (a warning there; refused at submit, and when the
+    resume's own overrides give it); "" for any other problem."""
 
     def __init__(self, message: str, *, hint: str | None = None, site: bool = False,
-                 recorded_ok: bool = False) -> None:
+                 recorded_ok: str = "") -> None:
         super().__init__(message, hint=hint)
         self.site = site
         self.recorded_ok = recorded_ok

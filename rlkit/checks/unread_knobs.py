@@ -100,7 +100,7 @@ def validate_unread_knobs(config: ExperimentConfig, job: JobType, job_types: Job
             section = knobs.fields[0]
             because = f"{section}.* is read by job type{'s' if ',' in users else ''} {users} only, not {job.name}"
         # recorded_ok: a trial an older rlkit accepted with it resumes (warned), it was ignored all along
-        problems.add(f"{field} is set, but {because}: it would be ignored", hint=f"remove {field}", recorded_ok=True)
+        problems.add(f"{field} is set, but {because}: it would be ignored", hint=f"remove {field}", recorded_ok=field)
 
 
 def unread_knobs(config: ExperimentConfig, job: JobType, job_types: JobTypes) -> list[tuple[Knobs, str]]:

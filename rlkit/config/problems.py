@@ -32,7 +32,7 @@ class Problems:
         except ConfigError as exc:
             self._record(exc)
 
-    def add(self, message: str, *, hint: str | None = None, site: bool = False, recorded_ok: bool = False) -> None:
+    def add(self, message: str, *, hint: str | None = None, site: bool = False, recorded_ok: str = "") -> None:
         self._record(ConfigError(message, hint=hint, site=site, recorded_ok=recorded_ok))
 
     def _record(self, error: ConfigError) -> None:

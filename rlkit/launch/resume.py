@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlkit.errors import ConfigError, UserError
+from rlkit.errors import ConfigError, ConfigErrors, UserError
 from rlkit.jobs import job_type_for
 from rlkit.launch import slurm
 from rlkit.launch.submit import prepare, submit
@@ -27,9 +27,16 @@ def archive_logs(paths: TrialPaths, attempt: int) -> Path:
     return target
 
 
-def say_recorded(warnings: Iterable[ConfigError], where: str = "") -> None:
+def say_recorded(warnings: Iterable[ConfigError], overrides: list[str], where: str = "") -> None:
     """On stderr, what a recorded config holds and this rlkit ignores (ConfigError.recorded_ok); `where`: "stage
-    NAME: " for a stage of a run."""
+    NAME: " for a stage of a run. Such a knob the resume's own `overrides` give is new input: refused as at submit
+    (nothing is submitted)."""
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    given = [w for w in warnings if any(k == w.recorded_ok or w.recorded_ok.startswith(f"{k}.") or
+                                        k.startswith(f"{w.recorded_ok}.") for k in keys)]
+    if given:
+        errors = [ConfigError(f"{where}{w.message}", hint=w.hint) for w in given]
+        raise ConfigErrors(errors) if len(errors) > 1 else errors[0]
     for warning in warnings:
         print(f"rlkit: warning: {where}{warning} (the trial was recorded with it: it stays ignored)", file=sys.stderr)
 
@@ -49,7 +56,7 @@ def resume_trial(spec: str, overrides: list[str]) -> tuple[TrialRecord, int]:
     user_mode = [o for o in overrides if o.split("=", 1)[0].strip() == "recover.mode"]
     prepared = prepare(paths.config, [*([] if user_mode else ["recover.mode=resume"]), *overrides],
                        attempt=done + 1, model_stand_in=stand_in, reward_stand_in=reward_stand_in, preflight=True)
-    say_recorded(prepared.warnings)
+    say_recorded(prepared.warnings, overrides)
     if not job_type_for(prepared.config.type).resumable:
         raise UserError(f"trial {record.name} is a {prepared.config.type} job, which keeps no recover checkpoints to "
                         "resume from",

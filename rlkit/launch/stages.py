@@ -341,7 +341,7 @@ def resume_run(run: StagedRun, overrides: list[str]) -> list[tuple[StageRecord, 
     if errors:
         raise ConfigErrors(errors) if len(errors) > 1 else errors[0]
     for stage, plan, _ in prepared:
-        say_recorded(plan.warnings, f"stage {stage.name}: ")
+        say_recorded(plan.warnings, [*common, *own[stage.name]], f"stage {stage.name}: ")
     for _, plan, _ in prepared:
         slurm.sbatch_test_only(plan.script)
     out: list[tuple[StageRecord, str, str]] = []

@@ -41,7 +41,7 @@ def validate_distill(config: ExperimentConfig, problems: Problems) -> None:
                              "RL advantages, which distillation computes only with rl_coef > 0; it would be ignored "
                              "(with a reference model loaded for it)",
                              hint=f"remove actor.{name} (actor.kl_loss_coef is a KL term distillation reads), or set "
-                                  "distill.rl_coef > 0", recorded_ok=True)  # an older rlkit ignored it too
+                                  "distill.rl_coef > 0", recorded_ok=f"actor.{name}")  # an older rlkit ignored it
     if d.topk and d.topk_coef > 0 and config.actor.loss_agg_mode != "token-mean":
         problems.add(f"actor.loss_agg_mode {config.actor.loss_agg_mode} with the top-k term (distill.topk, "
                      "distill.topk_coef): that term is a mean over tokens, so a per-sequence mean of the policy loss "

@@ -132,3 +132,30 @@ def test_a_resumed_trial_keeps_what_an_older_rlkit_accepted_with_a_warning(grpo_
     with pytest.raises(ConfigError) as info:
         prepare(grpo_yaml, [*knob, "actor.ppo_n_minibatches=7"], attempt=2, dry_run=True)
     assert "ppo_n_minibatches=7" in str(info.value) and "critic.optimizer.lr" not in str(info.value)
+
+
+def test_a_knob_the_resume_command_line_gives_is_refused_not_kept(grpo_yaml: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `rlkit resume` keeps with a warning is the recorded config's (an older rlkit accepted it); a knob the
+    job type never reads given on the resume's own command line is new input, refused as at submit (exit 2), not
+    warned as 'recorded with it'."""
+    from rlkit.launch import resume as resume_mod
+    from rlkit.launch.resume import resume_trial
+
+    def prepared_at_attempt_2(path: Path, overrides: list[str], **kw: object) -> object:
+        given = [o for o in overrides if not o.startswith("recover.mode=")]  # no checkpoint here: not the point
+        return prepare(grpo_yaml, ["critic.optimizer.lr=1e-6", *given], attempt=2, dry_run=True)
+
+    record = type("Record", (), {"trial_dir": str(tmp_path), "job_id": "1", "experiment": "e", "trial": "t",
+                                 "name": "e/t"})()
+    (tmp_path / "config.yaml").write_text("{}")
+    monkeypatch.setattr(resume_mod, "find_trial", lambda spec: record)
+    monkeypatch.setattr(resume_mod, "_stage_stand_ins", lambda trial_dir: ("", ""))
+    monkeypatch.setattr(resume_mod.slurm, "job_info", lambda job: None)
+    monkeypatch.setattr(resume_mod.slurm, "is_trials_active_job", lambda *a: False)
+    monkeypatch.setattr(resume_mod, "prepare", prepared_at_attempt_2)
+    monkeypatch.setattr(resume_mod, "submit", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("submitted")))
+    with pytest.raises(ConfigError) as info:
+        resume_trial("e/t", ["critic.eps_clip=0.3"])
+    assert "critic.eps_clip is set, but critic.* is read by job type ppo only" in str(info.value)
+    assert "critic.optimizer.lr" not in str(info.value)  # the recorded one stays a warning
