@@ -24,6 +24,7 @@ from rlkit.trainer.dist import end_process, init_distributed
 from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.mismatch_step import step_mismatch
 from rlkit.jobs.grpo.algorithm import set_token_advantages
+from rlkit.trainer.rl_math.kl_controller import KLController
 
 model, out, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 env, device = init_distributed()
@@ -98,7 +99,8 @@ if opts.get("critic"):  # PPO's batch: values (gathered), GAE over them, the act
     if env.rank == 0:
         save_file({k: v.contiguous() for k, v in critic_state.items()}, out + "/critic.safetensors")
 else:
-    adv_stats = set_token_advantages(actor, samples, old, ref)  # as GRPO's step: gathers old/ref when kl_ctl > 0
+    # as GRPO's step: gathers old/ref when kl_ctl > 0
+    adv_stats = set_token_advantages(actor, samples, old, ref, KLController(actor))
     plant_wild_advantages()
     stats = {**policy.train_step(samples, old, ref), **adv_stats}
 state = policy.engine.full_state_dict()
