@@ -54,6 +54,19 @@ def _config(tmp_path: Path, *, rl_type: str = "ppo", reward: dict[str, Any] | No
     return path
 
 
+
+def _resume_after_sft(plans: list[StagePlan], name: str, demo_dir: Path) -> None:
+    """sft's final model written, `rlkit resume RUN`: rm and rl are submitted again (sft is done)."""
+    from rlkit.launch.stages import resume_run
+    from rlkit.trials.stage_runs import find_run
+
+    plans[0].prepared.paths.checkpoints.mkdir(parents=True)
+    (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
+    found = find_run(name)
+    assert found is not None
+    resumed = resume_run(found, [])
+    assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
+
 def _final(plan: StagePlan) -> str:
     return str(plan.prepared.paths.checkpoints / "final")
 
@@ -195,16 +208,9 @@ def test_resuming_the_run_before_the_rw_stage_finished_submits_the_later_stages_
     critic starting from) rm's final, which its re-checks read as the recorded stand-in (Slurm faked: the
     controller's answers are not what this is about)."""
     from rlkit.config.load import load_config
-    from rlkit.launch.stages import resume_run
-    from rlkit.trials.stage_runs import find_run
 
     plans, run = _submitted_run(tmp_path, monkeypatch)
-    plans[0].prepared.paths.checkpoints.mkdir(parents=True)
-    (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
-    found = find_run(run.name)
-    assert found is not None
-    resumed = resume_run(found, [])
-    assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
+    _resume_after_sft(plans, run.name, demo_dir)
     config = load_config(plans[2].prepared.paths.config)
     assert config.reward.reward_model_path == _final(plans[1]) == config.critic.path
 
@@ -233,19 +239,12 @@ def test_resuming_a_run_keeps_a_knob_a_recorded_stage_never_reads_with_a_warning
     """A run an older rlkit recorded may hold, in a stage's config, a knob that stage's job type never reads (the
     run file's shared `critic.*` reached the rw stage too): `rlkit resume RUN` submits that stage again from its
     record, saying the knob as a warning (ConfigError.recorded_ok), as `rlkit resume TRIAL` does, not refusing it."""
-    from rlkit.launch.stages import resume_run
-    from rlkit.trials.stage_runs import find_run
 
     plans, run = _submitted_run(tmp_path, monkeypatch)
     rm_config = plans[1].prepared.paths.config
     recorded = yaml.safe_load(rm_config.read_text())
     recorded["critic"] = {**recorded.get("critic", {}), "optimizer": {"lr": 1e-6}}  # what an older rlkit kept
     rm_config.write_text(yaml.safe_dump(recorded))
-    plans[0].prepared.paths.checkpoints.mkdir(parents=True)
-    (plans[0].prepared.paths.checkpoints / "final").symlink_to(demo_dir / "tiny-model")  # sft's model, written
-    found = find_run(run.name)
-    assert found is not None
-    resumed = resume_run(found, [])
-    assert [(stage.name, how) for stage, _, how in resumed] == [("rm", "again"), ("rl", "again")]
+    _resume_after_sft(plans, run.name, demo_dir)
     said = capsys.readouterr().err
     assert "stage rm: critic.optimizer.lr is set, but critic.* is read by job type ppo only" in said, said

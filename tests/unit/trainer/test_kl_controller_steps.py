@@ -22,7 +22,7 @@ from rlkit.trainer.actor import PPOActor
 from rlkit.trainer.recover import LoopState
 from rlkit.trainer.rl_math.kl_controller import KLController, adapted_kl_coef
 from rlkit.types import Sample
-from tests.unit.trainer.test_prox_logp_steps import NoPush, Rank0Stub, batch, gloo  # noqa: F401 (gloo: a fixture)
+from tests.unit.trainer.test_prox_logp_steps import NoPush, Rank0Stub, batch
 
 CONTROL = KLControlConfig(target_kl=0.05, horizon=10)
 
@@ -71,7 +71,7 @@ def _resume(grpo: GRPO, algorithm_state: dict[str, Any], monkeypatch: pytest.Mon
 
 
 def test_each_step_uses_the_controller_s_coefficient_and_a_resumed_run_continues_it(
-        gloo: None, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        gloo: None, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     actor = _actor(tiny_model_dir)
     run = _grpo(actor)
     first = run.step(1).metrics
@@ -95,7 +95,7 @@ def test_each_step_uses_the_controller_s_coefficient_and_a_resumed_run_continues
         _resume(altered, {**state.algorithm, "kl_ctl": "lots"}, monkeypatch)
 
 
-def test_set_token_advantages_penalises_with_the_controller_s_value(gloo: None) -> None:  # noqa: F811
+def test_set_token_advantages_penalises_with_the_controller_s_value(gloo: None) -> None:
     """GRPO's (and opmd's, distill's) advantages take the controller's coefficient, not actor.kl_ctl: a resumed 0.5
     with k1 estimates 0.2, 0.4 gives token rewards -0.1, 1 - 0.2, so advantages 0.7, 0.8 (0.1 would give 0.94, 0.96)."""
     actor = ActorConfig(kl_ctl=0.1, kl_estimator="k1", adv_norm=None, kl_ctl_adaptive=CONTROL)
@@ -108,7 +108,7 @@ def test_set_token_advantages_penalises_with_the_controller_s_value(gloo: None) 
     assert control.value == pytest.approx(0.5 * (1 + 0.2 * 1 / CONTROL.horizon))  # kl 0.3 over target 0.05
 
 
-def test_ppo_s_advantages_take_the_controller_s_value_and_update_it(gloo: None) -> None:  # noqa: F811
+def test_ppo_s_advantages_take_the_controller_s_value_and_update_it(gloo: None) -> None:
     """Job type ppo computes its advantages apart (with the critic's values): the same coefficient, the same update.
     Values 0, discount 1: the advantages are the returns, 0.7 and 0.8 under the resumed 0.5."""
     from rlkit.jobs.ppo.algorithm import PPO

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlkit.config.schema.actor import ActorConfig, MicroBatchSpec, OptimizerConfig, reuses_training_logprobs
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -59,15 +57,6 @@ class Rank0Stub:
 
     def step_metrics(self, step: int, train_stats: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
         return train_stats
-
-
-@pytest.fixture(scope="module")
-def gloo() -> Iterator[None]:
-    from rlkit.servers.health import find_free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
