@@ -147,6 +147,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("algorithm.kl_ctrl.horizon", "actor.kl_ctl_adaptive.horizon", "adaptive only"),
     ("data.filter_overlong_prompts", "", "rlkit always drops prompts longer than train_dataset.max_length"),
     ("data.truncation", "", "rlkit drops prompts longer than train_dataset.max_length, it truncates none"),
+    ("data.reward_fn_key", "", "the row column by which verl picks a scorer (data_source); rlkit scores every row "
+     "with reward.fn (or the weighted reward.fns)"),
     ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),
     ("reward_model.enable", "", "verl's model reward: in rlkit, a model trained by job type rw is reward.fn: "
      "reward_model"),

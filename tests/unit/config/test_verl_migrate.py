@@ -469,3 +469,14 @@ def test_verl_rows_answer_and_its_default_scorer_are_written_and_said(tmp_path: 
     text = _migrated(script, ["reward.fn=/r.py:score"])
     assert yaml.safe_load(text)["reward"] == {"answer_key": ANSWER, "fn": "/r.py:score"}
     assert "The reward:" not in text and "your reward.fn override is used" in text
+
+
+def test_the_scorer_column_key_is_left_out_saying_how_rlkit_scores() -> None:
+    run = read_script("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.reward_fn_key=data_source "
+                      "data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 "
+                      "actor_rollout_ref.rollout.n=2 actor_rollout_ref.rollout.tensor_model_parallel_size=1 "
+                      "trainer.n_gpus_per_node=4 trainer.nnodes=1", "t")
+    _, fates = verl_to_rlkit(run.leaves, "t", REGISTRY.verl_estimators)
+    said = {f.key: f.fate for f in fates}
+    assert said["data.reward_fn_key"].startswith("left out (the row column by which verl picks a scorer"), said
+    assert "reward.fn" in said["data.reward_fn_key"]
