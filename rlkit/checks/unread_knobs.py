@@ -61,11 +61,11 @@ ACTOR_KNOBS = (
           lambda job: job.trains_on_rollouts, "rewards and advantages of rollouts"),
     Knobs(_actor("ppo_n_minibatches", "ppo_epochs", "entropy_coeff", "loss_agg_mode", "loss_scale_factor",
                  "kl_loss_coef", "kl_loss_type", "use_decoupled_loss", "prox_logp_method", "recompute_logprob"),
-          lambda job: bool(job.policy_loss), "PPO actor update"),
+          lambda job: job.ppo_update, "PPO actor update"),
     Knobs(_actor("eps_clip", "eps_clip_higher", "c_clip", "importance_sampling_level", "log_ratio_clamp",
                  "seq_log_ratio_clamp", "behav_imp_weight_cap", "rejection_sampling", "use_sapo_loss", "sapo_tau_pos",
                  "sapo_tau_neg", "m2_threshold"),
-          lambda job: job.policy_loss == "ppo", "PPO clipped loss"),
+          lambda job: job.clipped_loss, "PPO clipped loss"),
 )
 # The actor's fields in no group: every job type's (the servers' model), or refused by a check of their own.
 ACTOR_ELSEWHERE = _actor("path", "use_lora", "init_from_scratch")

@@ -41,9 +41,10 @@ class JobType:
     "reward_model" (a value model), "" (no model). `auxiliary`: code of its job (the rollouts' reward functions)
     may call `auxiliary_models`, so they are served; other job types refuse them (servers nothing would ask).
     `kl_terms`: its trainer has the KL terms of actor.kl_ctl / kl_loss_coef (a reference model when one is on);
-    `policy_loss`: the policy loss its trainer runs through the PPO actor's update (rlkit.trainer.actor): "ppo" (the
-    clipped ratio loss, with SAPO, M2PO and the decoupled loss's bounds), another name for a loss of its own that
-    reads none of PPO's clip knobs ("opmd"), "" for none (no PPO actor update: rlkit.checks.unread_knobs).
+    `ppo_update`: its trainer runs the PPO actor's update (rlkit.trainer.actor: minibatches, passes, the loss's
+    average, the KL loss term); `clipped_loss`: that update's loss is PPO's clipped ratio (with SAPO, M2PO and the
+    decoupled loss's bounds), where a job type with a loss of its own (opmd) reads none of the clip knobs
+    (rlkit.checks.unread_knobs refuses what a job type does not read).
     `always_reference`: its loss needs a frozen reference whatever the KL knobs say (dpo). `own_section`: the
     section only this job type reads, so a config setting it (without `type`) is likely of this type. `rows`: the
     train_dataset.type of the rows it trains on ("" when it trains on none); a type its rows name alone is taken for
@@ -68,7 +69,8 @@ class JobType:
     passes_on: str = ""
     auxiliary: bool = False
     kl_terms: bool = False
-    policy_loss: str = ""
+    ppo_update: bool = False
+    clipped_loss: bool = False
     always_reference: bool = False
     own_section: str = ""
     rows: str = ""

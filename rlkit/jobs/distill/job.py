@@ -35,7 +35,7 @@ DISTILL = JobType(
     sections=("actor", "distill", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "reasoning_gym"),
     prompt_dataset="train_dataset", validate=_validate_distill, passes_on="policy", auxiliary=True, kl_terms=True,
-    policy_loss="ppo",
+    ppo_update=True, clipped_loss=True,
     own_section="distill",  # no `rows`: rl rows alone say grpo or ppo; the distill section says distill
     no_lora="distillation trains the full model (LoRA adapters with a teacher are not built yet)",
 )

@@ -30,5 +30,5 @@ GRPO = JobType(
     sections=("actor", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_grpo, passes_on="policy", auxiliary=True,
-    kl_terms=True, policy_loss="ppo", rows="rl",
+    kl_terms=True, ppo_update=True, clipped_loss=True, rows="rl",
 )

@@ -27,7 +27,7 @@ def _validate_opmd(config: ExperimentConfig, allocation: Allocation | None, prob
     if config.actor.reward_norm is not None:
         problems.add("actor.reward_norm is set, but OPMD's advantage is the reward minus its group baseline "
                      "(opmd.opmd_baseline), never divided by a std", hint="remove actor.reward_norm")
-    # PPO's clip knobs (SAPO, M2PO, ...): OPMD has its own policy loss (JobType.policy_loss), rlkit.checks.unread_knobs
+    # PPO's clip knobs (SAPO, M2PO, ...): OPMD has a loss of its own (clipped_loss false), rlkit.checks.unread_knobs
     if config.actor.group_size < 2:
         problems.add(f"actor.group_size is {config.actor.group_size}: OPMD's baseline needs a group (a group of one "
                      "has baseline 0, so its advantage is the raw reward)", hint="e.g. actor.group_size=8 and "
@@ -41,5 +41,5 @@ OPMD = JobType(
     sections=("actor", "opmd", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_opmd, passes_on="policy", auxiliary=True,
-    kl_terms=True, policy_loss="opmd", own_section="opmd", rows="rl",
+    kl_terms=True, ppo_update=True, own_section="opmd", rows="rl",
 )

@@ -42,5 +42,5 @@ PPO = JobType(
     sections=("actor", "critic", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),
     prompt_dataset="train_dataset", lora=True, validate=_validate_ppo, passes_on="policy", auxiliary=True,
-    kl_terms=True, policy_loss="ppo", own_section="critic", rows="rl", sequence_parallel=True,
+    kl_terms=True, ppo_update=True, clipped_loss=True, own_section="critic", rows="rl", sequence_parallel=True,
 )
