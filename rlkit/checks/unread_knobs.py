@@ -129,14 +129,12 @@ def set_fields(config: ExperimentConfig, path: str) -> Iterator[str]:
         yield path
 
 
+_SCHEMA_DEFAULTS = ExperimentConfig()  # read only (reset_knob copies what it takes)
+
+
 def _default(path: str) -> Any:
-    """The schema's default of a dotted field path: its top-level section's default, then down its fields."""
-    top, *rest = path.split(".")
-    f = next(f for f in dataclasses.fields(ExperimentConfig) if f.name == top)
-    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    for part in rest:
-        value = getattr(value, part)
-    return value
+    """The schema's default of a dotted field path."""
+    return get_field(_SCHEMA_DEFAULTS, path)
 
 
 def reset_knob(config: ExperimentConfig, field: str) -> None:
