@@ -56,10 +56,16 @@ class KLController:
 
     def restore(self, state: dict[str, Any]) -> str:
         """Continue from a recover checkpoint's algorithm state; returns what to say of it ("" when fixed). A state
-        without the coefficient (saved by a run without the controller) keeps the starting one. ValueError when
-        the saved value is no positive finite number (the file was altered)."""
+        without the coefficient (saved by a run without the controller) keeps the starting one; one with it, resumed
+        with the controller turned off, drops it, said, since the penalty's strength then changes at once. ValueError
+        when the saved value is no positive finite number (the file was altered)."""
         if self.adaptive is None:
-            return ""
+            if STATE_KEY not in state:
+                return ""
+            saved = state[STATE_KEY]
+            held = f" {saved:g}" if type(saved) in (int, float) and math.isfinite(saved) else ""
+            return (f"the checkpoint's adaptive KL coefficient{held} is not continued: actor.kl_ctl_adaptive is off "
+                    f"in this attempt, so the penalty uses actor.kl_ctl {self.value:g} from now on")
         if STATE_KEY not in state:
             return (f"the checkpoint holds no adaptive KL coefficient (its run had none): starting from "
                     f"actor.kl_ctl {self.value:g}")

@@ -30,8 +30,16 @@ def test_the_update_against_hand_numbers(kl: float, n: int, horizon: int, expect
 def test_a_fixed_coefficient_never_moves_and_is_no_state() -> None:
     fixed = KLController(ActorConfig(kl_ctl=0.1))
     fixed.update(5.0, 64)
-    assert fixed.value == 0.1 and fixed.state() == {} and fixed.restore({"kl_ctl": 7.0}) == ""
+    assert fixed.value == 0.1 and fixed.state() == {} and fixed.restore({"version": 3}) == ""
+    assert fixed.value == 0.1
+
+
+def test_a_saved_adaptive_coefficient_resumed_without_the_controller_is_dropped_and_said() -> None:
+    fixed = KLController(ActorConfig(kl_ctl=0.1))
+    said = fixed.restore({"version": 3, "kl_ctl": 0.034})
     assert fixed.value == 0.1  # a checkpoint's value is the adaptive controller's only
+    assert "adaptive KL coefficient 0.034 is not continued" in said and "actor.kl_ctl 0.1 from now on" in said
+    assert "coefficient is not continued" in fixed.restore({"kl_ctl": "x" * 500})  # a hostile value is not echoed
 
 
 def test_the_adaptive_coefficient_is_state_and_resumes_from_the_saved_value() -> None:
