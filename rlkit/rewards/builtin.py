@@ -1,10 +1,10 @@
 """Built-in rewards: `math` (the final answer checked with math-verify) and `exact_match`.
 
-Both read the reference answer from the row's `answer_key`, a column or a dotted path through nested fields (verl's
-`reward_model.ground_truth`: rlkit.data.row_field); `resolve_reward_fn` binds the key with functools.partial, which
-keeps them picklable for the reward worker processes. math-verify is imported on first use (it is a trainer extra,
-not needed on the login node) and is called with its signal-based timeouts off, so it works in any thread; the time
-limit is enforced by `RewardRunner`.
+Both read the reference answer (or a list of accepted ones) from the row's `answer_key`, a column or a dotted path
+through nested fields (verl's `reward_model.ground_truth`: rlkit.data.row_field); `resolve_reward_fn` binds the key
+with functools.partial, which keeps them picklable for the reward worker processes. math-verify is imported on first
+use (it is a trainer extra, not needed on the login node) and is called with its signal-based timeouts off, so it
+works in any thread; the time limit is enforced by `RewardRunner`.
 """
 
 from __future__ import annotations
@@ -48,11 +48,13 @@ def extract_answer(completion: str) -> str | None:
     return boxed if boxed is not None else last_number(completion)
 
 
-def reference_answer(row: dict[str, Any], answer_key: str) -> str:
-    """The row's `answer_key` (a column, or a path through nested fields: rlkit.data.row_field) as a stripped string
-    (of a GSM8K worked solution, its final answer: rlkit.data.row_formats); a KeyError names the key, where the row
-    lacks it and the row's columns. A null answer is missing too, and an object is none (reward_model without its
-    ground_truth): scored against the text "None" or "{...}" either would be a silent 0.0 for every completion."""
+def reference_answers(row: dict[str, Any], answer_key: str) -> list[str]:
+    """The row's acceptable answers at `answer_key` (a column, or a path through nested fields: rlkit.data.row_field),
+    each a stripped string (of a GSM8K worked solution, its final answer: rlkit.data.row_formats): one for a text or
+    a number, each element of a list (QA sets list every accepted form: a completion matching any of them scores).
+    A KeyError names the key, where the row lacks it and the row's columns. A null answer, an empty list and an object
+    (reward_model without its ground_truth) are none: scored against the text "None", "[]" or "{...}" each would be a
+    silent 0.0 for every completion."""
     gold = row_field(row, answer_key)
     if gold is MISSING or gold is None:
         raise KeyError(f"the dataset row has no answer at {answer_key!r} (reward.answer_key): "
@@ -60,7 +62,15 @@ def reference_answer(row: dict[str, Any], answer_key: str) -> str:
     if isinstance(gold, Mapping):
         raise KeyError(f"the dataset row's {answer_key!r} (reward.answer_key) is an object (its keys: "
                        f"{', '.join(str(k) for k in gold)[:200]}), not an answer: name the field inside it")
-    return final_answer(str(gold))
+    golds = list(gold) if isinstance(gold, (list, tuple)) else [gold]
+    if not golds:
+        raise KeyError(f"the dataset row's {answer_key!r} (reward.answer_key) is an empty list: no answer to match")
+    for one in golds:
+        if one is None or not isinstance(one, (str, int, float)):
+            kind = "null" if one is None else f"a {type(one).__name__}"
+            raise KeyError(f"the dataset row's {answer_key!r} (reward.answer_key) is a list holding {kind}: each "
+                           "element must be an accepted answer (a text or a number)")
+    return [final_answer(str(one)) for one in golds]
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
@@ -88,24 +98,30 @@ def _parse(mv: ModuleType, answer: str) -> list[Any]:
 
 
 def math_reward(prompt: str, completion: str, row: dict[str, Any], answer_key: str = "answer") -> float:
-    """1.0 when the completion's final answer equals `row[answer_key]` mathematically (math-verify), else 0.0."""
-    gold = reference_answer(row, answer_key)
+    """1.0 when the completion's final answer equals one of `row[answer_key]`'s answers mathematically
+    (math-verify), else 0.0."""
+    golds = reference_answers(row, answer_key)
     answer = extract_answer(completion)
-    if answer is None or not answer.strip() or not gold:
+    if answer is None or not answer.strip():
         return 0.0
     mv = load_math_verify()
-    gold_parsed = _parse(mv, last_boxed(gold) or gold)
     answer_parsed = _parse(mv, answer)
-    if not gold_parsed or not answer_parsed:
+    if not answer_parsed:
         return 0.0
-    return 1.0 if mv.verify(gold_parsed, answer_parsed, timeout_seconds=None) else 0.0
+    for gold in golds:
+        gold_parsed = _parse(mv, last_boxed(gold) or gold) if gold else []
+        if gold_parsed and mv.verify(gold_parsed, answer_parsed, timeout_seconds=None):
+            return 1.0
+    return 0.0
 
 
 def exact_match_reward(prompt: str, completion: str, row: dict[str, Any], answer_key: str = "answer") -> float:
-    """1.0 when the stripped completion, or the content of its last \\boxed{}, equals the stripped answer, else 0.0."""
-    gold = reference_answer(row, answer_key)
+    """1.0 when the stripped completion, or the content of its last \\boxed{}, equals one of the stripped answers,
+    else 0.0."""
+    golds = reference_answers(row, answer_key)
     boxed = last_boxed(completion)
-    return 1.0 if completion.strip() == gold or (boxed is not None and boxed.strip() == gold) else 0.0
+    said = {completion.strip()} | ({boxed.strip()} if boxed is not None else set())
+    return 1.0 if said & set(golds) else 0.0
 
 
 def warm_math_verify() -> None:

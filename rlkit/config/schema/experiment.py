@@ -236,7 +236,8 @@ class RewardConfig:
                  "float.")
     answer_key: str = _f("answer", "Dataset column with the reference answer (math and exact_match), or a dotted "
                                    "path to a nested field: reward_model.ground_truth reads verl's rows "
-                                   "(reward_model: {ground_truth: ...}); a column of that exact name wins.")
+                                   "(reward_model: {ground_truth: ...}); a column of that exact name wins. A "
+                                   "list there holds accepted answers: any of them scores.")
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
                                 "checkpoints/final directory); completions are scored by it on trainer rank 0.")
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)

@@ -10,7 +10,7 @@ import pytest
 
 from rlkit.config.schema.sft import SFTConfig
 from rlkit.data.row_formats import BOX_INSTRUCTION, final_answer, is_gsm8k_row, rl_prompt, sft_columns
-from rlkit.rewards.builtin import math_reward, reference_answer
+from rlkit.rewards.builtin import math_reward, reference_answers
 
 ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
        "answer": "In May she sold 48/2 = 24 clips.\nIn all she sold 48+24 = 72 clips.\n#### 72"}
@@ -36,7 +36,7 @@ def test_the_rl_prompt_asks_for_a_boxed_answer_and_other_rows_are_read_as_before
 ])
 def test_the_reference_answer_is_what_follows_the_mark(gold: str, final: str) -> None:
     assert final_answer(gold) == final
-    assert reference_answer({"answer": gold}, "answer") == final
+    assert reference_answers({"answer": gold}, "answer") == [final]
 
 
 def test_the_math_reward_scores_gsm8k_rows_on_the_final_answer() -> None:

@@ -149,3 +149,29 @@ def test_an_answer_key_naming_an_object_fails_each_reward_call() -> None:
         with pytest.raises(KeyError, match="is an object \\(its keys: ground_truth, style\\)"):
             resolve_reward_fn(fn, "reward_model")("q", "The answer is \\boxed{72}", row)
     assert resolve_reward_fn("math", ANSWER)("q", "The answer is \\boxed{72}", row) == 1.0
+
+
+def test_a_list_of_accepted_answers_credits_any_of_them(tmp_path: Path) -> None:
+    """QA sets store every accepted form of the answer as a list (Search-R1's verl rows:
+    `reward_model.ground_truth.target`); read from Parquet as the job reads it (rlkit.data.files.load_rows), a
+    completion matching any element scores 1.0 (a text's stringified list matched none but a one-element list's)."""
+    from rlkit.data.files import load_rows
+
+    rows = load_rows(write_parquet(tmp_path / "qa.parquet", [
+        {"question": "Capital of France?", "reward_model": {"ground_truth": {"target": ["Paris", "paris, france"]}}},
+        {"question": "2+2?", "reward_model": {"ground_truth": {"target": ["4", "four"]}}}]))
+    key = "reward_model.ground_truth.target"
+    exact, math = resolve_reward_fn("exact_match", key), resolve_reward_fn("math", key)
+    assert [exact("q", said, rows[0]) for said in ("Paris", "\\boxed{paris, france}", "Lyon")] == [1.0, 1.0, 0.0]
+    assert [math("q", said, rows[1]) for said in ("so \\boxed{4}", "it is 4.0", "5")] == [1.0, 1.0, 0.0]
+    plain = resolve_reward_fn("math", "answer")  # numbers as JSON writes them, alone or listed
+    assert plain("q", "\\boxed{4}", {"answer": [7, 4]}) == 1.0 and plain("q", "\\boxed{4}", {"answer": 4}) == 1.0
+    assert exact("q", "four", rows[1]) == 1.0
+
+
+@pytest.mark.parametrize(("gold", "says"), [([], "is an empty list"), ([None], "a list holding null"),
+                                            ([{"a": 1}], "a list holding a dict"), ([["4"]], "a list holding a list")])
+def test_a_list_answer_that_holds_no_answer_fails_each_call(gold: Any, says: str) -> None:
+    for fn in ("math", "exact_match"):
+        with pytest.raises(KeyError, match=says):
+            resolve_reward_fn(fn, "answer")("q", "\\boxed{4}", {"answer": gold})
