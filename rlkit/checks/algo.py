@@ -33,6 +33,11 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
         norm = getattr(actor, name)
         if norm is not None:
             _validate_norm(f"actor.{name}", norm, actor.group_size, problems)
+    if actor.passk_advantage and actor.group_size < 2:
+        problems.add(f"actor.passk_advantage with groups of {actor.group_size} sample: the pass@k advantage is the "
+                     "best completion's margin over its group's second best, and a group of one has none",
+                     hint="set gconfig.n_samples and actor.group_size to 2 or more (e.g. 8), or remove "
+                          "actor.passk_advantage")
     for name in ("kl_estimator", "kl_loss_type"):
         value = getattr(actor, name)
         if value not in KL_ESTIMATORS:

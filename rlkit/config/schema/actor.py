@@ -195,6 +195,14 @@ class ActorConfig:
     reward_bias: float = _f(0.0, "Add this to rewards (after the overlong penalty).")
     reward_clip: float = _f(20.0, "Clip rewards to [-reward_clip, reward_clip] after bias and scaling.", gt=0)
     reward_norm: NormConfig | None = _f(None, "Normalise sequence rewards (after the clip); null: off.")
+    passk_advantage: bool = _f(
+        False, "Pass@k advantage (verl's grpo_passk, arXiv 2503.19595): after reward_norm, each group's best "
+        "completion keeps its margin over the group's second best (over the group's std + eps when reward_norm's "
+        "std_level is group), every other completion gets 0, as does a group tied at the top; needs actor.group_size "
+        "2 or more.")
+    gpg_scale: bool = _f(
+        False, "GPG's correction (verl's gpg, arXiv 2504.02546): after reward_norm (and pass@k), every advantage is "
+        "multiplied by the batch's samples over those with a nonzero reward (at least 1).")
     overlong_reward_penalty: bool = _f(False, "Penalise completions that run into the last overlong_tokens tokens.")
     overlong_tokens: int | None = _f(None, "Tokens of the soft-penalty zone that ends at gconfig.max_new_tokens.", ge=1)
     overlong_penalty_factor: float | None = _f(None, "Largest penalty (subtracted from the reward), reached at "

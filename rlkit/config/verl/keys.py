@@ -35,8 +35,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher", ""),
     ("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip", ""),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.importance_sampling_level", "vanilla: the default; "
-       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; verl's other modes are not "
-       "built"),
+       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; gpg: the default loss with "
+       "one minibatch and one epoch (the same gradient at ratio 1); verl's other modes are not built"),
     ("actor_rollout_ref.actor.policy_loss.tau_pos", "actor.sapo_tau_pos", "SAPO's temperature for A > 0"),
     ("actor_rollout_ref.actor.policy_loss.tau_neg", "actor.sapo_tau_neg", "SAPO's temperature for A <= 0"),
     ("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),
@@ -65,11 +65,13 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("critic.model.path", "critic.path", ""),
     ("critic.optim.lr", "critic.optimizer.lr", ""),
     ("critic.cliprange_value", "critic.eps_clip", ""),
-    ("algorithm.adv_estimator", "type", "grpo: type grpo (actor.reward_norm at group level, as verl's); rloo: "
-     "type grpo with the leave-one-out group mean; reinforce_plus_plus: type grpo, no reward_norm, the returns "
-     "whitened over the batch (actor.adv_norm); reinforce_plus_plus_baseline: type grpo, the group mean subtracted "
-     "(reward_norm without std) then whitened (adv_norm); gae (verl's default): type ppo (a critic, advantages "
-     "whitened over the batch: actor.adv_norm); verl's other estimators are not built"),
+    ("algorithm.adv_estimator", "type", "gae (verl's default): type ppo (a critic, advantages whitened over the "
+     "batch: actor.adv_norm); the others type grpo with the settings giving their advantages: grpo and "
+     "grpo_vectorized: actor.reward_norm at group level; rloo and rloo_vectorized: its leave-one-out group mean; "
+     "grpo_passk: actor.passk_advantage; opo: actor.adv_norm's token-weighted group mean; gpg: the group mean and "
+     "actor.gpg_scale; reinforce_plus_plus: the returns whitened over the batch (actor.adv_norm); "
+     "reinforce_plus_plus_baseline: the group mean subtracted, then whitened; remax and optimal_token_baseline are "
+     "not built (docs/algorithms.md)"),
     ("algorithm.gamma", "actor.discount", ""),
     ("algorithm.lam", "actor.gae_lambda", ""),
     ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),

@@ -15,6 +15,7 @@ from typing import Any
 
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.data import set_reward
+from rlkit.config.verl.estimators import algorithm, gpg_loss
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
@@ -26,11 +27,8 @@ ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
 VERL_KL = {**KL_ESTIMATORS, "kl": "k1", "mse": "k2"}
 VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
 VERL_TARGET_KL, VERL_HORIZON = 0.1, 10000  # verl's KLControlConfig defaults (verl/trainer/config/algorithm.py)
-GRPO_EPS = 1e-6  # verl's epsilon in its GRPO and RLOO advantages
 LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
-              "sapo": ("actor.use_sapo_loss", True)}
-NOT_BUILT_ESTIMATORS = ("remax", "opo", "grpo_passk", "gpg", "grpo_vectorized", "optimal_token_baseline")
-WHITENED = {"mean_level": "batch", "std_level": "batch"}  # verl's masked_whiten over the batch's tokens
+              "sapo": ("actor.use_sapo_loss", True), "gpg": None}  # gpg: estimators.gpg_loss
 RESUME = {"auto": "auto", "disable": "disabled"}
 LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
 ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS}
@@ -46,7 +44,7 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     as it stands (each with its fix). `overridden`: the rlkit keys the user's overrides set (a refusal those fix is
     not one). `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators)."""
     m = RunMapping(leaves, source, overridden)
-    _algorithm(m, estimators)
+    algorithm(m, estimators)
     _kl(m)
     _batches(m)
     allocation(m)
@@ -66,66 +64,6 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
             m.moved(key, ours, value)
     m.problems.raise_if_any()
     return m.out, m.fates
-
-
-def _algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
-    """algorithm.adv_estimator as the job type and its advantage normalisation."""
-    key, std_key = "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"
-    estimator = m.leaves.get(key, "gae")
-    by_std = m.leaves.get(std_key, True)
-    default = "" if key in m.leaves else " (verl's default)"
-    job = estimators.get(estimator) if isinstance(estimator, str) else None
-    if job is not None and estimator == "grpo":
-        norm = {"mean_level": "group", "std_level": "group" if by_std else None, "eps": GRPO_EPS}
-        put(m.out, "actor.reward_norm", norm)
-        m.moved(key, "type", job, f" as {job}, actor.reward_norm at group level (verl's GRPO advantage)")
-        if std_key in m.leaves:
-            m.moved(std_key, "actor.reward_norm.std_level", norm["std_level"],
-                    " as group" if by_std else " as null (Dr. GRPO: no division by the std)")
-    elif job is not None and estimator == "rloo":
-        put(m.out, "actor.reward_norm", {"mean_level": "group", "mean_leave1out": True, "std_level": None})
-        m.moved(key, "type", job, f" as {job}, actor.reward_norm the leave-one-out group mean (verl's RLOO)")
-    elif job is not None and estimator == "reinforce_plus_plus":
-        put(m.out, "actor.reward_norm", None)
-        put(m.out, "actor.adv_norm", dict(WHITENED))
-        m.moved(key, "type", job, f" as {job}, no group baseline (actor.reward_norm null), the returns whitened "
-                                  "over the batch's tokens (actor.adv_norm): verl's REINFORCE++")
-    elif job is not None and estimator == "reinforce_plus_plus_baseline" and \
-            m.leaves.get("algorithm.use_kl_in_reward", False):
-        m.refuse(key, "with algorithm.use_kl_in_reward, verl subtracts the group mean from each sequence's summed "
-                      "rewards (KL penalties included) and gives every token that one value; rlkit subtracts it from "
-                      "the outcome reward and adds the KL penalty per token (its return)",
-                 "use algorithm.use_kl_in_reward=false with actor_rollout_ref.actor.use_kl_loss=true (verl's usual "
-                 "pairing), or algorithm.adv_estimator=reinforce_plus_plus")
-    elif job is not None and estimator == "reinforce_plus_plus_baseline":
-        put(m.out, "actor.reward_norm", {"mean_level": "group", "std_level": None})
-        put(m.out, "actor.adv_norm", dict(WHITENED))
-        m.moved(key, "type", job, f" as {job}, the group mean subtracted (actor.reward_norm), then whitened over "
-                                  "the batch's tokens (actor.adv_norm): verl's REINFORCE++-baseline")
-    elif job is not None and estimator == "gae":
-        put(m.out, "actor.adv_norm", dict(WHITENED))
-        m.critic = True  # GAE runs over a critic's values
-        m.moved(key, "type", job, f" as {job}{default}, a critic; actor.adv_norm whitens the advantages over the "
-                                    "batch, as verl's GAE does")
-    else:
-        why = ("not built in rlkit" if estimator in NOT_BUILT_ESTIMATORS
-               else "not one of verl's estimators rlkit knows")
-        m.refuse(key, why, f"use {_either(list(estimators), 'or')} (rlkit's "
-                           f"{_either(sorted(set(estimators.values())), 'and')} job types)")
-    if std_key in m.leaves and std_key not in m.done:
-        m.left(std_key, "GRPO's only")
-    # verl's GAE reads gamma and lam, its REINFORCE++ gamma alone, the other estimators neither (their advantage is
-    # the same on every token); rlkit's returns read actor.discount and gae_lambda under every job type, so they
-    # keep their defaults (1) where verl would not have used them
-    for name, used_by in (("algorithm.gamma", ("gae", "reinforce_plus_plus")), ("algorithm.lam", ("gae",))):
-        if name in m.leaves and estimator not in used_by and job is not None:
-            m.left(name, f"verl's {estimator} advantage does not read it (rlkit's "
-                         f"{ROWS[name][0]} stays 1)")
-
-
-def _either(names: list[str], word: str) -> str:
-    """'a, b or c' (`word` 'or'), 'a and b'."""
-    return f"{', '.join(names[:-1])} {word} {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _kl(m: RunMapping) -> None:
@@ -249,7 +187,9 @@ def _special(m: RunMapping) -> None:
     if mode_key in leaves:
         mode = leaves[mode_key]
         if not isinstance(mode, str) or mode not in LOSS_MODES:
-            m.refuse(mode_key, "not built in rlkit", "use vanilla, gspo or sapo")
+            m.refuse(mode_key, "not built in rlkit", "use vanilla, gspo, sapo or gpg")
+        elif mode == "gpg":
+            gpg_loss(m, mode_key, f"{ACTOR}.ppo_epochs")
         elif LOSS_MODES[mode] is None:
             m.left(mode_key, "vanilla: rlkit's PPO clip loss, the default")
         else:

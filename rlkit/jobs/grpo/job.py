@@ -24,8 +24,9 @@ GRPO = JobType(
     name="grpo", help="asynchronous GRPO training (servers generate, the trainer learns)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.grpo.algorithm:run_grpo",
     trinity=("grpo", "mix"),  # mix: grpo plus the expert rows' SFT loss (expert_dataset, mix.mu)
-    # rloo: the leave-one-out group mean; REINFORCE++ (and its baseline form): batch-whitened returns
-    verl=("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+    # each as reward_norm / adv_norm / passk_advantage / gpg_scale settings (rlkit.config.verl.estimators)
+    verl=("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gpg", "reinforce_plus_plus",
+          "reinforce_plus_plus_baseline"),
     sequence_parallel=True,
     sections=("actor", "train_dataset", "valid_dataset", "reward", "gconfig", "rollout", "saver", "recover",
               "evaluator", "eval_gconfig", "expert_dataset", "mix", "sft", "reasoning_gym"),

@@ -27,6 +27,10 @@ def _validate_opmd(config: ExperimentConfig, allocation: Allocation | None, prob
     if config.actor.reward_norm is not None:
         problems.add("actor.reward_norm is set, but OPMD's advantage is the reward minus its group baseline "
                      "(opmd.opmd_baseline), never divided by a std", hint="remove actor.reward_norm")
+    for name in ("passk_advantage", "gpg_scale"):  # GRPO's sequence advantages, which OPMD's own replace
+        if getattr(config.actor, name):
+            problems.add(f"actor.{name} is set, but OPMD's advantage is the reward minus its group baseline "
+                         "(opmd.opmd_baseline)", hint=f"remove actor.{name}")
     # PPO's clip knobs (SAPO, M2PO, ...): OPMD has a loss of its own (clipped_loss false), rlkit.checks.unread_knobs
     if config.actor.group_size < 2:
         problems.add(f"actor.group_size is {config.actor.group_size}: OPMD's baseline needs a group (a group of one "

@@ -3,7 +3,8 @@
 Two stages, because the KL reward penalty needs the old and reference log-probs, which the trainer ranks compute
 after the batch is chosen:
 1. `prepare_batch` (rank 0, sequence level): dynamic sampling, then overlong penalty on the raw reward, bias,
-   scaling, clip and `reward_norm`. Each sample's `advantage` is its normalised sequence reward.
+   scaling, clip and `reward_norm`, then the pass@k advantage and GPG's correction when asked
+   (rlkit.trainer.rl_math.group_estimators). Each sample's `advantage` is its normalised sequence reward.
 2. `token_advantages` (every rank, on the whole batch): token rewards (-kl_ctl * KL(old || ref) per token, the
    sequence reward on the last token), discounted returns / GAE (`discount`, `gae_lambda`), then `adv_norm` over
    tokens. Each sample gets `token_advantages`.
@@ -26,6 +27,7 @@ import torch
 from rlkit.config.schema.actor import ActorConfig, NormConfig
 from rlkit.trainer.rl_math.advantages import overlong_penalty, shape_rewards
 from rlkit.trainer.rl_math.gae import gae_advantages, token_rewards
+from rlkit.trainer.rl_math.group_estimators import best_only, nonzero_scale
 from rlkit.trainer.rl_math.kl import kl_estimate
 from rlkit.trainer.rl_math.normalization import normalize
 from rlkit.trainer.sampled_tokens import check_sample, sampled_count, sampled_mask
@@ -76,6 +78,10 @@ def prepare_batch(groups: Sequence[Sequence[Sample]], actor: ActorConfig, *, max
     rewards = shape_rewards(rewards, reward_scaling=actor.reward_scaling, reward_bias=actor.reward_bias,
                             reward_clip=actor.reward_clip)
     normed = apply_norm(rewards, actor.reward_norm, actor)
+    if actor.passk_advantage:
+        normed = best_only(normed, actor.group_size)
+    if actor.gpg_scale:
+        normed = normed * nonzero_scale(rewards)
     for s, a, r in zip(samples, normed.tolist(), rewards.tolist(), strict=True):
         s.advantage = float(a)
         s.token_advantages = None

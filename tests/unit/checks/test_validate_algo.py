@@ -176,3 +176,19 @@ def test_the_policy_loss_knobs_of_a_job_without_a_ppo_actor_are_refused(generate
         assert f"{field} is set, but job type generate has no PPO clipped loss (that of grpo, ppo, distill)" in \
             info.value.message
         assert f"remove {field}" in str(info.value)
+
+
+def test_the_group_estimators_fields_are_refused_where_they_would_be_ignored(grpo_yaml: Path) -> None:
+    """pass@k with groups of one has no second best; OPMD's own advantage replaces GRPO's sequence advantages, so
+    pass@k and GPG's correction would not act there."""
+    with pytest.raises(ConfigError) as info:
+        raise_problems(load_config(grpo_yaml, ["actor.passk_advantage=true", "gconfig.n_samples=1",
+                                               "actor.group_size=1", "actor.reward_norm=null"]))
+    assert "actor.passk_advantage with groups of 1 sample" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        raise_problems(load_config(grpo_yaml, ["type=opmd", "actor.reward_norm=null", "actor.passk_advantage=true",
+                                               "actor.gpg_scale=true"]))
+    for name in ("passk_advantage", "gpg_scale"):
+        assert f"actor.{name} is set, but OPMD's advantage is the reward minus its group baseline" in \
+            info.value.message
+    raise_problems(load_config(grpo_yaml, ["actor.passk_advantage=true", "actor.gpg_scale=true"]))

@@ -5,9 +5,7 @@ problem and its fix."""
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
-from tests.helpers.verl_rows import ANSWER, verl_gsm8k_parquet
+from tests.helpers.verl_rows import ANSWER
 
 GRPO_SCRIPT = r"""#!/usr/bin/env bash
 # GRPO on GSM8K, one node of 8 GPUs
@@ -108,20 +106,6 @@ VERL_YAML = {
     "algorithm": {"adv_estimator": "rloo", "use_kl_in_reward": True, "kl_penalty": "mse"},
     "trainer": {"project_name": "p", "experiment_name": "e", "n_gpus_per_node": 4, "nnodes": 1, "save_freq": -1},
 }
-
-
-@pytest.fixture(scope="module")
-def site(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """Where the model, the data and the trial files live on this machine (the scripts' own are another site's):
-    the tiny model saying 32768 positions (as Qwen's), GSM8K rows in verl's Parquet form, no container."""
-    root = tmp_path_factory.mktemp("verl-site")
-    model = root / "model"
-    shutil.copytree(tiny_model_dir, model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 32768}))
-    data = verl_gsm8k_parquet(root / "train.parquet")  # as verl's examples/data_preprocess/gsm8k.py writes it
-    return [f"actor.path={model}", f"train_dataset.path={data}", f"valid_dataset.path={data}",
-            f"cluster.fileroot={root / 'fileroot'}", "launcher.slurm.container_type=none"]
 
 
 def _migrated(path: Path, overrides: list[str]) -> str:
@@ -224,8 +208,11 @@ def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path
     refused = run_rlkit("migrate", str(script), *site)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     said = refused.stderr
-    assert "algorithm.adv_estimator 'remax'" in said and "not built in rlkit" in said
-    assert "use grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline or gae" in said
+    said = " ".join(said.split())
+    assert "algorithm.adv_estimator 'remax'" in said and "not built in rlkit: its baseline is the reward of a " \
+        "greedy completion of each prompt" in said
+    assert "use grpo, grpo_vectorized, rloo, rloo_vectorized, grpo_passk, opo, gpg, reinforce_plus_plus, " \
+        "reinforce_plus_plus_baseline or gae" in said
     assert "actor_rollout_ref.actor.ppo_mini_batch_size 300" in said and "not a multiple" in said
     assert "make it divide 1024 (e.g. 256), or pass actor.ppo_n_minibatches=N" in said
     assert refused.stdout == ""
@@ -240,6 +227,7 @@ def test_what_rlkit_cannot_take_exits_2_naming_each_problem_and_its_fix(tmp_path
     ({"actor_rollout_ref.actor.kl_loss_type": "abs"}, "not one of rlkit's KL estimators"),
     ({"actor_rollout_ref.actor.kl_loss_coef": "lots"}, "kl_loss_coef 'lots' (t): not a number >= 0"),
     ({"actor_rollout_ref.actor.policy_loss.loss_mode": ["gspo"]}, "loss_mode ['gspo'] (t): not built"),
+    ({"actor_rollout_ref.actor.policy_loss.loss_mode": "gpg"}, "loss_mode 'gpg' (t): verl's gpg loss is -log pi x A"),
     ({"actor_rollout_ref.rollout.name": "hf"}, "rlkit's servers are vLLM or SGLang"),
     ({"actor_rollout_ref.rollout.tensor_model_parallel_size": 8}, "leaves the trainer none of the run's 8"),
     ({"data.train_files": ["a.parquet", "b.parquet"]}, "2 files: rlkit reads one file per dataset"),
