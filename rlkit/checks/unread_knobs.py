@@ -10,6 +10,9 @@ clipped loss), each group asking one attribute of the record. A new job type set
 Fields another check refuses in its own words (actor.use_lora, actor.init_from_scratch, rollout.agent, ref,
 auxiliary_models) are left to it. Apart from rlkit.checks.algo, which the job types' own checks import: this one
 reads the registry's records.
+
+A field a job type reads only while another setting is on (LoRA's rank with use_lora false, the SFT+RL mix's
+weight without its rows, ...) is refused the same way, from rlkit.checks.conditional_knobs' table.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlkit.checks.conditional_knobs import CONDITIONAL_KNOBS, Condition
 from rlkit.config.schema.experiment import ExperimentConfig, get_field, set_field
 from rlkit.config.schema.walk import section_type
 
@@ -101,12 +105,41 @@ def validate_unread_knobs(config: ExperimentConfig, job: JobType, job_types: Job
             because = f"{section}.* is read by job type{'s' if ',' in users else ''} {users} only, not {job.name}"
         # recorded_ok: a trial an older rlkit accepted with it resumes (warned), it was ignored all along
         problems.add(f"{field} is set, but {because}: it would be ignored", hint=f"remove {field}", recorded_ok=field)
+    for condition, field in conditionally_unread(config, job, job_types):
+        problems.add(f"{field} is set, but {condition.because}: it would be ignored",
+                     hint=f"remove {field}, or {condition.fix}", recorded_ok=field)
 
 
 def unread_knobs(config: ExperimentConfig, job: JobType, job_types: JobTypes) -> list[tuple[Knobs, str]]:
     """(the part, the field) of each field set away from its default that `job` does not read."""
     return [(knobs, field) for knobs in knob_table(job_types) if not knobs.reads(job)
             for path in knobs.fields for field in set_fields(config, path)]
+
+
+def conditionally_unread(config: ExperimentConfig, job: JobType, job_types: JobTypes) -> list[tuple[Condition, str]]:
+    """(the condition, the field) of each field set away from its default that `job` would read but for a setting
+    of `config` that is off; a field `job` never reads is left to unread_knobs (said once, by the first row)."""
+    said = {field for _, field in unread_knobs(config, job, job_types)}
+    found: list[tuple[Condition, str]] = []
+    for condition in CONDITIONAL_KNOBS:
+        if condition.holds_for(job) and condition.off(config):
+            for path in condition.fields:
+                for field in set_fields(config, path):
+                    if field not in said:
+                        said.add(field)
+                        found.append((condition, field))
+    return found
+
+
+def reads_knob(config: ExperimentConfig, job: JobType, job_types: JobTypes, field: str) -> bool:
+    """Whether `job` reads the leaf `field` under `config`'s settings (a multi-stage run's other stage:
+    rlkit.launch.stage_knobs): in no part it never reads, under no condition that is off."""
+    def covers(path: str) -> bool:
+        return field == path or field.startswith(f"{path}.")
+
+    if any(not knobs.reads(job) and any(covers(p) for p in knobs.fields) for knobs in knob_table(job_types)):
+        return False
+    return not any(c.holds_for(job) and c.off(config) and any(covers(p) for p in c.fields) for c in CONDITIONAL_KNOBS)
 
 
 def set_fields(config: ExperimentConfig, path: str) -> Iterator[str]:
