@@ -6,7 +6,6 @@ problem and its fix."""
 from __future__ import annotations
 
 import copy
-
 import json
 import re
 import shutil
