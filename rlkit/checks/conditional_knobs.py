@@ -5,14 +5,12 @@ rlkit recorded with it resumes with a warning).
 
 One row per condition: the fields (dotted paths, a section's covering each of its fields), the job types it holds
 for (those that read the fields at all: where a job type never reads them, the unconditional check says so), when the
-setting is off, and what to say. A row whose fields are mostly set in files written for another program is said as
-a warning instead (`warn`; none yet: vLLM's and SGLang's sections are left alone, see below).
+setting is off, and what to say. A row with `warn` is said as a warning, not refused: vLLM's and SGLang's sections
+for the backend allocation_mode does not use. AReaL's own example configs carry both sections, tuned away from the
+defaults, whichever backend they run (rlkit reads AReaL's files as they are: rlkit.config.areal), and a user keeps
+both to switch backends with one override: refusing them would refuse those files, while saying it keeps nobody
+believing the other section's memory fraction took effect.
 Torch-free and data only: the walking is rlkit.checks.unread_knobs'.
-
-Left out on purpose: `vllm.*` / `sglang.*` for the backend allocation_mode does not use. AReaL's own example configs
-carry both sections, tuned away from rlkit's defaults, whichever backend they run (rlkit.config.areal reads them as
-they are), and an auxiliary model of the other backend reads its section's python, env_vars and extra_args: a
-refusal would break those files and a warning would be said on every one of them.
 """
 
 from __future__ import annotations
@@ -21,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.evaluation import evaluation_enabled
+from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlkit.config.schema.experiment import ExperimentConfig
@@ -31,13 +31,31 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Condition:
     """`fields` are read by the job types `holds_for` accepts only while the setting `off` denies is on. Said as
-    "{field} is set, but {because}: it would be ignored", fix "remove {field}, or {fix}"."""
+    "{field} is set, but {because}: it would be ignored", fix "remove {field}, or {fix}"; `warn`: said as a
+    warning, the config accepted. `agrees`: (field, value) pairs that say what the setting being off says (reward.fn
+    none without generate.score), never refused."""
 
     fields: tuple[str, ...]
     holds_for: Callable[[JobType], bool]
     off: Callable[[ExperimentConfig], bool]
     because: str
     fix: str
+    warn: bool = False
+    agrees: tuple[tuple[str, object], ...] = ()
+
+
+def _serves_without(backend: str) -> Callable[[ExperimentConfig], bool]:
+    """Whether no server of the job runs `backend`: neither allocation_mode's servers nor an auxiliary model's
+    (which read their backend's section: python, env_vars, extra_args). An allocation_mode that does not parse is
+    refused elsewhere: nothing is said here then."""
+    def off(config: ExperimentConfig) -> bool:
+        try:
+            server = parse_allocation(config.allocation_mode).server
+        except ConfigError:
+            return False
+        used = {server.backend} if server is not None else set()
+        return backend not in used | {entry.backend for entry in config.auxiliary_models}
+    return off
 
 
 def _actor(*names: str) -> tuple[str, ...]:
@@ -66,7 +84,7 @@ CONDITIONAL_KNOBS: tuple[Condition, ...] = (
     # rlkit.jobs.generate.step: the reward section scores, and pass_threshold summarises, only with generate.score
     Condition(("reward", "generate.pass_threshold"), lambda job: "generate" in job.sections,
               lambda c: not c.generate.score, "generate.score is false (the completions are not scored)",
-              "set generate.score=true"),
+              "set generate.score=true", agrees=(("reward.fn", "none"),)),
     # distill.rl_coef 0: no RL advantages (its KL reward penalty too; actor.kl_loss_coef is a KL term it reads)
     Condition(_RL_ADVANTAGES, lambda job: "distill" in job.sections, lambda c: c.distill.rl_coef == 0,
               "distill.rl_coef is 0: distillation computes no RL advantages (reward shaping, KL reward penalty, "
@@ -82,4 +100,8 @@ CONDITIONAL_KNOBS: tuple[Condition, ...] = (
     Condition(("eval_gconfig", "evaluator.max_prompts"), lambda job: "evaluator" in job.sections,
               lambda c: not evaluation_enabled(c.evaluator), "the evaluator never runs (no freq_steps, freq_epochs, "
               "freq_secs or eval_on_startup)", "set evaluator.freq_steps (or another trigger)"),
+    # a server backend's section where no server of the job runs it: a warning (this module's docstring says why)
+    *(Condition((backend,), lambda job: True, _serves_without(backend),
+                f"no server of this job runs {backend} (allocation_mode's servers, auxiliary_models' backends)",
+                f"serve with {backend}", warn=True) for backend in ("vllm", "sglang")),
 )

@@ -57,6 +57,7 @@ def test_the_reward_of_a_generate_job_without_scoring_is_refused_and_read_when_i
     said = refusal(generate_yaml, knobs)
     for field in ("reward.fn", "reward.answer_key", "generate.pass_threshold"):
         _refused(said, field, "generate.score is false (the completions are not scored)", "set generate.score=true")
+    prepare(generate_yaml, ["reward.fn=none"], dry_run=True)  # says what not scoring says: accepted
     rows = tmp_path / "scored.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "truth": str(i + 1)}) + "\n" for i in range(4)))
     config = prepare(generate_yaml, [*knobs, "generate.score=true", f"generate.dataset.path={rows}"],
@@ -108,3 +109,33 @@ def test_every_field_of_the_table_is_a_field_of_the_schema() -> None:
     for condition in CONDITIONAL_KNOBS:
         for path in condition.fields:
             get_field(config, path)  # raises on a path that is no field
+
+
+def test_the_section_of_a_backend_no_server_runs_is_a_warning_not_a_refusal(grpo_yaml: Path,
+                                                                             rlkit_home: Path) -> None:
+    """AReaL's files carry vllm and sglang both: the one no server runs is said (once, its fields together), the
+    config accepted; AReaL's own defaults there (max_model_len 32768, ...) and the policy's path are no setting."""
+    prepared = prepare(grpo_yaml, ["sglang.mem_fraction_static=0.5", "sglang.extra_args={attention_backend: fa3}",
+                                   "sglang.context_length=32768", "vllm.gpu_memory_utilization=0.8"], dry_run=True)
+    assert prepared.notes == (
+        "sglang.mem_fraction_static, sglang.extra_args are set, but no server of this job runs sglang "
+        "(allocation_mode's servers, auxiliary_models' backends): not used (remove them, or serve with sglang)",)
+    assert not prepared.warnings and prepared.config.vllm.gpu_memory_utilization == 0.8  # the servers' own: read
+    result = run_rlkit("render", str(grpo_yaml), "sglang.mem_fraction_static=0.5",
+                       env={"RLKIT_HOME": str(rlkit_home)})
+    assert result.returncode == 0, result.stderr
+    assert "warning: sglang.mem_fraction_static is set, but no server of this job runs sglang" in result.stderr
+
+
+def test_a_backend_an_auxiliary_model_runs_reads_its_section() -> None:
+    """An auxiliary model served with SGLang beside vLLM policy servers reads sglang's python, env_vars, extra_args."""
+    from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
+
+    sglang = next(c for c in CONDITIONAL_KNOBS if c.fields == ("sglang",))
+    config = ExperimentConfig(experiment_name="e", trial_name="t", allocation_mode="vllm:d1+fsdp:d1")
+    assert sglang.warn and sglang.off(config)
+    config.auxiliary_models = [AuxiliaryModelConfig(name="judge", model_path="/m", backend="sglang")]
+    assert not sglang.off(config)
+    config.allocation_mode = "no such layout"  # refused elsewhere: nothing said here
+    config.auxiliary_models = []
+    assert not sglang.off(config)
