@@ -70,12 +70,17 @@ _RL_ADVANTAGES = _actor("reward_scaling", "reward_bias", "reward_clip", "reward_
                         "overlong_tokens", "overlong_penalty_factor", "kl_ctl", "kl_ctl_adaptive", "kl_estimator",
                         "discount", "gae_lambda", "adv_norm")
 
+_LORA = _actor("lora_rank", "lora_alpha", "target_modules")
+
 CONDITIONAL_KNOBS: tuple[Condition, ...] = (
     # rlkit.checks.lora and the trainer read them under use_lora only; peft_type's one value is its default (any
     # other is refused by rlkit.checks.lora)
-    Condition(_actor("lora_rank", "lora_alpha", "target_modules"), lambda job: job.trainer,
-              lambda c: not c.actor.use_lora, "actor.use_lora is false (no LoRA adapters are trained)",
-              "set actor.use_lora=true"),
+    Condition(_LORA, lambda job: job.lora, lambda c: not c.actor.use_lora,
+              "actor.use_lora is false (no LoRA adapters are trained)", "set actor.use_lora=true"),
+    # a trainer that never trains adapters (rw, distill); with use_lora set, its own refusal says it
+    # (rlkit.checks.experiment), once
+    Condition(_LORA, lambda job: job.trainer and not job.lora, lambda c: not c.actor.use_lora,
+              "this job type trains no LoRA adapters", "train LoRA with a job type that does (actor.use_lora)"),
     # rlkit.jobs.grpo.expert: the mix's rows (expert_dataset), their format (the sft section) and weight (mix.mu)
     # are read only when expert_dataset.path is set; job type sft reads its own sft section (no expert_dataset)
     Condition(("mix", "expert_dataset", "sft"), lambda job: "expert_dataset" in job.sections,

@@ -139,3 +139,16 @@ def test_a_backend_an_auxiliary_model_runs_reads_its_section() -> None:
     config.allocation_mode = "no such layout"  # refused elsewhere: nothing said here
     config.auxiliary_models = []
     assert not sglang.off(config)
+
+
+def test_the_lora_knobs_of_a_trainer_that_trains_no_adapters_are_refused_saying_so() -> None:
+    """rw trains every weight of a value model: its LoRA knobs are never read, whatever use_lora says (use_lora
+    itself is refused for rw in its own words), so the fix is not 'set use_lora'."""
+    from rlkit.checks.unread_knobs import conditionally_unread
+    from rlkit.jobs import REGISTRY
+
+    config = ExperimentConfig(experiment_name="e", trial_name="t", type="rw", allocation_mode="fsdp:d1")
+    config.actor.lora_rank = 8
+    found = [(c.because, c.fix, field) for c, field in conditionally_unread(config, REGISTRY.named("rw"), REGISTRY)]
+    assert found == [("this job type trains no LoRA adapters", "train LoRA with a job type that does "
+                      "(actor.use_lora)", "actor.lora_rank")]
