@@ -10,6 +10,9 @@ clipped loss), each group asking one attribute of the record. A new job type set
 Fields another check refuses in its own words (actor.use_lora, actor.init_from_scratch, rollout.agent, ref,
 auxiliary_models) are left to it. Apart from rlkit.checks.algo, which the job types' own checks import: this one
 reads the registry's records.
+
+A field a job type reads only while another setting is on (LoRA's rank with use_lora false, the SFT+RL mix's
+weight without its rows, ...) is refused the same way, from rlkit.checks.conditional_knobs' table.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlkit.checks.conditional_knobs import CONDITIONAL_KNOBS, Condition
 from rlkit.config.schema.experiment import ExperimentConfig, get_field, set_field
 from rlkit.config.schema.walk import section_type
 
@@ -77,6 +81,14 @@ _ALSO_READ_BY: dict[str, Callable[[JobType], bool]] = {"evaluator": lambda job: 
 _OWN_CHECKS = ("rollout.agent",)
 # A field whose default is another field (rlkit.config.load fills actor.group_size in as ${gconfig.n_samples}).
 _DEFAULTS_TO = {"actor.group_size": "gconfig.n_samples"}
+# A field whose empty default means another field's value: that value is no setting either (AReaL's files write
+# vllm.model: ${actor.path}); reset, it is emptied as its default says.
+_SAME_AS = {"vllm.model": "actor.path", "sglang.model_path": "actor.path"}
+# AReaL's own defaults where they are not rlkit's (its config reference, ../shared/seeds/areal-config-reference-v1.md):
+# an AReaL file writing them has set nothing
+_AREAL_DEFAULTS: dict[str, Any] = {"vllm.max_model_len": 32768, "vllm.enforce_eager": True,
+                                   "vllm.enable_prefix_caching": False, "sglang.context_length": 32768,
+                                   "sglang.disable_radix_cache": True}
 
 
 def knob_table(job_types: JobTypes) -> tuple[Knobs, ...]:
@@ -102,12 +114,48 @@ def validate_unread_knobs(config: ExperimentConfig, job: JobType, job_types: Job
             because = f"{section}.* is read by job type{'s' if ',' in users else ''} {users} only, not {job.name}"
         # recorded_ok: a trial an older rlkit accepted with it resumes (warned), it was ignored all along
         problems.add(f"{field} is set, but {because}: it would be ignored", hint=f"remove {field}", recorded_ok=field)
+    noted: dict[Condition, list[str]] = {}
+    for condition, field in conditionally_unread(config, job, job_types):
+        if condition.warn:
+            noted.setdefault(condition, []).append(field)
+            continue
+        problems.add(f"{field} is set, but {condition.because}: it would be ignored",
+                     hint=f"remove {field}, or {condition.fix}", recorded_ok=field)
+    for condition, fields in noted.items():  # one line per section
+        problems.note(f"{', '.join(fields)} {'is' if len(fields) == 1 else 'are'} set, but {condition.because}: "
+                      f"not used (remove {'it' if len(fields) == 1 else 'them'}, or {condition.fix})")
 
 
 def unread_knobs(config: ExperimentConfig, job: JobType, job_types: JobTypes) -> list[tuple[Knobs, str]]:
     """(the part, the field) of each field set away from its default that `job` does not read."""
     return [(knobs, field) for knobs in knob_table(job_types) if not knobs.reads(job)
             for path in knobs.fields for field in set_fields(config, path)]
+
+
+def conditionally_unread(config: ExperimentConfig, job: JobType, job_types: JobTypes) -> list[tuple[Condition, str]]:
+    """(the condition, the field) of each field set away from its default that `job` would read but for a setting
+    of `config` that is off; a field `job` never reads is left to unread_knobs (said once, by the first row)."""
+    said = {field for _, field in unread_knobs(config, job, job_types)}
+    found: list[tuple[Condition, str]] = []
+    for condition in CONDITIONAL_KNOBS:
+        if condition.holds_for(job) and condition.off(config):
+            for path in condition.fields:
+                for field in set_fields(config, path):
+                    if field not in said and (field, get_field(config, field)) not in condition.agrees:
+                        said.add(field)
+                        found.append((condition, field))
+    return found
+
+
+def reads_knob(config: ExperimentConfig, job: JobType, job_types: JobTypes, field: str) -> bool:
+    """Whether `job` reads the leaf `field` under `config`'s settings (a multi-stage run's other stage:
+    rlkit.launch.stage_knobs): in no part it never reads, under no condition that is off."""
+    def covers(path: str) -> bool:
+        return field == path or field.startswith(f"{path}.")
+
+    if any(not knobs.reads(job) and any(covers(p) for p in knobs.fields) for knobs in knob_table(job_types)):
+        return False
+    return not any(c.holds_for(job) and c.off(config) and any(covers(p) for p in c.fields) for c in CONDITIONAL_KNOBS)
 
 
 def set_fields(config: ExperimentConfig, path: str) -> Iterator[str]:
@@ -124,10 +172,19 @@ def set_fields(config: ExperimentConfig, path: str) -> Iterator[str]:
             sub = f"{path}.{f.name}"
             if section_type(parent, f.name) is not None and getattr(default, f.name) is not None:
                 yield from set_fields(config, sub)
-            elif getattr(value, f.name) != getattr(default, f.name):
+            elif (getattr(value, f.name) != getattr(default, f.name)
+                  and not _no_setting(config, sub, getattr(value, f.name))):
                 yield sub
-    elif value != default:
+    elif value != default and not _no_setting(config, path, value):
         yield path
+
+
+def _no_setting(config: ExperimentConfig, path: str, value: Any) -> bool:
+    """Whether `value` of `path`, not rlkit's default, still sets nothing: the field its empty default stands for
+    (_SAME_AS), or AReaL's default (_AREAL_DEFAULTS)."""
+    if path in _SAME_AS and value == get_field(config, _SAME_AS[path]):
+        return True
+    return path in _AREAL_DEFAULTS and value == _AREAL_DEFAULTS[path]
 
 
 _SCHEMA_DEFAULTS = ExperimentConfig()  # read only (reset_knob copies what it takes)

@@ -66,6 +66,7 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
     prepared = prepare(config, overrides or [], preflight=preflight)
     submitted = do_submit(prepared, force=force)
     _areal_notice(prepared.areal_keys)
+    _say_notes(prepared.notes)
     record = submitted.record
     if submitted.archived is not None:
         out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
@@ -80,6 +81,8 @@ def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: b
 
     plans, _ = prepare_stages(config, overrides, preflight=preflight)
     run = submit_stages(plans, force=force)
+    for plan in plans:
+        _say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
     out.print(f"submitted [bold]{escape(run.name)}[/bold]: {len(run.stages)} stages, each after the one before")
     for plan in plans:
         out.print(f"  stage {plan.record.name} ({plan.record.type}): trial {plan.record.trial}  "
@@ -125,12 +128,14 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
                              + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
             sys.stdout.write("".join(f"# {key}: {path} (handed over)\n" for key, path in handed_over(plan)))
             sys.stdout.write(plan.prepared.script)
+            _say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
         scripts = [plan.prepared.script for plan in plans]
     else:
         prepared = prepare(config, overrides or [], dry_run=not strict)
         sys.stdout.write(prepared.script)
         warnings, scripts = list(prepared.warnings), [prepared.script]
         _areal_notice(prepared.areal_keys)
+        _say_notes(prepared.notes)
     for warning in warnings:
         warn(warning.message)
     if warnings:
@@ -167,10 +172,17 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
         text, _ = migrate_file(source, overrides or [], REGISTRY)
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
         # refuse here what render would refuse, before the user keeps the file
-        warnings = prepare(source, overrides or [], dry_run=True).warnings
+        prepared = prepare(source, overrides or [], dry_run=True)
     sys.stdout.write(trinity_header + text)
-    for warning in warnings:
+    for warning in prepared.warnings:
         warn(warning.message)
+    _say_notes(prepared.notes)
+
+
+def _say_notes(notes: tuple[str, ...], where: str = "") -> None:
+    """What the checks said without refusing (rlkit.launch.submit.Prepared.notes), one warning each."""
+    for note in notes:
+        warn(f"{where}{note}")
 
 
 def warn(message: str) -> None:

@@ -20,6 +20,7 @@ class Problems:
 
     def __init__(self) -> None:
         self.errors: list[ConfigError] = []
+        self.notes: list[str] = []  # said as warnings, the config accepted (a knob of a server nothing runs)
 
     @contextmanager
     def check(self) -> Iterator[None]:
@@ -34,6 +35,11 @@ class Problems:
 
     def add(self, message: str, *, hint: str | None = None, site: bool = False, recorded_ok: str = "") -> None:
         self._record(ConfigError(message, hint=hint, site=site, recorded_ok=recorded_ok))
+
+    def note(self, message: str) -> None:
+        """Keep `message` to be said as a warning: not a problem, the config stands."""
+        if message not in self.notes:
+            self.notes.append(message)
 
     def _record(self, error: ConfigError) -> None:
         """Keep `error` unless the same problem is already recorded (two checks may share a field, e.g. the model

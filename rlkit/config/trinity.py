@@ -180,7 +180,11 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     for key, value in leaves.items():
         if key in judged:
             continue
-        if key in RENAMES:
+        if key in RENAMES and not expert_data and RENAMES[key].startswith(("mix.", "sft.")):
+            # without expert rows the mix is off: its weight and row format would be refused as ignored
+            # (rlkit.checks.conditional_knobs)
+            left(key, "no expert data (auxiliary_buffers.sft_dataset.path): the SFT+RL mix is off")
+        elif key in RENAMES:
             moved(key, RENAMES[key], value)
         elif key == "algorithm.algorithm_type":
             if not isinstance(value, str) or value not in algorithms:

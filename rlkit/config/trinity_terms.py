@@ -106,7 +106,10 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
             continue
         clamp = " (k3 clamped to [-10, 10]: rlkit's actor.kl_clamp default)" if fn == "low_var_kl" else ""
         default = "" if f"{args}kl_coef" in leaves else f"; {term.coef} {TRINITY_KL_COEF}, Trinity-RFT's default"
-        moved(term.fn, term.estimator, KL_ESTIMATORS[fn], f" as {KL_ESTIMATORS[fn]}{clamp}{default}")
+        if coef == 0:  # the term is off: its estimator would be refused as ignored (rlkit.checks.conditional_knobs)
+            left(term.fn, f"{args}kl_coef is 0: rlkit's term is off")
+        else:
+            moved(term.fn, term.estimator, KL_ESTIMATORS[fn], f" as {KL_ESTIMATORS[fn]}{clamp}{default}")
         if f"{args}kl_coef" in leaves:
             moved(f"{args}kl_coef", term.coef, coef, "")
         else:

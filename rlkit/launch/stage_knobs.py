@@ -3,7 +3,9 @@ and the command line's overrides are every stage's, so `critic.*` written there 
 stage before it, where rlkit.checks.unread_knobs would refuse it. Such a knob is taken out of (reset to its default
 in) each stage whose job type does not read it, as long as another stage's does; a knob no stage reads stays, and
 is refused with the stage's other problems. A knob the stage sets itself (its own keys, `stages.<name>.` overrides)
-is never taken out: written for that stage, it would be ignored there.
+is never taken out: written for that stage, it would be ignored there. The same holds for a knob a stage reads only
+while another setting is on (rlkit.checks.conditional_knobs): `sft.*` of an sft stage reaches a grpo stage without
+expert_dataset, where it is taken out; whether another stage reads it is asked under that stage's own settings.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.checks.unread_knobs import reset_knob, unread_knobs
+from rlkit.checks.unread_knobs import conditionally_unread, reads_knob, reset_knob, unread_knobs
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.base import JobType
 from rlkit.jobs.job_types import JobTypes
@@ -46,8 +48,10 @@ def stage_sets(own_keys: dict[str, Any], own_overrides: list[str], dotted: str) 
 def drop_other_stages_knobs(stages: Sequence[StageKeys], job_types: JobTypes) -> None:
     """Reset, in each stage, the inherited knobs its job type does not read and another stage's does."""
     for stage in stages:
-        others = [s.job for s in stages if s is not stage]
-        for knobs, field in unread_knobs(stage.config, stage.job, job_types):
-            if any(knobs.reads(job) for job in others) and \
+        others = [s for s in stages if s is not stage]
+        fields = [field for _, field in unread_knobs(stage.config, stage.job, job_types)]
+        fields += [field for _, field in conditionally_unread(stage.config, stage.job, job_types)]
+        for field in fields:
+            if any(reads_knob(s.config, s.job, job_types, field) for s in others) and \
                     not stage_sets(stage.own_keys, stage.own_overrides, field):
                 reset_knob(stage.config, field)

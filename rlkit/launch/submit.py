@@ -43,7 +43,8 @@ class Prepared:
     """A config that passed every check, with its plan and script (nothing written yet). `warnings`: problems with
     the site's files that a dry run tolerated, and the knobs a recorded trial keeps (ConfigError.recorded_ok; both
     empty for a new submit). `areal_keys`: AReaL keys of the config accepted without being used (the one notice;
-    recorded in the manifest)."""
+    recorded in the manifest). `notes`: what the checks say without refusing (rlkit.config.problems.Problems.note:
+    a section of a server backend the job does not run), printed as warnings."""
 
     config: ExperimentConfig
     plan: JobPlan
@@ -51,6 +52,7 @@ class Prepared:
     paths: TrialPaths
     warnings: tuple[ConfigError, ...] = ()
     areal_keys: tuple[AcceptedKey, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def prepare(config_path: str | Path, overrides: list[str], *, attempt: int = 1, dry_run: bool = False,
@@ -143,7 +145,8 @@ def prepare_config(config: ExperimentConfig, problems: Problems | None = None, *
     problems.raise_if_any(allow_site=dry_run)
     assert plan is not None
     paths = TrialPaths.of(config.cluster.fileroot, config.experiment_name, config.trial_name)
-    return Prepared(config, plan, render_script(plan), paths, (*problems.site_warnings(), *kept), areal_keys)
+    return Prepared(config, plan, render_script(plan), paths, (*problems.site_warnings(), *kept), areal_keys,
+                    tuple(validated.problems.notes))
 
 
 def _check_before_download(config: ExperimentConfig, problems: Problems, *, attempt: int,

@@ -94,6 +94,10 @@ def _kl(m: RunMapping) -> None:
         m.moved(switch, to_coef, value, f" {value}" + ("" if coef in m.leaves else ", verl's default"))
         if coef in m.leaves:
             m.fate(coef, f"moved to {to_coef}")
+        if value == 0:  # the term is off: its estimator would be refused as ignored (rlkit.checks.conditional_knobs)
+            if kind in m.leaves:
+                m.left(kind, f"{coef} is 0: the term is off")
+            continue
         clamp = " (k3 clamped to [-10, 10], rlkit's actor.kl_clamp)" if name == "low_var_kl" else ""
         put(m.out, to_kind, VERL_KL[name])
         m.fate(kind, f"moved to {to_kind} as {VERL_KL[name]}{clamp}" + ("" if kind in m.leaves else
@@ -176,13 +180,15 @@ def _special(m: RunMapping) -> None:
     if f"{ACTOR}.clip_ratio" in leaves and f"{ACTOR}.clip_ratio_low" in leaves:
         m.left(f"{ACTOR}.clip_ratio", "clip_ratio_low is set, and wins, as in verl")
     lora = f"{ARR}.model.lora_rank"
-    if lora in leaves:
-        rank = leaves[lora]
-        if is_count(rank):
-            put(m.out, "actor.use_lora", True)
-            m.moved(lora, "actor.lora_rank", rank, " (and actor.use_lora: true)")
-        else:
+    if lora in leaves and is_count(leaves[lora]):
+        put(m.out, "actor.use_lora", True)
+        m.moved(lora, "actor.lora_rank", leaves[lora], " (and actor.use_lora: true)")
+    else:  # LoRA off: its other knobs would be refused as ignored (rlkit.checks.conditional_knobs)
+        if lora in leaves:
             m.left(lora, "0: LoRA off, rlkit's default")
+        for key in (f"{ARR}.model.lora_alpha", f"{ARR}.model.target_modules"):
+            if key in leaves:
+                m.left(key, f"LoRA is off ({lora} 0)")
     mode_key = f"{ACTOR}.policy_loss.loss_mode"
     if mode_key in leaves:
         mode = leaves[mode_key]

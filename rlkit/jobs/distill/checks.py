@@ -33,15 +33,7 @@ def validate_distill(config: ExperimentConfig, problems: Problems) -> None:
     if d.coef == 0 and d.rl_coef == 0 and (not d.topk or d.topk_coef == 0):
         problems.add("distill.coef, distill.rl_coef and the top-k term (distill.topk, distill.topk_coef) are all 0: "
                      "nothing would be learnt", hint="e.g. distill.coef=1.0")
-    if d.rl_coef == 0:  # no GRPO advantages, so none of their KL reward penalty (rlkit.jobs.distill.algorithm)
-        actor = config.actor
-        for name, on in (("kl_ctl", actor.kl_ctl > 0), ("kl_ctl_adaptive", actor.kl_ctl_adaptive is not None)):
-            if on:
-                problems.add(f"actor.{name} is set, but distill.rl_coef is 0: the KL reward penalty is part of the "
-                             "RL advantages, which distillation computes only with rl_coef > 0; it would be ignored "
-                             "(with a reference model loaded for it)",
-                             hint=f"remove actor.{name} (actor.kl_loss_coef is a KL term distillation reads), or set "
-                                  "distill.rl_coef > 0", recorded_ok=f"actor.{name}")  # an older rlkit ignored it
+    # distill.rl_coef 0 with the RL advantages' knobs (actor.kl_ctl, reward_norm, ...): rlkit.checks.conditional_knobs
     if d.topk and d.topk_coef > 0 and config.actor.loss_agg_mode != "token-mean":
         problems.add(f"actor.loss_agg_mode {config.actor.loss_agg_mode} with the top-k term (distill.topk, "
                      "distill.topk_coef): that term is a mean over tokens, so a per-sequence mean of the policy loss "

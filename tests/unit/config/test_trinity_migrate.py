@@ -344,3 +344,21 @@ def test_entropy_loss_functions_become_the_entropy_bonus() -> None:
         with pytest.raises(ConfigError) as info:
             _to_rlkit(_trinity(**{f"algorithm.{k}": v for k, v in bad.items()}), "t")
         assert says in str(info.value)
+
+
+def test_a_migration_writes_no_knob_its_own_check_refuses_as_ignored(tmp_path: Path) -> None:
+    """A mix weight without expert rows, and a KL function with kl_coef 0, are left out (named in the header):
+    written, rlkit would refuse them as ignored (rlkit.checks.conditional_knobs), so the migrated file renders."""
+    from rlkit.config.areal.migrate import migrate
+
+    data = _trinity(**{"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None,
+                       "algorithm.policy_loss_fn_args": {"mu": 0.3}, "algorithm.kl_penalty_fn": "k2",
+                       "algorithm.kl_penalty_fn_args": {"kl_coef": 0.0}})
+    with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
+        text, _ = migrate(source, SITE, REGISTRY)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(header + text)
+    config = prepare(clean, [], dry_run=True).config
+    assert (config.mix.mu, config.actor.kl_estimator, config.actor.kl_ctl) == (0.1, "k1", 0.0)  # the defaults
+    assert "#   algorithm.policy_loss_fn_args.mu: 0.3  -> left out (no expert data" in header
+    assert "#   algorithm.kl_penalty_fn: k2  -> left out (algorithm.kl_penalty_fn_args.kl_coef is 0" in header

@@ -5,6 +5,7 @@ problem and its fix."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -468,3 +469,24 @@ def test_the_scorer_column_key_is_left_out_saying_how_rlkit_scores() -> None:
     said = {f.key: f.fate for f in fates}
     assert said["data.reward_fn_key"].startswith("left out (the row column by which verl picks a scorer"), said
     assert "reward.fn" in said["data.reward_fn_key"]
+
+
+def test_a_migration_writes_no_knob_its_own_check_refuses_as_ignored(tmp_path: Path, site: list[str]) -> None:
+    """LoRA's alpha and target modules with lora_rank 0 (LoRA off), and a KL estimator whose coefficient is 0, are
+    left out (named in the header): written, rlkit would refuse them as ignored (rlkit.checks.conditional_knobs)."""
+    data = copy.deepcopy(VERL_YAML)
+    data["actor_rollout_ref"]["model"] = {"path": "/models/qwen", "lora_rank": 0, "lora_alpha": 32,
+                                          "target_modules": ["q_proj", "v_proj"]}
+    data["algorithm"]["kl_ctrl"] = {"kl_coef": 0.0}
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump(data))
+    text = _migrated(path, [o for o in site if not o.startswith("valid_dataset.")])  # the file evaluates nothing
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    actor = prepare(clean, [], dry_run=True).config.actor
+    assert (actor.use_lora, actor.lora_alpha, actor.target_modules) == (False, 16, [])  # the defaults
+    assert (actor.kl_ctl, actor.kl_estimator) == (0.0, "k1")
+    said = _said(text)
+    assert said["actor_rollout_ref.model.lora_alpha"].startswith("left out (LoRA is off")
+    assert said["actor_rollout_ref.model.target_modules"].startswith("left out (LoRA is off")
+    assert said["algorithm.kl_penalty"].startswith("left out (algorithm.kl_ctrl.kl_coef is 0")

@@ -222,12 +222,39 @@ def test_areals_distillation_keys_map_or_are_refused_with_the_reason(tmp_path: P
 
 def test_the_kl_reward_penalty_without_the_rl_advantages_is_refused(tmp_path: Path) -> None:
     """With distill.rl_coef 0 no GRPO advantages are computed, so the KL reward penalty they carry (actor.kl_ctl, and
-    its adaptive controller, which would never move) would be ignored while a reference model is loaded for it."""
+    its adaptive controller, which would never move) would be ignored while a reference model is loaded for it
+    (refused with the other knobs of the RL advantages: rlkit.checks.conditional_knobs)."""
     s, t = _model(tmp_path / "s"), _model(tmp_path / "t")
     adaptive = "actor.kl_ctl_adaptive={target_kl: 0.1, horizon: 10000}"
-    found = _problems(_config(s, t, "actor.kl_ctl=0.01", adaptive))
+    found = _unread(_config(s, t, "actor.kl_ctl=0.01", adaptive))
     assert len(found) == 2, found
     assert found[0].startswith("actor.kl_ctl is set, but distill.rl_coef is 0"), found
     assert found[1].startswith("actor.kl_ctl_adaptive is set, but distill.rl_coef is 0"), found
-    assert all("fix: remove actor.kl_ctl" in p and "distill.rl_coef" in p for p in found), found
-    assert _problems(_config(s, t, "actor.kl_ctl=0.01", adaptive, "distill.rl_coef=0.5")) == []
+    assert all("fix: remove actor.kl_ctl" in p and "distill.rl_coef > 0" in p for p in found), found
+    assert _unread(_config(s, t, "actor.kl_ctl=0.01", adaptive, "distill.rl_coef=0.5")) == []
+
+
+def test_the_rl_advantages_knobs_without_rl_coef_are_refused_and_read_with_it(tmp_path: Path) -> None:
+    """rl_coef 0: the shaped rewards are only logged, so their shaping and normalisation, GAE and adv_norm would be
+    ignored; with rl_coef > 0 they are read (the KL estimator then only with actor.kl_ctl on)."""
+    s, t = _model(tmp_path / "s"), _model(tmp_path / "t")
+    knobs = ["actor.reward_norm={mean_level: group}", "actor.discount=0.9", "actor.overlong_reward_penalty=true",
+             "actor.adv_norm={mean_level: batch}", "actor.kl_estimator=k2"]
+    found = _unread(_config(s, t, *knobs))
+    fields = ["actor.reward_norm", "actor.discount", "actor.overlong_reward_penalty", "actor.adv_norm",
+              "actor.kl_estimator"]
+    assert sorted(p.split(" is set, but ")[0] for p in found) == sorted(fields), found
+    assert all("but distill.rl_coef is 0: distillation computes no RL advantages" in p for p in found), found
+    found = _unread(_config(s, t, *knobs, "distill.rl_coef=0.5"))
+    assert [p.split(" is set, but ")[0] for p in found] == ["actor.kl_estimator"], found
+    assert "actor.kl_ctl is 0 (no KL reward penalty)" in found[0]
+
+
+def _unread(config: Any) -> list[str]:
+    """The knobs of `config` the unread-knob check refuses (as check_experiment runs it)."""
+    from rlkit.checks.unread_knobs import validate_unread_knobs
+    from rlkit.jobs import REGISTRY
+
+    problems = Problems()
+    validate_unread_knobs(config, REGISTRY.named(config.type), REGISTRY, problems)
+    return [" ".join(str(e).split()) for e in problems.errors]

@@ -121,6 +121,19 @@ def test_a_shared_knob_reaches_the_stages_that_read_it_and_a_stages_own_unread_k
                "would be ignored" in said
 
 
+def test_a_shared_knob_one_stage_reads_under_its_settings_is_left_out_of_a_stage_where_it_is_off(
+        demo_dir: Path) -> None:
+    """The sft section is the sft stage's own; a grpo stage reads it only for an SFT+RL mix's rows
+    (rlkit.checks.conditional_knobs): without expert_dataset it is taken out there, not refused. LoRA's rank,
+    read by neither stage (use_lora off in both), is refused for both."""
+    plans = prepare_stages(DEMO, ["sft.system_prompt=Answer."])[0]
+    sft, grpo = (p.prepared.config for p in plans)
+    assert (sft.sft.system_prompt, grpo.sft.system_prompt) == ("Answer.", "")
+    said = _problems(DEMO, ["actor.lora_rank=8"])
+    assert said == ["stages sft, grpo: actor.lora_rank is set, but actor.use_lora is false (no LoRA adapters are "
+                    "trained): it would be ignored"], said
+
+
 def test_a_stage_with_its_own_model_keeps_it_and_a_reward_model_is_not_passed_on_as_a_policy(
         demo_dir: Path, tmp_path: Path) -> None:
     plans = prepare_stages(DEMO, [f"stages.grpo.actor.path={demo_dir / 'tiny-model'}"])[0]
