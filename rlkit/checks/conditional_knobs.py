@@ -63,12 +63,12 @@ def _actor(*names: str) -> tuple[str, ...]:
 
 
 # The RL advantages' knobs (rlkit.trainer.rl_math.advantage_batch): the reward's shaping and normalisation, the KL
-# reward penalty, GAE, adv_norm. distill with rl_coef 0 computes none of them (rlkit.jobs.distill.algorithm: the
-# shaped rewards are only logged); dynamic_sampling, mask_no_eos_with_zero, group_size and kl_clamp (also the KL
-# loss term's) it still reads.
+# reward penalty, GAE, adv_norm, the group estimators. distill with rl_coef 0 computes none of them
+# (rlkit.jobs.distill.algorithm: the shaped rewards are only logged); dynamic_sampling, mask_no_eos_with_zero,
+# group_size and kl_clamp (also the KL loss term's) it still reads.
 _RL_ADVANTAGES = _actor("reward_scaling", "reward_bias", "reward_clip", "reward_norm", "overlong_reward_penalty",
                         "overlong_tokens", "overlong_penalty_factor", "kl_ctl", "kl_ctl_adaptive", "kl_estimator",
-                        "discount", "gae_lambda", "adv_norm")
+                        "discount", "gae_lambda", "adv_norm", "passk_advantage", "gpg_scale")
 
 _LORA = _actor("lora_rank", "lora_alpha", "target_modules")
 

@@ -239,10 +239,10 @@ def test_the_rl_advantages_knobs_without_rl_coef_are_refused_and_read_with_it(tm
     ignored; with rl_coef > 0 they are read (the KL estimator then only with actor.kl_ctl on)."""
     s, t = _model(tmp_path / "s"), _model(tmp_path / "t")
     knobs = ["actor.reward_norm={mean_level: group}", "actor.discount=0.9", "actor.overlong_reward_penalty=true",
-             "actor.adv_norm={mean_level: batch}", "actor.kl_estimator=k2"]
+             "actor.adv_norm={mean_level: batch}", "actor.kl_estimator=k2", "actor.gpg_scale=true"]
     found = _unread(_config(s, t, *knobs))
     fields = ["actor.reward_norm", "actor.discount", "actor.overlong_reward_penalty", "actor.adv_norm",
-              "actor.kl_estimator"]
+              "actor.kl_estimator", "actor.gpg_scale"]
     assert sorted(p.split(" is set, but ")[0] for p in found) == sorted(fields), found
     assert all("but distill.rl_coef is 0: distillation computes no RL advantages" in p for p in found), found
     found = _unread(_config(s, t, *knobs, "distill.rl_coef=0.5"))
