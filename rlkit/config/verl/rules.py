@@ -183,6 +183,10 @@ def _special(m: RunMapping) -> None:
     if lora in leaves and is_count(leaves[lora]):
         put(m.out, "actor.use_lora", True)
         m.moved(lora, "actor.lora_rank", leaves[lora], " (and actor.use_lora: true)")
+        modules = leaves.get(f"{ARR}.model.target_modules")
+        if isinstance(modules, str):  # verl's default all-linear, or names joined by commas; rlkit's field is a list
+            names = [name.strip() for name in modules.split(",") if name.strip()]
+            m.moved(f"{ARR}.model.target_modules", "actor.target_modules", names, " (a list, as rlkit writes it)")
     else:  # LoRA off: its other knobs would be refused as ignored (rlkit.checks.conditional_knobs)
         if lora in leaves:
             m.left(lora, "0: LoRA off, rlkit's default")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -490,3 +491,22 @@ def test_a_migration_writes_no_knob_its_own_check_refuses_as_ignored(tmp_path: P
     assert said["actor_rollout_ref.model.lora_alpha"].startswith("left out (LoRA is off")
     assert said["actor_rollout_ref.model.target_modules"].startswith("left out (LoRA is off")
     assert said["algorithm.kl_penalty"].startswith("left out (algorithm.kl_ctrl.kl_coef is 0")
+
+
+@pytest.mark.parametrize(("given", "written"), [("all-linear", ["all-linear"]),
+                                                ("q_proj, v_proj", ["q_proj", "v_proj"]),
+                                                (["q_proj", "k_proj"], ["q_proj", "k_proj"])])
+def test_lora_target_modules_as_verl_writes_them_become_rlkit_s_list(tmp_path: Path, site: list[str], given: Any,
+                                                                      written: list[str]) -> None:
+    """verl's target_modules is a string by default (all-linear) or a list; rlkit's field is a list, so verl's own
+    LoRA command line (model.target_modules=all-linear) failed to load on the field's type."""
+    data = copy.deepcopy(VERL_YAML)
+    data["actor_rollout_ref"]["model"] = {"path": "/models/qwen", "lora_rank": 32, "lora_alpha": 32,
+                                          "target_modules": given}
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump(data))
+    text = _migrated(path, [o for o in site if not o.startswith("valid_dataset.")])
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(text)
+    actor = prepare(clean, [], dry_run=True).config.actor
+    assert (actor.use_lora, actor.lora_rank, actor.target_modules) == (True, 32, written)
