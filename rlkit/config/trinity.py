@@ -28,6 +28,7 @@ from rlkit.config.areal.rules import show
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.trinity_lora import lora_adapters
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
 from rlkit.config.verl.keys import VERL_KEYS
@@ -176,7 +177,8 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
     judged = kl_terms(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
         | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data) \
-        | entropy_term(leaves, moved, left, problems, source)
+        | entropy_term(leaves, moved, left, problems, source) \
+        | lora_adapters(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
     for key, value in leaves.items():
         if key in judged:
             continue
@@ -198,7 +200,11 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
                 problems.add(f"synchronizer.sync_method '{value}' ({source}) has no rlkit weight_update_mode",
                              hint="nccl becomes xccl, checkpoint or memory becomes disk")
                 continue
-            moved(key, "actor.weight_update_mode", SYNC_METHODS[value], f" as {SYNC_METHODS[value]}")
+            if _get(out, "actor.use_lora") and SYNC_METHODS[value] != "disk":
+                moved(key, "actor.weight_update_mode", "disk", " as disk (LoRA: rlkit sends the adapter alone, a "
+                                                               "small directory each server loads)")
+            else:
+                moved(key, "actor.weight_update_mode", SYNC_METHODS[value], f" as {SYNC_METHODS[value]}")
         elif key == "synchronizer.sync_style" and value not in (None, "fixed"):
             problems.add(f"synchronizer.sync_style '{value}' ({source}) is {_NOT_BUILT}",
                          hint="use sync_style: fixed (or leave it out)")

@@ -362,3 +362,53 @@ def test_a_migration_writes_no_knob_its_own_check_refuses_as_ignored(tmp_path: P
     assert (config.mix.mu, config.actor.kl_estimator, config.actor.kl_ctl) == (0.1, "k1", 0.0)  # the defaults
     assert "#   algorithm.policy_loss_fn_args.mu: 0.3  -> left out (no expert data" in header
     assert "#   algorithm.kl_penalty_fn: k2  -> left out (algorithm.kl_penalty_fn_args.kl_coef is 0" in header
+
+
+def _migrated_actor(tmp_path: Path, data: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    """The migrated file's actor section as rlkit loads it, and each Trinity-RFT key's fate."""
+    from rlkit.config.areal.migrate import migrate
+
+    with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
+        text, _ = migrate(source, SITE, REGISTRY)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(header + text)
+    _, fates = _to_rlkit(data, "trinity.yaml")
+    return prepare(clean, [], dry_run=True).config.actor, {f.key: f.fate for f in fates}
+
+
+@pytest.mark.parametrize(("adapter", "expected"), [
+    ({}, (32, 32, ["all-linear"])),  # Trinity-RFT's defaults
+    ({"name": "a", "lora_rank": 16, "lora_alpha": 8, "target_modules": "q_proj,v_proj"}, (16, 8, ["q_proj", "v_proj"])),
+    ({"lora_rank": 8, "target_modules": ["q_proj", "k_proj"], "lora_dtype": "bfloat16"}, (8, 32, ["q_proj", "k_proj"])),
+])
+def test_trinity_s_lora_adapter_becomes_rlkit_s(tmp_path: Path, adapter: dict[str, Any],
+                                                 expected: tuple[int, int, list[str]]) -> None:
+    """model.lora_configs' one adapter is actor.use_lora with its rank, alpha and modules: left out, as it was,
+    the migrated file trained the whole model (another run, far more memory) without a word beyond the header."""
+    actor, fates = _migrated_actor(tmp_path, _trinity(**{"model.lora_configs": [adapter]}))
+    assert actor.use_lora and (actor.lora_rank, actor.lora_alpha, actor.target_modules) == expected
+    assert fates["model.lora_configs"].startswith("moved to actor.target_modules (and actor.use_lora: true")
+    # its sync_method nccl: rlkit sends an adapter by disk only (refused with xccl), so the push goes by disk
+    assert actor.weight_update_mode == "disk" and "as disk (LoRA" in fates["synchronizer.sync_method"]
+    if "lora_dtype" in adapter:
+        assert "lora_dtype bfloat16 left out" in fates["model.lora_configs"]
+    plain, fates = _migrated_actor(tmp_path, _trinity(**{"model.lora_configs": []}))
+    assert not plain.use_lora and fates["model.lora_configs"].startswith("left out (no adapter")
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"model.lora_configs": [{}, {}]}, "2 adapters: rlkit trains one"),
+    ({"model.lora_configs": [{"path": "/ckpt/adapter"}]}, "starts from a trained one"),
+    ({"model.lora_configs": {"lora_rank": 8}}, "a mapping, where Trinity-RFT takes a list"),
+    ({"model.lora_configs": ["x"]}, "its adapter is a str"),
+    ({"model.lora_configs": [{"target_modules": 3}]}, "target_modules is neither"),
+    ({"model.tinker": {"enable": True, "rank": 8}}, "Tinker trains through a remote service"),
+])
+def test_lora_settings_rlkit_cannot_take_are_refused(changes: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        _to_rlkit(_trinity(**changes), "trinity.yaml")
+
+
+def test_tinker_off_is_left_out() -> None:
+    _, fates = _to_rlkit(_trinity(**{"model.tinker": {"enable": False, "rank": 8}}), "trinity.yaml")
+    assert {f.key: f.fate for f in fates}["model.tinker.rank"] == "left out (Tinker is off)"
