@@ -62,7 +62,9 @@ def publish(transport: WeightTransport, buckets: Buckets, version: int, targets:
         async with targets.open_client() as client:
             return await check_all(client, outcomes, version, targets.timeout, probe, guard=targets.guard)
 
-    return settle(targets.run(check(), timeout=2 * targets.timeout + 60), version, tolerate_lost=True)
+    what = (f"checking weight version {version} on {len(outcomes)} servers (version, fingerprint; limit: 2 x "
+            "actor.weight_update_timeout + 60 s)")
+    return settle(targets.run(check(), timeout=2 * targets.timeout + 60, what=what), version, tolerate_lost=True)
 
 
 def verify(targets: PushTargets, probe: Probe) -> Published:
@@ -74,7 +76,9 @@ def verify(targets: PushTargets, probe: Probe) -> Published:
         async with targets.open_client() as client:
             return await check_all(client, outcomes, None, targets.timeout, probe)
 
-    return settle(targets.run(check(), timeout=targets.timeout + 60), 0, tolerate_lost=False)
+    what = (f"the fingerprint check of the first weights on {len(targets.servers)} servers (limit: "
+            "actor.weight_update_timeout + 60 s)")
+    return settle(targets.run(check(), timeout=targets.timeout + 60, what=what), 0, tolerate_lost=False)
 
 
 async def check_server(client: httpx.AsyncClient, server: Server, sync: ServerSync, version: int | None,

@@ -184,7 +184,9 @@ class Rank0:
             async with server_client(token) as client:
                 await asyncio.gather(*(backend_for(s.backend).resume(client, s, 60.0) for s in servers))
 
-        self.controller.run(resume_all, timeout=120)
+        self.controller.run(resume_all, timeout=120,  # each resume within 60 s: the gather's backstop
+                            what=f"resuming the {len(servers)} servers (a trainer that died in a push may have left "
+                                 "them paused)")
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 

@@ -226,3 +226,16 @@ def test_every_weight_update_mode_resolves_to_its_transport() -> None:
 
     assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == WEIGHT_UPDATE_MODES == ("disk", "xccl")
     assert [transport_for(name).name for name in WEIGHT_UPDATE_MODES] == ["disk", "xccl"]
+
+
+def test_a_push_past_its_backstop_fails_naming_what_it_waited_for(loop: asyncio.AbstractEventLoop) -> None:
+    """The controller's loop blocked (every server request's own deadline then never fires): the backstop names the
+    step and its limit, not "an operation on the servers"."""
+    targets = targets_on(loop, [], httpx.MockTransport(lambda request: httpx.Response(200)))
+    blocked = threading.Event()
+    loop.call_soon_threadsafe(blocked.wait, 5.0)
+    try:
+        with pytest.raises(StepError, match=r"^loading weight version 3 from disk on 2 servers: not done after 0\.1 s"):
+            targets.run(asyncio.sleep(0), timeout=0.1, what="loading weight version 3 from disk on 2 servers")
+    finally:
+        blocked.set()
