@@ -178,16 +178,17 @@ def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None 
     return (found[0], str(found[1])) if found is not None else None
 
 
-def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm]) -> None:
+def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm], *,
+                 rank0_wait_s: float | None = None) -> None:
     """The training step's entry point on every rank, for the algorithm `build` makes, with the trial's config as
-    the job loaded it (rlkit.jobs.run: loaded once per process)."""
+    the job loaded it (rlkit.jobs.run: loaded once per process); `rank0_wait_s`: see `init_distributed`."""
     from rlkit.nameresolve import name_resolve_for
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
     paths = TrialPaths(Path(trial_dir))
     stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
-    env, device = init_distributed(name_resolve_for(config))
+    env, device = init_distributed(name_resolve_for(config), rank0_wait_s=rank0_wait_s)
     watch = _rank_watch(config, env)
     watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
     try:

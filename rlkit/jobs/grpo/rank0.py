@@ -13,12 +13,13 @@ from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.waits import batch_wait_s
 from rlkit.rewards.reasoning_gym import task_metrics
 from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.controller import Group, RolloutController
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
-from rlkit.servers.pool import ServersUnreachable, most_retry_wait
+from rlkit.servers.pool import ServersUnreachable
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
 from rlkit.trainer.evaluator import Evaluator
@@ -210,9 +211,7 @@ class Rank0:
         """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
         try:
             self._step_started = time.monotonic()
-            retries = self.config.rollout.request_retries
-            timeout = self.config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries) + 60
-            self._groups, self._rollout_stats = self.controller.get_batch(timeout)
+            self._groups, self._rollout_stats = self.controller.get_batch(batch_wait_s(self.config))
             self.failing.check()
             if fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
                 raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
