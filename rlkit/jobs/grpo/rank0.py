@@ -30,7 +30,7 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_json_dict, read_token
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
-from rlkit.weights.fanout import Published
+from rlkit.weights.fanout import Probe, Published
 
 
 def _serving_dtype(config: ExperimentConfig) -> str:
@@ -243,8 +243,7 @@ class Rank0:
         except BaseException:
             drain(buckets)  # the other ranks are in the gathers behind the iterator: finish them, then fail
             raise
-        published = fanout.publish(transport, buckets, version, self._targets(servers),
-                                   fanout.Probe(probe, trainer_lp, self.tolerance))
+        published = fanout.publish(transport, buckets, version, self._targets(servers), self._probe(probe, trainer_lp))
         assert published is not None
         done = published.synced
         self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
@@ -264,8 +263,12 @@ class Rank0:
         servers = list(self.controller.servers)  # at start only those that answer
         if not servers:
             raise StepError("no live inference server to check the weights of; see the server-N logs")
-        published = fanout.verify(self._targets(servers), fanout.Probe(probe, trainer_lp, self.tolerance))
+        published = fanout.verify(self._targets(servers), self._probe(probe, trainer_lp))
         self._record(0, servers, published)
+
+    def _probe(self, probe: list[int], trainer_lp: list[float]) -> Probe:
+        """The fingerprint check, its probe allowed to queue behind the servers' generation (Probe.queue_s)."""
+        return Probe(probe, trainer_lp, self.tolerance, queue_s=self.config.rollout.request_timeout)
 
     def _targets(self, servers: list[Any]) -> PushTargets:
         from rlkit.servers.http import server_client

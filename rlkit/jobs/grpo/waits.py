@@ -26,8 +26,9 @@ def batch_wait_s(config: ExperimentConfig) -> float:
 
 def push_wait_s(config: ExperimentConfig) -> float:
     """A push's waits on the servers: the delivery, then the version and fingerprint check, each bounded by
-    2 x actor.weight_update_timeout + 60 s (rlkit.weights.disk, rlkit.weights.fanout)."""
-    return 2 * (2 * config.actor.weight_update_timeout + 60)
+    2 x actor.weight_update_timeout + 60 s (rlkit.weights.disk, rlkit.weights.fanout), the fingerprint's probe also
+    by its queue behind generation (rollout.request_timeout: rlkit.weights.fanout.Probe)."""
+    return 2 * (2 * config.actor.weight_update_timeout + 60) + config.rollout.request_timeout
 
 
 def rank0_wait_bound(config: ExperimentConfig, *, scored: bool = False) -> float:
