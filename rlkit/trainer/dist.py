@@ -32,6 +32,16 @@ _sp: SequenceParallel | None = None  # the Ulysses layout, once an engine with u
 
 
 @dataclass(frozen=True)
+class TrainerWaits:
+    """How long the trainer's collectives wait (`collective_s`: for a rank stuck while its process lives, and at least
+    as long as rank 0 may spend between two steps of a collective run, e.g. one bucket of a broadcast push), and how
+    long the other ranks wait for rank 0's broadcasts (`rank0_s`: see `init_distributed`)."""
+
+    collective_s: float = COLLECTIVE_TIMEOUT_S
+    rank0_s: float | None = None
+
+
+@dataclass(frozen=True)
 class DistEnv:
     rank: int
     world_size: int

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.pool import most_retry_wait
+from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S, TrainerWaits
 from rlkit.trainer.evaluator import eval_wait_bound
+from rlkit.weights.xccl_group import HTTP_MARGIN_S
 
 # rank 0's own work between its deadlines (metrics, the checkpoint's decision, a resume of the servers at start)
 RANK0_MARGIN_S = 600.0
@@ -38,3 +40,12 @@ def rank0_wait_bound(config: ExperimentConfig, *, scored: bool = False) -> float
     start = config.rollout.setup_timeout * (2 if config.auxiliary_models else 1) + push_wait_s(config)
     step = batch_wait_s(config) * (2 if scored else 1) + eval_wait_bound(config) + push_wait_s(config)
     return max(start, step) + RANK0_MARGIN_S
+
+
+def trainer_waits(config: ExperimentConfig, *, scored: bool = False) -> TrainerWaits:
+    """The RL trainer's collective timeouts: rank 0's broadcasts wait `rank0_wait_bound`; every other collective the
+    default, or longer when one bucket of a broadcast push may take longer (actor.weight_update_timeout and the
+    margins of rlkit.weights.xccl_group: the other ranks wait in the next bucket's all-gather meanwhile)."""
+    bucket_s = config.actor.weight_update_timeout + 2 * HTTP_MARGIN_S + 60
+    return TrainerWaits(collective_s=max(COLLECTIVE_TIMEOUT_S, bucket_s),
+                        rank0_s=rank0_wait_bound(config, scored=scored))

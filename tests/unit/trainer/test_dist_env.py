@@ -166,3 +166,17 @@ def test_rank0_wait_bound_covers_rank_0s_own_deadlines(grpo_yaml: Path) -> None:
     assert bound >= batch_wait_s(config) + push_wait_s(config) + 3000  # the batch, a push, an evaluation's request
     assert bound > COLLECTIVE_TIMEOUT_S  # the defaults' request_timeout alone outlasts a collective
     assert rank0_wait_bound(config, scored=True) >= bound + batch_wait_s(config)  # distill: the teacher scores too
+
+
+def test_trainer_waits_outlast_one_bucket_of_a_broadcast_push(grpo_yaml: Path) -> None:
+    """While rank 0 waits for the servers' part of one bucket, the other ranks wait in the next bucket's all-gather:
+    a weight_update_timeout past the default collective timeout raises it, else it stays 30 minutes."""
+    from rlkit.config.load import load_config
+    from rlkit.jobs.grpo.waits import rank0_wait_bound, trainer_waits
+    from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S
+
+    config = load_config(grpo_yaml, [])
+    assert trainer_waits(config).collective_s == COLLECTIVE_TIMEOUT_S
+    assert trainer_waits(config).rank0_s == rank0_wait_bound(config)
+    slow = load_config(grpo_yaml, ["actor.weight_update_timeout=3000"])
+    assert trainer_waits(slow).collective_s == 3000 + 2 * 30 + 60
