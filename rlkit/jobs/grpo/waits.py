@@ -44,8 +44,9 @@ def rank0_wait_bound(config: ExperimentConfig, *, scored: bool = False) -> float
 
 def trainer_waits(config: ExperimentConfig, *, scored: bool = False) -> TrainerWaits:
     """The RL trainer's collective timeouts: rank 0's broadcasts wait `rank0_wait_bound`; every other collective the
-    default, or longer when one bucket of a broadcast push may take longer (actor.weight_update_timeout and the
-    margins of rlkit.weights.xccl_group: the other ranks wait in the next bucket's all-gather meanwhile)."""
-    bucket_s = config.actor.weight_update_timeout + 2 * HTTP_MARGIN_S + 60
+    default, or longer when one bucket of a broadcast push may take longer: its wait in the shared group, then the
+    servers that survived it joining and receiving it alone (actor.weight_update_timeout and the margins of
+    rlkit.weights.xccl_group each), while the other ranks wait in the next bucket's all-gather."""
+    bucket_s = 2 * (config.actor.weight_update_timeout + 2 * HTTP_MARGIN_S) + 60
     return TrainerWaits(collective_s=max(COLLECTIVE_TIMEOUT_S, bucket_s),
                         rank0_s=rank0_wait_bound(config, scored=scored))
