@@ -4,22 +4,25 @@ httpx's (and httpcore's) timeouts are per phase and per read: an etcd, or whatev
 that trickles a byte every few seconds would hold a call for as long as it trickles, and with it the lease keepalive
 thread's lock, a server's registration or `rlkit status`. So requests go through httpcore with a network backend that
 bounds every connect, TLS handshake, write and read by what is left of the calling thread's deadline: a call past it
-fails naming the address, the path and the limit, and no thread is left running behind it. The one wait it cannot
-bound is the host name's lookup (getaddrinfo, the system resolver's own timeouts): give etcd3_addr as an address
-where the resolver may hang.
+fails naming the address, the path and the limit. The host name's lookup (getaddrinfo) has no timeout of its own
+(the system resolver's: an unreachable DNS server or a stuck NSS module can hold it for minutes), so it runs in a
+helper thread and the call waits for it only as long as its deadline allows; a lookup past it is left to end alone,
+and the next call waits on that same lookup instead of starting another (no threads pile up while DNS hangs).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 
@@ -56,6 +59,7 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
         self._local = threading.local()
+        self._lookups = _Lookups()
 
     @contextmanager
     def until(self, deadline: float) -> Iterator[None]:
@@ -77,12 +81,65 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(host, port, self.left(timeout, httpcore.ConnectTimeout), local_address,
-                                         socket_options)
-        return _DeadlineStream(stream, self)
+        """Connect to the first of `host`'s addresses that accepts, the lookup included within the deadline (TLS
+        still checks the URL's host name: httpcore hands it to `start_tls` apart)."""
+        options = list(socket_options or ())
+        error: httpcore.ConnectError | None = None
+        for address in self._lookups.addresses(host, port, self.left(timeout, httpcore.ConnectTimeout)):
+            try:
+                stream = self._inner.connect_tcp(address, port, self.left(timeout, httpcore.ConnectTimeout),
+                                                 local_address, options)
+            except httpcore.ConnectError as exc:  # refused or unreachable there: the next one, as create_connection
+                error = exc
+                continue
+            return _DeadlineStream(stream, self)
+        raise error or httpcore.ConnectError(f"the host name {host!r} has no address")
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
+
+
+class _Lookups:
+    """Host name lookups (getaddrinfo) with a deadline: each runs in a daemon thread; one past its caller's deadline
+    runs on, and callers for the same name wait on it rather than start another."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], tuple[threading.Event, dict[str, Any]]] = {}
+
+    def addresses(self, host: str, port: int, timeout: float | None) -> list[str]:
+        """`host`'s addresses (itself when it is one), in the resolver's order; httpcore.ConnectTimeout naming the
+        name and the limit when the lookup outlives `timeout`, ConnectError when it fails."""
+        try:
+            ipaddress.ip_address(host)
+            return [host]
+        except ValueError:
+            pass
+        with self._lock:
+            if (host, port) not in self._running:
+                started: tuple[threading.Event, dict[str, Any]] = (threading.Event(), {})
+                self._running[(host, port)] = started
+                threading.Thread(target=self._look_up, args=(host, port, *started), daemon=True,
+                                 name=f"rlkit-etcd-lookup {host[:64]}").start()
+            done, box = self._running[(host, port)]
+        if not done.wait(timeout):
+            raise httpcore.ConnectTimeout(f"looking up the host name {host!r} took longer than {timeout:g} s (the "
+                                          "system resolver: DNS, /etc/hosts, NSS); give etcd3_addr as an IP address "
+                                          "to skip the lookup")
+        if "error" in box:
+            raise httpcore.ConnectError(f"cannot look up the host name {host!r}: {box['error']}")
+        return cast("list[str]", box["addresses"])
+
+    def _look_up(self, host: str, port: int, done: threading.Event, box: dict[str, Any]) -> None:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            box["addresses"] = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        except (OSError, UnicodeError) as exc:
+            box["error"] = exc
+        finally:
+            with self._lock:
+                self._running.pop((host, port), None)  # the next call looks up afresh (DNS may have changed)
+            done.set()
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -155,8 +212,9 @@ class Gateway:
                                                f"{path}: not etcd, or not well")
                 status = resp.status
         except httpcore.TimeoutException as e:
+            detail = f": {e}" if str(e).startswith("looking up") else ""
             raise NameResolveError(f"etcd at {self.url}: no complete answer to {path} within {self.timeout:g} s "
-                                   "(the name resolve's request timeout)") from e
+                                   f"(the name resolve's request timeout){detail}") from e
         except _UNREACHABLE as e:
             raise NameResolveError(f"cannot reach etcd at {self.url} ({path}): {type(e).__name__}: {e}") from e
         text = answer.decode("utf-8", "replace").strip()

@@ -213,14 +213,15 @@ class RolloutController:
             raise StepError("the rollout controller is not running (start it first)")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def run(self, make: Callable[[], Awaitable[T]], timeout: float) -> T:
-        """Run a coroutine (e.g. a weight sync) on the controller's loop and wait for its result."""
+    def run(self, make: Callable[[], Awaitable[T]], timeout: float, *, what: str) -> T:
+        """Run a coroutine (e.g. a weight sync) on the controller's loop and wait for its result; StepError naming
+        `what` after `timeout` s."""
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(make(), self._loop)  # type: ignore[arg-type]
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise StepError(f"an operation on the servers took longer than {timeout:.0f} s") from None
+            raise StepError(f"{what}: not done after {timeout:g} s") from None
 
     def live_servers(self) -> list[Server]:
         """Every server registered and heart-beating now (verified or not), except those silent now."""

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from rlkit.errors import StepError
 from rlkit.nameresolve.servers import http_url
 from rlkit.servers.tls import shared_tls
+
+T = TypeVar("T")
 
 
 class ServerNotHealthy(StepError):
@@ -68,9 +72,43 @@ def get_statuses(urls: Sequence[str], timeout: float, *, max_parallel: int = 16,
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: a plain thread (the trainer's, rlkit status's)
-        return asyncio.run(ask_all())
+        return run_with_lookups_apart(ask_all())
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="health") as pool:  # asked from inside an event loop
-        return pool.submit(asyncio.run, ask_all()).result()
+        return pool.submit(run_with_lookups_apart, ask_all()).result()
+
+
+def run_with_lookups_apart(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)`, but the loop's host name lookups (getaddrinfo, which httpx asks the loop for) run in
+    daemon threads of their own: in the default executor, one the system resolver holds (an unreachable DNS server,
+    a stuck NSS module) would hold the end of `asyncio.run`, which waits for that executor, and the interpreter's
+    exit, past every deadline of the calls that asked for it."""
+    with asyncio.Runner() as runner:
+        runner.get_loop().getaddrinfo = _lookup_apart  # type: ignore[method-assign]
+        return runner.run(main)
+
+
+async def _lookup_apart(host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0,
+                        flags: int = 0) -> list[Any]:
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[list[Any]] = loop.create_future()
+
+    def settle(result: list[Any] | None, error: BaseException | None) -> None:
+        if not answer.done():  # the caller may have given up (its deadline)
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(result or [])
+
+    def look_up() -> None:
+        try:
+            result, error = socket.getaddrinfo(host, port, family, type, proto, flags), None
+        except BaseException as exc:  # handed to the caller
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for this answer any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=look_up, name="rlkit-health-lookup", daemon=True).start()
+    return await answer
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None,

@@ -185,9 +185,8 @@ def serve_peers(server: socket.socket, token: str, peers: int, deadline: float) 
             except TimeoutError:
                 break
             with conn:
-                conn.settimeout(CONNECT_TIMEOUT_S)
-                try:
-                    if _read_line(conn).partition(" ")[0] == token:
+                try:  # a peer's hello within CONNECT_TIMEOUT_S and the deadline, however it trickles in
+                    if _read_line(conn, min(time.monotonic() + CONNECT_TIMEOUT_S, deadline)).partition(" ")[0] == token:
                         conn.sendall(HELLO_ANSWER)
                         heard += 1
                 except OSError:
@@ -195,9 +194,15 @@ def serve_peers(server: socket.socket, token: str, peers: int, deadline: float) 
     return heard
 
 
-def _read_line(conn: socket.socket, limit: int = 512) -> str:
+def _read_line(conn: socket.socket, deadline: float, limit: int = 512) -> str:
+    """One line (at most `limit` bytes) by `deadline` (TimeoutError after it): a socket timeout alone is per recv,
+    so a sender trickling a byte at a time would hold the read for `limit` timeouts."""
     data = b""
     while not data.endswith(b"\n") and len(data) < limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole line within the deadline ({len(data)} bytes came)")
+        conn.settimeout(left)
         chunk = conn.recv(limit - len(data))
         if not chunk:
             break
@@ -232,7 +237,7 @@ def reach_problem(address: str, token: str, node: str, timeout_s: float = CONNEC
     try:
         with socket.create_connection((_connect_host(host), int(port)), timeout=timeout_s) as conn:
             conn.sendall(f"{token} {node}\n".encode())
-            answer = _read_line(conn)
+            answer = _read_line(conn, time.monotonic() + timeout_s)
     except TimeoutError:
         return f"no answer within {timeout_s:.0f} s"
     except OSError as exc:

@@ -26,7 +26,19 @@ from rlkit.nameresolve.servers import check_address
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 
 _joined = False  # set once this process joins a process group
+_rank0_waits: dist.ProcessGroup | None = None  # broadcast_object's group, when rank 0 may work alone past the default
+COLLECTIVE_TIMEOUT_S = 1800.0  # how long a collective waits for a rank stuck while its process lives (a GPU kernel)
 _sp: SequenceParallel | None = None  # the Ulysses layout, once an engine with ulysses_sp_size > 1 asked for it
+
+
+@dataclass(frozen=True)
+class TrainerWaits:
+    """How long the trainer's collectives wait (`collective_s`: for a rank stuck while its process lives, and at least
+    as long as rank 0 may spend between two steps of a collective run, e.g. one bucket of a broadcast push), and how
+    long the other ranks wait for rank 0's broadcasts (`rank0_s`: see `init_distributed`)."""
+
+    collective_s: float = COLLECTIVE_TIMEOUT_S
+    rank0_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,8 +85,14 @@ def rendezvous(env: DistEnv, nr: NameResolve, key: str, timeout_s: float) -> Dis
     return DistEnv(env.rank, env.world_size, env.local_rank, host, port)
 
 
-def init_distributed(nr: NameResolve | None = None, timeout_s: float = 1800.0) -> tuple[DistEnv, torch.device]:
-    """Join the process group (NCCL with CUDA, else gloo) and return the layout and this rank's device."""
+def init_distributed(nr: NameResolve | None = None, timeout_s: float = COLLECTIVE_TIMEOUT_S, *,
+                     rank0_wait_s: float | None = None) -> tuple[DistEnv, torch.device]:
+    """Join the process group (NCCL with CUDA, else gloo) and return the layout and this rank's device.
+
+    `rank0_wait_s`: how long rank 0 may work alone between two of its broadcasts (`broadcast_object`: a batch of
+    rollouts, a checkpoint decision), its own deadlines added up, when that is longer than `timeout_s`: those
+    broadcasts then go through a gloo group of that timeout, so the other ranks wait for rank 0 as long as its
+    config lets it work (a slow rollout) instead of failing first with torch's timeout, which names nothing."""
     env = dist_env_from(os.environ)
     published = None
     if not env.master_addr:
@@ -94,8 +112,10 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = 1800.0) -
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    global _joined
+    global _joined, _rank0_waits
     _joined = True
+    if rank0_wait_s is not None and rank0_wait_s > timeout_s and env.world_size > 1:
+        _rank0_waits = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=rank0_wait_s))
     if published is not None and nr is not None:
         dist.barrier()  # everyone has joined: the address is no longer needed
         if env.rank == 0:
@@ -173,9 +193,9 @@ def end_process(code: int) -> NoReturn:
 
 
 def broadcast_object(obj: object, src: int = 0) -> object:
-    """Send a picklable object from `src` to every rank."""
+    """Send a picklable object from `src` to every rank (from rank 0: within `init_distributed`'s rank0_wait_s)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=_rank0_waits if src == 0 else None)
     return box[0]
 
 

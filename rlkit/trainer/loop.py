@@ -36,7 +36,7 @@ from rlkit.step_contract import (
     STATUS_STOPPED,
 )
 from rlkit.trainer import out_of_memory, recover
-from rlkit.trainer.dist import DistEnv, broadcast_object, dist_env_from, init_distributed
+from rlkit.trainer.dist import DistEnv, TrainerWaits, broadcast_object, dist_env_from, init_distributed
 from rlkit.trainer.engine import TrainEngine
 from rlkit.trainer.loop_rank0 import LoopRank0
 from rlkit.trainer.out_of_memory import OutOfMemory
@@ -178,16 +178,17 @@ def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None 
     return (found[0], str(found[1])) if found is not None else None
 
 
-def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm]) -> None:
+def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm], *,
+                 waits: TrainerWaits = TrainerWaits()) -> None:
     """The training step's entry point on every rank, for the algorithm `build` makes, with the trial's config as
-    the job loaded it (rlkit.jobs.run: loaded once per process)."""
+    the job loaded it (rlkit.jobs.run: loaded once per process); `waits`: its collectives' timeouts."""
     from rlkit.nameresolve import name_resolve_for
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
     paths = TrialPaths(Path(trial_dir))
     stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
-    env, device = init_distributed(name_resolve_for(config))
+    env, device = init_distributed(name_resolve_for(config), waits.collective_s, rank0_wait_s=waits.rank0_s)
     watch = _rank_watch(config, env)
     watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
     try:

@@ -123,21 +123,27 @@ class _Hasher:
         self._queue: SimpleQueue[memoryview | None] = SimpleQueue()
         self._fed = 0
         self._hashed = 0
+        self._failed: BaseException | None = None  # the hashing thread's error: a waiter raises it, never waits on
         self._progress = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="rlkit-xxh3", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while (data := self._queue.get()) is not None:
-            while data:
-                take = min(len(data), recover_layout.CHECKSUM_BLOCK - self._in_block)
-                self._block.update(data[:take])
-                self._in_block += take
-                data = data[take:]
-                if self._in_block == recover_layout.CHECKSUM_BLOCK:
-                    self._end_block()
+        try:
+            while (data := self._queue.get()) is not None:
+                while data:
+                    take = min(len(data), recover_layout.CHECKSUM_BLOCK - self._in_block)
+                    self._block.update(data[:take])
+                    self._in_block += take
+                    data = data[take:]
+                    if self._in_block == recover_layout.CHECKSUM_BLOCK:
+                        self._end_block()
+                with self._progress:
+                    self._hashed += 1
+                    self._progress.notify_all()
+        except BaseException as exc:  # a waiter would wait forever for a count that no longer grows
             with self._progress:
-                self._hashed += 1
+                self._failed = exc
                 self._progress.notify_all()
 
     def _end_block(self) -> None:
@@ -152,7 +158,10 @@ class _Hasher:
 
     def wait(self, ticket: int) -> None:
         with self._progress:
-            self._progress.wait_for(lambda: self._hashed >= ticket)
+            self._progress.wait_for(lambda: self._hashed >= ticket or self._failed is not None)
+            if self._hashed < ticket:
+                raise RuntimeError(f"checksumming the rank file failed: {type(self._failed).__name__}: "
+                                   f"{self._failed}") from self._failed
 
     def hexdigest(self) -> str:
         """The digest of everything fed (call once, at the end)."""

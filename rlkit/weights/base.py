@@ -85,14 +85,18 @@ class PushTargets:
     # controller's watch): ServerUnreachable then, so the push goes on without it instead of waiting out `timeout`
     guard: Callable[[Server, Awaitable[Any]], Awaitable[Any]] = lambda server, call: call
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run `coro` on the controller's loop and wait at most `timeout` s for it (StepError after that)."""
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float, *, what: str) -> T:
+        """Run `coro` on the controller's loop and wait at most `timeout` s for it; StepError naming `what` (the
+        step and the limit's make-up) after that. A backstop: each server request inside has its own deadline."""
         future = self.submit(coro)
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise StepError(f"an operation on the servers took longer than {timeout:.0f} s") from None
+            raise StepError(f"{what}: not done after {timeout:g} s, though every server request in it has its own "
+                            "deadline (actor.weight_update_timeout): the trainer's event loop is blocked or a "
+                            "server's answer never completes; the trainer's log names the servers it waited on"
+                            ) from None
 
 
 class WeightTransport(ABC):

@@ -77,7 +77,9 @@ class DiskTransport(WeightTransport):
                 return await deliver_all(client, targets.servers, out_dir, version, targets.timeout, delta=delta,
                                          guard=targets.guard)
 
-        outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
+        outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60,
+                               what=f"loading weight version {version} from disk on {len(targets.servers)} servers "
+                                    "(limit: 2 x actor.weight_update_timeout + 60 s)")
         if self._encoder is not None:  # a run with deltas
             self._encoder.settle(outcomes)
             print(self._encoder.describe(version, self.sent_bytes), flush=True)

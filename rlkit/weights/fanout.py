@@ -30,11 +30,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Probe:
-    """The fingerprint to check: probe token ids, the trainer's log-probs of them, the allowed mean difference."""
+    """The fingerprint to check: probe token ids, the trainer's log-probs of them, the allowed mean difference, and
+    how long the probe may wait in the server's queue on top of the push's timeout."""
 
     ids: list[int]
     trainer_lp: list[float]
     tolerance: float
+    # The probe is a request like any other, sent once the server has resumed: a server at its max_num_seqs takes it
+    # first come, first served, behind generation requests that each end within rollout.request_timeout. A probe
+    # timed out there fails a healthy server (and the step), so rank 0 passes that timeout here.
+    queue_s: float = 0.0
 
 
 @dataclass
@@ -62,7 +67,11 @@ def publish(transport: WeightTransport, buckets: Buckets, version: int, targets:
         async with targets.open_client() as client:
             return await check_all(client, outcomes, version, targets.timeout, probe, guard=targets.guard)
 
-    return settle(targets.run(check(), timeout=2 * targets.timeout + 60), version, tolerate_lost=True)
+    what = (f"checking weight version {version} on {len(outcomes)} servers (version, fingerprint; limit: 2 x "
+            "actor.weight_update_timeout + 60 s + the probe's queue, rollout.request_timeout)")
+    queue_s = probe.queue_s if probe is not None else 0.0
+    return settle(targets.run(check(), timeout=2 * targets.timeout + 60 + queue_s, what=what), version,
+                  tolerate_lost=True)
 
 
 def verify(targets: PushTargets, probe: Probe) -> Published:
@@ -74,7 +83,10 @@ def verify(targets: PushTargets, probe: Probe) -> Published:
         async with targets.open_client() as client:
             return await check_all(client, outcomes, None, targets.timeout, probe)
 
-    return settle(targets.run(check(), timeout=targets.timeout + 60), 0, tolerate_lost=False)
+    what = (f"the fingerprint check of the first weights on {len(targets.servers)} servers (limit: "
+            "actor.weight_update_timeout + 60 s + the probe's queue, rollout.request_timeout)")
+    return settle(targets.run(check(), timeout=targets.timeout + 60 + probe.queue_s, what=what), 0,
+                  tolerate_lost=False)
 
 
 async def check_server(client: httpx.AsyncClient, server: Server, sync: ServerSync, version: int | None,
@@ -88,7 +100,8 @@ async def check_server(client: httpx.AsyncClient, server: Server, sync: ServerSy
         if reported != str(version):
             raise StepError(f"{server.label}: reports weight version {reported!r} after the sync, not {version}")
     if probe is not None:
-        server_lp = await timed(sync.phases, "probe", probe_logprobs(client, server, probe.ids, timeout=timeout))
+        server_lp = await timed(sync.phases, "probe", probe_logprobs(client, server, probe.ids,
+                                                                     timeout=timeout + probe.queue_s))
         sync.fingerprint = check_fingerprint(server_lp, probe.trainer_lp, probe.tolerance, server_label=server.label)
     sync.seconds += time.monotonic() - started
     return sync

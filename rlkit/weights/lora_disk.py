@@ -110,7 +110,9 @@ class LoraDiskTransport(WeightTransport):
                 return await deliver_all(client, targets.servers, out_dir, name, prefix, version, targets.timeout,
                                          reset_cache=reset_cache, guard=targets.guard)
 
-        outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60)
+        outcomes = targets.run(deliver(), timeout=2 * targets.timeout + 60,
+                               what=f"loading adapter version {version} on {len(targets.servers)} servers "
+                                    "(limit: 2 x actor.weight_update_timeout + 60 s)")
         self._first_push = False
         hf_export.remove_old_versions(self.paths.weights, keep={version, version - 1})
         return outcomes

@@ -95,7 +95,9 @@ class XcclTransport(WeightTransport):
                     return await push_all(client, sender, targets.servers, sent, version, targets.timeout,
                                           delta=delta)
 
-            outcomes, result = targets.run(run(), timeout=_BACKSTOP_S)
+            outcomes, result = targets.run(run(), timeout=_BACKSTOP_S,
+                                           what=f"broadcasting weight version {version} to {len(targets.servers)} "
+                                                "servers (a backstop of 24 h)")
         except BaseException:
             drain(buckets)  # then fail (the gathered buckets, also where the encoding stopped half way)
             raise

@@ -28,6 +28,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
 from rlkit.jobs.grpo.algorithm import GRPO, set_token_advantages
 from rlkit.jobs.grpo.rank0 import Rank0
+from rlkit.jobs.grpo.waits import trainer_waits
 from rlkit.rollout.teacher import TeacherScorer
 from rlkit.trainer.batch import MicroBatch
 from rlkit.trainer.dist import gather_per_sample
@@ -39,7 +40,7 @@ from rlkit.weights.base import WeightTransport
 
 def run_distill(trial_dir: Path, config: ExperimentConfig) -> None:
     """The distill trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, config, Distill)
+    run_training(trial_dir, config, Distill, waits=trainer_waits(config, scored=True))
 
 
 def distill_advantages(samples: Sequence[Sample], student: dict[int, list[float]], d: DistillConfig, *,

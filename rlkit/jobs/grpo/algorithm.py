@@ -26,6 +26,7 @@ from rlkit.errors import StepError
 from rlkit.jobs.grpo.expert import ExpertRows
 from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
+from rlkit.jobs.grpo.waits import trainer_waits
 from rlkit.jobs.prompt_rows import prompt_rows
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
@@ -84,7 +85,7 @@ def set_token_advantages(actor: ActorConfig, samples: list[Sample], old: dict[in
 
 def run_grpo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The GRPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, config, GRPO)
+    run_training(trial_dir, config, GRPO, waits=trainer_waits(config))
 
 
 class GRPO:

@@ -74,7 +74,8 @@ def corrupt_server(trainer: Rank0, state: dict[str, Any], version: int) -> None:
                 client, server, out_dir.absolute(), version, timeout))
 
     try:
-        trainer.controller.run(reload, timeout=3 * timeout + 60)
+        trainer.controller.run(reload, timeout=3 * timeout + 60, what=f"fault {FAULT}@{version}: loading perturbed "
+                               f"weights on {server.label}")
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     print(f"rlkit train: fault injected: {FAULT}@{version}: {server.label} now serves perturbed "

@@ -13,12 +13,13 @@ from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.errors import StepError
+from rlkit.jobs.grpo.waits import batch_wait_s
 from rlkit.rewards.reasoning_gym import task_metrics
 from rlkit.rollout.agent_setup import episode_groups, sampled_budget
 from rlkit.rollout.controller import Group, RolloutController
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
-from rlkit.servers.pool import ServersUnreachable, most_retry_wait
+from rlkit.servers.pool import ServersUnreachable
 from rlkit.slurm.faults import fault_point
 from rlkit.trainer import mismatch, recover
 from rlkit.trainer.evaluator import Evaluator
@@ -29,7 +30,7 @@ from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_json_dict, read_token
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
-from rlkit.weights.fanout import Published
+from rlkit.weights.fanout import Probe, Published
 
 
 def _serving_dtype(config: ExperimentConfig) -> str:
@@ -184,7 +185,9 @@ class Rank0:
             async with server_client(token) as client:
                 await asyncio.gather(*(backend_for(s.backend).resume(client, s, 60.0) for s in servers))
 
-        self.controller.run(resume_all, timeout=120)
+        self.controller.run(resume_all, timeout=120,  # each resume within 60 s: the gather's backstop
+                            what=f"resuming the {len(servers)} servers (a trainer that died in a push may have left "
+                                 "them paused)")
         print(f"rlkit train: {self.steps} steps; servers " + ", ".join(f"{s.index}@{s.address}" for s in servers),
               flush=True)
 
@@ -208,9 +211,7 @@ class Rank0:
         """The next batch with advantages, or why there is none (broadcast so the other ranks stop too)."""
         try:
             self._step_started = time.monotonic()
-            retries = self.config.rollout.request_retries
-            timeout = self.config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries) + 60
-            self._groups, self._rollout_stats = self.controller.get_batch(timeout)
+            self._groups, self._rollout_stats = self.controller.get_batch(batch_wait_s(self.config))
             self.failing.check()
             if fault_point("rollout_fails", self.version + 1):  # tests: a batch that came but cannot be used
                 raise StepError(f"fault injected: rollout_fails@{self.version + 1}")
@@ -242,8 +243,7 @@ class Rank0:
         except BaseException:
             drain(buckets)  # the other ranks are in the gathers behind the iterator: finish them, then fail
             raise
-        published = fanout.publish(transport, buckets, version, self._targets(servers),
-                                   fanout.Probe(probe, trainer_lp, self.tolerance))
+        published = fanout.publish(transport, buckets, version, self._targets(servers), self._probe(probe, trainer_lp))
         assert published is not None
         done = published.synced
         self.sync_phases = {name: max(r.phases.get(name, 0.0) for r in done)
@@ -263,8 +263,12 @@ class Rank0:
         servers = list(self.controller.servers)  # at start only those that answer
         if not servers:
             raise StepError("no live inference server to check the weights of; see the server-N logs")
-        published = fanout.verify(self._targets(servers), fanout.Probe(probe, trainer_lp, self.tolerance))
+        published = fanout.verify(self._targets(servers), self._probe(probe, trainer_lp))
         self._record(0, servers, published)
+
+    def _probe(self, probe: list[int], trainer_lp: list[float]) -> Probe:
+        """The fingerprint check, its probe allowed to queue behind the servers' generation (Probe.queue_s)."""
+        return Probe(probe, trainer_lp, self.tolerance, queue_s=self.config.rollout.request_timeout)
 
     def _targets(self, servers: list[Any]) -> PushTargets:
         from rlkit.servers.http import server_client

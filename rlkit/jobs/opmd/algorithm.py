@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.grpo.algorithm import GRPO, set_token_advantages
+from rlkit.jobs.grpo.waits import trainer_waits
 from rlkit.trainer.loop import run_training
 from rlkit.trainer.rl_math.opmd import opmd_advantages, opmd_policy_loss
 from rlkit.types import Sample
@@ -24,7 +25,7 @@ from rlkit.types import Sample
 
 def run_opmd(trial_dir: Path, config: ExperimentConfig) -> None:
     """The OPMD trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, config, OPMD)
+    run_training(trial_dir, config, OPMD, waits=trainer_waits(config))
 
 
 def set_opmd_advantages(samples: list[Sample], *, group_size: int, baseline: str, tau: float) -> dict[str, float]:

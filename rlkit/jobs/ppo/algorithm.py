@@ -14,6 +14,7 @@ from pathlib import Path
 from rlkit.config.schema.actor import optimizer_steps_per_step
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.jobs.grpo.algorithm import GRPO
+from rlkit.jobs.grpo.waits import trainer_waits
 from rlkit.jobs.ppo.critic import PPOCritic, batch_means, critic_engine_config
 from rlkit.trainer.dist import gather_per_sample
 from rlkit.trainer.loop import LoopContext, run_training
@@ -23,7 +24,7 @@ from rlkit.types import Sample
 
 def run_ppo(trial_dir: Path, config: ExperimentConfig) -> None:
     """The PPO trainer step's entry point on every rank (`rlkit train --trial-dir`)."""
-    run_training(trial_dir, config, PPO)
+    run_training(trial_dir, config, PPO, waits=trainer_waits(config))
 
 
 class PPO(GRPO):

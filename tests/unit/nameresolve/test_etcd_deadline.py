@@ -193,3 +193,71 @@ def test_a_keepalive_stream_that_goes_on_after_its_first_line_returns_that_line(
     start = time.monotonic()
     assert nr._gw.call("/v3/lease/keepalive", {"ID": "7"}) == {"ID": "7", "TTL": "5"}
     assert time.monotonic() - start < LIMIT + MARGIN  # at once, not when the stream ends (3 s)
+
+
+@pytest.fixture
+def slow_dns(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Host names under .slow.test resolve only once the returned event is set (a resolver that hangs); names under
+    .fast.test resolve to 127.0.0.1 at once, those under .fail.test not at all; other names as the system does."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def getaddrinfo(host: object, port: object, *args: object, **kwargs: object) -> object:
+        if isinstance(host, str) and host.endswith(".slow.test"):
+            release.wait(30)
+            host = "127.0.0.1"
+        elif isinstance(host, str) and host.endswith(".fast.test"):
+            host = "127.0.0.1"
+        elif isinstance(host, str) and host.endswith(".fail.test"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield release
+    release.set()  # the lookup threads left waiting end now
+
+
+def test_a_host_name_lookup_that_hangs_fails_the_call_within_the_limit_naming_it(slow_dns: threading.Event) -> None:
+    server = StandIn(normal)
+    port = server.addr.rsplit(":", 1)[1]
+    nr = Etcd3NameResolve(f"etcd.slow.test:{port}", "exp", "t", request_timeout=LIMIT, ttl=5.0, heartbeat_interval=4.0)
+    try:
+        for _ in range(2):  # the second call waits on the same lookup, within its own limit
+            start = time.monotonic()
+            with pytest.raises(NameResolveError) as caught:
+                nr.get("k")
+            waited = time.monotonic() - start
+            assert waited < LIMIT + MARGIN, f"waited {waited:.2f} s on a hanging lookup"
+            message = str(caught.value)
+            assert "looking up the host name 'etcd.slow.test'" in message and f"within {LIMIT:g} s" in message, message
+        assert sum(t.name.startswith("rlkit-etcd-lookup") for t in threading.enumerate()) == 1  # no pile-up
+        slow_dns.set()  # the resolver answers at last: the next call connects
+        deadline = time.monotonic() + 5
+        while any(t.name.startswith("rlkit-etcd-lookup") for t in threading.enumerate()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nr.get("k") == "v"
+    finally:
+        server.close()
+        nr.close()
+
+
+def test_a_host_name_that_resolves_connects_to_its_address(slow_dns: threading.Event) -> None:
+    server = StandIn(normal)
+    port = server.addr.rsplit(":", 1)[1]
+    nr = Etcd3NameResolve(f"etcd.fast.test:{port}", "exp", "t", request_timeout=LIMIT, ttl=5.0, heartbeat_interval=4.0)
+    try:
+        assert nr.get("k") == "v"
+    finally:
+        server.close()
+        nr.close()
+
+
+def test_a_host_name_that_does_not_resolve_says_so(slow_dns: threading.Event) -> None:
+    nr = Etcd3NameResolve("etcd.fail.test:2379", "exp", "t", request_timeout=LIMIT, ttl=5.0,
+                          heartbeat_interval=4.0)
+    try:
+        with pytest.raises(NameResolveError, match=r"cannot look up the host name 'etcd\.fail\.test'.*Name or service"):
+            nr.get("k")
+    finally:
+        nr.close()

@@ -185,7 +185,7 @@ def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def settle(ctrl: RolloutController) -> None:
     """Let the controller's loop run everything that is ready (and a little more)."""
-    ctrl.run(lambda: asyncio.sleep(0.15), timeout=5.0)
+    ctrl.run(lambda: asyncio.sleep(0.15), timeout=5.0, what="a test's sleep")
 
 
 def started(servers: StandInServers, ctrl: RolloutController, n: int) -> list[int]:
@@ -421,3 +421,10 @@ def test_a_server_that_stops_answering_health_is_left_out_of_the_push_under_way(
         ctrl.submit(ctrl.guard_push(server, asyncio.sleep(3600))).result(timeout=5)
     assert ctrl.live_servers() == []  # registered, heart-beating, but silent: no push goes to it
     assert f"server 0 ({SERVER_ADDRESS}) has not answered /health for 0.3 s" in capsys.readouterr().out
+
+
+def test_run_past_its_timeout_fails_naming_what_it_waited_for(make: Callable[..., RolloutController]) -> None:
+    ctrl = make(max_offpolicyness=0)
+    ctrl.start()
+    with pytest.raises(StepError, match=r"^resuming the 2 servers: not done after 0\.1 s$"):
+        ctrl.run(lambda: asyncio.sleep(5), timeout=0.1, what="resuming the 2 servers")

@@ -67,3 +67,29 @@ def test_the_guard_check_of_a_trickling_server_ends_at_its_timeout(trickling: st
                                                r"server's token guard \(no complete answer within 0\.3 s\)"):
         prove_guard(f"http://{trickling}", backend_for("vllm"), "t", timeout=0.3)
     assert time.monotonic() - started < 1.5
+
+
+def test_a_host_name_lookup_that_hangs_does_not_hold_the_probe_past_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx asks the event loop to look a server's host name up; in the loop's default executor a lookup that the
+    system resolver holds kept `asyncio.run` (and so `rlkit status`) waiting for it whatever the probe's timeout."""
+    import socket
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def getaddrinfo(host: object, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if isinstance(name, str) and name.endswith(".slow.test"):
+            release.wait(5)  # a resolver that hangs (for 5 s here: past the assertion's bound either way)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        start = time.monotonic()
+        assert probe_health(["server.slow.test:9"], timeout=0.3) == [False]
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+    assert waited < 2.0, f"the probe took {waited:.1f} s"

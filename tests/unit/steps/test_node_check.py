@@ -4,6 +4,7 @@ real job runs it on the dev cluster (tests/integration/test_node_check.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -259,3 +260,24 @@ def test_each_component_checks_as_its_steps_run() -> None:
         assert argv[argv.index(step.argv[0]):][:3] == [step.argv[0], "-m", "rlkit.steps.node_check"]
         assert "--container" in argv and "--target-group=1" in argv
         assert ("--listen=1" in argv) == (group == 1)
+
+
+def test_a_peer_trickling_its_hello_does_not_hold_the_listener_past_its_deadline() -> None:
+    """A connection sending a byte every 0.1 s (never a whole line in time) is dropped at the listener's deadline;
+    a socket timeout alone is per recv, so it held the listener for 512 of them."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        stop = threading.Event()
+
+        def trickle() -> None:
+            with socket.create_connection(server.getsockname()[:2], timeout=5) as conn, contextlib.suppress(OSError):
+                while not stop.wait(0.1):
+                    conn.sendall(b"t")
+
+        thread = threading.Thread(target=trickle, daemon=True)
+        thread.start()
+        start = time.monotonic()
+        heard = serve_peers(server, "tok", 1, start + 0.5)
+        waited = time.monotonic() - start
+        stop.set()
+        thread.join(5)
+    assert heard == 0 and waited < 2.0, f"served for {waited:.1f} s"

@@ -126,3 +126,57 @@ def test_end_process_runs_atexit_flushes_output_and_keeps_the_code(tmp_path: Pat
     assert result.returncode == 3, result.stderr
     assert result.stdout == "buffered, no newline"
     assert (tmp_path / "atexit").read_text() == "ran"
+
+
+# --- rank 0's broadcasts wait as long as rank 0 may work alone ------------------------------------------------------
+
+SLOW_RANK0 = """
+import sys, time
+from rlkit.trainer import dist as rdist
+
+wait = None if sys.argv[1] == "none" else float(sys.argv[1])
+env, _ = rdist.init_distributed(None, timeout_s=1.0, rank0_wait_s=wait)
+if env.rank == 0:
+    time.sleep(2.0)  # rank 0 alone past the collective timeout, as with a slow batch of rollouts
+print("got", rdist.broadcast_object("the batch" if env.rank == 0 else None), flush=True)
+assert rdist.all_reduce_max(env.rank) == 1  # the default group is still the trainer's
+rdist.end_process(0)
+"""
+
+
+def test_the_other_ranks_wait_for_rank_0_past_the_collective_timeout() -> None:
+    """A batch broadcast by rank 0 after longer than the process group's timeout (1 s here, 30 minutes in a trainer)
+    reaches the other ranks, which wait rank0_wait_s for it instead of failing with torch's timeout."""
+    from tests.helpers.gloo_ranks import run_ranks
+
+    outputs = run_ranks(2, ["-c", SLOW_RANK0, "20"])
+    assert all("got the batch" in output for output in outputs), outputs
+
+
+def test_rank0_wait_bound_covers_rank_0s_own_deadlines(grpo_yaml: Path) -> None:
+    from rlkit.config.load import load_config
+    from rlkit.jobs.grpo.waits import batch_wait_s, push_wait_s, rank0_wait_bound
+    from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S
+
+    config = load_config(grpo_yaml, ["rollout.request_timeout=3000", "rollout.request_retries=2",
+                                     "actor.weight_update_timeout=100", "rollout.setup_timeout=500"])
+    assert batch_wait_s(config) == 3000 * 3 + 0.5 + 1 + 60  # get_batch's own deadline
+    assert push_wait_s(config) == 2 * (2 * 100 + 60) + 3000  # the probe may queue behind generation
+    bound = rank0_wait_bound(config)
+    assert bound >= batch_wait_s(config) + push_wait_s(config) + 3000  # the batch, a push, an evaluation's request
+    assert bound > COLLECTIVE_TIMEOUT_S  # the defaults' request_timeout alone outlasts a collective
+    assert rank0_wait_bound(config, scored=True) >= bound + batch_wait_s(config)  # distill: the teacher scores too
+
+
+def test_trainer_waits_outlast_one_bucket_of_a_broadcast_push(grpo_yaml: Path) -> None:
+    """While rank 0 waits for the servers' part of one bucket, the other ranks wait in the next bucket's all-gather:
+    a long weight_update_timeout raises it, else it stays 30 minutes."""
+    from rlkit.config.load import load_config
+    from rlkit.jobs.grpo.waits import rank0_wait_bound, trainer_waits
+    from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S
+
+    config = load_config(grpo_yaml, [])
+    assert trainer_waits(config).collective_s == COLLECTIVE_TIMEOUT_S
+    assert trainer_waits(config).rank0_s == rank0_wait_bound(config)
+    slow = load_config(grpo_yaml, ["actor.weight_update_timeout=3000"])
+    assert trainer_waits(slow).collective_s == 2 * (3000 + 2 * 30) + 60

@@ -6,13 +6,16 @@ older rlkit versions still loads."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from rlkit.errors import StepError
+from rlkit.trainer import rank_files
 from rlkit.trainer.rank_files import DamagedCheckpoint, Piece, rank_file_name, write_rank_file
 from rlkit.trainer.rank_gather import gather_rows
 from rlkit.trials.recover_layout import FileDigest
@@ -212,3 +215,31 @@ def test_a_damaged_header_found_while_gathering_is_a_damaged_checkpoint(tmp_path
         gather_rows(tmp_path, targets, digests)
     with pytest.raises(StepError, match="is F16"):  # checked already (no digests): the mismatch itself
         gather_rows(tmp_path, targets, None)
+
+
+def test_a_checksum_that_fails_fails_the_write_instead_of_waiting_forever(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checksum runs on a thread of its own: its failure must reach the writer, whose wait for the digest would
+    otherwise never end (and the other ranks then wait in their next collective until its timeout)."""
+
+    class Failing:
+        def update(self, data: object) -> None:
+            raise MemoryError("no room to hash")
+
+    monkeypatch.setattr(rank_files.xxhash, "xxh3_128", Failing)
+    tensor = torch.randn(4, 3)
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        try:
+            write_rank_file(tmp_path / "rank.safetensors", [Piece("model/w", tensor, [4, 3], "", tensor)], {},
+                            rank=0, world=1)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(5.0)
+    assert not writer.is_alive(), "the write waited for a checksum whose thread had failed"
+    assert isinstance(outcome.get("error"), RuntimeError), outcome
+    assert "checksumming the rank file failed: MemoryError: no room to hash" in str(outcome["error"])

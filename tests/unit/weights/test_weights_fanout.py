@@ -5,6 +5,7 @@ thread (as the rollout controller's), the servers are stand-in routes (tests/uni
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -226,3 +227,37 @@ def test_every_weight_update_mode_resolves_to_its_transport() -> None:
 
     assert CHOICES["actor.weight_update_mode"] == TRANSPORT_NAMES == WEIGHT_UPDATE_MODES == ("disk", "xccl")
     assert [transport_for(name).name for name in WEIGHT_UPDATE_MODES] == ["disk", "xccl"]
+
+
+def test_a_push_past_its_backstop_fails_naming_what_it_waited_for(loop: asyncio.AbstractEventLoop) -> None:
+    """The controller's loop blocked (every server request's own deadline then never fires): the backstop names the
+    step and its limit, not "an operation on the servers"."""
+    targets = targets_on(loop, [], httpx.MockTransport(lambda request: httpx.Response(200)))
+    blocked = threading.Event()
+    loop.call_soon_threadsafe(blocked.wait, 5.0)
+    try:
+        with pytest.raises(StepError, match=r"^loading weight version 3 from disk on 2 servers: not done after 0\.1 s"):
+            targets.run(asyncio.sleep(0), timeout=0.1, what="loading weight version 3 from disk on 2 servers")
+    finally:
+        blocked.set()
+
+
+def test_a_probe_queued_behind_generation_is_waited_for_as_long_as_a_request(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """The fingerprint probe goes to a resumed server: one at its max_num_seqs queues it behind generation, first come
+    first served. Its deadline is the push's timeout plus the queue (rollout.request_timeout), not the push's alone,
+    which failed a healthy server (and the step) while it generated."""
+    apps = {"10.0.0.1:8000": StandInServer()}
+    inner = stand_ins(apps)
+
+    async def busy(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            await asyncio.sleep(0.6)  # behind the generation requests that run to their end first
+        return await inner.handle_async_request(request)
+
+    targets = dataclasses.replace(targets_on(loop, [server(index=1)], inner), timeout=0.3,
+                                  open_client=lambda: httpx.AsyncClient(transport=httpx.MockTransport(busy)))
+    with pytest.raises(StepError, match=r"no complete answer within 0\.3 s to probe logprobs"):
+        fanout.verify(targets, PROBE_CHECK)  # without the queue's allowance
+    published = fanout.verify(targets, dataclasses.replace(PROBE_CHECK, queue_s=2.0))
+    assert [r.fingerprint for r in published.synced] == [0.0]
