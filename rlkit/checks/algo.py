@@ -19,6 +19,7 @@ from rlkit.config.schema.actor import (
 
 NORM_LEVELS = ("batch", "group", None, "none")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_PENALTY_LEVELS = ("token", "sequence")  # actor.kl_penalty_level (rlkit.trainer.rl_math.advantage_batch)
 RS_CHOICES = {
     "level": ("token", "sequence"),
     "action": ("mask", "clamp"),
@@ -42,6 +43,9 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
         value = getattr(actor, name)
         if value not in KL_ESTIMATORS:
             problems.add(f"actor.{name} '{value}' is not one of: k1, k2, k3", hint=f"e.g. actor.{name}=k3")
+    if actor.kl_penalty_level not in KL_PENALTY_LEVELS:
+        problems.add(f"actor.kl_penalty_level '{actor.kl_penalty_level}' is not one of: "
+                     f"{', '.join(KL_PENALTY_LEVELS)}", hint="e.g. actor.kl_penalty_level=token")
     _validate_decoupled(actor, problems)
     _validate_sapo_m2po(actor, problems)
 

@@ -68,7 +68,7 @@ def _actor(*names: str) -> tuple[str, ...]:
 # group_size and kl_clamp (also the KL loss term's) it still reads.
 _RL_ADVANTAGES = _actor("reward_scaling", "reward_bias", "reward_clip", "reward_norm", "overlong_reward_penalty",
                         "overlong_tokens", "overlong_penalty_factor", "kl_ctl", "kl_ctl_adaptive", "kl_estimator",
-                        "discount", "gae_lambda", "adv_norm", "passk_advantage", "gpg_scale")
+                        "kl_penalty_level", "discount", "gae_lambda", "adv_norm", "passk_advantage", "gpg_scale")
 
 _LORA = _actor("lora_rank", "lora_alpha", "target_modules")
 
@@ -96,7 +96,8 @@ CONDITIONAL_KNOBS: tuple[Condition, ...] = (
               "GAE, normalisation), the reward is only logged", "set distill.rl_coef > 0"),
     # the KL terms' estimators, read only while their coefficient is on (rlkit.trainer.rl_math.advantage_batch,
     # rlkit.trainer.actor); kl_ctl_adaptive with kl_ctl 0 is refused in its own words (rlkit.checks.algo)
-    Condition(_actor("kl_estimator"), lambda job: job.trains_on_rollouts, lambda c: c.actor.kl_ctl == 0,
+    Condition(_actor("kl_estimator", "kl_penalty_level"), lambda job: job.trains_on_rollouts,
+              lambda c: c.actor.kl_ctl == 0,
               "actor.kl_ctl is 0 (no KL reward penalty)", "set actor.kl_ctl > 0"),
     Condition(_actor("kl_loss_type"), lambda job: job.ppo_update, lambda c: c.actor.kl_loss_coef == 0,
               "actor.kl_loss_coef is 0 (no KL loss term)", "set actor.kl_loss_coef > 0"),

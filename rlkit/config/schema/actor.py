@@ -216,6 +216,12 @@ class ActorConfig:
         "(Ziegler et al.'s controller, verl's kl_ctrl.type adaptive); the coefficient is logged as actor/kl_ctl and "
         "resumed with the run. null: kl_ctl stays fixed.")
     kl_estimator: str = _f("k1", "Estimator of the kl_ctl penalty. Choices: k1, k2, k3.")
+    kl_penalty_level: str = _f(
+        "token", "Where the kl_ctl penalty enters the advantages. token (AReaL's order): on each token's reward after "
+        "the sequence advantage, so a token's return holds the penalties from it on. sequence (verl's "
+        "use_kl_in_reward with its outcome estimators: grpo, rloo, opo, gpg, grpo_passk, REINFORCE++-baseline): "
+        "summed over the sequence's tokens and subtracted from its reward before reward_norm, every token then "
+        "taking that one advantage. Choices: token, sequence.")
     kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
                              "gradient, verl's use_kl_loss); > 0 loads the reference model.", ge=0)
     kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")

@@ -14,7 +14,8 @@ from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.verl.mapping import RunMapping, put
 
 KEY, STD_KEY = "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"
-KL_IN_REWARD = "algorithm.use_kl_in_reward"
+KL_IN_REWARD, KL_COEF = "algorithm.use_kl_in_reward", "algorithm.kl_ctrl.kl_coef"
+VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
 GRPO_EPS = 1e-6  # verl's epsilon in its group estimators
 WHITENED = {"mean_level": "batch", "std_level": "batch"}  # verl's masked_whiten over the batch's tokens
 LEAVE_ONE_OUT = {"mean_level": "group", "mean_leave1out": True, "std_level": None}
@@ -45,8 +46,11 @@ SETTINGS: dict[str, tuple[dict[str, Any], str]] = {
                                      "verl's REINFORCE++-baseline"),
 }
 # Estimators that work on each sequence's summed token rewards, giving every token one value: with the KL reward
-# penalty verl's sum holds the penalties, rlkit adds its penalty per token after the sequence advantage (its return)
-SUMMED = ("reinforce_plus_plus_baseline", "grpo_passk", "opo", "gpg")
+# penalty (use_kl_in_reward) verl's sum holds the penalties, so rlkit sums its penalty into the sequence's reward
+# before the advantage too (actor.kl_penalty_level: sequence), not per token after it (its default, which is verl's
+# for GAE and REINFORCE++, whose returns run over the token rewards)
+SUMMED = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "reinforce_plus_plus_baseline", "grpo_passk", "opo",
+          "gpg")
 NOT_BUILT = {
     "remax": "its baseline is the reward of a greedy completion of each prompt, an extra rollout rlkit's servers do "
              "not make",
@@ -62,13 +66,7 @@ def algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
     estimator = m.leaves.get(KEY, "gae")
     default = "" if KEY in m.leaves else " (verl's default)"
     job = estimators.get(estimator) if isinstance(estimator, str) else None
-    if job is not None and estimator in SUMMED and m.leaves.get(KL_IN_REWARD, False):
-        m.refuse(KEY, "with algorithm.use_kl_in_reward, verl computes it from each sequence's summed rewards (KL "
-                      "penalties included) and gives every token that one value; rlkit computes it from the outcome "
-                      "reward and adds the KL penalty per token (its return)",
-                 "use algorithm.use_kl_in_reward=false with actor_rollout_ref.actor.use_kl_loss=true (verl's usual "
-                 "pairing)" + (", or algorithm.adv_estimator=reinforce_plus_plus" if "plus" in estimator else ""))
-    elif job is not None and estimator == "grpo_vectorized" and m.leaves.get(STD_KEY, True) is False:
+    if job is not None and estimator == "grpo_vectorized" and m.leaves.get(STD_KEY, True) is False:
         m.refuse(STD_KEY, "verl's grpo_vectorized does not read it: it divides by the group's std all the same",
                  "remove it to migrate what verl ran, or use algorithm.adv_estimator=grpo for Dr. GRPO (no division "
                  "by the std)")
@@ -78,6 +76,10 @@ def algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
             _grpo_norm(m, estimator)
         for name, value in settings.items():
             put(m.out, f"actor.{name}", dict(value) if isinstance(value, dict) else value)
+        if estimator in SUMMED and _kl_in_reward(m):
+            put(m.out, "actor.kl_penalty_level", "sequence")
+            said += ("; the KL reward penalty summed into each sequence's reward first (actor.kl_penalty_level: "
+                     "sequence), as verl's sum of the token rewards holds it")
         m.moved(KEY, "type", job, f" as {job}, {said}")
     elif job is not None and estimator == "gae":
         put(m.out, "actor.adv_norm", dict(WHITENED))
@@ -98,6 +100,13 @@ def algorithm(m: RunMapping, estimators: Mapping[str, str]) -> None:
                               ("algorithm.lam", "actor.gae_lambda", ("gae",))):
         if name in m.leaves and estimator not in used_by and job is not None:
             m.left(name, f"verl's {estimator} advantage does not read it (rlkit's {to} stays 1)")
+
+
+def _kl_in_reward(m: RunMapping) -> bool:
+    """Whether verl's KL reward penalty is on: use_kl_in_reward with a coefficient above 0 (a coefficient that is no
+    number is refused with the KL keys)."""
+    coef = m.leaves.get(KL_COEF, VERL_KL_COEF)
+    return m.leaves.get(KL_IN_REWARD, False) is True and isinstance(coef, int | float) and coef > 0
 
 
 def _grpo_norm(m: RunMapping, estimator: str) -> None:

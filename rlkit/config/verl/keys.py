@@ -74,7 +74,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
      "not built (docs/algorithms.md)"),
     ("algorithm.gamma", "actor.discount", ""),
     ("algorithm.lam", "actor.gae_lambda", ""),
-    ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0"),
+    ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0; under "
+       "verl's summed estimators (grpo, rloo, opo, gpg, ...) also actor.kl_penalty_level: sequence"),
     ("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "the coefficient (adaptive: the starting one)"),
     ("algorithm.kl_penalty", "actor.kl_estimator", "rlkit names the estimators k1, k2, k3"),
     ("algorithm.norm_adv_by_std_in_grpo", "actor.reward_norm.std_level", "group: divide by the group's std; "

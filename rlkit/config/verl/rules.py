@@ -15,7 +15,7 @@ from typing import Any
 
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.data import set_reward
-from rlkit.config.verl.estimators import algorithm, gpg_loss
+from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm, gpg_loss
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
@@ -25,7 +25,6 @@ ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
 # verl's KL estimator names (core_algos.kl_penalty) -> rlkit's; the "+" (straight-through) forms, abs and full are not
 # built
 VERL_KL = {**KL_ESTIMATORS, "kl": "k1", "mse": "k2"}
-VERL_KL_COEF = 0.001  # verl's default kl_loss_coef and kl_ctrl.kl_coef
 VERL_TARGET_KL, VERL_HORIZON = 0.1, 10000  # verl's KLControlConfig defaults (verl/trainer/config/algorithm.py)
 LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
               "sapo": ("actor.use_sapo_loss", True), "gpg": None}  # gpg: estimators.gpg_loss

@@ -27,8 +27,8 @@ def _validate_opmd(config: ExperimentConfig, allocation: Allocation | None, prob
     if config.actor.reward_norm is not None:
         problems.add("actor.reward_norm is set, but OPMD's advantage is the reward minus its group baseline "
                      "(opmd.opmd_baseline), never divided by a std", hint="remove actor.reward_norm")
-    for name in ("passk_advantage", "gpg_scale"):  # GRPO's sequence advantages, which OPMD's own replace
-        if getattr(config.actor, name):
+    for name in ("passk_advantage", "gpg_scale", "kl_penalty_level"):  # GRPO's sequence advantages: OPMD's replace
+        if getattr(config.actor, name) not in (False, "token"):
             problems.add(f"actor.{name} is set, but OPMD's advantage is the reward minus its group baseline "
                          "(opmd.opmd_baseline)", hint=f"remove actor.{name}")
     # PPO's clip knobs (SAPO, M2PO, ...): OPMD has a loss of its own (clipped_loss false), rlkit.checks.unread_knobs

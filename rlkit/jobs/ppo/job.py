@@ -26,6 +26,10 @@ def _validate_ppo(config: ExperimentConfig, allocation: Allocation | None, probl
     validate_training(config, allocation, problems)
     validate_critic(config, problems)
     validate_evaluator(config, problems)
+    if config.actor.kl_penalty_level == "sequence" and config.actor.kl_ctl > 0:
+        problems.add("actor.kl_penalty_level sequence sums the KL penalty into each sequence's reward, but ppo's GAE "
+                     "reads a reward per token from its critic's values on (verl's GAE too)",
+                     hint="remove actor.kl_penalty_level (token: the penalty on each token's reward)")
     ranks = allocation.trainer.dp if allocation is not None and allocation.trainer is not None else 1
     sequences = config.train_dataset.batch_size * max(1, config.actor.group_size)
     n_mb = config.critic.ppo_n_minibatches

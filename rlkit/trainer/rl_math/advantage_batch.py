@@ -8,6 +8,9 @@ after the batch is chosen:
 2. `token_advantages` (every rank, on the whole batch): token rewards (-kl_ctl * KL(old || ref) per token, the
    sequence reward on the last token), discounted returns / GAE (`discount`, `gae_lambda`), then `adv_norm` over
    tokens. Each sample gets `token_advantages`.
+With `actor.kl_penalty_level: sequence` (verl's use_kl_in_reward under its outcome estimators) the penalty is summed
+over each sequence's sampled tokens and subtracted from its shaped reward instead, and the sequence advantage
+(reward_norm and the rest of stage 1's) is computed from that in stage 2, where the KL is known.
 Multi-turn episodes: every token statistic above is over sampled tokens only (`Sample.loss_mask`): the tokens rlkit
 inserted get no KL penalty, no reward, advantage 0, and take no part in adv_norm; GAE skips them
 (rlkit.trainer.rl_math.gae). `actor.mask_no_eos_with_zero` leaves unfinished samples out of the actor's advantages
@@ -77,16 +80,31 @@ def prepare_batch(groups: Sequence[Sequence[Sample]], actor: ActorConfig, *, max
                                    overlong_penalty_factor=actor.overlong_penalty_factor)
     rewards = shape_rewards(rewards, reward_scaling=actor.reward_scaling, reward_bias=actor.reward_bias,
                             reward_clip=actor.reward_clip)
-    normed = apply_norm(rewards, actor.reward_norm, actor)
-    if actor.passk_advantage:
-        normed = best_only(normed, actor.group_size)
-    if actor.gpg_scale:
-        normed = normed * nonzero_scale(rewards)
+    # with the penalty in the sequence reward the advantage needs the KL (known on the trainer ranks, later):
+    # token_advantages normalises then
+    normed = rewards if kl_in_sequence(actor) else sequence_advantages(rewards, actor)
     for s, a, r in zip(samples, normed.tolist(), rewards.tolist(), strict=True):
         s.advantage = float(a)
         s.token_advantages = None
         s.info["shaped_reward"] = float(r)
     return PreparedBatch(samples, dropped, raw)
+
+
+def kl_in_sequence(actor: ActorConfig) -> bool:
+    """Whether the KL reward penalty is summed into each sequence's reward before its advantage (verl's
+    use_kl_in_reward under its outcome estimators), not added per token after it."""
+    return actor.kl_penalty_level == "sequence" and actor.kl_ctl > 0
+
+
+def sequence_advantages(rewards: torch.Tensor, actor: ActorConfig) -> torch.Tensor:
+    """The sequence advantages of shaped sequence rewards (groups of actor.group_size consecutive samples):
+    reward_norm, then the pass@k advantage and GPG's correction when asked (rlkit.trainer.rl_math.group_estimators)."""
+    normed = apply_norm(rewards, actor.reward_norm, actor)
+    if actor.passk_advantage:
+        normed = best_only(normed, actor.group_size)
+    if actor.gpg_scale:
+        normed = normed * nonzero_scale(rewards)
+    return normed
 
 
 def _padded(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -163,6 +181,13 @@ def advantages_and_returns(samples: Sequence[Sample], old_logp: Mapping[int, Seq
         stats["kl_reward_clamped_tokens"] = float((clamped & mask).sum())
         per_seq = (kl * sampled).sum(dim=1) / sampled.sum(dim=1).clamp(min=1)
         stats["kl_seq_mean"] = float(per_seq.mean())
+    if kl is not None and kl_in_sequence(actor):  # verl's order: the summed penalty, then the sequence advantage
+        if values is not None:
+            raise ValueError("actor.kl_penalty_level sequence has no per-token rewards for a critic's GAE")
+        seq = sequence_advantages(seq - coef * (kl * sampled).sum(dim=1), actor)
+        for s, a in zip(samples, seq.tolist(), strict=True):
+            s.advantage = float(a)
+        kl = None  # in the sequence's advantage now, not on its tokens
     v = _padded([values[i] for i in range(len(samples))], width) if values is not None else None
     adv, returns = _gae(seq, mask, kl, v, actor, coef)
     if not torch.equal(mask, sampled):  # the critic's targets: over every sampled token, not the actor's mask

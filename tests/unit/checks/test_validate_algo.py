@@ -4,6 +4,7 @@ field, together with every other problem; AReaL's own refusals (NormConfig and R
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,19 @@ def test_the_group_estimators_fields_are_refused_where_they_would_be_ignored(grp
         assert f"actor.{name} is set, but OPMD's advantage is the reward minus its group baseline" in \
             info.value.message
     raise_problems(load_config(grpo_yaml, ["actor.passk_advantage=true", "actor.gpg_scale=true"]))
+
+
+def test_the_kl_penalty_level(grpo_yaml: Path) -> None:
+    """token or sequence; sequence needs a KL reward penalty (kl_ctl > 0: else ignored, rlkit.checks.
+    conditional_knobs), and neither ppo (its GAE reads a reward per token) nor opmd (its own advantage) sums it."""
+    raise_problems(load_config(grpo_yaml, ["actor.kl_ctl=0.01", "actor.kl_penalty_level=sequence"]))
+    with pytest.raises(ConfigError, match=re.escape("actor.kl_penalty_level 'seq' is not one of: token, sequence")):
+        raise_problems(load_config(grpo_yaml, ["actor.kl_ctl=0.01", "actor.kl_penalty_level=seq"]))
+    with pytest.raises(ConfigError, match=re.escape("actor.kl_penalty_level is set, but actor.kl_ctl is 0")):
+        raise_problems(load_config(grpo_yaml, ["actor.kl_penalty_level=sequence"]))
+    with pytest.raises(ConfigError, match=re.escape("actor.kl_penalty_level is set, but OPMD's advantage")):
+        raise_problems(load_config(grpo_yaml, ["type=opmd", "actor.reward_norm=null", "actor.kl_ctl=0.01",
+                                               "actor.kl_penalty_level=sequence"]))
+    with pytest.raises(ConfigError, match=re.escape("actor.kl_penalty_level sequence sums the KL penalty into each "
+                                                    "sequence's reward, but ppo's GAE")):
+        raise_problems(load_config(grpo_yaml, ["type=ppo", "actor.kl_ctl=0.01", "actor.kl_penalty_level=sequence"]))

@@ -1,11 +1,14 @@
 """`rlkit migrate` of verl runs with the estimators session 40 added (grpo_vectorized, rloo_vectorized, grpo_passk,
 opo, gpg): each becomes grpo settings, said in the header, that load, and under which rlkit's own advantage code
 (prepare_batch, token_advantages) gives verl's advantages, computed here from verl's definitions; what rlkit cannot
-reproduce (the KL reward inside a summed estimator, grpo_vectorized told not to divide by the std, the gpg loss over
-several minibatches, remax, the optimal token baseline) is refused naming why and the fix."""
+reproduce (grpo_vectorized told not to divide by the std, the gpg loss over several minibatches, remax, the optimal
+token baseline) is refused naming why and the fix. With verl's KL reward penalty (use_kl_in_reward) every estimator
+that sums a sequence's token rewards migrates with the penalty summed into the sequence's reward
+(actor.kl_penalty_level: sequence) and gives verl's advantages of the penalised sums."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -46,11 +49,17 @@ def rloo_vectorized_reference(rewards: list[float]) -> list[float]:
     return [(len(g) * r - sum(g)) / (len(g) - 1) for g in _by_group(rewards) for r in g]
 
 
-def _actor_of(tmp_path: Path, site: list[str], words: str) -> tuple[ActorConfig, dict[str, str], str]:
-    """The migrated GRPO_SCRIPT with algorithm.adv_estimator=grpo replaced by `words`: its actor as loaded, its
-    header's fates, its text."""
+def _actor_of(tmp_path: Path, site: list[str], words: str, *,
+              kl_in_reward: bool = False) -> tuple[ActorConfig, dict[str, str], str]:
+    """The migrated GRPO_SCRIPT with algorithm.adv_estimator=grpo replaced by `words` (and its
+    algorithm.use_kl_in_reward=False by True with `kl_in_reward`): its actor as loaded, its header's fates, its
+    text."""
     script = tmp_path / "run.sh"
-    script.write_text(GRPO_SCRIPT.replace("algorithm.adv_estimator=grpo", words))
+    text = GRPO_SCRIPT.replace("algorithm.adv_estimator=grpo", words)
+    if kl_in_reward:
+        assert "algorithm.use_kl_in_reward=False" in text
+        text = text.replace("algorithm.use_kl_in_reward=False", "algorithm.use_kl_in_reward=True")
+    script.write_text(text)
     text = _migrated(script, site)
     clean = tmp_path / "clean.yaml"
     clean.write_text(text)
@@ -119,9 +128,6 @@ def test_the_new_fields_load_and_render(tmp_path: Path, site: list[str]) -> None
 @pytest.mark.parametrize(("change", "says"), [
     ({"algorithm.adv_estimator": "grpo_vectorized", "algorithm.norm_adv_by_std_in_grpo": False},
      "norm_adv_by_std_in_grpo False (t): verl's grpo_vectorized does not read it"),
-    ({"algorithm.adv_estimator": "grpo_passk", "algorithm.use_kl_in_reward": True}, "summed rewards"),
-    ({"algorithm.adv_estimator": "opo", "algorithm.use_kl_in_reward": True}, "summed rewards"),
-    ({"algorithm.adv_estimator": "gpg", "algorithm.use_kl_in_reward": True}, "summed rewards"),
     ({"algorithm.adv_estimator": "remax"}, "greedy completion of each prompt"),
     ({"algorithm.adv_estimator": "optimal_token_baseline"}, "sum of squared probabilities"),
     ({"algorithm.adv_estimator": "gpg", "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg"},
@@ -153,3 +159,69 @@ def test_passk_s_std_switch_is_said_in_the_header() -> None:
     assert mapping["actor"]["reward_norm"] == {"mean_level": "group", "std_level": None, "eps": VERL_EPS}
     assert {f.key: f.fate for f in fates}["algorithm.norm_adv_by_std_in_grpo"] == \
         "moved to actor.reward_norm.std_level as null (the margin not divided by the std)"
+
+
+KL_COEF = 0.1
+OLD = [[-0.1 * (t + 1) for t in range(n)] for n in LENGTHS]  # the recomputed log-probs of each completion
+REF = [[-0.3 + 0.05 * t for t in range(n)] for n in LENGTHS]  # the reference model's
+
+
+def _summed_scores() -> list[float]:
+    """verl's token_level_rewards summed over each sequence: the score on the last token, -kl_coef x KL on every
+    token, KL its default estimator `kl` (old - ref, rlkit's k1)."""
+    return [r - KL_COEF * sum(o - f for o, f in zip(old, ref, strict=True))
+            for r, old, ref in zip(REWARDS, OLD, REF, strict=True)]
+
+
+def _whitened(rows: list[list[float]]) -> list[list[float]]:
+    """verl's masked_whiten over the batch's tokens: x rsqrt(unbiased variance + 1e-8) (rlkit's adv_norm divides by
+    the std + 1e-5: equal within 1e-4, as session 39 measured for REINFORCE++)."""
+    flat = [a for row in rows for a in row]
+    mean = sum(flat) / len(flat)
+    var = sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)
+    return [[(a - mean) / (var + 1e-8) ** 0.5 for a in row] for row in rows]
+
+
+def grpo_reference(scores: list[float], size: int = GROUP) -> list[float]:
+    """verl's grpo: (score - its group's mean) / (the group's unbiased std + eps)."""
+    return [(r - sum(g) / len(g)) / (statistics.stdev(g) + VERL_EPS) for g in _by_group(scores, size) for r in g]
+
+
+def _advantages_with_kl(actor: ActorConfig) -> list[list[float]]:
+    samples = [Sample(prompt_ids=[1, 2], completion_ids=[5] * n, behav_logp=[-0.1] * n, reward=r, version=0,
+                      finished=True, group=i // GROUP) for i, (r, n) in enumerate(zip(REWARDS, LENGTHS, strict=True))]
+    batch = prepare_batch([samples[:GROUP], samples[GROUP:]], actor, max_new_tokens=8).samples
+    token_advantages(batch, dict(enumerate(OLD)), dict(enumerate(REF)), actor)
+    return [s.token_advantages or [] for s in batch]
+
+
+@pytest.mark.parametrize(("estimator", "reference"), [
+    ("grpo", lambda: _flat(grpo_reference(_summed_scores()))),
+    ("grpo_vectorized", lambda: _flat(grpo_vectorized_reference(_summed_scores()))),
+    ("rloo", lambda: _flat(rloo_vectorized_reference(_summed_scores()))),
+    ("grpo_passk", lambda: _flat(passk_reference(_summed_scores(), GROUP, by_std=True))),
+    ("opo", lambda: opo_reference(_summed_scores(), LENGTHS, GROUP)),
+    ("gpg", lambda: _flat(gpg_reference(_summed_scores(), GROUP))),
+    ("reinforce_plus_plus_baseline", lambda: _whitened(_flat(
+        [r - sum(g) / len(g) for g in _by_group(_summed_scores()) for r in g]))),
+])
+def test_with_the_kl_reward_each_summed_estimator_gives_verl_s_advantages(tmp_path: Path, site: list[str],
+                                                                          estimator: str, reference: object) -> None:
+    """verl's use_kl_in_reward subtracts kl_coef x KL from each token's reward, then these estimators sum a
+    sequence's token rewards into one score: the migrated settings (actor.kl_penalty_level: sequence) give the
+    estimator's advantages of those penalised scores on every token (rlkit's per-token order, the default, would
+    give each token its own return instead: this test fails with it)."""
+    actor, said, _ = _actor_of(tmp_path, site, f"algorithm.adv_estimator={estimator} "
+                                                f"algorithm.kl_ctrl.kl_coef={KL_COEF}", kl_in_reward=True)
+    assert (actor.kl_ctl, actor.kl_estimator, actor.kl_penalty_level) == (KL_COEF, "k1", "sequence")
+    assert "actor.kl_penalty_level: sequence" in said["algorithm.adv_estimator"], said["algorithm.adv_estimator"]
+    got, expected = _advantages_with_kl(actor), reference()  # type: ignore[operator]
+    rel = 1e-4 if estimator == "reinforce_plus_plus_baseline" else 1e-5  # the whitening's eps (_whitened)
+    for row, want in zip(got, expected, strict=True):
+        assert row == pytest.approx(want, rel=rel, abs=1e-6)
+
+
+def test_reinforce_plus_plus_keeps_the_penalty_per_token(tmp_path: Path, site: list[str]) -> None:
+    """verl's REINFORCE++ (and GAE) run their returns over the token rewards: rlkit's default order, written as is."""
+    actor, _, _ = _actor_of(tmp_path, site, "algorithm.adv_estimator=reinforce_plus_plus", kl_in_reward=True)
+    assert actor.kl_ctl == 0.001 and actor.kl_penalty_level == "token"

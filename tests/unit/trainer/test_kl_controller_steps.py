@@ -127,3 +127,17 @@ def test_ppo_s_advantages_take_the_controller_s_value_and_update_it(gloo: None) 
     assert samples[0].token_advantages == pytest.approx([0.7, 0.8]) and returns[0][0] == pytest.approx([0.7, 0.8])
     assert stats["actor/kl_ctl"] == 0.5
     assert ppo.kl_control.value == pytest.approx(0.5 * (1 + 0.2 * 1 / CONTROL.horizon))
+
+
+def test_summed_into_the_sequence_the_penalty_gives_every_token_one_advantage(gloo: None) -> None:
+    """actor.kl_penalty_level sequence (verl's use_kl_in_reward under its outcome estimators): the resumed 0.5 x the
+    summed k1 estimates 0.2 + 0.4 comes off the sequence's reward before its advantage, 1 - 0.3 on both tokens (per
+    token it was 0.7, 0.8 above); the controller reads the same KL."""
+    actor = ActorConfig(kl_ctl=0.1, kl_estimator="k1", adv_norm=None, kl_ctl_adaptive=CONTROL,
+                        kl_penalty_level="sequence")
+    control = KLController(actor)
+    control.restore({"kl_ctl": 0.5})
+    samples = [Sample([1], [5, 6], [-1.0, -1.0], 1.0, 0, True, 0, advantage=1.0)]
+    stats = set_token_advantages(actor, samples, {0: [-1.0, -1.0]}, {0: [-1.2, -1.4]}, control)
+    assert samples[0].token_advantages == pytest.approx([0.7, 0.7]) and samples[0].advantage == pytest.approx(0.7)
+    assert stats["actor/kl_ctl"] == 0.5 and stats["actor/kl_seq_mean"] == pytest.approx(0.3)
