@@ -25,6 +25,21 @@ def rlkit_home() -> Path:
     return Path(os.environ.get("RLKIT_HOME") or Path.home() / ".rlkit")
 
 
+def state_dir(*parts: str) -> Path:
+    """rlkit_home()/parts, made (0700) if missing. A RLKIT_HOME (or HOME) this user may not write, or a file there,
+    is a UserError naming it before anything is written or submitted: it was a PermissionError traceback."""
+    path = rlkit_home().joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UserError(f"cannot write rlkit's per-user state directory {path}: {exc.strerror or exc}",
+                        hint="set RLKIT_HOME to a directory of your own you may write (default ~/.rlkit, under "
+                        "HOME)") from None
+    return path
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """One line of the per-user index: enough to find the trial directory and its job."""
@@ -275,4 +290,19 @@ def find_trial(spec: str) -> TrialRecord:
         raise UserError(f"no trial '{spec}' in {rlkit_home() / 'trials'}", hint=f"known trials: {known}")
     if len(matches) > 1:
         raise UserError(f"trial name '{spec}' is ambiguous", hint="say which: " + ", ".join(r.name for r in matches))
+    check_readable(matches[0].trial_dir, matches[0].name)
     return matches[0]
+
+
+def check_readable(trial_dir: str, name: str) -> None:
+    """A trial directory this user may not read (another user's, 0700, named by a shared or copied index) is a
+    UserError: status, logs and resume died in a PermissionError traceback on its first file. A missing one is left
+    to each command to name."""
+    path = Path(trial_dir)
+    try:
+        readable = not path.is_dir() or os.access(path, os.R_OK | os.X_OK)
+    except PermissionError:  # a directory above it that this user may not enter
+        readable = False
+    if not readable:
+        raise UserError(f"trial {name}: its directory {trial_dir} is not readable by you",
+                        hint="ask its owner, or run rlkit as the user who submitted it (trials are private: 0700)")

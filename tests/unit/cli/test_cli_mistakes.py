@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,3 +91,52 @@ def test_stop_refuses_a_timeout_that_is_no_wait(timeout: str, tmp_path: Path) ->
     done = run_rlkit("stop", "exp/t1", "--timeout", timeout, env={"RLKIT_HOME": str(tmp_path)})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"--timeout {float(timeout)} is not a number of seconds" in done.stderr and "fix: " in done.stderr
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path: Path) -> Path:
+    """sbatch on PATH that accepts --test-only and records a real submission in the returned file (never made)."""
+    bin_dir, submitted = tmp_path / "bin", tmp_path / "submitted"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\ncase \"$*\" in *--test-only*) echo 'sbatch: Job 1 to start' >&2; "
+                                    f"exit 0;; esac\necho \"$*\" >> {submitted}\necho 7\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    return submitted
+
+
+def test_an_rlkit_home_that_is_a_file_refuses_submit_before_sbatch(generate_yaml: Path, fake_sbatch: Path,
+                                                                   tmp_path: Path) -> None:
+    home = tmp_path / "home-file"
+    home.write_text("")  # HOME=/ of a service account, a RLKIT_HOME given a file: a PermissionError traceback
+    env = {"RLKIT_HOME": str(home), "PATH": f"{fake_sbatch.parent / 'bin'}:{os.environ['PATH']}"}
+    done = run_rlkit("submit", str(generate_yaml), "--no-preflight", env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot write rlkit's per-user state directory {home}/locks" in done.stderr, done.stderr
+    assert "fix: set RLKIT_HOME" in done.stderr
+    assert not fake_sbatch.exists() and not (tmp_path / "fileroot").exists()
+
+
+def _as_uid_1000(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", sys.executable, "-m",
+                           "rlkit", *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+                          env={**os.environ, **env, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="root makes a trial another user reads")
+def test_a_trial_directory_the_user_may_not_read_is_named() -> None:
+    base = Path(tempfile.mkdtemp(prefix="rlkit-unreadable-"))  # /tmp: pytest's own tmp_path is 0700, root's
+    try:
+        base.chmod(0o755)
+        if _as_uid_1000("--help", cwd=base, env={}).returncode != 0:
+            pytest.skip("uid 1000 cannot run this interpreter (under a 0700 home)")
+        _trial(base / "home", base / "trial", "a\n")
+        (base / "trial").chmod(0o700)  # root's trial, in alice's index (a shared or copied one)
+        for path in (base / "home", *(base / "home").rglob("*")):
+            os.chown(path, 1000, 1000)
+        env = {"RLKIT_HOME": str(base / "home")}
+        for args in (("logs", "exp/t1"), ("status", "exp/t1"), ("resume", "exp/t1")):
+            done = _as_uid_1000(*args, cwd=base, env=env)  # each was a PermissionError traceback
+            assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+            assert f"trial exp/t1: its directory {base / 'trial'} is not readable by you" in done.stderr, done.stderr
+    finally:
+        shutil.rmtree(base)
