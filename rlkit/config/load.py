@@ -68,7 +68,8 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
         return ConfigError(f"unknown key '{key}' ({origin})", hint=_did_you_mean(key))
     if isinstance(exc, ValidationError):
         detail = str(exc).splitlines()[0]
-        return ConfigError(f"wrong type for '{key}' ({origin}): {detail}")
+        return ConfigError(f"wrong type for '{key}' ({origin}): {detail}",
+                           hint=f"`rlkit explain {key.split('[')[0]}` shows its type and default")
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"required field '{key}' is not set ({origin})",
                            hint=f"add it to the YAML or pass {key}=...")
@@ -107,7 +108,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"'{path}' must hold a mapping of keys to values, not a {type(data).__name__}")
+        kind = {"list": "a list", "str": "a string", "int": "a number", "float": "a number", "bool": "true or false",
+                "datetime": "a date", "date": "a date", "bytes": "binary data"}.get(type(data).__name__, "one value")
+        raise ConfigError(f"'{path}' must hold a mapping of keys to values, not {kind}",
+                          hint="write it as `key: value` lines, e.g. experiment_name: my-exp (see configs/)")
     return data
 
 

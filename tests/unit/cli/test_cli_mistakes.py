@@ -43,6 +43,23 @@ def test_a_closed_stdout_still_lets_a_good_command_succeed(tmp_path: Path) -> No
     assert (done.returncode, done.stderr) == (0, "")
 
 
+@pytest.mark.parametrize(("text", "says"), [("- a\n- b\n", "not a list"), ("42\n", "not a number"),
+                                           ("2026-01-01\n", "not a date")])
+def test_a_config_of_one_value_names_what_it_holds_and_the_fix(text: str, says: str, tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(text)  # it said "not a int", with no fix
+    done = run_rlkit("render", str(tmp_path / "c.yaml"), env={"RLKIT_HOME": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert f"must hold a mapping of keys to values, {says}\n  fix: write it as `key: value` lines" in done.stderr
+
+
+def test_a_value_of_the_wrong_type_says_where_its_type_is_shown(tmp_path: Path) -> None:
+    done = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"), "actor.optimizer.lr=abc",
+                     env={"RLKIT_HOME": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "wrong type for 'actor.optimizer.lr'" in done.stderr  # the error alone, with no fix, before
+    assert "fix: `rlkit explain actor.optimizer.lr` shows its type and default" in done.stderr
+
+
 def _trial(home: Path, root: Path, log: str) -> None:
     """A trial in the index at `home` whose batch log (job 7) holds `log`."""
     (root / "logs").mkdir(parents=True)
