@@ -21,8 +21,15 @@ from rlkit.trials.paths import ATTEMPT_DIR, TrialPaths
 
 
 def rlkit_home() -> Path:
-    """Per-user state (the trial index): $RLKIT_HOME, default ~/.rlkit."""
-    return Path(os.environ.get("RLKIT_HOME") or Path.home() / ".rlkit")
+    """Per-user state (the trial index): $RLKIT_HOME, default ~/.rlkit. A relative one (RLKIT_HOME="~/x" quoted in a
+    shell profile keeps its ~) is refused: the index and the locks went under the current directory, so that each
+    directory had an index of its own and `rlkit status` elsewhere did not list the trial."""
+    value = os.environ.get("RLKIT_HOME") or os.path.join("~", ".rlkit")
+    home = Path(os.path.expanduser(value))  # Path.expanduser raises RuntimeError for ~nosuchuser; this keeps it
+    if not home.is_absolute():  # also ~ itself with neither HOME nor a passwd entry (a container's arbitrary uid)
+        raise UserError(f"RLKIT_HOME {value!r} is not an absolute path",
+                        hint="export RLKIT_HOME=$HOME/.rlkit (unquoted ~ or $HOME), or unset it for ~/.rlkit")
+    return home
 
 
 def state_dir(*parts: str) -> Path:

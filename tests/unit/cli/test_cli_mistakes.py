@@ -157,3 +157,26 @@ def test_a_trial_directory_the_user_may_not_read_is_named() -> None:
             assert f"trial exp/t1: its directory {base / 'trial'} is not readable by you" in done.stderr, done.stderr
     finally:
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("value", ["relative/home", "~nosuchuser-rlkit/x"])
+def test_a_relative_rlkit_home_is_refused_not_used_under_the_current_directory(value: str, tmp_path: Path) -> None:
+    # RLKIT_HOME="~/x" quoted in a profile: the index and locks went under whatever directory rlkit ran in
+    done = run_rlkit("status", env={"RLKIT_HOME": value})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: RLKIT_HOME '{value}' is not an absolute path" in done.stderr
+    assert "fix: export RLKIT_HOME" in done.stderr
+
+
+def test_rlkit_home_with_a_tilde_is_the_users_home(tmp_path: Path) -> None:
+    _trial(tmp_path / "home", tmp_path / "trial", "a\n")
+    done = run_rlkit("logs", "exp/t1", env={"HOME": str(tmp_path), "RLKIT_HOME": "~/home"})
+    assert (done.returncode, done.stdout) == (0, "a\n"), done.stderr
+
+
+def test_a_relative_fileroot_says_how_to_set_it(tmp_path: Path) -> None:
+    done = run_rlkit("render", str(CONFIGS / "grpo-cpu-demo.yaml"),
+                     env={"RLKIT_FILEROOT": "", "RLKIT_HOME": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "cluster.fileroot '' must be an absolute path" in done.stderr
+    assert "fix: e.g. cluster.fileroot=/" in done.stderr
