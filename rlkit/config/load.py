@@ -115,6 +115,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # how Python's argv holds the bytes it could not decode
+
+
 def parse_overrides(overrides: list[str]) -> DictConfig:
     """Dotlist overrides (`a.b=1`) as a DictConfig, values read as in the YAML file; malformed ones: ConfigError."""
     tree: dict[str, Any] = {}
@@ -123,6 +126,9 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         parts = key.split(".")
         if "=" not in item or not all(parts):
             raise ConfigError(f"override '{item}' is not of the form key.path=value", hint="e.g. cluster.n_nodes=4")
+        if _NOT_UTF8.search(item):  # bytes Python could not decode (a Latin-1 terminal): no quoting makes them text
+            raise ConfigError(f"override {item!r} holds bytes that are not UTF-8 text",
+                              hint="type it in a UTF-8 terminal (LANG=C.UTF-8) or write the value in the YAML file")
         if len(parts) > MAX_DEPTH:
             raise ConfigError(f"override key '{key[:100]}...' is {len(parts)} levels deep (an rlkit key has a few)",
                               hint="e.g. cluster.n_nodes=4")

@@ -180,3 +180,14 @@ def test_a_relative_fileroot_says_how_to_set_it(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "cluster.fileroot '' must be an absolute path" in done.stderr
     assert "fix: e.g. cluster.fileroot=/" in done.stderr
+
+
+def test_an_override_of_bytes_that_are_not_utf8_is_named_as_such(tmp_path: Path) -> None:
+    # a Latin-1 terminal's é (byte 0xe9): it was "not valid YAML", with "quote it" for a fix, which cannot help
+    done = subprocess.run([sys.executable, "-m", "rlkit", "render", str(CONFIGS / "grpo-cpu-demo.yaml"),
+                           b"cluster.fileroot=/tmp/caf\xe9"], capture_output=True, timeout=120, cwd=REPO, check=False,
+                          env={**os.environ, "RLKIT_HOME": str(tmp_path), "LC_ALL": "C.UTF-8"})
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert "error: override 'cluster.fileroot=/tmp/caf\\udce9' holds bytes that are not UTF-8 text" in stderr
+    assert "fix: type it in a UTF-8 terminal" in stderr
