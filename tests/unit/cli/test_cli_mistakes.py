@@ -191,3 +191,19 @@ def test_an_override_of_bytes_that_are_not_utf8_is_named_as_such(tmp_path: Path)
     assert done.returncode == 2, stderr
     assert "error: override 'cluster.fileroot=/tmp/caf\\udce9' holds bytes that are not UTF-8 text" in stderr
     assert "fix: type it in a UTF-8 terminal" in stderr
+
+
+@pytest.mark.parametrize("command", ["stop", "status"])
+def test_a_controller_that_does_not_answer_is_said_not_taken_for_an_ended_job(command: str, tmp_path: Path) -> None:
+    # stop said "has already ended; nothing to cancel" (exit 0) of a job it could not ask about, left running
+    _trial(tmp_path / "home", tmp_path / "trial", "a\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller "
+                                      "(connect failure)' >&2\nexit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"RLKIT_HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = run_rlkit(command, "exp/t1", env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "failed: scontrol show job 7 failed: slurm_load_jobs error: Unable to contact" in done.stderr
+    assert "already ended" not in done.stdout + done.stderr
