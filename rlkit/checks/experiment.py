@@ -151,7 +151,9 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
 def _validate_cluster(config: ExperimentConfig, problems: Problems) -> None:
     cluster = config.cluster
     if not cluster.fileroot.startswith("/"):
-        problems.add(f"cluster.fileroot '{cluster.fileroot}' must be an absolute path on the shared filesystem")
+        problems.add(f"cluster.fileroot '{cluster.fileroot}' must be an absolute path on the shared filesystem",
+                     hint="e.g. cluster.fileroot=/shared/$USER/rlkit (a config reading ${oc.env:RLKIT_FILEROOT,...} "
+                     "takes it from RLKIT_FILEROOT)")
     elif not _SAFE_PATH.fullmatch(cluster.fileroot):
         problems.add(f"cluster.fileroot {cluster.fileroot!r} has characters Slurm's #SBATCH lines and file "
                      "patterns cannot carry (spaces, quotes, ',', ':', '%', '$', ';', '\\' or newlines)",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 from rich.markup import escape
 
-from rlkit.cli.console import console
+from rlkit.cli.console import console, mend_std_streams, write_out
 from rlkit.cli.docs_cmd import docs_app
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
@@ -124,15 +124,15 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
     if has_stages(config):
         plans, warnings = prepare_stages(config, overrides or [], dry_run=not strict)
         for plan in plans:
-            sys.stdout.write(f"# ---- stage {plan.record.name}: trial {plan.record.trial} "
+            write_out(f"# ---- stage {plan.record.name}: trial {plan.record.trial} "
                              + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
-            sys.stdout.write("".join(f"# {key}: {path} (handed over)\n" for key, path in handed_over(plan)))
-            sys.stdout.write(plan.prepared.script)
+            write_out("".join(f"# {key}: {path} (handed over)\n" for key, path in handed_over(plan)))
+            write_out(plan.prepared.script)
             _say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
         scripts = [plan.prepared.script for plan in plans]
     else:
         prepared = prepare(config, overrides or [], dry_run=not strict)
-        sys.stdout.write(prepared.script)
+        write_out(prepared.script)
         warnings, scripts = list(prepared.warnings), [prepared.script]
         _areal_notice(prepared.areal_keys)
         _say_notes(prepared.notes)
@@ -173,7 +173,7 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
         # refuse here what render would refuse, before the user keeps the file
         prepared = prepare(source, overrides or [], dry_run=True)
-    sys.stdout.write(trinity_header + text)
+    write_out(trinity_header + text)
     for warning in prepared.warnings:
         warn(warning.message)
     _say_notes(prepared.notes)
@@ -231,6 +231,9 @@ def stop(trial: str = TRIAL_ARG,
     from rlkit.launch.stages import find_stage_run, stop_run
     from rlkit.launch.stop import stop_trial
 
+    if not 0 <= timeout < float("inf"):  # nan, -1 and inf were taken: "up to nan s", a cancel without waiting
+        raise UserError(f"stop: --timeout {timeout} is not a number of seconds to wait",
+                        hint="give 0 or more seconds, e.g. --timeout 600, or --now to cancel at once")
     run = find_stage_run(trial)
     if run is not None:
         stop_run(run, now=now, timeout=timeout, say=lambda text: out.print(text, markup=False))
@@ -244,7 +247,8 @@ def stop(trial: str = TRIAL_ARG,
 def logs(trial: str = TRIAL_ARG,
          step: str = typer.Option(None, "--step", help="Step name (server-0, generate, ...); default: batch log."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Print new lines until the job ends."),
-         lines: int = typer.Option(40, "--lines", "-n", help="How many last lines to show first.")) -> None:
+         lines: int = typer.Option(40, "--lines", "-n", min=0, help="How many last lines to show first.")
+         ) -> None:
     """Print the last lines of a step's log (or the batch script's), optionally following it."""
     from rlkit.cli import status as st
 
@@ -327,6 +331,7 @@ def tiny_model(out_dir: str = typer.Argument(..., help="Directory to write the m
 
 def main() -> None:
     """Entry point: user mistakes exit 2 with one message, failures exit 1, never a traceback for either."""
+    mend_std_streams()
     try:
         rc = app(standalone_mode=False)
     except UserError as exc:

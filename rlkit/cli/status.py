@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlkit import untrusted_json
-from rlkit.cli.console import literal
+from rlkit.cli.console import literal, write_out
 from rlkit.cli.status_slices import StepSlice, run_started, step_slices
 from rlkit.errors import UserError
 from rlkit.jobs.generate.summary import headline
@@ -178,10 +178,22 @@ def failed_step(paths: TrialPaths, job_id: str) -> str | None:
     return match.group(1) if match else None
 
 
+TAIL_MAX_BYTES = 64 << 20  # what `rlkit logs` reads back at most for its first lines (a line without end stops there)
+
+
 def tail(path: Path, lines: int) -> list[str]:
-    if not path.is_file():
+    """The last `lines` lines of a log (none for 0: `[-0:]` was the whole log, and -n -5 all but its first 5 lines),
+    read from its end: a job's log may be gigabytes."""
+    if lines <= 0 or not path.is_file():
         return []
-    return path.read_text(errors="replace").splitlines()[-lines:]
+    with open(path, "rb") as f:
+        start, block = f.seek(0, 2), b""
+        while start > 0 and block.count(b"\n") <= lines and len(block) < TAIL_MAX_BYTES:
+            step = min(start, 65536)
+            start -= step
+            f.seek(start)
+            block = f.read(step) + block
+    return block.decode("utf-8", errors="replace").splitlines()[-lines:]
 
 
 def trial_detail(spec: str) -> TrialDetail:
@@ -339,16 +351,16 @@ def show_logs(spec: str, *, step: str | None, follow: bool, lines: int) -> None:
     record = find_trial(spec)
     path = _log_path(TrialPaths(Path(record.trial_dir)), record, step)
     for line in tail(path, lines):
-        sys.stdout.write(line + "\n")
+        write_out(line + "\n")
     if not follow:
         return
     position = path.stat().st_size if path.is_file() else 0
     last_check = time.monotonic()
     while True:
         if path.is_file() and path.stat().st_size > position:
-            with open(path, errors="replace") as f:
+            with open(path, encoding="utf-8", errors="replace") as f:
                 f.seek(position)
-                sys.stdout.write(f.read())
+                write_out(f.read())
                 position = f.tell()
             sys.stdout.flush()
         if time.monotonic() - last_check > 5:

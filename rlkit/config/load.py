@@ -68,7 +68,8 @@ def _explain(exc: OmegaConfBaseException, origin: str) -> ConfigError:
         return ConfigError(f"unknown key '{key}' ({origin})", hint=_did_you_mean(key))
     if isinstance(exc, ValidationError):
         detail = str(exc).splitlines()[0]
-        return ConfigError(f"wrong type for '{key}' ({origin}): {detail}")
+        return ConfigError(f"wrong type for '{key}' ({origin}): {detail}",
+                           hint=f"`rlkit explain {key.split('[')[0]}` shows its type and default")
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"required field '{key}' is not set ({origin})",
                            hint=f"add it to the YAML or pass {key}=...")
@@ -107,8 +108,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"'{path}' must hold a mapping of keys to values, not a {type(data).__name__}")
+        kind = {"list": "a list", "str": "a string", "int": "a number", "float": "a number", "bool": "true or false",
+                "datetime": "a date", "date": "a date", "bytes": "binary data"}.get(type(data).__name__, "one value")
+        raise ConfigError(f"'{path}' must hold a mapping of keys to values, not {kind}",
+                          hint="write it as `key: value` lines, e.g. experiment_name: my-exp (see configs/)")
     return data
+
+
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # how Python's argv holds the bytes it could not decode
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -119,6 +126,9 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         parts = key.split(".")
         if "=" not in item or not all(parts):
             raise ConfigError(f"override '{item}' is not of the form key.path=value", hint="e.g. cluster.n_nodes=4")
+        if _NOT_UTF8.search(item):  # bytes Python could not decode (a Latin-1 terminal): no quoting makes them text
+            raise ConfigError(f"override {item!r} holds bytes that are not UTF-8 text",
+                              hint="type it in a UTF-8 terminal (LANG=C.UTF-8) or write the value in the YAML file")
         if len(parts) > MAX_DEPTH:
             raise ConfigError(f"override key '{key[:100]}...' is {len(parts)} levels deep (an rlkit key has a few)",
                               hint="e.g. cluster.n_nodes=4")

@@ -26,7 +26,7 @@ from rlkit.launch.plan import SERVER_ROLE, SHARED_ROLE, JobPlan, Step
 from rlkit.launch.single_jobs import last_line, submit_function
 from rlkit.launch.submit import Prepared
 from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
-from rlkit.trials.records import rlkit_home, write_atomic
+from rlkit.trials.records import state_dir, write_atomic
 
 DOCTOR_TIME_MIN = 10
 
@@ -105,7 +105,7 @@ def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> D
     """Submit the doctor's job, wait for it, and return every node's checks."""
     from rlkit.steps.doctor_node import run_node_checks
 
-    workdir = rlkit_home() / "doctor" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    workdir = state_dir("doctor") / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     workdir.mkdir(parents=True, mode=0o700)
     token = secrets.token_hex(16)
     spec = node_spec(prepared, workdir, token)

@@ -150,6 +150,9 @@ def job_info_from_records(job_id: str, records: list[dict[str, str]]) -> JobInfo
     )
 
 
+FORGOTTEN_JOB = "Invalid job id specified"  # scontrol's words for a job id the controller does not know (any more)
+
+
 def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
     """The job's state from the controller; from sacct when the controller forgot it; else from the end record the
     job's script wrote in `trial_dir` as it exited; else state UNKNOWN. Whose job the id names now is not checked
@@ -157,6 +160,11 @@ def job_info(job_id: str, trial_dir: str | Path | None = None) -> JobInfo:
     proc = _run(["scontrol", "show", "job", job_id])  # not -o: its StdOut would be cut at a space (WHOLE_LINE_KEYS)
     if proc.returncode == 0 and proc.stdout.strip():
         return job_info_from_records(job_id, parse_scontrol_records(proc.stdout))
+    if proc.returncode != 0 and FORGOTTEN_JOB not in proc.stderr:
+        # the controller did not answer (down, a broken slurm.conf): a running job is not one Slurm forgot, and
+        # `rlkit stop` said "has already ended; nothing to cancel" of it, exit 0, the job left running
+        said = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
+        raise SlurmError(f"scontrol show job {job_id} failed: {said} (is slurmctld up? `scontrol ping` says)")
     if accounted := _sacct_records(job_id):
         return accounted[0]
     if trial_dir is not None and (end := _script_end(job_id, trial_dir)) is not None:

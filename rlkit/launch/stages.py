@@ -35,7 +35,7 @@ from rlkit.launch.stage_knobs import StageKeys, drop_other_stages_knobs, stage_s
 from rlkit.launch.stage_reward import TrainedRewardModel, hand_over_reward_model
 from rlkit.launch.submit import Prepared, prepare, prepare_config, submit
 from rlkit.trials.paths import TrialPaths
-from rlkit.trials.records import SLURM_JOB_ID, attempts, find_trial
+from rlkit.trials.records import SLURM_JOB_ID, attempts, check_readable, find_trial
 from rlkit.trials.recover_layout import latest_valid, recover_root
 from rlkit.trials.stage_runs import StagedRun, StageRecord, find_run, record_run
 
@@ -365,6 +365,8 @@ def find_stage_run(spec: str) -> StagedRun | None:
     try:
         find_trial(spec)
     except UserError:
+        for stage in run.stages:
+            check_readable(stage.trial_dir, f"{run.name} (stage {stage.name})")
         return run
     return None
 

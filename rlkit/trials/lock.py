@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlkit.errors import UserError
-from rlkit.trials.records import rlkit_home
+from rlkit.trials.records import state_dir
 
 WAIT_S = 120.0  # a holder submits in seconds; past this, something is stuck (a hung sbatch, a dead NFS lock server)
 
@@ -24,7 +24,7 @@ def lock_path(trial_dir: Path) -> Path:
     """The trial's lock file, in the per-user state (the trial directory may not exist yet): one per trial
     directory, named by its path's digest; fcntl locks hold across login nodes that share it over NFS."""
     digest = hashlib.sha256(str(trial_dir.resolve()).encode()).hexdigest()[:24]
-    return rlkit_home() / "locks" / f"{digest}.lock"
+    return state_dir("locks") / f"{digest}.lock"
 
 
 @contextmanager
@@ -32,8 +32,11 @@ def trial_lock(trial_dir: Path, *, wait_s: float = WAIT_S) -> Iterator[None]:
     """Hold the trial's lock (waiting up to `wait_s` for another rlkit command to release it). The file is never
     removed: removing a lock file others may wait on would let two holders in."""
     path = lock_path(trial_dir)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a lock file of another user's, a directory in its place
+        raise UserError(f"cannot open the lock {path} to submit {trial_dir}: {exc.strerror or exc}",
+                        hint="set RLKIT_HOME to a directory of your own you may write (default ~/.rlkit)") from None
     try:
         deadline = time.monotonic() + wait_s
         while True:

@@ -21,8 +21,30 @@ from rlkit.trials.paths import ATTEMPT_DIR, TrialPaths
 
 
 def rlkit_home() -> Path:
-    """Per-user state (the trial index): $RLKIT_HOME, default ~/.rlkit."""
-    return Path(os.environ.get("RLKIT_HOME") or Path.home() / ".rlkit")
+    """Per-user state (the trial index): $RLKIT_HOME, default ~/.rlkit. A relative one (RLKIT_HOME="~/x" quoted in a
+    shell profile keeps its ~) is refused: the index and the locks went under the current directory, so that each
+    directory had an index of its own and `rlkit status` elsewhere did not list the trial."""
+    value = os.environ.get("RLKIT_HOME") or os.path.join("~", ".rlkit")
+    home = Path(os.path.expanduser(value))  # Path.expanduser raises RuntimeError for ~nosuchuser; this keeps it
+    if not home.is_absolute():  # also ~ itself with neither HOME nor a passwd entry (a container's arbitrary uid)
+        raise UserError(f"RLKIT_HOME {value!r} is not an absolute path",
+                        hint="export RLKIT_HOME=$HOME/.rlkit (unquoted ~ or $HOME), or unset it for ~/.rlkit")
+    return home
+
+
+def state_dir(*parts: str) -> Path:
+    """rlkit_home()/parts, made (0700) if missing. A RLKIT_HOME (or HOME) this user may not write, or a file there,
+    is a UserError naming it before anything is written or submitted: it was a PermissionError traceback."""
+    path = rlkit_home().joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UserError(f"cannot write rlkit's per-user state directory {path}: {exc.strerror or exc}",
+                        hint="set RLKIT_HOME to a directory of your own you may write (default ~/.rlkit, under "
+                        "HOME)") from None
+    return path
 
 
 @dataclass(frozen=True)
@@ -275,4 +297,19 @@ def find_trial(spec: str) -> TrialRecord:
         raise UserError(f"no trial '{spec}' in {rlkit_home() / 'trials'}", hint=f"known trials: {known}")
     if len(matches) > 1:
         raise UserError(f"trial name '{spec}' is ambiguous", hint="say which: " + ", ".join(r.name for r in matches))
+    check_readable(matches[0].trial_dir, matches[0].name)
     return matches[0]
+
+
+def check_readable(trial_dir: str, name: str) -> None:
+    """A trial directory this user may not read (another user's, 0700, named by a shared or copied index) is a
+    UserError: status, logs and resume died in a PermissionError traceback on its first file. A missing one is left
+    to each command to name."""
+    path = Path(trial_dir)
+    try:
+        readable = not path.is_dir() or os.access(path, os.R_OK | os.X_OK)
+    except PermissionError:  # a directory above it that this user may not enter
+        readable = False
+    if not readable:
+        raise UserError(f"trial {name}: its directory {trial_dir} is not readable by you",
+                        hint="ask its owner, or run rlkit as the user who submitted it (trials are private: 0700)")
