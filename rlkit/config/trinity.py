@@ -28,7 +28,7 @@ from rlkit.config.areal.rules import show
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.config.trinity_knobs import infra_reason, knobs
+from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
@@ -61,6 +61,7 @@ RENAMES: dict[str, str] = {
     "algorithm.advantage_fn_args.opmd_baseline": "opmd.opmd_baseline",
     "algorithm.policy_loss_fn_args.mu": "mix.mu",
     "algorithm.policy_loss_fn_args.loss_agg_mode": "actor.loss_agg_mode",  # verl's names, as rlkit's
+    "algorithm.loss_agg_mode": "actor.loss_agg_mode",  # newer Trinity-RFT releases' place of it
     "model.model_path": "actor.path",
     "model.max_model_len": "vllm.max_model_len",
     "model.max_response_tokens": "gconfig.max_new_tokens",
@@ -227,11 +228,20 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             moved(key, "critic.path", value)
         elif key == "buffer.explorer_input.eval_tasksets" and isinstance(value, list) and len(value) == 1 \
                 and isinstance(value[0], dict) and value[0].get("path"):
-            moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set)")
+            sampling = eval_sampling(value[0])
+            for name, setting in sampling.items():
+                _put(out, f"eval_gconfig.{name}", setting)
+            moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set; eval_gconfig "
+                  + ", ".join(f"{name} {setting}" for name, setting in sampling.items()) + ")")
         elif key.startswith(_ENGINES):
             continue  # judged with the cluster below
         else:
             left(key, _WHY.get(key) or infra_reason(key) or "rlkit has no such key")
+    for key, to, value, how in defaults(leaves, problems, source):
+        if _get(out, to) is None:  # not set from another key of the file
+            _put(out, to, value)
+            fates.append(TrinityKey(key, leaves.get(key, "(unset)"), f"moved to {to} as {value}{how}, "
+                                                                     "Trinity-RFT's default"))
     _allocation(leaves, out, fates, problems, source)
     if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
         problems.add(f"algorithm_type mix ({source}) needs its expert data",

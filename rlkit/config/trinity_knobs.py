@@ -83,7 +83,12 @@ NOT_BUILT: dict[str, tuple[Any, str, str]] = {
                                    "an agent's tools are rollout.agent's"),
     f"{TASKSET}subset_name": (None, "rlkit reads a dataset's files (train_dataset.path), not a hub subset",
                               "point buffer.explorer_input.taskset.path at the subset's files"),
-    "explorer.rollout_model.enable_thinking": (False, "rlkit renders prompts with the chat template's defaults "
+    "algorithm.rollout_correction": (None, "Trinity-RFT's rollout importance-sampling correction is not rlkit's",
+                                     "leave it out; rlkit's off-policy guard is actor.rejection_sampling"),
+    f"{_MODEL}enable_thinking": (None, "rlkit renders prompts with the chat template's defaults (no "
+                                       "enable_thinking switch)", "remove it, or bake the switch into the model's "
+                                                                  "chat template"),
+    "explorer.rollout_model.enable_thinking": (None, "rlkit renders prompts with the chat template's defaults "
                                                       "(no enable_thinking switch)",
                                                "remove it, or bake the switch into the model's chat template"),
     f"{_OPT}lr_warmup_init": (0.0, "rlkit's warmup starts from 0", "remove it"),
@@ -141,7 +146,54 @@ def knobs(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: 
     judged |= _clip(leaves, moved, left, problems, source)
     judged |= _sampling(leaves, moved, left, problems, source)
     judged |= _prompts(leaves, moved, left, problems, source)
+    for name in ("temperature", "top_p", "top_k"):  # the model's, which the taskset's rollout_args override
+        key = f"{_MODEL}{name}"
+        if key in leaves:
+            judged.add(key)
+            if f"{TASKSET}rollout_args.{name}" in leaves:
+                left(key, f"the taskset's rollout_args.{name} wins, as in Trinity-RFT")
+            else:
+                moved(key, f"gconfig.{name}", leaves[key], "")
     return judged
+
+
+# Trinity-RFT's optimizer defaults (OptimizerConfig), written where the file leaves them unset: rlkit's differ
+# (lr 2e-5, weight_decay 0.05, betas (0.9, 0.95), warmup 0.001, eps 1e-5); its trainer is verl's, torch's AdamW (eps
+# 1e-8). (Trinity-RFT key, rlkit key, value)
+OPTIMIZER_DEFAULTS = ((f"{_OPT}lr", "actor.optimizer.lr", 1e-6),
+                      (f"{_OPT}weight_decay", "actor.optimizer.weight_decay", 0.01),
+                      (f"{_OPT}betas", "actor.optimizer.beta1", 0.9), (f"{_OPT}betas", "actor.optimizer.beta2", 0.999),
+                      (f"{_OPT}betas", "actor.optimizer.eps", 1e-8),
+                      (f"{_OPT}lr_warmup_steps_ratio", "actor.optimizer.warmup_steps_proportion", 0.0))
+_SELECTORS = {"sequential": False, "shuffle": True, "random": True}  # Trinity-RFT's data_selector -> shuffle
+
+
+def defaults(leaves: dict[str, Any], problems: Problems, source: str) -> list[tuple[str, str, Any, str]]:
+    """(Trinity-RFT key, rlkit key, value, how) of each Trinity-RFT default rlkit's differs from, for the keys the
+    file leaves unset: the optimizer's, and the taskset's order (Trinity-RFT reads it in order unless its
+    data_selector shuffles)."""
+    out = [(key, to, value, "") for key, to, value in OPTIMIZER_DEFAULTS if key not in leaves
+           and not (key == f"{_OPT}lr_warmup_steps_ratio" and _number(leaves.get(f"{_OPT}lr_warmup_steps"))
+                    and leaves[f"{_OPT}lr_warmup_steps"] > 0)]
+    if f"{_OPT}betas" in leaves:
+        out.append((f"{_OPT}betas", "actor.optimizer.eps", 1e-8, " (torch AdamW's, which Trinity-RFT's trainer uses)"))
+    key = f"{TASKSET}data_selector.selector_type"
+    selector = leaves.get(key, "sequential")
+    if selector not in _SELECTORS:
+        problems.add(f"{key} {selector!r} ({source}): rlkit reads the rows shuffled or in order "
+                     "(train_dataset.shuffle)", hint="use sequential or shuffle")
+    else:
+        out.append((key, "train_dataset.shuffle", _SELECTORS[selector], f" ({selector})"))
+    return out
+
+
+def eval_sampling(taskset: dict[str, Any]) -> dict[str, Any]:
+    """eval_gconfig of an eval taskset: its repeat_times (Trinity-RFT's default 1) and its rollout_args."""
+    given = taskset.get("rollout_args")
+    args: dict[str, Any] = given if isinstance(given, dict) else {}
+    out: dict[str, Any] = {"n_samples": taskset.get("repeat_times", 1)}
+    out.update({name: args[name] for name in ("temperature", "top_p", "top_k") if name in args})
+    return out
 
 
 def _optimizer(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,

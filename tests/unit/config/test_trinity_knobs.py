@@ -73,6 +73,24 @@ def test_sampling_and_prompt_knobs_move(tmp_path: Path) -> None:
     assert (config.train_dataset.max_length, config.train_dataset.prompt_key) == (None, "chat")
 
 
+def test_trinity_s_defaults_are_written_where_the_file_leaves_them(tmp_path: Path) -> None:
+    """rlkit's optimizer defaults (lr 2e-5, weight_decay 0.05, betas (0.9, 0.95), warmup 0.001, eps 1e-5) and its
+    shuffled rows are not Trinity-RFT's: a file that leaves them unset trains with Trinity-RFT's."""
+    config, fates = _migrated(tmp_path, **{"algorithm.optimizer": {"lr_scheduler_type": "constant"},
+                                           "model.temperature": 0.7, "model.top_p": 0.8,
+                                           f"{TASKSET}.rollout_args": {"top_p": 0.9},
+                                           "algorithm.loss_agg_mode": "seq-mean-token-sum"})
+    opt = config.actor.optimizer
+    assert (opt.lr, opt.weight_decay, opt.beta1, opt.beta2, opt.eps) == (1e-6, 0.01, 0.9, 0.999, 1e-8)
+    assert (opt.warmup_steps_proportion, config.train_dataset.shuffle) == (0.0, False)
+    assert fates["algorithm.optimizer.lr"] == "moved to actor.optimizer.lr as 1e-06, Trinity-RFT's default"
+    # the model's sampling unless the taskset's rollout_args say; the eval set once per prompt (repeat_times 1)
+    assert (config.gconfig.temperature, config.gconfig.top_p, config.eval_gconfig.n_samples) == (0.7, 0.9, 1)
+    assert config.actor.loss_agg_mode == "seq-mean-token-sum"
+    config, _ = _migrated(tmp_path, **{f"{TASKSET}.data_selector": {"selector_type": "shuffle"}})
+    assert config.train_dataset.shuffle
+
+
 @pytest.mark.parametrize(("changes", "says"), [
     ({"model.repetition_penalty": 1.2}, "model.repetition_penalty (t): rlkit's sampling has no repetition penalty"),
     ({"model.rope_scaling": {"type": "yarn", "factor": 4}}, "model.rope_scaling (t): rlkit loads the model as"),
@@ -80,6 +98,9 @@ def test_sampling_and_prompt_knobs_move(tmp_path: Path) -> None:
     ({f"{TASKSET}.format.system_prompt": "Think first."}, "format.system_prompt (t): rlkit's RL prompts are"),
     ({f"{TASKSET}.subset_name": "main"}, "subset_name (t): rlkit reads a dataset's files"),
     ({"explorer.rollout_model.enable_thinking": True}, "enable_thinking (t): rlkit renders prompts"),
+    ({"model.enable_thinking": False}, "model.enable_thinking (t): rlkit renders prompts"),
+    ({"algorithm.rollout_correction": {"rollout_is": "token"}}, "rollout importance-sampling correction"),
+    ({f"{TASKSET}.data_selector": {"selector_type": "difficulty_based"}}, "rlkit reads the rows shuffled or in"),
     ({"stages": [{"stage_name": "warmup"}]}, "stages (t): rlkit runs one stage per trial"),
     ({"data_processor": {"task_pipeline": {"num_process": 4}}}, "data_processor (t): its pipelines"),
     ({"buffer.train_batch_size": 64}, "buffer.train_batch_size 64 (t) is not batch_size x repeat_times"),
@@ -100,7 +121,7 @@ def test_knobs_that_change_learning_and_rlkit_lacks_are_refused(changes: dict[st
 def test_defaults_and_infrastructure_are_left_out_saying_why() -> None:
     """Trinity-RFT's default of a knob rlkit lacks changes nothing; the guide's logging, Ray and storage keys are named
     with why, none with the bare "rlkit has no such key"."""
-    guide = {"model.repetition_penalty": 1.0, "explorer.rollout_model.enable_thinking": False,
+    guide = {"model.repetition_penalty": 1.0, "algorithm.rollout_correction": {},
              "ray_namespace": "ns", "ignore_validator_suggestions": True, "monitor.enable_ray_timeline": True,
              "log": {"level": "INFO"}, "service.data_juicer": {"port": 5005}, "explorer.runner_per_model": 8,
              "explorer.max_timeout": 900, "explorer.env_vars": {"A": "1"}, "explorer.over_rollout": {"ratio": 0.0},
@@ -111,5 +132,5 @@ def test_defaults_and_infrastructure_are_left_out_saying_why() -> None:
     _, fates = _to_rlkit(_trinity(**guide), "t")
     left = {f.key: f.fate for f in fates if f.fate.startswith("left out")}
     assert left["model.repetition_penalty"] == "left out (1.0: Trinity-RFT's default, nothing to carry)"
-    assert "explorer.rollout_model.enable_thinking" in left and "log.level" in left
+    assert "algorithm.rollout_correction" in left and "log.level" in left
     assert not [k for k, fate in left.items() if "rlkit has no such key" in fate]
