@@ -36,8 +36,17 @@ TRINITY = (
     _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
        "ppo, opmd) with expert_dataset and mix.mu"),
     _m("algorithm.repeat_times", "gconfig.n_samples"),
-    _m("algorithm.optimizer.lr", "actor.optimizer.lr"),
-    _m("algorithm.optimizer.lr_scheduler_type", "actor.optimizer.lr_scheduler_type"),
+    _m("algorithm.optimizer.lr", "actor.optimizer.lr", "unset: Trinity-RFT's 1e-6 (and its weight_decay 0.01, "
+       "betas (0.9, 0.999), no warmup, torch's eps 1e-8) is written, rlkit's defaults differing"),
+    _m("algorithm.optimizer.lr_scheduler_type", "actor.optimizer.lr_scheduler_type", "warmup_style, its older name, "
+       "too"),
+    _m("algorithm.optimizer.betas", "actor.optimizer.beta1", "two keys: actor.optimizer.beta1 and beta2"),
+    _m("algorithm.optimizer.weight_decay", "actor.optimizer.weight_decay"),
+    _m("algorithm.optimizer.lr_warmup_steps_ratio", "actor.optimizer.warmup_steps_proportion", "lr_warmup_steps "
+       "(a count, which wins) becomes its fraction of buffer.total_steps"),
+    _m("algorithm.optimizer.min_lr_ratio", "actor.optimizer.min_lr_ratio"),
+    _m("algorithm.policy_loss_fn_args.clip_range", "actor.eps_clip", "clip_range_low is actor.eps_clip, "
+       "clip_range_high actor.eps_clip_higher; each side defaults to clip_range, as in Trinity-RFT"),
     _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
     _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
     _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),
@@ -75,6 +84,13 @@ TRINITY = (
     _m("buffer.explorer_input.taskset.format.prompt_key", "train_dataset.prompt_key"),
     _m("buffer.explorer_input.taskset.format.response_key", "reward.answer_key", "the truth the reward checks"),
     _m("buffer.explorer_input.taskset.rollout_args.temperature", "gconfig.temperature"),
+    _m("buffer.explorer_input.taskset.rollout_args.top_p", "gconfig.top_p", "model.top_p (and temperature, "
+       "top_k) when the taskset's rollout_args leave it unset"),
+    _m("buffer.explorer_input.taskset.data_selector.selector_type", "train_dataset.shuffle", "sequential (its "
+       "default): false; shuffle, random: true"),
+    _m("algorithm.loss_agg_mode", "actor.loss_agg_mode"),
+    _m("buffer.explorer_input.taskset.rollout_args.top_k", "gconfig.top_k"),
+    _m("model.repetition_penalty", "", "rlkit's sampling has none: rlkit migrate refuses a value other than 1.0"),
     _m("buffer.explorer_input.eval_tasksets", "valid_dataset.path", "one evaluation set"),
     _m("buffer.explorer_input.default_reward_fn_type", "reward.fn", "accuracy_reward and math_boxed_reward are "
        "rlkit's math; the others have no built-in (several weighted: reward.fns)"),

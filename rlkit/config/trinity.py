@@ -28,6 +28,7 @@ from rlkit.config.areal.rules import show
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
@@ -51,11 +52,16 @@ RENAMES: dict[str, str] = {
     "algorithm.repeat_times": "gconfig.n_samples",
     "algorithm.optimizer.lr": "actor.optimizer.lr",
     "algorithm.optimizer.lr_scheduler_type": "actor.optimizer.lr_scheduler_type",
+    "algorithm.optimizer.weight_decay": "actor.optimizer.weight_decay",
+    "algorithm.optimizer.min_lr_ratio": "actor.optimizer.min_lr_ratio",
+    "explorer.rollout_model.gpu_memory_utilization": "vllm.gpu_memory_utilization",
+    "explorer.rollout_model.enforce_eager": "vllm.enforce_eager",
     "algorithm.advantage_fn_args.tau": "opmd.tau",
     "algorithm.policy_loss_fn_args.tau": "opmd.tau",
     "algorithm.advantage_fn_args.opmd_baseline": "opmd.opmd_baseline",
     "algorithm.policy_loss_fn_args.mu": "mix.mu",
     "algorithm.policy_loss_fn_args.loss_agg_mode": "actor.loss_agg_mode",  # verl's names, as rlkit's
+    "algorithm.loss_agg_mode": "actor.loss_agg_mode",  # newer Trinity-RFT releases' place of it
     "model.model_path": "actor.path",
     "model.max_model_len": "vllm.max_model_len",
     "model.max_response_tokens": "gconfig.max_new_tokens",
@@ -105,7 +111,10 @@ _WHY: dict[str, str] = {
     "synchronizer.sync_style": "fixed: a push every actor.weight_update_interval steps is what rlkit does",
     "mode": "both: rlkit runs the servers and the trainer in one job",
     "monitor.monitor_type": "each sink has its own section under stats_logger",
+    "model.critic_model_path": "only algorithm_type ppo trains a critic",
 }
+# the explorer's engines, read into allocation_mode with the cluster (_allocation)
+_ENGINES = tuple(f"explorer.rollout_model.{name}" for name in ("engine_type", "engine_num", "tensor_parallel_size"))
 _NOT_BUILT = ("not built: rlkit pushes weights on the trainer's fixed schedule (actor.weight_update_interval, "
               "actor.weight_update_offset); the explorer and trainer cannot trigger a push")
 
@@ -178,7 +187,8 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     judged = kl_terms(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
         | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data) \
         | entropy_term(leaves, moved, left, problems, source) \
-        | lora_adapters(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
+        | lora_adapters(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
+        | knobs(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
     for key, value in leaves.items():
         if key in judged:
             continue
@@ -218,11 +228,20 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             moved(key, "critic.path", value)
         elif key == "buffer.explorer_input.eval_tasksets" and isinstance(value, list) and len(value) == 1 \
                 and isinstance(value[0], dict) and value[0].get("path"):
-            moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set)")
-        elif key.startswith("explorer.rollout_model."):
+            sampling = eval_sampling(value[0])
+            for name, setting in sampling.items():
+                _put(out, f"eval_gconfig.{name}", setting)
+            moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set; eval_gconfig "
+                  + ", ".join(f"{name} {setting}" for name, setting in sampling.items()) + ")")
+        elif key.startswith(_ENGINES):
             continue  # judged with the cluster below
         else:
-            left(key, _WHY.get(key, "rlkit has no such key"))
+            left(key, _WHY.get(key) or infra_reason(key) or "rlkit has no such key")
+    for key, to, value, how in defaults(leaves, problems, source):
+        if _get(out, to) is None:  # not set from another key of the file
+            _put(out, to, value)
+            fates.append(TrinityKey(key, leaves.get(key, "(unset)"), f"moved to {to} as {value}{how}, "
+                                                                     "Trinity-RFT's default"))
     _allocation(leaves, out, fates, problems, source)
     if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
         problems.add(f"algorithm_type mix ({source}) needs its expert data",
@@ -244,7 +263,7 @@ def _allocation(leaves: dict[str, Any], out: dict[str, Any], fates: list[Trinity
     """allocation_mode from the explorer's rollout engines and the cluster: Trinity-RFT's explorer takes
     engine_num x tensor_parallel_size GPUs, its trainer the rest."""
     prefix = "explorer.rollout_model."
-    keys = [k for k in leaves if k.startswith(prefix)]
+    keys = [k for k in leaves if k.startswith(_ENGINES)]
     engine = leaves.get(f"{prefix}engine_type", "vllm")
     if engine not in ("vllm", "vllm_async"):
         problems.add(f"{prefix}engine_type '{engine}' ({source}): rlkit's Trinity-RFT reading knows vLLM engines",
@@ -262,12 +281,9 @@ def _allocation(leaves: dict[str, Any], out: dict[str, Any], fates: list[Trinity
             return
         mode = f"vllm:d{n}" + (f"t{t}" if t != 1 else "") + f"+fsdp:d{trainer}"
         _put(out, "allocation_mode", mode)
-        fates.extend(TrinityKey(k, leaves[k], f"read into allocation_mode {mode}") for k in keys
-                     if k.rsplit(".", 1)[1] in ("engine_type", "engine_num", "tensor_parallel_size"))
-        keys = [k for k in keys if k.rsplit(".", 1)[1] not in ("engine_type", "engine_num", "tensor_parallel_size")]
-    fates.extend(TrinityKey(k, leaves[k], "left out (set allocation_mode, e.g. vllm:d2t2+fsdp:d4)"
-                            if k.rsplit(".", 1)[1] in ("engine_num", "tensor_parallel_size", "engine_type")
-                            else "left out (rlkit has no such key)") for k in keys)
+        fates.extend(TrinityKey(k, leaves[k], f"read into allocation_mode {mode}") for k in keys)
+        return
+    fates.extend(TrinityKey(k, leaves[k], "left out (set allocation_mode, e.g. vllm:d2t2+fsdp:d4)") for k in keys)
 
 
 def header(path: Path, fates: list[TrinityKey]) -> str:

@@ -153,8 +153,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("data.reward_fn_key", "", "the row column by which verl picks a scorer (data_source); rlkit scores every row "
      "with reward.fn (or the weighted reward.fns)"),
     ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),
-    ("reward_model.enable", "", "verl's model reward: in rlkit, a model trained by job type rw is reward.fn: "
-     "reward_model"),
+    ("reward_model.enable", "reward.fn", "verl's model reward: in rlkit, a model trained by job type rw is "
+     "reward.fn: reward_model; rlkit migrate refuses true unless reward.fn is passed"),
     ("reward_model.reward_manager", "", "rlkit calls reward.fn per completion (its own parallelism: "
      "reward.num_workers)"),
     ("trainer.critic_warmup", "", "rlkit trains the actor from the first step (verl's 0); more is not built"),
@@ -163,4 +163,78 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("trainer.device", "", "rlkit runs on the GPUs of allocation_mode"),
     ("trainer.val_generations_to_log_to_wandb", "", "rlkit has no such setting"),
     ("trainer.log_val_generations", "", "rlkit has no such setting"),
+    # the optimizer's other knobs (rlkit.config.verl.learning: verl's defaults are written where the run leaves them)
+    ("actor_rollout_ref.actor.optim.betas", "actor.optimizer.beta1", "two keys: beta1 and beta2; unset: verl's "
+     "(0.9, 0.999), with torch AdamW's eps 1e-8"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "actor.optimizer.warmup_steps_proportion", "a count, which "
+     "wins over the ratio when > 0: its fraction of trainer.total_training_steps"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optimizer.lr_scheduler_type", "warmup_style, its "
+     "older name, wins when set, as in verl"),
+    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optimizer.gradient_clipping", "actor.grad_clip's twin"),
+    ("actor_rollout_ref.actor.optim.total_training_steps", "", "verl fills it in at run time: rlkit's is "
+     "total_train_steps"),
+    ("actor_rollout_ref.actor.optim.optimizer", "", "AdamW is rlkit's adam; another is refused"),
+    ("actor_rollout_ref.actor.optim.override_optimizer_config.*", "", "Megatron's optimizer offload: rlkit "
+     "offloads nothing"),
+    ("critic.optim.betas", "critic.optimizer.beta1", "as the actor's"),
+    ("actor_rollout_ref.rollout.max_model_len", "vllm.max_model_len", ""),
+    ("actor_rollout_ref.rollout.val_kwargs.do_sample", "eval_gconfig.greedy", "its opposite; unset: greedy, as "
+     "verl validates"),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", "eval_gconfig.temperature", "with do_sample true"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", "eval_gconfig.top_p", "with do_sample true"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", "eval_gconfig.top_k", "with do_sample true"),
+    ("actor_rollout_ref.rollout.val_kwargs.n", "eval_gconfig.n_samples", ""),
+    # infrastructure: how verl runs, not what it learns
+    ("actor_rollout_ref.actor.megatron.*", "", "Megatron's parallelism and offload: rlkit's trainer is FSDP"),
+    ("actor_rollout_ref.ref.megatron.*", "", "Megatron's parallelism and offload: rlkit's trainer is FSDP"),
+    ("critic.megatron.*", "", "Megatron's parallelism and offload: rlkit's trainer is FSDP"),
+    ("actor_rollout_ref.actor.profiler.*", "", "verl's profiler"),
+    ("actor_rollout_ref.ref.profiler.*", "", "verl's profiler"),
+    ("critic.profiler.*", "", "verl's profiler"),
+    ("global_profiler.*", "", "verl's profiler"),
+    ("actor_rollout_ref.rollout.engine_kwargs.*", "", "the engine's own options: vllm.extra_args"),
+    ("actor_rollout_ref.rollout.trace.*", "", "verl's rollout tracing"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.*", "", "how verl moves weights into its engines: rlkit pushes "
+     "them by actor.weight_update_mode"),
+    ("actor_rollout_ref.actor.checkpoint.*", "", "what verl's checkpoints hold: rlkit's recover checkpoints hold "
+     "what resuming needs"),
+    ("actor_rollout_ref.actor.use_torch_compile", "", "a kernel choice"),
+    ("actor_rollout_ref.ref.use_torch_compile", "", "a kernel choice"),
+    ("actor_rollout_ref.model.use_fused_kernels", "", "a kernel choice"),
+    ("actor_rollout_ref.model.fused_kernel_options.impl_backend", "", "a kernel choice"),
+    ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "", "memory: the same entropy"),
+    ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "", "memory: the same entropy"),
+    ("actor_rollout_ref.actor.entropy_checkpointing", "", "memory: the same entropy"),
+    ("actor_rollout_ref.actor.strategy", "", "fsdp or fsdp2: rlkit's trainer is FSDP"),
+    ("actor_rollout_ref.ref.strategy", "", "fsdp or fsdp2: rlkit's trainer is FSDP"),
+    ("critic.strategy", "", "fsdp or fsdp2: rlkit's trainer is FSDP"),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size", "", "FSDP's sharding group: rlkit shards over the trainer"),
+    ("actor_rollout_ref.actor.fsdp_config.forward_prefetch", "", "FSDP's prefetch (speed only)"),
+    ("actor_rollout_ref.ref.fsdp_config.forward_prefetch", "", "FSDP's prefetch (speed only)"),
+    ("actor_rollout_ref.actor.fsdp_config.use_orig_params", "", "FSDP's parameter views (memory only)"),
+    ("actor_rollout_ref.ref.ulysses_sequence_parallel_size", "", "the reference's: rlkit's is the actor's"),
+    ("actor_rollout_ref.model.use_shm", "", "how verl copies the model to the nodes"),
+    ("actor_rollout_ref.model.trust_remote_code", "", "rlkit loads the model's own code when it has any"),
+    ("critic.model.trust_remote_code", "", "rlkit loads the model's own code when it has any"),
+    ("data.trust_remote_code", "", "rlkit loads the model's own code when it has any"),
+    ("actor_rollout_ref.hybrid_engine", "", "rlkit's servers and trainer have GPUs of their own"),
+    ("actor_rollout_ref.nccl_timeout", "", "verl's collectives' timeout"),
+    ("actor_rollout_ref.rollout.layered_summon", "", "how verl gathers LoRA weights for its engines"),
+    ("actor_rollout_ref.rollout.multi_stage_wake_up", "", "how verl's colocated engines take back their memory"),
+    ("actor_rollout_ref.rollout.calculate_log_probs", "", "rlkit's servers return the log-probs it needs"),
+    ("actor_rollout_ref.rollout.enable_prefix_caching", "", "vLLM's option (speed only)"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "", "deprecated in verl: the trainer computes "
+     "log-probs in the actor's micro-batches"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "", "deprecated in verl: the reference's forwards use the "
+     "actor's micro-batches"),
+    ("critic.forward_micro_batch_size_per_gpu", "", "rlkit sets the critic's micro-batches in critic.mb_spec"),
+    ("critic.forward_max_token_len_per_gpu", "", "the critic's forwards use critic.mb_spec"),
+    ("data.dataloader_num_workers", "", "verl's loader processes"),
+    ("data.val_batch_size", "", "how verl batches its validation requests"),
+    ("trainer.max_critic_ckpt_to_keep", "", "recover.keep_last counts the trial's checkpoints"),
+    ("trainer.resume_from_path", "", "read with resume_mode resume_path, which is refused"),
+    ("actor_rollout_ref.actor.fsdp_config.mixed_precision.*", "", "FSDP's mixed precision: rlkit trains in "
+     "actor.dtype"),
+    ("actor_rollout_ref.rollout.skip_tokenizer_init", "", "how verl starts its engines"),
+    ("actor_rollout_ref.actor.use_prefix_grouper", "", "a shared-prompt speed-up: the same loss"),
 )

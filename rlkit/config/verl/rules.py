@@ -18,6 +18,7 @@ from rlkit.config.verl.data import set_reward
 from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm, gpg_loss
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
+from rlkit.config.verl.learning import evaluation, not_built, optimizers, reward_model, unknown_changes_learning
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 
 ARR = "actor_rollout_ref"
@@ -30,7 +31,9 @@ LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequ
               "sapo": ("actor.use_sapo_loss", True), "gpg": None}  # gpg: estimators.gpg_loss
 RESUME = {"auto": "auto", "disable": "disabled"}
 LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
-ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS}
+ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS if not their.endswith(".*")}
+# the rows of a whole section ("section.*"): every key under it
+SECTION_ROWS = tuple((their[:-1], (ours, note)) for their, ours, note in VERL_KEYS if their.endswith(".*"))
 # verl's defaults for the run's shape and names, written when the run leaves them unset (rlkit's differ or are
 # required): verl/trainer/config/ppo_trainer.yaml
 RUN_DEFAULTS = {"data.train_batch_size": 1024, "data.max_prompt_length": 512, "data.max_response_length": 512,
@@ -44,6 +47,10 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     not one). `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators)."""
     m = RunMapping(leaves, source, overridden)
     algorithm(m, estimators)
+    optimizers(m)
+    evaluation(m)
+    not_built(m)
+    reward_model(m)
     _kl(m)
     _batches(m)
     allocation(m)
@@ -51,8 +58,13 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     for key, value in leaves.items():
         if key in m.done:
             continue
-        ours, note = ROWS.get(key, (None, ""))
-        if ours is None:
+        ours, note = ROWS.get(key) or next((row for prefix, row in SECTION_ROWS if key.startswith(prefix)),
+                                           (None, ""))
+        if ours is None and unknown_changes_learning(key, m.critic):
+            m.refuse(key, "not a verl key rlkit's key map knows, in a section whose keys change what the run "
+                          "learns", "remove it if it holds verl's default; otherwise check its spelling, or set "
+                                    "the rlkit key it means yourself (rlkit explain KEY)")
+        elif ours is None:
             m.fate(key, "unknown: not a verl key rlkit's key map knows; check its spelling, or set the rlkit key "
                         "it means yourself")
         elif not ours:
