@@ -12,6 +12,7 @@ import sys, time
 from types import SimpleNamespace
 import torch, torch.distributed as dist
 from rlkit.config.schema.evaluation import EvaluatorConfig
+from rlkit.errors import StepError
 from rlkit.jobs.grpo import algorithm as grpo
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.trainer import dist as rdist
@@ -54,6 +55,8 @@ class AloneRank0(Rank0):  # the real publish around servers and an evaluator of 
         self.evaluator, self.version = Evaluator(), 0
         self.controller = SimpleNamespace(live_servers=lambda: ["server 0"], end_update=lambda version: None)
     def start(self, transport):  # the servers registering (rollout.setup_timeout each)
+        if slow == "fail":
+            raise StepError("waited 1200 s for 2 inference servers to register")
         time.sleep(2.0 if slow == "start" else 0.0)
     def verify(self, probe, trainer_lp):
         pass
@@ -85,3 +88,11 @@ def test_the_other_ranks_wait_for_rank_0_alone_in_its_broadcast_group(slow: str)
 
     outputs = run_ranks(2, ["-c", SCRIPT, slow])
     assert all("pushed" in output for output in outputs), outputs
+
+
+def test_a_rank_0_that_fails_alone_is_named_on_every_rank() -> None:
+    from tests.helpers.gloo_ranks import run_ranks
+
+    outputs = run_ranks(2, ["-c", SCRIPT, "fail"], expect=1)
+    assert all("waited 1200 s for 2 inference servers to register" in output for output in outputs), outputs
+    assert "trainer rank 0 failed: StepError" in outputs[1]
