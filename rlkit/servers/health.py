@@ -87,8 +87,15 @@ def run_with_lookups_apart(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+# the lookups under way, by getaddrinfo's arguments: each caller's way to its answer (its loop's settle)
+_LOOKUPS: dict[tuple[Any, ...], list[Callable[[list[Any] | None, BaseException | None], None]]] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
 async def _lookup_apart(host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0,
                         flags: int = 0) -> list[Any]:
+    """getaddrinfo in a daemon thread; a call while the same lookup is under way (a probe every second, a resolver
+    that hangs) waits on that one instead of starting another, so threads do not pile up while it hangs."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[list[Any]] = loop.create_future()
 
@@ -99,15 +106,27 @@ async def _lookup_apart(host: Any, port: Any, family: int = 0, type: int = 0, pr
             else:
                 answer.set_result(result or [])
 
-    def look_up() -> None:
-        try:
-            result, error = socket.getaddrinfo(host, port, family, type, proto, flags), None
-        except BaseException as exc:  # handed to the caller
-            result, error = None, exc
+    def tell(result: list[Any] | None, error: BaseException | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for this answer any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=look_up, name="rlkit-health-lookup", daemon=True).start()
+    key = (host, port, family, type, proto, flags)
+
+    def look_up() -> None:
+        try:
+            result, error = socket.getaddrinfo(host, port, family, type, proto, flags), None
+        except BaseException as exc:  # handed to the callers
+            result, error = None, exc
+        with _LOOKUPS_LOCK:
+            waiting = _LOOKUPS.pop(key, [])  # the next call looks up afresh (DNS may have changed)
+        for told in waiting:
+            told(result, error)
+
+    with _LOOKUPS_LOCK:
+        first = key not in _LOOKUPS
+        _LOOKUPS.setdefault(key, []).append(tell)
+    if first:
+        threading.Thread(target=look_up, name="rlkit-health-lookup", daemon=True).start()
     return await answer
 
 

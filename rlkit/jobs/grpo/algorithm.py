@@ -13,8 +13,9 @@ fingerprint check (rlkit.weights.fanout). The loop then logs, saves and checkpoi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rlkit.config.reference import reference_load
 from rlkit.config.schema.actor import ActorConfig, optimizer_steps_per_step, recomputes_logprobs
@@ -41,6 +42,8 @@ from rlkit.trainer.rl_math.kl_controller import KLController
 from rlkit.trainer.sft_mix import ExpertBatch
 from rlkit.types import Sample
 from rlkit.weights.base import Buckets, WeightTransport, transport_for_actor
+
+T = TypeVar("T")
 
 PROBE_TEXT = " The answer is 42, and 7 + 5 = 12."
 
@@ -147,7 +150,8 @@ class GRPO:
         self.transport = transport = transport_for_actor(config.actor)(config, self.paths)  # every rank
         if self.rank0:
             self.trainer = self.rank0_class(config, self.paths, self.tokenizer, self.prompts, self.total_steps, resumed)
-            self.trainer.start(transport)
+        trainer = self.trainer
+        rank0_alone(lambda: trainer.start(transport) if trainer is not None else None)  # the servers registering
         if resumed is not None:  # fresh servers hold actor.path: give them the resumed weights before any request
             _check_weights(self.actor.engine, self.trainer, transport, self.probe, version=int(resumed["version"]),
                            push=True)
@@ -279,6 +283,23 @@ class GRPO:
             self.transport.close()
 
 
+def rank0_alone(work: Callable[[], T]) -> T:
+    """Collective: `work` (rank 0's alone: the others' does nothing), then rank 0 says it is done, or why it failed,
+    through its broadcast group (rlkit.trainer.dist.broadcast_object), so the other ranks wait for it there, as long
+    as its deadlines add up to (rlkit.jobs.grpo.waits), not in the next collective, whose timeout is shorter (the
+    servers registering take rollout.setup_timeout, an evaluation before a push rollout.request_timeout). Off rank
+    0, rank 0's failure is raised as a StepError naming it."""
+    try:
+        result = work()
+    except BaseException as exc:
+        broadcast_object(f"trainer rank 0 failed: {type(exc).__name__}: {exc}")
+        raise
+    failed = broadcast_object("")
+    if failed:
+        raise StepError(str(failed))
+    return result
+
+
 def _buckets(engine: TrainEngine, transport: WeightTransport) -> Buckets:
     """What `transport` pushes, as a collective iterator: the LoRA adapter only (lora_disk), or the full weights."""
     if transport.adapters_only:
@@ -290,9 +311,10 @@ def _buckets(engine: TrainEngine, transport: WeightTransport) -> Buckets:
 
 def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: WeightTransport, probe: list[int], *,
                    version: int, push: bool, tolerate_all_gone: bool = False) -> None:
-    """Collective: the trainer's probe log-probs; with `push`, every rank runs the model's weights (the adapter only
-    with LoRA) through `transport` (rank 0 delivers them to every server as `version`); rank 0 checks every server's
-    fingerprint (through the new adapter with LoRA: the probe request names it).
+    """Collective: the trainer's probe log-probs; with `push`, rank 0 waits alone for what comes before a push
+    (Rank0.before_push: a running evaluation, a live server; `rank0_alone`), then every rank runs the model's weights
+    (the adapter only with LoRA) through `transport` (rank 0 delivers them to every server as `version`); rank 0
+    checks every server's fingerprint (through the new adapter with LoRA: the probe request names it).
 
     With `tolerate_all_gone`, rank 0 notes a push that found no reachable server (trainer.servers_gone) instead of
     raising, so that all ranks can checkpoint the step together before failing."""
@@ -300,6 +322,7 @@ def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: Weight
     from rlkit.weights import fanout
 
     trainer_lp = engine.probe_logprobs(probe)
+    servers = rank0_alone(lambda: trainer.before_push(version) if trainer is not None else None) if push else None
     buckets = _buckets(engine, transport) if push else None
     if trainer is None:
         if buckets is not None:
@@ -307,7 +330,8 @@ def _check_weights(engine: TrainEngine, trainer: Rank0 | None, transport: Weight
         return
     try:
         if buckets is not None:
-            trainer.publish(transport, buckets, version, probe, trainer_lp)
+            assert servers is not None
+            trainer.publish(transport, buckets, version, probe, trainer_lp, servers)
         else:
             trainer.verify(probe, trainer_lp)
     except ServerUnreachable as exc:

@@ -29,7 +29,7 @@ from rlkit.trainer.sampled_tokens import sampled_count
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import read_json_dict, read_token
 from rlkit.types import Sample
-from rlkit.weights.base import Buckets, PushTargets, WeightTransport, drain
+from rlkit.weights.base import Buckets, PushTargets, WeightTransport
 from rlkit.weights.fanout import Probe, Published
 
 
@@ -226,23 +226,23 @@ class Rank0:
             self._pending_error = exc
             return f"trainer rank 0 failed: {type(exc).__name__}: {exc}"
 
+    def before_push(self, version: int) -> list[Any]:
+        """Rank 0 alone before a weight push (the other ranks wait in its broadcast group: rlkit.jobs.grpo.waits):
+        a running evaluation ends at the version it began with (within rollout.request_timeout); the servers to push
+        `version` to, every live one (restarted ones too: they get the weights before any request)."""
+        self.eval_wait_s = self.evaluator.wait_before_push() if self.evaluator is not None else 0.0
+        servers = self.controller.live_servers() or self.controller.wait_for_a_server()
+        if not servers:
+            raise StepError(f"no live inference server to push weight version {version} to; "
+                            f"{self.controller.why_servers_vanished()}; see the server-N logs")
+        return servers
+
     def publish(self, transport: WeightTransport, buckets: Buckets, version: int, probe: list[int],
-                trainer_lp: list[float]) -> None:
+                trainer_lp: list[float], servers: list[Any]) -> None:
         """Rank 0's part of the collective weight push (every rank runs `buckets` through `transport`): `version` to
-        every live server (restarted ones too: they get the weights before any request), then versions and
-        fingerprints are checked (rlkit.weights.fanout)."""
+        `servers` (`before_push`'s), then versions and fingerprints are checked (rlkit.weights.fanout)."""
         from rlkit.weights import fanout
 
-        # a running evaluation ends at the version it began with (bounded by rollout.request_timeout)
-        self.eval_wait_s = self.evaluator.wait_before_push() if self.evaluator is not None else 0.0
-        try:
-            servers = self.controller.live_servers() or self.controller.wait_for_a_server()
-            if not servers:
-                raise StepError(f"no live inference server to push weight version {version} to; "
-                                f"{self.controller.why_servers_vanished()}; see the server-N logs")
-        except BaseException:
-            drain(buckets)  # the other ranks are in the gathers behind the iterator: finish them, then fail
-            raise
         published = fanout.publish(transport, buckets, version, self._targets(servers), self._probe(probe, trainer_lp))
         assert published is not None
         done = published.synced

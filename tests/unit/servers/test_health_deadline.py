@@ -93,3 +93,35 @@ def test_a_host_name_lookup_that_hangs_does_not_hold_the_probe_past_its_timeout(
     finally:
         release.set()
     assert waited < 2.0, f"the probe took {waited:.1f} s"
+
+
+def test_probes_of_a_name_whose_lookup_hangs_share_one_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer probes its servers about once a second while it waits for them (rollout.setup_timeout): each
+    probe of a name whose lookup the resolver holds waits on the one lookup under way, where each started a thread
+    of its own that piled up for as long as the resolver hung; the answer, once it comes, reaches the next probe."""
+    import socket
+
+    real = socket.getaddrinfo
+    release = threading.Event()
+    calls: list[str] = []
+
+    def getaddrinfo(host: object, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name.endswith(".stuck.test"):
+            calls.append(name)
+            release.wait(5)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        for _ in range(3):
+            assert probe_health(["server.stuck.test:9"], timeout=0.1) == [False]
+        assert calls == ["server.stuck.test"]
+    finally:
+        release.set()
+    deadline = time.monotonic() + 2
+    while any(t.name == "rlkit-health-lookup" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert probe_health(["server.stuck.test:9"], timeout=1.0) == [False]  # looked up afresh: port 9 refuses
+    assert calls == ["server.stuck.test"] * 2
