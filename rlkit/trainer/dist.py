@@ -91,8 +91,10 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = COLLECTIV
 
     `rank0_wait_s`: how long rank 0 may work alone between two of its broadcasts (`broadcast_object`: a batch of
     rollouts, a checkpoint decision), its own deadlines added up, when that is longer than `timeout_s`: those
-    broadcasts then go through a gloo group of that timeout, so the other ranks wait for rank 0 as long as its
-    config lets it work (a slow rollout) instead of failing first with torch's timeout, which names nothing."""
+    broadcasts then go through a group of that timeout, so the other ranks wait for rank 0 as long as its
+    config lets it work (a slow rollout) instead of failing first with torch's timeout, which names nothing. The
+    group has the world's backend: NCCL on GPUs, as every collective there before it (a gloo group across GPU nodes
+    would need GLOO_SOCKET_IFNAME wherever a node's host name resolves to a loopback address locally)."""
     env = dist_env_from(os.environ)
     published = None
     if not env.master_addr:
@@ -115,7 +117,7 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = COLLECTIV
     global _joined, _rank0_waits
     _joined = True
     if rank0_wait_s is not None and rank0_wait_s > timeout_s and env.world_size > 1:
-        _rank0_waits = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=rank0_wait_s))
+        _rank0_waits = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=rank0_wait_s))
     if published is not None and nr is not None:
         dist.barrier()  # everyone has joined: the address is no longer needed
         if env.rank == 0:
