@@ -57,7 +57,8 @@ TRINITY = (
        "out of it)"),
     _m("algorithm.kl_penalty_fn", "actor.kl_estimator", "k1, k2, k3 (low_var_kl: k3); kl_penalty_fn_args.kl_coef "
        "(default 0.001) is actor.kl_ctl; adaptive with target_kl and horizon is actor.kl_ctl_adaptive; abs and "
-       "corrected_k3 are refused"),
+       "corrected_k3 are refused; read by Trinity-RFT's ppo only (its grpo, opmd and mix compute advantages "
+       "outside the trainer and never apply it: left out there)"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
        "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.entropy_loss_fn", "actor.entropy_coeff", "default and mix: entropy_loss_fn_args.entropy_coef "

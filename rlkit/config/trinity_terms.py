@@ -41,6 +41,9 @@ class KLTerm:
 
 
 PENALTY = KLTerm("algorithm.kl_penalty_fn", "actor.kl_estimator", "actor.kl_ctl")  # the KL reward penalty
+# Trinity-RFT's algorithm types (of those rlkit takes) whose AlgorithmType has compute_advantage_in_trainer: its
+# trainer builds the KL penalty function for these only (grpo, opmd, mix compute advantages in the explorer)
+PENALTY_READ_BY = ("ppo",)
 KL_TERMS = (PENALTY, KLTerm("algorithm.kl_loss_fn", "actor.kl_loss_type", "actor.kl_loss_coef"))
 
 # Trinity-RFT reward function -> rlkit's built-in of the same meaning
@@ -74,12 +77,21 @@ def _number(value: Any) -> bool:
 def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,
              source: str) -> set[str]:
     """Move the KL functions and their kl_coef (the penalty's adaptive controller too); refuse the functions rlkit
-    lacks and an adaptive KL loss coefficient. Returns the keys judged here."""
+    lacks and an adaptive KL loss coefficient. Returns the keys judged here. The reward penalty is left out under an
+    algorithm whose advantages Trinity-RFT computes outside its trainer (PENALTY_READ_BY: its trainer builds
+    kl_penalty_fn only for those that compute them inside), which never reads it: written, rlkit would add a
+    penalty the run never had and load a reference model for it."""
     judged: set[str] = set()
+    algorithm = leaves.get("algorithm.algorithm_type")
     for term in KL_TERMS:
         args = f"{term.fn}_args."
         arg_keys = [k for k in leaves if k.startswith(args)]
         judged |= {term.fn, *arg_keys}
+        if term is PENALTY and algorithm not in PENALTY_READ_BY:
+            for key in [k for k in (term.fn, *arg_keys) if k in leaves]:
+                left(key, f"Trinity-RFT's {algorithm} computes its advantages outside the trainer, which reads "
+                          f"{term.fn} only for {', '.join(PENALTY_READ_BY)}: the run had no KL reward penalty")
+            continue
         fn = leaves.get(term.fn)
         if leaves.get(f"{args}adaptive") is True and term.coef != PENALTY.coef:
             problems.add(f"{args}adaptive ({source}): rlkit's {term.coef} is a fixed coefficient; only the KL "

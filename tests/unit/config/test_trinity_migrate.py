@@ -185,10 +185,14 @@ def test_the_key_map_page_says_what_migrate_does() -> None:
             assert their in RENAMES or their == "synchronizer.sync_method", their
 
 
+# Trinity-RFT reads kl_penalty_fn where its trainer computes the advantages: ppo (rlkit.config.trinity_terms)
+_PPO = {"algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": None}
+
+
 def test_kl_functions_become_rlkit_estimators_with_their_coefficients() -> None:
     """Trinity-RFT's KL_FN names: k1/k2/k3 keep their name, low_var_kl is k3 (clamped at 10, rlkit's kl_clamp
     default); kl_coef is the coefficient, Trinity-RFT's 0.001 when the file names a function without one."""
-    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None,
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": None,
                                            "algorithm.kl_penalty_fn": "low_var_kl",
                                            "algorithm.kl_penalty_fn_args": {"kl_coef": 0.05, "adaptive": False},
                                            "algorithm.kl_loss_fn": "k2"}), "t")
@@ -207,15 +211,15 @@ def test_the_kl_penalty_s_adaptive_controller_moves() -> None:
     """kl_penalty_fn_args adaptive with target_kl and horizon (Trinity-RFT's KLFn.update_kl_coef, the same update)
     becomes actor.kl_ctl_adaptive, kl_coef its starting coefficient; adaptive false, or kl_coef 0, leaves them out."""
     args = {"kl_coef": 0.05, "adaptive": True, "target_kl": 0.02, "horizon": 2000.0}
-    mapping, fates = _to_rlkit(_trinity(**{"algorithm.kl_penalty_fn": "k3", "algorithm.kl_penalty_fn_args": args}),
-                               "t")
+    mapping, fates = _to_rlkit(_trinity(**{**_PPO, "algorithm.kl_penalty_fn": "k3",
+                                           "algorithm.kl_penalty_fn_args": args}), "t")
     assert mapping["actor"]["kl_ctl"] == 0.05
     assert mapping["actor"]["kl_ctl_adaptive"] == {"target_kl": 0.02, "horizon": 2000}
     said = {f.key: f.fate for f in fates}
     assert said["algorithm.kl_penalty_fn_args.adaptive"].startswith("moved to actor.kl_ctl_adaptive (")
     assert said["algorithm.kl_penalty_fn_args.horizon"] == "moved to actor.kl_ctl_adaptive.horizon"
     for change, why in (({"adaptive": False}, "adaptive is off"), ({"kl_coef": 0}, "kl_coef is 0")):
-        mapping, fates = _to_rlkit(_trinity(**{"algorithm.kl_penalty_fn": "k3",
+        mapping, fates = _to_rlkit(_trinity(**{**_PPO, "algorithm.kl_penalty_fn": "k3",
                                                "algorithm.kl_penalty_fn_args": {**args, **change}}), "t")
         assert "kl_ctl_adaptive" not in mapping["actor"], change
         said = {f.key: f.fate for f in fates}
@@ -224,13 +228,13 @@ def test_the_kl_penalty_s_adaptive_controller_moves() -> None:
 
 @pytest.mark.parametrize("changes, says", [
     ({"algorithm.kl_loss_fn": "abs"}, r"kl_loss_fn 'abs' .* not one of rlkit's estimators"),
-    ({"algorithm.kl_penalty_fn": "corrected_k3"}, r"kl_penalty_fn 'corrected_k3' .* pi/pi_old"),
+    ({**_PPO, "algorithm.kl_penalty_fn": "corrected_k3"}, r"kl_penalty_fn 'corrected_k3' .* pi/pi_old"),
     ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"adaptive": True, "target_kl": 0.1,
                                                                   "horizon": 100}}, r"only the KL reward penalty's"),
-    ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "horizon": 100}},
+    ({**_PPO, "algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "horizon": 100}},
      r"target_kl None .* adaptive needs a target KL > 0"),
-    ({"algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True, "target_kl": 0.1,
-                                                                        "horizon": 2.5}},
+    ({**_PPO, "algorithm.kl_penalty_fn": "k1", "algorithm.kl_penalty_fn_args": {"adaptive": True,
+                                                                                 "target_kl": 0.1, "horizon": 2.5}},
      r"horizon 2.5 .* a whole number >= 1"),
     ({"algorithm.kl_loss_fn": "k3", "algorithm.kl_loss_fn_args": {"kl_coef": "lots"}}, r"kl_coef 'lots'"),
     ({"algorithm.kl_loss_fn": ["k3"]}, r"kl_loss_fn '\['k3'\]'"),  # hostile shapes are named, not a TypeError
@@ -239,6 +243,29 @@ def test_the_kl_penalty_s_adaptive_controller_moves() -> None:
 def test_kl_functions_rlkit_lacks_are_refused(changes: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         _to_rlkit(_trinity(**changes), "t")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "opmd", "mix"])
+def test_the_kl_penalty_of_an_algorithm_whose_advantages_trinity_computes_outside_its_trainer_is_left_out(
+        algorithm: str) -> None:
+    """Trinity-RFT's trainer builds kl_penalty_fn only for algorithm types with compute_advantage_in_trainer (ppo
+    of rlkit's); its grpo, opmd and mix never read it: moved, rlkit would add a penalty the run never had (and load a
+    reference model for it). The KL loss (kl_loss_fn) is theirs and moves."""
+    expert = {"buffer.trainer_input.auxiliary_buffers.sft_dataset": {"path": "/tmp/e.jsonl"}} \
+        if algorithm == "mix" else {}
+    mapping, fates = _to_rlkit(_trinity(**expert, **{"algorithm.algorithm_type": algorithm,
+                                                     "algorithm.kl_penalty_fn": "k3",
+                                                     "algorithm.kl_penalty_fn_args": {
+                                                         "kl_coef": 0.05, "adaptive": True, "target_kl": 0.1,
+                                                         "horizon": 100},
+                                                     "algorithm.kl_loss_fn": "k2"}), "t")
+    assert "kl_ctl" not in mapping["actor"] and "kl_ctl_adaptive" not in mapping["actor"]
+    assert mapping["actor"]["kl_loss_type"] == "k2"
+    said = {f.key: f.fate for f in fates}
+    for key in ("algorithm.kl_penalty_fn", "algorithm.kl_penalty_fn_args.kl_coef",
+                "algorithm.kl_penalty_fn_args.adaptive"):
+        assert said[key].startswith(f"left out (Trinity-RFT's {algorithm} computes its advantages outside the "
+                                    "trainer"), said[key]
 
 
 @pytest.mark.parametrize("name, fn", [("accuracy_reward", "math"), ("math_boxed_reward", "math"),
@@ -352,16 +379,16 @@ def test_a_migration_writes_no_knob_its_own_check_refuses_as_ignored(tmp_path: P
     from rlkit.config.areal.migrate import migrate
 
     data = _trinity(**{"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None,
-                       "algorithm.policy_loss_fn_args": {"mu": 0.3}, "algorithm.kl_penalty_fn": "k2",
-                       "algorithm.kl_penalty_fn_args": {"kl_coef": 0.0}})
+                       "algorithm.policy_loss_fn_args": {"mu": 0.3}, "algorithm.kl_loss_fn": "k2",
+                       "algorithm.kl_loss_fn_args": {"kl_coef": 0.0}})
     with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
         text, _ = migrate(source, SITE, REGISTRY)
     clean = tmp_path / "clean.yaml"
     clean.write_text(header + text)
     config = prepare(clean, [], dry_run=True).config
-    assert (config.mix.mu, config.actor.kl_estimator, config.actor.kl_ctl) == (0.1, "k1", 0.0)  # the defaults
+    assert (config.mix.mu, config.actor.kl_loss_type, config.actor.kl_loss_coef) == (0.1, "k3", 0.0)  # the defaults
     assert "#   algorithm.policy_loss_fn_args.mu: 0.3  -> left out (no expert data" in header
-    assert "#   algorithm.kl_penalty_fn: k2  -> left out (algorithm.kl_penalty_fn_args.kl_coef is 0" in header
+    assert "#   algorithm.kl_loss_fn: k2  -> left out (algorithm.kl_loss_fn_args.kl_coef is 0" in header
 
 
 def _migrated_actor(tmp_path: Path, data: dict[str, Any]) -> tuple[Any, dict[str, str]]:
