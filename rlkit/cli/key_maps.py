@@ -112,6 +112,9 @@ TRINITY = (
     _m("buffer.trainer_input.experience_buffer.format.chat_template", "sft.chat_template", "unset: "
        "model.custom_chat_template; dpo has none"),
     _m("algorithm.policy_loss_fn_args.beta", "dpo.beta", "label_smoothing: dpo.label_smoothing"),
+    _m("stages", "", "rlkit's own stages: each Trinity-RFT stage migrated as a whole file (a section it sets "
+       "replaces the global one), its mode and algorithm_type giving its job type; each later stage starts from "
+       "the stage before's final model"),
     _m("buffer.trainer_input.experience_buffer.format.response_key", "sft.response_key"),
     _m("buffer.trainer_input.experience_buffer.format.messages_key", "sft.messages_key", "unset: message, "
        "Trinity-RFT's default; dpo: train_dataset.prompt_key (the prompt's messages)"),

@@ -32,6 +32,7 @@ from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, kn
 from rlkit.config.trinity_lora import lora_adapters
 from rlkit.config.trinity_offline import OFFLINE, is_offline, offline
 from rlkit.config.trinity_refs import resolve_references
+from rlkit.config.trinity_stages import has_stages, stages_to_rlkit
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.errors import ConfigError, ConfigErrors
@@ -322,7 +323,15 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[P
     if not is_trinity(data):
         yield path, ""
         return
-    mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
+    if has_stages(data):  # one rlkit stage per Trinity-RFT stage, each migrated as a file of its own
+        def convert(stage: dict[str, Any], source: str) -> tuple[dict[str, Any], list[tuple[str, Any, str]]]:
+            mapping, fates = trinity_to_rlkit(stage, source, algorithms)
+            return mapping, [(f.key, f.value, f.fate) for f in fates]
+
+        mapping, staged = stages_to_rlkit(data, f"in {path}", convert)
+        fates = [TrinityKey(*fate) for fate in staged]
+    else:
+        mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
     with written(path, mapping, header(path, fates)) as converted:
         yield converted
 

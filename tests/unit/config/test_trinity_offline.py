@@ -153,3 +153,67 @@ def test_on_the_command_line(tmp_path: Path) -> None:
     rendered = run_rlkit("render", str(clean))
     assert rendered.returncode == 0 and "Traceback" not in rendered.stderr, rendered.stderr
     assert "#SBATCH" in rendered.stdout and "hetjob" not in rendered.stdout
+
+
+def _staged(**rft: Any) -> dict[str, Any]:
+    """The guide's two stages: an SFT warm-up (mode train), then the file's own RFT run (`rft`: that stage's keys)."""
+    from tests.unit.config.test_trinity_migrate import _trinity
+
+    data = _trinity(**{"algorithm.optimizer.lr": 3e-6})
+    warmup = {"stage_name": "sft_warmup", "mode": "train", "algorithm": {"algorithm_type": "sft"},
+              "buffer": {"train_batch_size": 64, "total_steps": 100,
+                         "trainer_input": {"experience_buffer": {"name": "sft_buffer", "path": "/tmp/sft.jsonl"}}}}
+    data["stages"] = [warmup, {"stage_name": "rft", **rft}]
+    return data
+
+
+def test_trinity_s_stages_are_rlkit_s_stages(tmp_path: Path) -> None:
+    """Each stage is the global file with the sections it sets replaced whole (the warm-up's algorithm section has no
+    optimizer: Trinity-RFT's default lr); the RFT stage starts from the warm-up's final model, as Trinity-RFT's
+    second stage starts from the first's latest checkpoint."""
+    from rlkit.launch.stages import prepare_stages
+
+    path = tmp_path / "trinity.yaml"
+    path.write_text(yaml.safe_dump(_staged()))
+    with as_rlkit_file(path, REGISTRY.trinity_algorithms) as (source, header):
+        staged = yaml.safe_load(source.read_text())
+        plans, _ = prepare_stages(source, SITE, dry_run=True)
+    assert (staged["actor"], staged["trial_name"]) == ({"path": "/tmp/model"}, "opmd-run")
+    assert all("path" not in stage.get("actor", {}) for stage in staged["stages"])
+    warmup, rft = (plan.prepared.config for plan in plans)
+    assert (warmup.type, warmup.allocation_mode, warmup.train_dataset.path, warmup.total_train_steps) == (
+        "sft", "fsdp:d8", "/tmp/sft.jsonl", 100)
+    assert (warmup.sft.prompt_type, warmup.sft.messages_key, warmup.actor.optimizer.lr) == ("messages", "message",
+                                                                                           1e-6)
+    assert (rft.type, rft.allocation_mode, rft.actor.optimizer.lr) == ("opmd", "vllm:d2t2+fsdp:d4", 3e-6)
+    assert rft.actor.path == "/tmp/rlkit-ckpt/trinity-demo/opmd-run_sft_warmup/checkpoints/final"
+    assert "#   [stage 1 sft_warmup] mode: train  -> left out (train: rlkit's sft job type" in header
+    assert "#   [stage 2 rft] synchronizer.sync_method: nccl  -> moved to actor.weight_update_mode" in header
+
+
+@pytest.mark.parametrize(("rft", "says"), [
+    ({"mode": "train"}, "mode 'train' with algorithm_type 'opmd' (in {path}, stage rft)"),
+    ({"model": {"model_path": "/tmp/other"}}, "stage rft (in {path}) sets model: a Trinity-RFT stage sets only"),
+    ({"stage_name": "sft_warmup"}, "two stages (in {path}) are named sft_warmup"),
+    ({"stage_name": ""}, "stages[1] (in {path}) is not a mapping with its stage_name"),
+])
+def test_a_stage_rlkit_cannot_run_is_refused_naming_it(tmp_path: Path, rft: dict[str, Any], says: str) -> None:
+    path = tmp_path / "trinity.yaml"
+    path.write_text(yaml.safe_dump(_staged(**rft)))
+    with pytest.raises(ConfigError) as raised, as_rlkit_file(path, REGISTRY.trinity_algorithms):
+        pass
+    assert says.format(path=path) in str(raised.value)
+
+
+def test_stages_on_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "trinity.yaml"
+    path.write_text(yaml.safe_dump(_staged()))
+    migrated = run_rlkit("migrate", str(path), *SITE)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.startswith("# Trinity-RFT config trinity.yaml read by `rlkit migrate`")
+    clean = tmp_path / "staged.yaml"
+    clean.write_text(migrated.stdout)
+    rendered = run_rlkit("render", str(clean))
+    assert rendered.returncode == 0 and "Traceback" not in rendered.stderr, rendered.stderr
+    assert "# ---- stage rft: trial opmd-run_rft (afterok the stage before)" in rendered.stdout
+    assert "opmd-run_sft_warmup/checkpoints/final (handed over)" in rendered.stdout
