@@ -38,7 +38,7 @@ def _stage_file(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     """A stage as Trinity-RFT runs it: each section the stage sets replaces the global one whole (Config.__iter__
     sets the stage's AlgorithmConfig, BufferConfig...: what the stage leaves out of a section it sets is that
     section's default, not the global value); the sections it does not set are the global ones."""
-    return copy.deepcopy({**base, **own})
+    return copy.deepcopy({**base, **{key: value for key, value in own.items() if value is not None}})  # None: unset
 
 
 def _entries(stages: Any, source: str) -> list[tuple[str, dict[str, Any]]]:

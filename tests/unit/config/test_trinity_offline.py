@@ -217,3 +217,13 @@ def test_stages_on_the_command_line(tmp_path: Path) -> None:
     assert rendered.returncode == 0 and "Traceback" not in rendered.stderr, rendered.stderr
     assert "# ---- stage rft: trial opmd-run_rft (afterok the stage before)" in rendered.stdout
     assert "opmd-run_sft_warmup/checkpoints/final (handed over)" in rendered.stdout
+
+
+def test_a_stage_s_null_section_is_the_global_one() -> None:
+    """Trinity-RFT sets a stage's section only when it is not None: `mode: null` in a stage keeps the global mode."""
+    from rlkit.config.trinity_stages import stages_to_rlkit
+
+    data = {**_offline("sft"), "stages": [{"stage_name": "only", "mode": None, "algorithm": None}]}
+    mapping, _ = stages_to_rlkit(data, "t", lambda stage, source: (
+        trinity_to_rlkit(stage, source, REGISTRY.trinity_algorithms)[0], []))
+    assert [(stage["stage_name"], stage["type"]) for stage in mapping["stages"]] == [("only", "sft")]
