@@ -31,8 +31,10 @@ TRINITY = (
     _m("name", "trial_name"),
     _m("checkpoint_root_dir", "cluster.fileroot"),
     _m("continue_from_checkpoint", "recover.mode", "auto resumes when a valid checkpoint exists"),
-    _m("mode", "", "rlkit runs the servers and the trainer of one job together (Trinity-RFT's both); explore "
-       "alone is job type generate"),
+    _m("mode", "", "both: rlkit runs the servers and the trainer of one job together; train with algorithm_type "
+       "sft or dpo: rlkit's trainer-only sft and dpo jobs (allocation_mode fsdp:dN, every GPU), the servers' keys "
+       "left out; train with an RL algorithm (from a stored experience buffer) is not built; explore alone is job "
+       "type generate"),
     _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
        "ppo, opmd) with expert_dataset and mix.mu"),
     _m("algorithm.repeat_times", "gconfig.n_samples"),
@@ -98,10 +100,25 @@ TRINITY = (
     _m("buffer.trainer_input.auxiliary_buffers.sft_dataset.path", "expert_dataset.path", "mix's expert rows, in "
        "the sft section's row format"),
     _m("buffer.explorer_input.default_workflow_type", "rollout.agent.workflow", "empty: single-turn rollouts"),
-    _m("buffer.trainer_input.experience_buffer.format.prompt_type", "sft.prompt_type"),
-    _m("buffer.trainer_input.experience_buffer.format.prompt_key", "sft.prompt_key"),
+    _m("buffer.trainer_input.experience_buffer.path", "train_dataset.path", "mode train (sft, dpo): the rows; "
+       "storage_type file only"),
+    _m("buffer.trainer_input.experience_buffer.split", "train_dataset.split", "mode train (sft, dpo)"),
+    _m("buffer.train_batch_size", "train_dataset.batch_size", "mode train (sft, dpo): rows (dpo: pairs) per "
+       "step; with servers it must be batch_size x repeat_times"),
+    _m("buffer.trainer_input.experience_buffer.format.prompt_type", "sft.prompt_type", "unset: messages, "
+       "Trinity-RFT's default (rlkit's is plaintext); dpo: messages only (Trinity-RFT sends plaintext pairs "
+       "through the chat template, rlkit's dpo reads text as it stands)"),
+    _m("buffer.trainer_input.experience_buffer.format.prompt_key", "sft.prompt_key", "dpo: refused (plaintext)"),
+    _m("buffer.trainer_input.experience_buffer.format.system_prompt_key", "sft.system_prompt_key"),
+    _m("buffer.trainer_input.experience_buffer.format.chat_template", "sft.chat_template", "unset: "
+       "model.custom_chat_template; dpo has none"),
+    _m("algorithm.policy_loss_fn_args.beta", "dpo.beta", "label_smoothing: dpo.label_smoothing"),
+    _m("stages", "", "rlkit's own stages: each Trinity-RFT stage migrated as a whole file (a section it sets "
+       "replaces the global one), its mode and algorithm_type giving its job type; each later stage starts from "
+       "the stage before's final model"),
     _m("buffer.trainer_input.experience_buffer.format.response_key", "sft.response_key"),
-    _m("buffer.trainer_input.experience_buffer.format.messages_key", "sft.messages_key"),
+    _m("buffer.trainer_input.experience_buffer.format.messages_key", "sft.messages_key", "unset: message, "
+       "Trinity-RFT's default; dpo: train_dataset.prompt_key (the prompt's messages)"),
     _m("buffer.trainer_input.experience_buffer.format.system_prompt", "sft.system_prompt"),
     _m("buffer.trainer_input.experience_buffer.format.chosen_key", "dpo.chosen_key", "rw: rw.chosen_key"),
     _m("buffer.trainer_input.experience_buffer.format.rejected_key", "dpo.rejected_key", "rw: rw.rejected_key"),

@@ -162,6 +162,7 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
     """Print the rlkit config an AReaL, Trinity-RFT or verl config file (or verl run script: rlkit migrate
     run_grpo.sh) becomes (overrides such as type=grpo merged in), every key rlkit has no field for listed in its
     header with what became of it. Checked as render checks."""
+    from rlkit.cli.migrate_stages import has_stages, migrate_staged
     from rlkit.config.areal.migrate import migrate as migrate_file
     from rlkit.config.verl.migrate import as_rlkit_file
     from rlkit.jobs import REGISTRY
@@ -169,6 +170,11 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
 
     with as_rlkit_file(config, REGISTRY.trinity_algorithms, overrides or [],
                        REGISTRY.verl_estimators) as (source, trinity_header):
+        if has_stages(source) and trinity_header:  # Trinity-RFT's stages (rlkit.config.trinity_stages)
+            text, said = migrate_staged(source, overrides or [])
+            write_out(trinity_header + "\n" + text)
+            _say_notes(tuple(said))
+            return
         text, _ = migrate_file(source, overrides or [], REGISTRY)
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
         # refuse here what render would refuse, before the user keeps the file

@@ -30,7 +30,9 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
+from rlkit.config.trinity_offline import OFFLINE, is_offline, offline
 from rlkit.config.trinity_refs import resolve_references
+from rlkit.config.trinity_stages import has_stages, stages_to_rlkit
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.errors import ConfigError, ConfigErrors
@@ -184,11 +186,14 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
         fate(key, leaves[key], f"left out ({why})")
 
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
-    judged = kl_terms(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
-        | reward_fn(leaves, moved, left) | expert_ratio(leaves, moved, left, problems, source, expert_data) \
-        | entropy_term(leaves, moved, left, problems, source) \
-        | lora_adapters(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source) \
-        | knobs(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
+    # a trainer-only run (mode train: sft, dpo) judges its buffer and the keys of servers first
+    judged = offline(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
+    rest = {key: value for key, value in leaves.items() if key not in judged}
+    judged |= kl_terms(rest, moved, left, lambda to, value: _put(out, to, value), problems, source) \
+        | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
+        | entropy_term(rest, moved, left, problems, source) \
+        | lora_adapters(rest, moved, left, lambda to, value: _put(out, to, value), problems, source) \
+        | knobs(rest, moved, left, lambda to, value: _put(out, to, value), problems, source)
     for key, value in leaves.items():
         if key in judged:
             continue
@@ -218,6 +223,12 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
         elif key == "synchronizer.sync_style" and value not in (None, "fixed"):
             problems.add(f"synchronizer.sync_style '{value}' ({source}) is {_NOT_BUILT}",
                          hint="use sync_style: fixed (or leave it out)")
+        elif key == "mode" and value == "train":
+            problems.add(f"mode 'train' with algorithm_type '{leaves.get('algorithm.algorithm_type', 'ppo')}' "
+                         f"({source}): rlkit trains {' and '.join(OFFLINE)} from a dataset alone; training an RL "
+                         "algorithm from a stored experience buffer is not built",
+                         hint="leave mode out (both: rlkit runs the servers and the trainer in one job), or use "
+                              "algorithm_type sft or dpo")
         elif key == "mode" and value not in (None, "both"):
             problems.add(f"mode '{value}' ({source}): rlkit runs the servers and the trainer in one job (both)",
                          hint="a generation-only job is rlkit's job type generate; leave mode out")
@@ -237,12 +248,17 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             continue  # judged with the cluster below
         else:
             left(key, _WHY.get(key) or infra_reason(key) or "rlkit has no such key")
-    for key, to, value, how in defaults(leaves, problems, source):
+    for key, to, value, how in defaults(rest, problems, source):
         if _get(out, to) is None:  # not set from another key of the file
             _put(out, to, value)
             fates.append(TrinityKey(key, leaves.get(key, "(unset)"), f"moved to {to} as {value}{how}, "
                                                                      "Trinity-RFT's default"))
-    _allocation(leaves, out, fates, problems, source)
+    if is_offline(leaves):  # the trainer takes every GPU, as configs/sft.yaml and dpo.yaml write it
+        nodes, gpus = leaves.get("cluster.node_num", 1), leaves.get("cluster.gpu_per_node", 8)  # Trinity-RFT's
+        if isinstance(nodes, int) and isinstance(gpus, int) and nodes * gpus > 0:
+            _put(out, "allocation_mode", f"fsdp:d{nodes * gpus}")
+    else:
+        _allocation(leaves, out, fates, problems, source)
     if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
         problems.add(f"algorithm_type mix ({source}) needs its expert data",
                      hint=f"set {_AUX}.path (rlkit's expert_dataset.path)")
@@ -307,7 +323,15 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str]) -> Iterator[tuple[P
     if not is_trinity(data):
         yield path, ""
         return
-    mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
+    if has_stages(data):  # one rlkit stage per Trinity-RFT stage, each migrated as a file of its own
+        def convert(stage: dict[str, Any], source: str) -> tuple[dict[str, Any], list[tuple[str, Any, str]]]:
+            mapping, fates = trinity_to_rlkit(stage, source, algorithms)
+            return mapping, [(f.key, f.value, f.fate) for f in fates]
+
+        mapping, staged = stages_to_rlkit(data, f"in {path}", convert)
+        fates = [TrinityKey(*fate) for fate in staged]
+    else:
+        mapping, fates = trinity_to_rlkit(data, f"in {path}", algorithms)
     with written(path, mapping, header(path, fates)) as converted:
         yield converted
 

@@ -102,8 +102,8 @@ NOT_BUILT: dict[str, tuple[Any, str, str]] = {
                                                                     "set enable: false"),
 }
 _SECTIONS_NOT_BUILT = {
-    "stages": ("rlkit runs one stage per trial", "migrate each stage as a file of its own and submit them in turn, "
-                                                 "each from the last one's model (actor.path)"),
+    "stages": ("a staged run is read stage by stage (rlkit migrate: rlkit.config.trinity_stages), not as one file",
+               "run rlkit migrate on the file"),
     "data_processor": ("its pipelines filter the tasks or reshape the rewards, and rlkit runs no data pipeline",
                        "run the pipeline on the dataset before, or fold the reward shaping into reward.fn"),
 }

@@ -101,7 +101,7 @@ def test_trinity_s_defaults_are_written_where_the_file_leaves_them(tmp_path: Pat
     ({"model.enable_thinking": False}, "model.enable_thinking (t): rlkit renders prompts"),
     ({"algorithm.rollout_correction": {"rollout_is": "token"}}, "rollout importance-sampling correction"),
     ({f"{TASKSET}.data_selector": {"selector_type": "difficulty_based"}}, "rlkit reads the rows shuffled or in"),
-    ({"stages": [{"stage_name": "warmup"}]}, "stages (t): rlkit runs one stage per trial"),
+    ({"stages": [{"stage_name": "warmup"}]}, "stages (t): a staged run is read stage by stage"),
     ({"data_processor": {"task_pipeline": {"num_process": 4}}}, "data_processor (t): its pipelines"),
     ({"buffer.train_batch_size": 64}, "buffer.train_batch_size 64 (t) is not batch_size x repeat_times"),
     ({f"{TASKSET}.rollout_args.n": 4}, "rollout_args.n 4 and algorithm.repeat_times 8 (t) disagree"),
