@@ -17,6 +17,7 @@ from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
+from tests.helpers.dotted_changes import with_changes
 
 SITE = ["launcher.slurm.container_type=none"]
 
@@ -44,16 +45,7 @@ def _trinity(**changes: Any) -> dict[str, Any]:
                          "sync_style": "fixed"},
         "trainer": {"save_interval": 100, "grad_clip": 1.0, "ulysses_sequence_parallel_size": 1},
     }
-    for key, value in changes.items():
-        *parents, last = key.split(".")
-        tree = data
-        for part in parents:
-            tree = tree.setdefault(part, {})
-        if value is None:
-            tree.pop(last, None)
-        else:
-            tree[last] = value
-    return data
+    return with_changes(data, changes)
 
 
 def _to_rlkit(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[TrinityKey]]:

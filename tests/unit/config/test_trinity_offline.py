@@ -16,6 +16,7 @@ from rlkit.errors import ConfigError
 from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
+from tests.helpers.dotted_changes import with_changes
 
 SITE = ["launcher.slurm.container_type=none"]
 BUFFER = "buffer.trainer_input.experience_buffer"
@@ -39,16 +40,7 @@ def _offline(kind: str, **changes: Any) -> dict[str, Any]:
         "synchronizer": {"sync_method": "checkpoint", "sync_interval": 10},
         "trainer": {"save_interval": 10, "grad_clip": 1.0},
     }
-    for key, value in changes.items():
-        *parents, last = key.split(".")
-        tree = data
-        for part in parents:
-            tree = tree.setdefault(part, {})
-        if value is None:
-            tree.pop(last, None)
-        else:
-            tree[last] = value
-    return data
+    return with_changes(data, changes)
 
 
 def _migrated(tmp_path: Path, data: dict[str, Any]) -> tuple[Any, str, Path]:
