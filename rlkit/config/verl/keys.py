@@ -74,6 +74,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
      "not built (docs/algorithms.md)"),
     ("algorithm.gamma", "actor.discount", ""),
     ("algorithm.lam", "actor.gae_lambda", ""),
+    ("algorithm.filter_groups.enable", "actor.dynamic_sampling", "DAPO's filter: verl refills the batch with new "
+       "groups, rlkit drops the flat ones and trains on fewer; refused unless actor.dynamic_sampling is passed"),
     ("algorithm.use_kl_in_reward", "actor.kl_ctl", "rlkit's KL reward penalty is on when kl_ctl > 0; under "
        "verl's summed estimators (grpo, rloo, opo, gpg, ...) also actor.kl_penalty_level: sequence"),
     ("algorithm.kl_ctrl.kl_coef", "actor.kl_ctl", "the coefficient (adaptive: the starting one)"),

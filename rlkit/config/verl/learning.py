@@ -201,6 +201,27 @@ def not_built(m: RunMapping) -> None:
                 m.done.add(key)  # its switch is refused, naming the fix
 
 
+def filter_groups(m: RunMapping) -> None:
+    """DAPO's dynamic sampling (algorithm.filter_groups): verl drops the groups whose metric is the same for every
+    sample and generates more until the batch is full again; rlkit's actor.dynamic_sampling (AReaL's) drops them from
+    the step's batch and trains on fewer. Close, not the same: refused unless the user's override says which."""
+    prefix = "algorithm.filter_groups."
+    keys = [k for k in m.leaves if k.startswith(prefix) and k not in m.done]
+    if not keys:
+        return
+    if m.leaves.get(f"{prefix}enable") in (None, False):
+        for key in keys:
+            m.left(key, "filter_groups.enable is false, verl's default")
+        return
+    m.refuse(f"{prefix}enable", "verl's DAPO filter refills the batch with new groups until each has mixed rewards; "
+                                "rlkit's actor.dynamic_sampling drops the flat groups and trains the step on fewer",
+             "pass actor.dynamic_sampling=true to take rlkit's (the step's batch shrinks instead), or leave the "
+             "filter out", unless="actor.dynamic_sampling")
+    for key in keys:
+        if key != f"{prefix}enable":
+            m.left(key, "with algorithm.filter_groups.enable")
+
+
 def reward_model(m: RunMapping) -> None:
     """A reward model's score is the run's reward: migrated without it, the run would learn from another reward."""
     on = m.leaves.get("reward_model.enable")

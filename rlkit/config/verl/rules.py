@@ -18,7 +18,14 @@ from rlkit.config.verl.data import set_reward
 from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm, gpg_loss
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
-from rlkit.config.verl.learning import evaluation, not_built, optimizers, reward_model, unknown_changes_learning
+from rlkit.config.verl.learning import (
+    evaluation,
+    filter_groups,
+    not_built,
+    optimizers,
+    reward_model,
+    unknown_changes_learning,
+)
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 
 ARR = "actor_rollout_ref"
@@ -50,6 +57,7 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     optimizers(m)
     evaluation(m)
     not_built(m)
+    filter_groups(m)
     reward_model(m)
     _kl(m)
     _batches(m)

@@ -99,3 +99,26 @@ def test_defaults_and_infrastructure_are_left_out_and_an_unknown_elsewhere_stays
     assert said["actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache"].startswith("left out")
     assert said["actor_rollout_ref.actor.use_torch_compile"] == "left out (a kernel choice)"
     assert said["trainer.made_up"].startswith("unknown: ")
+
+
+def test_dapo_s_group_filter_is_refused_unless_the_user_takes_rlkit_s_dynamic_sampling() -> None:
+    """verl's DAPO filter (algorithm.filter_groups) refills the batch with new groups; rlkit's dynamic_sampling drops
+    the flat ones and trains on fewer: it was an unknown key (dropped, the run trained on flat groups too), now
+    refused, or left out for the user's actor.dynamic_sampling override; off (verl's default), left out."""
+    lines = ("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+             "algorithm.filter_groups.max_num_gen_batches=10")
+    with pytest.raises(ConfigError) as info:
+        _mapping(*lines)
+    said = " ".join(str(info.value).split())
+    assert "algorithm.filter_groups.enable True (t): verl's DAPO filter refills the batch" in said
+    assert "pass actor.dynamic_sampling=true" in said and "metric" not in said
+    leaves = read_script(_script(*lines), "t").leaves
+    _, fates = verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators, {"actor.dynamic_sampling"})
+    fate = {f.key: f.fate for f in fates}
+    assert fate["algorithm.filter_groups.enable"].endswith("your actor.dynamic_sampling override is used)")
+    assert fate["algorithm.filter_groups.metric"] == "left out (with algorithm.filter_groups.enable)"
+    _, fates = verl_to_rlkit(read_script(_script("algorithm.filter_groups.enable=False",
+                                                 "algorithm.filter_groups.metric=acc"), "t").leaves, "t",
+                             REGISTRY.verl_estimators)
+    assert {f.key: f.fate for f in fates}["algorithm.filter_groups.metric"] == \
+        "left out (filter_groups.enable is false, verl's default)"
