@@ -25,6 +25,7 @@ import yaml
 
 from rlkit.config.areal.names import AREAL_KEYS
 from rlkit.config.areal.rules import show
+from rlkit.config.dotted import put
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
@@ -156,13 +157,6 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]
             yield path, value
 
 
-def _put(tree: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for part in parents:
-        tree = tree.setdefault(part, {})
-    tree[last] = value
-
-
 def trinity_to_rlkit(data: dict[str, Any], source: str,
                      algorithms: Mapping[str, str]) -> tuple[dict[str, Any], list[TrinityKey]]:
     """The rlkit mapping of a Trinity-RFT file and the fate of each of its keys; ConfigErrors naming every key whose
@@ -179,7 +173,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
                                                     else "")))
 
     def moved(key: str, to: str, value: Any, how: str = "") -> None:
-        _put(out, to, value)
+        put(out, to, value)
         fate(key, leaves[key], f"moved to {to}{how}")
 
     def left(key: str, why: str) -> None:
@@ -187,13 +181,13 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
 
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
     # a trainer-only run (mode train: sft, dpo) judges its buffer and the keys of servers first
-    judged = offline(leaves, moved, left, lambda to, value: _put(out, to, value), problems, source)
+    judged = offline(leaves, moved, left, lambda to, value: put(out, to, value), problems, source)
     rest = {key: value for key, value in leaves.items() if key not in judged}
-    judged |= kl_terms(rest, moved, left, lambda to, value: _put(out, to, value), problems, source) \
+    judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
         | entropy_term(rest, moved, left, problems, source) \
-        | lora_adapters(rest, moved, left, lambda to, value: _put(out, to, value), problems, source) \
-        | knobs(rest, moved, left, lambda to, value: _put(out, to, value), problems, source)
+        | lora_adapters(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
+        | knobs(rest, moved, left, lambda to, value: put(out, to, value), problems, source)
     for key, value in leaves.items():
         if key in judged:
             continue
@@ -241,7 +235,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
                 and isinstance(value[0], dict) and value[0].get("path"):
             sampling = eval_sampling(value[0])
             for name, setting in sampling.items():
-                _put(out, f"eval_gconfig.{name}", setting)
+                put(out, f"eval_gconfig.{name}", setting)
             moved(key, "valid_dataset.path", value[0]["path"], " (its path; rlkit evaluates one set; eval_gconfig "
                   + ", ".join(f"{name} {setting}" for name, setting in sampling.items()) + ")")
         elif key.startswith(_ENGINES):
@@ -250,13 +244,13 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             left(key, _WHY.get(key) or infra_reason(key) or "rlkit has no such key")
     for key, to, value, how in defaults(rest, problems, source):
         if _get(out, to) is None:  # not set from another key of the file
-            _put(out, to, value)
+            put(out, to, value)
             fates.append(TrinityKey(key, leaves.get(key, "(unset)"), f"moved to {to} as {value}{how}, "
                                                                      "Trinity-RFT's default"))
     if is_offline(leaves):  # the trainer takes every GPU, as configs/sft.yaml and dpo.yaml write it
         nodes, gpus = leaves.get("cluster.node_num", 1), leaves.get("cluster.gpu_per_node", 8)  # Trinity-RFT's
         if isinstance(nodes, int) and isinstance(gpus, int) and nodes * gpus > 0:
-            _put(out, "allocation_mode", f"fsdp:d{nodes * gpus}")
+            put(out, "allocation_mode", f"fsdp:d{nodes * gpus}")
     else:
         _allocation(leaves, out, fates, problems, source)
     if leaves.get("algorithm.algorithm_type") == "mix" and not _get(out, "expert_dataset.path"):
@@ -296,7 +290,7 @@ def _allocation(leaves: dict[str, Any], out: dict[str, Any], fates: list[Trinity
                          f"the cluster's {nodes * gpus}", hint="lower engine_num or raise cluster.node_num")
             return
         mode = f"vllm:d{n}" + (f"t{t}" if t != 1 else "") + f"+fsdp:d{trainer}"
-        _put(out, "allocation_mode", mode)
+        put(out, "allocation_mode", mode)
         fates.extend(TrinityKey(k, leaves[k], f"read into allocation_mode {mode}") for k in keys)
         return
     fates.extend(TrinityKey(k, leaves[k], "left out (set allocation_mode, e.g. vllm:d2t2+fsdp:d4)") for k in keys)

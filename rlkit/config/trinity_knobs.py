@@ -10,9 +10,9 @@ FormatConfig, GenerationConfig) and its PPO policy loss (clip_range 0.2, clip_ra
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from rlkit.config.dotted import finite_number
 from rlkit.config.problems import Problems
 from rlkit.config.trinity_terms import Left, Moved, Put
 
@@ -109,10 +109,6 @@ _SECTIONS_NOT_BUILT = {
 }
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def infra_reason(key: str) -> str | None:
     """Why the infrastructure key `key` changes nothing learned, or None."""
     for name, why in INFRA.items():
@@ -173,7 +169,7 @@ def defaults(leaves: dict[str, Any], problems: Problems, source: str) -> list[tu
     file leaves unset: the optimizer's, and the taskset's order (Trinity-RFT reads it in order unless its
     data_selector shuffles)."""
     out = [(key, to, value, "") for key, to, value in OPTIMIZER_DEFAULTS if key not in leaves
-           and not (key == f"{_OPT}lr_warmup_steps_ratio" and _number(leaves.get(f"{_OPT}lr_warmup_steps"))
+           and not (key == f"{_OPT}lr_warmup_steps_ratio" and finite_number(leaves.get(f"{_OPT}lr_warmup_steps"))
                     and leaves[f"{_OPT}lr_warmup_steps"] > 0)]
     if f"{_OPT}betas" in leaves:
         out.append((f"{_OPT}betas", "actor.optimizer.eps", 1e-8, " (torch AdamW's, which Trinity-RFT's trainer uses)"))
@@ -204,7 +200,7 @@ def _optimizer(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, probl
                                          f"{_OPT}clip_grad", f"{_OPT}optimizer_type")}
     betas = leaves.get(f"{_OPT}betas")
     if f"{_OPT}betas" in leaves:
-        if isinstance(betas, list | tuple) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas):
+        if isinstance(betas, list | tuple) and len(betas) == 2 and all(finite_number(b) and 0 <= b < 1 for b in betas):
             put("actor.optimizer.beta2", betas[1])
             moved(f"{_OPT}betas", "actor.optimizer.beta1", betas[0], f" and actor.optimizer.beta2 {betas[1]}")
         else:
@@ -217,7 +213,7 @@ def _optimizer(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, probl
             moved(f"{_OPT}warmup_style", "actor.optimizer.lr_scheduler_type", style, " (lr_scheduler_type's older "
                                                                                      "name)")
     steps, ratio = leaves.get(f"{_OPT}lr_warmup_steps"), f"{_OPT}lr_warmup_steps_ratio"
-    if steps is None or (_number(steps) and steps <= 0):  # absent, or off (-1, its default): the ratio is read
+    if steps is None or (finite_number(steps) and steps <= 0):  # absent, or off (-1, its default): the ratio is read
         if ratio in leaves:
             moved(ratio, "actor.optimizer.warmup_steps_proportion", leaves[ratio], "")
         if f"{_OPT}lr_warmup_steps" in leaves:
@@ -226,7 +222,7 @@ def _optimizer(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, probl
         if ratio in leaves:
             left(ratio, "lr_warmup_steps is set and wins, as in Trinity-RFT's verl trainer")
         total: Any = leaves.get("buffer.total_steps") or leaves.get("trainer.total_steps")
-        if _number(steps) and _number(total) and 0 < steps <= total:
+        if finite_number(steps) and finite_number(total) and 0 < steps <= total:
             moved(f"{_OPT}lr_warmup_steps", "actor.optimizer.warmup_steps_proportion", steps / total,
                   f" as {steps}/{total} of the total steps")
         else:
@@ -259,7 +255,7 @@ def _clip(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, 
     keys = {name: f"{_CLIP}{name}" for name in ("clip_range", "clip_range_low", "clip_range_high")}
     present = {name: leaves[k] for name, k in keys.items() if k in leaves}
     for name, value in present.items():
-        if not _number(value) or value < 0:
+        if not finite_number(value) or value < 0:
             problems.add(f"{keys[name]} {value!r} ({source}) is not a number >= 0", hint="e.g. 0.2")
             return set(keys.values()) & set(leaves)
     base = present.get("clip_range")
@@ -306,7 +302,7 @@ def _sampling(leaves: dict[str, Any], moved: Moved, left: Left, problems: Proble
                                                       "gconfig.n_samples)")
     if "buffer.train_batch_size" in leaves:
         size, batch = leaves["buffer.train_batch_size"], leaves.get("buffer.batch_size")
-        if size is None or (_number(batch) and _number(repeat) and size == batch * repeat):
+        if size is None or (finite_number(batch) and finite_number(repeat) and size == batch * repeat):
             left("buffer.train_batch_size", "batch_size x repeat_times: rlkit trains on every completion of a step")
         elif leaves.get("algorithm.sample_strategy_args.expert_data_ratio") is not None:
             left("buffer.train_batch_size", "read into expert_dataset.batch_size (expert_data_ratio of it)")

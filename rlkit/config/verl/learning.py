@@ -9,9 +9,9 @@ obviously infrastructure, and dropped it could change the loss; elsewhere an unk
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from rlkit.config.dotted import finite_number
 from rlkit.config.verl.mapping import RunMapping, is_count, put
 
 ARR = "actor_rollout_ref"
@@ -22,10 +22,6 @@ OPTIM_DEFAULTS = {"weight_decay": ("weight_decay", 0.01), "lr_warmup_steps_ratio
 VERL_BETAS, TORCH_EPS = (0.9, 0.999), 1e-8
 LEARNING_SECTIONS = ("algorithm.", f"{ACTOR}.optim.", f"{ACTOR}.policy_loss.")
 VAL = f"{ROLLOUT}.val_kwargs"
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def optimizers(m: RunMapping) -> None:
@@ -48,12 +44,12 @@ def _optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
         _default(m, f"{section}.lr", f"{ours}.lr", lr)
     for name, (to, value) in OPTIM_DEFAULTS.items():
         steps: Any = leaves.get(f"{section}.lr_warmup_steps")
-        if name == "lr_warmup_steps_ratio" and _number(steps) and steps > 0:
+        if name == "lr_warmup_steps_ratio" and finite_number(steps) and steps > 0:
             continue  # the count is read (_warmup)
         if f"{section}.{name}" not in leaves:
             _default(m, f"{section}.{name}", f"{ours}.{to}", value)
     betas_key, betas = f"{section}.betas", leaves.get(f"{section}.betas", VERL_BETAS)
-    if isinstance(betas, list | tuple) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas):
+    if isinstance(betas, list | tuple) and len(betas) == 2 and all(finite_number(b) and 0 <= b < 1 for b in betas):
         put(m.out, f"{ours}.beta1", betas[0])
         put(m.out, f"{ours}.beta2", betas[1])
         put(m.out, f"{ours}.eps", TORCH_EPS)
@@ -100,7 +96,7 @@ def _warmup(m: RunMapping, section: str, ours: str) -> None:
     if key not in m.leaves:
         return
     steps, total = m.leaves[key], m.leaves.get("trainer.total_training_steps")
-    if steps is None or (_number(steps) and steps <= 0):
+    if steps is None or (finite_number(steps) and steps <= 0):
         m.left(key, f"{steps}: off, lr_warmup_steps_ratio is read")
         return
     if ratio in m.leaves:

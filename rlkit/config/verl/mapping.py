@@ -6,6 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.config.dotted import put
 from rlkit.config.problems import Problems
 
 
@@ -16,13 +17,6 @@ class VerlKey:
     key: str
     value: Any
     fate: str
-
-
-def put(tree: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    for part in parents:
-        tree = tree.setdefault(part, {})
-    tree[last] = value
 
 
 def is_count(value: Any) -> bool:
