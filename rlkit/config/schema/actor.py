@@ -221,7 +221,8 @@ class ActorConfig:
         "the sequence advantage, so a token's return holds the penalties from it on. sequence (verl's "
         "use_kl_in_reward with its outcome estimators: grpo, rloo, opo, gpg, grpo_passk, REINFORCE++-baseline): "
         "summed over the sequence's tokens and subtracted from its reward before reward_norm, every token then "
-        "taking that one advantage. Choices: token, sequence.")
+        "taking that one advantage; read only with kl_ctl > 0, and ppo (GAE) and opmd take token only. Choices: "
+        "token, sequence.")
     kl_loss_coef: float = _f(0.0, "KL loss: kl_loss_coef * mean KL(pi || ref) is added to the loss (with "
                              "gradient, verl's use_kl_loss); > 0 loads the reference model.", ge=0)
     kl_loss_type: str = _f("k3", "Estimator of the KL loss term. Choices: k1, k2, k3.")
