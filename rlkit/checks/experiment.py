@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rlkit.checks.agent import validate_agent
 from rlkit.checks.auxiliary import validate_auxiliary
 from rlkit.checks.binds import check_binds
+from rlkit.checks.host_python import validate_host_python
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
 from rlkit.checks.reference import validate_reference
@@ -135,6 +136,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         _validate_models(config, job, allocation, problems)
         if config.launcher.slurm.container_type == "apptainer":
             check_image_labels(config, allocation, problems)
+        validate_host_python(config, job, allocation, problems)
     if job is not None:
         _validate_lora(config, job, job_types, allocation, problems)
         validate_weight_delta(config, allocation, problems)

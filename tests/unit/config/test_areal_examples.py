@@ -24,8 +24,10 @@ PAIR_ROWS = [{"chosen": f"\n\nHuman: Say hello {n}.\n\nAssistant: Hello!",  # hh
 
 # What "site settings" means here: where the model, the data and the trial files live, how steps run (no
 # Apptainer on this machine), and what the nodes have (the CPU example says 0 GPUs, the dev cluster's nodes have 8).
-# Every file's own `cluster.n_nodes: 1` is kept: servers and trainer share the node (a packed placement).
-SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=8"]
+# Every file's own `cluster.n_nodes: 1` is kept: servers and trainer share the node (a packed placement). The steps
+# run the nodes' python3 (launcher.python): bare steps otherwise run this interpreter, and this venv has no SGLang,
+# which most of the examples serve with (rlkit.checks.host_python).
+SITE = ["launcher.slurm.container_type=none", "cluster.n_gpus_per_node=8", "launcher.python=python3"]
 # `type` is not a site setting: AReaL picks the algorithm by its entry script, and rlkit asks for it (issue 14
 # item 4) except where the training rows leave one choice (sft, rw, dpo rows).
 CASES = {
