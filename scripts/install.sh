@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# rlkit for a login node: a venv of its own holding rlkit and only what the login side needs (no torch, vLLM or
+# trainer packages: those run in the job, from the images), at exactly the versions the test suite ran with (the
+# dev lock, scripts/locks/dev.txt, as pip constraints), so every user of a site installs one program. Idempotent: a
+# second run with nothing changed only checks (well under a second); after `git pull` it installs the new code.
+#   bash scripts/install.sh [VENV]     # default ~/.local/share/rlkit/venv (or $RLKIT_INSTALL_VENV)
+# The interpreter: $PYTHON, else python3; rlkit needs Python 3.11 or newer (`module load python/3.11` on many
+# sites). Any user, no root. Prints the rlkit command's path as its last line.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${1:-${RLKIT_INSTALL_VENV:-$HOME/.local/share/rlkit/venv}}
+python=${PYTHON:-python3}
+lock=$repo/scripts/locks/dev.txt
+
+fail() {
+  echo "install: $*" >&2
+  exit 1
+}
+
+command -v "$python" >/dev/null 2>&1 || fail "no '$python' on PATH: set PYTHON to a Python 3.11 or newer"
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+  || fail "'$python' does not run: set PYTHON to a Python 3.11 or newer"
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  fail "rlkit needs Python 3.11 or newer; '$python' is $version (load a newer one, e.g. \`module load" \
+    "python/3.11\`, or set PYTHON=/path/to/python3.11)"
+fi
+case "$venv" in /*) ;; *) venv=$PWD/$venv ;; esac
+py=$venv/bin/python
+log=$venv.install.log
+# what the venv must hold: this checkout's files and the versions (a changed file or lock installs again)
+want=$( (cat "$repo/pyproject.toml" "$lock"
+         cd "$repo" && find rlkit -type f \( -name '*.py' -o -name '*.sh' -o -name '*.txt' \) -print0 | sort -z |
+           xargs -0 sha256sum) | sha256sum | cut -c1-16)
+stamp=$venv/.rlkit-install
+if [ -x "$py" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want $version" ] && [ -x "$venv/bin/rlkit" ]; then
+  echo "$venv/bin/rlkit"
+  exit 0
+fi
+mkdir -p "$(dirname "$venv")"
+if [ ! -x "$py" ]; then
+  echo "install: creating $venv ($python, Python $version)" >&2
+  "$python" -m venv "$venv" 2>"$log" || fail "could not create a venv at $venv (Debian: apt install" \
+    "python3-venv); see $log"
+fi
+echo "install: installing rlkit from $repo into $venv at the versions of scripts/locks/dev.txt (log in $log)" >&2
+# not editable: the venv keeps the code it was installed with while the checkout moves on; run this again to update
+if ! "$py" -m pip install --upgrade --constraint "$lock" "$repo" >>"$log" 2>&1; then
+  fail "pip could not install rlkit (the last lines of $log say why):
+$(tail -n 5 "$log")"
+fi
+if ! "$venv/bin/rlkit" --help >/dev/null 2>>"$log"; then
+  fail "the installed rlkit does not start; see $log"
+fi
+echo "$want $version" >"$stamp"
+echo "install: done; put it on your PATH: export PATH=\"$venv/bin:\$PATH\" (or link $venv/bin/rlkit into a" \
+  "directory on it)" >&2
+echo "$venv/bin/rlkit"
