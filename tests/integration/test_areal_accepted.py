@@ -17,7 +17,9 @@ from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slurm]
 EXAMPLES = REPO / "tests" / "data" / "areal" / "current"
-SITE = ["launcher.slurm.container_type=none"]  # no Apptainer here; the files' n_nodes and GPUs per node are kept
+# no Apptainer here; the files' n_nodes and GPUs per node are kept; the steps run the nodes' python3, which holds SGLang
+# (this venv has none: rlkit.checks.host_python)
+SITE = ["launcher.slurm.container_type=none", "launcher.python=python3"]
 
 
 @pytest.fixture
