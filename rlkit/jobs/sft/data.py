@@ -11,7 +11,8 @@ starts writing) and with it (where the turn ends, end-of-turn marker included, s
 must be text prefixes of the whole conversation; a template that renders earlier turns differently from the last
 (e.g. one dropping earlier reasoning) fails that check, and the row is refused with a message rather than trained on
 shifted masks. The text is then encoded piece by piece, cut at those boundaries: the mask is exact by construction,
-and each prompt piece is encoded exactly as a server encodes that prompt at inference.
+and each prompt piece is encoded exactly as a server encodes that prompt at inference. A row's tools (sft.tools_key,
+rlkit.data.chat_tools) go to every one of these renders, so each prefix holds them as the whole chat does.
 """
 
 from __future__ import annotations
