@@ -124,6 +124,8 @@ TRINITY = (
     _m("buffer.trainer_input.experience_buffer.format.rejected_key", "dpo.rejected_key", "rw: rw.rejected_key"),
     _m("buffer.trainer_input.experience_buffer.format.enable_concatenated_multi_turn",
        "sft.enable_concatenated_multi_turn"),
+    _m("buffer.trainer_input.experience_buffer.format.tools_key", "sft.tools_key", "the same default (tools); None: "
+       "'' (no tools column); dpo reads none; the taskset's is refused (rlkit's RL prompts carry no tools)"),
     _m("explorer.rollout_model.engine_type", "allocation_mode", "the engine is the first part of allocation_mode"),
     _m("explorer.rollout_model.engine_num", "allocation_mode", "d of the server part, e.g. vllm:d4"),
     _m("explorer.rollout_model.tensor_parallel_size", "allocation_mode", "t of the server part, e.g. vllm:d2t2"),

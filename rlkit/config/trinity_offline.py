@@ -137,9 +137,10 @@ def _format(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems
             moved(key, f"dpo.{name}", value, "")
         elif kind == "sft" and name in _SFT_FORMAT and not (name == "chat_template" and value is None):
             moved(key, _SFT_FORMAT[name], value, "")
-        elif name == "tools_key" and value in (None, "tools"):
-            left(key, f"{value!r}: Trinity-RFT's default; rlkit gives the chat template no tools (a row's tools "
-                      "column is not read)")
+        elif name == "tools_key" and kind == "dpo":
+            left(key, "Trinity-RFT's dpo reads no tools")
+        elif name == "tools_key":  # None: Trinity-RFT's sample.get(None) finds no column, so no tools
+            moved(key, "sft.tools_key", value or "", "" if value else " (None: no tools column read)")
         elif value is None:
             left(key, "None: Trinity-RFT's default, nothing to carry")
         elif kind == "dpo" and name in ("prompt_key", "messages_key"):

@@ -27,6 +27,13 @@ class SFTConfig:
     system_prompt_key: str = _f("", "plaintext: column holding a per-row system prompt; empty: none.")
     system_prompt: str = _f("", "plaintext: system prompt for every row (system_prompt_key wins when both exist).")
     messages_key: str = _f("messages", "messages: column holding the chat; its assistant messages are the targets.")
+    tools_key: str = _f(
+        "tools", "Column holding a row's tools: a list of function schemas, or a JSON string of one, given to the "
+                 "chat template as `tools` in every render of the row (messages rows, and plaintext rows through "
+                 "the template). Default 'tools': the column TRL's SFTTrainer reads and Trinity-RFT's "
+                 "format.tools_key default, so their tool-calling datasets train as they did there. A row without "
+                 "the column (or null, empty) has no tools; a template that ignores tools is refused when a row "
+                 "has them. Empty: no column is read.")
     enable_concatenated_multi_turn: bool = _f(
         False, "messages: train on every assistant message of a chat (true) or on its last one only (false).")
     apply_chat_template: bool = _f(

@@ -17,6 +17,7 @@ from rlkit.config.model_config import model_positions
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.sft import SFT_PROMPT_TYPES, SFTConfig
+from rlkit.data.chat_tools import row_tools
 from rlkit.data.dataset_head import DatasetHead, dataset_head
 from rlkit.data.row_formats import GSM8K_COLUMNS, sft_columns
 from rlkit.errors import ConfigError
@@ -105,6 +106,7 @@ def _check_row(name: str, head: DatasetHead, sft: SFTConfig) -> None:
     """The dataset has the columns sft names, the first row's values of the right kind (JSON Lines, and Parquet
     where pyarrow is installed here: without it a Parquet file's columns are checked in the job)."""
     columns = ", ".join(head.columns) or "none"
+    _check_tools(name, head, sft)
     if sft.prompt_type == "messages":
         if sft.messages_key not in head.columns:
             raise ConfigError(f"{name}.path: rows have no column '{sft.messages_key}' (columns: {columns})",
@@ -114,8 +116,8 @@ def _check_row(name: str, head: DatasetHead, sft: SFTConfig) -> None:
         if row is None:
             return  # no rows in its first file: nothing to judge the chats by
         chat = row.get(sft.messages_key)
-        if not (isinstance(chat, list) and chat and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                        for m in chat)):
+        if not (isinstance(chat, list) and chat and all(isinstance(m, dict) and "role" in m
+                                                        and ("content" in m or m.get("tool_calls")) for m in chat)):
             raise ConfigError(f"{name}.path: column '{sft.messages_key}' of the first row is not a list of "
                               "{role, content} messages", hint="write each chat as [{role: ..., content: ...}, ...]")
         if not any(m["role"] == "assistant" for m in chat):
@@ -133,6 +135,24 @@ def _check_row(name: str, head: DatasetHead, sft: SFTConfig) -> None:
         if key and not isinstance(row[key], str):
             raise ConfigError(f"{name}.path: column '{key}' (sft.{field}) holds {type(row[key]).__name__}, not text",
                               hint="for a column of chats use sft.prompt_type=messages")
+
+
+def _check_tools(name: str, head: DatasetHead, sft: SFTConfig) -> None:
+    """The first row's tools column (sft.tools_key), when the dataset has one: the schemas as a list or a JSON string
+    of one, and a place for them in the text (the chat template). Whether the template renders them is judged as
+    the job reads the rows (rlkit.jobs.sft.data)."""
+    if not sft.tools_key or sft.tools_key not in head.columns:
+        return
+    row = head.first_row([sft.tools_key])
+    try:
+        tools = row_tools(row or {}, sft.tools_key)
+    except ValueError as exc:
+        raise ConfigError(f"{name}.path: the first row's {exc}",
+                          hint="fix the rows' tools, or set sft.tools_key='' to read no tools column") from None
+    if tools and sft.prompt_type == "plaintext" and not sft.apply_chat_template:
+        raise ConfigError(f"{name}.path: rows have tools (column '{sft.tools_key}', sft.tools_key) but "
+                          "sft.apply_chat_template is false: raw text has no place for them",
+                          hint="set sft.apply_chat_template=true, or sft.tools_key='' to train without the tools")
 
 
 def _validate_lengths(config: ExperimentConfig, problems: Problems) -> None:

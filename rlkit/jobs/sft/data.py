@@ -11,7 +11,8 @@ starts writing) and with it (where the turn ends, end-of-turn marker included, s
 must be text prefixes of the whole conversation; a template that renders earlier turns differently from the last
 (e.g. one dropping earlier reasoning) fails that check, and the row is refused with a message rather than trained on
 shifted masks. The text is then encoded piece by piece, cut at those boundaries: the mask is exact by construction,
-and each prompt piece is encoded exactly as a server encodes that prompt at inference.
+and each prompt piece is encoded exactly as a server encodes that prompt at inference. A row's tools (sft.tools_key,
+rlkit.data.chat_tools) go to every one of these renders, so each prefix holds them as the whole chat does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from rlkit.config.schema.actor import MicroBatchSpec
 from rlkit.config.schema.sft import SFTConfig
+from rlkit.data.chat_tools import row_tools
 from rlkit.data.row_formats import sft_columns
 from rlkit.errors import StepError
 from rlkit.trainer.bins import packed_micro_batches
@@ -63,23 +65,48 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool,
-            chat_template: str | None) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                         chat_template=chat_template)
+            chat_template: str | None, tools: list[dict[str, Any]] | None = None) -> str:
+    """The chat as the template writes it, with the row's tools (given to every render: a prefix rendered without
+    them would not be a prefix of the whole). A template failing on a row is a ValueError (the row is named)."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                             chat_template=chat_template, tools=tools)
+    except Exception as exc:  # Jinja's errors (raise_exception too), a TypeError of a value it cannot join
+        raise ValueError(f"the chat template failed on this chat{' and its tools' if tools else ''}: "
+                         f"{type(exc).__name__}: {exc}") from None
     if not isinstance(text, str):
         raise StepError(f"the chat template rendered {type(text).__name__}, not text")
     return text
 
 
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    """The chat, each message copied whole: the keys beyond role and content (an assistant's `tool_calls`, a tool
+    result's `tool_call_id` or `name`) are the template's to read."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("a chat must be a non-empty list of {role, content} messages")
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(f"message {i} is not a {{role: str, content: str}} mapping")
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)):
+            raise ValueError(f"message {i}'s tool_calls is not a list of {{function: ...}} mappings")
+        # an assistant message that calls tools may have no text (OpenAI's form writes content null)
+        if not isinstance(m.get("content"), str) and not (calls and m["role"] == "assistant"
+                                                          and m.get("content") is None):
             raise ValueError(f"message {i} is not a {{role: str, content: str}} mapping")
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("the chat has no assistant message, so nothing to train on")
     return [dict(m) for m in messages]
+
+
+def _ignores_tools(tokenizer: Any, chat: list[dict[str, Any]], with_tools: str, chat_template: str | None) -> bool:
+    """Whether the template writes the chat the same without its tools (Hugging Face's apply_chat_template passes
+    `tools` to any template and one that never reads them drops them silently). A template that fails without
+    tools reads them."""
+    try:
+        return with_tools == _render(tokenizer, chat, generation_prompt=False, chat_template=chat_template)
+    except ValueError:
+        return False
 
 
 def _turn_end(text: str, start: int, end: int, eos: str | None) -> int:
@@ -89,17 +116,24 @@ def _turn_end(text: str, start: int, end: int, eos: str | None) -> int:
     return at + len(eos) if eos and at >= 0 else end
 
 
-def chat_example(messages: Any, tokenizer: Any, *, all_turns: bool, chat_template: str | None = None) -> SFTExample:
-    """A chat with loss on its assistant messages (every one, or the last one only); ValueError for a bad chat."""
+def chat_example(messages: Any, tokenizer: Any, *, all_turns: bool, chat_template: str | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> SFTExample:
+    """A chat with loss on its assistant messages (every one, or the last one only; those calling tools included,
+    tool results never); `tools`: the function schemas the template is given. ValueError for a bad chat."""
     chat = _check_messages(messages)
     targets = [i for i, m in enumerate(chat) if m["role"] == "assistant"]
     if not all_turns:
         targets = targets[-1:]
-    whole = _render(tokenizer, chat, generation_prompt=False, chat_template=chat_template)
+    whole = _render(tokenizer, chat, generation_prompt=False, chat_template=chat_template, tools=tools)
+    if tools and _ignores_tools(tokenizer, chat, whole, chat_template):
+        raise ValueError("the row has tools (sft.tools_key) but the chat template renders the chat the same "
+                         "without them, so the model would learn to call tools it was never shown; give "
+                         "sft.chat_template a template that renders `tools` (the model's tool-use template), or "
+                         "set sft.tools_key='' to train without the tools column")
     cuts: list[tuple[int, int]] = []
     for i in targets:
-        start = _render(tokenizer, chat[:i], generation_prompt=True, chat_template=chat_template)
-        end = _render(tokenizer, chat[: i + 1], generation_prompt=False, chat_template=chat_template)
+        start = _render(tokenizer, chat[:i], generation_prompt=True, chat_template=chat_template, tools=tools)
+        end = _render(tokenizer, chat[: i + 1], generation_prompt=False, chat_template=chat_template, tools=tools)
         if not whole.startswith(end):
             raise ValueError(f"the chat template renders the chat up to assistant message {i} differently from the "
                              "whole chat (it rewrites earlier turns), so that message's tokens cannot be located; "
@@ -132,13 +166,19 @@ def _example(ids: list[int], mask: list[int]) -> SFTExample:
 
 
 def plaintext_example(prompt: str, response: str, tokenizer: Any, *, apply_chat_template: bool,
-                      system_prompt: str = "", chat_template: str | None = None) -> SFTExample:
+                      system_prompt: str = "", chat_template: str | None = None,
+                      tools: list[dict[str, Any]] | None = None) -> SFTExample:
     """A prompt and its response, with loss on the response: inside the chat template (a user and an assistant
-    message), or as raw text followed by the EOS token (what a base model's prompt looks like at inference)."""
+    message, `tools` given to the template), or as raw text followed by the EOS token (what a base model's prompt
+    looks like at inference; raw text has no place for tools)."""
     if apply_chat_template:
         chat = [{"role": "system", "content": system_prompt}] if system_prompt else []
         chat += [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-        return chat_example(chat, tokenizer, all_turns=False, chat_template=chat_template)
+        return chat_example(chat, tokenizer, all_turns=False, chat_template=chat_template, tools=tools)
+    if tools:
+        raise ValueError("the row has tools (sft.tools_key) but sft.apply_chat_template is false: raw text has no "
+                         "place for them; set sft.apply_chat_template=true, or sft.tools_key='' to train without "
+                         "the tools column")
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise StepError("the tokenizer has no EOS token, so a raw-text response cannot be ended; set "
@@ -150,11 +190,12 @@ def plaintext_example(prompt: str, response: str, tokenizer: Any, *, apply_chat_
 def row_example(row: Mapping[str, Any], tokenizer: Any, sft: SFTConfig) -> SFTExample:
     """One dataset row in the format `sft` describes; ValueError naming the column for a row that does not fit."""
     template = sft.chat_template or None
+    tools = row_tools(row, sft.tools_key)
     if sft.prompt_type == "messages":
         if sft.messages_key not in row:
             raise ValueError(f"no column '{sft.messages_key}' (sft.messages_key)")
         return chat_example(row[sft.messages_key], tokenizer, all_turns=sft.enable_concatenated_multi_turn,
-                            chat_template=template)
+                            chat_template=template, tools=tools)
     values = {}
     columns = sft_columns(row, sft.prompt_key, sft.response_key)  # GSM8K's question/answer (rlkit.data.row_formats)
     for field, key in zip(("prompt_key", "response_key"), columns, strict=True):
@@ -166,7 +207,7 @@ def row_example(row: Mapping[str, Any], tokenizer: Any, sft: SFTConfig) -> SFTEx
         system = str(row[sft.system_prompt_key])
     return plaintext_example(values["prompt_key"], values["response_key"], tokenizer,
                              apply_chat_template=sft.apply_chat_template, system_prompt=system,
-                             chat_template=template)
+                             chat_template=template, tools=tools)
 
 
 def fit_length(example: SFTExample, max_length: int | None, *, truncate: bool) -> SFTExample | None:

@@ -87,6 +87,25 @@ def test_sft_plaintext_rows_and_trinity_s_format_defaults(tmp_path: Path) -> Non
     assert f"#   {fmt}.messages_key: ignored  -> left out (prompt_type plaintext" in header
 
 
+@pytest.mark.parametrize(("tools_key", "ours", "fate"), [
+    ("functions", "functions", "moved to sft.tools_key"),
+    ("tools", "tools", "moved to sft.tools_key"),
+    (None, "", "moved to sft.tools_key (None: no tools column read)"),
+])
+def test_sft_s_tools_column_moves(tmp_path: Path, tools_key: str | None, ours: str, fate: str) -> None:
+    """Trinity-RFT's SFT formatter gives the row's tools column (format.tools_key, default 'tools') to the chat
+    template, as rlkit's sft.tools_key does; its dpo reads no tools."""
+    key = f"{BUFFER}.format.tools_key"
+    data = _offline("sft")
+    data["buffer"]["trainer_input"]["experience_buffer"]["format"]["tools_key"] = tools_key  # None too
+    config, header, _ = _migrated(tmp_path, data)
+    assert config.sft.tools_key == ours
+    assert f"#   {key}: {tools_key if tools_key else 'null'}  -> {fate}" in header
+    assert _migrated(tmp_path, _offline("sft"))[0].sft.tools_key == "tools"  # both defaults: the same column
+    _, header, _ = _migrated(tmp_path, _offline("dpo", **{key: "tools"}))
+    assert f"#   {key}: tools  -> left out (Trinity-RFT's dpo reads no tools)" in header
+
+
 def test_a_dpo_run_is_rlkit_s_dpo_job(tmp_path: Path) -> None:
     data = _offline("dpo", **{"algorithm.policy_loss_fn_args": {"beta": 0.2, "label_smoothing": 0.1},
                               "algorithm.kl_loss_fn": "none"})

@@ -138,6 +138,25 @@ def test_a_bad_first_row_is_named(sft_mapping: dict[str, Any], tmp_path: Path) -
         problems_of(sft_mapping, f"train_dataset.path={bad}"))
 
 
+def test_the_first_row_s_tools_column_is_checked_at_submit(sft_mapping: dict[str, Any], tmp_path: Path) -> None:
+    rows = tmp_path / "tools.jsonl"
+    call = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}  # no content
+    chat = [{"role": "user", "content": "hi"}, call, {"role": "tool", "content": "1"},
+            {"role": "assistant", "content": "one"}]
+    messages = ("sft.prompt_type=messages", f"train_dataset.path={rows}", "valid_dataset.path=")
+    rows.write_text(json.dumps({"messages": chat, "tools": json.dumps([{"name": "f"}])}) + "\n")
+    assert problems_of(sft_mapping, *messages) == []
+    rows.write_text(json.dumps({"messages": chat, "tools": "{not json"}) + "\n")
+    assert problems_of(sft_mapping, *messages) == [
+        "train_dataset.path: the first row's column 'tools' (sft.tools_key) is a string but not JSON (Expecting "
+        "property name enclosed in double quotes: line 1 column 2 (char 1)); write the tools as a list of function "
+        "schemas, or a JSON string of one\n  fix: fix the rows' tools, or set sft.tools_key='' to read no tools column"]
+    assert problems_of(sft_mapping, *messages, "sft.tools_key=") == []
+    rows.write_text(json.dumps({"prompt": "hi", "response": "one", "tools": [{"name": "f"}]}) + "\n")
+    assert "sft.apply_chat_template is false: raw text has no place for them" in "\n".join(
+        problems_of(sft_mapping, f"train_dataset.path={rows}", "valid_dataset.path=", "sft.apply_chat_template=false"))
+
+
 def test_the_checks_every_trainer_shares_run_for_sft(sft_mapping: dict[str, Any]) -> None:
     """sft gets grpo's optimizer, saver, recover and metrics checks (rlkit.checks.trainer, the ranges of
     rlkit.config.ranges), all at once."""

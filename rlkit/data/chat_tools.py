@@ -1,0 +1,43 @@
+"""A chat row's tools column (`sft.tools_key`): the function schemas its chat template is given as `tools=`.
+
+Published tool-calling datasets store the schemas two ways: as a list of JSON objects, or as a JSON string of that
+list (Arrow gives every struct in a column one schema, so a list of differing schemas comes back with the missing
+fields set to null; a string keeps each schema as written, and TRL's and Trinity-RFT's readers accept both). Rows
+are input others wrote: a value that is neither is a ValueError naming the column (callers name the row), never a
+schema passed on for the template to fail on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlkit import untrusted_json
+
+_SETTING = "sft.tools_key"
+
+
+def row_tools(row: Mapping[str, Any], key: str) -> list[dict[str, Any]] | None:
+    """The tools of `row`: None when `key` is empty or the row has no tools there (no column, null, "", an empty
+    list); else the list of schemas. ValueError for a value that is not a list of JSON objects or a JSON string of
+    one."""
+    if not key or key not in row:
+        return None
+    value = row[key]
+    where = f"column '{key}' ({_SETTING})"
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = untrusted_json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"{where} is a string but not JSON ({exc}); write the tools as a list of function "
+                             "schemas, or a JSON string of one") from None
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"{where} holds {type(value).__name__}, not a list of function schemas")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, Mapping):
+            raise ValueError(f"{where}: tool {i} is {type(tool).__name__}, not a function schema (a JSON object)")
+    return [dict(tool) for tool in value] or None
