@@ -24,7 +24,10 @@ from rlkit.step_contract import no_retry_mark
 if TYPE_CHECKING:
     from rlkit.config.areal.accept import AcceptedKey
 
+# markdown: help text reflows to the terminal's width (typer's default kept each line break of a docstring's source:
+# ragged lines at 80 columns)
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  rich_markup_mode="markdown",
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 app.add_typer(image_app, name="image")
 app.command("doctor")(doctor)
@@ -42,7 +45,7 @@ TRIAL_ARG = typer.Argument(..., help="experiment/trial, or a bare trial name whe
 
 FORCE_OPT = typer.Option(False, "--force", help="Submit over an existing trial of the same name as a NEW run: the "
                          "previous run's files (recover/, checkpoints/, metrics, logs, ...) move to "
-                         "<trial>/attempt-N/ first, so nothing is resumed from it and nothing is lost. To continue "
+                         "`TRIAL/attempt-N/` first, so nothing is resumed from it and nothing is lost. To continue "
                          "a trial use `rlkit resume`.")
 
 

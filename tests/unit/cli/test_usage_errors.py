@@ -50,3 +50,23 @@ def test_rlkit_alone_prints_its_commands_without_a_traceback() -> None:
     assert result.returncode in (0, 2)  # click 8.1 exits 0 here, typer's vendored click 2, both print the help
     assert "submit" in result.stdout + result.stderr and "status" in result.stdout + result.stderr
 
+
+
+def test_each_command_s_summary_reflows_to_the_terminal() -> None:
+    """The commands' summaries come from docstrings written at 120 columns: the help reflows them to the terminal's
+    width (at 400 columns each is one line), not at its source's line breaks (typer's default markup kept those:
+    ragged lines at 80 columns)."""
+    import typer.main
+
+    from rlkit.cli.main import app
+
+    result = subprocess.run([str(RLKIT), "--help"], capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    lines = [" ".join(line.strip(" │").split()) for line in result.stdout.splitlines()]
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, command in commands.items():
+        if command.hidden:
+            continue  # the in-job steps
+        summary = " ".join((command.help or "").split("\n\n")[0].split()).replace("`", "")
+        assert any(line.startswith(name) and summary in line for line in lines), (name, summary)
