@@ -43,10 +43,16 @@ if [ ! -x "$py" ]; then
     "python3-venv); see $log"
 fi
 echo "install: installing rlkit from $repo into $venv at the versions of scripts/locks/dev.txt (log in $log)" >&2
-# not editable: the venv keeps the code it was installed with while the checkout moves on; run this again to update
-if ! "$py" -m pip install --upgrade --constraint "$lock" "$repo" >>"$log" 2>&1; then
-  fail "pip could not install rlkit (the last lines of $log say why):
-$(tail -n 5 "$log")"
+# Built from a copy of the package's files: setuptools writes its build/ and egg-info into the tree it builds, which
+# fails in a checkout the user may not write (a site's shared clone), and a build/ left from before would put modules
+# since deleted into the wheel. Not editable: the venv keeps the code it was installed with while the checkout moves
+# on; run this again to update.
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+(cd "$repo" && tar -cf - --exclude=__pycache__ pyproject.toml README.md rlkit) | tar -xf - -C "$src"
+if ! "$py" -m pip install --upgrade --constraint "$lock" "$src" >>"$log" 2>&1; then
+  fail "pip could not install rlkit; its errors (the whole output is in $log):
+$(grep -i -E "error|denied|requires" "$log" | sort -u | tail -n 8)"
 fi
 if ! "$venv/bin/rlkit" --help >/dev/null 2>>"$log"; then
   fail "the installed rlkit does not start; see $log"

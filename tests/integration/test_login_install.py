@@ -53,6 +53,7 @@ def login_bin() -> Path:
     assert out.returncode == 0, out.stderr
     rlkit = Path(out.stdout.splitlines()[-1])
     assert rlkit == VENV / "bin" / "rlkit"
+    assert not (REPO / "build").exists()  # built from a copy: a checkout the user may not write installs too
     return rlkit.parent
 
 
