@@ -18,6 +18,7 @@ from rlkit.cli.console import console, mend_std_streams, write_out
 from rlkit.cli.docs_cmd import docs_app
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
+from rlkit.cli.version import top_options
 from rlkit.errors import NO_RETRY_EXIT, SlurmError, StepError, UserError, disk_full, each_error
 from rlkit.step_contract import no_retry_mark
 
@@ -30,6 +31,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_
                   rich_markup_mode="markdown",
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 app.add_typer(image_app, name="image")
+
+app.callback()(top_options)
 app.command("doctor")(doctor)
 app.add_typer(docs_app, name="docs")
 err = console(stderr=True)

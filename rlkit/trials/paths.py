@@ -42,6 +42,12 @@ class TrialPaths:
         return self.root / "manifest.json"
 
     @property
+    def source_id(self) -> Path:
+        """The source id (rlkit.source_id) of the rlkit that validated and submitted this job: step 0 on every node
+        holds its own rlkit to it."""
+        return self.root / "rlkit-source"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlkit import __version__, untrusted_json
 from rlkit.errors import UserError
+from rlkit.source_id import source_id
 from rlkit.trials.paths import ATTEMPT_DIR, TrialPaths
 
 
@@ -74,7 +75,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> None:
-    """Create (or, for --force, refresh) the trial directory (0700): config, script, logs/, a new token (0600)."""
+    """Create (or, for --force, refresh) the trial directory (0700): config, script, logs/, a new token (0600), the
+    submitting rlkit's source id."""
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
     paths.logs.mkdir(exist_ok=True)
@@ -84,6 +86,7 @@ def prepare_trial_dir(paths: TrialPaths, *, config_yaml: str, script: str) -> No
     write_atomic(paths.token, secrets.token_hex(32) + "\n", mode=0o600)
     os.chmod(paths.token, 0o600)
     write_atomic(paths.config, config_yaml)
+    write_atomic(paths.source_id, source_id() + "\n")
     write_atomic(paths.script, script, mode=0o755)
 
 
@@ -223,6 +226,7 @@ def write_manifest(paths: TrialPaths, *, job_id: str, images: dict[str, str], cw
         "cluster_name": cluster_name,
         "attempts": history,
         "rlkit_version": __version__,
+        "rlkit_source": source_id(),
         "git_revision": _git_revision(cwd),
         "images": {role: _image_facts(image) for role, image in images.items()},
     }

@@ -101,7 +101,8 @@ def test_rlkit_status_imports_no_heavy_package_nor_the_trainer(rlkit_home: Path)
 # rlkit's packages, lowest layer first: a package imports only packages of lower layers (and its own modules); the
 # packages of one layer are peers that do not import each other
 LAYER = {
-    "leaves": 0,  # rlkit/__init__.py, errors, step_contract, fsutil, import_path, types, untrusted_json, cuda_oom
+    "leaves": 0,  # rlkit/__init__.py, errors, step_contract, fsutil, import_path, types, untrusted_json, cuda_oom,
+    # source_id
     "slurm": 1,
     "config": 2,
     "data": 3, "images": 3, "models": 3, "tasks": 3,
@@ -122,6 +123,7 @@ LAYER = {
 # the modules directly in rlkit/ and their layer's name: the leaves, and `python -m rlkit` (the CLI's entry point)
 ROOT_MODULES = {"rlkit": "leaves", "rlkit.errors": "leaves", "rlkit.step_contract": "leaves", "rlkit.fsutil": "leaves",
                 "rlkit.import_path": "leaves", "rlkit.types": "leaves", "rlkit.untrusted_json": "leaves",
+                "rlkit.source_id": "leaves",
                 "rlkit.cuda_oom": "leaves", "rlkit.__main__": "cli"}
 # the runtime imports allowed to go up a layer: (importer module, imported module) -> why; at most MAX_UPWARD
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}

@@ -70,3 +70,13 @@ def test_each_command_s_summary_reflows_to_the_terminal() -> None:
             continue  # the in-job steps
         summary = " ".join((command.help or "").split("\n\n")[0].split()).replace("`", "")
         assert any(line.startswith(name) and summary in line for line in lines), (name, summary)
+
+
+def test_the_version_names_the_release_and_the_code() -> None:
+    """`rlkit --version` for a bug report: the release and the source id (rlkit.source_id), where it runs from."""
+    from rlkit import __version__
+    from rlkit.source_id import PACKAGE, source_id
+
+    result = _rlkit("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"rlkit {__version__} (source {source_id()}, {PACKAGE})\n"
