@@ -4,6 +4,8 @@ reported in seconds with the node's name and the fix, instead of servers and a t
 Each node of each component (one task per node, in the component's image when the job uses containers) checks that
   * it reads the token the batch script has just written in the trial directory (a fileroot some node does not
     share: node-local /tmp, a disk of the login node only);
+  * it runs the rlkit that validated the job at submit (rlkit.source_id, recorded in the trial directory): an image
+    built from other code, or a launcher.python with another install, would read the config differently;
   * it sees as many GPUs as its component asked for, counted the way its processes will see them (`nvidia-smi -L`
     narrowed by CUDA_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES as Slurm set it); in a container without `--nv`
     there is no driver and no nvidia-smi;
@@ -29,11 +31,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlkit.nameresolve.servers import check_address
 from rlkit.slurm.hostlist import expand_hostlist
 from rlkit.slurm.jobenv import JobEnv, advertised_host
+from rlkit.source_id import describe, source_id
 from rlkit.step_contract import NODE_CHECK_ADDRESS_MARK
+from rlkit.trials.paths import TrialPaths
 
 ADDRESS_WAIT_S = 20.0  # how long a node waits for the first node's address: the sruns (and containers) start apart
 CONNECT_TIMEOUT_S = 5.0  # a TCP connect and the listener's answer
@@ -271,6 +276,8 @@ def run(args: argparse.Namespace, report: Callable[[str], None], publish: Callab
 
     sees_dir = canary_problem(node, args.canary, args.token, args.writer)
     found(sees_dir)
+    if sees_dir is None:
+        found(source_problem(node, args.role, os.path.dirname(args.canary), in_container=args.container))
     listing, smi_error = nvidia_smi_listing()
     view = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), listing)
     found(gpu_problem(node, args.role, args.gpus, view, in_container=args.container, smi_error=smi_error))
@@ -292,6 +299,28 @@ def run(args: argparse.Namespace, report: Callable[[str], None], publish: Callab
     elif reason := reach_problem(published[0], args.token, node):
         found(f"node {node} cannot reach {target} {published[1]} at {published[0]}: {reason}: {NETWORK_FIX}")
     return not problems
+
+
+def source_problem(node: str, role: str, trial_dir: str, *, in_container: bool) -> str | None:
+    """This node's rlkit against the one that validated the job at submit (rlkit.source_id, written in the trial
+    directory): other code would read the config otherwise. None when they agree, or for a trial submitted before
+    the id was recorded."""
+    try:
+        with open(TrialPaths(Path(trial_dir)).source_id, encoding="utf-8", errors="replace") as f:
+            expected = f.read(64).strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"node {node} cannot read the job's rlkit source id in {trial_dir}: {exc.strerror or exc}"
+    own = source_id()
+    if own == expected:
+        return None
+    fix = (f"rebuild the {role} image from the rlkit that submits (`rlkit image build` in its checkout), or submit "
+           "with the rlkit the image holds" if in_container else
+           "install the submitting rlkit where launcher.python points (bash scripts/install.sh DIR from its "
+           "checkout, or pip install it there), or submit with the rlkit that python runs")
+    return (f"node {node} ({role}) runs {describe()}, not the rlkit that validated this job at submit (source "
+            f"{expected}): its steps would read the config with other code; {fix}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlkit.source_id import source_id
 from tests.conftest import REPO
 
 VENV = Path(os.environ.get("RLKIT_LOGIN_VENV") or Path.home() / ".cache" / "rlkit-login" / "venv")
@@ -99,6 +100,9 @@ def test_the_commands_a_login_node_runs(login_bin: Path, tmp_path: Path) -> None
     rlkit = login_bin / "rlkit"
     env = {"RLKIT_HOME": str(tmp_path / "home"), "RLKIT_DEMO_DIR": str(tmp_path / "demo")}
     assert _run(rlkit, "--help", env=env).returncode == 0
+    # the installed copy is this checkout's code: the id the nodes' step 0 holds a job's rlkit to
+    version = _run(rlkit, "--version", env=env)
+    assert version.returncode == 0 and f"(source {source_id()}, {VENV}/lib/" in version.stdout, version.stdout
     assert _run(rlkit, "explain", "actor.eps_clip", env=env).returncode == 0
     rendered = _run(rlkit, "render", "configs/grpo.yaml", env=env)
     assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from rlkit import __version__
+from rlkit.source_id import PACKAGE, source_id
 from tests.conftest import run_rlkit
 from tests.helpers.slurm_helpers import wait_for, wait_state
 
@@ -75,15 +77,24 @@ def _check_log(trial: Path) -> str:
 
 def test_too_few_gpus_and_an_unreachable_trainer_are_each_reported_by_every_node(grpo_yaml: Path, tmp_path: Path,
                                                                                   rlkit_home: Path) -> None:
-    """Two real faults in one job, both of which would break the steps too: an extra `--gres=gpu:1` in the srun
-    arguments (every step then gets one GPU of the two its component asked for), and a trainer that advertises an
-    address nobody reaches (RLKIT_ADVERTISE_HOST, what its rank 0 publishes for the rendezvous, set to TEST-NET-1).
-    Each node names each of its own problems; the job fails in step 0, no work step starts."""
+    """Three real faults in one job, each of which would break the steps too: an extra `--gres=gpu:1` in the srun
+    arguments (every step then gets one GPU of the two its component asked for), a trainer that advertises an
+    address nobody reaches (RLKIT_ADVERTISE_HOST, what its rank 0 publishes for the rendezvous, set to TEST-NET-1),
+    and steps whose python imports another rlkit than the one that submitted (a copy with one more line, as an
+    image built from an older checkout). Each node names each of its own problems; the job fails in step 0, no work
+    step starts."""
+    other = tmp_path / "other-rlkit"
+    shutil.copytree(PACKAGE, other / "rlkit", ignore=shutil.ignore_patterns("__pycache__"))
+    with (other / "rlkit" / "errors.py").open("a") as f:
+        f.write("# built from another checkout\n")
+    python = tmp_path / "python-with-other-rlkit"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={other} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
     started = time.monotonic()
     submitted = run_rlkit("submit", str(grpo_yaml), "trial_name=faults", "allocation_mode=vllm:d2+fsdp:d4",
                           "cluster.n_gpus_per_node=2", "cluster.n_nodes=3", "launcher.slurm.nodelist=node[1-3]",
                           "launcher.slurm.srun_additional_args=--gres=gpu:1",
-                          "launcher.trainer_env_vars=RLKIT_ADVERTISE_HOST=192.0.2.1", THIS_PYTHON)
+                          "launcher.trainer_env_vars=RLKIT_ADVERTISE_HOST=192.0.2.1", f"launcher.python={python}")
     assert submitted.returncode == 0, submitted.stderr
     assert wait_state("test-exp/faults", timeout=120) == "FAILED"
     assert time.monotonic() - started < 60, "the check fails within seconds, not after a rendezvous timeout"
@@ -96,6 +107,11 @@ def test_too_few_gpus_and_an_unreachable_trainer_are_each_reported_by_every_node
         assert f"rlkit: node {node} cannot reach the trainer's node node2 at 192.0.2.1:" in log, log
     assert "node node2 cannot reach" not in log
     assert "open the ports between the job's nodes" in log
+    ours, theirs = source_id(), source_id(other / "rlkit")
+    for node, role in (("node1", "server"), ("node2", "trainer"), ("node3", "trainer")):
+        assert f"rlkit: node {node} ({role}) runs rlkit {__version__} (source {theirs}, {other / 'rlkit'}), not the " \
+               f"rlkit that validated this job at submit (source {ours}): its steps would read the config with " \
+               "other code; install the submitting rlkit where launcher.python points" in log, log
     assert not any(trial.glob("logs/server-*.log")) and not (trial / "logs" / "grpo.log").exists()
     assert not list(trial.glob(".node-check.*")), "the token and the address file are removed after the check"
     status = run_rlkit("status", "test-exp/faults")

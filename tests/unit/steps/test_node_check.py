@@ -17,6 +17,7 @@ import pytest
 
 from rlkit.config.load import load_config
 from rlkit.launch.render import node_check_command, step_command, supervisor_body
+from rlkit.source_id import describe, source_id
 from rlkit.step_contract import NO_RETRY_EXIT, NODE_CHECK_ADDRESS_MARK
 from rlkit.steps.node_check import (
     NETWORK_FIX,
@@ -27,6 +28,7 @@ from rlkit.steps.node_check import (
     reach_problem,
     read_published,
     serve_peers,
+    source_problem,
     visible_gpus,
 )
 from tests.conftest import CONFIGS
@@ -89,6 +91,20 @@ def test_the_canary_report_keeps_its_words(tmp_path: Path) -> None:
                 "of the login node only)")
     assert canary_problem("node4", str(canary), "other", "node1") == expected
     assert canary_problem("node4", str(tmp_path / "missing"), "7.1.2", "node1") == expected
+
+
+def test_a_node_running_other_rlkit_code_than_the_submit_s_names_both_and_the_fix(tmp_path: Path) -> None:
+    assert source_problem("node2", "trainer", str(tmp_path), in_container=True) is None  # a trial from before the id
+    (tmp_path / "rlkit-source").write_text(source_id() + "\n")
+    assert source_problem("node2", "trainer", str(tmp_path), in_container=True) is None
+    (tmp_path / "rlkit-source").write_text("0123456789abcdef\n")
+    in_image = source_problem("node2", "trainer", str(tmp_path), in_container=True)
+    assert in_image == (f"node node2 (trainer) runs {describe()}, not the rlkit that validated this job at submit "
+                        "(source 0123456789abcdef): its steps would read the config with other code; rebuild the "
+                        "trainer image from the rlkit that submits (`rlkit image build` in its checkout), or submit "
+                        "with the rlkit the image holds")
+    bare = source_problem("node2", "trainer", str(tmp_path), in_container=False)
+    assert bare is not None and "install the submitting rlkit where launcher.python points" in bare
 
 
 def _closed_port() -> int:
