@@ -74,6 +74,12 @@ def _overlong(m: RunMapping) -> None:
     if not keys:
         return
     manager = leaves.get(MANAGER, "naive")
+    if not isinstance(manager, str) or "$" in manager:
+        m.refuse(MANAGER, "not a name rlkit can read (a shell variable?): whether the reward_kwargs' overlong "
+                          "penalty applies depends on it being dapo", "write the manager's name, e.g. "
+                                                                      f"{MANAGER}=dapo")
+        m.done.update(keys)
+        return
     if manager != "dapo":
         for key in keys:
             m.left(key, f"read by verl's dapo reward manager only; reward_model.reward_manager is {manager}")

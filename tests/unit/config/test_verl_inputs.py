@@ -1,8 +1,9 @@
-"""`rlkit migrate` of verl's keys on what a run's prompts are made of and what its reward adds (rlkit.config.verl.inputs,
-rlkit.config.verl.overlong, the router replay of rlkit.config.verl.learning): each was "unknown" or left out with exit
-0, so a vision-language run became a text-only one, a MoE run lost its router replay, prompts verl cut were dropped,
-and DAPO's overlong penalty was dropped from the reward. Now each is refused naming why, or moved (DAPO's penalty,
-checked against verl's formula for many lengths), or left out saying why nothing learned changes."""
+"""`rlkit migrate` of verl's keys on what a run's prompts are made of and what its reward adds
+(rlkit.config.verl.inputs, rlkit.config.verl.overlong, the router replay of rlkit.config.verl.learning), and of the keys
+after a `$((...))` (rlkit.config.verl.source): each was "unknown", left out or unread with exit 0, so a vision-language
+run became a text-only one, a MoE run lost its router replay, prompts verl cut were dropped, and DAPO's overlong
+penalty was dropped from the reward. Now each is refused naming why, or moved (DAPO's penalty, checked against verl's
+formula for many lengths), or left out saying why nothing learned changes."""
 
 from __future__ import annotations
 
@@ -160,6 +161,8 @@ def test_dapo_s_penalty_with_values_rlkit_cannot_read_is_refused() -> None:
     assert "overlong_buffer_cfg.enable '$enable_overlong_buffer' (t): not true or false" in said
     said = _refused(*DAPO, f"{KW}.overlong_buffer_cfg.len=$overlong_buffer_len", f"{KW}.max_resp_len=4096")
     assert "overlong_buffer_cfg.len '$overlong_buffer_len' (t): not a whole number > 0" in said
+    said = _refused("reward_model.reward_manager=${reward_manager}", *DAPO[1:])  # verl's gspo scripts
+    assert "reward_model.reward_manager '$reward_manager' (t): not a name rlkit can read" in said
     said = _refused(*DAPO, f"{KW}.overlong_buffer_cfg.len=256")
     assert "max_resp_len None (t): not a whole number > 0, which verl's dapo manager needs" in said
 
@@ -183,3 +186,18 @@ def test_a_reward_function_name_without_its_file_keeps_verl_s_default_scorer() -
     """custom_reward_function.name alone (verl reads it only with a path) was moved to reward.fn as the name."""
     mapping = _mapping("custom_reward_function.name=compute_score")
     assert mapping["reward"]["fn"] == "math"  # type: ignore[index]
+
+
+def test_keys_after_an_arithmetic_expansion_are_read(tmp_path: Path, site: list[str]) -> None:
+    """verl's scripts write `max_num_batched_tokens=$((max_prompt_length + max_response_length))`: its parentheses
+    ended the command there, and every key after it went unread (dropped, exit 0)."""
+    config, said = _config(tmp_path, site, "actor_rollout_ref.rollout.max_num_batched_tokens=$((a + b))",
+                           "actor_rollout_ref.actor.optim.lr=3e-6", "actor_rollout_ref.rollout.temperature=0.7")
+    assert (config.actor.optimizer.lr, config.gconfig.temperature) == (3e-6, 0.7)
+    assert said["actor_rollout_ref.rollout.max_num_batched_tokens"].startswith("left out (vLLM's option")
+    script = tmp_path / "run.sh"
+    script.write_text(_script("actor_rollout_ref.rollout.max_num_batched_tokens=$((a + b))", "data.image_key=images"))
+    refused = run_rlkit("migrate", str(script), *site)
+    assert refused.returncode == 2 and "data.image_key 'images'" in refused.stderr, refused.stderr
+    script.write_text(_script("actor_rollout_ref.rollout.max_num_batched_tokens=$((a + b))"))
+    assert "#   $((a + b)) in actor_rollout_ref.rollout.max_num_batched_tokens" in _migrated(script, site)
