@@ -45,24 +45,29 @@ def rlkit_overlong(buffer: int, factor: float, max_resp_len: int, longest: int) 
 
 
 def reward_managers(m: RunMapping) -> None:
-    """reward_model.reward_kwargs (read by verl's dapo reward manager), a reward manager of the user's own
-    (reward_loop_source importlib), and verl's code sandbox."""
+    """reward_model.reward_kwargs (read by verl's dapo reward manager), a reward manager class of the user's own
+    (reward_model.reward_loop_source, or the top-level reward_manager.source, importlib), and verl's code sandbox."""
     _overlong(m)
-    source = "reward_model.reward_loop_source"
-    custom = [k for k in m.leaves if k in (source, "reward_model.reward_loop_module_path",
-                                           "reward_model.reward_loop_class_name")]
-    if m.leaves.get(source) == "importlib":
-        m.refuse(source, "a reward manager class of your own (reward_loop_module_path, reward_loop_class_name) "
-                         "scores the run (verl/experimental/reward_loop/reward_loop.py "
-                         "RewardLoopWorker._init_reward_fn)",
-                 "write fn(prompt, completion, row) scoring as it does and pass reward.fn=/path/file.py:fn",
-                 unless="reward.fn")
-        for key in custom:
-            if key != source:
-                m.left(key, "with reward_model.reward_loop_source")
-    else:
-        for key in custom:
-            m.left(key, "verl's registered reward managers: reward_model.reward_loop_source is not importlib")
+    # (its switch, its other keys, where verl reads it): the reward loop's, and load_reward_manager's
+    for source, others, where in (
+            ("reward_model.reward_loop_source", ("reward_model.reward_loop_module_path",
+                                                 "reward_model.reward_loop_class_name"),
+             "verl/experimental/reward_loop/reward_loop.py RewardLoopWorker._init_reward_fn"),
+            ("reward_manager.source", ("reward_manager.module.path", "reward_manager.module.name",
+                                       "reward_manager.module._target_", "reward_manager._target_"),
+             "verl/trainer/ppo/reward.py load_reward_manager")):
+        if m.leaves.get(source) == "importlib":
+            m.refuse(source, f"a reward manager class of your own scores the run ({where})",
+                     "write fn(prompt, completion, row) scoring as it does and pass reward.fn=/path/file.py:fn",
+                     unless="reward.fn")
+        elif source in m.leaves:
+            m.left(source, "verl's registered reward managers: not importlib")
+        for key in others:
+            if key in m.leaves:
+                m.left(key, f"with {source}")
+    if "reward_manager.name" in m.leaves:  # verl's newer name for reward_model.reward_manager
+        m.left("reward_manager.name", "the reward manager: rlkit calls reward.fn per completion (DAPO's overlong "
+                                      "penalty: reward_model.reward_kwargs)")
     for key in [k for k in m.leaves if k.startswith("reward_model.sandbox_fusion.")]:
         m.left(key, "where verl's default scorer runs the code of code data_sources; rlkit scores with reward.fn "
                     "(code rows need one of your own: the header's note on the reward)")
@@ -73,7 +78,7 @@ def _overlong(m: RunMapping) -> None:
     keys = [k for k in leaves if k.startswith(KWARGS)]
     if not keys:
         return
-    manager = leaves.get(MANAGER, "naive")
+    manager = leaves.get(MANAGER, leaves.get("reward_manager.name", "naive"))
     if not isinstance(manager, str) or "$" in manager:
         m.refuse(MANAGER, "not a name rlkit can read (a shell variable?): whether the reward_kwargs' overlong "
                           "penalty applies depends on it being dapo", "write the manager's name, e.g. "

@@ -175,6 +175,10 @@ def test_the_data_and_reward_knobs_that_change_what_is_learned_are_refused() -> 
     said = _refused("reward_model.reward_loop_source=importlib", "reward_model.reward_loop_module_path=/m.py",
                     "reward_model.reward_loop_class_name=Mine")
     assert "a reward manager class of your own" in said and "reward_loop_module_path" not in said.split("(t)")[0]
+    said = _refused("reward_manager.source=importlib", "reward_manager.name=Mine", "reward_manager.module.path=/m.py")
+    assert "reward_manager.source 'importlib' (t): a reward manager class of your own" in said
+    fates = _fates("reward_manager.name=dapo", f"{KW}.overlong_buffer_cfg.enable=False")  # verl's newer name
+    assert fates["reward_model.reward_kwargs.overlong_buffer_cfg.enable"] == "left out (false: no overlong penalty)"
     fates = _fates("data.train_max_samples=-1", "data.val_max_samples=100", "data.gen_batch_size=512",
                    "data.seed=7", "reward_model.sandbox_fusion.url=http://sandbox")
     assert all(fates[k].startswith("left out (") for k in ("data.train_max_samples", "data.val_max_samples",
