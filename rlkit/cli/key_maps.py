@@ -293,7 +293,12 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
              "default scorer does, 1 or 0 for the final answer against the ground truth (it also credits a right "
              "answer written without GSM8K's `#### `, which verl's strict check scores 0). Other `data_source`s, "
              "and a `custom_reward_function`, need a `reward.fn` of your own: `fn(prompt, completion, row)`, the "
-             "row holding `data_source`, `reward_model` and `extra_info`."),
+             "row holding `data_source`, `reward_model` and `extra_info`. rlkit trains text-only models: a "
+             "vision-language run (`data.image_key`, `data.video_key`) is refused. rlkit drops a prompt longer than "
+             "`data.max_prompt_length`: `data.truncation` left, right or middle is refused unless "
+             "`data.filter_overlong_prompts=True` drops them in verl too. DAPO's overlong penalty "
+             "(`reward_manager=dapo`, `reward_kwargs.overlong_buffer_cfg`) becomes `actor.overlong_*` with the same "
+             "reward at every length."),
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "

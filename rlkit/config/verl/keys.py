@@ -151,7 +151,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("algorithm.kl_ctrl.target_kl", "actor.kl_ctl_adaptive.target_kl", "adaptive only"),
     ("algorithm.kl_ctrl.horizon", "actor.kl_ctl_adaptive.horizon", "adaptive only"),
     ("data.filter_overlong_prompts", "", "rlkit always drops prompts longer than train_dataset.max_length"),
-    ("data.truncation", "", "rlkit drops prompts longer than train_dataset.max_length, it truncates none"),
+    ("data.truncation", "", "rlkit drops prompts longer than train_dataset.max_length, it truncates none: "
+     "error, or any with data.filter_overlong_prompts, is left out; left, right and middle are refused"),
     ("data.reward_fn_key", "", "the row column by which verl picks a scorer (data_source); rlkit scores every row "
      "with reward.fn (or the weighted reward.fns)"),
     ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),
@@ -239,4 +240,19 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
      "actor.dtype"),
     ("actor_rollout_ref.rollout.skip_tokenizer_init", "", "how verl starts its engines"),
     ("actor_rollout_ref.actor.use_prefix_grouper", "", "a shared-prompt speed-up: the same loss"),
+    ("actor_rollout_ref.actor.router_replay.*", "", "router replay's files and target: verl's code reads "
+     "router_replay.mode only (R2 and R3 are refused)"),
+    ("actor_rollout_ref.ref.router_replay.*", "", "the reference's router replay: verl reads the actor's only "
+     "(verl/workers/megatron_workers.py)"),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "", "records the engine's MoE routing, which only "
+     "actor.router_replay.mode R3 (refused) reads"),
+    ("data.image_key", "", "a vision-language run is refused: rlkit trains text-only models"),
+    ("data.video_key", "", "a vision-language run is refused: rlkit trains text-only models"),
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "actor.overlong_reward_penalty", "DAPO's overlong "
+     "penalty (reward_manager dapo): the same penalty at every length, converted when reward_kwargs.max_resp_len is "
+     "not data.max_response_length"),
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.len", "actor.overlong_tokens", "with max_resp_len = "
+     "data.max_response_length, the same number"),
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "actor.overlong_penalty_factor", "with "
+     "max_resp_len = data.max_response_length, the same number"),
 )

@@ -165,6 +165,17 @@ NOT_BUILT: tuple[tuple[str, tuple[Any, ...], str, str], ...] = (
                                                 "them shuffled or in order (train_dataset.shuffle)", "leave it out"),
     ("data.custom_cls.path", (None, "null"), "a dataset class of verl's builds the rows: rlkit reads the file's",
      "write the rows it builds to a file and give that file"),
+    ("data.tool_config_path", (None, "null", "", "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path, "
+                                                 "null}"), "verl puts the tools' schemas into every prompt "
+                                                  "(verl/utils/dataset/rl_dataset.py RLHFDataset)",
+     "write the tools as rollout.agent (docs: agents)"),
+    # MoE router replay (verl/workers/actor/megatron_actor.py, megatron_workers.py): R2 replays in the training
+    # forwards the experts the old-log-prob pass chose, R3 those the rollout engine chose
+    (f"{ACTOR}.router_replay.mode", ("disabled", None), "verl's MoE router replay fixes each token's experts in the "
+                                                        "training forwards to those chosen before (R2: the old "
+                                                        "log-prob pass, R3: the rollout engine), which changes the "
+                                                        "log-probs and gradients; rlkit's trainer routes each token by "
+                                                        "the current router", "set it disabled"),
 )
 # sections any key of which changes the prompts or the model the run trains
 NOT_BUILT_SECTIONS = (

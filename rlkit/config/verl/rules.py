@@ -16,6 +16,7 @@ from typing import Any
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.data import set_reward
 from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm, gpg_loss
+from rlkit.config.verl.inputs import data_inputs
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
 from rlkit.config.verl.learning import (
@@ -27,6 +28,7 @@ from rlkit.config.verl.learning import (
     unknown_changes_learning,
 )
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
+from rlkit.config.verl.overlong import reward_managers
 
 ARR = "actor_rollout_ref"
 ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
@@ -58,6 +60,8 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     evaluation(m)
     not_built(m)
     filter_groups(m)
+    data_inputs(m)
+    reward_managers(m)
     reward_model(m)
     _kl(m)
     _batches(m)
@@ -237,8 +241,9 @@ def _special(m: RunMapping) -> None:
         m.refuse(reward, "verl calls compute_score(data_source, solution_str, ground_truth, extra_info); rlkit calls "
                          "fn(prompt, completion, row)", "write fn(prompt, completion, row) calling your function and "
                                                         "pass reward.fn=/path/file.py:fn", unless="reward.fn")
-        if "custom_reward_function.name" in leaves:
-            m.left("custom_reward_function.name", "with custom_reward_function.path")
+    if "custom_reward_function.name" in leaves:  # verl reads the name only with a path (get_custom_reward_fn)
+        m.left("custom_reward_function.name", "with custom_reward_function.path" if leaves.get(reward) else
+               "custom_reward_function.path is unset: verl's default scorer")
     set_reward(m.out, leaves, m.overridden)  # verl's rows' nested answer, its default scorer's match: data_notes
     for key, to in (("trainer.save_freq", "recover.freq_steps"), ("trainer.test_freq", "evaluator.freq_steps"),
                     ("trainer.total_training_steps", "total_train_steps")):

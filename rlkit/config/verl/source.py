@@ -27,6 +27,8 @@ COMMAND = re.compile(r"(^|[/\s])verl[./]trainer[./]main_ppo(\.py)?$")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*")
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_PLACEHOLDER = re.compile("\x01([0-9]+)\x02")  # a $(...) kept whole while the line is split (_words)
+_SUBSTITUTION = re.compile(r"\$\(.*\)")
 _ASSIGNED = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 # verl's own top-level sections: a YAML file holding actor_rollout_ref (no other system's), or algorithm with
 # adv_estimator and none of Trinity-RFT's own sections, is verl's
@@ -137,14 +139,36 @@ def _ends(words: list[str], i: int) -> bool:
 
 
 def _words(line: str, source: str, number: int) -> list[str]:
+    """The line's words as the shell splits them, a `$(...)` or `$((...))` kept whole inside its word: its
+    parentheses would otherwise end the command there, and every key after it would go unread."""
+    line, spans = _substitutions(line)
     lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>()")
     lexer.whitespace_split = True
     lexer.commenters = "#"
     try:
-        return list(lexer)
+        words = list(lexer)
     except ValueError as exc:  # an unclosed quote
         raise ConfigError(f"{source} line {number} cannot be split into words as the shell splits it: {exc}",
                           hint="close the quote (a value with spaces goes in '...' or \"...\")") from None
+    return [_PLACEHOLDER.sub(lambda m: spans[int(m.group(1))], word) for word in words] if spans else words
+
+
+def _substitutions(line: str) -> tuple[str, list[str]]:
+    """`line` with each `$(`...`)` whose parentheses balance replaced by a placeholder, and the spans replaced."""
+    spans: list[str] = []
+    out, i = [], 0
+    while (start := line.find("$(", i)) >= 0:
+        depth, j = 0, start + 1
+        for j in range(start + 1, len(line)):
+            depth += {"(": 1, ")": -1}.get(line[j], 0)
+            if depth == 0:
+                break
+        if depth:  # unbalanced: left as written
+            break
+        out.append(line[i:start] + f"\x01{len(spans)}\x02")
+        spans.append(line[start:j + 1])
+        i = j + 1
+    return "".join(out) + line[i:], spans
 
 
 def _take(word: str, run: VerlRun) -> None:
@@ -157,7 +181,8 @@ def _take(word: str, run: VerlRun) -> None:
     if not equals or not _KEY.fullmatch(key):
         run.ignored.append(word)
         return
-    names = [a or b for a, b in _VARIABLE.findall(text)]
+    names = [a or b for a, b in _VARIABLE.findall(_SUBSTITUTION.sub("", text))]
+    names += [found[1:] for found in _SUBSTITUTION.findall(text)]  # $((...)): named as written, not computed
     if names:
         run.variables[key] = names
         run.leaves[key] = _VARIABLE.sub(lambda m: f"${m.group(1) or m.group(2)}", text)
