@@ -7,6 +7,7 @@ the trained model are. `--list` names the examples; grpo is the default. Overrid
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -22,8 +23,47 @@ REPO = Path(rlkit_package.__file__).resolve().parents[1]  # the checkout, whatev
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "WAITING")
 
 
+# Seconds each child `python -m rlkit COMMAND` may take: its own Slurm calls are bounded (60 s each,
+# rlkit.launch.slurm) and it makes a few; submit also reads the config's files and renders the job.
+DEADLINES_S = {"submit": 600.0, "status": 300.0}
+DEFAULT_DEADLINE_S = 300.0
+
+
+class NoAnswer(Exception):
+    """A child `rlkit` command did not finish within its deadline (it was ended): the demo stops naming it."""
+
+
 def rlkit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlkit", *args], text=True, capture_output=True, check=False)
+    """`python -m rlkit ARGS` in its own session, ended with everything it started (a hung sbatch, squeue) once its
+    deadline (DEADLINES_S) passes: NoAnswer then, naming the command and how long it was given."""
+    limit = DEADLINES_S.get(args[0], DEFAULT_DEADLINE_S) if args else DEFAULT_DEADLINE_S
+    argv = [sys.executable, "-m", "rlkit", *args]
+    child = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        _end(child)
+        said = "it may have submitted the job before it hung: `rlkit status` lists the trial if so; " if (
+            args[0] == "submit") else ""
+        raise NoAnswer(f"`rlkit {args[0]}` did not answer within {limit:g} s and was ended; {said}the Slurm "
+                       "controller may be slow or unreachable (try `squeue`), then run the demo again") from None
+    except BaseException:  # Ctrl-C: its own session does not get the terminal's SIGINT
+        _end(child)
+        raise
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+def _end(child: subprocess.Popen[str]) -> None:
+    """SIGKILL to the child's session (its process group: the child and whatever it started), then reap it; its
+    pipes are closed, not read to their end (something that left the group may hold them open)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):  # already gone, with everything it started
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    for pipe in (child.stdout, child.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def _row(name: str) -> dict[str, object] | None:
@@ -167,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.name not in DEMOS:
         print(f"error: no demo {args.name!r}\n  fix: one of {', '.join(DEMOS)} (rlkit demo --list)", file=sys.stderr)
         return 2
-    return run(DEMOS[args.name], args.overrides)
+    try:
+        return run(DEMOS[args.name], args.overrides)
+    except NoAnswer as exc:
+        print(f"demo {args.name}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -30,15 +30,21 @@ def build(role: str = typer.Argument(..., help="trainer, vllm or sglang (contain
                                           "filesystem."),
           partition: str = typer.Option(None, "--partition", help="Partition of the build job (--on-cluster)."),
           time_min: int = typer.Option(120, "--time", help="Time limit of the build job in minutes (--on-cluster)."),
-          cpus: int = typer.Option(8, "--cpus", help="CPUs of the build job (--on-cluster).")) -> None:
+          cpus: int = typer.Option(8, "--cpus", help="CPUs of the build job (--on-cluster)."),
+          wait_min: int = typer.Option(None, "--wait", help="Minutes to wait for the build job, its time in the "
+                                       "queue included (--on-cluster; default --time + 120); the job keeps "
+                                       "running past it.")) -> None:
     """Build a role's image from containers/ROLE.def with the pinned versions; its %test fails a broken build."""
     from rlkit.launch.images import build_here, build_on_cluster, plan_build
 
-    if time_min < 1 or cpus < 1:
-        raise UserError(f"--time {time_min} / --cpus {cpus}: both must be at least 1", hint="e.g. --time 120 --cpus 8")
+    small = [f"--{name} {value}" for name, value in (("time", time_min), ("cpus", cpus), ("wait", wait_min))
+             if value is not None and value < 1]
+    if small:
+        raise UserError(f"{', '.join(small)}: must be at least 1", hint="e.g. --time 120 --cpus 8 --wait 240")
     root, target, argv = plan_build(role, out, repo, force=force)
     if on_cluster:
-        job_id = build_on_cluster(argv, root, partition=partition, time_min=time_min, cpus=cpus, say=_say)
+        job_id = build_on_cluster(argv, root, partition=partition, time_min=time_min, cpus=cpus, say=_say,
+                                  wait_min=wait_min)
         _say(f"image built in Slurm job {job_id}: {target}")
     else:
         build_here(argv, root)

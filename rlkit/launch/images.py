@@ -21,8 +21,9 @@ import rlkit
 from rlkit.errors import StepError, UserError
 from rlkit.images.pins import ROLES, Pins, label_problems, load_pins, rlkit_labels_in
 from rlkit.images.sif import SifError, read_sif
-from rlkit.launch.single_jobs import submit_function
+from rlkit.launch.single_jobs import submit_function, wait_for_job
 
+QUEUE_WAIT_MIN = 120  # minutes the build job may wait in the queue, beyond its own time limit, before we stop waiting
 INSTALL_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build on a compute "
                 "node that has it: rlkit image build ROLE --on-cluster --partition NAME")
 
@@ -89,14 +90,18 @@ def build_here(argv: list[str], root: Path) -> None:
 
 
 def build_on_cluster(argv: list[str], root: Path, *, partition: str | None, time_min: int, cpus: int,
-                     say: Callable[[str], None]) -> str:
-    """Submit the build as a one-task Slurm job through submitit and wait for it; the Slurm job id."""
+                     say: Callable[[str], None], wait_min: float | None = None) -> str:
+    """Submit the build as a one-task Slurm job through submitit and wait for it, at most `wait_min` minutes (default:
+    its time limit and QUEUE_WAIT_MIN in the queue); the Slurm job id."""
     _check_partition(partition, time_min)
     folder = Path(argv[-2]).parent / ".rlkit-image-builds"
     params: dict[str, object] = {"timeout_min": time_min, "cpus_per_task": cpus, "nodes": 1, "tasks_per_node": 1,
                                  "name": f"rlkit-image-{Path(argv[-1]).stem}"}
     job = submit_function(folder, params, partition, run_build, argv, str(root), what="the image build job")
-    say(f"image build submitted as Slurm job {job.job_id}; waiting (submitit logs in {folder})")
+    wait_min = time_min + QUEUE_WAIT_MIN if wait_min is None else wait_min
+    say(f"image build submitted as Slurm job {job.job_id}; waiting up to {wait_min:g} minutes (submitit logs in "
+        f"{folder})")
+    wait_for_job(job, wait_min * 60, "the image build job", folder)
     try:
         job.result()
     except Exception as exc:  # submitit wraps the node's exception with the job's traceback: keep its last line

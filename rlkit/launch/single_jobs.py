@@ -3,6 +3,7 @@ submitit is for (the RL job itself is heterogeneous, which submitit cannot expre
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,3 +31,18 @@ def submit_function(folder: Path, params: dict[str, object], partition: str | No
         return executor.submit(fn, *args)
     except Exception as exc:  # submitit raises sbatch's failure as a bare exception; its text is the reason
         raise SlurmError(f"sbatch refused {what}: {last_line(exc)}") from None
+
+
+def wait_for_job(job: Any, limit_s: float, what: str, folder: Path) -> None:
+    """Wait until submitit's `job` is done, at most `limit_s`: its own wait (the result file every second, sacct now
+    and then, which submitit runs with no timeout) runs in a thread, so a queue that does not move, a job that hangs
+    or a sacct that hangs cannot hold the command past it. Past it: a SlurmError naming the job, that it keeps
+    running, and how to follow or cancel it."""
+    waiter = threading.Thread(target=job.wait, name="rlkit-job-wait", daemon=True)
+    waiter.start()
+    waiter.join(limit_s)
+    if waiter.is_alive():
+        job_id = job.job_id
+        raise SlurmError(f"{what} (Slurm job {job_id}) has not finished after {limit_s / 60:g} minutes of waiting; "
+                         f"it keeps running: follow it with `squeue -j {job_id}` (submitit's logs in {folder}), "
+                         f"cancel it with `scancel {job_id}`")

@@ -24,6 +24,26 @@ TRAINER_GROUP=@TRAINER_GROUP@  # the component Slurm's time-limit warning goes t
 PACKED=@PACKED@  # 1: one allocation whose steps share nodes (signals go to the trainer's steps by step id)
 NODE_CHECK_LOG=@NODE_CHECK_LOG@  # each node's answer to the node check
 NODE_CHECK_ADDRESS_MARK=@NODE_CHECK_ADDRESS_MARK@  # starts the line where the node check's listener gives its address
+STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
+# Seconds one Slurm client call (squeue, scancel, scontrol) may take: a controller that hangs must not hold the
+# time-limit warning (recover.time_limit_warning, 300 s by default; the step lookup, asked twice, and its signal take
+# 45 s at most) past the limit, nor a stop past STOP_GRACE (one scancel before it); a healthy controller answers in
+# well under a second.
+SLURM_CALL_S=${RLKIT_SLURM_CALL_TIMEOUT:-15}
+exec 8>&1  # the job log, for slurm_call's word from inside a command substitution
+
+slurm_call() {  # slurm_call COMMAND ARG...: the Slurm client call, ended after SLURM_CALL_S (exit code 124) with a
+  # line in the job log; otherwise its own exit code and output, so each caller keeps its own fallback
+  local rc
+  timeout --kill-after=5 "$SLURM_CALL_S" "$@"
+  rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "rlkit: $* did not answer within $SLURM_CALL_S s (the Slurm controller is busy or unreachable);" \
+      "going on without it" >&8
+    return 124
+  fi
+  return "$rc"
+}
 
 # One job at a time on a trial: this script holds the trial's job lock (flock, kept by NFS across nodes) until it
 # exits, and a second job of the trial (a resume racing a requeue, a submit from a login node whose lock is not
@@ -35,7 +55,7 @@ LOCK_RC=$?
 if [ "$LOCK_RC" -eq 1 ]; then  # still held after the wait
   HOLDER=""
   read -r _ HOLDER _ <@JOB_LOCK@ 2>/dev/null
-  HOLDER_STATE=$(squeue --noheader --jobs="${HOLDER:-0}" --format=%T 2>&1)
+  HOLDER_STATE=$(slurm_call squeue --noheader --jobs="${HOLDER:-0}" --format=%T 2>&1)
   if [ "${HOLDER:-}" = "$SLURM_JOB_ID" ] || [[ $HOLDER_STATE == *"Invalid job id"* ]]; then
     # this job's own earlier run, or a job Slurm no longer knows: a lock a failed node's NFS client left behind
     echo "rlkit: the trial's job lock is still held for job ${HOLDER:-?}, which is this job's earlier run or gone" \
@@ -50,7 +70,6 @@ elif [ "$LOCK_RC" -ne 0 ]; then
 fi
 echo "job $SLURM_JOB_ID on $(hostname) since $(date -u +%FT%TZ)" >@JOB_LOCK@
 
-STOP_GRACE=30  # seconds steps get to stop cleanly (servers deregister) before srun is made to kill them
 PIDS=()
 NAMES=()
 GROUPS_OF=()  # each step's component (het group): its row of the policy table
@@ -140,7 +159,7 @@ component_ids() {  # "GROUP JOB_ID" per component: a heterogeneous job's compone
 stop_steps() {  # TERM every step (gracefully, through slurmctld), give them time, then force the rest
   local pid group id running waited=0
   while read -r group id; do
-    scancel --ctld --signal=TERM "$id" 2>/dev/null
+    slurm_call scancel --ctld --signal=TERM "$id" 2>/dev/null
   done < <(component_ids)
   while [ "$waited" -lt "$STOP_GRACE" ]; do
     running=0
@@ -181,12 +200,15 @@ trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 
 state_step_ids() {  # the Slurm step ids (JOB.STEP) of the running steps whose component reports state (the trainer)
-  local i id name
+  local i id name listing
+  # one listing, asked twice when the controller did not answer in time (one slow answer must not cost the checkpoint)
+  listing=$(slurm_call squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null)
+  [ $? -eq 124 ] && listing=$(slurm_call squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null)
   for i in "${!NAMES[@]}"; do
     [ "${POLICY_STATE[${GROUPS_OF[$i]}]}" = 1 ] || continue
     while read -r id name; do
       [ "$name" = "${NAMES[$i]}" ] && echo "$id"
-    done < <(squeue --noheader --steps --jobs="$SLURM_JOB_ID" --format='%i %j' 2>/dev/null)
+    done <<<"$listing"
   done
 }
 
@@ -196,7 +218,7 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
   if [ "$PACKED" = 1 ]; then  # one job: a signal to it would reach the servers' steps too
     local sent=0
     for id in $(state_step_ids); do
-      scancel --ctld --signal=USR1 "$id" 2>/dev/null && sent=1
+      slurm_call scancel --ctld --signal=USR1 "$id" 2>/dev/null && sent=1
     done
     if [ "$sent" -eq 0 ]; then
       echo "rlkit: no running trainer step to warn (squeue listed none); the job ends at its time limit without" \
@@ -206,7 +228,7 @@ on_time_limit() {  # Slurm's warning before the time limit (--signal=B:USR1@...)
   fi
   while read -r group id; do
     if [ "$group" -eq "$TRAINER_GROUP" ]; then
-      scancel --ctld --signal=USR1 "$id" 2>/dev/null
+      slurm_call scancel --ctld --signal=USR1 "$id" 2>/dev/null
     fi
   done < <(component_ids)
 }
@@ -238,7 +260,7 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
           stop_steps
           END_STATE=REQUEUED
-          scontrol requeue "$SLURM_JOB_ID"
+          slurm_call scontrol requeue "$SLURM_JOB_ID"
           return 0
         fi
         echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
@@ -252,7 +274,7 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
         # dependent (the next stage) must not start, whichever of this line and `rlkit stop`'s scancel comes first.
         END_STATE=CANCELLED
-        scancel "$SLURM_JOB_ID"
+        slurm_call scancel "$SLURM_JOB_ID"
         return 0
       fi
       if [ "$rc" -ne 0 ] && [ "$rc" -ne "$NO_RETRY_EXIT" ] && no_retry_logged "$i"; then

@@ -14,6 +14,8 @@ import contextlib
 import datetime
 import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -26,8 +28,10 @@ from rlkit.nameresolve.servers import check_address
 from rlkit.slurm.jobenv import JobEnv, advertised_host
 
 _joined = False  # set once this process joins a process group
-_rank0_waits: dist.ProcessGroup | None = None  # broadcast_object's group, when rank 0 may work alone past the default
+_rank0_waits: dist.ProcessGroup | None = None  # broadcast_object's group, when init_distributed got rank0_wait_s
+_rank0_wait_s: float | None = None  # how long the other ranks wait for rank 0 working alone, named when it passes
 COLLECTIVE_TIMEOUT_S = 1800.0  # how long a collective waits for a rank stuck while its process lives (a GPU kernel)
+OVERDUE_MARGIN_S = 60.0  # rank 0's group times out this long after rank0_wait_s: the named deadline comes first
 _sp: SequenceParallel | None = None  # the Ulysses layout, once an engine with ulysses_sp_size > 1 asked for it
 
 
@@ -90,9 +94,10 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = COLLECTIV
     """Join the process group (NCCL with CUDA, else gloo) and return the layout and this rank's device.
 
     `rank0_wait_s`: how long rank 0 may work alone between two of its broadcasts (`broadcast_object`: a batch of
-    rollouts, a checkpoint decision), its own deadlines added up, when that is longer than `timeout_s`: those
-    broadcasts then go through a group of that timeout, so the other ranks wait for rank 0 as long as its
-    config lets it work (a slow rollout) instead of failing first with torch's timeout, which names nothing. The
+    rollouts, a checkpoint decision), its own deadlines added up: those broadcasts then go through a group of that
+    timeout (and OVERDUE_MARGIN_S), so the other ranks wait for rank 0 as long as its config lets it work (a slow
+    rollout, a checkpoint written to a slow filesystem) instead of failing first with torch's timeout, which names
+    nothing; a wait that says what rank 0 does (`rank0_doing`) names it when rank0_wait_s passes. The
     group has the world's backend: NCCL on GPUs, as every collective there before it (a gloo group across GPU nodes
     would need GLOO_SOCKET_IFNAME wherever a node's host name resolves to a loopback address locally)."""
     env = dist_env_from(os.environ)
@@ -114,10 +119,12 @@ def init_distributed(nr: NameResolve | None = None, timeout_s: float = COLLECTIV
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    global _joined, _rank0_waits
+    global _joined, _rank0_waits, _rank0_wait_s
     _joined = True
-    if rank0_wait_s is not None and rank0_wait_s > timeout_s and env.world_size > 1:
-        _rank0_waits = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=rank0_wait_s))
+    if rank0_wait_s is not None and env.world_size > 1:
+        _rank0_wait_s = rank0_wait_s
+        _rank0_waits = dist.new_group(backend=backend,
+                                      timeout=datetime.timedelta(seconds=rank0_wait_s + OVERDUE_MARGIN_S))
     if published is not None and nr is not None:
         dist.barrier()  # everyone has joined: the address is no longer needed
         if env.rank == 0:
@@ -194,11 +201,38 @@ def end_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    """Send a picklable object from `src` to every rank (from rank 0: within `init_distributed`'s rank0_wait_s)."""
+def broadcast_object(obj: object, src: int = 0, *, rank0_doing: str = "") -> object:
+    """Send a picklable object from `src` to every rank (from rank 0: within `init_distributed`'s rank0_wait_s).
+
+    `rank0_doing`: what rank 0 does alone before it sends ("write checkpoints/final"): a rank still waiting when
+    rank0_wait_s passes says so and ends, on any backend (NCCL's own timeout aborts the process naming nothing)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=_rank0_waits if src == 0 else None)
+    overdue = _overdue_timer(rank0_doing) if src == 0 and rank0_doing and dist.get_rank() != 0 else None
+    try:
+        dist.broadcast_object_list(box, src=src, group=_rank0_waits if src == 0 else None)
+    finally:
+        if overdue is not None:
+            overdue.cancel()
     return box[0]
+
+
+def _overdue_timer(doing: str) -> threading.Timer | None:
+    """A started timer that ends this process naming what rank 0 was doing, once rank0_wait_s has passed."""
+    bound = _rank0_wait_s
+    if bound is None:
+        return None
+    started = time.monotonic()
+
+    def overdue() -> None:
+        print(f"rlkit train: rank {dist.get_rank()}: waited {time.monotonic() - started:.0f} s for trainer rank 0 to "
+              f"{doing}, the longest it may work alone ({bound:g} s: saver.write_timeout and the job's own "
+              "deadlines): it is stuck or far slower than its config allows; ending this step", flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(bound, overdue)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def all_reduce_max(value: int) -> int:

@@ -38,7 +38,7 @@ from rlkit.step_contract import (
 from rlkit.trainer import out_of_memory, recover
 from rlkit.trainer.dist import DistEnv, TrainerWaits, broadcast_object, dist_env_from, init_distributed
 from rlkit.trainer.engine import TrainEngine
-from rlkit.trainer.loop_rank0 import LoopRank0
+from rlkit.trainer.loop_rank0 import LoopRank0, checkpoint_wait_s, recording
 from rlkit.trainer.out_of_memory import OutOfMemory
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trainer.rank_watch import RankWatch
@@ -181,14 +181,16 @@ def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None 
 def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm], *,
                  waits: TrainerWaits = TrainerWaits()) -> None:
     """The training step's entry point on every rank, for the algorithm `build` makes, with the trial's config as
-    the job loaded it (rlkit.jobs.run: loaded once per process); `waits`: its collectives' timeouts."""
+    the job loaded it (rlkit.jobs.run: loaded once per process); `waits`: its collectives' timeouts (the other
+    ranks wait for rank 0 at least as long as its checkpoint writes may take: saver.write_timeout)."""
     from rlkit.nameresolve import name_resolve_for
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
     paths = TrialPaths(Path(trial_dir))
     stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
-    env, device = init_distributed(name_resolve_for(config), waits.collective_s, rank0_wait_s=waits.rank0_s)
+    rank0_s = max(waits.rank0_s or 0.0, checkpoint_wait_s(config))
+    env, device = init_distributed(name_resolve_for(config), waits.collective_s, rank0_wait_s=rank0_s)
     watch = _rank_watch(config, env)
     watch.start()  # from here a rank that stops is named within recover.rank_silence_timeout
     try:
@@ -290,7 +292,7 @@ class Loop:
                     if self.watch is not None:
                         self.watch.finish()
                     self._stop_for(exit_code)
-                    dist.barrier()
+                    broadcast_object(None, rank0_doing="record the stop (progress.json, metrics)")
                     # Every rank exits 0 (a non-zero rank would make srun kill the others); progress.json tells the
                     # batch script whether to requeue the job or to end it.
                     break
@@ -342,7 +344,7 @@ class Loop:
         # the stop request is read now: a signal that came during the step stops after it
         decision = broadcast_object((*books.checkpoint_decision(step, self.algorithm.epoch(step), stop.requested,
                                                                 bool(result.fail)), result.fail)
-                                    if books is not None else None)
+                                    if books is not None else None, rank0_doing=recording(step, saves))
         assert isinstance(decision, tuple)
         save, exit_code, fail = decision
         if save:
@@ -353,7 +355,7 @@ class Loop:
             raise StepFailed(fail, self._save_before_failing(step))
         return exit_code
 
-    def _stop_for(self, exit_code: int) -> None:
+    def _stop_for(self, exit_code: int) -> None:  # rank 0's part
         status = {EXIT_REQUEUE: STATUS_REQUEUE, EXIT_STOPPED: STATUS_STOPPED}[exit_code]
         if self.books is not None:
             self.books.progress(self.done, status, self.algorithm.progress())
@@ -371,10 +373,12 @@ class Loop:
         prunes."""
         root = recover.recover_root(self.paths.root)
         tmp = recover.temp_dir(root, step)
-        if self.books is not None:
+        if self.books is not None:  # a leftover of a save that failed holds a whole checkpoint
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
-        dist.barrier()
+        # the other ranks wait for rank 0 alone through its broadcast group (rank0_wait_s: saver.write_timeout), not
+        # in a barrier under the 30-minute default; if it fails, its exit ends them (srun), as a barrier's would
+        broadcast_object(None, rank0_doing=f"clear {tmp} for the recover checkpoint of step {step}")
         started = time.monotonic()
         digests: dict[str, recover.FileDigest] = {}
         for name, engine in self.algorithm.engines.items():  # checksummed while written, gathered from every rank
@@ -386,7 +390,7 @@ class Loop:
                                       algorithm=self.algorithm.state(step), rng=recover.rng_state(),
                                       saved_at=time.time())
             self.books.write_recover(tmp, state, started, digests)
-        dist.barrier()
+        broadcast_object(None, rank0_doing=f"seal the recover checkpoint of step {step} in {root}, prune older ones")
 
     def _save_before_failing(self, step: int) -> str:
         """Collective: checkpoint the last finished step before a failure that is not the model's (no batch came), so

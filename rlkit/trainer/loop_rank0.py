@@ -21,6 +21,21 @@ from rlkit.trainer import recover
 from rlkit.trials.paths import TrialPaths
 from rlkit.trials.records import write_atomic
 
+BOOKS_MARGIN_S = 600.0  # rank 0's metrics and progress.json around its checkpoint writes
+
+
+def checkpoint_wait_s(config: ExperimentConfig) -> float:
+    """How long the other ranks wait for rank 0's checkpoint writes between two of its broadcasts: two of
+    saver.write_timeout (the last step's save and checkpoints/final; a leftover temp dir cleared, then a recover
+    checkpoint's seal and pruning, each wait has at most two) and the bookkeeping around them."""
+    return 2 * config.saver.write_timeout + BOOKS_MARGIN_S
+
+
+def recording(step: int, saves: list[str]) -> str:
+    """What rank 0 does alone after `step`'s gathered weights (named by the other ranks if it passes its bound)."""
+    written = " and ".join(f"checkpoints/{name}" for name in saves)
+    return f"write {written} (the save of step {step})" if saves else f"record step {step} (metrics, progress.json)"
+
 
 @dataclass
 class Saver:

@@ -258,6 +258,11 @@ class SaverConfig:
     freq_steps: int | None = _f(None, "Save every N steps; None: off.", ge=1)
     freq_epochs: int | None = _f(None, "Save every N epochs; None: off.", ge=1)
     freq_secs: int | None = _f(None, "Save when N seconds passed since the last save; None: off.", ge=1)
+    write_timeout: float = _f(7200.0, "Seconds trainer rank 0 may take to write one checkpoint alone while the other "
+                              "ranks wait for it: a save under checkpoints/, or its part of a recover checkpoint "
+                              "(the loop state, the seal, the pruning of older ones); past it they end the step "
+                              "naming what rank 0 was writing. A 70B model on a slow shared filesystem can take "
+                              "longer than torch's 30-minute collective timeout.", gt=0)
 
 
 @dataclass

@@ -36,10 +36,13 @@ def push_wait_s(config: ExperimentConfig) -> float:
 def rank0_wait_bound(config: ExperimentConfig, *, scored: bool = False) -> float:
     """The longest rank 0 may work alone between two broadcasts: at start, the auxiliary models' servers' and then
     the policy's registration (rollout.setup_timeout each) and the first check; in a step, a batch (`scored`: then
-    scored by a teacher, as long again), an evaluation it waits for (rlkit.trainer.evaluator) and a push."""
+    scored by a teacher, as long again), an evaluation it waits for (rlkit.trainer.evaluator) and a push; after the
+    last step's push, two evaluations (Evaluator.after_step: the one still running, then the final weights'), which
+    outlast a batch when an agent's evaluation runs max_turns turns."""
     start = config.rollout.setup_timeout * (2 if config.auxiliary_models else 1) + push_wait_s(config)
     step = batch_wait_s(config) * (2 if scored else 1) + eval_wait_bound(config) + push_wait_s(config)
-    return max(start, step) + RANK0_MARGIN_S
+    last = push_wait_s(config) + 2 * eval_wait_bound(config)
+    return max(start, step, last) + RANK0_MARGIN_S
 
 
 def trainer_waits(config: ExperimentConfig, *, scored: bool = False) -> TrainerWaits:

@@ -85,3 +85,37 @@ def test_a_trial_that_is_never_listed_ends_the_wait(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(demo.time, "monotonic", lambda: float(next(clock)))
     assert demo.wait_for("nobody/none", 3600) == ("NOT LISTED", None)
     assert next(clock) < 300, "given up after about two minutes, not the hour"
+
+
+def test_a_child_command_that_does_not_answer_is_ended_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlkit submit` run by the demo hangs (a Slurm controller that never answers sbatch): past its deadline the
+    demo ends it and what it started, and exits 1 naming the command and the deadline, with no traceback."""
+    import time
+
+    started_file = tmp_path / "grandchild.pid"
+    hangs = tmp_path / "python"
+    hangs.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {started_file}\nwait\n")  # python -m rlkit submit ...
+    hangs.chmod(0o755)
+    monkeypatch.setattr(demo, "prepare", lambda *_: None)
+    monkeypatch.setattr(demo.sys, "executable", str(hangs))
+    monkeypatch.setitem(demo.DEADLINES_S, "submit", 0.5)
+    monkeypatch.setenv("RLKIT_DEMO_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("RLKIT_FILEROOT", str(tmp_path / "root"))
+    monkeypatch.setenv("RLKIT_DEMO_TRIAL", "t1")
+    t0 = time.monotonic()
+    assert demo.main(["rw"]) == 1
+    assert time.monotonic() - t0 < 10
+    err = capsys.readouterr().err
+    assert "demo rw: `rlkit submit` did not answer within 0.5 s and was ended; it may have submitted" in err, err
+    assert "Traceback" not in err
+    stat = Path(f"/proc/{int(started_file.read_text())}/stat")
+    for _ in range(50):  # SIGKILLed with its parent's session (a zombie until init reaps it)
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the hung child's own child ({stat}) outlived the demo")

@@ -202,3 +202,67 @@ def test_the_manifest_records_labels_and_a_checked_images_sha256(tmp_path: Path)
     os.utime(tmp_path / "vllm.sif.sha256", (time.time() + 120, time.time() + 120))
     write_manifest(paths, job_id="4", images={"inference_server": str(image)}, cwd=tmp_path)
     assert "sha256" not in read_manifest(paths)["images"]["inference_server"]
+
+
+class _QueuedForever:
+    """A submitit job that never finishes: done() stays False, so submitit's own wait() (done() every second until
+    True) and result() (which waits the same way) never return; `release` ends the wait thread after the test."""
+
+    job_id = "4242"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+
+    def done(self, force_check: bool = False) -> bool:
+        return self.release.is_set()
+
+    def wait(self) -> None:  # submitit.core.core.Job.wait, a faster poll
+        while not self.done():
+            self.release.wait(0.05)
+
+    def result(self) -> None:
+        raise AssertionError("result() must not be reached for a job that is not done")
+
+
+def test_a_build_job_that_never_finishes_is_left_running_with_its_id_and_how_to_follow_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from rlkit.errors import SlurmError
+    from rlkit.launch import images
+
+    job = _QueuedForever()
+    monkeypatch.setattr(images, "_check_partition", lambda *_: None)
+    monkeypatch.setattr(images, "submit_function", lambda *args, **kwargs: job)
+    said: list[str] = []
+    argv = ["apptainer", "build", str(tmp_path / "t.sif"), "containers/trainer.def"]
+    started = time.monotonic()
+    try:
+        with pytest.raises(SlurmError) as raised:
+            images.build_on_cluster(argv, REPO, partition=None, time_min=60, cpus=1, say=said.append,
+                                    wait_min=0.01)
+    finally:
+        job.release.set()
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert "the image build job (Slurm job 4242) has not finished after 0.01 minutes of waiting" in message
+    assert "it keeps running: follow it with `squeue -j 4242`" in message and "cancel it with `scancel 4242`" in message
+    assert "waiting up to 0.01 minutes" in said[0]
+
+
+def test_the_build_job_is_waited_for_its_time_limit_and_the_queue(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlkit.launch import images
+
+    waited: list[float] = []
+    monkeypatch.setattr(images, "_check_partition", lambda *_: None)
+    monkeypatch.setattr(images, "submit_function", lambda *args, **kwargs: _QueuedForever())
+    monkeypatch.setattr(images, "wait_for_job", lambda job, limit_s, *_: waited.append(limit_s) or job.release.set())
+    argv = ["apptainer", "build", str(tmp_path / "t.sif"), "containers/trainer.def"]
+    monkeypatch.setattr(_QueuedForever, "result", lambda self: None)
+    assert images.build_on_cluster(argv, REPO, partition=None, time_min=90, cpus=1, say=print) == "4242"
+    assert waited == [(90 + images.QUEUE_WAIT_MIN) * 60]
+    result = run_rlkit("image", "build", "trainer", "--on-cluster", "--wait", "0", "--cpus", "0")
+    assert result.returncode == 2 and "--cpus 0, --wait 0: must be at least 1" in result.stderr, result

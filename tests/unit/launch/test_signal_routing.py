@@ -21,6 +21,7 @@ from rlkit.launch.render import supervisor_body
 from rlkit.launch.stop import _checkpoint_first, _signal_trainer
 from rlkit.step_contract import STATUS_FINISHED, STATUS_STOPPED
 from rlkit.trials.paths import TrialPaths
+from tests.helpers.slurm_stubs import path_with, slurm_bin
 
 LISTING = "1.0 server-0\n1.1 server-1\n1.2 grpo\n1.extern extern\n"  # squeue --steps --format='%i %j'
 
@@ -195,10 +196,13 @@ def test_stop_when_squeue_cannot_answer_cancels_without_a_checkpoint(
 # ---- the job script's time-limit USR1 (the real supervisor template, run by bash) ------------------------------------
 
 
-def run_time_limit(tmp_path: Path, *, packed: bool) -> list[str]:
+def run_time_limit(tmp_path: Path, *, packed: bool, squeue: str = 'printf "%s" "$LISTING"',
+                   env_extra: dict[str, str] | None = None, usr1_wait: float = 5.0) -> tuple[list[str], str, float]:
     """The supervisor with two server steps that serve until stopped and a trainer step that waits for `done`; USR1
-    is sent to it once all three run, then the trainer finishes and the servers are stopped. `squeue` and `scancel`
-    are bash functions that record their arguments."""
+    is sent to it once all three run, then the trainer finishes (at once after USR1 reached it, else `usr1_wait` s
+    after the signal) and the servers are stopped. `squeue` and `scancel` record their arguments; `squeue`'s answer
+    is the `squeue` bash text. Returns the calls, the job log and the seconds from the signal to the trainer's USR1 (the
+    whole wait when none came)."""
     (tmp_path / "logs").mkdir()
     serve = "while true; do sleep 0.1; done"
     body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=0, trainer_group=1, packed=packed, steps=[
@@ -208,12 +212,13 @@ def run_time_limit(tmp_path: Path, *, packed: bool) -> list[str]:
         "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
         "start_step server-0 0 cmd_server_0", "start_step server-1 0 cmd_server_1", "start_step grpo 1 cmd_grpo",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
-    stubs = ('scancel() { echo "scancel $*" >> calls.txt; }\n'
-             'squeue() { echo "squeue $*" >> calls.txt; printf "%s" "$LISTING"; }\n')
-    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1", "LISTING": LISTING}
+    bin_dir = slurm_bin(tmp_path, scancel='echo "scancel $*" >> calls.txt',
+                        squeue=f'echo "squeue $*" >> calls.txt\n{squeue}')
+    env = {"PATH": path_with(bin_dir), "SLURM_JOB_ID": "1", "LISTING": LISTING,
+           **(env_extra or {})}
     if not packed:  # a heterogeneous job: Slurm gives the batch script each component's job id
         env.update(SLURM_JOB_ID_HET_GROUP_0="1", SLURM_JOB_ID_HET_GROUP_1="2")
-    proc = subprocess.Popen(["bash", "-c", stubs + body], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["bash", "-c", body], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -221,9 +226,11 @@ def run_time_limit(tmp_path: Path, *, packed: bool) -> list[str]:
             time.sleep(0.05)
         assert (tmp_path / "trainer-up").exists(), "the trainer step did not start"
         proc.send_signal(signal.SIGUSR1)
+        signalled = time.monotonic()
         calls = tmp_path / "calls.txt"
-        while "USR1" not in (calls.read_text() if calls.exists() else "") and time.monotonic() < deadline:
+        while "USR1" not in (calls.read_text() if calls.exists() else "") and time.monotonic() < signalled + usr1_wait:
             time.sleep(0.05)
+        warned = time.monotonic() - signalled
         (tmp_path / "done").touch()
         out, _ = proc.communicate(timeout=30)
     finally:
@@ -232,18 +239,40 @@ def run_time_limit(tmp_path: Path, *, packed: bool) -> list[str]:
             proc.wait()
     assert proc.returncode == 0, out
     assert "rlkit: time limit near (USR1); asking the trainer to checkpoint and stop" in out
-    return [line for line in (tmp_path / "calls.txt").read_text().splitlines() if "TERM" not in line]
+    return [line for line in (tmp_path / "calls.txt").read_text().splitlines() if "TERM" not in line], out, warned
 
 
 def test_time_limit_usr1_reaches_a_packed_job_s_trainer_step_only(tmp_path: Path) -> None:
-    calls = run_time_limit(tmp_path, packed=True)
+    calls, _, _ = run_time_limit(tmp_path, packed=True)
     assert [c for c in calls if c.startswith("scancel")] == ["scancel --ctld --signal=USR1 1.2"], calls
     assert "squeue --noheader --steps --jobs=1 --format=%i %j" in calls
 
 
 def test_time_limit_usr1_reaches_a_heterogeneous_job_s_trainer_component(tmp_path: Path) -> None:
-    calls = run_time_limit(tmp_path, packed=False)
+    calls, _, _ = run_time_limit(tmp_path, packed=False)
     assert calls == ["scancel --ctld --signal=USR1 2"], calls
+
+
+def test_a_squeue_that_hangs_once_does_not_hold_the_warning_past_its_window(tmp_path: Path) -> None:
+    """The controller hangs on the step listing (the first squeue never answers): the call ends after its bound
+    (RLKIT_SLURM_CALL_TIMEOUT, 1 s here; 15 s of the 300 s warning in a job), the job log says so, the listing is
+    asked again and the trainer's step gets its USR1 within two bounds, not never."""
+    hang_once = f'[ -e {tmp_path}/hung ] || {{ touch {tmp_path}/hung; exec sleep 60; }}\nprintf "%s" "$LISTING"'
+    calls, out, warned = run_time_limit(tmp_path, packed=True, squeue=hang_once,
+                                        env_extra={"RLKIT_SLURM_CALL_TIMEOUT": "1"})
+    assert "scancel --ctld --signal=USR1 1.2" in calls, out
+    assert 1 <= warned < 4, warned
+    assert "squeue --noheader --steps --jobs=1 --format=%i %j did not answer within 1 s" in out
+
+
+def test_a_squeue_that_never_answers_gives_up_in_time_and_says_so(tmp_path: Path) -> None:
+    """With no answer at all the trainer cannot be found (a packed job's servers must not get the signal): the
+    script says so after two bounds and goes on supervising (the trainer finishes, the servers are stopped)."""
+    calls, out, _ = run_time_limit(tmp_path, packed=True, squeue="exec sleep 60",
+                                   env_extra={"RLKIT_SLURM_CALL_TIMEOUT": "1"}, usr1_wait=2.5)
+    assert not [c for c in calls if c.startswith("scancel")], calls
+    assert out.count("did not answer within 1 s (the Slurm controller is busy or unreachable)") == 2, out
+    assert "no running trainer step to warn" in out and "rlkit: all work steps finished" in out
 
 
 # ---- the no-retry code reaches the batch script (the real supervisor template, run by bash) ------------------------
@@ -258,9 +287,9 @@ def run_failing_trainer(tmp_path: Path, trainer: str, *, retries: int = 2, env_e
         "STOP_GRACE=1", f"cmd_grpo() {{ {{ {trainer}; }} >> logs/grpo.log 2>&1; }}",
         "component_policy 0 trainer 1 on-failure 1", "start_step grpo 0 cmd_grpo",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
-    stubs = f'scancel() {{ :; }}\nsqueue() {{ {squeue}; }}\n'
-    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
-    run = subprocess.run(["bash", "-c", stubs + body], cwd=tmp_path, env=env, capture_output=True, text=True,
+    bin_dir = slurm_bin(tmp_path, scancel=":", squeue=squeue)
+    env = {"PATH": path_with(bin_dir), "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
+    run = subprocess.run(["bash", "-c", body], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60, check=False)
     return run.returncode, run.stdout + run.stderr
 
@@ -331,7 +360,7 @@ def test_the_job_lock_names_the_job_that_holds_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("holder, squeue", [
     ("7", "echo RUNNING"),  # this very job's earlier run (requeued after its node failed)
-    ("6", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; return 1"),  # a job Slurm has forgotten
+    ("6", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"),  # a job Slurm has forgotten
 ])
 def test_a_lock_left_by_a_failed_node_does_not_stop_the_job(tmp_path: Path, holder: str, squeue: str) -> None:
     """flock on NFS: a dead node's client can leave the lock held; when it names this job or a job Slurm no longer

@@ -176,9 +176,11 @@ def test_supervisor_restarts_an_auxiliary_server_and_stops_it_when_the_work_is_d
         "cmd_trainer() { while [ ! -e judge-ran ] || [ $(wc -l < judge-runs.txt) -lt 2 ]; do sleep 0.1; done; }",
         "start_step server-0 0 cmd_server", "start_step aux-judge-0 1 cmd_judge", "start_step grpo 2 cmd_trainer",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])  # step 0 passes
-    script = 'scancel() { echo "$*" >> scancel.txt; }\n' + body
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4243"})
+    from tests.helpers.slurm_stubs import path_with, slurm_bin
+
+    stubs = slurm_bin(tmp_path, scancel='echo "$*" >> scancel.txt')
+    done = subprocess.run(["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": path_with(stubs), "SLURM_JOB_ID": "4243"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rlkit: auxiliary step aux-judge-0 exited (code 3) while the job was running; restarting it" in done.stdout
     assert "rlkit: all work steps finished; stopping the servers" in done.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import stat
 import subprocess
@@ -269,7 +268,7 @@ def test_guard_check_refuses_when_nothing_answers() -> None:
 
 def run_supervisor(tmp_path: Path, server_exit: int, server_says: str = "") -> tuple[int, int, str]:
     """Run the job script's supervisor (the real template) with a server step that exits `server_exit` and a trainer
-    that waits. `scancel` is a bash function here that only records its arguments, and the node check one that
+    that waits. `scancel` is a stub here that only records its arguments, and the node check one that
     passes: nothing reaches Slurm."""
     body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=2, trainer_group=1, steps=[
         "STOP_GRACE=1",
@@ -278,9 +277,11 @@ def run_supervisor(tmp_path: Path, server_exit: int, server_says: str = "") -> t
         "component_policy 0 server 0 on-exit 0", "component_policy 1 trainer 1 on-failure 1",
         "start_step server-0 0 cmd_server", "start_step trainer 1 cmd_trainer",
     ], node_checks=["node_check_0() { return 0; }", "NODE_CHECKS=(node_check_0)"])
-    script = 'scancel() { echo "$*" >> scancel.txt; }\n' + body
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242"})
+    from tests.helpers.slurm_stubs import path_with, slurm_bin
+
+    stubs = slurm_bin(tmp_path, scancel='echo "$*" >> scancel.txt')
+    done = subprocess.run(["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PATH": path_with(stubs), "SLURM_JOB_ID": "4242"})
     runs = len((tmp_path / "runs.txt").read_text().splitlines())
     assert "--signal=TERM 4242" in (tmp_path / "scancel.txt").read_text(), "stop_steps stops the job's steps"
     return done.returncode, runs, done.stdout

@@ -195,8 +195,10 @@ def run_step_0(tmp_path: Path, nodes: dict[str, str]) -> subprocess.CompletedPro
     listed = " ".join(f"node_check_{name}" for name in nodes)
     body = supervisor_body(trial_dir=str(tmp_path), attempt=1, retries=0, trainer_group=1, steps=[],
                            node_checks=[*nodes.values(), f"NODE_CHECKS=({listed})"])
-    return subprocess.run(["bash", "-c", "scancel() { :; }\n" + body], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "SLURM_JOB_ID": "4242"})
+    from tests.helpers.slurm_stubs import path_with, slurm_bin
+
+    return subprocess.run(["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path_with(slurm_bin(tmp_path)), "SLURM_JOB_ID": "4242"})
 
 
 def test_step_0_passes_when_every_node_reads_the_token_sees_its_gpus_and_reaches_the_first_node(

@@ -168,6 +168,20 @@ def test_rank0_wait_bound_covers_rank_0s_own_deadlines(grpo_yaml: Path) -> None:
     assert rank0_wait_bound(config, scored=True) >= bound + batch_wait_s(config)  # distill: the teacher scores too
 
 
+def test_rank0_wait_bound_counts_the_last_steps_two_evaluations_of_an_agent_run(grpo_yaml: Path) -> None:
+    """After the last step's push rank 0 may wait for the evaluation still running and then for the final weights'
+    (Evaluator.after_step, each eval_wait_bound) before the loop's next broadcast: for an agent run each of those is
+    max_turns turns, longer than a batch's wait, so the sum of one batch, one evaluation and a push falls short."""
+    from rlkit.config.load import load_config
+    from rlkit.jobs.grpo.waits import batch_wait_s, push_wait_s, rank0_wait_bound
+    from rlkit.trainer.evaluator import eval_wait_bound
+
+    config = load_config(grpo_yaml, [])
+    config.rollout.agent.workflow, config.rollout.agent.max_turns = "my_agents.episode:run", 20
+    assert eval_wait_bound(config) > batch_wait_s(config)  # the case that mattered
+    assert rank0_wait_bound(config) >= push_wait_s(config) + 2 * eval_wait_bound(config)
+
+
 def test_trainer_waits_outlast_one_bucket_of_a_broadcast_push(grpo_yaml: Path) -> None:
     """While rank 0 waits for the servers' part of one bucket, the other ranks wait in the next bucket's all-gather:
     a long weight_update_timeout raises it, else it stays 30 minutes."""

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,17 @@ def test_the_last_step_waits_for_the_final_evaluation(tmp_path: Path) -> None:
     # the final evaluation never finishes here: the last step gives up after request_timeout, logging the older one
     assert evaluator.after_step(3, 0, last=True)["eval/version"] == 0
     assert len(servers.futures) == 2 and servers.futures[1].cancelled()
+
+
+def test_the_last_step_may_wait_for_two_evaluations(tmp_path: Path) -> None:
+    """An evaluation still running at the last step (the push's wait gave up on it) is waited for once more, then
+    the final weights' evaluation: two eval_wait_bound waits in one after_step, which rank0_wait_bound counts."""
+    servers = _Submitted()
+    config = _config(tmp_path, "rollout.request_timeout=0.2", "evaluator.freq_steps=null",
+                     "evaluator.eval_on_startup=true")
+    evaluator = Evaluator(config, [Prompt(0, {}, "p", [0])], servers, _training_sampler(config))  # type: ignore[arg-type]
+    evaluator.start()  # never finishes here, nor does the final one
+    started = time.monotonic()
+    evaluator.after_step(3, 0, last=True)
+    assert time.monotonic() - started >= 2 * 0.2
+    assert len(servers.futures) == 2 and all(f.cancelled() for f in servers.futures)
