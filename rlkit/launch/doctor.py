@@ -23,7 +23,7 @@ from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.images.labels import is_image_uri
 from rlkit.launch.containers import container_argv, container_lacks_gpu_driver
 from rlkit.launch.plan import SERVER_ROLE, SHARED_ROLE, JobPlan, Step
-from rlkit.launch.single_jobs import last_line, submit_function
+from rlkit.launch.single_jobs import QUEUE_WAIT_MIN, last_line, submit_function, wait_for_job
 from rlkit.launch.submit import Prepared
 from rlkit.steps.doctor_node import Check, NodeReport, NodeSpec
 from rlkit.trials.records import state_dir, write_atomic
@@ -101,8 +101,10 @@ def _code_tool_settings(config: ExperimentConfig) -> tuple[str, ...]:
     return (tool.isolation, tool.python, tool.scratch_root)
 
 
-def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> DoctorRun:
-    """Submit the doctor's job, wait for it, and return every node's checks."""
+def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print, wait_min: float | None = None
+               ) -> DoctorRun:
+    """Submit the doctor's job, wait for it (at most `wait_min` minutes; default its time limit and QUEUE_WAIT_MIN
+    in the queue: past it a SlurmError says how to follow or cancel it), and return every node's checks."""
     from rlkit.steps.doctor_node import run_node_checks
 
     workdir = state_dir("doctor") / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -123,8 +125,10 @@ def run_doctor(prepared: Prepared, *, say: Callable[[str], object] = print) -> D
         params["gpus_per_node"] = max(spec.gpus)
     try:
         job = submit_function(workdir, params, slurm.partition, run_node_checks, spec, what="the doctor's job")
+        wait_min = DOCTOR_TIME_MIN + QUEUE_WAIT_MIN if wait_min is None else wait_min
         say(f"doctor job {job.job_id}: {len(spec.roles)} node(s) of partition {slurm.partition or '(default)'}; "
-            f"waiting (submitit files in {workdir})")
+            f"waiting up to {wait_min:g} minutes (submitit files in {workdir})")
+        wait_for_job(job, wait_min * 60, "the doctor's job", workdir)
         try:
             reports: list[NodeReport] = job.results()
         except Exception as exc:  # a task that could not even start: submitit's reason, e.g. an unreadable folder

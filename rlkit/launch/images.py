@@ -21,9 +21,8 @@ import rlkit
 from rlkit.errors import StepError, UserError
 from rlkit.images.pins import ROLES, Pins, label_problems, load_pins, rlkit_labels_in
 from rlkit.images.sif import SifError, read_sif
-from rlkit.launch.single_jobs import submit_function, wait_for_job
+from rlkit.launch.single_jobs import QUEUE_WAIT_MIN, submit_function, wait_for_job
 
-QUEUE_WAIT_MIN = 120  # minutes the build job may wait in the queue, beyond its own time limit, before we stop waiting
 INSTALL_HINT = ("install Apptainer (https://apptainer.org/docs/admin/main/installation.html), or build on a compute "
                 "node that has it: rlkit image build ROLE --on-cluster --partition NAME")
 

@@ -10,6 +10,10 @@ from typing import Any
 
 from rlkit.errors import SlurmError
 
+# minutes a single-function job may wait in the queue, beyond its own time limit, before the command stops waiting
+# (the job keeps its place: wait_for_job says how to follow or cancel it)
+QUEUE_WAIT_MIN = 120
+
 
 def last_line(exc: BaseException) -> str:
     """The reason in an exception submitit raised (sbatch's answer, or the job's traceback): its last line."""

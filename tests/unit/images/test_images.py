@@ -16,6 +16,7 @@ from rlkit.images.pins import expected_labels, load_pins
 from rlkit.images.sif import DEFFILE_TYPE, DESCRIPTOR, HEADER, PARTITION_TYPE, read_sif
 from rlkit.launch.images import build_argv, check_image, plan_build, repo_root, run_build, sha256_of
 from tests.conftest import REPO, run_rlkit
+from tests.helpers.submitit_fakes import QueuedForever
 
 DATA_OFFSET = 4096 + 48 * DESCRIPTOR.size  # where sylabs/sif puts data after its 48 default descriptors
 
@@ -204,28 +205,6 @@ def test_the_manifest_records_labels_and_a_checked_images_sha256(tmp_path: Path)
     assert "sha256" not in read_manifest(paths)["images"]["inference_server"]
 
 
-class _QueuedForever:
-    """A submitit job that never finishes: done() stays False, so submitit's own wait() (done() every second until
-    True) and result() (which waits the same way) never return; `release` ends the wait thread after the test."""
-
-    job_id = "4242"
-
-    def __init__(self) -> None:
-        import threading
-
-        self.release = threading.Event()
-
-    def done(self, force_check: bool = False) -> bool:
-        return self.release.is_set()
-
-    def wait(self) -> None:  # submitit.core.core.Job.wait, a faster poll
-        while not self.done():
-            self.release.wait(0.05)
-
-    def result(self) -> None:
-        raise AssertionError("result() must not be reached for a job that is not done")
-
-
 def test_a_build_job_that_never_finishes_is_left_running_with_its_id_and_how_to_follow_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
@@ -233,7 +212,7 @@ def test_a_build_job_that_never_finishes_is_left_running_with_its_id_and_how_to_
     from rlkit.errors import SlurmError
     from rlkit.launch import images
 
-    job = _QueuedForever()
+    job = QueuedForever()
     monkeypatch.setattr(images, "_check_partition", lambda *_: None)
     monkeypatch.setattr(images, "submit_function", lambda *args, **kwargs: job)
     said: list[str] = []
@@ -258,10 +237,10 @@ def test_the_build_job_is_waited_for_its_time_limit_and_the_queue(tmp_path: Path
 
     waited: list[float] = []
     monkeypatch.setattr(images, "_check_partition", lambda *_: None)
-    monkeypatch.setattr(images, "submit_function", lambda *args, **kwargs: _QueuedForever())
+    monkeypatch.setattr(images, "submit_function", lambda *args, **kwargs: QueuedForever())
     monkeypatch.setattr(images, "wait_for_job", lambda job, limit_s, *_: waited.append(limit_s) or job.release.set())
     argv = ["apptainer", "build", str(tmp_path / "t.sif"), "containers/trainer.def"]
-    monkeypatch.setattr(_QueuedForever, "result", lambda self: None)
+    monkeypatch.setattr(QueuedForever, "result", lambda self: None)
     assert images.build_on_cluster(argv, REPO, partition=None, time_min=90, cpus=1, say=print) == "4242"
     assert waited == [(90 + images.QUEUE_WAIT_MIN) * 60]
     result = run_rlkit("image", "build", "trainer", "--on-cluster", "--wait", "0", "--cpus", "0")

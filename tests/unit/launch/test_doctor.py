@@ -15,7 +15,7 @@ from rlkit.config.load import load_config
 from rlkit.launch.doctor import node_layout, node_spec, summary_rows
 from rlkit.launch.submit import prepare
 from rlkit.steps.doctor_node import Check, NodeReport, _check_fileroot, _check_gpus, _check_model, first_server_node
-from tests.conftest import CONFIGS, REPO
+from tests.conftest import CONFIGS, REPO, run_rlkit
 from tests.helpers.planning import plan_of
 
 
@@ -188,3 +188,31 @@ def test_the_code_tool_check_passes_where_the_node_isolates_and_fails_with_the_f
     assert old.returncode == 0, old.stderr
     [[ok, detail, fix]] = json.loads(old.stdout)
     assert not ok and "host FIFOs" in detail and "Landlock" in fix and "isolation=best_effort" in fix, (detail, fix)
+
+
+def test_a_doctor_job_that_never_finishes_is_left_running_with_its_id_and_how_to_follow_it(
+        grpo_yaml: Path, monkeypatch: pytest.MonkeyPatch, rlkit_home: Path) -> None:
+    """submitit's own wait has no deadline (its sacct neither): a queue that does not move held `rlkit doctor`
+    forever; now its wait ends at --wait minutes, saying the job keeps running, and the canary is removed."""
+    import time
+
+    from rlkit.errors import SlurmError
+    from rlkit.launch import doctor
+    from tests.helpers.submitit_fakes import QueuedForever
+
+    job = QueuedForever()
+    monkeypatch.setattr(doctor, "submit_function", lambda *args, **kwargs: job)
+    said: list[str] = []
+    prepared = prepare(grpo_yaml, [], dry_run=True)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SlurmError) as raised:
+            doctor.run_doctor(prepared, say=said.append, wait_min=0.01)
+    finally:
+        job.release.set()
+    assert time.monotonic() - started < 5
+    assert "the doctor's job (Slurm job 4242) has not finished after 0.01 minutes" in str(raised.value)
+    assert "cancel it with `scancel 4242`" in str(raised.value) and "waiting up to 0.01 minutes" in said[0]
+    assert not list(Path(prepared.config.cluster.fileroot).glob(".rlkit-doctor-*")), "the canary is removed"
+    result = run_rlkit("doctor", str(grpo_yaml), "--wait", "0")
+    assert result.returncode == 2 and "--wait 0: must be at least 1" in result.stderr, result.stderr
