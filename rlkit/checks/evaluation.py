@@ -62,7 +62,9 @@ def _validate_columns(config: ExperimentConfig) -> None:
     if not has_prompt(head.columns, head.first_row, ds.prompt_key):
         raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set valid_dataset.prompt_key to the prompt column")
-    check_prompt_tools("valid_dataset", ds, head, chat_template=False)  # a string prompt is sent as raw text
+    # a string prompt is sent as raw text (an episode renders its own first prompt)
+    check_prompt_tools("valid_dataset", ds, head, chat_template=False,
+                       episodes=bool(config.rollout.agent.workflow))
     readers = answer_readers(config)  # reward.fn, or every function of a reward.fns mix
     gap = answer_gap(head, config.reward.answer_key, "the valid_dataset rows") if readers else None
     if gap:

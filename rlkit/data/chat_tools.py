@@ -51,3 +51,10 @@ def ignores_tools(with_tools: object, render_without: Callable[[], object]) -> b
         return render_without() == with_tools
     except Exception:  # Jinja's errors (raise_exception too), or the caller's ValueError for them
         return False
+
+
+def episode_tools_refusal(setting: str) -> str:
+    """Why a row's tools are refused with rollout.agent: an episode offers the workflow's tools, never a row's."""
+    return (f"the row has tools ({setting}) but rollout.agent.workflow runs episodes, which offer the model the "
+            f"workflow's tools (rollout.agent.tools), not a row's; set {setting}='' to read no tools column (a "
+            "workflow function still gets the row, its tools column included)")

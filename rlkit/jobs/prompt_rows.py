@@ -8,7 +8,7 @@ from typing import Any
 
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
-from rlkit.data.chat_tools import row_tools
+from rlkit.data.chat_tools import episode_tools_refusal, row_tools
 from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row
 from rlkit.errors import StepError
@@ -31,12 +31,15 @@ def prompt_rows(config: ExperimentConfig, ds: DatasetConfig, *, field: str, vali
 
 
 def row_prompt_ids(row: dict[str, Any], index: int, prompt: Any, tokenizer: Any, ds: DatasetConfig, *, field: str,
-                   chat_template: bool, template_switch: str = "") -> list[int]:
+                   chat_template: bool, template_switch: str = "", episodes: bool = False) -> list[int]:
     """The tokens of `prompt` (row `index` of `ds`, config key `field`), the row's tools given to the chat template.
-    Rows are input others wrote: a bad tools value, or tools the prompt cannot carry, is a StepError naming the row."""
+    Rows are input others wrote: a bad tools value, or tools the prompt cannot carry, is a StepError naming the row;
+    so are any tools with `episodes` (rollout.agent: the episode renders its own first prompt)."""
     setting = f"{field}.tools_key"
     try:
         tools = row_tools(row, ds.tools_key, setting)
+        if tools and episodes:
+            raise ValueError(episode_tools_refusal(setting))
         return prompt_token_ids(prompt, tokenizer, chat_template=chat_template, tools=tools, setting=setting,
                                 template_switch=template_switch)
     except ValueError as exc:

@@ -64,7 +64,8 @@ def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_da
     prompts = []
     for i, row in enumerate(rows):
         prompt = rl_prompt(row, ds.prompt_key)  # GSM8K's rows as AReaL reads them (rlkit.data.row_formats)
-        ids = row_prompt_ids(row, i, prompt, tokenizer, ds, field=name, chat_template=False)  # the row's tools too
+        ids = row_prompt_ids(row, i, prompt, tokenizer, ds, field=name, chat_template=False,  # the row's tools too
+                             episodes=bool(config.rollout.agent.workflow))
         if ds.max_length is not None and len(ids) > ds.max_length:
             continue
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)

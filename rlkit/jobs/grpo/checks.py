@@ -77,7 +77,9 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     if not has_prompt(head.columns, head.first_row, ds.prompt_key):
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set train_dataset.prompt_key to the prompt column")
-    check_prompt_tools("train_dataset", ds, head, chat_template=False)  # grpo sends a string prompt as raw text
+    # grpo sends a string prompt as raw text (an episode renders its own first prompt)
+    check_prompt_tools("train_dataset", ds, head, chat_template=False,
+                       episodes=bool(config.rollout.agent.workflow))
     needs_answer = answer_readers(config)
     gap = answer_gap(head, config.reward.answer_key, "the dataset rows") if needs_answer else None
     if gap:

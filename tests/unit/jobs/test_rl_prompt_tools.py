@@ -146,3 +146,55 @@ def test_the_first_row_is_judged_at_submit(tmp_path: Path, row: dict[str, Any], 
         return
     with pytest.raises(ConfigError, match=says):
         check_prompt_tools("train_dataset", DatasetConfig(path=str(data)), head, chat_template=chat_template)
+
+
+def test_episodes_refuse_a_row_s_tools_rather_than_drop_them(qwen: Any, tmp_path: Path) -> None:
+    """rollout.agent's episodes offer the workflow's tools (rollout.agent.tools): a row's tools would be dropped."""
+    says = r"row 0: the row has tools \(train_dataset.tools_key\) but rollout.agent.workflow runs episodes"
+    with pytest.raises(StepError, match=says):
+        row_prompt_ids({"prompt": CHAT, "tools": [WEATHER]}, 0, CHAT, qwen, DS, field="train_dataset",
+                       chat_template=False, episodes=True)
+    assert row_prompt_ids({"prompt": CHAT}, 0, CHAT, qwen, DS, field="train_dataset", chat_template=False,
+                          episodes=True) == ids({"prompt": CHAT}, qwen)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "Q?", "tools": [WEATHER]}) + "\n")
+    head = dataset_head("train_dataset.path", data)
+    assert head is not None
+    with pytest.raises(ConfigError, match="train_dataset.path: the first row: the row has tools "
+                                          r"\(train_dataset.tools_key\) but rollout.agent.workflow runs episodes"):
+        check_prompt_tools("train_dataset", DatasetConfig(path=str(data)), head, chat_template=False, episodes=True)
+
+
+def test_submit_refuses_a_grpo_run_whose_first_row_cannot_carry_its_tools(tmp_path: Path) -> None:
+    """Through the job type's own checks, as `rlkit submit` runs them."""
+    from rlkit.config.load import load_config
+    from tests.conftest import CONFIGS, raise_problems
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "Q?", "tools": [WEATHER], "answer": "1"}) + "\n")
+    config = load_config(CONFIGS / "grpo-cpu-demo.yaml", [f"train_dataset.path={data}", f"valid_dataset.path={data}"])
+    with pytest.raises(ConfigError) as info:
+        raise_problems(config)
+    for field in ("train_dataset", "valid_dataset"):
+        assert (f"{field}.path: the first row: the row has tools ({field}.tools_key) but its prompt is a string sent "
+                "as raw text") in str(info.value)
+
+
+def test_submit_refuses_generate_s_raw_text_prompts_with_tools_unless_they_are_wrapped(tmp_path: Path) -> None:
+    from rlkit.config.load import load_config
+    from tests.conftest import CONFIGS, raise_problems
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "Q?", "tools": json.dumps([WEATHER])}) + "\n")
+    config = load_config(CONFIGS / "generate-cpu-demo.yaml", [f"generate.dataset.path={data}"])
+    with pytest.raises(ConfigError, match=r"generate.dataset.path: the first row: the row has tools "
+                                          r"\(generate.dataset.tools_key\) but its prompt is a string sent as raw "
+                                          r"text, which has no place for them; give the prompt as chat messages "
+                                          r"\(or set generate.apply_chat_template=true\)"):
+        raise_problems(config)
+    wrapped = load_config(CONFIGS / "generate-cpu-demo.yaml", [f"generate.dataset.path={data}",
+                                                                "generate.apply_chat_template=true"])
+    try:
+        raise_problems(wrapped)
+    except ConfigError as exc:
+        assert "tools_key" not in str(exc)
