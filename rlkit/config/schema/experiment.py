@@ -181,9 +181,9 @@ class DatasetConfig:
                  "Trinity-RFT's taskset format.tools_key default and the column TRL's SFTTrainer and rlkit's "
                  "sft.tools_key read (TRL's GRPOTrainer renders the trainer's own tools and hands a dataset's tools "
                  "column to the reward functions only). A row without the column (or null, empty) has no tools; "
-                 "tools with a prompt sent as raw text or token ids, or a template that ignores them, are refused "
-                 "naming the row. Empty: no column is read. sft rows (job type sft, a mix's expert_dataset) are read "
-                 "with sft.tools_key instead.")
+                 "tools with a prompt sent as raw text or token ids, a template that ignores them, or rollout.agent "
+                 "(an episode offers the workflow's tools) are refused naming the row. Empty: no column is read. "
+                 "sft rows (job type sft, a mix's expert_dataset) are read with sft.tools_key instead.")
 
 
 @dataclass
