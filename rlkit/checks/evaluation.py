@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlkit.checks.prompt_tools import check_prompt_tools
 from rlkit.checks.reward import answer_gap, answer_readers
 from rlkit.checks.sampling import validate_eval_greedy, validate_eval_min_new_tokens
 from rlkit.checks.site_files import check_dataset_file
@@ -61,6 +62,9 @@ def _validate_columns(config: ExperimentConfig) -> None:
     if not has_prompt(head.columns, head.first_row, ds.prompt_key):
         raise ConfigError(f"valid_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set valid_dataset.prompt_key to the prompt column")
+    # a string prompt is sent as raw text (an episode renders its own first prompt)
+    check_prompt_tools("valid_dataset", ds, head, chat_template=False,
+                       episodes=bool(config.rollout.agent.workflow))
     readers = answer_readers(config)  # reward.fn, or every function of a reward.fns mix
     gap = answer_gap(head, config.reward.answer_key, "the valid_dataset rows") if readers else None
     if gap:

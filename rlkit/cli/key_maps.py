@@ -125,7 +125,11 @@ TRINITY = (
     _m("buffer.trainer_input.experience_buffer.format.enable_concatenated_multi_turn",
        "sft.enable_concatenated_multi_turn"),
     _m("buffer.trainer_input.experience_buffer.format.tools_key", "sft.tools_key", "the same default (tools); None: "
-       "'' (no tools column); dpo reads none; the taskset's is refused (rlkit's RL prompts carry no tools)"),
+       "'' (no tools column); dpo reads none"),
+    _m("buffer.explorer_input.taskset.format.tools_key", "train_dataset.tools_key", "the same default (tools); "
+       "None: '' (no tools column)"),
+    _m("buffer.trainer_input.auxiliary_buffers.sft_dataset.format.tools_key", "sft.tools_key", "the expert rows of "
+       "a mix, read as sft reads its rows; None: ''"),
     _m("explorer.rollout_model.engine_type", "allocation_mode", "the engine is the first part of allocation_mode"),
     _m("explorer.rollout_model.engine_num", "allocation_mode", "d of the server part, e.g. vllm:d4"),
     _m("explorer.rollout_model.tensor_parallel_size", "allocation_mode", "t of the server part, e.g. vllm:d2t2"),

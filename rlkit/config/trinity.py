@@ -82,6 +82,7 @@ RENAMES: dict[str, str] = {
     f"{_AUX}.path": "expert_dataset.path",
     f"{_AUX}.format.prompt_key": "sft.prompt_key",
     f"{_AUX}.format.response_key": "sft.response_key",
+    f"{_AUX}.format.tools_key": "sft.tools_key",  # None: '' (above)
     f"{_WARMUP}.path": "expert_dataset.path",
     "synchronizer.sync_interval": "actor.weight_update_interval",
     "synchronizer.sync_offset": "actor.weight_update_offset",
@@ -191,7 +192,10 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     for key, value in leaves.items():
         if key in judged:
             continue
-        if key in RENAMES and not expert_data and RENAMES[key].startswith(("mix.", "sft.")):
+        if key == f"{_AUX}.format.tools_key" and expert_data and (value is None or isinstance(value, str)):
+            # the expert rows go through sft's row reader (rlkit.jobs.grpo.expert), which reads sft.tools_key
+            moved(key, "sft.tools_key", value or "", "" if value else " (None: no tools column read)")
+        elif key in RENAMES and not expert_data and RENAMES[key].startswith(("mix.", "sft.")):
             # without expert rows the mix is off: its weight and row format would be refused as ignored
             # (rlkit.checks.conditional_knobs)
             left(key, "no expert data (auxiliary_buffers.sft_dataset.path): the SFT+RL mix is off")

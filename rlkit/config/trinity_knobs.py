@@ -79,8 +79,6 @@ NOT_BUILT: dict[str, tuple[Any, str, str]] = {
                                            "write the system message into the rows (a list of chat messages)"),
     f"{TASKSET}format.reply_prefix": (None, "rlkit does not start the completion with a prefix",
                                       "remove it"),
-    f"{TASKSET}format.tools_key": (None, "rlkit's single-turn rollouts give the chat template no tools",
-                                   "an agent's tools are rollout.agent's"),
     f"{TASKSET}subset_name": (None, "rlkit reads a dataset's files (train_dataset.path), not a hub subset",
                               "point buffer.explorer_input.taskset.path at the subset's files"),
     "algorithm.rollout_correction": (None, "Trinity-RFT's rollout importance-sampling correction is not rlkit's",
@@ -314,8 +312,17 @@ def _sampling(leaves: dict[str, Any], moved: Moved, left: Left, problems: Proble
 
 
 def _prompts(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, source: str) -> set[str]:
-    """max_prompt_tokens and enable_prompt_truncation; the taskset's prompt_type and messages_key."""
+    """max_prompt_tokens and enable_prompt_truncation; the taskset's prompt_type, messages_key and tools_key."""
     judged: set[str] = set()
+    tools = f"{TASKSET}format.tools_key"
+    if tools in leaves:  # None: Trinity-RFT's task.get(None) finds no column, so no tools
+        judged.add(tools)
+        value = leaves[tools]
+        if value is not None and not isinstance(value, str):
+            problems.add(f"{tools} {value!r} ({source}) is not a column name", hint="e.g. tools")
+        else:
+            moved(tools, "train_dataset.tools_key", value or "", " (the row's tools, given to the chat template)"
+                  if value else " (None: no tools column read)")
     tokens, truncate = f"{_MODEL}max_prompt_tokens", f"{_MODEL}enable_prompt_truncation"
     judged |= {k for k in (tokens, truncate) if k in leaves}
     if truncate in leaves:

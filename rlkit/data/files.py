@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit import untrusted_json
+from rlkit.data.chat_tools import ignores_tools
 from rlkit.errors import StepError
 
 SUFFIX_FORMAT = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -96,17 +97,58 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     return order
 
 
-def prompt_token_ids(prompt: Any, tokenizer: Any, *, chat_template: bool) -> list[int]:
-    """Token ids of a prompt given as a string, a list of chat messages, or a list of token ids."""
+def no_place_for_tools(prompt: Any, *, chat_template: bool, setting: str, template_switch: str = "") -> str | None:
+    """Why a prompt with tools could not carry them, or None: token ids are rendered already, and a string sent as
+    raw text has no place for them (`template_switch`: the setting that would wrap it in the chat template)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return (f"the row has tools ({setting}) but its prompt is token ids, rendered already: they have no place for "
+                f"the tools; give the prompt as chat messages, or set {setting}='' to read no tools column")
+    if isinstance(prompt, str) and not chat_template:
+        wrap = f" (or set {template_switch}=true)" if template_switch else ""
+        return (f"the row has tools ({setting}) but its prompt is a string sent as raw text, which has no place for "
+                f"them; give the prompt as chat messages{wrap}, or set {setting}='' to read no tools column")
+    return None
+
+
+def prompt_token_ids(prompt: Any, tokenizer: Any, *, chat_template: bool, tools: list[dict[str, Any]] | None = None,
+                     setting: str = "tools_key", template_switch: str = "") -> list[int]:
+    """Token ids of a prompt given as a string, a list of chat messages, or a list of token ids. `tools`: the row's
+    function schemas (rlkit.data.chat_tools; `setting` names the config key that read them), given to the chat
+    template; ValueError where the prompt has no render to hold them (`no_place_for_tools`) or the template ignores
+    or fails on them."""
+    why = no_place_for_tools(prompt, chat_template=chat_template, setting=setting,
+                             template_switch=template_switch) if tools else None
+    if why:
+        raise ValueError(why)
     if isinstance(prompt, str):
         if chat_template:
-            return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                                      add_generation_prompt=True, return_dict=False))
+            return _templated([{"role": "user", "content": prompt}], tokenizer, tools, setting)
         return list(tokenizer.encode(prompt, add_special_tokens=False))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
-        # return_dict=False: transformers 5 returns a BatchEncoding (whose list() is its keys) by default
-        return list(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True,
-                                                  return_dict=False))
+        return _templated(prompt, tokenizer, tools, setting)
     raise StepError(f"cannot read a prompt of type {type(prompt).__name__}: give a string, chat messages or token ids")
+
+
+def _templated(messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
+               setting: str) -> list[int]:
+    """The chat through the template, ending where the assistant starts (the row's tools given to it, when any)."""
+    def render(**kwargs: Any) -> list[int]:
+        # return_dict=False: transformers 5 returns a BatchEncoding (whose list() is its keys) by default
+        return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=False, **kwargs))
+
+    if not tools:
+        return render()
+    try:
+        ids = render(tools=tools)
+    except Exception as exc:  # Jinja's errors (raise_exception too), a TypeError of a value it cannot join
+        raise ValueError(f"the chat template failed on this prompt and its tools ({setting}): "
+                         f"{type(exc).__name__}: {exc}") from None
+    if ignores_tools(ids, render):
+        raise ValueError(f"the row has tools ({setting}) but the chat template renders the prompt the same without "
+                         "them, so the model would be asked to call tools it was never shown; use a tokenizer whose "
+                         "chat template renders `tools` (tokenizer_path: the model's tool-use template), or set "
+                         f"{setting}='' to read no tools column")
+    return ids

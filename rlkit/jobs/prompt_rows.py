@@ -1,5 +1,6 @@
 """A prompt dataset's rows as the jobs that sample from prompts read them (grpo and its family, generate): a file's
-rows, or reasoning-gym's generated in the job (rlkit.tasks.reasoning_gym), and the prompt column checked."""
+rows, or reasoning-gym's generated in the job (rlkit.tasks.reasoning_gym), and the prompt column checked; and one
+row's prompt tokens, its tools (the dataset's tools_key) given to the chat template."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 from rlkit.config.schema.experiment import DatasetConfig, ExperimentConfig
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
-from rlkit.data.files import load_rows
+from rlkit.data.chat_tools import episode_tools_refusal, row_tools
+from rlkit.data.files import load_rows, prompt_token_ids
 from rlkit.data.row_formats import is_gsm8k_row
 from rlkit.errors import StepError
 from rlkit.tasks.reasoning_gym import generate_rows, rows_summary
@@ -26,3 +28,19 @@ def prompt_rows(config: ExperimentConfig, ds: DatasetConfig, *, field: str, vali
         raise StepError(f"dataset {ds.path} has no column '{ds.prompt_key}' (columns: {', '.join(rows[0])}); "
                         f"set {field}.prompt_key")
     return rows
+
+
+def row_prompt_ids(row: dict[str, Any], index: int, prompt: Any, tokenizer: Any, ds: DatasetConfig, *, field: str,
+                   chat_template: bool, template_switch: str = "", episodes: bool = False) -> list[int]:
+    """The tokens of `prompt` (row `index` of `ds`, config key `field`), the row's tools given to the chat template.
+    Rows are input others wrote: a bad tools value, or tools the prompt cannot carry, is a StepError naming the row;
+    so are any tools with `episodes` (rollout.agent: the episode renders its own first prompt)."""
+    setting = f"{field}.tools_key"
+    try:
+        tools = row_tools(row, ds.tools_key, setting)
+        if tools and episodes:
+            raise ValueError(episode_tools_refusal(setting))
+        return prompt_token_ids(prompt, tokenizer, chat_template=chat_template, tools=tools, setting=setting,
+                                template_switch=template_switch)
+    except ValueError as exc:
+        raise StepError(f"dataset {ds.path}: row {index}: {exc}") from None

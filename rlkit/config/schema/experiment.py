@@ -173,6 +173,17 @@ class DatasetConfig:
     max_length: int | None = _f(None, "Drop rows whose prompt (sft: whole row; rw, dpo: prompt and answer) has more "
                                       "tokens than this; sft's null: actor.mb_spec.max_tokens_per_mb.", ge=1)
     prompt_key: str = _f("prompt", "Column holding the prompt: a string, a list of chat messages, or token ids.")
+    tools_key: str = _f(
+        "tools", "Prompt rows (grpo and its family, valid_dataset's evaluation, generate.dataset): column holding a "
+                 "row's tools, a list of function schemas or a JSON string of one, given to the chat template as "
+                 "`tools` when the prompt is rendered, so the model sees the functions it may call (single-turn "
+                 "tool calling; the reward function gets the row, this column included). Default 'tools': "
+                 "Trinity-RFT's taskset format.tools_key default and the column TRL's SFTTrainer and rlkit's "
+                 "sft.tools_key read (TRL's GRPOTrainer renders the trainer's own tools and hands a dataset's tools "
+                 "column to the reward functions only). A row without the column (or null, empty) has no tools; "
+                 "tools with a prompt sent as raw text or token ids, a template that ignores them, or rollout.agent "
+                 "(an episode offers the workflow's tools) are refused naming the row. Empty: no column is read. "
+                 "sft rows (job type sft, a mix's expert_dataset) are read with sft.tools_key instead.")
 
 
 @dataclass

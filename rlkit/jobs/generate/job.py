@@ -48,6 +48,7 @@ def _validate_generate(config: ExperimentConfig, allocation: Allocation | None, 
 def _check_prompt_column(config: ExperimentConfig) -> None:
     """The prompt rows hold generate.dataset.prompt_key (or are GSM8K's, read as the step reads them), as grpo's
     checks judge train_dataset: JSON Lines, and Parquet where pyarrow is installed here (else checked in the job)."""
+    from rlkit.checks.prompt_tools import check_prompt_tools
     from rlkit.data.dataset_head import dataset_head
     from rlkit.data.row_formats import has_prompt
 
@@ -57,6 +58,9 @@ def _check_prompt_column(config: ExperimentConfig) -> None:
         raise ConfigError(f"generate.dataset.path: rows have no column '{ds.prompt_key}' (columns: "
                           f"{', '.join(head.columns) or 'none'})", hint="set generate.dataset.prompt_key to the "
                                                                         "prompt column")
+    if head is not None:
+        check_prompt_tools("generate.dataset", ds, head, chat_template=config.generate.apply_chat_template,
+                           template_switch="generate.apply_chat_template")
 
 
 def _validate_scoring(config: ExperimentConfig, problems: Problems) -> None:

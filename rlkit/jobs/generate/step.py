@@ -14,12 +14,11 @@ from typing import Any
 
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.data.files import prompt_token_ids
 from rlkit.data.row_formats import rl_prompt
 from rlkit.errors import FatalStepError
 from rlkit.jobs.generate.scoring import CompletionScorer
 from rlkit.jobs.generate.summary import describe, summarize, write_summary
-from rlkit.jobs.prompt_rows import prompt_rows
+from rlkit.jobs.prompt_rows import prompt_rows, row_prompt_ids
 from rlkit.nameresolve import name_resolve_for
 from rlkit.rewards.failing import FailingRewards
 from rlkit.servers.backend import SamplingParams, server_model
@@ -86,7 +85,9 @@ def run_generate(trial_dir: Path, config: ExperimentConfig) -> None:
         rows = rows[: gen.max_prompts]
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or server_model(config, alloc.server.backend))
     raw = [rl_prompt(r, prompt_key) for r in rows]
-    prompts = [prompt_token_ids(p, tokenizer, chat_template=gen.apply_chat_template) for p in raw]
+    prompts = [row_prompt_ids(r, i, p, tokenizer, gen.dataset, field="generate.dataset",
+                              chat_template=gen.apply_chat_template, template_switch="generate.apply_chat_template")
+               for i, (r, p) in enumerate(zip(rows, raw, strict=True))]
     scorer = CompletionScorer(config) if gen.score else None
     nr = name_resolve_for(config)
     servers = wait_for_servers(nr, alloc.server.dp, config.rollout.setup_timeout)

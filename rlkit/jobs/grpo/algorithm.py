@@ -21,14 +21,13 @@ from rlkit.config.reference import reference_load
 from rlkit.config.schema.actor import ActorConfig, optimizer_steps_per_step, recomputes_logprobs
 from rlkit.config.schema.evaluation import evaluation_enabled
 from rlkit.config.schema.experiment import ExperimentConfig
-from rlkit.data.files import prompt_token_ids
 from rlkit.data.row_formats import rl_prompt
 from rlkit.errors import StepError
 from rlkit.jobs.grpo.expert import ExpertRows
 from rlkit.jobs.grpo.fault_corrupt import FAULT, corrupt_server
 from rlkit.jobs.grpo.rank0 import Rank0
 from rlkit.jobs.grpo.waits import trainer_waits
-from rlkit.jobs.prompt_rows import prompt_rows
+from rlkit.jobs.prompt_rows import prompt_rows, row_prompt_ids
 from rlkit.rollout.groups import Prompt
 from rlkit.rollout.sync_schedule import schedule_for
 from rlkit.slurm.faults import fault_point
@@ -58,14 +57,15 @@ def total_steps(config: ExperimentConfig, n_rows: int) -> int:
 
 
 def load_prompts(config: ExperimentConfig, tokenizer: Any, name: str = "train_dataset") -> list[Prompt]:
-    """The prompts of dataset `name` (train_dataset or valid_dataset), tokenized; rows longer than its max_length
-    are dropped."""
+    """The prompts of dataset `name` (train_dataset or valid_dataset), tokenized with each row's tools (its
+    tools_key); rows longer than its max_length are dropped."""
     ds = getattr(config, name)
     rows = prompt_rows(config, ds, field=name, valid=name == "valid_dataset", log=f"rlkit train: {name}:")
     prompts = []
     for i, row in enumerate(rows):
         prompt = rl_prompt(row, ds.prompt_key)  # GSM8K's rows as AReaL reads them (rlkit.data.row_formats)
-        ids = prompt_token_ids(prompt, tokenizer, chat_template=False)
+        ids = row_prompt_ids(row, i, prompt, tokenizer, ds, field=name, chat_template=False,  # the row's tools too
+                             episodes=bool(config.rollout.agent.workflow))
         if ds.max_length is not None and len(ids) > ds.max_length:
             continue
         text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)

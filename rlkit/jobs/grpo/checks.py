@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from rlkit.checks.algo import validate_algorithm, validate_kl_control
+from rlkit.checks.prompt_tools import check_prompt_tools
 from rlkit.checks.reasoning_gym import validate_reasoning_gym
 from rlkit.checks.reward import answer_gap, answer_readers, validate_reward
 from rlkit.checks.site_files import check_dataset_file
@@ -76,6 +77,9 @@ def _validate_dataset(config: ExperimentConfig) -> None:
     if not has_prompt(head.columns, head.first_row, ds.prompt_key):
         raise ConfigError(f"train_dataset.path: rows have no column '{ds.prompt_key}' (columns: {columns})",
                           hint="set train_dataset.prompt_key to the prompt column")
+    # grpo sends a string prompt as raw text (an episode renders its own first prompt)
+    check_prompt_tools("train_dataset", ds, head, chat_template=False,
+                       episodes=bool(config.rollout.agent.workflow))
     needs_answer = answer_readers(config)
     gap = answer_gap(head, config.reward.answer_key, "the dataset rows") if needs_answer else None
     if gap:

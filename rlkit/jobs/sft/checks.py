@@ -82,6 +82,10 @@ def _validate_keys(config: ExperimentConfig, problems: Problems) -> None:
             problems.add(f"{name}.prompt_key is '{ds.prompt_key}', but sft reads its columns from the sft section "
                          f"(sft.prompt_key is '{sft.prompt_key}')", hint=f"set sft.prompt_key={ds.prompt_key} and "
                                                                          f"remove {name}.prompt_key")
+        if ds.tools_key != DatasetConfig().tools_key and ds.tools_key != sft.tools_key:
+            problems.add(f"{name}.tools_key is '{ds.tools_key}', but sft reads its columns from the sft section "
+                         f"(sft.tools_key is '{sft.tools_key}')", hint=f"set sft.tools_key={ds.tools_key} and "
+                                                                       f"remove {name}.tools_key")
 
 
 def _validate_dataset(config: ExperimentConfig, name: str, *, required: bool, problems: Problems) -> None:

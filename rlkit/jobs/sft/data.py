@@ -23,7 +23,7 @@ from typing import Any
 
 from rlkit.config.schema.actor import MicroBatchSpec
 from rlkit.config.schema.sft import SFTConfig
-from rlkit.data.chat_tools import row_tools
+from rlkit.data.chat_tools import ignores_tools, row_tools
 from rlkit.data.row_formats import sft_columns
 from rlkit.errors import StepError
 from rlkit.trainer.bins import packed_micro_batches
@@ -99,16 +99,6 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     return [dict(m) for m in messages]
 
 
-def _ignores_tools(tokenizer: Any, chat: list[dict[str, Any]], with_tools: str, chat_template: str | None) -> bool:
-    """Whether the template writes the chat the same without its tools (Hugging Face's apply_chat_template passes
-    `tools` to any template and one that never reads them drops them silently). A template that fails without
-    tools reads them."""
-    try:
-        return with_tools == _render(tokenizer, chat, generation_prompt=False, chat_template=chat_template)
-    except ValueError:
-        return False
-
-
 def _turn_end(text: str, start: int, end: int, eos: str | None) -> int:
     """Where a target ends: after the turn's last EOS marker when it has one (the separator a template writes after
     it, such as a newline, is context, not something the model must learn to write), else at the turn's end."""
@@ -125,7 +115,8 @@ def chat_example(messages: Any, tokenizer: Any, *, all_turns: bool, chat_templat
     if not all_turns:
         targets = targets[-1:]
     whole = _render(tokenizer, chat, generation_prompt=False, chat_template=chat_template, tools=tools)
-    if tools and _ignores_tools(tokenizer, chat, whole, chat_template):
+    if tools and ignores_tools(whole, lambda: _render(tokenizer, chat, generation_prompt=False,
+                                                      chat_template=chat_template)):
         raise ValueError("the row has tools (sft.tools_key) but the chat template renders the chat the same "
                          "without them, so the model would learn to call tools it was never shown; give "
                          "sft.chat_template a template that renders `tools` (the model's tool-use template), or "

@@ -73,6 +73,20 @@ def test_sampling_and_prompt_knobs_move(tmp_path: Path) -> None:
     assert (config.train_dataset.max_length, config.train_dataset.prompt_key) == (None, "chat")
 
 
+@pytest.mark.parametrize(("tools_key", "ours", "fate"), [
+    ("functions", "functions", "moved to train_dataset.tools_key (the row's tools, given to the chat template)"),
+    ("tools", "tools", "moved to train_dataset.tools_key (the row's tools, given to the chat template)"),
+    (None, "", "moved to train_dataset.tools_key (None: no tools column read)"),
+])
+def test_the_taskset_s_tools_column_moves(tmp_path: Path, tools_key: str | None, ours: str, fate: str) -> None:
+    """Trinity-RFT's taskset format.tools_key (default 'tools') names the rows' tools: rlkit's prompt rows read
+    them through train_dataset.tools_key, where it once refused the key even at Trinity-RFT's default."""
+    config, fates = _migrated(tmp_path, **{f"{TASKSET}.format": {"tools_key": tools_key}})
+    assert config.train_dataset.tools_key == ours and fates[f"{TASKSET}.format.tools_key"] == fate
+    with pytest.raises(ConfigError, match=r"format.tools_key \['tools'\] \(t\) is not a column name"):
+        _to_rlkit(_trinity(**{f"{TASKSET}.format.tools_key": ["tools"]}), "t")
+
+
 def test_trinity_s_defaults_are_written_where_the_file_leaves_them(tmp_path: Path) -> None:
     """rlkit's optimizer defaults (lr 2e-5, weight_decay 0.05, betas (0.9, 0.95), warmup 0.001, eps 1e-5) and its
     shuffled rows are not Trinity-RFT's: a file that leaves them unset trains with Trinity-RFT's."""

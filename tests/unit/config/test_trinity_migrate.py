@@ -100,6 +100,21 @@ def test_mix_is_grpo_with_the_expert_rows() -> None:
     assert not [f for f in fates if f.fate.startswith("left out") and f.key.startswith("algorithm.policy")]
 
 
+
+@pytest.mark.parametrize(("tools_key", "ours"), [("functions", "functions"), (None, "")])
+def test_the_expert_rows_tools_column_moves_to_sft_s(tools_key: str | None, ours: str) -> None:
+    """A mix's expert rows (auxiliary_buffers.sft_dataset) are read by sft's row reader (rlkit.jobs.grpo.expert),
+    so their format.tools_key is sft.tools_key; without expert rows the mix is off and it is left out."""
+    aux = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
+    expert = {"path": "/tmp/sft.jsonl", "format": {"tools_key": tools_key}}
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "mix", aux: expert}), "t")
+    assert mapping["sft"] == {"tools_key": ours}
+    assert {f.key: f.fate for f in fates}[f"{aux}.format.tools_key"].startswith("moved to sft.tools_key")
+    mapping, fates = _to_rlkit(_trinity(**{f"{aux}.format.tools_key": "functions"}), "t")
+    assert "sft" not in mapping and {f.key: f.fate for f in fates}[f"{aux}.format.tools_key"] == (
+        "left out (no expert data (auxiliary_buffers.sft_dataset.path): the SFT+RL mix is off)")
+
+
 @pytest.mark.parametrize("changes, says", [
     ({"synchronizer.sync_style": "explorer_driven"}, "sync_style 'explorer_driven' .* is not built"),
     ({"synchronizer.sync_style": "trainer_driven"}, "sync_style 'trainer_driven' .* is not built"),
