@@ -25,6 +25,7 @@ from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_head import dataset_head
 from rlkit.data.row_formats import has_prompt
 from rlkit.errors import ConfigError
+from rlkit.jobs.sft.checks import validate_sft_row_keys
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "actor.importance_sampling_level": ("token", "sequence"),
@@ -49,6 +50,7 @@ def validate_training(config: ExperimentConfig, allocation: Allocation | None, p
     if config.expert_dataset.path:  # the SFT+RL mix's rows (rlkit.jobs.grpo.expert)
         with problems.check():
             check_dataset_file("expert_dataset.path", config.expert_dataset.path)
+        validate_sft_row_keys(config, ("expert_dataset",), problems)
     validate_reward(config, problems)  # imports the user's reward module
     if g.temperature == 0:  # below 0 is refused by its range (rlkit.config.ranges)
         problems.add(f"gconfig.temperature {g.temperature}: GRPO samples, so it must be > 0",

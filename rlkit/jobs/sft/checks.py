@@ -76,16 +76,20 @@ def _validate_keys(config: ExperimentConfig, problems: Problems) -> None:
         if not sft.apply_chat_template:
             problems.add("sft.apply_chat_template is false, but chats (sft.prompt_type messages) are always rendered "
                          "with the chat template", hint="remove sft.apply_chat_template")
-    for name in ("train_dataset", "valid_dataset"):
+    validate_sft_row_keys(config, ("train_dataset", "valid_dataset"), problems)
+
+
+def validate_sft_row_keys(config: ExperimentConfig, names: tuple[str, ...], problems: Problems) -> None:
+    """Datasets of sft rows (job type sft's, a mix's expert_dataset) are read with the sft section's column keys: a
+    dataset's own prompt_key or tools_key set otherwise would be ignored, so it is refused, naming the sft key."""
+    sft = config.sft
+    for name in names:
         ds: DatasetConfig = getattr(config, name)
-        if ds.prompt_key != DatasetConfig().prompt_key and ds.prompt_key != sft.prompt_key:
-            problems.add(f"{name}.prompt_key is '{ds.prompt_key}', but sft reads its columns from the sft section "
-                         f"(sft.prompt_key is '{sft.prompt_key}')", hint=f"set sft.prompt_key={ds.prompt_key} and "
-                                                                         f"remove {name}.prompt_key")
-        if ds.tools_key != DatasetConfig().tools_key and ds.tools_key != sft.tools_key:
-            problems.add(f"{name}.tools_key is '{ds.tools_key}', but sft reads its columns from the sft section "
-                         f"(sft.tools_key is '{sft.tools_key}')", hint=f"set sft.tools_key={ds.tools_key} and "
-                                                                       f"remove {name}.tools_key")
+        for key in ("prompt_key", "tools_key"):
+            value, read = getattr(ds, key), getattr(sft, key)
+            if value != getattr(DatasetConfig(), key) and value != read:
+                problems.add(f"{name}.{key} is '{value}', but sft rows are read with the sft section's keys "
+                             f"(sft.{key} is '{read}')", hint=f"set sft.{key}={value} and remove {name}.{key}")
 
 
 def _validate_dataset(config: ExperimentConfig, name: str, *, required: bool, problems: Problems) -> None:

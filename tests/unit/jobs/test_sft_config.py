@@ -82,10 +82,10 @@ def test_the_section_loads_with_its_defaults_and_names_unknown_keys(sft_mapping:
     (["sft.prompt_type=messages", "sft.system_prompt=hi"], ["sft.system_prompt applies to plaintext rows"]),
     (["sft.enable_concatenated_multi_turn=true"], ["sft.enable_concatenated_multi_turn applies to chats"]),
     (["sft.apply_chat_template=false", "sft.chat_template='{{ x }}'"], ["sft.chat_template is set but"]),
-    (["train_dataset.prompt_key=question"], ["train_dataset.prompt_key is 'question', but sft reads",
+    (["train_dataset.prompt_key=question"], ["train_dataset.prompt_key is 'question', but sft rows are read",
                                              "fix: set sft.prompt_key=question"]),
-    (["valid_dataset.tools_key=functions"], ["valid_dataset.tools_key is 'functions', but sft reads its columns "
-                                             "from the sft section", "fix: set sft.tools_key=functions"]),
+    (["valid_dataset.tools_key=functions"], ["valid_dataset.tools_key is 'functions', but sft rows are read with "
+                                             "the sft section's keys", "fix: set sft.tools_key=functions"]),
     (["train_dataset.max_length=64"], ["train_dataset.max_length (64) exceeds actor.mb_spec.max_tokens_per_mb (32)"]),
     (["actor.mb_spec.max_tokens_per_mb=null", "train_dataset.max_length=100"],
      ["train_dataset.max_length (100) exceeds the model's context of 64 tokens"]),
