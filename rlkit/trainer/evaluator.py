@@ -45,16 +45,22 @@ def eval_sampling(config: ExperimentConfig) -> SamplingParams:
     return sampling_params(config, evaluation=True)
 
 
-def eval_wait_bound(config: ExperimentConfig) -> float:
-    """How long a push waits for a running evaluation: one request (rollout.request_timeout), or for episodes each
-    of max_turns turns with its tool calls (tool_timeout, the code tool's own limit)."""
-    request = config.rollout.request_timeout
+def episode_bound(config: ExperimentConfig, request: float) -> float:
+    """The longest one sample may take, given the longest one model call may (`request` s): that call, or for
+    rollout.agent's episodes max_turns turns, each a call and its tool calls (tool_timeout, the code tool's own
+    limit)."""
     agent = config.rollout.agent
     if not agent.workflow.strip():
         return request
     code = agent.code_tool
     tool = max(agent.tool_timeout, code.wall_seconds + 30.0 if code.enabled else 0.0)
     return agent.max_turns * (request + tool)
+
+
+def eval_wait_bound(config: ExperimentConfig) -> float:
+    """How long a push waits for a running evaluation: one request (rollout.request_timeout), or for episodes each
+    of max_turns turns with its tool calls (`episode_bound`)."""
+    return episode_bound(config, config.rollout.request_timeout)
 
 
 class EvalSchedule:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.servers.pool import most_retry_wait
 from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S, TrainerWaits
-from rlkit.trainer.evaluator import eval_wait_bound
+from rlkit.trainer.evaluator import episode_bound, eval_wait_bound
 from rlkit.weights.xccl_group import HTTP_MARGIN_S
 
 # rank 0's own work between its deadlines (metrics, the checkpoint's decision, a resume of the servers at start)
@@ -21,9 +21,12 @@ RANK0_MARGIN_S = 600.0
 
 def batch_wait_s(config: ExperimentConfig) -> float:
     """How long rank 0 waits for a batch of rollouts: a request with every retry (rollout.request_timeout x
-    (request_retries + 1)), the waits between them, and a minute."""
+    (request_retries + 1)) and the waits between them, for an agent run's episodes max_turns of those with their tool
+    calls (rlkit.trainer.evaluator.episode_bound: a healthy run of long turns outlasted one request's bound), and a
+    minute."""
     retries = config.rollout.request_retries
-    return config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries) + 60
+    request = config.rollout.request_timeout * (retries + 1) + most_retry_wait(retries)
+    return episode_bound(config, request) + 60
 
 
 def push_wait_s(config: ExperimentConfig) -> float:

@@ -52,8 +52,9 @@ def test_the_mix_knobs_without_expert_rows_are_refused_and_read_with_them(grpo_y
     # the expert rows are read with the sft section's keys: the dataset's own, set otherwise, would be ignored
     said = refusal(grpo_yaml, [*knobs, f"expert_dataset.path={rows}", "expert_dataset.tools_key=functions",
                                "expert_dataset.prompt_key=instruction"])
-    assert "expert_dataset.tools_key is 'functions', but sft rows are read with the sft section's keys (sft.tools_key " \
-           "is 'tools')" in said and "fix: set sft.tools_key=functions and remove expert_dataset.tools_key" in said
+    assert "expert_dataset.tools_key is 'functions', but sft rows are read with the sft section's keys " \
+           "(sft.tools_key is 'tools')" in said
+    assert "fix: set sft.tools_key=functions and remove expert_dataset.tools_key" in said
     assert "expert_dataset.prompt_key is 'instruction', but sft rows are read" in said
     prepare(grpo_yaml, [*knobs, f"expert_dataset.path={rows}", "expert_dataset.prompt_key=question"], dry_run=True)
 

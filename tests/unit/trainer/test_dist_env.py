@@ -171,15 +171,28 @@ def test_rank0_wait_bound_covers_rank_0s_own_deadlines(grpo_yaml: Path) -> None:
 def test_rank0_wait_bound_counts_the_last_steps_two_evaluations_of_an_agent_run(grpo_yaml: Path) -> None:
     """After the last step's push rank 0 may wait for the evaluation still running and then for the final weights'
     (Evaluator.after_step, each eval_wait_bound) before the loop's next broadcast: for an agent run each of those is
-    max_turns turns, longer than a batch's wait, so the sum of one batch, one evaluation and a push falls short."""
+    max_turns turns, so one evaluation's wait in the sum falls short."""
     from rlkit.config.load import load_config
-    from rlkit.jobs.grpo.waits import batch_wait_s, push_wait_s, rank0_wait_bound
+    from rlkit.jobs.grpo.waits import push_wait_s, rank0_wait_bound
     from rlkit.trainer.evaluator import eval_wait_bound
 
     config = load_config(grpo_yaml, [])
     config.rollout.agent.workflow, config.rollout.agent.max_turns = "my_agents.episode:run", 20
-    assert eval_wait_bound(config) > batch_wait_s(config)  # the case that mattered
+    assert eval_wait_bound(config) >= 20 * config.rollout.request_timeout
     assert rank0_wait_bound(config) >= push_wait_s(config) + 2 * eval_wait_bound(config)
+
+
+def test_an_agent_run_waits_for_a_batch_of_max_turns_turns(grpo_yaml: Path) -> None:
+    """A batch of episodes may take max_turns turns, each a request with its retries and its tool calls: a healthy
+    run of long turns failed rank 0's batch wait (one request's bound) first."""
+    from rlkit.config.load import load_config
+    from rlkit.jobs.grpo.waits import batch_wait_s
+
+    config = load_config(grpo_yaml, ["rollout.request_timeout=100", "rollout.request_retries=1"])
+    single = batch_wait_s(config)
+    config.rollout.agent.workflow, config.rollout.agent.max_turns = "my_agents.episode:run", 6
+    config.rollout.agent.tool_timeout = 30
+    assert batch_wait_s(config) == 6 * (single - 60 + 30) + 60
 
 
 def test_trainer_waits_outlast_one_bucket_of_a_broadcast_push(grpo_yaml: Path) -> None:
