@@ -5,7 +5,9 @@ validated a config with one rlkit and nodes that run another is a job whose step
 
 The id is a hash of the package's own files (its .py modules and the data files it ships: the supervisor script,
 the images' pins), by their paths inside the package: the same for a checkout, an editable install, a wheel in a
-login venv (scripts/install.sh) and an image's copy of the same code. Bytecode and caches are left out.
+login venv (scripts/install.sh) and an image's copy of the same code. Only what a wheel carries counts (setuptools
+packs the modules of its packages and the declared package data): a stray file in a checkout (notes.txt, a
+Jupyter checkpoint) would otherwise fail a job whose image was pip-installed from that very checkout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
-SUFFIXES = (".py", ".sh", ".txt")
+SHIPPED_DATA = ("launch/supervisor.sh", "images/pins.txt")  # pyproject's package-data (a test holds them equal)
 LENGTH = 16  # hex characters: 64 bits, plenty to tell versions of one package apart, short enough to read
 
 
@@ -27,14 +29,22 @@ def source_id(package: Path = PACKAGE) -> str:
 @cache
 def _source_id(package: Path) -> str:
     digest = hashlib.sha256()
-    files = sorted(p for p in package.rglob("*") if p.suffix in SUFFIXES and p.is_file()
-                   and "__pycache__" not in p.relative_to(package).parts)
+    files = sorted(p for p in package.rglob("*") if _shipped(p.relative_to(package).parts) and p.is_file())
     for path in files:
         data = path.read_bytes()
         name = path.relative_to(package).as_posix().encode()
         digest.update(b"%d:%s%d:" % (len(name), name, len(data)))  # lengths first: no two file sets hash alike
         digest.update(data)
     return digest.hexdigest()[:LENGTH]
+
+
+def _shipped(parts: tuple[str, ...]) -> bool:
+    """Whether a wheel carries the file at `parts` inside the package: a module (not hidden: build_py globs *.py) of
+    a package (no dot in a directory's name: __pycache__ has none but is no package either), or declared data."""
+    *dirs, name = parts
+    if name.endswith(".py"):
+        return not name.startswith(".") and "__pycache__" not in dirs and not any("." in d for d in dirs)
+    return "/".join(parts) in SHIPPED_DATA
 
 
 def describe() -> str:

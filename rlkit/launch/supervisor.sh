@@ -260,8 +260,12 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
             "(requeue $((${SLURM_RESTART_COUNT:-0} + 1)) of $RETRIES)"
           stop_steps
           END_STATE=REQUEUED
-          slurm_call scontrol requeue "$SLURM_JOB_ID"
-          return 0
+          slurm_call scontrol requeue "$SLURM_JOB_ID" && return 0
+          # not requeued (or not known to be): exit 0 would end the job COMPLETED and start an afterok dependent
+          END_STATE=""
+          echo "rlkit: the job could not be requeued (scontrol requeue failed or did not answer); the trainer" \
+            "checkpointed, so rlkit resume continues it"
+          return "$EXIT_REQUEUE"
         fi
         echo "rlkit: the trainer checkpointed before the time limit, but the job was requeued $RETRIES times" \
           "already; not requeueing (rlkit resume continues it)"
@@ -274,8 +278,10 @@ supervise() {  # wait until the job is done: returns 0 when the last work step s
         # A stopped job ends CANCELLED, never COMPLETED: status must not call it finished and an afterok
         # dependent (the next stage) must not start, whichever of this line and `rlkit stop`'s scancel comes first.
         END_STATE=CANCELLED
-        slurm_call scancel "$SLURM_JOB_ID"
-        return 0
+        slurm_call scancel "$SLURM_JOB_ID" && return 0
+        echo "rlkit: could not cancel job $SLURM_JOB_ID (scancel failed or did not answer); exiting 143 so that" \
+          "Slurm does not record the stopped job as completed"
+        return 143
       fi
       if [ "$rc" -ne 0 ] && [ "$rc" -ne "$NO_RETRY_EXIT" ] && no_retry_logged "$i"; then
         echo "rlkit: step $name: srun reports exit code $rc, but one of its processes exited with $NO_RETRY_EXIT"

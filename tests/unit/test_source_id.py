@@ -40,3 +40,26 @@ def test_any_change_of_the_code_or_its_data_gives_another_id(tmp_path: Path, cha
     copy = _copy(tmp_path)
     CHANGES[change](copy)
     assert source_id(copy) != source_id()
+
+
+def test_files_a_wheel_leaves_out_do_not_count(tmp_path: Path) -> None:
+    """A submit from a checkout (an editable install) is held to an image or a login venv that pip installed from a
+    wheel of the same checkout: files lying in the checkout's package that no wheel carries (setuptools packs the
+    modules of its packages and the declared package data only) must not make the ids differ and fail step 0."""
+    copy = _copy(tmp_path)
+    (copy / "notes.txt").write_text("a user's notes\n")  # not package data
+    (copy / "launch" / "mine.sh").write_text("#!/bin/bash\n")  # nor this
+    (copy / ".ipynb_checkpoints").mkdir()
+    (copy / ".ipynb_checkpoints" / "errors-checkpoint.py").write_text("x = 1\n")  # Jupyter's copy: no package
+    (copy / ".#errors.py").write_text("")  # a hidden file: build_py's glob skips it
+    assert source_id(copy) == source_id()
+
+
+def test_the_data_files_hashed_are_the_package_data_pyproject_declares() -> None:
+    import tomllib
+
+    from rlkit.source_id import SHIPPED_DATA
+
+    declared = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert sorted(SHIPPED_DATA) == sorted(f"{package.removeprefix('rlkit').lstrip('.').replace('.', '/')}/{name}"
+                                          for package, names in declared.items() for name in names)
