@@ -16,6 +16,7 @@ from rlkit.config.trinity import written
 from rlkit.config.verl.data import data_notes
 from rlkit.config.verl.rules import VerlKey, verl_to_rlkit
 from rlkit.config.verl.source import VerlRun, is_verl_yaml, read_script, read_yaml_run, script_text
+from rlkit.config.verl.variables import Expansion
 from rlkit.errors import ConfigError
 
 _SHOWN_VALUE = 60
@@ -53,6 +54,17 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str
         yield converted
 
 
+def _expansion(made: Expansion) -> str:
+    """`$name = value (line N)`, saying where a default was taken what would win over it in verl."""
+    value = show(made.value.text)
+    value = value if len(value) <= _SHOWN_VALUE else value[:_SHOWN_VALUE - 3] + "..."
+    name = made.name if made.name.startswith("$") else f"${made.name}"
+    said = [f"${{{d}:-...}}'s default: " + (f"an argument {d} given to the script" if d.isdigit() else
+                                           f"{d} set in verl's environment") + " would win"
+            for d in made.value.defaults]
+    return f"{name} = {value} (line {made.value.line}{''.join('; ' + s for s in said)})"
+
+
 def header(path: Path, fates: list[VerlKey], run: VerlRun, notes: Sequence[str] = ()) -> str:
     """The header lines: each verl key of the run and what became of it, the shell variables to be given values,
     the words of the command that were not read, and `notes` (paragraphs: the run's data and reward)."""
@@ -61,6 +73,10 @@ def header(path: Path, fates: list[VerlKey], run: VerlRun, notes: Sequence[str] 
         value = show(item.value)
         value = value if len(value) <= _SHOWN_VALUE else value[:_SHOWN_VALUE - 3] + "..."
         lines.append(f"#   {item.key}: {value}  -> {item.fate}")
+    if run.expanded:
+        lines.append("# Shell variables the script sets, expanded in the command as bash would (the script is read, "
+                     "never run):")
+        lines += [f"#   {_expansion(made)}" for made in run.expanded]
     if run.variables:
         lines.append("# Shell variables left as written: replace each with its value (rlkit does not expand them):")
         for key, names in sorted(run.variables.items()):

@@ -3,8 +3,9 @@ the nested keys of a verl YAML file, as dotted keys and values.
 
 A script is read, not run: line continuations are joined, comments dropped and quotes removed as the shell would, and
 the words of the one command that runs verl.trainer.main_ppo are taken up to the first `;`, `&&`, `|` or redirection.
-Values are typed as Hydra types them (`1e-6` a number, `True` a bool, `[a,b]` a list). `$VAR` and `${VAR}` are not
-expanded (the script's environment is not here): they stay as text, named for the header, `${VAR}` written `$VAR`
+Values are typed as Hydra types them (`1e-6` a number, `True` a bool, `[a,b]` a list). The variables the script
+itself sets before the command are expanded as bash would (rlkit.config.verl.variables says which forms); any other
+`$VAR` and `${VAR}` (the environment's, a `$(...)`'s) stays as text, named for the header, `${VAR}` written `$VAR`
 because `${...}` is a reference in rlkit's (OmegaConf's) YAML.
 """
 
@@ -20,6 +21,8 @@ import yaml
 
 from rlkit.config.load import read_yaml
 from rlkit.config.trinity_refs import resolve_references
+from rlkit.config.verl.shell import logical_lines
+from rlkit.config.verl.variables import Expansion, collect, expand_line
 from rlkit.errors import ConfigError
 
 SCRIPT_LIMIT = 1 << 20  # bytes of a run script read (a verl script is a few kB)
@@ -29,7 +32,6 @@ _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _PLACEHOLDER = re.compile("\x01([0-9]+)\x02")  # a $(...) kept whole while the line is split (_words)
 _SUBSTITUTION = re.compile(r"\$\(.*\)")
-_ASSIGNED = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 # verl's own top-level sections: a YAML file holding actor_rollout_ref (no other system's), or algorithm with
 # adv_estimator and none of Trinity-RFT's own sections, is verl's
 VERL_SECTIONS = ("actor_rollout_ref", "algorithm", "data", "trainer", "critic", "reward_model")
@@ -43,6 +45,7 @@ class VerlRun:
     variables: dict[str, list[str]] = field(default_factory=dict)  # verl key -> the shell variables its value names
     assigned: dict[str, str] = field(default_factory=dict)  # shell variable -> its text where the script sets it
     ignored: list[str] = field(default_factory=list)  # words of the command that are not key=value
+    expanded: list[Expansion] = field(default_factory=list)  # the script's variables expanded in the command
 
 
 def is_verl_yaml(data: dict[str, Any]) -> bool:
@@ -84,34 +87,39 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def read_script(text: str, source: str) -> VerlRun:
-    """The key=value words of the script's verl.trainer.main_ppo command; ConfigError when there is not exactly one
-    such command or it cannot be split into words."""
-    joined = re.sub(r"\\\r?\n", " ", text)
-    commands: list[tuple[int, list[str]]] = []
-    assigned: dict[str, str] = {}
-    for number, line in enumerate(joined.splitlines(), 1):
-        words = _words(line, source, number)
-        if not words:
-            continue
-        at = next((i for i, word in enumerate(words) if COMMAND.search(word)), None)
-        if at is None:
-            match = _ASSIGNED.match(line)
-            if match and len(words) == 1 + line.lstrip().startswith("export "):
-                assigned[match.group(1)] = words[-1].split("=", 1)[1]
-            continue
-        end = next((i for i in range(at + 1, len(words)) if _ends(words, i)), len(words))
-        commands.append((number, words[at + 1:end]))
+    """The key=value words of the script's verl.trainer.main_ppo command, the variables the script sets before it
+    expanded (rlkit.config.verl.variables); ConfigError when there is not exactly one such command or it cannot be
+    split into words."""
+    lines = logical_lines(text[:SCRIPT_LIMIT], source)
+    commands = [at for at, (number, line) in enumerate(lines)
+                if any(COMMAND.search(word) for word in _words(line, source, number))]
     if len(commands) != 1:
-        lines = ", ".join(str(number) for number, _ in commands)
+        numbers = ", ".join(str(lines[at][0]) for at in commands)
         raise ConfigError(f"{source} has {len(commands)} commands that run verl.trainer.main_ppo" +
-                          (f" (lines {lines})" if commands else ""),
+                          (f" (lines {numbers})" if commands else ""),
                           hint="give rlkit migrate a script with one verl.trainer.main_ppo command")
-    run = VerlRun({}, assigned=assigned)
-    for word in commands[0][1]:
+    variables = collect(lines[:commands[0]])
+    number, line = lines[commands[0]]
+    expanded, made = expand_line(line, variables, number)
+    words = _words(expanded, source, number)
+    at = next(i for i, word in enumerate(words) if COMMAND.search(word))
+    end = next((i for i in range(at + 1, len(words)) if _ends(words, i)), len(words))
+    run = VerlRun({}, assigned={name: _shown(text) for name, text in variables.assigned.items()},
+                  expanded=list(dict.fromkeys(made)))
+    for word in words[at + 1:end]:
         _take(word, run)
     if any(isinstance(value, str) and "${" in value for value in run.leaves.values()):
         run.leaves = _resolved(run.leaves, source)
     return run
+
+
+def _shown(written: str) -> str:
+    """An assignment's text as the header shows it: its quotes removed where the shell's splitting can."""
+    try:
+        words = shlex.split(written, posix=True)
+    except ValueError:
+        return written
+    return words[0] if len(words) == 1 else written
 
 
 def _resolved(leaves: dict[str, Any], source: str) -> dict[str, Any]:

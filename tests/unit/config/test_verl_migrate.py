@@ -147,16 +147,16 @@ def test_a_grpo_script_becomes_an_rlkit_config_that_renders(tmp_path: Path, site
     assert said["actor_rollout_ref.actor.made_up_knob"].startswith("unknown:")
     assert "rlkit runs 2 server(s) of 2 GPU(s) and a 4-GPU trainer" in said["actor_rollout_ref.rollout.name"]
     assert said["actor_rollout_ref.actor.kl_loss_type"].startswith("moved to actor.kl_loss_type as k3")
-    # the shell variables stay as written, each named (with what the script set it to)
+    # the environment's variables stay as written, each named; the script's own are expanded, each said
     assert "#   $HOME in data.train_files\n" in text and "#   $HOME in data.val_files\n" in text
-    assert "#   $MODEL in actor_rollout_ref.model.path (the script sets MODEL=Qwen/Qwen2.5-3B-Instruct)" in text
+    assert "#   $MODEL = Qwen/Qwen2.5-3B-Instruct (line 5)\n" in text and "$MODEL in" not in text
     assert "VLLM_ATTENTION_BACKEND" not in said and "tee" not in text and "$@" not in text
     assert "not key=value" not in text  # 2>&1 ends the command as | does
     rendered = run_rlkit("render", str(clean))
     assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
 
 
-def test_the_script_alone_keeps_its_variables_as_text(tmp_path: Path) -> None:
+def test_the_script_alone_keeps_the_environment_s_variables_as_text(tmp_path: Path) -> None:
     script = tmp_path / "run_grpo.sh"
     script.write_text(GRPO_SCRIPT)
     run = read_script(GRPO_SCRIPT, "t")
@@ -165,7 +165,7 @@ def test_the_script_alone_keeps_its_variables_as_text(tmp_path: Path) -> None:
     assert run.leaves["trainer.logger"] == ["console", "wandb"] and run.leaves["trainer.val_before_train"] is False
     mapping, _ = verl_to_rlkit(run.leaves, "t", REGISTRY.verl_estimators)
     assert mapping["train_dataset"]["path"] == "$HOME/data/gsm8k/train.parquet"
-    assert mapping["actor"]["path"] == "$MODEL"
+    assert mapping["actor"]["path"] == "Qwen/Qwen2.5-3B-Instruct"  # the script's own MODEL, expanded
 
 
 def test_a_ppo_script_with_a_critic(tmp_path: Path, site: list[str]) -> None:
