@@ -62,7 +62,8 @@ def test_keys_trinity_overwrites_or_does_not_read_are_left_out_naming_its_own(tm
 
 def test_keys_trinity_reads_move_and_win_over_its_trainer_section(tmp_path: Path) -> None:
     """synchronize_config fills the actor's grad_clip, token budget and ulysses size from the trainer section only
-    when trainer_config leaves them unset: set there, they win; ppo_epochs is read as verl reads it."""
+    when trainer_config leaves them unset: set there, they win; ppo_epochs and the rollout correction's bypass_mode
+    are read as verl reads them."""
     config, fates = _migrated(tmp_path, **GRPO, **{
         f"{ACTOR}.grad_clip": 0.5, f"{ACTOR}.ppo_max_token_len_per_gpu": 4096, f"{ACTOR}.ppo_epochs": 2,
         "trainer.grad_clip": 1.0, "trainer.max_token_len_per_gpu": 8192})
@@ -76,6 +77,9 @@ def test_keys_trinity_reads_move_and_win_over_its_trainer_section(tmp_path: Path
     config, fates = _migrated(tmp_path, data)
     assert config.actor.optimizer.gradient_clipping == 0.7
     assert fates[f"{ACTOR}.grad_clip"] == "left out (null: Trinity-RFT fills it from trainer.grad_clip)"
+    # verl's rollout correction, which Trinity-RFT's trainer reads: bypass mode takes the servers' log-probs
+    config, _ = _migrated(tmp_path, **GRPO, **{f"{VERL}.algorithm.rollout_correction.bypass_mode": True})
+    assert config.actor.recompute_logprob is False
     # algorithm.optimizer.clip_grad that says otherwise than the winning grad_clip is refused
     with pytest.raises(ConfigError) as info:
         _to_rlkit(_trinity(**GRPO, **{f"{ACTOR}.grad_clip": 0.5, "algorithm.optimizer.clip_grad": 2.0}), "t")
