@@ -7,7 +7,8 @@ A file is Trinity-RFT's when one of its top-level sections is Trinity-RFT's own 
 configuration guide (../shared/seeds/trinity-rft-config-guide.md); rlkit/cli/key_maps.py's TRINITY table documents
 the same names (a unit test holds the two together). The file's `${...}` references are resolved first
 (rlkit.config.trinity_refs: they name Trinity-RFT's keys); its KL functions, reward names and expert-data ratio are
-judged in rlkit.config.trinity_terms.
+judged in rlkit.config.trinity_terms; its embedded verl trainer config (trainer.trainer_config) in
+rlkit.config.trinity_verl.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ OVERWRITTEN: dict[str, str] = {
     f"{MODEL}.path": "model.model_path", f"{MODEL}.trust_remote_code": "model.trust_remote_code",
     f"{MODEL}.custom_chat_template": "model.custom_chat_template", f"{MODEL}.rope_scaling": "model.rope_scaling",
     f"{MODEL}.rope_theta": "model.rope_theta",
-    f"{ACTOR}.ppo_mini_batch_size": f"{_ONE_STEP} (actor.ppo_n_minibatches 1)",
+    f"{ACTOR}.ppo_mini_batch_size": _ONE_STEP,
     f"{ACTOR}.use_kl_loss": "algorithm.kl_loss_fn (none: off)",
     f"{OPTIM}.total_training_steps": "trainer.total_steps", f"{OPTIM}.optimizer": "algorithm.optimizer.optimizer_type",
     **{f"{OPTIM}.{name}": f"algorithm.optimizer.{name}" for name in _OPTIMIZER_FIELDS},
@@ -62,7 +62,7 @@ OVERWRITTEN: dict[str, str] = {
     "critic.ray_namespace": "synchronizer.ray_namespace", "critic.model.path": "model.critic_model_path",
     "critic.model.tokenizer_path": "model.critic_model_path", "critic.model.rope_scaling": "model.rope_scaling",
     "critic.model.rope_theta": "model.rope_theta",
-    "critic.ppo_mini_batch_size": f"{_ONE_STEP} (critic.ppo_n_minibatches 1)",
+    "critic.ppo_mini_batch_size": _ONE_STEP,
     "critic.rollout_n": "algorithm.repeat_times", "critic.optim.total_training_steps": "trainer.total_steps",
 }
 # verl key (or section) Trinity-RFT's trainer does not read -> the Trinity-RFT key that holds its meaning
