@@ -151,9 +151,34 @@ TRINITY = (
     _m("trainer.max_token_len_per_gpu", "actor.mb_spec.max_tokens_per_mb"),
     _m("trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the packed rows of "
        "grpo, opmd, sft and ppo (ppo: set critic.fsdp.ulysses_sp_size alike)"),
+    # the embedded verl trainer config (verl's names), as Trinity-RFT's code reads it (rlkit.config.trinity_verl)
     _m("trainer.trainer_config.actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", "the same minibatches "
-       "each pass, as verl's"),
-    _m("trainer.trainer_config.critic.ppo_epochs", "critic.ppo_epochs", "unset: actor.ppo_epochs"),
+       "each pass, as verl's; the keys Trinity-RFT reads as verl does move by verl's key map (coming from verl)"),
+    _m("trainer.trainer_config.actor_rollout_ref.actor.grad_clip", "actor.optimizer.gradient_clipping", "wins over "
+       "trainer.grad_clip, which Trinity-RFT fills it from only when unset; likewise ppo_max_token_len_per_gpu, "
+       "use_dynamic_bsz and ulysses_sequence_parallel_size over the trainer section's"),
+    _m("trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size", "actor.ppo_n_minibatches",
+       "Trinity-RFT overwrites it with buffer.train_batch_size: one minibatch a step, written as ppo_n_minibatches 1 "
+       "(ppo's critic alike), the key set or not"),
+    _m("trainer.trainer_config.actor_rollout_ref.actor.optim.lr", "", "Trinity-RFT overwrites the actor's optimizer "
+       "from algorithm.optimizer (every field, set or not): set that"),
+    _m("trainer.trainer_config.actor_rollout_ref.actor.clip_ratio_high", "", "not read: Trinity-RFT's actor computes "
+       "its loss with algorithm.policy_loss_fn_args (clip_range_high); likewise clip_ratio, clip_ratio_low, "
+       "entropy_coeff (entropy_loss_fn_args), loss_agg_mode (algorithm.loss_agg_mode), use_kl_loss and kl_loss_* "
+       "(kl_loss_fn)"),
+    _m("trainer.trainer_config.algorithm.gamma", "", "not read: Trinity-RFT's advantages come from "
+       "algorithm.advantage_fn(_args) and its KL penalty from kl_penalty_fn; verl's rollout, data and reward sections "
+       "are not read either (its explorer generates, scores and evaluates)"),
+    _m("trainer.trainer_config.algorithm.rollout_correction.bypass_mode", "actor.recompute_logprob", "its opposite: "
+       "true takes the servers' log-probs as the old policy's; rollout_is and rollout_rs other than off are refused"),
+    _m("trainer.trainer_config.critic.optim.lr", "critic.optimizer.lr", "ppo: the critic's optimizer as verl's key "
+       "map reads it, Trinity-RFT's defaults where unset (lr 1e-6, betas (0.9, 0.999), weight_decay 0.01, the "
+       "trainer's grad_clip)"),
+    _m("trainer.trainer_config.critic.ppo_epochs", "critic.ppo_epochs", "unset: 1, Trinity-RFT's (not the actor's)"),
+    _m("trainer.trainer_config.critic.cliprange_value", "critic.eps_clip", "a range > 0; unset, Trinity-RFT's 0.0 "
+       "is no range rlkit takes: rlkit's 0.5 (said in the header)"),
+    _m("trainer.trainer_config.actor_rollout_ref.model.lora_rank", "", "model.lora_configs overwrites it; without "
+       "them, an adapter only the trainer knows of is refused: give it as model.lora_configs"),
 )
 
 COSMOS = (
@@ -306,7 +331,15 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "
-                    "sections."),
+                    "sections. Its embedded verl config (`trainer.trainer_config`) is read as Trinity-RFT's code reads "
+                    "it: a key Trinity-RFT overwrites from its own sections (the actor's optimizer from "
+                    "`algorithm.optimizer`, `ppo_mini_batch_size` from `buffer.train_batch_size`, names, paths, GPU "
+                    "counts) or does not read (verl's `clip_ratio*`, `entropy_coeff`, `loss_agg_mode`, `kl_loss_*`: "
+                    "its actor's loss comes from the `algorithm` section) is left out naming the key that decides; "
+                    "a key it reads as verl does moves by verl's key map; the actor's `grad_clip`, "
+                    "`ppo_max_token_len_per_gpu`, `use_dynamic_bsz` and `ulysses_sequence_parallel_size` win over "
+                    "the trainer section's; an unknown key under a learning section (the optimizers, `algorithm`) is "
+                    "refused."),
     "cosmos-rl": (COSMOS, "cosmos-rl", "cosmos-rl's policy and rollout replicas are rlkit's trainer and servers; "
                   "their GPU counts and parallelism become `allocation_mode`. rlkit's trainer shards with FSDP only: "
                   "no tensor or pipeline parallelism in training; a long sequence splits over ranks by Ulysses "

@@ -7,7 +7,8 @@ A file is Trinity-RFT's when one of its top-level sections is Trinity-RFT's own 
 configuration guide (../shared/seeds/trinity-rft-config-guide.md); rlkit/cli/key_maps.py's TRINITY table documents
 the same names (a unit test holds the two together). The file's `${...}` references are resolved first
 (rlkit.config.trinity_refs: they name Trinity-RFT's keys); its KL functions, reward names and expert-data ratio are
-judged in rlkit.config.trinity_terms.
+judged in rlkit.config.trinity_terms; its embedded verl trainer config (trainer.trainer_config) in
+rlkit.config.trinity_verl.
 """
 
 from __future__ import annotations
@@ -35,17 +36,13 @@ from rlkit.config.trinity_offline import OFFLINE, is_offline, offline
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_stages import has_stages, stages_to_rlkit
 from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
-from rlkit.config.verl.keys import VERL_KEYS
+from rlkit.config.trinity_verl import embedded_verl
 from rlkit.errors import ConfigError, ConfigErrors
 
 TRINITY_SECTIONS = ("synchronizer", "explorer", "buffer", "algorithm")
 
 _AUX = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
 _WARMUP = "buffer.trainer_input.sft_warmup_dataset"  # older Trinity-RFT releases' name of the expert data
-_VERL = "trainer.trainer_config"  # the verl trainer's own config, inline (its configuration guide's advanced part)
-# its keys read here by verl's names: the ones whose value is rlkit's as it stands, and that Trinity-RFT's own
-# sections do not set (its optimizer, KL and entropy settings come from its algorithm section)
-_VERL_RENAMED = ("actor_rollout_ref.actor.ppo_epochs", "critic.ppo_epochs")
 
 # Trinity-RFT key -> rlkit key, the value unchanged
 RENAMES: dict[str, str] = {
@@ -96,8 +93,6 @@ RENAMES: dict[str, str] = {
     "trainer.grad_clip": "actor.optimizer.gradient_clipping",
     "trainer.max_token_len_per_gpu": "actor.mb_spec.max_tokens_per_mb",
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
-    # the verl trainer config it embeds: verl's own names (rlkit.config.verl.keys), one source for both
-    **{f"{_VERL}.{their}": ours for their, ours, _ in VERL_KEYS if their in _VERL_RENAMED},
 }
 
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
@@ -183,6 +178,10 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
     # a trainer-only run (mode train: sft, dpo) judges its buffer and the keys of servers first
     judged = offline(leaves, moved, left, lambda to, value: put(out, to, value), problems, source)
+    rest = {key: value for key, value in leaves.items() if key not in judged}
+    # the embedded verl config first: its values win over some of the trainer section's (rlkit.config.trinity_verl)
+    judged |= embedded_verl(rest, fate, lambda to, value: put(out, to, value), left, problems, source,
+                            rl=not is_offline(leaves))
     rest = {key: value for key, value in leaves.items() if key not in judged}
     judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \

@@ -47,6 +47,8 @@ INFRA: dict[str, str] = {
     "trainer.trainer_strategy": "how the trainer shards the model: rlkit's trainer is FSDP",
     "trainer.save_strategy": "how saves are serialised across nodes (speed only)",
     "trainer.save_hf_checkpoint": "rlkit saves Hugging Face models every saver.freq_steps",
+    "trainer.fix_actor_microbatch_loss_scale": "how micro-batches weigh in a token-mean: rlkit's token-mean is over "
+                                               "the whole minibatch, what true gives",
     "buffer.trainer_input.experience_buffer.": "rlkit's samples go from the servers to the trainer in memory",
     f"{TASKSET}storage_type": "file: rlkit reads files",
     f"{TASKSET}rollout_args.logprobs": "how many log-probs the servers return: rlkit asks for what it needs",

@@ -30,15 +30,16 @@ def optimizers(m: RunMapping) -> None:
     for section, ours, lr in OPTIMS:
         if section.startswith("critic") and not m.critic:
             continue
-        _optimizer(m, section, ours, lr)
+        optimizer(m, section, ours, lr)
 
 
 def _default(m: RunMapping, key: str, to: str, value: Any, also: str = "") -> None:
     put(m.out, to, value)
-    m.fate(key, f"moved to {to} as {value}, verl's default{also}")
+    m.fate(key, f"moved to {to} as {value}, {m.whose} default{also}")
 
 
-def _optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
+def optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
+    """One optimizer section (`section`, verl's names) as rlkit's `ours`, `lr` its default learning rate."""
     leaves = m.leaves
     if f"{section}.lr" not in leaves:
         _default(m, f"{section}.lr", f"{ours}.lr", lr)
@@ -57,7 +58,7 @@ def _optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
         if betas_key in leaves:
             m.moved(betas_key, f"{ours}.beta1", betas[0], f" and {ours}.beta2 {betas[1]}{eps}")
         else:
-            m.fate(betas_key, f"moved to {ours}.beta1 and beta2 as {betas[0]}, {betas[1]}, verl's default{eps}")
+            m.fate(betas_key, f"moved to {ours}.beta1 and beta2 as {betas[0]}, {betas[1]}, {m.whose} default{eps}")
     else:
         m.refuse(betas_key, "not two numbers in [0, 1)", "e.g. [0.9, 0.999]")
     _warmup(m, section, ours)

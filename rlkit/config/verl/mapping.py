@@ -33,6 +33,7 @@ class RunMapping:
         self.problems = Problems()
         self.done: set[str] = set()
         self.critic = False  # the run's algorithm trains a critic (verl's GAE)
+        self.whose = "verl's"  # whose the written defaults are (Trinity-RFT's embedded verl config has its own)
 
     def fate(self, key: str, what: str) -> None:
         self.done.add(key)

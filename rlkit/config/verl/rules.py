@@ -49,6 +49,12 @@ RUN_DEFAULTS = {"data.train_batch_size": 1024, "data.max_prompt_length": 512, "d
                 "trainer.project_name": "verl_examples", "trainer.experiment_name": "gsm8k"}
 
 
+def verl_row(key: str) -> tuple[str, str] | None:
+    """The key map's (rlkit key or "", note) of verl's `key` (its own row, or its section's); None: unknown. Also how
+    Trinity-RFT's embedded verl config is read (rlkit.config.trinity_verl)."""
+    return ROWS.get(key) or next((row for prefix, row in SECTION_ROWS if key.startswith(prefix)), None)
+
+
 def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, str],
                   overridden: Collection[str] = ()) -> tuple[dict[str, Any], list[VerlKey]]:
     """The rlkit mapping of a verl run's keys and the fate of each; ConfigErrors naming every key rlkit cannot take
@@ -70,8 +76,7 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     for key, value in leaves.items():
         if key in m.done:
             continue
-        ours, note = ROWS.get(key) or next((row for prefix, row in SECTION_ROWS if key.startswith(prefix)),
-                                           (None, ""))
+        ours, note = verl_row(key) or (None, "")
         if ours is None and unknown_changes_learning(key, m.critic):
             m.refuse(key, "not a verl key rlkit's key map knows, in a section whose keys change what the run "
                           "learns", "remove it if it holds verl's default; otherwise check its spelling, or set "

@@ -352,8 +352,8 @@ def test_the_policy_loss_aggregation_moves_to_actor_loss_agg_mode() -> None:
 
 def test_entropy_loss_functions_become_the_entropy_bonus() -> None:
     """Trinity-RFT's default (older: basic) and mix entropy loss functions subtract entropy_coef x the token-mean
-    entropy: actor.entropy_coeff (mix's over the RL rows, as rlkit's); none is off; the verl trainer config's
-    ppo_epochs are rlkit's; an unknown function or a negative coefficient is refused naming it."""
+    entropy: actor.entropy_coeff (mix's over the RL rows, as rlkit's); none is off; an unknown function or a
+    negative coefficient is refused naming it."""
     for fn in ("default", "basic", "mix"):
         mapping, fates = _to_rlkit(_trinity(**{"algorithm.entropy_loss_fn": fn,
                                                "algorithm.entropy_loss_fn_args": {"entropy_coef": 0.01}}), "t")
@@ -368,10 +368,6 @@ def test_entropy_loss_functions_become_the_entropy_bonus() -> None:
                                        "algorithm.entropy_loss_fn_args": {"entropy_coef": 0.5}}), "t")
     assert "entropy_coeff" not in off["actor"]
     assert {f.key: f.fate for f in fates}["algorithm.entropy_loss_fn_args.entropy_coef"].startswith("left out (")
-    verl = "trainer.trainer_config"
-    epochs, _ = _to_rlkit(_trinity(**{f"{verl}.actor_rollout_ref.actor.ppo_epochs": 2,
-                                      f"{verl}.critic.ppo_epochs": 3}), "t")
-    assert (epochs["actor"]["ppo_epochs"], epochs["critic"]["ppo_epochs"]) == (2, 3)
     for bad, says in ((dict(entropy_loss_fn="max_entropy"), "algorithm.entropy_loss_fn 'max_entropy' (t) is not one"),
                       (dict(entropy_loss_fn_args={"entropy_coef": -1}),
                        "algorithm.entropy_loss_fn_args.entropy_coef -1 (t) is not a number >= 0")):

@@ -16,7 +16,6 @@ import yaml
 from rlkit.config.areal.migrate import migrate
 from rlkit.config.load import config_from_mapping
 from rlkit.config.schema.actor import KLControlConfig
-from rlkit.config.trinity import RENAMES
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import split
 from rlkit.config.verl.migrate import as_rlkit_file
@@ -313,9 +312,15 @@ def test_the_key_map_is_the_source_of_the_names() -> None:
                           r'\.[A-Za-z_.]+)"', code))
     read -= {rules.ACTOR, rules.ROLLOUT, *rows.values()}  # the prefixes, and rlkit's keys (critic.*)
     assert len(read) > 30 and not read - set(rows), sorted(read - set(rows))
-    embedded = {k.removeprefix("trainer.trainer_config."): v for k, v in RENAMES.items()
-                if k.startswith("trainer.trainer_config.")}
-    assert embedded and all(rows[k] == v for k, v in embedded.items())
+    # Trinity-RFT's embedded verl config: the keys its trainer reads as verl does move by the same rows
+    from tests.unit.config.test_trinity_migrate import _to_rlkit, _trinity
+
+    read_as_verl = ("actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.model.enable_gradient_checkpointing",
+                    "critic.optim.lr", "critic.grad_clip", "critic.ppo_max_token_len_per_gpu")
+    _, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": None,
+                                     **{f"trainer.trainer_config.{key}": 2 for key in read_as_verl}}), "t")
+    said = {f.key: f.fate for f in fates}
+    assert all(said[f"trainer.trainer_config.{key}"] == f"moved to {rows[key]}" for key in read_as_verl), said
 
 
 def test_a_validation_set_is_evaluated_before_training_as_verl_does() -> None:
