@@ -15,6 +15,10 @@ ACTOR = "actor_rollout_ref.actor"
 # what makes a run vision-language: RLHFDataset._build_messages pops each row's image_key and video_key columns into
 # the chat messages for the model's processor; image_patch_size and return_multi_modal_inputs only shape them
 MULTIMODAL = ("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs")
+# their defaults (verl/trainer/config/data/legacy_data.yaml), which a whole config file (a Hydra dump) spells out for
+# a text-only run as well
+MULTIMODAL_DEFAULTS = {"data.image_key": "images", "data.video_key": "videos", "data.image_patch_size": 14,
+                       "data.return_multi_modal_inputs": True}
 TRUNCATIONS = {"left": "its last", "right": "its first", "middle": "the first and last halves of"}
 # (key, why it changes nothing learned): read by verl but not by what the run learns
 LEFT_OUT = {
@@ -55,7 +59,13 @@ def _multimodal(m: RunMapping) -> None:
     fix = "a vision-language run cannot move to rlkit; if the rows hold no images or videos (a text-only run), " \
           "remove it"
     for key in MULTIMODAL:
-        if key in m.leaves:
+        if key not in m.leaves:
+            continue
+        if m.whole_config and m.leaves[key] == MULTIMODAL_DEFAULTS[key]:
+            m.left(key, "verl's default, which a whole config file writes for a text-only run too; rows holding "
+                        "images or videos make a vision-language run, which rlkit does not train (it reads the "
+                        "rows' text)")
+        else:
             m.refuse(key, why, fix)
     tower = f"{ACTOR}.freeze_vision_tower"
     if tower in m.leaves:

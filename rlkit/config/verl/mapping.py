@@ -34,6 +34,7 @@ class RunMapping:
         self.done: set[str] = set()
         self.critic = False  # the run's algorithm trains a critic (verl's GAE)
         self.whose = "verl's"  # whose the written defaults are (Trinity-RFT's embedded verl config has its own)
+        self.whole_config = False  # a YAML file: it spells out verl's defaults too (a script's keys are its choices)
 
     def fate(self, key: str, what: str) -> None:
         self.done.add(key)

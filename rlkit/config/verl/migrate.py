@@ -49,7 +49,7 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str
             yield converted
         return
     overridden = _overridden(overrides)
-    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, overridden)
+    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, overridden, whole_config=text is None)
     with written(path, mapping, header(path, fates, run, data_notes(run.leaves, overridden))) as converted:
         yield converted
 

@@ -56,11 +56,14 @@ def verl_row(key: str) -> tuple[str, str] | None:
 
 
 def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, str],
-                  overridden: Collection[str] = ()) -> tuple[dict[str, Any], list[VerlKey]]:
+                  overridden: Collection[str] = (), *, whole_config: bool = False
+                  ) -> tuple[dict[str, Any], list[VerlKey]]:
     """The rlkit mapping of a verl run's keys and the fate of each; ConfigErrors naming every key rlkit cannot take
     as it stands (each with its fix). `overridden`: the rlkit keys the user's overrides set (a refusal those fix is
-    not one). `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators)."""
+    not one). `estimators`: verl's adv_estimator -> rlkit's job type (rlkit.jobs.REGISTRY.verl_estimators).
+    `whole_config`: the keys come from a YAML file, which spells out verl's defaults as well as the run's choices."""
     m = RunMapping(leaves, source, overridden)
+    m.whole_config = whole_config
     algorithm(m, estimators)
     optimizers(m)
     evaluation(m)

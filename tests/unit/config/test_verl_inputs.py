@@ -58,6 +58,23 @@ def test_every_multimodal_key_is_refused(line: str) -> None:
     assert "a vision-language run" in _refused(line)
 
 
+def test_a_whole_verl_config_s_multimodal_defaults_are_left_out_and_its_choices_refused() -> None:
+    """A Hydra dump of a text-only run writes data.image_key: images and the rest of verl's defaults; a script's key
+    is its own choice (verl's geo3k scripts write image_key=images): refused there."""
+    leaves = {"algorithm.adv_estimator": "grpo", "data.image_key": "images", "data.video_key": "videos",
+              "data.image_patch_size": 14, "data.return_multi_modal_inputs": True}
+    _, fates = verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators, whole_config=True)
+    said = {f.key: f.fate for f in fates}
+    assert all(said[key].startswith("left out (verl's default, which a whole config file writes") for key in leaves
+               if key.startswith("data."))
+    for key, value in (("data.image_key", "image"), ("data.image_patch_size", 28)):
+        with pytest.raises(ConfigError) as info:
+            verl_to_rlkit({**leaves, key: value}, "t", REGISTRY.verl_estimators, whole_config=True)
+        assert f"{key} {value!r} (t): a vision-language run" in str(info.value)
+    with pytest.raises(ConfigError):
+        verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators)  # a script's keys: refused
+
+
 def test_a_text_model_s_vision_tower_switch_left_at_false_is_left_out() -> None:
     fate = _fates("actor_rollout_ref.actor.freeze_vision_tower=False")["actor_rollout_ref.actor.freeze_vision_tower"]
     assert fate.startswith("left out (false: verl's default")
