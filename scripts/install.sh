@@ -32,7 +32,10 @@ want=$( (cat "$repo/pyproject.toml" "$lock"
          cd "$repo" && find rlkit -type f \( -name '*.py' -o -name '*.sh' -o -name '*.txt' \) -print0 | sort -z |
            xargs -0 sha256sum) | sha256sum | cut -c1-16)
 stamp=$venv/.rlkit-install
-if [ -x "$py" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want $version" ] && [ -x "$venv/bin/rlkit" ]; then
+held() {  # the Python version of the venv's interpreter
+  "$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null
+}
+if [ -x "$py" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want $(held)" ] && [ -x "$venv/bin/rlkit" ]; then
   echo "$venv/bin/rlkit"
   exit 0
 fi
@@ -41,6 +44,9 @@ if [ ! -x "$py" ]; then
   echo "install: creating $venv ($python, Python $version)" >&2
   "$python" -m venv "$venv" 2>"$log" || fail "could not create a venv at $venv (Debian: apt install" \
     "python3-venv); see $log"
+elif [ "$(held)" != "$version" ]; then
+  echo "install: $venv holds Python $(held), not $python's $version: installing into it (remove $venv to make" \
+    "one with $python)" >&2
 fi
 echo "install: installing rlkit from $repo into $venv at the versions of scripts/locks/dev.txt (log in $log)" >&2
 # Built from a copy of the package's files: setuptools writes its build/ and egg-info into the tree it builds, which
@@ -57,7 +63,7 @@ fi
 if ! "$venv/bin/rlkit" --help >/dev/null 2>>"$log"; then
   fail "the installed rlkit does not start; see $log"
 fi
-echo "$want $version" >"$stamp"
+echo "$want $(held)" >"$stamp"
 echo "install: done; put it on your PATH: export PATH=\"$venv/bin:\$PATH\" (or link $venv/bin/rlkit into a" \
   "directory on it)" >&2
 echo "$venv/bin/rlkit"

@@ -305,8 +305,11 @@ def source_problem(node: str, role: str, trial_dir: str, *, in_container: bool) 
     """This node's rlkit against the one that validated the job at submit (rlkit.source_id, written in the trial
     directory): other code would read the config otherwise. None when they agree, or for a trial submitted before
     the id was recorded."""
+    path = TrialPaths(Path(trial_dir)).source_id
     try:
-        with open(TrialPaths(Path(trial_dir)).source_id, encoding="utf-8", errors="replace") as f:
+        if not path.is_file():  # absent, or not a file submit wrote (a FIFO would hold the read)
+            return None if not path.exists() else f"node {node}: {path} is not a file (submit writes it)"
+        with open(path, encoding="utf-8", errors="replace") as f:
             expected = f.read(64).strip()
     except FileNotFoundError:
         return None

@@ -105,6 +105,10 @@ def test_a_node_running_other_rlkit_code_than_the_submit_s_names_both_and_the_fi
                         "with the rlkit the image holds")
     bare = source_problem("node2", "trainer", str(tmp_path), in_container=False)
     assert bare is not None and "install the submitting rlkit where launcher.python points" in bare
+    (tmp_path / "rlkit-source").unlink()
+    os.mkfifo(tmp_path / "rlkit-source")  # another process's FIFO would hold the read forever
+    assert source_problem("node2", "trainer", str(tmp_path), in_container=True) == \
+        f"node node2: {tmp_path / 'rlkit-source'} is not a file (submit writes it)"
 
 
 def _closed_port() -> int:
