@@ -160,7 +160,7 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
      "reward.fn: reward_model; rlkit migrate refuses true unless reward.fn is passed"),
     ("reward_model.reward_manager", "", "rlkit calls reward.fn per completion (its own parallelism: "
      "reward.num_workers)"),
-    ("trainer.critic_warmup", "", "rlkit trains the actor from the first step (verl's 0); more is not built"),
+    ("trainer.critic_warmup", "", "rlkit trains the actor from the first step (verl's 0); more is refused"),
     ("trainer.use_legacy_worker_impl", "", "verl's worker code"),
     ("trainer.balance_batch", "", "verl's reordering of a batch over its ranks: rlkit has no such setting"),
     ("trainer.device", "", "rlkit runs on the GPUs of allocation_mode"),

@@ -177,6 +177,9 @@ NOT_BUILT: tuple[tuple[str, tuple[Any, ...], str, str], ...] = (
                                                         "log-prob pass, R3: the rollout engine), which changes the "
                                                         "log-probs and gradients; rlkit's trainer routes each token by "
                                                         "the current router", "set it disabled"),
+    # verl/trainer/ppo/ray_trainer.py fit: the actor updates only once trainer.critic_warmup <= global_steps
+    ("trainer.critic_warmup", (0, None), "verl trains only the critic for the first critic_warmup steps, the actor "
+                                         "after them; rlkit updates the actor from the first step", "set it 0"),
 )
 # sections any key of which changes the prompts or the model the run trains
 NOT_BUILT_SECTIONS = (

@@ -75,6 +75,13 @@ def test_a_whole_verl_config_s_multimodal_defaults_are_left_out_and_its_choices_
         verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators)  # a script's keys: refused
 
 
+def test_a_critic_warmup_is_refused_and_its_default_left_out() -> None:
+    """verl updates the actor only from step critic_warmup on (ray_trainer.py fit): dropped, the actor trained
+    from the first step."""
+    assert "verl trains only the critic for the first critic_warmup steps" in _refused("trainer.critic_warmup=10")
+    assert _fates("trainer.critic_warmup=0")["trainer.critic_warmup"].startswith("left out (0: verl's default")
+
+
 def test_a_text_model_s_vision_tower_switch_left_at_false_is_left_out() -> None:
     fate = _fates("actor_rollout_ref.actor.freeze_vision_tower=False")["actor_rollout_ref.actor.freeze_vision_tower"]
     assert fate.startswith("left out (false: verl's default")
