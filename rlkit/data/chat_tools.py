@@ -32,6 +32,8 @@ def row_tools(row: Mapping[str, Any], key: str, setting: str = "sft.tools_key") 
         except ValueError as exc:
             raise ValueError(f"{where} is a string but not JSON ({exc}); write the tools as a list of function "
                              "schemas, or a JSON string of one") from None
+    elif isinstance(value, list):
+        value = _without_nulls(value)  # Arrow's null-filled fields (the module's docstring)
     if value is None:
         return None
     if not isinstance(value, list):
@@ -40,6 +42,17 @@ def row_tools(row: Mapping[str, Any], key: str, setting: str = "sft.tools_key") 
         if not isinstance(tool, Mapping):
             raise ValueError(f"{where}: tool {i} is {type(tool).__name__}, not a function schema (a JSON object)")
     return [dict(tool) for tool in value] or None
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` with every null-valued key of its objects dropped, at any depth: a list-form column read through
+    Arrow carries each schema's missing fields as nulls ("enum": null), which a template would write into the prompt
+    as if the schema said them. A JSON string column keeps its schemas as written."""
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def ignores_tools(with_tools: object, render_without: Callable[[], object]) -> bool:

@@ -83,6 +83,22 @@ def test_a_json_string_column_is_the_list_column(tok: Any) -> None:
     assert "<tools>" not in tok.decode(none.input_ids)
 
 
+def test_a_parquet_column_s_null_filled_fields_are_not_written_into_the_prompt(tok: Any) -> None:
+    """Arrow gives every struct of a column one schema: a row whose tool lacks a field another row's has comes back
+    with it null ("enum": null), which the template would write into the prompt as the schema's."""
+    import pyarrow as pa
+
+    unit = {"type": "function", "function": {
+        "name": "convert", "description": "Convert a temperature.",
+        "parameters": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["C", "F"]}},
+                       "required": ["unit"]}}}
+    read = pa.Table.from_pylist([{"tools": [WEATHER]}, {"tools": [unit]}]).to_pylist()
+    assert "None" in str(read[0]["tools"])  # what Arrow hands back: the weather tool with unit's fields, null
+    ex = row_example({"messages": CHAT, "tools": read[0]["tools"]}, tok, TOOLS_SFT)
+    assert ex == row_example({"messages": CHAT, "tools": [WEATHER]}, tok, TOOLS_SFT)
+    assert "null" not in tok.decode(ex.input_ids)
+
+
 @pytest.mark.parametrize(("tools", "message"), [
     ('[{"type": "function", ', r"column 'tools' \(sft.tools_key\) is a string but not JSON"),
     ("[" * 100_000, r"column 'tools' \(sft.tools_key\) is a string but not JSON"),
