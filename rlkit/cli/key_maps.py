@@ -170,7 +170,10 @@ TRINITY = (
        "algorithm.advantage_fn(_args) and its KL penalty from kl_penalty_fn; verl's rollout, data and reward sections "
        "are not read either (its explorer generates, scores and evaluates)"),
     _m("trainer.trainer_config.algorithm.rollout_correction.bypass_mode", "actor.recompute_logprob", "its opposite: "
-       "true takes the servers' log-probs as the old policy's; rollout_is and rollout_rs other than off are refused"),
+       "true takes the servers' log-probs as the old policy's. Unset: Trinity-RFT's default true, written as "
+       "actor.recompute_logprob false for every RL algorithm (said in the header; rlkit's default recomputes them), "
+       "so rlkit's decoupled loss (and M2PO) is refused beside it unless bypass_mode is false; rollout_is and "
+       "rollout_rs other than off are refused"),
     _m("trainer.trainer_config.critic.optim.lr", "critic.optimizer.lr", "ppo: the critic's optimizer as verl's key "
        "map reads it, Trinity-RFT's defaults where unset (lr 1e-6, betas (0.9, 0.999), weight_decay 0.01, the "
        "trainer's grad_clip)"),

@@ -156,7 +156,7 @@ def embedded_verl(leaves: dict[str, Any], fate: Fate, put: Put, left: Left, prob
     m.problems, m.whose, m.critic = problems, "Trinity-RFT's", ppo
     judged = _precedence(m, leaves, left, problems, source)
     _lora(m, leaves)
-    _rollout_correction(m)
+    _rollout_correction(m, rl)
     if rl:
         _one_minibatch(m, "actor", f"{ACTOR}.ppo_mini_batch_size")
     if ppo:
@@ -264,9 +264,17 @@ def _lora(m: _Embedded, leaves: dict[str, Any]) -> None:
             m.left(key, "with lora_rank, refused")
 
 
-def _rollout_correction(m: _Embedded) -> None:
+def _rollout_correction(m: _Embedded, rl: bool) -> None:
     """algorithm.rollout_correction, which VerlPPOTrainerWrapper.train_step reads: bypass_mode (Trinity-RFT's default
-    true) takes the servers' log-probs as the old policy; rollout_is and rollout_rs reweight or drop tokens."""
+    true) takes the servers' log-probs as the old policy; rollout_is and rollout_rs reweight or drop tokens.
+
+    Trinity-RFT's RolloutCorrection dataclass (trinity/common/verl_config.py; newer: _RolloutCorrectionConfig in
+    trinity/trainer/verl/verl_config.py) sets bypass_mode: true, and synchronize_config leaves it as written. train_step
+    (trinity/trainer/verl/verl_trainer.py) then sets old_log_probs to the batch's rollout_log_probs (verl's
+    apply_bypass_mode) instead of _compute_old_log_prob, whatever the algorithm_type; to_data_proto
+    (trinity/trainer/verl/utils.py) puts the experiences' logprobs there for every batch with rewards, which an RL
+    run's are (sft's and dpo's have none: nothing to bypass). So an RL file that leaves it unset trains against the
+    servers' log-probs: rlkit's actor.recompute_logprob false, written and said here, not rlkit's default true."""
     prefix = "algorithm.rollout_correction."
     switches = [(key.removeprefix(PREFIX), defaults, why, fix) for key, defaults, why, fix in VERL_NOT_BUILT
                 if key.startswith(prefix)]
@@ -276,11 +284,20 @@ def _rollout_correction(m: _Embedded) -> None:
         elif key in m.leaves:
             m.left(key, f"{m.leaves[key]}: off")
     bypass = f"{prefix}bypass_mode"
-    if isinstance(m.leaves.get(bypass), bool):
+    if bypass in m.leaves and not isinstance(m.leaves[bypass], bool):
+        m.refuse(bypass, "not true or false", "true (Trinity-RFT's default: the servers' log-probs are the old "
+                                              "policy's) or false (the trainer recomputes them)")
+    elif not rl and bypass in m.leaves:
+        m.left(bypass, "sft and dpo have no rollouts' log-probs to take")
+    elif bypass in m.leaves:
         recompute = not m.leaves[bypass]
         m.moved(bypass, "actor.recompute_logprob", recompute, f" {str(recompute).lower()}" + (
             " (the trainer recomputes the old policy's log-probs)" if recompute else
             " (the servers' log-probs are the old policy's)"))
+    elif rl:
+        m.out.setdefault("actor", {})["recompute_logprob"] = False
+        m.fate(bypass, "moved to actor.recompute_logprob as false, Trinity-RFT's default bypass_mode true: the "
+                       "servers' log-probs are the old policy's, not recomputed (set bypass_mode false to recompute)")
     off = all(m.leaves.get(key) in defaults for key, defaults, _, _ in switches)
     for key in [k for k in m.leaves if k.startswith(prefix) and k not in m.done]:
         if off:

@@ -17,6 +17,7 @@ from rlkit.jobs import REGISTRY
 from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
 from tests.unit.config.test_trinity_migrate import SITE, _to_rlkit, _trinity, _write
+from tests.unit.config.test_trinity_offline import _offline
 
 VERL = "trainer.trainer_config"
 ACTOR = f"{VERL}.actor_rollout_ref.actor"
@@ -84,6 +85,44 @@ def test_keys_trinity_reads_move_and_win_over_its_trainer_section(tmp_path: Path
     with pytest.raises(ConfigError) as info:
         _to_rlkit(_trinity(**GRPO, **{f"{ACTOR}.grad_clip": 0.5, "algorithm.optimizer.clip_grad": 2.0}), "t")
     assert f"algorithm.optimizer.clip_grad 2.0 and {ACTOR}.grad_clip 0.5 (t) disagree" in str(info.value)
+
+
+def test_trinity_s_default_bypass_mode_is_written_as_the_servers_log_probs(tmp_path: Path) -> None:
+    """Trinity-RFT's verl config defaults algorithm.rollout_correction.bypass_mode to true (its RolloutCorrection):
+    train_step then takes the experiences' log-probs as the old policy, whatever the algorithm. A file relying on it
+    migrated into rlkit's recompute (actor.recompute_logprob true), another run under staleness > 0; it is written
+    as false, and said. An explicit false keeps the recompute; sft's file, without rollouts, gets nothing."""
+    aux = "buffer.trainer_input.auxiliary_buffers.sft_dataset"
+    key = f"{VERL}.algorithm.rollout_correction.bypass_mode"
+    said = "moved to actor.recompute_logprob as false, Trinity-RFT's default bypass_mode true: the servers' log-probs"
+    config, fates = _migrated(tmp_path, **GRPO)  # the whole path: written, loaded, render's checks
+    assert config.actor.recompute_logprob is False and fates[key].startswith(said), fates[key]
+    for algorithm in (PPO, {}, {**GRPO, "algorithm.algorithm_type": "mix", aux: {"path": "/tmp/sft.jsonl"}}):
+        mapping, listed = _to_rlkit(_trinity(**algorithm), "t")  # {}: the test file's opmd
+        assert mapping["actor"]["recompute_logprob"] is False
+        assert {f.key: f.fate for f in listed}[key].startswith(said)
+    config, fates = _migrated(tmp_path, **GRPO, **{key: False})
+    assert config.actor.recompute_logprob is True
+    assert fates[key] == "moved to actor.recompute_logprob true (the trainer recomputes the old policy's log-probs)"
+    mapping, listed = _to_rlkit(_offline("sft"), "t")
+    assert "recompute_logprob" not in mapping.get("actor", {}) and key not in {f.key for f in listed}
+
+
+def test_the_servers_log_probs_with_what_rlkit_refuses_beside_them(tmp_path: Path) -> None:
+    """Through the CLI: rlkit's decoupled loss needs the recomputed log-probs as its proximal policy, so on the
+    migrated default (the servers' log-probs) it exits 2 naming the fix; with bypass_mode false it migrates. A
+    bypass_mode that is not true or false is refused naming both meanings."""
+    key = f"{VERL}.algorithm.rollout_correction.bypass_mode"
+    refused = run_rlkit("migrate", str(_write(tmp_path, _trinity(**GRPO))), *SITE, "actor.use_decoupled_loss=true")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "actor.use_decoupled_loss needs actor.recompute_logprob=true" in refused.stderr, refused.stderr
+    done = run_rlkit("migrate", str(_write(tmp_path, _trinity(**GRPO, **{key: False}))), *SITE,
+                     "actor.use_decoupled_loss=true")
+    assert done.returncode == 0, done.stderr
+    assert "\n  recompute_logprob: true\n" in done.stdout
+    with pytest.raises(ConfigError) as info:
+        _to_rlkit(_trinity(**GRPO, **{key: "yes"}), "t")
+    assert f"{key} 'yes' (t): not true or false" in str(info.value)
 
 
 def test_the_ppo_critic_is_read_with_trinity_s_defaults(tmp_path: Path) -> None:
