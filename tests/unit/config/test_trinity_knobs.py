@@ -10,11 +10,8 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.trinity import as_rlkit_file
 from rlkit.errors import ConfigError
-from rlkit.jobs import REGISTRY
-from rlkit.launch.submit import prepare
-from tests.unit.config.test_trinity_migrate import SITE, _to_rlkit, _trinity, _write
+from tests.unit.config.test_trinity_migrate import _to_rlkit, _trinity, migrated_config
 
 GRPO = {"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None}
 TASKSET = "buffer.explorer_input.taskset"
@@ -22,15 +19,7 @@ TASKSET = "buffer.explorer_input.taskset"
 
 def _migrated(tmp_path: Path, **changes: Any) -> tuple[Any, dict[str, str]]:
     """The migrated file as rlkit loads it, and each Trinity-RFT key's fate."""
-    from rlkit.config.areal.migrate import migrate
-
-    data = _trinity(**{**GRPO, **changes})
-    with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
-        text, _ = migrate(source, SITE, REGISTRY)
-    clean = tmp_path / "clean.yaml"
-    clean.write_text(header + text)
-    _, fates = _to_rlkit(data, "trinity.yaml")
-    return prepare(clean, [], dry_run=True).config, {f.key: f.fate for f in fates}
+    return migrated_config(tmp_path, _trinity(**{**GRPO, **changes}))
 
 
 def test_optimizer_knobs_move(tmp_path: Path) -> None:

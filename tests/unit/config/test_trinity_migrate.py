@@ -59,6 +59,19 @@ def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def migrated_config(tmp_path: Path, data: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    """A Trinity-RFT file migrated as `rlkit migrate` does and loaded as rlkit loads it (render's checks run), and
+    each Trinity-RFT key's fate."""
+    from rlkit.config.areal.migrate import migrate
+
+    with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
+        text, _ = migrate(source, SITE, REGISTRY)
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(header + text)
+    _, fates = _to_rlkit(data, "trinity.yaml")
+    return prepare(clean, [], dry_run=True).config, {f.key: f.fate for f in fates}
+
+
 def test_a_trinity_config_migrates_to_rlkit_fields(tmp_path: Path) -> None:
     from rlkit.config.areal.migrate import migrate
 

@@ -11,12 +11,9 @@ from typing import Any
 
 import pytest
 
-from rlkit.config.trinity import as_rlkit_file
 from rlkit.errors import ConfigError
-from rlkit.jobs import REGISTRY
-from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
-from tests.unit.config.test_trinity_migrate import SITE, _to_rlkit, _trinity, _write
+from tests.unit.config.test_trinity_migrate import SITE, _to_rlkit, _trinity, _write, migrated_config
 from tests.unit.config.test_trinity_offline import _offline
 
 VERL = "trainer.trainer_config"
@@ -28,15 +25,7 @@ PPO = {"algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": None}
 def _migrated(tmp_path: Path, data: dict[str, Any] | None = None, **changes: Any) -> tuple[Any, dict[str, str]]:
     """The migrated file (`data`, or the test file with `changes`) as rlkit loads it (render's checks run), and each
     Trinity-RFT key's fate."""
-    from rlkit.config.areal.migrate import migrate
-
-    data = data or _trinity(**changes)
-    with as_rlkit_file(_write(tmp_path, data), REGISTRY.trinity_algorithms) as (source, header):
-        text, _ = migrate(source, SITE, REGISTRY)
-    clean = tmp_path / "clean.yaml"
-    clean.write_text(header + text)
-    _, fates = _to_rlkit(data, "trinity.yaml")
-    return prepare(clean, [], dry_run=True).config, {f.key: f.fate for f in fates}
+    return migrated_config(tmp_path, data or _trinity(**changes))
 
 
 def test_keys_trinity_overwrites_or_does_not_read_are_left_out_naming_its_own(tmp_path: Path) -> None:
