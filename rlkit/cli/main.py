@@ -25,13 +25,11 @@ from rlkit.step_contract import no_retry_mark
 if TYPE_CHECKING:
     from rlkit.config.areal.accept import AcceptedKey
 
-# markdown: help text reflows to the terminal's width (typer's default kept each line break of a docstring's source:
-# ragged lines at 80 columns)
+# markdown: help text reflows to the terminal (the default kept a docstring's source line breaks: ragged at 80)
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   rich_markup_mode="markdown",
                   help="Slurm-native RL post-training for LLMs. One YAML -> one heterogeneous Slurm job.")
 app.add_typer(image_app, name="image")
-
 app.callback()(top_options)
 app.command("doctor")(doctor)
 app.add_typer(docs_app, name="docs")

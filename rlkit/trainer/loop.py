@@ -181,8 +181,8 @@ def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None 
 def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[LoopContext], Algorithm], *,
                  waits: TrainerWaits = TrainerWaits()) -> None:
     """The training step's entry point on every rank, for the algorithm `build` makes, with the trial's config as
-    the job loaded it (rlkit.jobs.run: loaded once per process); `waits`: its collectives' timeouts (the other
-    ranks wait for rank 0 at least as long as its checkpoint writes may take: saver.write_timeout)."""
+    the job loaded it (rlkit.jobs.run: loaded once per process); `waits`: its collectives' timeouts (rank 0's at
+    least its checkpoint writes' saver.write_timeout)."""
     from rlkit.nameresolve import name_resolve_for
 
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
@@ -376,8 +376,7 @@ class Loop:
         if self.books is not None:  # a leftover of a save that failed holds a whole checkpoint
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
-        # the other ranks wait for rank 0 alone through its broadcast group (rank0_wait_s: saver.write_timeout), not
-        # in a barrier under the 30-minute default; if it fails, its exit ends them (srun), as a barrier's would
+        # the others wait in rank 0's group (saver.write_timeout), not the default 30 min; its failure ends them (srun)
         broadcast_object(None, rank0_doing=f"clear {tmp} for the recover checkpoint of step {step}")
         started = time.monotonic()
         digests: dict[str, recover.FileDigest] = {}

@@ -7,7 +7,6 @@ lines, and a hostile `$(...)` is shown never to run."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -164,7 +163,6 @@ printf '%s\0' verl.trainer.main_ppo a.adv=${adv} a.kl=$kl a.n=$n a.files="$files
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash to compare with")
 def test_the_words_are_bash_s_own(tmp_path: Path) -> None:
     """The same lines run by bash itself (printf the words; nothing else, no environment) give the words rlkit
     reads: each value, and the unquoted list's split into two words (the second not key=value)."""
