@@ -27,10 +27,11 @@ fi
 case "$venv" in /*) ;; *) venv=$PWD/$venv ;; esac
 py=$venv/bin/python
 log=$venv.install.log
-# what the venv must hold: this checkout's files and the versions (a changed file or lock installs again)
-want=$( (cat "$repo/pyproject.toml" "$lock"
-         cd "$repo" && find rlkit -type f \( -name '*.py' -o -name '*.sh' -o -name '*.txt' \) -print0 | sort -z |
-           xargs -0 sha256sum) | sha256sum | cut -c1-16)
+# what the venv must hold: this checkout's code (rlkit.source_id, stdlib only: the id step 0 holds nodes to) and the
+# versions (a changed module or lock installs again)
+code=$(cd "$repo" && "$python" -c 'from rlkit.source_id import source_id; print(source_id())') \
+  || fail "could not read $repo/rlkit (is this an rlkit checkout?)"
+want="$code-$(cat "$repo/pyproject.toml" "$lock" | sha256sum | cut -c1-16)"
 stamp=$venv/.rlkit-install
 held() {  # the Python version of the venv's interpreter
   "$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null
