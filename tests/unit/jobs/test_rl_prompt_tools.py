@@ -18,7 +18,7 @@ from rlkit.data.files import prompt_token_ids
 from rlkit.errors import ConfigError, StepError
 from rlkit.jobs.grpo.algorithm import load_prompts
 from rlkit.jobs.prompt_rows import row_prompt_ids
-from tests.unit.jobs.test_sft_tools import QWEN25_TEMPLATE, WEATHER
+from tests.unit.jobs.test_sft_tools import QWEN25_TEMPLATE, WEATHER, malformed_tools
 
 CHAT = [{"role": "user", "content": "Weather in Paris?"}]
 DS = DatasetConfig(path="d.jsonl")
@@ -71,12 +71,7 @@ def test_without_tools_the_tokens_are_today_s(qwen: Any, tok: Any) -> None:
     assert "<tools>" not in qwen.decode(ids({"prompt": CHAT}, qwen))
 
 
-@pytest.mark.parametrize(("tools", "message"), [
-    ('[{"type": "function", ', r"column 'tools' \(train_dataset.tools_key\) is a string but not JSON"),
-    ("[" * 100_000, r"column 'tools' \(train_dataset.tools_key\) is a string but not JSON"),
-    ({"type": "function"}, r"column 'tools' \(train_dataset.tools_key\) holds dict, not a list of function schemas"),
-    ('["get_weather"]', r"column 'tools' \(train_dataset.tools_key\): tool 0 is str, not a function schema"),
-])
+@pytest.mark.parametrize(("tools", "message"), malformed_tools("train_dataset.tools_key"))
 def test_a_malformed_tools_column_fails_naming_the_row(qwen: Any, tools: Any, message: str) -> None:
     with pytest.raises(StepError, match=rf"^dataset d\.jsonl: row 3: {message}"):
         ids({"prompt": CHAT, "tools": tools}, qwen, index=3)

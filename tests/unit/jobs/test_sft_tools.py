@@ -5,6 +5,7 @@ the tool results, and a tools column or template that cannot carry the tools is 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -99,12 +100,17 @@ def test_a_parquet_column_s_null_filled_fields_are_not_written_into_the_prompt(t
     assert "null" not in tok.decode(ex.input_ids)
 
 
-@pytest.mark.parametrize(("tools", "message"), [
-    ('[{"type": "function", ', r"column 'tools' \(sft.tools_key\) is a string but not JSON"),
-    ("[" * 100_000, r"column 'tools' \(sft.tools_key\) is a string but not JSON"),
-    ({"type": "function"}, r"column 'tools' \(sft.tools_key\) holds dict, not a list of function schemas"),
-    ('["get_weather"]', r"column 'tools' \(sft.tools_key\): tool 0 is str, not a function schema"),
-])
+def malformed_tools(setting: str) -> list[tuple[Any, str]]:
+    """Bad tools column values and what each is refused with, the column named by `setting` (sft's, or an RL
+    prompt dataset's: rlkit.data.chat_tools.row_tools serves both)."""
+    where = rf"column 'tools' \({re.escape(setting)}\)"
+    return [('[{"type": "function", ', rf"{where} is a string but not JSON"),
+            ("[" * 100_000, rf"{where} is a string but not JSON"),
+            ({"type": "function"}, rf"{where} holds dict, not a list of function schemas"),
+            ('["get_weather"]', rf"{where}: tool 0 is str, not a function schema")]
+
+
+@pytest.mark.parametrize(("tools", "message"), malformed_tools("sft.tools_key"))
 def test_a_malformed_tools_column_fails_naming_the_row(tok: Any, tools: Any, message: str) -> None:
     rows = [{"messages": CHAT, "tools": [WEATHER]}, {"messages": CHAT, "tools": tools}]
     with pytest.raises(StepError, match=rf"train\.jsonl: row 1: {message}"):
