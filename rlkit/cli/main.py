@@ -18,12 +18,13 @@ from rlkit.cli.console import console, mend_std_streams, write_out
 from rlkit.cli.docs_cmd import docs_app
 from rlkit.cli.doctor import doctor
 from rlkit.cli.image import image_app
+from rlkit.cli.notices import areal_notice, say_notes, warn
 from rlkit.cli.version import top_options
 from rlkit.errors import NO_RETRY_EXIT, SlurmError, StepError, UserError, disk_full, each_error
 from rlkit.step_contract import no_retry_mark
 
 if TYPE_CHECKING:
-    from rlkit.config.areal.accept import AcceptedKey
+    pass
 
 # markdown: help text reflows to the terminal (the default kept a docstring's source line breaks: ragged at 80)
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -69,8 +70,8 @@ def submit(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG, forc
         return
     prepared = prepare(config, overrides or [], preflight=preflight)
     submitted = do_submit(prepared, force=force)
-    _areal_notice(prepared.areal_keys)
-    _say_notes(prepared.notes)
+    areal_notice(prepared.areal_keys)
+    say_notes(prepared.notes)
     record = submitted.record
     if submitted.archived is not None:
         out.print(f"--force: a new run; the previous run's files (recover/, checkpoints/, metrics, logs) moved to "
@@ -86,7 +87,7 @@ def _submit_stages(config: Path, overrides: list[str], force: bool, preflight: b
     plans, _ = prepare_stages(config, overrides, preflight=preflight)
     run = submit_stages(plans, force=force)
     for plan in plans:
-        _say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
+        say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
     out.print(f"submitted [bold]{escape(run.name)}[/bold]: {len(run.stages)} stages, each after the one before")
     for plan in plans:
         out.print(f"  stage {plan.record.name} ({plan.record.type}): trial {plan.record.trial}  "
@@ -132,14 +133,14 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
                              + ("(afterok the stage before)" if plan is not plans[0] else "") + "\n")
             write_out("".join(f"# {key}: {path} (handed over)\n" for key, path in handed_over(plan)))
             write_out(plan.prepared.script)
-            _say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
+            say_notes(plan.prepared.notes, f"stage {plan.record.name}: ")
         scripts = [plan.prepared.script for plan in plans]
     else:
         prepared = prepare(config, overrides or [], dry_run=not strict)
         write_out(prepared.script)
         warnings, scripts = list(prepared.warnings), [prepared.script]
-        _areal_notice(prepared.areal_keys)
-        _say_notes(prepared.notes)
+        areal_notice(prepared.areal_keys)
+        say_notes(prepared.notes)
     for warning in warnings:
         warn(warning.message)
     if warnings:
@@ -148,17 +149,6 @@ def render(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG,
     if test_only:
         for script in scripts:
             err.print(slurm.sbatch_test_only(script), markup=False)
-
-
-def _areal_notice(keys: tuple[AcceptedKey, ...]) -> None:
-    """The one notice of AReaL keys accepted without use (stderr: render's stdout is the script)."""
-    from rlkit.config.areal.accept import notice_lines
-
-    lines = notice_lines(keys)
-    if lines:
-        err.print(f"[bold cyan]notice:[/bold cyan] {escape(lines[0])}")
-        for line in lines[1:]:
-            err.print(line, markup=False)
 
 
 @app.command()
@@ -177,7 +167,7 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
         if has_stages(source) and trinity_header:  # Trinity-RFT's stages (rlkit.config.trinity_stages)
             text, said = migrate_staged(source, overrides or [])
             write_out(trinity_header + "\n" + text)
-            _say_notes(tuple(said))
+            say_notes(tuple(said))
             return
         text, _ = migrate_file(source, overrides or [], REGISTRY)
         # the migrated text loads to this same configuration: render's own checks (layout, node count, every field)
@@ -186,18 +176,7 @@ def migrate(config: Path = CONFIG_ARG, overrides: list[str] = OVERRIDES_ARG) -> 
     write_out(trinity_header + text)
     for warning in prepared.warnings:
         warn(warning.message)
-    _say_notes(prepared.notes)
-
-
-def _say_notes(notes: tuple[str, ...], where: str = "") -> None:
-    """What the checks said without refusing (rlkit.launch.submit.Prepared.notes), one warning each."""
-    for note in notes:
-        warn(f"{where}{note}")
-
-
-def warn(message: str) -> None:
-    """One warning on stderr; its text (config values, paths) printed as written, never read as rich markup."""
-    err.print(f"[bold yellow]warning:[/bold yellow] {escape(message)}")
+    say_notes(prepared.notes)
 
 
 @app.command()
