@@ -192,11 +192,13 @@ class ActorConfig:
         "distill).", ge=1)
     policy_loss: str = _f(
         "ppo", "The policy loss. ppo: PPO's clipped surrogate (GSPO with importance_sampling_level sequence, SAPO "
-        "with use_sapo_loss). cispo (MiniMax-M1; verl's and TRL's cispo): -w A log pi per token, w the ratio "
-        "clipped to [1 - eps_clip, 1 + eps_clip_higher] and taken as a constant, so a clipped token keeps its "
-        "gradient. gmpo (verl's geo_mean): -A x the geometric mean of the sequence's ratios, each log-ratio clipped "
-        "to [-eps_clip, eps_clip_higher] on the side that limits the update, a mean over sequences (needs a seq-mean "
-        "loss_agg_mode). gpg: -A log pi (no ratio, no clip; verl's gpg). Choices: ppo, cispo, gmpo, gpg.")
+        "with use_sapo_loss). cispo (MiniMax-M1; verl's cispo, TRL's loss_type cispo): -w A log pi per token, w the "
+        "ratio clipped to [1 - eps_clip, 1 + eps_clip_higher] and taken as a constant, so a clipped token keeps its "
+        "gradient (TRL's cap epsilon_high on the ratio itself, no floor: eps_clip 1, eps_clip_higher epsilon_high - "
+        "1). gmpo (verl's geo_mean): -A x the geometric mean of the sequence's ratios, each log-ratio clipped to "
+        "[-eps_clip, eps_clip_higher] on the side that limits the update, a mean over sequences (needs a seq-mean "
+        "loss_agg_mode). gpg: -A log pi (no ratio, no clip; verl's gpg). The decoupled loss's weight multiplies each "
+        "(gmpo: its geometric mean over the sequence). Choices: ppo, cispo, gmpo, gpg.")
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set); 0 clips the "
                          "ratio to 1 (AReaL's M2PO example, whose single minibatch never moves the ratio off 1). "
                          "policy_loss cispo: the weight's lower bound is 1 - eps_clip (1 or more: none); gmpo: a "
