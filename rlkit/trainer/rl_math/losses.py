@@ -120,7 +120,7 @@ def ppo_actor_loss(
     ratio = torch.exp(log_ratio)
     low, high = eps_clip, eps_clip if eps_clip_higher is None else eps_clip_higher
     if policy_loss == "gmpo":  # one ratio per sequence, its loss a mean over the sequences (no token values)
-        per_row, seq_ratio, _, clip_mask = gmpo_sequence_loss(log_ratio, adv, mask, low, high, weight)
+        per_row, seq_ratio, clip_mask = gmpo_sequence_loss(log_ratio, adv, mask, low, high, weight)
         ratio = torch.where(mask, seq_ratio[:, None].expand_as(log_ratio), 1.0)
         loss = per_row.sum() / max(1, int(orig_mask.any(dim=-1).sum()))
         return loss, _stats(stats, mask, clip_mask, torch.zeros_like(mask), ratio, raw_log_ratio)

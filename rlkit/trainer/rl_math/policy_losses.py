@@ -39,14 +39,14 @@ def gmpo_clipped_log_ratio(log_ratio: Tensor, advantages: Tensor, eps_low: float
 
 
 def gmpo_sequence_loss(log_ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float,
-                       weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(per-row loss -A_seq x exp(mean clipped log-ratio), per-row ratio, rows with a token in `mask`, tokens whose
-    log-ratio the clip changed) over `mask`'s tokens; `weight` (the decoupled loss's pi_prox / pi_behav per token)
-    multiplies each row by its geometric mean over the row, as verl weights geo_mean by its rollout IS weights."""
+                       weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(per-row loss -A_seq x exp(mean clipped log-ratio), 0 for a row without a token in `mask`; per-row ratio;
+    tokens whose log-ratio the clip changed) over `mask`'s tokens; `weight` (the decoupled loss's pi_prox / pi_behav
+    per token) multiplies each row by its geometric mean over the row, as verl weights geo_mean by its rollout IS
+    weights."""
     mask = mask.bool()
     kept = gmpo_clipped_log_ratio(log_ratio, advantages, eps_low, eps_high)
     count = mask.sum(dim=-1)
-    rows = count > 0
     per = count.clamp(min=1)
     seq_ratio = torch.exp(torch.where(mask, kept, 0.0).sum(dim=-1) / per)
     seq_adv = torch.where(mask, advantages.detach(), 0.0).sum(dim=-1) / per
@@ -55,4 +55,4 @@ def gmpo_sequence_loss(log_ratio: Tensor, advantages: Tensor, mask: Tensor, eps_
         log_w = torch.log(weight.detach().clamp(min=1e-10))
         loss = loss * torch.exp(torch.where(mask, log_w, 0.0).sum(dim=-1) / per)
     clipped = (kept.detach() != log_ratio.detach()) & (advantages != 0) & mask
-    return torch.where(rows, loss, 0.0), seq_ratio, rows, clipped
+    return torch.where(count > 0, loss, 0.0), seq_ratio, clipped
