@@ -48,6 +48,12 @@ def validate_algorithm(actor: ActorConfig, problems: Problems) -> None:
                      f"{', '.join(KL_PENALTY_LEVELS)}", hint="e.g. actor.kl_penalty_level=token")
     _validate_decoupled(actor, problems)
     _validate_sapo_m2po(actor, problems)
+    if actor.policy_loss == "gmpo" and actor.loss_agg_mode == "token-mean":
+        problems.add("actor.policy_loss gmpo with actor.loss_agg_mode token-mean: GMPO's loss is one value per "
+                     "sequence (its advantage times the geometric mean of its token ratios), averaged over the "
+                     "sequences, as verl's geo_mean does whatever its loss_agg_mode",
+                     hint="set actor.loss_agg_mode=seq-mean-token-mean (the KL loss term and the entropy bonus are "
+                          "then averaged per sequence too)")
 
 
 def _validate_norm(field: str, norm: NormConfig, group_size: int, problems: Problems) -> None:

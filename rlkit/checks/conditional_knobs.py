@@ -71,6 +71,9 @@ _RL_ADVANTAGES = _actor("reward_scaling", "reward_bias", "reward_clip", "reward_
                         "kl_penalty_level", "discount", "gae_lambda", "adv_norm", "passk_advantage", "gpg_scale")
 
 _LORA = _actor("lora_rank", "lora_alpha", "target_modules")
+# PPO's clipped surrogate's own knobs (rlkit.trainer.rl_math.losses): the dual clip, GSPO's sequence ratio and its
+# clamp, SAPO's gate; the other policy losses (actor.policy_loss) read none of them
+_PPO_CLIP_ONLY = _actor("c_clip", "importance_sampling_level", "seq_log_ratio_clamp", "use_sapo_loss")
 
 CONDITIONAL_KNOBS: tuple[Condition, ...] = (
     # rlkit.checks.lora and the trainer read them under use_lora only; peft_type's one value is its default (any
@@ -101,6 +104,13 @@ CONDITIONAL_KNOBS: tuple[Condition, ...] = (
               "actor.kl_ctl is 0 (no KL reward penalty)", "set actor.kl_ctl > 0"),
     Condition(_actor("kl_loss_type"), lambda job: job.ppo_update, lambda c: c.actor.kl_loss_coef == 0,
               "actor.kl_loss_coef is 0 (no KL loss term)", "set actor.kl_loss_coef > 0"),
+    # actor.policy_loss: the knobs of PPO's clip under another loss; GPG's loss has no ratio to clip or clamp
+    Condition(_PPO_CLIP_ONLY, lambda job: job.clipped_loss, lambda c: c.actor.policy_loss != "ppo",
+              "actor.policy_loss is not ppo (the dual clip, GSPO's sequence ratio and SAPO's gate are PPO clip's)",
+              "set actor.policy_loss=ppo"),
+    Condition(_actor("eps_clip", "eps_clip_higher", "log_ratio_clamp"), lambda job: job.clipped_loss,
+              lambda c: c.actor.policy_loss == "gpg", "actor.policy_loss is gpg (-A log pi: no ratio, no clip)",
+              "use another actor.policy_loss"),
     # evaluation during training (rlkit.checks.evaluation refuses valid_dataset.path without it): its sampling and
     # prompt count are read only when a trigger is on
     Condition(("eval_gconfig", "evaluator.max_prompts"), lambda job: "evaluator" in job.sections,

@@ -69,7 +69,7 @@ ACTOR_KNOBS = (
           lambda job: job.ppo_update, "PPO actor update"),
     Knobs(_actor("eps_clip", "eps_clip_higher", "c_clip", "importance_sampling_level", "log_ratio_clamp",
                  "seq_log_ratio_clamp", "behav_imp_weight_cap", "rejection_sampling", "use_sapo_loss", "sapo_tau_pos",
-                 "sapo_tau_neg", "m2_threshold"),
+                 "sapo_tau_neg", "m2_threshold", "policy_loss"),
           lambda job: job.clipped_loss, "PPO clipped loss"),
 )
 # The actor's fields in no group: every job type's (the servers' model), or refused by a check of their own.

@@ -1,4 +1,4 @@
-"""The common knobs of the other systems rlkit's users come from (verl, Trinity-RFT, cosmos-rl, ChatLearn), each
+"""The common knobs of the other systems rlkit's users come from (verl, Trinity-RFT, cosmos-rl, ChatLearn, TRL), each
 mapped to rlkit's key, or with why rlkit has none. Kept as data: a unit test holds every rlkit key here to the schema
 (a renamed field fails it), `rlkit explain` shows these names, and `rlkit docs generate` renders the "coming from"
 pages from them. AReaL's names come from rlkit.config.areal (rlkit reads AReaL configs directly)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlkit.cli.trl_keys import TRL_KEYS
 from rlkit.config.verl.keys import VERL_KEYS
 
 
@@ -25,6 +26,7 @@ def _m(their: str, ours: str, note: str = "") -> KeyMap:
 
 
 VERL = tuple(_m(*row) for row in VERL_KEYS)
+TRL = tuple(_m(*row) for row in TRL_KEYS)
 
 TRINITY = (
     _m("project", "experiment_name"),
@@ -354,6 +356,11 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
     "ChatLearn": (CHATLEARN, "chatlearn", "ChatLearn's `runtime_args` are rlkit's top-level fields and datasets; its "
                   "`models.policy` is the servers and sampling, `models.policy_trainer` is `actor`. An episode is "
                   "one training step."),
+    "TRL": (TRL, "trl", "TRL's GRPOTrainer runs generation and training in one process group (vLLM colocated or a "
+            "`trl vllm-serve` server); rlkit runs its servers and trainer on GPUs of their own in one Slurm job, "
+            "split by `allocation_mode`. There is no `rlkit migrate` for a TRL script: set the keys below. rlkit "
+            "counts a step's batch in prompts (`train_dataset.batch_size`, each with `gconfig.n_samples` "
+            "completions), split into `actor.ppo_n_minibatches` optimizer steps."),
 }
 
 

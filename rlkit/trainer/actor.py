@@ -173,7 +173,7 @@ class PPOActor:
                     rejection_sampling=cfg.rejection_sampling, log_ratio_clamp=cfg.log_ratio_clamp,
                     seq_log_ratio_clamp=cfg.seq_log_ratio_clamp, m2_threshold=cfg.m2_threshold,
                     sapo_taus=(cfg.sapo_tau_pos, cfg.sapo_tau_neg) if cfg.use_sapo_loss else None,
-                    loss_agg_mode=mode, loss_scale_factor=scale)
+                    loss_agg_mode=mode, loss_scale_factor=scale, policy_loss=cfg.policy_loss)
             mask = mb.loss_mask
             n_tok = int(mask.sum())
             units = loss_units(mask, mode)  # what `loss` is a mean over: tokens, or sequences

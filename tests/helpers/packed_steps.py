@@ -246,6 +246,13 @@ def main(model_dir: str, tied_dir: str, out: str, chunk: int) -> None:
         "grpo_seq_norm": _actor(cfg(importance_sampling_level="token", loss_agg_mode="seq-mean-token-sum-norm",
                                     loss_scale_factor=16, use_sapo_loss=True, use_decoupled_loss=False), env, device,
                                 samples),
+        # actor.policy_loss: CISPO with the decoupled loss's weight, GMPO (a mean over sequences) and GPG under LoRA
+        "grpo_cispo": _actor(cfg(importance_sampling_level="token", policy_loss="cispo", eps_clip=10.0,
+                                 eps_clip_higher=0.2), env, device, samples),
+        "grpo_gmpo": _actor(cfg(importance_sampling_level="token", policy_loss="gmpo", eps_clip=0.4,
+                                loss_agg_mode="seq-mean-token-mean"), env, device, samples),
+        "grpo_gpg_lora": _actor(cfg(importance_sampling_level="token", policy_loss="gpg", use_decoupled_loss=False,
+                                    **lora), env, device, samples),
         "ppo_critic": _critic(cfg(), env, device, samples),
         "sft": _sft(cfg(), env, device, examples),
         "sft_lora_tied": _sft(cfg(path=tied_dir, **lora), env, device, examples),

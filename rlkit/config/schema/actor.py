@@ -30,6 +30,9 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 KL_CONTROL_ERROR_CLIP = 0.2
 # actor.prox_logp_method's values (AReaL's names; rlkit.trainer.rl_math.proximal approximates)
 PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+# actor.policy_loss's values (rlkit.trainer.rl_math.losses, rlkit.trainer.rl_math.policy_losses); verl's loss_mode
+# names them vanilla, cispo, geo_mean, gpg
+POLICY_LOSSES = ("ppo", "cispo", "gmpo", "gpg")
 
 
 @dataclass
@@ -187,9 +190,21 @@ class ActorConfig:
         "repeated this many times over the same minibatches (the same split each pass, as verl's), with the same old "
         "log-probs and advantages; the learning-rate schedule counts every pass's steps (grpo, ppo's actor, opmd, "
         "distill).", ge=1)
+    policy_loss: str = _f(
+        "ppo", "The policy loss. ppo: PPO's clipped surrogate (GSPO with importance_sampling_level sequence, SAPO "
+        "with use_sapo_loss). cispo (MiniMax-M1; verl's cispo, TRL's loss_type cispo): -w A log pi per token, w the "
+        "ratio clipped to [1 - eps_clip, 1 + eps_clip_higher] and taken as a constant, so a clipped token keeps its "
+        "gradient (TRL's cap epsilon_high on the ratio itself, no floor: eps_clip 1, eps_clip_higher epsilon_high - "
+        "1). gmpo (verl's geo_mean): -A x the geometric mean of the sequence's ratios, each log-ratio clipped to "
+        "[-eps_clip, eps_clip_higher] on the side that limits the update, a mean over sequences (needs a seq-mean "
+        "loss_agg_mode). gpg: -A log pi (no ratio, no clip; verl's gpg). The decoupled loss's weight multiplies each "
+        "(gmpo: its geometric mean over the sequence). Choices: ppo, cispo, gmpo, gpg.")
     eps_clip: float = _f(0.2, "Clip range of the policy ratio (lower side when eps_clip_higher is set); 0 clips the "
-                         "ratio to 1 (AReaL's M2PO example, whose single minibatch never moves the ratio off 1).", ge=0)
-    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.", gt=0)
+                         "ratio to 1 (AReaL's M2PO example, whose single minibatch never moves the ratio off 1). "
+                         "policy_loss cispo: the weight's lower bound is 1 - eps_clip (1 or more: none); gmpo: a "
+                         "bound on the log-ratio.", ge=0)
+    eps_clip_higher: float | None = _f(None, "Upper clip range (DAPO clip-higher; cispo: the weight's upper bound is "
+                                       "1 + this; gmpo: the log-ratio's); None: eps_clip.", gt=0)
     c_clip: float | None = _f(None, "Dual-clip bound for negative advantages (> 1); None: off.", gt=1)
     reward_scaling: float = _f(1.0, "Multiply rewards by this (after the overlong penalty and the bias).")
     reward_bias: float = _f(0.0, "Add this to rewards (after the overlong penalty).")

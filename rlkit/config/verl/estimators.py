@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlkit.config.schema.actor import ActorConfig
 from rlkit.config.verl.mapping import RunMapping, put
 
 KEY, STD_KEY = "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"
@@ -119,22 +118,6 @@ def _grpo_norm(m: RunMapping, estimator: str) -> None:
         m.moved(STD_KEY, "actor.reward_norm.std_level", norm["std_level"],
                 " as group" if by_std else " as null (Dr. GRPO: no division by the std)" if estimator == "grpo"
                 else " as null (the margin not divided by the std)")
-
-
-def gpg_loss(m: RunMapping, mode_key: str, epochs_key: str) -> None:
-    """verl's loss_mode gpg, -log pi x A (no ratio, no clip), has the gradient of rlkit's clipped loss at ratio 1:
-    taken where one optimizer step per training step keeps the ratio at 1, refused elsewhere."""
-    minibatches = m.out.get("actor", {}).get("ppo_n_minibatches", ActorConfig().ppo_n_minibatches)
-    epochs = m.leaves.get(epochs_key, 1)
-    if minibatches == 1 and epochs == 1:
-        m.left(mode_key, "gpg: -log pi x A has the gradient of rlkit's clipped loss at ratio 1, which one minibatch "
-                         "and one epoch keep")
-        return
-    m.refuse(mode_key, f"verl's gpg loss is -log pi x A on every minibatch, no ratio and no clip; rlkit's clipped loss "
-                       f"has that gradient only while the ratio is 1, its first optimizer step of a training step "
-                       f"(here {minibatches} minibatch(es) x {epochs} epoch(s))",
-             "set actor_rollout_ref.actor.ppo_mini_batch_size to data.train_batch_size (and ppo_epochs 1), or "
-             "loss_mode=vanilla")
 
 
 def either(names: list[str], word: str) -> str:

@@ -34,9 +34,10 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("actor_rollout_ref.actor.clip_ratio_low", "actor.eps_clip", ""),
     ("actor_rollout_ref.actor.clip_ratio_high", "actor.eps_clip_higher", ""),
     ("actor_rollout_ref.actor.clip_ratio_c", "actor.c_clip", ""),
-    ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.importance_sampling_level", "vanilla: the default; "
-       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; gpg: the default loss with "
-       "one minibatch and one epoch (the same gradient at ratio 1); verl's other modes are not built"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.policy_loss", "vanilla: the default (ppo); "
+       "gspo: actor.importance_sampling_level=sequence; sapo: actor.use_sapo_loss=true; cispo: cispo; geo_mean: "
+       "gmpo (with a seq-mean actor.loss_agg_mode: verl's geo_mean averages over the sequences); gpg: gpg; the "
+       "clip_ratio keys are cispo's and gmpo's bounds; verl's other modes are not built"),
     ("actor_rollout_ref.actor.policy_loss.tau_pos", "actor.sapo_tau_pos", "SAPO's temperature for A > 0"),
     ("actor_rollout_ref.actor.policy_loss.tau_neg", "actor.sapo_tau_neg", "SAPO's temperature for A <= 0"),
     ("actor_rollout_ref.actor.use_kl_loss", "actor.kl_loss_coef", "rlkit's KL loss is on when kl_loss_coef > 0"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.data import set_reward
-from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm, gpg_loss
+from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm
 from rlkit.config.verl.inputs import data_inputs
 from rlkit.config.verl.keys import VERL_KEYS
 from rlkit.config.verl.layout import allocation
@@ -29,6 +29,7 @@ from rlkit.config.verl.learning import (
 )
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 from rlkit.config.verl.overlong import reward_managers
+from rlkit.config.verl.policy_loss import loss_mode
 
 ARR = "actor_rollout_ref"
 ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
@@ -36,8 +37,6 @@ ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
 # built
 VERL_KL = {**KL_ESTIMATORS, "kl": "k1", "mse": "k2"}
 VERL_TARGET_KL, VERL_HORIZON = 0.1, 10000  # verl's KLControlConfig defaults (verl/trainer/config/algorithm.py)
-LOSS_MODES = {"vanilla": None, "gspo": ("actor.importance_sampling_level", "sequence"),
-              "sapo": ("actor.use_sapo_loss", True), "gpg": None}  # gpg: estimators.gpg_loss
 RESUME = {"auto": "auto", "disable": "disabled"}
 LOGGERS = {"wandb": ("stats_logger.wandb.mode", "online"), "swanlab": ("stats_logger.swanlab.mode", "cloud")}
 ROWS = {their: (ours, note) for their, ours, note in VERL_KEYS if not their.endswith(".*")}
@@ -224,18 +223,7 @@ def _special(m: RunMapping) -> None:
         for key in (f"{ARR}.model.lora_alpha", f"{ARR}.model.target_modules"):
             if key in leaves:
                 m.left(key, f"LoRA is off ({lora} 0)")
-    mode_key = f"{ACTOR}.policy_loss.loss_mode"
-    if mode_key in leaves:
-        mode = leaves[mode_key]
-        if not isinstance(mode, str) or mode not in LOSS_MODES:
-            m.refuse(mode_key, "not built in rlkit", "use vanilla, gspo, sapo or gpg")
-        elif mode == "gpg":
-            gpg_loss(m, mode_key, f"{ACTOR}.ppo_epochs")
-        elif LOSS_MODES[mode] is None:
-            m.left(mode_key, "vanilla: rlkit's PPO clip loss, the default")
-        else:
-            to, value = LOSS_MODES[mode]  # type: ignore[misc]
-            m.moved(mode_key, to, value, f" {value}")
+    loss_mode(m)  # the loss mode and the clip keys its loss does not read
     for key, to in (("data.train_files", "train_dataset.path"), ("data.val_files", "valid_dataset.path")):
         files = leaves.get(key)
         if isinstance(files, list):

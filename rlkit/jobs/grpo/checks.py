@@ -19,7 +19,13 @@ from rlkit.checks.site_files import check_dataset_file
 from rlkit.checks.trainer import validate_trainer
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
-from rlkit.config.schema.actor import LOSS_AGG_MODES, PROX_LOGP_METHODS, WEIGHT_UPDATE_MODES, approximates_proximal
+from rlkit.config.schema.actor import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    PROX_LOGP_METHODS,
+    WEIGHT_UPDATE_MODES,
+    approximates_proximal,
+)
 from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.schema.reasoning_gym import names_reasoning_gym
 from rlkit.data.dataset_head import dataset_head
@@ -32,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor.prox_logp_method": PROX_LOGP_METHODS,
     "actor.weight_update_mode": WEIGHT_UPDATE_MODES,  # the transports rlkit.weights.base registers by these names
     "actor.loss_agg_mode": LOSS_AGG_MODES,  # rlkit.trainer.rl_math.aggregation
+    "actor.policy_loss": POLICY_LOSSES,  # rlkit.trainer.rl_math.losses
 }
 
 

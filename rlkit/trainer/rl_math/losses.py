@@ -7,9 +7,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlkit.config.schema.actor import RejectionSamplingConfig
+from rlkit.config.schema.actor import POLICY_LOSSES, RejectionSamplingConfig
 from rlkit.trainer.rl_math.aggregation import aggregate
 from rlkit.trainer.rl_math.m2po import m2po_keep_mask
+from rlkit.trainer.rl_math.policy_losses import cispo_token_loss, gmpo_sequence_loss, gpg_token_loss
 from rlkit.trainer.rl_math.rejection import behaviour_weights, rejection_config
 from rlkit.trainer.rl_math.sapo import sapo_token_loss
 
@@ -43,6 +44,7 @@ def ppo_actor_loss(
     m2_threshold: float | None = None,
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
+    policy_loss: str = "ppo",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate PPO actor loss over `loss_mask`, averaged as `loss_agg_mode` says (token-mean by default;
     rlkit.trainer.rl_math.aggregation, `loss_scale_factor` the constant of seq-mean-token-sum-norm); returns the loss
@@ -59,6 +61,9 @@ def ppo_actor_loss(
     `sapo_taus` (tau_pos, tau_neg) puts SAPO's soft gate in place of the clip (rlkit.trainer.rl_math.sapo; not with
     c_clip or behav_logp, as AReaL). `m2_threshold` (needs behav_logp) first narrows `loss_mask` by M2PO
     (rlkit.trainer.rl_math.m2po), so the aggregation runs over the tokens it keeps, as in AReaL.
+    `policy_loss` cispo, gmpo or gpg puts that loss in place of the clip (rlkit.trainer.rl_math.policy_losses; token
+    ratios only, no c_clip or SAPO), eps_clip and eps_clip_higher its bounds (gmpo: in log space); gmpo's loss is
+    a mean over the sequences whatever seq-mean `loss_agg_mode` (verl's), so token-mean is refused.
     """
     shape = logp.shape
     others = {"old_logp": old_logp, "advantages": advantages, "loss_mask": loss_mask}
@@ -73,6 +78,12 @@ def ppo_actor_loss(
         raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
     if sapo_taus is not None and (c_clip is not None or behav_logp is not None):
         raise ValueError("SAPO replaces the clip: it takes neither c_clip nor behav_logp (the decoupled loss)")
+    if policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss must be one of {', '.join(POLICY_LOSSES)}, got {policy_loss!r}")
+    if policy_loss != "ppo" and (c_clip is not None or sapo_taus is not None or importance_sampling_level != "token"):
+        raise ValueError(f"policy_loss {policy_loss} replaces PPO's clip: no c_clip, SAPO or sequence-level ratio")
+    if policy_loss == "gmpo" and loss_agg_mode == "token-mean":
+        raise ValueError("GMPO's loss is a mean over sequences: it needs a seq-mean loss_agg_mode, not token-mean")
     stats: dict[str, Tensor] = {}
     if m2_threshold is not None:
         if behav_logp is None:
@@ -107,14 +118,26 @@ def ppo_actor_loss(
             stats["log_ratio_clamped"] = ((log_ratio.detach().abs() > log_ratio_clamp) & mask).sum().float()
             log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
-    if sapo_taus is not None:  # SAPO never clips: clip_fraction stays 0, as AReaL logs it
+    low, high = eps_clip, eps_clip if eps_clip_higher is None else eps_clip_higher
+    if policy_loss == "gmpo":  # one ratio per sequence, its loss a mean over the sequences (no token values)
+        per_row, seq_ratio, clip_mask = gmpo_sequence_loss(log_ratio, adv, mask, low, high, weight)
+        ratio = torch.where(mask, seq_ratio[:, None].expand_as(log_ratio), 1.0)
+        loss = per_row.sum() / max(1, int(orig_mask.any(dim=-1).sum()))
+        return loss, _stats(stats, mask, clip_mask, torch.zeros_like(mask), ratio, raw_log_ratio)
+    if policy_loss in ("cispo", "gpg"):  # log pi itself enters: padding's may be anything
+        own_logp = torch.where(mask, logp, 0.0)
+        if policy_loss == "cispo":
+            loss_tok, clipped = cispo_token_loss(own_logp, ratio, adv, low, high)
+            clip_mask = clipped & mask
+        else:
+            loss_tok, clip_mask = gpg_token_loss(own_logp, adv), torch.zeros_like(mask)
+    elif sapo_taus is not None:  # SAPO never clips: clip_fraction stays 0, as AReaL logs it
         loss_tok, gate = sapo_token_loss(ratio, adv, *sapo_taus)
         clip_mask = torch.zeros_like(mask)
         stats["sapo_soft_gate"] = _masked_mean(gate.detach(), mask)
     else:
-        upper = 1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher)
         loss1 = -adv * ratio
-        loss2 = -adv * ratio.clamp(1.0 - eps_clip, upper)
+        loss2 = -adv * ratio.clamp(1.0 - low, 1.0 + high)
         loss_tok = torch.maximum(loss1, loss2)
         clip_mask = (loss2.detach() > loss1.detach()) & mask
     dual_clip_mask = torch.zeros_like(mask)
@@ -126,15 +149,21 @@ def ppo_actor_loss(
         loss_tok = loss_tok * weight
     # the tokens the behaviour bound dropped add 0 but stay counted: the units are those of `loss_mask`
     loss, _ = aggregate(torch.where(mask, loss_tok, 0.0), orig_mask, loss_agg_mode, scale_factor=loss_scale_factor)
-    with torch.no_grad():
-        stats.update(
-            clip_fraction=_masked_mean(clip_mask.float(), mask),
-            dual_clip_fraction=_masked_mean(dual_clip_mask.float(), mask),
-            importance_weight_mean=_masked_mean(ratio.detach(), mask),
-            importance_weight_max=_masked_max(ratio.detach(), mask),
-            approx_kl=_masked_mean(raw_log_ratio.detach(), mask),
-        )
-    return loss, {k: v.detach() for k, v in stats.items()}
+    return loss, _stats(stats, mask, clip_mask, dual_clip_mask, ratio, raw_log_ratio)
+
+
+@torch.no_grad()
+def _stats(stats: dict[str, Tensor], mask: Tensor, clip_mask: Tensor, dual_clip_mask: Tensor, ratio: Tensor,
+           log_ratio: Tensor) -> dict[str, Tensor]:
+    """`stats` with the loss's clip fractions, ratio and approx_kl over `mask`, every value detached."""
+    stats.update(
+        clip_fraction=_masked_mean(clip_mask.float(), mask),
+        dual_clip_fraction=_masked_mean(dual_clip_mask.float(), mask),
+        importance_weight_mean=_masked_mean(ratio.detach(), mask),
+        importance_weight_max=_masked_max(ratio.detach(), mask),
+        approx_kl=_masked_mean(log_ratio.detach(), mask),
+    )
+    return {k: v.detach() for k, v in stats.items()}
 
 
 def next_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:

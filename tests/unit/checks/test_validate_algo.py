@@ -121,6 +121,37 @@ def test_sapo_and_m2po_are_accepted_each_with_what_it_needs(grpo_yaml: Path) -> 
                                            "actor.eps_clip=0.0", "actor.ppo_n_minibatches=1"]))
 
 
+def test_the_other_policy_losses_are_accepted_with_their_bounds(grpo_yaml: Path) -> None:
+    """verl's cispo example's bounds (no lower bound: 1 - 10 < 0), GMPO's log-space range with a mean over
+    sequences, GPG with the decoupled loss's weight."""
+    for overrides in (["actor.policy_loss=cispo", "actor.eps_clip=10", "actor.eps_clip_higher=0.2"],
+                      ["actor.policy_loss=gmpo", "actor.eps_clip=0.4", "actor.loss_agg_mode=seq-mean-token-mean"],
+                      ["actor.policy_loss=gpg", "actor.use_decoupled_loss=true", "actor.m2_threshold=0.04"]):
+        config = load_config(grpo_yaml, overrides)
+        raise_problems(config)
+        assert config.actor.policy_loss == overrides[0].split("=")[1]
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["actor.policy_loss=geo_mean"], "actor.policy_loss 'geo_mean' is not one of: ppo, cispo, gmpo, gpg"),
+    (["actor.policy_loss=gmpo"], "actor.policy_loss gmpo with actor.loss_agg_mode token-mean: GMPO's loss is one "
+                                 "value per sequence"),
+    (["actor.policy_loss=cispo", "actor.c_clip=3"], "actor.c_clip is set, but actor.policy_loss is not ppo"),
+    (["actor.policy_loss=cispo", "actor.use_sapo_loss=true"],
+     "actor.use_sapo_loss is set, but actor.policy_loss is not ppo"),
+    (["actor.policy_loss=gmpo", "actor.loss_agg_mode=seq-mean-token-mean", "actor.importance_sampling_level=sequence"],
+     "actor.importance_sampling_level is set, but actor.policy_loss is not ppo"),
+    (["actor.policy_loss=gpg", "actor.eps_clip=0.3"], "actor.eps_clip is set, but actor.policy_loss is gpg"),
+    (["actor.policy_loss=gpg", "actor.eps_clip_higher=0.28"], "actor.eps_clip_higher is set, but actor.policy_loss "
+                                                              "is gpg (-A log pi: no ratio, no clip)"),
+    (["type=opmd", "actor.policy_loss=cispo"], "actor.policy_loss is set, but job type opmd has no PPO clipped loss"),
+])
+def test_a_policy_loss_refuses_the_knobs_it_does_not_read(grpo_yaml: Path, overrides: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        raise_problems(load_config(grpo_yaml, overrides))
+    assert says in info.value.message
+
+
 def test_opmd_refuses_the_ppo_loss_variants(grpo_yaml: Path) -> None:
     config = load_config(grpo_yaml, ["type=opmd", "actor.use_sapo_loss=true", "actor.use_decoupled_loss=true",
                                      "actor.m2_threshold=0.04"])

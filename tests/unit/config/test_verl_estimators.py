@@ -1,10 +1,10 @@
-"""`rlkit migrate` of verl runs with the estimators session 40 added (grpo_vectorized, rloo_vectorized, grpo_passk,
-opo, gpg): each becomes grpo settings, said in the header, that load, and under which rlkit's own advantage code
+"""`rlkit migrate` of verl runs with the estimators session 40 added (grpo_vectorized, rloo_vectorized, grpo_passk, opo,
+gpg): each becomes grpo settings, said in the header, that load, and under which rlkit's own advantage code
 (prepare_batch, token_advantages) gives verl's advantages, computed here from verl's definitions; what rlkit cannot
-reproduce (grpo_vectorized told not to divide by the std, the gpg loss over several minibatches, remax, the optimal
-token baseline) is refused naming why and the fix. With verl's KL reward penalty (use_kl_in_reward) every estimator
-that sums a sequence's token rewards migrates with the penalty summed into the sequence's reward
-(actor.kl_penalty_level: sequence) and gives verl's advantages of the penalised sums."""
+reproduce (grpo_vectorized told not to divide by the std, remax, the optimal token baseline) is refused naming why
+and the fix. With verl's KL reward penalty (use_kl_in_reward) every estimator that sums a sequence's token rewards
+migrates with the penalty summed into the sequence's reward (actor.kl_penalty_level: sequence) and gives verl's
+advantages of the penalised sums."""
 
 from __future__ import annotations
 
@@ -130,11 +130,6 @@ def test_the_new_fields_load_and_render(tmp_path: Path, site: list[str]) -> None
      "norm_adv_by_std_in_grpo False (t): verl's grpo_vectorized does not read it"),
     ({"algorithm.adv_estimator": "remax"}, "greedy completion of each prompt"),
     ({"algorithm.adv_estimator": "optimal_token_baseline"}, "sum of squared probabilities"),
-    ({"algorithm.adv_estimator": "gpg", "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg"},
-     "(here 4 minibatch(es) x 1 epoch(s))"),
-    ({"algorithm.adv_estimator": "gpg", "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg",
-      "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 64,
-      "actor_rollout_ref.actor.ppo_epochs": 2}, "(here 1 minibatch(es) x 2 epoch(s))"),
 ])
 def test_what_rlkit_cannot_reproduce_is_refused_with_why(change: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -142,15 +137,18 @@ def test_what_rlkit_cannot_reproduce_is_refused_with_why(change: dict[str, objec
     assert says in str(info.value), str(info.value)
 
 
-def test_the_gpg_loss_with_one_optimizer_step_is_rlkit_s_loss() -> None:
-    """-log pi x A and the clipped loss have the same gradient at ratio 1, which one minibatch and epoch keep."""
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_gpg_loss_is_rlkit_s_gpg_loss_over_any_minibatches(epochs: int) -> None:
+    """verl's gpg example: 4 minibatches (once refused: rlkit had no -log pi x A loss), its estimator's settings and
+    actor.policy_loss gpg."""
     leaves = {"algorithm.adv_estimator": "gpg", "actor_rollout_ref.actor.policy_loss.loss_mode": "gpg",
-              "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 64}
+              "data.train_batch_size": 64, "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+              "actor_rollout_ref.actor.ppo_epochs": epochs}
     mapping, fates = verl_to_rlkit(leaves, "t", REGISTRY.verl_estimators)
-    assert mapping["actor"]["ppo_n_minibatches"] == 1 and mapping["actor"]["gpg_scale"] is True
-    assert "use_sapo_loss" not in mapping["actor"] and "importance_sampling_level" not in mapping["actor"]
+    assert mapping["actor"]["ppo_n_minibatches"] == 4 and mapping["actor"]["gpg_scale"] is True
+    assert mapping["actor"]["policy_loss"] == "gpg" and "use_sapo_loss" not in mapping["actor"]
     fate = {f.key: f.fate for f in fates}["actor_rollout_ref.actor.policy_loss.loss_mode"]
-    assert fate.startswith("left out (gpg: -log pi x A has the gradient of rlkit's clipped loss at ratio 1"), fate
+    assert fate.startswith("moved to actor.policy_loss gpg (-A log pi on every minibatch"), fate
 
 
 def test_passk_s_std_switch_is_said_in_the_header() -> None:

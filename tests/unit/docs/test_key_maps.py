@@ -1,4 +1,4 @@
-"""The key maps of verl, Trinity-RFT, cosmos-rl and ChatLearn: every rlkit key they name is a key of the schema (a
+"""The key maps of verl, Trinity-RFT, cosmos-rl, ChatLearn and TRL: every rlkit key they name is a key of the schema (a
 field renamed in rlkit fails here), a key rlkit lacks says why, and each system's page lists every entry."""
 
 from __future__ import annotations
@@ -39,3 +39,10 @@ def test_their_names_reach_rlkits_key() -> None:
     assert ("verl", "actor_rollout_ref.actor.clip_ratio", "") in their_names("actor.eps_clip")
     assert all(path in schema_docs() for path in ("actor.eps_clip", "gconfig.n_samples"))
     assert {system for system, _, _ in their_names("gconfig.n_samples")} == set(SEEDS)
+
+
+def test_trl_s_loss_knobs_reach_rlkit_s() -> None:
+    """TRL's names of the loss (its loss_type cispo and sapo, the two-sided clip) say where rlkit has them."""
+    names = {their: note for system, their, note in their_names("actor.loss_agg_mode") if system == "TRL"}
+    assert "cispo: actor.policy_loss cispo" in names["loss_type"] and "sapo: actor.use_sapo_loss" in names["loss_type"]
+    assert [their for system, their, _ in their_names("actor.c_clip") if system == "TRL"] == ["delta"]

@@ -1,6 +1,7 @@
 """Packed equals padded, and one rank equals two (issue 46's done-when): one step of every job type (grpo with a
 reference's KL loss, GSPO on a tied-embedding model with two passes (ppo_epochs), LoRA with the entropy bonus, the
-per-sequence actor.loss_agg_modes (with the entropy bonus; with SAPO); ppo's critic; sft, plain and LoRA on a tied
+per-sequence actor.loss_agg_modes (with the entropy bonus; with SAPO), the other policy losses (CISPO, GMPO, GPG under
+LoRA); ppo's critic; sft, plain and LoRA on a tied
 model; rw; dpo with its frozen reference) through the real micro-batching, losses and engine on the tiny model in
 float32, on 1 and 2 gloo ranks (tests/helpers/packed_steps.py). The loss, the per-sample log-probs and values the
 algorithm gets back and every parameter's gradient agree within 1e-5 (relative: a per-sample result to the largest of
@@ -56,8 +57,8 @@ def steps(tiny_model_dir: Path, tied_model_dir: Path, tmp_path_factory: pytest.T
     return out
 
 
-JOBS = ["grpo", "grpo_gspo_tied", "grpo_lora", "grpo_seq_mean", "grpo_seq_norm", "ppo_critic", "sft", "sft_lora_tied",
-        "rw", "dpo"]
+JOBS = ["grpo", "grpo_gspo_tied", "grpo_lora", "grpo_seq_mean", "grpo_seq_norm", "grpo_cispo", "grpo_gmpo",
+        "grpo_gpg_lora", "ppo_critic", "sft", "sft_lora_tied", "rw", "dpo"]
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -71,3 +72,11 @@ def test_packed_step_equals_padded(steps: dict[int, dict[str, Any]], job: str, w
 @pytest.mark.parametrize("job", JOBS)
 def test_two_ranks_step_as_one(steps: dict[int, dict[str, Any]], job: str) -> None:
     assert_same(steps[2][job]["packed"], steps[1][job]["packed"], f"{job}, packed: 2 ranks vs 1")
+
+
+def test_cispo_steps_as_ppo_at_ratio_one(steps: dict[int, dict[str, Any]]) -> None:
+    """The optimizer never steps here, so every ratio is 1: CISPO's gradient -A grad log pi is then PPO's (the same
+    config otherwise), while its loss -A log pi is another number than PPO's -A r: the step ran CISPO's loss."""
+    cispo, ppo = steps[1]["grpo_cispo"]["packed"], steps[1]["grpo"]["packed"]
+    assert abs(cispo["loss"] - ppo["loss"]) > 1e-3
+    assert_same({**cispo, "loss": ppo["loss"]}, ppo, "CISPO vs PPO at ratio 1")
