@@ -105,8 +105,8 @@ def test_arithmetic_in_assignments_and_in_the_command() -> None:
 
 
 def test_what_rlkit_does_not_follow_stays_as_written() -> None:
-    """A command substitution, `${#x}`, an array appended to, a variable set in an if, a loop or a function, after a `source`,
-    and the environment's ($HOME): each left unexpanded, named in the header as before."""
+    """A command substitution, `${#x}`, an array appended to, a variable set in an if, a loop or a function, after a
+    `source`, and the environment's ($HOME): each left unexpanded, named in the header as before."""
     run = read_script(_run("now=$(date +%s)\nstamp=`date`\nlong=abc\nlen=${#long}\narr=(a b)\narr+=(c)\n"
                            "if [ -n \"$X\" ]; then\n  kl=0.1\nfi\nfor lr in 1 2; do :; done\n"
                            "f() {\n  n=3\n}\n[ -f x ] && tp=2\nhome=$HOME/data",
@@ -236,7 +236,7 @@ def test_a_script_of_arrays_migrates_with_its_keys(tmp_path: Path, site: list[st
     (before: nothing read, so valid_dataset.path with no evaluator, refused)."""
     lines = _script().splitlines()
     at = next(i for i, line in enumerate(lines) if "verl.trainer.main_ppo" in line)
-    keys = [line.strip().rstrip("\\").strip() for line in lines[at + 1:] if line.startswith("    ")]
+    keys = [line.split()[0] for line in lines[at + 1:] if line.startswith("    ")]  # the last's "$@" | tee: not
     keys = [key for key in keys if not key.startswith(("trainer.test_freq", "trainer.val_before_train"))]
     arrays = "ALL=(\n" + "".join(f"    {key}\n" for key in keys) + ")\nTRAINER=(\n    trainer.test_freq=5\n" \
              "    trainer.val_before_train=False\n)\n"
@@ -247,4 +247,20 @@ def test_a_script_of_arrays_migrates_with_its_keys(tmp_path: Path, site: list[st
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
     assert config["evaluator"]["freq_steps"] == 5 and config["evaluator"]["eval_on_startup"] is False
-    assert config["actor"]["optimizer"]["lr"] == 1e-6
+    assert config["gconfig"]["n_samples"] == 5 and config["actor"]["kl_loss_coef"] == 0.001  # not verl's defaults
+
+
+def test_a_variable_word_rlkit_cannot_expand_is_refused_not_dropped(tmp_path: Path, site: list[str]) -> None:
+    """verl's run_qwen30b_gspo.sh sets ACTOR_CONFIG (its actor's keys) inside an if and passes $ACTOR_CONFIG: the
+    word was dropped and the run migrated with verl's defaults for every key it held. Now each such word is named,
+    with or without other problems; the script's own arguments ("$@", "${@:2}") are still dropped."""
+    script = tmp_path / "run.sh"
+    script.write_text(_run('if [ -n "$X" ]; then\n  EXTRA="trainer.save_freq=7"\nfi\nARR=(a)\nARR+=(b)',
+                           "$EXTRA", '"${ARR[@]}"', "$FROM_ENV", '"${@:2}"'))
+    done = run_rlkit("migrate", str(script), *site)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "words $EXTRA, ${ARR[@]} (set where rlkit does not follow" in done.stderr
+    assert "; $FROM_ENV (never set by the script: the environment's)" in done.stderr and "${@:2}" not in done.stderr
+    script.write_text(script.read_text().replace("rollout.name=vllm", "rollout.name=trtllm"))
+    both = run_rlkit("migrate", str(script), *site)
+    assert both.returncode == 2 and "$FROM_ENV" in both.stderr and "rollout.name 'trtllm'" in both.stderr
