@@ -9,6 +9,7 @@ obviously infrastructure, and dropped it could change the loss; elsewhere an unk
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rlkit.config.dotted import finite_number
@@ -22,6 +23,7 @@ OPTIM_DEFAULTS = {"weight_decay": ("weight_decay", 0.01), "lr_warmup_steps_ratio
 VERL_BETAS, TORCH_EPS = (0.9, 0.999), 1e-8
 LEARNING_SECTIONS = ("algorithm.", f"{ACTOR}.optim.", f"{ACTOR}.policy_loss.")
 VAL = f"{ROLLOUT}.val_kwargs"
+EVAL_TRIGGERS = ("evaluator.freq_steps", "evaluator.freq_epochs", "evaluator.freq_secs", "evaluator.eval_on_startup")
 
 
 def optimizers(m: RunMapping) -> None:
@@ -112,6 +114,14 @@ def _warmup(m: RunMapping, section: str, ours: str) -> None:
                  f"{ours}.warmup_steps_proportion=...", unless=f"{ours}.warmup_steps_proportion")
 
 
+def validates(leaves: Mapping[str, Any]) -> bool:
+    """Whether verl validates on data.val_files: before training unless trainer.val_before_train is false, and every
+    trainer.test_freq steps when it is > 0 (RayPPOTrainer.fit); a test_freq rlkit cannot read is taken as on."""
+    freq = leaves.get("trainer.test_freq", -1)
+    off = freq is None or (finite_number(freq) and freq <= 0)
+    return not off or leaves.get("trainer.val_before_train", True) is not False
+
+
 def evaluation(m: RunMapping) -> None:
     """rollout.val_kwargs as eval_gconfig: verl validates greedily (do_sample false) unless told otherwise."""
     leaves = m.leaves
@@ -119,6 +129,18 @@ def evaluation(m: RunMapping) -> None:
     if "data.val_files" not in leaves:
         for key in keys:
             m.left(key, "no data.val_files: no evaluation")
+        return
+    if not validates(leaves) and not set(EVAL_TRIGGERS) & set(m.overridden):
+        why = (f"verl never validates this run: trainer.test_freq {leaves.get('trainer.test_freq', -1)} and "
+               "trainer.val_before_train false (verl/trainer/ppo/ray_trainer.py fit)")
+        if "valid_dataset.path" in m.overridden:
+            m.refuse("data.val_files", f"{why}, so rlkit's evaluator is off and your valid_dataset.path would be "
+                                       "ignored", "drop the valid_dataset.path override, or pass "
+                                                  "evaluator.freq_steps=N to evaluate every N steps")
+        else:
+            m.left("data.val_files", why)
+        for key in keys:
+            m.left(key, "verl never validates this run")
         return
     sample = leaves.get(f"{VAL}.do_sample", False)
     if f"{VAL}.do_sample" in leaves:

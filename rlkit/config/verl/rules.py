@@ -238,7 +238,7 @@ def _special(m: RunMapping) -> None:
             m.moved(mode_key, to, value, f" {value}")
     for key, to in (("data.train_files", "train_dataset.path"), ("data.val_files", "valid_dataset.path")):
         files = leaves.get(key)
-        if isinstance(files, list):
+        if isinstance(files, list) and key not in m.done:  # val_files: done when verl never validates (evaluation)
             if len(files) == 1:
                 m.moved(key, to, files[0], " (its one file)")
             else:
