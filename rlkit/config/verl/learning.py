@@ -107,6 +107,13 @@ def _warmup(m: RunMapping, section: str, ours: str) -> None:
     if is_count(steps) and is_count(total) and steps <= total:
         m.moved(key, f"{ours}.warmup_steps_proportion", steps / total, f" as {steps}/{total} of "
                                                                         "trainer.total_training_steps")
+    elif total is None:  # verl: len(train_dataloader) * total_epochs (RayPPOTrainer._create_dataloader)
+        m.refuse(key, "rlkit's warmup is a fraction of the run's steps, and trainer.total_training_steps is unset: "
+                      "verl counts the total when it runs (the loaded rows' batches x trainer.total_epochs), as "
+                      "rlkit's job counts its own after the prompt-length filter, so no fraction can be written here",
+                 f"pass {ours}.warmup_steps_proportion={steps}/TOTAL as a number (TOTAL: the training rows // "
+                 "data.train_batch_size x trainer.total_epochs), or set trainer.total_training_steps in the script",
+                 unless=f"{ours}.warmup_steps_proportion")
     else:
         m.refuse(key, "rlkit's warmup is a fraction of the total steps, and the run's total "
                       "(trainer.total_training_steps) is not a number to divide by",
