@@ -70,6 +70,7 @@ def optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
             m.left(kind, "warmup_style is set and wins, as in verl")
         elif leaves[kind] is not None:
             m.moved(kind, f"{ours}.lr_scheduler_type", leaves[kind])
+    _decay_style(m, section, ours, style, kind)
     clip = f"{section}.clip_grad"
     grad_clip = f"{ACTOR}.grad_clip" if section.startswith(ARR) else "critic.grad_clip"
     if clip in leaves:
@@ -91,6 +92,26 @@ def optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
                 m.refuse(key, "not built in rlkit", f"use {default}, verl's default")
     if f"{section}.total_training_steps" in leaves:
         m.left(f"{section}.total_training_steps", "verl fills it in at run time; rlkit's is total_train_steps")
+
+
+def _decay_style(m: RunMapping, section: str, ours: str, *fsdp: str) -> None:
+    """Megatron's lr_decay_style (verl's megatron optim config; constant its default): after the warmup it decays
+    from lr to min_lr (0 unless set) by lr_decay_steps (the run's total unless set), as rlkit's lr_scheduler_type
+    does to lr x min_lr_ratio (0) by the run's last step."""
+    key = f"{section}.lr_decay_style"
+    if key not in m.leaves:
+        return
+    value = m.leaves[key]
+    if any(k in m.leaves for k in fsdp):
+        m.refuse(key, f"{' and '.join(k for k in fsdp if k in m.leaves)} set(s) the schedule too", "keep one")
+    elif value in (None, "constant"):
+        m.moved(key, f"{ours}.lr_scheduler_type", "constant", " (megatron's lr_decay_style, verl's default)")
+    elif value in ("linear", "cosine") and not {f"{section}.min_lr", f"{section}.lr_decay_steps"} & set(m.leaves):
+        m.moved(key, f"{ours}.lr_scheduler_type", value, " (megatron's decay to lr 0 by the run's last step, as "
+                                                          "rlkit's)")
+    else:
+        m.refuse(key, "not built in rlkit: rlkit decays constant, linear or cosine to lr x min_lr_ratio by the "
+                      "run's last step", "use constant, linear or cosine (min_lr and lr_decay_steps unset)")
 
 
 def _warmup(m: RunMapping, section: str, ours: str) -> None:
