@@ -31,6 +31,7 @@ from rlkit.checks.unread_knobs import validate_unread_knobs
 from rlkit.checks.weight_delta import validate_weight_delta
 from rlkit.config.allocation import Allocation, parse_allocation
 from rlkit.config.model_config import model_positions
+from rlkit.config.names import check_name
 from rlkit.config.problems import Problems, refuse_inert_fields
 from rlkit.config.ranges import check_ranges
 from rlkit.config.schema.evaluation import evaluation_enabled
@@ -42,7 +43,6 @@ from rlkit.config.schema.experiment import (
     get_field,
 )
 from rlkit.config.strings import check_strings
-from rlkit.errors import ConfigError
 from rlkit.servers.backend import backend_for, server_model, servers_context
 from rlkit.servers.engine_env import check_engine_env, parse_env_vars
 from rlkit.slurm.time_limits import slurm_time_seconds
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 # Experiment and trial names: what Slurm job names, directory names and `experiment/trial` arguments all carry
 # unquoted ('_' and '-' both, as AReaL's files use them)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._+@/=-]+")  # also no , or : (apptainer bind separators)
 # Options rlkit sets on every step itself: a user's copy would undo the safe working directory.
 _RLKIT_SETS = {"srun_additional_args": ("--chdir", "-D"), "apptainer_args": ("--pwd",),
@@ -63,7 +62,6 @@ _WHY_RLKIT_SETS = {  # what the option rlkit sets itself is for
     "sbatch_additional_args": "rlkit stop, resume and submit --force know the trial's job by its name and batch "
                               "log, since Slurm reuses job ids"}
 _WHY_DIRECTORY = "steps run from a directory nobody else can write, so nothing is imported from the trial directory"
-MAX_NAME_LENGTH = 64  # experiment and trial names: directory names, Slurm job names, squeue columns
 
 
 @dataclass(frozen=True)
@@ -74,19 +72,6 @@ class Validated:
     config: ExperimentConfig
     allocation: Allocation | None
     problems: Problems
-
-
-def check_name(field: str, value: str) -> None:
-    """Experiment and trial names become directory names and Slurm job names."""
-    if not _NAME.fullmatch(value):
-        raise ConfigError(
-            f"{field} '{value}' is not allowed: use letters, digits, '.', '_' and '-' (starting with a letter or "
-            "digit), without '/' or spaces",
-            hint=f"e.g. {field}={'math-grpo' if field == 'experiment_name' else 'run_1'}",
-        )
-    if len(value) > MAX_NAME_LENGTH:
-        raise ConfigError(f"{field} is {len(value)} characters long; at most {MAX_NAME_LENGTH} are allowed "
-                          "(it names directories and the Slurm job)", hint=f"shorten {field}")
 
 
 def _validate_epoch_evaluation(config: ExperimentConfig, job: JobType, problems: Problems) -> None:

@@ -166,8 +166,8 @@ _SELECTORS = {"sequential": False, "shuffle": True, "random": True}  # Trinity-R
 
 def defaults(leaves: dict[str, Any], problems: Problems, source: str) -> list[tuple[str, str, Any, str]]:
     """(Trinity-RFT key, rlkit key, value, how) of each Trinity-RFT default rlkit's differs from, for the keys the
-    file leaves unset: the optimizer's, and the taskset's order (Trinity-RFT reads it in order unless its
-    data_selector shuffles)."""
+    file leaves unset: the optimizer's, the taskset's order (Trinity-RFT reads it in order unless its
+    data_selector shuffles), and with eval tasksets the evaluation's triggers (every 100 steps and at startup)."""
     out = [(key, to, value, "") for key, to, value in OPTIMIZER_DEFAULTS if key not in leaves
            and not (key == f"{_OPT}lr_warmup_steps_ratio" and finite_number(leaves.get(f"{_OPT}lr_warmup_steps"))
                     and leaves[f"{_OPT}lr_warmup_steps"] > 0)]
@@ -180,6 +180,10 @@ def defaults(leaves: dict[str, Any], problems: Problems, source: str) -> list[tu
                      "(train_dataset.shuffle)", hint="use sequential or shuffle")
     else:
         out.append((key, "train_dataset.shuffle", _SELECTORS[selector], f" ({selector})"))
+    if leaves.get("buffer.explorer_input.eval_tasksets"):  # Trinity-RFT's ExplorerConfig evaluates them by default
+        out += [(key, to, value, "") for key, to, value in (("explorer.eval_interval", "evaluator.freq_steps", 100),
+                                                            ("explorer.eval_on_startup", "evaluator.eval_on_startup",
+                                                             True)) if key not in leaves]
     return out
 
 

@@ -174,6 +174,8 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
      "wins over the ratio when > 0: its fraction of trainer.total_training_steps"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optimizer.lr_scheduler_type", "warmup_style, its "
      "older name, wins when set, as in verl"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optimizer.lr_scheduler_type", "megatron's name: "
+     "constant, linear or cosine (to lr 0 by the last step; megatron's min_lr and lr_decay_steps are not rlkit's)"),
     ("actor_rollout_ref.actor.optim.clip_grad", "actor.optimizer.gradient_clipping", "actor.grad_clip's twin"),
     ("actor_rollout_ref.actor.optim.total_training_steps", "", "verl fills it in at run time: rlkit's is "
      "total_train_steps"),

@@ -34,6 +34,8 @@ def allocation(m: RunMapping) -> None:
         return
     sizes = {key: leaves.get(key, default) for key, default in DEFAULTS.items()}
     if not all(is_count(v) for v in sizes.values()):
+        if "allocation_mode" not in m.overridden:
+            _unknown_gpus(m, {key: value for key, value in sizes.items() if not is_count(value)})
         for key in [*DEFAULTS, name_key]:
             if key in leaves and key not in m.done:
                 m.left(key, "not a count here: set allocation_mode, cluster.n_nodes and cluster.n_gpus_per_node")
@@ -58,6 +60,20 @@ def allocation(m: RunMapping) -> None:
     for key in (name_key, f"{ROLLOUT}.tensor_model_parallel_size"):
         m.fate(key, split_said + ("" if key in leaves else " (verl's default)"))
     _engine_keys(m, str(engine))
+
+
+def _unknown_gpus(m: RunMapping, bad: dict[str, Any]) -> None:
+    """The refusal of a run whose GPUs are no count here (verl's `trainer.nnodes=$NNODES` from the environment):
+    allocation_mode cannot be made, and the user's override is the fix."""
+    first, *others = bad
+    why = ("the run's GPUs (trainer.nnodes x trainer.n_gpus_per_node, in servers of the rollout's "
+           "tensor_model_parallel_size) are not a count here" +
+           "".join(f"; nor is {key} {bad[key]!r}" for key in others) +
+           (": a shell variable's value is known only where verl runs" if any("$" in str(v) for v in bad.values())
+            else ""))
+    m.refuse(first, why, "pass allocation_mode=... with cluster.n_nodes=... and cluster.n_gpus_per_node=... for the "
+                         "GPUs the run has (e.g. allocation_mode=vllm:d4t2+fsdp:d8 for 2 nodes of 8 GPUs: servers "
+                         "and trainer on GPUs of their own), or write the numbers into the script")
 
 
 def _put_top(m: RunMapping, key: str, value: Any) -> None:

@@ -9,6 +9,7 @@ obviously infrastructure, and dropped it could change the loss; elsewhere an unk
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rlkit.config.dotted import finite_number
@@ -22,6 +23,7 @@ OPTIM_DEFAULTS = {"weight_decay": ("weight_decay", 0.01), "lr_warmup_steps_ratio
 VERL_BETAS, TORCH_EPS = (0.9, 0.999), 1e-8
 LEARNING_SECTIONS = ("algorithm.", f"{ACTOR}.optim.", f"{ACTOR}.policy_loss.")
 VAL = f"{ROLLOUT}.val_kwargs"
+EVAL_TRIGGERS = ("evaluator.freq_steps", "evaluator.freq_epochs", "evaluator.freq_secs", "evaluator.eval_on_startup")
 
 
 def optimizers(m: RunMapping) -> None:
@@ -68,6 +70,7 @@ def optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
             m.left(kind, "warmup_style is set and wins, as in verl")
         elif leaves[kind] is not None:
             m.moved(kind, f"{ours}.lr_scheduler_type", leaves[kind])
+    _decay_style(m, section, ours, style, kind)
     clip = f"{section}.clip_grad"
     grad_clip = f"{ACTOR}.grad_clip" if section.startswith(ARR) else "critic.grad_clip"
     if clip in leaves:
@@ -91,6 +94,26 @@ def optimizer(m: RunMapping, section: str, ours: str, lr: float) -> None:
         m.left(f"{section}.total_training_steps", "verl fills it in at run time; rlkit's is total_train_steps")
 
 
+def _decay_style(m: RunMapping, section: str, ours: str, *fsdp: str) -> None:
+    """Megatron's lr_decay_style (verl's megatron optim config; constant its default): after the warmup it decays
+    from lr to min_lr (0 unless set) by lr_decay_steps (the run's total unless set), as rlkit's lr_scheduler_type
+    does to lr x min_lr_ratio (0) by the run's last step."""
+    key = f"{section}.lr_decay_style"
+    if key not in m.leaves:
+        return
+    value = m.leaves[key]
+    if any(k in m.leaves for k in fsdp):
+        m.refuse(key, f"{' and '.join(k for k in fsdp if k in m.leaves)} set(s) the schedule too", "keep one")
+    elif value in (None, "constant"):
+        m.moved(key, f"{ours}.lr_scheduler_type", "constant", " (megatron's lr_decay_style, verl's default)")
+    elif value in ("linear", "cosine") and not {f"{section}.min_lr", f"{section}.lr_decay_steps"} & set(m.leaves):
+        m.moved(key, f"{ours}.lr_scheduler_type", value, " (megatron's decay to lr 0 by the run's last step, as "
+                                                          "rlkit's)")
+    else:
+        m.refuse(key, "not built in rlkit: rlkit decays constant, linear or cosine to lr x min_lr_ratio by the "
+                      "run's last step", "use constant, linear or cosine (min_lr and lr_decay_steps unset)")
+
+
 def _warmup(m: RunMapping, section: str, ours: str) -> None:
     """lr_warmup_steps (> 0: it wins over the ratio, as in verl) as its fraction of trainer.total_training_steps."""
     key, ratio = f"{section}.lr_warmup_steps", f"{section}.lr_warmup_steps_ratio"
@@ -105,11 +128,26 @@ def _warmup(m: RunMapping, section: str, ours: str) -> None:
     if is_count(steps) and is_count(total) and steps <= total:
         m.moved(key, f"{ours}.warmup_steps_proportion", steps / total, f" as {steps}/{total} of "
                                                                         "trainer.total_training_steps")
+    elif total is None:  # verl: len(train_dataloader) * total_epochs (RayPPOTrainer._create_dataloader)
+        m.refuse(key, "rlkit's warmup is a fraction of the run's steps, and trainer.total_training_steps is unset: "
+                      "verl counts the total when it runs (the loaded rows' batches x trainer.total_epochs), as "
+                      "rlkit's job counts its own after the prompt-length filter, so no fraction can be written here",
+                 f"pass {ours}.warmup_steps_proportion={steps}/TOTAL as a number (TOTAL: the training rows // "
+                 "data.train_batch_size x trainer.total_epochs), or set trainer.total_training_steps in the script",
+                 unless=f"{ours}.warmup_steps_proportion")
     else:
         m.refuse(key, "rlkit's warmup is a fraction of the total steps, and the run's total "
                       "(trainer.total_training_steps) is not a number to divide by",
                  f"give it as lr_warmup_steps_ratio (warmup steps / total steps), or pass "
                  f"{ours}.warmup_steps_proportion=...", unless=f"{ours}.warmup_steps_proportion")
+
+
+def validates(leaves: Mapping[str, Any]) -> bool:
+    """Whether verl validates on data.val_files: before training unless trainer.val_before_train is false, and every
+    trainer.test_freq steps when it is > 0 (RayPPOTrainer.fit); a test_freq rlkit cannot read is taken as on."""
+    freq = leaves.get("trainer.test_freq", -1)
+    off = freq is None or (finite_number(freq) and freq <= 0)
+    return not off or leaves.get("trainer.val_before_train", True) is not False
 
 
 def evaluation(m: RunMapping) -> None:
@@ -119,6 +157,18 @@ def evaluation(m: RunMapping) -> None:
     if "data.val_files" not in leaves:
         for key in keys:
             m.left(key, "no data.val_files: no evaluation")
+        return
+    if not validates(leaves) and not set(EVAL_TRIGGERS) & set(m.overridden):
+        why = (f"verl never validates this run: trainer.test_freq {leaves.get('trainer.test_freq', -1)} and "
+               "trainer.val_before_train false (verl/trainer/ppo/ray_trainer.py fit)")
+        if "valid_dataset.path" in m.overridden:
+            m.refuse("data.val_files", f"{why}, so rlkit's evaluator is off and your valid_dataset.path would be "
+                                       "ignored", "drop the valid_dataset.path override, or pass "
+                                                  "evaluator.freq_steps=N to evaluate every N steps")
+        else:
+            m.left("data.val_files", why)
+        for key in keys:
+            m.left(key, "verl never validates this run")
         return
     sample = leaves.get(f"{VAL}.do_sample", False)
     if f"{VAL}.do_sample" in leaves:

@@ -15,9 +15,9 @@ from rlkit.config.trinity import as_rlkit_file as other_file
 from rlkit.config.trinity import written
 from rlkit.config.verl.data import data_notes
 from rlkit.config.verl.rules import VerlKey, verl_to_rlkit
-from rlkit.config.verl.source import VerlRun, is_verl_yaml, read_script, read_yaml_run, script_text
+from rlkit.config.verl.source import VerlRun, is_verl_yaml, read_script, read_yaml_run, script_text, unread_error
 from rlkit.config.verl.variables import Expansion
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, ConfigErrors, each_error
 
 _SHOWN_VALUE = 60
 _WIDTH = 118  # a note's lines
@@ -49,7 +49,15 @@ def as_rlkit_file(path: Path, algorithms: Mapping[str, str], overrides: list[str
             yield converted
         return
     overridden = _overridden(overrides)
-    mapping, fates = verl_to_rlkit(run.leaves, source, estimators, overridden, whole_config=text is None)
+    unread = unread_error(run, source)
+    try:
+        mapping, fates = verl_to_rlkit(run.leaves, source, estimators, overridden, whole_config=text is None)
+    except ConfigError as exc:
+        if unread is None:
+            raise
+        raise ConfigErrors([unread, *(e for e in each_error(exc) if isinstance(e, ConfigError))]) from None
+    if unread is not None:
+        raise unread
     with written(path, mapping, header(path, fates, run, data_notes(run.leaves, overridden))) as converted:
         yield converted
 

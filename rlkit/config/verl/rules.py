@@ -13,6 +13,7 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from rlkit.config.names import MAX_NAME_LENGTH, RULE, check_name, name_like
 from rlkit.config.trinity_terms import KL_ESTIMATORS
 from rlkit.config.verl.data import set_reward
 from rlkit.config.verl.estimators import VERL_KL_COEF, algorithm
@@ -30,6 +31,7 @@ from rlkit.config.verl.learning import (
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 from rlkit.config.verl.overlong import reward_managers
 from rlkit.config.verl.policy_loss import loss_mode
+from rlkit.errors import ConfigError
 
 ARR = "actor_rollout_ref"
 ACTOR, ROLLOUT = f"{ARR}.actor", f"{ARR}.rollout"
@@ -75,6 +77,7 @@ def verl_to_rlkit(leaves: dict[str, Any], source: str, estimators: Mapping[str, 
     _batches(m)
     allocation(m)
     _special(m)
+    _names(m)
     for key, value in leaves.items():
         if key in m.done:
             continue
@@ -226,7 +229,7 @@ def _special(m: RunMapping) -> None:
     loss_mode(m)  # the loss mode and the clip keys its loss does not read
     for key, to in (("data.train_files", "train_dataset.path"), ("data.val_files", "valid_dataset.path")):
         files = leaves.get(key)
-        if isinstance(files, list):
+        if isinstance(files, list) and key not in m.done:  # val_files: done when verl never validates (evaluation)
             if len(files) == 1:
                 m.moved(key, to, files[0], " (its one file)")
             else:
@@ -260,6 +263,23 @@ def _special(m: RunMapping) -> None:
         if key not in leaves:
             put(m.out, ROWS[key][0], default)
             m.fate(key, f"moved to {ROWS[key][0]} as {default}, verl's default")
+
+
+def _names(m: RunMapping) -> None:
+    """verl's project and experiment names as rlkit's experiment and trial names, which name directories and Slurm
+    jobs: a name rlkit does not allow (verl's own example run_qwen3_4b_grpo_vllm_1k_npu.sh writes
+    "qwen3_4b_grpo_8npu}", a `}` bash keeps) refused naming verl's key and an allowed name to pass."""
+    for key, ours in (("trainer.project_name", "experiment_name"), ("trainer.experiment_name", "trial_name")):
+        value = m.leaves.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            check_name(ours, value)
+        except ConfigError:
+            near = name_like(value) or ("math-grpo" if ours == "experiment_name" else "run_1")
+            unread = ": a shell variable rlkit left unexpanded" if "$" in value else ""
+            m.refuse(key, f"rlkit's {ours} takes {RULE}, at most {MAX_NAME_LENGTH} characters{unread}",
+                     f"pass {ours}={near} (or another allowed name)", unless=ours)
 
 
 def _loggers(m: RunMapping) -> None:

@@ -16,16 +16,20 @@ _DEFAULT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9])(:?-)(.*)", re.DOTALL)
 OPERATORS = set(";&|<>()")
 _INT64 = 1 << 63
 _ARITHMETIC_LIMIT = 200  # characters of a $((...)) evaluated; a longer one stays as written
+_ARRAY_START = re.compile(r"(?:^|[ \t\n;&|])[A-Za-z_][A-Za-z0-9_]*\+?=$")  # `NAME=` (or +=) just before a `(`
+_ARRAY_WINDOW = 130  # characters before a `(` looked at for its `NAME=`
 
 
 def logical_lines(text: str, source: str) -> list[tuple[int, str]]:
     """The script's lines as bash reads them, each with the number of its first line: `\\` + newline joined (outside
-    single quotes), a newline inside quotes kept in its line, comments and here-documents' bodies dropped, so that a
-    quote in a comment opens nothing. ConfigError naming the line of a quote never closed."""
+    single quotes), a newline inside quotes or inside an array assignment's `NAME=( ... )` kept in its line (verl's
+    scripts list their keys one a line in arrays), comments and here-documents' bodies dropped, so that a quote in a
+    comment opens nothing. ConfigError naming the line of a quote never closed."""
     text = text.replace("\r\n", "\n")
     lines: list[tuple[int, str]] = []
     buf: list[str] = []
     quote, start, number, i = "", 1, 1, 0
+    array = False  # inside an array assignment's parentheses: a newline separates its words
     physical = text.split("\n")
     while i < len(text):
         c = text[i]
@@ -43,10 +47,13 @@ def logical_lines(text: str, source: str) -> list[tuple[int, str]]:
         elif c in "'\"":
             quote = c
             buf.append(c)
-        elif c == "#" and (not buf or buf[-1][-1] in " \t;&|()"):
+        elif c == "#" and (not buf or buf[-1][-1] in " \t\n;&|()"):
             end = text.find("\n", i)
             i = len(text) if end < 0 else end
             continue
+        elif c == "\n" and array:
+            number += 1
+            buf.append(c)
         elif c == "\n":
             line = "".join(buf)
             lines.append((start, line))
@@ -60,6 +67,10 @@ def logical_lines(text: str, source: str) -> list[tuple[int, str]]:
             buf, start = [], number
             continue
         else:
+            if c == "(" and not array:
+                array = bool(_ARRAY_START.search("".join(buf[-_ARRAY_WINDOW:])))
+            elif c == ")":
+                array = False
             buf.append(c)
         i += 1
     if quote:
@@ -124,8 +135,9 @@ def reference_end(text: str, i: int) -> int:
 
 @dataclass(frozen=True)
 class Reference:
-    """One `$` reference as written: `kind` name ($x, ${x}), default (${x:-word} / ${x-word}: `op`, `word`),
-    arithmetic ($((...)): `word` the expression), or other (anything rlkit does not expand: $(...), ${#x}, $1, ...)."""
+    """One `$` reference as written: `kind` name ($x, ${x}), default (${x:-word} / ${x-word}: `op`, `word`), array
+    (${x[@]} / ${x[*]}: `op` @ or *), arithmetic ($((...)): `word` the expression), or other (anything rlkit does not
+    expand: $(...), ${#x}, ${x[1]}, $1, ...)."""
 
     kind: str
     name: str = ""
@@ -141,6 +153,8 @@ def reference(written: str) -> Reference:
         inner = written[2:-1]
         if NAME.fullmatch(inner):
             return Reference("name", inner)
+        if inner[-3:] in ("[@]", "[*]") and NAME.fullmatch(inner[:-3]):
+            return Reference("array", inner[:-3], inner[-2])
         if match := _DEFAULT.fullmatch(inner):
             return Reference("default", match.group(1), match.group(2), match.group(3))
         return Reference("other")

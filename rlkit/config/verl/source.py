@@ -32,6 +32,8 @@ _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_
 _EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _PLACEHOLDER = re.compile("\x01([0-9]+)\x02")  # a $(...) kept whole while the line is split (_words)
 _SUBSTITUTION = re.compile(r"\$\(.*\)")
+_ARGUMENTS = re.compile(r"\$[@*]|\$\{[@*](:[^}]*)?\}")  # the script's own arguments ("$@", "${@:2}"): dropped
+_WHOLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}|([A-Za-z_][A-Za-z0-9_]*))")  # $x, ${x}, ${x[@]}
 # verl's own top-level sections: a YAML file holding actor_rollout_ref (no other system's), or algorithm with
 # adv_estimator and none of Trinity-RFT's own sections, is verl's
 VERL_SECTIONS = ("actor_rollout_ref", "algorithm", "data", "trainer", "critic", "reward_model")
@@ -45,6 +47,7 @@ class VerlRun:
     variables: dict[str, list[str]] = field(default_factory=dict)  # verl key -> the shell variables its value names
     assigned: dict[str, str] = field(default_factory=dict)  # shell variable -> its text where the script sets it
     ignored: list[str] = field(default_factory=list)  # words of the command that are not key=value
+    unread: list[str] = field(default_factory=list)  # of those, a variable left unexpanded: key=value words lost
     expanded: list[Expansion] = field(default_factory=list)  # the script's variables expanded in the command
 
 
@@ -181,9 +184,12 @@ def _substitutions(line: str) -> tuple[str, list[str]]:
 
 def _take(word: str, run: VerlRun) -> None:
     """One word of the command: a key=value (Hydra's +key= and ++key= forms too) into run.leaves, "$@" and the
-    like dropped, anything else named in run.ignored."""
-    if word in ("$@", "$*"):
+    like dropped, anything else named in run.ignored (and in run.unread when it is a variable rlkit left
+    unexpanded, which bash would make key=value words)."""
+    if _ARGUMENTS.fullmatch(word):
         return
+    if _WHOLE.fullmatch(word):
+        run.unread.append(word)
     key, equals, text = word.partition("=")
     key = key.lstrip("+")
     if not equals or not _KEY.fullmatch(key):
@@ -196,6 +202,25 @@ def _take(word: str, run: VerlRun) -> None:
         run.leaves[key] = _VARIABLE.sub(lambda m: f"${m.group(1) or m.group(2)}", text)
         return
     run.leaves[key] = typed(text)
+
+
+def unread_error(run: VerlRun, source: str) -> ConfigError | None:
+    """The refusal of a run whose command holds variables left unexpanded as whole words (verl's `$ACTOR_CONFIG`,
+    `"${ACTOR_CONFIG[@]}"`): bash makes them key=value words, so the keys they hold would be lost unread."""
+    if not run.unread:
+        return None
+    def assigned(word: str) -> bool:
+        match = _WHOLE.fullmatch(word)
+        return match is not None and (match.group(1) or match.group(3)) in run.assigned
+
+    said = [f"{', '.join(words)} ({why})" for words, why in (
+        ([w for w in run.unread if assigned(w)], "set where rlkit does not follow: in an if, a loop or a function, "
+                                                 "from a command, or after a source"),
+        ([w for w in run.unread if not assigned(w)], "never set by the script: the environment's")) if words]
+    return ConfigError(f"the verl command's words {'; '.join(said)} ({source}): bash makes each variable's value "
+                       "key=value words, which rlkit cannot know, so those keys would be lost",
+                       hint="write the keys into the command (or set the variable at the script's top level from "
+                            "literals), then migrate again")
 
 
 def typed(text: str) -> Any:

@@ -5,8 +5,10 @@ with them expanded as bash would: verl's example scripts set `kl_coef=0.0`, `NNO
 Read, never run. A variable has a value rlkit takes when the script assigns it at its top level (`name=value`,
 `export name=value`, quoted or not) from literals, earlier such variables, `${name:-default}` / `${name-default}` (the
 default when the script never sets name: the header says that a name set in verl's environment, or the script's
-argument for `${1:-...}`, would win) and `$((...))` over integers. Anything else leaves the variable unexpanded, as
-written: a command substitution `$(...)` or backquote, `${#x}` and the other `${...}` forms, arrays, `~`, a
+argument for `${1:-...}`, would win) and `$((...))` over integers; an array `name=( word ... )` of such words (verl's
+megatron and NPU examples list their keys one a line in arrays), `"${name[@]}"` giving its words and `$name` its
+first. Anything else leaves the variable unexpanded, as written: a command substitution `$(...)` or backquote,
+`${#x}`, `${x[1]}` and the other `${...}` forms, `~`, a
 variable assigned inside an if, loop, function, subshell or `&&`/`||` list, or `declare`d, `read`, `unset`, or set
 before a `source` (the sourced file could set it again). A variable the script never sets (`$HOME`, `$PWD`, ...) stays
 as written too: its value is the environment of wherever verl runs, which rlkit cannot see, and the migration's
@@ -40,6 +42,7 @@ class Value:
     text: str
     line: int
     defaults: tuple[str, ...] = ()
+    items: tuple[str, ...] | None = None  # an array's words (text: its first, as bash's $NAME gives)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ def collect(lines: list[tuple[int, str]]) -> Variables:
     variables = Variables()
     depth = 0
     for number, line in lines:
-        words = raw_words(line)
+        words, arrays = _arrays(raw_words(line))
         listed = bool(_LISTS & set(words))
         for command in _commands(words):
             first = command[0]
@@ -75,22 +78,61 @@ def collect(lines: list[tuple[int, str]]) -> Variables:
             while command and command[0] in _KEYWORDS | _CLOSERS:
                 command = command[1:]
             if command:
-                _command(variables, command, number, depth, listed)
+                _command(variables, command, number, depth, listed, arrays)
     return variables
 
 
-def _command(variables: Variables, command: list[str], number: int, depth: int, listed: bool) -> None:
+def _arrays(words: list[str]) -> tuple[list[str], list[list[str] | None]]:
+    """The line's words with each array assignment `NAME=`, `(`, words..., `)` made one word `NAME=\0k`, and the
+    arrays' words as written (k: its index; None for `NAME+=(...)`, an append not followed)."""
+    out: list[str] = []
+    arrays: list[list[str] | None] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        close = words.index(")", i) if ")" in words[i:] else -1
+        name = word[:-2] if word.endswith("+=") else word[:-1]
+        if word.endswith("=") and NAME.fullmatch(name) and words[i + 1:i + 2] == ["("] and close > i and \
+                not any(set(w) <= set(";&|<>()") for w in words[i + 2:close]):
+            out.append(f"{name}=\0{len(arrays)}")
+            arrays.append(None if word.endswith("+=") else words[i + 2:close])
+            i = close + 1
+            continue
+        out.append(word)
+        i += 1
+    return out, arrays
+
+
+def _array_value(elements: list[str] | None, variables: Variables, line: int) -> Value | None:
+    """An array's value: each word's value as bash makes it (None when one would split)."""
+    if elements is None:
+        return None
+    items = [value_of(word, variables, line, fields=True) for word in elements]
+    if any(item is None for item in items):
+        return None
+    texts = tuple(item.text for item in items if item is not None)
+    defaults = tuple(dict.fromkeys(d for item in items if item is not None for d in item.defaults))
+    return Value(texts[0] if texts else "", line, defaults, texts)
+
+
+def _command(variables: Variables, command: list[str], number: int, depth: int, listed: bool,
+             arrays: list[list[str] | None]) -> None:
     """One simple command's effect on the variables: a top-level assignment's value, or its names made unknown."""
     export = command[0] == "export"
     body = command[export:]
     names = [word.split("=", 1)[0] for word in body if _assigns(word)]
+    def array(written: str) -> list[str] | None:
+        return arrays[int(written[1:])] if written.startswith("\0") else None
+
     for word in body:
         if _assigns(word):
-            variables.assigned[word.split("=", 1)[0]] = word.split("=", 1)[1]
+            name, written = word.split("=", 1)
+            variables.assigned[name] = f"({' '.join(array(written) or ())})" if written.startswith("\0") else written
     if body and len(names) == len(body) and not depth and not listed:
         for word in body:
             name, written = word.split("=", 1)
-            _assign(variables, name, value_of(written, variables, number))
+            _assign(variables, name, _array_value(array(written), variables, number) if written.startswith("\0")
+                    else value_of(written, variables, number))
     elif command[0] in ("source", ".", "eval"):
         variables.sourced = True
         variables.unknown |= set(variables.known)
@@ -128,9 +170,11 @@ def _assign(variables: Variables, name: str, value: Value | None) -> None:
         variables.unknown.discard(name)
 
 
-def value_of(written: str, variables: Variables, line: int, depth: int = 0) -> Value | None:
+def value_of(written: str, variables: Variables, line: int, depth: int = 0, fields: bool = False) -> Value | None:
     """A word's value as bash gives it in an assignment (quotes removed, references expanded, no splitting); None when
-    any part of it is not known."""
+    any part of it is not known. `fields`: an array's word, which stands for a word of the command: a reference
+    without a value kept as written, as the command keeps one; None when an unquoted value would split (or vanish,
+    or is an array's words)."""
     out: list[str] = []
     defaults: tuple[str, ...] = ()
     i, quoted = 0, False
@@ -149,11 +193,14 @@ def value_of(written: str, variables: Variables, line: int, depth: int = 0) -> V
         elif c == "$" and reference_end(written, i) > i + 1:
             j = reference_end(written, i)
             found = expand(written[i:j], variables, line, depth)
+            if found is not None and fields and not quoted and \
+                    (found.value.items is not None or not found.value.text or set(found.value.text) & set(_IFS)):
+                return None
             if found is not None:
                 out.append(found.value.text)
                 defaults += found.value.defaults
-            elif _environment(written[i:j], variables):
-                out.append(written[i:j])  # $HOME and the like: kept as written, as the command keeps them
+            elif fields or _environment(written[i:j], variables):
+                out.append(written[i:j])  # $HOME and the like (any, in an array's word): kept, as the command keeps it
             else:
                 return None
             i = j
@@ -172,7 +219,13 @@ def expand(written: str, variables: Variables, line: int, depth: int = 0) -> Exp
         return None
     if ref.kind == "name":
         value = variables.known.get(ref.name)
-        return Expansion(ref.name, value) if value else None
+        return Expansion(ref.name, Value(value.text, value.line, value.defaults)) if value else None
+    if ref.kind == "array":
+        value = variables.known.get(ref.name)
+        if value is None:
+            return None
+        items = value.items if value.items is not None else (value.text,)
+        return Expansion(written, Value(" ".join(items), value.line, value.defaults, items))
     if ref.kind == "default":
         if ref.name in variables.unknown:
             return None
@@ -233,7 +286,16 @@ def expand_line(line: str, variables: Variables, number: int) -> tuple[str, list
             found = expand(line[i:j], variables, number)
             if found is not None and (quoted or splits):
                 made.append(found)
-                out.append(_double_quoted(found.value.text) if quoted else _fields(found.value.text))
+                items = found.value.items
+                if quoted and items == () and out[-1:] == ['"'] and line[j:j + 1] == '"' and \
+                        line[i - 2:i - 1] in ("", *_IFS) and line[j + 1:j + 2] in ("", *_IFS):
+                    out.pop()  # a whole word "${a[@]}" of no words: no word at all, as in bash
+                    i, quoted = j + 1, False
+                    continue
+                if quoted and items is not None and reference(line[i:j]).op == "@":  # "${a[@]}": a word each
+                    out.append('" "'.join(_double_quoted(item) for item in items))
+                else:
+                    out.append(_double_quoted(found.value.text) if quoted else _fields(found.value.text))
                 i = j
                 continue
         else:

@@ -455,3 +455,17 @@ def test_lora_settings_rlkit_cannot_take_are_refused(changes: dict[str, Any], sa
 def test_tinker_off_is_left_out() -> None:
     _, fates = _to_rlkit(_trinity(**{"model.tinker": {"enable": False, "rank": 8}}), "trinity.yaml")
     assert {f.key: f.fate for f in fates}["model.tinker.rank"] == "left out (Tinker is off)"
+
+
+def test_eval_tasksets_are_evaluated_when_and_as_trinity_rft_would() -> None:
+    """Trinity-RFT's ExplorerConfig evaluates the eval tasksets every eval_interval (100) steps and at startup
+    (eval_on_startup true) unless told otherwise: a file giving tasksets but neither key became valid_dataset.path
+    with no evaluator, which rlkit's own check refuses ("the evaluator never runs")."""
+    out, fates = _to_rlkit(_trinity(**{"explorer.eval_interval": None}), "t")
+    assert out["evaluator"] == {"freq_steps": 100, "eval_on_startup": True}
+    assert {f.key: f.fate for f in fates}["explorer.eval_interval"] == \
+        "moved to evaluator.freq_steps as 100, Trinity-RFT's default"
+    out, _ = _to_rlkit(_trinity(**{"explorer.eval_on_startup": False}), "t")
+    assert out["evaluator"] == {"freq_steps": 10, "eval_on_startup": False}
+    out, _ = _to_rlkit(_trinity(**{"buffer.explorer_input.eval_tasksets": None, "explorer.eval_interval": None}), "t")
+    assert "evaluator" not in out

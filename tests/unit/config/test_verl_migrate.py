@@ -27,6 +27,8 @@ from rlkit.launch.submit import prepare
 from tests.conftest import run_rlkit
 from tests.helpers.verl_rows import ANSWER
 
+VAL = "actor_rollout_ref.rollout.val_kwargs"
+
 GRPO_SCRIPT = r"""#!/usr/bin/env bash
 # GRPO on GSM8K, one node of 8 GPUs
 set -x
@@ -334,6 +336,30 @@ def test_a_validation_set_is_evaluated_before_training_as_verl_does() -> None:
     mapping, _ = verl_to_rlkit({"data.val_files": "/v.parquet", "trainer.val_before_train": False}, "t",
                                REGISTRY.verl_estimators)
     assert mapping["evaluator"] == {"eval_on_startup": False}
+
+
+def test_a_validation_set_verl_never_evaluates_is_left_out() -> None:
+    """verl validates before training (val_before_train) or every test_freq > 0 steps, else never, though its
+    example ppo_trainer/run_qwen3-8b_npu.sh names val_files: the set is left out saying why (it was written with
+    eval_gconfig, and rlkit's own check refused the file for an evaluator that never runs); a valid_dataset.path
+    override then is refused naming verl's keys, and an evaluator trigger of the user's takes the set as before."""
+    run = {"algorithm.adv_estimator": "grpo", "data.val_files": ["/a.parquet", "/b.parquet"],
+           "trainer.test_freq": -1, "trainer.val_before_train": False, f"{VAL}.do_sample": True, f"{VAL}.n": 4}
+    mapping, fates = verl_to_rlkit(run, "t", REGISTRY.verl_estimators)
+    said = {f.key: f.fate for f in fates}
+    assert "valid_dataset" not in mapping and "eval_gconfig" not in mapping
+    assert said["data.val_files"] == "left out (verl never validates this run: trainer.test_freq -1 and " \
+                                     "trainer.val_before_train false (verl/trainer/ppo/ray_trainer.py fit))"
+    assert said[f"{VAL}.n"] == "left out (verl never validates this run)"
+    with pytest.raises(ConfigError, match=r"data.val_files .*verl never validates.* your valid_dataset.path would "
+                                          r"be ignored") as refused:
+        verl_to_rlkit(run, "t", REGISTRY.verl_estimators, {"valid_dataset.path"})
+    assert "evaluator.freq_steps=N" in str(refused.value.hint)
+    mapping, _ = verl_to_rlkit(run, "t", REGISTRY.verl_estimators, {"valid_dataset.path", "evaluator.freq_steps"})
+    assert mapping["eval_gconfig"]["n_samples"] == 4
+    for on in ({"trainer.test_freq": 5}, {"trainer.val_before_train": True}):
+        mapping, _ = verl_to_rlkit({**run, "data.val_files": "/v.parquet", **on}, "t", REGISTRY.verl_estimators)
+        assert mapping["valid_dataset"] == {"path": "/v.parquet"} and mapping["eval_gconfig"]["n_samples"] == 4
 
 
 def test_hydra_references_and_verl_defaults_in_a_script() -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlkit.config.verl.shell import arithmetic
 from rlkit.config.verl.source import read_script, typed
@@ -104,9 +105,9 @@ def test_arithmetic_in_assignments_and_in_the_command() -> None:
 
 
 def test_what_rlkit_does_not_follow_stays_as_written() -> None:
-    """A command substitution, `${#x}`, an array, a variable set in an if, a loop or a function, after a `source`,
-    and the environment's ($HOME): each left unexpanded, named in the header as before."""
-    run = read_script(_run("now=$(date +%s)\nstamp=`date`\nlong=abc\nlen=${#long}\narr=(a b)\n"
+    """A command substitution, `${#x}`, an array appended to, a variable set in an if, a loop or a function, after a
+    `source`, and the environment's ($HOME): each left unexpanded, named in the header as before."""
+    run = read_script(_run("now=$(date +%s)\nstamp=`date`\nlong=abc\nlen=${#long}\narr=(a b)\narr+=(c)\n"
                            "if [ -n \"$X\" ]; then\n  kl=0.1\nfi\nfor lr in 1 2; do :; done\n"
                            "f() {\n  n=3\n}\n[ -f x ] && tp=2\nhome=$HOME/data",
                            "trainer.experiment_name=run_$now", "trainer.project_name=$stamp",
@@ -189,3 +190,77 @@ def test_migrate_of_a_script_of_variables_exits_0_saying_each(tmp_path: Path, si
     assert done.returncode == 0, done.stderr
     assert "#   $adv_estimator = grpo (line 7)\n" in done.stdout and "#   $kl_coef = 0.0 (line 8)\n" in done.stdout
     assert "n_samples: 8" in done.stdout
+
+
+ARRAYS = r"""n=4
+base=/data
+DATA=(
+    data.train_files="['$base/a.parquet']"
+    # a comment inside, with a quote: don't
+    data.n=$n   # a trailing comment
+# unindented
+    'data.q=it s'
+    +data.x=${n}_y
+    trainer.logger='["console","wandb"]'
+    data.later=${set_later}
+)
+set_later=9
+EMPTY=()
+ONE=(solo)
+printf '%s\0' verl.trainer.main_ppo "${DATA[@]}" a.first=$DATA a.star="${ONE[*]}" ${ONE[@]} "${EMPTY[@]}" \
+    a.after="${ONE[@]}"
+"""
+
+
+def test_an_array_s_words_are_bash_s_own(tmp_path: Path) -> None:
+    """verl's megatron-LoRA and NPU examples list their keys one a line in arrays (`DATA=( ... )`) and pass
+    "${DATA[@]}": each key was dropped unread, and the run migrated as verl's defaults. The same lines run by bash
+    give the words rlkit reads, but for the one word whose variable the array names before the script sets it (bash's
+    empty value; rlkit keeps it as written, named for the header, as it keeps any variable it cannot know)."""
+    script = tmp_path / "arrays.sh"
+    script.write_text(ARRAYS)
+    done = subprocess.run(["bash", "--norc", "--noprofile", str(script)], capture_output=True, check=True,
+                          env={"PATH": os.environ["PATH"]}, cwd=tmp_path)
+    words = done.stdout.decode().split("\0")[1:-1]
+    expected = {w.split("=", 1)[0].lstrip("+"): typed(w.split("=", 1)[1]) for w in words if "=" in w}
+    run = read_script(ARRAYS, "t")
+    assert expected.pop("data.later") == "" and run.leaves.pop("data.later") == "$set_later"
+    assert run.variables == {"data.later": ["set_later"]}
+    assert run.leaves == expected, (run.leaves, expected)
+    assert run.ignored == [w for w in words if "=" not in w] == ["solo"]  # "${EMPTY[@]}": no word at all
+    assert expected["data.train_files"] == ["/data/a.parquet"] and expected["data.x"] == "4_y"
+
+
+def test_a_script_of_arrays_migrates_with_its_keys(tmp_path: Path, site: list[str]) -> None:
+    """The form of verl's run_qwen2-7b_math_megatron_lora.sh: its trainer.test_freq reaches evaluator.freq_steps
+    (before: nothing read, so valid_dataset.path with no evaluator, refused)."""
+    lines = _script().splitlines()
+    at = next(i for i, line in enumerate(lines) if "verl.trainer.main_ppo" in line)
+    keys = [line.split()[0] for line in lines[at + 1:] if line.startswith("    ")]  # the last's "$@" | tee: not
+    keys = [key for key in keys if not key.startswith(("trainer.test_freq", "trainer.val_before_train"))]
+    arrays = "ALL=(\n" + "".join(f"    {key}\n" for key in keys) + ")\nTRAINER=(\n    trainer.test_freq=5\n" \
+             "    trainer.val_before_train=False\n)\n"
+    script = tmp_path / "run.sh"
+    script.write_text("\n".join(lines[:at]) + "\n" + arrays + lines[at].rstrip("\\") + '"${ALL[@]}" '
+                      '"${TRAINER[@]}" "$@"\n')
+    done = run_rlkit("migrate", str(script), *site)
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    assert config["evaluator"]["freq_steps"] == 5 and config["evaluator"]["eval_on_startup"] is False
+    assert config["gconfig"]["n_samples"] == 5 and config["actor"]["kl_loss_coef"] == 0.001  # not verl's defaults
+
+
+def test_a_variable_word_rlkit_cannot_expand_is_refused_not_dropped(tmp_path: Path, site: list[str]) -> None:
+    """verl's run_qwen30b_gspo.sh sets ACTOR_CONFIG (its actor's keys) inside an if and passes $ACTOR_CONFIG: the
+    word was dropped and the run migrated with verl's defaults for every key it held. Now each such word is named,
+    with or without other problems; the script's own arguments ("$@", "${@:2}") are still dropped."""
+    script = tmp_path / "run.sh"
+    script.write_text(_run('if [ -n "$X" ]; then\n  EXTRA="trainer.save_freq=7"\nfi\nARR=(a)\nARR+=(b)',
+                           "$EXTRA", '"${ARR[@]}"', "$FROM_ENV", '"${@:2}"'))
+    done = run_rlkit("migrate", str(script), *site)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "words $EXTRA, ${ARR[@]} (set where rlkit does not follow" in done.stderr
+    assert "; $FROM_ENV (never set by the script: the environment's)" in done.stderr and "${@:2}" not in done.stderr
+    script.write_text(script.read_text().replace("rollout.name=vllm", "rollout.name=trtllm"))
+    both = run_rlkit("migrate", str(script), *site)
+    assert both.returncode == 2 and "$FROM_ENV" in both.stderr and "rollout.name 'trtllm'" in both.stderr
