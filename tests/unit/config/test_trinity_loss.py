@@ -15,6 +15,7 @@ from tests.unit.config.test_trinity_migrate import _to_rlkit, _trinity, migrated
 
 GRPO = {"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": None}
 ARGS = "algorithm.policy_loss_fn_args"
+VERL_ACTOR = "trainer.trainer_config.actor_rollout_ref.actor"
 
 
 def _migrated(tmp_path: Path, **changes: Any) -> tuple[Any, dict[str, str]]:
@@ -89,3 +90,13 @@ def test_losses_rlkit_computes_otherwise_are_refused_naming_what_differs(changes
     with pytest.raises(ConfigError, match=says):
         _to_rlkit(_trinity(**{**GRPO, **changes}), "t")
 
+
+def test_verls_loss_mode_in_the_embedded_config_is_not_read(tmp_path: Path) -> None:
+    """Trinity-RFT's actor computes its loss with policy_loss_fn: verl's loss_mode cispo, which rlkit moves in verl's
+    own runs (rlkit.config.verl.policy_loss), is left out naming Trinity-RFT's key and its name of the loss."""
+    config, fates = _migrated(tmp_path, **GRPO, **{f"{VERL_ACTOR}.policy_loss.loss_mode": "cispo",
+                                                   f"{VERL_ACTOR}.clip_ratio_c": 10.0})
+    assert (config.actor.policy_loss, config.actor.c_clip) == ("ppo", None)
+    assert fates[f"{VERL_ACTOR}.policy_loss.loss_mode"] == (
+        "left out (not read: Trinity-RFT's trainer takes it from algorithm.policy_loss_fn (verl's cispo is its cispo))")
+    assert fates[f"{VERL_ACTOR}.clip_ratio_c"].endswith("algorithm.policy_loss_fn_args.clip_ratio_c)")
