@@ -96,12 +96,17 @@ def policy_loss(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, fate
         args = {k for k in leaves if k.startswith(ARGS)}
         why = LOSS_NOT_BUILT.get(str(fn), "not one of Trinity-RFT's policy loss functions rlkit takes")
         if kind not in CLIPPED and isinstance(fn, str) and fn in CLIPPED_FNS:
-            why = f"rlkit's {kind} job has a loss of its own"
+            why = f"algorithm_type {kind} has a loss of its own ({DEFAULT_FN[kind]}), in rlkit as in Trinity-RFT"
         problems.add(f"{FN} {fn!r} with algorithm_type {kind} ({source}): {why}",
                      hint=f"use {' or '.join(CLIPPED_FNS) if kind in CLIPPED else DEFAULT_FN[kind]} (or leave "
                           "policy_loss_fn out)")
         return judged | args
     said = "" if FN in leaves else f" (algorithm_type {kind}'s default)"
+    if fn == "gspo" and kind == "ppo":
+        problems.add(f"{FN} 'gspo' with algorithm_type ppo ({source}): GAE's advantages differ token by token, and "
+                     "Trinity-RFT's GSPO-token weighs each token by its own where rlkit's sequence ratio takes the "
+                     "sequence's mean advantage", hint="use algorithm_type gspo (GRPO's advantages, one a sequence)")
+        return judged | {k for k in leaves if k.startswith(ARGS)}
     if fn == "ppo":
         return judged | _ppo(leaves, moved, left, problems, source, said)
     if fn == "cispo":

@@ -78,11 +78,14 @@ def test_ppo_reads_its_dual_clip_and_its_policy_gradient_fallback(tmp_path: Path
                                            "gate"),
     ({"algorithm.policy_loss_fn": "topr"}, "TOPR's loss"),
     ({"algorithm.algorithm_type": "rloo"}, "RLOO's advantages"),
-    ({"algorithm.algorithm_type": "opmd", "algorithm.policy_loss_fn": "cispo"}, "rlkit's opmd job has a loss of its"),
+    ({"algorithm.algorithm_type": "opmd", "algorithm.policy_loss_fn": "cispo"}, "algorithm_type opmd has a loss of "
+                                                                                "its own"),
     ({"algorithm.policy_loss_fn": "cispo", ARGS: {"clip_range": 0.2}}, "cispo takes clip_range_low and "
                                                                        "clip_range_high"),
     ({"algorithm.policy_loss_fn": "cispo", ARGS: {"enable_mask_clip": True}}, "no mask dropping the tokens"),
     ({"algorithm.policy_loss_fn": "gspo", ARGS: {"clip_range_low": 0.001}}, "gspo needs clip_range or both"),
+    ({"algorithm.algorithm_type": "ppo", "algorithm.policy_loss_fn": "gspo"}, "GAE's advantages differ token by "
+                                                                               "token"),
     ({ARGS: {"enable_sequence_masking": True}}, "no masking of the negative-advantage tokens"),
     ({ARGS: {"clip_ratio_c": 1.0}}, "clip_ratio_c 1.0 .* not a number > 1"),
 ])
