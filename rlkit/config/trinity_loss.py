@@ -48,8 +48,10 @@ LOSS_NOT_BUILT = {
     "sppo": "sPPO's loss is not one of rlkit's",
     "rec": "REC's loss (its own clipping and regularisation of off-policy samples) is not one of rlkit's",
     "importance_sampling": "a plain importance-weighted loss without PPO's clip is not one of rlkit's",
-    "m2po": "Trinity-RFT's m2po has not been checked against rlkit's actor.m2_threshold (AReaL's M2PO, which "
-            "bounds the behaviour weight's second moment): refused until it is",
+    "m2po": "Trinity-RFT's m2po drops, of the tokens where PPO's clip would bind (A > 0 with r > 1, A < 0 with "
+            "r < 1, r = pi / pi_old), those of largest (log r)^2 and clips none of the rest (-A r, its mean over every "
+            "token); rlkit's actor.m2_threshold (AReaL's M2PO) drops by (log pi_prox / pi_behav)^2 over every token "
+            "under the decoupled loss, keeps PPO's clip and averages over the tokens kept",
     "sft_is": "CHORD's importance-weighted SFT loss is not one of rlkit's",
     "sft_phi": "CHORD's phi-weighted SFT loss is not one of rlkit's",
     "mix_chord": "CHORD's mix (a scheduled SFT weight and a per-token phi weight) is not rlkit's mix (a fixed mix.mu)",

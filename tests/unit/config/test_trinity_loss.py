@@ -77,6 +77,7 @@ def test_ppo_reads_its_dual_clip_and_its_policy_gradient_fallback(tmp_path: Path
     ({"algorithm.policy_loss_fn": "sapo"}, r"policy_loss_fn 'sapo' with algorithm_type grpo .*differentiates the "
                                            "gate"),
     ({"algorithm.policy_loss_fn": "topr"}, "TOPR's loss"),
+    ({"algorithm.policy_loss_fn": "m2po"}, r"m2po drops, of the tokens where PPO's clip would bind .*keeps PPO's clip"),
     ({"algorithm.algorithm_type": "rloo"}, "RLOO's advantages"),
     ({"algorithm.algorithm_type": "opmd", "algorithm.policy_loss_fn": "cispo"}, "algorithm_type opmd has a loss of "
                                                                                 "its own"),
