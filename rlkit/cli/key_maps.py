@@ -38,7 +38,14 @@ TRINITY = (
        "left out; train with an RL algorithm (from a stored experience buffer) is not built; explore alone is job "
        "type generate"),
     _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
-       "ppo, opmd) with expert_dataset and mix.mu"),
+       "ppo, opmd) with expert_dataset and mix.mu; cispo and gspo are grpo with their policy_loss_fn; sapo, dapo, "
+       "rloo, reinforceplusplus, topr, rec, ... are refused naming what differs"),
+    _m("algorithm.policy_loss_fn", "actor.policy_loss", "unset: algorithm_type's; ppo: rlkit's PPO clip; cispo: "
+       "cispo (clip_range_low/high as eps_clip/eps_clip_higher, defaults 1.0/0.28); gspo: "
+       "actor.importance_sampling_level sequence with loss_agg_mode seq-mean-token-mean (defaults 0.0003/0.0004); "
+       "sapo (its gate taken as a constant: another gradient), topr, rec, m2po, ... refused"),
+    _m("algorithm.policy_loss_fn_args.clip_ratio_c", "actor.c_clip", "ppo's dual clip; its "
+       "fallback_to_policy_gradient: true (the ratio made 1) is actor.policy_loss gpg"),
     _m("algorithm.repeat_times", "gconfig.n_samples"),
     _m("algorithm.optimizer.lr", "actor.optimizer.lr", "unset: Trinity-RFT's 1e-6 (and its weight_decay 0.01, "
        "betas (0.9, 0.999), no warmup, torch's eps 1e-8) is written, rlkit's defaults differing"),

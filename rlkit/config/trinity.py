@@ -32,6 +32,7 @@ from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
+from rlkit.config.trinity_loss import ALGORITHM_NOT_BUILT, policy_loss
 from rlkit.config.trinity_offline import OFFLINE, is_offline, offline
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_stages import has_stages, stages_to_rlkit
@@ -95,13 +96,16 @@ RENAMES: dict[str, str] = {
     "trainer.ulysses_sequence_parallel_size": "actor.fsdp.ulysses_sp_size",
 }
 
+# algorithm_type -> what its job type adds, said in the header
+_ALGORITHM_HOW = {"mix": " (the SFT loss of expert_dataset weighted by mix.mu)",
+                  "cispo": " (GRPO's advantages; its policy loss: policy_loss_fn, cispo by default)",
+                  "gspo": " (GRPO's advantages; its policy loss: policy_loss_fn, gspo by default)"}
 SYNC_METHODS = {"nccl": "xccl", "checkpoint": "disk", "memory": "disk"}
 
 # why a Trinity-RFT key is left out, for the keys whose reason is worth more than "no such key"
 _WHY: dict[str, str] = {
     "algorithm.sample_strategy": "rlkit reads a step's samples in the order they were generated",
     "algorithm.advantage_fn": "set by the job type",
-    "algorithm.policy_loss_fn": "set by the job type",
     "buffer.explorer_input.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent is set",
     "buffer.explorer_input.taskset.default_workflow_type": "rlkit's rollouts are single-turn unless rollout.agent "
                                                            "is set",
@@ -183,6 +187,9 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     judged |= embedded_verl(rest, fate, lambda to, value: put(out, to, value), left, problems, source,
                             rl=not is_offline(leaves))
     rest = {key: value for key, value in leaves.items() if key not in judged}
+    # the policy loss before the clip knobs: cispo's and gspo's bounds are their own (rlkit.config.trinity_loss)
+    judged |= policy_loss(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source)
+    rest = {key: value for key, value in leaves.items() if key not in judged}
     judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
         | entropy_term(rest, moved, left, problems, source) \
@@ -202,11 +209,12 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             moved(key, RENAMES[key], value)
         elif key == "algorithm.algorithm_type":
             if not isinstance(value, str) or value not in algorithms:
-                problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type",
+                why = ALGORITHM_NOT_BUILT.get(str(value))
+                problems.add(f"algorithm.algorithm_type '{value}' ({source}) has no rlkit job type"
+                             + (f": {why}" if why else ""),
                              hint=f"rlkit has {', '.join(sorted(algorithms))}")
                 continue
-            moved(key, "type", algorithms[value], f" as {algorithms[value]}" + (
-                " (the SFT loss of expert_dataset weighted by mix.mu)" if value == "mix" else ""))
+            moved(key, "type", algorithms[value], f" as {algorithms[value]}" + _ALGORITHM_HOW.get(value, ""))
         elif key == "synchronizer.sync_method":
             if not isinstance(value, str) or value not in SYNC_METHODS:
                 problems.add(f"synchronizer.sync_method '{value}' ({source}) has no rlkit weight_update_mode",

@@ -70,7 +70,8 @@ NOT_READ: dict[str, str] = {
     f"{ACTOR}.clip_ratio": "algorithm.policy_loss_fn_args.clip_range",
     f"{ACTOR}.clip_ratio_low": "algorithm.policy_loss_fn_args.clip_range_low",
     f"{ACTOR}.clip_ratio_high": "algorithm.policy_loss_fn_args.clip_range_high",
-    f"{ACTOR}.clip_ratio_c": "algorithm.policy_loss_fn_args", f"{ACTOR}.policy_loss.": "algorithm.policy_loss_fn",
+    f"{ACTOR}.clip_ratio_c": "algorithm.policy_loss_fn_args.clip_ratio_c",
+    f"{ACTOR}.policy_loss.": "algorithm.policy_loss_fn",
     f"{ACTOR}.entropy_coeff": "algorithm.entropy_loss_fn_args.entropy_coef",
     f"{ACTOR}.loss_agg_mode": "algorithm.loss_agg_mode", f"{ACTOR}.loss_scale_factor": "algorithm.loss_agg_mode",
     f"{ACTOR}.kl_loss_coef": "algorithm.kl_loss_fn_args.kl_coef", f"{ACTOR}.kl_loss_type": "algorithm.kl_loss_fn",
@@ -84,6 +85,10 @@ NOT_READ: dict[str, str] = {
     "trainer.test_freq": "explorer.eval_interval", "trainer.val_before_train": "explorer.eval_on_startup",
     "trainer.resume_from_path": "continue_from_checkpoint (resume_mode is auto or disable)",
 }
+# verl's policy_loss.loss_mode -> Trinity-RFT's policy_loss_fn of the same loss (rlkit.config.verl.policy_loss reads
+# verl's own runs; under Trinity-RFT verl's loss_mode is not read whatever it names)
+TRINITY_LOSS_OF = {"vanilla": "ppo", "cispo": "cispo", "gspo": "gspo", "sapo": "sapo",
+                   "gpg": "ppo with policy_loss_fn_args.fallback_to_policy_gradient true"}
 # (verl key, Trinity-RFT's trainer key): synchronize_config fills the first from the second only when it is unset
 PRECEDENCE = ((f"{ACTOR}.grad_clip", "trainer.grad_clip"), (f"{ACTOR}.use_dynamic_bsz", "trainer.use_dynamic_bsz"),
               (f"{ACTOR}.ppo_max_token_len_per_gpu", "trainer.max_token_len_per_gpu"),
@@ -179,7 +184,10 @@ def _judge(m: _Embedded, key: str, value: Any, leaves: dict[str, Any], ppo: bool
     if overwritten:
         m.left(key, f"Trinity-RFT overwrites it from {overwritten}")
     elif not_read:
-        m.left(key, f"not read: Trinity-RFT's trainer takes it from {not_read}")
+        same = TRINITY_LOSS_OF.get(value) if key == f"{ACTOR}.policy_loss.loss_mode" and isinstance(value, str) \
+            else None
+        m.left(key, f"not read: Trinity-RFT's trainer takes it from {not_read}" + (f" (verl's {value} is its {same})"
+                                                                                   if same else ""))
     elif key.startswith("critic.") and not ppo:
         m.left(key, "only algorithm_type ppo trains a critic (Trinity-RFT sets critic.enable from it)")
     elif refused:

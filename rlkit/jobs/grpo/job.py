@@ -23,7 +23,9 @@ def _validate_grpo(config: ExperimentConfig, allocation: Allocation | None, prob
 GRPO = JobType(
     name="grpo", help="asynchronous GRPO training (servers generate, the trainer learns)",
     needs_servers=True, trainer=True, resumable=True, step="rlkit.jobs.grpo.algorithm:run_grpo",
-    trinity=("grpo", "mix"),  # mix: grpo plus the expert rows' SFT loss (expert_dataset, mix.mu)
+    # mix: grpo plus the expert rows' SFT loss (expert_dataset, mix.mu); cispo, gspo: grpo with their policy loss
+    # (rlkit.config.trinity_loss)
+    trinity=("grpo", "mix", "cispo", "gspo"),
     # each as reward_norm / adv_norm / passk_advantage / gpg_scale settings (rlkit.config.verl.estimators)
     verl=("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk", "opo", "gpg", "reinforce_plus_plus",
           "reinforce_plus_plus_baseline"),
