@@ -20,16 +20,10 @@ from rlkit.checks.site_files import TOKENIZER_FILES
 from rlkit.config.model_config import VALUE_HEAD_NOTE
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import REWARD_MODEL, scores_with_reward_model
 
 FIELD = "reward.reward_model_path"
 _PENDING: ContextVar[tuple[str, str]] = ContextVar("pending_reward_model", default=("", ""))
-
-
-def scores_with_reward_model(fn: str, fns: dict[str, float]) -> bool:
-    """Whether the reward (reward.fns when set, else reward.fn) calls the built-in `reward_model`."""
-    from rlkit.rewards.model_reward import REWARD_MODEL
-
-    return any(spec.strip() == REWARD_MODEL for spec in fns) if fns else fn.strip() == REWARD_MODEL
 
 
 @contextmanager
@@ -56,11 +50,9 @@ def _json(path: Path) -> dict[str, Any]:
 
 def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
     """Every problem of reward_model_path, given reward.fn (or reward.fns)."""
-    from rlkit.rewards.model_reward import REWARD_MODEL
-
     reward = config.reward
     path = reward.reward_model_path
-    if not scores_with_reward_model(reward.fn, reward.fns):
+    if not scores_with_reward_model(reward):
         if path:
             which = f"reward.fns lists no {REWARD_MODEL}" if reward.fns else f"reward.fn is {reward.fn!r}"
             problems.add(f"{FIELD} is set, but {which}: it would be ignored",

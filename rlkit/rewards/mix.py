@@ -61,7 +61,7 @@ class RewardMix:
                               hint="key reward.timeouts by the same function specs as reward.fns")
         self.terms: list[_Term] = []
         for name, (spec, weight) in zip(term_names(reward), reward.fns.items(), strict=True):
-            fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
+            fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path, served=_served(reward))
             timeout = float(reward.timeouts.get(spec, reward.timeout))
             runner = RewardRunner(fn, timeout, workers=_workers(spec, reward), env=env)
             self.terms.append(_Term(name, spec, float(weight), runner))
@@ -117,11 +117,17 @@ def reward_scorer(reward: RewardConfig, *, env: dict[str, str] | None = None) ->
     """What scores the rollouts: the mix of reward.fns when set, else the one reward.fn."""
     if reward.fns:
         return RewardMix(reward, env=env)
-    return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path), reward.timeout,
+    return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path,
+                                          served=_served(reward)), reward.timeout,
                         workers=_workers(reward.fn, reward), env=env)
 
 
+def _served(reward: RewardConfig) -> bool:
+    """Whether `reward_model` is asked of its servers (rlkit.config.served_models), not loaded in a worker."""
+    return reward.reward_model_engine_num > 0
+
+
 def _workers(spec: str, reward: RewardConfig) -> int:
-    """Worker processes for the function `spec` names: reward.num_workers, but one for a reward model (each worker
-    would load the model)."""
-    return 1 if spec.strip() == REWARD_MODEL else reward.num_workers
+    """Worker processes for the function `spec` names: reward.num_workers, but one for a reward model scored here
+    (each worker would load the model; a served one's workers only send requests)."""
+    return 1 if spec.strip() == REWARD_MODEL and not _served(reward) else reward.num_workers

@@ -12,6 +12,7 @@ from typing import Any
 from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.errors import StepError
 from rlkit.jobs.grpo.waits import batch_wait_s
 from rlkit.rewards.reasoning_gym import task_metrics
@@ -176,7 +177,7 @@ class Rank0:
         from rlkit.servers.http import server_client
 
         transport.start()  # drops what a previous attempt left (its versions are stale)
-        if self.config.auxiliary_models:  # before the first rollout: no reward function meets a starting server
+        if served_auxiliary_models(self.config):  # before the first rollout: no reward function meets a starting server
             self._wait_for_auxiliary()
         servers = self.controller.start()
         token = self.token

@@ -179,6 +179,22 @@ class VllmBackend(ServerBackend):
                               json=scoring.vllm_body(server, sequences, topk))
         return scoring.vllm_scores(answer_json(response, server, what), server, sequences, starts, topk)
 
+    async def token_scores(self, client: httpx.AsyncClient, server: Server, ids: list[int]) -> list[float]:
+        """`POST /pooling {"input": [ids], "task": "token_classify", "use_activation": false}` on a server started
+        with `--runner pooling` (vLLM 0.32): `data[0].data` holds one list of the label's raw values per token."""
+        body = {"model": server.model, "input": [ids], "task": "token_classify", "use_activation": False}
+        response = await client.post(f"{server.url}/pooling", json=body)
+        response.raise_for_status()
+        try:
+            rows = response.json()["data"][0]["data"]
+            scores = [float(row[0]) for row in rows]
+        except (TypeError, AttributeError, IndexError, KeyError) as exc:  # another shape: the pool retries
+            raise ValueError(f"{server.label}: /pooling answered {response.text[:300]!r} "
+                             f"({type(exc).__name__}: {exc})") from exc
+        if len(scores) != len(ids):
+            raise ValueError(f"{server.label}: /pooling scored {len(scores)} tokens of {len(ids)}")
+        return scores
+
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`mode=keep`: requests in flight are frozen, not dropped."""
         await call(client, server, "POST", "/pause", "pause (mode keep)", timeout, params={"mode": "keep"})
