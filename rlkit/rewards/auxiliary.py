@@ -120,19 +120,19 @@ class AuxiliaryModel:
             await self._refresh(pool, force=True)
             return (await pool.complete(prompt_ids, params))[1]
 
-    def token_scores(self, ids: list[int]) -> list[float]:
-        """A pooling server's score of every token of `ids` (the reward model's servers: rlkit.rewards.model_reward)."""
-        return self._run(self.atoken_scores(ids))
+    def pooling(self, ids: list[int], task: str) -> list[float]:
+        """A pooling server's output for `ids` under `task` (the reward model's servers: rlkit.rewards.model_reward)."""
+        return self._run(self.apooling(ids, task))
 
-    async def atoken_scores(self, ids: list[int]) -> list[float]:
+    async def apooling(self, ids: list[int], task: str) -> list[float]:
         from rlkit.servers.pool import ServersUnreachable
 
         pool = await self._live_pool()
         try:
-            return (await pool.token_scores(ids))[1]
+            return (await pool.pooling(ids, task))[1]
         except ServersUnreachable:  # every server it knew is gone: restarted ones register again
             await self._refresh(pool, force=True)
-            return (await pool.token_scores(ids))[1]
+            return (await pool.pooling(ids, task))[1]
 
     def close(self) -> None:
         """Close the connections and the name-resolve handle (a worker that exits needs not call it)."""

@@ -225,9 +225,10 @@ class ServerBackend(ABC):
         raise NotImplementedError(f"the {self.name} backend does not score token sequences (a distillation teacher "
                                   "needs vLLM or SGLang servers)")
 
-    async def token_scores(self, client: httpx.AsyncClient, server: Server, ids: list[int]) -> list[float]:
-        """A pooling server's one score per token of `ids` (a reward model's values, no activation applied);
-        httpx errors, or ValueError for an answer of another shape, as `complete` raises them (the pool retries)."""
+    async def pooling(self, client: httpx.AsyncClient, server: Server, ids: list[int], task: str) -> list[float]:
+        """A pooling server's output for `ids` under `task` (a reward model: "token_classify", one value per token;
+        "classify", one value), no activation applied; httpx errors, or ValueError for an answer of another shape, as
+        `complete` raises them (the pool retries)."""
         raise NotImplementedError(f"the {self.name} backend does not serve reward models (rlkit runs them on vLLM)")
 
     @abstractmethod

@@ -150,10 +150,10 @@ class ServerPool:
                                                                                     params),
                                 lambda server, completions: check_completions(server, completions, params), prefer)
 
-    async def token_scores(self, ids: list[int]) -> tuple[Server, list[float]]:
-        """A pooling server's score of every token of `ids` (a reward model: rlkit.rewards.model_reward)."""
-        return await self._send(lambda server: backend_for(server.backend).token_scores(self._client, server, ids),
-                                lambda _server, scores: scores, None)
+    async def pooling(self, ids: list[int], task: str) -> tuple[Server, list[float]]:
+        """A pooling server's output for `ids` under `task` (a reward model: rlkit.rewards.model_reward)."""
+        return await self._send(lambda server: backend_for(server.backend).pooling(self._client, server, ids, task),
+                                lambda _server, values: values, None)
 
     async def _send(self, request: Callable[[Server], Awaitable[_T]], check: Callable[[Server, _T], _T],
                     prefer: int | None) -> tuple[Server, _T]:

@@ -250,8 +250,10 @@ class RewardConfig:
                                    "(reward_model: {ground_truth: ...}); a column of that exact name wins. A "
                                    "list there holds accepted answers: any of them scores.")
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
-                                "checkpoints/final directory); completions are scored by its servers "
-                                "(reward_model_engine_num), else on trainer rank 0's CPU.")
+                                "checkpoints/final directory), or one trained elsewhere as a Hugging Face "
+                                "*ForSequenceClassification with one label (directory or hub id; it reads the "
+                                "conversation through its own chat template); completions are scored by its "
+                                "servers (reward_model_engine_num), else on trainer rank 0's CPU.")
     reward_model_engine_num: int = _f(0, "With fn=reward_model: vLLM servers of the reward model (a pooling runner, "
                                       "steps aux-reward_model-<i>), each on reward_model_tensor_parallel_size GPUs "
                                       "of its own, that score every completion; 0: trainer rank 0 scores on its CPU "

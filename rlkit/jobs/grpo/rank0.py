@@ -124,7 +124,8 @@ class Rank0:
             raise StepError("gconfig.greedy is true: GRPO/PPO rollouts must sample (set gconfig.greedy=false, or use "
                             "eval_gconfig.greedy for evaluation)")
         # reward.fn, or the weighted mix of reward.fns; auxiliary models are found from the trial's environment
-        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root))
+        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root),
+                                    prompt_key=config.train_dataset.prompt_key)
         self.reward_terms = term_names(config.reward)
         self.failing = FailingRewards(self.reward, config)  # a function failing on every call stops the trainer
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
