@@ -85,8 +85,8 @@ reward: {{fn: reward_model, reward_model_path: {root / 'rm'}, reward_model_engin
 
 
 def test_the_reward_models_server_scores_as_the_model_does_here(reward_trial: Path) -> None:
-    from rlkit.config.model_config import reward_model_format
     from rlkit.config.load import load_config
+    from rlkit.config.model_config import reward_model_format
     from rlkit.rewards.auxiliary import trial_environment
     from rlkit.rewards.mix import reward_scorer
     from rlkit.rewards.model_reward import reward_model_score
