@@ -21,6 +21,13 @@ from typing import TYPE_CHECKING
 
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.evaluation import evaluation_enabled
+from rlkit.config.served_models import (
+    CONTEXT_FIELD,
+    ENGINE_NUM_FIELD,
+    TP_FIELD,
+    scores_with_reward_model,
+    served_auxiliary_models,
+)
 from rlkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,7 +61,7 @@ def _serves_without(backend: str) -> Callable[[ExperimentConfig], bool]:
         except ConfigError:
             return False
         used = {server.backend} if server is not None else set()
-        return backend not in used | {entry.backend for entry in config.auxiliary_models}
+        return backend not in used | {entry.backend for entry in served_auxiliary_models(config)}
     return off
 
 
@@ -116,6 +123,18 @@ CONDITIONAL_KNOBS: tuple[Condition, ...] = (
     Condition(("eval_gconfig", "evaluator.max_prompts"), lambda job: "evaluator" in job.sections,
               lambda c: not evaluation_enabled(c.evaluator), "the evaluator never runs (no freq_steps, freq_epochs, "
               "freq_secs or eval_on_startup)", "set evaluator.freq_steps (or another trigger)"),
+    # the reward model's servers (rlkit.config.served_models): started only by job types whose reward functions may
+    # ask servers, only for a reward that calls reward_model; their size only when there are any
+    Condition((ENGINE_NUM_FIELD, TP_FIELD, CONTEXT_FIELD), lambda job: job.auxiliary,
+              lambda c: not scores_with_reward_model(c.reward),
+              "the reward does not call reward_model (reward.fn, reward.fns)", "score with reward_model"),
+    Condition((TP_FIELD, CONTEXT_FIELD), lambda job: job.auxiliary,
+              lambda c: c.reward.reward_model_engine_num == 0,
+              f"{ENGINE_NUM_FIELD} is 0 (trainer rank 0 scores with the reward model on its CPU)",
+              f"set {ENGINE_NUM_FIELD} > 0 to serve it"),
+    Condition((ENGINE_NUM_FIELD, TP_FIELD, CONTEXT_FIELD), lambda job: "reward" in job.sections and not job.auxiliary,
+              lambda c: True, "this job type scores on its own step, where the reward model is loaded: it starts "
+              "no servers for it", "score with the reward model loaded there"),
     # a server backend's section where no server of the job runs it: a warning (this module's docstring says why)
     *(Condition((backend,), lambda job: True, _serves_without(backend),
                 f"no server of this job runs {backend} (allocation_mode's servers, auxiliary_models' backends)",

@@ -19,6 +19,7 @@ from rlkit.checks.host_python import validate_host_python
 from rlkit.checks.image_labels import check_image_labels
 from rlkit.checks.layout import check_layout
 from rlkit.checks.reference import validate_reference
+from rlkit.checks.reward_model_servers import validate_reward_model_servers
 from rlkit.checks.sampling import validate_greedy, validate_min_new_tokens, validate_stop
 from rlkit.checks.sequence_parallel import validate_sequence_parallel
 from rlkit.checks.site_files import (
@@ -132,6 +133,7 @@ def check_experiment(config: ExperimentConfig, job_types: JobTypes) -> Validated
         job.validate(config, allocation, problems)
         validate_agent(config, job, job_types, problems, servers_context(config, allocation))
     validate_auxiliary(config, job, job_types, allocation, problems)
+    validate_reward_model_servers(config, job, allocation, problems)
     return Validated(config, allocation if fits else None, problems)
 
 

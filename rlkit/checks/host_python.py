@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rlkit.config.allocation import Allocation
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import served_auxiliary_models
 
 if TYPE_CHECKING:
     from rlkit.jobs.base import JobType
@@ -35,7 +36,7 @@ def validate_host_python(config: ExperimentConfig, job: JobType, allocation: All
     elif job.needs_servers:  # job type generate: its client step tokenizes the prompts
         needs.setdefault("transformers", []).append("the client step")
     backends = [allocation.server.backend] if allocation.server is not None else []
-    backends += [model.backend for model in config.auxiliary_models]
+    backends += [model.backend for model in served_auxiliary_models(config)]
     for backend in dict.fromkeys(backends):
         section = getattr(config, backend, None)
         if section is not None and not str(getattr(section, "python", "")).strip():

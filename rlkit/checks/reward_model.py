@@ -1,5 +1,6 @@
 """Submit-time checks of `reward.fn: reward_model` (torch-free): the directory is a reward model written by job type
-rw, with a tokenizer, over the actor's vocabulary. A wrong directory would otherwise surface minutes into the job as
+rw, with a tokenizer, over the actor's vocabulary, or a Hugging Face sequence classifier with one label (trained
+elsewhere) with its own tokenizer. A wrong directory would otherwise surface minutes into the job as
 a reward of 0 for every completion (RewardRunner scores a failing call 0).
 
 In a multi-stage run the directory may be an earlier rw stage's checkpoints/final, not written yet
@@ -17,19 +18,13 @@ from typing import Any
 
 from rlkit import untrusted_json
 from rlkit.checks.site_files import TOKENIZER_FILES
-from rlkit.config.model_config import VALUE_HEAD_NOTE
+from rlkit.config.model_config import VALUE_HEAD_NOTE, reward_model_format
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import REWARD_MODEL, scores_with_reward_model
 
 FIELD = "reward.reward_model_path"
 _PENDING: ContextVar[tuple[str, str]] = ContextVar("pending_reward_model", default=("", ""))
-
-
-def scores_with_reward_model(fn: str, fns: dict[str, float]) -> bool:
-    """Whether the reward (reward.fns when set, else reward.fn) calls the built-in `reward_model`."""
-    from rlkit.rewards.model_reward import REWARD_MODEL
-
-    return any(spec.strip() == REWARD_MODEL for spec in fns) if fns else fn.strip() == REWARD_MODEL
 
 
 @contextmanager
@@ -56,11 +51,9 @@ def _json(path: Path) -> dict[str, Any]:
 
 def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
     """Every problem of reward_model_path, given reward.fn (or reward.fns)."""
-    from rlkit.rewards.model_reward import REWARD_MODEL
-
     reward = config.reward
     path = reward.reward_model_path
-    if not scores_with_reward_model(reward.fn, reward.fns):
+    if not scores_with_reward_model(reward):
         if path:
             which = f"reward.fns lists no {REWARD_MODEL}" if reward.fns else f"reward.fn is {reward.fn!r}"
             problems.add(f"{FIELD} is set, but {which}: it would be ignored",
@@ -77,17 +70,22 @@ def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
         problems.add(f"{FIELD}: '{path}' is not a directory", hint="point it at an rw trial's checkpoints/final",
                      site=True)
         return
-    note = _json(model / VALUE_HEAD_NOTE)
-    if note.get("kind") != "reward":
+    form = reward_model_format(path)
+    if not form:
+        note = _json(model / VALUE_HEAD_NOTE)
         what = f"a {note['kind']} model" if note.get("kind") else f"no {VALUE_HEAD_NOTE}"
-        problems.add(f"{FIELD}: '{path}' is not a reward model written by job type rw ({what})",
-                     hint="point it at the checkpoints/final (or a checkpoints/step*) directory of an rw trial",
-                     site=True)
+        problems.add(f"{FIELD}: '{path}' is neither a reward model written by job type rw ({what}) nor a Hugging "
+                     "Face sequence classifier with one label (config.json: one *ForSequenceClassification "
+                     "architecture, num_labels 1)",
+                     hint="point it at the checkpoints/final (or a checkpoints/step*) directory of an rw trial, or "
+                          "at a reward model trained elsewhere in that Hugging Face form", site=True)
         return
     if not any((model / name).is_file() for name in TOKENIZER_FILES):
         problems.add(f"{FIELD}: '{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
-                     hint="rw saves its tokenizer with the model: use a directory rw wrote", site=True)
-    _check_vocabulary(config, model, problems)
+                     hint="rw saves its tokenizer with the model: use a directory rw wrote" if form == "rw" else
+                          "save the reward model's tokenizer beside it (tokenizer.save_pretrained)", site=True)
+    if form == "rw":  # a sequence classifier reads its own tokenizer's ids (rlkit.rewards.model_reward)
+        _check_vocabulary(config, model, problems)
 
 
 def _check_vocabulary(config: ExperimentConfig, model: Path, problems: Problems) -> None:

@@ -18,6 +18,7 @@ from rich.table import Table
 from rlkit import untrusted_json
 from rlkit.cli.console import literal, write_out
 from rlkit.cli.status_slices import StepSlice, run_started, step_slices
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.errors import UserError
 from rlkit.jobs.generate.summary import headline
 from rlkit.launch import slurm
@@ -149,7 +150,8 @@ def _servers(paths: TrialPaths) -> tuple[list[ServerRow], list[AuxiliaryServerRo
     verified = read_progress(paths).get("servers")  # versions the trainer read back and fingerprinted
     verified = verified if isinstance(verified, dict) else {}
     try:
-        return server_rows(nr, [entry.name for entry in config.auxiliary_models], verified, HEALTH_TIMEOUT_S)
+        return server_rows(nr, [entry.name for entry in served_auxiliary_models(config)], verified,
+                           HEALTH_TIMEOUT_S)
     finally:
         nr.close()
 

@@ -75,3 +75,28 @@ def model_positions(model_dir: str) -> int | None:
     config = read_model_config(model_dir)
     value = config.get("max_position_embeddings") if config is not None else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+SEQUENCE_CLASSIFIER = "sequence_classification"  # a reward model trained elsewhere (reward_model_format)
+
+
+def reward_model_format(model_dir: str) -> str:
+    """How a reward model directory scores: "rw" (written by rlkit's rw: a value per token, the last one read),
+    SEQUENCE_CLASSIFIER (a Hugging Face `*ForSequenceClassification` with one label, trained elsewhere: one logit at
+    the last token, its own tokenizer and chat template), or "" when it is neither."""
+    note = Path(model_dir) / VALUE_HEAD_NOTE
+    try:
+        if note.is_file() and note.stat().st_size < _CONFIG_LIMIT:
+            kind = untrusted_json.loads(note.read_text())
+            if isinstance(kind, dict) and kind.get("kind") == "reward":
+                return "rw"
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    config = read_model_config(model_dir) or {}
+    architectures = config.get("architectures")
+    labels = config.get("id2label")
+    one_label = config.get("num_labels") == 1 or (isinstance(labels, dict) and len(labels) == 1)
+    if isinstance(architectures, list) and len(architectures) == 1 and isinstance(architectures[0], str) \
+            and architectures[0].endswith("ForSequenceClassification") and one_label:
+        return SEQUENCE_CLASSIFIER
+    return ""

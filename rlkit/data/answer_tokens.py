@@ -18,7 +18,7 @@ def _is_messages(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
 
 
-def _chat_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+def chat_ids(tokenizer: Any, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
     # return_dict=False: transformers 5 returns a BatchEncoding (a dict) by default
     try:
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
@@ -33,7 +33,7 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
     if isinstance(prompt, str):
         return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=False)]
     if _is_messages(prompt):
-        return _chat_ids(tokenizer, prompt, generation_prompt=True)
+        return chat_ids(tokenizer, prompt, generation_prompt=True)
     raise StepError(f"cannot read a prompt of type {type(prompt).__name__}: give a string or chat messages")
 
 
@@ -49,7 +49,7 @@ def answer_ids(tokenizer: Any, prompt: Any, answer: Any, prompt_tokens: Sequence
     turns = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else answer
     if not _is_messages(turns):
         raise StepError(f"a chat prompt needs a string or chat messages as answer, got {type(answer).__name__}")
-    full = _chat_ids(tokenizer, [*prompt, *turns], generation_prompt=False)
+    full = chat_ids(tokenizer, [*prompt, *turns], generation_prompt=False)
     if full[: len(prompt_tokens)] != list(prompt_tokens):
         raise StepError("the tokenizer's chat template does not render the prompt (with its generation prompt) as "
                         "the start of prompt + answer, so the answer's tokens cannot be told apart")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from rlkit.checks.binds import container_binds
 from rlkit.config.allocation import Allocation
-from rlkit.config.schema.auxiliary import entry_field
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import ENGINE_NUM_FIELD, auxiliary_field, served_auxiliary_models, serves_reward_model
 from rlkit.errors import ConfigError
 from rlkit.jobs import job_type_for
 from rlkit.launch.placement import Demand, Placement, Slot, choose_placement
@@ -174,9 +174,10 @@ def _server_groups(config: ExperimentConfig, allocation: Allocation) -> list[_Se
                               hint=f"set actor.path (or {field_name}) to a Hugging Face model directory")
         groups.append(_Servers(SERVER_ROLE, "", server.backend, model, server.dp, server.tp,
                                f"allocation_mode '{config.allocation_mode}'"))
-    for index, entry in enumerate(config.auxiliary_models):
+    for entry in served_auxiliary_models(config):
         groups.append(_Servers(AUXILIARY_ROLE, entry.name, entry.backend, entry.model_path, entry.engine_num,
-                               entry.tensor_parallel_size, f"{entry_field(index, 'engine_num')} ({entry.name})"))
+                               entry.tensor_parallel_size,
+                               f"{auxiliary_field(config, entry.name, 'engine_num')} ({entry.name})"))
     return groups
 
 
@@ -271,7 +272,8 @@ def plan_job(config: ExperimentConfig, allocation: Allocation, *, python: str | 
 
     notes = [f"job type {job.name}: {job.help}"]
     server_groups = _server_groups(config, alloc)
-    what = f"allocation_mode '{mode}'" + (" with auxiliary_models" if config.auxiliary_models else "")
+    what = f"allocation_mode '{mode}'" + (" with auxiliary_models" if config.auxiliary_models else "") + \
+        (f" with {ENGINE_NUM_FIELD}" if serves_reward_model(config) else "")
     placement = choose_placement(_demands(config, alloc, server_groups), cluster.n_nodes, cluster.n_gpus_per_node,
                                  what=what)
     work_group = len(server_groups)

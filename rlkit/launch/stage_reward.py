@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlkit.checks.reward_model import FIELD, scores_with_reward_model
+from rlkit.checks.reward_model import FIELD
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import scores_with_reward_model
 from rlkit.jobs.base import JobType
 
 
@@ -37,7 +38,7 @@ def hand_over_reward_model(name: str, config: ExperimentConfig, job: JobType | N
     from rlkit.rewards.model_reward import REWARD_MODEL  # the name only (torch is imported where it scores)
 
     reward = config.reward
-    if job is None or "reward" not in job.sections or not scores_with_reward_model(reward.fn, reward.fns):
+    if job is None or "reward" not in job.sections or not scores_with_reward_model(reward):
         return ""
     if trained is not None and reward.reward_model_path == trained.final:
         return trained.stand_in  # the stage names the rw stage's final itself: checked as the handed-over one

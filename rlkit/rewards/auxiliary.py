@@ -23,6 +23,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.errors import StepError
 from rlkit.servers.backend import Completion, SamplingParams
 
@@ -119,6 +120,20 @@ class AuxiliaryModel:
             await self._refresh(pool, force=True)
             return (await pool.complete(prompt_ids, params))[1]
 
+    def pooling(self, ids: list[int], task: str) -> list[float]:
+        """A pooling server's output for `ids` under `task` (the reward model's servers: rlkit.rewards.model_reward)."""
+        return self._run(self.apooling(ids, task))
+
+    async def apooling(self, ids: list[int], task: str) -> list[float]:
+        from rlkit.servers.pool import ServersUnreachable
+
+        pool = await self._live_pool()
+        try:
+            return (await pool.pooling(ids, task))[1]
+        except ServersUnreachable:  # every server it knew is gone: restarted ones register again
+            await self._refresh(pool, force=True)
+            return (await pool.pooling(ids, task))[1]
+
     def close(self) -> None:
         """Close the connections and the name-resolve handle (a worker that exits needs not call it)."""
         if self._pool is not None and self._pool_loop is not None and not self._pool_loop.is_closed():
@@ -150,9 +165,10 @@ class AuxiliaryModel:
                                       "are reached from a trial's reward functions (the trainer sets it for them)")
         paths = TrialPaths(Path(trial_dir))
         config = load_config(paths.config)
-        entry = next((e for e in config.auxiliary_models if e.name == self.name), None)
+        served = served_auxiliary_models(config)
+        entry = next((e for e in served if e.name == self.name), None)
         if entry is None:
-            names = ", ".join(e.name for e in config.auxiliary_models) or "none"
+            names = ", ".join(e.name for e in served) or "none"
             raise AuxiliaryModelError(f"the trial has no auxiliary model '{self.name}' (auxiliary_models: {names})")
         self._config, self._token, self._nr, self._entry = config, read_token(paths), name_resolve_for(config), entry
 
@@ -222,7 +238,7 @@ def wait_for_auxiliary(config: ExperimentConfig, nr: NameResolve, timeout: float
 
     deadline = time.monotonic() + timeout
     found = {}
-    for entry in config.auxiliary_models:
+    for entry in served_auxiliary_models(config):
         servers = wait_for_servers(nr, entry.engine_num, max(1.0, deadline - time.monotonic()), healthy=True,
                                    auxiliary=entry.name)
         found[entry.name] = [s.address for s in servers]

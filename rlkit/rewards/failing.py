@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.errors import StepError
 from rlkit.rewards.builtin import BUILTINS
 from rlkit.rewards.mix import RewardMix, RewardScorer
@@ -103,15 +104,17 @@ class FailingRewards:
     def _what_to_check(self, watch: _Watch) -> str:
         spec, reward = watch.spec, self.config.reward
         if spec == REWARD_MODEL:
+            where = ("its servers, steps aux-reward_model-<i>, score it" if reward.reward_model_engine_num else
+                     "its worker loads it on trainer rank 0's CPU")
             what = (f"the reward model reward.reward_model_path={reward.reward_model_path!r} (a checkpoints/final "
-                    "directory of an rw trial; its worker loads it on trainer rank 0's CPU)")
+                    f"directory of an rw trial; {where})")
         elif spec in BUILTINS:
             what = (f"that the dataset's rows hold what the built-in {spec} reads "
                     f"(reward.answer_key={reward.answer_key!r})")
         else:
             what = (f"that {spec} ({watch.setting}: module.path:function) imports and runs in the job's environment "
                     "(the image's Python packages) and reads columns the dataset has")
-        names = [a.name for a in self.config.auxiliary_models]
+        names = [a.name for a in served_auxiliary_models(self.config)]
         if names:
             logs = ", ".join(f"rlkit logs {self.config.trial_name} --step aux-{n}-0" for n in names)
             what += f"; if it calls an auxiliary model ({', '.join(names)}), that its servers answer ({logs})"

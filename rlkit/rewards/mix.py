@@ -54,14 +54,15 @@ class _Term:
 class RewardMix:
     """Scores a completion with every function of reward.fns; the RewardRunner interface (score, counts, close)."""
 
-    def __init__(self, reward: RewardConfig, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, reward: RewardConfig, *, env: dict[str, str] | None = None, prompt_key: str = "prompt") -> None:
         unknown = sorted(set(reward.timeouts) - set(reward.fns))
         if unknown:
             raise ConfigError(f"reward.timeouts names {', '.join(unknown)}, which reward.fns does not list",
                               hint="key reward.timeouts by the same function specs as reward.fns")
         self.terms: list[_Term] = []
         for name, (spec, weight) in zip(term_names(reward), reward.fns.items(), strict=True):
-            fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path)
+            fn = resolve_reward_fn(spec, reward.answer_key, reward.reward_model_path, served=_served(reward),
+                                   prompt_key=prompt_key)
             timeout = float(reward.timeouts.get(spec, reward.timeout))
             runner = RewardRunner(fn, timeout, workers=_workers(spec, reward), env=env)
             self.terms.append(_Term(name, spec, float(weight), runner))
@@ -113,15 +114,23 @@ def part_means(samples_info: list[dict[str, float]], names: list[str]) -> dict[s
     return out
 
 
-def reward_scorer(reward: RewardConfig, *, env: dict[str, str] | None = None) -> RewardScorer:
-    """What scores the rollouts: the mix of reward.fns when set, else the one reward.fn."""
+def reward_scorer(reward: RewardConfig, *, env: dict[str, str] | None = None,
+                  prompt_key: str = "prompt") -> RewardScorer:
+    """What scores the rollouts: the mix of reward.fns when set, else the one reward.fn (`prompt_key`: the rows'
+    prompt column, where a reward model trained elsewhere reads the chat it renders)."""
     if reward.fns:
-        return RewardMix(reward, env=env)
-    return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path), reward.timeout,
+        return RewardMix(reward, env=env, prompt_key=prompt_key)
+    return RewardRunner(resolve_reward_fn(reward.fn, reward.answer_key, reward.reward_model_path,
+                                          served=_served(reward), prompt_key=prompt_key), reward.timeout,
                         workers=_workers(reward.fn, reward), env=env)
 
 
+def _served(reward: RewardConfig) -> bool:
+    """Whether `reward_model` is asked of its servers (rlkit.config.served_models), not loaded in a worker."""
+    return reward.reward_model_engine_num > 0
+
+
 def _workers(spec: str, reward: RewardConfig) -> int:
-    """Worker processes for the function `spec` names: reward.num_workers, but one for a reward model (each worker
-    would load the model)."""
-    return 1 if spec.strip() == REWARD_MODEL else reward.num_workers
+    """Worker processes for the function `spec` names: reward.num_workers, but one for a reward model scored here
+    (each worker would load the model; a served one's workers only send requests)."""
+    return 1 if spec.strip() == REWARD_MODEL and not _served(reward) else reward.num_workers

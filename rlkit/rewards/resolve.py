@@ -23,10 +23,12 @@ def _choices() -> str:
     return ", ".join(sorted([*BUILTINS, REWARD_MODEL]))
 
 
-def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "") -> RewardFn:
+def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "", *, served: bool = False,
+                      prompt_key: str = "prompt") -> RewardFn:
     """The reward function named by `spec`; every mistake raises ConfigError saying what is wrong and how to fix it.
     `reward_model_path`: the model of the built-in `reward_model` (its directory is checked in
-    rlkit.checks.reward_model)."""
+    rlkit.checks.reward_model), asked of its servers when `served` (reward.reward_model_engine_num), reading the
+    rows' prompt messages from `prompt_key` (a sequence classifier's chat template)."""
     spec = spec.strip()
     if spec == REWARD_MODEL:
         if not reward_model_path:
@@ -34,7 +36,7 @@ def resolve_reward_fn(spec: str, answer_key: str, reward_model_path: str = "") -
                               "empty",
                               hint="set reward.reward_model_path to the checkpoints/final directory of an rw trial, "
                                    "or put an rw stage before this one (stages:)")
-        return make_reward_model_reward(reward_model_path)
+        return make_reward_model_reward(reward_model_path, served=served, prompt_key=prompt_key)
     if spec in BUILTINS:
         return BUILTINS[spec](answer_key)
     if ":" not in spec and "." not in spec:

@@ -225,6 +225,12 @@ class ServerBackend(ABC):
         raise NotImplementedError(f"the {self.name} backend does not score token sequences (a distillation teacher "
                                   "needs vLLM or SGLang servers)")
 
+    async def pooling(self, client: httpx.AsyncClient, server: Server, ids: list[int], task: str) -> list[float]:
+        """A pooling server's output for `ids` under `task` (a reward model: "token_classify", one value per token;
+        "classify", one value), no activation applied; httpx errors, or ValueError for an answer of another shape, as
+        `complete` raises them (the pool retries)."""
+        raise NotImplementedError(f"the {self.name} backend does not serve reward models (rlkit runs them on vLLM)")
+
     @abstractmethod
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """Stop scheduling: requests in flight are held (not dropped) until `resume`."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 
@@ -22,6 +24,7 @@ from rlkit.servers.health import probe_health
 from rlkit.servers.http import SERVER_GONE_ERRORS
 from rlkit.servers.tls import shared_tls
 
+_T = TypeVar("_T")
 RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.5, 8.0  # a request's retries on servers that already failed it wait 0.5, 1, 2..
 
 
@@ -84,7 +87,8 @@ class ServerSilent(Exception):
 
 
 class ServerPool:
-    """Sends completion requests to the least-busy live server, with retries on another server."""
+    """Sends requests (completions; a reward model's token scores) to the least-busy live server, with retries on
+    another server."""
 
     def __init__(self, servers: list[Server], token: str, *, timeout: float, retries: int,
                  max_in_flight: int, retry_delay: float = RETRY_DELAY_S) -> None:
@@ -95,8 +99,8 @@ class ServerPool:
         self.timeout = timeout
         self.retry_delay = retry_delay  # before a server that already failed the request is asked again: doubling
         self.rerouted = 0  # attempts that failed and were retried (on another server when there is one)
-        self._calls: dict[int, set[asyncio.Future[list[Completion]]]] = {}  # server index -> its requests in flight
-        self._dropped: set[asyncio.Future[list[Completion]]] = set()  # cancelled by `drop`: to send elsewhere
+        self._calls: dict[int, set[asyncio.Future[Any]]] = {}  # server index -> its requests in flight
+        self._dropped: set[asyncio.Future[Any]] = set()  # cancelled by `drop`: to send elsewhere
         self._limit = asyncio.Semaphore(max_in_flight)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), trust_env=False,
                                          verify=shared_tls(), headers={"Authorization": f"Bearer {token}"},
@@ -142,6 +146,19 @@ class ServerPool:
         """Sample `params.n` completions of a tokenized prompt; returns the server used and the completions.
         `prefer`: that server while it is in the pool and has not failed this request (a multi-turn episode stays
         where its earlier turns' tokens are in the prefix cache, and its log-prob check blames the right server)."""
+        return await self._send(lambda server: backend_for(server.backend).complete(self._client, server, prompt_ids,
+                                                                                    params),
+                                lambda server, completions: check_completions(server, completions, params), prefer)
+
+    async def pooling(self, ids: list[int], task: str) -> tuple[Server, list[float]]:
+        """A pooling server's output for `ids` under `task` (a reward model: rlkit.rewards.model_reward)."""
+        return await self._send(lambda server: backend_for(server.backend).pooling(self._client, server, ids, task),
+                                lambda _server, values: values, None)
+
+    async def _send(self, request: Callable[[Server], Awaitable[_T]], check: Callable[[Server, _T], _T],
+                    prefer: int | None) -> tuple[Server, _T]:
+        """`request` to the least-busy server (`prefer` first), its answer through `check`; a failed or silent
+        attempt retried on another server, rollout.request_retries times."""
         async with self._limit:
             tried: set[int] = set()
             last_error: Exception | None = None
@@ -155,15 +172,14 @@ class ServerPool:
                     delay = min(2 * delay, MAX_RETRY_DELAY_S)
                 server = self._pick(tried, prefer)
                 tried.add(server.index)
-                backend = backend_for(server.backend)
                 server.in_flight += 1
-                call = asyncio.ensure_future(backend.complete(self._client, server, prompt_ids, params))
+                call = asyncio.ensure_future(request(server))
                 self._calls.setdefault(server.index, set()).add(call)
                 try:
                     # the whole answer within the timeout: httpx's read timeout alone is per chunk, so a server
                     # trickling bytes would hold the request forever
-                    completions = await asyncio.wait_for(call, self.timeout)
-                    return server, check_completions(server, completions, params)
+                    answer = await asyncio.wait_for(call, self.timeout)
+                    return server, check(server, answer)
                 except asyncio.CancelledError:
                     if call not in self._dropped:
                         raise  # the rollout itself is cancelled, not this server's call
@@ -192,7 +208,7 @@ class ServerPool:
             if all(isinstance(e, (*SERVER_GONE_ERRORS, ServerSilent)) for e in errors):
                 raise ServersUnreachable(f"no inference server accepts connections ({self.retries + 1} attempts, "
                                          f"last: {type(last_error).__name__}: {last_error})")
-            answer = (f"; it answered {last_error.response.text[:300]!r}"
-                      if isinstance(last_error, httpx.HTTPStatusError) else "")  # vLLM says why it refused
+            said = (f"; it answered {last_error.response.text[:300]!r}"
+                    if isinstance(last_error, httpx.HTTPStatusError) else "")  # vLLM says why it refused
             raise StepError(f"a request failed {self.retries + 1} times (last on a server of {len(self.servers)}): "
-                            f"{type(last_error).__name__}: {last_error}{answer}")
+                            f"{type(last_error).__name__}: {last_error}{said}")

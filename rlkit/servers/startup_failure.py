@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rlkit.config.allocation import Allocation, ServerAllocation, canonical_mode, parse_allocation
-from rlkit.config.schema.auxiliary import entry_field
 from rlkit.config.schema.experiment import get_field
+from rlkit.config.served_models import auxiliary_field, served_auxiliary_models
 from rlkit.cuda_oom import oom_figures
 from rlkit.errors import ConfigError, FatalStepError
 
@@ -66,12 +66,11 @@ def served_with(config: ExperimentConfig, backend: str, tp: int, auxiliary: str 
     if backend == "vllm":
         kv = next((str(v) for k, v in section.extra_args.items()
                    if str(k).replace("-", "_").lower() == "kv_cache_memory_bytes"), "")
-    entries = [i for i, e in enumerate(config.auxiliary_models) if e.name == auxiliary] if auxiliary else []
-    if entries:
-        i = entries[0]
-        context_key = entry_field(i, "max_model_len")
-        context = config.auxiliary_models[i].max_model_len
-        more_gpus = f"{entry_field(i, 'tensor_parallel_size')} (now {tp}) -> {2 * tp}"
+    entry = next((e for e in served_auxiliary_models(config) if e.name == auxiliary), None) if auxiliary else None
+    if entry is not None:
+        context_key = auxiliary_field(config, entry.name, "max_model_len")
+        context = entry.max_model_len
+        more_gpus = f"{auxiliary_field(config, entry.name, 'tensor_parallel_size')} (now {tp}) -> {2 * tp}"
     else:
         context_key = "vllm.max_model_len" if backend == "vllm" else "sglang.context_length"
         context = get_field(config, context_key)

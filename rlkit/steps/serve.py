@@ -34,6 +34,7 @@ from rlkit.config.allocation import parse_allocation
 from rlkit.config.load import load_config
 from rlkit.config.schema.auxiliary import AuxiliaryModelConfig
 from rlkit.config.schema.experiment import ExperimentConfig, set_field
+from rlkit.config.served_models import is_reward_servers, served_auxiliary_models
 from rlkit.errors import FatalStepError, StepError
 from rlkit.nameresolve import name_resolve_for, server_key
 from rlkit.nameresolve.servers import server_step_name
@@ -94,15 +95,18 @@ def auxiliary_server_config(config: ExperimentConfig, entry: AuxiliaryModelConfi
     set_field(derived, backend.context_field, entry.max_model_len)
     derived.actor.use_lora = False
     derived.actor.weight_update_mode = "disk"  # the servers' start does not join a broadcast group
+    if is_reward_servers(config, entry.name):  # scores tokens (rlkit.rewards.model_reward), generates nothing
+        derived.vllm.extra_args = {**derived.vllm.extra_args, "runner": "pooling"}
     return derived
 
 
 def _what_to_serve(config: ExperimentConfig, index: int, auxiliary: str) -> tuple[ExperimentConfig, str, int]:
     """(the config the server starts from, its backend, its tensor-parallel size) for server `index`."""
     if auxiliary:
-        entry = next((e for e in config.auxiliary_models if e.name == auxiliary), None)
+        entry = next((e for e in served_auxiliary_models(config) if e.name == auxiliary), None)
         if entry is None or not 0 <= index < entry.engine_num:
-            raise StepError(f"auxiliary server {auxiliary}/{index} is not part of the trial's auxiliary_models")
+            raise StepError(f"auxiliary server {auxiliary}/{index} is not part of the trial's auxiliary_models "
+                            "(nor the reward model's servers)")
         return auxiliary_server_config(config, entry), entry.backend, entry.tensor_parallel_size
     alloc = parse_allocation(config.allocation_mode)
     if alloc.server is None or not 0 <= index < alloc.server.dp:

@@ -1,7 +1,8 @@
 """Every example config parses, validates, and renders a script the real controller accepts (sbatch --test-only).
 
 Paths that exist only on a GPU site (images, models, data under /storage) are pointed at stand-in files here: empty
-`.sif` files and a directory holding only config.json and tokenizer.json. Apptainer itself cannot run on this
+`.sif` files and a directory holding only config.json and tokenizer.json (a reward model's says what a sequence
+classifier's says). Apptainer itself cannot run on this
 machine; the controller judges the rendered job (nodes, GPUs, CPUs, memory per component of a heterogeneous job, or
 of the one allocation whose steps share nodes: configs/grpo-one-node*.yaml).
 """
@@ -46,13 +47,18 @@ def site_standins(tmp_path: Path) -> list[str]:
                                 "task": 0,  # workflow verifiers: the task's index in the taskset
                                 "messages": [{"role": "user", "content": "1+1="},
                                              {"role": "assistant", "content": "2"}]}) + "\n")
+    reward_model = tmp_path / "reward-model"  # a sequence classifier trained elsewhere (configs/grpo-reward-model.yaml)
+    reward_model.mkdir()
+    (reward_model / "config.json").write_text(json.dumps({"architectures": ["LlamaForSequenceClassification"],
+                                                          "num_labels": 1, "max_position_embeddings": 131072}))
+    (reward_model / "tokenizer.json").write_text("{}")
     images = []
     for role in ("inference_server_image", "trainer_image"):
         image = tmp_path / f"{role}.sif"
         image.write_bytes(b"stand-in, never executed")
         images.append(f"launcher.slurm.{role}={image}")
     return [f"actor.path={model}", f"generate.dataset.path={data}", f"train_dataset.path={data}",
-            f"cluster.fileroot={tmp_path}/root", *images]
+            f"cluster.fileroot={tmp_path}/root", f"reward.reward_model_path={reward_model}", *images]
 
 
 def _for(config: Path, standins: list[str]) -> list[str]:
@@ -68,6 +74,8 @@ def _for(config: Path, standins: list[str]) -> list[str]:
     read = {section for c in _loaded(config) for section in job_type_for(c.type).sections}
     standins = [o for o in standins if o.split(".", 1)[0] not in ("generate", "train_dataset")
                 or o.split(".", 1)[0] in read]
+    if not example.reward.reward_model_path.startswith("/storage/"):  # a GPU site's reward model only
+        standins = [o for o in standins if not o.startswith("reward.reward_model_path=")]
     if example.launcher.slurm.container_type == "apptainer":
         return standins
     return [o for o in standins if not o.startswith(("launcher.slurm.trainer_image=",

@@ -250,7 +250,19 @@ class RewardConfig:
                                    "(reward_model: {ground_truth: ...}); a column of that exact name wins. A "
                                    "list there holds accepted answers: any of them scores.")
     reward_model_path: str = _f("", "With fn=reward_model: a reward model trained by job type rw (its "
-                                "checkpoints/final directory); completions are scored by it on trainer rank 0.")
+                                "checkpoints/final directory), or one trained elsewhere as a Hugging Face "
+                                "*ForSequenceClassification with one label (directory or hub id; it reads the "
+                                "conversation through its own chat template); completions are scored by its "
+                                "servers (reward_model_engine_num), else on trainer rank 0's CPU.")
+    reward_model_engine_num: int = _f(0, "With fn=reward_model: vLLM servers of the reward model (a pooling runner, "
+                                      "steps aux-reward_model-<i>), each on reward_model_tensor_parallel_size GPUs "
+                                      "of its own, that score every completion; 0: trainer rank 0 scores on its CPU "
+                                      "in one worker (fine for a small model; a model of billions of parameters "
+                                      "would take seconds a completion).", ge=0)
+    reward_model_tensor_parallel_size: int = _f(1, "GPUs per reward-model server (they must fit on one node).",
+                                                ge=1)
+    reward_model_max_model_len: int | None = _f(None, "Context length (prompt + completion) of the reward-model "
+                                                      "servers; None: the model's own.", ge=1)
     timeout: float = _f(10.0, "Seconds one reward call may take; slower calls score 0 and are counted.", gt=0)
     fns: dict[str, float] = _f({}, "A weighted mix instead of fn: {function: weight}, each function as fn names one "
                                "(cosmos-rl's reward_function dict); the reward is the weighted sum, each function's "

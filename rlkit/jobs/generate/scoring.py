@@ -17,7 +17,7 @@ class CompletionScorer:
     """Scores the completions of one prompt at a time; `counts` for the summary; `close` ends the workers."""
 
     def __init__(self, config: ExperimentConfig) -> None:
-        self.scorer = reward_scorer(config.reward)
+        self.scorer = reward_scorer(config.reward, prompt_key=config.generate.dataset.prompt_key)
 
     async def score(self, prompt: str, texts: list[str], row: dict[str, Any]) -> list[dict[str, Any]]:
         """Per completion, the fields its line gains: reward, a mix's per-function rewards, and the error of a

@@ -12,6 +12,7 @@ from typing import Any
 from rlkit.agent.metrics import batch_metrics
 from rlkit.config.allocation import parse_allocation
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.errors import StepError
 from rlkit.jobs.grpo.waits import batch_wait_s
 from rlkit.rewards.reasoning_gym import task_metrics
@@ -123,7 +124,8 @@ class Rank0:
             raise StepError("gconfig.greedy is true: GRPO/PPO rollouts must sample (set gconfig.greedy=false, or use "
                             "eval_gconfig.greedy for evaluation)")
         # reward.fn, or the weighted mix of reward.fns; auxiliary models are found from the trial's environment
-        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root))
+        self.reward = reward_scorer(config.reward, env=trial_environment(paths.root),
+                                    prompt_key=config.train_dataset.prompt_key)
         self.reward_terms = term_names(config.reward)
         self.failing = FailingRewards(self.reward, config)  # a function failing on every call stops the trainer
         offpolicy = config.rollout.max_head_offpolicyness if config.async_training else 0
@@ -176,7 +178,7 @@ class Rank0:
         from rlkit.servers.http import server_client
 
         transport.start()  # drops what a previous attempt left (its versions are stale)
-        if self.config.auxiliary_models:  # before the first rollout: no reward function meets a starting server
+        if served_auxiliary_models(self.config):  # before the first rollout: no reward function meets a starting server
             self._wait_for_auxiliary()
         servers = self.controller.start()
         token = self.token

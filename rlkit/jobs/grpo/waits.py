@@ -10,6 +10,7 @@ healthy rollout (rollout.request_timeout is an hour by default) fails them first
 from __future__ import annotations
 
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.served_models import served_auxiliary_models
 from rlkit.servers.pool import most_retry_wait
 from rlkit.trainer.dist import COLLECTIVE_TIMEOUT_S, TrainerWaits
 from rlkit.trainer.evaluator import episode_bound, eval_wait_bound
@@ -42,7 +43,7 @@ def rank0_wait_bound(config: ExperimentConfig, *, scored: bool = False) -> float
     scored by a teacher, as long again), an evaluation it waits for (rlkit.trainer.evaluator) and a push; after the
     last step's push, two evaluations (Evaluator.after_step: the one still running, then the final weights'), which
     outlast a batch when an agent's evaluation runs max_turns turns."""
-    start = config.rollout.setup_timeout * (2 if config.auxiliary_models else 1) + push_wait_s(config)
+    start = config.rollout.setup_timeout * (2 if served_auxiliary_models(config) else 1) + push_wait_s(config)
     step = batch_wait_s(config) * (2 if scored else 1) + eval_wait_bound(config) + push_wait_s(config)
     last = push_wait_s(config) + 2 * eval_wait_bound(config)
     return max(start, step, last) + RANK0_MARGIN_S

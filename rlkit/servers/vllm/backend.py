@@ -179,6 +179,23 @@ class VllmBackend(ServerBackend):
                               json=scoring.vllm_body(server, sequences, topk))
         return scoring.vllm_scores(answer_json(response, server, what), server, sequences, starts, topk)
 
+    async def pooling(self, client: httpx.AsyncClient, server: Server, ids: list[int], task: str) -> list[float]:
+        """`POST /pooling {"input": [ids], "task": task, "use_activation": false}` on a server started with `--runner
+        pooling` (vLLM 0.32): `data[0].data` holds, for token_classify, one list of the label's raw values per token
+        (flattened here), for classify the one label's raw logit."""
+        body = {"model": server.model, "input": [ids], "task": task, "use_activation": False}
+        response = await client.post(f"{server.url}/pooling", json=body)
+        response.raise_for_status()
+        try:
+            data = response.json()["data"][0]["data"]
+            values = [float(row[0]) for row in data] if task == "token_classify" else [float(v) for v in data]
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:  # another shape: retried
+            raise ValueError(f"{server.label}: /pooling answered {response.text[:300]!r} "
+                             f"({type(exc).__name__}: {exc})") from exc
+        if not values:
+            raise ValueError(f"{server.label}: /pooling answered no value: {response.text[:300]!r}")
+        return values
+
     async def pause(self, client: httpx.AsyncClient, server: Server, timeout: float) -> None:
         """`mode=keep`: requests in flight are frozen, not dropped."""
         await call(client, server, "POST", "/pause", "pause (mode keep)", timeout, params={"mode": "keep"})

@@ -42,8 +42,9 @@ def test_a_reward_model_of_the_actors_vocabulary_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kind", "vocab", "tokenizer", "says"), [
-    (None, 100, True, "is not a reward model written by job type rw (no rlkit_value_head.json)"),
-    ("critic", 100, True, "is not a reward model written by job type rw (a critic model)"),
+    (None, 100, True, "is neither a reward model written by job type rw (no rlkit_value_head.json) nor a Hugging "
+                      "Face sequence classifier with one label"),
+    ("critic", 100, True, "is neither a reward model written by job type rw (a critic model)"),
     ("reward", 100, False, "has no tokenizer"),
     ("reward", 151936, True, "the reward model's vocabulary (151936 tokens) is not the actor's (100)"),
 ])

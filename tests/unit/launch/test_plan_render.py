@@ -52,6 +52,11 @@ GOLDEN_CASES = {p.stem: (p.stem, []) for p in CONFIGS.glob("*.yaml")}
 # Three components: the policy's servers, an auxiliary judge's servers (two of four GPUs each), the trainer.
 GOLDEN_CASES["grpo-judge"] = ("grpo", ["cluster.n_nodes=3", "auxiliary_models=[{name: judge, model_path: "
                                        "/storage/models/judge, engine_num: 2, tensor_parallel_size: 4}]"])
+# The reward model on servers of its own (two of two GPUs each, reward.reward_model_engine_num): a third component.
+GOLDEN_CASES["grpo-reward-servers"] = ("grpo", ["cluster.n_nodes=3", "reward.fn=reward_model",
+                                                "reward.reward_model_path=/storage/rlkit/rm/checkpoints/final",
+                                                "reward.reward_model_engine_num=2",
+                                                "reward.reward_model_tensor_parallel_size=2"])
 # Packed (steps share nodes): 12 server GPUs + 4 trainer GPUs on two nodes of 8 (the trainer and 4 servers on node 0,
 # 8 servers on node 1); grpo-one-node and grpo-one-node-cpu-demo (every step on one node) come from configs/.
 GOLDEN_CASES["grpo-12-4"] = ("grpo", ["allocation_mode=vllm:d12+fsdp:d4"])
