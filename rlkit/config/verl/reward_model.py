@@ -219,6 +219,8 @@ def _servers(m: RunMapping) -> None:
     said = (f"converted to {ENGINE_NUM_FIELD} {servers} server(s) of {TP_FIELD} {tp} GPU(s) on {where}"
             + ("; verl's legacy worker shards the model over its GPUs with FSDP, rlkit serves a whole copy on each "
                f"GPU (pass {TP_FIELD}=N for a model too large for one)" if legacy else ""))
+    mine = [f"{name} {values[name]}" for name in (ENGINE_NUM_FIELD, TP_FIELD) if name in values]
+    said += f"; your {' and '.join(mine)} override(s) win: {taken} GPU(s) taken" if mine else ""
     for key in (TP_KEY, POOL, *(resources if pool is True else ())):
         if key in leaves or key == POOL:
             m.fate(key, said if key in leaves else said + f" ({POOL} unset: false, verl's default)")

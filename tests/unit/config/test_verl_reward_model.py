@@ -26,6 +26,7 @@ LOOP = ("reward_model.enable=True", "reward_model.model.path=$HOME/models/Fsfair
         "reward_model.rollout.gpu_memory_utilization=0.8", "reward_model.rollout.tensor_model_parallel_size=1",
         "reward_model.rollout.prompt_length=2048", "reward_model.rollout.response_length=1024",
         "reward_model.num_workers=8")
+TP = "reward_model.rollout.tensor_model_parallel_size"
 # run_qwen2.5-3b_rm_legacy.sh's: verl's legacy FSDP worker
 LEGACY = ("reward_model.enable=True", "reward_model.model.path=$HOME/models/Skywork-Reward-V2-Llama-3.2-3B",
           "reward_model.use_reward_loop=False", "reward_model.model.use_remove_padding=True",
@@ -115,6 +116,10 @@ def test_gpus_too_few_for_the_reward_model_s_servers_are_refused_with_the_fix() 
     mapping, _ = _mapping(*LOOP, "reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=6",
                           overridden={"allocation_mode": "vllm:d1+fsdp:d1"})
     assert mapping["reward"]["reward_model_engine_num"] == 1
+    mapping, said = _mapping(*LOOP, "reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=6",
+                             overridden={"reward.reward_model_tensor_parallel_size": "1"})
+    assert mapping["allocation_mode"] == "vllm:d1t2+fsdp:d3"  # the 6 less the 1 GPU of the server asked for
+    assert said[TP].endswith("your reward.reward_model_tensor_parallel_size 1 override(s) win: 1 GPU(s) taken")
 
 
 @pytest.mark.parametrize("lines, says", [
