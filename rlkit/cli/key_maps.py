@@ -345,7 +345,17 @@ SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {
              "`data.max_prompt_length`: `data.truncation` left, right or middle is refused unless "
              "`data.filter_overlong_prompts=True` drops them in verl too. DAPO's overlong penalty "
              "(`reward_manager=dapo`, `reward_kwargs.overlong_buffer_cfg`) becomes `actor.overlong_*` with the same "
-             "reward at every length."),
+             "reward at every length.\n\n"
+             "**A reward model.** `reward_model.enable=True` becomes `reward.fn: reward_model` (verl's training "
+             "reward is then the model's score alone) with `reward_model.model.path` as `reward.reward_model_path` "
+             "(a Hugging Face `*ForSequenceClassification` with one label, which reads the conversation through its "
+             "own chat template, as verl's reward loop renders it). The model is scored on servers of its own: "
+             "verl colocates them with the actor, rlkit cannot, so one server of "
+             "`reward_model.rollout.tensor_model_parallel_size` GPUs is taken from the run's before the split "
+             "(refused with the fix where the rest cannot hold a rollout server and a trainer); a pool of its own "
+             "(`reward_model.enable_resource_pool`) becomes servers on nodes added to the run. A "
+             "`custom_reward_function` beside the model is refused: pass `reward.fn` or a `reward.fns` mix "
+             "(a weighted sum) that says which reward you mean."),
     "Trinity-RFT": (TRINITY, "trinity-rft", "Trinity-RFT's explorer, trainer and synchronizer are, in rlkit, the "
                     "servers, the trainer and the weight push of one Slurm job. Its buffer's row formats (prompt, "
                     "response, messages, chosen/rejected keys) keep their names in rlkit's `sft`, `rw` and `dpo` "

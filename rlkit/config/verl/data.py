@@ -18,6 +18,7 @@ from rlkit.config.verl.mapping import put
 
 VERL_ANSWER_KEY = "reward_model.ground_truth"
 CUSTOM_REWARD = "custom_reward_function.path"
+MODEL_REWARD = "reward_model.enable"
 # verl's default_compute_score: data_source -> how it scores (the sources rlkit's `math` scores alike)
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
@@ -32,8 +33,8 @@ def set_reward(out: dict[str, Any], leaves: Mapping[str, Any], overridden: Colle
     (no custom_reward_function.path); the user's overrides of either stand."""
     if "reward.answer_key" not in overridden:
         put(out, "reward.answer_key", VERL_ANSWER_KEY)
-    if not leaves.get(CUSTOM_REWARD) and not _reward_overridden(overridden):
-        put(out, "reward.fn", "math")
+    if not leaves.get(CUSTOM_REWARD) and not _reward_overridden(overridden) and leaves.get(MODEL_REWARD) is not True:
+        put(out, "reward.fn", "math")  # a reward model's run: rlkit.config.verl.reward_model
 
 
 def data_notes(leaves: Mapping[str, Any], overridden: Collection[str]) -> list[str]:
@@ -51,6 +52,14 @@ def data_notes(leaves: Mapping[str, Any], overridden: Collection[str]) -> list[s
     if _reward_overridden(overridden):
         return [*lines, "The reward: your reward.fn override scores the completions (not verl's "
                         "default_compute_score)."]
+    if leaves.get(MODEL_REWARD) is True:
+        return [*lines, "The reward: reward.fn reward_model, the score of reward.reward_model_path (verl's "
+                        "reward_model.model.path) alone, as verl's training reward is with reward_model.enable (its "
+                        "rule-based scorer is not added); rlkit renders each conversation through the reward model's "
+                        "own chat template, as verl's reward loop does. Evaluation differs: verl validates with its "
+                        "rule-based scorer (val_reward_fn, by data_source; none at all for rows of style model) "
+                        "unless the reward loop scored the model on a pool of its own; rlkit's evaluator scores "
+                        "with reward.fn, so its eval metrics are the model's scores."]
     return [*lines,
             "The reward: reward.fn math. verl's default_compute_score picks its scorer by each row's data_source; "
             f"for {', '.join(GSM8K_SOURCES)} (the number after '#### ', compared as text) and "

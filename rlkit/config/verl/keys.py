@@ -157,8 +157,26 @@ VERL_KEYS: tuple[tuple[str, str, str], ...] = (
     ("data.reward_fn_key", "", "the row column by which verl picks a scorer (data_source); rlkit scores every row "
      "with reward.fn (or the weighted reward.fns)"),
     ("data.return_raw_chat", "", "rlkit's servers are given the prompt as the dataset holds it"),
-    ("reward_model.enable", "reward.fn", "verl's model reward: in rlkit, a model trained by job type rw is "
-     "reward.fn: reward_model; rlkit migrate refuses true unless reward.fn is passed"),
+    ("reward_model.enable", "reward.fn", "true: reward.fn reward_model, the model's score alone as in verl; with "
+     "custom_reward_function.path too, refused (name reward_model or the function in reward.fn / reward.fns)"),
+    ("reward_model.model.path", "reward.reward_model_path", "a Hugging Face *ForSequenceClassification with one "
+     "label, as verl reads it (or an rlkit rw model)"),
+    ("reward_model.rollout.tensor_model_parallel_size", "reward.reward_model_tensor_parallel_size", "verl's "
+     "reward-loop servers (its default 2); the legacy worker's FSDP becomes servers of 1 GPU"),
+    ("reward_model.enable_resource_pool", "reward.reward_model_engine_num", "true: the pool's nnodes x "
+     "n_gpus_per_node / tensor_model_parallel_size servers, on nodes added to the run; false (verl colocates the "
+     "model with the actor): one server, its GPUs taken from the run's (rlkit's servers have GPUs of their own)"),
+    ("reward_model.n_gpus_per_node", "reward.reward_model_engine_num", "with enable_resource_pool: its pool's GPUs "
+     "per node"),
+    ("reward_model.nnodes", "reward.reward_model_engine_num", "with enable_resource_pool: its pool's nodes"),
+    ("reward_model.rollout.max_model_len", "reward.reward_model_max_model_len", "null: the model's own context, "
+     "as rlkit's unset"),
+    ("reward_model.rollout.prompt_length", "", "a generation limit of verl's reward-model servers, not their "
+     "context (reward.reward_model_max_model_len)"),
+    ("reward_model.model.input_tokenizer", "", "rlkit always renders the conversation with the reward model's own "
+     "chat template"),
+    ("reward_model.num_workers", "", "verl's processes that query the reward model; rlkit's reward_model scores in "
+     "one worker (reward.num_workers is for reward functions)"),
     ("reward_model.reward_manager", "", "rlkit calls reward.fn per completion (its own parallelism: "
      "reward.num_workers)"),
     ("trainer.critic_warmup", "", "rlkit trains the actor from the first step (verl's 0); more is refused"),

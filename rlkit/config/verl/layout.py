@@ -1,7 +1,9 @@
 """verl's GPUs as rlkit's allocation_mode: verl colocates rollout and training on every GPU of the run (nnodes x
 n_gpus_per_node); rlkit runs servers and trainer on GPUs of their own. The split written: about half the GPUs to the
 servers, in whole servers of the rollout's tensor-parallel size, the rest to the trainer (FSDP), so the run keeps its
-GPU count; the header says so, and allocation_mode=... on the command line chooses another split."""
+GPU count; the header says so, and allocation_mode=... on the command line chooses another split. The reward model's
+servers (rlkit.config.verl.reward_model) take their GPUs first: from the run's when verl colocates the model, else on
+nodes added for its pool."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from rlkit.config.verl.mapping import RunMapping, is_count
 ROLLOUT = "actor_rollout_ref.rollout"
 ENGINES = ("vllm", "sglang")
 DEFAULTS = {"trainer.nnodes": 1, "trainer.n_gpus_per_node": 8, f"{ROLLOUT}.tensor_model_parallel_size": 2}  # verl's
+REWARD_POOL_FIX = ("give the reward model GPUs of its own (reward_model.enable_resource_pool=True with "
+                   "reward_model.nnodes and reward_model.n_gpus_per_node), lower "
+                   "reward_model.rollout.tensor_model_parallel_size, ")
 VLLM_ONLY = (f"{ROLLOUT}.enforce_eager", f"{ROLLOUT}.max_num_seqs")
 
 
@@ -43,20 +48,28 @@ def allocation(m: RunMapping) -> None:
         return
     nodes, gpus, tp = sizes.values()
     total = nodes * gpus
-    parts = split(total, tp)
+    taken, own = m.reward_gpus  # the reward model's servers (rlkit.config.verl.reward_model)
+    parts = split(total - taken, tp)
     if parts is None:
+        rm = f" after the reward model's server(s) took {taken}" if taken else ""
         m.refuse(f"{ROLLOUT}.tensor_model_parallel_size", f"rlkit runs servers and trainer on GPUs of their own, and "
-                 f"a server of {tp} GPUs leaves the trainer none of the run's {total}",
-                 "lower tensor_model_parallel_size, add GPUs, or pass allocation_mode=...", unless="allocation_mode")
+                 f"a server of {tp} GPUs leaves the trainer none of the run's {total}{rm}",
+                 "lower tensor_model_parallel_size, add GPUs, " + (REWARD_POOL_FIX if taken else "") +
+                 "or pass allocation_mode=...", unless="allocation_mode")
         return
     servers, trainer = parts
+    added = -(-own // gpus)  # nodes for the reward model's pool of its own
     mode = f"{engine}:d{servers}" + (f"t{tp}" if tp != 1 else "") + f"+fsdp:d{trainer}"
     _put_top(m, "allocation_mode", mode)
     split_said = (f"read into allocation_mode {mode}: verl runs rollout and training on all {total} GPUs in turn, "
-                  f"rlkit runs {servers} server(s) of {tp} GPU(s) and a {trainer}-GPU trainer side by side")
+                  f"rlkit runs {servers} server(s) of {tp} GPU(s) and a {trainer}-GPU trainer side by side"
+                  + (f", the reward model's server(s) on the other {taken}" if taken else "")
+                  + (f", the reward model's pool ({own} GPUs) on {added} node(s) added" if own else ""))
     for key, to in (("trainer.nnodes", "cluster.n_nodes"), ("trainer.n_gpus_per_node", "cluster.n_gpus_per_node")):
-        _put_cluster(m, to, sizes[key])
-        m.fate(key, f"moved to {to}" + ("" if key in leaves else f" as {sizes[key]}, verl's default"))
+        more = added if key == "trainer.nnodes" else 0
+        _put_cluster(m, to, sizes[key] + more)
+        m.fate(key, f"moved to {to}" + ("" if key in leaves else f" as {sizes[key]}, verl's default")
+               + (f" plus {more} node(s) for the reward model's pool" if more else ""))
     for key in (name_key, f"{ROLLOUT}.tensor_model_parallel_size"):
         m.fate(key, split_said + ("" if key in leaves else " (verl's default)"))
     _engine_keys(m, str(engine))

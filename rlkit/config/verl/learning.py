@@ -283,24 +283,6 @@ def filter_groups(m: RunMapping) -> None:
             m.left(key, "with algorithm.filter_groups.enable")
 
 
-def reward_model(m: RunMapping) -> None:
-    """A reward model's score is the run's reward: migrated without it, the run would learn from another reward."""
-    on = m.leaves.get("reward_model.enable")
-    keys = [k for k in m.leaves if k.startswith("reward_model.") and k not in m.done
-            and k != "reward_model.reward_manager"]  # verl's rule-based rewards' manager: its key map row says
-    if on in (None, False):
-        for key in keys:
-            m.left(key, "reward_model.enable is false")
-        return
-    m.refuse("reward_model.enable", "the run's reward is a reward model's score (reward_model.model.path), "
-                                    "which verl serves itself", "train or give an rlkit reward model (job type rw) "
-                                                                "and pass reward.fn=reward_model, or pass the "
-                                                                "reward.fn you mean", unless="reward.fn")
-    for key in keys:
-        if key != "reward_model.enable":
-            m.left(key, "with reward_model.enable")
-
-
 def unknown_changes_learning(key: str, critic: bool) -> bool:
     """Whether an unknown key lies where the algorithm's own knobs are (refused, not named as unknown); the
     critic's optimizer only in a run that trains a critic."""

@@ -35,6 +35,8 @@ class RunMapping:
         self.critic = False  # the run's algorithm trains a critic (verl's GAE)
         self.whose = "verl's"  # whose the written defaults are (Trinity-RFT's embedded verl config has its own)
         self.whole_config = False  # a YAML file: it spells out verl's defaults too (a script's keys are its choices)
+        # the reward model's servers' GPUs: (taken from the run's colocated GPUs, on nodes of their own)
+        self.reward_gpus = (0, 0)
 
     def fate(self, key: str, what: str) -> None:
         self.done.add(key)

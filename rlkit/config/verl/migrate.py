@@ -23,9 +23,10 @@ _SHOWN_VALUE = 60
 _WIDTH = 118  # a note's lines
 
 
-def _overridden(overrides: list[str]) -> set[str]:
-    """The rlkit keys the command line's overrides set."""
-    return {word.split("=", 1)[0].lstrip("+") for word in overrides if "=" in word}
+def _overridden(overrides: list[str]) -> dict[str, str]:
+    """The rlkit keys the command line's overrides set, with their values (rlkit.config.verl.reward_model reads
+    whether reward.fn / reward.fns name the reward model)."""
+    return {word.split("=", 1)[0].lstrip("+"): word.split("=", 1)[1] for word in overrides if "=" in word}
 
 
 @contextmanager

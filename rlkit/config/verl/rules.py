@@ -25,12 +25,12 @@ from rlkit.config.verl.learning import (
     filter_groups,
     not_built,
     optimizers,
-    reward_model,
     unknown_changes_learning,
 )
 from rlkit.config.verl.mapping import RunMapping, VerlKey, is_count, put
 from rlkit.config.verl.overlong import reward_managers
 from rlkit.config.verl.policy_loss import loss_mode
+from rlkit.config.verl.reward_model import reward_model
 from rlkit.errors import ConfigError
 
 ARR = "actor_rollout_ref"

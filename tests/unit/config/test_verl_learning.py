@@ -76,7 +76,6 @@ def test_validation_sampling_moves_greedy_by_default(tmp_path: Path, site: list[
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn tool rollouts are not rlkit's"),
     ("data.apply_chat_template_kwargs.reasoning_effort=medium", "the chat template's arguments change the prompts"),
     ("actor_rollout_ref.model.override_config.max_position_embeddings=32768", "overrides of the model's config"),
-    ("reward_model.enable=True", "reward_model.enable True (t): the run's reward is a reward model's score"),
 ])
 def test_keys_that_change_learning_and_rlkit_lacks_are_refused(line: str, says: str) -> None:
     with pytest.raises(ConfigError) as info:
