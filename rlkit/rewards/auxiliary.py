@@ -19,7 +19,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -109,30 +109,28 @@ class AuxiliaryModel:
         return [c.text for c in await self.acomplete(prompt, **sampling)]
 
     async def acomplete(self, prompt: Prompt, **sampling: Any) -> list[Completion]:
-        from rlkit.servers.pool import ServersUnreachable
-
         params = sampling_params(sampling)
         prompt_ids = await asyncio.to_thread(self._prompt_ids, prompt)
-        pool = await self._live_pool()
-        try:
-            return (await pool.complete(prompt_ids, params))[1]
-        except ServersUnreachable:  # every server it knew is gone: restarted ones register again
-            await self._refresh(pool, force=True)
-            return (await pool.complete(prompt_ids, params))[1]
+        return await self._ask(lambda pool: pool.complete(prompt_ids, params))
 
     def pooling(self, ids: list[int], task: str) -> list[float]:
         """A pooling server's output for `ids` under `task` (the reward model's servers: rlkit.rewards.model_reward)."""
         return self._run(self.apooling(ids, task))
 
     async def apooling(self, ids: list[int], task: str) -> list[float]:
+        return await self._ask(lambda pool: pool.pooling(ids, task))
+
+    async def _ask(self, request: Callable[[ServerPool], Awaitable[tuple[Any, _T]]]) -> _T:
+        """`request` on the live pool; once more after a refresh when every server it knew is gone (restarted
+        ones register again at new addresses)."""
         from rlkit.servers.pool import ServersUnreachable
 
         pool = await self._live_pool()
         try:
-            return (await pool.pooling(ids, task))[1]
-        except ServersUnreachable:  # every server it knew is gone: restarted ones register again
+            return (await request(pool))[1]
+        except ServersUnreachable:
             await self._refresh(pool, force=True)
-            return (await pool.pooling(ids, task))[1]
+            return (await request(pool))[1]
 
     def close(self) -> None:
         """Close the connections and the name-resolve handle (a worker that exits needs not call it)."""

@@ -83,6 +83,16 @@ CPU_KV_CACHE = {"kv_cache_memory_bytes": "64M"}
 # process, that process forked from the API server (kept by rlkit's vLLM plugin), one torch thread.
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "fork",
                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+CPU_ENV_VARS = ",".join(f"{k}={v}" for k, v in CPU_SERVER_ENV.items())  # as vllm.env_vars (a config's value)
+
+
+def trial_for_serve(trial: Path) -> str:
+    """A trial directory `rlkit serve` can start a server of (its config.yaml is the caller's): the directory and
+    its 0600 token file; returns the token."""
+    (trial / "secret").mkdir(parents=True)
+    token = "tok-" + os.urandom(12).hex()
+    (trial / "secret" / "token").write_text(token)
+    return token
 
 
 @contextlib.contextmanager

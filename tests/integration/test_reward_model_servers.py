@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers.vllm_helpers import CPU_SERVER_ENV
+from tests.helpers.vllm_helpers import CPU_ENV_VARS, trial_for_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 # (prompt, completion, row): a text prompt, and chat messages in the row's prompt column (the sequence classifier
@@ -66,10 +66,8 @@ def reward_trial(request: pytest.FixtureRequest, tiny_model_dir: Path,
     root = tmp_path_factory.mktemp("reward-servers")
     _write_reward_model(request.param, tiny_model_dir, root / "rm")
     trial = root / "fileroot" / "exp" / "t1"
-    (trial / "secret").mkdir(parents=True)
-    (trial / "secret" / "token").write_text("tok-" + os.urandom(12).hex())
+    trial_for_serve(trial)
     (root / "prompts.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    env_vars = ",".join(f"{k}={v}" for k, v in CPU_SERVER_ENV.items())
     (trial / "config.yaml").write_text(f"""
 experiment_name: exp
 trial_name: t1
@@ -77,7 +75,7 @@ type: grpo
 allocation_mode: vllm:d1+fsdp:d1
 actor: {{path: {tiny_model_dir}}}
 cluster: {{fileroot: {root / 'fileroot'}, n_nodes: 3, n_gpus_per_node: 1}}
-vllm: {{dtype: float32, max_model_len: 256, enforce_eager: true, env_vars: "{env_vars}"}}
+vllm: {{dtype: float32, max_model_len: 256, enforce_eager: true, env_vars: "{CPU_ENV_VARS}"}}
 train_dataset: {{path: {root / 'prompts.jsonl'}}}
 reward: {{fn: reward_model, reward_model_path: {root / 'rm'}, reward_model_engine_num: 1, num_workers: 2}}
 """)

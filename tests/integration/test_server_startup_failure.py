@@ -19,7 +19,7 @@ from rlkit.cli.status import tail
 from rlkit.errors import NO_RETRY_EXIT
 from rlkit.step_contract import NO_RETRY_MARK
 from tests.conftest import REPO
-from tests.helpers.vllm_helpers import CPU_SERVER_ENV
+from tests.helpers.vllm_helpers import CPU_ENV_VARS, trial_for_serve
 
 pytestmark = [pytest.mark.vllm]
 
@@ -32,11 +32,8 @@ MAX_MODEL_LEN = 256
 def test_a_kv_cache_too_small_for_max_model_len_stops_the_step_for_good(tiny_model_dir: Path,
                                                                          tmp_path: Path) -> None:
     trial = tmp_path / "root" / "exp" / "t1"
-    (trial / "secret").mkdir(parents=True)
-    token = "tok-" + os.urandom(12).hex()
-    (trial / "secret" / "token").write_text(token)
+    token = trial_for_serve(trial)
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1="}\n')
-    env_vars = ",".join(f"{k}={v}" for k, v in CPU_SERVER_ENV.items())
     (trial / "config.yaml").write_text(f"""
 experiment_name: exp
 trial_name: t1
@@ -48,7 +45,7 @@ vllm:
   max_model_len: {MAX_MODEL_LEN}
   enforce_eager: true
   extra_args: {{kv_cache_memory_bytes: {KV_BYTES}}}
-  env_vars: {env_vars}
+  env_vars: {CPU_ENV_VARS}
 generate: {{dataset: {{path: {tmp_path / 'prompts.jsonl'}}}}}
 """)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
