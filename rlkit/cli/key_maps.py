@@ -71,9 +71,10 @@ TRINITY = (
        "corrected_k3 are refused; read by Trinity-RFT's ppo only (its grpo, opmd and mix compute advantages "
        "outside the trainer and never apply it: left out there)"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
-       "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
+       "(default 0.001) is actor.kl_loss_coef; unset or null: algorithm_type's default, k2 for ppo, grpo, opmd, "
+       "cispo, gspo and mix (KL loss 0.001 x k2 against actor.path); abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.entropy_loss_fn", "actor.entropy_coeff", "default and mix: entropy_loss_fn_args.entropy_coef "
-       "(default 0) is actor.entropy_coeff; none: off"),
+       "(default 0) is actor.entropy_coeff; unset or null: algorithm_type's (default, mix for mix); none: off"),
     _m("algorithm.entropy_loss_fn_args.entropy_coef", "actor.entropy_coeff"),
     _m("monitor.monitor_type", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
     _m("model.model_path", "actor.path"),

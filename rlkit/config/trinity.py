@@ -190,7 +190,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     # the policy loss before the clip knobs: cispo's and gspo's bounds are their own (rlkit.config.trinity_loss)
     judged |= policy_loss(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source)
     rest = {key: value for key, value in leaves.items() if key not in judged}
-    judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
+    judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
         | entropy_term(rest, moved, left, problems, source) \
         | lora_adapters(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
