@@ -37,7 +37,8 @@ TRINITY = (
        "sft or dpo: rlkit's trainer-only sft and dpo jobs (allocation_mode fsdp:dN, every GPU), the servers' keys "
        "left out; train with an RL algorithm (from a stored experience buffer) is not built; explore alone is job "
        "type generate"),
-    _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
+    _m("algorithm.algorithm_type", "type", "unset: ppo, Trinity-RFT's default; "
+       "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
        "ppo, opmd) with expert_dataset and mix.mu; cispo and gspo are grpo with their policy_loss_fn; sapo, dapo, "
        "rloo, reinforceplusplus, topr, rec, ... are refused naming what differs"),
     _m("algorithm.policy_loss_fn", "actor.policy_loss", "unset: algorithm_type's; ppo: rlkit's PPO clip; cispo: "

@@ -1,7 +1,7 @@
 """`rlkit migrate` of the defaults Trinity-RFT's algorithm types carry (trinity/algorithm/algorithm.py default_config,
 filled by config_validator's AlgorithmConfigValidator with set_if_none): a file naming no kl_loss_fn trains with a k2
-KL loss at kl_coef 0.001 (verl_config's use_kl_loss is kl_loss_fn != "none"). The migration left it out: the migrated
-run had no KL loss."""
+KL loss at kl_coef 0.001 (verl_config's use_kl_loss is kl_loss_fn != "none"), and one naming no algorithm_type is
+ppo. The migration left both out: the migrated run had no KL loss, or the file was refused ("'type' is not set")."""
 
 from __future__ import annotations
 
@@ -47,6 +47,18 @@ def test_a_kl_loss_named_none_or_with_kl_coef_0_stays_off() -> None:
     mapping, fates = _to_rlkit(_trinity(**{"algorithm.kl_loss_fn_args": {"kl_coef": 0}}), "t")
     assert mapping["actor"]["kl_loss_coef"] == 0 and "kl_loss_type" not in mapping["actor"]
     assert "algorithm.kl_loss_fn" not in {f.key for f in fates}
+
+
+def test_a_file_naming_no_algorithm_type_is_ppo(tmp_path: Path) -> None:
+    """AlgorithmConfig.algorithm_type defaults to ppo: the migrated job is ppo, with ppo's KL loss and critic (the
+    migration refused the file: rlkit sets no type it is not told)."""
+    config, fates = migrated_config(tmp_path, _trinity(**{"algorithm.algorithm_type": None,
+                                                          "algorithm.advantage_fn_args": None,
+                                                          "model.critic_model_path": "/tmp/critic"}))
+    assert (config.type, config.actor.kl_loss_type, config.actor.kl_loss_coef) == ("ppo", "k2", 0.001)
+    assert config.critic.path == "/tmp/critic"  # ppo's critic, as the file's algorithm_type ppo would have it
+    assert fates["algorithm.algorithm_type"] == ("moved to type as ppo, Trinity-RFT's default algorithm_type "
+                                                 "(AlgorithmConfig)")
 
 
 def test_a_null_entropy_loss_fn_is_the_default_function_reading_entropy_coef() -> None:
