@@ -30,6 +30,7 @@ from rlkit.config.dotted import put
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.trinity_advantage import advantage
 from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
 from rlkit.config.trinity_loss import ALGORITHM_NOT_BUILT, TYPE, policy_loss
@@ -193,6 +194,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
         | entropy_term(rest, moved, left, problems, source) \
+        | advantage(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source) \
         | lora_adapters(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
         | knobs(rest, moved, left, lambda to, value: put(out, to, value), problems, source)
     for key, value in leaves.items():

@@ -1,7 +1,8 @@
 """`rlkit migrate` of the defaults Trinity-RFT's algorithm types carry (trinity/algorithm/algorithm.py default_config,
 filled by config_validator's AlgorithmConfigValidator with set_if_none): a file naming no kl_loss_fn trains with a k2
-KL loss at kl_coef 0.001 (verl_config's use_kl_loss is kl_loss_fn != "none"), and one naming no algorithm_type is
-ppo. The migration left both out: the migrated run had no KL loss, or the file was refused ("'type' is not set")."""
+KL loss at kl_coef 0.001 (verl_config's use_kl_loss is kl_loss_fn != "none"), one naming no algorithm_type is ppo, and
+grpo's advantages are the group-normalised rewards. The migration left these out: the migrated run had no KL loss, the
+file was refused ("'type' is not set"), or rlkit trained on the raw rewards."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rlkit.errors import ConfigError
 from tests.unit.config.test_trinity_migrate import _to_rlkit, _trinity, migrated_config
 
 EXPERT = {"buffer.trainer_input.auxiliary_buffers.sft_dataset": {"path": "/tmp/e.jsonl"}}
@@ -69,3 +71,68 @@ def test_a_null_entropy_loss_fn_is_the_default_function_reading_entropy_coef() -
     assert mapping["actor"]["entropy_coeff"] == 0.003
     assert {f.key: f.fate for f in fates}["algorithm.entropy_loss_fn_args.entropy_coef"] == \
         "moved to actor.entropy_coeff"
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "cispo", "gspo", "mix"])
+def test_grpo_s_advantages_are_the_group_normalised_rewards(tmp_path: Path, algorithm: str) -> None:
+    """advantage_fn grpo (these types' default) is Trinity-RFT's GRPOGroupedAdvantage: (r - group mean) / (group std
+    + 1e-6); the migrated file once set no reward_norm, so rlkit trained on the raw rewards."""
+    changes: dict[str, Any] = {"algorithm.algorithm_type": algorithm, "algorithm.advantage_fn_args": None,
+                               **(EXPERT if algorithm == "mix" else {})}
+    config, fates = migrated_config(tmp_path, _trinity(**changes))
+    norm = config.actor.reward_norm
+    assert (norm.mean_level, norm.std_level, norm.std_unbiased, norm.eps) == ("group", "group", True, 1e-6)
+    assert fates["algorithm.advantage_fn"].endswith(f"Trinity-RFT's default for algorithm_type {algorithm}")
+
+
+def test_the_group_normalisation_written_computes_trinity_s_grpo_advantage(tmp_path: Path) -> None:
+    """The reward_norm the migration writes, through rlkit's own normalisation, gives GRPOGroupedAdvantage's
+    numbers: each group's mean taken off, divided by its Bessel-corrected std + epsilon."""
+    import torch
+
+    from rlkit.trainer.rl_math.advantage_batch import apply_norm
+
+    config, _ = migrated_config(tmp_path, _trinity(**{"algorithm.algorithm_type": "grpo",
+                                                      "algorithm.advantage_fn": "grpo",
+                                                      "algorithm.advantage_fn_args": {"epsilon": 0.01},
+                                                      "algorithm.repeat_times": 4}))
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 2.0])
+    groups = rewards.view(2, 4)
+    trinity = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 0.01)).view(-1)
+    assert torch.allclose(apply_norm(rewards, config.actor.reward_norm, config.actor), trinity, atol=1e-6)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn": "rloo"},
+     r"advantage_fn 'rloo' with algorithm_type grpo .* computes algorithm_type grpo's advantages \(grpo\)"),
+    ({"algorithm.advantage_fn": "grpo"}, r"advantage_fn 'grpo' with algorithm_type opmd"),
+    ({"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": {"std_cal_level": "batch"}},
+     r"std_cal_level 'batch' .* around the batch's mean"),
+    ({"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": {"rank_penalty": 0.1}},
+     r"rank_penalty 0.1 .* no reward penalty by the rank"),
+    ({"algorithm.algorithm_type": "grpo", "algorithm.advantage_fn_args": {"epsilon": "tiny"}},
+     r"epsilon 'tiny' .* not a number >= 0"),
+])
+def test_an_advantage_function_rlkit_does_not_compute_is_refused(changes: dict[str, Any], says: str) -> None:
+    """advantage_fn was left out whatever it named: a grpo file asking for RLOO's advantages trained GRPO's."""
+    with pytest.raises(ConfigError, match=says):
+        _to_rlkit(_trinity(**changes), "t")
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "opmd"])
+def test_ppo_and_opmd_keep_their_own_advantages(algorithm: str) -> None:
+    """ppo's GAE and opmd's baseline are their job types' own: no reward_norm (rlkit's opmd refuses one)."""
+    mapping, fates = _to_rlkit(_trinity(**{"algorithm.algorithm_type": algorithm,
+                                           "algorithm.advantage_fn": algorithm}), "t")
+    assert "reward_norm" not in mapping["actor"]
+    assert {f.key: f.fate for f in fates}["algorithm.advantage_fn"].startswith(f"left out ({algorithm}: ")
+
+
+def test_grpo_with_groups_of_one_trains_on_the_rewards(tmp_path: Path) -> None:
+    """repeat_times 1 (AlgorithmConfig's default): Trinity-RFT's group of one has mean 0 and std 1, the advantage is
+    the reward; rlkit's group normalisation would zero it (and refuses it), so no reward_norm is written."""
+    config, fates = migrated_config(tmp_path, _trinity(**{"algorithm.algorithm_type": "grpo",
+                                                          "algorithm.advantage_fn_args": None,
+                                                          "algorithm.repeat_times": None}))
+    assert (config.type, config.actor.reward_norm, config.gconfig.n_samples) == ("grpo", None, 1)
+    assert fates["algorithm.advantage_fn"].startswith("left out (groups of one (repeat_times 1)")
