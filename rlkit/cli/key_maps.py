@@ -61,7 +61,8 @@ TRINITY = (
        "clip_range_high actor.eps_clip_higher; each side defaults to clip_range, as in Trinity-RFT"),
     _m("algorithm.advantage_fn", "actor.reward_norm", "unset: algorithm_type's; grpo (of grpo, cispo, gspo, mix): "
        "reward_norm group mean and Bessel-corrected group std, eps advantage_fn_args.epsilon (1e-6); ppo's GAE and "
-       "opmd's baseline are their job types'; another is refused"),
+       "opmd's baseline are their job types' (ppo's advantage_fn_args gamma, lam: actor.discount, gae_lambda); "
+       "another is refused"),
     _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
     _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
     _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),

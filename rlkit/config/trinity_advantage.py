@@ -29,8 +29,8 @@ GROUP_NORM = {"mean_level": "group", "std_level": "group", "std_unbiased": True}
 
 def advantage(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, fate: Fate, problems: Problems,
               source: str) -> set[str]:
-    """Judge advantage_fn (named or the algorithm type's default) and GRPO's arguments; the other advantage
-    functions' arguments (opmd's tau and baseline, std_threshold) are judged elsewhere. Returns the keys judged."""
+    """Judge advantage_fn (named or the algorithm type's default), GRPO's arguments and ppo's GAE ones; opmd's (tau,
+    opmd_baseline) and std_threshold are judged elsewhere. Returns the keys judged here."""
     kind = leaves.get("algorithm.algorithm_type", TRINITY_DEFAULT_TYPE)
     if not isinstance(kind, str) or kind not in DEFAULT_FN:
         return set()  # refused by algorithm_type's reading
@@ -45,7 +45,7 @@ def advantage(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, fate: 
     if fn != "grpo":
         if FN in leaves:
             left(FN, f"{fn}: algorithm_type {kind}'s advantages, set by the job type")
-        return judged
+        return judged | (_gae(leaves, moved, problems, source) if fn == "ppo" else set())
     names = ("epsilon", "std_cal_level", "rank_penalty", "duplicate_experiences")
     args = {name: f"{ARGS}{name}" for name in names if f"{ARGS}{name}" in leaves}
     judged |= set(args.values())
@@ -88,4 +88,20 @@ def advantage(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, fate: 
             left(args[name], "group: rlkit's std_level group" if name == "std_cal_level" else "null: none")
     if "duplicate_experiences" in args:
         left(args["duplicate_experiences"], "read with std_threshold only")
+    return judged
+
+
+def _gae(leaves: dict[str, Any], moved: Moved, problems: Problems, source: str) -> set[str]:
+    """ppo's GAE arguments (PPOAdvantageFn: gamma and lam, both 1.0 by default as rlkit's) as actor.discount and
+    actor.gae_lambda: the same recursion over the tokens."""
+    judged = set()
+    for name, to in (("gamma", "actor.discount"), ("lam", "actor.gae_lambda")):
+        key = f"{ARGS}{name}"
+        if key in leaves:
+            judged.add(key)
+            value = leaves[key]
+            if not finite_number(value) or not 0 <= value <= 1:
+                problems.add(f"{key} {value!r} ({source}) is not a number in [0, 1]", hint=f"e.g. {name}: 1.0")
+            else:
+                moved(key, to, value, "")
     return judged

@@ -136,3 +136,13 @@ def test_grpo_with_groups_of_one_trains_on_the_rewards(tmp_path: Path) -> None:
                                                           "algorithm.repeat_times": None}))
     assert (config.type, config.actor.reward_norm, config.gconfig.n_samples) == ("grpo", None, 1)
     assert fates["algorithm.advantage_fn"].startswith("left out (groups of one (repeat_times 1)")
+
+
+def test_ppo_s_gae_arguments_move(tmp_path: Path) -> None:
+    """advantage_fn_args gamma and lam (PPOAdvantageFn's GAE) were left out ("rlkit has no such key")."""
+    config, fates = migrated_config(tmp_path, _trinity(**{"algorithm.algorithm_type": "ppo",
+                                                          "algorithm.advantage_fn_args": {"gamma": 0.9, "lam": 0.95}}))
+    assert (config.actor.discount, config.actor.gae_lambda) == (0.9, 0.95)
+    assert fates["algorithm.advantage_fn_args.lam"] == "moved to actor.gae_lambda"
+    with pytest.raises(ConfigError, match=r"advantage_fn_args.gamma 2 .* not a number in \[0, 1\]"):
+        _to_rlkit(_trinity(**{"algorithm.algorithm_type": "ppo", "algorithm.advantage_fn_args": {"gamma": 2}}), "t")
