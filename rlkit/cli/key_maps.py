@@ -37,7 +37,8 @@ TRINITY = (
        "sft or dpo: rlkit's trainer-only sft and dpo jobs (allocation_mode fsdp:dN, every GPU), the servers' keys "
        "left out; train with an RL algorithm (from a stored experience buffer) is not built; explore alone is job "
        "type generate"),
-    _m("algorithm.algorithm_type", "type", "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
+    _m("algorithm.algorithm_type", "type", "unset: ppo, Trinity-RFT's default; "
+       "grpo, ppo, opmd, dpo and sft are job types of rlkit; mix is grpo (or "
        "ppo, opmd) with expert_dataset and mix.mu; cispo and gspo are grpo with their policy_loss_fn; sapo, dapo, "
        "rloo, reinforceplusplus, topr, rec, ... are refused naming what differs"),
     _m("algorithm.policy_loss_fn", "actor.policy_loss", "unset: algorithm_type's; ppo: rlkit's PPO clip; cispo: "
@@ -58,6 +59,10 @@ TRINITY = (
     _m("algorithm.optimizer.min_lr_ratio", "actor.optimizer.min_lr_ratio"),
     _m("algorithm.policy_loss_fn_args.clip_range", "actor.eps_clip", "clip_range_low is actor.eps_clip, "
        "clip_range_high actor.eps_clip_higher; each side defaults to clip_range, as in Trinity-RFT"),
+    _m("algorithm.advantage_fn", "actor.reward_norm", "unset: algorithm_type's; grpo (of grpo, cispo, gspo, mix): "
+       "reward_norm group mean and Bessel-corrected group std, eps advantage_fn_args.epsilon (1e-6); ppo's GAE and "
+       "opmd's baseline are their job types' (ppo's advantage_fn_args gamma, lam: actor.discount, gae_lambda); "
+       "another is refused"),
     _m("algorithm.advantage_fn_args.tau", "opmd.tau", "opmd; policy_loss_fn_args.tau too"),
     _m("algorithm.advantage_fn_args.opmd_baseline", "opmd.opmd_baseline"),
     _m("algorithm.policy_loss_fn_args.mu", "mix.mu", "mix: the weight of the expert rows' SFT loss"),
@@ -71,9 +76,10 @@ TRINITY = (
        "corrected_k3 are refused; read by Trinity-RFT's ppo only (its grpo, opmd and mix compute advantages "
        "outside the trainer and never apply it: left out there)"),
     _m("algorithm.kl_loss_fn", "actor.kl_loss_type", "k1, k2, k3 (low_var_kl: k3); kl_loss_fn_args.kl_coef "
-       "(default 0.001) is actor.kl_loss_coef; abs, corrected_k3 and adaptive are refused"),
+       "(default 0.001) is actor.kl_loss_coef; unset or null: algorithm_type's default, k2 for ppo, grpo, opmd, "
+       "cispo, gspo and mix (KL loss 0.001 x k2 against actor.path); abs, corrected_k3 and adaptive are refused"),
     _m("algorithm.entropy_loss_fn", "actor.entropy_coeff", "default and mix: entropy_loss_fn_args.entropy_coef "
-       "(default 0) is actor.entropy_coeff; none: off"),
+       "(default 0) is actor.entropy_coeff; unset or null: algorithm_type's (default, mix for mix); none: off"),
     _m("algorithm.entropy_loss_fn_args.entropy_coef", "actor.entropy_coeff"),
     _m("monitor.monitor_type", "stats_logger.wandb.mode", "each sink has its own section under stats_logger"),
     _m("model.model_path", "actor.path"),

@@ -30,13 +30,14 @@ from rlkit.config.dotted import put
 from rlkit.config.load import read_yaml
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.trinity_advantage import advantage
 from rlkit.config.trinity_knobs import defaults, eval_sampling, infra_reason, knobs
 from rlkit.config.trinity_lora import lora_adapters
-from rlkit.config.trinity_loss import ALGORITHM_NOT_BUILT, policy_loss
+from rlkit.config.trinity_loss import ALGORITHM_NOT_BUILT, TYPE, policy_loss
 from rlkit.config.trinity_offline import OFFLINE, is_offline, offline
 from rlkit.config.trinity_refs import resolve_references
 from rlkit.config.trinity_stages import has_stages, stages_to_rlkit
-from rlkit.config.trinity_terms import entropy_term, expert_ratio, kl_terms, reward_fn
+from rlkit.config.trinity_terms import TRINITY_DEFAULT_TYPE, entropy_term, expert_ratio, kl_terms, reward_fn
 from rlkit.config.trinity_verl import embedded_verl
 from rlkit.errors import ConfigError, ConfigErrors
 
@@ -190,9 +191,10 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
     # the policy loss before the clip knobs: cispo's and gspo's bounds are their own (rlkit.config.trinity_loss)
     judged |= policy_loss(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source)
     rest = {key: value for key, value in leaves.items() if key not in judged}
-    judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
+    judged |= kl_terms(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source) \
         | reward_fn(rest, moved, left) | expert_ratio(rest, moved, left, problems, source, expert_data) \
         | entropy_term(rest, moved, left, problems, source) \
+        | advantage(rest, moved, left, lambda to, value: put(out, to, value), fate, problems, source) \
         | lora_adapters(rest, moved, left, lambda to, value: put(out, to, value), problems, source) \
         | knobs(rest, moved, left, lambda to, value: put(out, to, value), problems, source)
     for key, value in leaves.items():
@@ -240,7 +242,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
         elif key == "continue_from_checkpoint":
             mode = "auto" if value else "disabled"
             moved(key, "recover.mode", mode, f" as {mode}")
-        elif key == "model.critic_model_path" and leaves.get("algorithm.algorithm_type") == "ppo":
+        elif key == "model.critic_model_path" and leaves.get(TYPE, TRINITY_DEFAULT_TYPE) == "ppo":
             moved(key, "critic.path", value)
         elif key == "buffer.explorer_input.eval_tasksets" and isinstance(value, list) and len(value) == 1 \
                 and isinstance(value[0], dict) and value[0].get("path"):
@@ -253,6 +255,10 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
             continue  # judged with the cluster below
         else:
             left(key, _WHY.get(key) or infra_reason(key) or "rlkit has no such key")
+    if TYPE not in leaves and TRINITY_DEFAULT_TYPE in algorithms:  # the run is Trinity-RFT's default type's
+        put(out, "type", algorithms[TRINITY_DEFAULT_TYPE])
+        fates.append(TrinityKey(TYPE, "(unset)", f"moved to type as {algorithms[TRINITY_DEFAULT_TYPE]}, Trinity-RFT's "
+                                                 "default algorithm_type (AlgorithmConfig)"))
     for key, to, value, how in defaults(rest, problems, source):
         if _get(out, to) is None:  # not set from another key of the file
             put(out, to, value)

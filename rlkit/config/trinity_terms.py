@@ -25,6 +25,12 @@ KL_NOT_BUILT = {
     "corrected_k3": "k3 weighted by the clamped ratio pi/pi_old: rlkit's k3 has no such weight",
 }
 TRINITY_KL_COEF = 0.001  # Trinity-RFT's KLFn default kl_coef
+# algorithm_type -> its kl_loss_fn where the file names none (or null): config_validator's AlgorithmConfigValidator
+# fills it by set_if_none from its base default "k2" updated by the type's default_config() (algorithm.py: ppo, grpo,
+# opmd, cispo and gspo name k2; mix names none, so the base k2 stands), and verl_config's synchronize_config turns the
+# KL loss on (use_kl_loss) unless it is "none"; these types have use_reference, so the reference model is loaded
+KL_LOSS_DEFAULT = {"ppo": "k2", "grpo": "k2", "opmd": "k2", "cispo": "k2", "gspo": "k2", "mix": "k2"}
+TRINITY_DEFAULT_TYPE = "ppo"  # AlgorithmConfig.algorithm_type's default
 # Trinity-RFT's entropy loss functions (trinity/algorithm/entropy_loss_fn: ENTROPY_LOSS_FN, entropy_coef default 0)
 # whose meaning is rlkit's entropy bonus; "basic" is an older release's name of "default"
 ENTROPY_FN = "algorithm.entropy_loss_fn"
@@ -68,21 +74,23 @@ RATIO = "algorithm.sample_strategy_args.expert_data_ratio"
 Moved = Callable[[str, str, Any, str], None]  # (Trinity-RFT key, rlkit key, value, how): moved, its fate recorded
 Left = Callable[[str, str], None]  # (Trinity-RFT key, why): left out, its fate recorded
 Put = Callable[[str, Any], None]  # (rlkit key, value): written, no fate of its own (another key's fate says it)
+Fate = Callable[[str, Any, str], None]  # (Trinity-RFT key, its value or "(unset)", what became of it)
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,
+def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, fate: Fate, problems: Problems,
              source: str) -> set[str]:
     """Move the KL functions and their kl_coef (the penalty's adaptive controller too); refuse the functions rlkit
     lacks and an adaptive KL loss coefficient. Returns the keys judged here. The reward penalty is left out under an
     algorithm whose advantages Trinity-RFT computes outside its trainer (PENALTY_READ_BY: its trainer builds
     kl_penalty_fn only for those that compute them inside), which never reads it: written, rlkit would add a
-    penalty the run never had and load a reference model for it."""
+    penalty the run never had and load a reference model for it. A KL loss the file does not name (or names null)
+    is the algorithm type's (KL_LOSS_DEFAULT): left out, the run would lose the KL loss it had."""
     judged: set[str] = set()
-    algorithm = leaves.get("algorithm.algorithm_type")
+    algorithm = leaves.get("algorithm.algorithm_type", TRINITY_DEFAULT_TYPE)
     for term in KL_TERMS:
         args = f"{term.fn}_args."
         arg_keys = [k for k in leaves if k.startswith(args)]
@@ -93,16 +101,19 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
                           f"{term.fn} only for {', '.join(PENALTY_READ_BY)}: the run had no KL reward penalty")
             continue
         fn = leaves.get(term.fn)
+        named = fn is not None  # null is unset: Trinity-RFT's set_if_none fills it with the default
+        if not named and term is not PENALTY and isinstance(algorithm, str) and algorithm in KL_LOSS_DEFAULT:
+            fn = KL_LOSS_DEFAULT[algorithm]
         if leaves.get(f"{args}adaptive") is True and term.coef != PENALTY.coef:
             problems.add(f"{args}adaptive ({source}): rlkit's {term.coef} is a fixed coefficient; only the KL "
                          "reward penalty's (kl_penalty_fn) has the adaptive controller",
                          hint="set adaptive: false (or leave it out)")
-        if term.fn not in leaves:
-            for key in arg_keys:
-                left(key, f"its function is algorithm_type's default in Trinity-RFT: name {term.fn} to have "
-                          f"{term.coef} set")
+        if fn is None:  # the penalty's default is none for every algorithm type
+            for key in [k for k in (term.fn, *arg_keys) if k in leaves]:
+                left(key, f"its function is algorithm_type's default in Trinity-RFT (none): name {term.fn} to "
+                          f"have {term.coef} set")
             continue
-        if fn in (None, "none"):
+        if fn == "none":
             left(term.fn, f"none: rlkit's term is off unless {term.coef} > 0")
             for key in arg_keys:
                 left(key, f"{term.fn} is none")
@@ -119,9 +130,15 @@ def kl_terms(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problem
         clamp = " (k3 clamped to [-10, 10]: rlkit's actor.kl_clamp default)" if fn == "low_var_kl" else ""
         default = "" if f"{args}kl_coef" in leaves else f"; {term.coef} {TRINITY_KL_COEF}, Trinity-RFT's default"
         if coef == 0:  # the term is off: its estimator would be refused as ignored (rlkit.checks.conditional_knobs)
-            left(term.fn, f"{args}kl_coef is 0: rlkit's term is off")
-        else:
+            if named:
+                left(term.fn, f"{args}kl_coef is 0: rlkit's term is off")
+        elif named:
             moved(term.fn, term.estimator, KL_ESTIMATORS[fn], f" as {KL_ESTIMATORS[fn]}{clamp}{default}")
+        else:
+            put(term.estimator, KL_ESTIMATORS[fn])
+            fate(term.fn, leaves.get(term.fn, "(unset)"),
+                 f"moved to {term.estimator} as {KL_ESTIMATORS[fn]}, Trinity-RFT's default for algorithm_type "
+                 f"{algorithm} (its default_config; the reference model is actor.path){default}")
         if f"{args}kl_coef" in leaves:
             moved(f"{args}kl_coef", term.coef, coef, "")
         else:
@@ -180,8 +197,10 @@ def entropy_term(leaves: dict[str, Any], moved: Moved, left: Left, problems: Pro
     args = f"{ENTROPY_FN}_args."
     arg_keys = [k for k in leaves if k.startswith(args)]
     coef_key = f"{args}entropy_coef"
-    fn = leaves.get(ENTROPY_FN, "default")  # absent: algorithm_type's default function, which reads entropy_coef
-    if fn in (None, "none"):
+    fn = leaves.get(ENTROPY_FN)
+    if fn is None:  # absent or null: algorithm_type's default function (set_if_none), which reads entropy_coef
+        fn = "default"
+    if fn == "none":
         left(ENTROPY_FN, "none: rlkit's entropy bonus is off unless actor.entropy_coeff > 0")
         for key in arg_keys:
             left(key, f"{ENTROPY_FN} is none")

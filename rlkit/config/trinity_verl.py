@@ -23,6 +23,7 @@ from typing import Any
 
 from rlkit.config.problems import Problems
 from rlkit.config.trinity_knobs import NOT_BUILT as TRINITY_NOT_BUILT
+from rlkit.config.trinity_terms import TRINITY_DEFAULT_TYPE
 from rlkit.config.verl.learning import NOT_BUILT as VERL_NOT_BUILT
 from rlkit.config.verl.learning import optimizer, unknown_changes_learning
 from rlkit.config.verl.mapping import RunMapping
@@ -156,7 +157,7 @@ def embedded_verl(leaves: dict[str, Any], fate: Fate, put: Put, left: Left, prob
     """Judge every key under trainer.trainer_config (and the Trinity-RFT keys its values win over); `rl`: a run with
     rollouts (not sft/dpo), whose actor Trinity-RFT trains one minibatch a step. Returns the keys judged here."""
     sub = {key.removeprefix(PREFIX): value for key, value in leaves.items() if key.startswith(PREFIX)}
-    ppo = leaves.get("algorithm.algorithm_type") == "ppo"
+    ppo = leaves.get("algorithm.algorithm_type", TRINITY_DEFAULT_TYPE) == "ppo"
     m = _Embedded(sub, source, ())
     m.problems, m.whose, m.critic = problems, "Trinity-RFT's", ppo
     judged = _precedence(m, leaves, left, problems, source)
