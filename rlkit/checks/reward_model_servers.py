@@ -1,8 +1,9 @@
 """Checks of the reward model's own servers (`reward.reward_model_engine_num` > 0, rlkit.config.served_models), every
 problem with its fix: they fit a node, their name is theirs, vLLM can run where they run, their context fits the
-model. The knobs set while nothing reads them (no `reward_model` in the reward, engine_num 0, a job type scoring on
-its own step) are refused by the conditional-knob table (rlkit.checks.conditional_knobs). How their nodes add up with
-the other components is the planner's check (rlkit.launch.plan), as for auxiliary_models.
+model and holds a prompt and its completion. The knobs set while nothing reads them (no `reward_model` in the
+reward, engine_num 0, a job type scoring on its own step) are refused by the conditional-knob table
+(rlkit.checks.conditional_knobs). How their nodes add up with the other components is the planner's check
+(rlkit.launch.plan), as for auxiliary_models.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rlkit.config.model_config import model_positions
 from rlkit.config.node_fit import unit_unplaceable
 from rlkit.config.problems import Problems
 from rlkit.config.schema.auxiliary import entry_field
-from rlkit.config.schema.experiment import ExperimentConfig
+from rlkit.config.schema.experiment import ExperimentConfig, get_field
 from rlkit.config.served_models import (
     CONTEXT_FIELD,
     ENGINE_NUM_FIELD,
@@ -52,6 +53,32 @@ def validate_reward_model_servers(config: ExperimentConfig, job: JobType | None,
         problems.add(f"{CONTEXT_FIELD} ({context}) exceeds the reward model's context of {positions} tokens "
                      f"(max_position_embeddings of {reward.reward_model_path}): its servers would refuse to start",
                      hint=f"set it to at most {positions}, or leave it unset")
+    _check_room(config, job, context, positions, problems)
+
+
+def _check_room(config: ExperimentConfig, job: JobType, context: int | None, positions: int | None,
+                problems: Problems) -> None:
+    """The servers' context holds the longest prompt and its completion: vLLM refuses a longer pooling input (400,
+    "maximum context length"), so every such completion would score 0 mid-run (an error per call)."""
+    limit, where = ((context, CONTEXT_FIELD) if context is not None else
+                    (positions, f"the max_position_embeddings of {config.reward.reward_model_path}"))
+    if limit is None:
+        return
+    new = config.gconfig.max_new_tokens
+    what = f"the reward model's servers' context of {limit} tokens ({where})"
+    raise_it = f"raise {CONTEXT_FIELD}" if context is not None and (positions is None or context < positions) else \
+        f"score on trainer rank 0's CPU ({ENGINE_NUM_FIELD}=0)"
+    if new >= limit:
+        problems.add(f"gconfig.max_new_tokens ({new}) leaves no room for a prompt in {what}: vLLM would refuse "
+                     "every completion that long, which would score 0",
+                     hint=f"lower gconfig.max_new_tokens below {limit}, or {raise_it}")
+        return
+    field = f"{job.prompt_dataset}.max_length" if job.prompt_dataset else ""
+    prompt = get_field(config, field) if field else None
+    if isinstance(prompt, int) and prompt + new > limit:
+        problems.add(f"a prompt of up to {prompt} tokens ({field}) plus gconfig.max_new_tokens ({new}) exceeds "
+                     f"{what}: vLLM would refuse the longest prompts' completions, which would score 0",
+                     hint=f"keep {field} + gconfig.max_new_tokens <= {limit}, or {raise_it}")
 
 
 def _check_backend(config: ExperimentConfig, allocation: Allocation | None, problems: Problems) -> None:

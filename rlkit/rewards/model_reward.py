@@ -9,7 +9,8 @@ What each reads, so it sees sequences shaped like the ones it learned to rank:
 - a sequence classifier: the conversation through its own tokenizer's chat template (the row's prompt messages, or
   the prompt text as a user message, then the completion as the assistant's), or prompt + completion as text when
   it has no template; the score is its logit at the last token (read there, not where transformers' class looks for
-  the first pad token, which is wrong for a model whose end of sequence is its pad token).
+  the first pad token, which is wrong for a model whose end of sequence is its pad token); an encoder classifier
+  (BERT, DeBERTa: no `score` head) scores as its own forward pools (its first token), as vLLM's classify does.
 Only differences between scores mean something (a pairwise loss ignores any constant offset), so a GRPO run uses
 them through group normalisation (actor.reward_norm) or shifts them with reward_bias/reward_scaling.
 
@@ -93,7 +94,9 @@ def reward_model_score(prompt: str, completion: str, row: dict[str, Any], *, mod
     ids = torch.tensor([scored_ids(model_path, prompt, completion, row, prompt_key)])
     with torch.no_grad():
         if reward_model_format(model_path) == SEQUENCE_CLASSIFIER:
-            hidden = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
+            if not isinstance(getattr(model, "score", None), torch.nn.Module):  # an encoder (BERT, DeBERTa): its
+                return float(model(input_ids=ids).logits.float()[0, 0])  # own pooling (the first token) and head
+            hidden = model.base_model(input_ids=ids).last_hidden_state
             return float(model.score(hidden[:, -1]).float()[0, 0])
         from rlkit.models.value_model import last_token_scores, token_values
 

@@ -121,3 +121,21 @@ def test_served_reward_workers_are_reward_num_workers_and_a_loaded_models_one(re
             assert fn.func.__name__ == ("served_reward_model_score" if engines else "reward_model_score")
         finally:
             scorer.close()
+
+
+def test_a_reward_model_context_shorter_than_the_rollouts_is_refused(grpo_yaml: Path, reward_model: Path) -> None:
+    """vLLM refuses a pooling input longer than the servers' context: every completion that long would score 0 (an
+    error per call, mid-run), so a context that cannot hold a prompt and its completion is refused at submit."""
+    said = refusal(grpo_yaml, served(reward_model, "reward.reward_model_max_model_len=8"))
+    assert ("gconfig.max_new_tokens (8) leaves no room for a prompt in the reward model's servers' context of 8 "
+            "tokens (reward.reward_model_max_model_len)") in said
+    said = refusal(grpo_yaml, served(reward_model, "reward.reward_model_max_model_len=40",
+                                     "train_dataset.max_length=64"))
+    assert ("a prompt of up to 64 tokens (train_dataset.max_length) plus gconfig.max_new_tokens (8) exceeds the "
+            "reward model's servers' context of 40 tokens (reward.reward_model_max_model_len)") in said
+    said = refusal(grpo_yaml, served(reward_model, "train_dataset.max_length=4095"))
+    assert f"context of 4096 tokens (the max_position_embeddings of {reward_model})" in said
+    prepare(grpo_yaml, served(reward_model, "reward.reward_model_max_model_len=72", "train_dataset.max_length=64"),
+            dry_run=True)
+    prepare(grpo_yaml, served(reward_model, "reward.reward_model_engine_num=0", "train_dataset.max_length=4095"),
+            dry_run=True)  # on the CPU: no server to refuse it

@@ -90,3 +90,25 @@ def test_submit_accepts_it_and_refuses_a_causal_lm_naming_both_forms(classifier_
     said = problems_for(tiny_model_dir)
     assert len(said) == 1 and "is neither a reward model written by job type rw" in said[0]
     assert "nor a Hugging Face sequence classifier with one label" in said[0]
+
+
+def test_an_encoder_classifier_scores_as_its_own_forward_pools(classifier_dir: Path, tmp_path: Path) -> None:
+    """A single-label encoder (BERT, DeBERTa: OpenAssistant's reward models) has no `score` head and pools its first
+    token: accepted at submit, it must score as its own forward does, not fail every call."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(classifier_dir)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=1, max_position_embeddings=128)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(config).eval()
+    out = tmp_path / "bert-rm"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    assert reward_model_format(str(out)) == SEQUENCE_CLASSIFIER
+    row = {"prompt": "3+4="}
+    ids = scored_ids(str(out), "3+4=", "7", row, "prompt")
+    with torch.no_grad():
+        direct = model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    assert reward_model_score("3+4=", "7", row, model_path=str(out)) == pytest.approx(direct, abs=1e-5)
