@@ -182,7 +182,7 @@ def trinity_to_rlkit(data: dict[str, Any], source: str,
 
     expert_data = any(leaves.get(f"{section}.path") for section in (_AUX, _WARMUP))
     # a trainer-only run (mode train: sft, dpo) judges its buffer and the keys of servers first
-    judged = offline(leaves, moved, left, lambda to, value: put(out, to, value), problems, source)
+    judged = offline(leaves, moved, left, lambda to, value: put(out, to, value), problems, source, fate)
     rest = {key: value for key, value in leaves.items() if key not in judged}
     # the embedded verl config first: its values win over some of the trainer section's (rlkit.config.trinity_verl)
     judged |= embedded_verl(rest, fate, lambda to, value: put(out, to, value), left, problems, source,

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.config.problems import Problems
-from rlkit.config.trinity_terms import Left, Moved, Put
+from rlkit.config.trinity_loss import Fate
+from rlkit.config.trinity_terms import TRINITY_KL_COEF, Left, Moved, Put
 
 OFFLINE = ("sft", "dpo")  # Trinity-RFT algorithm types rlkit runs from a dataset, trainer only
 BUFFER = "buffer.trainer_input.experience_buffer."
@@ -42,7 +43,7 @@ def is_offline(leaves: dict[str, Any]) -> bool:
 
 
 def offline(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems: Problems,
-            source: str) -> set[str]:
+            source: str, fate: Fate) -> set[str]:
     """Judge the keys of a trainer-only run: the experience buffer, its format, the batch and the terms of an RL
     loss; name the keys of servers as left out. Returns the keys judged here (none unless is_offline)."""
     if not is_offline(leaves):
@@ -60,7 +61,7 @@ def offline(leaves: dict[str, Any], moved: Moved, left: Left, put: Put, problems
             left(key, f"only algorithm_type mix reads it: rlkit's {kind} reads train_dataset alone")
     judged |= _buffer(leaves, moved, left, put, problems, source, kind)
     judged |= _format(leaves, moved, left, put, problems, source, kind)
-    judged |= _loss(leaves, moved, left, problems, source, kind)
+    judged |= _loss(leaves, moved, left, problems, source, kind, fate)
     return judged
 
 
@@ -186,12 +187,16 @@ def _chat_template(leaves: dict[str, Any], moved: Moved, left: Left, problems: P
 
 
 def _loss(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, source: str,
-          kind: str) -> set[str]:
+          kind: str, fate: Fate) -> set[str]:
     """The policy loss (Trinity-RFT's sft or dpo; dpo's beta and label_smoothing) and the KL and entropy terms,
     which Trinity-RFT's sft and dpo leave off (none) and rlkit's have not."""
     judged = {k for k in leaves if k.startswith(("algorithm.policy_loss_fn", "algorithm.loss_agg_mode",
                                                  *_TERMS))}
-    for key in sorted(judged):
+    if kind == "dpo":
+        judged |= _dpo_kl(leaves, fate, problems, source)
+    for key in sorted(judged - {"algorithm.kl_loss_fn"} if kind == "dpo" else judged):
+        if kind == "dpo" and key.startswith("algorithm.kl_loss_fn_args"):
+            continue  # judged by _dpo_kl
         value, name = leaves[key], key.rsplit(".", 1)[1]
         if key == "algorithm.policy_loss_fn":
             if value in (None, kind):
@@ -217,3 +222,32 @@ def _loss(leaves: dict[str, Any], moved: Moved, left: Left, problems: Problems, 
             problems.add(f"{key} {value!r} ({source}): rlkit's {kind} loss has no such setting",
                          hint="remove it")
     return judged
+
+
+_DPO_KL = "algorithm.kl_loss_fn"
+
+
+def _dpo_kl(leaves: dict[str, Any], fate: Fate, problems: Problems, source: str) -> set[str]:
+    """Trinity-RFT adds a KL loss to every dpo run: DPOAlgorithm.check_config turns kl_loss_fn none (or unset) into
+    k2, at kl_coef 0.001 unless its args say otherwise. rlkit's dpo has no KL term. At the default coefficient the
+    term is 0.001 x (log p - log p_ref)^2 / 2 beside a loss that already anchors the policy to the reference
+    through beta: the migration goes on, saying what the run lacks; any other KL function or coefficient is a
+    choice the file made and is refused."""
+    args = f"{_DPO_KL}_args."
+    keys = {k for k in leaves if k == _DPO_KL or k.startswith(args)}
+    fn = leaves.get(_DPO_KL)
+    coef = leaves.get(f"{args}kl_coef", TRINITY_KL_COEF)
+    if fn not in (None, "none", "k2"):
+        problems.add(f"{_DPO_KL} {fn!r} ({source}): rlkit's dpo adds no KL term",
+                     hint="remove it: Trinity-RFT's dpo then adds k2 at kl_coef 0.001, which the migration names")
+        return keys
+    if coef != TRINITY_KL_COEF or any(k not in (_DPO_KL, f"{args}kl_coef") for k in keys):
+        problems.add(f"{args}kl_coef {coef!r} ({source}): rlkit's dpo adds no KL term, and this is not Trinity-RFT's "
+                     f"default {TRINITY_KL_COEF}", hint="remove the kl_loss_fn_args, or train the KL term elsewhere")
+        return keys
+    why = (f"Trinity-RFT adds k2 at kl_coef {TRINITY_KL_COEF} to every dpo run (DPOAlgorithm.check_config, even for "
+           "none); rlkit's dpo has no KL term, so the migrated run lacks 0.001 x (log p - log p_ref)^2 / 2 beside "
+           "DPO's loss, which already anchors the policy to the reference through beta")
+    for key in sorted(keys) or [_DPO_KL]:
+        fate(key, leaves.get(key, "(unset)"), f"left out ({why})")
+    return keys

@@ -118,6 +118,17 @@ def test_a_dpo_run_is_rlkit_s_dpo_job(tmp_path: Path) -> None:
     assert "#   algorithm.kl_loss_fn: none  -> left out" in header
 
 
+@pytest.mark.parametrize("kl", [None, "none", "k2"])
+def test_trinity_s_forced_kl_term_of_dpo_is_named_as_what_the_run_lacks(tmp_path: Path, kl: str | None) -> None:
+    """Trinity-RFT's DPOAlgorithm.check_config turns kl_loss_fn none (or unset) into k2 at kl_coef 0.001: every dpo
+    run of it has that term, rlkit's dpo none; at the default coefficient the migration says so and goes on."""
+    config, header, _ = _migrated(tmp_path, _offline("dpo", **{"algorithm.kl_loss_fn": kl}))
+    assert config.type == "dpo"
+    shown = "(unset)" if kl is None else kl
+    assert f"#   algorithm.kl_loss_fn: {shown}  -> left out (Trinity-RFT adds k2 at kl_coef 0.001 to every dpo run" \
+        in header, header
+
+
 @pytest.mark.parametrize(("changes", "says"), [
     ({"algorithm.algorithm_type": "grpo"}, "mode 'train' with algorithm_type 'grpo' (t): rlkit trains sft and dpo "
                                            "from a dataset alone"),
@@ -127,7 +138,9 @@ def test_a_dpo_run_is_rlkit_s_dpo_job(tmp_path: Path) -> None:
     ({f"{BUFFER}.storage_type": "queue"}, "experience_buffer.storage_type 'queue' (t)"),
     ({f"{BUFFER}.path": None}, "experience_buffer.path (t): mode train reads its rows"),
     ({"buffer.train_batch_size": None}, "buffer.train_batch_size (t): Trinity-RFT requires it in mode train"),
-    ({"algorithm.kl_loss_fn": "k2"}, "algorithm.kl_loss_fn 'k2' (t): rlkit's dpo adds no KL or entropy term"),
+    ({"algorithm.kl_loss_fn": "k3"}, "algorithm.kl_loss_fn 'k3' (t): rlkit's dpo adds no KL term"),
+    ({"algorithm.kl_loss_fn_args": {"kl_coef": 0.01}}, "algorithm.kl_loss_fn_args.kl_coef 0.01 (t): rlkit's dpo adds "
+                                                       "no KL term, and this is not Trinity-RFT's default 0.001"),
     ({"algorithm.policy_loss_fn_args": {"beta": 0.1, "ftx": 1.0}}, "policy_loss_fn_args.ftx 1.0 (t)"),
     ({f"{BUFFER}.format.chat_template": "{{x}}"}, "format.chat_template (t): rlkit's dpo has no such setting"),
 ])
