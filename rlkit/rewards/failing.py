@@ -107,7 +107,7 @@ class FailingRewards:
             where = ("its servers, steps aux-reward_model-<i>, score it" if reward.reward_model_engine_num else
                      "its worker loads it on trainer rank 0's CPU")
             what = (f"the reward model reward.reward_model_path={reward.reward_model_path!r} (a checkpoints/final "
-                    f"directory of an rw trial; {where})")
+                    f"directory of an rw trial, or a Hugging Face sequence classifier with one label; {where})")
         elif spec in BUILTINS:
             what = (f"that the dataset's rows hold what the built-in {spec} reads "
                     f"(reward.answer_key={reward.answer_key!r})")

@@ -26,7 +26,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from rlkit.config.model_config import SEQUENCE_CLASSIFIER, reward_model_format
+from rlkit.config.model_config import SEQUENCE_CLASSIFIER
+from rlkit.config.model_config import reward_model_format as _read_format
 from rlkit.config.served_models import REWARD_MODEL
 
 __all__ = ["REWARD_MODEL", "make_reward_model_reward", "reward_model_score", "served_reward_model_score"]
@@ -34,6 +35,15 @@ _loaded: dict[str, Any] = {}
 _tokenizers: dict[str, Any] = {}
 # the pooling task of each form on vLLM's /pooling route (rlkit.servers.vllm.backend.VllmBackend.pooling)
 _TASKS = {"rw": "token_classify", SEQUENCE_CLASSIFIER: "classify"}
+_forms: dict[str, str] = {}
+
+
+def reward_model_format(path: str) -> str:
+    """The reward model's form (rlkit.config.model_config.reward_model_format), read from the shared filesystem
+    once per process: it cannot change during a run, and every call asks."""
+    if path not in _forms:
+        _forms[path] = _read_format(path)
+    return _forms[path]
 
 
 def _tokenizer(path: str) -> Any:
