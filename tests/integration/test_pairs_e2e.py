@@ -198,10 +198,10 @@ def test_the_trained_reward_model_scores_grpo_completions_as_rw_ranked_them(
         return [e.message for e in problems.errors]
 
     assert problems_for(final) == []
-    assert "is not a reward model written by job type rw (no rlkit_value_head.json)" in problems_for(
-        Path(str(run["model"])))[0]
+    assert "is neither a reward model written by job type rw (no rlkit_value_head.json) nor a Hugging Face " \
+           "sequence classifier" in problems_for(Path(str(run["model"])))[0]
     dpo_final = Path(str(demo_runs["dpo"]["trial"])) / "checkpoints" / "final"
-    assert "is not a reward model written by job type rw" in problems_for(dpo_final)[0]
+    assert "is neither a reward model written by job type rw" in problems_for(dpo_final)[0]
     assert "is not a directory" in problems_for(tmp_path / "nothing")[0]
 
 

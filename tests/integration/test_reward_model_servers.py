@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,8 @@ type: grpo
 allocation_mode: vllm:d1+fsdp:d1
 actor: {{path: {tiny_model_dir}}}
 cluster: {{fileroot: {root / 'fileroot'}, n_nodes: 3, n_gpus_per_node: 1}}
-vllm: {{dtype: float32, max_model_len: 256, enforce_eager: true, env_vars: "{CPU_ENV_VARS}"}}
+vllm: {{dtype: float32, max_model_len: 256, enforce_eager: true, env_vars: "{CPU_ENV_VARS}",
+       extra_args: {{kv_cache_memory_bytes: 64M}}}}
 train_dataset: {{path: {root / 'prompts.jsonl'}}}
 reward: {{fn: reward_model, reward_model_path: {root / 'rm'}, reward_model_engine_num: 1, num_workers: 2}}
 """)
@@ -99,6 +101,7 @@ def test_the_reward_models_server_scores_as_the_model_does_here(reward_trial: Pa
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
     scorer = reward_scorer(config.reward, env=trial_environment(reward_trial))
     try:
+        _wait_registered(server, log)
         async def score_all() -> list[float]:
             outcomes = [await scorer.score(prompt, completion, row) for prompt, completion, row in PAIRS]
             assert all(o.error is None for o in outcomes), outcomes
@@ -118,3 +121,12 @@ def test_the_reward_models_server_scores_as_the_model_does_here(reward_trial: Pa
     assert "--runner pooling" in text or "'runner': 'pooling'" in text, text[-3000:]
     assert len(re.findall(r'"POST /pooling HTTP/1\.1" 200', text)) == len(PAIRS), text[-3000:]
     assert scorer.workers == 2  # served: reward.num_workers send requests (loaded here it is always one)
+
+
+def _wait_registered(server: subprocess.Popen[bytes], log: Path, timeout: float = 300.0) -> None:
+    """Until the step registered its server; a step that exits first fails the test at once, with its log."""
+    deadline = time.monotonic() + timeout
+    while "registered auxiliary/reward_model/0" not in log.read_text(errors="replace"):
+        assert server.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.5)
