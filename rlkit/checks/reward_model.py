@@ -18,7 +18,7 @@ from typing import Any
 
 from rlkit import untrusted_json
 from rlkit.checks.site_files import TOKENIZER_FILES
-from rlkit.config.model_config import VALUE_HEAD_NOTE, reward_model_format
+from rlkit.config.model_config import VALUE_HEAD, VALUE_HEAD_NOTE, reward_model_format
 from rlkit.config.problems import Problems
 from rlkit.config.schema.experiment import ExperimentConfig
 from rlkit.config.served_models import REWARD_MODEL, scores_with_reward_model
@@ -82,9 +82,9 @@ def validate_reward_model(config: ExperimentConfig, problems: Problems) -> None:
         return
     if not any((model / name).is_file() for name in TOKENIZER_FILES):
         problems.add(f"{FIELD}: '{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
-                     hint="rw saves its tokenizer with the model: use a directory rw wrote" if form == "rw" else
+                     hint="rw saves its tokenizer with the model: use a directory rw wrote" if form == VALUE_HEAD else
                           "save the reward model's tokenizer beside it (tokenizer.save_pretrained)", site=True)
-    if form == "rw":  # a sequence classifier reads its own tokenizer's ids (rlkit.rewards.model_reward)
+    if form == VALUE_HEAD:  # a sequence classifier reads its own tokenizer's ids (rlkit.rewards.model_reward)
         _check_vocabulary(config, model, problems)
 
 

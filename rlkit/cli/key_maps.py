@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlkit.cli.chatlearn_keys import CHATLEARN_KEYS
 from rlkit.cli.trl_keys import TRL_KEYS
 from rlkit.config.verl.keys import VERL_KEYS
 
@@ -266,58 +267,7 @@ COSMOS = (
     _m("validation.max_response_length", "eval_gconfig.max_new_tokens"),
 )
 
-CHATLEARN = (
-    _m("runtime_args.exp_name", "experiment_name"),
-    _m("runtime_args.output_dir", "cluster.fileroot"),
-    _m("runtime_args.train_backend", "allocation_mode", "the trainer part is fsdp:..."),
-    _m("runtime_args.rollout_backend", "allocation_mode", "the server part: vllm:... or sglang:..."),
-    _m("runtime_args.colocation", "", "rlkit runs servers and trainer on GPUs of their own"),
-    _m("runtime_args.data_path", "train_dataset.path"),
-    _m("runtime_args.eval_data_path", "valid_dataset.path"),
-    _m("runtime_args.num_episode", "total_train_steps", "one training step is one episode"),
-    _m("runtime_args.sample_per_episode", "train_dataset.batch_size", "rlkit counts prompts; samples per step are "
-       "batch_size x gconfig.n_samples"),
-    _m("runtime_args.train_global_batch_size", "actor.ppo_n_minibatches", "rlkit gives the number of minibatches "
-       "(sample_per_episode / train_global_batch_size)"),
-    _m("runtime_args.save_episode_interval", "saver.freq_steps"),
-    _m("runtime_args.eval_episode_interval", "evaluator.freq_steps"),
-    _m("runtime_args.enable_eval_before_training", "evaluator.eval_on_startup"),
-    _m("runtime_args.data_shuffle", "train_dataset.shuffle"),
-    _m("runtime_args.log_args_dict.enable_wandb", "stats_logger.wandb.mode", "online or offline to turn it on"),
-    _m("runtime_args.log_args_dict.wandb_project", "stats_logger.wandb.project"),
-    _m("models.policy.load", "actor.path", "the servers load actor.path too (vllm.model overrides)"),
-    _m("models.policy.num_inference_per_prompt", "gconfig.n_samples"),
-    _m("models.policy.seq_length", "gconfig.max_new_tokens"),
-    _m("models.policy.temperature", "gconfig.temperature"),
-    _m("models.policy.top_p", "gconfig.top_p"),
-    _m("models.policy.eval_temperature", "eval_gconfig.temperature"),
-    _m("models.policy.eval_top_p", "eval_gconfig.top_p"),
-    _m("models.policy.eval_top_k", "eval_gconfig.top_k"),
-    _m("models.policy.gpu_memory_utilization", "vllm.gpu_memory_utilization"),
-    _m("models.policy.tensor_model_parallel_size", "allocation_mode", "t of the server part, e.g. vllm:d2t4"),
-    _m("models.policy_trainer.load", "actor.path"),
-    _m("models.policy_trainer.optimizer.lr", "actor.optimizer.lr"),
-    _m("models.policy_trainer.optimizer.clip_grad", "actor.optimizer.gradient_clipping"),
-    _m("models.policy_trainer.neg_clip_ratio", "actor.eps_clip"),
-    _m("models.policy_trainer.pos_clip_ratio", "actor.eps_clip_higher"),
-    _m("models.policy_trainer.kl_coef", "actor.kl_loss_coef"),
-    _m("models.policy_trainer.entropy_coef", "actor.entropy_coeff"),
-    _m("models.policy_trainer.gradient_checkpointing", "actor.gradient_checkpointing"),
-    _m("models.policy_trainer.use_group_sequence_policy", "actor.importance_sampling_level", "sequence: GSPO"),
-    _m("models.policy_trainer.train_micro_batch_size", "actor.mb_spec.n_mbs", "rlkit sets the number of "
-       "micro-batches, or a token budget (actor.mb_spec.max_tokens_per_mb)"),
-    _m("models.policy_trainer.packing", "actor.mb_spec.packing", "ChatLearn's default is false, rlkit's true; "
-       "with packing, ChatLearn ignores train_micro_batch_size, rlkit takes actor.mb_spec.n_mbs as the fewest "
-       "micro-batches"),
-    _m("models.policy_trainer.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb"),
-    _m("models.policy_trainer.tensor_model_parallel_size", "", "rlkit's trainer shards with FSDP only"),
-    _m("models.policy_trainer.ulysses_sequence_parallel_size", "actor.fsdp.ulysses_sp_size", "Ulysses over the "
-       "packed rows of grpo, opmd, sft and ppo"),
-    _m("models.ref_policy.load", "ref.path", "empty: actor.path"),
-    _m("models.ref_policy.packing", "actor.mb_spec.packing", "the reference's forwards pack as the actor's do"),
-    _m("models.ref_policy.max_token_in_packing", "actor.mb_spec.max_tokens_per_mb", "the reference's micro-batches "
-       "are the actor's"),
-)
+CHATLEARN = tuple(_m(*row) for row in CHATLEARN_KEYS)
 
 # {system: (its keys, the page's slug, what a user of it should know first)}
 SEEDS: dict[str, tuple[tuple[KeyMap, ...], str, str]] = {

@@ -77,11 +77,12 @@ def model_positions(model_dir: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+VALUE_HEAD = "value_head"  # a reward model written by rlkit's job type rw (reward_model_format)
 SEQUENCE_CLASSIFIER = "sequence_classification"  # a reward model trained elsewhere (reward_model_format)
 
 
 def reward_model_format(model_dir: str) -> str:
-    """How a reward model directory scores: "rw" (written by rlkit's rw: a value per token, the last one read),
+    """How a reward model directory scores: VALUE_HEAD (written by rlkit's rw: a value per token, the last one read),
     SEQUENCE_CLASSIFIER (a Hugging Face `*ForSequenceClassification` with one label, trained elsewhere: one logit at
     the last token, its own tokenizer and chat template), or "" when it is neither."""
     note = Path(model_dir) / VALUE_HEAD_NOTE
@@ -89,7 +90,7 @@ def reward_model_format(model_dir: str) -> str:
         if note.is_file() and note.stat().st_size < _CONFIG_LIMIT:
             kind = untrusted_json.loads(note.read_text())
             if isinstance(kind, dict) and kind.get("kind") == "reward":
-                return "rw"
+                return VALUE_HEAD
     except (OSError, ValueError, UnicodeDecodeError):
         pass
     config = read_model_config(model_dir) or {}

@@ -26,7 +26,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from rlkit.config.model_config import SEQUENCE_CLASSIFIER
+from rlkit.config.model_config import SEQUENCE_CLASSIFIER, VALUE_HEAD
 from rlkit.config.model_config import reward_model_format as _read_format
 from rlkit.config.served_models import REWARD_MODEL
 
@@ -34,7 +34,7 @@ __all__ = ["REWARD_MODEL", "make_reward_model_reward", "reward_model_score", "se
 _loaded: dict[str, Any] = {}
 _tokenizers: dict[str, Any] = {}
 # the pooling task of each form on vLLM's /pooling route (rlkit.servers.vllm.backend.VllmBackend.pooling)
-_TASKS = {"rw": "token_classify", SEQUENCE_CLASSIFIER: "classify"}
+_TASKS = {VALUE_HEAD: "token_classify", SEQUENCE_CLASSIFIER: "classify"}
 _forms: dict[str, str] = {}
 
 

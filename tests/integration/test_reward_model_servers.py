@@ -86,7 +86,7 @@ reward: {{fn: reward_model, reward_model_path: {root / 'rm'}, reward_model_engin
 
 def test_the_reward_models_server_scores_as_the_model_does_here(reward_trial: Path) -> None:
     from rlkit.config.load import load_config
-    from rlkit.config.model_config import reward_model_format
+    from rlkit.config.model_config import SEQUENCE_CLASSIFIER, VALUE_HEAD, reward_model_format
     from rlkit.rewards.auxiliary import trial_environment
     from rlkit.rewards.mix import reward_scorer
     from rlkit.rewards.model_reward import reward_model_score
@@ -114,7 +114,7 @@ def test_the_reward_models_server_scores_as_the_model_does_here(reward_trial: Pa
         server.wait(timeout=60)
     text = log.read_text(errors="replace")
     here = [reward_model_score(p, c, row, model_path=config.reward.reward_model_path) for p, c, row in PAIRS]
-    assert reward_model_format(config.reward.reward_model_path) in ("rw", "sequence_classification")
+    assert reward_model_format(config.reward.reward_model_path) in (VALUE_HEAD, SEQUENCE_CLASSIFIER)
     assert served == pytest.approx(here, abs=1e-4), (served, here)
     assert len({round(v, 3) for v in here}) == len(PAIRS), here  # distinct sequences, distinct scores
     assert "registered auxiliary/reward_model/0" in text, text[-3000:]
