@@ -9,11 +9,9 @@ its metrics.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,8 +41,8 @@ from rlkit.trainer.out_of_memory import OutOfMemory
 from rlkit.trainer.rank_files import DamagedCheckpoint
 from rlkit.trainer.rank_watch import RankWatch
 from rlkit.trainer.skipped_steps import skipped_metrics
+from rlkit.trainer.stop_requests import StopRequests
 from rlkit.trials.paths import TrialPaths
-from rlkit.trials.records import write_atomic
 
 EXPORTED = "actor"  # the engine whose weights the saver writes (the trained model of every job type)
 
@@ -120,52 +118,6 @@ class Algorithm(Protocol):
     # LM (rw's reward model with its head); without it the saver writes the actor's weights as a causal LM.
 
 
-class _StopRequests:
-    """USR1 (Slurm's time-limit warning) and USR2 (`rlkit stop`) ask for a checkpoint and an exit after this step.
-    On rank 0 (`ack` set) the signal is also answered at once by rewriting the stop_ack file, from a thread: `rlkit
-    stop` learns that the trainer lives (a stopped or frozen rank 0 never answers, and is cancelled without a wait).
-    The Python handler runs only once the main thread is back in Python, which a long C call (a collective, a save)
-    can delay by minutes; the C-level handler writes each signal's number to the wakeup fd at once, where the
-    thread reads it."""
-
-    def __init__(self, ack: Path | None) -> None:
-        self.requested: int | None = None
-        self.ack = ack
-        signal.signal(signal.SIGUSR1, self._handler)
-        signal.signal(signal.SIGUSR2, self._handler)
-        self._answers = ack is not None and self._answer_from_a_thread()
-
-    def _handler(self, signum: int, _frame: object) -> None:
-        self.requested = EXIT_REQUEUE if signum == signal.SIGUSR1 else EXIT_STOPPED
-        print(f"rlkit train: got {signal.Signals(signum).name}: checkpoint after this step, then exit", flush=True)
-        if not self._answers:
-            self._answer(signum)
-
-    def _answer(self, signum: int) -> None:
-        if self.ack is not None:
-            with contextlib.suppress(OSError):  # the checkpoint still comes; only the early answer is lost
-                write_atomic(self.ack, f"{signal.Signals(signum).name} {os.getpid()} {time.time()!r}\n")
-
-    def _answer_from_a_thread(self) -> bool:
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        try:
-            signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread (a test): the handler answers
-            os.close(read_fd)
-            os.close(write_fd)
-            return False
-
-        def answer() -> None:
-            while data := os.read(read_fd, 64):
-                for signum in data:
-                    if signum in (signal.SIGUSR1, signal.SIGUSR2):
-                        self._answer(signum)
-
-        threading.Thread(target=answer, name="rlkit-stop-answer", daemon=True).start()
-        return True
-
-
 def resume_point(config: ExperimentConfig, paths: TrialPaths, below: int | None = None) -> tuple[int, str] | None:
     """Rank 0: the checkpoint to resume from (of a step before `below`: a newer one was damaged), by recover.mode;
     StepError for mode resume with none. Its rank files' checksums are checked while they load."""
@@ -188,7 +140,7 @@ def run_training(trial_dir: Path, config: ExperimentConfig, build: Callable[[Loo
     # first: building the algorithm may take minutes (tokenizing datasets, loading a reference), and a USR1/USR2 that
     # came before the handler would kill the trainer instead of stopping it after its first step
     paths = TrialPaths(Path(trial_dir))
-    stop = _StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
+    stop = StopRequests(paths.stop_ack if dist_env_from(os.environ).rank == 0 else None)
     rank0_s = max(waits.rank0_s or 0.0, checkpoint_wait_s(config))
     env, device = init_distributed(name_resolve_for(config), waits.collective_s, rank0_wait_s=rank0_s)
     watch = _rank_watch(config, env)
@@ -260,7 +212,7 @@ class Loop:
     """The step loop around one algorithm on this rank (`rank0`: this rank keeps metrics, progress, checkpoints)."""
 
     def __init__(self, config: ExperimentConfig, paths: TrialPaths, algorithm: Algorithm,
-                 resumed: recover.LoopState | None, *, rank0: bool, stop: _StopRequests,
+                 resumed: recover.LoopState | None, *, rank0: bool, stop: StopRequests,
                  watch: RankWatch | None = None) -> None:
         self.config, self.paths, self.algorithm = config, paths, algorithm
         self.steps = algorithm.total_steps
@@ -318,7 +270,7 @@ class Loop:
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-    def _one_step(self, step: int, stop: _StopRequests) -> int | None:
+    def _one_step(self, step: int, stop: StopRequests) -> int | None:
         """Collective: train `step`, record it, checkpoint as due; the exit code to stop with, or None."""
         t0 = time.monotonic()
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.step_contract import EXIT_REQUEUE, EXIT_STOPPED
-from rlkit.trainer.loop import _StopRequests
+from rlkit.trainer.stop_requests import StopRequests
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def wait_for_text(path: Path, than: str = "", timeout: float = 10.0) -> str:
 
 def test_rank_0_answers_each_signal(tmp_path: Path, handlers: None) -> None:
     ack = tmp_path / "stop_ack"
-    stop = _StopRequests(ack)
+    stop = StopRequests(ack)
     os.kill(os.getpid(), signal.SIGUSR2)
     first = wait_for_text(ack)
     assert first.startswith(f"SIGUSR2 {os.getpid()} ") and stop.requested == EXIT_STOPPED
@@ -53,7 +53,7 @@ def test_the_answer_does_not_wait_for_the_main_thread_s_long_c_call(tmp_path: Pa
     """The main thread is inside one C call that runs no Python handler until it returns (pbkdf2 over millions of
     rounds, seconds); the signal sent meanwhile is answered before that call returns, the request itself after."""
     ack = tmp_path / "stop_ack"
-    stop = _StopRequests(ack)
+    stop = StopRequests(ack)
     answered_at: list[float] = []
 
     def send_and_watch() -> None:
@@ -72,11 +72,11 @@ def test_the_answer_does_not_wait_for_the_main_thread_s_long_c_call(tmp_path: Pa
 
 
 def test_other_ranks_and_an_unwritable_trial_still_stop_after_the_step(tmp_path: Path, handlers: None) -> None:
-    stop = _StopRequests(None)
+    stop = StopRequests(None)
     os.kill(os.getpid(), signal.SIGUSR2)
     assert stop.requested == EXIT_STOPPED and not list(tmp_path.iterdir())
     signal.set_wakeup_fd(-1)
-    stop = _StopRequests(tmp_path / "gone" / "stop_ack")  # the write fails: the request stands
+    stop = StopRequests(tmp_path / "gone" / "stop_ack")  # the write fails: the request stands
     os.kill(os.getpid(), signal.SIGUSR2)
     time.sleep(0.2)
     assert stop.requested == EXIT_STOPPED
